@@ -1,0 +1,201 @@
+"""Conversions between dense tensors, torch sparse tensors and the Lua pair form."""
+from __future__ import annotations
+
+import math
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ._forms import SparseBatch, _as_pairs, _sparse_coo, _sparse_csr, as_sparse_batch, resolve_size
+
+__all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
+
+Size = Union[int, Sequence[int]]
+
+
+def _is_nan(elem: float) -> bool:
+    return isinstance(elem, float) and math.isnan(elem)
+
+
+def _specified_mask(x: Tensor, elem: float) -> Tensor:
+    """True where ``x`` differs from ``elem``; NaN ``elem`` keeps every non-NaN entry."""
+    if _is_nan(elem):
+        return ~torch.isnan(x)
+    return x != elem
+
+
+def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
+             layout: torch.layout = torch.sparse_coo) -> Tensor:
+    r"""Turn a dense vector or batch into a sparse one, leaving out every ``elem``.
+
+    Args:
+        x (Tensor): dense (strided), shape ``(n,)`` for a vector or
+            ``(rows, n)`` for a batch whose rows are samples.
+        elem (float): the value that means "not specified"; may be ``nan``
+            (missing ratings marked NaN while 0 is a real value). Default: 0.
+        offset (int): added to every column index; the width grows by it.
+        layout (torch.layout): ``torch.sparse_coo`` (default) or, for a batch,
+            ``torch.sparse_csr``.
+
+    Returns:
+        A coalesced sparse tensor of shape ``(n + offset,)`` or
+        ``(rows, n + offset)`` on ``x``'s device with ``x``'s dtype.  Its values
+        are a differentiable gather of ``x``: gradients reach ``x`` at the
+        specified entries only.
+
+    Raises:
+        TypeError: ``x`` is not a dense tensor, or ``layout`` is not a sparse layout.
+        ValueError: ``x`` has more than 2 dimensions, ``offset`` is negative,
+            or CSR is asked for a vector.
+
+    Example::
+
+        >>> x = torch.tensor([0., 1., 4., 0., 0., 8.])
+        >>> s = sparsify(x)
+        >>> s.indices(), s.values()
+        (tensor([[1, 2, 5]]), tensor([1., 4., 8.]))
+        >>> sparsify(torch.tensor([[1., 0.], [0., 2.]]), layout=torch.sparse_csr).crow_indices()
+        tensor([0, 1, 2])
+    """
+    if not isinstance(x, Tensor) or x.layout != torch.strided:
+        got = type(x).__name__ if not isinstance(x, Tensor) else f"layout {x.layout}"
+        raise TypeError(f"x must be a dense tensor, got {got}")
+    if x.dim() not in (1, 2):
+        raise ValueError(f"x must be 1-D (a vector) or 2-D (rows, n), got {x.dim()} dimensions")
+    if not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+    if layout not in (torch.sparse_coo, torch.sparse_csr):
+        raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
+    if layout == torch.sparse_csr and x.dim() == 1:
+        raise ValueError("layout torch.sparse_csr needs a 2-D x, got a vector")
+    mask = _specified_mask(x, elem)
+    values = x[mask]
+    index = mask.nonzero().T  # row-major order, so the result is coalesced
+    index[-1] += offset
+    size = (*x.shape[:-1], x.shape[-1] + offset)
+    if layout == torch.sparse_csr:
+        crow = index.new_zeros(x.shape[0] + 1)
+        torch.cumsum(mask.sum(1), 0, out=crow[1:])
+        return _sparse_csr(crow, index[1], values, size)
+    return _sparse_coo(index, values, size, coalesced=True)
+
+
+def _batch_size(size: Optional[Size], batch: SparseBatch) -> Tuple[int, int]:
+    """``densify``'s ``size`` argument as ``(rows, width)``, checked against the data."""
+    if size is None:
+        return batch.shape
+    if batch.is_vector:
+        if isinstance(size, (tuple, list, torch.Size)):
+            if len(size) != 1:
+                raise ValueError(f"size of a vector must be an int, got {tuple(size)}")
+            size = size[0]
+        return resolve_size((1, int(size)), batch)
+    if isinstance(size, int) or len(size) != 2:
+        raise ValueError(f"size of a batch must be a (rows, width) tuple, got {size!r}")
+    return resolve_size(tuple(size), batch)
+
+
+def densify(x: Any, elem: float = 0, size: Optional[Size] = None) -> Tensor:
+    r"""Turn any accepted sparse form into a dense tensor.
+
+    Args:
+        x: a sparse COO vector or batch, a sparse CSR batch, a ``(k, 2)`` pair
+            tensor, or a list of sparse vectors or pair tensors (one per row).
+        elem (float): the value of unspecified entries; may be ``nan``. Default: 0.
+        size (int or tuple, optional): ``n`` for a vector, ``(rows, n)`` for a
+            batch; by default the tensor's own size, or for pairs the largest
+            index + 1 and the number of rows.
+
+    Returns:
+        A dense tensor of shape ``(n,)`` or ``(rows, n)``, on ``x``'s device and
+        with its dtype.  Duplicate (uncoalesced) entries are summed.  Gradients
+        flow back to the specified values only.
+
+    Raises:
+        TypeError: ``x`` is not an accepted form.
+        ValueError: bad indices, a ``size`` smaller than the data, or a NaN
+            ``elem`` for integer values.
+
+    Example::
+
+        >>> densify(torch.tensor([[0., 1.], [2., 4.], [5., 2.]]))
+        tensor([1., 0., 4., 0., 0., 2.])
+        >>> densify([torch.tensor([[0., 1.]]), torch.tensor([[3., 8.]])], size=(2, 5))
+        tensor([[1., 0., 0., 0., 0.],
+                [0., 0., 0., 8., 0.]])
+    """
+    batch = as_sparse_batch(x, name="x")
+    rows, width = _batch_size(size, batch)
+    if _is_nan(elem) and not (batch.dtype.is_floating_point or batch.dtype.is_complex):
+        raise ValueError(f"elem nan needs floating values, got dtype {batch.dtype}")
+    index = (batch.row, batch.col)
+    out = batch.values.new_zeros(rows, width).index_put(index, batch.values, accumulate=True)
+    if elem != 0:  # NaN != 0 too
+        specified = torch.zeros(rows, width, dtype=torch.bool, device=batch.device)
+        specified[index] = True
+        out = torch.where(specified, out, torch.full_like(out, elem))
+    return out[0] if batch.is_vector else out
+
+
+def to_pairs(x: Any) -> Union[Tensor, List[Tensor]]:
+    r"""Convert a sparse vector to a ``(k, 2)`` pair tensor, a batch to a list of them.
+
+    The pair form is the Lua nnsparse one with 0-based indices: each row is
+    ``[index, value]``, the index stored in the values' dtype.
+
+    Args:
+        x: a sparse COO vector or batch, a CSR batch, or a list of sparse vectors.
+
+    Returns:
+        A ``(k, 2)`` tensor for a vector, a list of ``(k_i, 2)`` tensors (one per
+        row, empty rows as ``(0, 2)``) for a batch.  Values stay differentiable.
+
+    Raises:
+        ValueError: float32/float16 values whose indices are too large to be
+            stored exactly in that dtype.
+
+    Example::
+
+        >>> to_pairs(torch.tensor([0., 3., 0., 5.]).to_sparse())
+        tensor([[1., 3.],
+                [3., 5.]])
+    """
+    batch = as_sparse_batch(x, name="x")
+    if batch.dtype.is_floating_point and batch.nnz:
+        exact = int(2 / torch.finfo(batch.dtype).eps)  # 2 ** (mantissa bits + 1)
+        if batch.width > exact:
+            raise ValueError(f"x has width {batch.width}, beyond {exact}: its indices cannot be "
+                             f"stored exactly as {batch.dtype}; convert the values to float64")
+    if batch.is_vector:
+        return _as_pairs(batch)
+    batch = batch.sorted_by_row()
+    return list(_as_pairs(batch).split(batch.row_counts().tolist()))
+
+
+def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = None) -> Tensor:
+    r"""Convert a pair tensor to a sparse COO vector, a list of them to a batch.
+
+    Args:
+        pairs: a ``(k, 2)`` tensor of ``[index, value]`` rows (0-based indices,
+            whole numbers), or a list of them, one per row of a batch.
+        size (int, optional): the vector's length or the batch's width;
+            by default the largest index + 1.
+
+    Returns:
+        A sparse COO tensor ``(size,)`` or ``(len(pairs), size)`` with the
+        pairs' dtype and device.  Duplicate indices are kept (they sum).
+
+    Raises:
+        ValueError: a tensor that is not ``(k, 2)``, non-integer, negative or
+            out-of-range indices, or rows on different devices.
+
+    Example::
+
+        >>> from_pairs(torch.tensor([[1., 3.], [3., 5.]]), size=5).to_dense()
+        tensor([0., 3., 0., 5., 0.])
+    """
+    if isinstance(pairs, Tensor) and pairs.layout != torch.strided:
+        raise TypeError(f"pairs must be a dense (k, 2) tensor or a list of them, "
+                        f"got layout {pairs.layout}")
+    return as_sparse_batch(pairs, name="pairs", width=size).to_coo()

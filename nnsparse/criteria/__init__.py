@@ -1,0 +1,2 @@
+"""Criteria for sparse targets and denoising autoencoders."""
+__all__: list = []

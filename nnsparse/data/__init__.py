@@ -1,0 +1,2 @@
+"""Rating data: readers, splits, normalisation, synthetic data."""
+__all__: list = []

@@ -1,0 +1,2 @@
+"""Sparse-input layers."""
+__all__: list = []

@@ -1,0 +1,74 @@
+"""The test matrix shared by every test module: devices, dtypes, sparse forms, tolerances.
+
+``make_form(dense, form)`` builds each accepted sparse form from a dense
+reference whose zeros mean "not specified", so every test compares an
+nnsparse result with a dense computation on the same numbers.
+"""
+from __future__ import annotations
+
+from typing import Any, List
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")),
+]
+FLOAT_DTYPES = [torch.float32, torch.float64]
+# Every form a batch may take.  "coo_uncoalesced" splits each value in two
+# duplicate entries in shuffled order: torch defines duplicates as a sum.
+BATCH_FORMS = ["coo", "coo_uncoalesced", "csr", "list", "pair_list"]
+VECTOR_FORMS = ["coo", "coo_uncoalesced", "pairs"]
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
+
+
+def random_sparse_dense(rows: int, width: int, density: float, *, dtype=torch.float64,
+                        device="cpu", generator=None, empty_rows: int = 0) -> torch.Tensor:
+    """A dense ``(rows, width)`` tensor whose zeros are the unspecified entries.
+
+    Values are drawn away from 0 so that sparsify/densify round-trips are exact;
+    the first ``empty_rows`` rows have no entry.
+    """
+    g = generator if generator is not None else torch.Generator().manual_seed(0)
+    keep = torch.rand(rows, width, generator=g) < density
+    values = (torch.rand(rows, width, generator=g) + 0.5) * torch.where(
+        torch.rand(rows, width, generator=g) < 0.5, -1.0, 1.0)
+    out = torch.where(keep, values, torch.zeros(()))
+    out[:empty_rows] = 0
+    return out.to(dtype=dtype, device=device)
+
+
+def make_form(dense: torch.Tensor, form: str) -> Any:
+    """The sparse form ``form`` of ``dense`` (1-D: a vector, 2-D: a batch)."""
+    coo = dense.to_sparse().coalesce()
+    if form == "coo":
+        return coo
+    if form == "coo_uncoalesced":
+        index, values = coo.indices(), coo.values()
+        index = torch.cat([index, index], dim=1)
+        values = torch.cat([values * 0.25, values * 0.75])
+        perm = torch.randperm(values.shape[0], generator=torch.Generator().manual_seed(1))
+        out = torch.sparse_coo_tensor(index[:, perm.to(index.device)], values[perm.to(values.device)],
+                                      dense.shape, check_invariants=False)
+        assert not out.is_coalesced()
+        return out
+    if form == "csr":
+        return dense.to_sparse_csr()
+    if form == "pairs":
+        return _pairs(dense)
+    if form == "list":
+        return [row.to_sparse() for row in dense]
+    if form == "pair_list":
+        return [_pairs(row) for row in dense]
+    raise ValueError(form)
+
+
+def _pairs(vector: torch.Tensor) -> torch.Tensor:
+    index = vector.nonzero().squeeze(1)
+    return torch.stack([index.to(vector.dtype), vector[index]], dim=1)
+
+
+def rows_of(form_value: Any) -> List[Any]:
+    return list(form_value)
