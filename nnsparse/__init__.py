@@ -2,8 +2,12 @@
 
 The sparse forms accepted everywhere (torch COO and CSR, lists of sparse
 vectors, Lua ``(k, 2)`` pair tensors) are described in ``docs/naming.md``.
+The rating-data tools live in :mod:`nnsparse.data`.
 """
+from . import criteria, layers
 from .convert import densify, from_pairs, sparsify, to_pairs
+from .criteria import *  # noqa: F401,F403  (the list is criteria.__all__)
+from .layers import *  # noqa: F401,F403  (the list is layers.__all__)
 
 __version__ = "0.1.0"
 
@@ -12,4 +16,4 @@ __all__ = [
     "densify",
     "to_pairs",
     "from_pairs",
-]
+] + layers.__all__ + criteria.__all__
