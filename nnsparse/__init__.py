@@ -6,6 +6,8 @@ The rating-data tools live in :mod:`nnsparse.data`.
 """
 from . import criteria, layers
 from .convert import densify, from_pairs, sparsify, to_pairs
+from .sort import ssort, ssort_by_index, stopk
+from .builder import DynamicSparseTensor
 from .criteria import *  # noqa: F401,F403  (the list is criteria.__all__)
 from .layers import *  # noqa: F401,F403  (the list is layers.__all__)
 
@@ -16,4 +18,8 @@ __all__ = [
     "densify",
     "to_pairs",
     "from_pairs",
+    "ssort",
+    "ssort_by_index",
+    "stopk",
+    "DynamicSparseTensor",
 ] + layers.__all__ + criteria.__all__

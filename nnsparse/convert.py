@@ -125,7 +125,10 @@ def densify(x: Any, elem: float = 0, size: Optional[Size] = None) -> Tensor:
         tensor([[1., 0., 0., 0., 0.],
                 [0., 0., 0., 8., 0.]])
     """
-    batch = as_sparse_batch(x, name="x")
+    width = None
+    if isinstance(x, (list, tuple)) and not x and isinstance(size, (tuple, list, torch.Size)):
+        width = int(size[-1])  # an empty batch has no width of its own
+    batch = as_sparse_batch(x, name="x", width=width)
     rows, width = _batch_size(size, batch)
     if _is_nan(elem) and not (batch.dtype.is_floating_point or batch.dtype.is_complex):
         raise ValueError(f"elem nan needs floating values, got dtype {batch.dtype}")

@@ -1,0 +1,368 @@
+"""DynamicSparseTensor: build a sparse tensor entry by entry, like ``std::vector``."""
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from array import array
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ._forms import SparseBatch, _sparse_coo, as_sparse_batch, check_index_range
+
+__all__ = ["DynamicSparseTensor"]
+
+# Appends are written into host buffers of this many entries, then flushed in
+# one copy into the tensor storage: one torch call per chunk, not per entry.
+_CHUNK = 4096
+
+
+class DynamicSparseTensor:
+    r"""A builder of sparse tensors that grows its storage geometrically, like ``std::vector``.
+
+    Entries are added one at a time with :meth:`append` (amortised O(1)) or
+    in bulk with :meth:`extend`, then :meth:`build` returns a torch sparse
+    tensor.  This is the fast way to make a sparse tensor from a Python loop:
+    repeated ``torch.cat`` copies everything at every step (O(n\ :sup:`2`)).
+
+    The storage is a pair of tensors on ``device`` that hold ``reserve``
+    entries at first and grow by ``mult_coef`` whenever full.  Single appends
+    are first gathered in a small host buffer and copied into that storage
+    4096 at a time, so an append costs about as much as a Python list append.
+
+    Duplicate indices are kept: :meth:`build` returns an uncoalesced COO
+    tensor in which they sum, as torch defines (a CSR result sums them).
+    NaN values are stored as given.  The builder holds data, not an autograd
+    graph: values are copied and no gradient flows through them.
+
+    Args:
+        reserve (int): entries the storage holds before it first grows. Default: 10.
+        mult_coef (float): growth factor of the storage, ``> 1``. Default: 2.
+        ndim (int): number of sparse dimensions: 1 builds a vector (the index
+            of an entry is an int), 2 a ``(rows, n)`` batch (a tuple
+            ``(row, col)``), and so on. Default: 1.
+        dtype (torch.dtype): a floating or integer dtype for the values.
+            Default: ``torch.float32``.
+        device (torch.device, optional): where the storage and the built
+            tensors live. Default: torch's default device.
+
+    Raises:
+        TypeError: non-integer ``reserve`` or ``ndim``, a boolean or complex ``dtype``.
+        ValueError: negative ``reserve``, ``mult_coef <= 1``, ``ndim < 1``.
+
+    Example::
+
+        >>> builder = DynamicSparseTensor()
+        >>> for i in range(0, 10, 3):
+        ...     builder.append(i, float(i) / 2)
+        >>> len(builder)
+        4
+        >>> builder.build(size=12)
+        tensor(indices=tensor([[0, 3, 6, 9]]),
+               values=tensor([0.0000, 1.5000, 3.0000, 4.5000]),
+               size=(12,), nnz=4, layout=torch.sparse_coo)
+        >>> builder.build_pairs()
+        tensor([[0.0000, 0.0000],
+                [3.0000, 1.5000],
+                [6.0000, 3.0000],
+                [9.0000, 4.5000]])
+    """
+
+    # Slots: the attribute reads of append() are its main cost after the call itself.
+    __slots__ = ("_reserve", "_mult", "_ndim", "_dtype", "_device", "_float", "_ibuf", "_ibuf0",
+                 "_vbuf", "_index", "_values", "_n", "_j")
+
+    def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
+                 dtype: torch.dtype = torch.float32, device: Optional[Union[str, torch.device]] = None):
+        reserve = _as_int(reserve, "reserve")
+        ndim = _as_int(ndim, "ndim")
+        if reserve < 0:
+            raise ValueError(f"reserve must be non-negative, got {reserve}")
+        if not isinstance(mult_coef, numbers.Real) or isinstance(mult_coef, bool):
+            raise TypeError(f"mult_coef must be a real number, got {type(mult_coef).__name__}")
+        if not mult_coef > 1:  # also rejects NaN
+            raise ValueError(f"mult_coef must be > 1 for the storage to grow, got {mult_coef}")
+        if ndim < 1:
+            raise ValueError(f"ndim must be at least 1, got {ndim}")
+        if not isinstance(dtype, torch.dtype) or dtype == torch.bool or dtype.is_complex:
+            raise TypeError(f"dtype must be a floating or integer torch.dtype, got {dtype}")
+        self._reserve, self._mult, self._ndim, self._dtype = reserve, float(mult_coef), ndim, dtype
+        self._device = torch.empty(0, device=device).device
+        self._float = dtype.is_floating_point
+        self._ibuf = [array("q", bytes(8 * _CHUNK)) for _ in range(ndim)]
+        self._ibuf0 = self._ibuf[0]
+        self._vbuf = array("d" if self._float else "q", bytes(8 * _CHUNK))
+        self._allocate(reserve)
+
+    # -- facts -------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return self._ndim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def capacity(self) -> int:
+        """Entries the storage holds before it next grows."""
+        self._flush()
+        return self._values.shape[0]
+
+    def __len__(self) -> int:
+        return self._n + self._j
+
+    def len(self) -> int:
+        """The number of entries added so far (Lua nnsparse's ``len()``), duplicates included."""
+        return self._n + self._j
+
+    def __repr__(self) -> str:
+        return (f"DynamicSparseTensor(len={len(self)}, ndim={self._ndim}, dtype={self._dtype}, "
+                f"device={self._device})")
+
+    # -- adding entries -------------------------------------------------------------
+    def append(self, index: Union[int, Sequence[int]], value: float) -> None:
+        """Add one entry: ``index`` an int (``ndim=1``) or a tuple of ``ndim`` ints.
+
+        Raises:
+            TypeError: an index that is not an int (a float, even whole, or NaN)
+                or a tuple of ints, a value that is not a real number (an int
+                for an integer ``dtype``).
+            ValueError: a negative index, a tuple of the wrong length, a number
+                beyond int64.
+        """
+        if self._ndim != 1:
+            return self._append_tuple(index, value)
+        j = self._j
+        try:
+            self._ibuf0[j] = index  # the array checks that index is an int
+            self._vbuf[j] = value
+        except IndexError:  # the buffer is full
+            self._flush()
+            return self.append(index, value)
+        except (TypeError, OverflowError):
+            raise self._entry_error((index,), value) from None
+        if index < 0:
+            raise ValueError(f"index must be non-negative, got {index}")
+        self._j = j + 1
+
+    def _append_tuple(self, index: Sequence[int], value: float) -> None:
+        if not isinstance(index, (tuple, list)):
+            raise TypeError(f"index must be a tuple of {self._ndim} ints, got {type(index).__name__}")
+        if len(index) != self._ndim:
+            raise ValueError(f"index must have {self._ndim} entries, got {len(index)}: {tuple(index)}")
+        if self._j == _CHUNK:
+            self._flush()
+        j = self._j
+        try:
+            for buf, i in zip(self._ibuf, index):
+                buf[j] = i
+            self._vbuf[j] = value
+        except (TypeError, OverflowError):
+            raise self._entry_error(index, value) from None
+        if min(index) < 0:
+            raise ValueError(f"index must be non-negative, got {tuple(index)}")
+        self._j = j + 1
+
+    def _entry_error(self, index: Sequence[Any], value: Any) -> Exception:
+        """The error an entry the host buffers refused deserves."""
+        for i in index:
+            try:
+                i = operator.index(i)
+            except TypeError:
+                return TypeError(f"index must be an int, got {type(i).__name__} {i!r}")
+            if not -2 ** 63 <= i < 2 ** 63:
+                return ValueError(f"index must fit in int64, got {i}")
+        if isinstance(value, (numbers.Real, Tensor)):
+            if not self._float and not isinstance(value, numbers.Integral):
+                return TypeError(f"value must be an int for dtype {self._dtype}, got {value!r}")
+            return ValueError(f"value {value!r} does not fit in dtype {self._dtype}")
+        return TypeError(f"value must be a real number, got {type(value).__name__}")
+
+    def extend(self, indices: Any, values: Any) -> None:
+        """Add many entries at once.
+
+        Args:
+            indices: integer tensor or sequence, shape ``(m,)`` for ``ndim=1``,
+                ``(m, ndim)`` otherwise, on the builder's device.
+            values: tensor or sequence ``(m,)``; cast to the builder's dtype.
+
+        Raises:
+            TypeError: non-integer indices, floating values for an integer dtype.
+            ValueError: wrong shapes, negative indices, tensors on another device.
+        """
+        index = self._as_tensor(indices, "indices")
+        vals = self._as_tensor(values, "values")
+        if index.dtype == torch.bool or index.is_complex() or index.is_floating_point():
+            if index.numel():
+                raise TypeError(f"indices must be integers, got dtype {index.dtype}")
+            index = index.to(torch.int64)
+        shape = "(m,)" if self._ndim == 1 else f"(m, {self._ndim})"
+        if self._ndim == 1 and index.dim() == 1:
+            index = index.unsqueeze(1)
+        elif index.dim() == 1 and index.numel() == 0:  # an empty list
+            index = index.reshape(0, self._ndim)
+        if index.dim() != 2 or index.shape[1] != self._ndim:
+            raise ValueError(f"indices must have shape {shape}, got {tuple(index.shape)}")
+        if vals.shape != (index.shape[0],):
+            raise ValueError(f"values must have shape ({index.shape[0]},) like indices, "
+                             f"got {tuple(vals.shape)}")
+        if vals.dtype == torch.bool or vals.is_complex() or (
+                vals.is_floating_point() and not self._float and vals.numel()):
+            raise TypeError(f"values must be real numbers fitting dtype {self._dtype}, "
+                            f"got dtype {vals.dtype}")
+        check_index_range(index, None, "indices")
+        self._flush()
+        m, n = index.shape[0], self._n
+        self._grow(n + m)
+        with torch.no_grad():
+            self._index[:, n:n + m].copy_(index.T)
+            self._values[n:n + m].copy_(vals)
+        self._n = n + m
+
+    def set(self, pairs: Tensor) -> None:
+        """Replace the content with a ``(k, 2)`` pair tensor of ``[index, value]`` rows (``ndim=1``).
+
+        Raises:
+            TypeError: ``pairs`` is not a strided tensor.
+            ValueError: ``ndim`` is not 1, ``pairs`` is not ``(k, 2)``, bad
+                indices, or ``pairs`` is on another device.
+        """
+        if self._ndim != 1:
+            raise ValueError(f"set(pairs) builds vectors (ndim=1), this builder has ndim={self._ndim}")
+        if not isinstance(pairs, Tensor) or pairs.layout != torch.strided:
+            got = f"layout {pairs.layout}" if isinstance(pairs, Tensor) else type(pairs).__name__
+            raise TypeError(f"pairs must be a (k, 2) pair tensor, got {got}")
+        self._check_device(pairs, "pairs")
+        batch = as_sparse_batch(pairs, name="pairs")
+        self._allocate(max(self._reserve, batch.nnz))
+        self.extend(batch.col, batch.values)
+
+    def reset(self) -> None:
+        """Remove every entry; the storage goes back to ``reserve`` entries."""
+        self._allocate(self._reserve)
+
+    # -- results ----------------------------------------------------------------------
+    def build(self, size: Optional[Union[int, Sequence[int]]] = None,
+              layout: torch.layout = torch.sparse_coo) -> Tensor:
+        """The entries added so far as a torch sparse tensor (a copy: the builder stays usable).
+
+        Args:
+            size (int or tuple, optional): the tensor's shape, ``ndim`` ints
+                (an int is allowed for ``ndim=1``); by default the largest index
+                + 1 along each dimension.
+            layout (torch.layout): ``torch.sparse_coo`` (default), or
+                ``torch.sparse_csr`` when ``ndim=2``.
+
+        Returns:
+            An uncoalesced sparse COO tensor (duplicates sum), or a CSR tensor
+            (duplicates summed), with the builder's dtype and device.
+
+        Raises:
+            TypeError: ``layout`` is neither of the two.
+            ValueError: ``size`` smaller than the data or of the wrong length,
+                CSR asked for ``ndim != 2``.
+        """
+        if layout not in (torch.sparse_coo, torch.sparse_csr):
+            raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
+        if layout == torch.sparse_csr and self._ndim != 2:
+            raise ValueError(f"layout torch.sparse_csr needs ndim=2, this builder has ndim={self._ndim}")
+        index, values = self._entries()
+        size = self._size(size, index)
+        if layout == torch.sparse_csr:
+            return SparseBatch(index[0], index[1], values, size, "coo").to_csr()
+        return _sparse_coo(index, values, size, coalesced=False)
+
+    def build_pairs(self) -> Tensor:
+        """The entries as a ``(k, 2)`` pair tensor ``[index, value]`` (``ndim=1``), in order.
+
+        Raises:
+            ValueError: ``ndim`` is not 1, or a floating dtype that cannot hold
+                the largest index exactly.
+        """
+        if self._ndim != 1:
+            raise ValueError(f"build_pairs needs ndim=1, this builder has ndim={self._ndim}")
+        index, values = self._entries()
+        if self._float and index.numel():
+            exact = int(2 / torch.finfo(self._dtype).eps)  # 2 ** (mantissa bits + 1)
+            top = int(index.max())
+            if top > exact:
+                raise ValueError(f"index {top} cannot be stored exactly as {self._dtype}; "
+                                 "use dtype torch.float64")
+        return torch.stack([index[0].to(self._dtype), values], dim=1)
+
+    # -- storage ------------------------------------------------------------------------
+    def _allocate(self, capacity: int) -> None:
+        self._index = torch.empty(self._ndim, capacity, dtype=torch.int64, device=self._device)
+        self._values = torch.empty(capacity, dtype=self._dtype, device=self._device)
+        self._n = 0  # entries in the storage
+        self._j = 0  # entries in the host buffers, not yet in the storage
+
+    def _grow(self, needed: int) -> None:
+        """Multiply the capacity by ``mult_coef`` until ``needed`` entries fit."""
+        capacity = self._values.shape[0]
+        if needed <= capacity:
+            return
+        while capacity < needed:
+            capacity = max(capacity + 1, math.ceil(capacity * self._mult))
+        index = self._index.new_empty(self._ndim, capacity)
+        values = self._values.new_empty(capacity)
+        index[:, :self._n] = self._index[:, :self._n]
+        values[:self._n] = self._values[:self._n]
+        self._index, self._values = index, values
+
+    def _flush(self) -> None:
+        """Copy the host buffers into the storage."""
+        j, n = self._j, self._n
+        if j == 0:
+            return
+        self._grow(n + j)
+        for d, buf in enumerate(self._ibuf):
+            self._index[d, n:n + j].copy_(torch.frombuffer(buf, dtype=torch.int64, count=j))
+        vdtype = torch.float64 if self._float else torch.int64
+        self._values[n:n + j].copy_(torch.frombuffer(self._vbuf, dtype=vdtype, count=j))
+        self._n, self._j = n + j, 0
+
+    def _entries(self) -> Tuple[Tensor, Tensor]:
+        self._flush()
+        return self._index[:, :self._n].clone(), self._values[:self._n].clone()
+
+    def _size(self, size: Optional[Union[int, Sequence[int]]], index: Tensor) -> Tuple[int, ...]:
+        needed = tuple(check_index_range(i, None, "indices") for i in index)
+        if size is None:
+            return needed
+        if isinstance(size, numbers.Integral) and self._ndim == 1:
+            size = (size,)
+        if isinstance(size, numbers.Integral) or len(size) != self._ndim:
+            raise ValueError(f"size must be {self._ndim} ints, got {size!r}")
+        size = tuple(_as_int(s, "size") for s in size)
+        if any(s < need for s, need in zip(size, needed)):
+            raise ValueError(f"size must be at least {needed} to hold the entries, got {size}")
+        return size
+
+    def _as_tensor(self, x: Any, name: str) -> Tensor:
+        if isinstance(x, Tensor):
+            if x.layout != torch.strided:
+                raise TypeError(f"{name} must be a dense tensor or a sequence, got layout {x.layout}")
+            self._check_device(x, name)
+            return x.detach()
+        return torch.as_tensor(x, device=self._device)
+
+    def _check_device(self, x: Tensor, name: str) -> None:
+        if x.device != self._device:
+            raise ValueError(f"{name} must be on the builder's device {self._device}, got {x.device}")
+
+
+def _as_int(x: Any, name: str) -> int:
+    if isinstance(x, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}") from None

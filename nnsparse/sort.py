@@ -1,0 +1,251 @@
+"""Sorting and ranking the specified entries of sparse vectors and batches."""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, List, NamedTuple, Union
+
+import torch
+from torch import Tensor
+
+from ._forms import SparseBatch, as_sparse_batch
+
+__all__ = ["ssort", "ssort_by_index", "stopk"]
+
+
+class SortResult(NamedTuple):
+    """``(values, indices)`` of :func:`ssort` and :func:`ssort_by_index`, as ``torch.sort``'s."""
+
+    values: Tensor
+    indices: Tensor
+
+
+class TopkResult(NamedTuple):
+    """``(values, indices)`` of :func:`stopk`, as ``torch.topk``'s."""
+
+    values: Tensor
+    indices: Tensor
+
+
+def _check_values(batch: SparseBatch, name: str) -> None:
+    if batch.dtype == torch.bool or batch.dtype.is_complex:
+        raise TypeError(f"{name} values must be real numbers to be ranked, got dtype {batch.dtype}")
+
+
+def _extreme(dtype: torch.dtype, high: bool) -> float:
+    """The value that ranks after every other one: +-inf, or the integer dtype's bound."""
+    if dtype.is_floating_point:
+        return math.inf if high else -math.inf
+    info = torch.iinfo(dtype)
+    return info.max if high else info.min
+
+
+def _row_order(row: Tensor, key: Tensor, descending: bool) -> Tensor:
+    """The permutation that sorts ``key`` within each row, rows kept in increasing order.
+
+    A segmented sort as two stable sorts: by key, then by row; the second keeps
+    the key order inside each row.  Ties keep the entries' incoming order.
+    """
+    order = torch.sort(key, descending=descending, stable=True).indices
+    return order[torch.sort(row[order], stable=True).indices]
+
+
+def _pad(batch: SparseBatch, order: Tensor, k: int, fill: float) -> SortResult:
+    """Entries taken in ``order`` (grouped by row) as ``(rows, k)`` tensors.
+
+    The first ``k`` entries of each row are kept; shorter rows are padded at
+    their end with value ``fill`` and index ``-1``.
+    """
+    row, col, values = batch.row[order], batch.col[order], batch.values[order]
+    counts = batch.row_counts()
+    start = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(row.shape[0], device=row.device) - start[row]
+    keep = pos < k
+    at = (row[keep], pos[keep])
+    out_values = values.new_full((batch.rows, k), fill).index_put(at, values[keep])
+    out_index = col.new_full((batch.rows, k), -1).index_put(at, col[keep])
+    return SortResult(out_values, out_index)
+
+
+def _longest_row(batch: SparseBatch) -> int:
+    return int(batch.row_counts().max()) if batch.rows and batch.nnz else 0
+
+
+def _sort(x: Any, by_index: bool, descending: bool, name: str) -> Union[SortResult, Tensor, List[Tensor]]:
+    if not isinstance(descending, bool):
+        raise TypeError(f"descending must be a bool, got {type(descending).__name__}")
+    batch = as_sparse_batch(x, name=name)
+    _check_values(batch, name)
+    if batch.form in ("pairs", "pair_list"):
+        # Lua parity: the pair tensors are reordered as they are, duplicates kept.
+        order = _row_order(batch.row, batch.col if by_index else batch.values, descending)
+        if batch.form == "pairs":
+            return x.reshape(-1, 2)[order]
+        pairs = torch.cat([p.reshape(-1, 2) for p in x])[order]
+        return list(pairs.split(batch.row_counts().tolist()))
+    batch = batch.coalesce()  # duplicates are one entry: their sum
+    if by_index:
+        # Coalesced entries already have increasing columns within each row.
+        order = torch.arange(batch.nnz, device=batch.device)
+        if descending:
+            order = _row_order(batch.row, batch.col, True)
+        fill = 0
+    else:
+        order = _row_order(batch.row, batch.values, descending)
+        fill = _extreme(batch.dtype, high=not descending)
+    result = _pad(batch, order, _longest_row(batch), fill)
+    if batch.is_vector:
+        return SortResult(result.values[0], result.indices[0])
+    return result
+
+
+def ssort(x: Any, descending: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
+    r"""Sort the specified entries of a sparse vector, or of each row of a batch, by value.
+
+    Unlike Lua nnsparse, whose README announced a descending default, the
+    default here is ascending, as in :func:`torch.sort` (the Lua code sorted
+    ascending by default too).  Ties keep increasing index order (the sort is
+    stable); NaN values sort as the largest, as in :func:`torch.sort`.
+
+    Args:
+        x: a sparse COO vector ``(n,)`` or batch ``(rows, n)``, a sparse CSR
+            batch, a list of sparse vectors, a ``(k, 2)`` pair tensor of
+            ``[index, value]`` rows, or a list of pair tensors.
+        descending (bool): sort from the largest value down. Default: False.
+
+    Returns:
+        For a sparse vector, a named tuple ``(values, indices)`` of shape
+        ``(nnz,)``, as :func:`torch.sort`: the values in order and their
+        column indices (int64).  Duplicate entries of an uncoalesced tensor
+        are summed first.
+
+        For a sparse batch (COO, CSR, list of sparse vectors), ``(values,
+        indices)`` of shape ``(rows, max_nnz)``, ``max_nnz`` the largest number
+        of specified entries in a row; a shorter row is padded at its end with
+        index ``-1`` and value ``+inf`` (ascending) or ``-inf`` (descending)
+        (the integer dtype's bounds for integer values), so each padded row
+        is what ``torch.sort`` gives on the dense row with its unspecified
+        entries set to that value.  ``(indices >= 0).sum(1)`` is the row
+        lengths.  One long row makes every row that long: for very uneven
+        rows, pass a list of pair tensors (:func:`nnsparse.to_pairs`) to get
+        one sorted tensor per row instead.
+
+        For a pair tensor (the Lua form), the pair tensor with its rows
+        reordered; for a list of them, the list of reordered pair tensors.
+        Pair tensors are reordered as they are: duplicate indices are kept.
+
+        Values keep ``x``'s dtype and device; gradients flow back to the
+        specified values only.
+
+    Raises:
+        TypeError: ``x`` is not an accepted form, ``descending`` is not a bool,
+            or the values are boolean or complex.
+        ValueError: bad indices (see :func:`nnsparse.densify`).
+
+    Example::
+
+        >>> x = torch.sparse_coo_tensor([[1, 3, 6]], [1., 4., 2.], (8,))
+        >>> ssort(x)
+        SortResult(values=tensor([1., 2., 4.]), indices=tensor([1, 6, 3]))
+        >>> ssort(torch.tensor([[1., 1.], [3., 4.], [6., 2.]]), descending=True)
+        tensor([[3., 4.],
+                [6., 2.],
+                [1., 1.]])
+        >>> ssort(torch.tensor([[0., 3., 1.], [0., 0., 0.]]).to_sparse())
+        SortResult(values=tensor([[1., 3.],
+                [inf, inf]]), indices=tensor([[ 2,  1],
+                [-1, -1]]))
+    """
+    return _sort(x, by_index=False, descending=descending, name="x")
+
+
+def ssort_by_index(x: Any, descending: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
+    r"""Sort the specified entries of a sparse vector, or of each row of a batch, by index.
+
+    The Lua nnsparse README announced a descending default; as in
+    :func:`torch.sort` (and in the Lua code) the default here is ascending.
+
+    Args:
+        x: a sparse COO vector or batch, a sparse CSR batch, a list of sparse
+            vectors, a ``(k, 2)`` pair tensor, or a list of pair tensors.
+        descending (bool): sort from the largest index down. Default: False.
+
+    Returns:
+        As :func:`ssort`: ``(values, indices)`` of shape ``(nnz,)`` for a
+        sparse vector, ``(rows, max_nnz)`` for a sparse batch, the reordered
+        pair tensor(s) for the pair forms.  Duplicate entries of an uncoalesced
+        tensor are summed first.  A padded batch entry has index ``-1`` and
+        value 0, so padded values add nothing to a sum.
+
+    Raises:
+        TypeError: ``x`` is not an accepted form, ``descending`` is not a bool,
+            or the values are boolean or complex.
+        ValueError: bad indices.
+
+    Example::
+
+        >>> ssort_by_index(torch.tensor([[3., 1.], [1., 4.], [6., 2.]]))
+        tensor([[1., 4.],
+                [3., 1.],
+                [6., 2.]])
+        >>> x = torch.sparse_coo_tensor([[6, 1, 3]], [2., 4., 1.], (8,))
+        >>> ssort_by_index(x, descending=True)
+        SortResult(values=tensor([2., 1., 4.]), indices=tensor([6, 3, 1]))
+    """
+    return _sort(x, by_index=True, descending=descending, name="x")
+
+
+def stopk(x: Any, k: int) -> TopkResult:
+    r"""The ``k`` largest specified entries of a sparse vector, or of each row of a batch.
+
+    The ranking step of a recommender: the top ``k`` predicted items of each
+    user, among the entries a sparse tensor specifies.  Duplicate entries
+    (uncoalesced COO, repeated pair indices) are summed first.  The entries
+    come from the largest down; ties keep increasing index order; NaN values
+    rank first, as in :func:`torch.topk`.
+
+    Args:
+        x: a sparse COO vector ``(n,)`` or batch ``(rows, n)``, a sparse CSR
+            batch, a list of sparse vectors, a ``(k, 2)`` pair tensor or a
+            list of pair tensors.
+        k (int): how many entries to keep per row, ``k >= 0``.
+
+    Returns:
+        A named tuple ``(values, indices)`` of shape ``(k,)`` for a vector
+        (sparse COO vector or pair tensor) or ``(rows, k)`` for a batch, as
+        :func:`torch.topk`.  A row with fewer than ``k`` specified entries is
+        padded at its end with index ``-1`` and value ``-inf`` (the dtype's
+        minimum for integer values): what ``torch.topk`` gives on the dense
+        rows with their unspecified entries set to ``-inf``, except for the
+        index.  Values keep ``x``'s dtype and device; gradients flow back to
+        the selected specified values only.
+
+    Raises:
+        TypeError: ``x`` is not an accepted form, ``k`` is not an int, or the
+            values are boolean or complex.
+        ValueError: ``k`` is negative, or bad indices.
+
+    Example::
+
+        >>> scores = torch.tensor([[0.1, 0.0, 0.9, 0.5], [0.0, 0.7, 0.0, 0.0]]).to_sparse()
+        >>> stopk(scores, 2)
+        TopkResult(values=tensor([[0.9000, 0.5000],
+                [0.7000,   -inf]]), indices=tensor([[ 2,  3],
+                [ 1, -1]]))
+    """
+    if isinstance(k, bool):
+        raise TypeError("k must be an int, got bool")
+    try:
+        k = operator.index(k)
+    except TypeError:
+        raise TypeError(f"k must be an int, got {type(k).__name__}") from None
+    if k < 0:
+        raise ValueError(f"k must be non-negative, got {k}")
+    batch = as_sparse_batch(x, name="x")
+    _check_values(batch, "x")
+    batch = batch.coalesce()
+    order = _row_order(batch.row, batch.values, descending=True)
+    values, indices = _pad(batch, order, k, _extreme(batch.dtype, high=False))
+    if batch.is_vector:
+        return TopkResult(values[0], indices[0])
+    return TopkResult(values, indices)

@@ -1,0 +1,260 @@
+"""nnsparse.builder.DynamicSparseTensor against torch.sparse_coo_tensor built in one call."""
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from matrix import DEVICES
+from nnsparse import DynamicSparseTensor
+
+
+def _entries(n, width, seed=0, ndim=1):
+    rng = random.Random(seed)
+    index = [tuple(rng.randrange(width) for _ in range(ndim)) if ndim > 1 else rng.randrange(width)
+             for _ in range(n)]
+    values = [rng.uniform(-1, 1) for _ in range(n)]
+    return index, values
+
+
+def _reference(index, values, size, dtype=torch.float32, device="cpu"):
+    index_t = torch.tensor(index, dtype=torch.int64, device=device).reshape(len(index), len(size)).T
+    return torch.sparse_coo_tensor(index_t, torch.tensor(values, dtype=dtype, device=device), size)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+@pytest.mark.parametrize("n", [0, 1, 10, 5000, 9000])  # across the 4096-entry host buffer
+def test_append_builds_the_vector(n, dtype, device):
+    index, values = _entries(n, 3 * n + 1)
+    if dtype == torch.int64:
+        values = [int(v * 100) for v in values]
+    builder = DynamicSparseTensor(reserve=3, dtype=dtype, device=device)
+    for i, v in zip(index, values):
+        builder.append(i, v)
+    assert len(builder) == builder.len() == n
+    x = builder.build(size=3 * n + 1)
+    assert x.layout == torch.sparse_coo and x.dtype == dtype and x.device == torch.device(device)
+    assert x._nnz() == n and not x.is_coalesced()  # duplicates are kept
+    reference = _reference(index, values, (3 * n + 1,), dtype, device)
+    torch.testing.assert_close(x.to_dense(), reference.to_dense())
+    torch.testing.assert_close(x._indices(), reference._indices())  # order of appends kept
+
+
+def test_default_size_and_pairs():
+    builder = DynamicSparseTensor(dtype=torch.float64)
+    for i, v in [(4, 1.5), (0, -2.0), (4, 0.5)]:
+        builder.append(i, v)
+    x = builder.build()
+    assert x.shape == (5,)
+    assert x.to_dense().tolist() == [-2.0, 0.0, 0.0, 0.0, 2.0]  # duplicates sum
+    assert builder.build_pairs().tolist() == [[4.0, 1.5], [0.0, -2.0], [4.0, 0.5]]
+    assert DynamicSparseTensor().build().shape == (0,)
+    assert DynamicSparseTensor().build_pairs().shape == (0, 2)
+
+
+@pytest.mark.parametrize("reserve, mult_coef, expected", [
+    (10, 2, [10, 20, 20, 40, 80]),
+    (10, 1.5, [10, 15, 23, 35, 53]),
+    (0, 2, [1, 2, 4, 8, 16]),
+])
+def test_storage_grows_geometrically(reserve, mult_coef, expected):
+    builder = DynamicSparseTensor(reserve=reserve, mult_coef=mult_coef)
+    capacities = []
+    for target in [max(reserve, 1), expected[1], expected[2], expected[3], expected[4]]:
+        while len(builder) < target:
+            builder.append(len(builder), 1.0)
+        capacities.append(builder.capacity)
+    assert capacities == expected
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_coo_and_csr(device):
+    index, values = _entries(300, 7, seed=1, ndim=2)
+    builder = DynamicSparseTensor(ndim=2, dtype=torch.float64, device=device)
+    for i, v in zip(index, values):
+        builder.append(i, v)
+    reference = _reference(index, values, (9, 7), torch.float64, device).to_dense()
+    coo = builder.build(size=(9, 7))
+    assert coo.shape == (9, 7) and coo._nnz() == 300
+    torch.testing.assert_close(coo.to_dense(), reference)
+    csr = builder.build(size=(9, 7), layout=torch.sparse_csr)
+    assert csr.layout == torch.sparse_csr and csr.device == torch.device(device)
+    torch.testing.assert_close(csr.to_dense(), reference)  # duplicates summed
+    assert builder.build().shape == tuple(int(m) + 1 for m in torch.tensor(index).max(0).values)
+
+
+def test_three_dimensions():
+    builder = DynamicSparseTensor(ndim=3)
+    builder.append((1, 2, 3), 4.0)
+    builder.append([0, 0, 1], 2.0)
+    x = builder.build()
+    assert x.shape == (2, 3, 4) and x.to_dense()[1, 2, 3].item() == 4.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_extend_mixed_with_append_keeps_order(device):
+    builder = DynamicSparseTensor(reserve=2, dtype=torch.float64, device=device)
+    builder.append(3, 1.0)
+    builder.extend(torch.tensor([5, 0, 7], device=device), torch.tensor([2.0, 3.0, 4.0], device=device))
+    builder.append(1, 5.0)
+    builder.extend([2, 2], [6, 7])  # Python sequences, int values cast to the dtype
+    builder.extend([], [])
+    assert len(builder) == 7
+    assert builder.build_pairs().tolist() == [[3, 1], [5, 2], [0, 3], [7, 4], [1, 5], [2, 6], [2, 7]]
+    batch = DynamicSparseTensor(ndim=2)
+    batch.extend(torch.tensor([[0, 1], [2, 3]]), torch.tensor([1.0, 2.0]))
+    assert batch.build().to_dense().tolist() == [[0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 2]]
+
+
+def test_extend_is_one_copy_of_large_tensors():
+    index = torch.randperm(100_000)
+    values = torch.rand(100_000)
+    builder = DynamicSparseTensor()
+    builder.extend(index, values)
+    x = builder.build()
+    torch.testing.assert_close(x._indices()[0], index)
+    torch.testing.assert_close(x._values(), values)
+
+
+def test_set_reset_and_copies():
+    builder = DynamicSparseTensor(reserve=4)
+    builder.append(9, 1.0)
+    builder.set(torch.tensor([[2.0, 5.0], [0.0, 1.0]]))
+    assert builder.build_pairs().tolist() == [[2.0, 5.0], [0.0, 1.0]]
+    first = builder.build()
+    builder.append(1, 3.0)
+    assert first._nnz() == 2 and builder.build()._nnz() == 3  # build returns a copy
+    builder.reset()
+    assert len(builder) == 0 and builder.capacity == 4 and builder.build()._nnz() == 0
+    builder.set(torch.zeros(0, 2))
+    assert len(builder) == 0
+
+
+def test_values_no_autograd_and_nan_stored():
+    values = torch.tensor([1.0, 2.0], requires_grad=True)
+    builder = DynamicSparseTensor()
+    builder.extend(torch.tensor([0, 1]), values)
+    builder.append(2, math.nan)
+    x = builder.build()
+    assert not x.requires_grad
+    assert math.isnan(x.to_dense()[2].item())
+
+
+def test_index_kinds_accepted():
+    builder = DynamicSparseTensor(dtype=torch.float64)
+    builder.append(np.int64(3), np.float32(0.5))
+    builder.append(torch.tensor(1), torch.tensor(2.0))
+    builder.append(True, 1)  # a bool is an int in Python
+    assert builder.build_pairs().tolist() == [[3.0, 0.5], [1.0, 2.0], [1.0, 1.0]]
+
+
+def test_repr():
+    builder = DynamicSparseTensor(ndim=2)
+    builder.append((0, 1), 1.0)
+    assert repr(builder) == "DynamicSparseTensor(len=1, ndim=2, dtype=torch.float32, device=cpu)"
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: DynamicSparseTensor(reserve=-1), ValueError, "reserve must be non-negative, got -1"),
+    (lambda: DynamicSparseTensor(reserve=1.5), TypeError, "reserve must be an int, got float"),
+    (lambda: DynamicSparseTensor(mult_coef=1), ValueError, "mult_coef must be > 1 for the storage to grow, got 1"),
+    (lambda: DynamicSparseTensor(mult_coef=0.5), ValueError, "mult_coef must be > 1"),
+    (lambda: DynamicSparseTensor(mult_coef=math.nan), ValueError, "mult_coef must be > 1"),
+    (lambda: DynamicSparseTensor(mult_coef="2"), TypeError, "mult_coef must be a real number, got str"),
+    (lambda: DynamicSparseTensor(ndim=0), ValueError, "ndim must be at least 1, got 0"),
+    (lambda: DynamicSparseTensor(dtype=torch.bool), TypeError, "dtype must be a floating or integer"),
+    (lambda: DynamicSparseTensor(dtype=torch.complex64), TypeError, "dtype must be a floating or integer"),
+])
+def test_constructor_errors(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+@pytest.mark.parametrize("ndim, index, value, error, message", [
+    (1, -1, 1.0, ValueError, "index must be non-negative, got -1"),
+    (1, 1.5, 1.0, TypeError, "index must be an int, got float 1.5"),
+    (1, 2.0, 1.0, TypeError, "index must be an int, got float 2.0"),
+    (1, math.nan, 1.0, TypeError, "index must be an int, got float nan"),
+    (1, "3", 1.0, TypeError, "index must be an int, got str '3'"),
+    (1, torch.tensor(1.0), 1.0, TypeError, "index must be an int, got Tensor"),
+    (1, 2 ** 64, 1.0, ValueError, "index must fit in int64"),
+    (1, 1, "a", TypeError, "value must be a real number, got str"),
+    (1, (1, 2), 1.0, TypeError, "index must be an int, got tuple"),
+    (2, 1, 1.0, TypeError, "index must be a tuple of 2 ints, got int"),
+    (2, (1, 2, 3), 1.0, ValueError, r"index must have 2 entries, got 3: \(1, 2, 3\)"),
+    (2, (1, -2), 1.0, ValueError, r"index must be non-negative, got \(1, -2\)"),
+    (2, (1, 0.5), 1.0, TypeError, "index must be an int, got float 0.5"),
+])
+def test_append_errors(ndim, index, value, error, message):
+    builder = DynamicSparseTensor(ndim=ndim)
+    with pytest.raises(error, match=message):
+        builder.append(index, value)
+    assert len(builder) == 0  # nothing half-added
+
+
+def test_append_integer_dtype_errors():
+    builder = DynamicSparseTensor(dtype=torch.int64)
+    with pytest.raises(TypeError, match="value must be an int for dtype torch.int64, got 1.5"):
+        builder.append(0, 1.5)
+    with pytest.raises(ValueError, match="does not fit in dtype torch.int64"):
+        builder.append(0, 2 ** 70)
+
+
+@pytest.mark.parametrize("ndim, indices, values, error, message", [
+    (1, torch.tensor([0, -1]), torch.ones(2), ValueError, "indices must be non-negative, got min -1"),
+    (1, torch.tensor([0.0, 1.0]), torch.ones(2), TypeError, "indices must be integers, got dtype torch.float32"),
+    (1, [0.5], [1.0], TypeError, "indices must be integers"),
+    (1, torch.tensor([[0, 1]]), torch.ones(1), ValueError, r"indices must have shape \(m,\), got \(1, 2\)"),
+    (2, torch.tensor([0, 1]), torch.ones(2), ValueError, r"indices must have shape \(m, 2\), got \(2,\)"),
+    (1, torch.tensor([0, 1]), torch.ones(3), ValueError, r"values must have shape \(2,\) like indices, got \(3,\)"),
+    (1, torch.tensor([0, 1]), torch.ones(2, dtype=torch.complex64), TypeError, "values must be real numbers"),
+    (1, torch.tensor([0, 1], device="meta"), torch.ones(2), ValueError,
+     "indices must be on the builder's device cpu, got meta"),
+    (1, torch.tensor([0, 1]).to_sparse(), torch.ones(2), TypeError, "indices must be a dense tensor"),
+])
+def test_extend_errors(ndim, indices, values, error, message):
+    builder = DynamicSparseTensor(ndim=ndim)
+    with pytest.raises(error, match=message):
+        builder.extend(indices, values)
+    assert len(builder) == 0
+
+
+def test_extend_float_values_into_integer_dtype():
+    builder = DynamicSparseTensor(dtype=torch.int32)
+    with pytest.raises(TypeError, match="values must be real numbers fitting dtype torch.int32"):
+        builder.extend([0], [0.5])
+
+
+def test_build_and_set_errors():
+    builder = DynamicSparseTensor()
+    builder.append(4, 1.0)
+    with pytest.raises(ValueError, match=r"size must be at least \(5,\) to hold the entries, got \(4,\)"):
+        builder.build(size=4)
+    with pytest.raises(ValueError, match=r"size must be 1 ints, got \(5, 5\)"):
+        builder.build(size=(5, 5))
+    with pytest.raises(ValueError, match="layout torch.sparse_csr needs ndim=2"):
+        builder.build(layout=torch.sparse_csr)
+    with pytest.raises(TypeError, match="layout must be torch.sparse_coo or torch.sparse_csr"):
+        builder.build(layout=torch.strided)
+    with pytest.raises(TypeError, match="pairs must be a .k, 2. pair tensor, got layout torch.sparse_coo"):
+        builder.set(torch.ones(3).to_sparse())
+    with pytest.raises(ValueError, match=r"pairs must be a pair tensor of shape \(k, 2\), got shape \(3, 3\)"):
+        builder.set(torch.ones(3, 3))
+    with pytest.raises(ValueError, match="pairs indices must be integers, got 0.5"):
+        builder.set(torch.tensor([[0.5, 1.0]]))
+    with pytest.raises(ValueError, match="pairs must be on the builder's device cpu, got meta"):
+        builder.set(torch.ones(3, 2, device="meta"))
+    batch = DynamicSparseTensor(ndim=2)
+    batch.append((3, 1), 1.0)
+    with pytest.raises(ValueError, match=r"size must be at least \(4, 2\) to hold the entries, got \(4, 1\)"):
+        batch.build(size=(4, 1))
+    with pytest.raises(ValueError, match="build_pairs needs ndim=1, this builder has ndim=2"):
+        batch.build_pairs()
+    with pytest.raises(ValueError, match=r"set\(pairs\) builds vectors \(ndim=1\)"):
+        batch.set(torch.ones(1, 2))
+    big = DynamicSparseTensor()
+    big.append(2 ** 24 + 1, 1.0)
+    with pytest.raises(ValueError, match="index 16777217 cannot be stored exactly as torch.float32"):
+        big.build_pairs()

@@ -1,0 +1,188 @@
+"""nnsparse._forms: the one normalisation of every accepted sparse form."""
+import math
+
+import pytest
+import torch
+
+from matrix import BATCH_FORMS, DEVICES, FLOAT_DTYPES, VECTOR_FORMS, make_form, random_sparse_dense
+from nnsparse._forms import SparseBatch, as_sparse_batch, check_index_range, is_sparse_form, resolve_size
+
+
+def _dense_of(batch: SparseBatch) -> torch.Tensor:
+    """Dense reference rebuilt from the coordinates (duplicates summed)."""
+    out = batch.values.new_zeros(batch.shape)
+    return out.index_put((batch.row, batch.col), batch.values, accumulate=True)
+
+
+def _coo(index, values, size):
+    return torch.sparse_coo_tensor(torch.as_tensor(index), torch.as_tensor(values), size,
+                                   check_invariants=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.int64])
+@pytest.mark.parametrize("form", BATCH_FORMS)
+def test_batch_forms(form, dtype, device):
+    dense = random_sparse_dense(5, 7, 0.4, empty_rows=2, device=device)
+    dense = (dense * 4).round().to(dtype) if dtype == torch.int64 else dense.to(dtype)
+    if form == "coo_uncoalesced" and dtype == torch.int64:
+        # make_form splits values as 1/4 + 3/4 (floats): split as v + 0 instead
+        coo = dense.to_sparse()
+        x = _coo(coo.indices().repeat(1, 2), torch.cat([coo.values(), 0 * coo.values()]), dense.shape)
+    else:
+        x = make_form(dense, form)
+    batch = as_sparse_batch(x)
+    assert batch.form == form.replace("coo_uncoalesced", "coo")
+    assert not batch.is_vector
+    assert batch.values.dtype == dtype and batch.device == dense.device
+    assert batch.row.dtype == batch.col.dtype == torch.int64
+    # pairs know no width: it is the largest index + 1
+    width = 7 if form != "pair_list" else int(dense.nonzero()[:, 1].max()) + 1
+    assert batch.shape == (5, width)
+    torch.testing.assert_close(_dense_of(batch), dense[:, :width])
+    coalesced = batch.coalesce()
+    assert coalesced.coalesced and coalesced.row_sorted
+    assert coalesced.nnz == int((dense != 0).sum())
+    torch.testing.assert_close(_dense_of(coalesced), dense[:, :width])
+    counts = (dense != 0).sum(1)
+    torch.testing.assert_close(coalesced.row_counts(), counts)
+    torch.testing.assert_close(coalesced.crow_indices()[1:], counts.cumsum(0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", VECTOR_FORMS)
+def test_vector_forms(form, device):
+    dense = random_sparse_dense(1, 9, 0.5, device=device)[0]
+    dense[-1] = 1.0  # the pair form infers the width from the last index
+    batch = as_sparse_batch(make_form(dense, form))
+    assert batch.is_vector and batch.shape == (1, 9)
+    assert batch.form == ("pairs" if form == "pairs" else "coo")
+    torch.testing.assert_close(_dense_of(batch)[0], dense)
+
+
+@pytest.mark.parametrize("form", BATCH_FORMS)
+def test_with_values_rebuilds_the_form(form):
+    dense = random_sparse_dense(4, 6, 0.5, empty_rows=1)
+    x = make_form(dense, form)
+    batch = as_sparse_batch(x, width=6)
+    out = batch.with_values(batch.values * 2)
+    again = as_sparse_batch(out, width=6)
+    assert again.form == batch.form and again.shape == batch.shape
+    torch.testing.assert_close(_dense_of(again), 2 * dense)
+    keep = batch.values > 0
+    kept = as_sparse_batch(batch.with_values(batch.values, keep), width=6)
+    torch.testing.assert_close(_dense_of(kept), dense.clamp(min=0))
+
+
+def test_empty_inputs():
+    empty_vector = _coo(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0), (5,))
+    batch = as_sparse_batch(empty_vector)
+    assert batch.nnz == 0 and batch.shape == (1, 5) and batch.is_vector
+    assert as_sparse_batch(torch.zeros(0, 2)).shape == (1, 0)
+    assert as_sparse_batch(torch.tensor([])).nnz == 0  # an empty row given as tensor([])
+    batch = as_sparse_batch([], width=3)
+    assert batch.shape == (0, 3) and batch.nnz == 0
+    batch = as_sparse_batch([torch.zeros(0, 2), torch.tensor([[2.0, 1.0]])])
+    assert batch.shape == (2, 3) and batch.row.tolist() == [1]
+    batch = as_sparse_batch(torch.zeros(3, 4).to_sparse_csr())
+    assert batch.shape == (3, 4) and batch.nnz == 0
+
+
+def test_width_argument():
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert as_sparse_batch(x, width=10).shape == (1, 10)
+    with pytest.raises(ValueError, match=r"input indices must be in \[0, 3\), got max 3"):
+        as_sparse_batch(x, width=3)
+    with pytest.raises(ValueError, match="x has width 6, larger than the size asked for, 4"):
+        as_sparse_batch(torch.zeros(6).to_sparse(), name="x", width=4)
+
+
+def test_uncoalesced_with_grad_keeps_the_graph():
+    values = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    x = _coo([[0, 2, 0]], values, (4,))
+    batch = as_sparse_batch(x)
+    assert batch.coalesced
+    _dense_of(batch).sum().backward()
+    torch.testing.assert_close(values.grad, torch.ones(3))
+
+
+def test_is_sparse_form():
+    assert is_sparse_form(torch.zeros(2).to_sparse())
+    assert is_sparse_form([torch.zeros(1, 2)])
+    assert not is_sparse_form(torch.zeros(2))
+    assert not is_sparse_form(3)
+
+
+def test_check_index_range_and_resolve_size():
+    assert check_index_range(torch.tensor([0, 4, 2]), 5, "i") == 5
+    assert check_index_range(torch.zeros(0, dtype=torch.int64), 0, "i") == 0
+    with pytest.raises(ValueError, match=r"i must be in \[0, 4\), got max 4"):
+        check_index_range(torch.tensor([0, 4]), 4, "i")
+    with pytest.raises(ValueError, match="i must be non-negative, got min -2"):
+        check_index_range(torch.tensor([-2, 1]), None, "i")
+    batch = as_sparse_batch(torch.eye(3).to_sparse())
+    assert resolve_size(None, batch) == (3, 3)
+    assert resolve_size((4, 5), batch) == (4, 5)
+    with pytest.raises(ValueError, match="size must have at least 3 rows, got 2"):
+        resolve_size((2, 5), batch)
+    with pytest.raises(ValueError, match="size must have at least 3 columns, got 1"):
+        resolve_size((3, 1), batch)
+
+
+BAD_INPUTS = [
+    # (input, exception, message)
+    (lambda: _coo([[0, -1]], [1.0, 2.0], (4,)), ValueError, "x indices must be non-negative, got min -1"),
+    (lambda: _coo([[0, 4]], [1.0, 2.0], (4,)), ValueError, r"x indices must be in \[0, 4\), got max 4"),
+    (lambda: _coo([[0, 3], [1, 5]], [1.0, 2.0], (4, 5)), ValueError,
+     r"x column indices must be in \[0, 5\), got max 5"),
+    (lambda: _coo([[0, 4], [1, 2]], [1.0, 2.0], (4, 5)), ValueError,
+     r"x row indices must be in \[0, 4\), got max 4"),
+    (lambda: torch.tensor([[1.5, 1.0]]), ValueError, "x indices must be integers, got 1.5"),
+    (lambda: torch.tensor([[math.nan, 1.0]]), ValueError, "x indices must be finite integers, got nan"),
+    (lambda: torch.tensor([[math.inf, 1.0]]), ValueError, "x indices must be finite integers, got inf"),
+    (lambda: torch.tensor([[-1.0, 1.0]]), ValueError, "x indices must be non-negative, got min -1"),
+    (lambda: torch.tensor([[True, False]]), TypeError, "x indices must be real numbers, got dtype torch.bool"),
+    (lambda: torch.ones(3, 3), ValueError, r"x must be a pair tensor of shape \(k, 2\), got shape \(3, 3\)"),
+    (lambda: torch.ones(3), ValueError, r"x must be a pair tensor of shape \(k, 2\), got shape \(3,\)"),
+    (lambda: torch.ones(2, 2, 2), ValueError, r"pair tensor of shape \(k, 2\), got shape \(2, 2, 2\)"),
+    (lambda: torch.ones(2, 2, 2).to_sparse(), ValueError,
+     "x must be a sparse vector or a 2-D sparse batch, got 3 dimensions"),
+    (lambda: torch.ones(2, 3).to_sparse(1), NotImplementedError,
+     "x: hybrid sparse tensors are not supported, got dense_dim 1"),
+    (lambda: torch.eye(3).to_sparse_csc(), NotImplementedError, "x: layout torch.sparse_csc is not supported"),
+    (lambda: [], ValueError, "x is an empty list; pass a size to give its width"),
+    (lambda: [torch.zeros(3).to_sparse(), torch.zeros(1, 2)], TypeError,
+     "x mixes sparse vectors and pair tensors; use one form per batch"),
+    (lambda: [torch.zeros(3).to_sparse(), torch.zeros(4).to_sparse()], ValueError,
+     r"x rows must share one size, got \[3, 4\]"),
+    (lambda: [torch.eye(2).to_sparse()], ValueError, r"x rows must be 1-D sparse vectors, got shapes \[\(2, 2\)\]"),
+    (lambda: [torch.zeros(1, 2), [1, 2]], TypeError, r"x\[1\] must be a tensor, got list"),
+    (lambda: [torch.zeros(1, 2), torch.zeros(1, 2, device="meta")], ValueError,
+     r"x rows must be on one device, got \['cpu', 'meta'\]"),
+    (lambda: [torch.tensor([[0.0, 1.0]]), torch.tensor([[2.5, 1.0]])], ValueError,
+     r"x\[1\] indices must be integers, got 2.5"),
+    (lambda: 3.0, TypeError, "x must be a sparse tensor, a pair tensor or a list of sparse rows, got float"),
+]
+
+
+@pytest.mark.parametrize("make, error, message", BAD_INPUTS,
+                         ids=[f"bad{i}" for i in range(len(BAD_INPUTS))])
+def test_bad_inputs(make, error, message):
+    with pytest.raises(error, match=message):
+        as_sparse_batch(make(), name="x")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_mixed_cuda_and_cpu_rows():
+    rows = [torch.zeros(3).to_sparse(), torch.zeros(3, device="cuda").to_sparse()]
+    with pytest.raises(ValueError, match="x rows must be on one device"):
+        as_sparse_batch(rows, name="x")
+
+
+def test_csr_with_int32_indices():
+    dense = random_sparse_dense(4, 5, 0.5, empty_rows=1)
+    csr = dense.to_sparse_csr()
+    csr = torch.sparse_csr_tensor(csr.crow_indices().int(), csr.col_indices().int(), csr.values(), csr.shape)
+    batch = as_sparse_batch(csr)
+    assert batch.row.dtype == batch.col.dtype == torch.int64
+    torch.testing.assert_close(_dense_of(batch), dense)
