@@ -1,0 +1,147 @@
+"""The per-entry form of an ordinary PyTorch loss module.
+
+nnsparse criteria evaluate a wrapped loss on gathered 1-D values (one per
+specified entry of the target) and do their own averaging, as Lua nnsparse set
+``sizeAverage = false`` on the criterion it wrapped.  This module turns a loss
+module into a function ``(input, target, gather) -> per-entry losses`` that
+keeps the module's own settings (``beta``, ``delta``, ``log_target``, ...).
+The module's ``reduction`` is ignored: the nnsparse criterion decides it.
+A target of another floating dtype is cast to the estimate's.
+
+Weight tensors (``BCELoss.weight``, ``BCEWithLogitsLoss.weight`` and
+``pos_weight``) are read at the target's entries as if broadcast to the dense
+shape of the estimate, which is what the dense loss would do with them.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Callable, Optional
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["elementwise_loss", "ElementwiseLoss"]
+
+# ``gather(w)`` reads a tensor broadcastable to the estimate's dense shape at
+# the entries being evaluated; None means the values are dense already.
+Gather = Optional[Callable[[Tensor, str], Tensor]]
+
+_NO_ELEMENTWISE_FORM = (
+    nn.CrossEntropyLoss, nn.NLLLoss, nn.MultiLabelMarginLoss, nn.MultiLabelSoftMarginLoss,
+    nn.MultiMarginLoss, nn.CosineEmbeddingLoss, nn.MarginRankingLoss, nn.TripletMarginLoss,
+    nn.TripletMarginWithDistanceLoss, nn.CTCLoss, nn.GaussianNLLLoss,
+)
+
+
+def _weight(module: nn.Module, attr: str, gather: Gather) -> Optional[Tensor]:
+    w = getattr(module, attr, None)
+    if w is None or gather is None:
+        return w
+    return gather(w, f"{type(module).__name__}.{attr}")
+
+
+def _mse(m, x, y, g):
+    return F.mse_loss(x, y, reduction="none")
+
+
+def _l1(m, x, y, g):
+    return F.l1_loss(x, y, reduction="none")
+
+
+def _smooth_l1(m, x, y, g):
+    return F.smooth_l1_loss(x, y, reduction="none", beta=m.beta)
+
+
+def _huber(m, x, y, g):
+    return F.huber_loss(x, y, reduction="none", delta=m.delta)
+
+
+def _bce(m, x, y, g):
+    return F.binary_cross_entropy(x, y, weight=_weight(m, "weight", g), reduction="none")
+
+
+def _bce_logits(m, x, y, g):
+    return F.binary_cross_entropy_with_logits(
+        x, y, weight=_weight(m, "weight", g), pos_weight=_weight(m, "pos_weight", g),
+        reduction="none")
+
+
+def _soft_margin(m, x, y, g):
+    return F.soft_margin_loss(x, y, reduction="none")
+
+
+def _poisson_nll(m, x, y, g):
+    return F.poisson_nll_loss(x, y, log_input=m.log_input, full=m.full, eps=m.eps,
+                              reduction="none")
+
+
+def _kl_div(m, x, y, g):
+    return F.kl_div(x, y, reduction="none", log_target=m.log_target)
+
+
+def _hinge_embedding(m, x, y, g):
+    return F.hinge_embedding_loss(x, y, margin=m.margin, reduction="none")
+
+
+# Exact types only: a subclass may override forward, and then it goes the
+# generic way (its own forward with reduction='none').
+_KNOWN = {
+    nn.MSELoss: _mse, nn.L1Loss: _l1, nn.SmoothL1Loss: _smooth_l1, nn.HuberLoss: _huber,
+    nn.BCELoss: _bce, nn.BCEWithLogitsLoss: _bce_logits, nn.SoftMarginLoss: _soft_margin,
+    nn.PoissonNLLLoss: _poisson_nll, nn.KLDivLoss: _kl_div,
+    nn.HingeEmbeddingLoss: _hinge_embedding,
+}
+
+
+class ElementwiseLoss:
+    """A loss module evaluated entry by entry, with no reduction."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self._fn = _KNOWN.get(type(module))
+
+    def __call__(self, input: Tensor, target: Tensor, gather: Gather = None) -> Tensor:
+        if target.dtype != input.dtype and input.is_floating_point():
+            # Ratings often come as float64 (numpy) for a float32 network.
+            target = target.to(input.dtype)
+        if self._fn is not None:
+            return self._fn(self.module, input, target, gather)
+        # A loss we do not know: its own forward, on a shallow copy made now
+        # (it sees the module's current settings) so the caller's module keeps
+        # its reduction.
+        module = copy.copy(self.module)
+        module.reduction = "none"
+        out = module(input, target)
+        if not isinstance(out, Tensor) or out.shape != input.shape:
+            raise TypeError(
+                f"criterion {type(self.module).__name__} has no element-wise form: with "
+                f"reduction='none' it returned shape {tuple(getattr(out, 'shape', ()))} "
+                f"for an input of shape {tuple(input.shape)}")
+        return out
+
+    def __repr__(self) -> str:
+        return repr(self.module)
+
+
+def elementwise_loss(criterion: nn.Module) -> ElementwiseLoss:
+    """Check that ``criterion`` is a loss with an element-wise form and wrap it.
+
+    Raises:
+        TypeError: ``criterion`` is not an ``nn.Module`` with a ``reduction``
+            attribute, or is a loss with no element-wise form (class scores,
+            pairs or triplets of inputs, a variance input).
+    """
+    if isinstance(criterion, ElementwiseLoss):
+        return criterion
+    if not isinstance(criterion, nn.Module):
+        raise TypeError(f"criterion must be a loss module such as nn.MSELoss(), "
+                        f"got {type(criterion).__name__}")
+    if isinstance(criterion, _NO_ELEMENTWISE_FORM):
+        raise TypeError(
+            f"criterion {type(criterion).__name__} has no element-wise form; use a loss "
+            "computed entry by entry (MSELoss, L1Loss, SmoothL1Loss, HuberLoss, BCELoss, "
+            "BCEWithLogitsLoss, ...)")
+    if not hasattr(criterion, "reduction"):
+        raise TypeError(f"criterion must be a loss module with a 'reduction' attribute, "
+                        f"got {type(criterion).__name__}")
+    return ElementwiseLoss(criterion)

@@ -1,0 +1,210 @@
+"""Pairing an estimate with a sparse target, entry by entry.
+
+Every criterion reads the estimate at the target's specified entries and
+nowhere else.  The estimate is dense (``(rows, n)`` or ``(n,)``) or sparse
+(any accepted form, e.g. the output of a sparse-output decoder) whose pattern
+equals or contains the target's.  Entries are matched by their linear index
+``row * n + col``; the target is coalesced first (duplicates mean a sum, as
+torch defines), so each position counts once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .._forms import SparseBatch, as_sparse_batch, is_sparse_form
+
+__all__: list = []
+
+# Forms whose width is declared by the data (a tensor's size); the pair forms
+# only say "the largest index + 1".
+DECLARED_WIDTH = ("coo", "csr", "list")
+
+
+def unique_entries(batch: SparseBatch) -> SparseBatch:
+    """``batch`` with one entry per position, sorted row-major.
+
+    A CSR batch already is (torch's CSR invariant: sorted, distinct columns
+    in each row); an O(nnz) check spares the sort when the entries of another
+    form already are; otherwise duplicates are summed, differentiably.
+    """
+    if batch.coalesced:
+        return batch
+    if batch.form == "csr":
+        return replace(batch, coalesced=True)
+    key = batch.linear_index()
+    if key.numel() < 2 or bool((key[1:] > key[:-1]).all()):
+        return replace(batch, row_sorted=True, coalesced=True)
+    return batch.coalesce()
+
+
+def fit_width(batch: SparseBatch, width: int, name: str, other: str) -> SparseBatch:
+    """Give ``batch`` the width ``width`` of ``other``, or say why it cannot have it."""
+    if batch.form in DECLARED_WIDTH:
+        if batch.width != width:
+            raise ValueError(f"{name} has width {batch.width}, {other} has {width} columns")
+    elif batch.width > width:
+        raise ValueError(f"{name} indices must be in [0, {width}) (the columns of {other}), "
+                         f"got max {batch.width - 1}")
+    return replace(batch, shape=(batch.rows, width))
+
+
+def lookup(sorted_keys: Tensor, query: Tensor) -> Tuple[Tensor, Tensor]:
+    """Positions of ``query`` in the sorted, unique ``sorted_keys`` and whether found.
+
+    Positions of keys not found are clamped to a valid index (read and discard).
+    """
+    if sorted_keys.numel() == 0:
+        zero = torch.zeros_like(query)
+        return zero, torch.zeros_like(query, dtype=torch.bool)
+    pos = torch.searchsorted(sorted_keys, query).clamp_(max=sorted_keys.numel() - 1)
+    return pos, sorted_keys[pos] == query
+
+
+@dataclass
+class Estimate:
+    """An estimate, dense or sparse, that can be read at given entries."""
+
+    dense: Optional[Tensor]
+    sparse: Optional[SparseBatch]  # unique entries, sorted row-major
+    rows: int
+    width: int
+    is_vector: bool
+    # The values of a sparse estimate built on the target's own index tensors:
+    # entry i is the target's entry i, nothing to normalise or search.
+    shared: Optional[Tensor] = None
+
+    @property
+    def device(self) -> torch.device:
+        if self.shared is not None:
+            return self.shared.device
+        return self.dense.device if self.dense is not None else self.sparse.device
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return (self.width,) if self.is_vector else (self.rows, self.width)
+
+    def numel(self) -> int:
+        return self.rows * self.width
+
+    def describe(self) -> str:
+        return f"estimate of shape {self.shape}"
+
+    def at(self, row: Tensor, col: Tensor) -> Tensor:
+        """The estimate's values at ``(row, col)``, differentiably.
+
+        A dense estimate gets gradients only there; a sparse one must specify
+        every asked entry (``ValueError`` otherwise).
+        """
+        key = row * self.width + col
+        if self.dense is not None:
+            # index_select on the flat view: its backward is an index_add.
+            return self.dense.reshape(-1).index_select(0, key)
+        own = self.sparse.linear_index()
+        if own.shape == key.shape and torch.equal(own, key):
+            return self.sparse.values  # same pattern: nothing to search
+        pos, found = lookup(own, key)
+        if not bool(found.all()):
+            k = int(torch.nonzero(~found)[0, 0])
+            raise ValueError(
+                "a sparse estimate must specify every entry of the target; entry "
+                f"(row {int(row[k])}, col {int(col[k])}) is missing")
+        return self.sparse.values.index_select(0, pos)
+
+    def at_target(self, target: SparseBatch) -> Tensor:
+        """The estimate's values at the target's entries (``target`` from :func:`as_target`)."""
+        if self.shared is not None:
+            return self.shared
+        return self.at(target.row, target.col)
+
+    def gather(self, row: Tensor, col: Tensor):
+        """A function reading tensors broadcastable to the dense shape at ``(row, col)``."""
+        def read(w: Tensor, name: str) -> Tensor:
+            try:
+                full = w.expand(self.shape)
+            except RuntimeError:
+                raise ValueError(f"{name} must broadcast to the estimate's shape {self.shape}, "
+                                 f"got shape {tuple(w.shape)}") from None
+            return full[col] if self.is_vector else full[row, col]
+        return read
+
+
+def _same_tensor(a: Tensor, b: Tensor) -> bool:
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.device == b.device)
+
+
+def _shares_pattern(estimate: Any, target: Any) -> bool:
+    """True when a sparse estimate was built on the target's own index tensors.
+
+    Checked by identity of the index storage (free): then the estimate's
+    values line up with the target's entries one for one.
+    """
+    if not (isinstance(estimate, Tensor) and isinstance(target, Tensor)):
+        return False
+    if estimate.layout != target.layout or estimate.shape != target.shape:
+        return False
+    if estimate.layout == torch.sparse_csr:
+        return (_same_tensor(estimate.crow_indices(), target.crow_indices())
+                and _same_tensor(estimate.col_indices(), target.col_indices()))
+    if estimate.layout == torch.sparse_coo:
+        # Uncoalesced duplicates mean a sum: they need the general path.
+        return (estimate.is_coalesced() and target.is_coalesced()
+                and _same_tensor(estimate._indices(), target._indices()))
+    return False
+
+
+def as_estimate(estimate: Any, target: Any = None) -> Estimate:
+    """Normalise a dense or sparse estimate.
+
+    With ``target`` given, a sparse estimate that shares the target's index
+    tensors takes a fast path (:meth:`Estimate.at_target` returns its values).
+
+    Raises:
+        TypeError: ``estimate`` is neither a tensor nor a sparse form.
+        ValueError: a dense estimate that is not 1-D or 2-D.
+    """
+    if target is not None and _shares_pattern(estimate, target):
+        shape = tuple(estimate.shape)
+        rows, width = (1, shape[0]) if len(shape) == 1 else shape
+        return Estimate(None, None, rows, width, len(shape) == 1, shared=estimate.values())
+    if isinstance(estimate, SparseBatch):
+        batch = estimate
+    elif is_sparse_form(estimate):
+        batch = as_sparse_batch(estimate, name="estimate")
+    elif isinstance(estimate, Tensor):
+        if estimate.dim() not in (1, 2):
+            raise ValueError(f"estimate must be 1-D (n,) or 2-D (rows, n), "
+                             f"got shape {tuple(estimate.shape)}")
+        if estimate.dim() == 1:
+            return Estimate(estimate, None, 1, estimate.shape[0], True)
+        return Estimate(estimate, None, estimate.shape[0], estimate.shape[1], False)
+    else:
+        raise TypeError(f"estimate must be a tensor or a sparse batch, "
+                        f"got {type(estimate).__name__}")
+    batch = unique_entries(batch)
+    return Estimate(None, batch, batch.rows, batch.width, batch.is_vector)
+
+
+def check_device(tensor_device: torch.device, est: Estimate, name: str) -> None:
+    if tensor_device != est.device:
+        raise ValueError(f"{name} is on {tensor_device}, estimate on {est.device}; "
+                         "move them to one device")
+
+
+def as_target(target: Any, est: Estimate, name: str = "target") -> SparseBatch:
+    """Normalise a sparse target against the estimate: unique entries, same width.
+
+    Raises:
+        ValueError: rows or width differ from the estimate's, an index lies
+            beyond the estimate, or the target is on another device.
+    """
+    batch = as_sparse_batch(target, name=name)
+    if batch.rows != est.rows:
+        raise ValueError(f"{name} has {batch.rows} rows, {est.describe()} has {est.rows}")
+    batch = fit_width(batch, est.width, name, "the estimate")
+    check_device(batch.device, est, name)
+    return unique_entries(batch)

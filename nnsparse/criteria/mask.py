@@ -1,0 +1,185 @@
+"""MaskCriterion: hide observed entries of each row and weight a loss by a mask."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from .._forms import as_sparse_batch, is_sparse_form
+from ..convert import densify
+from ._elementwise import elementwise_loss
+from ._entries import as_estimate, as_target, check_device, lookup, unique_entries
+from .sdae import EntryMask, _check_generator, _kind
+
+__all__ = ["MaskCriterion"]
+
+
+class MaskCriterion(nn.Module):
+    r"""Hide a ratio of each row's observed entries and weight the loss by a mask.
+
+    The masked criterion of Lua nnsparse.  :meth:`prepare_input` hides entries
+    of the input and remembers them; the loss weights the wrapped criterion by
+    ``alpha`` on the hidden entries, ``beta`` on the other observed entries
+    and 0 elsewhere:
+
+    .. math::
+        \ell = \frac{1}{d} \sum_{r, c} m_{rc} \, L(\hat{y}_{rc}, y_{rc}),
+        \qquad m_{rc} = \begin{cases} \alpha & \text{hidden} \\
+        \beta & \text{observed, not hidden} \\ 0 & \text{otherwise}\end{cases}
+
+    with :math:`d` = ``estimate.numel()`` (the number of entries of the dense
+    estimate, as in Lua) when ``size_average`` is True, else 1.  Where the
+    target is sparse, :math:`y` is its dense equivalent (0 where unspecified),
+    but only the observed entries are read: no dense target is built.
+
+    * A **sparse input** (any accepted form): each specified entry is hidden
+      independently with probability ``hide_ratio``; a row that would lose all
+      its entries keeps them all (Lua swaps the masks then).  Hidden entries
+      are removed from the returned input, which keeps the input's form.
+      "Observed" means specified in that input.
+    * A **dense input** ``(rows, n)`` (a lone ``(k, 2)`` pair tensor counts as
+      dense: wrap it in a list): every entry is observed;
+      ``floor(n * hide_ratio)`` distinct entries of each row are chosen
+      uniformly and set to 0.
+
+    Lua's ``updateOutput`` returned 0; here the loss is the one whose gradient
+    Lua's ``updateGradInput`` computed.
+
+    Args:
+        criterion (nn.Module): an element-wise loss (``nn.MSELoss``, ...); its
+            ``reduction`` is ignored.
+        alpha (float): weight of the hidden entries. Default: 1.
+        beta (float): weight of the other observed entries. Default: 0.
+        hide_ratio (float): the ratio of entries to hide, in [0, 1]. Default: 0.
+        generator (torch.Generator, optional): the random source of
+            :meth:`prepare_input`, on the data's device type. Default: torch's
+            global generator.
+        size_average (bool): divide by the estimate's number of entries. Default: True.
+
+    Shape:
+        - input of :meth:`prepare_input`: a sparse batch or vector, or dense ``(rows, n)``.
+        - estimate: dense of the input's (dense) shape, or sparse whose pattern
+          contains the input's.
+        - target: sparse in any accepted form, or dense, of that shape.
+        - output: a scalar.
+
+    Raises:
+        ValueError: ``hide_ratio`` outside [0, 1]; no :meth:`prepare_input`
+            before the loss, or an estimate whose shape differs from the
+            prepared input's; a target whose rows, width or device differ.
+
+    Example::
+
+        >>> crit = MaskCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.5,
+        ...                      generator=torch.Generator().manual_seed(0))
+        >>> x = torch.tensor([[1., 0., 2., 3.], [0., 4., 5., 0.]]).to_sparse()
+        >>> noisy = crit.prepare_input(x)       # some entries of each row removed
+        >>> estimate = torch.zeros(2, 4, requires_grad=True)
+        >>> loss = crit(estimate, x)
+        >>> loss.backward()
+    """
+
+    def __init__(self, criterion: nn.Module, alpha: float = 1.0, beta: float = 0.0,
+                 hide_ratio: float = 0.0, generator: Optional[torch.Generator] = None,
+                 size_average: bool = True) -> None:
+        super().__init__()
+        self._loss = elementwise_loss(criterion)
+        self.criterion = criterion
+        self.alpha, self.beta = float(alpha), float(beta)
+        self.hide_ratio = hide_ratio
+        self.generator = generator
+        self.size_average = size_average
+        self._check_ratio()
+        self._sparse_mask: Optional[EntryMask] = None
+        self._dense_mask: Optional[Tensor] = None
+
+    def _check_ratio(self) -> None:
+        if not 0.0 <= self.hide_ratio <= 1.0:
+            raise ValueError(f"hide_ratio must be in [0, 1], got {self.hide_ratio}")
+
+    def prepare_input(self, input: Any) -> Any:
+        """Hide entries of ``input`` (in its form); remember which ones."""
+        self._check_ratio()
+        if is_sparse_form(input):
+            return self._prepare_sparse(input)
+        if not isinstance(input, Tensor) or input.dim() not in (1, 2):
+            raise ValueError(f"input must be a sparse batch or a dense (rows, n) tensor, "
+                             f"got {_kind(input)} of shape {tuple(getattr(input, 'shape', ()))}")
+        _check_generator(self.generator, input.device)
+        width = input.shape[-1]
+        hide = torch.zeros(input.shape, dtype=torch.bool, device=input.device)
+        count = int(width * self.hide_ratio)
+        if count > 0:
+            # The first `count` columns of a random permutation of each row.
+            scores = torch.rand(input.shape, generator=self.generator, device=input.device)
+            chosen = scores.argsort(dim=-1)[..., :count]
+            hide.scatter_(-1, chosen, True)
+        self._dense_mask, self._sparse_mask = hide, None
+        return input.masked_fill(hide, 0)
+
+    def _prepare_sparse(self, input: Any) -> Any:
+        batch = unique_entries(as_sparse_batch(input, name="input"))
+        _check_generator(self.generator, batch.device)
+        hide = torch.rand(batch.nnz, generator=self.generator, device=batch.device) < self.hide_ratio
+        hidden_per_row = torch.zeros_like(batch.row_counts()).index_add_(0, batch.row, hide.long())
+        all_hidden = hidden_per_row == batch.row_counts()
+        hide &= ~all_hidden[batch.row]
+        self._sparse_mask, self._dense_mask = EntryMask.of(batch, hide), None
+        return batch.with_values(batch.values, keep=~hide)
+
+    def forward(self, estimate: Any, target: Any) -> Tensor:
+        if self._sparse_mask is not None:
+            loss, numel = self._sparse_loss(estimate, target)
+        elif self._dense_mask is not None:
+            loss, numel = self._dense_loss(estimate, target)
+        else:
+            raise ValueError("no mask: call prepare_input on the batch first")
+        return loss / max(numel, 1) if self.size_average else loss
+
+    def _weighted(self, losses: Tensor, hide: Tensor) -> Tensor:
+        weight = torch.full_like(losses, self.beta).masked_fill_(hide, self.alpha)
+        return (losses * weight).sum()
+
+    def _sparse_loss(self, estimate: Any, target: Any):
+        mask = self._sparse_mask
+        est = as_estimate(estimate)
+        mask.check(est, type(self).__name__)
+        keys = mask.keys(est.width)
+        values = est.at(mask.row, mask.col)
+        if isinstance(target, Tensor) and target.layout == torch.strided:
+            if tuple(target.shape) != est.shape:
+                raise ValueError(f"target has shape {tuple(target.shape)}, "
+                                 f"{est.describe()}")
+            check_device(target.device, est, "target")
+            wanted = target.reshape(-1).index_select(0, keys)
+        else:
+            batch = as_target(target, est)
+            pos, found = lookup(batch.linear_index(), keys)
+            # y is 0 where the target does not specify an observed entry (Lua densified it).
+            wanted = (torch.where(found, batch.values[pos], 0) if batch.nnz
+                      else values.new_zeros(values.shape))
+        losses = self._loss(values, wanted, est.gather(mask.row, mask.col))
+        return self._weighted(losses, mask.flag), est.numel()
+
+    def _dense_loss(self, estimate: Any, target: Any):
+        hide = self._dense_mask
+        if not isinstance(estimate, Tensor) or estimate.layout != torch.strided:
+            raise TypeError(f"a dense input needs a dense estimate, got {_kind(estimate)}")
+        if estimate.shape != hide.shape:
+            raise ValueError(f"MaskCriterion.prepare_input was given a batch of shape "
+                             f"{tuple(hide.shape)}, the estimate has shape "
+                             f"{tuple(estimate.shape)}; call prepare_input on this batch")
+        if is_sparse_form(target):
+            target = densify(target, size=tuple(estimate.shape) if estimate.dim() == 2
+                             else estimate.shape[0])
+        if target.shape != estimate.shape:
+            raise ValueError(f"target has shape {tuple(target.shape)}, estimate has "
+                             f"{tuple(estimate.shape)}")
+        if target.device != estimate.device:
+            raise ValueError(f"target is on {target.device}, estimate on {estimate.device}")
+        return self._weighted(self._loss(estimate, target), hide), estimate.numel()
+
+    def extra_repr(self) -> str:
+        return (f"alpha={self.alpha}, beta={self.beta}, hide_ratio={self.hide_ratio}, "
+                f"size_average={self.size_average}")

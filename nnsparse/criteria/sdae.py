@@ -1,0 +1,367 @@
+"""Stacked denoising autoencoder criteria: corrupt the input, weight the loss.
+
+:meth:`prepare_input` corrupts a batch and remembers which entries it
+corrupted; the loss weights the wrapped criterion by ``alpha`` on those and by
+``beta`` on the others (Vincent et al., 2010; Strub et al., 2016).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .._forms import as_sparse_batch, is_sparse_form
+from ._elementwise import elementwise_loss
+from ._entries import DECLARED_WIDTH, Estimate, as_estimate, as_target, lookup, unique_entries
+
+__all__ = ["SDAECriterion", "SDAESparseCriterion"]
+
+
+def _check_generator(generator: Optional[torch.Generator], device: torch.device) -> None:
+    if generator is not None and generator.device.type != device.type:
+        raise ValueError(f"generator is on {generator.device}, the data on {device}; "
+                         f"make it with torch.Generator(device='{device.type}')")
+
+
+def corrupt(values: Tensor, noise_ratio: float, noise_mean: float, noise_std: float,
+            flip_ratio: float, flip_range: Sequence[float], hide_ratio: float,
+            generator: Optional[torch.Generator]) -> Tuple[Tensor, Tensor, Tensor]:
+    """Corrupt each entry of ``values`` independently (vectorised).
+
+    One uniform draw per entry picks its fate: noise (``r < noise_ratio``), flip,
+    hide, or untouched, in that order, as in Lua nnsparse.  The draws are
+    ``rand`` for the fate, then ``randn`` for the noise (only if
+    ``noise_ratio > 0``), then ``rand`` for the flip side (only if
+    ``flip_ratio > 0``), so a seeded generator reproduces the corruption.
+
+    Returns:
+        ``(corrupted values, corrupted mask, hidden mask)``; hidden entries hold 0.
+    """
+    _check_generator(generator, values.device)
+    shape, device = values.shape, values.device
+    # float32 draws even for half values, so ratios stay exact to ~1e-7.
+    fate = torch.rand(shape, generator=generator, device=device)
+    out = values
+    if noise_ratio > 0:
+        noise = torch.randn(shape, generator=generator, device=device, dtype=values.dtype)
+        out = torch.where(fate < noise_ratio, out + noise * noise_std + noise_mean, out)
+    if flip_ratio > 0:
+        side = torch.rand(shape, generator=generator, device=device) < 0.5
+        flipped = torch.where(side, values.new_tensor(flip_range[0]),
+                              values.new_tensor(flip_range[1]))
+        out = torch.where((fate >= noise_ratio) & (fate < noise_ratio + flip_ratio), flipped, out)
+    corrupted_bound = noise_ratio + flip_ratio + hide_ratio
+    hidden = (fate >= noise_ratio + flip_ratio) & (fate < corrupted_bound)
+    if hide_ratio > 0:
+        out = out.masked_fill(hidden, 0)
+    if out is values:
+        out = values.clone()
+    return out, fate < corrupted_bound, hidden
+
+
+class _SDAEBase(nn.Module):
+    """Arguments, validation and weighting shared by both SDAE criteria."""
+
+    def __init__(self, criterion: nn.Module, alpha: float = 1.0, beta: float = 0.0,
+                 noise_ratio: float = 0.0, noise_mean: float = 0.0, noise_std: float = 0.2,
+                 flip_ratio: float = 0.0, flip_range: Sequence[float] = (-1.0, 1.0),
+                 hide_ratio: float = 0.0, generator: Optional[torch.Generator] = None,
+                 size_average: bool = True) -> None:
+        super().__init__()
+        self._loss = elementwise_loss(criterion)
+        self.criterion = criterion
+        self.alpha, self.beta = float(alpha), float(beta)
+        self.noise_ratio, self.noise_mean, self.noise_std = noise_ratio, noise_mean, noise_std
+        self.flip_ratio, self.flip_range = flip_ratio, tuple(flip_range)
+        self.hide_ratio = hide_ratio
+        self.generator = generator
+        self.size_average = size_average
+        self._check_ratios()
+
+    def _check_ratios(self) -> None:
+        for name in ("noise_ratio", "flip_ratio", "hide_ratio"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        total = self.noise_ratio + self.flip_ratio + self.hide_ratio
+        if total > 1.0 + 1e-12:
+            raise ValueError("noise_ratio + flip_ratio + hide_ratio must be at most 1, got "
+                             f"{self.noise_ratio} + {self.flip_ratio} + {self.hide_ratio} = {total}")
+        if len(self.flip_range) != 2:
+            raise ValueError(f"flip_range must hold 2 values, got {self.flip_range}")
+        if self.noise_std < 0:
+            raise ValueError(f"noise_std must be non-negative, got {self.noise_std}")
+
+    def _corrupt(self, values: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        self._check_ratios()
+        return corrupt(values, self.noise_ratio, self.noise_mean, self.noise_std,
+                       self.flip_ratio, self.flip_range, self.hide_ratio, self.generator)
+
+    def _weighted(self, losses: Tensor, corrupted: Tensor) -> Tensor:
+        """``alpha * sum(losses[corrupted]) + beta * sum(losses[~corrupted])``, sync-free."""
+        weight = torch.full_like(losses, self.beta).masked_fill_(corrupted, self.alpha)
+        return (losses * weight).sum()
+
+    def extra_repr(self) -> str:
+        return (f"alpha={self.alpha}, beta={self.beta}, noise_ratio={self.noise_ratio}, "
+                f"noise_mean={self.noise_mean}, noise_std={self.noise_std}, "
+                f"flip_ratio={self.flip_ratio}, flip_range={self.flip_range}, "
+                f"hide_ratio={self.hide_ratio}, size_average={self.size_average}")
+
+
+_SDAE_ARGS = r"""
+    Args:
+        criterion (nn.Module): an element-wise loss (``nn.MSELoss``, ``nn.L1Loss``,
+            ``nn.BCEWithLogitsLoss``, ...); its ``reduction`` is ignored.
+        alpha (float): weight of the corrupted entries. Default: 1.
+        beta (float): weight of the other entries. Default: 0.
+        noise_ratio (float): probability that an entry gets Gaussian noise. Default: 0.
+        noise_mean (float): mean of the noise. Default: 0.
+        noise_std (float): standard deviation of the noise. Default: 0.2.
+        flip_ratio (float): probability that an entry is set to ``flip_range[0]``
+            or ``flip_range[1]``, each with probability 1/2 (salt and pepper). Default: 0.
+        flip_range (pair of float): the two flip values. Default: ``(-1, 1)``.
+        hide_ratio (float): probability that an entry is set to 0. Default: 0.
+        generator (torch.Generator, optional): the random source of
+            :meth:`prepare_input`, on the data's device type (a CUDA generator
+            for CUDA data); the same seed gives the same corruption.  Default:
+            torch's global generator.
+        size_average (bool): divide the loss (see above). Default: True.
+
+    The three ratios must sum to at most 1; each entry draws one fate."""
+
+
+class SDAECriterion(_SDAEBase):
+    __doc__ = r"""Denoising-autoencoder loss on dense data.
+
+    :meth:`prepare_input` returns a corrupted copy of a dense input and
+    remembers which entries it corrupted; the loss is then
+
+    .. math::
+        \ell = \frac{1}{d}\Big(\alpha \sum_{\text{corrupted}} L(\hat{y}, y)
+               + \beta \sum_{\text{others}} L(\hat{y}, y)\Big)
+
+    with :math:`d` = ``estimate.numel()`` when ``size_average`` is True, else 1.
+    The mask may instead be passed to :meth:`forward` (``mask=``), which
+    needs no prior :meth:`prepare_input`.
+""" + _SDAE_ARGS + r"""
+
+    Shape:
+        - input of :meth:`prepare_input`: dense, any shape (usually ``(rows, n)``).
+        - estimate, target: dense, the same shape; mask: bool, that shape too.
+        - output: a scalar.
+
+    Raises:
+        TypeError: a sparse input or target (use :class:`SDAESparseCriterion`).
+        ValueError: ratios outside [0, 1] or summing above 1; estimate, target
+            or mask of different shapes or devices; :meth:`prepare_input` was
+            given a batch of another shape, or never called.
+
+    Example::
+
+        >>> g = torch.Generator().manual_seed(0)
+        >>> crit = SDAECriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.25,
+        ...                      generator=g)
+        >>> x = torch.rand(4, 8)
+        >>> noisy = crit.prepare_input(x)          # a quarter of the entries set to 0
+        >>> estimate = torch.rand(4, 8, requires_grad=True)
+        >>> loss = crit(estimate, x)               # alpha on hidden, beta on the others
+        >>> loss.backward()
+    """
+
+    def __init__(self, criterion: nn.Module, alpha: float = 1.0, beta: float = 0.0,
+                 noise_ratio: float = 0.0, noise_mean: float = 0.0, noise_std: float = 0.2,
+                 flip_ratio: float = 0.0, flip_range: Sequence[float] = (-1.0, 1.0),
+                 hide_ratio: float = 0.0, generator: Optional[torch.Generator] = None,
+                 size_average: bool = True) -> None:
+        super().__init__(criterion, alpha, beta, noise_ratio, noise_mean, noise_std,
+                         flip_ratio, flip_range, hide_ratio, generator, size_average)
+        self._mask: Optional[Tensor] = None
+
+    def prepare_input(self, input: Tensor) -> Tensor:
+        """A corrupted copy of the dense ``input``; remembers the corrupted entries."""
+        if is_sparse_form(input) or not isinstance(input, Tensor):
+            raise TypeError(f"SDAECriterion corrupts dense tensors, got "
+                            f"{_kind(input)}; use SDAESparseCriterion for sparse data")
+        out, corrupted, _ = self._corrupt(input)
+        self._mask = corrupted
+        return out
+
+    def forward(self, estimate: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        for name, t in (("estimate", estimate), ("target", target)):
+            if is_sparse_form(t) or not isinstance(t, Tensor):
+                raise TypeError(f"SDAECriterion needs a dense {name}, got {_kind(t)}; "
+                                "use SDAESparseCriterion for sparse targets")
+        if target.shape != estimate.shape:
+            raise ValueError(f"target has shape {tuple(target.shape)}, estimate has "
+                             f"{tuple(estimate.shape)}")
+        if target.device != estimate.device:
+            raise ValueError(f"target is on {target.device}, estimate on {estimate.device}")
+        mask = self._resolve_mask(estimate, mask)
+        loss = self._weighted(self._loss(estimate, target), mask)
+        return loss / max(estimate.numel(), 1) if self.size_average else loss
+
+    def _resolve_mask(self, estimate: Tensor, mask: Optional[Tensor]) -> Tensor:
+        if mask is None:
+            if self._mask is None:
+                raise ValueError("no corruption mask: call prepare_input on the batch first, "
+                                 "or pass mask=")
+            if self._mask.shape != estimate.shape:
+                raise ValueError(
+                    f"prepare_input was given a batch of shape {tuple(self._mask.shape)}, the "
+                    f"estimate has shape {tuple(estimate.shape)}; call prepare_input on this batch")
+            return self._mask
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool tensor, got {_kind(mask)}")
+        if mask.shape != estimate.shape:
+            raise ValueError(f"mask must have the estimate's shape {tuple(estimate.shape)}, "
+                             f"got {tuple(mask.shape)}")
+        if mask.device != estimate.device:
+            raise ValueError(f"mask is on {mask.device}, estimate on {estimate.device}")
+        return mask
+
+
+def _kind(x: Any) -> str:
+    if isinstance(x, Tensor):
+        return f"a tensor with layout {x.layout} and dtype {x.dtype}"
+    return type(x).__name__
+
+
+@dataclass
+class EntryMask:
+    """A flag per specified entry of a prepared batch, kept with its (row, col).
+
+    Stored by position, not by order, so a target given in another form or
+    order (uncoalesced, shuffled within rows) is matched entry by entry.
+    """
+
+    row: Tensor
+    col: Tensor
+    flag: Tensor
+    rows: int
+    width: int
+    declared_width: bool
+
+    @classmethod
+    def of(cls, batch, flag: Tensor) -> "EntryMask":
+        return cls(batch.row, batch.col, flag, batch.rows, batch.width,
+                   batch.form in DECLARED_WIDTH)
+
+    def check(self, est: Estimate, owner: str) -> None:
+        """Raise ``ValueError`` unless ``est`` has the prepared batch's shape."""
+        wrong_width = (self.width != est.width) if self.declared_width else (self.width > est.width)
+        if self.rows != est.rows or wrong_width:
+            raise ValueError(
+                f"{owner}.prepare_input was given a batch of shape ({self.rows}, {self.width}), "
+                f"the {est.describe()} does not match; call prepare_input on this batch")
+
+    def keys(self, width: int) -> Tensor:
+        return self.row * width + self.col  # sorted: the batch was coalesced
+
+    def at(self, keys: Tensor, width: int) -> Tensor:
+        """The flag at each of ``keys`` (False for an entry not in the batch)."""
+        pos, found = lookup(self.keys(width), keys)
+        return found & self.flag[pos] if self.flag.numel() else found
+
+
+class SDAESparseCriterion(_SDAEBase):
+    __doc__ = r"""Denoising-autoencoder loss on sparse data, over the target's entries only.
+
+    :meth:`prepare_input` corrupts only the specified entries of a sparse batch
+    and returns the batch in the form it was given (COO, CSR, a list of
+    vectors or of pairs); hidden entries are removed from it (their
+    contribution to a linear layer is zero either way).  It remembers, for each
+    specified ``(row, col)``, whether it was corrupted.  The loss runs over the
+    target's specified entries only:
+
+    .. math::
+        \ell = \frac{1}{d}\Big(\alpha \sum_{\text{corrupted}} L(\hat{y}_{rc}, y_{rc})
+               + \beta \sum_{\text{others}} L(\hat{y}_{rc}, y_{rc})\Big)
+
+    with :math:`d` the number of specified target entries when ``size_average``
+    is True, else 1.  Entries are matched by position, so the target may come
+    in any form and order; a target entry absent from the prepared batch
+    counts as not corrupted.  An explicit ``mask=`` (bool, the estimate's
+    dense shape, True where corrupted) replaces the remembered one.
+    An uncoalesced input is coalesced before it is corrupted (a duplicate is a
+    part of one value, not a value of its own).
+
+    Lua nnsparse divided the gradient by the estimate's width as well; here the
+    gradient is the exact derivative of the loss above.
+""" + _SDAE_ARGS + r"""
+
+    Shape:
+        - input of :meth:`prepare_input`: any accepted sparse form, a batch or a vector.
+        - estimate: dense ``(rows, n)`` or ``(n,)``, or sparse whose pattern
+          contains the target's.
+        - target: any accepted sparse form of that shape.
+        - output: a scalar.
+
+    Gradients reach the estimate only at the target's specified entries.
+
+    Raises:
+        ValueError: ratios outside [0, 1] or summing above 1; rows or width of
+            estimate and target differ; a target index beyond the estimate; a
+            target on another device; a mask of the wrong shape;
+            :meth:`prepare_input` was given a batch of another shape, or never called.
+
+    Example::
+
+        >>> g = torch.Generator().manual_seed(0)
+        >>> crit = SDAESparseCriterion(nn.MSELoss(), alpha=1.0, beta=0.5,
+        ...                            hide_ratio=0.5, generator=g)
+        >>> x = torch.tensor([[0., 3., 0., 4.], [5., 0., 1., 0.]]).to_sparse()
+        >>> noisy = crit.prepare_input(x)      # a COO batch again, hidden entries removed
+        >>> noisy._nnz() <= x._nnz()
+        True
+        >>> estimate = torch.zeros(2, 4, requires_grad=True)
+        >>> loss = crit(estimate, x)           # over x's 4 entries
+        >>> loss.backward()
+    """
+
+    def __init__(self, criterion: nn.Module, alpha: float = 1.0, beta: float = 0.0,
+                 noise_ratio: float = 0.0, noise_mean: float = 0.0, noise_std: float = 0.2,
+                 flip_ratio: float = 0.0, flip_range: Sequence[float] = (-1.0, 1.0),
+                 hide_ratio: float = 0.0, generator: Optional[torch.Generator] = None,
+                 size_average: bool = True) -> None:
+        super().__init__(criterion, alpha, beta, noise_ratio, noise_mean, noise_std,
+                         flip_ratio, flip_range, hide_ratio, generator, size_average)
+        self._mask: Optional[EntryMask] = None
+
+    def prepare_input(self, input: Any) -> Any:
+        """A corrupted copy of the sparse ``input``, in its form; remembers the corrupted entries."""
+        batch = unique_entries(as_sparse_batch(input, name="input"))
+        values, corrupted, hidden = self._corrupt(batch.values)
+        self._mask = EntryMask.of(batch, corrupted)
+        return batch.with_values(values, keep=~hidden if self.hide_ratio > 0 else None)
+
+    def forward(self, estimate: Any, target: Any, mask: Optional[Tensor] = None) -> Tensor:
+        est = as_estimate(estimate, target)
+        batch = as_target(target, est)
+        keys = batch.linear_index()
+        if mask is not None:
+            corrupted = _dense_flag(mask, est, keys)
+        elif self._mask is None:
+            raise ValueError("no corruption mask: call prepare_input on the batch first, "
+                             "or pass mask=")
+        else:
+            self._mask.check(est, type(self).__name__)
+            corrupted = self._mask.at(keys, est.width)
+        values = est.at_target(batch)
+        losses = self._loss(values, batch.values, est.gather(batch.row, batch.col))
+        loss = self._weighted(losses, corrupted)
+        return loss / max(batch.nnz, 1) if self.size_average else loss
+
+
+def _dense_flag(mask: Tensor, est: Estimate, keys: Tensor) -> Tensor:
+    """An explicit bool mask of the estimate's dense shape, read at ``keys``."""
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.layout != torch.strided:
+        raise TypeError(f"mask must be a dense bool tensor, got {_kind(mask)}")
+    if tuple(mask.shape) != est.shape:
+        raise ValueError(f"mask must have the estimate's shape {est.shape}, "
+                         f"got {tuple(mask.shape)}")
+    if mask.device != est.device:
+        raise ValueError(f"mask is on {mask.device}, estimate on {est.device}")
+    return mask.reshape(-1)[keys]

@@ -1,0 +1,132 @@
+"""SparseCriterion: a PyTorch loss evaluated only where a sparse target is specified."""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from ._elementwise import elementwise_loss
+from ._entries import as_estimate, as_target
+
+__all__ = ["SparseCriterion", "prepare_input"]
+
+
+class SparseCriterion(nn.Module):
+    r"""Evaluate an element-wise loss only at the specified entries of a sparse target.
+
+    The estimate is read at the target's specified entries and nowhere else
+    (no dense target of the estimate's size is built); the wrapped loss is
+    computed there, entry by entry, and summed:
+
+    .. math::
+        \ell = \frac{1}{d} \sum_{(r, c) \in \text{target}} L(\hat{y}_{rc}, y_{rc})
+
+    with :math:`d` the number of specified entries of the target
+    (``size_average=True``, the default), the number of entries of the
+    estimate, ``rows * n`` (``full_size_average=True``), or 1 (both False).
+    An uncoalesced target is coalesced first (duplicates mean a sum), so each
+    position counts once.  A target with no entry gives a loss of 0.
+
+    Args:
+        criterion (nn.Module): an element-wise loss (``nn.MSELoss``, ``nn.L1Loss``,
+            ``nn.SmoothL1Loss``, ``nn.HuberLoss``, ``nn.BCELoss``,
+            ``nn.BCEWithLogitsLoss``, ...).  Its settings (``beta``, ``delta``,
+            ``pos_weight``, ...) are kept, its ``reduction`` is ignored.  Weight
+            tensors are read at the target's entries as if broadcast to the
+            estimate's dense shape (``pos_weight`` of shape ``(n,)`` is per column).
+        size_average (bool): divide by the number of specified target entries.
+            Default: True.
+        full_size_average (bool): divide by ``estimate``'s number of entries
+            instead; needs ``size_average=False``.  Default: False.
+
+    Shape:
+        - estimate: dense ``(rows, n)`` or ``(n,)``; or sparse (COO, CSR, a list
+          of vectors...) of that shape whose pattern equals or contains the
+          target's, e.g. a sparse-output decoder's output.
+        - target: any accepted sparse form, ``(rows, n)`` or a vector of width
+          ``n`` (a pair tensor's indices must be below ``n``).
+        - output: a scalar.
+
+    Gradients reach the estimate only at the target's specified entries (for a
+    sparse estimate: its values there), and the target's values.
+
+    Raises:
+        TypeError: ``criterion`` has no element-wise form.
+        ValueError: both averaging modes asked for; rows or width of estimate
+            and target differ; a target index beyond the estimate; the target on
+            another device; a sparse estimate missing a target entry.
+
+    Example::
+
+        >>> crit = SparseCriterion(nn.MSELoss())
+        >>> estimate = torch.tensor([[1., 2., 3.], [4., 5., 6.]], requires_grad=True)
+        >>> target = torch.tensor([[0., 2.5, 0.], [5., 0., 0.]]).to_sparse()
+        >>> loss = crit(estimate, target)   # ((2 - 2.5)**2 + (4 - 5)**2) / 2
+        >>> loss
+        tensor(0.6250, grad_fn=<DivBackward0>)
+        >>> loss.backward(); estimate.grad
+        tensor([[ 0.0000, -0.5000,  0.0000],
+                [-1.0000,  0.0000,  0.0000]])
+    """
+
+    def __init__(self, criterion: nn.Module, size_average: bool = True,
+                 full_size_average: bool = False) -> None:
+        super().__init__()
+        self._loss = elementwise_loss(criterion)
+        self.criterion = criterion
+        self.size_average = size_average
+        self.full_size_average = full_size_average
+        self._check_averaging()
+
+    def _check_averaging(self) -> None:
+        if self.size_average and self.full_size_average:
+            raise ValueError(
+                "size_average and full_size_average cannot both be True: divide either by the "
+                "number of specified target entries or by the number of estimate entries")
+
+    def prepare_input(self, input: Any) -> Any:
+        """Return ``input`` unchanged (a plain criterion corrupts nothing)."""
+        return input
+
+    def forward(self, estimate: Any, target: Any) -> Tensor:
+        self._check_averaging()
+        est = as_estimate(estimate, target)
+        batch = as_target(target, est)
+        values = est.at_target(batch)
+        loss = self._loss(values, batch.values, est.gather(batch.row, batch.col)).sum()
+        if self.size_average:
+            return loss / max(batch.nnz, 1)
+        if self.full_size_average:
+            return loss / est.numel()
+        return loss
+
+    def extra_repr(self) -> str:
+        return f"size_average={self.size_average}, full_size_average={self.full_size_average}"
+
+
+def prepare_input(criterion: Any, input: Any) -> Any:
+    """Corrupt ``input`` the way ``criterion`` trains on it, or return it unchanged.
+
+    One training loop serves a plain loss and a denoising one: every nnsparse
+    criterion has a ``prepare_input`` method (the identity for
+    :class:`SparseCriterion`); for any other loss (``nn.MSELoss``, ...) the
+    input comes back unchanged.
+
+    Args:
+        criterion: an nnsparse criterion, or any loss.
+        input: the batch the network is about to read.
+
+    Returns:
+        ``criterion.prepare_input(input)`` when the criterion has that method,
+        else ``input`` itself.
+
+    Example::
+
+        >>> x = torch.ones(2, 3)
+        >>> prepare_input(nn.MSELoss(), x) is x
+        True
+    """
+    method = getattr(criterion, "prepare_input", None)
+    if callable(method):
+        return method(input)
+    return input
