@@ -10,6 +10,8 @@ from .sort import ssort, ssort_by_index, stopk
 from .builder import DynamicSparseTensor
 from .criteria import *  # noqa: F401,F403  (the list is criteria.__all__)
 from .layers import *  # noqa: F401,F403  (the list is layers.__all__)
+from . import optim
+from .values import ValuesMap, values_map
 
 __version__ = "0.1.0"
 
@@ -22,4 +24,6 @@ __all__ = [
     "ssort_by_index",
     "stopk",
     "DynamicSparseTensor",
+    "values_map",
+    "ValuesMap",
 ] + layers.__all__ + criteria.__all__

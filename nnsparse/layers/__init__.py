@@ -1,2 +1,4 @@
 """Sparse-input layers."""
 __all__: list = []
+from .sparse_output import SparseOutputLinear, sampled_linear  # noqa: E402
+__all__ += ["SparseOutputLinear", "sampled_linear"]

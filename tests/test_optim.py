@@ -1,0 +1,173 @@
+"""LazyAdam against torch.optim.Adam/AdamW/SparseAdam and a masked reference."""
+import copy
+
+import pytest
+import torch
+
+from nnsparse import optim as noptim
+from matrix import DEVICES
+
+CASES = dict(lr=0.05, betas=(0.8, 0.95), eps=1e-6)
+
+
+def _row_grad(rows, shape, gen, dtype=torch.float64):
+    values = torch.randn(len(rows), *shape[1:], generator=gen, dtype=dtype)
+    return torch.sparse_coo_tensor(torch.tensor([rows]), values, shape)
+
+
+def _column_grad(cols, shape, gen):
+    block = torch.randn(shape[0], len(cols), generator=gen, dtype=torch.float64)
+    dense = torch.zeros(shape, dtype=torch.float64)
+    dense[:, cols] = block
+    # a 2-D COO holding every row of the touched columns, as SparseLinearBatch gives
+    index = torch.stack(torch.meshgrid(torch.arange(shape[0]), torch.tensor(cols),
+                                       indexing="ij")).reshape(2, -1)
+    return torch.sparse_coo_tensor(index, block.reshape(-1), shape).coalesce(), dense
+
+
+def _masked_reference(p, grads_and_masks, lr, betas, eps, weight_decay=0.0, decoupled=False):
+    """Lazy Adam written with dense masks: untouched entries keep p, m and v."""
+    p, m, v = p.clone(), torch.zeros_like(p), torch.zeros_like(p)
+    for step, (g, mask) in enumerate(grads_and_masks, 1):
+        if weight_decay and not decoupled:
+            g = g + weight_decay * p
+        m_new = betas[0] * m + (1 - betas[0]) * g
+        v_new = betas[1] * v + (1 - betas[1]) * g * g
+        denom = v_new.sqrt() / (1 - betas[1] ** step) ** 0.5 + eps
+        update = -lr / (1 - betas[0] ** step) * m_new / denom
+        if weight_decay and decoupled:
+            update = update - lr * weight_decay * p
+        p = torch.where(mask, p + update, p)
+        m, v = torch.where(mask, m_new, m), torch.where(mask, v_new, v)
+    return p
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_dense_grad_is_adam(device, decoupled, kernel):
+    gen = torch.Generator().manual_seed(0)
+    p = torch.randn(5, 4, generator=gen, dtype=torch.float64).to(device).requires_grad_()
+    q = p.detach().clone().requires_grad_()
+    ours = noptim.LazyAdam([p], weight_decay=0.1, decoupled_weight_decay=decoupled, **CASES)
+    ref = (torch.optim.AdamW if decoupled else torch.optim.Adam)([q], weight_decay=0.1, **CASES)
+    for _ in range(3):
+        g = torch.randn(5, 4, generator=gen, dtype=torch.float64).to(device)
+        p.grad, q.grad = g.clone(), g.clone()
+        ours.step()
+        ref.step()
+    torch.testing.assert_close(p, q)
+
+
+def test_row_grad_is_sparse_adam(kernel):
+    gen = torch.Generator().manual_seed(1)
+    p = torch.randn(8, 3, generator=gen, dtype=torch.float64).requires_grad_()
+    q = p.detach().clone().requires_grad_()
+    # tiny eps: SparseAdam adds eps before the bias correction of the second
+    # moment, Adam (and LazyAdam, so that dense and sparse agree) after it
+    args = dict(CASES, eps=1e-300)
+    ours, ref = noptim.LazyAdam([p], **args), torch.optim.SparseAdam([q], **args)
+    for rows in ([1, 5], [5, 0, 7], [], [2]):
+        g = _row_grad(rows, (8, 3), gen)
+        p.grad, q.grad = g.clone(), g.clone()
+        ours.step()
+        ref.step()
+    torch.testing.assert_close(p, q)
+
+
+@pytest.fixture(params=["fused", "plain"])
+def kernel(request, monkeypatch):
+    """Run a test with torch's fused Adam kernel and with the plain fallback."""
+    monkeypatch.setattr(noptim, "_USE_FUSED", request.param == "fused")
+    return request.param
+
+
+@pytest.mark.parametrize("chunk", [4, 12, 1 << 22])
+@pytest.mark.parametrize("decoupled", [False, True])
+@pytest.mark.parametrize("kind", ["rows", "columns", "entries"])
+def test_lazy_weight_decay_touches_only_used_entries(kind, decoupled, chunk, kernel,
+                                                     monkeypatch):
+    # small chunks exercise the blocked loops and both per-block strategies
+    monkeypatch.setattr(noptim, "_CHUNK", chunk)
+    gen = torch.Generator().manual_seed(2)
+    shape = (4, 6)
+    p = torch.randn(shape, generator=gen, dtype=torch.float64).requires_grad_()
+    start = p.detach().clone()
+    opt = noptim.LazyAdam([p], weight_decay=0.3, decoupled_weight_decay=decoupled, **CASES)
+    steps = []
+    # at most half and more than half of the rows/columns: both strategies
+    for touched in ([0, 2], [1, 2, 3, 5], [1], [0, 1, 2, 3, 4, 5], [3]):
+        if kind == "rows":
+            rows = [t for t in touched if t < shape[0]]
+            g = _row_grad(rows, shape, gen)
+            dense = g.to_dense()
+            mask = torch.zeros(shape, dtype=torch.bool)
+            mask[rows] = True
+        elif kind == "columns":
+            g, dense = _column_grad(touched, shape, gen)
+            mask = torch.zeros(shape, dtype=torch.bool)
+            mask[:, touched] = True
+        else:
+            index = torch.tensor([[t % shape[0] for t in touched], touched])
+            values = torch.randn(len(touched), generator=gen, dtype=torch.float64)
+            # uncoalesced, with a duplicate: the two halves must be summed
+            g = torch.sparse_coo_tensor(torch.cat([index, index], 1),
+                                        torch.cat([values * 0.5, values * 0.5]), shape)
+            dense = g.to_dense()
+            mask = dense != 0
+        steps.append((dense, mask))
+        p.grad = g
+        opt.step()
+    expected = _masked_reference(start, steps, weight_decay=0.3, decoupled=decoupled, **CASES)
+    torch.testing.assert_close(p.detach(), expected)
+    never = ~torch.stack([m for _, m in steps]).any(0)
+    assert torch.equal(p.detach()[never], start[never])
+
+
+def test_sparse_everywhere_equals_dense_adam_with_decay(kernel):
+    """When every row is touched each step, lazy decay is Adam's decay."""
+    gen = torch.Generator().manual_seed(3)
+    p = torch.randn(3, 2, generator=gen, dtype=torch.float64).requires_grad_()
+    q = p.detach().clone().requires_grad_()
+    ours = noptim.LazyAdam([p], weight_decay=0.2, **CASES)
+    ref = torch.optim.Adam([q], weight_decay=0.2, **CASES)
+    for _ in range(3):
+        g = _row_grad([0, 1, 2], (3, 2), gen)
+        p.grad, q.grad = g, g.to_dense()
+        ours.step()
+        ref.step()
+    torch.testing.assert_close(p, q)
+
+
+def test_mixed_params_and_state_dict():
+    emb = torch.nn.Embedding(6, 2, sparse=True)
+    lin = torch.nn.Linear(2, 1)
+    params = list(emb.parameters()) + list(lin.parameters())
+    opt = noptim.LazyAdam(params, lr=0.1)
+    lin(emb(torch.tensor([0, 3]))).sum().backward()
+    opt.step()
+    clone = copy.deepcopy(opt.state_dict())
+    other = noptim.LazyAdam(params, lr=0.1)
+    other.load_state_dict(clone)
+    assert other.state_dict()["state"][0]["step"] == 1
+
+
+def test_closure_and_errors():
+    p = torch.zeros(2, requires_grad=True)
+    opt = noptim.LazyAdam([p])
+
+    def closure():
+        opt.zero_grad()
+        loss = (p - 1).pow(2).sum()
+        loss.backward()
+        return loss
+    assert opt.step(closure) == 2.0
+    with pytest.raises(ValueError, match="lr must be non-negative, got -1"):
+        noptim.LazyAdam([p], lr=-1)
+    with pytest.raises(ValueError, match=r"betas must be in \[0, 1\), got \(1.0, 0.9\)"):
+        noptim.LazyAdam([p], betas=(1.0, 0.9))
+    with pytest.raises(ValueError, match="weight_decay must be non-negative"):
+        noptim.LazyAdam([p], weight_decay=-0.1)
+    w = torch.zeros(2, 3, 4, requires_grad=True)
+    w.grad = torch.ones(2, 3, 4).to_sparse()
+    with pytest.raises(NotImplementedError, match="got sparse_dim 3 for a 3-D parameter"):
+        noptim.LazyAdam([w]).step()

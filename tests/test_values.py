@@ -1,0 +1,90 @@
+"""values_map / ValuesMap against the dense function at the specified entries."""
+import pytest
+import torch
+from torch import nn
+
+import nnsparse
+from nnsparse._forms import as_sparse_batch
+from matrix import BATCH_FORMS, DEVICES, FLOAT_DTYPES, TOL, make_form, random_sparse_dense
+
+
+def _entries(x):
+    b = as_sparse_batch(x, name="x").coalesce()
+    return b.row, b.col, b.values
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("form", BATCH_FORMS)
+@pytest.mark.parametrize("fn", [torch.tanh, torch.sigmoid])
+def test_matches_dense_at_entries(form, dtype, device, fn):
+    dense = random_sparse_dense(5, 7, 0.4, empty_rows=1, dtype=dtype, device=device)
+    x = make_form(dense, form)
+    y = nnsparse.values_map(fn, x)
+    if form in ("coo", "coo_uncoalesced", "csr"):
+        assert y.layout == x.layout
+    else:
+        assert isinstance(y, list) and len(y) == len(x)
+    if form == "coo_uncoalesced":
+        assert y.is_coalesced()  # fn of a sum of duplicates, not a sum of fn
+    row, col, values = _entries(y)
+    mask = dense != 0
+    assert torch.equal(torch.stack([row, col], 1), mask.nonzero())
+    torch.testing.assert_close(values, fn(dense)[row, col], **TOL[dtype])
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_gradient_reaches_values_only(layout):
+    dense = random_sparse_dense(4, 6, 0.5, empty_rows=1)
+    index = dense.nonzero().t()
+    leaf = dense[index[0], index[1]].clone().requires_grad_()
+    x = torch.sparse_coo_tensor(index, leaf, dense.shape, is_coalesced=True)
+    if layout == "csr":
+        x = torch.sparse_csr_tensor(dense.to_sparse_csr().crow_indices(),
+                                    dense.to_sparse_csr().col_indices(), leaf, dense.shape)
+    grad_out = torch.randn(leaf.shape, dtype=leaf.dtype)
+    y = nnsparse.values_map(torch.tanh, x)
+    (y.values() * grad_out).sum().backward()
+    torch.testing.assert_close(leaf.grad, grad_out * (1 - torch.tanh(leaf.detach()) ** 2))
+    assert torch.autograd.gradcheck(
+        lambda v: nnsparse.values_map(torch.sigmoid, torch.sparse_coo_tensor(
+            index, v, dense.shape, is_coalesced=True)).values(), (leaf.detach().requires_grad_(),))
+
+
+def test_vector_and_empty():
+    v = torch.sparse_coo_tensor([[3, 1]], [1.0, -2.0], (5,))
+    y = nnsparse.values_map(torch.tanh, v)
+    assert y.shape == (5,) and y.sparse_dim() == 1
+    torch.testing.assert_close(y.to_dense(), torch.tanh(v.to_dense()))
+    empty = torch.zeros(3, 4).to_sparse()
+    assert nnsparse.values_map(torch.sigmoid, empty)._nnz() == 0
+
+
+def test_dense_passes_through():
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(nnsparse.values_map(torch.tanh, x), torch.tanh(x))
+
+
+def test_module_in_sequential():
+    net = nn.Sequential(nnsparse.ValuesMap(nn.Tanh()), nnsparse.ValuesMap(torch.sigmoid))
+    dense = random_sparse_dense(3, 4, 0.5, dtype=torch.float32)
+    y = net(dense.to_sparse())
+    row, col, values = _entries(y)
+    torch.testing.assert_close(values, torch.sigmoid(torch.tanh(dense))[row, col])
+    torch.testing.assert_close(net(dense), torch.sigmoid(torch.tanh(dense)))
+
+
+def test_after_sparse_output_linear():
+    decoder = nnsparse.SparseOutputLinear(3, 6)
+    h, target = torch.randn(2, 3), random_sparse_dense(2, 6, 0.5, dtype=torch.float32)
+    y = nnsparse.values_map(torch.tanh, decoder(h, target.to_sparse_csr()))
+    row, col, values = _entries(y)
+    torch.testing.assert_close(values, torch.tanh(decoder(h))[row, col])
+
+
+def test_bad_arguments():
+    x = torch.zeros(2, 3).to_sparse()
+    with pytest.raises(ValueError, match=r"fn must keep the values' shape \(0,\), got \(1,\)"):
+        nnsparse.values_map(lambda v: v.sum().reshape(1), x)
+    with pytest.raises(TypeError, match="input must be a sparse tensor"):
+        nnsparse.values_map(torch.tanh, "abc")
