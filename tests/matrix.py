@@ -72,3 +72,40 @@ def _pairs(vector: torch.Tensor) -> torch.Tensor:
 
 def rows_of(form_value: Any) -> List[Any]:
     return list(form_value)
+
+
+class LargestTensor:
+    """Records the largest tensor (in elements) any op produces inside the block.
+
+    A ``TorchDispatchMode`` sees every op autograd runs, forward and backward,
+    so ``with LargestTensor() as seen: ...; assert seen.numel < rows * width``
+    proves a code path never made a dense ``(rows, width)`` tensor.  Sparse
+    results count their values only.
+    """
+
+    def __init__(self) -> None:
+        self.numel = 0
+        self.op = None
+
+    def __enter__(self) -> "LargestTensor":
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                    if isinstance(t, torch.Tensor):
+                        n = t._values().numel() if t.layout == torch.sparse_coo else (
+                            t.values().numel() if t.layout != torch.strided else t.numel())
+                        if n > outer.numel:
+                            outer.numel, outer.op = n, str(func)
+                return out
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)

@@ -2,3 +2,5 @@
 __all__: list = []
 from .sparse_output import SparseOutputLinear, sampled_linear  # noqa: E402
 __all__ += ["SparseOutputLinear", "sampled_linear"]
+from .linear import SparseLinearBatch, sparse_linear  # noqa: E402
+__all__ += ["SparseLinearBatch", "sparse_linear"]

@@ -1,0 +1,66 @@
+"""The sparse products every layer is built from, in one place.
+
+A sparse batch ``S`` of shape ``(rows, n)`` is held in coordinate form
+(``row``, ``col``, ``values``) with CSR row pointers ``crow`` when its entries
+are grouped by row.  Three products cover the forward and backward passes of
+the sparse layers:
+
+- ``S @ T`` for a dense table ``T`` of shape ``(n, d)``: :func:`_csr_rows_mm`,
+  an ``embedding_bag`` sum, which on CPU measured 2-3x faster than a CSR
+  product (``torch.sparse.mm``) at MovieLens shapes;
+- ``S.T @ A`` for a dense ``A`` of shape ``(rows, d)``, restricted to the
+  columns ``S`` touches: :func:`_column_major` then :func:`_csr_rows_mm`;
+- ``(A @ B)`` sampled at ``S``'s positions: :func:`_sampled_mm`
+  (``torch.sparse.sampled_addmm``).
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._forms import _sparse_csr
+
+__all__: list = []
+
+
+def _csr_rows_mm(index: Tensor, table: Tensor, crow: Tensor, weights: Tensor) -> Tensor:
+    """``out[i] = sum(weights[e] * table[index[e]] for e in crow[i]:crow[i+1])``.
+
+    ``table`` must be contiguous ``(n, d)``; the result is ``(len(crow) - 1, d)``
+    with zeros for empty bags.
+    """
+    if crow.shape[0] == 1:
+        return table.new_zeros(0, table.shape[1])
+    return F.embedding_bag(index, table, crow[:-1], mode="sum", per_sample_weights=weights)
+
+
+def _column_major(row: Tensor, col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The transposed (column-major) structure of a pattern.
+
+    Returns ``perm`` (the entries in column order, stable), ``cols`` (the
+    distinct columns, increasing), ``crow_t`` (CSR pointers of the transposed
+    pattern restricted to ``cols``) and ``row_t`` (the rows of the entries in
+    ``perm`` order), so ``S.T @ A`` restricted to ``cols`` is
+    ``_csr_rows_mm(row_t, A, crow_t, values[perm])``.
+    """
+    perm = torch.argsort(col, stable=True)
+    cols, counts = torch.unique_consecutive(col[perm], return_counts=True)
+    crow_t = counts.new_zeros(cols.shape[0] + 1)
+    torch.cumsum(counts, 0, out=crow_t[1:])
+    return perm, cols, crow_t, row[perm]
+
+
+def _sampled_mm(a: Tensor, b: Tensor, crow: Tensor, col: Tensor) -> Tensor:
+    """``(a @ b)[row, col]`` for the CSR positions ``(crow, col)``, shape ``(nnz,)``.
+
+    Positions may repeat and be unsorted within a row: each gets its own value.
+    """
+    if col.shape[0] == 0:
+        return a.new_zeros(0)
+    # sampled_addmm ignores the mask's values with beta=0, but they must be
+    # finite (0 * NaN = NaN), hence zeros rather than empty.
+    mask = _sparse_csr(crow, col, a.new_zeros(col.shape[0]), (a.shape[0], b.shape[1]))
+    return torch.sparse.sampled_addmm(mask, a, b, beta=0.0).values()

@@ -1,0 +1,276 @@
+"""``SparseLinearBatch``: the ``nn.Linear`` of sparse input batches."""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from .._forms import SparseBatch, _sparse_coo, as_sparse_batch
+from .._kernels import _column_major, _csr_rows_mm, _sampled_mm
+
+__all__ = ["SparseLinearBatch", "sparse_linear"]
+
+_MODES = ("auto", "sparse", "dense")
+# mode="auto" densifies the batch and runs a GEMM above these densities
+# (nnz / (rows * in_features)).  CPU: measured by benchmarks/bench_sparse_linear.py
+# --crossover (2 cores, in=6040, out=512, batch 128): the sparse kernels win up to
+# about 25% density.  CUDA: not measured here (no GPU was lent); cuBLAS makes the
+# dense product cheap enough that, as the Lua author found, densifying wins from
+# MovieLens-1M density (about 3-5%) up, so the switch is set at 1%.
+_DENSE_ABOVE = {"cpu": 0.25, "cuda": 0.01}
+
+
+def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_features: int,
+                sparse: bool) -> Tensor:
+    """``S.T @ G``, the ``(in, out)`` gradient of the weight table.
+
+    Dense: one ``embedding_bag`` with a bag per input column (empty bags give
+    the zero rows), which writes the result in one pass.  Sparse: a coalesced
+    hybrid COO tensor holding the touched columns only, as ``nn.Embedding``'s.
+    """
+    if not sparse:
+        perm = torch.argsort(col, stable=True)
+        crow_t = col.new_zeros(in_features + 1)
+        torch.cumsum(torch.bincount(col, minlength=in_features), 0, out=crow_t[1:])
+        return _csr_rows_mm(row[perm], grad, crow_t, values[perm])
+    perm, cols, crow_t, row_t = _column_major(row, col)
+    touched = _csr_rows_mm(row_t, grad, crow_t, values[perm])
+    return _sparse_coo(cols.unsqueeze(0), touched, (in_features, grad.shape[1]), True)
+
+
+class _SparseLinear(torch.autograd.Function):
+    """``S @ table + bias`` for a row-grouped sparse batch ``S`` and a contiguous
+    ``(in, out)`` table (the weight, transposed), and its gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, values: Tensor, table: Tensor, bias: Optional[Tensor], row: Tensor,
+                col: Tensor, crow: Tensor, sparse_grad: bool) -> Tensor:
+        out = _csr_rows_mm(col, table, crow, values)
+        if bias is not None:
+            out.add_(bias)
+        ctx.save_for_backward(values, table, row, col, crow)
+        ctx.has_bias, ctx.sparse_grad = bias is not None, sparse_grad
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor):
+        values, table, row, col, crow = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_values = grad_table = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            # Only at the specified entries: (G @ W)[row, col], never (rows, in).
+            grad_values = _sampled_mm(grad, table.t(), crow, col)
+        if ctx.needs_input_grad[1]:
+            grad_table = _table_grad(row, col, values, grad, table.shape[0], ctx.sparse_grad)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum(0)
+            if ctx.sparse_grad:  # every entry is touched, but SparseAdam wants sparse
+                grad_bias = grad_bias.to_sparse()
+        return grad_values, grad_table, grad_bias, None, None, None, None
+
+
+def _density(batch: SparseBatch) -> float:
+    return batch.nnz / max(1, batch.rows * batch.width)
+
+
+def _use_dense(batch: SparseBatch, mode: str) -> bool:
+    if mode != "auto":
+        return mode == "dense"
+    return _density(batch) > _DENSE_ABOVE.get(batch.device.type, _DENSE_ABOVE["cuda"])
+
+
+def _is_dense_input(input: Any, in_features: int) -> bool:
+    """A strided tensor is a dense input unless it is a ``(k, 2)`` pair tensor;
+    with ``in_features == 2`` a ``(rows, 2)`` tensor is taken as dense."""
+    if not isinstance(input, Tensor) or input.layout != torch.strided:
+        return False
+    return input.dim() != 2 or input.shape[1] != 2 or in_features == 2
+
+
+def sparse_linear(input: Any, weight: Tensor, bias: Optional[Tensor] = None, *,
+                  mode: str = "auto") -> Tensor:
+    r"""``input @ weight.T + bias`` for a sparse ``input``, never densifying it.
+
+    Args:
+        input: a sparse batch ``(rows, in_features)`` in any accepted form (COO,
+            coalesced or not; CSR; a list of sparse vectors or of pair
+            tensors), a sparse vector ``(in_features,)`` (or a ``(k, 2)`` pair
+            tensor), or a dense tensor (then this is ``F.linear``).
+        weight (Tensor): dense, shape ``(out_features, in_features)``.  Its
+            gradient is ``G.T @ input``, non-zero on the touched columns only.
+            The kernels read ``weight.t()``; when that is not contiguous (it
+            is for :class:`SparseLinearBatch`'s weight) each call copies it.
+        bias (Tensor, optional): dense, shape ``(out_features,)``.
+        mode (str): ``"sparse"`` (sparse products), ``"dense"`` (densify the
+            batch, then a GEMM: faster for dense batches or on a GPU), or
+            ``"auto"``: dense above a measured density, see the README.
+
+    The input's values get a gradient, when they require one, at their
+    specified entries only: ``(G @ weight)[row, col]``.  When they do not,
+    that product is skipped.
+
+    Returns:
+        A dense tensor ``(rows, out_features)``, or ``(out_features,)`` for a vector.
+
+    Raises:
+        TypeError: ``input`` is not an accepted form.
+        ValueError: ``input`` has more than ``in_features`` columns, an index
+            is out of range, input and weight differ in device or dtype, or
+            ``mode`` is unknown.
+
+    Example::
+
+        >>> w = torch.tensor([[1., 2., 3.], [0., 1., 0.]])
+        >>> x = torch.tensor([[0., 2., 0.], [1., 0., 1.]]).to_sparse()
+        >>> nnsparse.sparse_linear(x, w, torch.tensor([0.5, 0.5]))
+        tensor([[4.5000, 2.5000],
+                [4.5000, 0.5000]])
+    """
+    return _linear_table(input, weight.t(), bias, mode, sparse_grad=False)
+
+
+def _linear_table(input: Any, table: Tensor, bias: Optional[Tensor], mode: str,
+                  sparse_grad: bool) -> Tensor:
+    """:func:`sparse_linear` on the weight's transpose ``table`` ``(in, out)``."""
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    if _is_dense_input(input, table.shape[0]):
+        return F.linear(input, table.t(), bias)
+    batch = as_sparse_batch(input, name="input", width=table.shape[0])
+    if batch.device != table.device:
+        raise ValueError(f"input must be on the weight's device {table.device}, "
+                         f"got {batch.device}")
+    if batch.dtype != table.dtype:
+        raise ValueError(f"input must have the weight's dtype {table.dtype}, got {batch.dtype}")
+    if not sparse_grad and _use_dense(batch, mode):
+        dense = batch.values.new_zeros(batch.shape).index_put(
+            (batch.row, batch.col), batch.values, accumulate=True)
+        out = F.linear(dense, table.t(), bias)
+    else:
+        batch = batch.sorted_by_row()
+        out = _SparseLinear.apply(batch.values, table.contiguous(), bias, batch.row, batch.col,
+                                  batch.crow_indices(), sparse_grad)
+    return out.squeeze(0) if batch.is_vector else out
+
+
+class SparseLinearBatch(nn.Module):
+    r"""``nn.Linear`` for mini-batches of sparse vectors.
+
+    Takes a sparse batch ``(rows, in_features)`` in any accepted form and
+    returns the dense ``(rows, out_features)`` output of :func:`sparse_linear`,
+    with gradients for the weight (touched columns only), the bias and, when
+    they require grad, the input's specified values.  Parameter names,
+    shapes and initialisation are ``nn.Linear``'s (the same seed gives the
+    same weight), so a ``state_dict`` loads into either and both give the
+    same output for ``densify(x)``; a dense input runs ``F.linear``.
+
+    The weight's memory is laid out transposed (``weight.t()`` is
+    contiguous): the kernels gather whole input columns, which are then
+    contiguous rows, and the dense weight gradient is written in that layout,
+    so autograd keeps it without a copy.  ``.to()``, ``state_dict`` loading,
+    optimisers and ``deepcopy`` keep the layout.
+
+    **Sparse gradients.**  With ``sparse_grad=True`` the weight's gradient
+    holds only the columns the batch touched.  torch's sparse COO tensors can
+    be sparse only over leading dimensions, so the layer then keeps the
+    weight as the parameter ``weight_t`` of shape ``(in_features,
+    out_features)`` (``layer.weight`` is its ``(out, in)`` transposed view,
+    and ``state_dict`` still reads and writes ``"weight"`` in ``nn.Linear``'s
+    shape); its gradient is a coalesced hybrid COO tensor over the touched
+    rows of ``weight_t``, as ``nn.Embedding(sparse=True)`` gives, and the
+    bias gets a sparse COO gradient.  Optimisers that accept them:
+    ``torch.optim.SparseAdam``, ``torch.optim.SGD`` (without momentum or
+    weight decay), ``torch.optim.Adagrad`` and
+    :class:`nnsparse.optim.LazyAdam`; ``Adam``/``AdamW`` need dense gradients.
+
+    Args:
+        in_features (int): size of each input row (the catalogue).
+        out_features (int): size of each output row.
+        bias (bool): learn an additive bias.  Default: ``True``.
+        sparse_grad (bool): sparse gradients, see above; forces the sparse
+            kernels.  Default: ``False``.
+        mode (str): ``"auto"``, ``"sparse"`` or ``"dense"``, see
+            :func:`sparse_linear`.  Default: ``"auto"``.
+
+    Shape:
+        - input: ``(rows, in_features)`` sparse (or dense), or ``(in_features,)``.
+        - output: ``(rows, out_features)``, dense, or ``(out_features,)``.
+
+    Example::
+
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <torch._C.Generator object at ...>
+        >>> layer = nnsparse.SparseLinearBatch(5, 3)
+        >>> x = [torch.tensor([[0., 1.], [4., -1.]]), torch.tensor([[2., 3.]])]  # pair form
+        >>> y = layer(x)
+        >>> torch.allclose(y, torch.nn.functional.linear(nnsparse.densify(x, size=(2, 5)),
+        ...                                               layer.weight, layer.bias))
+        True
+        >>> layer
+        SparseLinearBatch(5 -> 3, bias=True, sparse_grad=False, mode=auto)
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 sparse_grad: bool = False, mode: str = "auto", device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        if sparse_grad and mode == "dense":
+            raise ValueError("sparse_grad=True needs the sparse kernels, got mode='dense'")
+        factory = {"device": device, "dtype": dtype}
+        self.in_features, self.out_features = in_features, out_features
+        self.sparse_grad, self.mode = sparse_grad, mode
+        table = torch.empty(in_features, out_features, **factory)
+        if sparse_grad:
+            self.weight_t = nn.Parameter(table)
+            self._register_state_dict_hook(_weight_to_state_dict)
+            self._register_load_state_dict_pre_hook(_weight_from_state_dict)
+        else:
+            self.weight = nn.Parameter(table.t())
+        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s initialisation, drawn in its order so a seed gives its values."""
+        table = self._table()
+        weight = torch.empty(self.out_features, self.in_features, dtype=table.dtype,
+                             device=table.device)
+        nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+        with torch.no_grad():
+            table.copy_(weight.t())
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def _table(self) -> Tensor:
+        return self.weight_t if self.sparse_grad else self.weight.t()
+
+    def __getattr__(self, name: str) -> Any:
+        # With sparse_grad the parameter is weight_t; weight is its view.
+        if name == "weight" and "weight_t" in self.__dict__.get("_parameters", {}):
+            return self._parameters["weight_t"].t()
+        return super().__getattr__(name)
+
+    def forward(self, input: Any) -> Tensor:
+        return _linear_table(input, self._table(), self.bias, self.mode, self.sparse_grad)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "
+                f"sparse_grad={self.sparse_grad}, mode={self.mode}")
+
+
+def _weight_to_state_dict(module: nn.Module, state_dict: dict, prefix: str, local_metadata):
+    """State dicts hold ``weight`` in ``nn.Linear``'s ``(out, in)`` shape."""
+    table = state_dict.pop(prefix + "weight_t")
+    state_dict[prefix + "weight"] = table.t()
+
+
+def _weight_from_state_dict(state_dict: dict, prefix: str, *args) -> None:
+    if prefix + "weight" in state_dict:
+        state_dict[prefix + "weight_t"] = state_dict.pop(prefix + "weight").t()

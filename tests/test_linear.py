@@ -1,0 +1,327 @@
+"""SparseLinearBatch / sparse_linear against nn.Linear on the densified batch."""
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import nnsparse
+from nnsparse.layers import linear as linear_module
+from matrix import (BATCH_FORMS, DEVICES, FLOAT_DTYPES, TOL, LargestTensor, make_form,
+                    random_sparse_dense)
+
+MODES = ["sparse", "dense", "auto"]
+
+
+def _layers(in_features, out_features, dtype, device, **kwargs):
+    torch.manual_seed(3)
+    sparse = nnsparse.SparseLinearBatch(in_features, out_features, **kwargs).to(device, dtype)
+    dense = nn.Linear(in_features, out_features).to(device, dtype)
+    dense.load_state_dict(sparse.state_dict())
+    return sparse, dense
+
+
+def _dense_grad(grad):
+    return grad.to_dense() if grad.layout != torch.strided else grad
+
+
+def _check_against_linear(x_form, dense_x, sparse, dense, dtype):
+    out = sparse(x_form)
+    ref = dense(dense_x)
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    g = torch.randn_like(ref)
+    out.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(_dense_grad(sparse.weight.grad), dense.weight.grad, **TOL[dtype])
+    torch.testing.assert_close(_dense_grad(sparse.bias.grad), dense.bias.grad, **TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("form", BATCH_FORMS)
+@pytest.mark.parametrize("mode", MODES)
+def test_matches_nn_linear(form, dtype, device, mode, generator):
+    dense_x = random_sparse_dense(6, 40, 0.2, dtype=dtype, device=device, generator=generator,
+                                  empty_rows=2)
+    sparse, dense = _layers(40, 5, dtype, device, mode=mode)
+    _check_against_linear(make_form(dense_x, form), dense_x, sparse, dense, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("form", BATCH_FORMS)
+def test_sparse_grad_matches_nn_linear(form, dtype, device, generator):
+    dense_x = random_sparse_dense(5, 30, 0.15, dtype=dtype, device=device, generator=generator)
+    sparse, dense = _layers(30, 4, dtype, device, sparse_grad=True)
+    out, ref = sparse(make_form(dense_x, form)), dense(dense_x)
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    g = torch.randn_like(ref)
+    out.backward(g), ref.backward(g)
+    grad = sparse.weight_t.grad  # hybrid COO over the rows of weight_t (= weight's columns)
+    assert grad.layout == torch.sparse_coo and (grad.sparse_dim(), grad.dense_dim()) == (1, 1)
+    torch.testing.assert_close(grad.to_dense().t(), dense.weight.grad, **TOL[dtype])
+    torch.testing.assert_close(sparse.bias.grad.to_dense(), dense.bias.grad, **TOL[dtype])
+    touched = dense_x.ne(0).any(0).nonzero().squeeze(1)
+    assert grad._indices()[0].tolist() == touched.tolist()  # the touched columns, once each
+
+
+def test_sparse_grad_layout_and_state_dict():
+    torch.manual_seed(0)
+    reference = nn.Linear(12, 3)
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(12, 3, sparse_grad=True)
+    assert torch.equal(layer.weight, reference.weight)
+    assert [n for n, _ in layer.named_parameters()] == ["weight_t", "bias"]
+    state = layer.state_dict()
+    assert list(state) == ["bias", "weight"] and state["weight"].shape == (3, 12)
+    reference.load_state_dict(state)
+    fresh = nnsparse.SparseLinearBatch(12, 3, sparse_grad=True)
+    fresh.load_state_dict(nn.Linear(12, 3).state_dict())
+    fresh.load_state_dict(reference.state_dict())
+    assert torch.equal(fresh.weight, reference.weight)
+    nested = nn.Sequential(nnsparse.SparseLinearBatch(12, 3, sparse_grad=True), nn.Tanh())
+    nested.load_state_dict(nn.Sequential(reference, nn.Tanh()).state_dict())
+    assert torch.equal(nested[0].weight, reference.weight)
+    x = torch.eye(12)[:4].to_sparse()
+    for clone in (copy.deepcopy(fresh), pickle.loads(pickle.dumps(fresh))):
+        torch.testing.assert_close(clone(x), reference(x.to_dense()))
+        assert clone.state_dict()["weight"].shape == (3, 12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("case", ["empty_rows_only", "batch_of_one", "no_rows_with_two_empty"])
+def test_edge_batches(case, dtype, device):
+    sparse, dense = _layers(12, 3, dtype, device)
+    dense_x = {"empty_rows_only": torch.zeros(3, 12),
+               "batch_of_one": torch.tensor([[0.0] * 11 + [2.5]]),
+               "no_rows_with_two_empty": torch.tensor([[0.0] * 12, [1.0] + [0.0] * 11,
+                                                       [0.0] * 12])}[case]
+    dense_x = dense_x.to(device, dtype)
+    for form in BATCH_FORMS:
+        if form == "coo_uncoalesced" and not dense_x.any():
+            continue  # nothing to duplicate
+        sparse.zero_grad(), dense.zero_grad()
+        _check_against_linear(make_form(dense_x, form), dense_x, sparse, dense, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_rows_give_the_bias(device):
+    layer = nnsparse.SparseLinearBatch(8, 3).to(device)
+    out = layer(torch.zeros(4, 8, device=device).to_sparse())
+    torch.testing.assert_close(out, layer.bias.detach().expand(4, 3))
+
+
+def _form_from_values(v, row, col, shape, form):
+    """The form ``form`` of a batch whose values are the leaf ``v`` (so gradients reach it)."""
+    if form == "coo":
+        return torch.sparse_coo_tensor(torch.stack([row, col]), v, shape, is_coalesced=True)
+    if form == "csr":
+        crow = torch.zeros(shape[0] + 1, dtype=torch.int64, device=v.device)
+        crow[1:] = torch.cumsum(torch.bincount(row, minlength=shape[0]), 0)
+        return torch.sparse_csr_tensor(crow, col, v, shape)
+    counts = torch.bincount(row, minlength=shape[0]).tolist()
+    if form == "list":
+        return [torch.sparse_coo_tensor(c.unsqueeze(0), x, (shape[1],))
+                for c, x in zip(col.split(counts), v.split(counts))]
+    return [torch.stack([c.to(v.dtype), x], 1) for c, x in zip(col.split(counts), v.split(counts))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("form", ["coo", "csr", "list", "pair_list"])
+@pytest.mark.parametrize("mode", ["sparse", "dense"])
+def test_input_values_gradient(form, dtype, device, mode, generator):
+    dense_x = random_sparse_dense(5, 20, 0.25, dtype=dtype, device=device, generator=generator,
+                                  empty_rows=1)
+    row, col = dense_x.nonzero().unbind(1)
+    v = dense_x[row, col].clone().requires_grad_()
+    sparse, dense = _layers(20, 4, dtype, device, mode=mode)
+    out = sparse(_form_from_values(v, row, col, dense_x.shape, form))
+    ref_x = dense_x.clone().requires_grad_()
+    ref = dense(ref_x)
+    g = torch.randn_like(ref)
+    out.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(v.grad, ref_x.grad[row, col], **TOL[dtype])
+
+
+def test_input_values_gradient_skipped_when_not_needed(monkeypatch, generator):
+    def fail(*args):
+        raise AssertionError("the input's gradient was computed though nothing needs it")
+
+    monkeypatch.setattr(linear_module, "_sampled_mm", fail)
+    layer = nnsparse.SparseLinearBatch(20, 4, mode="sparse")
+    layer(random_sparse_dense(3, 20, 0.3, dtype=torch.float32, generator=generator)
+          .to_sparse()).sum().backward()
+    assert layer.weight.grad is not None
+
+
+def test_gradcheck_float64(generator):
+    dense_x = random_sparse_dense(4, 9, 0.3, generator=generator, empty_rows=1)
+    row, col = dense_x.nonzero().unbind(1)
+    v = dense_x[row, col].clone().requires_grad_()
+    w = torch.randn(3, 9, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64, requires_grad=True)
+
+    def f(v, w, b):
+        x = torch.sparse_coo_tensor(torch.stack([row, col]), v, (4, 9), is_coalesced=True)
+        return nnsparse.sparse_linear(x, w, b, mode="sparse")
+
+    assert torch.autograd.gradcheck(f, (v, w, b))
+    # the layer's own transposed weight storage too
+    wt = w.detach().t().contiguous().t().requires_grad_()
+    assert torch.autograd.gradcheck(f, (v, wt, b))
+
+
+def test_uncoalesced_duplicates_are_summed(generator):
+    index = torch.tensor([[0, 0, 1, 0], [3, 3, 1, 5]])
+    values = torch.tensor([1.0, 2.0, -1.0, 0.5])
+    x = torch.sparse_coo_tensor(index, values, (2, 6))
+    sparse, dense = _layers(6, 2, torch.float32, "cpu", mode="sparse")
+    _check_against_linear(x, x.to_dense(), sparse, dense, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_lua_suite_cases(dtype):
+    """The Lua test: one sample and a mini-batch match the dense layer to 1e-6."""
+    torch.manual_seed(0)
+    dense_x = (torch.rand(8, 100) < 0.1).to(dtype) * torch.randn(8, 100, dtype=dtype)
+    sparse, dense = _layers(100, 10, dtype, "cpu")
+    for x, ref_x in ((dense_x[0].to_sparse(), dense_x[0]), (dense_x.to_sparse(), dense_x)):
+        sparse.zero_grad(), dense.zero_grad()
+        out, ref = sparse(x), dense(ref_x)
+        assert out.shape == ref.shape
+        torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+        g = torch.randn_like(ref)
+        out.backward(g), ref.backward(g)
+        torch.testing.assert_close(sparse.weight.grad, dense.weight.grad, atol=1e-6, rtol=0)
+        torch.testing.assert_close(sparse.bias.grad, dense.bias.grad, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vector_and_dense_inputs(device):
+    sparse, dense = _layers(7, 2, torch.float64, device)
+    x = torch.tensor([0, 1.5, 0, 0, -2, 0, 0], dtype=torch.float64, device=device)
+    torch.testing.assert_close(sparse(x.to_sparse()), dense(x))
+    pairs = torch.tensor([[1, 1.5], [4, -2]], dtype=torch.float64, device=device)
+    torch.testing.assert_close(sparse(pairs), dense(x))
+    torch.testing.assert_close(sparse(x), dense(x))  # dense vector: F.linear
+    batch = torch.randn(3, 7, dtype=torch.float64, device=device)
+    torch.testing.assert_close(sparse(batch), dense(batch))
+
+
+def test_never_densifies_the_input(generator):
+    rows, width = 8, 5000
+    dense_x = random_sparse_dense(rows, width, 0.002, dtype=torch.float32, generator=generator)
+    row, col = dense_x.nonzero().unbind(1)
+    v = dense_x[row, col].clone().requires_grad_()
+    layer = nnsparse.SparseLinearBatch(width, 3)
+    # Not "csr": torch's own sparse_csr_tensor(values) backward densifies the
+    # gradient of values (SparseCompressedTensorBackward0), before nnsparse runs.
+    for form in ["coo", "list", "pair_list"]:
+        x = _form_from_values(v, row, col, dense_x.shape, form)
+        with LargestTensor() as seen:
+            layer(x).sum().backward()
+        # the (in, out) weight gradient is the largest tensor: 3 * 5000 < 8 * 5000
+        assert seen.numel <= 3 * width, (form, seen.numel, seen.op)
+
+
+def test_auto_mode_switches_on_density(monkeypatch):
+    calls = []
+    real = linear_module._SparseLinear.apply
+    monkeypatch.setattr(linear_module._SparseLinear, "apply",
+                        lambda *a: calls.append(1) or real(*a))
+    layer = nnsparse.SparseLinearBatch(10, 2)
+    layer(torch.eye(10)[:3].to_sparse())  # 10% dense: sparse kernels
+    assert calls == [1]
+    layer(torch.ones(3, 10).to_sparse())  # 100% dense: densify and GEMM
+    assert calls == [1]
+    nnsparse.SparseLinearBatch(10, 2, mode="sparse")(torch.ones(3, 10).to_sparse())
+    assert calls == [1, 1]
+
+
+def test_module_protocols():
+    torch.manual_seed(0)
+    reference = nn.Linear(30, 4)
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(30, 4)
+    assert torch.equal(layer.weight, reference.weight)  # nn.Linear's initialisation
+    assert repr(layer) == "SparseLinearBatch(30 -> 4, bias=True, sparse_grad=False, mode=auto)"
+    x = (torch.eye(30)[:5] * 2).to_sparse()
+    expected = layer(x)
+    for clone in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        torch.testing.assert_close(clone(x), expected)
+    buffer = io.BytesIO()
+    torch.save(layer.state_dict(), buffer)
+    buffer.seek(0)
+    fresh = nnsparse.SparseLinearBatch(30, 4)
+    fresh.load_state_dict(torch.load(buffer))
+    torch.testing.assert_close(fresh(x), expected)
+    assert fresh.weight.t().is_contiguous()  # the fast layout survives loading
+    double = copy.deepcopy(layer).double()
+    assert double(x.double()).dtype == torch.float64 and double.weight.t().is_contiguous()
+    with torch.no_grad():
+        assert not layer(x).requires_grad
+    net = nn.Sequential(layer, nn.Tanh(), nn.Linear(4, 2))
+    assert net(x).shape == (5, 2)
+
+
+def test_contiguous_weight_assigned_still_correct():
+    layer = nnsparse.SparseLinearBatch(6, 2, mode="sparse")
+    layer.weight.data = torch.randn(2, 6)  # contiguous: a copy per step, same result
+    x = torch.eye(6)[:3].to_sparse()
+    torch.testing.assert_close(layer(x), F.linear(x.to_dense(), layer.weight, layer.bias))
+    layer(x).sum().backward()
+    torch.testing.assert_close(layer.weight.grad, torch.ones(2, 1) @ x.to_dense().sum(0, True))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "sparse_adam", "lazy_adam"])
+def test_sparse_grad_optimisers_touch_only_used_columns(optimizer):
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(20, 3, sparse_grad=True)
+    before = layer.weight.detach().clone()
+    make = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+            "sparse_adam": lambda p: torch.optim.SparseAdam(p, lr=0.1),
+            "lazy_adam": lambda p: nnsparse.optim.LazyAdam(p, lr=0.1)}[optimizer]
+    opt = make(list(layer.parameters()))
+    x = torch.zeros(2, 20)
+    x[0, 3], x[1, 7] = 1.0, -2.0
+    layer(x.to_sparse()).pow(2).sum().backward()
+    opt.step()
+    changed = (layer.weight.detach() != before).any(0).nonzero().squeeze(1).tolist()
+    assert changed == [3, 7]
+
+
+def test_sparse_grad_sgd_step_equals_dense_sgd():
+    torch.manual_seed(1)
+    sparse = nnsparse.SparseLinearBatch(15, 3, sparse_grad=True)
+    dense = copy.deepcopy(sparse)
+    dense.sparse_grad = False
+    x = random_sparse_dense(4, 15, 0.3, dtype=torch.float32).to_sparse()
+    for layer in (sparse, dense):
+        opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+        layer(x).pow(2).sum().backward()
+        opt.step()
+    torch.testing.assert_close(sparse.weight, dense.weight)
+    torch.testing.assert_close(sparse.bias, dense.bias)
+
+
+def test_errors():
+    layer = nnsparse.SparseLinearBatch(5, 2)
+    with pytest.raises(ValueError, match=r"input has width 7, larger than the size asked for, 5"):
+        layer(torch.zeros(2, 7).to_sparse())
+    with pytest.raises(ValueError, match=r"input indices must be in \[0, 5\), got max 9"):
+        layer(torch.tensor([[9.0, 1.0]]))
+    with pytest.raises(ValueError, match=r"input must have the weight's dtype torch.float32, "
+                                         r"got torch.float64"):
+        layer(torch.eye(5, dtype=torch.float64).to_sparse())
+    with pytest.raises(TypeError, match=r"input must be a sparse tensor.*got str"):
+        layer("x")
+    with pytest.raises(ValueError, match=r"mode must be one of .*got 'fast'"):
+        nnsparse.SparseLinearBatch(5, 2, mode="fast")
+    with pytest.raises(ValueError, match=r"sparse_grad=True needs the sparse kernels"):
+        nnsparse.SparseLinearBatch(5, 2, sparse_grad=True, mode="dense")
