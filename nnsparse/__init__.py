@@ -10,7 +10,7 @@ from .sort import ssort, ssort_by_index, stopk
 from .builder import DynamicSparseTensor
 from .criteria import *  # noqa: F401,F403  (the list is criteria.__all__)
 from .layers import *  # noqa: F401,F403  (the list is layers.__all__)
-from . import optim
+from . import data, optim
 from .values import ValuesMap, values_map
 
 __version__ = "0.1.0"

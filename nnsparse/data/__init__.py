@@ -1,2 +1,37 @@
-"""Rating data: readers, splits, normalisation, synthetic data."""
-__all__: list = []
+"""Rating data: readers, splits, rating matrices and their normalisation, datasets.
+
+The pieces of a collaborative-filtering pipeline (see ``README.md``)::
+
+    ratings = read_ratings(path, format="ml-1m")          # or synthetic_ratings(seed=0)
+    train, valid, test = random_split(ratings, test=0.1, validation=0.05, seed=0)
+    norm = RatingNormalizer(train, orientation="item")    # fitted on train only
+    x = norm.matrix(train)                                # (n_items, n_users) CSR, in [-1, 1]
+    ds = SparseRowDataset(x)                              # rows -> (indices, values)
+    loader = DataLoader(ds, batch_size=32, shuffle=True, collate_fn=ds.collate)
+"""
+from .readers import FORMATS, Ratings, read_ratings, read_split
+from .split import Split, holdout_split, random_split, split_ratings
+from .matrix import RatingErrors, RatingNormalizer, mae, mean_prediction, rating_matrix, rmse
+from .synthetic import synthetic_ratings
+from .dataset import SparseRowBatch, SparseRowDataset, collate_sparse_rows
+
+__all__ = [
+    "FORMATS",
+    "Ratings",
+    "read_ratings",
+    "read_split",
+    "Split",
+    "split_ratings",
+    "random_split",
+    "holdout_split",
+    "rating_matrix",
+    "RatingNormalizer",
+    "RatingErrors",
+    "rmse",
+    "mae",
+    "mean_prediction",
+    "synthetic_ratings",
+    "SparseRowDataset",
+    "SparseRowBatch",
+    "collate_sparse_rows",
+]

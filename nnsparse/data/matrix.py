@@ -1,0 +1,327 @@
+"""Rating matrices: orientation, normalisation to [-1, 1], per-row centring, errors.
+
+An item autoencoder (I-AutoRec, the Lua CFN tutorial) reads one *item* per
+row, the ratings its users gave it as the row's entries: the ``"item"``
+orientation builds the ``(n_items, n_users)`` matrix, ``"user"`` its
+transpose.  :class:`RatingNormalizer` is fitted on the training ratings only:
+it maps ratings to ``[-1, 1]`` with the scale read from them, subtracts each
+row's training mean, and maps predictions back, clipped to the scale.
+
+Missing ratings are the *unspecified* entries of the sparse matrix, never the
+entries whose value is 0: a rating equal to its row's mean becomes 0 after
+centring and stays a specified entry.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .._forms import _sparse_coo, _sparse_csr, as_sparse_batch
+from .readers import Ratings
+
+__all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
+
+_ORIENTATIONS = ("item", "user")
+
+
+def _check_orientation(orientation: str) -> None:
+    if orientation not in _ORIENTATIONS:
+        raise ValueError(f"orientation must be 'item' or 'user', got {orientation!r}")
+
+
+def _index(ratings: Ratings, orientation: str) -> Tuple[Tensor, Tensor, Tuple[int, int]]:
+    """``(row, col, shape)`` of the entries in the given orientation."""
+    if orientation == "item":
+        return ratings.item, ratings.user, (ratings.n_items, ratings.n_users)
+    return ratings.user, ratings.item, (ratings.n_users, ratings.n_items)
+
+
+def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[Tensor] = None,
+                  layout: torch.layout = torch.sparse_csr,
+                  shape: Optional[Tuple[int, int]] = None) -> Tensor:
+    r"""The sparse rating matrix, one row per item (``"item"``) or per user (``"user"``).
+
+    Args:
+        ratings (Ratings): the entries.
+        orientation (str): ``"item"`` (default) gives ``(n_items, n_users)``,
+            the input of an item autoencoder; ``"user"`` gives
+            ``(n_users, n_items)``.
+        values (Tensor, optional): ``(len(ratings),)`` values to store instead
+            of ``ratings.rating`` (e.g. normalised ratings).
+        layout (torch.layout): ``torch.sparse_csr`` (default) or ``torch.sparse_coo``.
+        shape (tuple, optional): ``(rows, width)``; default from the id maps.
+
+    Returns:
+        A coalesced sparse tensor on the ratings' device; every rating is a
+        specified entry, whatever its value.
+
+    Raises:
+        ValueError: bad ``orientation``, an index outside ``shape``, or a
+            (user, item) pair rated twice.
+        TypeError: ``layout`` is not one of the two sparse layouts.
+
+    Example::
+
+        >>> r = Ratings.from_triples([0, 0, 1], [5, 6, 6], [4., 0., 2.])
+        >>> m = rating_matrix(r, "item")
+        >>> m.shape, m.crow_indices(), m.col_indices(), m.values()
+        (torch.Size([2, 2]), tensor([0, 1, 3]), tensor([0, 0, 1]), tensor([4., 0., 2.]))
+    """
+    _check_orientation(orientation)
+    if layout not in (torch.sparse_csr, torch.sparse_coo):
+        raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
+    row, col, default = _index(ratings, orientation)
+    rows, width = default if shape is None else shape
+    values = ratings.rating if values is None else values
+    if values.shape != row.shape:
+        raise ValueError(f"values must have shape {tuple(row.shape)}, got {tuple(values.shape)}")
+    for name, index, bound in (("row", row, rows), ("column", col, width)):
+        if index.numel() and int(index.max()) >= bound:
+            raise ValueError(f"{orientation} matrix {name} indices must be in [0, {bound}), got "
+                             f"max {int(index.max())}; build the matrix with the maps of all parts")
+    key = row * width + col
+    key, order = torch.sort(key)
+    if key.numel() > 1 and bool((key[1:] == key[:-1]).any()):
+        repeats = int((key[1:] == key[:-1]).sum())
+        raise ValueError(f"ratings{' from ' + ratings.source if ratings.source else ''} rate "
+                         f"{repeats} (user, item) pairs more than once; keep one rating per pair")
+    row, col, values = row[order], col[order], values[order]
+    if layout == torch.sparse_coo:
+        return _sparse_coo(torch.stack([row, col]), values, (rows, width), coalesced=True)
+    crow = row.new_zeros(rows + 1)
+    torch.cumsum(torch.bincount(row, minlength=rows), 0, out=crow[1:])
+    return _sparse_csr(crow, col, values, (rows, width))
+
+
+class RatingNormalizer:
+    r"""Map ratings to ``[-1, 1]``, centre each row on its training mean, and back.
+
+    Fitted on the training ratings only.  With scale ``(lo, hi)`` read from
+    them, a rating ``r`` of row ``i`` becomes
+
+    .. math::
+        x = \frac{2 (r - lo)}{hi - lo} - 1 - m_i,
+
+    where :math:`m_i` is the mean of row ``i``'s mapped training ratings (the
+    global mean for rows without training ratings; 0 with ``center=False``).
+    :meth:`denormalize` inverts this and clips to ``[lo, hi]``.
+
+    Args:
+        train (Ratings): the training ratings.
+        orientation (str): ``"item"`` (rows are items; default) or ``"user"``.
+        center (bool): subtract the per-row training mean.  Default: ``True``.
+        scale (tuple, optional): ``(lo, hi)``; default: the min and max of
+            ``train.rating`` (not assumed 1..5).
+
+    Attributes:
+        shape (tuple): ``(rows, width)`` of the matrices it builds.
+        scale (tuple): ``(lo, hi)``.
+        row_mean (Tensor): float32 ``(rows,)``, the per-row means on the
+            ``[-1, 1]`` scale.
+        global_mean (float): the mean of all mapped training ratings.
+
+    Raises:
+        ValueError: empty ``train``, ``lo >= hi``, bad ``orientation``.
+
+    Example::
+
+        >>> train = Ratings.from_triples([0, 1, 0], [0, 0, 1], [1., 5., 3.])
+        >>> norm = RatingNormalizer(train, "item")
+        >>> norm.scale, norm.row_mean
+        ((1.0, 5.0), tensor([0., 0.]))
+        >>> x = norm.matrix(train)          # item 1's only rating is 0 after centring
+        >>> x.values()
+        tensor([-1.,  1.,  0.])
+        >>> norm.denormalize(torch.tensor([1.5, -0.5]), torch.tensor([0, 1]))
+        tensor([5., 2.])
+    """
+
+    def __init__(self, train: Ratings, orientation: str = "item", center: bool = True,
+                 scale: Optional[Tuple[float, float]] = None) -> None:
+        _check_orientation(orientation)
+        if len(train) == 0:
+            raise ValueError("train holds no ratings; the normaliser needs some to fit")
+        lo, hi = train.scale if scale is None else (float(scale[0]), float(scale[1]))
+        if not lo < hi:
+            raise ValueError(f"scale must have min < max, got ({lo}, {hi}); "
+                             "pass scale= when every rating is equal")
+        self.orientation, self.center, self.scale = orientation, bool(center), (lo, hi)
+        row, _, self.shape = _index(train, orientation)
+        mapped = self._map(train.rating.to(torch.float32))
+        self.global_mean = float(mapped.mean())
+        counts = torch.bincount(row, minlength=self.shape[0]).to(mapped.dtype)
+        sums = mapped.new_zeros(self.shape[0]).index_add_(0, row, mapped)
+        if center:
+            self.row_mean = torch.where(counts > 0, sums / counts.clamp(min=1),
+                                        mapped.new_tensor(self.global_mean))
+        else:
+            self.row_mean = mapped.new_zeros(self.shape[0])
+
+    def __repr__(self) -> str:
+        return (f"RatingNormalizer(orientation={self.orientation!r}, shape={self.shape}, "
+                f"scale={self.scale}, center={self.center})")
+
+    def _map(self, rating: Tensor) -> Tensor:
+        lo, hi = self.scale
+        return (rating - lo) * (2.0 / (hi - lo)) - 1.0
+
+    def _means(self, row: Tensor, like: Tensor) -> Tensor:
+        return self.row_mean.to(device=like.device, dtype=like.dtype)[row]
+
+    def to(self, device: Union[str, torch.device]) -> "RatingNormalizer":
+        """Move the row means to ``device`` (in place; returns ``self``)."""
+        self.row_mean = self.row_mean.to(device)
+        return self
+
+    def index(self, ratings: Ratings) -> Tuple[Tensor, Tensor]:
+        """``(row, col)`` int64 ``(n,)`` of each rating in this orientation."""
+        row, col, _ = _index(ratings, self.orientation)
+        return row, col
+
+    def normalize(self, rating: Tensor, row: Tensor) -> Tensor:
+        """Ratings of rows ``row`` (same or broadcastable shape) on the centred ``[-1, 1]`` scale."""
+        return self._map(rating) - self._means(row, rating)
+
+    def denormalize(self, values: Tensor, row: Tensor) -> Tensor:
+        """Normalised values back on the rating scale, clipped to it.
+
+        ``row`` gives each value's matrix row: shape ``values.shape``, or
+        ``(batch, 1)`` for a dense ``(batch, width)`` output.  Differentiable
+        in ``values`` (inside the scale); dtype and device of ``values``.
+        """
+        lo, hi = self.scale
+        rating = (values + self._means(row, values) + 1.0) * ((hi - lo) / 2.0) + lo
+        return rating.clamp(lo, hi)
+
+    def matrix(self, ratings: Ratings, normalize: bool = True,
+               layout: torch.layout = torch.sparse_csr) -> Tensor:
+        """The ``self.shape`` sparse matrix of ``ratings`` (any part of the split).
+
+        Normalised values by default; ``normalize=False`` keeps the original
+        ratings (the target for errors on the rating scale).  See
+        :func:`rating_matrix`.
+        """
+        values = ratings.rating
+        if normalize:
+            row, _ = self.index(ratings)
+            values = self.normalize(values.to(torch.float32), row)
+        return rating_matrix(ratings, self.orientation, values, layout, self.shape)
+
+    def predict_entries(self, output: Tensor, rows: Tensor, target: Any) -> Tuple[Tensor, Tensor]:
+        """Predictions on the rating scale at the specified entries of ``target``.
+
+        Args:
+            output (Tensor): dense ``(batch, width)`` model output on the
+                normalised scale.
+            rows (Tensor): int64 ``(batch,)``, the matrix row of each batch row.
+            target: any sparse form of shape ``(batch, width)``, usually a
+                batch of ``matrix(test, normalize=False)``.
+
+        Returns:
+            ``(prediction, target_values)``, both ``(nnz,)`` in the target's
+            entry order: feed them to :class:`RatingErrors` or :func:`rmse`.
+        """
+        batch = as_sparse_batch(target, name="target", width=output.shape[-1])
+        picked = output[batch.row, batch.col]
+        return self.denormalize(picked, rows.to(output.device)[batch.row]), batch.values
+
+
+def _check_pair(prediction: Tensor, target: Tensor) -> None:
+    if prediction.shape != target.shape:
+        raise ValueError(f"prediction and target must have one shape, got "
+                         f"{tuple(prediction.shape)} and {tuple(target.shape)}")
+
+
+def rmse(prediction: Tensor, target: Tensor) -> Tensor:
+    """Root mean squared error of two ``(n,)`` tensors, as a 0-dim tensor.
+
+    Example::
+
+        >>> rmse(torch.tensor([3., 4.]), torch.tensor([4., 4.]))
+        tensor(0.7071)
+    """
+    _check_pair(prediction, target)
+    return (prediction - target).square().mean().sqrt()
+
+
+def mae(prediction: Tensor, target: Tensor) -> Tensor:
+    """Mean absolute error of two ``(n,)`` tensors, as a 0-dim tensor.
+
+    Example::
+
+        >>> mae(torch.tensor([3., 4.]), torch.tensor([4., 4.]))
+        tensor(0.5000)
+    """
+    _check_pair(prediction, target)
+    return (prediction - target).abs().mean()
+
+
+class RatingErrors:
+    """Accumulates squared and absolute errors over batches, on their device.
+
+    Nothing is read back until :meth:`compute` (one sync).
+
+    Example::
+
+        >>> errors = RatingErrors()
+        >>> errors.update(torch.tensor([3., 4.]), torch.tensor([4., 4.]))
+        >>> errors.update(torch.tensor([1.]), torch.tensor([2.]))
+        >>> {k: round(v, 4) for k, v in errors.compute().items()}
+        {'rmse': 0.8165, 'mae': 0.6667, 'count': 3}
+    """
+
+    def __init__(self) -> None:
+        self._sums: Optional[Tensor] = None
+
+    def update(self, prediction: Tensor, target: Tensor) -> None:
+        _check_pair(prediction, target)
+        error = (prediction.detach() - target.detach()).to(torch.float64)
+        sums = torch.stack([error.square().sum(), error.abs().sum(),
+                            error.new_tensor(float(error.numel()))])
+        self._sums = sums if self._sums is None else self._sums + sums
+
+    def compute(self) -> Dict[str, float]:
+        """``{"rmse", "mae", "count"}``; raises ``ValueError`` before any update."""
+        if self._sums is None or float(self._sums[2]) == 0:
+            raise ValueError("RatingErrors has no entries; call update() first")
+        square, absolute, count = self._sums.tolist()
+        return {"rmse": (square / count) ** 0.5, "mae": absolute / count, "count": int(count)}
+
+
+def mean_prediction(train: Ratings, test: Ratings, by: str = "item") -> Tensor:
+    r"""The baseline that predicts each test rating by its item's (or user's) training mean.
+
+    Rows without training ratings get the global training mean.
+
+    Args:
+        train (Ratings): the training ratings.
+        test (Ratings): the entries to predict, sharing ``train``'s maps.
+        by (str): ``"item"`` (default) or ``"user"``.
+
+    Returns:
+        Tensor: float32 ``(len(test),)``, on the original rating scale.
+
+    Example::
+
+        >>> r = Ratings.from_triples([0, 1, 2, 2], [0, 0, 1, 0], [2., 4., 5., 1.])
+        >>> train, test = r.subset(torch.tensor([0, 1, 2])), r.subset(torch.tensor([3]))
+        >>> mean_prediction(train, test)
+        tensor([3.])
+        >>> rmse(mean_prediction(train, test), test.rating)
+        tensor(2.)
+    """
+    _check_orientation(by)
+    if len(train) == 0:
+        raise ValueError("train holds no ratings; the baseline needs some")
+    row, _, shape = _index(train, by)
+    rating = train.rating.to(torch.float32)
+    sums = rating.new_zeros(shape[0]).index_add_(0, row, rating)
+    counts = torch.bincount(row, minlength=shape[0]).to(rating.dtype)
+    means = torch.where(counts > 0, sums / counts.clamp(min=1), rating.mean())
+    test_row, _, _ = _index(test, by)
+    if test_row.numel() and int(test_row.max()) >= shape[0]:
+        raise ValueError(f"test {by} indices must be in [0, {shape[0]}), got max "
+                         f"{int(test_row.max())}; read both parts with one pair of maps")
+    return means[test_row]

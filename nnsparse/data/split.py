@@ -1,0 +1,154 @@
+"""Seeded splits of a :class:`~nnsparse.data.Ratings` record.
+
+A split keeps the test part apart from the start: train on ``train``, choose
+epochs and settings on ``validation``, and read ``test`` once, at the end.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Tuple
+
+import torch
+
+from .readers import Ratings
+
+__all__ = ["Split", "split_ratings", "random_split", "holdout_split"]
+
+
+@dataclass
+class Split:
+    """The three parts of a rating set, all sharing one pair of id maps.
+
+    Attributes:
+        train (Ratings): what the model learns from (its input and target).
+        validation (Ratings): for early stopping and model choice.
+        test (Ratings): read once, at the end, for the reported error.
+    """
+
+    train: Ratings
+    validation: Ratings
+    test: Ratings
+
+    def __iter__(self) -> Iterator[Ratings]:
+        return iter((self.train, self.validation, self.test))
+
+
+def _check_ratio(ratio: float, name: str) -> None:
+    if not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+        raise ValueError(f"{name} must be a number in [0, 1), got {ratio!r}")
+
+
+def split_ratings(ratings: Ratings, ratio: float = 0.1, seed: int = 0) -> Tuple[Ratings, Ratings]:
+    r"""Split the ratings at random into ``(rest, part)``, ``part`` holding ``ratio`` of them.
+
+    Entries (not users or items) are drawn uniformly without replacement with
+    a ``torch.Generator`` seeded by ``seed``: the same seed gives the same
+    split on every machine.  Both parts keep the order of the input and share
+    its id maps, so matrices built from them have one shape.
+
+    Args:
+        ratings (Ratings): the entries to split.
+        ratio (float): the fraction in ``part``, in ``[0, 1)``; the part's
+            size is ``round(ratio * len(ratings))``.  Default: 0.1.
+        seed (int): the seed of the draw.  Default: 0.
+
+    Returns:
+        ``(rest, part)``: two :class:`Ratings`, disjoint, together the input.
+
+    Raises:
+        ValueError: ``ratio`` outside ``[0, 1)``.
+
+    Example::
+
+        >>> r = Ratings.from_triples(range(10), range(10), [3.] * 10)
+        >>> train, test = split_ratings(r, 0.2, seed=0)
+        >>> len(train), len(test), train.n_users
+        (8, 2, 10)
+        >>> test.user.tolist() == split_ratings(r, 0.2, seed=0)[1].user.tolist()
+        True
+    """
+    _check_ratio(ratio, "ratio")
+    n = len(ratings)
+    k = round(ratio * n)
+    generator = torch.Generator().manual_seed(int(seed))
+    order = torch.randperm(n, generator=generator)
+    chosen = torch.zeros(n, dtype=torch.bool)
+    chosen[order[:k]] = True
+    chosen = chosen.to(ratings.rating.device)
+    return ratings.subset(~chosen), ratings.subset(chosen)
+
+
+def random_split(ratings: Ratings, test: float = 0.1, validation: float = 0.05,
+                 seed: int = 0) -> Split:
+    r"""A seeded train/validation/test split of one rating set.
+
+    ``test`` is drawn first from all the ratings, then ``validation`` from
+    what is left (its ratio is of all the ratings, not of the rest), with the
+    seeds ``seed`` and ``seed + 1``.
+
+    Args:
+        ratings (Ratings): the whole rating set.
+        test (float): fraction of the ratings held out for the test.  Default: 0.1.
+        validation (float): fraction of the ratings carved from the training
+            part for validation.  Default: 0.05.
+        seed (int): the seed of the draws.  Default: 0.
+
+    Returns:
+        Split: ``(train, validation, test)``, disjoint, sharing the id maps.
+
+    Raises:
+        ValueError: a ratio outside ``[0, 1)`` or ``test + validation >= 1``.
+
+    Example::
+
+        >>> r = Ratings.from_triples(range(100), [0] * 100, [1.] * 100)
+        >>> train, valid, test = random_split(r, test=0.1, validation=0.05, seed=3)
+        >>> len(train), len(valid), len(test)
+        (85, 5, 10)
+    """
+    _check_ratio(test, "test")
+    _check_ratio(validation, "validation")
+    if test + validation >= 1:
+        raise ValueError(f"test + validation must be below 1, got {test} + {validation}")
+    rest, test_part = split_ratings(ratings, test, seed)
+    # The validation ratio is of all the ratings: aim for round(validation * n) entries.
+    k = min(round(validation * len(ratings)), max(len(rest) - 1, 0))
+    train, valid = split_ratings(rest, k / len(rest) if len(rest) else 0.0, seed + 1)
+    return Split(train, valid, test_part)
+
+
+def holdout_split(train: Ratings, test: Ratings, validation: float = 0.05,
+                  seed: int = 0) -> Split:
+    r"""A :class:`Split` from a given train/test pair, validation carved from ``train``.
+
+    Use it with :func:`~nnsparse.data.read_split` for published splits such
+    as MovieLens-100K ``u1.base``/``u1.test``: the test part is untouched.
+
+    Args:
+        train (Ratings): the given training part.
+        test (Ratings): the given test part, sharing ``train``'s maps.
+        validation (float): fraction of ``train`` held out for validation.
+            Default: 0.05.
+        seed (int): the seed of the draw.  Default: 0.
+
+    Returns:
+        Split: ``(train minus validation, validation, test)``.
+
+    Raises:
+        ValueError: ``validation`` outside ``[0, 1)``, or parts with different
+            id maps.
+
+    Example::
+
+        >>> a = Ratings.from_triples(range(20), [0] * 20, [2.] * 20)
+        >>> b = a.subset(torch.tensor([0, 1]))
+        >>> s = holdout_split(a, b, validation=0.25, seed=0)
+        >>> len(s.train), len(s.validation), len(s.test)
+        (15, 5, 2)
+    """
+    _check_ratio(validation, "validation")
+    if train.user_map is not test.user_map or train.item_map is not test.item_map:
+        raise ValueError("train and test must share their id maps; read them with "
+                         "read_split() or read_ratings(..., user_map=, item_map=)")
+    rest, valid = split_ratings(train, validation, seed)
+    return Split(rest, valid, test)

@@ -1,0 +1,130 @@
+"""Tests of nnsparse.data.dataset: sparse rows through a DataLoader."""
+import pickle
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from nnsparse import densify
+from nnsparse.data import (RatingNormalizer, SparseRowBatch, SparseRowDataset, collate_sparse_rows,
+                           random_split, synthetic_ratings)
+
+
+@pytest.fixture(scope="module")
+def matrices():
+    r = synthetic_ratings(seed=3, n_users=80, n_items=60, n_ratings=900)
+    train, valid, test = random_split(r, test=0.1, validation=0.1, seed=0)
+    norm = RatingNormalizer(train, "item")
+    return norm.matrix(train), norm.matrix(valid, normalize=False)
+
+
+def dense_rows(matrix, rows):
+    return densify(matrix)[rows]
+
+
+def test_items(matrices):
+    x, _ = matrices
+    ds = SparseRowDataset(x)
+    assert len(ds) == x.shape[0] == 60
+    for i in (0, 7, 59, -1):
+        index, (col, val) = ds[i]
+        assert index == i % 60
+        crow = x.crow_indices()
+        begin, end = int(crow[index]), int(crow[index + 1])
+        assert torch.equal(col, x.col_indices()[begin:end])
+        assert torch.equal(val, x.values()[begin:end])
+    with pytest.raises(IndexError, match=r"index must be in \[-60, 60\), got 60"):
+        ds[60]
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_coo])
+def test_collate_matches_dense(matrices, layout):
+    x, y = matrices
+    ds = SparseRowDataset(x, y, layout=layout)
+    rows = [5, 0, 59, 5, 17]  # order kept, a repeated row, and rows with no target entry
+    batch = ds.collate([ds[i] for i in rows])
+    assert isinstance(batch, SparseRowBatch)
+    assert batch.row_index.tolist() == rows
+    assert batch.input.layout == layout and batch.target.layout == layout
+    assert batch.input.shape == (5, x.shape[1]) and batch.target.shape == (5, y.shape[1])
+    assert torch.equal(densify(batch.input), dense_rows(x, rows))
+    assert torch.equal(densify(batch.target), dense_rows(y, rows))
+    nnz = int(x.crow_indices().diff()[rows].sum())
+    assert batch.input.values().numel() == nnz  # zeros after centring are still entries
+    if layout == torch.sparse_coo:
+        assert batch.input.is_coalesced()
+
+
+def test_collate_empty_rows_and_batch_size_one():
+    x = torch.sparse_csr_tensor(torch.tensor([0, 0, 2, 2]), torch.tensor([1, 3]),
+                                torch.tensor([0.0, -1.0]), (3, 4))
+    ds = SparseRowDataset(x)
+    b = ds.collate([ds[0]])
+    assert b.input.shape == (1, 4) and b.input.values().numel() == 0 and b.target is None
+    b = ds.collate([ds[2], ds[1], ds[0]])
+    assert b.input.crow_indices().tolist() == [0, 0, 2, 2]
+    assert b.input.values().tolist() == [0.0, -1.0]
+
+
+def test_collate_function_errors():
+    rows = [(0, (torch.tensor([5]), torch.tensor([1.0])))]
+    with pytest.raises(ValueError, match=r"rows indices must be in \[0, 3\), got max 5"):
+        collate_sparse_rows(rows, width=3)
+    with pytest.raises(TypeError, match="layout must be torch.sparse_csr or torch.sparse_coo"):
+        collate_sparse_rows(rows, width=6, layout=torch.strided)
+
+
+def test_dataset_errors(matrices):
+    x, y = matrices
+    with pytest.raises(TypeError, match="input must be a 2-D sparse CSR or COO tensor, "
+                                        "got layout torch.strided"):
+        SparseRowDataset(densify(x))
+    with pytest.raises(ValueError, match="target must have 60 rows like input, got 59"):
+        SparseRowDataset(x, densify(y)[:59].to_sparse_csr())
+    coo = SparseRowDataset(x.to_sparse_coo())  # COO input is accepted
+    assert torch.equal(coo[3][1][0], SparseRowDataset(x)[3][1][0])
+
+
+def test_batch_pickles_as_plain_tensors(matrices):
+    x, y = matrices
+    ds = SparseRowDataset(x, y)
+    batch = ds.collate([ds[i] for i in range(4)])
+    again = pickle.loads(pickle.dumps(batch))
+    assert isinstance(again, SparseRowBatch)
+    assert torch.equal(densify(again.input), densify(batch.input))
+    assert torch.equal(densify(again.target), densify(batch.target))
+    assert torch.equal(again.row_index, batch.row_index)
+    moved = batch.to("cpu")
+    assert moved.input.layout == torch.sparse_csr
+
+
+def epoch(ds, **kwargs):
+    loader = DataLoader(ds, batch_size=16, shuffle=True, collate_fn=ds.collate,
+                        generator=torch.Generator().manual_seed(0), **kwargs)
+    return [(b.row_index, densify(b.input), densify(b.target)) for b in loader]
+
+
+def test_workers_give_the_same_batches(matrices):
+    x, y = matrices
+    ds = SparseRowDataset(x, y)
+    serial = epoch(ds)
+    with warnings.catch_warnings():
+        # Only CUDA pins memory; on a CPU-only machine DataLoader warns and skips it.
+        warnings.filterwarnings("ignore", message=".*pin_memory.*")
+        parallel = epoch(ds, num_workers=2, pin_memory=True)
+    assert len(serial) == len(parallel) == 4
+    for a, b in zip(serial, parallel):
+        assert all(torch.equal(p, q) for p, q in zip(a, b))
+    assert sorted(torch.cat([b[0] for b in serial]).tolist()) == list(range(60))
+
+
+def test_pin_memory_batch():
+    if not torch.cuda.is_available():
+        pytest.skip("pinned memory needs CUDA")
+    x = torch.eye(4).to_sparse_csr()
+    ds = SparseRowDataset(x, x)
+    batch = next(iter(DataLoader(ds, batch_size=3, collate_fn=ds.collate, pin_memory=True)))
+    assert batch.input.is_pinned() and batch.target.is_pinned()
+    on_gpu = batch.to("cuda", non_blocking=True)
+    assert on_gpu.input.is_cuda and torch.equal(densify(on_gpu.input).cpu(), torch.eye(4)[:3])

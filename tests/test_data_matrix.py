@@ -1,0 +1,190 @@
+"""Tests of nnsparse.data.matrix: orientation, normalisation, centring, errors, baseline."""
+import pytest
+import torch
+
+from nnsparse import densify
+from nnsparse.data import (RatingErrors, RatingNormalizer, Ratings, mae, mean_prediction,
+                           rating_matrix, rmse, split_ratings, synthetic_ratings)
+
+
+def small():
+    # users 0..2, items 0..3; item 3 has no rating; half-star scale 0.5..4.5
+    return Ratings.from_triples([0, 0, 1, 2, 2, 1], [0, 1, 0, 1, 2, 2],
+                                [0.5, 3.0, 4.5, 2.0, 1.0, 3.5], source="small")
+
+
+def with_unrated_item(r):
+    r.item_map[99] = len(r.item_map)  # an item known to the maps, with no rating
+    return r
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_coo])
+@pytest.mark.parametrize("orientation", ["item", "user"])
+def test_rating_matrix_dense_reference(orientation, layout):
+    r = with_unrated_item(small())
+    m = rating_matrix(r, orientation, layout=layout)
+    assert m.layout == layout
+    dense = torch.zeros(r.n_items, r.n_users)
+    dense[r.item, r.user] = r.rating
+    expected = dense if orientation == "item" else dense.T
+    assert m.shape == expected.shape
+    assert torch.equal(densify(m), expected)
+    if layout == torch.sparse_coo:
+        assert m.is_coalesced()
+
+
+def test_rating_matrix_keeps_zero_values():
+    r = Ratings.from_triples([0, 1, 1], [0, 0, 1], [0.0, 0.0, 2.0])
+    m = rating_matrix(r, "user")
+    assert m.values().tolist() == [0.0, 0.0, 2.0] and m.col_indices().tolist() == [0, 0, 1]
+
+
+def test_rating_matrix_errors():
+    r = Ratings.from_triples([0, 0], [1, 1], [3.0, 4.0], source="dup.txt")
+    with pytest.raises(ValueError, match=r"ratings from dup.txt rate 1 \(user, item\) pairs more"):
+        rating_matrix(r)
+    with pytest.raises(ValueError, match="orientation must be 'item' or 'user', got 'row'"):
+        rating_matrix(small(), "row")
+    with pytest.raises(TypeError, match="layout must be torch.sparse_csr or torch.sparse_coo"):
+        rating_matrix(small(), layout=torch.strided)
+    with pytest.raises(ValueError, match=r"item matrix row indices must be in \[0, 2\), got max 2"):
+        rating_matrix(small(), shape=(2, 3))
+    with pytest.raises(ValueError, match=r"values must have shape \(6,\), got \(5,\)"):
+        rating_matrix(small(), values=torch.ones(5))
+
+
+@pytest.mark.parametrize("orientation", ["item", "user"])
+def test_normalizer_means_and_scale(orientation):
+    r = with_unrated_item(small())
+    norm = RatingNormalizer(r, orientation)
+    assert norm.scale == (0.5, 4.5)  # read from the data, not 1..5
+    mapped = (r.rating - 0.5) / 2.0 - 1.0
+    assert float(mapped.min()) == -1.0 and float(mapped.max()) == 1.0
+    row = r.item if orientation == "item" else r.user
+    rows = norm.shape[0]
+    shape = (r.n_items, r.n_users) if orientation == "item" else (r.n_users, r.n_items)
+    assert norm.shape == shape
+    for i in range(rows):
+        chosen = mapped[row == i]
+        expected = chosen.mean() if len(chosen) else mapped.mean()  # unrated: global mean
+        torch.testing.assert_close(norm.row_mean[i], expected)
+    assert norm.global_mean == pytest.approx(float(mapped.mean()))
+    x = norm.matrix(r)
+    dense = densify(x)
+    col = r.user if orientation == "item" else r.item
+    torch.testing.assert_close(dense[row, col], mapped - norm.row_mean[row])
+    assert x.values().numel() == len(r)
+
+
+def test_no_centring():
+    norm = RatingNormalizer(small(), center=False)
+    assert torch.equal(norm.row_mean, torch.zeros(3))
+    v = norm.matrix(small()).values()
+    assert float(v.min()) == -1.0 and float(v.max()) == 1.0
+
+
+def test_zero_after_centring_stays_specified():
+    # Item 0 is rated 2 and 4: the mean is 3, so a test rating 3 normalises to
+    # exactly 0 and must still be an entry of the matrix and of the batch.
+    train = Ratings.from_triples([0, 1, 2], [0, 0, 1], [2.0, 4.0, 5.0])
+    norm = RatingNormalizer(train, "item", scale=(1.0, 5.0))
+    test = train.subset(torch.tensor([0]))
+    test.rating = torch.tensor([3.0])
+    x = norm.matrix(test)
+    assert x.values().tolist() == [0.0] and x.col_indices().tolist() == [0]
+    assert x.crow_indices().tolist() == [0, 1, 1]
+    coo = norm.matrix(test, layout=torch.sparse_coo)
+    assert coo._nnz() == 1 and coo.values().tolist() == [0.0]
+
+
+def test_round_trip_and_clipping():
+    r = synthetic_ratings(seed=2, n_users=40, n_items=30, n_ratings=400)
+    train, test = split_ratings(r, 0.2, seed=0)
+    norm = RatingNormalizer(train, "item")
+    row, _ = norm.index(test)
+    x = norm.normalize(test.rating, row)
+    torch.testing.assert_close(norm.denormalize(x, row), test.rating)
+    back = norm.denormalize(torch.tensor([5.0, -5.0]), torch.tensor([0, 0]))
+    assert back.tolist() == [5.0, 1.0]  # clipped to the training scale
+    # A dense (batch, width) output with a (batch, 1) row index broadcasts.
+    out = torch.zeros(2, norm.shape[1])
+    pred = norm.denormalize(out, torch.tensor([[3], [4]]))
+    lo, hi = norm.scale
+    expected = (norm.row_mean[[3, 4]] + 1) * (hi - lo) / 2 + lo
+    torch.testing.assert_close(pred, expected[:, None].expand(2, norm.shape[1]))
+
+
+def test_dtype_preserved_and_gradient():
+    norm = RatingNormalizer(small())
+    v = torch.tensor([0.1, 0.2], dtype=torch.float64, requires_grad=True)
+    out = norm.denormalize(v, torch.tensor([0, 1]))
+    assert out.dtype == torch.float64
+    out.sum().backward()
+    torch.testing.assert_close(v.grad, torch.full((2,), 2.0, dtype=torch.float64))
+
+
+def test_normalizer_errors():
+    same = Ratings.from_triples([0, 1], [0, 0], [3.0, 3.0])
+    with pytest.raises(ValueError, match=r"scale must have min < max, got \(3.0, 3.0\)"):
+        RatingNormalizer(same)
+    assert RatingNormalizer(same, scale=(1, 5)).scale == (1.0, 5.0)
+    with pytest.raises(ValueError, match="train holds no ratings"):
+        RatingNormalizer(same.subset(torch.zeros(2, dtype=torch.bool)))
+
+
+def test_predict_entries_and_errors():
+    r = small()
+    norm = RatingNormalizer(r, "item")
+    target = norm.matrix(r, normalize=False)  # original-scale target
+    # A perfect normalised output: the normalised ratings, dense.
+    out = densify(norm.matrix(r))
+    rows = torch.arange(norm.shape[0])
+    pred, values = norm.predict_entries(out, rows, target)
+    torch.testing.assert_close(pred, values)
+    errors = RatingErrors()
+    errors.update(pred, values)
+    errors.update(pred + 1, values)
+    got = errors.compute()
+    assert got["count"] == 2 * len(r)
+    assert got["rmse"] == pytest.approx((0.5) ** 0.5) and got["mae"] == pytest.approx(0.5)
+    # A batch of the rows 2, 0 only.
+    two = densify(target)[[2, 0]].to_sparse()
+    pred2, values2 = norm.predict_entries(out[[2, 0]], torch.tensor([2, 0]), two)
+    torch.testing.assert_close(pred2, values2)
+    with pytest.raises(ValueError, match="RatingErrors has no entries"):
+        RatingErrors().compute()
+
+
+def test_rmse_mae():
+    p, t = torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1.0, 4.0, 3.0])
+    torch.testing.assert_close(rmse(p, t), torch.tensor((5 / 3) ** 0.5))
+    torch.testing.assert_close(mae(p, t), torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"one shape, got \(3,\) and \(2,\)"):
+        rmse(p, t[:2])
+
+
+@pytest.mark.parametrize("by", ["item", "user"])
+def test_mean_prediction(by):
+    r = with_unrated_item(small())
+    train, test = r.subset(torch.arange(4)), r.subset(torch.tensor([4, 5]))
+    pred = mean_prediction(train, test, by=by)
+    # dense reference
+    for k in range(len(test)):
+        key = test.item[k] if by == "item" else test.user[k]
+        chosen = train.rating[(train.item if by == "item" else train.user) == key]
+        expected = chosen.mean() if len(chosen) else train.rating.mean()
+        torch.testing.assert_close(pred[k], expected)
+
+
+def test_zero_output_reproduces_item_mean_baseline():
+    # A model that outputs 0 (on the centred scale) predicts each row's training mean.
+    r = synthetic_ratings(seed=4, n_users=50, n_items=40, n_ratings=600)
+    train, test = split_ratings(r, 0.2, seed=0)
+    norm = RatingNormalizer(train, "item")
+    target = norm.matrix(test, normalize=False)
+    rows = torch.arange(norm.shape[0])
+    pred, values = norm.predict_entries(torch.zeros(norm.shape), rows, target)
+    baseline = mean_prediction(train, test)
+    order = torch.sort(test.item * test.n_users + test.user).indices  # the matrix's row-major order
+    torch.testing.assert_close(pred, baseline[order])
+    torch.testing.assert_close(values, test.rating[order])

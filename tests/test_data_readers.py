@@ -1,0 +1,198 @@
+"""Tests of nnsparse.data.readers: every format, titles, id maps, errors."""
+import re
+import warnings
+
+import pytest
+import torch
+
+from nnsparse.data import FORMATS, Ratings, read_ratings, read_split
+
+# (format, rating file name, its content, title file name, its content (bytes))
+FILES = {
+    "ml-100k": ("u.data", "196\t242\t3\t881250949\n186\t302\t3\t891717742\n22\t377\t1\t878887116\n"
+                "196\t377\t5\t881250950\n",
+                "u.item", "242|Kolya (1996)|24-Jan-1997||http://x|0|0\n"
+                          "302|L.A. Confidential (1997)|01-Jan-1997||http://y|0|1\n"
+                          "377|Heavyweights (1994)|01-Jan-1994||http://z|0|0\n".encode("latin-1")),
+    "ml-1m": ("ratings.dat", "1::1193::5::978300760\n1::661::3::978302109\n2::1193::4::978298413\n"
+              "3::3408::4::978300275\n",
+              "movies.dat", "1193::One Flew Over the Cuckoo's Nest (1975)::Drama\n"
+                            "661::James and the Giant Peach (1996)::Animation\n"
+                            "3408::Erin Brockovich (2000)::Drama\n".encode("latin-1")),
+    "csv": ("ratings.csv", "userId,movieId,rating,timestamp\n1,1,4.0,964982703\n1,3,4.5,964981247\n"
+            "6,1,0.5,964982224\n6,50,5.0,964982931\n",
+            "movies.csv", 'movieId,title,genres\n1,Toy Story (1995),Adventure\n'
+                          '3,"Grumpier Old Men, The (1995)",Comedy\n'
+                          '50,Usual Suspects (1995),Crime\n'
+                          .encode("utf-8")),
+    "text": ("ratings.txt", "alice  book1 4\nbob book2 2.5 123\n\nalice book2 1\ncarol book1 3\n",
+             None, None),
+}
+
+
+def write(tmp_path, fmt, titles=True):
+    name, text, title_name, title_text = FILES[fmt]
+    path = tmp_path / name
+    path.write_text(text)
+    if titles and title_name:
+        (tmp_path / title_name).write_bytes(title_text)
+    return path
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_each_format(tmp_path, fmt):
+    r = read_ratings(write(tmp_path, fmt), format=fmt)
+    assert isinstance(r, Ratings) and len(r) == 4
+    assert r.user.dtype == r.item.dtype == torch.int64 and r.rating.dtype == torch.float32
+    # Ids remapped to 0..n-1 in sorted order, maps invertible.
+    assert sorted(r.user_map.values()) == list(range(r.n_users))
+    assert sorted(r.item_map.values()) == list(range(r.n_items))
+    assert list(r.user_map) == sorted(r.user_map)
+    lines = [ln for ln in FILES[fmt][1].splitlines() if ln.strip()][(fmt == "csv"):]
+    sep = {"ml-100k": "\t", "ml-1m": "::", "csv": ","}.get(fmt)
+    for k, line in enumerate(lines):
+        u, i, rating = line.split(sep)[:3]
+        if fmt != "text":
+            u, i = int(u), int(i)
+        assert r.user_ids()[r.user[k]] == u and r.item_ids()[r.item[k]] == i
+        assert r.rating[k] == float(rating)
+
+
+def test_values_ml100k(tmp_path):
+    r = read_ratings(write(tmp_path, "ml-100k"), format="ml-100k")
+    assert r.user_map == {22: 0, 186: 1, 196: 2}
+    assert r.item_map == {242: 0, 302: 1, 377: 2}
+    assert r.user.tolist() == [2, 1, 0, 2] and r.item.tolist() == [0, 1, 2, 2]
+    assert r.rating.tolist() == [3, 3, 1, 5] and r.scale == (1.0, 5.0)
+
+
+def test_csv_half_stars_and_text_ids(tmp_path):
+    r = read_ratings(write(tmp_path, "csv"), format="csv")
+    assert r.rating.tolist() == [4.0, 4.5, 0.5, 5.0] and r.scale == (0.5, 5.0)
+    t = read_ratings(write(tmp_path, "text"), format="text")
+    assert t.user_map == {"alice": 0, "bob": 1, "carol": 2}
+    assert t.item_map == {"book1": 0, "book2": 1}
+
+
+@pytest.mark.parametrize("fmt, expected", [
+    ("ml-100k", ["Kolya (1996)", "L.A. Confidential (1997)", "Heavyweights (1994)"]),
+    ("ml-1m", ["James and the Giant Peach (1996)", "One Flew Over the Cuckoo's Nest (1975)",
+               "Erin Brockovich (2000)"]),
+    ("csv", ["Toy Story (1995)", "Grumpier Old Men, The (1995)", "Usual Suspects (1995)"]),
+])
+def test_titles(tmp_path, fmt, expected):
+    path = write(tmp_path, fmt)
+    assert read_ratings(path, format=fmt).titles == expected
+    assert read_ratings(path, format=fmt, titles=False).titles is None
+    assert read_ratings(path, format=fmt, titles=tmp_path / FILES[fmt][2]).titles == expected
+
+
+def test_titles_latin1_and_missing(tmp_path):
+    path = write(tmp_path, "ml-100k", titles=False)
+    (tmp_path / "u.item").write_bytes("242|Café Noir (1996)|x\n".encode("latin-1"))
+    assert read_ratings(path, format="ml-100k").titles == ["Café Noir (1996)", "item 302",
+                                                           "item 377"]
+    (tmp_path / "u.item").unlink()
+    assert read_ratings(path, format="ml-100k").titles is None
+    with pytest.raises(ValueError, match="titles: no item file"):
+        read_ratings(path, format="ml-100k", titles=tmp_path / "nope.item")
+
+
+@pytest.mark.parametrize("fmt, text, line, what", [
+    ("ml-100k", "1\t2\t3\t0\n1\t2\t3\n", 2, "expected 4 fields, got 3"),
+    ("ml-100k", "1\t2\t3\t0\n\n5\tx\t3\t0\n", 3, "the item id must be an integer, got 'x'"),
+    ("ml-100k", "1\t2\t3\t0\n1\t\t3\t0\n", 2, "expected 4 fields, got 3"),
+    ("ml-1m", "1::2::3::4\n1::2::3::4::5\n", 2, "expected 4 fields, got 5"),
+    ("ml-1m", "1::2::3::4\n7::2::three::4\n", 2, "the rating must be a finite number, got 'three'"),
+    ("csv", "userId,movieId,rating,timestamp\n1,2,3.5,0\n1,2,nan,0\n", 3,
+     "finite number, got 'nan'"),
+    ("csv", "userId,movieId,rating,timestamp\n1,2,3.5\n", 2, "expected 4 fields"),
+    ("text", "a b 1\nc d\n", 2, "expected 3 to 4 fields, got 2"),
+    ("text", "a b 1\nc d 2 3 4\n", 2, "expected 3 to 4 fields, got 5"),
+    ("text", "a b 1\nc d 2.5.1\n", 2, "finite number, got '2.5.1'"),
+    ("ml-100k", "1.5\t2\t3\t0\n", 1, "the user id must be an integer, got '1.5'"),
+])
+def test_malformed_line(tmp_path, fmt, text, line, what):
+    path = tmp_path / "bad_file.txt"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"bad_file\.txt, line {line}: .*{re.escape(what)}"):
+        read_ratings(path, format=fmt)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("text", ["", "\n\n  \n"])
+def test_empty_file(tmp_path, fmt, text):
+    path = tmp_path / "empty.dat"
+    path.write_text(text if fmt != "csv" else "userId,movieId,rating,timestamp\n" + text)
+    with pytest.raises(ValueError, match=r"empty\.dat holds no ratings"):
+        read_ratings(path, format=fmt)
+
+
+def test_bad_arguments(tmp_path):
+    path = write(tmp_path, "text")
+    with pytest.raises(ValueError, match="format must be one of .*got 'ml-20m'"):
+        read_ratings(path, format="ml-20m")
+    with pytest.raises(ValueError, match="unseen must be 'keep' or 'drop', got 'skip'"):
+        read_ratings(path, unseen="skip")
+    with pytest.raises(ValueError, match="path: no rating file at .*missing.txt"):
+        read_ratings(tmp_path / "missing.txt")
+
+
+def test_crlf_and_trailing_whitespace(tmp_path):
+    path = tmp_path / "r.dat"
+    path.write_bytes(b"1::10::5::0\r\n2::10::4::0  \r\n")
+    r = read_ratings(path, format="ml-1m")
+    assert r.rating.tolist() == [5.0, 4.0] and r.item_map == {10: 0}
+
+
+def split_files(tmp_path):
+    train, test = tmp_path / "u1.base", tmp_path / "u1.test"
+    train.write_text("1\t10\t4\t0\n2\t20\t5\t0\n3\t10\t2\t0\n")
+    # user 9 and item 99 are not in the training file
+    test.write_text("3\t20\t3\t0\n9\t10\t1\t0\n2\t99\t4\t0\n1\t20\t2\t0\n")
+    (tmp_path / "u.item").write_text("10|Ten|x\n20|Twenty|x\n99|Ninety-nine|x\n")
+    return train, test
+
+
+def test_read_split_shares_maps_and_keeps_unseen(tmp_path):
+    train_path, test_path = split_files(tmp_path)
+    train, test = read_split(train_path, test_path, format="ml-100k")
+    assert train.user_map is test.user_map and train.item_map is test.item_map
+    # Training ids keep their indices; unseen test ids come after them.
+    assert train.user_map == {1: 0, 2: 1, 3: 2, 9: 3}
+    assert train.item_map == {10: 0, 20: 1, 99: 2}
+    assert train.user.tolist() == [0, 1, 2] and train.item.tolist() == [0, 1, 0]
+    assert test.user.tolist() == [2, 3, 1, 0] and test.item.tolist() == [1, 0, 2, 1]
+    assert train.n_users == test.n_users == 4 and train.n_items == test.n_items == 3
+    assert train.titles == test.titles == ["Ten", "Twenty", "Ninety-nine"]
+
+
+def test_read_split_drops_unseen_with_warning(tmp_path):
+    train_path, test_path = split_files(tmp_path)
+    with pytest.warns(UserWarning, match=r"dropped 2 of 4 ratings"):
+        train, test = read_split(train_path, test_path, format="ml-100k", unseen="drop")
+    assert train.user_map == {1: 0, 2: 1, 3: 2} and train.item_map == {10: 0, 20: 1}
+    assert test.user.tolist() == [2, 0] and test.item.tolist() == [1, 1]
+    assert test.rating.tolist() == [3.0, 2.0]
+
+
+def test_read_split_no_warning_when_all_seen(tmp_path):
+    train_path, test_path = split_files(tmp_path)
+    test_path.write_text("3\t20\t3\t0\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, test = read_split(train_path, test_path, format="ml-100k", unseen="drop")
+    assert len(test) == 1
+
+
+def test_ratings_record():
+    r = Ratings.from_triples(["b", "a", "b"], [3, 1, 1], [1.0, 2.0, 3.0], source="mem")
+    assert r.user_map == {"a": 0, "b": 1} and r.user_ids() == ["a", "b"]
+    sub = r.subset(torch.tensor([True, False, True]))
+    assert sub.user_map is r.user_map and len(sub) == 2 and sub.rating.tolist() == [1.0, 3.0]
+    with pytest.raises(ValueError, match="one length, got 2, 3 and 3"):
+        Ratings(torch.tensor([0, 1]), torch.tensor([0, 1, 2]), torch.ones(3), {}, {})
+    with pytest.raises(TypeError, match="Ratings.user must be a 1-D tensor, got list"):
+        Ratings([0], torch.tensor([0]), torch.ones(1), {}, {})
+    with pytest.raises(ValueError, match="ratings from mem are empty"):
+        r.subset(torch.zeros(3, dtype=torch.bool)).scale

@@ -1,0 +1,68 @@
+"""Tests of nnsparse.data.synthetic: deterministic, MovieLens-like, learnable."""
+import pytest
+import torch
+
+from nnsparse.data import Ratings, mean_prediction, rmse, split_ratings, synthetic_ratings
+
+
+@pytest.fixture(scope="module")
+def default():
+    return synthetic_ratings()
+
+
+def test_default_shape(default):
+    assert isinstance(default, Ratings)
+    assert (len(default), default.n_users, default.n_items) == (100_000, 943, 1682)
+    assert default.user.dtype == default.item.dtype == torch.int64
+    assert default.rating.dtype == torch.float32
+    assert set(default.rating.unique().tolist()) == {1.0, 2.0, 3.0, 4.0, 5.0}
+    assert default.titles[17] == "Item 17" and len(default.titles) == 1682
+    assert int(default.user.max()) < 943 and int(default.item.max()) < 1682
+
+
+def test_no_duplicate_pairs(default):
+    key = default.user * default.n_items + default.item
+    assert key.unique().numel() == len(default)
+
+
+def test_deterministic(default):
+    again = synthetic_ratings(seed=0)
+    assert torch.equal(default.user, again.user) and torch.equal(default.item, again.item)
+    assert torch.equal(default.rating, again.rating)
+    other = synthetic_ratings(seed=1)
+    assert not torch.equal(default.rating[:1000], other.rating[:1000]) or \
+        not torch.equal(default.item[:1000], other.item[:1000])
+
+
+def test_statistics(default):
+    counts = torch.bincount(default.item, minlength=default.n_items).sort(descending=True).values
+    assert counts[:168].sum() > 0.3 * len(default)  # long tail: top 10% items > 30% of ratings
+    users = torch.bincount(default.user, minlength=default.n_users).sort(descending=True).values
+    assert users[:94].sum() > 0.2 * len(default) and users[-1] >= 1
+    mean, std = float(default.rating.mean()), float(default.rating.std())
+    assert 3.3 < mean < 3.8 and 0.9 < std < 1.3
+
+
+def test_learnable_baseline(default):
+    # The item mean explains part of the ratings, not all: RMSE around 1.
+    train, test = split_ratings(default, 0.1, seed=0)
+    item = float(rmse(mean_prediction(train, test), test.rating))
+    overall = float(rmse(torch.full_like(test.rating, float(train.rating.mean())), test.rating))
+    assert 0.95 < item < 1.1 and item < overall - 0.02
+
+
+def test_small_and_options():
+    r = synthetic_ratings(seed=5, n_users=10, n_items=8, n_ratings=80, titles=False)
+    assert len(r) == 80 and r.titles is None  # every cell rated
+    assert (r.user * 8 + r.item).unique().numel() == 80
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(n_users=0), "n_users must be a positive int, got 0"),
+    (dict(n_items=2.5), "n_items must be a positive int, got 2.5"),
+    (dict(n_users=3, n_items=3, n_ratings=10), "n_ratings must be at most n_users \\* n_items = 9"),
+    (dict(noise=-1.0), "noise must be non-negative"),
+])
+def test_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        synthetic_ratings(**kwargs)
