@@ -6,17 +6,124 @@ a network's outputs at the target's specified entries; an activation such as
 unspecified (they are not outputs that were computed as 0, they are outputs
 that were not computed).  This is masked semantics: ``sigmoid`` maps a
 specified 0 to 0.5 and leaves unspecified entries alone.
+
+Sparse results are built by :func:`_coo_with_values` and
+:func:`_csr_with_values`, not by torch's constructors: the backward of
+``torch.sparse_csr_tensor`` turns the incoming gradient into a dense tensor of
+the result's shape (``SparseCompressedTensorBackward0`` calls ``to_dense``),
+which for a decoder's output is ``rows x catalogue`` per training step.  Ours
+returns the gradient's values, O(nnz).  They also reuse the caller's index
+tensors, so a criterion sees that an estimate shares its target's pattern
+(an identity test, free) and reads its values one for one.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from ._forms import _sparse_coo, _sparse_csr, as_sparse_batch
 
 __all__ = ["values_map", "ValuesMap"]
+
+
+def _same_storage(a: Optional[Tensor], b: Optional[Tensor]) -> bool:
+    """True when ``a`` and ``b`` are the same index tensor (free: no data read)."""
+    return (a is not None and b is not None and a.data_ptr() == b.data_ptr()
+            and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype)
+
+
+def _keys_of(indices: Optional[Tensor], crow: Optional[Tensor], col: Optional[Tensor],
+             size: Sequence[int]) -> Tensor:
+    """Row-major linear index of each entry of a COO (``indices``) or CSR pattern."""
+    if indices is not None:
+        if indices.shape[0] == 1:
+            return indices[0]
+        return indices[0] * size[1] + indices[1]
+    return _csr_rows(crow, col, size[0]) * size[1] + col.to(torch.int64)
+
+
+def _csr_rows(crow: Tensor, col: Tensor, rows: int) -> Tensor:
+    """The int64 row index of each entry of a CSR pattern."""
+    return torch.repeat_interleave(torch.arange(rows, device=crow.device), crow.diff(),
+                                   output_size=col.shape[0])
+
+
+def _sparse_entries(grad: Tensor) -> Tuple[Tensor, Tensor]:
+    """Sorted, distinct linear indices of a sparse tensor and its values there."""
+    if grad.layout != torch.sparse_coo and grad.layout != torch.sparse_csr:
+        grad = grad.to_sparse_coo()
+    if grad.layout == torch.sparse_coo:
+        grad = grad.coalesce()  # a sum of sparse gradients arrives uncoalesced
+        keys, values = _keys_of(grad._indices(), None, None, grad.shape), grad._values()
+    else:
+        keys = _keys_of(None, grad.crow_indices(), grad.col_indices(), grad.shape)
+        values = grad.values()
+    keys, order = torch.sort(keys)
+    return keys, values[order]
+
+
+class _SparseWithValues(torch.autograd.Function):
+    """A sparse tensor on given index tensors whose values carry the gradient.
+
+    Forward wraps ``values`` (one per distinct position) into a coalesced COO
+    tensor on ``indices`` or a CSR tensor on ``crow``/``col``.  Backward
+    returns the gradient at those positions in O(nnz): the gradient's own
+    values when it is sparse on the same index tensors (what ``.values()``
+    sends back), a look-up by linear index when it is sparse on another
+    pattern (``.to_dense()``'s backward, a sum of gradients), a gather when it
+    is dense (the caller made it, e.g. a product with a dense tensor).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, values: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
+                col: Optional[Tensor], size: Tuple[int, ...]) -> Tensor:
+        ctx.save_for_backward(indices, crow, col)
+        ctx.size = size
+        if indices is not None:
+            return _sparse_coo(indices, values, size, True)
+        return _sparse_csr(crow, col, values, size)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        indices, crow, col = ctx.saved_tensors
+        return _values_at(grad, indices, crow, col, ctx.size), None, None, None, None
+
+
+def _values_at(grad: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
+               col: Optional[Tensor], size: Sequence[int]) -> Tensor:
+    """``grad`` (dense or sparse, shape ``size``) read at the pattern's entries, in its order."""
+    if grad.layout == torch.strided:
+        if indices is not None:
+            return grad[tuple(indices)]
+        return grad[_csr_rows(crow, col, size[0]), col.to(torch.int64)]
+    if grad.layout == torch.sparse_coo and indices is not None and _same_storage(
+            grad._indices(), indices):
+        return grad._values()
+    if (grad.layout == torch.sparse_csr and crow is not None
+            and _same_storage(grad.crow_indices(), crow) and _same_storage(grad.col_indices(), col)):
+        return grad.values()
+    keys, values = _sparse_entries(grad)
+    ours = _keys_of(indices, crow, col, size)
+    if keys.numel() == 0:
+        return values.new_zeros(ours.shape[0])
+    pos = torch.searchsorted(keys, ours).clamp_(max=keys.numel() - 1)
+    return torch.where(keys[pos] == ours, values[pos], values.new_zeros(()))
+
+
+def _coo_with_values(indices: Tensor, values: Tensor, size: Sequence[int]) -> Tensor:
+    """A coalesced COO tensor on ``indices`` (distinct, sorted) with ``values``, O(nnz) backward."""
+    return _SparseWithValues.apply(values, indices, None, None, tuple(size))
+
+
+def _csr_with_values(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[int]) -> Tensor:
+    """A CSR tensor on ``crow``/``col`` with ``values``, O(nnz) backward."""
+    return _SparseWithValues.apply(values, None, crow, col, tuple(size))
 
 
 def values_map(fn: Callable[[Tensor], Tensor], input: Any) -> Any:
@@ -54,16 +161,17 @@ def values_map(fn: Callable[[Tensor], Tensor], input: Any) -> Any:
         return fn(input)
     if isinstance(input, Tensor) and input.layout == torch.sparse_csr:
         values = _mapped(fn, input.values())
-        return _sparse_csr(input.crow_indices(), input.col_indices(), values, input.shape)
+        return _csr_with_values(input.crow_indices(), input.col_indices(), values, input.shape)
     batch = as_sparse_batch(input, name="input")
-    if batch.form == "coo" and not batch.coalesced:
-        batch = batch.coalesce()
-    values = _mapped(fn, batch.values)
-    if batch.form == "coo":
-        index = batch.col.unsqueeze(0) if batch.is_vector else torch.stack([batch.row, batch.col])
-        shape = (batch.width,) if batch.is_vector else batch.shape
-        return _sparse_coo(index, values, shape, batch.coalesced)
-    return batch.with_values(values)
+    if batch.form != "coo":
+        return batch.with_values(_mapped(fn, batch.values))
+    if input.is_coalesced():
+        # on the input's own indices: a criterion then sees the pattern unchanged
+        return _coo_with_values(input._indices(), _mapped(fn, batch.values), input.shape)
+    batch = batch.coalesce()  # (a no-op when as_sparse_batch had to coalesce it)
+    index = batch.col.unsqueeze(0) if batch.is_vector else torch.stack([batch.row, batch.col])
+    shape = (batch.width,) if batch.is_vector else batch.shape
+    return _coo_with_values(index, _mapped(fn, batch.values), shape)
 
 
 def _mapped(fn: Callable[[Tensor], Tensor], values: Tensor) -> Tensor:

@@ -165,7 +165,7 @@ def test_bad_input():
         layer(torch.randn(2, 3).to_sparse(), pattern)
 
 
-@pytest.mark.parametrize("form", ["coo", "coo_uncoalesced", "csr"])
+@pytest.mark.parametrize("form", ["coo", "coo_uncoalesced", "csr", "list"])
 @pytest.mark.parametrize("kind", ["sparse", "sdae"])
 def test_with_criteria_equals_dense_decoder(form, kind):
     """The sparse estimate gives the loss and gradients of the dense decoder's."""
@@ -189,3 +189,91 @@ def test_with_criteria_equals_dense_decoder(form, kind):
         losses.append((loss, *torch.autograd.grad(loss, [h, decoder.weight, decoder.bias])))
     for a, b in zip(*losses):
         torch.testing.assert_close(a, b, **TOL[torch.float64])
+
+
+# -- a training step costs O(nnz): no (rows, out_features) tensor, forward or backward -------
+from matrix import LargestTensor  # noqa: E402
+from nnsparse.criteria._entries import as_estimate  # noqa: E402
+
+_ROWS, _IN, _OUT = 8, 4, 5000  # in_features < rows: the weight is smaller than rows * out
+
+
+def _criterion(kind, target):
+    if kind == "sparse":
+        return nnsparse.SparseCriterion(nn.MSELoss())
+    crit = nnsparse.SDAESparseCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.3,
+                                        generator=torch.Generator().manual_seed(1))
+    crit.prepare_input(target)
+    return crit
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True])
+@pytest.mark.parametrize("kind", ["sparse", "sdae"])
+@pytest.mark.parametrize("form", ["coo", "coo_uncoalesced", "csr", "list"])
+def test_training_step_never_dense(form, kind, sparse_grad):
+    torch.manual_seed(0)
+    dense = random_sparse_dense(_ROWS, _OUT, 100 / (_ROWS * _OUT), empty_rows=1,
+                                dtype=torch.float32)
+    target = make_form(dense, form)
+    decoder = nnsparse.SparseOutputLinear(_IN, _OUT, sparse_grad=sparse_grad)
+    h = torch.randn(_ROWS, _IN, requires_grad=True)
+    crit = _criterion(kind, target)
+    with LargestTensor() as seen:
+        loss = crit(nnsparse.values_map(torch.tanh, decoder(h, target)), target)
+        loss.backward()
+    assert h.grad is not None and decoder.weight.grad is not None
+    assert seen.numel < _ROWS * _OUT, f"{seen.op} made {seen.numel} elements"
+
+
+def test_largest_tensor_sees_the_dense_decoder():
+    """The check above can fail: the dense decoder's step makes (rows, out) tensors."""
+    target = random_sparse_dense(_ROWS, _OUT, 100 / (_ROWS * _OUT), dtype=torch.float32)
+    decoder = nnsparse.SparseOutputLinear(_IN, _OUT)
+    with LargestTensor() as seen:
+        nnsparse.SparseCriterion(nn.MSELoss())(
+            torch.tanh(decoder(torch.randn(_ROWS, _IN))), target.to_sparse()).backward()
+    assert seen.numel >= _ROWS * _OUT
+
+
+@pytest.mark.parametrize("form", ["coo", "csr", "coo_vector"])
+def test_output_shares_the_target_pattern(form):
+    """Built on a coalesced COO or CSR pattern's own index tensors: criteria read it one for one."""
+    dense = random_sparse_dense(3, 7, 0.5, dtype=torch.float32)
+    decoder = nnsparse.SparseOutputLinear(4, 7)
+    if form == "coo_vector":
+        target, h = dense[0].to_sparse(), torch.randn(4)
+    else:
+        target, h = make_form(dense, form), torch.randn(3, 4)
+    out = nnsparse.values_map(torch.tanh, decoder(h, target))
+    assert as_estimate(out, target).shared is not None
+    if form == "csr":
+        assert out.col_indices().data_ptr() == target.col_indices().data_ptr()
+    else:
+        assert out._indices().data_ptr() == target._indices().data_ptr()
+
+
+def test_pattern_requiring_grad_uncoalesced():
+    """as_sparse_batch coalesces such a pattern itself: the output must not reuse its indices."""
+    pattern = torch.sparse_coo_tensor([[1, 0, 1], [2, 1, 2]], [1.0, 2.0, 3.0], (2, 3),
+                                      requires_grad=True)
+    decoder = nnsparse.SparseOutputLinear(2, 3)
+    h = torch.randn(2, 2)
+    out = decoder(h, pattern)
+    assert out._nnz() == 2 and out._indices().tolist() == [[0, 1], [1, 2]]
+    torch.testing.assert_close(out.values(), decoder(h)[[0, 1], [1, 2]])
+
+
+@pytest.mark.parametrize("form", ["coo", "csr"])
+@pytest.mark.parametrize("read", ["dense_grad", "to_dense"])
+def test_gradcheck_other_gradients(form, read):
+    """A gradient arriving dense (a product with a dense tensor) or on other index tensors."""
+    pattern = make_form(random_sparse_dense(4, 6, 0.4, empty_rows=1), form)
+    h = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(4, 6, dtype=torch.float64)
+
+    def fn(h, w):
+        out = nnsparse.sampled_linear(h, w, None, pattern)
+        return ((out * g) if read == "dense_grad" else (out.to_dense() * g)).sum()
+
+    assert torch.autograd.gradcheck(fn, (h, w))

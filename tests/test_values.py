@@ -88,3 +88,89 @@ def test_bad_arguments():
         nnsparse.values_map(lambda v: v.sum().reshape(1), x)
     with pytest.raises(TypeError, match="input must be a sparse tensor"):
         nnsparse.values_map(torch.tanh, "abc")
+
+
+# -- the sparse result's own autograd: O(nnz) backward ------------------------------------
+from nnsparse.values import _coo_with_values, _csr_with_values  # noqa: E402
+from matrix import LargestTensor  # noqa: E402
+
+
+def _pattern(layout, dense):
+    """Index tensors of ``dense``'s nonzeros and a builder of the sparse result on them."""
+    if layout == "csr":
+        csr = dense.to_sparse_csr()
+        crow, col = csr.crow_indices(), csr.col_indices()
+        return lambda v: _csr_with_values(crow, col, v, dense.shape)
+    index = dense.to_sparse()._indices()
+    return lambda v: _coo_with_values(index, v, dense.shape)
+
+
+# How the gradient reaches the result: sparse on its own indices (values()), sparse on
+# other index tensors (to_dense's backward), a sum of both (uncoalesced), dense (a product
+# with a dense tensor).
+_READS = {
+    "values": lambda out, w: (out.values() * w.reshape(-1)[:out.values().numel()]).sum(),
+    "to_dense": lambda out, w: (out.to_dense() * w).sum(),
+    "sum_of_two": lambda out, w: out.values().sum() * 2 + (out.to_dense() * w).sum(),
+    "dense_grad": lambda out, w: (out * w).sum(),
+}
+
+
+@pytest.mark.parametrize("read", list(_READS))
+@pytest.mark.parametrize("layout", ["coo", "coo_vector", "csr"])
+def test_sparse_result_gradcheck(layout, read):
+    dense = random_sparse_dense(4, 6, 0.4, empty_rows=1)
+    if layout == "coo_vector":
+        dense = dense[1] if dense[1].any() else dense.reshape(-1)
+    build = _pattern("csr" if layout == "csr" else "coo", dense)
+    weights = torch.randn(dense.shape, dtype=torch.float64)
+    values = torch.randn(int((dense != 0).sum()), dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: _READS[read](build(v), weights), (values,))
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_sparse_result_dense_grad_output(layout):
+    """A dense gradient handed straight to the result is read at its entries."""
+    dense = random_sparse_dense(3, 5, 0.5)
+    build = _pattern(layout, dense)
+    values = torch.randn(int((dense != 0).sum()), dtype=torch.float64, requires_grad=True)
+    grad_out = torch.randn(dense.shape, dtype=torch.float64)
+    out = build(values)
+    torch.autograd.backward(out, grad_out)
+    row, col = dense.nonzero().unbind(1)
+    torch.testing.assert_close(values.grad, grad_out[row, col])
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_sparse_result_empty(layout):
+    dense = torch.zeros(3, 4, dtype=torch.float64)
+    build = _pattern(layout, dense)
+    values = torch.zeros(0, dtype=torch.float64, requires_grad=True)
+    out = build(values)
+    (out.to_dense().sum() + out.values().sum()).backward()
+    assert values.grad.shape == (0,)
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_keeps_index_tensors(layout):
+    """values_map reuses the input's index tensors: criteria see the same pattern for free."""
+    x = make_form(random_sparse_dense(3, 6, 0.5, dtype=torch.float32), layout)
+    y = nnsparse.values_map(torch.tanh, x)
+    if layout == "csr":
+        assert y.crow_indices().data_ptr() == x.crow_indices().data_ptr()
+        assert y.col_indices().data_ptr() == x.col_indices().data_ptr()
+    else:
+        assert y._indices().data_ptr() == x._indices().data_ptr()
+
+
+@pytest.mark.parametrize("layout", ["coo", "coo_uncoalesced", "csr"])
+def test_backward_never_dense(layout):
+    """torch's CSR constructor back-propagates a dense (rows, width) tensor; ours does not."""
+    rows, width = 8, 5000
+    dense = random_sparse_dense(rows, width, 100 / (rows * width), dtype=torch.float32)
+    x = make_form(dense, layout).requires_grad_()
+    with LargestTensor() as seen:
+        y = nnsparse.values_map(torch.tanh, x)
+        y.values().square().sum().backward()
+    assert x.grad is not None
+    assert seen.numel < rows * width, f"{seen.op} made {seen.numel} elements"

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._forms import _sparse_coo, _sparse_csr, as_sparse_batch
+from .._forms import SparseBatch, _sparse_coo, _sparse_csr, as_sparse_batch
+from ..values import _coo_with_values, _csr_with_values
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
@@ -147,8 +148,11 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     Returns:
         A sparse tensor with exactly the positions of ``pattern``: CSR when
         ``pattern`` is CSR, coalesced COO otherwise (1-D for a vector), of
-        shape ``(rows, out_features)``.  Gradients flow to ``input``,
-        ``weight`` and ``bias`` from its values only.
+        shape ``(rows, out_features)``; for a coalesced COO or a CSR
+        ``pattern``, built on ``pattern``'s own index tensors, so a criterion
+        given ``pattern`` as the target pairs the entries for free.  Gradients
+        flow to ``input``, ``weight`` and ``bias`` from its values only, in
+        O(nnz): no ``(rows, out_features)`` tensor, forward or backward.
 
     Raises:
         TypeError: ``input`` is not a dense tensor, or ``pattern`` not a sparse form.
@@ -180,12 +184,27 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     if row.device != h.device:
         raise ValueError(f"pattern must be on input's device {h.device}, got {row.device}")
     values = _SampledLinear.apply(h, weight, bias, row, col, crow, sparse_grad)
-    shape = (h.shape[0], weight.shape[0])
-    if batch.is_vector:
-        return _sparse_coo(col.unsqueeze(0), values, (weight.shape[0],), True)
+    return _with_pattern(values, pattern, batch, row, col)
+
+
+def _with_pattern(values: Tensor, pattern: Any, batch: SparseBatch, row: Tensor,
+                  col: Tensor) -> Tensor:
+    """The sparse result: ``values`` at the distinct positions ``(row, col)`` of ``pattern``.
+
+    Built on ``pattern``'s own index tensors when its entries already are
+    those positions (coalesced COO, CSR), so a criterion given ``pattern`` as
+    the target reads the values one for one; and through
+    :func:`~nnsparse.values._coo_with_values`, whose backward costs O(nnz)
+    (torch's CSR constructor would back-propagate a dense ``(rows, out)`` tensor).
+    """
     if batch.form == "csr":
-        return _sparse_csr(crow, col, values, shape)
-    return _sparse_coo(torch.stack([row, col]), values, shape, True)
+        return _csr_with_values(pattern.crow_indices(), pattern.col_indices(), values,
+                                batch.shape)
+    if batch.form == "coo" and pattern.is_coalesced():  # batch.coalesced may be a copy's
+        index = pattern._indices()
+    else:
+        index = col.unsqueeze(0) if batch.is_vector else torch.stack([row, col])
+    return _coo_with_values(index, values, (batch.width,) if batch.is_vector else batch.shape)
 
 
 class SparseOutputLinear(nn.Linear):
