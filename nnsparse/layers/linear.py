@@ -16,12 +16,12 @@ __all__ = ["SparseLinearBatch", "sparse_linear"]
 
 _MODES = ("auto", "sparse", "dense")
 # mode="auto" densifies the batch and runs a GEMM above these densities
-# (nnz / (rows * in_features)).  CPU: measured by benchmarks/bench_sparse_linear.py
-# --crossover (2 cores, in=6040, out=512, batch 128): the sparse kernels win up to
-# about 25% density.  CUDA: not measured here (no GPU was lent); cuBLAS makes the
-# dense product cheap enough that, as the Lua author found, densifying wins from
-# MovieLens-1M density (about 3-5%) up, so the switch is set at 1%.
-_DENSE_ABOVE = {"cpu": 0.25, "cuda": 0.01}
+# (nnz / (rows * in_features)), measured by benchmarks/bench_sparse_linear.py
+# --crossover at in=6040, out=512, batch 128 (see the README).  CPU (2 cores): the
+# sparse kernels win up to 20% density, the GEMM from 30%.  CUDA (H100): a step
+# is launch-bound (about 1 ms either way) and the GEMM wins from about 0.3%; at
+# in=480189 and 0.04% the sparse kernels are ahead again.
+_DENSE_ABOVE = {"cpu": 0.25, "cuda": 0.002}
 
 
 def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_features: int,
