@@ -129,7 +129,11 @@ def densify(x: Any, elem: float = 0, size: Optional[Size] = None) -> Tensor:
     if isinstance(x, (list, tuple)) and not x and isinstance(size, (tuple, list, torch.Size)):
         width = int(size[-1])  # an empty batch has no width of its own
     batch = as_sparse_batch(x, name="x", width=width)
-    rows, width = _batch_size(size, batch)
+    return _densify(batch, elem, *_batch_size(size, batch))
+
+
+def _densify(batch: SparseBatch, elem: float, rows: int, width: int) -> Tensor:
+    """:func:`densify` of a normalised batch, ``(rows, width)`` (``(width,)`` for a vector)."""
     if _is_nan(elem) and not (batch.dtype.is_floating_point or batch.dtype.is_complex):
         raise ValueError(f"elem nan needs floating values, got dtype {batch.dtype}")
     index = (batch.row, batch.col)

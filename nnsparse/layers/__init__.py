@@ -4,3 +4,6 @@ from .sparse_output import SparseOutputLinear, sampled_linear  # noqa: E402
 __all__ += ["SparseOutputLinear", "sampled_linear"]
 from .linear import SparseLinearBatch, sparse_linear  # noqa: E402
 __all__ += ["SparseLinearBatch", "sparse_linear"]
+from .convert import Densify, Sparsify  # noqa: E402
+from .batchifier import Batchifier  # noqa: E402
+__all__ += ["Densify", "Sparsify", "Batchifier"]

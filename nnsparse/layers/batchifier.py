@@ -1,0 +1,431 @@
+"""``Batchifier``: run a network over a data set too large for one forward."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+from .._forms import SparseBatch, _sparse_coo, _sparse_csr, as_sparse_batch
+
+__all__ = ["Batchifier"]
+
+Device = Union[str, torch.device, None]
+Data = Union[Tensor, Sequence[Tensor], Dataset]
+Pattern = Tuple[Tensor, Tensor]
+_NO_PATTERN = ("exclude=True needs sparse batches to take the rated items from, got dense ones; "
+               "pass the items to exclude as a sparse matrix")
+
+
+def _build(crow: Tensor, col: Tensor, values: Tensor, width: int, layout: torch.layout) -> Tensor:
+    """A coalesced sparse ``(rows, width)`` batch of ``layout`` from coalesced CSR parts."""
+    size = (crow.shape[0] - 1, width)
+    if layout == torch.sparse_csr:
+        return _sparse_csr(crow, col, values, size)
+    return _sparse_coo(torch.stack([_rows_of(crow, col), col]), values, size, coalesced=True)
+
+
+def _rows_of(crow: Tensor, col: Tensor) -> Tensor:
+    """The row index of each entry, from CSR row pointers."""
+    return torch.repeat_interleave(torch.arange(crow.shape[0] - 1, device=crow.device),
+                                   crow.diff(), output_size=col.shape[0])
+
+
+def _move(x: Any, device: Optional[torch.device]) -> Any:
+    """``x`` on ``device``: a tensor, anything with a ``.to``, or a list/tuple of those."""
+    if device is None:
+        return x
+    if hasattr(x, "to"):  # a tensor, or a batch class that knows how to move itself
+        return x.to(device)
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a namedtuple
+        return type(x)(*(_move(v, device) for v in x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(_move(v, device) for v in x)
+    return x
+
+
+class _SparseRows:
+    """Row ranges of a sparse matrix cut at its CSR row pointers: each batch is
+    a slice of the column and value arrays, never a gather over the whole nnz."""
+
+    def __init__(self, batch: SparseBatch, coalesce: bool) -> None:
+        if coalesce and batch.form != "csr":  # a torch CSR tensor is coalesced already
+            batch = batch.coalesce()
+        self.batch = batch.sorted_by_row()
+        self.crow = self.batch.crow_indices()
+        # One transfer of the rows + 1 pointers, so cutting a batch never syncs a GPU.
+        self.crow_host = self.crow.cpu()
+
+    def parts(self, start: int, stop: int, device: Optional[torch.device]
+              ) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(crow, col, values)`` of rows ``[start, stop)``, rows renumbered from 0."""
+        lo, hi = int(self.crow_host[start]), int(self.crow_host[stop])
+        crow = self.crow[start:stop + 1] - lo
+        col, values = self.batch.col[lo:hi], self.batch.values[lo:hi]
+        return _move(crow, device), _move(col, device), _move(values, device)
+
+    def pattern(self, start: int, stop: int, device: Optional[torch.device]) -> Pattern:
+        """``(row, col)`` of the entries of rows ``[start, stop)``, rows renumbered from 0."""
+        lo, hi = int(self.crow_host[start]), int(self.crow_host[stop])
+        crow = _move(self.crow[start:stop + 1] - lo, device)
+        col = _move(self.batch.col[lo:hi], device)
+        return _rows_of(crow, col), col
+
+
+class _Source:
+    """What the loop needs of the data: its row count, where the result goes,
+    the batch of a row range and that batch's pattern (for ``exclude=True``)."""
+
+    rows: int
+    device: torch.device  # where the results are allocated
+    dtype: torch.dtype  # of an empty result (no batch ran)
+
+    width: Optional[int]  # None when only the batches tell it
+
+    def batch(self, start: int, stop: int) -> Any:
+        raise NotImplementedError
+
+
+class _SparseSource(_Source):
+    def __init__(self, data: Any, runner: "Batchifier") -> None:
+        self.target, self.layout = runner.device, runner.layout
+        if isinstance(data, (list, tuple)) and not data:  # no rows, and no width to tell
+            self.cut, self.rows, self.width = None, 0, None
+            self.device, self.dtype = torch.device("cpu"), torch.get_default_dtype()
+            return
+        with torch.no_grad():  # the one normalisation, once for every batch
+            batch = as_sparse_batch(data, name="data")
+        if batch.is_vector:
+            raise ValueError("data must be a batch (rows, width), got a single vector; "
+                             "call the network on it directly")
+        self.cut = _SparseRows(batch, coalesce=True) if batch.rows else None
+        self.rows, self.device, self.width = batch.rows, batch.device, batch.width
+        self.dtype = batch.dtype if batch.dtype.is_floating_point else torch.get_default_dtype()
+
+    def batch(self, start: int, stop: int) -> Tensor:
+        return _build(*self.cut.parts(start, stop, self.target), self.width, self.layout)
+
+    def pattern(self, start: int, stop: int, batch: Tensor) -> Pattern:
+        # Read from the batch the network received: already on its device.
+        if batch.layout == torch.sparse_csr:
+            return _rows_of(batch.crow_indices(), batch.col_indices()), batch.col_indices()
+        row, col = batch._indices()
+        return row, col
+
+
+class _DenseSource(_Source):
+    def __init__(self, data: Tensor, runner: "Batchifier") -> None:
+        if data.dim() != 2:
+            raise ValueError(f"data must be a 2-D (rows, width) tensor, got shape "
+                             f"{tuple(data.shape)}")
+        self.data, self.rows, self.device, self.target = data, data.shape[0], data.device, runner.device
+        self.dtype = data.dtype if data.is_floating_point() else torch.get_default_dtype()
+        self.width = data.shape[1]
+
+    def batch(self, start: int, stop: int) -> Tensor:
+        return _move(self.data[start:stop], self.target)
+
+
+class _DatasetSource(_Source):
+    def __init__(self, data: Dataset, runner: "Batchifier") -> None:
+        if not hasattr(data, "__len__"):
+            raise TypeError(f"data must be a map-style Dataset with a length, got "
+                            f"{type(data).__name__} without __len__")
+        self.data, self.rows, self.target = data, len(data), runner.device  # type: ignore[arg-type]
+        self.device, self.dtype, self.width = torch.device("cpu"), torch.get_default_dtype(), None
+        self.collate = runner.collate_fn or (lambda items: _collate(items, runner.layout))
+        self.output_size = runner.output_size
+
+    def batch(self, start: int, stop: int) -> Any:
+        return _move(self.collate([self.data[i] for i in range(start, stop)]), self.target)
+
+    def pattern(self, start: int, stop: int, batch: Any) -> Pattern:
+        if isinstance(batch, Tensor) and batch.layout == torch.strided:
+            raise TypeError(_NO_PATTERN)
+        b = as_sparse_batch(batch, name="exclude=True: the collated batch")
+        if b.width > self.output_size:  # checked here: a Dataset tells its width batch by batch
+            raise ValueError(f"exclude=True needs the data's columns to be output columns: "
+                             f"a batch of width {b.width} is larger than output_size "
+                             f"{self.output_size}")
+        return b.row, b.col
+
+
+def _collate(items: List[Any], layout: torch.layout) -> Tensor:
+    """The default collation: sparse vectors or pair tensors into one sparse batch."""
+    batch = as_sparse_batch(items, name="the dataset's items").coalesce()
+    return _build(batch.crow_indices(), batch.col, batch.values, batch.width, layout)
+
+
+@contextlib.contextmanager
+def _evaluating(network: nn.Module) -> Iterator[None]:
+    """Eval mode and no autograd inside; each module's own mode restored after.
+
+    Only the network (and the scoring of its output) runs under inference mode:
+    cutting and collating the data stays out of it, since some sparse ops
+    (``torch.stack`` of sparse vectors in a user's ``collate_fn``) fail on
+    inference tensors.
+    """
+    modes = [(m, m.training) for m in network.modules()]
+    network.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:  # each module's own mode, so a frozen submodule stays in eval
+        for module, training in modes:
+            module.training = training
+
+
+def _allocate(shape: Tuple[int, int], dtype: torch.dtype, device: torch.device) -> Tensor:
+    # Made outside inference mode: a normal tensor, usable later in autograd.
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+class Batchifier:
+    r"""Run a network over a data set too large to push through at once.
+
+    The data is cut into row ranges of ``batch_size`` rows, never densified as
+    a whole; each batch runs through ``network`` under
+    :func:`torch.inference_mode` with the network in eval mode (each module's
+    train/eval mode is restored afterwards, also after an exception), and its
+    output is written into one result allocated at the first batch.  Peak
+    memory beyond the data and the result is bounded by ``batch_size``, not by
+    the number of rows.  The Lua ``nnsparse.Batchifier``.
+
+    Args:
+        network (nn.Module): maps a batch of ``b`` rows to a dense
+            ``(b, output_size)`` tensor.
+        output_size (int): the width of the network's output.
+        batch_size (int): the number of rows per forward. Default: 256.
+        device (torch.device or str, optional): the network's device; each
+            batch is moved there before the forward.  Default: none, batches
+            stay on the data's device.
+        progress (bool): show a tqdm bar on stderr, counting rows.
+            Default: ``True``.
+        layout (torch.layout): the layout of the batches cut from sparse
+            data: ``torch.sparse_csr`` (default) or ``torch.sparse_coo``
+            (coalesced).  Every nnsparse layer accepts both.
+        collate_fn (callable, optional): for a :class:`~torch.utils.data.Dataset`
+            only: turns a list of items into the batch the network takes.
+            Default: the items are sparse vectors ``(width,)`` or ``(k, 2)``
+            pair tensors, stacked into a sparse batch of ``layout``.
+
+    What the network receives, by kind of data:
+
+    - a sparse matrix ``(rows, width)`` (COO, coalesced or not, or CSR), or a
+      list of sparse vectors or of pair tensors: a coalesced sparse
+      ``(b, width)`` batch of ``layout``, sliced from the data normalised
+      once (an uncoalesced COO matrix or a list is coalesced once, in O(nnz)
+      memory);
+    - a dense ``(rows, width)`` tensor: its row slice ``data[start:stop]``;
+    - a map-style :class:`~torch.utils.data.Dataset` of ``len(data)`` rows:
+      ``collate_fn([data[i] for i in range(start, stop)])``.  With the default
+      collation, a batch of pair tensors is as wide as its largest index + 1
+      (nnsparse layers accept batches narrower than their ``in_features``).
+
+    The results are on the data's device (the CPU for a ``Dataset``), where a
+    result as large as the data fits, whatever ``device`` the network runs on;
+    each batch's output is copied there.
+
+    Example::
+
+        >>> net = torch.nn.Sequential(nnsparse.Densify(3), torch.nn.Linear(3, 2))
+        >>> with torch.no_grad():
+        ...     _ = net[1].weight.copy_(torch.tensor([[1., 0., 0.], [0., 1., 1.]]))
+        ...     _ = net[1].bias.zero_()
+        >>> data = torch.tensor([[1., 0., 0.], [0., 2., 3.], [4., 0., 5.]]).to_sparse_csr()
+        >>> run = nnsparse.Batchifier(net, output_size=2, batch_size=2, progress=False)
+        >>> run(data)
+        tensor([[1., 0.],
+                [0., 5.],
+                [4., 5.]])
+        >>> run.topk(data, k=1)
+        torch.return_types.topk(
+        values=tensor([[1.],
+                [5.],
+                [5.]]),
+        indices=tensor([[0],
+                [1],
+                [1]]))
+    """
+
+    def __init__(self, network: nn.Module, output_size: int, batch_size: int = 256,
+                 device: Device = None, progress: bool = True,
+                 layout: torch.layout = torch.sparse_csr,
+                 collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> None:
+        if not isinstance(network, nn.Module):
+            raise TypeError(f"network must be an nn.Module, got {type(network).__name__}")
+        for name, value, low in (("output_size", output_size, 0), ("batch_size", batch_size, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if layout not in (torch.sparse_csr, torch.sparse_coo):
+            raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
+        if collate_fn is not None and not callable(collate_fn):
+            raise TypeError(f"collate_fn must be callable, got {type(collate_fn).__name__}")
+        self.network = network
+        self.output_size = output_size
+        self.batch_size = batch_size
+        self.device = torch.device(device) if device is not None else None
+        self.progress = progress
+        self.layout = layout
+        self.collate_fn = collate_fn
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(output_size={self.output_size}, "
+                f"batch_size={self.batch_size}, device={self.device}, "
+                f"network={type(self.network).__name__})")
+
+    def forward(self, data: Data) -> Tensor:
+        r"""The network's output for every row of ``data``.
+
+        Args:
+            data: a sparse matrix ``(rows, width)`` (COO or CSR), a list of
+                sparse vectors or of pair tensors, a dense ``(rows, width)``
+                tensor, or a map-style :class:`~torch.utils.data.Dataset`.
+
+        Returns:
+            A dense ``(rows, output_size)`` tensor of the network's output
+            dtype on the data's device (with no rows: the data's floating
+            dtype, or the default dtype).  A normal tensor, not an inference
+            tensor.
+
+        Raises:
+            TypeError: ``data`` is not one of the accepted kinds.
+            ValueError: ``data`` is a single vector, or the network returns
+                something other than a dense ``(b, output_size)`` tensor.
+        """
+        source = self._source(data)
+        out: Optional[Tensor] = None
+        with _evaluating(self.network):
+            for start, stop in self._ranges(source.rows, "forward"):
+                y = self._run(source.batch(start, stop), start, stop)
+                if out is None:
+                    out = _allocate((source.rows, self.output_size), y.dtype, source.device)
+                out[start:stop].copy_(y)
+        if out is None:
+            out = _allocate((source.rows, self.output_size), source.dtype, source.device)
+        return out
+
+    __call__ = forward
+
+    def topk(self, data: Data, k: int, exclude: Any = None) -> "torch.return_types.topk":
+        r"""The ``k`` best output columns of each row, never holding all the outputs.
+
+        Each batch's ``(b, output_size)`` output is reduced to its top ``k``
+        before the next batch runs: the recommendation step on a catalogue too
+        large to score densely.
+
+        Args:
+            data: as for :meth:`forward`.
+            k (int): how many columns per row, ``0 <= k <= output_size``.
+            exclude: ``None`` or ``False``: rank every column.  ``True``: leave
+                out each row's specified input entries (the items a user has
+                already rated); needs sparse data, or a ``Dataset`` collated
+                into sparse batches, whose columns are output columns.  A
+                sparse matrix ``(rows, width <= output_size)`` in any accepted
+                form: leave out its pattern (its values are ignored, explicit
+                zeros count).  Left-out entries score ``-inf`` before the top
+                ``k`` is taken.
+
+        Returns:
+            ``torch.return_types.topk(values, indices)``, as :func:`torch.topk`
+            gives, each ``(rows, k)``, values in decreasing order, on the
+            data's device.  A row with fewer than ``k`` columns left after
+            exclusion is completed with ``-inf`` values whose indices are
+            distinct excluded columns in no set order: keep
+            ``values.isfinite()``.
+
+        Raises:
+            ValueError: ``k`` out of range; ``exclude`` with another number of
+                rows or wider than ``output_size``; ``exclude=True`` on data
+                wider than ``output_size``.
+            TypeError: ``exclude`` of a wrong kind, or ``exclude=True`` on
+                dense batches.
+        """
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ValueError(f"k must be a non-negative int, got {k!r}")
+        if k > self.output_size:
+            raise ValueError(f"k must be at most output_size ({self.output_size}), got {k}")
+        source = self._source(data)
+        pattern = self._exclusion(exclude, source)
+        values = indices = None
+        with _evaluating(self.network):
+            for start, stop in self._ranges(source.rows, "topk"):
+                batch = source.batch(start, stop)
+                y = self._run(batch, start, stop)
+                left_out = pattern(start, stop, batch) if pattern is not None else None
+                with torch.inference_mode():
+                    if left_out is not None:
+                        y = y.index_put(tuple(i.to(y.device) for i in left_out),
+                                        y.new_full((), float("-inf")))
+                    best = torch.topk(y, k, dim=1)
+                if values is None:
+                    values = _allocate((source.rows, k), y.dtype, source.device)
+                    indices = _allocate((source.rows, k), torch.int64, source.device)
+                values[start:stop].copy_(best.values)
+                indices[start:stop].copy_(best.indices)
+        if values is None:
+            values = _allocate((source.rows, k), source.dtype, source.device)
+            indices = _allocate((source.rows, k), torch.int64, source.device)
+        return torch.return_types.topk((values, indices))
+
+    # -- helpers ---------------------------------------------------------------
+    def _source(self, data: Data) -> _Source:
+        if isinstance(data, Dataset):
+            return _DatasetSource(data, self)
+        if isinstance(data, Tensor) and data.layout == torch.strided:
+            return _DenseSource(data, self)
+        if isinstance(data, (Tensor, list, tuple)):
+            return _SparseSource(data, self)
+        raise TypeError(f"data must be a sparse matrix, a list of sparse rows, a dense tensor "
+                        f"or a Dataset, got {type(data).__name__}")
+
+    def _ranges(self, rows: int, what: str) -> Iterator[Tuple[int, int]]:
+        """``(start, stop)`` of each batch, with a progress bar counting rows."""
+        from tqdm import tqdm  # imported where the bar is made
+
+        with tqdm(total=rows, disable=not self.progress, unit="row",
+                  desc=f"{type(self).__name__}.{what}") as bar:
+            for start in range(0, rows, self.batch_size):
+                stop = min(start + self.batch_size, rows)
+                yield start, stop
+                bar.update(stop - start)
+
+    def _exclusion(self, exclude: Any, source: _Source
+                   ) -> Optional[Callable[[int, int, Any], Pattern]]:
+        """The pattern to leave out of each batch, as ``(start, stop, batch) -> (row, col)``."""
+        if exclude is None or exclude is False:
+            return None
+        if exclude is True:
+            if isinstance(source, _DenseSource):
+                raise TypeError(_NO_PATTERN)
+            if source.width is not None and source.width > self.output_size:
+                raise ValueError(f"exclude=True needs the data's columns to be output columns: "
+                                 f"width {source.width} is larger than output_size "
+                                 f"{self.output_size}")
+            return source.pattern
+        if isinstance(exclude, Tensor) and exclude.layout == torch.strided:
+            raise TypeError("exclude must be None, a bool or a sparse matrix "
+                            "(rows, output_size), got a dense tensor")
+        if not isinstance(exclude, (Tensor, list, tuple)):
+            raise TypeError(f"exclude must be None, a bool or a sparse matrix "
+                            f"(rows, output_size), got {type(exclude).__name__}")
+        with torch.no_grad():
+            batch = as_sparse_batch(exclude, name="exclude", width=self.output_size)
+        if batch.is_vector or batch.rows != source.rows:
+            got = "a vector" if batch.is_vector else f"{batch.rows} rows"
+            raise ValueError(f"exclude must have the data's {source.rows} rows, got {got}")
+        cut = _SparseRows(batch, coalesce=False) if batch.rows else None
+        return lambda start, stop, _: cut.pattern(start, stop, self.device)
+
+    def _run(self, batch: Any, start: int, stop: int) -> Tensor:
+        """The network's output for one batch, checked to be ``(stop - start, output_size)``."""
+        with torch.inference_mode():
+            y = self.network(batch)
+        expected = (stop - start, self.output_size)
+        if not isinstance(y, Tensor) or y.layout != torch.strided or tuple(y.shape) != expected:
+            got = (f"shape {tuple(y.shape)}, layout {y.layout}" if isinstance(y, Tensor)
+                   else type(y).__name__)
+            raise ValueError(f"network must return a dense tensor of shape {expected}, got {got}")
+        return y

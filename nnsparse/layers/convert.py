@@ -1,0 +1,124 @@
+"""``Densify`` and ``Sparsify``: switch a network between sparse and dense batches."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .._forms import as_sparse_batch
+from ..convert import _densify, sparsify
+
+__all__ = ["Densify", "Sparsify"]
+
+
+class Densify(nn.Module):
+    r"""Turn a sparse batch into a dense ``(rows, in_features)`` one (the Lua ``nnsparse.Densify``).
+
+    The layer form of :func:`nnsparse.densify`, for a network that densifies
+    mid-way (e.g. before a dense layer on a GPU, where a GEMM beats sparse
+    products at rating-data densities).
+
+    Args:
+        in_features (int): the width of the dense result; the input may be
+            narrower (a pair tensor's width is its largest index + 1).
+        elem (float): the value of unspecified entries; may be ``nan``. Default: 0.
+
+    Shape:
+        - Input: a sparse batch ``(rows, width)`` with ``width <= in_features``
+          in any accepted form (COO, coalesced or not; CSR; a list of sparse
+          vectors or of pair tensors), or a sparse vector ``(width,)`` / a
+          ``(k, 2)`` pair tensor.
+        - Output: dense ``(rows, in_features)``, or ``(in_features,)`` for a
+          vector, with the input's dtype and device.  Duplicate entries sum.
+
+    The input's values get a gradient, when they require one, at the
+    specified entries only: ``grad_output[row, col]`` (each duplicate of an
+    uncoalesced COO input gets the gradient of its position).
+
+    Raises:
+        TypeError: the input is not an accepted sparse form.
+        ValueError: the input is wider than ``in_features``, or has bad indices.
+
+    Example::
+
+        >>> layer = nnsparse.Densify(4)
+        >>> layer
+        Densify(in_features=4)
+        >>> layer([torch.tensor([[0., 2.], [3., 5.]]), torch.tensor([[1., 7.]])])
+        tensor([[2., 0., 0., 5.],
+                [0., 7., 0., 0.]])
+    """
+
+    def __init__(self, in_features: int, elem: float = 0) -> None:
+        super().__init__()
+        if not isinstance(in_features, int) or isinstance(in_features, bool) or in_features < 0:
+            raise ValueError(f"in_features must be a non-negative int, got {in_features!r}")
+        self.in_features = in_features
+        self.elem = elem
+
+    def forward(self, input: Any) -> Tensor:
+        batch = as_sparse_batch(input, name="input", width=self.in_features)
+        return _densify(batch, self.elem, batch.rows, self.in_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}" + (f", elem={self.elem}" if self.elem != 0 else "")
+
+
+class Sparsify(nn.Module):
+    r"""Turn a dense batch into a sparse one, leaving out every ``elem``.
+
+    The layer form of :func:`nnsparse.sparsify` and the inverse of
+    :class:`Densify`: ``Densify(n + offset)(Sparsify(offset=offset)(x))`` is
+    ``x`` shifted right by ``offset`` columns.
+
+    Args:
+        elem (float): the value that means "not specified"; may be ``nan``. Default: 0.
+        offset (int): added to every column index; the width grows by it. Default: 0.
+        layout (torch.layout): ``torch.sparse_coo`` (default) or, for a batch,
+            ``torch.sparse_csr``.
+
+    Shape:
+        - Input: dense ``(rows, n)`` or ``(n,)``.
+        - Output: a coalesced sparse tensor ``(rows, n + offset)`` or
+          ``(n + offset,)`` of the chosen layout, on the input's device with
+          its dtype.
+
+    The input gets a gradient at the specified (kept) entries only; the
+    entries equal to ``elem`` get zero.
+
+    Raises:
+        TypeError: the input is not a dense tensor, or ``layout`` is not COO or CSR.
+        ValueError: ``offset`` is negative, the input has more than two
+            dimensions, or CSR is asked for a vector.
+
+    Example::
+
+        >>> layer = nnsparse.Sparsify(offset=1)
+        >>> layer
+        Sparsify(elem=0, offset=1)
+        >>> layer(torch.tensor([[0., 3.], [2., 0.]])).to_dense()
+        tensor([[0., 0., 3.],
+                [0., 2., 0.]])
+    """
+
+    def __init__(self, elem: float = 0, offset: int = 0,
+                 layout: torch.layout = torch.sparse_coo) -> None:
+        super().__init__()
+        # Checked here so that a bad layer fails when built, not at its first batch.
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+        if layout not in (torch.sparse_coo, torch.sparse_csr):
+            raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
+        self.elem = elem
+        self.offset = offset
+        self.layout = layout
+
+    def forward(self, input: Tensor) -> Tensor:
+        return sparsify(input, self.elem, self.offset, self.layout)
+
+    def extra_repr(self) -> str:
+        elem = "nan" if isinstance(self.elem, float) and math.isnan(self.elem) else self.elem
+        text = f"elem={elem}, offset={self.offset}"
+        return text + (", layout=torch.sparse_csr" if self.layout == torch.sparse_csr else "")
