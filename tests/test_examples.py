@@ -1,0 +1,78 @@
+"""Smoke tests of the examples: each runs on its built-in data with tiny settings."""
+import importlib.util
+import json
+import math
+import pathlib
+
+import pytest
+import torch
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TINY = ["--epochs", "2", "--hidden", "24", "--batch-size", "64", "--no-progress"]
+
+
+def test_movielens_autoencoder_default_run(tmp_path, capsys):
+    main = _load("movielens_autoencoder").main
+    metrics, model = tmp_path / "metrics.json", tmp_path / "model.pt"
+    result = main(TINY + ["--metrics-out", str(metrics), "--save", str(model)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == f"test RMSE: {result['test_rmse']:.4f}"
+    assert lines[-2].startswith("test MAE: ") and "item-mean baseline" in lines[-3]
+    saved = json.loads(metrics.read_text())
+    assert [e["epoch"] for e in saved["epochs"]] == [1, 2]
+    assert all(math.isfinite(e["valid_rmse"]) for e in saved["epochs"])
+    assert 0.5 < result["test_rmse"] < 2.0 and 0.5 < result["item_mean_rmse"] < 2.0
+    again = main(TINY + ["--load", str(model)])
+    assert again["test_rmse"] == pytest.approx(result["test_rmse"], abs=1e-6)
+
+
+def test_dense_decoder_gives_the_same_rmse():
+    main = _load("movielens_autoencoder").main
+    sparse = main(TINY)
+    dense = main(TINY + ["--dense-decoder"])
+    assert dense["test_rmse"] == pytest.approx(sparse["test_rmse"], abs=1e-4)
+
+
+def test_movielens_autoencoder_on_files_and_recommend(tmp_path, capsys):
+    main = _load("movielens_autoencoder").main
+    from nnsparse.data import synthetic_ratings
+    r = synthetic_ratings(seed=1, n_users=60, n_items=80, n_ratings=2000)
+    lines = [f"{u + 1}\t{i + 1}\t{int(x)}\t0" for u, i, x in
+             zip(r.user.tolist(), r.item.tolist(), r.rating.tolist())]
+    (tmp_path / "u.data").write_text("\n".join(lines) + "\n")
+    (tmp_path / "u.item").write_text("".join(f"{i}|Film {i}|01-Jan-1995||\n"
+                                             for i in range(1, 81)), encoding="latin-1")
+    for orientation in ("item", "user"):
+        main(TINY + ["--ratings", str(tmp_path / "u.data"), "--format", "ml-100k",
+                     "--orientation", orientation, "--recommend", "3", "-k", "4"])
+        out = capsys.readouterr().out
+        assert "top 4 items for user 3:" in out and "Film " in out
+    (tmp_path / "u1.base").write_text("\n".join(lines[:1800]) + "\n")
+    (tmp_path / "u1.test").write_text("\n".join(lines[1800:]) + "\n")
+    result = main(TINY + ["--train", str(tmp_path / "u1.base"), "--test",
+                          str(tmp_path / "u1.test"), "--format", "ml-100k"])
+    assert math.isfinite(result["test_rmse"])
+
+
+def test_sparse_autoencoder_example(capsys):
+    result = _load("sparse_autoencoder").main(
+        ["--docs", "300", "--vocab", "400", "--epochs", "2", "--hidden", "16", "8",
+         "--no-progress"])
+    assert math.isfinite(result["rmse"]) and math.isfinite(result["baseline"])
+    assert "autoencoder RMSE on hidden words" in capsys.readouterr().out
+
+
+def test_composition_example(capsys):
+    accuracy = _load("composition").main(["--rows", "128", "--width", "300", "--steps", "30",
+                                          "--no-progress"])
+    assert set(accuracy) == {"sparse-first", "switching"}
+    assert "loads into nn.Linear" in capsys.readouterr().out
