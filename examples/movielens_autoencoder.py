@@ -175,25 +175,27 @@ def recommend(args: argparse.Namespace, model: Autoencoder, norm: RatingNormaliz
     model.eval()
     with torch.no_grad():
         if norm.orientation == "user":
-            row = x_train.to_sparse_coo().coalesce()
-            row = row.index_select(0, torch.tensor([user])).to(device)
-            scores = model(row)[0]
-            rated = row.coalesce().indices()[1]
-            rows = torch.full_like(scores, user, dtype=torch.int64)
+            # the user's row through the model, in batches, the rated items left out
+            row = x_train.to_sparse_coo().index_select(0, torch.tensor([user]))
+            runner = nnsparse.Batchifier(model, items, device=device, progress=False)
+            best = runner.topk(row, min(args.k, items), exclude=True)
+            scores, index = best.values[0], best.indices[0]
+            keep = scores.isfinite()  # fewer unrated items than k
+            predicted = norm.denormalize(scores[keep], torch.full_like(index[keep], user))
+            best = torch.return_types.topk((predicted, index[keep]))
         else:
             # every item's prediction for this user: the decoder sampled at one
             # column, (item, user) for all items, never the whole score matrix.
             pattern = torch.sparse_coo_tensor(
                 torch.stack([torch.arange(items), torch.full((items,), user)]),
                 torch.ones(items), (items, norm.shape[1])).to(device)
-            out = model(x_train.to(device), pattern).coalesce()
-            scores = out.values()
+            scores = model(x_train.to(device), pattern).coalesce().values()
+            predicted = norm.denormalize(scores, torch.arange(items, device=device))
             coo = x_train.to_sparse_coo().coalesce()
-            rated = coo.indices()[0][coo.indices()[1] == user].to(device)
-            rows = torch.arange(items, device=device)
-        predicted = norm.denormalize(scores, rows)
-        predicted[rated] = -math.inf
-        best = torch.topk(predicted, min(args.k, items - rated.shape[0]))
+            predicted[coo.indices()[0][coo.indices()[1] == user].to(device)] = -math.inf
+            best = torch.topk(predicted, min(args.k, items))
+            keep = best.values.isfinite()
+            best = torch.return_types.topk((best.values[keep], best.indices[keep]))
     item_ids = ratings.item_ids()
     print(f"top {best.indices.shape[0]} items for user {key}:")
     for score, item in zip(best.values.tolist(), best.indices.tolist()):

@@ -62,7 +62,7 @@ def _check_against_dense(dense_pattern, form, dtype, device, *, bias=True, spars
 @pytest.mark.parametrize("form", BATCH_FORMS)
 @pytest.mark.parametrize("sparse_grad", [False, True])
 def test_matches_masked_linear(form, dtype, device, sparse_grad):
-    pattern = random_sparse_dense(6, 9, 0.35, empty_rows=2, dtype=dtype)
+    pattern = random_sparse_dense(6, 9, 0.35, empty_rows=2, dtype=dtype, device=device)
     _check_against_dense(pattern, form, dtype, device, sparse_grad=sparse_grad)
 
 
