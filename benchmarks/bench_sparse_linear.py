@@ -84,6 +84,7 @@ def _methods(rows: int, width: int, out: int, density: float, dense_peers: bool,
             for p in params:
                 p.grad = None
             fn().backward(grad)
+        run.params = params  # so the table can free the last step's gradients
         return run
 
     methods: Dict[str, Optional[Callable[[], None]]] = {
@@ -126,6 +127,8 @@ def _table(args: argparse.Namespace) -> None:
                 print(f"  {name:32s}      skipped (not installed / over --max-dense)")
                 continue
             ms = 1e3 * _time(run, args.repeat, args.budget)
+            for p in run.params:  # free this method's gradients before the next one runs
+                p.grad = None
             base = base or ms
             print(f"  {name:32s} {ms:9.2f} ms   {ms / base:7.2f}x")
 

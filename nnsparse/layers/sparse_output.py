@@ -15,38 +15,17 @@ costs about 1 ms at the MovieLens-1M shape and 3 ms at MovieLens-10M's (batch
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._forms import SparseBatch, _sparse_coo, _sparse_csr, as_sparse_batch
+from .._forms import SparseBatch, _sparse_coo, as_sparse_batch
+from .._kernels import _column_major, _csr_rows_mm, _sampled_mm
 from ..values import _coo_with_values, _csr_with_values
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
-
-
-def _column_major(row: Tensor, col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The transposed (column-major) structure of a pattern, built once per backward.
-
-    Returns ``perm`` (entries in column order, stable), ``cols`` (the distinct
-    columns, increasing), ``crow_t`` (CSR row pointers of the transposed
-    pattern restricted to ``cols``) and ``row_t`` (its column indices, i.e. the
-    rows of the entries in ``perm`` order).
-    """
-    perm = torch.argsort(col, stable=True)
-    cols, counts = torch.unique_consecutive(col[perm], return_counts=True)
-    crow_t = counts.new_zeros(cols.shape[0] + 1)
-    torch.cumsum(counts, 0, out=crow_t[1:])
-    return perm, cols, crow_t, row[perm]
-
-
-def _weighted_row_sums(index: Tensor, table: Tensor, crow: Tensor, weights: Tensor) -> Tensor:
-    """``out[i] = sum(weights[e] * table[index[e]] for e in crow[i]:crow[i+1])``, a CSR product."""
-    if crow.shape[0] == 1:
-        return table.new_zeros(0, table.shape[1])
-    return F.embedding_bag(index, table, crow[:-1], mode="sum", per_sample_weights=weights)
 
 
 class _SampledLinear(torch.autograd.Function):
@@ -55,11 +34,7 @@ class _SampledLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h: Tensor, weight: Tensor, bias: Optional[Tensor], row: Tensor,
                 col: Tensor, crow: Tensor, sparse_grad: bool) -> Tensor:
-        rows, out_features = h.shape[0], weight.shape[0]
-        # sampled_addmm ignores the mask's values with beta=0, but they must be
-        # finite (0 * NaN = NaN), hence zeros rather than empty.
-        mask = _sparse_csr(crow, col, h.new_zeros(col.shape[0]), (rows, out_features))
-        values = torch.sparse.sampled_addmm(mask, h, weight.t(), beta=0.0).values()
+        values = _sampled_mm(h, weight.t(), crow, col)
         if bias is not None:
             values = values + bias[col]
         ctx.save_for_backward(h, weight, row, col, crow)
@@ -77,14 +52,14 @@ class _SampledLinear(torch.autograd.Function):
             # grad_h = S @ W, S the (rows, out) CSR of the incoming values: row r
             # is the weighted sum of W's rows col[e] over r's entries, which is
             # what embedding_bag computes (2-3x faster than a CSR product here).
-            grad_h = _weighted_row_sums(col, weight, crow, grad)
+            grad_h = _csr_rows_mm(col, weight, crow, grad)
         need_w, need_b = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
         if need_w or (need_b and ctx.sparse_grad):
             perm, cols, crow_t, row_t = _column_major(row, col)
             grad_t = grad[perm]
         if need_w:
             # grad_W = S^T @ h, computed only for the columns the pattern touches.
-            touched = _weighted_row_sums(row_t, h, crow_t, grad_t)
+            touched = _csr_rows_mm(row_t, h, crow_t, grad_t)
             if ctx.sparse_grad:
                 grad_w = _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True)
             else:
