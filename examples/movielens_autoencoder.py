@@ -65,9 +65,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     data.add_argument("--validation-ratio", type=float, default=0.05)
     model = p.add_argument_group("model and training")
     model.add_argument("--hidden", type=int, default=500)
-    model.add_argument("--epochs", type=int, default=20)
+    model.add_argument("--epochs", type=int, default=40)
     model.add_argument("--batch-size", type=int, default=32)
-    model.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate")
+    model.add_argument("--lr", type=float, default=3e-4, help="Adam's learning rate")
     model.add_argument("--weight-decay", type=float, default=1e-3,
                        help="L2 penalty added to every gradient (Adam's weight_decay)")
     model.add_argument("--alpha", type=float, default=1.0, help="weight of hidden ratings")
