@@ -78,6 +78,7 @@ class _SDAEBase(nn.Module):
         self.hide_ratio = hide_ratio
         self.generator = generator
         self.size_average = size_average
+        self._mask = None
         self._check_ratios()
 
     def _check_ratios(self) -> None:
@@ -171,14 +172,7 @@ class SDAECriterion(_SDAEBase):
         >>> loss.backward()
     """
 
-    def __init__(self, criterion: nn.Module, alpha: float = 1.0, beta: float = 0.0,
-                 noise_ratio: float = 0.0, noise_mean: float = 0.0, noise_std: float = 0.2,
-                 flip_ratio: float = 0.0, flip_range: Sequence[float] = (-1.0, 1.0),
-                 hide_ratio: float = 0.0, generator: Optional[torch.Generator] = None,
-                 size_average: bool = True) -> None:
-        super().__init__(criterion, alpha, beta, noise_ratio, noise_mean, noise_std,
-                         flip_ratio, flip_range, hide_ratio, generator, size_average)
-        self._mask: Optional[Tensor] = None
+    _mask: Optional[Tensor]  # what prepare_input corrupted, None before it runs
 
     def prepare_input(self, input: Tensor) -> Tensor:
         """A corrupted copy of the dense ``input``; remembers the corrupted entries."""
@@ -321,14 +315,7 @@ class SDAESparseCriterion(_SDAEBase):
         >>> loss.backward()
     """
 
-    def __init__(self, criterion: nn.Module, alpha: float = 1.0, beta: float = 0.0,
-                 noise_ratio: float = 0.0, noise_mean: float = 0.0, noise_std: float = 0.2,
-                 flip_ratio: float = 0.0, flip_range: Sequence[float] = (-1.0, 1.0),
-                 hide_ratio: float = 0.0, generator: Optional[torch.Generator] = None,
-                 size_average: bool = True) -> None:
-        super().__init__(criterion, alpha, beta, noise_ratio, noise_mean, noise_std,
-                         flip_ratio, flip_range, hide_ratio, generator, size_average)
-        self._mask: Optional[EntryMask] = None
+    _mask: Optional[EntryMask]  # what prepare_input corrupted, None before it runs
 
     def prepare_input(self, input: Any) -> Any:
         """A corrupted copy of the sparse ``input``, in its form; remembers the corrupted entries."""
