@@ -329,6 +329,9 @@ def attach(x: Tensor, batch: SparseBatch) -> Tensor:
     """Attach ``batch``'s pattern (trusted) to the tensor ``x`` nnsparse built from it."""
     pattern = batch.with_pattern_values(batch.values.detach()[:0])
     pattern.trusted = True
+    pattern.form = "csr" if x.layout == torch.sparse_csr else "coo"
+    if pattern.form == "coo" and not x.is_coalesced():
+        pattern.coalesced = False
     setattr(x, _ATTR, _Attached(_key(x), pattern, False))
     return x
 
