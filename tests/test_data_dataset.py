@@ -29,6 +29,7 @@ def test_items(matrices):
     assert len(ds) == x.shape[0] == 60
     for i in (0, 7, 59, -1):
         index, (col, val) = ds[i]
+        assert torch.equal(ds[i][1].indices, col)
         assert index == i % 60
         crow = x.crow_indices()
         begin, end = int(crow[index]), int(crow[index + 1])
@@ -73,6 +74,92 @@ def test_collate_function_errors():
         collate_sparse_rows(rows, width=3)
     with pytest.raises(TypeError, match="layout must be torch.sparse_csr or torch.sparse_coo"):
         collate_sparse_rows(rows, width=6, layout=torch.strided)
+
+
+def _row(cols, vals, dtype=torch.int64):
+    return (0, (torch.tensor(cols, dtype=dtype), torch.tensor(vals)))
+
+
+@pytest.mark.parametrize("row, error, message", [
+    (_row([-1], [1.0]), ValueError, r"rows indices must be non-negative, got min -1"),
+    (_row([4], [1.0]), ValueError, r"rows indices must be in \[0, 4\), got max 4"),
+    (_row([0, 1], [1.0]), ValueError, r"rows\[0\] must have one value per index"),
+    (_row([2, 1], [1.0, 2.0]), ValueError, r"rows\[0\] indices must be increasing and unique"),
+    (_row([1, 1], [1.0, 2.0]), ValueError, r"rows\[0\] indices must be increasing and unique"),
+    (_row([1.0], [1.0], torch.float32), TypeError, r"rows\[0\] indices must be an integer"),
+    ((0, [1, 2]), TypeError, r"rows\[0\] indices and values must be tensors"),
+    ((0, 5), TypeError, r"rows\[0\] must be \(row_index, \(indices, values\)\)"),
+])
+def test_collate_checks_each_row(row, error, message):
+    with pytest.raises(error, match=message):
+        collate_sparse_rows([row], width=4)
+
+
+def test_collate_int32_indices_work():
+    index, batch = collate_sparse_rows([_row([0, 3], [1.0, 2.0], torch.int32)], width=4)
+    assert torch.equal(densify(batch), torch.tensor([[1.0, 0, 0, 2.0]]))
+
+
+def _csr(crow, col, values, shape):
+    return torch.sparse_csr_tensor(torch.tensor(crow), torch.tensor(col), torch.tensor(values),
+                                   shape)
+
+
+@pytest.mark.parametrize("matrix, message", [
+    (_csr([0, 2], [2, 1], [1.0, 2.0], (1, 3)), "input column indices must increase"),
+    (_csr([0, 2], [1, 1], [1.0, 2.0], (1, 3)), "input column indices must increase"),
+    (_csr([0, 3], [0, 1, 2], [1.0], (1, 3)), "input must have one value per column index"),
+    (_csr([1, 1], [0], [1.0], (1, 3)), "input crow_indices must start at 0"),
+    (_csr([0, 1], [-1], [1.0], (1, 3)), "input column indices must be non-negative"),
+    (torch.sparse_coo_tensor(torch.tensor([[0], [5]]), torch.tensor([1.0]), (1, 3),
+                             check_invariants=False), r"input column indices must be in \[0, 3\)"),
+])
+def test_dataset_checks_the_matrix_where_built(matrix, message):
+    with pytest.raises(ValueError, match=message):
+        SparseRowDataset(matrix)
+    with pytest.raises(ValueError, match=message.replace("input", "target")):
+        SparseRowDataset(torch.eye(1, 3).to_sparse_csr(), matrix)
+
+
+@pytest.mark.parametrize("index", [1.5, "1", True, None])
+def test_dataset_index_must_be_an_integer(index):
+    ds = SparseRowDataset(torch.eye(3).to_sparse_csr())
+    with pytest.raises(TypeError, match="index must be an integer, got"):
+        ds[index]
+    assert ds[torch.tensor(1)][0] == 1  # 0-dim integer tensors and numpy ints are indices
+
+
+def test_batch_unpacks_as_input_target(matrices):
+    x, y = matrices
+    ds = SparseRowDataset(x, y)
+    batch = ds.collate([ds[i] for i in (3, 1)])
+    inp, tgt = batch
+    assert inp is batch.input and tgt is batch.target and len(batch) == 2
+    assert batch[0] is inp and batch[1] is tgt and batch.row_index.tolist() == [3, 1]
+    inp, tgt = SparseRowDataset(x).collate([ds[0]])
+    assert tgt is None
+
+
+def test_collated_batches_are_trusted_and_stay_so_when_moved(matrices):
+    from nnsparse._forms import _attached, _counts, _reset_counts
+    x, y = matrices
+    ds = SparseRowDataset(x, y)
+    _reset_counts()
+    batch = ds.collate([ds[i] for i in range(5)])
+    moved = batch.to("cpu")
+    again = pickle.loads(pickle.dumps(batch))
+    for b in (batch, moved, again):
+        assert _attached(b.input) is not None and _attached(b.target) is not None
+        nnsparse_densify = densify(b.input)
+        assert torch.equal(nnsparse_densify, dense_rows(x, list(range(5))))
+    assert _counts().get("validate", 0) == 0
+
+
+def test_dataloader_without_collate_fn_names_the_fix(matrices):
+    x, _ = matrices
+    ds = SparseRowDataset(x)
+    with pytest.raises(TypeError, match=r"collate_fn=ds\.collate"):
+        next(iter(DataLoader(ds, batch_size=4)))
 
 
 def test_dataset_errors(matrices):

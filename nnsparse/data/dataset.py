@@ -1,69 +1,146 @@
 """A ``torch.utils.data`` path for sparse rows: a dataset and its collate function.
 
-The dataset hands out plain ``(indices, values)`` tensors; :meth:`SparseRowDataset.collate`
-joins a list of them into one CSR (or COO) batch.  With ``num_workers > 0`` the
-collated batch travels between processes as plain tensors too (see
-:class:`SparseRowBatch`), and the sparse tensors are rebuilt in the main
+The dataset hands out :class:`SparseRow` items (``(indices, values)`` plain
+tensors); :meth:`SparseRowDataset.collate` joins a list of them into one CSR
+(or COO) batch, trusted (its structure attached, never checked again).  With
+``num_workers > 0`` the collated batch travels between processes as plain
+tensors (see :class:`SparseRowBatch`) and is rebuilt, trusted, in the main
 process, so ``DataLoader(num_workers=..., pin_memory=True)`` works unchanged.
 """
 from __future__ import annotations
 
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+import operator
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .._forms import _sparse_coo, _sparse_csr
+from .._forms import SparseBatch, as_sparse_batch, move_structure, trust
+from .._index import coo_tensor, csr_tensor
 
-__all__ = ["SparseRowDataset", "SparseRowBatch", "collate_sparse_rows"]
+__all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_rows"]
 
 Row = Tuple[Tensor, Tensor]  # (column indices, values) of one row
 
 
 def _as_csr(matrix: Tensor, name: str) -> Tuple[Tensor, Tensor, Tensor]:
-    """``(crow, col, values)`` of a 2-D sparse COO or CSR matrix, on the CPU."""
+    """``(crow, col, values)`` of a 2-D sparse COO or CSR matrix, checked, on the CPU.
+
+    The matrix is validated completely here (indices in range, CSR row
+    pointers, columns increasing within each row), once: the rows handed
+    out later need no check.
+    """
     if not isinstance(matrix, Tensor) or matrix.layout not in (torch.sparse_csr, torch.sparse_coo):
         got = type(matrix).__name__ if not isinstance(matrix, Tensor) else f"layout {matrix.layout}"
         raise TypeError(f"{name} must be a 2-D sparse CSR or COO tensor, got {got}")
     if matrix.dim() != 2:
         raise ValueError(f"{name} must be 2-D (rows, width), got shape {tuple(matrix.shape)}")
-    if matrix.layout == torch.sparse_coo:
-        matrix = matrix.coalesce().to_sparse_csr()
+    batch = as_sparse_batch(matrix, name=name).coalesce()  # duplicates summed, as torch does
     # A DataLoader reads on the CPU; the batch moves to the device in the loop.
-    return (matrix.crow_indices().cpu(), matrix.col_indices().cpu().to(torch.int64),
-            matrix.values().detach().cpu())
+    return (batch.crow_indices().cpu(), batch.col.cpu(), batch.values.detach().cpu())
 
 
-class SparseRowBatch(NamedTuple):
-    """One batch of rows: ``(row_index, input, target)``.
+class _RowType(type):
+    # torch's default_collate names the item's type in its error: make that
+    # name say how to collate these items.
+    def __repr__(cls) -> str:
+        return ("nnsparse.data.SparseRow (a SparseRowDataset item: give the DataLoader "
+                "collate_fn=ds.collate)")
+
+
+class SparseRow(metaclass=_RowType):
+    """One row of a :class:`SparseRowDataset`: ``(indices, values)``.
+
+    Unpacks as ``indices, values = row``.  torch's default collate function
+    cannot join rows of different lengths; a ``DataLoader`` over the dataset
+    needs ``collate_fn=ds.collate`` (the error says so).
 
     Attributes:
-        row_index (Tensor): int64 ``(batch,)``, the matrix row of each batch row
-            (to pick row means, masks or outputs that belong to it).
-        input (Tensor): sparse ``(batch, width)`` CSR (or COO) rows of the
-            first matrix.
-        target (Tensor or None): the same rows of the second matrix, when the
-            dataset has one.
-
-    Between processes the batch is pickled as plain tensors and rebuilt, so
-    the sparse tensors never go through torch's sparse reductions.
+        indices (Tensor): int64 ``(k,)`` column indices, increasing.
+        values (Tensor): ``(k,)`` the values at those columns.
     """
 
-    row_index: Tensor
-    input: Tensor
-    target: Optional[Tensor] = None
+    __slots__ = ("indices", "values")
+
+    def __init__(self, indices: Tensor, values: Tensor) -> None:
+        self.indices, self.values = indices, values
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter((self.indices, self.values))
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> Tensor:
+        return (self.indices, self.values)[i]
+
+    def __repr__(self) -> str:
+        return f"SparseRow(indices={self.indices!r}, values={self.values!r})"
 
     def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
-        return _rebuild_batch, (self.row_index, _parts(self.input), _parts(self.target))
+        return SparseRow, (self.indices, self.values)
+
+
+_Parts = Optional[Tuple[str, Tuple[Tensor, ...], Tuple[int, int]]]
+
+
+class SparseRowBatch:
+    """One batch of rows; unpacks as ``(input, target)`` like a ``TensorDataset`` batch.
+
+    ``x, y = batch`` gives the input and target batches; the row indices and
+    the other fields are attributes.
+
+    Attributes:
+        input (Tensor): sparse ``(batch, width)`` CSR (or COO) rows of the
+            first matrix, trusted.
+        target (Tensor or None): the same rows of the second matrix, when the
+            dataset has one (``None`` otherwise: an autoencoder's target is
+            its input).
+        row_index (Tensor): int64 ``(batch,)``, the matrix row of each batch row
+            (to pick row means, masks or outputs that belong to it).
+
+    Between processes the batch is pickled as plain tensors and rebuilt
+    trusted, so the sparse tensors never go through torch's sparse reductions.
+    :meth:`to` and :meth:`pin_memory` keep the batches' checked structure.
+    """
+
+    __slots__ = ("input", "target", "row_index")
+
+    def __init__(self, input: Tensor, target: Optional[Tensor], row_index: Tensor) -> None:
+        self.input, self.target, self.row_index = input, target, row_index
+
+    def __iter__(self) -> Iterator[Optional[Tensor]]:
+        return iter((self.input, self.target))
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> Optional[Tensor]:
+        return (self.input, self.target)[i]
+
+    def __repr__(self) -> str:
+        return (f"SparseRowBatch(input={self.input!r}, target={self.target!r}, "
+                f"row_index={self.row_index!r})")
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
+        return _rebuild_batch, (_parts(self.input), _parts(self.target), self.row_index)
+
+    def _map(self, move: Any) -> "SparseRowBatch":
+        def sparse(t: Optional[Tensor]) -> Optional[Tensor]:
+            return None if t is None else move_structure(t, move(t))
+        return SparseRowBatch(sparse(self.input), sparse(self.target), move(self.row_index))
 
     def to(self, device: Any, non_blocking: bool = False) -> "SparseRowBatch":
-        """The batch on ``device`` (each tensor moved with ``non_blocking``)."""
-        move = (lambda t: None if t is None else t.to(device, non_blocking=non_blocking))
-        return SparseRowBatch(move(self.row_index), move(self.input), move(self.target))
+        """The batch on ``device`` (each tensor moved with ``non_blocking``), still trusted."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "SparseRowBatch":
+        """The batch in pinned memory (``DataLoader(pin_memory=True)`` calls this)."""
+        return self._map(lambda t: t.pin_memory())
 
 
-def _parts(x: Optional[Tensor]) -> Optional[Tuple[str, Tuple[Tensor, ...], Tuple[int, int]]]:
+def _parts(x: Optional[Tensor]) -> _Parts:
     if x is None:
         return None
     if x.layout == torch.sparse_csr:
@@ -71,17 +148,68 @@ def _parts(x: Optional[Tensor]) -> Optional[Tuple[str, Tuple[Tensor, ...], Tuple
     return "coo", (x._indices(), x._values()), tuple(x.shape)
 
 
-def _build(parts: Optional[Tuple[str, Tuple[Tensor, ...], Tuple[int, int]]]) -> Optional[Tensor]:
+def _build(parts: _Parts) -> Optional[Tensor]:
     if parts is None:
         return None
     layout, tensors, shape = parts
     if layout == "csr":
-        return _sparse_csr(*tensors, shape)
-    return _sparse_coo(*tensors, shape, coalesced=True)
+        out = csr_tensor(*tensors, shape)
+    else:
+        out = coo_tensor(*tensors, shape, coalesced=True)
+    return trust(out)  # the parts of a batch collate built (and checked) in a worker
 
 
-def _rebuild_batch(row_index: Tensor, input: Any, target: Any) -> SparseRowBatch:
-    return SparseRowBatch(row_index, _build(input), _build(target))
+def _rebuild_batch(input: _Parts, target: _Parts, row_index: Tensor) -> SparseRowBatch:
+    return SparseRowBatch(_build(input), _build(target), row_index)
+
+
+def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
+    """Every row: tensors, equal lengths, integer columns in range, increasing."""
+    for k, item in enumerate(rows):
+        try:
+            _, (col, val) = item
+        except (TypeError, ValueError):
+            raise TypeError(f"rows[{k}] must be (row_index, (indices, values)), "
+                            f"got {type(item).__name__}") from None
+        if not isinstance(col, Tensor) or not isinstance(val, Tensor):
+            raise TypeError(f"rows[{k}] indices and values must be tensors, got "
+                            f"{type(col).__name__} and {type(val).__name__}")
+        if col.dim() != 1 or val.dim() != 1 or col.shape[0] != val.shape[0]:
+            raise ValueError(f"rows[{k}] must have one value per index (1-D, equal lengths), "
+                             f"got indices of shape {tuple(col.shape)} and values of shape "
+                             f"{tuple(val.shape)}")
+        if col.dtype.is_floating_point or col.dtype.is_complex or col.dtype == torch.bool:
+            raise TypeError(f"rows[{k}] indices must be an integer tensor, got {col.dtype}")
+    col = torch.cat([r[1][0].to(torch.int64) for r in rows]) if rows else None
+    if col is None or col.numel() == 0:
+        return
+    lo, hi = int(col.min()), int(col.max())
+    if lo < 0:
+        raise ValueError(f"rows indices must be non-negative, got min {lo}")
+    if hi >= width:
+        raise ValueError(f"rows indices must be in [0, {width}), got max {hi}")
+    for k, r in enumerate(rows):
+        c = r[1][0]
+        if c.shape[0] > 1 and not bool((c[1:] > c[:-1]).all()):
+            raise ValueError(f"rows[{k}] indices must be increasing and unique within the row, "
+                             f"got {c.tolist()[:10]}")
+
+
+def _collate(rows: Sequence[Tuple[int, Row]], width: int, layout: torch.layout) -> Tuple[Tensor, Tensor]:
+    """``collate_sparse_rows`` on rows known to be valid: a trusted batch."""
+    n = len(rows)
+    index = torch.tensor([r[0] for r in rows], dtype=torch.int64)
+    cols = [r[1][0] for r in rows]
+    col = torch.cat(cols).to(torch.int64) if n else torch.zeros(0, dtype=torch.int64)
+    values = torch.cat([r[1][1] for r in rows]) if n else torch.zeros(0)
+    counts = torch.tensor([c.shape[0] for c in cols], dtype=torch.int64)
+    row = torch.repeat_interleave(torch.arange(n), counts, output_size=col.shape[0])
+    batch = SparseBatch(row, col, values, (n, width), "csr", row_sorted=True, coalesced=True,
+                        trusted=True)
+    crow = counts.new_zeros(n + 1)
+    torch.cumsum(counts, 0, out=crow[1:])
+    batch.cache.crow = crow
+    return index, (batch.to_csr() if layout == torch.sparse_csr else batch.to_coo())
 
 
 def collate_sparse_rows(rows: Sequence[Tuple[int, Row]], width: int,
@@ -89,16 +217,21 @@ def collate_sparse_rows(rows: Sequence[Tuple[int, Row]], width: int,
     r"""Join sparse rows into one batch.
 
     Args:
-        rows: a sequence of ``(row_index, (indices, values))``: int64 column
-            ``indices`` sorted and unique within the row, ``values`` of one
-            dtype; rows may be empty.
+        rows: a sequence of ``(row_index, (indices, values))``: integer column
+            ``indices`` increasing (sorted, unique) within the row, ``values``
+            of one dtype and the same length; rows may be empty.
         width (int): the number of columns.
         layout (torch.layout): ``torch.sparse_csr`` (default) or ``torch.sparse_coo``.
 
     Returns:
         ``(index, batch)``: int64 ``(len(rows),)`` row indices and a coalesced
-        sparse ``(len(rows), width)`` batch.  Every given entry is specified,
-        zeros included.
+        sparse ``(len(rows), width)`` batch, trusted.  Every given entry is
+        specified, zeros included.
+
+    Raises:
+        TypeError: a bad ``layout``, a row that is not two tensors, float indices.
+        ValueError: indices out of ``[0, width)``, unsorted or repeated within
+            a row, or an index/value length mismatch.
 
     Example::
 
@@ -110,29 +243,28 @@ def collate_sparse_rows(rows: Sequence[Tuple[int, Row]], width: int,
     """
     if layout not in (torch.sparse_csr, torch.sparse_coo):
         raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
-    index = torch.tensor([r[0] for r in rows], dtype=torch.int64)
-    cols = [r[1][0] for r in rows]
-    values = torch.cat([r[1][1] for r in rows]) if rows else torch.zeros(0)
-    col = torch.cat(cols) if rows else torch.zeros(0, dtype=torch.int64)
-    counts = torch.tensor([c.shape[0] for c in cols], dtype=torch.int64)
-    if col.numel() and int(col.max()) >= width:
-        raise ValueError(f"rows indices must be in [0, {width}), got max {int(col.max())}")
-    if layout == torch.sparse_coo:
-        row = torch.repeat_interleave(torch.arange(len(rows)), counts, output_size=col.shape[0])
-        return index, _sparse_coo(torch.stack([row, col]), values, (len(rows), width), True)
-    crow = counts.new_zeros(len(rows) + 1)
-    torch.cumsum(counts, 0, out=crow[1:])
-    return index, _sparse_csr(crow, col, values, (len(rows), width))
+    if isinstance(width, bool) or not isinstance(width, int):
+        raise TypeError(f"width must be an int, got {type(width).__name__}")
+    if width < 0:
+        raise ValueError(f"width must be non-negative, got {width}")
+    _check_rows(rows, width)
+    return _collate(rows, width, layout)
 
 
 class SparseRowDataset(Dataset):
     r"""The rows of a sparse matrix (and, optionally, of a target matrix) as a dataset.
 
-    Item ``i`` is ``(i, (indices, values))``, or ``(i, (indices, values),
-    (target_indices, target_values))`` with a target: plain CPU tensors,
-    which every ``DataLoader`` can pass between processes.  Use
+    Item ``i`` is ``(i, row)``, or ``(i, row, target_row)`` with a target,
+    each row a :class:`SparseRow` (``indices, values = row``): plain CPU
+    tensors, which every ``DataLoader`` can pass between processes.  Use
     :meth:`collate` as the loader's ``collate_fn`` to get
-    :class:`SparseRowBatch` batches.
+    :class:`SparseRowBatch` batches (``x, y = batch``); torch's default
+    collate cannot join rows of different lengths, and its error says to.
+
+    The matrices are checked completely when the dataset is built (indices in
+    range, valid CSR row pointers, columns increasing within each row; an
+    uncoalesced COO matrix has its duplicates summed), so the collated
+    batches are trusted and never checked again.
 
     The usual pairs for an autoencoder on ratings:
 
@@ -148,8 +280,10 @@ class SparseRowDataset(Dataset):
             ``torch.sparse_csr`` (default) or ``torch.sparse_coo``.
 
     Raises:
-        TypeError: a matrix that is not sparse COO or CSR, or a bad ``layout``.
-        ValueError: a matrix that is not 2-D, or matrices with different row counts.
+        TypeError: a matrix that is not sparse COO or CSR, or a bad ``layout``;
+            an index that is not an integer.
+        ValueError: a matrix that is not 2-D or has invalid indices, or
+            matrices with different row counts.
 
     Example::
 
@@ -157,10 +291,11 @@ class SparseRowDataset(Dataset):
         >>> x = torch.tensor([[1., 0., 2.], [0., 0., 0.], [0., 3., 0.]]).to_sparse_csr()
         >>> ds = SparseRowDataset(x)
         >>> ds[0]
-        (0, (tensor([0, 2]), tensor([1., 2.])))
+        (0, SparseRow(indices=tensor([0, 2]), values=tensor([1., 2.])))
         >>> loader = DataLoader(ds, batch_size=2, collate_fn=ds.collate)
-        >>> index, batch, target = next(iter(loader))
-        >>> index, batch.crow_indices(), batch.col_indices(), target is None
+        >>> batch = next(iter(loader))
+        >>> x, y = batch
+        >>> batch.row_index, x.crow_indices(), x.col_indices(), y is None
         (tensor([0, 1]), tensor([0, 2, 2]), tensor([0, 2]), True)
     """
 
@@ -168,45 +303,53 @@ class SparseRowDataset(Dataset):
                  layout: torch.layout = torch.sparse_csr) -> None:
         if layout not in (torch.sparse_csr, torch.sparse_coo):
             raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
-        self.layout = layout
-        self._input = _as_csr(input, "input")
-        self.width = input.shape[1]
-        self.rows = input.shape[0]
-        self._target = None
-        self.target_width: Optional[int] = None
+        inputs = _as_csr(input, "input")
+        targets = None
         if target is not None:
-            self._target = _as_csr(target, "target")
-            if target.shape[0] != self.rows:
-                raise ValueError(f"target must have {self.rows} rows like input, "
+            targets = _as_csr(target, "target")
+            if target.shape[0] != input.shape[0]:
+                raise ValueError(f"target must have {input.shape[0]} rows like input, "
                                  f"got {target.shape[0]}")
-            self.target_width = target.shape[1]
+        self.layout = layout
+        self._input, self._target = inputs, targets
+        self.width, self.rows = input.shape[1], input.shape[0]
+        self.target_width: Optional[int] = None if target is None else target.shape[1]
         # Python ints: slicing with them is much cheaper than with 0-dim tensors.
-        self._bounds = [self._input[0].tolist()]
-        if self._target is not None:
-            self._bounds.append(self._target[0].tolist())
+        self._bounds = [inputs[0].tolist()]
+        if targets is not None:
+            self._bounds.append(targets[0].tolist())
 
     def __len__(self) -> int:
         return self.rows
 
-    def _row(self, k: int, i: int) -> Row:
+    def _row(self, k: int, i: int) -> SparseRow:
         parts = self._input if k == 0 else self._target
         begin, end = self._bounds[k][i], self._bounds[k][i + 1]
-        return parts[1][begin:end], parts[2][begin:end]
+        return SparseRow(parts[1][begin:end], parts[2][begin:end])
 
     def __getitem__(self, i: int) -> Tuple[Any, ...]:
+        if isinstance(i, bool):
+            raise TypeError("index must be an integer, got bool")
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise TypeError(f"index must be an integer, got {type(i).__name__} {i!r}") from None
         if not -self.rows <= i < self.rows:
             raise IndexError(f"index must be in [-{self.rows}, {self.rows}), got {i}")
-        i = int(i) % self.rows
+        i %= self.rows
         if self._target is None:
             return i, self._row(0, i)
         return i, self._row(0, i), self._row(1, i)
 
     def collate(self, items: List[Tuple[Any, ...]]) -> SparseRowBatch:
-        """``collate_fn`` for a ``DataLoader``: a list of items -> one :class:`SparseRowBatch`."""
-        index, input = collate_sparse_rows([(it[0], it[1]) for it in items], self.width,
-                                           self.layout)
+        """``collate_fn`` for a ``DataLoader``: a list of items -> one :class:`SparseRowBatch`.
+
+        The items' rows come from the checked matrices, so the batch is built
+        without another check and trusted.
+        """
+        index, input = _collate([(it[0], it[1]) for it in items], self.width, self.layout)
         if self._target is None:
-            return SparseRowBatch(index, input)
-        _, target = collate_sparse_rows([(it[0], it[2]) for it in items],
-                                        self.target_width, self.layout)
-        return SparseRowBatch(index, input, target)
+            return SparseRowBatch(input, None, index)
+        assert self.target_width is not None
+        _, target = _collate([(it[0], it[2]) for it in items], self.target_width, self.layout)
+        return SparseRowBatch(input, target, index)
