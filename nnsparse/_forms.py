@@ -290,8 +290,9 @@ def _as_pairs(batch: SparseBatch) -> Tensor:
             limit = torch.iinfo(dtype).max
         if top > limit:
             raise ValueError(
-                f"x has width {batch.width}: indices up to {top} cannot be stored exactly as "
-                f"{dtype} (largest exact index {limit}); convert the values to float64 or int64")
+                f"x has width {batch.width}: its int64 indices (up to {top}) cannot be cast "
+                f"exactly to the values' dtype {dtype} (largest exact index {limit}), so they "
+                f"cannot be stored exactly as {dtype}; convert the values to float64 or int64")
     return torch.stack([batch.col.to(dtype), batch.values], dim=1)
 
 

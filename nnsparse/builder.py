@@ -72,7 +72,7 @@ class DynamicSparseTensor:
 
     # Slots: the attribute reads of append() are its main cost after the call itself.
     __slots__ = ("_reserve", "_mult", "_ndim", "_dtype", "_device", "_float", "_ibuf", "_ibuf0",
-                 "_vbuf", "_index", "_values", "_n", "_j")
+                 "_vbuf", "_index", "_values", "_n", "_j", "_range")
 
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
                  dtype: torch.dtype = torch.float32, device: Optional[Union[str, torch.device]] = None):
@@ -94,6 +94,7 @@ class DynamicSparseTensor:
         self._ibuf = [array("q", bytes(8 * _CHUNK)) for _ in range(ndim)]
         self._ibuf0 = self._ibuf[0]
         self._vbuf = array("d" if self._float else "q", bytes(8 * _CHUNK))
+        self._range = _value_range(dtype)
         self._allocate(reserve)
 
     # -- facts -------------------------------------------------------------------
@@ -150,7 +151,16 @@ class DynamicSparseTensor:
             raise self._entry_error((index,), value) from None
         if index < 0:
             raise ValueError(f"index must be non-negative, got {index}")
+        if self._range is not None:
+            self._check_value(self._vbuf[j])
         self._j = j + 1
+
+    def _check_value(self, v: float) -> None:
+        """Refuse a value the builder's narrow dtype cannot hold (NaN and ±inf pass as given)."""
+        lo, hi = self._range
+        if not lo <= v <= hi and not (self._float and (math.isnan(v) or math.isinf(v))):
+            raise ValueError(f"value {v!r} does not fit in dtype {self._dtype}: its range is "
+                             f"[{lo}, {hi}]")
 
     def _append_tuple(self, index: Sequence[int], value: float) -> None:
         if not isinstance(index, (tuple, list)):
@@ -168,6 +178,8 @@ class DynamicSparseTensor:
             raise self._entry_error(index, value) from None
         if min(index) < 0:
             raise ValueError(f"index must be non-negative, got {tuple(index)}")
+        if self._range is not None:
+            self._check_value(self._vbuf[j])
         self._j = j + 1
 
     def _entry_error(self, index: Sequence[Any], value: Any) -> Exception:
@@ -197,6 +209,11 @@ class DynamicSparseTensor:
             TypeError: non-integer indices, floating values for an integer dtype.
             ValueError: wrong shapes, negative indices, tensors on another device.
         """
+        index, vals = self._checked(indices, values)
+        self._write(index, vals)
+
+    def _checked(self, indices: Any, values: Any) -> Tuple[Tensor, Tensor]:
+        """``(index (m, ndim), values (m,))`` checked for :meth:`extend`; nothing changed."""
         index = self._as_tensor(indices, "indices")
         vals = self._as_tensor(values, "values")
         if index.dtype == torch.bool or index.is_complex() or index.is_floating_point():
@@ -218,6 +235,24 @@ class DynamicSparseTensor:
             raise TypeError(f"values must be real numbers fitting dtype {self._dtype}, "
                             f"got dtype {vals.dtype}")
         check_index_range(index, None, "indices")
+        self._check_cast(vals)
+        return index, vals
+
+    def _check_cast(self, vals: Tensor) -> None:
+        """Refuse values that a cast to the builder's dtype would change (one host sync)."""
+        if self._range is None or vals.dtype == self._dtype or vals.numel() == 0:
+            return
+        lo, hi = self._range
+        finite = vals[torch.isfinite(vals)] if vals.is_floating_point() else vals
+        if finite.numel() == 0:
+            return
+        vmin, vmax = torch.stack([finite.min(), finite.max()]).tolist()
+        if vmin < lo or vmax > hi:
+            bad = vmax if vmax > hi else vmin
+            raise ValueError(f"values must fit in dtype {self._dtype}, whose range is "
+                             f"[{lo}, {hi}], got {bad} (dtype {vals.dtype})")
+
+    def _write(self, index: Tensor, vals: Tensor) -> None:
         self._flush()
         m, n = index.shape[0], self._n
         self._grow(n + m)
@@ -241,8 +276,9 @@ class DynamicSparseTensor:
             raise TypeError(f"pairs must be a (k, 2) pair tensor, got {got}")
         self._check_device(pairs, "pairs")
         batch = as_sparse_batch(pairs, name="pairs")
+        index, vals = self._checked(batch.col, batch.values)  # before anything changes
         self._allocate(max(self._reserve, batch.nnz))
-        self.extend(batch.col, batch.values)
+        self._write(index, vals)
 
     def reset(self) -> None:
         """Remove every entry; the storage goes back to ``reserve`` entries."""
@@ -357,6 +393,14 @@ class DynamicSparseTensor:
     def _check_device(self, x: Tensor, name: str) -> None:
         if x.device != self._device:
             raise ValueError(f"{name} must be on the builder's device {self._device}, got {x.device}")
+
+
+def _value_range(dtype: torch.dtype) -> Optional[Tuple[float, float]]:
+    """The range of a dtype narrower than the host buffers (float64 / int64), else None."""
+    if dtype in (torch.float64, torch.int64):
+        return None
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    return (info.min, info.max)
 
 
 def _as_int(x: Any, name: str) -> int:

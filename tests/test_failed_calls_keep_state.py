@@ -1,0 +1,127 @@
+"""Validate before you mutate: a failed call leaves every stateful object as it was.
+
+One test per stateful entry point (the builder, criteria that remember a
+mask, readers given maps): the call fails with a clear error and the object
+gives the same results afterwards as before.  LazyAdam's case lives in
+tests/test_optim.py.
+"""
+import pytest
+import torch
+from torch import nn
+
+import nnsparse
+from nnsparse import DynamicSparseTensor
+
+
+def snapshot(builder):
+    built = builder.build().coalesce()
+    return len(builder), built.indices().tolist(), built.values().tolist()
+
+
+def filled(dtype=torch.float32, ndim=1):
+    b = DynamicSparseTensor(dtype=dtype, ndim=ndim)
+    for i in range(5):
+        b.append(i if ndim == 1 else (i, i), 2 * i + 1)
+    return b
+
+
+@pytest.mark.parametrize("dtype, call, error, message", [
+    (torch.float32, lambda b: b.set(torch.tensor([[0.0, 1.0]], dtype=torch.complex64)),
+     TypeError, "pairs indices must be real numbers"),
+    (torch.int64, lambda b: b.set(torch.tensor([[0.0, 1.5]])),
+     TypeError, "values must be real numbers fitting dtype torch.int64"),
+    (torch.int8, lambda b: b.set(torch.tensor([[0, 1000]])),
+     ValueError, r"values must fit in dtype torch.int8, whose range is \[-128, 127\], got 1000"),
+    (torch.float32, lambda b: b.set(torch.tensor([[-1.0, 1.0]])),
+     ValueError, "pairs indices must be non-negative"),
+    (torch.float32, lambda b: b.set(torch.ones(2, 3)), ValueError, r"shape \(k, 2\)"),
+    (torch.int8, lambda b: b.append(9, 1000),
+     ValueError, r"value 1000 does not fit in dtype torch.int8: its range is \[-128, 127\]"),
+    (torch.int16, lambda b: b.append(9, -40000), ValueError, "does not fit in dtype torch.int16"),
+    (torch.float16, lambda b: b.append(9, 1e6),
+     ValueError, r"value 1000000.0 does not fit in dtype torch.float16"),
+    (torch.float32, lambda b: b.append(9, 1e39), ValueError, "does not fit in dtype torch.float32"),
+    (torch.float32, lambda b: b.append(-1, 1.0), ValueError, "index must be non-negative"),
+    (torch.float32, lambda b: b.append(1.5, 1.0), TypeError, "index must be an int, got float"),
+    (torch.float32, lambda b: b.append(1, "x"), TypeError, "value must be a real number"),
+    (torch.int8, lambda b: b.extend(torch.tensor([7, 8]), torch.tensor([1, 300])),
+     ValueError, r"values must fit in dtype torch.int8, whose range is \[-128, 127\], got 300"),
+    (torch.float16, lambda b: b.extend([7], torch.tensor([1e6], dtype=torch.float64)),
+     ValueError, "values must fit in dtype torch.float16"),
+    (torch.float32, lambda b: b.extend(torch.tensor([7, -8]), torch.ones(2)),
+     ValueError, "indices must be non-negative"),
+    (torch.int32, lambda b: b.extend([7], [0.5]), TypeError, "values must be real numbers fitting"),
+])
+def test_builder_failed_call_changes_nothing(dtype, call, error, message):
+    b = filled(dtype)
+    before = snapshot(b)
+    with pytest.raises(error, match=message):
+        call(b)
+    assert snapshot(b) == before
+    b.append(5, 3)  # still usable, and the entry lands after the old ones
+    assert len(b) == 6
+
+
+def test_builder_tuple_append_failure_changes_nothing():
+    b = filled(torch.int8, ndim=2)
+    before = snapshot(b)
+    with pytest.raises(ValueError, match="does not fit in dtype torch.int8"):
+        b.append((1, 2), 500)
+    with pytest.raises(ValueError, match="index must be non-negative"):
+        b.append((1, -2), 5)
+    assert snapshot(b) == before
+
+
+def test_narrow_builders_keep_values_in_range():
+    b = DynamicSparseTensor(dtype=torch.int8)
+    b.append(0, 127)
+    b.append(1, -128)
+    b.extend([2], torch.tensor([100]))
+    b2 = DynamicSparseTensor(dtype=torch.float16)
+    b2.append(0, float("inf"))  # inf and NaN are stored as given
+    b2.append(1, float("nan"))
+    b2.append(2, 65504.0)
+    assert b.build().coalesce().values().tolist() == [127, -128, 100]
+    v = b2.build().coalesce().values()
+    assert v[0] == float("inf") and v[1].isnan() and v[2] == 65504
+
+
+def _sparse_batch():
+    return torch.tensor([[1.0, 0.0, 2.0, 3.0], [0.0, 4.0, 5.0, 0.0]]).to_sparse_csr()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nnsparse.SDAESparseCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.5,
+                                         generator=torch.Generator().manual_seed(0)),
+    lambda: nnsparse.MaskCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.5,
+                                   generator=torch.Generator().manual_seed(0)),
+])
+def test_sparse_criteria_keep_their_mask_after_a_failed_call(make):
+    criterion = make()
+    x = _sparse_batch()
+    criterion.prepare_input(x)
+    estimate = torch.arange(8.0).reshape(2, 4)
+    before = criterion(estimate, x)
+    bad_inputs = [torch.sparse_csr_tensor(torch.tensor([0, 3, 2]), torch.tensor([0, 1, 2]),
+                                          torch.ones(3), (2, 4)),  # decreasing row pointers
+                  "not a tensor"]
+    for bad in bad_inputs:
+        with pytest.raises((TypeError, ValueError)):
+            criterion.prepare_input(bad)
+    with pytest.raises((TypeError, ValueError)):
+        criterion(torch.zeros(3, 4), x)  # wrong shape for the remembered mask
+    assert torch.equal(criterion(estimate, x), before)
+
+
+def test_dense_criteria_keep_their_mask_after_a_failed_call():
+    for criterion in (nnsparse.SDAECriterion(nn.MSELoss(), hide_ratio=0.5,
+                                             generator=torch.Generator().manual_seed(0)),
+                      nnsparse.MaskCriterion(nn.MSELoss(), hide_ratio=0.5,
+                                             generator=torch.Generator().manual_seed(0))):
+        x = torch.arange(8.0).reshape(2, 4)
+        criterion.prepare_input(x)
+        before = criterion(torch.zeros(2, 4), x)
+        with pytest.raises((TypeError, ValueError)):
+            criterion.prepare_input(_sparse_batch() if isinstance(
+                criterion, nnsparse.SDAECriterion) else torch.zeros(2, 2, 2))
+        assert torch.equal(criterion(torch.zeros(2, 4), x), before)
