@@ -196,3 +196,64 @@ def test_ratings_record():
         Ratings([0], torch.tensor([0]), torch.ones(1), {}, {})
     with pytest.raises(ValueError, match="ratings from mem are empty"):
         r.subset(torch.zeros(3, dtype=torch.bool)).scale
+
+
+def test_utf8_and_huge_ids_in_text(tmp_path):
+    path = tmp_path / "r.txt"
+    path.write_text("josé zoë 4\nmaría zoë 3\n", encoding="utf-8")
+    r = read_ratings(path, "text")
+    assert r.user_map == {"josé": 0, "maría": 1} and r.item_map == {"zoë": 0}
+    path.write_text("12345678901234567890 5 4\n98765432109876543210 5 3\n")
+    for fmt, text in (("text", None), ("ml-100k", "12345678901234567890\t5\t4\t0\n1\t5\t3\t0\n")):
+        if text:
+            path.write_text(text)
+        r = read_ratings(path, fmt)
+        assert 12345678901234567890 in r.user_map and len(r) == 2
+
+
+def test_undecodable_files_are_named(tmp_path):
+    path = tmp_path / "r.txt"
+    path.write_bytes("jos\xe9 a 4\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"r\.txt, line 1: the user id is not UTF-8 text"):
+        read_ratings(path, "text")
+    ratings = tmp_path / "ratings.csv"
+    ratings.write_text("userId,movieId,rating,timestamp\n1,2,3.5,0\n")
+    (tmp_path / "movies.csv").write_bytes("movieId,title\n2,Caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"movies\.csv: the item file is not UTF-8 text"):
+        read_ratings(ratings, "csv")
+
+
+def test_wrong_format_is_detected(tmp_path):
+    path = tmp_path / "ratings.csv"
+    path.write_text("1,2,3.5,0\n4,5,1,0\n")  # no header: the first line is a rating
+    r = read_ratings(path, "csv")
+    assert len(r) == 2 and r.rating.tolist() == [3.5, 1.0]
+    path.write_text("1 2 3 0\n4 5 1 0\n")
+    for fmt, sep in (("ml-1m", "'::'"), ("csv", "','"), ("ml-100k", r"'\\t'")):
+        with pytest.raises(ValueError, match=rf"line 1: format '{fmt}' separates the fields "
+                                             rf"with {sep}"):
+            read_ratings(path, fmt)
+
+
+def test_missing_file_and_directory_differ(tmp_path):
+    with pytest.raises(ValueError, match="no rating file at .*nothing.dat .it does not exist"):
+        read_ratings(tmp_path / "nothing.dat", "ml-1m")
+    with pytest.raises(ValueError, match="is a directory; give the rating file in it"):
+        read_ratings(tmp_path, "ml-1m")
+
+
+@pytest.mark.parametrize("kwargs, text, message", [
+    ({"titles": "missing.dat"}, "3\t30\t4\t0\n", "titles: no item file"),
+    ({}, "3\t30\t4\t0\n3\t31\tx\t0\n", "the rating must be a finite number"),
+    ({}, "3\t30\t4\t0\n3\t31\n", "expected 4 fields"),
+])
+def test_failed_read_leaves_the_given_maps_unchanged(tmp_path, kwargs, text, message):
+    path = tmp_path / "u.test"
+    path.write_text(text)
+    users, items = {1: 0, 2: 1}, {10: 0}
+    with pytest.raises(ValueError, match=message):
+        read_ratings(path, "ml-100k", user_map=users, item_map=items, **kwargs)
+    assert users == {1: 0, 2: 1} and items == {10: 0}
+    path.write_text("3\t30\t4\t0\n")
+    read_ratings(path, "ml-100k", user_map=users, item_map=items)
+    assert users == {1: 0, 2: 1, 3: 2} and items == {10: 0, 30: 1}

@@ -82,8 +82,8 @@ class Ratings:
     @classmethod
     def from_triples(cls, user: Any, item: Any, rating: Any, source: str = "") -> "Ratings":
         """Ratings from raw ids and values; ids are remapped in sorted order."""
-        users, user_index = _remap(np.asarray(user), None, "user")
-        items, item_index = _remap(np.asarray(item), None, "item")
+        users, user_index = _remap(_id_array(user), None, "user")
+        items, item_index = _remap(_id_array(item), None, "item")
         return cls(torch.from_numpy(user_index), torch.from_numpy(item_index),
                    torch.as_tensor(np.asarray(rating, dtype=np.float32)), users, items,
                    source=source)
@@ -202,39 +202,84 @@ def _column(tokens: List[bytes], index: np.ndarray, dtype: Any, path: str,
 
 def _remap(ids: np.ndarray, mapping: Optional[Dict[Any, int]],
            what: str) -> Tuple[Dict[Any, int], np.ndarray]:
-    """Indices of ``ids`` in ``mapping``; new ids are appended in sorted order.
+    """``(new, index)``: the ids missing from ``mapping`` and the index of every id.
 
-    With ``mapping=None`` a new map is made.  A given map is extended in place
-    (it is the shared map of a split), so every part keeps one shape.
+    ``new`` maps the ids ``mapping`` lacks to ``len(mapping), ...`` in sorted
+    order; ``mapping`` itself is not changed (the caller commits ``new`` once
+    nothing can fail any more), ``None`` is an empty map.
     """
     unique, inverse = np.unique(ids, return_inverse=True)
     mapping = {} if mapping is None else mapping
+    new: Dict[Any, int] = {}
     keys = unique.tolist()
     position = np.empty(len(keys), dtype=np.int64)
     for k, key in enumerate(keys):
         index = mapping.get(key)
         if index is None:
-            index = mapping[key] = len(mapping)
+            index = new[key] = len(mapping) + len(new)
         position[k] = index
-    return mapping, position[inverse.reshape(-1)]
+    return new, position[inverse.reshape(-1)]
 
 
 def _ids(tokens: List[bytes], index: np.ndarray, path: str, line: np.ndarray,
          what: str, numeric: bool) -> np.ndarray:
+    """The ``what`` ids: int64, Python ints beyond int64, or (``text`` only) strings."""
+    picked = [tokens[i] for i in index.tolist()]
+    try:
+        return np.array(picked).astype(np.int64) if picked else np.zeros(0, np.int64)
+    except (ValueError, OverflowError):
+        pass
+    big = _big_ints(picked)
+    if big is not None:  # 20-digit ids: exact Python ints (numpy cannot sort them mixed)
+        return big
     if numeric:
         return _column(tokens, index, np.int64, path, line, f"the {what} id")
-    # Generic text: ids are integers when they all are, strings otherwise.
-    picked = np.array([tokens[i] for i in index.tolist()])
+    # Generic text: ids are integers when they all are, UTF-8 strings otherwise.
+    out = np.empty(len(picked), dtype=object)
+    for k, token in enumerate(picked):
+        try:
+            out[k] = token.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}, line {line[k]}: the {what} id is not UTF-8 text "
+                             f"({e.reason} at byte {e.start}): {token!r}; the file must be "
+                             "UTF-8 encoded") from None
+    return out
+
+
+def _big_ints(tokens: List[bytes]) -> Optional[np.ndarray]:
+    """Tokens that are all integers as an object array of Python ints, else None."""
+    out = np.empty(len(tokens), dtype=object)
+    for k, token in enumerate(tokens):
+        try:
+            out[k] = int(token)
+        except ValueError:
+            return None
+    return out
+
+
+def _id_array(ids: Any) -> np.ndarray:
+    """``ids`` as a 1-D numpy array; Python ints beyond int64 kept exact (object dtype)."""
     try:
-        return picked.astype(np.int64)
-    except ValueError:
-        return picked.astype(str)
+        return np.asarray(ids)
+    except OverflowError:
+        out = np.empty(len(ids), dtype=object)
+        out[:] = list(ids)
+        return out
 
 
 # -- item titles -----------------------------------------------------------------------
 
 def _read_titles(path: Path, fmt: str) -> Dict[Any, str]:
     """original item id -> title, from ``u.item``, ``movies.dat`` or ``movies.csv``."""
+    try:
+        return _parse_titles(path, fmt)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: the item file is not UTF-8 text ({e.reason} at byte "
+                         f"{e.start}); MovieLens movies.csv is UTF-8: re-encode the file "
+                         "or pass titles=False") from None
+
+
+def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
     titles: Dict[Any, str] = {}
     if fmt == "csv":
         with open(path, newline="", encoding="utf-8") as f:
@@ -315,7 +360,8 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
             ``False`` reads none.
         user_map, item_map (dict, optional): maps from original id to index to
             reuse, e.g. the training part's maps when reading its test part.
-            They are extended in place by ids they lack (see ``unseen``).
+            They are extended in place by ids they lack (see ``unseen``),
+            once the whole file has been read without error.
         unseen (str): what to do with ids missing from given maps:
             ``"keep"`` (default) appends them to the maps (rows or columns with
             no training data; :class:`~nnsparse.data.RatingNormalizer` predicts
@@ -328,9 +374,16 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
         float32, ``titles`` when an item file was read.
 
     Raises:
-        ValueError: unknown ``format`` or ``unseen``, a missing file, an empty
-            file, a malformed line (the message names the file and its
-            1-based line number), a rating that is not a finite number.
+        ValueError: unknown ``format`` or ``unseen``, a missing file or a
+            directory, an empty file, a file whose lines do not match
+            ``format`` (the message names the file and its 1-based line
+            number), a rating that is not a finite number, ids or an item
+            file that are not UTF-8.  A failed call leaves ``user_map`` and
+            ``item_map`` unchanged.
+
+    Ids: integers when every id is one (exact beyond int64 too, as Python
+    ints); for ``"text"`` otherwise UTF-8 strings.  A ``"csv"`` file's first
+    line is skipped only when it is a header (not a rating).
 
     Example::
 
@@ -349,11 +402,21 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
     if unseen not in ("keep", "drop"):
         raise ValueError(f"unseen must be 'keep' or 'drop', got {unseen!r}")
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"path: {path} is a directory; give the rating file in it "
+                         f"(e.g. {path / ('ratings.csv' if format == 'csv' else 'ratings.dat')})")
+    if not path.exists():
+        raise ValueError(f"path: no rating file at {path} (it does not exist)")
     if not path.is_file():
-        raise ValueError(f"path: no rating file at {path}")
+        raise ValueError(f"path: {path} is not a regular file")
+    # Every argument is checked before anything is read or changed.
+    title_file = _title_file(path, format, titles)
     sep, fields, header, _ = _FORMATS[format]
     raw = path.read_bytes()
+    if header:
+        header = _has_header(raw, sep)
     if sep is not None:
+        _check_separator(raw, sep, format, str(path), header)
         # Fields become whitespace-separated tokens; a separator next to
         # whitespace would merge fields, so an empty field shows as a missing one.
         raw = raw.replace(sep, b" ") if len(sep) > 1 else raw.translate(_translation(sep))
@@ -373,15 +436,62 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
         user, item, rating = user[keep], item[keep], rating[keep]
         if len(rating) == 0:
             raise ValueError(f"{path}: no rating left after dropping unseen users and items")
-    user_map, user_index = _remap(user, user_map, "user")
-    item_map, item_index = _remap(item, item_map, "item")
-    record = Ratings(torch.from_numpy(user_index), torch.from_numpy(item_index),
-                     torch.from_numpy(rating.astype(np.float32)), user_map, item_map,
-                     source=name)
-    title_file = _title_file(path, format, titles)
+    new_users, user_index = _remap(user, user_map, "user")
+    new_items, item_index = _remap(item, item_map, "item")
+    title_list = None
     if title_file is not None:
-        record.titles = _titles(item_map, _read_titles(title_file, format))
-    return record
+        title_list = _titles({**(item_map or {}), **new_items}, _read_titles(title_file, format))
+    # Nothing can fail any more: extend the caller's maps (shared by a split).
+    user_map = new_users if user_map is None else _commit(user_map, new_users)
+    item_map = new_items if item_map is None else _commit(item_map, new_items)
+    return Ratings(torch.from_numpy(user_index), torch.from_numpy(item_index),
+                   torch.from_numpy(rating.astype(np.float32)), user_map, item_map,
+                   titles=title_list, source=name)
+
+
+def _commit(mapping: Dict[Any, int], new: Dict[Any, int]) -> Dict[Any, int]:
+    mapping.update(new)
+    return mapping
+
+
+def _has_header(raw: bytes, sep: Optional[bytes]) -> bool:
+    """True when the first non-blank line is a header, not a rating (csv files)."""
+    start = 0
+    while start < len(raw):
+        end = raw.find(b"\n", start)
+        end = len(raw) if end < 0 else end
+        line, start = raw[start:end], end + 1
+        if line.strip():
+            fields = line.split(sep) if sep else line.split()
+            if len(fields) < 3:
+                return False  # not this format's header: the checks below say why
+            try:
+                float(fields[2])
+                int(fields[0])
+                return False  # numbers: a header-less file starts with a rating
+            except ValueError:
+                return True
+    return True
+
+
+def _check_separator(raw: bytes, sep: bytes, fmt: str, path: str, header: bool) -> None:
+    """Refuse a file whose lines are not separated by ``fmt``'s separator.
+
+    A rating line of the MovieLens formats has 4 fields, so 3 separators;
+    whitespace would otherwise split fields too and hide a wrong ``format``.
+    """
+    # fast path: enough separators for every line (blank lines counted too)
+    if raw.count(sep) >= 3 * (raw.count(b"\n") + 1 - header):
+        return
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        # a line whose fields only whitespace separates (a wrong field count
+        # is left to the tokeniser's message)
+        if (line.strip() and line.count(sep) < 3 and not (header and number == 1)
+                and len(line.replace(sep, b" ").split()) == 4):
+            raise ValueError(
+                f"{path}, line {number}: format {fmt!r} separates the fields with "
+                f"{sep.decode()!r}, got {line.decode('latin-1').strip()[:200]!r}; check "
+                f"format= (one of {list(_FORMATS)})")
 
 
 def _translation(sep: bytes) -> bytes:
