@@ -1,6 +1,8 @@
 """Conversions between dense tensors, torch sparse tensors and the Lua pair form."""
 from __future__ import annotations
 
+import numbers
+
 import math
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -12,6 +14,11 @@ from ._forms import SparseBatch, _as_pairs, _sparse_coo, _sparse_csr, as_sparse_
 __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
 
 Size = Union[int, Sequence[int]]
+
+
+def _check_elem(elem: Any) -> None:
+    if isinstance(elem, bool) or not isinstance(elem, numbers.Number):
+        raise TypeError(f"elem must be a number, got {type(elem).__name__} {elem!r}")
 
 
 def _is_nan(elem: float) -> bool:
@@ -63,8 +70,9 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
         raise TypeError(f"x must be a dense tensor, got {got}")
     if x.dim() not in (1, 2):
         raise ValueError(f"x must be 1-D (a vector) or 2-D (rows, n), got {x.dim()} dimensions")
-    if not isinstance(offset, int) or offset < 0:
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
         raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+    _check_elem(elem)
     if layout not in (torch.sparse_coo, torch.sparse_csr):
         raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
     if layout == torch.sparse_csr and x.dim() == 1:
@@ -133,6 +141,7 @@ def densify(x: Any, elem: float = 0, size: Optional[Size] = None) -> Tensor:
 
 
 def _densify(batch: SparseBatch, elem: float, rows: int, width: int) -> Tensor:
+    _check_elem(elem)
     """:func:`densify` of a normalised batch, ``(rows, width)`` (``(width,)`` for a vector)."""
     if _is_nan(elem) and not (batch.dtype.is_floating_point or batch.dtype.is_complex):
         raise ValueError(f"elem nan needs floating values, got dtype {batch.dtype}")
@@ -205,4 +214,8 @@ def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = Non
     if isinstance(pairs, Tensor) and pairs.layout != torch.strided:
         raise TypeError(f"pairs must be a dense (k, 2) tensor or a list of them, "
                         f"got layout {pairs.layout}")
-    return as_sparse_batch(pairs, name="pairs", width=size).to_coo()
+    if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Integral)):
+        raise TypeError(f"size must be an int, got {type(size).__name__} {size!r}")
+    if size is not None and size < 0:
+        raise ValueError(f"size must be non-negative, got {size}")
+    return as_sparse_batch(pairs, name="pairs", width=None if size is None else int(size)).to_coo()

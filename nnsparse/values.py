@@ -152,7 +152,8 @@ def values_map(fn: Callable[[Tensor], Tensor], input: Any) -> Any:
         Gradients flow to ``input``'s values only.
 
     Raises:
-        TypeError: ``input`` is not a tensor or an accepted sparse form.
+        TypeError: ``fn`` is not callable, ``input`` is not a tensor or an
+            accepted sparse form.
         ValueError: ``fn`` changed the number of values.
 
     Example::
@@ -163,6 +164,8 @@ def values_map(fn: Callable[[Tensor], Tensor], input: Any) -> Any:
         (tensor([[0, 1],
                 [1, 0]]), tensor([0.8808, 0.2689]))
     """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable (a module or function), got {type(fn).__name__}")
     if isinstance(input, Tensor) and input.layout == torch.strided:
         # dense data (a dense decoder's output at inference); a lone (k, 2)
         # pair tensor cannot be told from a dense (rows, 2) batch: wrap it in a list
@@ -217,6 +220,8 @@ class ValuesMap(nn.Module):
 
     def __init__(self, fn: Callable[[Tensor], Tensor]) -> None:
         super().__init__()
+        if not callable(fn):
+            raise TypeError(f"fn must be callable (a module or function), got {type(fn).__name__}")
         self.fn = fn
 
     def forward(self, input: Any) -> Any:

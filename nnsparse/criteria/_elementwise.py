@@ -16,7 +16,11 @@ shape of the estimate, which is what the dense loss would do with them.
 from __future__ import annotations
 
 import copy
-from typing import Callable, Optional
+import math
+import numbers
+from typing import Any, Callable, Optional
+
+import torch
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -189,3 +193,19 @@ class RefuseLuaNames:
                 f"{type(self).__name__} has no Lua attribute {name!r}; nnsparse calls it "
                 f"{ours}: pass {ours}=... to the constructor or set criterion.{ours}")
         super().__setattr__(name, value)  # type: ignore[misc]
+
+
+def real_arg(value: Any, name: str) -> float:
+    """``value`` as a float, refused unless it is a finite real number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
+
+
+def generator_arg(generator: Any) -> Optional[torch.Generator]:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got "
+                        f"{type(generator).__name__}")
+    return generator

@@ -8,7 +8,8 @@ from torch import Tensor, nn
 
 from .._forms import as_sparse_batch, is_sparse_form
 from ..convert import densify
-from ._elementwise import RefuseLuaNames, elementwise_loss, resolve_size_average
+from ._elementwise import (RefuseLuaNames, elementwise_loss, generator_arg, real_arg,
+                           resolve_size_average)
 from ._entries import as_estimate, as_target, check_device, lookup, unique_entries
 from .sdae import EntryMask, _check_generator, _kind
 
@@ -87,9 +88,9 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         super().__init__()
         self._loss = elementwise_loss(criterion)
         self.criterion = criterion
-        self.alpha, self.beta = float(alpha), float(beta)
-        self.hide_ratio = hide_ratio
-        self.generator = generator
+        self.alpha, self.beta = real_arg(alpha, "alpha"), real_arg(beta, "beta")
+        self.hide_ratio = real_arg(hide_ratio, "hide_ratio")
+        self.generator = generator_arg(generator)
         self.size_average = resolve_size_average(criterion, size_average, "MaskCriterion")
         self._check_ratio()
         self._sparse_mask: Optional[EntryMask] = None

@@ -13,7 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from .._forms import as_sparse_batch, is_sparse_form
-from ._elementwise import RefuseLuaNames, elementwise_loss, resolve_size_average
+from ._elementwise import (RefuseLuaNames, elementwise_loss, generator_arg, real_arg,
+                           resolve_size_average)
 from ._entries import DECLARED_WIDTH, Estimate, as_estimate, as_target, lookup, unique_entries
 
 __all__ = ["SDAECriterion", "SDAESparseCriterion"]
@@ -72,11 +73,16 @@ class _SDAEBase(RefuseLuaNames, nn.Module):
         super().__init__()
         self._loss = elementwise_loss(criterion)
         self.criterion = criterion
-        self.alpha, self.beta = float(alpha), float(beta)
-        self.noise_ratio, self.noise_mean, self.noise_std = noise_ratio, noise_mean, noise_std
-        self.flip_ratio, self.flip_range = flip_ratio, tuple(flip_range)
-        self.hide_ratio = hide_ratio
-        self.generator = generator
+        self.alpha, self.beta = real_arg(alpha, "alpha"), real_arg(beta, "beta")
+        self.noise_ratio = real_arg(noise_ratio, "noise_ratio")
+        self.noise_mean = real_arg(noise_mean, "noise_mean")
+        self.noise_std = real_arg(noise_std, "noise_std")
+        self.flip_ratio = real_arg(flip_ratio, "flip_ratio")
+        if not isinstance(flip_range, (tuple, list)) or len(flip_range) != 2:
+            raise ValueError(f"flip_range must hold 2 values, got {flip_range!r}")
+        self.flip_range = tuple(real_arg(v, "flip_range") for v in flip_range)
+        self.hide_ratio = real_arg(hide_ratio, "hide_ratio")
+        self.generator = generator_arg(generator)
         self.size_average = resolve_size_average(criterion, size_average, type(self).__name__)
         self._mask = None
         self._check_ratios()

@@ -18,8 +18,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._forms import _sparse_coo, _sparse_csr, as_sparse_batch
-from .readers import Ratings
+from .._forms import SparseBatch, _sparse_coo, _sparse_csr, as_sparse_batch
+from .readers import Ratings, check_ratings
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
 
@@ -29,6 +29,7 @@ _ORIENTATIONS = ("item", "user")
 def _check_orientation(orientation: str) -> None:
     if orientation not in _ORIENTATIONS:
         raise ValueError(f"orientation must be 'item' or 'user', got {orientation!r}")
+
 
 
 def _index(ratings: Ratings, orientation: str) -> Tuple[Tensor, Tensor, Tuple[int, int]]:
@@ -69,14 +70,23 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
         >>> m.shape, m.crow_indices(), m.col_indices(), m.values()
         (torch.Size([2, 2]), tensor([0, 1, 3]), tensor([0, 0, 1]), tensor([4., 0., 2.]))
     """
+    check_ratings(ratings, "ratings")
     _check_orientation(orientation)
     if layout not in (torch.sparse_csr, torch.sparse_coo):
         raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
     row, col, default = _index(ratings, orientation)
+    if shape is not None and (not isinstance(shape, (tuple, list)) or len(shape) != 2 or any(
+            isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in shape)):
+        raise ValueError(f"shape must be two non-negative ints (rows, width), got {shape!r}")
     rows, width = default if shape is None else shape
     values = ratings.rating if values is None else values
+    if not isinstance(values, Tensor) or values.layout != torch.strided:
+        raise TypeError(f"values must be a dense tensor, got {type(values).__name__}")
     if values.shape != row.shape:
         raise ValueError(f"values must have shape {tuple(row.shape)}, got {tuple(values.shape)}")
+    if values.is_floating_point() and values.numel() and not bool(torch.isfinite(values).all()):
+        raise ValueError("values must be finite, got NaN or inf; a rating matrix specifies "
+                         "observed ratings only")
     for name, index, bound in (("row", row, rows), ("column", col, width)):
         if index.numel() and int(index.max()) >= bound:
             raise ValueError(f"{orientation} matrix {name} indices must be in [0, {bound}), got "
@@ -87,12 +97,10 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
         repeats = int((key[1:] == key[:-1]).sum())
         raise ValueError(f"ratings{' from ' + ratings.source if ratings.source else ''} rate "
                          f"{repeats} (user, item) pairs more than once; keep one rating per pair")
-    row, col, values = row[order], col[order], values[order]
-    if layout == torch.sparse_coo:
-        return _sparse_coo(torch.stack([row, col]), values, (rows, width), coalesced=True)
-    crow = row.new_zeros(rows + 1)
-    torch.cumsum(torch.bincount(row, minlength=rows), 0, out=crow[1:])
-    return _sparse_csr(crow, col, values, (rows, width))
+    # checked above: the matrix is built trusted, its structure attached
+    batch = SparseBatch(row[order], col[order], values[order], (rows, width), "coo",
+                        row_sorted=True, coalesced=True, trusted=True)
+    return batch.to_coo() if layout == torch.sparse_coo else batch.to_csr()
 
 
 class RatingNormalizer:
@@ -140,6 +148,7 @@ class RatingNormalizer:
 
     def __init__(self, train: Ratings, orientation: str = "item", center: bool = True,
                  scale: Optional[Tuple[float, float]] = None) -> None:
+        check_ratings(train, "train")
         _check_orientation(orientation)
         if len(train) == 0:
             raise ValueError("train holds no ratings; the normaliser needs some to fit")
@@ -229,6 +238,10 @@ class RatingNormalizer:
 
 
 def _check_pair(prediction: Tensor, target: Tensor) -> None:
+    for name, t in (("prediction", prediction), ("target", target)):
+        if not isinstance(t, Tensor) or t.layout != torch.strided:
+            got = f"layout {t.layout}" if isinstance(t, Tensor) else type(t).__name__
+            raise TypeError(f"{name} must be a dense tensor, got {got}")
     if prediction.shape != target.shape:
         raise ValueError(f"prediction and target must have one shape, got "
                          f"{tuple(prediction.shape)} and {tuple(target.shape)}")
@@ -312,6 +325,8 @@ def mean_prediction(train: Ratings, test: Ratings, by: str = "item") -> Tensor:
         >>> rmse(mean_prediction(train, test), test.rating)
         tensor(2.)
     """
+    check_ratings(train, "train")
+    check_ratings(test, "test")
     _check_orientation(by)
     if len(train) == 0:
         raise ValueError("train holds no ratings; the baseline needs some")

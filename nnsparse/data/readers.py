@@ -130,6 +130,13 @@ class Ratings:
                        rating=self.rating[index], _ids=self._ids)
 
 
+def check_ratings(ratings: Any, name: str) -> None:
+    """``TypeError`` unless ``ratings`` is a :class:`Ratings` record."""
+    if not isinstance(ratings, Ratings):
+        raise TypeError(f"{name} must be a Ratings record (from read_ratings or "
+                        f"Ratings.from_triples), got {type(ratings).__name__}")
+
+
 def _from(source: str) -> str:
     return f" from {source}" if source else ""
 
@@ -401,6 +408,12 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
         raise ValueError(f"format must be one of {list(_FORMATS)}, got {format!r}")
     if unseen not in ("keep", "drop"):
         raise ValueError(f"unseen must be 'keep' or 'drop', got {unseen!r}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    for name, given in (("user_map", user_map), ("item_map", item_map)):
+        if given is not None and not isinstance(given, dict):
+            raise TypeError(f"{name} must be a dict (original id -> index), "
+                            f"got {type(given).__name__}")
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"path: {path} is a directory; give the rating file in it "

@@ -5,12 +5,13 @@ epochs and settings on ``validation``, and read ``test`` once, at the end.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
-from typing import Iterator, Tuple
+from typing import Any, Iterator, Tuple
 
 import torch
 
-from .readers import Ratings
+from .readers import Ratings, check_ratings
 
 __all__ = ["Split", "split_ratings", "random_split", "holdout_split"]
 
@@ -36,6 +37,12 @@ class Split:
 def _check_ratio(ratio: float, name: str) -> None:
     if not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
         raise ValueError(f"{name} must be a number in [0, 1), got {ratio!r}")
+
+
+def _check_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+    return int(seed)
 
 
 def split_ratings(ratings: Ratings, ratio: float = 0.1, seed: int = 0) -> Tuple[Ratings, Ratings]:
@@ -67,7 +74,9 @@ def split_ratings(ratings: Ratings, ratio: float = 0.1, seed: int = 0) -> Tuple[
         >>> test.user.tolist() == split_ratings(r, 0.2, seed=0)[1].user.tolist()
         True
     """
+    check_ratings(ratings, "ratings")
     _check_ratio(ratio, "ratio")
+    seed = _check_seed(seed)
     n = len(ratings)
     k = round(ratio * n)
     generator = torch.Generator().manual_seed(int(seed))
@@ -106,6 +115,8 @@ def random_split(ratings: Ratings, test: float = 0.1, validation: float = 0.05,
         >>> len(train), len(valid), len(test)
         (85, 5, 10)
     """
+    check_ratings(ratings, "ratings")
+    seed = _check_seed(seed)
     _check_ratio(test, "test")
     _check_ratio(validation, "validation")
     if test + validation >= 1:
@@ -146,6 +157,9 @@ def holdout_split(train: Ratings, test: Ratings, validation: float = 0.05,
         >>> len(s.train), len(s.validation), len(s.test)
         (15, 5, 2)
     """
+    check_ratings(train, "train")
+    check_ratings(test, "test")
+    seed = _check_seed(seed)
     _check_ratio(validation, "validation")
     if train.user_map is not test.user_map or train.item_map is not test.item_map:
         raise ValueError("train and test must share their id maps; read them with "

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from .._forms import as_sparse_batch
-from ..convert import _densify, sparsify
+from ..convert import _check_elem, _densify, sparsify
 
 __all__ = ["Densify", "Sparsify"]
 
@@ -53,8 +53,12 @@ class Densify(nn.Module):
 
     def __init__(self, in_features: int, elem: float = 0) -> None:
         super().__init__()
-        if not isinstance(in_features, int) or isinstance(in_features, bool) or in_features < 0:
+        if not isinstance(in_features, int) or isinstance(in_features, bool):
+            raise TypeError(f"in_features must be a non-negative int, got "
+                            f"{type(in_features).__name__} {in_features!r}")
+        if in_features < 0:
             raise ValueError(f"in_features must be a non-negative int, got {in_features!r}")
+        _check_elem(elem)
         self.in_features = in_features
         self.elem = elem
 
@@ -111,6 +115,7 @@ class Sparsify(nn.Module):
             raise ValueError(f"offset must be a non-negative int, got {offset!r}")
         if layout not in (torch.sparse_coo, torch.sparse_csr):
             raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
+        _check_elem(elem)
         self.elem = elem
         self.offset = offset
         self.layout = layout

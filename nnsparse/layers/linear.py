@@ -122,7 +122,8 @@ def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = No
 
     Raises:
         TypeError: ``input`` is not an accepted form.
-        ValueError: ``input`` has more than ``in_features`` columns, an index
+        ValueError: a torch sparse ``input`` whose width is not
+            ``in_features`` (a list of rows may be narrower), an index
             is out of range, input and weight differ in device or dtype, or
             ``mode`` is unknown.
 
@@ -148,6 +149,12 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
                              f"last dimension, got shape {tuple(input.shape)}; a Lua (k, 2) "
                              "pair vector goes through nnsparse.from_pairs(input)")
         return F.linear(input, table.t(), bias)
+    if (isinstance(input, Tensor) and input.layout != torch.strided and input.dim() in (1, 2)
+            and input.shape[-1] < table.shape[0]):
+        # a torch tensor declares its width: like nn.Linear, it must be in_features
+        # (a wider one is refused by as_sparse_batch below)
+        raise ValueError(f"input has width {input.shape[-1]}, smaller than in_features "
+                         f"{table.shape[0]}; give it shape (rows, {table.shape[0]})")
     batch = as_sparse_batch(input, name="input", width=table.shape[0])
     if batch.device != table.device:
         raise ValueError(f"input must be on the weight's device {table.device}, "

@@ -84,7 +84,7 @@ def _pattern_structure(pattern: SparseLike, input: Tensor, out_features: int):
         raise TypeError(f"pattern must be sparse, got a dense (strided) tensor of shape "
                         f"{tuple(pattern.shape)}; convert it with nnsparse.sparsify(pattern), "
                         "or a Lua (k, 2) pair vector with nnsparse.from_pairs(pattern)")
-    if isinstance(pattern, Tensor) and pattern.dim() >= 1 and pattern.shape[-1] < out_features:
+    if isinstance(pattern, Tensor) and pattern.dim() in (1, 2) and pattern.shape[-1] < out_features:
         raise ValueError(f"pattern has width {pattern.shape[-1]}, smaller than out_features "
                          f"{out_features}; give it shape (rows, {out_features})")
     batch = as_sparse_batch(pattern, name="pattern", width=out_features, pairs=False)
@@ -260,6 +260,14 @@ class SparseOutputLinear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  sparse_grad: bool = False, device=None, dtype=None) -> None:
+        for arg, value in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{arg} must be an int, got {type(value).__name__} {value!r}")
+            if value < 0:
+                raise ValueError(f"{arg} must be non-negative, got {value}")
+        for arg, flag in (("bias", bias), ("sparse_grad", sparse_grad)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{arg} must be a bool, got {type(flag).__name__} {flag!r}")
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.sparse_grad = sparse_grad
 
