@@ -105,7 +105,10 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         self._check_ratio()
         if is_sparse_form(input):
             return self._prepare_sparse(input)
-        if not isinstance(input, Tensor) or input.dim() not in (1, 2):
+        if not isinstance(input, Tensor):
+            raise TypeError(f"input must be a sparse batch or a dense (rows, n) tensor, "
+                            f"got {_kind(input)}")
+        if input.dim() not in (1, 2):
             raise ValueError(f"input must be a sparse batch or a dense (rows, n) tensor, "
                              f"got {_kind(input)} of shape {tuple(getattr(input, 'shape', ()))}")
         _check_generator(self.generator, input.device)

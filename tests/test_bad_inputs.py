@@ -1,0 +1,570 @@
+"""The table-driven bad-input suite: every public entry point x every kind of bad input.
+
+Each case pairs a call with the exception type and a regex of the message,
+which names the argument and what was expected (torchsparsegradutils'
+``BAD_TEST_DATA`` is the model).  Inputs that must WORK (int32 indices,
+uncoalesced duplicates, non-contiguous tensors, empty batches, dense input
+to a layer) are checked against a dense reference: a silently wrong result
+is the worst outcome.  ``python tests/test_bad_inputs.py`` prints the tally.
+"""
+import math
+import re
+import sys
+from typing import Any, Callable, List, NamedTuple, Optional
+
+import pytest
+import torch
+from torch import nn
+
+import nnsparse
+from nnsparse.data import (Ratings, RatingNormalizer, SparseRowDataset, collate_sparse_rows,
+                           holdout_split, mae, mean_prediction, random_split, rating_matrix,
+                           read_ratings, rmse, split_ratings, synthetic_ratings)
+from nnsparse.optim import LazyAdam
+
+F32 = torch.float32
+X = torch.tensor([[1.0, 0.0, 2.0, 0.0], [0.0, 3.0, 0.0, 4.0]])
+
+
+def coo(idx, val, shape):
+    return torch.sparse_coo_tensor(torch.tensor(idx), torch.tensor(val, dtype=F32), shape,
+                                   check_invariants=False)
+
+
+def csr(crow, col, val, shape, index_dtype=torch.int64):
+    return torch.sparse_csr_tensor(torch.tensor(crow, dtype=index_dtype),
+                                   torch.tensor(col, dtype=index_dtype),
+                                   torch.tensor(val, dtype=F32), shape, check_invariants=False)
+
+
+class Case(NamedTuple):
+    id: str
+    call: Callable[[], Any]
+    error: Optional[type]  # None: the call must work, and `check` its result
+    match: str = ""
+    check: Optional[Callable[[Any], bool]] = None
+
+
+# -- bad sparse arguments x every entry point that takes one -------------------------------
+
+BAD_SPARSE = {
+    "coo-out-of-range": (lambda: coo([[0, 1], [1, 4]], [1, 2], (2, 4)),
+                         ValueError, r"column indices must be in \[0, 4\), got max 4"),
+    "coo-negative": (lambda: coo([[0, 1], [1, -1]], [1, 2], (2, 4)),
+                     ValueError, r"column indices must be non-negative, got min -1"),
+    "coo-negative-row": (lambda: coo([[-1, 1], [1, 2]], [1, 2], (2, 4)),
+                         ValueError, r"row indices must be non-negative, got min -1"),
+    "coo-row-out-of-range": (lambda: coo([[0, 2], [1, 2]], [1, 2], (2, 4)),
+                             ValueError, r"row indices must be in \[0, 2\), got max 2"),
+    "csr-crow0": (lambda: csr([1, 1, 2], [0, 1], [1, 2], (2, 4)),
+                  ValueError, r"crow_indices must start at 0, got 1"),
+    "csr-decreasing": (lambda: csr([0, 2, 1], [0, 1], [1, 2], (2, 4)),
+                       ValueError, r"crow_indices must be non-decreasing"),
+    "csr-last-past-nnz": (lambda: csr([0, 1, 3], [0, 1], [1, 2], (2, 4)),
+                          ValueError, r"crow_indices must end at nnz = 2"),
+    "csr-last-below-nnz": (lambda: csr([0, 1, 1], [0, 1], [1, 2], (2, 4)),
+                           ValueError, r"crow_indices must end at nnz = 2"),
+    "csr-unsorted-columns": (lambda: csr([0, 2, 2], [3, 1], [1, 2], (2, 4)),
+                             ValueError, r"column indices must increase within each row"),
+    "csr-repeated-columns": (lambda: csr([0, 2, 2], [1, 1], [1, 2], (2, 4)),
+                             ValueError, r"column indices must increase within each row"),
+    "csr-column-out-of-range": (lambda: csr([0, 1, 2], [0, 4], [1, 2], (2, 4)),
+                                ValueError, r"column indices must be in \[0, 4\), got max 4"),
+    "csr-column-negative": (lambda: csr([0, 1, 2], [0, -1], [1, 2], (2, 4)),
+                            ValueError, r"column indices must be non-negative"),
+    "csr-values-length": (lambda: csr([0, 1, 2], [0, 1], [1, 2, 3], (2, 4)),
+                          ValueError, r"one value per column index, got 3 values for 2"),
+    "sparse-3d": (lambda: torch.ones(2, 2, 2).to_sparse(),
+                  ValueError, r"(vector or a 2-D sparse batch, got 3 dimensions|2-D)"),
+    "hybrid": (lambda: torch.ones(2, 4, 3).to_sparse(2),
+               (NotImplementedError, ValueError), r"(hybrid sparse tensors are not supported|2-D)"),
+    "bsr-layout": (lambda: X.to_sparse_bsr((1, 2)),
+                   (NotImplementedError, TypeError), r"(layout torch.sparse_bsr is not supported|"
+                                                     r"got layout torch.sparse_bsr)"),
+    "wrong-type-str": (lambda: "abc", TypeError, r"got str"),
+    "wrong-type-none": (lambda: None, TypeError, r"got NoneType"),
+    "list-of-ints": (lambda: [1, 2], TypeError, r"(\[0\] must be a tensor, got int|got list)"),
+}
+
+# entry point -> (call on the sparse argument, the argument's name in messages)
+SPARSE_ENTRIES = {
+    "densify": (lambda x: nnsparse.densify(x), "x"),
+    "to_pairs": (lambda x: nnsparse.to_pairs(x), "x"),
+    "ssort": (lambda x: nnsparse.ssort(x), "x"),
+    "ssort_by_index": (lambda x: nnsparse.ssort_by_index(x), "x"),
+    "stopk": (lambda x: nnsparse.stopk(x, 1), "x"),
+    "values_map": (lambda x: nnsparse.values_map(torch.sin, x), "input"),
+    "ValuesMap": (lambda x: nnsparse.ValuesMap(nn.Tanh())(x), "input"),
+    "SparseLinearBatch": (lambda x: nnsparse.SparseLinearBatch(4, 3)(x), "input"),
+    "sparse_linear": (lambda x: nnsparse.layers.linear.sparse_linear(x, torch.ones(3, 4)), "input"),
+    "Densify": (lambda x: nnsparse.Densify(4)(x), "input"),
+    "SparseOutputLinear": (lambda x: nnsparse.SparseOutputLinear(3, 4)(torch.ones(2, 3), x),
+                           "pattern"),
+    "SparseCriterion": (lambda x: nnsparse.SparseCriterion(nn.MSELoss())(torch.zeros(2, 4), x),
+                        "target"),
+    "SDAESparseCriterion": (lambda x: nnsparse.SDAESparseCriterion(nn.MSELoss())(
+        torch.zeros(2, 4), x, mask=torch.zeros(2, 4, dtype=torch.bool)), "target"),
+    "SDAESparseCriterion.prepare_input": (lambda x: nnsparse.SDAESparseCriterion(
+        nn.MSELoss(), hide_ratio=0.5).prepare_input(x), "input"),
+    "MaskCriterion.prepare_input": (lambda x: nnsparse.MaskCriterion(
+        nn.MSELoss(), hide_ratio=0.5).prepare_input(x), "input"),
+    "Batchifier": (lambda x: nnsparse.Batchifier(nnsparse.Densify(4), 4, batch_size=1,
+                                                 progress=False)(x), "data"),
+    "SparseRowDataset": (lambda x: SparseRowDataset(x), "input"),
+}
+
+# Kinds an entry point answers with its own (clear) message rather than the shared one.
+OWN = {
+    ("SparseRowDataset", "hybrid"): (ValueError, r"input must be 2-D \(rows, width\)"),
+    ("SparseRowDataset", "sparse-3d"): (ValueError, r"input must be 2-D \(rows, width\)"),
+    ("SparseRowDataset", "bsr-layout"): (TypeError, r"input must be a 2-D sparse CSR or COO"),
+    ("SparseRowDataset", "list-of-ints"): (TypeError, r"input must be a 2-D sparse CSR or COO"),
+    ("Batchifier", "wrong-type-str"): (TypeError, r"data must be a sparse matrix.*got str"),
+    ("Batchifier", "wrong-type-none"): (TypeError, r"data must be a sparse matrix.*got NoneType"),
+}
+
+
+# Not bad inputs there: SparseOutputLinear's pattern=None asks for the dense output.
+VALID = {("SparseOutputLinear", "wrong-type-none")}
+
+
+def _sparse_cases() -> List[Case]:
+    cases = []
+    for entry, (call, name) in SPARSE_ENTRIES.items():
+        for kind, (make, error, match) in BAD_SPARSE.items():
+            if (entry, kind) in VALID:
+                continue
+            error, match = OWN.get((entry, kind), (error, match))
+            if (entry, kind) not in OWN and not kind.startswith(("wrong-type", "list-of")):
+                match = rf"{re.escape(name)}\b.*{match}"
+            cases.append(Case(f"{entry}-{kind}", (lambda c=call, m=make: c(m())), error, match))
+    return cases
+
+
+# -- inputs that must work, against a dense reference ----------------------------------------
+
+def _uncoalesced():  # X with (0, 2) = 2 split into 1.5 + 0.5, entries out of order
+    return torch.sparse_coo_tensor(torch.tensor([[1, 0, 0, 1, 0], [3, 2, 0, 1, 2]]),
+                                   torch.tensor([4.0, 1.5, 1.0, 3.0, 0.5]), (2, 4))
+
+
+GOOD_SPARSE = {
+    "coo": lambda: X.to_sparse(),
+    "csr": lambda: X.to_sparse_csr(),
+    "uncoalesced-duplicates": _uncoalesced,
+    "csr-int32-indices": lambda: csr([0, 2, 4], [0, 2, 1, 3], [1, 2, 3, 4], (2, 4), torch.int32),
+    "coo-int32-indices": lambda: torch.sparse_coo_tensor(
+        torch.tensor([[0, 0, 1, 1], [0, 2, 1, 3]], dtype=torch.int32), torch.tensor([1., 2, 3, 4]),
+        (2, 4)),
+    "non-contiguous-values": lambda: torch.sparse_coo_tensor(
+        torch.tensor([[0, 0, 1, 1], [0, 2, 1, 3]]), torch.tensor([[1.0, 9], [2, 9], [3, 9], [4, 9]])[:, 0],
+        (2, 4)),
+    "non-contiguous-indices": lambda: torch.sparse_coo_tensor(
+        torch.tensor([[0, 0], [0, 2], [1, 1], [1, 3]]).T, torch.tensor([1.0, 2, 3, 4]), (2, 4)),
+    "list-of-vectors": lambda: [X[0].to_sparse(), X[1].to_sparse()],
+}
+
+torch.manual_seed(0)
+_LIN = nnsparse.SparseLinearBatch(4, 3)
+_OUT = nnsparse.SparseOutputLinear(3, 4)
+_H = torch.randn(2, 3)
+_EST = torch.arange(8.0).reshape(2, 4)
+
+GOOD_ENTRIES = {
+    "densify": (nnsparse.densify, lambda: X),
+    "Densify": (nnsparse.Densify(4), lambda: X),
+    "SparseLinearBatch": (_LIN, lambda: X @ _LIN.weight.T + _LIN.bias),
+    "SparseOutputLinear": (lambda x: nnsparse.densify(_OUT(_H, x)),
+                           lambda: (_H @ _OUT.weight.T + _OUT.bias) * (X != 0)),
+    "SparseCriterion": (lambda x: nnsparse.SparseCriterion(nn.MSELoss())(_EST, x),
+                        lambda: ((_EST - X)[X != 0] ** 2).mean()),
+    "values_map": (lambda x: nnsparse.densify(nnsparse.values_map(lambda v: 2 * v, x)),
+                   lambda: 2 * X),
+    "Batchifier": (nnsparse.Batchifier(nnsparse.Densify(4), 4, batch_size=1, progress=False),
+                   lambda: X),
+    "to_pairs+from_pairs": (lambda x: nnsparse.densify(nnsparse.from_pairs(nnsparse.to_pairs(x),
+                                                                           size=4)), lambda: X),
+}
+
+
+def _close(expected):
+    def check(out):
+        return torch.allclose(out.detach(), expected().detach(), atol=1e-5)
+    return check
+
+
+def _good_cases() -> List[Case]:
+    cases = []
+    for entry, (call, ref) in GOOD_ENTRIES.items():
+        for kind, make in GOOD_SPARSE.items():
+            cases.append(Case(f"{entry}-{kind}-works", (lambda c=call, m=make: c(m())), None,
+                              check=_close(ref)))
+    empty = {"empty-coo": lambda: torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long),
+                                                          torch.zeros(0), (2, 4)),
+             "empty-csr": lambda: torch.zeros(2, 4).to_sparse_csr()}
+    for entry, (call, ref) in GOOD_ENTRIES.items():
+        for kind, make in empty.items():
+            if entry == "SparseCriterion":  # no entry: loss 0, not NaN
+                cases.append(Case(f"{entry}-{kind}-works", (lambda c=call, m=make: c(m())), None,
+                                  check=lambda out: float(out) == 0.0))
+                continue
+            zero = (lambda: torch.zeros(2, 4)) if entry != "SparseLinearBatch" else (
+                lambda: _LIN.bias.expand(2, 3))
+            cases.append(Case(f"{entry}-{kind}-works", (lambda c=call, m=make: c(m())), None,
+                              check=_close(zero)))
+    cases += [
+        Case("SparseLinearBatch-zero-rows-works", lambda: _LIN(torch.zeros(0, 4).to_sparse_csr()),
+             None, check=lambda out: out.shape == (0, 3)),
+        Case("SparseLinearBatch-dense-input-is-nn.Linear", lambda: _LIN(X), None,
+             check=_close(lambda: X @ _LIN.weight.T + _LIN.bias)),
+        Case("SparseLinearBatch-dense-non-contiguous", lambda: _LIN(X.T.contiguous().T), None,
+             check=_close(lambda: X @ _LIN.weight.T + _LIN.bias)),
+        Case("SparseOutputLinear-non-contiguous-input",
+             lambda: nnsparse.densify(_OUT(_H.T.contiguous().T, X.to_sparse_csr())), None,
+             check=_close(lambda: (_H @ _OUT.weight.T + _OUT.bias) * (X != 0))),
+        Case("sparsify-non-contiguous", lambda: nnsparse.densify(nnsparse.sparsify(X.T.contiguous().T)),
+             None, check=_close(lambda: X)),
+        Case("SparseCriterion-non-contiguous-estimate",
+             lambda: nnsparse.SparseCriterion(nn.MSELoss())(_EST.T.contiguous().T, X.to_sparse()),
+             None, check=_close(lambda: ((_EST - X)[X != 0] ** 2).mean())),
+        Case("from_pairs-int32-pairs", lambda: nnsparse.from_pairs(
+            torch.tensor([[1, 3], [3, 5]], dtype=torch.int32), size=5).to_dense(), None,
+            check=lambda out: out.tolist() == [0, 3, 0, 5, 0]),
+        Case("to_pairs-int8-fits", lambda: nnsparse.to_pairs(
+            torch.sparse_coo_tensor(torch.tensor([[100]]), torch.tensor([1], dtype=torch.int8), (101,))),
+            None, check=lambda out: out.tolist() == [[100, 1]]),
+        Case("collate-int32-indices", lambda: nnsparse.densify(collate_sparse_rows(
+            [(0, (torch.tensor([0, 3], dtype=torch.int32), torch.tensor([1.0, 2.0])))], 4)[1]),
+            None, check=lambda out: out.tolist() == [[1.0, 0, 0, 2.0]]),
+    ]
+    return cases
+
+
+# -- everything else: shapes, widths, dtypes, NaN, narrow dtypes, constructor arguments ----------
+
+S = X.to_sparse_csr()
+_R = synthetic_ratings(seed=0, n_users=10, n_items=8, n_ratings=40)
+_P = [nn.Parameter(torch.ones(2))]
+
+
+def _builder_with(value, dtype):
+    b = nnsparse.DynamicSparseTensor(dtype=dtype)
+    b.append(0, value)
+
+
+OTHER = [
+    # width mismatch
+    Case("SparseLinearBatch-narrower-input", lambda: nnsparse.SparseLinearBatch(5, 3)(S),
+         ValueError, r"input has width 4, smaller than in_features 5"),
+    Case("SparseLinearBatch-wider-input", lambda: nnsparse.SparseLinearBatch(3, 3)(S),
+         ValueError, r"input has width 4, larger than the size asked for, 3"),
+    Case("SparseLinearBatch-dense-wrong-width", lambda: nnsparse.SparseLinearBatch(4, 3)(torch.ones(2, 5)),
+         ValueError, r"input must have 4 features \(in_features\)"),
+    Case("SparseOutputLinear-pattern-wider", lambda: nnsparse.SparseOutputLinear(3, 4)(
+        torch.ones(2, 3), torch.zeros(2, 5).to_sparse_csr()), ValueError, r"pattern has width 5"),
+    Case("SparseOutputLinear-pattern-narrower", lambda: nnsparse.SparseOutputLinear(3, 4)(
+        torch.ones(2, 3), torch.zeros(2, 3).to_sparse_csr()), ValueError,
+         r"pattern has width 3, smaller than out_features 4"),
+    Case("SparseOutputLinear-pattern-rows", lambda: nnsparse.SparseOutputLinear(3, 4)(
+        torch.ones(3, 3), S), ValueError, r"pattern must have 3 rows, as input, got 2"),
+    Case("SparseOutputLinear-input-width", lambda: nnsparse.SparseOutputLinear(3, 4)(
+        torch.ones(2, 2), S), ValueError, r"input must have 3 features \(in_features\), got 2"),
+    Case("Densify-narrower-size", lambda: nnsparse.Densify(3)(S), ValueError,
+         r"input has width 4, larger than the size asked for, 3"),
+    Case("densify-size-too-small", lambda: nnsparse.densify(S, size=(2, 3)), ValueError,
+         r"size must have at least 4 columns, got 3"),
+    Case("densify-size-negative-rows", lambda: nnsparse.densify(S, size=(-2, 4)), ValueError,
+         r"size must have at least 2 rows, got -2"),
+    Case("densify-size-wrong-type", lambda: nnsparse.densify(S, size="x"), ValueError,
+         r"size of a batch must be a \(rows, width\) tuple, got 'x'"),
+    Case("SparseCriterion-width", lambda: nnsparse.SparseCriterion(nn.MSELoss())(torch.ones(2, 3), S),
+         ValueError, r"target has width 4, the estimate has 3 columns"),
+    Case("SDAECriterion-shape", lambda: nnsparse.SDAECriterion(nn.MSELoss())(
+        torch.ones(2, 4), torch.ones(2, 3), mask=torch.ones(2, 4, dtype=torch.bool)), ValueError,
+         r"target has shape \(2, 3\), estimate has \(2, 4\)"),
+    Case("from_pairs-index-beyond-size", lambda: nnsparse.from_pairs(torch.tensor([[5.0, 2.0]]), size=3),
+         ValueError, r"pairs indices must be in \[0, 3\), got max 5"),
+    Case("from_pairs-shape", lambda: nnsparse.from_pairs(torch.ones(2, 3)), ValueError,
+         r"pairs must be a pair tensor of shape \(k, 2\), got shape \(2, 3\)"),
+    Case("Batchifier-network-width", lambda: nnsparse.Batchifier(nnsparse.Densify(4), 3,
+                                                                 progress=False)(S),
+         ValueError, r"network must return a dense tensor of shape \(2, 3\)"),
+    Case("rmse-shapes", lambda: rmse(torch.ones(3), torch.ones(2)), ValueError,
+         r"prediction and target must have one shape"),
+    Case("rating_matrix-values-length", lambda: rating_matrix(_R, values=torch.ones(3)), ValueError,
+         r"values must have shape \(40,\), got \(3,\)"),
+    Case("rating_matrix-shape-too-small", lambda: rating_matrix(_R, shape=(2, 2)), ValueError,
+         r"item matrix row indices must be in \[0, 2\)"),
+    Case("SparseRowDataset-target-rows", lambda: SparseRowDataset(S, torch.zeros(3, 2).to_sparse_csr()),
+         ValueError, r"target must have 2 rows like input, got 3"),
+    Case("Ratings-lengths", lambda: Ratings(torch.ones(2), torch.ones(2), torch.ones(3), {}, {}),
+         ValueError, r"must have one length, got 2, 2 and 3"),
+    # float / NaN / inf indices
+    Case("from_pairs-float-index", lambda: nnsparse.from_pairs(torch.tensor([[1.5, 2.0]])),
+         ValueError, r"pairs indices must be integers, got 1.5"),
+    Case("from_pairs-nan-index", lambda: nnsparse.from_pairs(torch.tensor([[math.nan, 2.0]])),
+         ValueError, r"pairs indices must be finite integers, got nan"),
+    Case("from_pairs-inf-index", lambda: nnsparse.from_pairs(torch.tensor([[math.inf, 2.0]])),
+         ValueError, r"pairs indices must be finite integers, got inf"),
+    Case("from_pairs-negative-index", lambda: nnsparse.from_pairs(torch.tensor([[-1.0, 2.0]])),
+         ValueError, r"pairs indices must be non-negative, got min -1"),
+    Case("from_pairs-bool", lambda: nnsparse.from_pairs(torch.tensor([[True, False]])),
+         TypeError, r"pairs indices must be real numbers, got dtype torch.bool"),
+    Case("densify-float-pair-index", lambda: nnsparse.densify(torch.tensor([[0.5, 1.0]])),
+         ValueError, r"x indices must be integers, got 0.5"),
+    Case("ssort-nan-pair-index", lambda: nnsparse.ssort(torch.tensor([[math.nan, 1.0]])),
+         ValueError, r"x indices must be finite integers, got nan"),
+    Case("collate-float-indices", lambda: collate_sparse_rows(
+        [(0, (torch.tensor([1.0]), torch.tensor([1.0])))], 4), TypeError,
+         r"rows\[0\] indices must be an integer tensor, got torch.float32"),
+    Case("SparseRowDataset-float-index", lambda: SparseRowDataset(S)[1.5], TypeError,
+         r"index must be an integer, got float 1.5"),
+    Case("rating_matrix-nan-values", lambda: rating_matrix(_R, values=torch.full((40,), math.nan)),
+         ValueError, r"values must be finite, got NaN or inf"),
+    Case("SDAE-alpha-nan", lambda: nnsparse.SDAESparseCriterion(nn.MSELoss(), alpha=math.nan),
+         ValueError, r"alpha must be finite, got nan"),
+    Case("SDAE-hide_ratio-nan", lambda: nnsparse.SDAESparseCriterion(nn.MSELoss(), hide_ratio=math.nan),
+         ValueError, r"hide_ratio must be finite, got nan"),
+    Case("random_split-nan", lambda: random_split(_R, test=math.nan), ValueError,
+         r"test must be a number in \[0, 1\), got nan"),
+    # mixed dtype
+    Case("SparseLinearBatch-dtype", lambda: nnsparse.SparseLinearBatch(4, 3)(S.double()), ValueError,
+         r"input must have the weight's dtype torch.float32, got torch.float64"),
+    Case("SparseLinearBatch-integer-values", lambda: nnsparse.SparseLinearBatch(4, 3)(
+        torch.tensor([[1, 0, 2, 0]]).to_sparse()), ValueError,
+         r"input must have the weight's dtype torch.float32, got torch.int64"),
+    Case("SparseOutputLinear-dtype", lambda: nnsparse.SparseOutputLinear(3, 4)(
+        torch.ones(2, 3, dtype=torch.float64), S), ValueError,
+         r"weight must have input's dtype torch.float64, got torch.float32"),
+    Case("from_pairs-mixed-dtype-rows", lambda: nnsparse.from_pairs(
+        [torch.tensor([[1.0, 2.0]]), torch.tensor([[1, 2]])]), TypeError,
+         r"pairs rows must share one dtype"),
+    Case("densify-mixed-forms", lambda: nnsparse.densify([X[0].to_sparse(), torch.tensor([[1.0, 2.0]])]),
+         TypeError, r"x mixes sparse vectors and pair tensors"),
+    # sparse-for-dense and dense-for-sparse
+    Case("sparsify-sparse", lambda: nnsparse.sparsify(S), TypeError,
+         r"x must be a dense tensor, got layout torch.sparse_csr"),
+    Case("Sparsify-sparse", lambda: nnsparse.Sparsify()(S), TypeError,
+         r"x must be a dense tensor, got layout torch.sparse_csr"),
+    Case("SparseOutputLinear-sparse-input", lambda: nnsparse.SparseOutputLinear(3, 4)(
+        torch.ones(2, 3).to_sparse(), S), TypeError, r"input must be a dense tensor, got torch.sparse_coo"),
+    Case("SparseOutputLinear-dense-pattern", lambda: nnsparse.SparseOutputLinear(3, 4)(
+        torch.ones(2, 3), X), TypeError, r"pattern must be sparse, got a dense.*nnsparse.sparsify"),
+    Case("SparseCriterion-dense-target", lambda: nnsparse.SparseCriterion(nn.MSELoss())(
+        torch.ones(2, 4), X), TypeError, r"target must be sparse, got a dense.*nnsparse.sparsify"),
+    Case("SDAESparseCriterion-dense-input", lambda: nnsparse.SDAESparseCriterion(
+        nn.MSELoss()).prepare_input(X), TypeError, r"input must be sparse, got a dense"),
+    Case("SDAECriterion-sparse-input", lambda: nnsparse.SDAECriterion(nn.MSELoss()).prepare_input(S),
+         TypeError, r"SDAECriterion corrupts dense tensors.*use SDAESparseCriterion"),
+    Case("SDAESparseCriterion-float-mask", lambda: nnsparse.SDAESparseCriterion(nn.MSELoss())(
+        torch.ones(2, 4), S, mask=torch.ones(2, 4)), TypeError, r"mask must be a dense bool tensor"),
+    Case("Densify-dense-batch", lambda: nnsparse.Densify(4)(X), ValueError,
+         r"input must be a pair tensor of shape \(k, 2\), got shape \(2, 4\)"),
+    Case("from_pairs-sparse", lambda: nnsparse.from_pairs(S), TypeError,
+         r"pairs must be a dense \(k, 2\) tensor or a list of them, got layout torch.sparse_csr"),
+    Case("rmse-sparse", lambda: rmse(torch.ones(3).to_sparse(), torch.ones(3)), TypeError,
+         r"prediction must be a dense tensor, got layout torch.sparse_coo"),
+    Case("mae-list", lambda: mae([1.0], torch.ones(1)), TypeError,
+         r"prediction must be a dense tensor, got list"),
+    Case("SparseRowDataset-dense", lambda: SparseRowDataset(X), TypeError,
+         r"input must be a 2-D sparse CSR or COO tensor, got layout torch.strided"),
+    Case("Sparsify-3d", lambda: nnsparse.Sparsify()(torch.ones(2, 2, 2)), ValueError,
+         r"x must be 1-D \(a vector\) or 2-D \(rows, n\), got 3 dimensions"),
+    # narrow dtypes
+    Case("to_pairs-int8-index-200", lambda: nnsparse.to_pairs(torch.sparse_coo_tensor(
+        torch.tensor([[200]]), torch.tensor([1], dtype=torch.int8), (300,))), ValueError,
+         r"int64 indices .* cannot be cast exactly to the values' dtype torch.int8"),
+    Case("to_pairs-bool", lambda: nnsparse.to_pairs(torch.sparse_coo_tensor(
+        torch.tensor([[2]]), torch.tensor([True]), (3,))), ValueError,
+         r"cannot be cast exactly to the values' dtype torch.bool"),
+    Case("to_pairs-float16-index-3000", lambda: nnsparse.to_pairs(torch.sparse_coo_tensor(
+        torch.tensor([[3000]]), torch.tensor([1.0], dtype=torch.float16), (3001,))), ValueError,
+         r"cannot be stored exactly as torch.float16"),
+    Case("builder-int8-1000", lambda: _builder_with(1000, torch.int8), ValueError,
+         r"value 1000 does not fit in dtype torch.int8: its range is \[-128, 127\]"),
+    Case("builder-float16-1e6", lambda: _builder_with(1e6, torch.float16), ValueError,
+         r"does not fit in dtype torch.float16"),
+    Case("builder-int16-extend", lambda: nnsparse.DynamicSparseTensor(dtype=torch.int16).extend(
+        [0], torch.tensor([70000])), ValueError, r"values must fit in dtype torch.int16"),
+    # bad arguments and constructor arguments, wrong types included
+    Case("SparseLinearBatch-negative", lambda: nnsparse.SparseLinearBatch(-1, 3), ValueError,
+         r"in_features must be non-negative, got -1"),
+    Case("SparseLinearBatch-str", lambda: nnsparse.SparseLinearBatch("4", 3), TypeError,
+         r"in_features must be an int, got str"),
+    Case("SparseLinearBatch-float", lambda: nnsparse.SparseLinearBatch(4, 3.5), TypeError,
+         r"out_features must be an int, got float"),
+    Case("SparseLinearBatch-lua-third-arg", lambda: nnsparse.SparseLinearBatch(4, 3, True), TypeError,
+         r"takes bias, sparse_grad and mode as keywords"),
+    Case("SparseLinearBatch-mode", lambda: nnsparse.SparseLinearBatch(4, 3, mode="x"), ValueError,
+         r"mode must be one of"),
+    Case("SparseLinearBatch-sparse_grad-str", lambda: nnsparse.SparseLinearBatch(4, 3, sparse_grad="y"),
+         TypeError, r"sparse_grad must be a bool, got str"),
+    Case("SparseOutputLinear-negative", lambda: nnsparse.SparseOutputLinear(-3, 4), ValueError,
+         r"in_features must be non-negative, got -3"),
+    Case("SparseOutputLinear-str", lambda: nnsparse.SparseOutputLinear(3, "4"), TypeError,
+         r"out_features must be an int, got str"),
+    Case("SparseOutputLinear-bias-str", lambda: nnsparse.SparseOutputLinear(3, 4, bias="no"),
+         TypeError, r"bias must be a bool, got str"),
+    Case("Densify-negative", lambda: nnsparse.Densify(-1), ValueError,
+         r"in_features must be a non-negative int, got -1"),
+    Case("Densify-str", lambda: nnsparse.Densify("a"), TypeError,
+         r"in_features must be a non-negative int, got str"),
+    Case("Densify-elem-str", lambda: nnsparse.Densify(4, elem="x"), TypeError,
+         r"elem must be a number, got str"),
+    Case("densify-elem-str", lambda: nnsparse.densify(S, elem="x"), TypeError,
+         r"elem must be a number, got str"),
+    Case("Sparsify-layout", lambda: nnsparse.Sparsify(layout=torch.strided), TypeError,
+         r"layout must be torch.sparse_coo or torch.sparse_csr"),
+    Case("Sparsify-offset", lambda: nnsparse.Sparsify(offset=-1), ValueError,
+         r"offset must be a non-negative int, got -1"),
+    Case("Sparsify-elem-none", lambda: nnsparse.Sparsify(elem=None), TypeError,
+         r"elem must be a number, got NoneType"),
+    Case("sparsify-offset-str", lambda: nnsparse.sparsify(X, offset="1"), ValueError,
+         r"offset must be a non-negative int, got '1'"),
+    Case("from_pairs-size-str", lambda: nnsparse.from_pairs(torch.tensor([[1.0, 2.0]]), size="3"),
+         TypeError, r"size must be an int, got str"),
+    Case("stopk-negative-k", lambda: nnsparse.stopk(S, -1), ValueError, r"k must be non-negative"),
+    Case("stopk-float-k", lambda: nnsparse.stopk(S, 1.5), TypeError, r"k must be an int, got float"),
+    Case("ssort-descending-str", lambda: nnsparse.ssort(S, descending="yes"), TypeError,
+         r"descending must be a bool, got str"),
+    Case("values_map-not-callable", lambda: nnsparse.values_map("sin", S), TypeError,
+         r"fn must be callable"),
+    Case("values_map-changes-shape", lambda: nnsparse.values_map(lambda v: v[:1], S), ValueError,
+         r"fn must keep the values' shape \(4,\), got \(1,\)"),
+    Case("ValuesMap-not-callable", lambda: nnsparse.ValuesMap(3), TypeError, r"fn must be callable"),
+    Case("SparseCriterion-str", lambda: nnsparse.SparseCriterion("mse"), TypeError,
+         r"criterion must be a loss module such as nn.MSELoss\(\), got str"),
+    Case("SparseCriterion-reduction-none", lambda: nnsparse.SparseCriterion(nn.MSELoss(reduction="none")),
+         ValueError, r"reduction must be 'mean' or 'sum'"),
+    Case("SDAE-hide_ratio", lambda: nnsparse.SDAESparseCriterion(nn.MSELoss(), hide_ratio=1.5),
+         ValueError, r"hide_ratio must be in \[0, 1\], got 1.5"),
+    Case("SDAE-alpha-str", lambda: nnsparse.SDAESparseCriterion(nn.MSELoss(), alpha="x"), TypeError,
+         r"alpha must be a real number, got str"),
+    Case("SDAE-noise_std", lambda: nnsparse.SDAECriterion(nn.MSELoss(), noise_std=-1), ValueError,
+         r"noise_std must be non-negative, got -1"),
+    Case("SDAE-flip_range", lambda: nnsparse.SDAESparseCriterion(nn.MSELoss(), flip_range=(1,)),
+         ValueError, r"flip_range must hold 2 values"),
+    Case("SDAE-generator", lambda: nnsparse.SDAESparseCriterion(nn.MSELoss(), generator=3), TypeError,
+         r"generator must be a torch.Generator or None, got int"),
+    Case("SDAE-ratios-sum", lambda: nnsparse.SDAECriterion(nn.MSELoss(), noise_ratio=0.6,
+                                                           hide_ratio=0.6), ValueError,
+         r"noise_ratio \+ flip_ratio \+ hide_ratio must be at most 1"),
+    Case("MaskCriterion-hide_ratio", lambda: nnsparse.MaskCriterion(nn.MSELoss(), hide_ratio=2),
+         ValueError, r"hide_ratio must be in \[0, 1\], got 2"),
+    Case("MaskCriterion-none", lambda: nnsparse.MaskCriterion(None), TypeError,
+         r"criterion must be a loss module such as nn.MSELoss\(\), got NoneType"),
+    Case("MaskCriterion-beta-str", lambda: nnsparse.MaskCriterion(nn.MSELoss(), beta="0"), TypeError,
+         r"beta must be a real number, got str"),
+    Case("MaskCriterion-without-prepare_input", lambda: nnsparse.MaskCriterion(nn.MSELoss())(
+        torch.ones(2, 4), S), ValueError, r"no mask: call prepare_input on the batch first"),
+    Case("Batchifier-output_size", lambda: nnsparse.Batchifier(nn.Identity(), -1), ValueError,
+         r"output_size must be an int >= 0, got -1"),
+    Case("Batchifier-batch_size", lambda: nnsparse.Batchifier(nn.Identity(), 4, batch_size=0),
+         ValueError, r"batch_size must be an int >= 1, got 0"),
+    Case("Batchifier-network", lambda: nnsparse.Batchifier("net", 4), TypeError,
+         r"network must be an nn.Module, got str"),
+    Case("LazyAdam-lr", lambda: LazyAdam(_P, lr=-1), ValueError, r"lr must be non-negative, got -1"),
+    Case("LazyAdam-betas", lambda: LazyAdam(_P, betas=(1.5, 0.9)), ValueError,
+         r"betas must be in \[0, 1\), got \(1.5, 0.9\)"),
+    Case("LazyAdam-eps", lambda: LazyAdam(_P, eps=-1), ValueError, r"eps must be non-negative, got -1"),
+    Case("DynamicSparseTensor-reserve", lambda: nnsparse.DynamicSparseTensor(reserve=-1), ValueError,
+         r"reserve must be non-negative, got -1"),
+    Case("DynamicSparseTensor-dtype-bool", lambda: nnsparse.DynamicSparseTensor(dtype=torch.bool),
+         TypeError, r"dtype must be a floating or integer torch.dtype, got torch.bool"),
+    Case("DynamicSparseTensor-dtype-str", lambda: nnsparse.DynamicSparseTensor(dtype="float"),
+         TypeError, r"dtype must be a floating or integer torch.dtype, got float"),
+    Case("DynamicSparseTensor-mult_coef", lambda: nnsparse.DynamicSparseTensor(mult_coef=1), ValueError,
+         r"mult_coef must be > 1"),
+    Case("read_ratings-format", lambda: read_ratings("x", format="xx"), ValueError,
+         r"format must be one of \['ml-100k', 'ml-1m', 'csv', 'text'\], got 'xx'"),
+    Case("read_ratings-path-int", lambda: read_ratings(3), TypeError,
+         r"path must be a str or os.PathLike, got int"),
+    Case("read_ratings-unseen", lambda: read_ratings("x", unseen="skip"), ValueError,
+         r"unseen must be 'keep' or 'drop', got 'skip'"),
+    Case("read_ratings-user_map-list", lambda: read_ratings("x", user_map=[1]), TypeError,
+         r"user_map must be a dict"),
+    Case("random_split-ratio", lambda: random_split(_R, test=1.5), ValueError,
+         r"test must be a number in \[0, 1\), got 1.5"),
+    Case("random_split-sum", lambda: random_split(_R, test=0.6, validation=0.5), ValueError,
+         r"test \+ validation must be below 1"),
+    Case("random_split-not-ratings", lambda: random_split("r"), TypeError,
+         r"ratings must be a Ratings record .*got str"),
+    Case("random_split-seed-str", lambda: random_split(_R, seed="x"), TypeError,
+         r"seed must be an int, got str"),
+    Case("split_ratings-ratio", lambda: split_ratings(_R, ratio=-0.1), ValueError,
+         r"ratio must be a number in \[0, 1\), got -0.1"),
+    Case("holdout_split-not-ratings", lambda: holdout_split(_R, "t"), TypeError,
+         r"test must be a Ratings record"),
+    Case("rating_matrix-orientation", lambda: rating_matrix(_R, "x"), ValueError,
+         r"orientation must be 'item' or 'user', got 'x'"),
+    Case("rating_matrix-layout", lambda: rating_matrix(_R, layout=torch.strided), TypeError,
+         r"layout must be torch.sparse_csr or torch.sparse_coo"),
+    Case("rating_matrix-not-ratings", lambda: rating_matrix("r"), TypeError,
+         r"ratings must be a Ratings record"),
+    Case("rating_matrix-shape-str", lambda: rating_matrix(_R, shape="x"), ValueError,
+         r"shape must be two non-negative ints"),
+    Case("RatingNormalizer-orientation", lambda: RatingNormalizer(_R, "x"), ValueError,
+         r"orientation must be 'item' or 'user'"),
+    Case("RatingNormalizer-not-ratings", lambda: RatingNormalizer(None), TypeError,
+         r"train must be a Ratings record"),
+    Case("RatingNormalizer-scale", lambda: RatingNormalizer(_R, scale=(5, 1)), ValueError,
+         r"scale must have min < max"),
+    Case("mean_prediction-by", lambda: mean_prediction(_R, _R, by="x"), ValueError,
+         r"orientation must be 'item' or 'user'"),
+    Case("synthetic_ratings-negative", lambda: synthetic_ratings(n_users=-1), ValueError,
+         r"n_users must be a positive int, got -1"),
+    Case("SparseRowDataset-layout", lambda: SparseRowDataset(S, layout=torch.strided), TypeError,
+         r"layout must be torch.sparse_csr or torch.sparse_coo"),
+    Case("collate_sparse_rows-width-str", lambda: collate_sparse_rows([], "4"), TypeError,
+         r"width must be an int, got str"),
+    Case("trust-dense", lambda: nnsparse.trust(X), TypeError,
+         r"x must be a sparse COO or CSR tensor, got layout torch.strided"),
+]
+
+CASES = _sparse_cases() + _good_cases() + OTHER
+
+
+def run_case(case: Case) -> str:
+    """'ok', or what went wrong: 'silent' (no error where one was due), 'wrong', 'unclear'."""
+    try:
+        out = case.call()
+    except Exception as e:  # noqa: BLE001 - the suite judges every exception
+        if case.error is None:
+            return f"unclear: {type(e).__name__}: {e}"
+        if not isinstance(e, case.error) or not re.search(case.match, str(e)):
+            return f"unclear: {type(e).__name__}: {e}"
+        return "ok"
+    if case.error is not None:
+        return f"silent: returned {type(out).__name__}"
+    return "ok" if case.check(out) else "wrong: a result that differs from the dense reference"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case):
+    assert run_case(case) == "ok"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="mixed devices need a CUDA device")
+@pytest.mark.parametrize("entry", ["SparseLinearBatch", "SparseOutputLinear", "SparseCriterion"])
+def test_mixed_devices(entry):
+    x = X.to_sparse_csr().cuda()
+    calls = {
+        "SparseLinearBatch": lambda: nnsparse.SparseLinearBatch(4, 3)(x),
+        "SparseOutputLinear": lambda: nnsparse.SparseOutputLinear(3, 4)(torch.ones(2, 3), x),
+        "SparseCriterion": lambda: nnsparse.SparseCriterion(nn.MSELoss())(torch.ones(2, 4), x),
+    }
+    with pytest.raises(ValueError, match=r"(device|cuda)"):
+        calls[entry]()
+
+
+if __name__ == "__main__":  # the tally for reports
+    results = [(c, run_case(c)) for c in CASES]
+    bad = [c for c in CASES if c.error is not None]
+    clear = sum(1 for c, r in results if c.error is not None and r == "ok")
+    print(f"{len(CASES)} cases: {len(bad)} bad inputs, {len(CASES) - len(bad)} that must work")
+    print(f"bad inputs answered by a clear error: {clear}/{len(bad)} "
+          f"({100.0 * clear / len(bad):.1f} %)")
+    for kind in ("silent", "wrong", "unclear"):
+        found = [c.id for c, r in results if r.startswith(kind)]
+        print(f"{kind}: {len(found)} {found}")
+    sys.exit(0 if all(r == "ok" for _, r in results) else 1)
