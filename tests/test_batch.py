@@ -1,0 +1,102 @@
+"""One training step of the main example validates its batch once and builds each structure once.
+
+The model of ``examples/movielens_autoencoder.py``: a ``SparseLinearBatch``
+encoder, a ``SparseOutputLinear`` decoder sampled at the batch's pattern,
+``values_map(tanh)``, ``SDAESparseCriterion`` (``prepare_input`` + loss)
+and an optimiser step.  The private counters of ``nnsparse._index`` count
+validations and structure builds (docs/sparse_batch.md).  The CUDA test runs
+the same step under ``torch.cuda.set_sync_debug_mode("error")``.
+"""
+import pytest
+import torch
+from torch import nn
+
+import nnsparse
+from nnsparse._forms import _counts, _reset_counts
+from nnsparse.data import RatingNormalizer, SparseRowDataset, random_split, synthetic_ratings
+
+
+class Autoencoder(nn.Module):
+    """The main example's model: tanh(decoder(tanh(encoder(x)), pattern))."""
+
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.encoder = nnsparse.SparseLinearBatch(width, hidden)
+        self.decoder = nnsparse.SparseOutputLinear(hidden, width)
+
+    def forward(self, x, pattern=None):
+        out = self.decoder(torch.tanh(self.encoder(x)), pattern)
+        return nnsparse.values_map(torch.tanh, out)
+
+
+def _matrix():
+    r = synthetic_ratings(seed=0, n_users=60, n_items=40, n_ratings=600)
+    train, _, _ = random_split(r, test=0.1, validation=0.05, seed=0)
+    return RatingNormalizer(train, "item").matrix(train)
+
+
+def _setup(device="cpu", sparse_grad=False):
+    torch.manual_seed(0)
+    x = _matrix()
+    model = Autoencoder(x.shape[1], 8).to(device)
+    if sparse_grad:
+        model.encoder = nnsparse.SparseLinearBatch(x.shape[1], 8, sparse_grad=True).to(device)
+    criterion = nnsparse.SDAESparseCriterion(
+        nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.25,
+        generator=torch.Generator(device=device).manual_seed(0))
+    optimiser = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return x, model, criterion, optimiser
+
+
+def step(model, criterion, optimiser, x):
+    out = model(criterion.prepare_input(x), x)
+    loss = criterion(out, x)
+    optimiser.zero_grad(set_to_none=True)
+    loss.backward()
+    optimiser.step()
+    return loss
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_coo])
+def test_a_user_batch_is_validated_once_and_each_structure_built_once(layout):
+    x, model, criterion, optimiser = _setup()
+    dense = nnsparse.densify(x)[:16]
+    batch = dense.to_sparse_csr() if layout == torch.sparse_csr else dense.to_sparse()
+    _reset_counts()
+    step(model, criterion, optimiser, batch)
+    counts = _counts()
+    assert counts.get("validate", 0) == 1, counts
+    for structure in ("crow", "rows", "column_major", "sort", "coalesce"):
+        assert counts.get(structure, 0) <= 1, (structure, counts)
+    # the next step on the same batch checks and builds nothing again
+    _reset_counts()
+    step(model, criterion, optimiser, batch)
+    assert _counts().get("validate", 0) == 0 and _counts().get("crow", 0) == 0, _counts()
+
+
+def test_a_collated_batch_is_never_validated():
+    x, model, criterion, optimiser = _setup()
+    ds = SparseRowDataset(x)
+    batch, _ = ds.collate([ds[i] for i in range(16)])
+    _reset_counts()
+    step(model, criterion, optimiser, batch)
+    counts = _counts()
+    assert counts.get("validate", 0) == 0, counts
+    assert all(n <= 1 for n in counts.values()), counts
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the sync check needs a CUDA device")
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_coo])
+def test_a_cuda_step_has_no_host_sync(layout):
+    """Dense weight gradients: after a warm-up batch, a step on a trusted batch never syncs."""
+    x, model, criterion, optimiser = _setup("cuda")
+    ds = SparseRowDataset(x, layout=layout)
+    batches = [ds.collate([ds[i] for i in range(k, k + 16)]).to("cuda") for k in (0, 16)]
+    step(model, criterion, optimiser, batches[0].input)  # warm-up: kernels, optimiser state
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step(model, criterion, optimiser, batches[1].input)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
