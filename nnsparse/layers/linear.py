@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._kernels import _column_major, _csr_rows_mm, _sampled_mm
 
@@ -34,8 +35,8 @@ def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_featu
     """
     if not sparse:
         perm = torch.argsort(col, stable=True)
-        crow_t = col.new_zeros(in_features + 1)
-        torch.cumsum(torch.bincount(col, minlength=in_features), 0, out=crow_t[1:])
+        # counts by index_add: bincount would read the largest column back (a sync)
+        crow_t = _index.crow_from_counts(_index.counts_of(col, in_features))
         return _csr_rows_mm(row[perm], grad, crow_t, values[perm])
     perm, cols, crow_t, row_t = _column_major(row, col)
     touched = _csr_rows_mm(row_t, grad, crow_t, values[perm])

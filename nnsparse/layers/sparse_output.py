@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._kernels import _column_major, _csr_rows_mm, _sampled_mm
 from ..values import _coo_with_values, _csr_with_values
@@ -54,6 +55,13 @@ class _SampledLinear(torch.autograd.Function):
             # what embedding_bag computes (2-3x faster than a CSR product here).
             grad_h = _csr_rows_mm(col, weight, crow, grad)
         need_w, need_b = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
+        if need_w and not ctx.sparse_grad:
+            # grad_W = S^T @ h with one bag per output column, empty bags giving
+            # the zero rows: no distinct-column count, so no host sync on CUDA.
+            perm = torch.argsort(col, stable=True)
+            crow_t = _index.crow_from_counts(_index.counts_of(col, out_features))
+            grad_w = _csr_rows_mm(row[perm], h, crow_t, grad[perm])
+            need_w = False
         if need_w or (need_b and ctx.sparse_grad):
             perm, cols, crow_t, row_t = _column_major(row, col)
             grad_t = grad[perm]
