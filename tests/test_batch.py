@@ -86,10 +86,16 @@ def test_a_collated_batch_is_never_validated():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the sync check needs a CUDA device")
+@pytest.mark.parametrize("mode", ["auto", "sparse"])
 @pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_coo])
-def test_a_cuda_step_has_no_host_sync(layout):
-    """Dense weight gradients: after a warm-up batch, a step on a trusted batch never syncs."""
+def test_a_cuda_step_has_no_host_sync(layout, mode):
+    """Dense weight gradients: after a warm-up batch, a step on a trusted batch never syncs.
+
+    ``mode="auto"`` takes the encoder's dense path on CUDA at this density,
+    ``"sparse"`` its sparse kernels.
+    """
     x, model, criterion, optimiser = _setup("cuda")
+    model.encoder.mode = mode
     ds = SparseRowDataset(x, layout=layout)
     batches = [ds.collate([ds[i] for i in range(k, k + 16)]).to("cuda") for k in (0, 16)]
     step(model, criterion, optimiser, batches[0].input)  # warm-up: kernels, optimiser state
