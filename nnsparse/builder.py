@@ -5,7 +5,7 @@ import math
 import numbers
 import operator
 from array import array
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -73,6 +73,20 @@ class DynamicSparseTensor:
     # Slots: the attribute reads of append() are its main cost after the call itself.
     __slots__ = ("_reserve", "_mult", "_ndim", "_dtype", "_device", "_float", "_ibuf", "_ibuf0",
                  "_vbuf", "_index", "_values", "_n", "_j", "_range")
+    _reserve: int
+    _mult: float
+    _ndim: int
+    _dtype: torch.dtype
+    _device: torch.device
+    _float: bool
+    _ibuf: List[array]
+    _ibuf0: array
+    _vbuf: array
+    _index: Tensor
+    _values: Tensor
+    _n: int
+    _j: int
+    _range: Optional[Tuple[float, float]]
 
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
                  dtype: torch.dtype = torch.float32, device: Optional[Union[str, torch.device]] = None):
@@ -139,7 +153,8 @@ class DynamicSparseTensor:
                 beyond int64.
         """
         if self._ndim != 1:
-            return self._append_tuple(index, value)
+            return self._append_tuple(cast(Sequence[int], index), value)
+        index = cast(int, index)
         j = self._j
         try:
             self._ibuf0[j] = index  # the array checks that index is an int
@@ -157,7 +172,7 @@ class DynamicSparseTensor:
 
     def _check_value(self, v: float) -> None:
         """Refuse a value the builder's narrow dtype cannot hold (NaN and ±inf pass as given)."""
-        lo, hi = self._range
+        lo, hi = cast(Tuple[float, float], self._range)
         if not lo <= v <= hi and not (self._float and (math.isnan(v) or math.isinf(v))):
             raise ValueError(f"value {v!r} does not fit in dtype {self._dtype}: its range is "
                              f"[{lo}, {hi}]")
@@ -312,7 +327,7 @@ class DynamicSparseTensor:
         index, values = self._entries()
         size = self._size(size, index)
         if layout == torch.sparse_csr:
-            return SparseBatch(index[0], index[1], values, size, "coo").to_csr()
+            return SparseBatch(index[0], index[1], values, (size[0], size[1]), "coo").to_csr()
         return _sparse_coo(index, values, size, coalesced=False)
 
     def build_pairs(self) -> Tensor:
@@ -374,13 +389,13 @@ class DynamicSparseTensor:
         if size is None:
             return needed
         if isinstance(size, numbers.Integral) and self._ndim == 1:
-            size = (size,)
-        if isinstance(size, numbers.Integral) or len(size) != self._ndim:
+            size = (int(size),)
+        if isinstance(size, numbers.Integral) or len(cast(Sequence[int], size)) != self._ndim:
             raise ValueError(f"size must be {self._ndim} ints, got {size!r}")
-        size = tuple(_as_int(s, "size") for s in size)
-        if any(s < need for s, need in zip(size, needed)):
-            raise ValueError(f"size must be at least {needed} to hold the entries, got {size}")
-        return size
+        sizes = tuple(_as_int(s, "size") for s in cast(Sequence[int], size))
+        if any(s < need for s, need in zip(sizes, needed)):
+            raise ValueError(f"size must be at least {needed} to hold the entries, got {sizes}")
+        return sizes
 
     def _as_tensor(self, x: Any, name: str) -> Tensor:
         if isinstance(x, Tensor):

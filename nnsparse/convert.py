@@ -9,7 +9,8 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from ._forms import SparseBatch, _as_pairs, _sparse_coo, _sparse_csr, as_sparse_batch, resolve_size
+from ._forms import (SparseBatch, SparseLike, _as_pairs, _sparse_coo, _sparse_csr, as_sparse_batch,
+                     resolve_size)
 
 __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
 
@@ -98,13 +99,13 @@ def _batch_size(size: Optional[Size], batch: SparseBatch) -> Tuple[int, int]:
             if len(size) != 1:
                 raise ValueError(f"size of a vector must be an int, got {tuple(size)}")
             size = size[0]
-        return resolve_size((1, int(size)), batch)
+        return resolve_size((1, int(size)), batch)  # type: ignore[arg-type]
     if isinstance(size, int) or len(size) != 2:
         raise ValueError(f"size of a batch must be a (rows, width) tuple, got {size!r}")
     return resolve_size(tuple(size), batch)
 
 
-def densify(x: Any, elem: float = 0, size: Optional[Size] = None) -> Tensor:
+def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tensor:
     r"""Turn any accepted sparse form into a dense tensor.
 
     Args:
@@ -154,7 +155,7 @@ def _densify(batch: SparseBatch, elem: float, rows: int, width: int) -> Tensor:
     return out[0] if batch.is_vector else out
 
 
-def to_pairs(x: Any) -> Union[Tensor, List[Tensor]]:
+def to_pairs(x: SparseLike) -> Union[Tensor, List[Tensor]]:
     r"""Convert a sparse vector to a ``(k, 2)`` pair tensor, a batch to a list of them.
 
     The pair form is the Lua nnsparse one with 0-based indices: each row is

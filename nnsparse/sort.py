@@ -8,7 +8,7 @@ from typing import Any, List, NamedTuple, Union
 import torch
 from torch import Tensor
 
-from ._forms import SparseBatch, as_sparse_batch
+from ._forms import SparseBatch, SparseLike, as_sparse_batch
 
 __all__ = ["ssort", "ssort_by_index", "stopk"]
 
@@ -89,7 +89,7 @@ def _sort(x: Any, by_index: bool, descending: bool, name: str) -> Union[SortResu
         order = torch.arange(batch.nnz, device=batch.device)
         if descending:
             order = _row_order(batch.row, batch.col, True)
-        fill = 0
+        fill: float = 0
     else:
         order = _row_order(batch.row, batch.values, descending)
         fill = _extreme(batch.dtype, high=not descending)
@@ -99,7 +99,7 @@ def _sort(x: Any, by_index: bool, descending: bool, name: str) -> Union[SortResu
     return result
 
 
-def ssort(x: Any, descending: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
+def ssort(x: SparseLike, descending: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
     r"""Sort the specified entries of a sparse vector, or of each row of a batch, by value.
 
     Unlike Lua nnsparse, whose README announced a descending default, the
@@ -159,7 +159,7 @@ def ssort(x: Any, descending: bool = False) -> Union[SortResult, Tensor, List[Te
     return _sort(x, by_index=False, descending=descending, name="x")
 
 
-def ssort_by_index(x: Any, descending: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
+def ssort_by_index(x: SparseLike, descending: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
     r"""Sort the specified entries of a sparse vector, or of each row of a batch, by index.
 
     The Lua nnsparse README announced a descending default; as in
@@ -195,7 +195,7 @@ def ssort_by_index(x: Any, descending: bool = False) -> Union[SortResult, Tensor
     return _sort(x, by_index=True, descending=descending, name="x")
 
 
-def stopk(x: Any, k: int) -> TopkResult:
+def stopk(x: SparseLike, k: int) -> TopkResult:
     r"""The ``k`` largest specified entries of a sparse vector, or of each row of a batch.
 
     The ranking step of a recommender: the top ``k`` predicted items of each

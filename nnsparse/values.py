@@ -134,7 +134,7 @@ def _csr_with_values(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[i
     return out if pattern is None else attach(out, pattern)
 
 
-def values_map(fn: Callable[[Tensor], Tensor], input: Any) -> Any:
+def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike:
     r"""Apply an element-wise function to the specified values of a sparse batch.
 
     Args:
@@ -224,5 +224,5 @@ class ValuesMap(nn.Module):
             raise TypeError(f"fn must be callable (a module or function), got {type(fn).__name__}")
         self.fn = fn
 
-    def forward(self, input: Any) -> Any:
+    def forward(self, input: SparseLike) -> SparseLike:
         return values_map(self.fn, input)

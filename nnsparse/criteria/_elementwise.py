@@ -114,7 +114,7 @@ class ElementwiseLoss:
         # A loss we do not know: its own forward, on a shallow copy made now
         # (it sees the module's current settings) so the caller's module keeps
         # its reduction.
-        module = copy.copy(self.module)
+        module: Any = copy.copy(self.module)
         module.reduction = "none"
         out = module(input, target)
         if not isinstance(out, Tensor) or out.shape != input.shape:

@@ -6,7 +6,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from .._forms import as_sparse_batch, is_sparse_form
+from .._forms import SparseLike, as_sparse_batch, is_sparse_form
 from ..convert import densify
 from ._elementwise import (RefuseLuaNames, elementwise_loss, generator_arg, real_arg,
                            resolve_size_average)
@@ -100,7 +100,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         if not 0.0 <= self.hide_ratio <= 1.0:
             raise ValueError(f"hide_ratio must be in [0, 1], got {self.hide_ratio}")
 
-    def prepare_input(self, input: Any) -> Any:
+    def prepare_input(self, input: SparseLike) -> SparseLike:
         """Hide entries of ``input`` (in its form); remember which ones."""
         self._check_ratio()
         if is_sparse_form(input):
@@ -133,7 +133,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         self._sparse_mask, self._dense_mask = EntryMask.of(batch, hide), None
         return batch.with_values(batch.values, keep=~hide)
 
-    def forward(self, estimate: Any, target: Any) -> Tensor:
+    def forward(self, estimate: SparseLike, target: SparseLike) -> Tensor:
         if self._sparse_mask is not None:
             loss, numel = self._sparse_loss(estimate, target)
         elif self._dense_mask is not None:

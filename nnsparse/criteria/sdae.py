@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .._forms import as_sparse_batch, is_sparse_form
+from .._forms import SparseLike, as_sparse_batch, is_sparse_form
 from ._elementwise import (RefuseLuaNames, elementwise_loss, generator_arg, real_arg,
                            resolve_size_average)
 from ._entries import DECLARED_WIDTH, Estimate, as_estimate, as_target, lookup, unique_entries
@@ -84,7 +84,7 @@ class _SDAEBase(RefuseLuaNames, nn.Module):
         self.hide_ratio = real_arg(hide_ratio, "hide_ratio")
         self.generator = generator_arg(generator)
         self.size_average = resolve_size_average(criterion, size_average, type(self).__name__)
-        self._mask = None
+        self._mask: Any = None
         self._check_ratios()
 
     def _check_ratios(self) -> None:
@@ -327,7 +327,7 @@ class SDAESparseCriterion(_SDAEBase):
 
     _mask: Optional[EntryMask]  # what prepare_input corrupted, None before it runs
 
-    def prepare_input(self, input: Any) -> Any:
+    def prepare_input(self, input: SparseLike) -> SparseLike:
         """A corrupted copy of the sparse ``input``, in its form; remembers the corrupted entries."""
         batch = unique_entries(as_sparse_batch(input, name="input", pairs=False))
         values, corrupted, hidden = self._corrupt(batch.values)
@@ -337,7 +337,7 @@ class SDAESparseCriterion(_SDAEBase):
         # shared, and no data-dependent size (a host sync on CUDA).
         return batch.with_values(values)
 
-    def forward(self, estimate: Any, target: Any, mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, estimate: SparseLike, target: SparseLike, mask: Optional[Tensor] = None) -> Tensor:
         est = as_estimate(estimate, target)
         batch = as_target(target, est)
         keys = batch.linear_index()

@@ -5,6 +5,8 @@ from typing import Any, Optional
 
 from torch import Tensor, nn
 
+from .._forms import SparseLike
+
 from ._elementwise import RefuseLuaNames, elementwise_loss, resolve_size_average
 from ._entries import as_estimate, as_target
 
@@ -93,11 +95,11 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
                 "size_average and full_size_average cannot both be True: divide either by the "
                 "number of specified target entries or by the number of estimate entries")
 
-    def prepare_input(self, input: Any) -> Any:
+    def prepare_input(self, input: SparseLike) -> SparseLike:
         """Return ``input`` unchanged (a plain criterion corrupts nothing)."""
         return input
 
-    def forward(self, estimate: Any, target: Any) -> Tensor:
+    def forward(self, estimate: SparseLike, target: SparseLike) -> Tensor:
         self._check_averaging()
         est = as_estimate(estimate, target)
         batch = as_target(target, est)

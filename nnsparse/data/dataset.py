@@ -82,7 +82,7 @@ class SparseRow(metaclass=_RowType):
         return SparseRow, (self.indices, self.values)
 
 
-_Parts = Optional[Tuple[str, Tuple[Tensor, ...], Tuple[int, int]]]
+_Parts = Optional[Tuple[str, Tuple[Tensor, ...], Tuple[int, ...]]]
 
 
 class SparseRowBatch:
@@ -129,7 +129,8 @@ class SparseRowBatch:
     def _map(self, move: Any) -> "SparseRowBatch":
         def sparse(t: Optional[Tensor]) -> Optional[Tensor]:
             return None if t is None else move_structure(t, move(t))
-        return SparseRowBatch(sparse(self.input), sparse(self.target), move(self.row_index))
+        return SparseRowBatch(move_structure(self.input, move(self.input)), sparse(self.target),
+                              move(self.row_index))
 
     def to(self, device: Any, non_blocking: bool = False) -> "SparseRowBatch":
         """The batch on ``device`` (each tensor moved with ``non_blocking``), still trusted."""
@@ -153,14 +154,16 @@ def _build(parts: _Parts) -> Optional[Tensor]:
         return None
     layout, tensors, shape = parts
     if layout == "csr":
-        out = csr_tensor(*tensors, shape)
+        out = csr_tensor(tensors[0], tensors[1], tensors[2], shape)
     else:
-        out = coo_tensor(*tensors, shape, coalesced=True)
+        out = coo_tensor(tensors[0], tensors[1], shape, coalesced=True)
     return trust(out)  # the parts of a batch collate built (and checked) in a worker
 
 
 def _rebuild_batch(input: _Parts, target: _Parts, row_index: Tensor) -> SparseRowBatch:
-    return SparseRowBatch(_build(input), _build(target), row_index)
+    built = _build(input)
+    assert built is not None  # a batch always has an input
+    return SparseRowBatch(built, _build(target), row_index)
 
 
 def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
@@ -180,8 +183,10 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
                              f"{tuple(val.shape)}")
         if col.dtype.is_floating_point or col.dtype.is_complex or col.dtype == torch.bool:
             raise TypeError(f"rows[{k}] indices must be an integer tensor, got {col.dtype}")
-    col = torch.cat([r[1][0].to(torch.int64) for r in rows]) if rows else None
-    if col is None or col.numel() == 0:
+    if not rows:
+        return
+    col = torch.cat([r[1][0].to(torch.int64) for r in rows])
+    if col.numel() == 0:
         return
     lo, hi = int(col.min()), int(col.max())
     if lo < 0:
@@ -323,7 +328,7 @@ class SparseRowDataset(Dataset):
         return self.rows
 
     def _row(self, k: int, i: int) -> SparseRow:
-        parts = self._input if k == 0 else self._target
+        parts = self._input if k == 0 or self._target is None else self._target
         begin, end = self._bounds[k][i], self._bounds[k][i + 1]
         return SparseRow(parts[1][begin:end], parts[2][begin:end])
 

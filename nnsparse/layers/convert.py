@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._forms import as_sparse_batch
+from .._forms import SparseLike, as_sparse_batch
 from ..convert import _check_elem, _densify, sparsify
 
 __all__ = ["Densify", "Sparsify"]
@@ -62,7 +62,7 @@ class Densify(nn.Module):
         self.in_features = in_features
         self.elem = elem
 
-    def forward(self, input: Any) -> Tensor:
+    def forward(self, input: SparseLike) -> Tensor:
         batch = as_sparse_batch(input, name="input", width=self.in_features)
         return _densify(batch, self.elem, batch.rows, self.in_features)
 

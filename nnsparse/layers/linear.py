@@ -144,7 +144,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
     """:func:`sparse_linear` on the weight's transpose ``table`` ``(in, out)``."""
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
-    if _is_dense_input(input, table.shape[0]):
+    if isinstance(input, Tensor) and _is_dense_input(input, table.shape[0]):
         if input.dim() == 0 or input.shape[-1] != table.shape[0]:
             raise ValueError(f"input must have {table.shape[0]} features (in_features) in its "
                              f"last dimension, got shape {tuple(input.shape)}; a Lua (k, 2) "
@@ -289,7 +289,7 @@ class SparseLinearBatch(nn.Module):
     def __getattr__(self, name: str) -> Any:
         # With sparse_grad the parameter is weight_t; weight is its view.
         if name == "weight" and "weight_t" in self.__dict__.get("_parameters", {}):
-            return self._parameters["weight_t"].t()
+            return self._parameters["weight_t"].t()  # type: ignore[union-attr]
         return super().__getattr__(name)
 
     def forward(self, input: SparseLike) -> Tensor:
