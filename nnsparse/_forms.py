@@ -13,7 +13,7 @@ parses user input.  The accepted forms (see ``docs/naming.md``):
   0-based indices (the Lua form of a sparse vector);
 * ``"pair_list"``: a list of such pair tensors, one per row.
 
-**Validate once** (``docs/batch.md``).  The first nnsparse call that receives
+**Validate once** (``docs/sparse_batch.md``).  The first nnsparse call that receives
 a torch sparse tensor checks it completely, with one host synchronisation,
 and attaches the resulting index structure (int64 rows and columns, CSR row
 pointers, the column-major order: built lazily, at most once) to the tensor

@@ -3,7 +3,7 @@
 Row pointers from row indices and back, the column-major order of a
 pattern, and the constructors of torch COO/CSR tensors that skip torch's
 (implicitly disabled) invariant checks: nnsparse checks indices itself, once,
-where a batch enters (see ``docs/batch.md``).
+where a batch enters (see ``docs/sparse_batch.md``).
 
 None of these functions synchronises with the host: every output size is
 known from the input sizes, except :func:`column_major`'s distinct columns

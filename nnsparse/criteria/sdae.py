@@ -276,7 +276,7 @@ class SDAESparseCriterion(_SDAEBase):
     and returns the batch in the form it was given (COO, CSR, a list of
     vectors or of pairs) on the input's own pattern: hidden entries stay
     specified with the value 0 (their contribution to a linear layer is zero,
-    as if removed; ``docs/batch.md`` says why they are not removed).  It remembers, for each
+    as if removed; ``docs/sparse_batch.md`` says why they are not removed).  It remembers, for each
     specified ``(row, col)``, whether it was corrupted.  The loss runs over the
     target's specified entries only:
 
