@@ -278,3 +278,13 @@ def test_from_pairs(device):
 def test_from_pairs_errors(make, error, message):
     with pytest.raises(error, match=message):
         make()
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_sparsify_output_is_trusted(layout):
+    from nnsparse._forms import _attached, _counts, _reset_counts
+    x = sparsify(torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]]), layout=layout)
+    assert _attached(x) is not None
+    _reset_counts()
+    assert torch.equal(densify(x), torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]]))
+    assert _counts().get("validate", 0) == 0

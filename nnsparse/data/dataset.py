@@ -17,7 +17,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from .._forms import SparseBatch, as_sparse_batch, move_structure, trust
-from .._index import coo_tensor, csr_tensor
+from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 
 __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_rows"]
 
@@ -207,12 +207,9 @@ def _collate(rows: Sequence[Tuple[int, Row]], width: int, layout: torch.layout) 
     cols = [r[1][0] for r in rows]
     col = torch.cat(cols).to(torch.int64) if n else torch.zeros(0, dtype=torch.int64)
     values = torch.cat([r[1][1] for r in rows]) if n else torch.zeros(0)
-    counts = torch.tensor([c.shape[0] for c in cols], dtype=torch.int64)
-    row = torch.repeat_interleave(torch.arange(n), counts, output_size=col.shape[0])
-    batch = SparseBatch(row, col, values, (n, width), "csr", row_sorted=True, coalesced=True,
-                        trusted=True)
-    crow = counts.new_zeros(n + 1)
-    torch.cumsum(counts, 0, out=crow[1:])
+    crow = crow_from_counts(torch.tensor([c.shape[0] for c in cols], dtype=torch.int64))
+    batch = SparseBatch(rows_from_crow(crow, col.shape[0]), col, values, (n, width), "csr",
+                        row_sorted=True, coalesced=True, trusted=True)
     batch.cache.crow = crow
     return index, (batch.to_csr() if layout == torch.sparse_csr else batch.to_coo())
 
