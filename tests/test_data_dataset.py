@@ -215,3 +215,5 @@ def test_pin_memory_batch():
     assert batch.input.is_pinned() and batch.target.is_pinned()
     on_gpu = batch.to("cuda", non_blocking=True)
     assert on_gpu.input.is_cuda and torch.equal(densify(on_gpu.input).cpu(), torch.eye(4)[:3])
+    from nnsparse._forms import _attached  # pinned and moved batches stay trusted
+    assert _attached(batch.input) is not None and _attached(on_gpu.input) is not None
