@@ -125,3 +125,17 @@ def test_dense_criteria_keep_their_mask_after_a_failed_call():
             criterion.prepare_input(_sparse_batch() if isinstance(
                 criterion, nnsparse.SDAECriterion) else torch.zeros(2, 2, 2))
         assert torch.equal(criterion(torch.zeros(2, 4), x), before)
+
+
+def test_rating_errors_keep_their_sums_after_a_failed_update():
+    from nnsparse.data import RatingErrors
+    errors = RatingErrors()
+    errors.update(torch.tensor([3.0, 4.0]), torch.tensor([4.0, 4.0]))
+    before = errors.compute()
+    for prediction, target, error in ((torch.ones(3), torch.ones(2), ValueError),
+                                      (torch.ones(2).to_sparse(), torch.ones(2), TypeError),
+                                      ([1.0, 2.0], torch.ones(2), TypeError)):
+        with pytest.raises(error, match="(prediction and target must have one shape|"
+                                        "prediction must be a dense tensor)"):
+            errors.update(prediction, target)
+    assert errors.compute() == before
