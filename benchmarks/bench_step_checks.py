@@ -105,7 +105,8 @@ def run(threads: int, args: argparse.Namespace) -> None:
         cost[check] = statistics.median(samples) * 1e3
     alone = 100.0 * (cost[True] - cost[False]) / checked
     print(f"threads={threads}  checked {checked:8.2f} ms  trusted {trusted:8.2f} ms  "
-          f"difference {share:5.1f} % of the step; the check alone {cost[True] - cost[False]:.3f} ms "
+          f"difference {share:5.1f} % of the step; "
+          f"the check alone {cost[True] - cost[False]:.3f} ms "
           f"= {alone:.2f} % (target <= 5 %)")
 
 

@@ -159,7 +159,8 @@ def ssort(x: SparseLike, descending: bool = False) -> Union[SortResult, Tensor, 
     return _sort(x, by_index=False, descending=descending, name="x")
 
 
-def ssort_by_index(x: SparseLike, descending: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
+def ssort_by_index(x: SparseLike,
+                   descending: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
     r"""Sort the specified entries of a sparse vector, or of each row of a batch, by index.
 
     The Lua nnsparse README announced a descending default; as in

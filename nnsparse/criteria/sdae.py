@@ -337,7 +337,8 @@ class SDAESparseCriterion(_SDAEBase):
         # shared, and no data-dependent size (a host sync on CUDA).
         return batch.with_values(values)
 
-    def forward(self, estimate: SparseLike, target: SparseLike, mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, estimate: SparseLike, target: SparseLike,
+                mask: Optional[Tensor] = None) -> Tensor:
         est = as_estimate(estimate, target)
         batch = as_target(target, est)
         keys = batch.linear_index()

@@ -200,7 +200,8 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
                              f"got {c.tolist()[:10]}")
 
 
-def _collate(rows: Sequence[Tuple[int, Row]], width: int, layout: torch.layout) -> Tuple[Tensor, Tensor]:
+def _collate(rows: Sequence[Tuple[int, Row]], width: int,
+             layout: torch.layout) -> Tuple[Tensor, Tensor]:
     """``collate_sparse_rows`` on rows known to be valid: a trusted batch."""
     n = len(rows)
     index = torch.tensor([r[0] for r in rows], dtype=torch.int64)
