@@ -1,0 +1,148 @@
+"""nnsparse.distributed: 2 gloo processes on localhost against one process.
+
+One spawn runs every case (starting processes costs seconds); each rank
+saves its final weights, and the parent compares the ranks with each other
+and with a single-process run on the same seed and global batch.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, Dict
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import nnsparse
+from nnsparse import distributed as nd
+from nnsparse._optim_split import make_optimizer
+from nnsparse.data import SparseRowDataset
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="torch.distributed with gloo is not available")
+
+WORLD, GLOBAL_BATCH, STEPS, TIMEOUT_S = 2, 8, 3, 60
+ROWS, WIDTH, HIDDEN = 16, 30, 8
+# name -> (sparse_grad, comm hook for sparse gradients)
+CASES = {"dense": (False, False), "sparse": (True, False), "sparse_allgather": (True, True)}
+
+
+class _AE(nn.Module):
+    def __init__(self, sparse_grad: bool) -> None:
+        super().__init__()
+        self.encoder = nnsparse.SparseLinearBatch(WIDTH, HIDDEN, sparse_grad=sparse_grad)
+        self.decoder = nnsparse.SparseOutputLinear(HIDDEN, WIDTH, sparse_grad=sparse_grad)
+
+    def forward(self, x: Any, pattern: Any = None) -> Any:
+        return nnsparse.values_map(torch.tanh, self.decoder(torch.tanh(self.encoder(x)), pattern))
+
+
+def _data() -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    keep = torch.rand(ROWS, WIDTH, generator=g) < 0.3
+    return torch.where(keep, torch.rand(ROWS, WIDTH, generator=g) * 2 - 1, 0.0).to_sparse_csr()
+
+
+def _train(case: str) -> Dict[str, torch.Tensor]:
+    """A few steps; the loss is a sum over the process's rows / its row count, so
+    DDP's mean over ranks is the one-process loss over the global batch."""
+    sparse_grad, allgather = CASES[case]
+    torch.manual_seed(0)
+    model = nd.wrap(_AE(sparse_grad), sparse_allgather=allgather)
+    opt = make_optimizer(nd.unwrap(model), lr=0.05)
+    ds = SparseRowDataset(_data())
+    loader = nd.loader(ds, GLOBAL_BATCH // nd.world_size(), seed=3)
+    step = 0
+    for epoch in range(STEPS):
+        loader.sampler.set_epoch(epoch)
+        for batch in loader:
+            x = batch.input.to_sparse_coo().coalesce()
+            out = model(x, x)
+            loss = (out.values() - x.values()).pow(2).sum() / x.shape[0]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            step += 1
+            if step == STEPS:
+                return {k: v.detach().clone() for k, v in nd.unwrap(model).state_dict().items()}
+    raise AssertionError("not enough batches")
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    nd.init_from_env(device="cpu", timeout=TIMEOUT_S)
+    try:
+        torch.save({case: _train(case) for case in CASES}, os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        nd.cleanup()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list:
+    out = str(tmp_path_factory.mktemp("ddp"))
+    ctx = mp.start_processes(_worker, args=(_free_port(), out), nprocs=WORLD, join=False,
+                             start_method="spawn")
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the {WORLD} processes did not finish in {TIMEOUT_S} s")
+    finally:
+        for p in ctx.processes:  # only ours; nothing left after a normal join
+            if p.is_alive():
+                p.kill()
+    return [torch.load(os.path.join(out, f"{r}.pt")) for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ranks_stay_equal(ranks, case):
+    first, second = ranks[0][case], ranks[1][case]
+    for name in first:
+        torch.testing.assert_close(first[name], second[name], rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_same_as_one_process(ranks, case):
+    single = _train(case)  # no process group: one process, the global batch
+    initial = _AE(CASES[case][0]).state_dict()
+    for name, value in single.items():
+        assert not torch.equal(value, initial[name]), f"{name} did not train"
+        torch.testing.assert_close(ranks[0][case][name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_single_process_fallbacks():
+    model = nn.Linear(2, 2)
+    assert not nd.is_distributed()
+    assert (nd.rank(), nd.world_size(), nd.is_main()) == (0, 1, True)
+    assert nd.wrap(model) is model and nd.unwrap(model) is model
+    assert nd.init_from_env(device="cpu") == torch.device("cpu")
+
+
+@pytest.mark.parametrize("kwargs, env, error, match", [
+    (dict(device="tpu"), {}, ValueError, "device must be 'cpu' or 'cuda', got 'tpu'"),
+    (dict(device="cpu", backend="mpi"), {}, ValueError, "backend must be 'gloo' or 'nccl'"),
+    (dict(device="cpu", backend="nccl"), {}, ValueError, "needs CUDA tensors"),
+    (dict(device="cpu"), {"WORLD_SIZE": "two"}, ValueError, "WORLD_SIZE must be an integer"),
+])
+def test_init_errors(monkeypatch, kwargs, env, error, match):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(error, match=match):
+        nd.init_from_env(**kwargs)
+
+
+def test_loader_errors():
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
+        nd.loader(SparseRowDataset(_data()), 0)
