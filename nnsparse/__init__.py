@@ -27,3 +27,7 @@ __all__ = [
     "values_map",
     "ValuesMap",
 ] + layers.__all__ + criteria.__all__
+
+# Last, once every module class is defined: torch.load(weights_only=True) of nnsparse modules.
+from ._serialization import register_safe_globals as _register_safe_globals  # noqa: E402
+_register_safe_globals()
