@@ -47,12 +47,12 @@ def _data() -> torch.Tensor:
     return torch.where(keep, torch.rand(ROWS, WIDTH, generator=g) * 2 - 1, 0.0).to_sparse_csr()
 
 
-def _train(case: str) -> Dict[str, torch.Tensor]:
+def _train(case: str, device: str = "cpu") -> Dict[str, torch.Tensor]:
     """A few steps; the loss is a sum over the process's rows / its row count, so
     DDP's mean over ranks is the one-process loss over the global batch."""
     sparse_grad, allgather = CASES[case]
     torch.manual_seed(0)
-    model = nd.wrap(_AE(sparse_grad), sparse_allgather=allgather)
+    model = nd.wrap(_AE(sparse_grad).to(device), sparse_allgather=allgather)
     opt = make_optimizer(nd.unwrap(model), lr=0.05)
     ds = SparseRowDataset(_data())
     loader = nd.loader(ds, GLOBAL_BATCH // nd.world_size(), seed=3)
@@ -60,7 +60,7 @@ def _train(case: str) -> Dict[str, torch.Tensor]:
     for epoch in range(STEPS):
         loader.sampler.set_epoch(epoch)
         for batch in loader:
-            x = batch.input.to_sparse_coo().coalesce()
+            x = batch.input.to(device).to_sparse_coo().coalesce()
             out = model(x, x)
             loss = (out.values() - x.values()).pow(2).sum() / x.shape[0]
             opt.zero_grad()
@@ -68,7 +68,7 @@ def _train(case: str) -> Dict[str, torch.Tensor]:
             opt.step()
             step += 1
             if step == STEPS:
-                return {k: v.detach().clone() for k, v in nd.unwrap(model).state_dict().items()}
+                return {k: v.detach().cpu() for k, v in nd.unwrap(model).state_dict().items()}
     raise AssertionError("not enough batches")
 
 
