@@ -25,7 +25,6 @@ from torch.utils.data import DataLoader
 
 import nnsparse
 from nnsparse import distributed as nd
-from nnsparse._optim_split import make_optimizer
 from nnsparse.data import (RatingErrors, RatingNormalizer, SparseRowDataset, random_split,
                            synthetic_ratings)
 
@@ -99,7 +98,8 @@ def train(args: argparse.Namespace, model: nn.Module, norm: RatingNormalizer,
     criterion = nnsparse.SDAESparseCriterion(
         nn.MSELoss(), alpha=args.alpha, beta=args.beta, hide_ratio=args.hide_ratio,
         generator=torch.Generator(device=device).manual_seed(args.seed + nd.rank()))
-    optimiser = make_optimizer(nd.unwrap(model), lr=args.lr, weight_decay=args.weight_decay)
+    optimiser = nnsparse.make_optimizer(nd.unwrap(model), lr=args.lr,
+                                        weight_decay=args.weight_decay)
     best_rmse, best_state, best_epoch = math.inf, None, 0
     for epoch in range(1, args.epochs + 1):
         loader.sampler.set_epoch(epoch)

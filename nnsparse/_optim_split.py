@@ -49,8 +49,7 @@ def sparse_grad_parameters(model: nn.Module) -> List[Tensor]:
 
         >>> model = torch.nn.Sequential(nnsparse.SparseLinearBatch(6, 3, sparse_grad=True),
         ...                             torch.nn.Linear(3, 2))
-        >>> from nnsparse._optim_split import sparse_grad_parameters  # nnsparse.optim's
-        >>> [tuple(p.shape) for p in sparse_grad_parameters(model)]
+        >>> [tuple(p.shape) for p in nnsparse.sparse_grad_parameters(model)]
         [(6, 3), (3,)]
     """
     seen, out = set(), []
@@ -195,7 +194,7 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
 
         >>> model = torch.nn.Sequential(nnsparse.SparseLinearBatch(6, 3, sparse_grad=True),
         ...                             torch.nn.Linear(3, 2))
-        >>> from nnsparse._optim_split import make_optimizer  # nnsparse.optim.make_optimizer
+        >>> from nnsparse._optim_split import make_optimizer  # nnsparse.make_optimizer
         >>> opt = make_optimizer(model, lr=1e-2)
         >>> opt
         SplitOptimizer(dense=Adam, sparse=LazyAdam)

@@ -183,11 +183,28 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
 
 
+# The attribute by which nnsparse's sparse layers hold an optimiser applied in
+# their backward (set by nnsparse.optim.apply_optimizer_in_backward; None when absent).
+_IN_BACKWARD_ATTR = "_row_update"
+
+
+def _refuse_in_backward(model: nn.Module) -> None:
+    """Raise when a layer of ``model`` updates its weight inside the backward."""
+    for name, module in model.named_modules():
+        if getattr(module, _IN_BACKWARD_ATTR, None) is not None:
+            raise NotImplementedError(
+                f"module: layer {name or type(module).__name__!r} has an optimiser in the "
+                "backward (nnsparse.optim.apply_optimizer_in_backward), whose row updates use "
+                "this process's gradient only and are never averaged by "
+                "DistributedDataParallel; call remove() on that optimiser and train with "
+                "materialised gradients (nnsparse.make_optimizer) under DDP")
+
+
 class DistributedDataParallel(_TORCH_DDP):
     r"""``torch.nn.parallel.DistributedDataParallel`` that knows nnsparse's sparse gradients.
 
     Takes torch's arguments.  The parameters listed by
-    :func:`nnsparse.optim.sparse_grad_parameters` (nnsparse layers with
+    :func:`nnsparse.sparse_grad_parameters` (nnsparse layers with
     ``sparse_grad=True``, sparse ``nn.Embedding``/``EmbeddingBag``) are
     declared to DDP's reducer as sparse: each gets its own bucket and is
     reduced as a sparse tensor (gloo's sparse all-reduce, or the registered
@@ -196,7 +213,19 @@ class DistributedDataParallel(_TORCH_DDP):
     A ``SparseOutputLinear(sparse_grad=True)`` must be given a pattern in
     every training step (without one its gradients are dense, which DDP
     refuses for a parameter declared sparse).
+
+    Raises:
+        NotImplementedError: a layer of ``module`` has an optimiser in the
+            backward (:func:`nnsparse.optim.apply_optimizer_in_backward`):
+            its rows are updated from this process's gradient during
+            ``backward``, before DDP's reducer could average anything, so the
+            ranks would drift apart.  Train such a model under DDP with
+            materialised gradients (:func:`nnsparse.make_optimizer`).
     """
+
+    def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
+        _refuse_in_backward(module)
+        super().__init__(module, *args, **kwargs)
 
     def _build_params_for_reducer(self):  # torch's hook point: (parameters, expect_sparse)
         parameters, expect_sparse = super()._build_params_for_reducer()

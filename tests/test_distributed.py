@@ -19,7 +19,6 @@ from torch import nn
 
 import nnsparse
 from nnsparse import distributed as nd
-from nnsparse._optim_split import make_optimizer
 from nnsparse.data import SparseRowDataset
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -53,7 +52,7 @@ def _train(case: str, device: str = "cpu") -> Dict[str, torch.Tensor]:
     sparse_grad, allgather = CASES[case]
     torch.manual_seed(0)
     model = nd.wrap(_AE(sparse_grad).to(device), sparse_allgather=allgather)
-    opt = make_optimizer(nd.unwrap(model), lr=0.05)
+    opt = nnsparse.make_optimizer(nd.unwrap(model), lr=0.05)
     ds = SparseRowDataset(_data())
     loader = nd.loader(ds, GLOBAL_BATCH // nd.world_size(), seed=3)
     step = 0
@@ -72,13 +71,19 @@ def _train(case: str, device: str = "cpu") -> Dict[str, torch.Tensor]:
     raise AssertionError("not enough batches")
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, port: int, out_dir: str, world: int, device: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    nd.init_from_env(device="cpu", timeout=TIMEOUT_S)
+    here = nd.init_from_env(device=device, timeout=TIMEOUT_S)
+    results: Dict[str, Any] = {}
     try:
-        torch.save({case: _train(case) for case in CASES}, os.path.join(out_dir, f"{rank}.pt"))
+        for case in CASES:
+            try:
+                results[case] = _train(case, here)
+            except NotImplementedError as e:  # NCCL, sparse gradients, no hook: refused
+                results[case] = str(e)
+        torch.save(results, os.path.join(out_dir, f"{rank}.pt"))
     finally:
         nd.cleanup()
 
@@ -89,21 +94,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list:
-    out = str(tmp_path_factory.mktemp("ddp"))
-    ctx = mp.start_processes(_worker, args=(_free_port(), out), nprocs=WORLD, join=False,
-                             start_method="spawn")
+def _spawn(out: str, world: int, device: str) -> list:
+    """Run every case in ``world`` processes; each rank's results (weights or refusal)."""
+    ctx = mp.start_processes(_worker, args=(_free_port(), out, world, device), nprocs=world,
+                             join=False, start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
     try:
         while not ctx.join(timeout=1):
             if time.monotonic() > deadline:
-                pytest.fail(f"the {WORLD} processes did not finish in {TIMEOUT_S} s")
+                pytest.fail(f"the {world} processes did not finish in {TIMEOUT_S} s")
     finally:
         for p in ctx.processes:  # only ours; nothing left after a normal join
             if p.is_alive():
                 p.kill()
-    return [torch.load(os.path.join(out, f"{r}.pt")) for r in range(WORLD)]
+    return [torch.load(os.path.join(out, f"{r}.pt")) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list:
+    return _spawn(str(tmp_path_factory.mktemp("ddp")), WORLD, "cpu")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -146,3 +155,58 @@ def test_init_errors(monkeypatch, kwargs, env, error, match):
 def test_loader_errors():
     with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
         nd.loader(SparseRowDataset(_data()), 0)
+
+
+@pytest.fixture
+def group_of_one():
+    """A gloo process group of one process, here, for checks that need a group."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _attach_in_backward(model: nn.Module) -> None:
+    """The optimiser-in-backward mode, through its API where this build has it."""
+    apply = getattr(nnsparse.optim, "apply_optimizer_in_backward", None)
+    if apply is not None:
+        apply(model, "adam", lr=0.1)
+    else:  # the attribute by which the layers hold it (nnsparse.distributed checks it)
+        model.encoder._row_update = object()
+
+
+def test_wrap_refuses_optimizer_in_backward(group_of_one):
+    model = _AE(sparse_grad=False)
+    assert isinstance(nd.wrap(model), nd.DistributedDataParallel)  # the group works
+    _attach_in_backward(model)
+    with pytest.raises(NotImplementedError,
+                       match=r"layer 'encoder' has an optimiser in the backward .*never averaged "
+                             r"by DistributedDataParallel.*nnsparse.make_optimizer"):
+        nd.wrap(model)
+    with pytest.raises(NotImplementedError, match="optimiser in the backward"):
+        nd.DistributedDataParallel(model)
+
+
+def _check_nccl(results: list, device: str) -> None:
+    for rank in results:
+        assert "use sparse_allgather=True, the gloo backend, or sparse_grad=False" in rank["sparse"]
+    for case in ("dense", "sparse_allgather"):
+        single = _train(case, device)
+        for rank in results:
+            for name, value in single.items():
+                torch.testing.assert_close(rank[case][name], value, rtol=1e-4, atol=1e-5,
+                                           msg=f"{case} {name}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_available(),
+                    reason="needs CUDA and NCCL")
+def test_nccl_one_process(tmp_path):
+    """NCCL path on one GPU: the all-gather hook runs on CUDA; sparse without it is refused."""
+    _check_nccl(_spawn(str(tmp_path), 1, "cuda"), "cuda:0")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
+                    reason="needs 2 CUDA devices and NCCL")
+def test_nccl_two_gpus(tmp_path):
+    _check_nccl(_spawn(str(tmp_path), 2, "cuda"), "cuda:0")
