@@ -114,10 +114,12 @@ def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
     if backend == "nccl" and kind == "cpu":
         raise ValueError("backend='nccl' needs CUDA tensors, got device='cpu'; use gloo")
     local = _env_int("LOCAL_RANK", 0)
+    launched = "WORLD_SIZE" in os.environ  # by torchrun (or by hand), even with 1 process
+    _env_int("WORLD_SIZE", 1)  # checked before anything changes
     out = torch.device(kind, local) if kind == "cuda" else torch.device("cpu")
     if kind == "cuda":
         torch.cuda.set_device(out)
-    if _env_int("WORLD_SIZE", 1) > 1 and not is_distributed():
+    if launched and not is_distributed():
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout),
                                 **({"device_id": out} if kind == "cuda" else {}))
     return out
