@@ -210,3 +210,18 @@ def test_nccl_one_process(tmp_path):
                     reason="needs 2 CUDA devices and NCCL")
 def test_nccl_two_gpus(tmp_path):
     _check_nccl(_spawn(str(tmp_path), 2, "cuda"), "cuda:0")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_sparse_linear_is_a_weighted_sum_embedding_bag(bias):
+    """The mapping docs/distributed.md gives for TorchRec's weighted EmbeddingBagCollection:
+    table = weight.t(), ids = column indices, lengths = row nnz, weights = values, SUM, + bias."""
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(WIDTH, HIDDEN, bias=bias)
+    x = _data()
+    lengths = x.crow_indices().diff()
+    offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)[:-1]])
+    pooled = nn.functional.embedding_bag(x.col_indices(), layer.weight.t(), offsets, mode="sum",
+                                         per_sample_weights=x.values())
+    expected = pooled + layer.bias if bias else pooled
+    torch.testing.assert_close(layer(x), expected)
