@@ -225,3 +225,14 @@ def test_sparse_linear_is_a_weighted_sum_embedding_bag(bias):
                                          per_sample_weights=x.values())
     expected = pooled + layer.bias if bias else pooled
     torch.testing.assert_close(layer(x), expected)
+
+
+@pytest.mark.parametrize("page", ["distributed.md", "ecosystem.md"])
+def test_docs_examples_run(page):
+    """The ``>>>`` examples of the pages written for the README run as shown."""
+    import doctest
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "docs" / page
+    result = doctest.testfile(str(path), module_relative=False,
+                              optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
