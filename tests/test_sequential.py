@@ -65,3 +65,32 @@ def test_nested_and_user_modules_get_the_pattern():
     h = outer[0](x)
     expected = inner[0](h, x).coalesce().values() * 2
     torch.testing.assert_close(outer(x, x).coalesce().values(), expected)
+
+
+def _half_case(sparse_grad: bool):
+    torch.manual_seed(0)
+    model = PatternSequential(nnsparse.SparseLinearBatch(WIDTH, HIDDEN, sparse_grad=sparse_grad),
+                              nn.Tanh(),
+                              nnsparse.SparseOutputLinear(HIDDEN, WIDTH, sparse_grad=sparse_grad))
+    x = random_sparse_dense(ROWS, WIDTH, 0.4, dtype=torch.float32, empty_rows=1).to_sparse()
+    return model, x
+
+
+def test_half_on_cpu_matches_float32():
+    model, x = _half_case(sparse_grad=False)
+    reference = model(x, x).to_dense()
+    half = model.half()
+    out = half(x.half(), x.half())
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.to_dense().float(), reference, rtol=1e-2, atol=2e-3)
+    out.values().float().pow(2).sum().backward()
+    assert all(p.grad.dtype == torch.float16 and p.grad.isfinite().all() for p in half.parameters())
+
+
+@pytest.mark.xfail(raises=RuntimeError, strict=True,
+                   reason="SparseOutputLinear(sparse_grad=True) in float16 on CPU computes through "
+                          "weight.float(), whose backward cannot take the sparse gradient")
+def test_half_on_cpu_with_sparse_gradients():
+    model, x = _half_case(sparse_grad=True)
+    half = model.half()
+    half(x.half(), x.half()).values().float().pow(2).sum().backward()
