@@ -222,11 +222,20 @@ class DistributedDataParallel(_TORCH_DDP):
             its rows are updated from this process's gradient during
             ``backward``, before DDP's reducer could average anything, so the
             ranks would drift apart.  Train such a model under DDP with
-            materialised gradients (:func:`nnsparse.make_optimizer`).
+            materialised gradients (:func:`nnsparse.make_optimizer`).  Also when
+            ``module`` has sparse gradients and torch's DDP lacks the method
+            through which they are declared (``_build_params_for_reducer``;
+            present in the torch versions tested, 2.11 and 2.13).
     """
 
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
         _refuse_in_backward(module)
+        if sparse_grad_parameters(module) and not hasattr(_TORCH_DDP, "_build_params_for_reducer"):
+            # torch has no public way to declare a sparse gradient; this is the one place
+            # DDP decides it.  Without it a sparse gradient fails deep inside backward.
+            raise NotImplementedError(
+                f"module: this torch ({torch.__version__}) gives nnsparse no way to declare "
+                "sparse gradients to DistributedDataParallel; use sparse_grad=False")
         super().__init__(module, *args, **kwargs)
 
     def _build_params_for_reducer(self):  # torch's hook point: (parameters, expect_sparse)
@@ -303,7 +312,8 @@ def wrap(model: nn.Module, *, sparse_allgather: Optional[bool] = None,
     Raises:
         NotImplementedError: NCCL, sparse gradients and ``sparse_allgather=False``:
             NCCL cannot all-reduce sparse tensors; use the hook, gloo, or
-            ``sparse_grad=False``.
+            ``sparse_grad=False``.  And :class:`DistributedDataParallel`'s refusals
+            (an optimiser in the backward).
     """
     if not is_distributed():
         return model

@@ -236,3 +236,10 @@ def test_docs_examples_run(page):
     result = doctest.testfile(str(path), module_relative=False,
                               optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_ddp_without_torchs_hook_point_refuses_sparse_gradients(group_of_one, monkeypatch):
+    monkeypatch.delattr(nn.parallel.DistributedDataParallel, "_build_params_for_reducer")
+    with pytest.raises(NotImplementedError, match="no way to declare sparse gradients.*"
+                                                  "use sparse_grad=False"):
+        nd.wrap(_AE(sparse_grad=True))
