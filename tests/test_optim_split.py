@@ -9,6 +9,8 @@ import nnsparse
 from nnsparse._optim_split import SplitOptimizer, make_optimizer, sparse_grad_parameters
 from nnsparse.optim import LazyAdam
 
+from matrix import DEVICES
+
 WIDTH, HIDDEN = 8, 4
 
 
@@ -26,14 +28,15 @@ class _Mixed(nn.Module):
         return self.decoder(torch.tanh(self.middle(torch.tanh(self.encoder(x)))), x)
 
 
-def _x():
-    return torch.tensor([[1., 0, 0, 2, 0, 0, 0, 0], [0, 0, 3, 0, 0, 1, 0, 0]]).to_sparse()
+def _x(device="cpu"):
+    return torch.tensor([[1., 0, 0, 2, 0, 0, 0, 0], [0, 0, 3, 0, 0, 1, 0, 0]],
+                        device=device).to_sparse()
 
 
-def _steps(model, opt, n=3):
+def _steps(model, opt, n=3, device="cpu"):
     for _ in range(n):
         opt.zero_grad()
-        model(_x()).values().pow(2).sum().backward()
+        model(_x(device)).values().pow(2).sum().backward()
         opt.step()
 
 
@@ -50,23 +53,24 @@ def test_split_by_gradient_kind():
     assert dense_ids == {id(model.middle.weight), id(model.middle.bias)}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dense, wd", [("adam", 0.0), ("adam", 0.01), ("adamw", 0.01)])
-def test_same_as_the_two_optimisers_by_hand(dense, wd):
+def test_same_as_the_two_optimisers_by_hand(dense, wd, device):
     torch.manual_seed(0)
-    model = _Mixed()
+    model = _Mixed().to(device)
     torch.manual_seed(0)
-    ref = _Mixed()
+    ref = _Mixed().to(device)
     opt = make_optimizer(model, lr=0.05, weight_decay=wd, dense=dense)
     cls = torch.optim.AdamW if dense == "adamw" else torch.optim.Adam
     by_hand = [cls(ref.middle.parameters(), lr=0.05, weight_decay=wd),
                LazyAdam(sparse_grad_parameters(ref), lr=0.05, weight_decay=wd,
                         decoupled_weight_decay=dense == "adamw")]
     before = [p.detach().clone() for p in model.parameters()]
-    _steps(model, opt)
+    _steps(model, opt, device=device)
     for _ in range(3):
         for o in by_hand:
             o.zero_grad()
-        ref(_x()).values().pow(2).sum().backward()
+        ref(_x(device)).values().pow(2).sum().backward()
         for o in by_hand:
             o.step()
     for (name, a), b, b0 in zip(model.named_parameters(), ref.parameters(), before):
