@@ -69,7 +69,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--threads", type=_positive(int), default=1,
                    help="torch threads per process (processes x threads <= cores)")
     p.add_argument("--save", help="rank 0 saves the trained state_dict here")
-    p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no tqdm bars (they are off anyway when stderr is not a terminal)")
     return p.parse_args(argv)
 
 
@@ -105,7 +106,7 @@ def train(args: argparse.Namespace, model: nn.Module, norm: RatingNormalizer,
         loader.sampler.set_epoch(epoch)
         model.train()
         start, loss_sum = time.perf_counter(), torch.zeros((), device=device)
-        for batch in nd.progress(loader, disable=args.no_progress, leave=False,
+        for batch in nd.progress(loader, disable=True if args.no_progress else None, leave=False,
                                  desc=f"epoch {epoch}/{args.epochs}"):
             x = batch.input.to(device)
             loss = criterion(model(criterion.prepare_input(x), x), x)
@@ -134,7 +135,8 @@ def main(argv: Optional[List[str]] = None) -> Optional[Dict[str, float]]:
         if args.batch_size % world:
             raise SystemExit(f"--batch-size must be a multiple of the {world} processes, "
                              f"got {args.batch_size}")
-        torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts rank 0's)
+        # The same initial weights everywhere (DDP broadcasts rank 0's anyway).
+        torch.manual_seed(args.seed)
         split = random_split(synthetic_ratings(seed=args.seed), test=0.1, validation=0.05,
                              seed=args.seed)
         norm = RatingNormalizer(split.train, orientation="item")

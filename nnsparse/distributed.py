@@ -137,16 +137,24 @@ def main_print(*args: Any, **kwargs: Any) -> None:
         print(*args, **kwargs)
 
 
-def progress(iterable: Iterable, disable: bool = False, **kwargs: Any) -> Iterable:
-    """A tqdm bar over ``iterable`` on rank 0; the bare iterable elsewhere or when ``disable``."""
+def progress(iterable: Iterable, disable: Optional[bool] = None, **kwargs: Any) -> Iterable:
+    """A tqdm bar over ``iterable`` on rank 0; the bare iterable on other ranks.
+
+    Args:
+        iterable: what to iterate over.
+        disable (bool, optional): ``True``: no bar; ``False``: a bar on rank 0;
+            ``None`` (default): a bar on rank 0 when its output (stderr, or
+            ``file=``) is a terminal, none in a log file or pipe.
+        **kwargs: passed to ``tqdm`` (``desc``, ``leave``, ``file``, ...).
+    """
     if disable or not is_main():
         return iterable
     from tqdm import tqdm
-    return tqdm(iterable, **kwargs)
+    return tqdm(iterable, disable=disable, **kwargs)  # tqdm's None: off unless a terminal
 
 
 def save(obj: Any, path: str) -> None:
-    """``torch.save`` on rank 0, then every rank waits for it (so a reader never sees half a file)."""
+    """``torch.save`` on rank 0, then every rank waits (so no reader sees half a file)."""
     if is_main():
         torch.save(obj, path)
     if is_distributed():

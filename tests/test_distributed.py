@@ -243,3 +243,38 @@ def test_ddp_without_torchs_hook_point_refuses_sparse_gradients(group_of_one, mo
     with pytest.raises(NotImplementedError, match="no way to declare sparse gradients.*"
                                                   "use sparse_grad=False"):
         nd.wrap(_AE(sparse_grad=True))
+
+
+@pytest.mark.parametrize("disable, bar", [(None, False), (False, True), (True, False)])
+def test_progress_bar_only_on_a_terminal_unless_asked(capsys, disable, bar):
+    # capsys's stderr is not a terminal: the default (None) shows no bar there.
+    assert list(nd.progress(range(3), disable=disable, desc="steps")) == [0, 1, 2]
+    assert ("steps" in capsys.readouterr().err) == bar
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True])
+def test_example_runs_as_one_process(tmp_path, capsys, sparse_grad):
+    """examples/ddp_autoencoder.py without torchrun, tiny settings (the 2-process figures are
+    in docs/distributed.md)."""
+    import importlib.util
+    import math
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "examples" / "ddp_autoencoder.py"
+    spec = importlib.util.spec_from_file_location("ddp_autoencoder", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    threads = torch.get_num_threads()
+    try:
+        result = example.main(["--epochs", "1", "--hidden", "16", "--batch-size", "64",
+                               "--save", str(tmp_path / "ae.pt")]
+                              + ["--sparse-grad"] * sparse_grad)
+    finally:
+        torch.set_num_threads(threads)  # the example sets its --threads
+    assert 0.5 < result["rmse"] < 2 and math.isfinite(result["mae"])
+    out = capsys.readouterr()
+    assert out.out.splitlines()[-1] == f"test RMSE: {result['rmse']:.4f}"
+    assert "epoch 1/1" not in out.err  # no bar when stderr is not a terminal
+    state = torch.load(tmp_path / "ae.pt")  # rank 0's save, nn.Linear's layout
+    width = state["encoder.weight"].shape[1]
+    assert state["encoder.weight"].shape == (16, width)
+    example.Autoencoder(width, 16, sparse_grad).load_state_dict(state)

@@ -1,4 +1,5 @@
-"""make_optimizer / SplitOptimizer: sparse-gradient parameters to a sparse optimiser, the rest to Adam."""
+"""make_optimizer / SplitOptimizer: sparse-gradient parameters to a sparse optimiser, the rest
+to Adam."""
 import copy
 
 import pytest
@@ -154,7 +155,8 @@ def test_split_optimizer_errors():
                         "y": torch.optim.SGD(a.parameters(), lr=0.1)})
     opt = SplitOptimizer({"x": torch.optim.Adam(a.parameters()),
                           "y": torch.optim.SGD(b.parameters(), lr=0.1)})
-    with pytest.raises(ValueError, match=r"state_dict must have the parts \['x', 'y'\], got \['x'\]"):
+    with pytest.raises(ValueError,
+                       match=r"state_dict must have the parts \['x', 'y'\], got \['x'\]"):
         opt.load_state_dict({"x": {}})
     with pytest.raises(NotImplementedError, match="add it to one part"):
         opt.add_param_group({"params": [nn.Parameter(torch.zeros(1))]})
