@@ -11,6 +11,8 @@ from .builder import DynamicSparseTensor
 from .criteria import *  # noqa: F401,F403  (the list is criteria.__all__)
 from .layers import *  # noqa: F401,F403  (the list is layers.__all__)
 from . import data, optim
+from . import distributed
+from ._optim_split import SplitOptimizer, make_optimizer, sparse_grad_parameters
 from .values import ValuesMap, values_map
 from ._forms import SparseLike, trust
 
@@ -29,4 +31,11 @@ __all__ = [
     "ValuesMap",
     "trust",
     "SparseLike",
+    "make_optimizer",
+    "SplitOptimizer",
+    "sparse_grad_parameters",
 ] + layers.__all__ + criteria.__all__
+
+# Last, once every module class is defined: torch.load(weights_only=True) of nnsparse modules.
+from ._serialization import register_safe_globals as _register_safe_globals  # noqa: E402
+_register_safe_globals()

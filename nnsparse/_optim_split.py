@@ -1,0 +1,222 @@
+"""One optimiser object for a model whose gradients are partly sparse, partly dense.
+
+``torch.optim.Adam`` refuses sparse gradients ("Adam does not support sparse
+gradients, please consider SparseAdam instead") and ``torch.optim.SparseAdam``
+refuses dense ones, so a model with ``sparse_grad=True`` layers beside dense
+ones needs its parameters split between two optimisers.
+:func:`make_optimizer` does the split (by module, before any backward) and
+returns one :class:`SplitOptimizer` with the usual ``step`` / ``zero_grad`` /
+``state_dict`` / ``load_state_dict`` and ``param_groups``, so a training loop
+and an LR scheduler use it as any optimiser.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+__all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
+
+_SPARSE = ("lazy_adam", "sparse_adam")
+_DENSE = ("adam", "adamw")
+
+
+def _gives_sparse_grad(module: nn.Module) -> bool:
+    """Whether ``module``'s own parameters get sparse COO gradients in training."""
+    from .layers.linear import SparseLinearBatch
+    from .layers.sparse_output import SparseOutputLinear
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        return bool(module.sparse)
+    if isinstance(module, (SparseLinearBatch, SparseOutputLinear)):
+        return bool(module.sparse_grad)
+    return False
+
+
+def sparse_grad_parameters(model: nn.Module) -> List[Tensor]:
+    r"""The parameters of ``model`` that get sparse COO gradients, each once.
+
+    These are every parameter of ``nn.Embedding`` / ``nn.EmbeddingBag`` with
+    ``sparse=True``, :class:`~nnsparse.SparseLinearBatch` with
+    ``sparse_grad=True`` (``weight_t`` and ``bias``) and
+    :class:`~nnsparse.SparseOutputLinear` with ``sparse_grad=True``
+    (``weight`` and ``bias``; their gradients are sparse when the layer is
+    given a pattern, as in training).  Parameters with
+    ``requires_grad=False`` are left out.
+
+    Example::
+
+        >>> model = torch.nn.Sequential(nnsparse.SparseLinearBatch(6, 3, sparse_grad=True),
+        ...                             torch.nn.Linear(3, 2))
+        >>> [tuple(p.shape) for p in nnsparse.sparse_grad_parameters(model)]
+        [(6, 3), (3,)]
+    """
+    seen, out = set(), []
+    for module in model.modules():
+        if not _gives_sparse_grad(module):
+            continue
+        for p in module.parameters(recurse=False):
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+class SplitOptimizer(Optimizer):
+    r"""Several optimisers over disjoint parameters, driven as one.
+
+    ``step``, ``zero_grad``, ``state_dict`` and ``load_state_dict`` go to each
+    part; ``param_groups`` is the concatenation of theirs (the same dicts, so
+    an LR scheduler that edits ``group["lr"]`` reaches every part).
+
+    Args:
+        optimizers (dict): name -> optimiser; names key the state dict.
+
+    Raises:
+        TypeError: a value is not a ``torch.optim.Optimizer``.
+        ValueError: no optimiser, or a parameter in two of them.
+    """
+
+    def __init__(self, optimizers: Dict[str, Optimizer]) -> None:
+        if not optimizers:
+            raise ValueError("optimizers must hold at least one optimiser, got none")
+        seen: set = set()
+        for name, opt in optimizers.items():
+            if not isinstance(opt, Optimizer):
+                raise TypeError(f"optimizers[{name!r}] must be a torch.optim.Optimizer, "
+                                f"got {type(opt).__name__}")
+            ids = {id(p) for g in opt.param_groups for p in g["params"]}
+            if ids & seen:
+                raise ValueError(f"optimizers[{name!r}] shares parameters with another part")
+            seen |= ids
+        # No Optimizer.__init__: the parts own the parameters and their state.
+        self.optimizers = dict(optimizers)
+        self.defaults: Dict[str, Any] = {}
+        self._optimizer_step_pre_hooks: Dict[int, Callable] = {}
+        self._optimizer_step_post_hooks: Dict[int, Callable] = {}
+
+    @property
+    def param_groups(self) -> List[dict]:  # type: ignore[override]
+        return [g for opt in self.optimizers.values() for g in opt.param_groups]
+
+    @property
+    def state(self) -> Dict[Tensor, Any]:  # type: ignore[override]
+        return {p: s for opt in self.optimizers.values() for p, s in opt.state.items()}
+
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        """One step of every part; ``closure`` (if given) is evaluated once, first."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for opt in self.optimizers.values():
+            opt.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        if set(state_dict) != set(self.optimizers):
+            raise ValueError(f"state_dict must have the parts {sorted(self.optimizers)}, "
+                             f"got {sorted(state_dict)}")
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(state_dict[name])
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        raise NotImplementedError("a SplitOptimizer cannot tell which part a new group belongs "
+                                  "to; add it to one part: optimizer.optimizers['dense' or "
+                                  "'sparse'].add_param_group(...)")
+
+    def __iter__(self) -> Iterator[Tuple[str, Optimizer]]:
+        return iter(self.optimizers.items())
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n}={type(o).__name__}" for n, o in self.optimizers.items())
+        return f"SplitOptimizer({parts})"
+
+
+def _sparse_part(name: str, params: List[Tensor], lr: float, betas: Tuple[float, float],
+                 eps: float, weight_decay: float, decoupled: bool) -> Optimizer:
+    if name == "lazy_adam":
+        from .optim import LazyAdam
+        return LazyAdam(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        decoupled_weight_decay=decoupled)
+    if weight_decay:
+        raise NotImplementedError("sparse='sparse_adam' has no weight decay (torch.optim."
+                                  f"SparseAdam), got weight_decay={weight_decay}; use "
+                                  "sparse='lazy_adam'")
+    return torch.optim.SparseAdam(params, lr=lr, betas=betas, eps=eps)
+
+
+def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, float] = (0.9, 0.999),
+                   eps: float = 1e-8, weight_decay: float = 0.0, dense: str = "adam",
+                   sparse: str = "lazy_adam", **dense_kwargs: Any) -> Optimizer:
+    r"""Adam for a model mixing sparse and dense gradients, as one optimiser.
+
+    The parameters that get sparse gradients (:func:`sparse_grad_parameters`:
+    ``SparseLinearBatch(sparse_grad=True)``, ``SparseOutputLinear(sparse_grad=True)``,
+    ``nn.Embedding(sparse=True)``) go to a sparse-capable optimiser, the
+    others to ``torch.optim.Adam`` / ``AdamW`` (with its fast ``foreach`` or
+    ``fused`` kernels).  When all parameters fall on one side, that
+    optimiser alone is returned; otherwise a :class:`SplitOptimizer` whose
+    parts are named ``"dense"`` and ``"sparse"``.
+
+    Args:
+        model (nn.Module): the model (its ``sparse_grad`` settings are read
+            now, so build the optimiser after the model).
+        lr, betas, eps: Adam's, the same for both parts.
+        weight_decay (float): Adam's L2 penalty (``dense="adam"``) or AdamW's
+            decoupled decay (``dense="adamw"``); on the sparse part it is
+            :class:`~nnsparse.optim.LazyAdam`'s lazy decay, of the same kind.
+        dense (str): ``"adam"`` or ``"adamw"``.
+        sparse (str): ``"lazy_adam"`` (:class:`nnsparse.optim.LazyAdam`, with
+            weight decay) or ``"sparse_adam"`` (``torch.optim.SparseAdam``,
+            without).
+        **dense_kwargs: passed to the dense optimiser (``foreach``, ``fused``,
+            ``amsgrad``, ...).
+
+    Returns:
+        ``torch.optim.Adam``/``AdamW``, the sparse optimiser, or a
+        :class:`SplitOptimizer` of both.
+
+    Raises:
+        ValueError: an unknown ``dense`` or ``sparse``, or a model without
+            trainable parameters.
+        NotImplementedError: ``sparse="sparse_adam"`` with ``weight_decay``.
+
+    Example::
+
+        >>> model = torch.nn.Sequential(nnsparse.SparseLinearBatch(6, 3, sparse_grad=True),
+        ...                             torch.nn.Linear(3, 2))
+        >>> from nnsparse._optim_split import make_optimizer  # nnsparse.make_optimizer
+        >>> opt = make_optimizer(model, lr=1e-2)
+        >>> opt
+        SplitOptimizer(dense=Adam, sparse=LazyAdam)
+        >>> model(torch.eye(6)[:2].to_sparse()).sum().backward()
+        >>> opt.step(); opt.zero_grad()
+    """
+    if dense not in _DENSE:
+        raise ValueError(f"dense must be one of {_DENSE}, got {dense!r}")
+    if sparse not in _SPARSE:
+        raise ValueError(f"sparse must be one of {_SPARSE}, got {sparse!r}")
+    sparse_params = sparse_grad_parameters(model)
+    sparse_ids = {id(p) for p in sparse_params}
+    dense_params = [p for p in model.parameters() if p.requires_grad and id(p) not in sparse_ids]
+    if not sparse_params and not dense_params:
+        raise ValueError("model must have parameters that require grad, got none")
+    decoupled = dense == "adamw"
+    parts: Dict[str, Optimizer] = {}
+    if dense_params:
+        cls = torch.optim.AdamW if decoupled else torch.optim.Adam
+        parts["dense"] = cls(dense_params, lr=lr, betas=betas, eps=eps,
+                             weight_decay=weight_decay, **dense_kwargs)
+    if sparse_params:
+        parts["sparse"] = _sparse_part(sparse, sparse_params, lr, betas, eps, weight_decay,
+                                       decoupled)
+    return next(iter(parts.values())) if len(parts) == 1 else SplitOptimizer(parts)

@@ -1,0 +1,63 @@
+"""``torch.load(weights_only=True)`` of whole nnsparse modules.
+
+torch's default ``torch.load`` unpickles only allow-listed globals, and a
+whole module (``torch.save(model)``) names its classes.  At import, nnsparse
+allow-lists (``torch.serialization.add_safe_globals``) what its own modules
+and criteria pickle, and nothing else:
+
+- every ``nn.Module`` class nnsparse defines (layers, criteria, containers);
+- the criteria's element-wise loss wrapper and its per-loss functions, with
+  the torch loss classes a criterion may wrap (``nn.MSELoss``, ``nn.L1Loss``,
+  ... the list nnsparse's criteria compute entry by entry) and
+  ``torch.Generator`` (a criterion's noise stream);
+- ``SparseLinearBatch(sparse_grad=True)``'s ``state_dict`` hooks, with
+  torch's ``_WrappedHook`` that holds them.
+
+What a user's model adds (its own class, ``nn.Sequential``, activations, the
+function of a ``ValuesMap``) the user allows, as for any torch model:
+``torch.serialization.add_safe_globals([MyModel, nn.Sequential])`` or the
+``torch.serialization.safe_globals([...])`` context; torch's error names each
+missing global.  The way that needs none of this is the ``state_dict``:
+``torch.save(model.state_dict(), path)`` then
+``model.load_state_dict(torch.load(path))``.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, List
+
+import torch
+from torch import nn
+
+__all__: list = []
+
+
+def _module_classes(root: type) -> Iterator[type]:
+    """``root``'s subclasses (transitively) that nnsparse defines."""
+    for cls in root.__subclasses__():
+        if cls.__module__.split(".")[0] == "nnsparse":
+            yield cls
+        yield from _module_classes(cls)
+
+
+def _safe_globals() -> List[Any]:
+    from .criteria import _elementwise
+    from .layers import linear
+    out: List[Any] = sorted(set(_module_classes(nn.Module)), key=lambda c: c.__qualname__)
+    out += [_elementwise.ElementwiseLoss, torch.Generator]
+    out += list(_elementwise._KNOWN) + list(_elementwise._KNOWN.values())
+    out += [linear._weight_to_state_dict, linear._weight_from_state_dict]
+    wrapped = getattr(nn.modules.module, "_WrappedHook", None)  # holds a module's hooks
+    if wrapped is not None:
+        out.append(wrapped)
+    return out
+
+
+def register_safe_globals() -> None:
+    """Allow-list nnsparse's classes and functions for ``torch.load(weights_only=True)``.
+
+    Called when nnsparse is imported, after every module is defined; call it
+    again after defining an ``nn.Module`` subclass in a module named ``nnsparse...``.
+    """
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is not None:  # torch < 2.4 has no allow-list (and loads with weights_only=False)
+        add(_safe_globals())

@@ -1,0 +1,347 @@
+"""Data-parallel training of nnsparse models with ``torchrun`` and ``DistributedDataParallel``.
+
+A training script becomes data-parallel with a few lines (see
+``examples/ddp_autoencoder.py`` and ``docs/distributed.md``)::
+
+    device = nnsparse.distributed.init_from_env()           # gloo on CPU, NCCL on CUDA
+    loader = nnsparse.distributed.loader(dataset, batch_size=16, seed=0)  # per process
+    model = nnsparse.distributed.wrap(model.to(device))     # DDP, sparse gradients known
+    for epoch in range(epochs):
+        loader.sampler.set_epoch(epoch)
+        ...
+    if nnsparse.distributed.is_main():
+        torch.save(nnsparse.distributed.unwrap(model).state_dict(), path)
+
+Without ``torchrun`` (no ``WORLD_SIZE`` in the environment) every helper
+falls back to one process: :func:`init_from_env` starts no process group,
+:func:`wrap` returns the model, :func:`is_main` is ``True``.
+
+**Sparse gradients.**  ``DistributedDataParallel`` decides which parameters
+get a sparse gradient from the module type only (``nn.Embedding`` and
+``nn.EmbeddingBag`` with ``sparse=True``); it treats every other gradient as
+dense and copies it into a flat bucket, which fails on a sparse COO gradient
+with ``NotImplementedError: Cannot access storage of SparseTensorImpl``.
+:class:`DistributedDataParallel` here is torch's with one difference: it
+also declares the parameters of ``SparseLinearBatch(sparse_grad=True)`` and
+``SparseOutputLinear(sparse_grad=True)`` as sparse.  gloo all-reduces sparse
+tensors; NCCL does not, so on NCCL :func:`wrap` registers
+:func:`sparse_allgather_hook`, which all-gathers the indices and values of
+each sparse gradient (dense buckets are all-reduced as usual).
+"""
+import datetime
+import os
+from typing import Any, Iterable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+from ._optim_split import sparse_grad_parameters
+
+__all__ = ["init_from_env", "is_distributed", "rank", "world_size", "is_main", "main_print",
+           "progress", "save", "loader", "wrap", "unwrap", "DistributedDataParallel",
+           "sparse_allgather_hook", "cleanup"]
+
+_TORCH_DDP = nn.parallel.DistributedDataParallel
+
+
+def is_distributed() -> bool:
+    """Whether a default process group is initialised."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    """This process's global rank (0 without a process group)."""
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    """The number of processes (1 without a process group)."""
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def is_main() -> bool:
+    """``True`` on rank 0, the process that prints, shows bars and saves."""
+    return rank() == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {text!r}") from None
+
+
+def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
+                  timeout: float = 300.0) -> torch.device:
+    r"""Join the process group that ``torchrun`` describes, and pick this process's device.
+
+    Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (and ``MASTER_ADDR`` /
+    ``MASTER_PORT``, through torch's ``env://`` rendezvous).  Without
+    ``WORLD_SIZE`` (a plain ``python script.py``) no group is started and the
+    script runs as one process.
+
+    Args:
+        backend (str, optional): ``"gloo"`` or ``"nccl"``; default gloo for a
+            CPU device, NCCL for CUDA.
+        device (str, optional): ``"cpu"`` or ``"cuda"``; default CUDA when
+            available.  On CUDA each process takes ``cuda:LOCAL_RANK``.
+        timeout (float): seconds a collective may wait for the other
+            processes before failing (instead of hanging).
+
+    Returns:
+        torch.device: the device this process trains on.
+
+    Raises:
+        ValueError: an unknown ``device`` or ``backend``, a non-integer
+            environment variable, or NCCL on a CPU device.
+        RuntimeError: ``device="cuda"`` without CUDA.
+    """
+    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was asked for, but torch sees no CUDA device; "
+                           "use device='cpu' (gloo)")
+    backend = backend or ("nccl" if kind == "cuda" else "gloo")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and kind == "cpu":
+        raise ValueError("backend='nccl' needs CUDA tensors, got device='cpu'; use gloo")
+    local = _env_int("LOCAL_RANK", 0)
+    launched = "WORLD_SIZE" in os.environ  # by torchrun (or by hand), even with 1 process
+    _env_int("WORLD_SIZE", 1)  # checked before anything changes
+    out = torch.device(kind, local) if kind == "cuda" else torch.device("cpu")
+    if kind == "cuda":
+        torch.cuda.set_device(out)
+    if launched and not is_distributed():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout),
+                                **({"device_id": out} if kind == "cuda" else {}))
+    return out
+
+
+def cleanup() -> None:
+    """Leave the process group (if any); call once at the end of a script."""
+    if is_distributed():
+        dist.destroy_process_group()
+
+
+def main_print(*args: Any, **kwargs: Any) -> None:
+    """``print`` on rank 0 only."""
+    if is_main():
+        print(*args, **kwargs)
+
+
+def progress(iterable: Iterable, disable: Optional[bool] = None, **kwargs: Any) -> Iterable:
+    """A tqdm bar over ``iterable`` on rank 0; the bare iterable on other ranks.
+
+    Args:
+        iterable: what to iterate over.
+        disable (bool, optional): ``True``: no bar; ``False``: a bar on rank 0;
+            ``None`` (default): a bar on rank 0 when its output (stderr, or
+            ``file=``) is a terminal, none in a log file or pipe.
+        **kwargs: passed to ``tqdm`` (``desc``, ``leave``, ``file``, ...).
+    """
+    if disable or not is_main():
+        return iterable
+    from tqdm import tqdm
+    return tqdm(iterable, disable=disable, **kwargs)  # tqdm's None: off unless a terminal
+
+
+def save(obj: Any, path: str) -> None:
+    """``torch.save`` on rank 0, then every rank waits (so no reader sees half a file)."""
+    if is_main():
+        torch.save(obj, path)
+    if is_distributed():
+        dist.barrier()
+
+
+def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+           drop_last: bool = False, **kwargs: Any) -> DataLoader:
+    r"""A ``DataLoader`` that gives this process its share of ``dataset``.
+
+    Each epoch the rows are shuffled with ``seed + epoch`` (call
+    ``loader.sampler.set_epoch(epoch)``), the same permutation on every
+    rank, and rank ``r`` reads rows ``r, r + world, ...`` of it.  With
+    ``batch_size`` per process, step ``k`` of all ranks together reads the
+    rows that one process with ``batch_size * world_size()`` reads at its
+    step ``k``, so runs with the same seed and global batch see the same
+    batches.  (When ``len(dataset)`` is not a multiple of the world size,
+    torch's ``DistributedSampler`` repeats a few rows to even out the shares.)
+
+    Args:
+        dataset: any map-style dataset; one with a ``collate`` method
+            (:class:`nnsparse.data.SparseRowDataset`) gets it as ``collate_fn``.
+        batch_size (int): rows per process and step.
+        shuffle, seed, drop_last: as ``DistributedSampler``'s.
+        **kwargs: passed to ``DataLoader`` (``num_workers``, ``pin_memory``, ...).
+
+    Raises:
+        ValueError: ``batch_size`` is not positive.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    sampler = DistributedSampler(dataset, num_replicas=world_size(), rank=rank(),
+                                 shuffle=shuffle, seed=seed, drop_last=drop_last)
+    if "collate_fn" not in kwargs and hasattr(dataset, "collate"):
+        kwargs["collate_fn"] = dataset.collate
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
+
+
+# The attribute by which nnsparse's sparse layers hold an optimiser applied in
+# their backward (set by nnsparse.optim.apply_optimizer_in_backward; None when absent).
+_IN_BACKWARD_ATTR = "_row_update"
+
+
+def _refuse_in_backward(model: nn.Module) -> None:
+    """Raise when a layer of ``model`` updates its weight inside the backward."""
+    for name, module in model.named_modules():
+        if getattr(module, _IN_BACKWARD_ATTR, None) is not None:
+            raise NotImplementedError(
+                f"module: layer {name or type(module).__name__!r} has an optimiser in the "
+                "backward (nnsparse.optim.apply_optimizer_in_backward), whose row updates use "
+                "this process's gradient only and are never averaged by "
+                "DistributedDataParallel; call remove() on that optimiser and train with "
+                "materialised gradients (nnsparse.make_optimizer) under DDP")
+
+
+class DistributedDataParallel(_TORCH_DDP):
+    r"""``torch.nn.parallel.DistributedDataParallel`` that knows nnsparse's sparse gradients.
+
+    Takes torch's arguments.  The parameters listed by
+    :func:`nnsparse.sparse_grad_parameters` (nnsparse layers with
+    ``sparse_grad=True``, sparse ``nn.Embedding``/``EmbeddingBag``) are
+    declared to DDP's reducer as sparse: each gets its own bucket and is
+    reduced as a sparse tensor (gloo's sparse all-reduce, or the registered
+    comm hook).  Everything else is torch's DDP.
+
+    A ``SparseOutputLinear(sparse_grad=True)`` must be given a pattern in
+    every training step (without one its gradients are dense, which DDP
+    refuses for a parameter declared sparse).
+
+    Raises:
+        NotImplementedError: a layer of ``module`` has an optimiser in the
+            backward (:func:`nnsparse.optim.apply_optimizer_in_backward`):
+            its rows are updated from this process's gradient during
+            ``backward``, before DDP's reducer could average anything, so the
+            ranks would drift apart.  Train such a model under DDP with
+            materialised gradients (:func:`nnsparse.make_optimizer`).  Also when
+            ``module`` has sparse gradients and torch's DDP lacks the method
+            through which they are declared (``_build_params_for_reducer``;
+            present in the torch versions tested, 2.11 and 2.13).
+    """
+
+    def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
+        _refuse_in_backward(module)
+        if sparse_grad_parameters(module) and not hasattr(_TORCH_DDP, "_build_params_for_reducer"):
+            # torch has no public way to declare a sparse gradient; this is the one place
+            # DDP decides it.  Without it a sparse gradient fails deep inside backward.
+            raise NotImplementedError(
+                f"module: this torch ({torch.__version__}) gives nnsparse no way to declare "
+                "sparse gradients to DistributedDataParallel; use sparse_grad=False")
+        super().__init__(module, *args, **kwargs)
+
+    def _build_params_for_reducer(self):  # torch's hook point: (parameters, expect_sparse)
+        parameters, expect_sparse = super()._build_params_for_reducer()
+        ours = {id(p) for p in sparse_grad_parameters(self.module)}
+        return parameters, [e or id(p) in ours for p, e in zip(parameters, expect_sparse)]
+
+
+def _gather_sparse(grad: Tensor, group: Optional[dist.ProcessGroup], world: int) -> Tensor:
+    """The mean over ranks of a sparse COO ``grad``, by two all-gathers (sizes, then entries)."""
+    grad = grad.coalesce()
+    index, values = grad.indices(), grad.values()
+    nnz = torch.tensor([index.shape[1]], device=values.device)
+    sizes = [torch.empty_like(nnz) for _ in range(world)]
+    dist.all_gather(sizes, nnz, group=group)
+    counts = torch.cat(sizes).tolist()  # the one host sync: buffers need a size
+    most = max(counts)
+    # Every rank sends one (sparse_dim + dense values) block padded to ``most`` entries.
+    pad_index = index.new_zeros(index.shape[0], most)
+    pad_index[:, :counts[dist.get_rank(group)]] = index
+    pad_values = values.new_zeros((most,) + tuple(values.shape[1:]))
+    pad_values[:index.shape[1]] = values
+    all_index = [torch.empty_like(pad_index) for _ in range(world)]
+    all_values = [torch.empty_like(pad_values) for _ in range(world)]
+    dist.all_gather(all_index, pad_index, group=group)
+    dist.all_gather(all_values, pad_values, group=group)
+    index = torch.cat([i[:, :n] for i, n in zip(all_index, counts)], dim=1)
+    values = torch.cat([v[:n] for v, n in zip(all_values, counts)]).div_(world)
+    return torch.sparse_coo_tensor(index, values, grad.shape).coalesce()
+
+
+def sparse_allgather_hook(process_group: Optional[dist.ProcessGroup],
+                          bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    # (Annotations evaluated, not postponed: DDP compares them with these types.)
+    r"""A DDP comm hook for backends without sparse all-reduce (NCCL).
+
+    A dense bucket is averaged by all-reduce, as DDP does without a hook.
+    A sparse gradient is averaged by all-gathering every rank's (coalesced)
+    indices and values, padded to the largest nnz, and summing: the traffic
+    is ``world_size * max nnz`` entries per rank, never the dense table.
+    The result is a coalesced sparse gradient, the same on every rank.
+
+    Register it with ``ddp.register_comm_hook(None, sparse_allgather_hook)``
+    (:func:`wrap` does it on NCCL).  It works on gloo too (the tests run it there).
+    """
+    grad = bucket.buffer()
+    world = dist.get_world_size(process_group)
+    if not grad.is_sparse:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        return allreduce_hook(process_group, bucket)
+    out = _gather_sparse(grad, process_group, world)
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future(
+        devices=[out.device] if out.device.type == "cuda" else None)
+    future.set_result(out)
+    return future
+
+
+def wrap(model: nn.Module, *, sparse_allgather: Optional[bool] = None,
+         **ddp_kwargs: Any) -> nn.Module:
+    r"""``model`` in :class:`DistributedDataParallel`, or ``model`` itself in one process.
+
+    Args:
+        model (nn.Module): on this process's device (from :func:`init_from_env`).
+        sparse_allgather (bool, optional): reduce sparse gradients with
+            :func:`sparse_allgather_hook`.  Default: on NCCL (which has no
+            sparse all-reduce) when the model has sparse gradients; gloo
+            all-reduces them itself.
+        **ddp_kwargs: passed to DDP (``device_ids`` defaults to the model's
+            CUDA device).
+
+    Returns:
+        The wrapped model (``unwrap`` gives the original back).
+
+    Raises:
+        NotImplementedError: NCCL, sparse gradients and ``sparse_allgather=False``:
+            NCCL cannot all-reduce sparse tensors; use the hook, gloo, or
+            ``sparse_grad=False``.  And :class:`DistributedDataParallel`'s refusals
+            (an optimiser in the backward).
+    """
+    if not is_distributed():
+        return model
+    sparse = bool(sparse_grad_parameters(model))
+    nccl = dist.get_backend() == "nccl"
+    if sparse_allgather is None:
+        sparse_allgather = sparse and nccl
+    if sparse and nccl and not sparse_allgather:
+        raise NotImplementedError(
+            "NCCL has no all-reduce for sparse gradients (layers with sparse_grad=True); "
+            "use sparse_allgather=True, the gloo backend, or sparse_grad=False")
+    param = next(model.parameters(), None)
+    if param is not None and param.device.type == "cuda":
+        ddp_kwargs.setdefault("device_ids", [param.device])
+    ddp = DistributedDataParallel(model, **ddp_kwargs)
+    if sparse_allgather:
+        ddp.register_comm_hook(None, sparse_allgather_hook)
+    return ddp
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DDP wrapper (the model itself when not wrapped)."""
+    return model.module if isinstance(model, _TORCH_DDP) else model

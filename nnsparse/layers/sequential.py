@@ -1,0 +1,67 @@
+"""``PatternSequential``: ``nn.Sequential`` that hands a sparse pattern to the modules that take one."""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from torch import nn
+
+__all__ = ["PatternSequential"]
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_pattern(cls: type) -> bool:
+    """Whether ``cls.forward`` has a parameter named ``pattern`` (read once per class)."""
+    try:
+        return "pattern" in inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):  # a forward without a readable signature
+        return False
+
+
+class PatternSequential(nn.Sequential):
+    r"""``nn.Sequential`` whose ``forward(input, pattern)`` passes ``pattern`` on.
+
+    Each module is called as ``module(x)``, except those whose ``forward``
+    has a ``pattern`` parameter (:class:`SparseOutputLinear`, a nested
+    ``PatternSequential``, a user module with ``forward(self, x, pattern=None)``),
+    which are called as ``module(x, pattern=pattern)``.  So a sparse
+    autoencoder is one container::
+
+        model = PatternSequential(SparseLinearBatch(n, h), nn.Tanh(),
+                                  SparseOutputLinear(h, n), ValuesMap(torch.tanh))
+        out = model(x, x)   # training: outputs at x's entries only
+        full = model(x)     # inference: the dense (rows, n) output
+
+    Indexing, slicing, ``append``, parameter names and ``state_dict`` keys are
+    ``nn.Sequential``'s, so a state dict loads into either container.
+
+    Args:
+        *args: modules, or one ``OrderedDict`` of named modules, as ``nn.Sequential``.
+
+    Shape:
+        - input: what the first module takes.
+        - pattern: a sparse ``(rows, out_features)`` pattern in any accepted
+          form, or ``None`` (then this is ``nn.Sequential``).
+        - output: what the last module returns.
+
+    Example::
+
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <torch._C.Generator object at ...>
+        >>> model = nnsparse.PatternSequential(
+        ...     nnsparse.SparseLinearBatch(4, 3), torch.nn.Tanh(),
+        ...     nnsparse.SparseOutputLinear(3, 4), nnsparse.ValuesMap(torch.tanh))
+        >>> x = torch.tensor([[1., 0., 0., 2.], [0., 3., 0., 0.]]).to_sparse()
+        >>> out = model(x, x)
+        >>> out.layout, out._nnz(), model(x).shape
+        (torch.sparse_coo, 3, torch.Size([2, 4]))
+    """
+
+    def forward(self, input: Any, pattern: Any = None) -> Any:  # type: ignore[override]
+        for module in self:
+            if pattern is not None and _takes_pattern(type(module)):
+                input = module(input, pattern=pattern)
+            else:
+                input = module(input)
+        return input

@@ -1,0 +1,162 @@
+"""make_optimizer / SplitOptimizer: sparse-gradient parameters to a sparse optimiser, the rest
+to Adam."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import nnsparse
+from nnsparse._optim_split import SplitOptimizer, make_optimizer, sparse_grad_parameters
+from nnsparse.optim import LazyAdam
+
+from matrix import DEVICES
+
+WIDTH, HIDDEN = 8, 4
+
+
+class _Mixed(nn.Module):
+    """Sparse gradients (encoder, decoder), a dense layer between, an unused frozen one."""
+
+    def __init__(self, sparse_grad: bool = True) -> None:
+        super().__init__()
+        self.encoder = nnsparse.SparseLinearBatch(WIDTH, HIDDEN, sparse_grad=sparse_grad)
+        self.middle = nn.Linear(HIDDEN, HIDDEN)
+        self.decoder = nnsparse.SparseOutputLinear(HIDDEN, WIDTH, sparse_grad=sparse_grad)
+        self.frozen = nn.Linear(2, 2).requires_grad_(False)
+
+    def forward(self, x):
+        return self.decoder(torch.tanh(self.middle(torch.tanh(self.encoder(x)))), x)
+
+
+def _x(device="cpu"):
+    return torch.tensor([[1., 0, 0, 2, 0, 0, 0, 0], [0, 0, 3, 0, 0, 1, 0, 0]],
+                        device=device).to_sparse()
+
+
+def _steps(model, opt, n=3, device="cpu"):
+    for _ in range(n):
+        opt.zero_grad()
+        model(_x(device)).values().pow(2).sum().backward()
+        opt.step()
+
+
+def test_split_by_gradient_kind():
+    model = _Mixed()
+    sparse = sparse_grad_parameters(model)
+    assert [id(p) for p in sparse] == [id(model.encoder.weight_t), id(model.encoder.bias),
+                                       id(model.decoder.weight), id(model.decoder.bias)]
+    opt = make_optimizer(model, lr=0.1)
+    assert isinstance(opt, SplitOptimizer)
+    assert isinstance(opt.optimizers["sparse"], LazyAdam)
+    assert isinstance(opt.optimizers["dense"], torch.optim.Adam)
+    dense_ids = {id(p) for g in opt.optimizers["dense"].param_groups for p in g["params"]}
+    assert dense_ids == {id(model.middle.weight), id(model.middle.bias)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dense, wd", [("adam", 0.0), ("adam", 0.01), ("adamw", 0.01)])
+def test_same_as_the_two_optimisers_by_hand(dense, wd, device):
+    torch.manual_seed(0)
+    model = _Mixed().to(device)
+    torch.manual_seed(0)
+    ref = _Mixed().to(device)
+    opt = make_optimizer(model, lr=0.05, weight_decay=wd, dense=dense)
+    cls = torch.optim.AdamW if dense == "adamw" else torch.optim.Adam
+    by_hand = [cls(ref.middle.parameters(), lr=0.05, weight_decay=wd),
+               LazyAdam(sparse_grad_parameters(ref), lr=0.05, weight_decay=wd,
+                        decoupled_weight_decay=dense == "adamw")]
+    before = [p.detach().clone() for p in model.parameters()]
+    _steps(model, opt, device=device)
+    for _ in range(3):
+        for o in by_hand:
+            o.zero_grad()
+        ref(_x(device)).values().pow(2).sum().backward()
+        for o in by_hand:
+            o.step()
+    for (name, a), b, b0 in zip(model.named_parameters(), ref.parameters(), before):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+        if a.requires_grad:
+            assert not torch.equal(a, b0), f"{name} did not move"
+
+
+def test_one_kind_gives_one_optimiser():
+    assert type(make_optimizer(_Mixed(sparse_grad=False))) is torch.optim.Adam
+    emb = nn.Embedding(5, 2, sparse=True)
+    assert isinstance(make_optimizer(emb), LazyAdam)
+    assert isinstance(make_optimizer(emb, sparse="sparse_adam"), torch.optim.SparseAdam)
+
+
+def test_sparse_adam_part_trains():
+    model = _Mixed()
+    opt = make_optimizer(model, lr=0.1, sparse="sparse_adam")
+    before = model.decoder.weight.detach().clone()
+    _steps(model, opt, 2)
+    assert not torch.equal(before, model.decoder.weight)
+
+
+def test_state_dict_round_trip_and_scheduler():
+    torch.manual_seed(0)
+    model = _Mixed()
+    opt = make_optimizer(model, lr=0.1)
+    _steps(model, opt, 2)
+    state = copy.deepcopy(opt.state_dict())  # load_state_dict may share the tensors
+    assert set(state) == {"dense", "sparse"}
+    torch.manual_seed(0)
+    other = _Mixed()
+    other.load_state_dict(model.state_dict())
+    opt2 = make_optimizer(other, lr=0.1)
+    opt2.load_state_dict(state)
+    _steps(model, opt, 1)
+    _steps(other, opt2, 1)
+    for a, b in zip(model.parameters(), other.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    _steps(model, opt, 1)
+    sched.step()
+    assert {g["lr"] for g in opt.param_groups} == {0.05}
+    assert len(opt.param_groups) == 2 and len(opt.state) == 6
+
+
+def test_torch_adam_refuses_sparse_gradients():
+    # What a user meets without the helper (README/docs name make_optimizer for it).
+    model = _Mixed()
+    opt = torch.optim.Adam(model.parameters())
+    model(_x()).values().sum().backward()
+    with pytest.raises(RuntimeError, match="does not support sparse gradients"):
+        opt.step()
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(dense="sgd"), ValueError, r"dense must be one of \('adam', 'adamw'\), got 'sgd'"),
+    (dict(sparse="adagrad"), ValueError, "sparse must be one of"),
+    (dict(sparse="sparse_adam", weight_decay=0.1), NotImplementedError,
+     "SparseAdam.*got weight_decay=0.1; use sparse='lazy_adam'"),
+])
+def test_make_optimizer_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        make_optimizer(_Mixed(), **kwargs)
+
+
+def test_no_trainable_parameters():
+    with pytest.raises(ValueError, match="parameters that require grad, got none"):
+        make_optimizer(nn.Linear(2, 2).requires_grad_(False))
+
+
+def test_split_optimizer_errors():
+    a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="at least one optimiser"):
+        SplitOptimizer({})
+    with pytest.raises(TypeError, match=r"optimizers\['x'\] must be a torch.optim.Optimizer, "
+                                        "got Linear"):
+        SplitOptimizer({"x": a})
+    with pytest.raises(ValueError, match="shares parameters"):
+        SplitOptimizer({"x": torch.optim.Adam(a.parameters()),
+                        "y": torch.optim.SGD(a.parameters(), lr=0.1)})
+    opt = SplitOptimizer({"x": torch.optim.Adam(a.parameters()),
+                          "y": torch.optim.SGD(b.parameters(), lr=0.1)})
+    with pytest.raises(ValueError,
+                       match=r"state_dict must have the parts \['x', 'y'\], got \['x'\]"):
+        opt.load_state_dict({"x": {}})
+    with pytest.raises(NotImplementedError, match="add it to one part"):
+        opt.add_param_group({"params": [nn.Parameter(torch.zeros(1))]})
