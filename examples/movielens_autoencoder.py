@@ -52,6 +52,11 @@ def _positive(kind: type, name: str):
     return parse
 
 
+def default_threads() -> int:
+    """Half the cores, at most 4: leaves room for the others on a shared machine."""
+    return max(1, min(4, (os.cpu_count() or 1) // 2))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -78,9 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="keep the early-stopped model instead of refitting on all ratings")
     model.add_argument("--seed", type=int, default=0)
     model.add_argument("--device", default="cpu", help="cpu or cuda")
-    model.add_argument("--threads", type=_positive(int, "--threads"), default=2,
-                       help="torch CPU threads; on a busy 2-core machine torch's default "
-                            "(one per core, spinning) made training 10x slower")
+    model.add_argument("--threads", type=_positive(int, "--threads"), default=default_threads(),
+                       help="torch CPU threads (default: half the cores, at most 4; 1 on a "
+                            "2-core machine). torch's default, one spinning thread per core, "
+                            "made training 5-10x slower on a busy 2-core machine; the "
+                            "products of these models are too small to gain beyond ~4")
+    model.add_argument("--dense-decoder", action="store_true",
+                       help="train with the decoder's dense output read at the ratings "
+                            "(same numbers as the sampled decoder, slower: a check)")
     out = p.add_argument_group("output")
     out.add_argument("--metrics-out", help="write the run's numbers to this JSON file")
     out.add_argument("--save", help="save the trained model to this file")
@@ -142,7 +152,8 @@ def parse_args(argv: Optional[List[str]] = None):
 def hparams(args: argparse.Namespace) -> Dict[str, Any]:
     """The model's hyperparameters from the flags given (the others stay the model's)."""
     out: Dict[str, Any] = dict(orientation=args.orientation, seed=args.seed,
-                               validation_ratio=args.validation_ratio, refit=not args.no_refit)
+                               validation_ratio=args.validation_ratio, refit=not args.no_refit,
+                               dense_decoder=args.dense_decoder)
     for flag, key in (("hidden", "hidden"), ("epochs", "epochs"), ("batch_size", "batch_size"),
                       ("lr", "lr"), ("l2", "l2")):
         if getattr(args, flag) is not None:
@@ -194,8 +205,9 @@ def side_features(p: argparse.ArgumentParser, args: argparse.Namespace, train: R
 def print_recommendations(model: RatingModel, args: argparse.Namespace) -> None:
     recs = model.recommend(args.recommend, args.k, min_support=args.min_support,
                            shrinkage=args.shrinkage)
-    print(f"top {len(recs.ids)} items for user {args.recommend} "
-          f"(items with >= {args.min_support} ratings, shrinkage {args.shrinkage:g}):")
+    print(f"top {len(recs.ids)} items for user {args.recommend}: "
+          f"(among items with >= {args.min_support} training ratings; "
+          f"shrinkage {args.shrinkage:g})")
     for item, score, rating, support, title in zip(recs.ids, recs.score.tolist(),
                                                    recs.rating.tolist(), recs.support.tolist(),
                                                    recs.titles):

@@ -10,12 +10,12 @@ from nnsparse.data import (Ratings, mean_prediction, rmse, split_ratings, synthe
 from nnsparse.models import (AutoRec, CFN, KernelNet, RatingModel, Trainer, cross_validate, kfold)
 
 TINY = dict(hidden=16, epochs=8, batch_size=16, lr=1e-2, validation_ratio=0.0)
-MODELS = [(AutoRec, dict(l2=1.0)), (CFN, dict(l2=1.0)), (KernelNet, dict(l2=1.0, layers=1))]
+MODELS = [(AutoRec, dict(l2=10.0)), (CFN, dict(l2=60.0)), (KernelNet, dict(l2=10.0, layers=1))]
 
 
 @pytest.fixture(scope="module")
 def data():
-    r = synthetic_ratings(seed=3, n_users=80, n_items=60, n_ratings=2400)
+    r = synthetic_ratings(seed=3, n_users=200, n_items=150, n_ratings=8000)
     return split_ratings(r, 0.15, seed=0)
 
 
@@ -135,7 +135,7 @@ def test_features_need_cfn(data):
     train, _ = data
     with pytest.raises(ValueError, match="reads no side features"):
         AutoRec(**TINY).fit(train, features=torch.zeros(train.n_items, 3), verbose=False)
-    with pytest.raises(ValueError, match="features must have 60 rows"):
+    with pytest.raises(ValueError, match="features must have 150 rows"):
         CFN(**TINY).fit(train, features=torch.zeros(5, 3), verbose=False)
 
 
@@ -157,3 +157,22 @@ def test_batchifier_topk_candidates():
         run.topk(data, 1, candidates=torch.tensor([True]))
     with pytest.raises(TypeError, match="candidates must be a bool tensor"):
         run.topk(data, 1, candidates=torch.ones(4))
+
+
+def test_dense_decoder_trains_the_same(data):
+    train, test = data
+    sparse = _fit(AutoRec, {}, train, epochs=2)
+    dense = _fit(AutoRec, dict(dense_decoder=True), train, epochs=2)
+    assert [h["train_loss"] for h in dense.history] == pytest.approx(
+        [h["train_loss"] for h in sparse.history], rel=1e-4)
+    assert torch.allclose(dense.predict(test), sparse.predict(test), atol=1e-3)
+
+
+def test_weight_decay_spares_the_biases(data):
+    train, _ = data
+    model = _fit(AutoRec, dict(weight_decay=0.5), train, epochs=1)
+    optimizer = model._trainer(torch.device("cpu"), False).make_optimizer()
+    decays = {tuple(p.shape): g["weight_decay"] for g in optimizer.param_groups
+              for p in g["params"]}
+    assert decays[(16, train.n_users)] == 0.5 and decays[(train.n_users,)] == 0.0
+    assert decays[(16,)] == 0.0

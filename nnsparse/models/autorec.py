@@ -53,6 +53,9 @@ class AutoRec(RatingModel):
         self.encoder = SparseLinearBatch(width, hidden)
         self.decoder = SparseOutputLinear(hidden, width)
 
+    def output_bias(self) -> Tensor:
+        return self.decoder.bias
+
     def network(self, x: Any, rows: Tensor, pattern: Any = None) -> Any:
         return self.decoder(torch.sigmoid(self.encoder(x)), pattern)
 

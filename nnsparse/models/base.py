@@ -30,8 +30,8 @@ _FILE_FORMAT = "nnsparse.models/1"
 
 #: Hyperparameters every model takes, with their defaults (see RatingModel).
 _COMMON: Dict[str, Any] = dict(orientation="item", epochs=100, batch_size=64, lr=1e-3,
-                               min_lr_ratio=0.05, validation_ratio=0.05, patience=20,
-                               refit=True, seed=0)
+                               min_lr_ratio=0.05, weight_decay=0.0, validation_ratio=0.05,
+                               patience=20, refit=True, dense_decoder=False, seed=0)
 
 
 def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
@@ -90,6 +90,12 @@ class RatingModel(nn.Module):
     * ``orientation``: ``"item"`` (rows are items, I-AutoRec) or ``"user"``;
     * ``epochs``, ``batch_size``, ``lr``, ``min_lr_ratio``: Adam with a cosine
       decay of the learning rate over ``epochs``;
+    * ``weight_decay``: decoupled (AdamW-style) decay of the weight matrices,
+      never of the biases, on top of the paper's penalty; default 0, since
+      the papers' penalty (``l2``) already regularises;
+    * ``dense_decoder``: train with the decoder's dense output read at the
+      target's ratings instead of the sampled product (same numbers, slower;
+      a check of the sparse path);
     * ``validation_ratio``: share of the training ratings held out to choose
       the number of epochs (0: train ``epochs`` epochs, no early stopping);
     * ``patience``: stop after that many epochs without a better validation RMSE;
@@ -137,6 +143,8 @@ class RatingModel(nn.Module):
                 raise ValueError(f"{key} must be an int >= 1, got {h[key]!r}")
         if not h["lr"] > 0:
             raise ValueError(f"lr must be positive, got {h['lr']!r}")
+        if not h["weight_decay"] >= 0:
+            raise ValueError(f"weight_decay must be non-negative, got {h['weight_decay']!r}")
         if not 0 <= h["validation_ratio"] < 1:
             raise ValueError(f"validation_ratio must be in [0, 1), got {h['validation_ratio']!r}")
         for key, value in h.items():
@@ -161,6 +169,10 @@ class RatingModel(nn.Module):
     def network(self, x: Any, rows: Tensor, pattern: Any = None) -> Any:
         """The network on model-scale values (raw or normalised), sampled at ``pattern``."""
         raise NotImplementedError(f"{type(self).__name__} must implement network()")
+
+    def output_bias(self) -> Optional[Tensor]:
+        """The output layer's bias, started at the mean rating for raw-input models."""
+        return None
 
     def make_criterion(self) -> nn.Module:
         """The data term: squared error summed over the target's ratings."""
@@ -198,7 +210,7 @@ class RatingModel(nn.Module):
     def batch_loss(self, rows: Tensor, x: Any) -> Tensor:
         """The training loss of one batch of rows ``x`` (normalised sparse, the target too)."""
         input = self._criterion.prepare_input(x)
-        out = self(input, rows, pattern=x)
+        out = self(input, rows, pattern=None if self.hparams["dense_decoder"] else x)
         # Squared errors on the rating scale: the normalised error times (hi - lo) / 2.
         lo, hi = self.normalizer.scale
         data = self._criterion(out, x) * ((hi - lo) / 2.0) ** 2
@@ -217,6 +229,12 @@ class RatingModel(nn.Module):
         self._per_batch = max(len(train) * min(h["batch_size"], rows) / rows, 1.0)
         self._set_statistics(train)
         self.build(rows, width, 0 if features is None else features.shape[1])
+        bias = self.output_bias()
+        if bias is not None and self.raw_input:
+            # An output of 0 is 3.5 stars below the data: start at the mean
+            # rating, so the first epochs learn structure, not the offset.
+            with torch.no_grad():
+                bias.fill_(self.global_mean)
         if features is not None:
             self.register_buffer("row_features", features.clone())
         self._built = True
@@ -249,7 +267,8 @@ class RatingModel(nn.Module):
                  epochs: Optional[int] = None) -> Trainer:
         h = self.hparams
         return Trainer(self, epochs=h["epochs"], batch_size=h["batch_size"], lr=h["lr"],
-                       min_lr_ratio=h["min_lr_ratio"], patience=h["patience"],
+                       min_lr_ratio=h["min_lr_ratio"], weight_decay=h["weight_decay"],
+                       patience=h["patience"],
                        device=device, seed=h["seed"], progress=progress,
                        log=print if self.verbose else None)
 

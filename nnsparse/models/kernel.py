@@ -77,6 +77,9 @@ class KernelNet(RatingModel):
         self.kernels = nn.ModuleList(_KernelWeight(a, b, h["dim"])
                                      for a, b in zip(sizes[:-1], sizes[1:]))
 
+    def output_bias(self) -> Tensor:
+        return self.kernels[-1].bias
+
     def network(self, x: Any, rows: Tensor, pattern: Any = None) -> Any:
         # the kernels are computed once per forward and reused by penalty()
         self._kernels = [layer.kernel() for layer in self.kernels]

@@ -65,6 +65,8 @@ class Trainer:
         batch_size (int): rows per batch.
         lr (float): Adam's initial learning rate.
         min_lr_ratio (float): final learning rate as a share of ``lr``.
+        weight_decay (float): decoupled decay of the weight matrices (not the
+            biases or other vectors).
         patience (int): stop after this many epochs without a better
             validation RMSE (0: never stop early).
         device (torch.device): where the model runs.
@@ -75,13 +77,14 @@ class Trainer:
     """
 
     def __init__(self, model: Any, *, epochs: int, batch_size: int, lr: float,
-                 min_lr_ratio: float = 0.05, patience: int = 0,
+                 min_lr_ratio: float = 0.05, weight_decay: float = 0.0, patience: int = 0,
                  device: torch.device = torch.device("cpu"), seed: int = 0,
                  progress: Optional[bool] = None,
                  log: Optional[Callable[[str], None]] = print) -> None:
         self.model = model
         self.epochs, self.batch_size, self.lr = int(epochs), int(batch_size), float(lr)
         self.min_lr_ratio, self.patience = float(min_lr_ratio), int(patience)
+        self.weight_decay = float(weight_decay)
         self.device, self.seed = torch.device(device), int(seed)
         self.progress = _show_progress(progress)
         self._log = log
@@ -94,8 +97,17 @@ class Trainer:
                           collate_fn=dataset.collate, generator=generator)
 
     def make_optimizer(self) -> torch.optim.Optimizer:
-        """Adam without coupled weight decay: the penalty is in the loss, on weights only."""
-        return torch.optim.Adam(self.model.parameters(), lr=self.lr)
+        """AdamW: decoupled decay of the matrices (``dim >= 2``), none on biases.
+
+        With ``weight_decay=0`` this is Adam; the papers' penalties are in the
+        loss (:meth:`RatingModel.penalty`), on the weights only.
+        """
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        matrices = [p for p in params if p.dim() >= 2]
+        others = [p for p in params if p.dim() < 2]
+        groups = [dict(params=matrices, weight_decay=self.weight_decay),
+                  dict(params=others, weight_decay=0.0)]
+        return torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr)
 
     def is_main(self) -> bool:
         """Whether this process prints (rank 0 in a distributed run)."""
