@@ -45,7 +45,8 @@ def _positive(kind: type, name: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a {kind.__name__}, got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"{name} must be {'an integer' if kind is int else 'a number'}, got {text!r}")
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{name} must be positive, got {text}")
         return value
@@ -108,7 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_file(p: argparse.ArgumentParser, flag: str, path: Optional[str]) -> None:
-    if path is not None and not Path(path).is_file():
+    if path is None:
+        return
+    if Path(path).is_dir():
+        p.error(f"{flag}: {path} is a directory, not a file")
+    if not Path(path).is_file():
         p.error(f"{flag}: no file at {path}")
 
 
