@@ -11,12 +11,14 @@ from torch import nn
 from nnsparse.data import Ratings
 
 
-def biased_mf(train: Ratings, test: Ratings, rank: int = 50, epochs: int = 40,
-              lr: float = 5e-3, reg: float = 0.05, batch: int = 1024, seed: int = 0) -> torch.Tensor:
+def biased_mf(train: Ratings, test: Ratings, rank: int = 50, epochs: int = 30,
+              lr: float = 5e-3, reg: float = 0.1, batch: int = 1024, seed: int = 0) -> torch.Tensor:
     """``mu + b_u + b_i + p_u . q_i`` by Adam on mini-batches of ratings, L2 on the batch's rows.
 
     The Surprise-SVD objective (squared error + reg * (b_u^2 + b_i^2 + |p_u|^2 + |q_i|^2)
-    per rating); returns the clipped predictions of ``test``.
+    per rating); returns the clipped predictions of ``test``.  The defaults
+    (rank 50, reg 0.1, 30 epochs) were the best of the few tried on the
+    synthetic sets (reg 0.05 over 40 epochs overfits, reg 0.3 learns only the biases).
     """
     g = torch.Generator().manual_seed(seed)
     nu, ni = train.n_users, train.n_items

@@ -47,6 +47,8 @@ def main(argv: List[str] = None) -> Dict[str, Tuple[float, float]]:
                    help="300 users x 400 items, 15k ratings, few epochs: checks the script runs")
     p.add_argument("--models", nargs="*", default=sorted(ZOO), choices=sorted(ZOO))
     p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--recommend", type=int, default=42,
+                   help="print this user's top 10 by the best nnsparse model (-1: none)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.quick:
@@ -70,14 +72,30 @@ def main(argv: List[str] = None) -> Dict[str, Tuple[float, float]]:
         show("biased MF (_baselines.py)", _timed(lambda: biased_mf(train, test, **mf), test))
         show("dense I-AutoRec (_baselines.py)",
              _timed(lambda: dense_autorec(train, test, **dense), test))
+    fitted = {}
     for name in args.models:
         cls, uses_features = ZOO[name]
         features = synthetic_item_features(args.seed, train.n_items) if uses_features else None
-        model = cls(**zoo)
+        model = fitted[name] = cls(**zoo)
         show(f"nnsparse.models {name}", _timed(
             lambda: model.fit(train, features=features, verbose=False,
                               progress=False).predict(test), test))
+    if fitted and args.recommend >= 0:
+        best = min(fitted, key=lambda n: rows[f"nnsparse.models {n}"][0])
+        _show_recommendations(fitted[best], best, args.recommend)
     return rows
+
+
+def _show_recommendations(model, name: str, user: int) -> None:
+    """The user's top 10 with the default filters, and without them for contrast."""
+    for label, kw in (("defaults: min_support=20, shrinkage=10", {}),
+                      ("no filter: min_support=0, shrinkage=0", dict(min_support=0, shrinkage=0))):
+        recs = model.recommend(user, 10, **kw)
+        print(f"\nuser {user}'s top 10 by {name} ({label}):\n"
+              "| item | predicted | ranking score | training ratings |\n|---|---|---|---|")
+        for title, rating, score, support in zip(recs.titles, recs.rating.tolist(),
+                                                 recs.score.tolist(), recs.support.tolist()):
+            print(f"| {title} | {rating:.2f} | {score:.2f} | {support} |")
 
 
 if __name__ == "__main__":

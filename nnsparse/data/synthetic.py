@@ -24,6 +24,8 @@ _GENRES = 19
 # Standard deviations of the latent score's parts, chosen so the difficulty
 # ladder resembles MovieLens-100K's (see synthetic_ratings).
 _USER_BIAS, _ITEM_BIAS, _GENRE, _INTERACTION = 0.45, 0.55, 0.35, 0.45
+#: How much a user's choice of items follows its taste for them (0: not at all).
+_SELECTION = 1.0
 
 
 def _check_positive(value: int, name: str) -> None:
@@ -53,15 +55,19 @@ def _user_counts(rng: np.random.Generator, n_users: int, n_items: int, n_ratings
 
 
 def _pattern(rng: np.random.Generator, n_users: int, n_items: int, n_ratings: int,
-             user_sigma: float, item_sigma: float) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+             user_sigma: float, item_sigma: float, affinity: np.ndarray
+             ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(user, item, log_popularity)``: each user rates its count of distinct items.
 
     Items are drawn without replacement with weights proportional to a
-    lognormal popularity (Gumbel top-k per user): a long tail of rare items.
+    lognormal popularity (Gumbel top-k per user): a long tail of rare items;
+    and in proportion to ``exp(_SELECTION * affinity)``: users rate what they
+    expect to like, so which items a user rated says something about its
+    ratings (missing not at random, as in MovieLens).
     """
     counts = _user_counts(rng, n_users, n_items, n_ratings, user_sigma)
     log_item = rng.normal(0.0, item_sigma, n_items)
-    keys = log_item[None, :] + rng.gumbel(size=(n_users, n_items))
+    keys = log_item[None, :] + _SELECTION * affinity + rng.gumbel(size=(n_users, n_items))
     order = np.argsort(-keys, axis=1)
     take = np.arange(n_items)[None, :] < counts[:, None]
     user = np.broadcast_to(np.arange(n_users)[:, None], order.shape)[take]
@@ -102,23 +108,26 @@ def _scores(seed: int, n_users: int, n_items: int, n_ratings: int, rank: int, no
             user_sigma: float, item_sigma: float) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(user, item, score)``: the noisy latent scores, before they become stars."""
     rng = np.random.default_rng(seed)
-    user, item, log_item = _pattern(rng, n_users, n_items, n_ratings, user_sigma, item_sigma)
+    taste_rng = np.random.default_rng([seed, 1])
+    # Genre tastes: each user likes or dislikes each genre; an item gets the
+    # mean taste over its genres (saturated by tanh: a strong taste adds
+    # little more than a clear one).
+    genres = _genres(seed, n_items)
+    taste = taste_rng.normal(0.0, 1.5, (n_users, _GENRES))
+    genre_score = np.tanh(taste) @ (genres / genres.sum(1, keepdims=True)).T
+    genre_score *= _GENRE / (genre_score.std() + 1e-12)
+    factor_std = np.sqrt(_INTERACTION / np.sqrt(rank))  # so <p_u, q_i> has std _INTERACTION
+    p = taste_rng.normal(0.0, factor_std, (n_users, rank))
+    q = taste_rng.normal(0.0, factor_std, (n_items, rank))
+    taste_score = genre_score + p @ q.T
+    affinity = taste_score / (taste_score.std() + 1e-12)
+    user, item, log_item = _pattern(rng, n_users, n_items, n_ratings, user_sigma, item_sigma,
+                                    affinity)
     user_bias = rng.normal(0.0, _USER_BIAS, n_users)
     # Popular items are rated higher in MovieLens; part of the item bias follows popularity.
     popularity = (log_item - log_item.mean()) / (log_item.std() + 1e-12)
     item_bias = _ITEM_BIAS * (0.5 * popularity + np.sqrt(0.75) * rng.normal(0.0, 1.0, n_items))
-    # Genre tastes: each user likes or dislikes each genre; an item gets the
-    # mean taste over its genres.  Tastes saturate (tanh): a strong taste
-    # adds little more than a clear one, which no inner product captures.
-    genres = _genres(seed, n_items)
-    taste = rng.normal(0.0, 1.5, (n_users, _GENRES))
-    genre_score = np.einsum("ug,ig->ui", np.tanh(taste), genres / genres.sum(1, keepdims=True))
-    genre_part = _GENRE * genre_score[user, item] / (genre_score.std() + 1e-12)
-    factor_std = np.sqrt(_INTERACTION / np.sqrt(rank))  # so <p_u, q_i> has std _INTERACTION
-    p = rng.normal(0.0, factor_std, (n_users, rank))
-    q = rng.normal(0.0, factor_std, (n_items, rank))
-    score = (user_bias[user] + item_bias[item] + genre_part
-             + np.einsum("ij,ij->i", p[user], q[item]))
+    score = user_bias[user] + item_bias[item] + taste_score[user, item]
     return user, item, score + rng.normal(0.0, noise, n_ratings)
 
 
