@@ -3,8 +3,9 @@
 It is the embedded default of the examples and the data of the tests: no file
 to download, the same ratings on every machine.  It reproduces MovieLens-100K's
 shape (943 users, 1,682 items, 100,000 ratings, every user with at least 20,
-a long tail of rarely rated items, the star shares 6/11/27/34/21 %) and its
-difficulty ladder (see ``docs/models.md`` for the measured figures).
+a long tail of rarely rated items, the star shares 6/11/27/34/21 %), with
+ratings missing not at random.  Its difficulty ladder resembles the real one
+only in part: see ``docs/models.md`` for the measured figures.
 """
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ _SHARES = (0.0611, 0.1137, 0.2715, 0.3417, 0.2120)
 _GENRES = 19
 # Standard deviations of the latent score's parts, chosen so the difficulty
 # ladder resembles MovieLens-100K's (see synthetic_ratings).
-_USER_BIAS, _ITEM_BIAS, _GENRE, _INTERACTION = 0.45, 0.55, 0.35, 0.45
+_USER_BIAS, _ITEM_BIAS, _GENRE, _INTERACTION = 0.50, 0.58, 0.50, 0.60
 #: How much a user's choice of items follows its taste for them (0: not at all).
-_SELECTION = 1.0
+_SELECTION = 1.5
 
 
 def _check_positive(value: int, name: str) -> None:
@@ -138,7 +139,7 @@ def _stars(score: np.ndarray) -> np.ndarray:
 
 
 def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
-                      n_ratings: int = 100_000, rank: int = 10, noise: float = 0.85,
+                      n_ratings: int = 100_000, rank: int = 10, noise: float = 0.6,
                       user_sigma: float = 0.9, item_sigma: float = 1.3,
                       titles: bool = True) -> Ratings:
     r"""A deterministic synthetic rating set with MovieLens-100K's shape and difficulty.
@@ -150,14 +151,15 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
       ``n_ratings`` is too small), the rest in proportion to a lognormal
       activity (log-std ``user_sigma``);
     * lets each user pick distinct items with weights proportional to a
-      lognormal popularity (log-std ``item_sigma``): a long tail of rarely
-      rated items;
+      lognormal popularity (log-std ``item_sigma``) times
+      ``exp(1.5 * taste)``: a long tail of rarely rated items, and users
+      rate what they expect to like (missing not at random, as in MovieLens);
     * scores each pair ``b_u + b_i + g_ui + <p_u, q_i> + e``: user and item
-      biases (std 0.45 and 0.55, the item bias higher for popular items, as
-      in real data), a genre-taste term ``g_ui`` (std 0.35; the saturated
+      biases (std 0.50 and 0.58, the item bias higher for popular items, as
+      in real data), a genre-taste term ``g_ui`` (std 0.50; the saturated
       tastes of the user for the item's genres,
-      :func:`synthetic_item_features`), rank-``rank`` factors (std 0.45) and
-      Gaussian noise ``e`` of std ``noise``;
+      :func:`synthetic_item_features`), rank-``rank`` factors (std 0.60) and
+      Gaussian noise ``e`` of std ``noise``; the taste is ``g_ui + <p_u, q_i>``;
     * turns the scores into stars at the quantiles that give MovieLens-100K's
       shares: 1★ 6 %, 2★ 11 %, 3★ 27 %, 4★ 34 %, 5★ 21 %.
 
@@ -168,7 +170,7 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
         n_ratings (int): number of ratings, at most ``n_users * n_items``.
             Default: 100,000.
         rank (int): rank of the interaction term.  Default: 10.
-        noise (float): std of the Gaussian noise of the score.  Default: 0.85.
+        noise (float): std of the Gaussian noise of the score.  Default: 0.6.
         user_sigma (float): log-std of the user activity.  Default: 0.9.
         item_sigma (float): log-std of the item popularity.  Default: 1.3.
         titles (bool): give the items titles ``"Item <id>"``.  Default: ``True``.
