@@ -18,6 +18,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type, Union
 import torch
 from torch import Tensor, nn
 
+from .._index import coo_tensor
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset, split_ratings
 from .trainer import Trainer, TrainResult
 
@@ -415,9 +416,10 @@ class RatingModel(nn.Module):
             batch = dataset.collate([dataset[int(i)] for i in chunk]).to(device)
             key = pos * width + c
             ukey, where = torch.unique(key, return_inverse=True)  # sorted, distinct
-            pattern = torch.sparse_coo_tensor(
-                torch.stack([ukey // width, ukey % width]), torch.ones(ukey.shape[0]),
-                (chunk.shape[0], width)).coalesce().to(device)
+            # ukey is sorted and distinct: the pattern is coalesced as built
+            pattern = coo_tensor(torch.stack([ukey // width, ukey % width]),
+                                 torch.ones(ukey.shape[0]), (chunk.shape[0], width),
+                                 coalesced=True).to(device)
             est = self(batch.input, batch.row_index, pattern).to_sparse_coo().coalesce()
             values = self.normalizer.denormalize(
                 est.values(), batch.row_index[est.indices()[0]]).cpu()
