@@ -27,7 +27,7 @@ def _fit(cls, extra, train, **kw):
 @pytest.mark.parametrize("cls, extra", MODELS, ids=lambda v: getattr(v, "name", ""))
 def test_fit_decreases_loss_and_beats_the_item_mean(data, cls, extra):
     train, test = data
-    model = _fit(cls, extra, train, epochs=25)
+    model = _fit(cls, extra, train, epochs=12)
     losses = [h["train_loss"] for h in model.history]
     assert losses[-1] < 0.8 * losses[0]
     item_mean = float(rmse(mean_prediction(train, test), test.rating))
