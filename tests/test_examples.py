@@ -111,3 +111,13 @@ def test_movielens_autoencoder_cuda_without_gpu(capsys):
     with pytest.raises(SystemExit):
         _load("movielens_autoencoder").main(["--device", "cuda"])
     assert "--device cuda: no CUDA device is available" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["autorec", "cfn++"])
+def test_movielens_autoencoder_folds_table(capsys, model):
+    main = _load("movielens_autoencoder").main
+    result = main(TINY + ["--model", model, "--folds", "3", "--validation-ratio", "0"])
+    out = capsys.readouterr().out
+    assert out.count("\n| 1 |") == 1 and "\n| 3 |" in out and "| mean ± std |" in out
+    assert len(result["folds"]) == 3 and math.isfinite(result["test_rmse_std"])
+    assert result["test_rmse"] == pytest.approx(sum(f["rmse"] for f in result["folds"]) / 3)
