@@ -1,57 +1,64 @@
-"""Train a collaborative-filtering autoencoder and report its test RMSE.
+"""Train a collaborative-filtering autoencoder of nnsparse.models and report its test RMSE.
 
-The model of Strub, Gaudel & Mary (CFN): an item's (or user's) sparse vector
-of ratings goes through ``SparseLinearBatch -> tanh -> linear -> tanh`` and
-comes back with the missing ratings predicted.  It is trained with
-``SDAESparseCriterion(MSELoss)``: a share of the known ratings is hidden from
-the input and the loss weighs them by ``alpha``, the others by ``beta``.  The
-decoder is a ``SparseOutputLinear`` evaluated at the known ratings only
-(``--dense-decoder`` computes every output instead; same numbers).
+A thin command line over :mod:`nnsparse.models`: I-AutoRec / U-AutoRec
+(``--model autorec``), CFN and CFN++ with side information (``cfn``,
+``cfn++``), and Sparse FC with kernelised weights (``sparsefc``, the
+default).  Each model chooses its number of epochs on a validation split of
+the training ratings, then is refit on all of them; the test part is read
+once, at the end, beside the item-mean baseline.
 
     python examples/movielens_autoencoder.py                       # synthetic default
     python examples/movielens_autoencoder.py --ratings ml-1m/ratings.dat --format ml-1m
     python examples/movielens_autoencoder.py --train u1.base --test u1.test --format ml-100k
+    python examples/movielens_autoencoder.py --folds ml-100k/ --format ml-100k   # u1..u5
+    python examples/movielens_autoencoder.py --folds 5 --model autorec          # random folds
     python examples/movielens_autoencoder.py --recommend 42 -k 10
 
-Ratings are split at random (90% train, 10% test; 5% of train kept for
-validation) unless ``--train/--test`` are given.  Each epoch prints the train
-loss and the validation RMSE on the rating scale; the test part is read once,
-at the end, beside the item-mean baseline.  The last line is
-``test RMSE: <value>``.
+The last line is ``test RMSE: <value>`` (the mean over the folds with ``--folds``).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import time
+import os
+import sys
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
-from torch import nn
-from torch.utils.data import DataLoader
-from tqdm import tqdm
 
-import nnsparse
-from nnsparse.data import (FORMATS, RatingErrors, RatingNormalizer, SparseRowDataset,
-                           holdout_split, mae, mean_prediction, random_split, read_ratings,
-                           read_split, rmse, synthetic_ratings)
+from nnsparse.data import (FORMATS, Ratings, mae, mean_prediction, random_split, read_item_features,
+                           read_ratings, read_split, read_user_features, rmse,
+                           synthetic_item_features, synthetic_ratings)
+from nnsparse.models import MODELS, AutoRec, CFN, KernelNet, RatingModel, cross_validate, fold_files, kfold
 
-
-class Autoencoder(nn.Module):
-    """``tanh(decoder(tanh(encoder(x))))``, the decoder sampled at ``pattern`` when given."""
-
-    def __init__(self, width: int, hidden: int) -> None:
-        super().__init__()
-        self.encoder = nnsparse.SparseLinearBatch(width, hidden)
-        self.decoder = nnsparse.SparseOutputLinear(hidden, width)
-
-    def forward(self, x: Any, pattern: Any = None) -> Any:
-        out = self.decoder(torch.tanh(self.encoder(x)), pattern)
-        return nnsparse.values_map(torch.tanh, out)
+#: --model name -> (class, uses side features)
+CHOICES = {"autorec": (AutoRec, False), "cfn": (CFN, False), "cfn++": (CFN, True),
+           "sparsefc": (KernelNet, False)}
+#: the item and user files of each format, next to the rating file
+SIDE_FILES = {"ml-100k": ("u.item", "u.user"), "ml-1m": ("movies.dat", "users.dat"),
+              "csv": ("movies.csv", None)}
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def _positive(kind: type, name: str):
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{name} must be positive, got {text}")
+        return value
+    return parse
+
+
+def default_threads() -> int:
+    """Half the cores, at most 4: leaves room for the others on a shared machine."""
+    return max(1, min(4, (os.cpu_count() or 1) // 2))
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     data = p.add_argument_group("data")
@@ -59,148 +66,202 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     data.add_argument("--format", choices=FORMATS, default="text", help="the files' format")
     data.add_argument("--train", help="a given training file (with --test)")
     data.add_argument("--test", help="a given test file (with --train)")
+    data.add_argument("--folds", help="cross-validate: a number k of seeded random folds, or "
+                      "a directory holding u1.base/u1.test ... (MovieLens-100K)")
     data.add_argument("--orientation", choices=["item", "user"], default="item",
-                      help="item: rows are items (I-autoencoder); user: rows are users")
+                      help="item: rows are items (I-AutoRec); user: rows are users")
     data.add_argument("--test-ratio", type=float, default=0.1)
-    data.add_argument("--validation-ratio", type=float, default=0.05)
-    model = p.add_argument_group("model and training")
-    model.add_argument("--hidden", type=int, default=500)
-    model.add_argument("--epochs", type=int, default=40)
-    model.add_argument("--batch-size", type=int, default=32)
-    model.add_argument("--lr", type=float, default=3e-4, help="Adam's learning rate")
-    model.add_argument("--weight-decay", type=float, default=1e-3,
-                       help="L2 penalty added to every gradient (Adam's weight_decay)")
-    model.add_argument("--alpha", type=float, default=1.0, help="weight of hidden ratings")
-    model.add_argument("--beta", type=float, default=0.5, help="weight of the other ratings")
-    model.add_argument("--hide-ratio", type=float, default=0.25,
-                       help="share of input ratings hidden (denoising)")
-    model.add_argument("--dense-decoder", action="store_true",
-                       help="compute every output in training (the slow way)")
+    data.add_argument("--validation-ratio", type=float, default=0.05,
+                      help="share of the training ratings that choose the epoch count")
+    model = p.add_argument_group("model and training (default: the model's own)")
+    model.add_argument("--model", choices=sorted(CHOICES), default="sparsefc")
+    model.add_argument("--hidden", type=_positive(int, "--hidden"))
+    model.add_argument("--epochs", type=_positive(int, "--epochs"), help="at most")
+    model.add_argument("--batch-size", type=_positive(int, "--batch-size"))
+    model.add_argument("--lr", type=_positive(float, "--lr"), help="Adam's initial rate")
+    model.add_argument("--l2", type=float, help="the weight penalty of the full-data objective")
+    model.add_argument("--no-refit", action="store_true",
+                       help="keep the early-stopped model instead of refitting on all ratings")
     model.add_argument("--seed", type=int, default=0)
     model.add_argument("--device", default="cpu", help="cpu or cuda")
+    model.add_argument("--threads", type=_positive(int, "--threads"), default=default_threads(),
+                       help="torch CPU threads (default: half the cores, at most 4; 1 on a "
+                            "2-core machine). torch's default, one spinning thread per core, "
+                            "made training 5-10x slower on a busy 2-core machine; the "
+                            "products of these models are too small to gain beyond ~4")
+    model.add_argument("--dense-decoder", action="store_true",
+                       help="train with the decoder's dense output read at the ratings "
+                            "(same numbers as the sampled decoder, slower: a check)")
     out = p.add_argument_group("output")
-    out.add_argument("--metrics-out", help="write every epoch's numbers to this JSON file")
+    out.add_argument("--metrics-out", help="write the run's numbers to this JSON file")
     out.add_argument("--save", help="save the trained model to this file")
     out.add_argument("--load", help="load a model saved with --save instead of training")
     out.add_argument("--recommend", help="print this user's top-k unrated items (original id)")
-    out.add_argument("-k", type=int, default=10, help="how many items --recommend prints")
-    out.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    out.add_argument("-k", type=_positive(int, "-k"), default=10,
+                     help="how many items --recommend prints")
+    out.add_argument("--min-support", type=int, default=20,
+                     help="--recommend: fewest training ratings of a recommended item")
+    out.add_argument("--shrinkage", type=float, default=10.0,
+                     help="--recommend: pseudo-ratings pulling a prediction to the mean")
+    out.add_argument("--no-progress", action="store_true", help="no tqdm bars "
+                     "(they are off anyway when stderr is not a terminal)")
+    return p
+
+
+def _check_file(p: argparse.ArgumentParser, flag: str, path: Optional[str]) -> None:
+    if path is None:
+        return
+    if Path(path).is_dir():
+        p.error(f"{flag}: {path} is a directory, not a file")
+    if not Path(path).is_file():
+        p.error(f"{flag}: no file at {path}")
+
+
+def parse_args(argv: Optional[List[str]] = None):
+    """Parse and check every flag and file before any training."""
+    p = build_parser()
     args = p.parse_args(argv)
     if (args.train is None) != (args.test is None):
         p.error("--train and --test go together")
     if args.ratings and args.train:
         p.error("give either --ratings or --train/--test")
-    return args
+    if args.folds and args.train:
+        p.error("--folds makes its own train/test pairs; drop --train/--test")
+    if args.folds and (args.load or args.save or args.recommend):
+        p.error("--folds trains one model per fold: --load, --save and --recommend need one model")
+    for flag in ("ratings", "train", "test", "load"):
+        _check_file(p, f"--{flag}", getattr(args, flag))
+    if args.folds is not None:
+        if args.folds.isdigit():
+            args.folds = int(args.folds)
+            if args.folds < 2:
+                p.error(f"--folds must be at least 2 folds or a directory, got {args.folds}")
+        elif not Path(args.folds).is_dir():
+            p.error(f"--folds: {args.folds} is neither a number of folds nor a directory")
+    for name in ("test_ratio", "validation_ratio"):
+        if not 0 <= getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(args, name)}")
+    if args.l2 is not None and args.l2 < 0:
+        p.error(f"--l2 must be non-negative, got {args.l2}")
+    if args.min_support < 0 or args.shrinkage < 0:
+        p.error("--min-support and --shrinkage must be non-negative")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: no CUDA device is available")
+    try:
+        torch.device(args.device)
+    except RuntimeError:
+        p.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
+    return p, args
 
 
-def load_split(args: argparse.Namespace):
-    """Training, validation and test ratings, and the set the titles come from."""
-    if args.train:
-        train, test = read_split(args.train, args.test, args.format)
-        return holdout_split(train, test, validation=args.validation_ratio, seed=args.seed), train
-    ratings = (read_ratings(args.ratings, args.format) if args.ratings
-               else synthetic_ratings(seed=args.seed))
-    split = random_split(ratings, test=args.test_ratio, validation=args.validation_ratio,
-                         seed=args.seed)
-    return split, ratings
+def hparams(args: argparse.Namespace) -> Dict[str, Any]:
+    """The model's hyperparameters from the flags given (the others stay the model's)."""
+    out: Dict[str, Any] = dict(orientation=args.orientation, seed=args.seed,
+                               validation_ratio=args.validation_ratio, refit=not args.no_refit,
+                               dense_decoder=args.dense_decoder)
+    for flag, key in (("hidden", "hidden"), ("epochs", "epochs"), ("batch_size", "batch_size"),
+                      ("lr", "lr"), ("l2", "l2")):
+        if getattr(args, flag) is not None:
+            out[key] = getattr(args, flag)
+    return out
 
 
-def evaluate(model: Autoencoder, norm: RatingNormalizer, inputs: torch.Tensor,
-             target: torch.Tensor, device: torch.device) -> Dict[str, float]:
-    """RMSE and MAE on the rating scale at ``target``'s entries, rows of ``inputs`` as input."""
-    data = SparseRowDataset(inputs, target)
-    errors = RatingErrors()
-    model.eval()
-    with torch.no_grad():
-        for rows, x, y in DataLoader(data, batch_size=256, collate_fn=data.collate):
-            x, y = x.to(device), y.to(device)
-            # the decoder evaluated at the target's entries only
-            est = model(x, y).to_sparse_coo().coalesce()
-            batch = y.to_sparse_coo().coalesce()
-            pred = norm.denormalize(est.values(), rows.to(device)[batch.indices()[0]])
-            errors.update(pred, batch.values())
-    return errors.compute()
+def read_data(p: argparse.ArgumentParser, args: argparse.Namespace):
+    """``(train, test, all ratings)`` or, with --folds, the fold iterator; reader errors -> p.error."""
+    try:
+        if args.folds is not None and not isinstance(args.folds, int):
+            # read the first pair now, so a bad format fails before training
+            folds = list(fold_files(args.folds, args.format))
+            return folds, None, folds[0][0]
+        if args.train:
+            train, test = read_split(args.train, args.test, args.format)
+            return train, test, train
+        ratings = (read_ratings(args.ratings, args.format) if args.ratings
+                   else synthetic_ratings(seed=args.seed))
+    except ValueError as error:
+        p.error(f"cannot read the ratings as --format {args.format}: {error}")
+    if isinstance(args.folds, int):
+        return list(kfold(ratings, args.folds, seed=args.seed)), None, ratings
+    split = random_split(ratings, test=args.test_ratio, validation=0.0, seed=args.seed)
+    return split.train, split.test, ratings
 
 
-def train(args: argparse.Namespace, model: Autoencoder, norm: RatingNormalizer,
-          x_train: torch.Tensor, x_valid: torch.Tensor, device: torch.device) -> List[dict]:
-    data = SparseRowDataset(x_train)
-    generator = torch.Generator().manual_seed(args.seed)
-    loader = DataLoader(data, batch_size=args.batch_size, shuffle=True,
-                        collate_fn=data.collate, generator=generator)
-    criterion = nnsparse.SDAESparseCriterion(
-        nn.MSELoss(), alpha=args.alpha, beta=args.beta, hide_ratio=args.hide_ratio,
-        generator=torch.Generator(device=device).manual_seed(args.seed))
-    optimiser = torch.optim.Adam(model.parameters(), lr=args.lr,
-                                 weight_decay=args.weight_decay)
-    history: List[dict] = []
-    best = (math.inf, None)
-    for epoch in range(1, args.epochs + 1):
-        model.train()
-        start, loss_sum = time.perf_counter(), 0.0
-        bar = tqdm(loader, desc=f"epoch {epoch}/{args.epochs}", disable=args.no_progress,
-                   leave=False)
-        for _, x, _ in bar:
-            x = x.to(device)
-            out = model(criterion.prepare_input(x), None if args.dense_decoder else x)
-            loss = criterion(out, x)
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            loss_sum += loss.item()
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-        valid = evaluate(model, norm, x_train, x_valid, device)
-        history.append(dict(epoch=epoch, train_loss=loss_sum / len(loader),
-                            valid_rmse=valid["rmse"], valid_mae=valid["mae"],
-                            seconds=time.perf_counter() - start))
-        print(f"epoch {epoch}: train loss {history[-1]['train_loss']:.4f}, "
-              f"validation RMSE {valid['rmse']:.4f}")
-        if valid["rmse"] < best[0]:  # early stopping: keep the best epoch's weights
-            best = (valid["rmse"], {k: v.clone() for k, v in model.state_dict().items()})
-    if best[1] is not None:
-        model.load_state_dict(best[1])
-        print(f"kept epoch {min(history, key=lambda h: h['valid_rmse'])['epoch']}, "
-              f"validation RMSE {best[0]:.4f}")
-    return history
+def side_features(p: argparse.ArgumentParser, args: argparse.Namespace, train: Ratings):
+    """The row features of CFN++: genres (item rows) or demographics (user rows)."""
+    source = args.ratings or args.train or (args.folds if isinstance(args.folds, str) else None)
+    if source is None:  # the synthetic set
+        if args.orientation == "user":
+            p.error("--model cfn++ on the synthetic set has item genres only: use --orientation item")
+        return synthetic_item_features(args.seed, train.n_items)
+    folder = Path(source) if Path(source).is_dir() else Path(source).parent
+    names = SIDE_FILES.get(args.format)
+    name = None if names is None else names[0 if args.orientation == "item" else 1]
+    if name is None or not (folder / name).is_file():
+        p.error(f"--model cfn++ needs the {args.orientation} file of --format {args.format} "
+                f"({name or 'none exists for this format'}) next to the ratings in {folder}")
+    try:
+        if args.orientation == "item":
+            return read_item_features(folder / name, args.format, train.item_map)
+        return read_user_features(folder / name, args.format, train.user_map)
+    except ValueError as error:
+        p.error(f"cannot read side features: {error}")
 
 
-def recommend(args: argparse.Namespace, model: Autoencoder, norm: RatingNormalizer,
-              x_train: torch.Tensor, ratings, device: torch.device) -> None:
-    """Print the user's ``k`` best-predicted items among those they did not rate."""
-    user_map = ratings.user_map
-    key = next((c for c in (args.recommend, _int(args.recommend)) if c in user_map), None)
-    if key is None:
-        raise SystemExit(f"--recommend: user {args.recommend!r} is not in the data")
-    user, items = user_map[key], norm.shape[0] if norm.orientation == "item" else norm.shape[1]
-    model.eval()
-    with torch.no_grad():
-        if norm.orientation == "user":
-            # the user's row through the model, in batches, the rated items left out
-            row = x_train.to_sparse_coo().index_select(0, torch.tensor([user]))
-            runner = nnsparse.Batchifier(model, items, device=device, progress=False)
-            best = runner.topk(row, min(args.k, items), exclude=True)
-            scores, index = best.values[0], best.indices[0]
-            keep = scores.isfinite()  # fewer unrated items than k
-            predicted = norm.denormalize(scores[keep], torch.full_like(index[keep], user))
-            best = torch.return_types.topk((predicted, index[keep]))
-        else:
-            # every item's prediction for this user: the decoder sampled at one
-            # column, (item, user) for all items, never the whole score matrix.
-            pattern = torch.sparse_coo_tensor(
-                torch.stack([torch.arange(items), torch.full((items,), user)]),
-                torch.ones(items), (items, norm.shape[1])).to(device)
-            scores = model(x_train.to(device), pattern).coalesce().values()
-            predicted = norm.denormalize(scores, torch.arange(items, device=device))
-            coo = x_train.to_sparse_coo().coalesce()
-            predicted[coo.indices()[0][coo.indices()[1] == user].to(device)] = -math.inf
-            best = torch.topk(predicted, min(args.k, items))
-            keep = best.values.isfinite()
-            best = torch.return_types.topk((best.values[keep], best.indices[keep]))
-    item_ids = ratings.item_ids()
-    print(f"top {best.indices.shape[0]} items for user {key}:")
-    for score, item in zip(best.values.tolist(), best.indices.tolist()):
-        title = ratings.titles[item] if ratings.titles else ""
-        print(f"  {score:4.2f}  {item_ids[item]}  {title}")
+def print_recommendations(model: RatingModel, args: argparse.Namespace) -> None:
+    recs = model.recommend(args.recommend, args.k, min_support=args.min_support,
+                           shrinkage=args.shrinkage)
+    print(f"top {len(recs.ids)} items for user {args.recommend}: "
+          f"(among items with >= {args.min_support} training ratings; "
+          f"shrinkage {args.shrinkage:g})")
+    for item, score, rating, support, title in zip(recs.ids, recs.score.tolist(),
+                                                   recs.rating.tolist(), recs.support.tolist(),
+                                                   recs.titles):
+        print(f"  {rating:4.2f} ({score:4.2f} shrunk, {support:4d} ratings)  {item}  {title}")
+
+
+def run_folds(p, args, folds) -> Dict[str, Any]:
+    cls, uses_features = CHOICES[args.model]
+    features = (lambda train: side_features(p, args, train)) if uses_features else None
+    cv = cross_validate(lambda: cls(**hparams(args)), folds, features=features,
+                        device=args.device, progress=not args.no_progress and None,
+                        verbose=True)
+    print(cv.table())
+    return dict(folds=cv.folds, test_rmse=cv.mean(), test_rmse_std=cv.std(),
+                test_mae=cv.mean("mae"), item_mean_rmse=cv.mean("item_mean_rmse"))
+
+
+def run_one(p, args, train, test) -> Dict[str, Any]:
+    if args.load:
+        try:
+            model = RatingModel.load(args.load, device=args.device)
+        except (ValueError, RuntimeError, KeyError) as error:
+            p.error(f"--load: {error}")
+    else:
+        cls, uses_features = CHOICES[args.model]
+        model = cls(**hparams(args))
+    if args.recommend is not None and not args.load:
+        # check the user before training; unknown ids would only fail at the end
+        if not any(k in train.user_map for k in (args.recommend, _int(args.recommend))):
+            p.error(f"--recommend: user {args.recommend!r} is not in the training data")
+    if not args.load:
+        feats = side_features(p, args, train) if CHOICES[args.model][1] else None
+        model.fit(train, features=feats, device=args.device,
+                  progress=False if args.no_progress else None)
+        print(f"trained {model.name} in {model.fit_seconds:.1f} s, {model.best_epoch} epochs")
+    if args.save:
+        model.save(args.save)
+    if args.recommend is not None:
+        try:
+            print_recommendations(model, args)
+        except KeyError as error:
+            p.error(f"--recommend: {error.args[0]}")
+    scores = model.evaluate(test)
+    counts = scores["fallback_counts"]
+    print(f"{scores['fallback']} of {scores['count']} test ratings predicted by a mean "
+          f"(item mean {counts['item_mean']}, user mean {counts['user_mean']}, "
+          f"global mean {counts['global_mean']}): their user or item has no training rating")
+    return dict(epochs=model.history, test_rmse=scores["rmse"], test_mae=scores["mae"],
+                fallback=counts, best_epoch=model.best_epoch, seconds=model.fit_seconds)
 
 
 def _int(text: str) -> Any:
@@ -211,38 +272,27 @@ def _int(text: str) -> Any:
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
-    args = parse_args(argv)
-    device = torch.device(args.device)
+    p, args = parse_args(argv)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    split, ratings = load_split(args)
-    norm = RatingNormalizer(split.train, orientation=args.orientation)
-    x_train = norm.matrix(split.train)
+    first, test, ratings = read_data(p, args)
     print(f"{len(ratings)} ratings, {ratings.n_users} users x {ratings.n_items} items; "
-          f"train {len(split.train)}, validation {len(split.validation)}, test {len(split.test)}")
-    model = Autoencoder(norm.shape[1], args.hidden).to(device)
-    history: List[dict] = []
-    if args.load:
-        model.load_state_dict(torch.load(args.load, map_location=device))
+          f"model {args.model if not args.load else 'from ' + args.load}")
+    if test is None:
+        result = run_folds(p, args, first)
     else:
-        history = train(args, model, norm, x_train, norm.matrix(split.validation, False),
-                        device)
-    if args.save:
-        torch.save(model.state_dict(), args.save)
-    norm.to(device)
-    test = evaluate(model, norm, x_train, norm.matrix(split.test, False), device)
-    baseline = mean_prediction(split.train, split.test, by="item")
-    base = {"rmse": float(rmse(baseline, split.test.rating)),
-            "mae": float(mae(baseline, split.test.rating))}
-    if args.recommend is not None:
-        recommend(args, model, norm, x_train, ratings, device)
-    result = dict(epochs=history, test_rmse=test["rmse"], test_mae=test["mae"],
-                  item_mean_rmse=base["rmse"], item_mean_mae=base["mae"], args=vars(args))
+        result = run_one(p, args, first, test)
+        baseline = mean_prediction(first, test, by="item")
+        result.update(item_mean_rmse=float(rmse(baseline, test.rating)),
+                      item_mean_mae=float(mae(baseline, test.rating)))
+        print(f"item-mean baseline: RMSE {result['item_mean_rmse']:.4f}, "
+              f"MAE {result['item_mean_mae']:.4f}")
+    result["args"] = vars(args)
     if args.metrics_out:
         with open(args.metrics_out, "w") as f:
-            json.dump(result, f, indent=2)
-    print(f"item-mean baseline: RMSE {base['rmse']:.4f}, MAE {base['mae']:.4f}")
-    print(f"test MAE: {test['mae']:.4f}")
-    print(f"test RMSE: {test['rmse']:.4f}")
+            json.dump(result, f, indent=2, default=str)
+    print(f"test MAE: {result['test_mae']:.4f}")
+    print(f"test RMSE: {result['test_rmse']:.4f}")
     return result
 
 

@@ -66,3 +66,13 @@ def test_small_and_options():
 def test_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         synthetic_ratings(**kwargs)
+
+
+def test_movielens_100k_shape(default):
+    per_user = torch.bincount(default.user, minlength=default.n_users)
+    assert int(per_user.min()) >= 20
+    shares = [float((default.rating == s).float().mean()) for s in range(1, 6)]
+    assert shares == pytest.approx([0.0611, 0.1137, 0.2715, 0.3417, 0.2120], abs=0.005)
+    per_item = torch.bincount(default.item, minlength=default.n_items)
+    assert int((per_item <= 3).sum()) > 50            # a long tail of rarely rated items
+    assert int(per_item.max()) > 10 * float(per_item.float().median())

@@ -76,3 +76,48 @@ def test_composition_example(capsys):
                                           "--no-progress"])
     assert set(accuracy) == {"sparse-first", "switching"}
     assert "loads into nn.Linear" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--ratings", "no/such/file.dat"], "--ratings: no file at no/such/file.dat"),
+    (["--ratings", "{tmp}"], "is a directory, not a file"),
+    (["--train", "{tmp}/u.data"], "--train and --test go together"),
+    (["--batch-size", "0"], "--batch-size must be positive, got 0"),
+    (["--hidden", "-1"], "--hidden must be positive, got -1"),
+    (["--hidden", "0"], "--hidden must be positive, got 0"),
+    (["--epochs", "0"], "--epochs must be positive, got 0"),
+    (["--threads", "0"], "--threads must be positive, got 0"),
+    (["--hidden", "ten"], "--hidden must be an integer, got 'ten'"),
+    (["--folds", "1"], "--folds must be at least 2 folds or a directory, got 1"),
+    (["--folds", "5", "--recommend", "3"], "--folds trains one model per fold"),
+    (["--test-ratio", "1.5"], "--test-ratio must be in [0, 1), got 1.5"),
+    (["--model", "svd"], "invalid choice: 'svd'"),
+    (["--recommend", "99999"], "--recommend: user '99999' is not in the training data"),
+])
+def test_movielens_autoencoder_bad_flags_fail_before_training(tmp_path, capsys, flags, message):
+    main = _load("movielens_autoencoder").main
+    (tmp_path / "u.data").write_text("1\t1\t5\t0\n")
+    flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
+    with pytest.raises(SystemExit) as exit:
+        main(["--no-progress"] + flags)
+    assert exit.value.code == 2
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert "epoch 1" not in captured.out  # nothing was trained
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_movielens_autoencoder_cuda_without_gpu(capsys):
+    with pytest.raises(SystemExit):
+        _load("movielens_autoencoder").main(["--device", "cuda"])
+    assert "--device cuda: no CUDA device is available" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["autorec", "cfn++"])
+def test_movielens_autoencoder_folds_table(capsys, model):
+    main = _load("movielens_autoencoder").main
+    result = main(TINY + ["--model", model, "--folds", "3", "--validation-ratio", "0"])
+    out = capsys.readouterr().out
+    assert out.count("\n| 1 |") == 1 and "\n| 3 |" in out and "| mean ± std |" in out
+    assert len(result["folds"]) == 3 and math.isfinite(result["test_rmse_std"])
+    assert result["test_rmse"] == pytest.approx(sum(f["rmse"] for f in result["folds"]) / 3)

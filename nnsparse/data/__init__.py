@@ -9,10 +9,11 @@ The pieces of a collaborative-filtering pipeline (see ``README.md``)::
     ds = SparseRowDataset(x)                              # rows -> (indices, values)
     loader = DataLoader(ds, batch_size=32, shuffle=True, collate_fn=ds.collate)
 """
-from .readers import FORMATS, Ratings, read_ratings, read_split
+from .readers import (FORMATS, Ratings, read_item_features, read_ratings, read_split,
+                      read_user_features)
 from .split import Split, holdout_split, random_split, split_ratings
 from .matrix import RatingErrors, RatingNormalizer, mae, mean_prediction, rating_matrix, rmse
-from .synthetic import synthetic_ratings
+from .synthetic import synthetic_item_features, synthetic_ratings
 from .dataset import SparseRowBatch, SparseRowDataset, collate_sparse_rows
 
 __all__ = [
@@ -20,6 +21,8 @@ __all__ = [
     "Ratings",
     "read_ratings",
     "read_split",
+    "read_item_features",
+    "read_user_features",
     "Split",
     "split_ratings",
     "random_split",
@@ -31,6 +34,7 @@ __all__ = [
     "mae",
     "mean_prediction",
     "synthetic_ratings",
+    "synthetic_item_features",
     "SparseRowDataset",
     "SparseRowBatch",
     "collate_sparse_rows",

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Ratings", "read_ratings", "read_split", "FORMATS"]
+__all__ = ["Ratings", "read_ratings", "read_split", "read_item_features", "read_user_features",
+           "FORMATS"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -563,3 +564,172 @@ def read_split(train: PathLike, test: PathLike, format: str = "text", *,
     if title_file is not None:
         first.titles = second.titles = _titles(first.item_map, _read_titles(title_file, format))
     return first, second
+
+
+# -- side information (CFN++) -------------------------------------------------------------
+
+#: format -> the user file next to the ratings
+_USER_FILES = {"ml-100k": "u.user", "ml-1m": "users.dat"}
+#: MovieLens-1M's age codes; MovieLens-100K's exact ages are put in the same buckets
+_AGES = (1, 18, 25, 35, 45, 50, 56)
+
+
+def _lines(path: Path, sep: str) -> List[Tuple[int, List[str]]]:
+    with open(path, encoding="latin-1") as f:
+        return [(n, line.rstrip("\r\n").split(sep)) for n, line in enumerate(f, start=1)
+                if line.strip()]
+
+
+def _feature_file(path: PathLike, what: str) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{what}: no file at {path}")
+    return path
+
+
+def _rows(mapping: Dict[Any, int], table: Dict[Any, List[float]], width: int) -> Tensor:
+    """One feature row per index of ``mapping``; ids the file lacks get zeros."""
+    out = torch.zeros(len(mapping), width)
+    for original, index in mapping.items():
+        key = original if original in table else _maybe_int(original)
+        if key in table:
+            out[index] = torch.tensor(table[key])
+    return out
+
+
+def _maybe_int(text: Any) -> Any:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) -> Tensor:
+    r"""Item genre flags from ``u.item`` (ml-100k), ``movies.dat`` (ml-1m) or ``movies.csv``.
+
+    Args:
+        path: the item file.
+        format (str): ``"ml-100k"`` (the last 19 ``|``-separated fields are
+            the genre flags), ``"ml-1m"`` (``id::title::Genre|Genre``) or
+            ``"csv"`` (``movieId,title,Genre|Genre``).
+        item_map (dict): original item id -> index, e.g. ``ratings.item_map``.
+
+    Returns:
+        float32 ``(len(item_map), n_genres)``, one row per item index; items
+        absent from the file get a row of zeros.  For ml-1m and csv the
+        genres are the sorted set of names in the file.
+
+    Raises:
+        ValueError: a missing file, an unsupported format, a malformed line.
+
+    Example::
+
+        >>> import tempfile, pathlib
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = pathlib.Path(d) / "movies.dat"
+        ...     _ = p.write_text("1::Toy Story (1995)::Animation|Comedy\n2::Heat (1995)::Action\n")
+        ...     read_item_features(p, "ml-1m", {2: 0, 1: 1, 7: 2})
+        tensor([[1., 0., 0.],
+                [0., 1., 1.],
+                [0., 0., 0.]])
+    """
+    path = _feature_file(path, "item features")
+    table: Dict[Any, List[float]] = {}
+    if format == "ml-100k":
+        for number, parts in _lines(path, "|"):
+            if len(parts) < 6:
+                raise ValueError(f"{path}, line {number}: expected 'id|title|...|19 genre "
+                                 f"flags', got {len(parts)} fields")
+            try:
+                table[int(parts[0])] = [float(v) for v in parts[5:]]
+            except ValueError:
+                raise ValueError(f"{path}, line {number}: the id and the genre flags must be "
+                                 f"numbers") from None
+        width = max((len(v) for v in table.values()), default=0)
+        if any(len(v) != width for v in table.values()):
+            raise ValueError(f"{path}: lines have different numbers of genre flags")
+        return _rows(item_map, table, width)
+    if format not in ("ml-1m", "csv"):
+        raise ValueError(f"format must be 'ml-100k', 'ml-1m' or 'csv' for item features, "
+                         f"got {format!r}")
+    named: Dict[Any, List[str]] = {}
+    if format == "csv":
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = csv.reader(f)
+            next(rows, None)
+            for number, row in enumerate(rows, start=2):
+                if row:
+                    if len(row) < 3:
+                        raise ValueError(f"{path}, line {number}: expected movieId,title,genres")
+                    named[_int_id(row[0], path, number)] = row[2].split("|")
+    else:
+        for number, parts in _lines(path, "::"):
+            if len(parts) < 3:
+                raise ValueError(f"{path}, line {number}: expected 'id::title::genres'")
+            named[_int_id(parts[0], path, number)] = parts[2].split("|")
+    vocab = sorted({g for gs in named.values() for g in gs if g})
+    column = {g: j for j, g in enumerate(vocab)}
+    for key, gs in named.items():
+        row = [0.0] * len(vocab)
+        for g in gs:
+            if g:
+                row[column[g]] = 1.0
+        table[key] = row
+    return _rows(item_map, table, len(vocab))
+
+
+def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) -> Tensor:
+    r"""User demographics from ``u.user`` (ml-100k) or ``users.dat`` (ml-1m).
+
+    The features: gender (1 for ``F``), the age bucket one-hot (MovieLens-1M's
+    7 buckets: under 18, 18-24, 25-34, 35-44, 45-49, 50-55, 56+), the
+    occupation one-hot (the sorted occupations of the file).
+
+    Args:
+        path: the user file.
+        format (str): ``"ml-100k"`` (``id|age|gender|occupation|zip``) or
+            ``"ml-1m"`` (``id::gender::age::occupation::zip``).
+        user_map (dict): original user id -> index.
+
+    Returns:
+        float32 ``(len(user_map), 1 + 7 + n_occupations)``; users absent from
+        the file get zeros.
+
+    Raises:
+        ValueError: a missing file, an unsupported format, a malformed line.
+
+    Example::
+
+        >>> import tempfile, pathlib
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     p = pathlib.Path(d) / "u.user"
+        ...     _ = p.write_text("1|24|M|technician|85711\n2|53|F|other|94043\n")
+        ...     f = read_user_features(p, "ml-100k", {1: 0, 2: 1})
+        >>> f.shape, f[1, :8].tolist()
+        (torch.Size([2, 10]), [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+    """
+    path = _feature_file(path, "user features")
+    if format not in _USER_FILES:
+        raise ValueError(f"format must be 'ml-100k' or 'ml-1m' for user features, got {format!r}")
+    sep, (g_at, a_at, o_at) = ("|", (2, 1, 3)) if format == "ml-100k" else ("::", (1, 2, 3))
+    parsed = []
+    for number, parts in _lines(path, sep):
+        if len(parts) < 4:
+            raise ValueError(f"{path}, line {number}: expected at least 4 '{sep}'-separated "
+                             f"fields, got {len(parts)}")
+        try:
+            key, age = int(parts[0]), int(parts[a_at])
+        except ValueError:
+            raise ValueError(f"{path}, line {number}: the id and the age must be integers") from None
+        parsed.append((key, parts[g_at].strip().upper() == "F", age, parts[o_at]))
+    occupations = sorted({p[3] for p in parsed})
+    column = {o: j for j, o in enumerate(occupations)}
+    table: Dict[Any, List[float]] = {}
+    for key, female, age, occupation in parsed:
+        row = [0.0] * (1 + len(_AGES) + len(occupations))
+        row[0] = float(female)
+        bucket = max(j for j, low in enumerate(_AGES) if age >= low or j == 0)
+        row[1 + bucket] = 1.0
+        row[1 + len(_AGES) + column[occupation]] = 1.0
+        table[key] = row
+    return _rows(user_map, table, 1 + len(_AGES) + len(occupations))

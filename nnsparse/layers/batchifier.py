@@ -310,7 +310,8 @@ class Batchifier:
 
     __call__ = forward
 
-    def topk(self, data: Data, k: int, exclude: Any = None) -> "torch.return_types.topk":
+    def topk(self, data: Data, k: int, exclude: Any = None,
+             candidates: Optional[Tensor] = None) -> "torch.return_types.topk":
         r"""The ``k`` best output columns of each row, never holding all the outputs.
 
         Each batch's ``(b, output_size)`` output is reduced to its top ``k``
@@ -328,6 +329,10 @@ class Batchifier:
                 form: leave out its pattern (its values are ignored, explicit
                 zeros count).  Left-out entries score ``-inf`` before the top
                 ``k`` is taken.
+            candidates (Tensor, optional): bool ``(output_size,)``, the columns
+                that may be ranked at all (e.g. items with enough ratings to
+                trust their prediction); the others score ``-inf`` in every
+                row.  Default: every column.
 
         Returns:
             ``torch.return_types.topk(values, indices)``, as :func:`torch.topk`
@@ -342,10 +347,18 @@ class Batchifier:
                 rows or wider than ``output_size``; ``exclude=True`` on data
                 wider than ``output_size``.
             TypeError: ``exclude`` of a wrong kind, or ``exclude=True`` on
-                dense batches.
+                dense batches; ``candidates`` not a bool tensor.
+            ValueError: ``candidates`` not of shape ``(output_size,)``.
         """
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
+        if candidates is not None:
+            if not isinstance(candidates, Tensor) or candidates.dtype != torch.bool:
+                raise TypeError(f"candidates must be a bool tensor, got "
+                                f"{candidates.dtype if isinstance(candidates, Tensor) else type(candidates).__name__}")
+            if candidates.shape != (self.output_size,):
+                raise ValueError(f"candidates must have shape ({self.output_size},) "
+                                 f"(output_size), got {tuple(candidates.shape)}")
         if k > self.output_size:
             raise ValueError(f"k must be at most output_size ({self.output_size}), got {k}")
         source = self._source(data)
@@ -360,6 +373,8 @@ class Batchifier:
                     if left_out is not None:
                         y = y.index_put(tuple(i.to(y.device) for i in left_out),
                                         y.new_full((), float("-inf")))
+                    if candidates is not None:
+                        y = y.masked_fill(~candidates.to(y.device), float("-inf"))
                     best = torch.topk(y, k, dim=1)
                 if values is None:
                     values = _allocate((source.rows, k), y.dtype, source.device)

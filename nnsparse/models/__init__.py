@@ -1,0 +1,22 @@
+"""Published sparse autoencoders for collaborative filtering, one file each.
+
+* :class:`AutoRec` (Sedhain et al. 2015): I-AutoRec (``orientation="item"``)
+  and U-AutoRec (``"user"``);
+* :class:`CFN` (Strub, Gaudel & Mary 2016): the denoising CFN, and CFN++ when
+  ``fit`` is given side ``features``;
+* :class:`KernelNet` (Sparse FC, Muller et al. 2018): kernelised weights.
+
+They share :class:`RatingModel` (``fit`` with early stopping and refit,
+``predict_entries``, ``recommend``, ``save``/``load``), the one
+:class:`Trainer`, and :func:`cross_validate`.  See ``docs/models.md``.
+"""
+from .trainer import Trainer, TrainResult
+from .base import MODELS, RatingModel, Recommendations, register
+from .autorec import AutoRec
+from .cfn import CFN
+from .kernel import KernelNet
+from .evaluation import CrossValidation, cross_validate, fold_files, kfold
+
+__all__ = ["RatingModel", "Recommendations", "Trainer", "TrainResult", "MODELS", "register",
+           "AutoRec", "CFN", "KernelNet", "cross_validate", "CrossValidation", "kfold",
+           "fold_files"]

@@ -1,0 +1,558 @@
+"""What every rating autoencoder of :mod:`nnsparse.models` shares.
+
+:class:`RatingModel` is an ``nn.Module`` that knows its data: ``fit`` builds
+the layers for the rating matrix it is given, trains them with the one
+:class:`~nnsparse.models.Trainer` (early stopping on a validation split, then
+a refit on train + validation for the chosen number of epochs), and keeps
+the training ratings, since an autoencoder predicts a row from that row's
+known ratings.  Predictions for users or items absent from training come from
+a mean fallback (counted), never from the network's output on an empty row.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type, Union
+
+import torch
+from torch import Tensor, nn
+
+from .._index import coo_tensor
+from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset, split_ratings
+from .trainer import Trainer, TrainResult
+
+__all__ = ["RatingModel", "Recommendations", "register", "MODELS"]
+
+#: name -> model class, for :meth:`RatingModel.load` and the example's ``--model``.
+MODELS: Dict[str, Type["RatingModel"]] = {}
+
+_FILE_FORMAT = "nnsparse.models/1"
+
+#: Hyperparameters every model takes, with their defaults (see RatingModel).
+_COMMON: Dict[str, Any] = dict(orientation="item", epochs=100, batch_size=64, lr=1e-3,
+                               min_lr_ratio=0.05, weight_decay=0.0, validation_ratio=0.05,
+                               patience=20, refit=True, dense_decoder=False, seed=0)
+
+
+def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
+    """Class decorator: make the model loadable by name."""
+    MODELS[cls.name] = cls
+    return cls
+
+
+class Recommendations(NamedTuple):
+    """A user's recommended items, best first.
+
+    Attributes:
+        ids (list): the items' original ids.
+        index (Tensor): int64 ``(k,)`` item indices.
+        score (Tensor): ``(k,)`` the ranking score (the prediction shrunk by support).
+        rating (Tensor): ``(k,)`` the predicted rating.
+        support (Tensor): int64 ``(k,)`` number of training ratings of each item.
+        titles (list of str): the items' titles (empty strings without titles).
+    """
+
+    ids: List[Any]
+    index: Tensor
+    score: Tensor
+    rating: Tensor
+    support: Tensor
+    titles: List[str]
+
+
+def _concat(a: Ratings, b: Ratings) -> Ratings:
+    """``a`` and ``b`` (sharing id maps) as one record."""
+    return replace(a, user=torch.cat([a.user, b.user]), item=torch.cat([a.item, b.item]),
+                   rating=torch.cat([a.rating, b.rating]))
+
+
+def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optional[Tensor]:
+    if features is None:
+        return None
+    if not isinstance(features, Tensor) or features.dim() != 2:
+        raise TypeError(f"{name} must be a 2-D tensor (rows, features), got "
+                        f"{type(features).__name__ if not isinstance(features, Tensor) else tuple(features.shape)}")
+    if features.shape[0] != rows:
+        raise ValueError(f"{name} must have {rows} rows (one per index of the maps), "
+                         f"got {features.shape[0]}")
+    return features.to(torch.float32)
+
+
+class RatingModel(nn.Module):
+    r"""Base class of the rating autoencoders: fit, predict, recommend, save, load.
+
+    A subclass sets ``name``, ``DEFAULTS`` (its own hyperparameters),
+    ``center`` and ``raw_input`` (see below), and implements :meth:`build`,
+    :meth:`forward` and :meth:`penalty`.
+
+    Common hyperparameters (keyword arguments of every model):
+
+    * ``orientation``: ``"item"`` (rows are items, I-AutoRec) or ``"user"``;
+    * ``epochs``, ``batch_size``, ``lr``, ``min_lr_ratio``: Adam with a cosine
+      decay of the learning rate over ``epochs``;
+    * ``weight_decay``: decoupled (AdamW-style) decay of the weight matrices,
+      never of the biases, on top of the paper's penalty; default 0, since
+      the papers' penalty (``l2``) already regularises;
+    * ``dense_decoder``: train with the decoder's dense output read at the
+      target's ratings instead of the sampled product (same numbers, slower;
+      a check of the sparse path);
+    * ``validation_ratio``: share of the training ratings held out to choose
+      the number of epochs (0: train ``epochs`` epochs, no early stopping);
+    * ``patience``: stop after that many epochs without a better validation RMSE;
+    * ``refit``: retrain on train + validation for the chosen number of epochs;
+    * ``seed``: initialisation, shuffling, corruption and the validation draw.
+
+    The objective is the paper's full-data one, ``sum of squared errors on the
+    rating scale + penalty``; a batch carries its share of the penalty
+    (``batch rows / rows``), so the penalty's weight relative to the data term
+    is the same whatever the batch size, and falls as the data grows.
+    """
+
+    name = "base"
+    DEFAULTS: Dict[str, Any] = {}
+    #: whether the normaliser subtracts row means
+    center = False
+    #: whether the network reads and predicts raw ratings (``lo..hi``) rather
+    #: than the normalised ``[-1, 1]`` values; a missing rating is then 0,
+    #: below every star, as in AutoRec
+    raw_input = True
+
+    def __init__(self, **hparams: Any) -> None:
+        super().__init__()
+        known = {**_COMMON, **self.DEFAULTS}
+        unknown = sorted(set(hparams) - set(known))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unknown hyperparameters {unknown}; "
+                            f"it takes {sorted(known)}")
+        self.hparams: Dict[str, Any] = {**known, **hparams}
+        self._check_hparams()
+        self.normalizer: Optional[RatingNormalizer] = None
+        self.history: List[Dict[str, float]] = []
+        self.best_epoch: int = 0
+        self.fit_seconds: float = 0.0
+        self.verbose = True
+        self._built = False
+
+    # -- hyperparameters ----------------------------------------------------------
+    def _check_hparams(self) -> None:
+        h = self.hparams
+        if h["orientation"] not in ("item", "user"):
+            raise ValueError(f"orientation must be 'item' or 'user', got {h['orientation']!r}")
+        for key in ("epochs", "batch_size"):
+            if not isinstance(h[key], int) or isinstance(h[key], bool) or h[key] < 1:
+                raise ValueError(f"{key} must be an int >= 1, got {h[key]!r}")
+        if not h["lr"] > 0:
+            raise ValueError(f"lr must be positive, got {h['lr']!r}")
+        if not h["weight_decay"] >= 0:
+            raise ValueError(f"weight_decay must be non-negative, got {h['weight_decay']!r}")
+        if not 0 <= h["validation_ratio"] < 1:
+            raise ValueError(f"validation_ratio must be in [0, 1), got {h['validation_ratio']!r}")
+        for key, value in h.items():
+            if key in ("hidden", "layers", "dim") and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{key} must be an int >= 1, got {value!r}")
+            if key.startswith("l2") and not value >= 0:
+                raise ValueError(f"{key} must be non-negative, got {value!r}")
+
+    def extra_repr(self) -> str:
+        own = {k: v for k, v in self.hparams.items() if k in self.DEFAULTS}
+        return ", ".join(f"{k}={v!r}" for k, v in own.items())
+
+    # -- what a subclass implements ------------------------------------------------
+    def build(self, rows: int, width: int, features: int) -> None:
+        """Create the layers for ``rows`` x ``width`` matrices with ``features`` side features."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build()")
+
+    def penalty(self) -> Tensor:
+        """The weight penalty of the full-data objective (weights only, never biases)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement penalty()")
+
+    def network(self, x: Any, rows: Tensor, pattern: Any = None) -> Any:
+        """The network on model-scale values (raw or normalised), sampled at ``pattern``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement network()")
+
+    def output_bias(self) -> Optional[Tensor]:
+        """The output layer's bias, started at the mean rating for raw-input models."""
+        return None
+
+    def make_criterion(self) -> nn.Module:
+        """The data term: squared error summed over the target's ratings."""
+        from ..criteria import SparseCriterion
+        return SparseCriterion(nn.MSELoss(), size_average=False)
+
+    # -- scale handling: the network sees raw ratings or the normalised values ----------
+    def _to_model(self, values: Tensor) -> Tensor:
+        if not self.raw_input:
+            return values
+        lo, hi = self.normalizer.scale
+        return lo + (values + 1.0) * ((hi - lo) / 2.0)
+
+    def _from_model(self, values: Tensor) -> Tensor:
+        if not self.raw_input:
+            return values
+        lo, hi = self.normalizer.scale
+        return (values - lo) * (2.0 / (hi - lo)) - 1.0
+
+    def forward(self, x: Any, rows: Tensor, pattern: Any = None) -> Any:
+        """Normalised predictions for the rows ``rows`` from their normalised inputs ``x``.
+
+        Returns a sparse tensor with ``pattern``'s positions, or dense
+        ``(batch, width)`` without a pattern.
+        """
+        from .. import values_map
+        out = self.network(values_map(self._to_model, x), rows, pattern)
+        return values_map(self._from_model, out) if pattern is not None else self._from_model(out)
+
+    def _row_features(self, rows: Tensor) -> Optional[Tensor]:
+        feats = getattr(self, "row_features", None)
+        return None if feats is None else feats[rows]
+
+    # -- training -------------------------------------------------------------------
+    def batch_loss(self, rows: Tensor, x: Any) -> Tensor:
+        """The training loss of one batch of rows ``x`` (normalised sparse, the target too)."""
+        input = self._criterion.prepare_input(x)
+        out = self(input, rows, pattern=None if self.hparams["dense_decoder"] else x)
+        # Squared errors on the rating scale: the normalised error times (hi - lo) / 2.
+        lo, hi = self.normalizer.scale
+        data = self._criterion(out, x) * ((hi - lo) / 2.0) ** 2
+        share = rows.shape[0] / self._shape[0]
+        return (data + share * self.penalty()) / self._per_batch
+
+    def _prepare(self, train: Ratings, scale: Tuple[float, float],
+                 features: Optional[Tensor]) -> Tensor:
+        """Normaliser, statistics and fresh layers for ``train``; the training matrix."""
+        h = self.hparams
+        torch.manual_seed(h["seed"])
+        self.normalizer = RatingNormalizer(train, h["orientation"], center=self.center,
+                                           scale=scale)
+        rows, width = self.normalizer.shape
+        self._shape = (rows, width)
+        self._per_batch = max(len(train) * min(h["batch_size"], rows) / rows, 1.0)
+        self._set_statistics(train)
+        self.build(rows, width, 0 if features is None else features.shape[1])
+        bias = self.output_bias()
+        if bias is not None and self.raw_input:
+            # An output of 0 is 3.5 stars below the data: start at the mean
+            # rating, so the first epochs learn structure, not the offset.
+            with torch.no_grad():
+                bias.fill_(self.global_mean)
+        if features is not None:
+            self.register_buffer("row_features", features.clone())
+        self._built = True
+        self._criterion = self.make_criterion()
+        x = self.normalizer.matrix(train)
+        self._input = x
+        return x
+
+    def _set_statistics(self, train: Ratings) -> None:
+        """Means and counts for the fallback and the support filter (raw ratings)."""
+        n_users, n_items = train.n_users, train.n_items
+        r = train.rating.to(torch.float32)
+        self.user_count = torch.bincount(train.user, minlength=n_users)
+        self.item_count = torch.bincount(train.item, minlength=n_items)
+        self.global_mean = float(r.mean())
+        # Means shrunk towards the global mean by a few pseudo-ratings, so a
+        # user or item with one rating does not get that rating as its mean.
+        k = 3.0
+        def shrunk(index: Tensor, count: Tensor, n: int) -> Tensor:
+            sums = r.new_zeros(n).index_add_(0, index, r)
+            return (sums + k * self.global_mean) / (count.to(r.dtype) + k)
+        self.user_mean = shrunk(train.user, self.user_count, n_users)
+        self.item_mean = shrunk(train.item, self.item_count, n_items)
+        self.user_ids_: List[Any] = train.user_ids()
+        self.item_ids_: List[Any] = train.item_ids()
+        self.titles_: Optional[List[str]] = list(train.titles) if train.titles else None
+        self._train = train
+
+    def _trainer(self, device: torch.device, progress: Optional[bool],
+                 epochs: Optional[int] = None) -> Trainer:
+        h = self.hparams
+        return Trainer(self, epochs=h["epochs"], batch_size=h["batch_size"], lr=h["lr"],
+                       min_lr_ratio=h["min_lr_ratio"], weight_decay=h["weight_decay"],
+                       patience=h["patience"],
+                       device=device, seed=h["seed"], progress=progress,
+                       log=print if self.verbose else None)
+
+    def fit(self, train: Ratings, validation: Optional[Ratings] = None, *,
+            features: Optional[Tensor] = None, device: Union[str, torch.device] = "cpu",
+            progress: Optional[bool] = None, verbose: bool = True) -> "RatingModel":
+        r"""Train on ``train``; choose the number of epochs on ``validation``; refit.
+
+        Args:
+            train (Ratings): the training ratings.  Its id maps fix the matrix
+                shape; indices without training ratings get the mean fallback.
+            validation (Ratings, optional): ratings sharing ``train``'s maps
+                for early stopping.  Default: ``validation_ratio`` of ``train``
+                drawn with ``seed``.  With ``refit`` the final model is trained
+                on ``train + validation`` for the best epoch count.
+            features (Tensor, optional): float ``(rows, f)`` side features of
+                the matrix rows (item features for ``orientation="item"``, user
+                features for ``"user"``), for models that read them (CFN++).
+            device: where to train.
+            progress (bool, optional): tqdm bars; default: only on a terminal.
+            verbose (bool): print one line per epoch.
+
+        Returns:
+            ``self``, trained, in eval mode, on ``device``.
+
+        Raises:
+            ValueError: empty ``train``; ``validation`` with other id maps;
+                ``features`` with a wrong number of rows.
+        """
+        if len(train) == 0:
+            raise ValueError("train holds no ratings")
+        h, device = self.hparams, torch.device(device)
+        self.verbose = verbose
+        rows = train.n_items if h["orientation"] == "item" else train.n_users
+        features = _check_features(features, rows, "features")
+        if features is not None and not getattr(self, "uses_features", False):
+            raise ValueError(f"{type(self).__name__} reads no side features; use CFN (CFN++)")
+        if validation is None and h["validation_ratio"] > 0:
+            train_part, validation = split_ratings(train, h["validation_ratio"], h["seed"])
+        else:
+            train_part = train
+        if validation is not None and (validation.user_map is not train.user_map
+                                       or validation.item_map is not train.item_map):
+            raise ValueError("validation must share train's id maps (split it from train)")
+        scale = train.scale if validation is None else (
+            min(train.scale[0], validation.scale[0]), max(train.scale[1], validation.scale[1]))
+        start = time.perf_counter()
+        self._prepare(train_part, scale, features)
+        self.to(device)
+        validate = None
+        if validation is not None and len(validation):
+            validate = lambda: self.evaluate(validation)["rmse"]  # noqa: E731
+        result = self._trainer(device, progress).fit(self._input.to(device), validate)
+        self.history, self.best_epoch = result.history, result.best_epoch
+        if validate is not None and h["refit"]:
+            if verbose:
+                print(f"refit on train + validation for {result.best_epoch} epochs "
+                      f"(best validation RMSE {result.best_rmse:.4f})")
+            self._prepare(_concat(train_part, validation), scale, features)
+            self.to(device)
+            self._trainer(device, progress).fit(self._input.to(device), None,
+                                                epochs=result.best_epoch)
+        self.fit_seconds = time.perf_counter() - start
+        self.eval()
+        return self
+
+    # -- prediction -------------------------------------------------------------------
+    def _check_built(self) -> None:
+        if not self._built:
+            raise RuntimeError(f"{type(self).__name__} is not fitted; call fit() or load()")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def _known(self, users: Tensor, items: Tensor) -> Tensor:
+        """Entries whose user and item both have training ratings."""
+        u_ok = users < self.user_count.shape[0]
+        i_ok = items < self.item_count.shape[0]
+        u_ok = u_ok & (self.user_count[users.clamp(max=self.user_count.shape[0] - 1)] > 0)
+        i_ok = i_ok & (self.item_count[items.clamp(max=self.item_count.shape[0] - 1)] > 0)
+        return u_ok, i_ok
+
+    def fallback(self, users: Tensor, items: Tensor) -> Tuple[Tensor, Dict[str, int]]:
+        """Mean predictions and which entries need them.
+
+        Returns ``(prediction, counts)``: the item mean where only the item
+        is known, the user mean where only the user is, the global mean where
+        neither is; ``counts`` says how many entries took each.
+        """
+        u_ok, i_ok = self._known(users, items)
+        pred = torch.full(users.shape, self.global_mean)
+        pred = torch.where(u_ok & ~i_ok, self.user_mean[users.clamp(max=len(self.user_mean) - 1)], pred)
+        pred = torch.where(i_ok & ~u_ok, self.item_mean[items.clamp(max=len(self.item_mean) - 1)], pred)
+        counts = dict(item_mean=int((i_ok & ~u_ok).sum()), user_mean=int((u_ok & ~i_ok).sum()),
+                      global_mean=int((~u_ok & ~i_ok).sum()))
+        return pred, counts
+
+    def predict_entries(self, users: Tensor, items: Tensor,
+                        return_counts: bool = False) -> Any:
+        r"""Predicted ratings of the ``(users[e], items[e])`` pairs, on the rating scale.
+
+        Args:
+            users, items (Tensor): int64 ``(n,)`` indices in the id maps of the
+                training ratings (a test part read with :func:`read_split`
+                shares them).  Indices without training ratings (or beyond the
+                fitted shape) get the mean fallback.
+            return_counts (bool): also return the fallback counts.
+
+        Returns:
+            float32 ``(n,)`` on the CPU, clipped to the rating scale; with
+            ``return_counts``, ``(prediction, counts)``.
+        """
+        self._check_built()
+        users, items = torch.as_tensor(users).long().cpu(), torch.as_tensor(items).long().cpu()
+        if users.shape != items.shape or users.dim() != 1:
+            raise ValueError(f"users and items must be 1-D of one length, got "
+                             f"{tuple(users.shape)} and {tuple(items.shape)}")
+        pred, counts = self.fallback(users, items)
+        u_ok, i_ok = self._known(users, items)
+        known = u_ok & i_ok
+        if bool(known.any()):
+            row, col = ((items, users) if self.hparams["orientation"] == "item"
+                        else (users, items))
+            pred[known] = self._network_predict(row[known], col[known])
+        return (pred, counts) if return_counts else pred
+
+    @torch.no_grad()
+    def _network_predict(self, row: Tensor, col: Tensor) -> Tensor:
+        """The network's predictions at ``(row, col)``, batches of rows, decoder sampled there."""
+        was_training = self.training
+        self.eval()
+        device, width = self.device, self._shape[1]
+        dataset = SparseRowDataset(self._input)
+        out = torch.empty(row.shape[0])
+        order = torch.argsort(row, stable=True)
+        row_s, col_s = row[order], col[order]
+        unique, inverse = torch.unique_consecutive(row_s, return_inverse=True)
+        step = max(self.hparams["batch_size"], 256)
+        for start in range(0, unique.shape[0], step):
+            chunk = unique[start:start + step]
+            take = (inverse >= start) & (inverse < start + chunk.shape[0])
+            pos, c = inverse[take] - start, col_s[take]
+            batch = dataset.collate([dataset[int(i)] for i in chunk]).to(device)
+            key = pos * width + c
+            ukey, where = torch.unique(key, return_inverse=True)  # sorted, distinct
+            # ukey is sorted and distinct: the pattern is coalesced as built
+            pattern = coo_tensor(torch.stack([ukey // width, ukey % width]),
+                                 torch.ones(ukey.shape[0]), (chunk.shape[0], width),
+                                 coalesced=True).to(device)
+            est = self(batch.input, batch.row_index, pattern).to_sparse_coo().coalesce()
+            values = self.normalizer.denormalize(
+                est.values(), batch.row_index[est.indices()[0]]).cpu()
+            out[order[take]] = values[where]
+        self.train(was_training)
+        return out
+
+    def predict(self, ratings: Ratings) -> Tensor:
+        """Predicted ratings of every entry of ``ratings`` (its maps = the training maps)."""
+        return self.predict_entries(ratings.user, ratings.item)
+
+    def evaluate(self, ratings: Ratings) -> Dict[str, float]:
+        """``{"rmse", "mae", "count", "fallback"}`` of the predictions of ``ratings``."""
+        pred, counts = self.predict_entries(ratings.user, ratings.item, return_counts=True)
+        errors = RatingErrors()
+        errors.update(pred, ratings.rating.to(torch.float32).cpu())
+        result: Dict[str, Any] = errors.compute()
+        result["fallback"] = sum(counts.values())
+        result["fallback_counts"] = counts
+        return result
+
+    # -- recommendation ---------------------------------------------------------------------
+    def recommend(self, user: Any, k: int = 10, *, min_support: int = 20,
+                  shrinkage: float = 10.0, exclude_rated: bool = True,
+                  by_index: bool = False) -> Recommendations:
+        r"""The ``k`` items this user would rate highest, among those worth showing.
+
+        A prediction for an item with two ratings is an extrapolation; ranked
+        raw, such items fill the top of every list.  So the candidates are the
+        items with at least ``min_support`` training ratings, and they are
+        ranked by the prediction shrunk towards the global mean by support:
+        ``mean + n / (n + shrinkage) * (prediction - mean)``.
+
+        Args:
+            user: the user's original id (``by_index=False``) or index.
+            k (int): how many items.
+            min_support (int): fewest training ratings of a candidate item.
+                Default: 20 (about the median item of MovieLens-100K).
+            shrinkage (float): pseudo-ratings pulling a prediction to the
+                global mean; 0 ranks by the prediction.  Default: 10.
+            exclude_rated (bool): leave out the items the user rated in training.
+
+        Returns:
+            Recommendations: fewer than ``k`` when fewer items qualify.
+
+        Raises:
+            KeyError: unknown user.
+            ValueError: negative ``k``, ``min_support`` or ``shrinkage``.
+        """
+        self._check_built()
+        if not isinstance(k, int) or k < 0:
+            raise ValueError(f"k must be a non-negative int, got {k!r}")
+        if min_support < 0 or shrinkage < 0:
+            raise ValueError(f"min_support and shrinkage must be non-negative, got "
+                             f"{min_support} and {shrinkage}")
+        index = self.user_index(user) if not by_index else int(user)
+        n_items = self.item_count.shape[0]
+        items = torch.arange(n_items)
+        pred = self.predict_entries(torch.full((n_items,), index), items)
+        support = self.item_count
+        mu = self.global_mean
+        score = mu + support / (support + shrinkage).clamp(min=1e-12) * (pred - mu)
+        keep = support >= max(min_support, 1)
+        if exclude_rated:
+            rated = self._train.item[self._train.user == index]
+            keep[rated] = False
+        score = torch.where(keep, score, torch.tensor(-math.inf))
+        best = torch.topk(score, min(k, int(keep.sum())))
+        idx = best.indices
+        titles = [self.titles_[i] if self.titles_ else "" for i in idx.tolist()]
+        return Recommendations([self.item_ids_[i] for i in idx.tolist()], idx, best.values,
+                               pred[idx], support[idx], titles)
+
+    def user_index(self, user: Any) -> int:
+        """The index of a user's original id (ids read as text are tried as ints too)."""
+        self._check_built()
+        if not hasattr(self, "_user_lookup"):
+            self._user_lookup = {u: i for i, u in enumerate(self.user_ids_)}
+        for key in (user, _as_int(user), str(user)):
+            if key in self._user_lookup:
+                return self._user_lookup[key]
+        raise KeyError(f"user {user!r} is not in the training data")
+
+    # -- persistence --------------------------------------------------------------------
+    def save(self, path: Any) -> None:
+        """Save hyperparameters, normaliser, training ratings and weights (tensors and primitives only).
+
+        ``RatingModel.load(path)`` (or the subclass's) rebuilds the model with
+        no other argument, and ``torch.load(path, weights_only=True)`` reads the file.
+        """
+        self._check_built()
+        norm = self.normalizer
+        t = self._train
+        state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
+        torch.save(dict(
+            format=_FILE_FORMAT, model=self.name, hparams=dict(self.hparams),
+            normalizer=dict(orientation=norm.orientation, center=norm.center,
+                            scale=list(norm.scale), row_mean=norm.row_mean.cpu(),
+                            global_mean=norm.global_mean, shape=list(norm.shape)),
+            train=dict(user=t.user.cpu(), item=t.item.cpu(), rating=t.rating.cpu()),
+            user_ids=list(self.user_ids_), item_ids=list(self.item_ids_),
+            titles=self.titles_, state=state, best_epoch=self.best_epoch), path)
+
+    @classmethod
+    def load(cls, path: Any, device: Union[str, torch.device] = "cpu") -> "RatingModel":
+        """A model saved by :meth:`save`, ready to predict (``weights_only`` loading)."""
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(blob, dict) or blob.get("format") != _FILE_FORMAT:
+            raise ValueError(f"{path} is not a model saved by nnsparse.models "
+                             f"(RatingModel.save)")
+        model_cls = MODELS.get(blob["model"])
+        if model_cls is None:
+            raise ValueError(f"{path} holds an unknown model {blob['model']!r}")
+        if cls is not RatingModel and not issubclass(model_cls, cls):
+            raise ValueError(f"{path} holds a {model_cls.__name__}, not a {cls.__name__}")
+        model = model_cls(**blob["hparams"])
+        users, items = blob["user_ids"], blob["item_ids"]
+        train = Ratings(blob["train"]["user"], blob["train"]["item"], blob["train"]["rating"],
+                        {u: i for i, u in enumerate(users)}, {v: i for i, v in enumerate(items)},
+                        titles=blob["titles"], source=str(path))
+        n = blob["normalizer"]
+        feats = blob["state"].get("row_features")
+        model._prepare(train, tuple(n["scale"]), feats)
+        model.normalizer.row_mean = n["row_mean"]
+        model.normalizer.global_mean = n["global_mean"]
+        model.load_state_dict(blob["state"], strict=False)
+        model.best_epoch = blob["best_epoch"]
+        model.to(device).eval()
+        return model
+
+
+def _as_int(text: Any) -> Any:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return text

@@ -1,0 +1,184 @@
+"""The one training loop of :mod:`nnsparse.models`.
+
+:class:`Trainer` owns the epoch loop, early stopping and the per-epoch
+validation.  Its small methods are the places to override: a distributed
+trainer replaces :meth:`Trainer.make_loader` (a ``DistributedSampler``),
+:meth:`Trainer.is_main` (rank 0 prints) and :meth:`Trainer.reduce` (an
+all-reduce of the epoch's loss); the step itself stays :meth:`Trainer.step`.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from ..data import SparseRowDataset
+
+__all__ = ["Trainer", "TrainResult"]
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.fit` learnt about the run.
+
+    Attributes:
+        history (list of dict): per epoch ``epoch``, ``train_loss``,
+            ``valid_rmse`` (when validated), ``seconds``.
+        best_epoch (int): the epoch with the lowest validation RMSE (the last
+            epoch without validation).
+        best_rmse (float): that RMSE (``nan`` without validation).
+    """
+
+    history: List[Dict[str, float]] = field(default_factory=list)
+    best_epoch: int = 0
+    best_rmse: float = math.nan
+
+
+def _show_progress(progress: Optional[bool]) -> bool:
+    """``None`` means: a bar only when stderr is a terminal (not in logs or CI)."""
+    if progress is None:
+        return sys.stderr.isatty()
+    return bool(progress)
+
+
+class Trainer:
+    r"""Mini-batch training of a :class:`~nnsparse.models.RatingModel` on its rows.
+
+    One epoch visits every row of the training matrix once in shuffled
+    batches; each step computes ``model.batch_loss`` (the data term summed
+    over the batch's ratings plus the batch's share of the weight penalty,
+    divided by the expected ratings per batch) and an Adam step.  The learning
+    rate follows a cosine decay from ``lr`` to ``lr * min_lr_ratio`` over
+    ``epochs`` (fixed by ``epochs``, not by where training stops, so a refit
+    for fewer epochs retraces the same schedule).
+
+    Args:
+        model: the model (its layers built).
+        epochs (int): number of epochs (the schedule's length).
+        batch_size (int): rows per batch.
+        lr (float): Adam's initial learning rate.
+        min_lr_ratio (float): final learning rate as a share of ``lr``.
+        weight_decay (float): decoupled decay of the weight matrices (not the
+            biases or other vectors).
+        patience (int): stop after this many epochs without a better
+            validation RMSE (0: never stop early).
+        device (torch.device): where the model runs.
+        seed (int): the seed of the shuffling and the corruption.
+        progress (bool, optional): tqdm bars; ``None`` shows them only on a terminal.
+        log (callable, optional): where the per-epoch lines go (default ``print``);
+            ``verbose=False`` models pass a no-op.
+    """
+
+    def __init__(self, model: Any, *, epochs: int, batch_size: int, lr: float,
+                 min_lr_ratio: float = 0.05, weight_decay: float = 0.0, patience: int = 0,
+                 device: torch.device = torch.device("cpu"), seed: int = 0,
+                 progress: Optional[bool] = None,
+                 log: Optional[Callable[[str], None]] = print) -> None:
+        self.model = model
+        self.epochs, self.batch_size, self.lr = int(epochs), int(batch_size), float(lr)
+        self.min_lr_ratio, self.patience = float(min_lr_ratio), int(patience)
+        self.weight_decay = float(weight_decay)
+        self.device, self.seed = torch.device(device), int(seed)
+        self.progress = _show_progress(progress)
+        self._log = log
+
+    # -- the pieces a subclass replaces ------------------------------------------
+    def make_loader(self, dataset: SparseRowDataset) -> DataLoader:
+        """The shuffled loader of the training rows (a distributed trainer adds a sampler)."""
+        generator = torch.Generator().manual_seed(self.seed)
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=True,
+                          collate_fn=dataset.collate, generator=generator)
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        """AdamW: decoupled decay of the matrices (``dim >= 2``), none on biases.
+
+        With ``weight_decay=0`` this is Adam; the papers' penalties are in the
+        loss (:meth:`RatingModel.penalty`), on the weights only.
+        """
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        matrices = [p for p in params if p.dim() >= 2]
+        others = [p for p in params if p.dim() < 2]
+        groups = [dict(params=matrices, weight_decay=self.weight_decay),
+                  dict(params=others, weight_decay=0.0)]
+        return torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr)
+
+    def is_main(self) -> bool:
+        """Whether this process prints (rank 0 in a distributed run)."""
+        return True
+
+    def reduce(self, value: Tensor) -> Tensor:
+        """Combine a per-process sum across processes (identity on one process)."""
+        return value
+
+    def log(self, message: str) -> None:
+        if self._log is not None and self.is_main():
+            self._log(message)
+
+    def step(self, batch: Any, optimizer: torch.optim.Optimizer) -> Tensor:
+        """One optimisation step on one batch; returns the detached loss (no sync)."""
+        batch = batch.to(self.device)
+        loss = self.model.batch_loss(batch.row_index, batch.input)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    # -- the loop ---------------------------------------------------------------
+    def _lr_at(self, epoch: int) -> float:
+        """Cosine decay over ``self.epochs``, evaluated at the start of ``epoch`` (1-based)."""
+        t = (epoch - 1) / max(self.epochs - 1, 1)
+        low = self.min_lr_ratio
+        return self.lr * (low + (1 - low) * 0.5 * (1 + math.cos(math.pi * t)))
+
+    def run_epoch(self, loader: DataLoader, optimizer: torch.optim.Optimizer,
+                  epoch: int) -> float:
+        for group in optimizer.param_groups:
+            group["lr"] = self._lr_at(epoch)
+        self.model.train()
+        total = torch.zeros((), device=self.device)
+        bar = tqdm(loader, desc=f"epoch {epoch}/{self.epochs}", leave=False,
+                   disable=not (self.progress and self.is_main()))
+        for batch in bar:
+            total += self.step(batch, optimizer)
+        return float(self.reduce(total)) / max(len(loader), 1)
+
+    def fit(self, x_train: Tensor, validate: Optional[Callable[[], float]] = None,
+            epochs: Optional[int] = None) -> TrainResult:
+        """Train for ``epochs`` (default ``self.epochs``) epochs on the rows of ``x_train``.
+
+        ``validate`` returns the validation RMSE after an epoch; with it the
+        best epoch's weights are restored at the end and training stops after
+        ``patience`` epochs without improvement.
+        """
+        run_for = self.epochs if epochs is None else int(epochs)
+        loader = self.make_loader(SparseRowDataset(x_train))
+        optimizer = self.make_optimizer()
+        result, best_state = TrainResult(), None
+        for epoch in range(1, run_for + 1):
+            start = time.perf_counter()
+            loss = self.run_epoch(loader, optimizer, epoch)
+            entry: Dict[str, float] = dict(epoch=epoch, train_loss=loss)
+            if validate is not None:
+                entry["valid_rmse"] = validate()
+                if not entry["valid_rmse"] >= result.best_rmse - 1e-6 or epoch == 1:
+                    result.best_epoch, result.best_rmse = epoch, entry["valid_rmse"]
+                    best_state = {k: v.detach().clone()
+                                  for k, v in self.model.state_dict().items()}
+            entry["seconds"] = time.perf_counter() - start
+            result.history.append(entry)
+            self.log(f"epoch {epoch}: train loss {loss:.4f}" + (
+                f", validation RMSE {entry['valid_rmse']:.4f}" if validate else ""))
+            if validate is not None and self.patience and epoch - result.best_epoch >= self.patience:
+                break
+        if best_state is not None:
+            self.model.load_state_dict(best_state)
+        else:
+            result.best_epoch = len(result.history)
+        return result

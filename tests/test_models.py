@@ -1,0 +1,178 @@
+"""Tests of nnsparse.models: fit, predict, fallback, recommend, save/load, cross-validation."""
+import math
+
+import pytest
+import torch
+
+from nnsparse import Batchifier
+from nnsparse.data import (Ratings, mean_prediction, rmse, split_ratings, synthetic_item_features,
+                           synthetic_ratings)
+from nnsparse.models import (AutoRec, CFN, KernelNet, RatingModel, Trainer, cross_validate, kfold)
+
+TINY = dict(hidden=16, epochs=8, batch_size=16, lr=1e-2, validation_ratio=0.0)
+MODELS = [(AutoRec, dict(l2=10.0)), (CFN, dict(l2=60.0)), (KernelNet, dict(l2=10.0, layers=1))]
+
+
+@pytest.fixture(scope="module")
+def data():
+    r = synthetic_ratings(seed=3, n_users=200, n_items=150, n_ratings=8000)
+    return split_ratings(r, 0.15, seed=0)
+
+
+def _fit(cls, extra, train, **kw):
+    torch.manual_seed(0)
+    return cls(**{**TINY, **extra, **kw}).fit(train, verbose=False, progress=False)
+
+
+@pytest.mark.parametrize("cls, extra", MODELS, ids=lambda v: getattr(v, "name", ""))
+def test_fit_decreases_loss_and_beats_the_item_mean(data, cls, extra):
+    train, test = data
+    model = _fit(cls, extra, train, epochs=12)
+    losses = [h["train_loss"] for h in model.history]
+    assert losses[-1] < 0.8 * losses[0]
+    item_mean = float(rmse(mean_prediction(train, test), test.rating))
+    assert model.evaluate(test)["rmse"] < item_mean
+
+
+@pytest.mark.parametrize("orientation", ["item", "user"])
+def test_predictions_on_the_rating_scale(data, orientation):
+    train, test = data
+    model = _fit(AutoRec, {}, train, orientation=orientation, epochs=2)
+    pred = model.predict(test)
+    assert pred.shape == test.rating.shape and pred.dtype == torch.float32
+    assert float(pred.min()) >= 1.0 and float(pred.max()) <= 5.0
+    # the same entries asked twice, in another order, give the same numbers
+    order = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))
+    again = model.predict_entries(torch.cat([test.user[order], test.user]),
+                                  torch.cat([test.item[order], test.item]))
+    assert torch.allclose(again[:len(test)], pred[order], atol=1e-5)
+    assert torch.allclose(again[len(test):], pred, atol=1e-5)
+
+
+def test_fallback_counts():
+    # user 2 and item 2 have no training rating
+    train = Ratings(torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 0, 1]),
+                    torch.tensor([4., 2., 5., 3.]), {0: 0, 1: 1, 2: 2}, {0: 0, 1: 1, 2: 2})
+    model = AutoRec(hidden=4, epochs=1, validation_ratio=0.0).fit(train, verbose=False,
+                                                                  progress=False)
+    users, items = torch.tensor([2, 0, 2, 1]), torch.tensor([0, 2, 2, 1])
+    pred, counts = model.predict_entries(users, items, return_counts=True)
+    assert counts == dict(item_mean=1, user_mean=1, global_mean=1)
+    assert pred[2] == pytest.approx(3.5)                      # global mean
+    assert pred[0] == pytest.approx((4 + 5 + 3 * 3.5) / 5)    # item 0's mean, shrunk
+    assert pred[1] == pytest.approx((4 + 2 + 3 * 3.5) / 5)    # user 0's mean, shrunk
+    test = Ratings(users, items, torch.tensor([3., 3., 3., 3.]), train.user_map, train.item_map)
+    assert model.evaluate(test)["fallback"] == 3
+
+
+def test_early_stopping_and_refit(data):
+    train, _ = data
+    model = AutoRec(hidden=16, epochs=6, batch_size=16, lr=1e-2, validation_ratio=0.1,
+                    patience=2).fit(train, verbose=False, progress=False)
+    valid = [h["valid_rmse"] for h in model.history]
+    assert model.best_epoch == 1 + valid.index(min(valid))
+    # the refit trained on all of train: every training rating is in its input
+    assert model._input._nnz() == len(train)
+
+
+def test_save_load_round_trip(tmp_path, data):
+    train, test = data
+    features = synthetic_item_features(3, train.n_items)
+    model = CFN(**{**TINY, "epochs": 2}).fit(train, features=features, verbose=False,
+                                               progress=False)
+    path = tmp_path / "m.pt"
+    model.save(path)
+    blob = torch.load(path, weights_only=True)
+    assert blob["model"] == "cfn" and blob["hparams"]["hidden"] == 16
+    loaded = RatingModel.load(path)
+    assert isinstance(loaded, CFN) and loaded.hparams == model.hparams
+    assert torch.equal(loaded.predict(test), model.predict(test))
+    assert loaded.recommend(0, 3, min_support=0).ids == model.recommend(0, 3, min_support=0).ids
+    with pytest.raises(ValueError, match="holds a CFN, not a AutoRec"):
+        AutoRec.load(path)
+
+
+def test_recommend_filters(data):
+    train, _ = data
+    model = _fit(AutoRec, {}, train, epochs=3)
+    recs = model.recommend(5, 10, min_support=40, shrinkage=0)
+    assert bool((recs.support >= 40).all())
+    rated = set(train.item[train.user == 5].tolist())
+    assert not rated & set(recs.index.tolist())
+    assert recs.score.tolist() == sorted(recs.score.tolist(), reverse=True)
+    assert torch.allclose(recs.score, recs.rating)  # no shrinkage: ranked by the prediction
+    shrunk = model.recommend(5, 10, min_support=0, shrinkage=1e6)
+    assert float((shrunk.score - model.global_mean).abs().max()) < 1e-2
+    assert len(model.recommend(5, 10, min_support=10**6).ids) == 0
+    with pytest.raises(KeyError, match="user 'nobody' is not in the training data"):
+        model.recommend("nobody")
+
+
+def test_cross_validate_table():
+    r = synthetic_ratings(seed=2, n_users=50, n_items=40, n_ratings=900)
+    folds = list(kfold(r, k=3, seed=0))
+    assert sum(len(test) for _, test in folds) == len(r)
+    cv = cross_validate(lambda: AutoRec(hidden=8, epochs=2, validation_ratio=0.0), folds,
+                        progress=False)
+    assert len(cv.folds) == 3 and math.isfinite(cv.mean()) and cv.std() >= 0
+    lines = cv.table().splitlines()
+    assert len(lines) == 2 + 3 + 1 and lines[-1].startswith("| mean ± std |")
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(hidden=0), ValueError, "hidden must be an int >= 1, got 0"),
+    (dict(epochs=0), ValueError, "epochs must be an int >= 1, got 0"),
+    (dict(orientation="row"), ValueError, "orientation must be 'item' or 'user'"),
+    (dict(l2=-1.0), ValueError, "l2 must be non-negative"),
+    (dict(alpha=1.0), TypeError, "unknown hyperparameters \\['alpha'\\]"),
+])
+def test_bad_hyperparameters(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        AutoRec(**kwargs)
+
+
+def test_features_need_cfn(data):
+    train, _ = data
+    with pytest.raises(ValueError, match="reads no side features"):
+        AutoRec(**TINY).fit(train, features=torch.zeros(train.n_items, 3), verbose=False)
+    with pytest.raises(ValueError, match="features must have 150 rows"):
+        CFN(**TINY).fit(train, features=torch.zeros(5, 3), verbose=False)
+
+
+def test_trainer_lr_schedule():
+    t = Trainer(torch.nn.Linear(1, 1), epochs=5, batch_size=1, lr=1.0, min_lr_ratio=0.1)
+    rates = [t._lr_at(e) for e in range(1, 6)]
+    assert rates[0] == pytest.approx(1.0) and rates[-1] == pytest.approx(0.1)
+    assert rates == sorted(rates, reverse=True)
+
+
+def test_batchifier_topk_candidates():
+    net = torch.nn.Sequential(torch.nn.Identity())
+    data = torch.tensor([[5., 1., 3., 4.], [1., 2., 3., 0.]])
+    run = Batchifier(net, output_size=4, progress=False)
+    best = run.topk(data, 2, candidates=torch.tensor([False, True, True, True]))
+    assert best.indices.tolist() == [[3, 2], [2, 1]]
+    assert run.topk(data, 1).indices.tolist() == [[0], [2]]  # default unchanged
+    with pytest.raises(ValueError, match="candidates must have shape \\(4,\\)"):
+        run.topk(data, 1, candidates=torch.tensor([True]))
+    with pytest.raises(TypeError, match="candidates must be a bool tensor"):
+        run.topk(data, 1, candidates=torch.ones(4))
+
+
+def test_dense_decoder_trains_the_same(data):
+    train, test = data
+    sparse = _fit(AutoRec, {}, train, epochs=2)
+    dense = _fit(AutoRec, dict(dense_decoder=True), train, epochs=2)
+    assert [h["train_loss"] for h in dense.history] == pytest.approx(
+        [h["train_loss"] for h in sparse.history], rel=1e-4)
+    assert torch.allclose(dense.predict(test), sparse.predict(test), atol=1e-3)
+
+
+def test_weight_decay_spares_the_biases(data):
+    train, _ = data
+    model = _fit(AutoRec, dict(weight_decay=0.5), train, epochs=1)
+    optimizer = model._trainer(torch.device("cpu"), False).make_optimizer()
+    decays = {tuple(p.shape): g["weight_decay"] for g in optimizer.param_groups
+              for p in g["params"]}
+    assert decays[(16, train.n_users)] == 0.5 and decays[(train.n_users,)] == 0.0
+    assert decays[(16,)] == 0.0
