@@ -1,0 +1,315 @@
+"""``sparse_mm``: sparse @ dense and dense @ sparse with gradients on the pattern.
+
+A sparse matrix ``A`` (COO or CSR, 2-D ``(n, m)`` or batched 3-D
+``(b, n, m)``) times a dense ``B``.  ``A``'s gradient is computed at its
+specified entries only, ``(G @ B.T)[i, j]`` for each specified ``(i, j)``,
+never as a dense ``(n, m)`` matrix, and arrives in ``A``'s layout on ``A``'s
+pattern; ``B``'s gradient is dense.  Each is computed only when autograd asks.
+
+A batch is not block-diagonalised into a sparse ``(b n, b m)`` tensor: its
+entries are offset into one flat 2-D pattern (row ``k n + i``, column
+``k m + j``) held as index tensors, and ``B`` is viewed as ``(b m, p)``;
+the products are then the 2-D ones, see ``benchmarks/bench_sparse_mm.py``.
+
+The products are the project's kernels (:mod:`nnsparse._kernels`):
+``embedding_bag`` sums for ``A @ B`` and ``A.T @ G``, ``sampled_addmm`` for
+the values' gradient.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ._forms import as_sparse_batch, check_index_range, is_sparse_form
+from ._kernels import _csr_rows_mm, _sampled_mm
+
+__all__ = ["sparse_mm"]
+
+# sampled_addmm has float32/float64 (and complex) kernels only; other dtypes
+# take the gather-and-dot fallback, chunked to bound its (chunk, p) temporaries.
+_SAMPLED_DTYPES = (torch.float32, torch.float64)
+_GATHER_CHUNK = 1 << 16
+
+
+@dataclass
+class _Pattern:
+    """A row-sorted flat 2-D pattern: what one product runs on.
+
+    ``values`` carries the autograd link to the caller's values; ``row``,
+    ``col`` (int64) and ``crow`` (CSR pointers over ``rows``) are plain index
+    tensors.  ``t_perm``, ``t_crow``, ``t_row`` are the transposed
+    (column-major) structure when the caller has it cached, else ``None``.
+    """
+
+    values: Tensor
+    row: Tensor
+    col: Tensor
+    crow: Tensor
+    rows: int
+    cols: int
+    t_perm: Optional[Tensor] = None
+    t_crow: Optional[Tensor] = None
+    t_row: Optional[Tensor] = None
+
+
+def _transposed(row: Tensor, col: Tensor, cols: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """``perm``, CSR pointers over all ``cols`` and rows of the transposed pattern."""
+    perm = torch.argsort(col, stable=True)
+    crow_t = col.new_zeros(cols + 1)
+    torch.cumsum(torch.bincount(col, minlength=cols), 0, out=crow_t[1:])
+    return perm, crow_t, row[perm]
+
+
+def _sampled(a: Tensor, b_t: Tensor, crow: Tensor, row: Tensor, col: Tensor) -> Tensor:
+    """``(a @ b_t.T)[row, col]``, shape ``(nnz,)``: the values' gradient."""
+    if a.dtype in _SAMPLED_DTYPES:
+        return _sampled_mm(a, b_t.t(), crow, col)
+    out = a.new_empty(col.shape[0])
+    for s in range(0, col.shape[0], _GATHER_CHUNK):
+        r, c = row[s:s + _GATHER_CHUNK], col[s:s + _GATHER_CHUNK]
+        out[s:s + _GATHER_CHUNK] = (a.index_select(0, r) * b_t.index_select(0, c)).sum(1)
+    return out
+
+
+def _rows_mm(index: Tensor, table: Tensor, crow: Tensor, weights: Tensor) -> Tensor:
+    """:func:`_csr_rows_mm`, also for the sizes ``embedding_bag`` refuses (no entry, ``p = 0``)."""
+    if index.shape[0] == 0 or table.shape[1] == 0:
+        return table.new_zeros(crow.shape[0] - 1, table.shape[1])
+    return _csr_rows_mm(index, table, crow, weights)
+
+
+class _PatternMM(torch.autograd.Function):
+    """``S @ B`` for a row-sorted pattern ``S`` with ``values``; dense ``B`` ``(cols, p)``."""
+
+    @staticmethod
+    def forward(ctx: Any, values: Tensor, b: Tensor, row: Tensor, col: Tensor, crow: Tensor,
+                t_perm: Optional[Tensor], t_crow: Optional[Tensor],
+                t_row: Optional[Tensor]) -> Tensor:
+        b = b.contiguous()
+        ctx.save_for_backward(values, b, row, col, crow, t_perm, t_crow, t_row)
+        return _rows_mm(col, b, crow, values)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor):
+        values, b, row, col, crow, t_perm, t_crow, t_row = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_values = grad_b = None
+        if ctx.needs_input_grad[0]:
+            # (G @ B.T) at the specified entries only: O(nnz p), never (rows, cols).
+            grad_values = _sampled(grad, b, crow, row, col)
+        if ctx.needs_input_grad[1]:
+            if t_perm is None:
+                t_perm, t_crow, t_row = _transposed(row, col, b.shape[0])
+            # S.T @ G: one bag per column of S (empty bags give B's zero rows).
+            grad_b = _rows_mm(t_row, grad, t_crow, values[t_perm])
+        return grad_values, grad_b, None, None, None, None, None, None
+
+
+def _pattern_mm(p: _Pattern, b: Tensor) -> Tensor:
+    """``S @ b`` (``(rows, p)``) on a flat pattern, with pattern gradients."""
+    return _PatternMM.apply(p.values, b, p.row, p.col, p.crow, p.t_perm, p.t_crow, p.t_row)
+
+
+def _crow_of(row: Tensor, rows: int) -> Tensor:
+    crow = row.new_zeros(rows + 1)
+    torch.cumsum(torch.bincount(row, minlength=rows), 0, out=crow[1:])
+    return crow
+
+
+def _sorted_pattern(values: Tensor, row: Tensor, col: Tensor, rows: int, cols: int,
+                    row_sorted: bool) -> _Pattern:
+    if not row_sorted:
+        order = torch.sort(row, stable=True).indices
+        row, col, values = row[order], col[order], values[order]
+    return _Pattern(values, row, col, _crow_of(row, rows), rows, cols)
+
+
+def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
+    """The flat ``(b n, b m)`` pattern of a batched 3-D COO or CSR tensor.
+
+    Entry ``(k, i, j)`` goes to row ``k n + i``, column ``k m + j``: the
+    block-diagonal matrix's pattern, as index tensors, without building it.
+    """
+    nb, n, m = a.shape
+    if a.layout == torch.sparse_coo:
+        if a.sparse_dim() != 3 or a.dense_dim() != 0:
+            raise NotImplementedError(f"{name}: hybrid sparse tensors are not supported, got "
+                                      f"sparse_dim {a.sparse_dim()}, dense_dim {a.dense_dim()}")
+        if a.requires_grad and not a.is_coalesced():
+            a = a.coalesce()  # only a coalesced tensor exposes differentiable values
+        coalesced = a.is_coalesced()
+        values = a.values() if (a.requires_grad and coalesced) else a._values()
+        k, i, j = a._indices()
+        check_index_range(k, nb, f"{name} batch indices")
+        check_index_range(i, n, f"{name} row indices")
+        check_index_range(j, m, f"{name} column indices")
+        # coalesced: sorted by (k, i, j), hence by the flat row k n + i
+        return _sorted_pattern(values, k * n + i, k * m + j, nb * n, nb * m, coalesced)
+    if a.layout != torch.sparse_csr:
+        raise NotImplementedError(f"{name}: layout {a.layout} is not supported; convert with "
+                                  ".to_sparse_coo() or .to_sparse_csr()")
+    if a.dense_dim() != 0:
+        raise NotImplementedError(f"{name}: hybrid sparse tensors are not supported, got "
+                                  f"dense_dim {a.dense_dim()}")
+    crow, col = a.crow_indices().to(torch.int64), a.col_indices().to(torch.int64)
+    check_index_range(col, m, f"{name} column indices")
+    per = col.shape[1]  # batched CSR: every matrix holds the same nnz
+    offsets = torch.arange(nb, device=crow.device).unsqueeze(1)
+    flat_crow = torch.cat([(crow[:, :-1] + offsets * per).reshape(-1),
+                           crow.new_full((1,), nb * per)])
+    rows = nb * n
+    row = torch.repeat_interleave(torch.arange(rows, device=crow.device), flat_crow.diff(),
+                                  output_size=nb * per)
+    return _Pattern(a.values().reshape(-1), row, (col + offsets * m).reshape(-1), flat_crow,
+                    rows, nb * m)
+
+
+def _pattern_2d(a: Any, name: str) -> Tuple[_Pattern, Tuple[int, int]]:
+    batch = as_sparse_batch(a, name=name)
+    if batch.is_vector:
+        raise ValueError(f"{name} must be a 2-D or 3-D sparse matrix, got a sparse vector")
+    p = _sorted_pattern(batch.values, batch.row, batch.col, batch.rows, batch.width,
+                        batch.row_sorted)
+    return p, batch.shape
+
+
+def _transpose_pattern(p: _Pattern) -> _Pattern:
+    """The pattern of ``S.T`` (row-sorted; values gathered differentiably)."""
+    perm, crow_t, row_t = _transposed(p.row, p.col, p.cols)
+    return _Pattern(p.values[perm], p.col[perm], row_t, crow_t, p.cols, p.rows)
+
+
+def _sparse_shape(a: Any, name: str) -> Tuple[int, ...]:
+    if isinstance(a, Tensor) and a.layout != torch.strided and a.dim() == 3:
+        return tuple(a.shape)
+    return ()
+
+
+def _check_dense(b: Any, name: str, dims: int, dtype: torch.dtype, device: torch.device) -> None:
+    if not isinstance(b, Tensor):
+        raise TypeError(f"{name} must be a dense torch.Tensor, got {type(b).__name__}")
+    if b.dim() != dims:
+        raise ValueError(f"{name} must be {dims}-D like the sparse operand, got shape "
+                         f"{tuple(b.shape)}")
+    if not b.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {b.dtype}")
+    if b.dtype != dtype:
+        raise ValueError(f"{name} must have the sparse operand's dtype {dtype}, got {b.dtype}")
+    if b.device != device:
+        raise ValueError(f"{name} must be on the sparse operand's device {device}, got {b.device}")
+
+
+def _sparse_operand(a: Any, name: str) -> Tuple[_Pattern, Tuple[int, ...]]:
+    """The flat pattern of ``a`` and its shape ``(n, m)`` or ``(b, n, m)``."""
+    if isinstance(a, Tensor) and a.layout != torch.strided:
+        if a.dim() == 3:
+            return _flat_pattern_3d(a, name), tuple(a.shape)
+        if a.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D or 3-D sparse matrix, got shape "
+                             f"{tuple(a.shape)}")
+    p, shape = _pattern_2d(a, name)
+    return p, shape
+
+
+def _sparse_dense(a: Any, b: Any) -> Tensor:
+    p, shape = _sparse_operand(a, "A")
+    _check_dense(b, "B", len(shape), p.values.dtype, p.values.device)
+    if len(shape) == 3 and b.shape[0] != shape[0]:
+        raise ValueError(f"A and B must have the same batch size, got {shape[0]} and {b.shape[0]}")
+    if shape[-1] != b.shape[-2]:
+        raise ValueError(f"Incompatible inner dimensions: A[..., {shape[-1]}] vs "
+                         f"B[{b.shape[-2]}, ...]")
+    out = _pattern_mm(p, b.reshape(p.cols, b.shape[-1]))
+    return out.view(*shape[:-1], b.shape[-1])
+
+
+def _dense_sparse(a: Tensor, b: Any) -> Tensor:
+    """``a @ S`` as ``(S.T @ a.T).T``: the transposed pattern times ``a``'s columns."""
+    p, shape = _sparse_operand(b, "B")
+    _check_dense(a, "A", len(shape), p.values.dtype, p.values.device)
+    if len(shape) == 3 and a.shape[0] != shape[0]:
+        raise ValueError(f"A and B must have the same batch size, got {a.shape[0]} and {shape[0]}")
+    if a.shape[-1] != shape[-2]:
+        raise ValueError(f"Incompatible inner dimensions: A[..., {a.shape[-1]}] vs "
+                         f"B[{shape[-2]}, ...]")
+    n = a.shape[-2]
+    a_t = a.transpose(-1, -2).reshape(p.rows, n)  # (b m, n): a's columns as rows
+    out_t = _pattern_mm(_transpose_pattern(p), a_t)  # (b p, n)
+    return out_t.view(*shape[:-2], shape[-1], n).transpose(-1, -2).contiguous()
+
+
+def sparse_mm(A: Any, B: Any) -> Tensor:
+    r"""Sparse @ dense or dense @ sparse, with the sparse gradient on the pattern.
+
+    Exactly one operand is sparse; the product is dense.  ``sparse_mm(A, B)``
+    with ``A`` sparse and ``B`` dense is ``A @ B``; with ``A`` dense and ``B``
+    sparse it is ``A @ B`` too (dense on the left).
+
+    Args:
+        A: the left operand.  Sparse: a torch COO (coalesced or not) or CSR
+            tensor of shape ``(n, m)`` or batched ``(b, n, m)`` (batched CSR:
+            the same nnz in every matrix, as torch requires), or a 2-D batch
+            in any form :func:`nnsparse._forms.as_sparse_batch` accepts (a list
+            of sparse rows...).  Dense: a strided floating tensor ``(n, m)``
+            or ``(b, n, m)``.
+        B: the right operand, ``(m, p)`` or ``(b, m, p)``; dense when ``A``
+            is sparse, sparse (as above) when ``A`` is dense.
+
+    Gradients: the sparse operand's gradient holds its specified entries
+    only, ``(G @ B.T)`` (resp. ``A.T @ G``) read at its pattern, with its
+    layout: a COO leaf gets a COO gradient on its indices (coalesced ones
+    when it was not coalesced: duplicates share a gradient), a CSR leaf a
+    CSR gradient on its ``crow``/``col``, a tensor built from a values
+    tensor passes them on to it.  Unspecified entries get nothing, as in
+    ``torch.sparse.mm``'s masked semantics.  The dense operand's gradient
+    is dense.  Each is computed only when it is required.
+
+    Returns:
+        A dense tensor ``(n, p)`` or ``(b, n, p)``, in the operands' dtype and on
+        their device.
+
+    Raises:
+        TypeError: neither or both operands are sparse (both:
+            ``NotImplementedError``), a dense operand is not a tensor or not
+            floating-point, a sparse one is not an accepted form.
+        ValueError: shapes: not 2-D/3-D, different ranks or batch sizes,
+            ``Incompatible inner dimensions``; indices out of range; dtype or
+            device differ.
+        NotImplementedError: both operands sparse, hybrid or other sparse layouts.
+
+    Example::
+
+        >>> A = torch.tensor([[0., 2., 0.], [1., 0., 3.]]).to_sparse().requires_grad_()
+        >>> B = torch.tensor([[1., 0.], [0., 1.], [1., 1.]], requires_grad=True)
+        >>> C = nnsparse.sparse_mm(A, B)
+        >>> C
+        tensor([[0., 2.],
+                [4., 3.]], grad_fn=<ViewBackward0>)
+        >>> C.sum().backward()
+        >>> A.grad  # the specified entries only
+        tensor(indices=tensor([[0, 1, 1],
+                               [1, 0, 2]]),
+               values=tensor([1., 1., 2.]),
+               size=(2, 3), nnz=3, layout=torch.sparse_coo)
+        >>> nnsparse.sparse_mm(torch.ones(1, 2), A)  # dense @ sparse
+        tensor([[1., 2., 3.]], grad_fn=<CloneBackward0>)
+    """
+    a_sparse, b_sparse = is_sparse_form(A), is_sparse_form(B)
+    if a_sparse and b_sparse:
+        raise NotImplementedError("sparse_mm multiplies one sparse and one dense operand, got two "
+                                  "sparse ones; use torch.sparse.mm for sparse @ sparse")
+    if b_sparse:
+        return _dense_sparse(A, B)
+    if not a_sparse:
+        if not isinstance(A, Tensor):
+            raise TypeError(f"A must be a sparse or dense torch.Tensor, got {type(A).__name__}")
+        if isinstance(B, Tensor):
+            raise TypeError("sparse_mm needs one sparse operand, got two dense tensors; "
+                            "use torch.matmul")
+        raise TypeError(f"B must be a torch.Tensor, got {type(B).__name__}")
+    return _sparse_dense(A, B)
