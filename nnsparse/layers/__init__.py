@@ -7,3 +7,5 @@ __all__ += ["SparseLinearBatch", "sparse_linear"]
 from .convert import Densify, Sparsify  # noqa: E402
 from .batchifier import Batchifier  # noqa: E402
 __all__ += ["Densify", "Sparsify", "Batchifier"]
+from .sparse_weight import SparseWeightLinear  # noqa: E402
+__all__ += ["SparseWeightLinear"]
