@@ -82,11 +82,23 @@ def _rows_mm(index: Tensor, table: Tensor, crow: Tensor, weights: Tensor) -> Ten
     return _csr_rows_mm(index, table, crow, weights)
 
 
+def _rows_of(crow: Tensor, nnz: int) -> Tensor:
+    """The row of each entry of a CSR pattern, in ``crow``'s dtype."""
+    rows = torch.arange(crow.shape[0] - 1, device=crow.device, dtype=crow.dtype)
+    return torch.repeat_interleave(rows, crow.diff(), output_size=nnz)
+
+
 class _PatternMM(torch.autograd.Function):
-    """``S @ B`` for a row-sorted pattern ``S`` with ``values``; dense ``B`` ``(cols, p)``."""
+    """``S @ B`` for a row-sorted pattern ``S`` with ``values``; dense ``B`` ``(cols, p)``.
+
+    ``row`` may be ``None`` (derived from ``crow`` when a gradient needs it),
+    ``t_perm``/``t_crow``/``t_row`` too (the transposed structure, built in
+    backward when ``B``'s gradient needs it).
+    """
 
     @staticmethod
-    def forward(ctx: Any, values: Tensor, b: Tensor, row: Tensor, col: Tensor, crow: Tensor,
+    def forward(ctx: Any, values: Tensor, b: Tensor, row: Optional[Tensor], col: Tensor,
+                crow: Tensor,
                 t_perm: Optional[Tensor], t_crow: Optional[Tensor],
                 t_row: Optional[Tensor]) -> Tensor:
         b = b.contiguous()
@@ -99,6 +111,8 @@ class _PatternMM(torch.autograd.Function):
         values, b, row, col, crow, t_perm, t_crow, t_row = ctx.saved_tensors
         grad = grad.contiguous()
         grad_values = grad_b = None
+        if row is None and (ctx.needs_input_grad[0] or t_perm is None):
+            row = _rows_of(crow, col.shape[0])
         if ctx.needs_input_grad[0]:
             # (G @ B.T) at the specified entries only: O(nnz p), never (rows, cols).
             grad_values = _sampled(grad, b, crow, row, col)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._forms import _sparse_csr, as_sparse_batch, check_index_range, is_sparse_form
-from ..matmul import _PatternMM, _transposed
+from ..matmul import _PatternMM, _rows_of, _transposed
 from ..values import _csr_with_values
 
 __all__ = ["SparseWeightLinear"]
@@ -127,7 +127,7 @@ class SparseWeightLinear(nn.Module):
         Parameter containing:
         tensor([1., 2., 3.], requires_grad=True)
         >>> layer(torch.tensor([[1., 1., 1.]]))
-        tensor([[3., 3.]], grad_fn=<TBackward0>)
+        tensor([[3., 3.]], grad_fn=<...>)
         >>> sorted(layer.state_dict())
         ['col', 'crow', 'values']
     """
@@ -166,10 +166,14 @@ class SparseWeightLinear(nn.Module):
             torch.arange(self.out_features, device=self.crow.device), self.crow.diff(),
             output_size=self.col.shape[0])
         perm, crow_t, row_t = _transposed(row, self.col.to(torch.int64), self.in_features)
-        self.register_buffer("row", row.to(index), persistent=False)
         self.register_buffer("t_perm", perm.to(index), persistent=False)
         self.register_buffer("t_crow", crow_t.to(index), persistent=False)
         self.register_buffer("t_row", row_t.to(index), persistent=False)
+
+    @property
+    def row(self) -> Tensor:
+        """The output row of each position (derived from ``crow``, not held)."""
+        return _rows_of(self.crow, self.nnz)
 
     @property
     def nnz(self) -> int:
@@ -250,7 +254,7 @@ class SparseWeightLinear(nn.Module):
             >>> layer = nnsparse.SparseWeightLinear.from_dense(dense, 0.5)
             >>> layer.weight.to_dense()
             tensor([[ 0., -5.,  0.,  2.],
-                    [ 0.,  3.,  0., -4.]], grad_fn=<SparseCsrTensorToDenseBackward0>)
+                    [ 0.,  3.,  0., -4.]], grad_fn=<...>)
         """
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
@@ -300,7 +304,7 @@ class SparseWeightLinear(nn.Module):
 
     def _mm_t(self, b: Tensor) -> Tensor:
         """``W @ b`` for a dense ``b`` ``(in_features, k)``."""
-        return _PatternMM.apply(self.values, b, self.row, self.col, self.crow,
+        return _PatternMM.apply(self.values, b, None, self.col, self.crow,
                                 self.t_perm, self.t_crow, self.t_row)
 
     def _finish(self, y: Tensor) -> Tensor:
