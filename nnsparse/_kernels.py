@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import _index
 from ._forms import _sparse_csr
 
 __all__: list = []
@@ -46,11 +47,7 @@ def _column_major(row: Tensor, col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Ten
     ``perm`` order), so ``S.T @ A`` restricted to ``cols`` is
     ``_csr_rows_mm(row_t, A, crow_t, values[perm])``.
     """
-    perm = torch.argsort(col, stable=True)
-    cols, counts = torch.unique_consecutive(col[perm], return_counts=True)
-    crow_t = counts.new_zeros(cols.shape[0] + 1)
-    torch.cumsum(counts, 0, out=crow_t[1:])
-    return perm, cols, crow_t, row[perm]
+    return _index.column_major(row, col)
 
 
 def _sampled_mm(a: Tensor, b: Tensor, crow: Tensor, col: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .._forms import SparseBatch, _sparse_coo, as_sparse_batch
+from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._kernels import _column_major, _csr_rows_mm, _sampled_mm
 
 __all__ = ["SparseLinearBatch", "sparse_linear"]
@@ -85,22 +85,25 @@ def _use_dense(batch: SparseBatch, mode: str) -> bool:
 
 
 def _is_dense_input(input: Any, in_features: int) -> bool:
-    """A strided tensor is a dense input unless it is a ``(k, 2)`` pair tensor;
-    with ``in_features == 2`` a ``(rows, 2)`` tensor is taken as dense."""
-    if not isinstance(input, Tensor) or input.layout != torch.strided:
-        return False
-    return input.dim() != 2 or input.shape[1] != 2 or in_features == 2
+    """A strided tensor is always a dense input (``nn.Linear``'s behaviour).
+
+    The Lua pair form reaches the layer as a list of ``(k, 2)`` tensors or
+    through :func:`nnsparse.from_pairs`, never as a lone strided tensor.
+    """
+    return isinstance(input, Tensor) and input.layout == torch.strided
 
 
-def sparse_linear(input: Any, weight: Tensor, bias: Optional[Tensor] = None, *,
+def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = None, *,
                   mode: str = "auto") -> Tensor:
     r"""``input @ weight.T + bias`` for a sparse ``input``, never densifying it.
 
     Args:
         input: a sparse batch ``(rows, in_features)`` in any accepted form (COO,
-            coalesced or not; CSR; a list of sparse vectors or of pair
-            tensors), a sparse vector ``(in_features,)`` (or a ``(k, 2)`` pair
-            tensor), or a dense tensor (then this is ``F.linear``).
+            coalesced or not; CSR; a list of sparse vectors or of ``(k, 2)``
+            pair tensors), a sparse vector ``(in_features,)``, or a dense
+            (strided) tensor, always read as dense (then this is
+            ``F.linear``): a lone Lua pair vector goes through
+            :func:`nnsparse.from_pairs`.
         weight (Tensor): dense, shape ``(out_features, in_features)``.  Its
             gradient is ``G.T @ input``, non-zero on the touched columns only.
             The kernels read ``weight.t()``; when that is not contiguous (it
@@ -134,12 +137,16 @@ def sparse_linear(input: Any, weight: Tensor, bias: Optional[Tensor] = None, *,
     return _linear_table(input, weight.t(), bias, mode, sparse_grad=False)
 
 
-def _linear_table(input: Any, table: Tensor, bias: Optional[Tensor], mode: str,
+def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode: str,
                   sparse_grad: bool) -> Tensor:
     """:func:`sparse_linear` on the weight's transpose ``table`` ``(in, out)``."""
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if _is_dense_input(input, table.shape[0]):
+        if input.dim() == 0 or input.shape[-1] != table.shape[0]:
+            raise ValueError(f"input must have {table.shape[0]} features (in_features) in its "
+                             f"last dimension, got shape {tuple(input.shape)}; a Lua (k, 2) "
+                             "pair vector goes through nnsparse.from_pairs(input)")
         return F.linear(input, table.t(), bias)
     batch = as_sparse_batch(input, name="input", width=table.shape[0])
     if batch.device != table.device:
@@ -152,6 +159,8 @@ def _linear_table(input: Any, table: Tensor, bias: Optional[Tensor], mode: str,
             (batch.row, batch.col), batch.values, accumulate=True)
         out = F.linear(dense, table.t(), bias)
     else:
+        # sorted_by_row and crow_indices are cached on the batch's pattern:
+        # built once per batch, whoever asks first.
         batch = batch.sorted_by_row()
         out = _SparseLinear.apply(batch.values, table.contiguous(), bias, batch.row, batch.col,
                                   batch.crow_indices(), sparse_grad)
@@ -191,7 +200,10 @@ class SparseLinearBatch(nn.Module):
     Args:
         in_features (int): size of each input row (the catalogue).
         out_features (int): size of each output row.
-        bias (bool): learn an additive bias.  Default: ``True``.
+        bias (bool, keyword-only): learn an additive bias.  Default: ``True``.
+            Keyword-only, unlike ``nn.Linear``'s: Lua's third positional
+            argument (``ignoreAccGrad``) must not silently become the bias, so
+            a third positional argument raises ``TypeError``.
         sparse_grad (bool): sparse gradients, see above; forces the sparse
             kernels.  Default: ``False``.
         mode (str): ``"auto"``, ``"sparse"`` or ``"dense"``, see
@@ -215,10 +227,25 @@ class SparseLinearBatch(nn.Module):
         SparseLinearBatch(5 -> 3, bias=True, sparse_grad=False, mode=auto)
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+    def __init__(self, in_features: int, out_features: int, *args: Any, bias: bool = True,
                  sparse_grad: bool = False, mode: str = "auto", device=None,
                  dtype=None) -> None:
         super().__init__()
+        if args:
+            # Lua's SparseLinearBatch(in, out, ignoreAccGrad): a third positional
+            # argument would silently become nn.Linear's bias.
+            raise TypeError(
+                "SparseLinearBatch takes bias, sparse_grad and mode as keywords (bias=...), "
+                f"got {len(args)} extra positional argument(s) {args!r}; Lua's third argument "
+                "ignoreAccGrad has no equivalent (gradients accumulate as in torch)")
+        for arg, value in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{arg} must be an int, got {type(value).__name__} {value!r}")
+            if value < 0:
+                raise ValueError(f"{arg} must be non-negative, got {value}")
+        for arg, flag in (("bias", bias), ("sparse_grad", sparse_grad)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{arg} must be a bool, got {type(flag).__name__} {flag!r}")
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         if sparse_grad and mode == "dense":
@@ -257,7 +284,7 @@ class SparseLinearBatch(nn.Module):
             return self._parameters["weight_t"].t()
         return super().__getattr__(name)
 
-    def forward(self, input: Any) -> Tensor:
+    def forward(self, input: SparseLike) -> Tensor:
         return _linear_table(input, self._table(), self.bias, self.mode, self.sparse_grad)
 
     def extra_repr(self) -> str:
