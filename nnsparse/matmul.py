@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from . import _index
 from ._forms import as_sparse_batch, check_index_range, is_sparse_form
 from ._kernels import _csr_rows_mm, _sampled_mm
 
@@ -57,10 +58,15 @@ class _Pattern:
 
 
 def _transposed(row: Tensor, col: Tensor, cols: int) -> Tuple[Tensor, Tensor, Tensor]:
-    """``perm``, CSR pointers over all ``cols`` and rows of the transposed pattern."""
+    """``perm``, CSR pointers over all ``cols`` and rows of the transposed pattern.
+
+    Unlike :func:`nnsparse._index.column_major` (distinct columns only, a
+    data-dependent size) every column gets a pointer, so ``S.T @ G`` is one
+    product with no scatter and no host sync.
+    """
+    _index.count("transposed")
     perm = torch.argsort(col, stable=True)
-    crow_t = col.new_zeros(cols + 1)
-    torch.cumsum(torch.bincount(col, minlength=cols), 0, out=crow_t[1:])
+    crow_t = _index.crow_from_counts(_index.counts_of(col, cols))
     return perm, crow_t, row[perm]
 
 
@@ -80,12 +86,6 @@ def _rows_mm(index: Tensor, table: Tensor, crow: Tensor, weights: Tensor) -> Ten
     if index.shape[0] == 0 or table.shape[1] == 0:
         return table.new_zeros(crow.shape[0] - 1, table.shape[1])
     return _csr_rows_mm(index, table, crow, weights)
-
-
-def _rows_of(crow: Tensor, nnz: int) -> Tensor:
-    """The row of each entry of a CSR pattern, in ``crow``'s dtype."""
-    rows = torch.arange(crow.shape[0] - 1, device=crow.device, dtype=crow.dtype)
-    return torch.repeat_interleave(rows, crow.diff(), output_size=nnz)
 
 
 class _PatternMM(torch.autograd.Function):
@@ -112,7 +112,7 @@ class _PatternMM(torch.autograd.Function):
         grad = grad.contiguous()
         grad_values = grad_b = None
         if row is None and (ctx.needs_input_grad[0] or t_perm is None):
-            row = _rows_of(crow, col.shape[0])
+            row = _index.rows_from_crow(crow, col.shape[0])
         if ctx.needs_input_grad[0]:
             # (G @ B.T) at the specified entries only: O(nnz p), never (rows, cols).
             grad_values = _sampled(grad, b, crow, row, col)
@@ -129,18 +129,12 @@ def _pattern_mm(p: _Pattern, b: Tensor) -> Tensor:
     return _PatternMM.apply(p.values, b, p.row, p.col, p.crow, p.t_perm, p.t_crow, p.t_row)
 
 
-def _crow_of(row: Tensor, rows: int) -> Tensor:
-    crow = row.new_zeros(rows + 1)
-    torch.cumsum(torch.bincount(row, minlength=rows), 0, out=crow[1:])
-    return crow
-
-
 def _sorted_pattern(values: Tensor, row: Tensor, col: Tensor, rows: int, cols: int,
                     row_sorted: bool) -> _Pattern:
     if not row_sorted:
         order = torch.sort(row, stable=True).indices
         row, col, values = row[order], col[order], values[order]
-    return _Pattern(values, row, col, _crow_of(row, rows), rows, cols)
+    return _Pattern(values, row, col, _index.crow_from_rows(row, rows), rows, cols)
 
 
 def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
@@ -177,18 +171,20 @@ def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
     flat_crow = torch.cat([(crow[:, :-1] + offsets * per).reshape(-1),
                            crow.new_full((1,), nb * per)])
     rows = nb * n
-    row = torch.repeat_interleave(torch.arange(rows, device=crow.device), flat_crow.diff(),
-                                  output_size=nb * per)
+    row = _index.rows_from_crow(flat_crow, nb * per)
     return _Pattern(a.values().reshape(-1), row, (col + offsets * m).reshape(-1), flat_crow,
                     rows, nb * m)
 
 
 def _pattern_2d(a: Any, name: str) -> Tuple[_Pattern, Tuple[int, int]]:
-    batch = as_sparse_batch(a, name=name)
+    batch = as_sparse_batch(a, name=name, pairs=False)
     if batch.is_vector:
         raise ValueError(f"{name} must be a 2-D or 3-D sparse matrix, got a sparse vector")
-    p = _sorted_pattern(batch.values, batch.row, batch.col, batch.rows, batch.width,
-                        batch.row_sorted)
+    # the batch caches its row order and row pointers per pattern: a tensor
+    # multiplied again (or by another nnsparse layer) reuses them
+    batch = batch.sorted_by_row()
+    p = _Pattern(batch.values, batch.row, batch.col, batch.crow_indices(), batch.rows,
+                 batch.width)
     return p, batch.shape
 
 

@@ -17,8 +17,9 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .._forms import _sparse_csr, as_sparse_batch, check_index_range, is_sparse_form
-from ..matmul import _PatternMM, _rows_of, _transposed
+from .._forms import as_sparse_batch, check_index_range, is_sparse_form
+from .. import _index
+from ..matmul import _PatternMM, _transposed
 from ..values import _csr_with_values
 
 __all__ = ["SparseWeightLinear"]
@@ -137,7 +138,7 @@ class SparseWeightLinear(nn.Module):
         if not is_sparse_form(pattern):
             raise TypeError("pattern must be a sparse matrix (COO, CSR, a list of sparse rows), "
                             f"got {_kind(pattern)}; use pattern.to_sparse() for a dense mask")
-        batch = as_sparse_batch(pattern, name="pattern")
+        batch = as_sparse_batch(pattern, name="pattern", pairs=False)
         if batch.is_vector:
             raise ValueError("pattern must be a 2-D sparse matrix (out_features, in_features), "
                              "got a sparse vector")
@@ -162,9 +163,7 @@ class SparseWeightLinear(nn.Module):
     def _derive(self) -> None:
         """Each position's row and the transposed structure (not saved): rebuilt on load."""
         index = self.col.dtype
-        row = torch.repeat_interleave(
-            torch.arange(self.out_features, device=self.crow.device), self.crow.diff(),
-            output_size=self.col.shape[0])
+        row = _index.rows_from_crow(self.crow, self.col.shape[0])
         perm, crow_t, row_t = _transposed(row, self.col.to(torch.int64), self.in_features)
         self.register_buffer("t_perm", perm.to(index), persistent=False)
         self.register_buffer("t_crow", crow_t.to(index), persistent=False)
@@ -173,7 +172,7 @@ class SparseWeightLinear(nn.Module):
     @property
     def row(self) -> Tensor:
         """The output row of each position (derived from ``crow``, not held)."""
-        return _rows_of(self.crow, self.nnz)
+        return _index.rows_from_crow(self.crow, self.nnz)
 
     @property
     def nnz(self) -> int:
@@ -234,7 +233,7 @@ class SparseWeightLinear(nn.Module):
                 .topk(k, dim=1).indices.sort(dim=1).values for s in range(0, out_features, block)]
         col = torch.cat(cols).reshape(-1)
         crow = torch.arange(0, out_features * k + 1, k)
-        pattern = _sparse_csr(crow, col, torch.ones(col.shape[0]), (out_features, in_features))
+        pattern = _index.csr_tensor(crow, col, torch.ones(col.shape[0]), (out_features, in_features))
         return cls(pattern, bias=bias, device=device, dtype=dtype)
 
     @classmethod
@@ -264,8 +263,9 @@ class SparseWeightLinear(nn.Module):
         k = max(1, round(density * weight.numel()))
         keep = weight.abs().reshape(-1).topk(k).indices.sort().values
         row, col = keep // in_features, keep % in_features
-        pattern = torch.sparse_coo_tensor(torch.stack([row, col]), weight.reshape(-1)[keep],
-                                          (out_features, in_features)).coalesce()
+        # keep is increasing: the indices are coalesced (row-major, no repeats)
+        pattern = _index.coo_tensor(torch.stack([row, col]), weight.reshape(-1)[keep],
+                                    (out_features, in_features), coalesced=True)
         layer = cls(pattern, bias=linear.bias is not None, device=weight.device,
                     dtype=weight.dtype)
         with torch.no_grad():
@@ -276,10 +276,11 @@ class SparseWeightLinear(nn.Module):
 
     # -- forward ---------------------------------------------------------------
     def forward(self, input: Any) -> Tensor:
-        if isinstance(input, Tensor) and input.layout == torch.strided and not (
-                input.dim() == 2 and input.shape[-1] == 2 and self.in_features != 2):
+        # a strided tensor is always dense (as for every nnsparse layer); a Lua
+        # (k, 2) pair vector goes through nnsparse.from_pairs first
+        if isinstance(input, Tensor) and input.layout == torch.strided:
             return self._dense_forward(input)
-        if not is_sparse_form(input) and not isinstance(input, Tensor):
+        if not is_sparse_form(input):
             raise TypeError("input must be a dense tensor or a sparse batch, got "
                             f"{type(input).__name__}")
         return self._sparse_forward(input)
@@ -311,7 +312,7 @@ class SparseWeightLinear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
     def _sparse_forward(self, input: Any) -> Tensor:
-        batch = as_sparse_batch(input, name="input", width=self.in_features)
+        batch = as_sparse_batch(input, name="input", width=self.in_features, pairs=False)
         self._check(batch.dtype, batch.device)
         joined = self._join(batch.col, batch.rows)
         if joined is None:  # denser input: the dense path is the smaller
