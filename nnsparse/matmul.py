@@ -18,14 +18,14 @@ the values' gradient.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from . import _index
-from ._forms import as_sparse_batch, check_index_range, is_sparse_form
+from ._forms import _check_csr, _key, as_sparse_batch, is_sparse_form
 from ._kernels import _csr_rows_mm, _sampled_mm
 
 __all__ = ["sparse_mm"]
@@ -36,14 +36,21 @@ _SAMPLED_DTYPES = (torch.float32, torch.float64)
 _GATHER_CHUNK = 1 << 16
 
 
+# The transposed (column-major) structure of a pattern over all its columns:
+# ``perm`` (entries in column order), CSR pointers ``(cols + 1,)``, the row of
+# each entry in ``perm`` order.
+Transposed = Tuple[Tensor, Tensor, Tensor]
+
+
 @dataclass
 class _Pattern:
     """A row-sorted flat 2-D pattern: what one product runs on.
 
     ``values`` carries the autograd link to the caller's values; ``row``,
     ``col`` (int64) and ``crow`` (CSR pointers over ``rows``) are plain index
-    tensors.  ``t_perm``, ``t_crow``, ``t_row`` are the transposed
-    (column-major) structure when the caller has it cached, else ``None``.
+    tensors.  ``transposed`` gives the :data:`Transposed` structure on demand
+    (built at most once per pattern where the caller caches it), ``None``
+    when it is to be built in backward.
     """
 
     values: Tensor
@@ -52,12 +59,10 @@ class _Pattern:
     crow: Tensor
     rows: int
     cols: int
-    t_perm: Optional[Tensor] = None
-    t_crow: Optional[Tensor] = None
-    t_row: Optional[Tensor] = None
+    transposed: Optional[Callable[[], Transposed]] = None
 
 
-def _transposed(row: Tensor, col: Tensor, cols: int) -> Tuple[Tensor, Tensor, Tensor]:
+def _transposed(row: Tensor, col: Tensor, cols: int) -> Transposed:
     """``perm``, CSR pointers over all ``cols`` and rows of the transposed pattern.
 
     Unlike :func:`nnsparse._index.column_major` (distinct columns only, a
@@ -68,6 +73,17 @@ def _transposed(row: Tensor, col: Tensor, cols: int) -> Tuple[Tensor, Tensor, Te
     perm = torch.argsort(col, stable=True)
     crow_t = _index.crow_from_counts(_index.counts_of(col, cols))
     return perm, crow_t, row[perm]
+
+
+def _full_pointers(cols: Tensor, crow_t: Tensor, width: int) -> Tensor:
+    """Pointers over all ``width`` columns from ``column_major``'s distinct ``cols``."""
+    counts = torch.zeros(width, dtype=torch.int64, device=cols.device)
+    return _index.crow_from_counts(counts.index_put_((cols,), crow_t.diff()))
+
+
+def _inverse(perm: Tensor) -> Tensor:
+    return torch.empty_like(perm).index_put_((perm,), torch.arange(perm.shape[0],
+                                                                   device=perm.device))
 
 
 def _sampled(a: Tensor, b_t: Tensor, crow: Tensor, row: Tensor, col: Tensor) -> Tensor:
@@ -91,50 +107,144 @@ def _rows_mm(index: Tensor, table: Tensor, crow: Tensor, weights: Tensor) -> Ten
 class _PatternMM(torch.autograd.Function):
     """``S @ B`` for a row-sorted pattern ``S`` with ``values``; dense ``B`` ``(cols, p)``.
 
-    ``row`` may be ``None`` (derived from ``crow`` when a gradient needs it),
-    ``t_perm``/``t_crow``/``t_row`` too (the transposed structure, built in
-    backward when ``B``'s gradient needs it).
+    ``row`` may be ``None`` (derived from ``crow`` when a gradient needs it);
+    ``transposed`` (a callable giving the :data:`Transposed` structure, kept
+    on ``ctx``) too: the structure is then built in backward when ``B``'s
+    gradient needs it.
     """
 
     @staticmethod
     def forward(ctx: Any, values: Tensor, b: Tensor, row: Optional[Tensor], col: Tensor,
-                crow: Tensor,
-                t_perm: Optional[Tensor], t_crow: Optional[Tensor],
-                t_row: Optional[Tensor]) -> Tensor:
+                crow: Tensor, transposed: Optional[Callable[[], Transposed]]) -> Tensor:
         b = b.contiguous()
-        ctx.save_for_backward(values, b, row, col, crow, t_perm, t_crow, t_row)
+        ctx.save_for_backward(values, b, row, col, crow)
+        ctx.transposed = transposed
         return _rows_mm(col, b, crow, values)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: Tensor):
-        values, b, row, col, crow, t_perm, t_crow, t_row = ctx.saved_tensors
+        values, b, row, col, crow = ctx.saved_tensors
         grad = grad.contiguous()
         grad_values = grad_b = None
-        if row is None and (ctx.needs_input_grad[0] or t_perm is None):
+        if row is None and (ctx.needs_input_grad[0] or
+                            (ctx.needs_input_grad[1] and ctx.transposed is None)):
             row = _index.rows_from_crow(crow, col.shape[0])
         if ctx.needs_input_grad[0]:
             # (G @ B.T) at the specified entries only: O(nnz p), never (rows, cols).
             grad_values = _sampled(grad, b, crow, row, col)
         if ctx.needs_input_grad[1]:
-            if t_perm is None:
+            if ctx.transposed is not None:
+                t_perm, t_crow, t_row = ctx.transposed()
+            else:
                 t_perm, t_crow, t_row = _transposed(row, col, b.shape[0])
             # S.T @ G: one bag per column of S (empty bags give B's zero rows).
             grad_b = _rows_mm(t_row, grad, t_crow, values[t_perm])
-        return grad_values, grad_b, None, None, None, None, None, None
+        return grad_values, grad_b, None, None, None, None
 
 
 def _pattern_mm(p: _Pattern, b: Tensor) -> Tensor:
     """``S @ b`` (``(rows, p)``) on a flat pattern, with pattern gradients."""
-    return _PatternMM.apply(p.values, b, p.row, p.col, p.crow, p.t_perm, p.t_crow, p.t_row)
+    return _PatternMM.apply(p.values, b, p.row, p.col, p.crow, p.transposed)
 
 
-def _sorted_pattern(values: Tensor, row: Tensor, col: Tensor, rows: int, cols: int,
-                    row_sorted: bool) -> _Pattern:
-    if not row_sorted:
+# -- the flat pattern of an operand, checked once and cached on the tensor ----------
+
+# Where a 3-D torch tensor carries its checked flat structure (2-D tensors
+# carry nnsparse's batch structure, see nnsparse._forms).
+_ATTR = "_nnsparse_flat_structure"
+
+
+@dataclass(eq=False)
+class _Flat:
+    """The checked index structure of a 3-D tensor's flat ``(b n, b m)`` pattern.
+
+    ``order`` puts the tensor's stored entries in row order (an uncoalesced
+    COO that needs no gradient), ``recoalesce`` says its values are read from
+    ``coalesce()`` (one that needs a gradient); the values are always read
+    from the tensor at each call.
+    """
+
+    key: Tuple[Any, ...]
+    row: Tensor
+    col: Tensor
+    crow: Tensor
+    rows: int
+    cols: int
+    order: Optional[Tensor] = None
+    recoalesce: bool = False
+    _transposed: Optional[Transposed] = None
+
+    def transposed(self) -> Transposed:
+        if self._transposed is None:
+            self._transposed = _transposed(self.row, self.col, self.cols)
+        return self._transposed
+
+    def values_of(self, a: Tensor) -> Tensor:
+        if a.layout == torch.sparse_csr:
+            return a.values().reshape(-1)
+        if self.recoalesce:
+            return a.coalesce().values()
+        values = a.values() if (a.requires_grad and a.is_coalesced()) else a._values()
+        return values if self.order is None else values[self.order]
+
+
+def _check_hybrid(a: Tensor, name: str) -> None:
+    if a.dense_dim() != 0 or (a.layout == torch.sparse_coo and a.sparse_dim() != 3):
+        sparse = a.sparse_dim() if a.layout == torch.sparse_coo else 3 - a.dense_dim()
+        raise NotImplementedError(f"{name}: hybrid sparse tensors are not supported, got "
+                                  f"sparse_dim {sparse}, dense_dim {a.dense_dim()}")
+
+
+def _flat_coo(a: Tensor, name: str) -> _Flat:
+    nb, n, m = a.shape
+    recoalesce = a.requires_grad and not a.is_coalesced()
+    source = a.coalesce() if recoalesce else a  # differentiable values need coalesced
+    k, i, j = source._indices()
+    if source._indices().shape[1]:
+        # every dimension's min and max in one host sync
+        stats = torch.cat([source._indices().amin(1), source._indices().amax(1)]).tolist()
+        for d, what in enumerate(("batch indices", "row indices", "column indices")):
+            if stats[d] < 0:
+                raise ValueError(f"{name} {what} must be non-negative, got min {stats[d]}")
+            if stats[3 + d] >= a.shape[d]:
+                raise ValueError(f"{name} {what} must be in [0, {a.shape[d]}), "
+                                 f"got max {stats[3 + d]}")
+    row, col, order = k * n + i, k * m + j, None
+    if not source.is_coalesced():  # coalesced: sorted by (k, i, j), hence by k n + i
         order = torch.sort(row, stable=True).indices
-        row, col, values = row[order], col[order], values[order]
-    return _Pattern(values, row, col, _index.crow_from_rows(row, rows), rows, cols)
+        row, col = row[order], col[order]
+    return _Flat(_key(a), row, col, _index.crow_from_rows(row, nb * n), nb * n, nb * m,
+                 order, recoalesce)
+
+
+def _flat_csr(a: Tensor, name: str) -> _Flat:
+    nb, n, m = a.shape
+    crow, col = a.crow_indices().to(torch.int64), a.col_indices().to(torch.int64)
+    per = col.shape[1]  # batched CSR: every matrix holds the same nnz
+    if crow.shape[1] != n + 1:
+        raise ValueError(f"{name} crow_indices must have rows + 1 = {n + 1} entries per "
+                         f"matrix, got {crow.shape[1]}")
+    if nb == 0:
+        return _Flat(_key(a), crow.new_zeros(0), crow.new_zeros(0), crow.new_zeros(1), 0, 0)
+    first, last = crow[:, 0], crow[:, -1]
+    # the per-matrix pointer ends first: the flat pointers below assume them
+    lo, hi, end_lo, end_hi = torch.stack([first.min(), first.max(), last.min(),
+                                          last.max()]).tolist()
+    if lo != 0 or hi != 0:
+        raise ValueError(f"{name} crow_indices must start at 0 in every matrix, got "
+                         f"{lo if lo != 0 else hi}")
+    if end_lo != per or end_hi != per:
+        raise ValueError(f"{name} crow_indices must end at nnz = {per} (the column indices "
+                         f"per matrix) in every matrix, got {end_lo if end_lo != per else end_hi}")
+    offsets = torch.arange(nb, device=crow.device).unsqueeze(1)
+    flat_crow = torch.cat([(crow[:, :-1] + offsets * per).reshape(-1),
+                           crow.new_full((1,), nb * per)])
+    # the flat pattern is one 2-D CSR matrix: the 2-D checks (steps, column
+    # range, increasing columns) apply unchanged, with each matrix's bound m
+    _check_csr(flat_crow, col.reshape(-1), a.values().reshape(-1), nb * n, m, name)
+    row = _index.rows_from_crow(flat_crow, nb * per)
+    return _Flat(_key(a), row, (col + offsets * m).reshape(-1), flat_crow, nb * n, nb * m)
 
 
 def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
@@ -142,56 +252,48 @@ def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
 
     Entry ``(k, i, j)`` goes to row ``k n + i``, column ``k m + j``: the
     block-diagonal matrix's pattern, as index tensors, without building it.
+    Checked and built at the tensor's first use, then cached on it.
     """
-    nb, n, m = a.shape
-    if a.layout == torch.sparse_coo:
-        if a.sparse_dim() != 3 or a.dense_dim() != 0:
-            raise NotImplementedError(f"{name}: hybrid sparse tensors are not supported, got "
-                                      f"sparse_dim {a.sparse_dim()}, dense_dim {a.dense_dim()}")
-        if a.requires_grad and not a.is_coalesced():
-            a = a.coalesce()  # only a coalesced tensor exposes differentiable values
-        coalesced = a.is_coalesced()
-        values = a.values() if (a.requires_grad and coalesced) else a._values()
-        k, i, j = a._indices()
-        check_index_range(k, nb, f"{name} batch indices")
-        check_index_range(i, n, f"{name} row indices")
-        check_index_range(j, m, f"{name} column indices")
-        # coalesced: sorted by (k, i, j), hence by the flat row k n + i
-        return _sorted_pattern(values, k * n + i, k * m + j, nb * n, nb * m, coalesced)
-    if a.layout != torch.sparse_csr:
+    if a.layout not in (torch.sparse_coo, torch.sparse_csr):
         raise NotImplementedError(f"{name}: layout {a.layout} is not supported; convert with "
                                   ".to_sparse_coo() or .to_sparse_csr()")
-    if a.dense_dim() != 0:
-        raise NotImplementedError(f"{name}: hybrid sparse tensors are not supported, got "
-                                  f"dense_dim {a.dense_dim()}")
-    crow, col = a.crow_indices().to(torch.int64), a.col_indices().to(torch.int64)
-    check_index_range(col, m, f"{name} column indices")
-    per = col.shape[1]  # batched CSR: every matrix holds the same nnz
-    offsets = torch.arange(nb, device=crow.device).unsqueeze(1)
-    flat_crow = torch.cat([(crow[:, :-1] + offsets * per).reshape(-1),
-                           crow.new_full((1,), nb * per)])
-    rows = nb * n
-    row = _index.rows_from_crow(flat_crow, nb * per)
-    return _Pattern(a.values().reshape(-1), row, (col + offsets * m).reshape(-1), flat_crow,
-                    rows, nb * m)
+    _check_hybrid(a, name)
+    flat = getattr(a, _ATTR, None)
+    if flat is None or flat.key != _key(a):
+        flat = _flat_coo(a, name) if a.layout == torch.sparse_coo else _flat_csr(a, name)
+        setattr(a, _ATTR, flat)
+    return _Pattern(flat.values_of(a), flat.row, flat.col, flat.crow, flat.rows, flat.cols,
+                    flat.transposed)
 
 
 def _pattern_2d(a: Any, name: str) -> Tuple[_Pattern, Tuple[int, int]]:
     batch = as_sparse_batch(a, name=name, pairs=False)
     if batch.is_vector:
         raise ValueError(f"{name} must be a 2-D or 3-D sparse matrix, got a sparse vector")
-    # the batch caches its row order and row pointers per pattern: a tensor
-    # multiplied again (or by another nnsparse layer) reuses them
+    # the batch caches its row order, row pointers and column-major order per
+    # pattern: a tensor multiplied again (or by another nnsparse layer) reuses them
     batch = batch.sorted_by_row()
+    structure = batch.with_pattern_values(batch.values.detach()[:0])  # no values held
+
+    def transposed() -> Transposed:
+        perm, cols, crow_t, row_t = structure.column_major()
+        return perm, _full_pointers(cols, crow_t, structure.width), row_t
     p = _Pattern(batch.values, batch.row, batch.col, batch.crow_indices(), batch.rows,
-                 batch.width)
+                 batch.width, transposed)
     return p, batch.shape
 
 
 def _transpose_pattern(p: _Pattern) -> _Pattern:
-    """The pattern of ``S.T`` (row-sorted; values gathered differentiably)."""
-    perm, crow_t, row_t = _transposed(p.row, p.col, p.cols)
-    return _Pattern(p.values[perm], p.col[perm], row_t, crow_t, p.cols, p.rows)
+    """The pattern of ``S.T`` (row-sorted; values gathered differentiably).
+
+    Its own transposed structure is ``S``'s row-major one: the inverse of
+    ``perm``, ``S``'s row pointers and columns.
+    """
+    perm, crow_t, row_t = (p.transposed() if p.transposed is not None
+                           else _transposed(p.row, p.col, p.cols))
+    row_of_t = _index.rows_from_crow(crow_t, perm.shape[0])
+    return _Pattern(p.values[perm], row_of_t, row_t, crow_t, p.cols, p.rows,
+                    lambda: (_inverse(perm), p.crow, p.col))
 
 
 def _sparse_shape(a: Any, name: str) -> Tuple[int, ...]:
