@@ -197,6 +197,7 @@ def _check_hybrid(a: Tensor, name: str) -> None:
 
 
 def _flat_coo(a: Tensor, name: str) -> _Flat:
+    _index.count("validate")
     nb, n, m = a.shape
     recoalesce = a.requires_grad and not a.is_coalesced()
     source = a.coalesce() if recoalesce else a  # differentiable values need coalesced
@@ -219,6 +220,7 @@ def _flat_coo(a: Tensor, name: str) -> _Flat:
 
 
 def _flat_csr(a: Tensor, name: str) -> _Flat:
+    _index.count("validate")
     nb, n, m = a.shape
     crow, col = a.crow_indices().to(torch.int64), a.col_indices().to(torch.int64)
     per = col.shape[1]  # batched CSR: every matrix holds the same nnz
@@ -328,8 +330,15 @@ def _sparse_operand(a: Any, name: str) -> Tuple[_Pattern, Tuple[int, ...]]:
     return p, shape
 
 
+def _checked_operand(a: Any, name: str) -> Tuple[_Pattern, Tuple[int, ...]]:
+    p, shape = _sparse_operand(a, name)
+    if not p.values.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point sparse matrix, got {p.values.dtype}")
+    return p, shape
+
+
 def _sparse_dense(a: Any, b: Any) -> Tensor:
-    p, shape = _sparse_operand(a, "A")
+    p, shape = _checked_operand(a, "A")
     _check_dense(b, "B", len(shape), p.values.dtype, p.values.device)
     if len(shape) == 3 and b.shape[0] != shape[0]:
         raise ValueError(f"A and B must have the same batch size, got {shape[0]} and {b.shape[0]}")
@@ -342,7 +351,7 @@ def _sparse_dense(a: Any, b: Any) -> Tensor:
 
 def _dense_sparse(a: Tensor, b: Any) -> Tensor:
     """``a @ S`` as ``(S.T @ a.T).T``: the transposed pattern times ``a``'s columns."""
-    p, shape = _sparse_operand(b, "B")
+    p, shape = _checked_operand(b, "B")
     _check_dense(a, "A", len(shape), p.values.dtype, p.values.device)
     if len(shape) == 3 and a.shape[0] != shape[0]:
         raise ValueError(f"A and B must have the same batch size, got {a.shape[0]} and {shape[0]}")

@@ -221,6 +221,14 @@ def test_sparse_on_the_right_needs_a_dense_left():
 
 S2 = torch.eye(3).to_sparse()
 S3 = torch.stack([torch.eye(3)] * 2).to_sparse()
+
+
+def _csr(crow, col, size):
+    """A CSR tensor that may break torch's invariants (nnsparse checks them)."""
+    crow, col = torch.tensor(crow), torch.tensor(col)
+    return torch.sparse_csr_tensor(crow, col, torch.ones(col.shape), size, check_invariants=False)
+
+
 BAD = [
     (S2, torch.ones(4, 2), ValueError, "Incompatible inner dimensions: A[..., 3] vs B[4, ...]"),
     (torch.ones(2, 4), S2, ValueError, "Incompatible inner dimensions: A[..., 4] vs B[3, ...]"),
@@ -250,6 +258,53 @@ BAD = [
     (torch.sparse_coo_tensor(torch.tensor([[4], [0], [0]]), torch.ones(1), (2, 3, 3),
                              check_invariants=False), torch.ones(2, 3, 2), ValueError,
      "A batch indices must be in [0, 2), got max 4"),
+    (torch.sparse_coo_tensor(torch.tensor([[0], [-1]]), torch.ones(1), (2, 3),
+                             check_invariants=False), torch.ones(3, 2), ValueError,
+     "A column indices must be non-negative, got min -1"),
+    (torch.sparse_coo_tensor(torch.tensor([[0], [-1], [0]]), torch.ones(1), (2, 3, 3),
+                             check_invariants=False), torch.ones(2, 3, 2), ValueError,
+     "A row indices must be non-negative, got min -1"),
+    # invalid CSR, 2-D and batched
+    (_csr([1, 1, 2], [0, 1], (2, 3)), torch.ones(3, 2), ValueError,
+     "A crow_indices must start at 0, got 1"),
+    (_csr([0, 1, 1], [0, 1], (2, 3)), torch.ones(3, 2), ValueError,
+     "A crow_indices must end at nnz = 2 (the number of column indices), got 1"),
+    (_csr([0, 2, 1, 2], [0, 1], (3, 3)), torch.ones(3, 2), ValueError,
+     "A crow_indices must be non-decreasing, got a step of -1"),
+    (_csr([0, 2, 2], [1, 0], (2, 3)), torch.ones(3, 2), ValueError,
+     "A column indices must increase within each row"),
+    (_csr([0, 1, 2], [0, 5], (2, 3)), torch.ones(3, 2), ValueError,
+     "A column indices must be in [0, 3), got max 5"),
+    (torch.ones(2, 3), _csr([0, 1, 2, 2], [0, 7], (3, 4)), ValueError,
+     "B column indices must be in [0, 4), got max 7"),
+    (_csr([[0, 1, 1], [1, 1, 1]], [[0], [0]], (2, 2, 3)), torch.ones(2, 3, 2), ValueError,
+     "A crow_indices must start at 0 in every matrix, got 1"),
+    (_csr([[0, 1, 1], [0, 0, 0]], [[0], [0]], (2, 2, 3)), torch.ones(2, 3, 2), ValueError,
+     "A crow_indices must end at nnz = 1 (the column indices per matrix) in every matrix, got 0"),
+    (_csr([[0, 2, 1, 2], [0, 1, 1, 2]], [[0, 1], [0, 1]], (2, 3, 3)), torch.ones(2, 3, 2), ValueError,
+     "A crow_indices must be non-decreasing"),
+    (_csr([[0, 1, 1], [0, 0, 1]], [[0], [9]], (2, 2, 3)), torch.ones(2, 3, 2), ValueError,
+     "A column indices must be in [0, 3), got max 9"),
+    (_csr([[0, 2, 2], [0, 0, 2]], [[1, 0], [0, 1]], (2, 2, 3)), torch.ones(2, 3, 2), ValueError,
+     "A column indices must increase within each row"),
+    (torch.stack([torch.eye(3)] * 2).to_sparse_csc(), torch.ones(2, 3, 2), NotImplementedError,
+     "A: layout torch.sparse_csc is not supported"),
+    # dtype and kind, sparse on either side
+    (torch.eye(3, dtype=torch.int64).to_sparse(), torch.ones(3, 2), TypeError,
+     "A must be a floating-point sparse matrix, got torch.int64"),
+    (torch.ones(2, 3), torch.eye(3, dtype=torch.int64).to_sparse(), TypeError,
+     "B must be a floating-point sparse matrix, got torch.int64"),
+    (torch.ones(2, 3, dtype=torch.float64), S2, ValueError,
+     "A must have the sparse operand's dtype torch.float32, got torch.float64"),
+    (torch.ones(2, 3, dtype=torch.int64), S2, TypeError,
+     "A must be a floating-point tensor, got torch.int64"),
+    (torch.ones(2, 2, 3), S2, ValueError, "A must be 2-D like the sparse operand, got shape (2, 2, 3)"),
+    (torch.ones(2, 3), S3, ValueError, "A must be 3-D like the sparse operand"),
+    ([1, 2], torch.ones(3, 2), TypeError, "A[0] must be a tensor, got int"),
+    ([S2[0], "x"], torch.ones(3, 2), TypeError, "A[1] must be a tensor, got str"),
+    (None, torch.ones(3, 2), TypeError, "A must be a sparse or dense torch.Tensor, got NoneType"),
+    (S2, None, TypeError, "B must be a dense torch.Tensor, got NoneType"),
+    (S2, [[1.0, 2.0]] * 3, NotImplementedError, "got two sparse ones"),
 ]
 
 
@@ -263,3 +318,44 @@ def test_device_mismatch():
     # a meta tensor stands for "another device" on a CPU-only machine
     with pytest.raises(ValueError, match="B must be on the sparse operand's device cpu, got meta"):
         sparse_mm(S2, torch.ones(3, 2, device="meta"))
+    with pytest.raises(ValueError, match="A must be on the sparse operand's device cpu, got meta"):
+        sparse_mm(torch.ones(2, 3, device="meta"), S2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("sparse_on", ["cpu", "cuda"])
+def test_device_mismatch_cuda(sparse_on):
+    dense_on = "cpu" if sparse_on == "cuda" else "cuda"
+    s = S2.to(sparse_on)
+    with pytest.raises(ValueError, match=f"B must be on the sparse operand's device {sparse_on}"):
+        sparse_mm(s, torch.ones(3, 2, device=dense_on))
+    with pytest.raises(ValueError, match=f"A must be on the sparse operand's device {sparse_on}"):
+        sparse_mm(torch.ones(2, 3, device=dense_on), s)
+
+
+@pytest.mark.parametrize("form", ["coo", "csr"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_checked_once_and_transposed_built_once(form, batched):
+    """A leaf multiplied every step is validated and transposed at its first use only."""
+    d = _dense((6, 5), 0.5, torch.float64, "cpu")
+    d = torch.stack([d, -2 * d]) if batched else d  # batched CSR: the same nnz per matrix
+    a = d.to_sparse() if form == "coo" else d.to_sparse_csr()
+    a.requires_grad_()
+    _index.COUNTS.clear()
+    for _ in range(3):
+        b = torch.randn(*d.shape[:-2], 5, 3, dtype=torch.float64, requires_grad=True)
+        sparse_mm(a, b).sum().backward()
+        sparse_mm(torch.randn(*d.shape[:-2], 4, 6, dtype=torch.float64), a).sum().backward()
+    built = _index.COUNTS["column_major"] + _index.COUNTS["transposed"]
+    assert built == 1 and _index.COUNTS["validate"] <= 1
+    b.grad = None
+    assert torch.allclose(sparse_mm(a, b), d @ b)
+
+
+def test_a_changed_tensor_is_checked_again():
+    a = torch.stack([torch.eye(3)] * 2).to_sparse()
+    sparse_mm(a, torch.ones(2, 3, 1))
+    with torch.no_grad():
+        a._indices()[2, 0] = 5  # an in-place change of the indices bumps their version
+    with pytest.raises(ValueError, match=r"A column indices must be in \[0, 3\), got max 5"):
+        sparse_mm(a, torch.ones(2, 3, 1))

@@ -233,6 +233,12 @@ def test_half_precision(dtype):
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=3e-2)
 
 
+def _csr(crow, col, size):
+    """A CSR tensor that may break torch's invariants (nnsparse checks them)."""
+    crow, col = torch.tensor(crow), torch.tensor(col)
+    return torch.sparse_csr_tensor(crow, col, torch.ones(col.shape), size, check_invariants=False)
+
+
 DENSE_PATTERN = torch.eye(3)
 BAD_INIT = [
     (lambda: SparseWeightLinear(DENSE_PATTERN), TypeError,
@@ -260,6 +266,26 @@ BAD_INIT = [
      "linear must be an nn.Linear, got Conv1d"),
     (lambda: SparseWeightLinear.from_dense(nn.Linear(3, 2), -1), ValueError,
      "density must be in (0, 1], got -1"),
+    (lambda: SparseWeightLinear.from_dense(nn.Linear(3, 2), True), TypeError,
+     "density must be a real number, got bool"),
+    (lambda: SparseWeightLinear(_csr([1, 1, 2], [0, 1], (2, 3))), ValueError,
+     "pattern crow_indices must start at 0, got 1"),
+    (lambda: SparseWeightLinear(_csr([0, 2, 2], [1, 0], (2, 3))), ValueError,
+     "pattern column indices must increase within each row"),
+    (lambda: SparseWeightLinear(torch.eye(3).to_sparse_csc()), NotImplementedError,
+     "pattern: layout torch.sparse_csc is not supported"),
+    (lambda: SparseWeightLinear(torch.eye(3).to_sparse(1)), NotImplementedError,
+     "pattern: hybrid sparse tensors are not supported"),
+    (lambda: SparseWeightLinear(torch.sparse_coo_tensor(torch.tensor([[0], [-1]]), torch.ones(1),
+                                                        (2, 3), check_invariants=False)),
+     ValueError, "pattern column indices must be non-negative, got min -1"),
+    (lambda: SparseWeightLinear([1, 2]), TypeError, "pattern[0] must be a tensor, got int"),
+    (lambda: SparseWeightLinear(torch.eye(3).to_sparse(), bias="yes"), TypeError,
+     "bias must be a bool, got str"),
+    (lambda: SparseWeightLinear(torch.eye(3).to_sparse(), dtype="float32"), TypeError,
+     "dtype must be a torch.dtype, got str"),
+    (lambda: SparseWeightLinear.random(10, 5, 0.1, generator=3), TypeError,
+     "generator must be a torch.Generator, got int"),
 ]
 
 
@@ -280,6 +306,21 @@ BAD_INPUT = [
     (torch.ones(2, 3, dtype=torch.float64).to_sparse(), ValueError,
      "input must have the layer's dtype torch.float32, got torch.float64"),
     ("x", TypeError, "input must be a dense tensor or a sparse batch, got str"),
+    (None, TypeError, "input must be a dense tensor or a sparse batch, got NoneType"),
+    (torch.ones(2, 3, dtype=torch.int64), TypeError, "input must be floating-point, got torch.int64"),
+    (torch.ones(5), ValueError, "input must have in_features=3 columns, got shape (5,)"),
+    (_csr([1, 1, 2], [0, 1], (2, 3)), ValueError, "input crow_indices must start at 0, got 1"),
+    (_csr([0, 1, 1], [0, 1], (2, 3)), ValueError, "input crow_indices must end at nnz = 2"),
+    (_csr([0, 1, 2], [0, 4], (2, 3)), ValueError, "input column indices must be in [0, 3), got max 4"),
+    (torch.eye(3).to_sparse_csc(), NotImplementedError, "input: layout torch.sparse_csc"),
+    (torch.ones(2, 2, 3).to_sparse(), ValueError,
+     "input must be a sparse vector or a 2-D sparse batch, got 3 dimensions"),
+    (torch.sparse_coo_tensor(torch.tensor([[0], [-1]]), torch.ones(1), (2, 3),
+                             check_invariants=False), ValueError,
+     "input column indices must be non-negative, got min -1"),
+    ([1, 2], TypeError, "input[0] must be a tensor, got int"),
+    ([torch.ones(3).to_sparse(), torch.ones(3, dtype=torch.float64).to_sparse()], TypeError,
+     "input rows must share one dtype"),
 ]
 
 
@@ -287,3 +328,13 @@ BAD_INPUT = [
 def test_bad_inputs(x, exc, msg):
     with pytest.raises(exc, match=re.escape(msg)):
         LAYER(x)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("layer_on", ["cpu", "cuda"])
+def test_device_mismatch_cuda(layer_on):
+    other = "cpu" if layer_on == "cuda" else "cuda"
+    layer = SparseWeightLinear(torch.eye(4, 3).to_sparse(), device=layer_on)
+    for x in (torch.ones(2, 3, device=other), torch.eye(2, 3, device=other).to_sparse()):
+        with pytest.raises(ValueError, match=f"input must be on the layer's device {layer_on}"):
+            layer(x)

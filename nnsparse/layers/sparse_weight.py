@@ -135,6 +135,10 @@ class SparseWeightLinear(nn.Module):
 
     def __init__(self, pattern: Any, bias: bool = True, *, device=None, dtype=None) -> None:
         super().__init__()
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
         if not is_sparse_form(pattern):
             raise TypeError("pattern must be a sparse matrix (COO, CSR, a list of sparse rows), "
                             f"got {_kind(pattern)}; use pattern.to_sparse() for a dense mask")
@@ -226,6 +230,8 @@ class SparseWeightLinear(nn.Module):
             if v <= 0:
                 raise ValueError(f"{name} must be positive, got {v}")
         density = _check_density(density)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         if generator is None:
             generator = torch.Generator().manual_seed(0 if seed is None else seed)
         elif seed is not None:
@@ -289,6 +295,8 @@ class SparseWeightLinear(nn.Module):
         return self._sparse_forward(input)
 
     def _check(self, dtype: torch.dtype, device: torch.device) -> None:
+        if not dtype.is_floating_point:
+            raise TypeError(f"input must be floating-point, got {dtype}")
         if dtype != self.values.dtype:
             raise ValueError(f"input must have the layer's dtype {self.values.dtype}, got {dtype}")
         if device != self.values.device:
