@@ -13,7 +13,14 @@ the products are then the 2-D ones, see ``benchmarks/bench_sparse_mm.py``.
 
 The products are the project's kernels (:mod:`nnsparse._kernels`):
 ``embedding_bag`` sums for ``A @ B`` and ``A.T @ G``, ``sampled_addmm`` for
-the values' gradient.
+the values' gradient (a chunked gather-and-dot for float16/bfloat16, which
+``sampled_addmm`` lacks).
+
+A torch sparse operand is checked once, at its first use, and carries its
+structure afterwards (2-D: nnsparse's batch structure, :mod:`nnsparse._forms`;
+3-D: the flat pattern below); the transposed structure ``B``'s gradient
+needs is built lazily, at most once per pattern.  A step on a checked
+operand makes no host synchronisation.
 """
 from __future__ import annotations
 
@@ -298,12 +305,6 @@ def _transpose_pattern(p: _Pattern) -> _Pattern:
                     lambda: (_inverse(perm), p.crow, p.col))
 
 
-def _sparse_shape(a: Any, name: str) -> Tuple[int, ...]:
-    if isinstance(a, Tensor) and a.layout != torch.strided and a.dim() == 3:
-        return tuple(a.shape)
-    return ()
-
-
 def _check_dense(b: Any, name: str, dims: int, dtype: torch.dtype, device: torch.device) -> None:
     if not isinstance(b, Tensor):
         raise TypeError(f"{name} must be a dense torch.Tensor, got {type(b).__name__}")
@@ -389,6 +390,10 @@ def sparse_mm(A: Any, B: Any) -> Tensor:
     tensor passes them on to it.  Unspecified entries get nothing, as in
     ``torch.sparse.mm``'s masked semantics.  The dense operand's gradient
     is dense.  Each is computed only when it is required.
+
+    A torch sparse operand is checked at its first use (one host
+    synchronisation) and remembers its checked structure: a sparse parameter
+    multiplied every step is checked and transposed once.
 
     Returns:
         A dense tensor ``(n, p)`` or ``(b, n, p)``, in the operands' dtype and on

@@ -173,7 +173,7 @@ class SparseWeightLinear(nn.Module):
         self.register_buffer("t_crow", crow_t.to(index), persistent=False)
         self.register_buffer("t_row", row_t.to(index), persistent=False)
 
-    def _transposed(self) -> Tuple[Tensor, Tensor, Tensor]:
+    def _transposed_structure(self) -> Tuple[Tensor, Tensor, Tensor]:
         return self.t_perm, self.t_crow, self.t_row
 
     @property
@@ -316,7 +316,8 @@ class SparseWeightLinear(nn.Module):
 
     def _mm_t(self, b: Tensor) -> Tensor:
         """``W @ b`` for a dense ``b`` ``(in_features, k)``."""
-        return _PatternMM.apply(self.values, b, None, self.col, self.crow, self._transposed)
+        return _PatternMM.apply(self.values, b, None, self.col, self.crow,
+                                self._transposed_structure)
 
     def _finish(self, y: Tensor) -> Tensor:
         return y + self.bias if self.bias is not None else y
