@@ -13,7 +13,7 @@ students, the same widths:
 
 It prints each model's test accuracy and weight count.
 
-    python examples/pruned_mlp.py                    # about a minute on 2 cores
+    python examples/pruned_mlp.py                    # the run in docs/sparse_mm.md
     python examples/pruned_mlp.py --epochs 2 --samples 2000 --no-progress
 """
 from __future__ import annotations

@@ -93,8 +93,11 @@ def _inverse(perm: Tensor) -> Tensor:
                                                                    device=perm.device))
 
 
-def _sampled(a: Tensor, b_t: Tensor, crow: Tensor, row: Tensor, col: Tensor) -> Tensor:
-    """``(a @ b_t.T)[row, col]``, shape ``(nnz,)``: the values' gradient."""
+def _sampled(a: Tensor, b_t: Tensor, crow: Tensor, row: Optional[Tensor], col: Tensor) -> Tensor:
+    """``(a @ b_t.T)[row, col]``, shape ``(nnz,)``: the values' gradient.
+
+    ``row`` is read by the gather fallback only (``None`` for float32/float64).
+    """
     if a.dtype in _SAMPLED_DTYPES:
         return _sampled_mm(a, b_t.t(), crow, col)
     out = a.new_empty(col.shape[0])
@@ -134,8 +137,9 @@ class _PatternMM(torch.autograd.Function):
         values, b, row, col, crow = ctx.saved_tensors
         grad = grad.contiguous()
         grad_values = grad_b = None
-        if row is None and (ctx.needs_input_grad[0] or
+        if row is None and ((ctx.needs_input_grad[0] and values.dtype not in _SAMPLED_DTYPES) or
                             (ctx.needs_input_grad[1] and ctx.transposed is None)):
+            # only the gather fallback and the transposed structure read rows
             row = _index.rows_from_crow(crow, col.shape[0])
         if ctx.needs_input_grad[0]:
             # (G @ B.T) at the specified entries only: O(nnz p), never (rows, cols).
