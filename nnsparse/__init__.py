@@ -15,6 +15,7 @@ from . import distributed
 from ._optim_split import SplitOptimizer, make_optimizer, sparse_grad_parameters
 from .values import ValuesMap, values_map
 from ._forms import SparseLike, trust
+from .matmul import sparse_mm
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,7 @@ __all__ = [
     "make_optimizer",
     "SplitOptimizer",
     "sparse_grad_parameters",
+    "sparse_mm",
 ] + layers.__all__ + criteria.__all__
 
 # Last, once every module class is defined: torch.load(weights_only=True) of nnsparse modules.

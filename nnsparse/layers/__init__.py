@@ -9,3 +9,5 @@ from .batchifier import Batchifier  # noqa: E402
 __all__ += ["Densify", "Sparsify", "Batchifier"]
 from .sequential import PatternSequential  # noqa: E402
 __all__ += ["PatternSequential"]
+from .sparse_weight import SparseWeightLinear  # noqa: E402
+__all__ += ["SparseWeightLinear"]

@@ -1,0 +1,377 @@
+"""``SparseWeightLinear``: a linear layer whose weight has a fixed sparsity pattern.
+
+The weight ``W`` ``(out_features, in_features)`` keeps the positions given at
+construction (a pruned network's connectivity, a graph's adjacency, a
+structured layer); its non-zeros are the learnable parameter ``values``
+``(nnz,)``.  Nothing of size ``out x in`` is ever made: the pattern is held
+as CSR index tensors, the products are the sparse kernels of
+:mod:`nnsparse.matmul`, and ``values`` gets its gradient at the pattern only.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from .._forms import as_sparse_batch, check_index_range, is_sparse_form
+from .. import _index
+from ..matmul import _PatternMM, _transposed
+from ..values import _csr_with_values
+
+__all__ = ["SparseWeightLinear"]
+
+# The transient (chunk, in_features) scores random() draws a row block from.
+_RANDOM_BLOCK = 1 << 22
+
+
+def _check_density(density: Any) -> float:
+    if isinstance(density, bool) or not isinstance(density, numbers.Real):
+        raise TypeError(f"density must be a real number, got {type(density).__name__}")
+    if not 0 < density <= 1:  # also refuses NaN
+        raise ValueError(f"density must be in (0, 1], got {density}")
+    return float(density)
+
+
+def _index_dtype(*sizes: int) -> torch.dtype:
+    """int32 indices (half the memory, accepted by every kernel used) when they fit."""
+    return torch.int32 if max(sizes, default=0) < 2 ** 31 - 1 else torch.int64
+
+
+class _SparseInputMM(torch.autograd.Function):
+    """``X @ W.T`` for a sparse ``X`` and the sparse ``W``, on their joined entries.
+
+    Every pair of an input entry ``(r, i)`` and a weight entry ``(o, i)`` adds
+    ``x * w`` at output ``(r, o)``: ``key`` is ``r * out + o``, ``x_id`` and
+    ``w_id`` say which entries meet.  The work and memory are the product's
+    multiply count, never ``rows x in`` or ``out x in``.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, w: Tensor, x: Tensor, key: Tensor, w_id: Tensor, x_id: Tensor,
+                rows: int, out: int) -> Tensor:
+        ctx.save_for_backward(w, x, key, w_id, x_id)
+        y = w.new_zeros(rows * out).index_add_(0, key, x[x_id] * w[w_id])
+        return y.view(rows, out)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor):
+        w, x, key, w_id, x_id = ctx.saved_tensors
+        g = grad.reshape(-1)[key]
+        grad_w = grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_w = torch.zeros_like(w).index_add_(0, w_id, g * x[x_id])
+        if ctx.needs_input_grad[1]:
+            grad_x = torch.zeros_like(x).index_add_(0, x_id, g * w[w_id])
+        return grad_w, grad_x, None, None, None, None, None
+
+
+class SparseWeightLinear(nn.Module):
+    r"""``y = x @ W.T + b`` with a fixed-pattern sparse weight ``W`` and learnable values.
+
+    ``W`` has shape ``(out_features, in_features)`` and the positions of
+    ``pattern``; its values are the parameter ``values`` ``(nnz,)``, one per
+    position in row-major order (``layer.weight`` is ``W`` as a sparse CSR
+    tensor).  Only ``values`` (and ``bias``) get gradients: ``values`` at the
+    pattern's entries, ``(G.T @ x)[o, i]`` for each ``(o, i)``; the pattern
+    never changes.  An input that requires grad gets its gradient too (dense
+    for a dense input; at its specified entries for a sparse one).
+
+    Memory is proportional to nnz: ``values`` and its gradient, the CSR
+    pattern (``crow``, ``col``, saved in the ``state_dict``) and its
+    transposed structure (derived, not saved), int32 where sizes allow.
+
+    Initialisation follows ``nn.Linear`` with the fan-in of each row: the
+    values of row ``o`` and ``bias[o]`` are drawn from
+    :math:`\mathcal{U}(-1/\sqrt{k_o}, 1/\sqrt{k_o})` where :math:`k_o` is
+    the number of positions in row ``o`` (0 for an empty row).
+
+    Args:
+        pattern: the positions of ``W``, a 2-D sparse matrix ``(out_features,
+            in_features)`` in any accepted form (COO, coalesced or not, CSR, a
+            list of sparse rows or of pair tensors); its values are ignored
+            (duplicates are one position; a specified zero is a position).
+            See also :meth:`random` and :meth:`from_dense`.
+        bias (bool): learn an additive bias.  Default: ``True``.
+        device, dtype: of the parameters (the pattern moves to ``device``).
+
+    Shape:
+        - input: ``(*, in_features)`` dense, or ``(rows, in_features)`` /
+          ``(in_features,)`` sparse in any accepted form.
+        - output: ``(*, out_features)`` dense (``(rows, out_features)`` or
+          ``(out_features,)`` for a sparse input).
+
+    A sparse input is multiplied entry by entry with ``W`` (every input entry
+    meets the weight entries of its column): work and memory are the number
+    of such meetings.  When that number exceeds ``rows x in_features`` (a
+    nearly dense input), the input is densified instead and the dense path
+    runs, which is then the smaller of the two.  Counting the meetings reads
+    one number back from the device.
+
+    Raises:
+        TypeError: ``pattern`` is not a sparse form; an input of the wrong kind.
+        ValueError: ``pattern`` is not 2-D or has bad indices; an input's width,
+            dtype or device differs from the layer's.
+
+    Example::
+
+        >>> pattern = torch.tensor([[1., 0., 1.], [0., 1., 0.]]).to_sparse()
+        >>> layer = nnsparse.SparseWeightLinear(pattern, bias=False)
+        >>> layer
+        SparseWeightLinear(in_features=3, out_features=2, nnz=3, bias=False)
+        >>> with torch.no_grad():
+        ...     layer.values.copy_(torch.tensor([1., 2., 3.]))
+        Parameter containing:
+        tensor([1., 2., 3.], requires_grad=True)
+        >>> layer(torch.tensor([[1., 1., 1.]]))
+        tensor([[3., 3.]], grad_fn=<...>)
+        >>> sorted(layer.state_dict())
+        ['col', 'crow', 'values']
+    """
+
+    def __init__(self, pattern: Any, bias: bool = True, *, device=None, dtype=None) -> None:
+        super().__init__()
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+        if not is_sparse_form(pattern):
+            raise TypeError("pattern must be a sparse matrix (COO, CSR, a list of sparse rows), "
+                            f"got {_kind(pattern)}; use pattern.to_sparse() for a dense mask")
+        batch = as_sparse_batch(pattern, name="pattern", pairs=False)
+        if batch.is_vector:
+            raise ValueError("pattern must be a 2-D sparse matrix (out_features, in_features), "
+                             "got a sparse vector")
+        batch = batch.coalesce()
+        self.out_features, self.in_features = batch.shape
+        device = device if device is not None else batch.device
+        dtype = dtype if dtype is not None else torch.get_default_dtype()
+        if not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
+        index = _index_dtype(self.out_features, self.in_features, batch.nnz)
+        crow = batch.crow_indices()
+        self.register_buffer("crow", crow.to(device=device, dtype=index))
+        self.register_buffer("col", batch.col.detach().to(device=device, dtype=index))
+        self.values = nn.Parameter(torch.empty(batch.nnz, device=device, dtype=dtype))
+        self.bias = (nn.Parameter(torch.empty(self.out_features, device=device, dtype=dtype))
+                     if bias else None)
+        self._derive()
+        self.register_load_state_dict_post_hook(_after_load)
+        self.reset_parameters()
+
+    # -- the pattern's structures ------------------------------------------------
+    def _derive(self) -> None:
+        """Each position's row and the transposed structure (not saved): rebuilt on load."""
+        index = self.col.dtype
+        row = _index.rows_from_crow(self.crow, self.col.shape[0])
+        perm, crow_t, row_t = _transposed(row, self.col.to(torch.int64), self.in_features)
+        self.register_buffer("t_perm", perm.to(index), persistent=False)
+        self.register_buffer("t_crow", crow_t.to(index), persistent=False)
+        self.register_buffer("t_row", row_t.to(index), persistent=False)
+
+    def _transposed_structure(self) -> Tuple[Tensor, Tensor, Tensor]:
+        return self.t_perm, self.t_crow, self.t_row
+
+    @property
+    def row(self) -> Tensor:
+        """The output row of each position (derived from ``crow``, not held)."""
+        return _index.rows_from_crow(self.crow, self.nnz)
+
+    @property
+    def nnz(self) -> int:
+        return self.col.shape[0]
+
+    @property
+    def weight(self) -> Tensor:
+        """``W`` as a sparse CSR tensor ``(out_features, in_features)``; its values are
+        ``self.values`` (gradients flow to them)."""
+        return _csr_with_values(self.crow, self.col, self.values,
+                                (self.out_features, self.in_features))
+
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s uniform initialisation with each row's own fan-in."""
+        fan_in = self.crow.diff().to(self.values.dtype)
+        bound = torch.where(fan_in > 0, fan_in.clamp(min=1).rsqrt(), torch.zeros_like(fan_in))
+        with torch.no_grad():
+            per_entry = bound.repeat_interleave(self.crow.diff().to(torch.int64),
+                                                output_size=self.nnz)
+            self.values.uniform_(-1, 1).mul_(per_entry)
+            if self.bias is not None:
+                self.bias.uniform_(-1, 1).mul_(bound)
+
+    # -- constructors -------------------------------------------------------------
+    @classmethod
+    def random(cls, in_features: int, out_features: int, density: float, *, bias: bool = True,
+               generator: Optional[torch.Generator] = None, seed: Optional[int] = None,
+               device=None, dtype=None) -> "SparseWeightLinear":
+        """A layer whose every row connects ``max(1, round(density * in_features))``
+        distinct random inputs.
+
+        Args:
+            in_features, out_features (int): the weight's shape is ``(out, in)``.
+            density (float): in ``(0, 1]``, the share of inputs each row connects.
+            generator (torch.Generator, optional), seed (int, optional): the
+                randomness of the pattern (a CPU generator; ``seed`` makes one).
+                The values are drawn from the global generator, as ``nn.Linear``'s.
+
+        Example::
+
+            >>> layer = nnsparse.SparseWeightLinear.random(100, 20, 0.05, seed=0)
+            >>> layer.nnz, layer.crow.diff().unique().tolist()
+            (100, [5])
+        """
+        for name, v in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+            if v <= 0:
+                raise ValueError(f"{name} must be positive, got {v}")
+        density = _check_density(density)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        if generator is None:
+            generator = torch.Generator().manual_seed(0 if seed is None else seed)
+        elif seed is not None:
+            raise ValueError("give generator or seed, not both")
+        k = max(1, min(in_features, round(density * in_features)))
+        block = max(1, _RANDOM_BLOCK // in_features)
+        cols = [torch.rand(min(block, out_features - s), in_features, generator=generator)
+                .topk(k, dim=1).indices.sort(dim=1).values for s in range(0, out_features, block)]
+        col = torch.cat(cols).reshape(-1)
+        crow = torch.arange(0, out_features * k + 1, k)
+        pattern = _index.csr_tensor(crow, col, torch.ones(col.shape[0]), (out_features, in_features))
+        return cls(pattern, bias=bias, device=device, dtype=dtype)
+
+    @classmethod
+    def from_dense(cls, linear: nn.Linear, density: float) -> "SparseWeightLinear":
+        """Prune a trained ``nn.Linear`` by magnitude: keep its largest ``|weight|`` entries.
+
+        ``max(1, round(density * out * in))`` entries are kept (ties broken by
+        ``topk``), with their trained values; the bias is copied.
+
+        Example::
+
+            >>> dense = torch.nn.Linear(4, 2)
+            >>> with torch.no_grad():
+            ...     dense.weight.copy_(torch.tensor([[1., -5., 0., 2.], [0., 3., 0., -4.]]))
+            Parameter containing:
+            ...
+            >>> layer = nnsparse.SparseWeightLinear.from_dense(dense, 0.5)
+            >>> layer.weight.to_dense()
+            tensor([[ 0., -5.,  0.,  2.],
+                    [ 0.,  3.,  0., -4.]], grad_fn=<...>)
+        """
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        density = _check_density(density)
+        weight = linear.weight.detach()
+        out_features, in_features = weight.shape
+        k = max(1, round(density * weight.numel()))
+        keep = weight.abs().reshape(-1).topk(k).indices.sort().values
+        row, col = keep // in_features, keep % in_features
+        # keep is increasing: the indices are coalesced (row-major, no repeats)
+        pattern = _index.coo_tensor(torch.stack([row, col]), weight.reshape(-1)[keep],
+                                    (out_features, in_features), coalesced=True)
+        layer = cls(pattern, bias=linear.bias is not None, device=weight.device,
+                    dtype=weight.dtype)
+        with torch.no_grad():
+            layer.values.copy_(weight.reshape(-1)[keep])  # row-major, as the pattern's order
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias)
+        return layer
+
+    # -- forward ---------------------------------------------------------------
+    def forward(self, input: Any) -> Tensor:
+        # a strided tensor is always dense (as for every nnsparse layer); a Lua
+        # (k, 2) pair vector goes through nnsparse.from_pairs first
+        if isinstance(input, Tensor) and input.layout == torch.strided:
+            return self._dense_forward(input)
+        if not is_sparse_form(input):
+            raise TypeError("input must be a dense tensor or a sparse batch, got "
+                            f"{type(input).__name__}")
+        return self._sparse_forward(input)
+
+    def _check(self, dtype: torch.dtype, device: torch.device) -> None:
+        if not dtype.is_floating_point:
+            raise TypeError(f"input must be floating-point, got {dtype}")
+        if dtype != self.values.dtype:
+            raise ValueError(f"input must have the layer's dtype {self.values.dtype}, got {dtype}")
+        if device != self.values.device:
+            raise ValueError(f"input must be on the layer's device {self.values.device}, "
+                             f"got {device}")
+
+    def _dense_forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"input must have in_features={self.in_features} columns, got "
+                             f"shape {tuple(x.shape)}")
+        self._check(x.dtype, x.device)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        # y.T = W @ x.T: the pattern's rows gather x's columns (rows of x.T).
+        y = self._mm_t(x2.t()).t()
+        return self._finish(y).reshape(*lead, self.out_features)
+
+    def _mm_t(self, b: Tensor) -> Tensor:
+        """``W @ b`` for a dense ``b`` ``(in_features, k)``."""
+        return _PatternMM.apply(self.values, b, None, self.col, self.crow,
+                                self._transposed_structure)
+
+    def _finish(self, y: Tensor) -> Tensor:
+        return y + self.bias if self.bias is not None else y
+
+    def _sparse_forward(self, input: Any) -> Tensor:
+        batch = as_sparse_batch(input, name="input", width=self.in_features, pairs=False)
+        self._check(batch.dtype, batch.device)
+        joined = self._join(batch.col, batch.rows)
+        if joined is None:  # denser input: the dense path is the smaller
+            dense = batch.values.new_zeros(batch.shape).index_put(
+                (batch.row, batch.col), batch.values, accumulate=True)
+            y = self._mm_t(dense.t()).t()
+        else:
+            w_id, x_id, o = joined
+            key = batch.row[x_id] * self.out_features + o
+            y = _SparseInputMM.apply(self.values, batch.values, key, w_id, x_id, batch.rows,
+                                     self.out_features)
+        y = self._finish(y)
+        return y.squeeze(0) if batch.is_vector else y
+
+    def _join(self, col: Tensor, rows: int) -> Optional[Tuple[Tensor, Tensor, Tensor]]:
+        """Pairs (weight entry, input entry, output row) meeting on an input column.
+
+        ``None`` when there are more than ``rows x in_features`` of them.
+        """
+        t_crow = self.t_crow.to(torch.int64)
+        start, counts = t_crow[col], t_crow.diff()[col]
+        total = int(counts.sum())
+        if total > rows * self.in_features:
+            return None
+        x_id = torch.repeat_interleave(torch.arange(col.shape[0], device=col.device), counts,
+                                       output_size=total)
+        # position of each pair in the transposed structure: the column's start
+        # plus the pair's rank among the pairs of its input entry.
+        first = torch.cumsum(counts, 0) - counts
+        pos = torch.arange(total, device=col.device) + (start - first)[x_id]
+        return self.t_perm[pos].to(torch.int64), x_id, self.t_row[pos].to(torch.int64)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"nnz={self.nnz}, bias={self.bias is not None}")
+
+
+def _kind(x: Any) -> str:
+    if isinstance(x, Tensor):
+        return f"a dense tensor of shape {tuple(x.shape)}"
+    return type(x).__name__
+
+
+def _after_load(module: nn.Module, incompatible: Any) -> None:
+    """A loaded pattern replaces the derived structure; it is checked first."""
+    check_index_range(module.col.to(torch.int64), module.in_features, "col")
+    if module.crow.shape[0] != module.out_features + 1 or (
+            module.col.shape[0] and int(module.crow[-1]) != module.col.shape[0]):
+        raise ValueError(f"crow must hold out_features + 1 = {module.out_features + 1} "
+                         f"pointers ending at nnz = {module.col.shape[0]}")
+    module._derive()

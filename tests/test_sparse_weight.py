@@ -1,0 +1,340 @@
+"""SparseWeightLinear: a fixed-pattern weight against a dense masked nn.Linear reference."""
+import copy
+import math
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from nnsparse import SparseWeightLinear
+from matrix import BATCH_FORMS, DEVICES, FLOAT_DTYPES, TOL, LargestTensor, make_form, \
+    random_sparse_dense
+
+
+def _pattern(out_f=6, in_f=9, density=0.35, seed=0, empty_rows=1):
+    g = torch.Generator().manual_seed(seed)
+    return random_sparse_dense(out_f, in_f, density, dtype=torch.float64, generator=g,
+                               empty_rows=empty_rows)
+
+
+def _layer(dtype=torch.float64, device="cpu", bias=True, **kw):
+    torch.manual_seed(0)
+    return SparseWeightLinear(_pattern(**kw).to_sparse(), bias=bias, dtype=dtype, device=device)
+
+
+def _reference(layer):
+    """The dense weight (a leaf) and the positions of ``values``, row-major."""
+    w = layer.weight.to_dense().detach().clone().requires_grad_()
+    return w, (layer.row.long(), layer.col.long())
+
+
+def _check_grads(layer, w_ref, pos, b_ref, tol):
+    torch.testing.assert_close(layer.values.grad, w_ref.grad[pos], **tol)
+    if layer.bias is not None:
+        torch.testing.assert_close(layer.bias.grad, b_ref.grad, **tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", [(5,), (4, 9), (2, 3, 9), (0, 9)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_dense_input_matches_masked_linear(device, dtype, shape, bias):
+    layer = _layer(dtype, device, bias)
+    shape = shape if shape != (5,) else (9,)
+    x = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
+    w_ref, pos = _reference(layer)
+    b_ref = layer.bias.detach().clone().requires_grad_() if bias else None
+    x_ref = x.detach().clone().requires_grad_()
+    out, ref = layer(x), nn.functional.linear(x_ref, w_ref, b_ref)
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    g = torch.randn_like(ref)
+    out.backward(g)
+    ref.backward(g)
+    _check_grads(layer, w_ref, pos, b_ref, TOL[dtype])
+    torch.testing.assert_close(x.grad, x_ref.grad, **TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("form", BATCH_FORMS)
+@pytest.mark.parametrize("density", [0.2, 1.0])  # the entry join, then the densified path
+def test_sparse_input_matches_masked_linear(device, dtype, form, density):
+    layer = _layer(dtype, device)
+    g = torch.Generator().manual_seed(3)
+    xd = random_sparse_dense(5, 9, density, dtype=dtype, device=device, generator=g, empty_rows=1)
+    x = make_form(xd, form)
+    if isinstance(x, torch.Tensor):
+        x.requires_grad_()
+    w_ref, pos = _reference(layer)
+    b_ref = layer.bias.detach().clone().requires_grad_()
+    xd_ref = xd.clone().requires_grad_()
+    out, ref = layer(x), nn.functional.linear(xd_ref, w_ref, b_ref)
+    torch.testing.assert_close(out, ref, **TOL[dtype])
+    grad = torch.randn_like(ref)
+    out.backward(grad)
+    ref.backward(grad)
+    _check_grads(layer, w_ref, pos, b_ref, TOL[dtype])
+    if form in ("coo", "csr"):  # the input's values get theirs at its entries
+        torch.testing.assert_close(x.grad.to_dense(), xd_ref.grad * (xd != 0), **TOL[dtype])
+
+
+def test_join_and_densified_paths_are_chosen_by_size():
+    layer = _layer()
+    sparse_cols = torch.tensor([0, 3])
+    assert layer._join(sparse_cols, rows=1) is not None
+    assert layer._join(torch.arange(9).repeat(4), rows=1) is None
+
+
+def test_sparse_vector_input():
+    layer = _layer()
+    x = torch.tensor([0., 2., 0., 0., 0., 0., 0., -1., 0.], dtype=torch.float64)
+    torch.testing.assert_close(layer(x.to_sparse()), layer(x))
+    assert layer(x.to_sparse()).shape == (6,)
+
+
+def test_gradcheck_float64():
+    layer = _layer()
+    x = torch.randn(3, 9, dtype=torch.float64, requires_grad=True)
+    xs = _pattern(3, 9, 0.4, seed=5, empty_rows=0).to_sparse()
+    idx = xs.indices()
+    xv = xs.values().clone().requires_grad_()
+
+    def dense(values, bias, x):
+        return torch.func.functional_call(layer, {"values": values, "bias": bias}, (x,))
+
+    def sparse(values, bias, xv):
+        x = torch.sparse_coo_tensor(idx, xv, (3, 9)).coalesce()
+        return torch.func.functional_call(layer, {"values": values, "bias": bias}, (x,))
+
+    params = (layer.values.detach().clone().requires_grad_(),
+              layer.bias.detach().clone().requires_grad_())
+    assert torch.autograd.gradcheck(dense, params + (x,))
+    assert torch.autograd.gradcheck(sparse, params + (xv,))
+
+
+def test_only_values_and_bias_are_parameters():
+    layer = _layer()
+    assert [n for n, _ in layer.named_parameters()] == ["values", "bias"]
+    assert layer.values.shape == (layer.nnz,)
+    assert sorted(layer.state_dict()) == ["bias", "col", "crow", "values"]
+    assert layer.nnz == int((_pattern() != 0).sum())
+
+
+def test_initialisation_uses_each_rows_fan_in():
+    torch.manual_seed(0)
+    layer = SparseWeightLinear.random(400, 50, 0.01, seed=0)  # 4 inputs per row
+    assert layer.values.abs().max() <= 0.5 and layer.values.abs().max() > 0.45
+    assert layer.bias.abs().max() <= 0.5
+    empty = _layer()  # row 0 is empty: bias bound 0
+    assert empty.crow[1] == 0 and empty.bias[0] == 0
+
+
+def test_random_pattern():
+    a = SparseWeightLinear.random(50, 30, 0.1, seed=3)
+    b = SparseWeightLinear.random(50, 30, 0.1, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a.col, b.col) and torch.equal(a.crow, b.crow)
+    assert (a.crow.diff() == 5).all()
+    cols = a.col.long().view(30, 5)
+    assert (cols.diff(dim=1) > 0).all()  # distinct, sorted within each row
+    c = SparseWeightLinear.random(50, 30, 0.1, seed=4)
+    assert not torch.equal(a.col, c.col)
+    assert SparseWeightLinear.random(3, 2, 0.01, seed=0).nnz == 2  # at least one per row
+
+
+def test_from_dense_keeps_the_largest_weights():
+    torch.manual_seed(0)
+    dense = nn.Linear(10, 6)
+    layer = SparseWeightLinear.from_dense(dense, 0.25)
+    assert layer.nnz == 15
+    w = layer.weight.to_dense().detach()
+    kept = dense.weight.abs() * (w != 0)
+    dropped = dense.weight.abs() * (w == 0)
+    assert kept[w != 0].min() >= dropped.max()
+    assert torch.equal(w[w != 0], dense.weight.detach()[w != 0])
+    assert torch.equal(layer.bias.detach(), dense.bias.detach())
+    full = SparseWeightLinear.from_dense(dense, 1.0)
+    x = torch.randn(4, 10)
+    torch.testing.assert_close(full(x), dense(x))
+
+
+def test_state_dict_round_trip_with_another_pattern():
+    a, b = _layer(seed=0), _layer(seed=0)
+    with torch.no_grad():
+        b.values.mul_(2)
+    sd = a.state_dict()
+    b.load_state_dict(sd)
+    x = torch.randn(3, 9, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(b(x), a(x))
+    b(x).sum().backward()
+    assert torch.equal(b.t_perm, a.t_perm)
+
+
+def test_load_rebuilds_the_transposed_structure():
+    a = SparseWeightLinear(torch.tensor([[1., 0.], [0., 1.]]).to_sparse(), bias=False)
+    b = SparseWeightLinear(torch.tensor([[0., 1.], [1., 0.]]).to_sparse(), bias=False)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(3, 2, requires_grad=True)
+    torch.testing.assert_close(b(x), a(x))
+    b(x).sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    a(x2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_load_checks_the_pattern():
+    a = SparseWeightLinear(torch.tensor([[1., 0.], [0., 1.]]).to_sparse(), bias=False)
+    sd = a.state_dict()
+    sd["col"] = torch.tensor([0, 5], dtype=sd["col"].dtype)
+    with pytest.raises(ValueError, match=re.escape("col must be in [0, 2), got max 5")):
+        a.load_state_dict(sd)
+
+
+def test_to_deepcopy_sequential():
+    layer = _layer(torch.float32)
+    net = nn.Sequential(layer, nn.ReLU(), nn.Linear(6, 2))
+    x = torch.randn(4, 9)
+    y = net(x)
+    net64 = copy.deepcopy(net).to(torch.float64)
+    assert net64[0].values.dtype == torch.float64 and net64[0].col.dtype == layer.col.dtype
+    torch.testing.assert_close(net64(x.double()).float(), y, rtol=1e-5, atol=1e-5)
+    clone = copy.deepcopy(layer)
+    with torch.no_grad():
+        clone.values.add_(1)
+    assert not torch.equal(clone.values, layer.values)
+    y.sum().backward()
+    assert layer.values.grad is not None and layer.values.grad.shape == (layer.nnz,)
+
+
+def test_memory_is_proportional_to_nnz():
+    layer = SparseWeightLinear.random(2000, 1000, 0.01, seed=0)
+    x = torch.randn(16, 2000, requires_grad=True)
+    layer(x).sum().backward()
+    tensors = [p for p in layer.parameters()] + [p.grad for p in layer.parameters()]
+    held = sum(t.numel() * t.element_size() for t in tensors + list(layer.buffers()))
+    assert held < 0.05 * 2 * 2000 * 1000 * 4  # a dense weight and its gradient
+    xs = (x.detach() * (torch.rand(16, 2000) < 0.05)).to_sparse()
+    with LargestTensor() as seen:
+        layer(x).sum().backward()
+        layer(xs).sum().backward()
+    assert seen.numel <= 2000 * 1000 // 20, seen.op  # never (out, in)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision(dtype):
+    layer = _layer(torch.float32)
+    x = torch.randn(4, 9)
+    ref = layer(x)
+    half = copy.deepcopy(layer).to(dtype)
+    out = half(x.to(dtype))
+    out.float().sum().backward()
+    assert out.dtype == dtype and half.values.grad.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=3e-2)
+
+
+def _csr(crow, col, size):
+    """A CSR tensor that may break torch's invariants (nnsparse checks them)."""
+    crow, col = torch.tensor(crow), torch.tensor(col)
+    return torch.sparse_csr_tensor(crow, col, torch.ones(col.shape), size, check_invariants=False)
+
+
+DENSE_PATTERN = torch.eye(3)
+BAD_INIT = [
+    (lambda: SparseWeightLinear(DENSE_PATTERN), TypeError,
+     "pattern must be a sparse matrix (COO, CSR, a list of sparse rows), got a dense tensor"),
+    (lambda: SparseWeightLinear("eye"), TypeError, "got str"),
+    (lambda: SparseWeightLinear(torch.ones(3).to_sparse()), ValueError,
+     "pattern must be a 2-D sparse matrix (out_features, in_features), got a sparse vector"),
+    (lambda: SparseWeightLinear(torch.sparse_coo_tensor(torch.tensor([[0], [4]]), torch.ones(1),
+                                                        (2, 3), check_invariants=False)),
+     ValueError, "pattern column indices must be in [0, 3), got max 4"),
+    (lambda: SparseWeightLinear(torch.ones(2, 2, 2).to_sparse()), ValueError,
+     "pattern must be a sparse vector or a 2-D sparse batch"),
+    (lambda: SparseWeightLinear(torch.eye(3).to_sparse(), dtype=torch.int64), TypeError,
+     "dtype must be a floating-point dtype, got torch.int64"),
+    (lambda: SparseWeightLinear.random(10, 5, -0.1), ValueError, "density must be in (0, 1], got -0.1"),
+    (lambda: SparseWeightLinear.random(10, 5, 0.0), ValueError, "density must be in (0, 1], got 0.0"),
+    (lambda: SparseWeightLinear.random(10, 5, 1.5), ValueError, "density must be in (0, 1], got 1.5"),
+    (lambda: SparseWeightLinear.random(10, 5, float("nan")), ValueError, "got nan"),
+    (lambda: SparseWeightLinear.random(10, 5, "0.1"), TypeError, "density must be a real number, got str"),
+    (lambda: SparseWeightLinear.random(10.0, 5, 0.1), TypeError, "in_features must be an int, got float"),
+    (lambda: SparseWeightLinear.random(10, 0, 0.1), ValueError, "out_features must be positive, got 0"),
+    (lambda: SparseWeightLinear.random(10, 5, 0.1, seed=1, generator=torch.Generator()),
+     ValueError, "give generator or seed, not both"),
+    (lambda: SparseWeightLinear.from_dense(nn.Conv1d(1, 1, 1), 0.1), TypeError,
+     "linear must be an nn.Linear, got Conv1d"),
+    (lambda: SparseWeightLinear.from_dense(nn.Linear(3, 2), -1), ValueError,
+     "density must be in (0, 1], got -1"),
+    (lambda: SparseWeightLinear.from_dense(nn.Linear(3, 2), True), TypeError,
+     "density must be a real number, got bool"),
+    (lambda: SparseWeightLinear(_csr([1, 1, 2], [0, 1], (2, 3))), ValueError,
+     "pattern crow_indices must start at 0, got 1"),
+    (lambda: SparseWeightLinear(_csr([0, 2, 2], [1, 0], (2, 3))), ValueError,
+     "pattern column indices must increase within each row"),
+    (lambda: SparseWeightLinear(torch.eye(3).to_sparse_csc()), NotImplementedError,
+     "pattern: layout torch.sparse_csc is not supported"),
+    (lambda: SparseWeightLinear(torch.eye(3).to_sparse(1)), NotImplementedError,
+     "pattern: hybrid sparse tensors are not supported"),
+    (lambda: SparseWeightLinear(torch.sparse_coo_tensor(torch.tensor([[0], [-1]]), torch.ones(1),
+                                                        (2, 3), check_invariants=False)),
+     ValueError, "pattern column indices must be non-negative, got min -1"),
+    (lambda: SparseWeightLinear([1, 2]), TypeError, "pattern[0] must be a tensor, got int"),
+    (lambda: SparseWeightLinear(torch.eye(3).to_sparse(), bias="yes"), TypeError,
+     "bias must be a bool, got str"),
+    (lambda: SparseWeightLinear(torch.eye(3).to_sparse(), dtype="float32"), TypeError,
+     "dtype must be a torch.dtype, got str"),
+    (lambda: SparseWeightLinear.random(10, 5, 0.1, generator=3), TypeError,
+     "generator must be a torch.Generator, got int"),
+]
+
+
+@pytest.mark.parametrize("make,exc,msg", BAD_INIT, ids=[m[:40] for *_, m in BAD_INIT])
+def test_bad_construction(make, exc, msg):
+    with pytest.raises(exc, match=re.escape(msg)):
+        make()
+
+
+LAYER = SparseWeightLinear(torch.eye(4, 3).to_sparse())
+BAD_INPUT = [
+    (torch.ones(2, 5), ValueError, "input must have in_features=3 columns, got shape (2, 5)"),
+    (torch.ones(()), ValueError, "input must have in_features=3 columns, got shape ()"),
+    (torch.ones(2, 3, dtype=torch.float64), ValueError,
+     "input must have the layer's dtype torch.float32, got torch.float64"),
+    (torch.ones(2, 3, device="meta"), ValueError, "input must be on the layer's device cpu, got meta"),
+    (torch.ones(2, 5).to_sparse(), ValueError, "input has width 5, larger than the size asked for, 3"),
+    (torch.ones(2, 3, dtype=torch.float64).to_sparse(), ValueError,
+     "input must have the layer's dtype torch.float32, got torch.float64"),
+    ("x", TypeError, "input must be a dense tensor or a sparse batch, got str"),
+    (None, TypeError, "input must be a dense tensor or a sparse batch, got NoneType"),
+    (torch.ones(2, 3, dtype=torch.int64), TypeError, "input must be floating-point, got torch.int64"),
+    (torch.ones(5), ValueError, "input must have in_features=3 columns, got shape (5,)"),
+    (_csr([1, 1, 2], [0, 1], (2, 3)), ValueError, "input crow_indices must start at 0, got 1"),
+    (_csr([0, 1, 1], [0, 1], (2, 3)), ValueError, "input crow_indices must end at nnz = 2"),
+    (_csr([0, 1, 2], [0, 4], (2, 3)), ValueError, "input column indices must be in [0, 3), got max 4"),
+    (torch.eye(3).to_sparse_csc(), NotImplementedError, "input: layout torch.sparse_csc"),
+    (torch.ones(2, 2, 3).to_sparse(), ValueError,
+     "input must be a sparse vector or a 2-D sparse batch, got 3 dimensions"),
+    (torch.sparse_coo_tensor(torch.tensor([[0], [-1]]), torch.ones(1), (2, 3),
+                             check_invariants=False), ValueError,
+     "input column indices must be non-negative, got min -1"),
+    ([1, 2], TypeError, "input[0] must be a tensor, got int"),
+    ([torch.ones(3).to_sparse(), torch.ones(3, dtype=torch.float64).to_sparse()], TypeError,
+     "input rows must share one dtype"),
+]
+
+
+@pytest.mark.parametrize("x,exc,msg", BAD_INPUT, ids=[m[:40] for *_, m in BAD_INPUT])
+def test_bad_inputs(x, exc, msg):
+    with pytest.raises(exc, match=re.escape(msg)):
+        LAYER(x)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("layer_on", ["cpu", "cuda"])
+def test_device_mismatch_cuda(layer_on):
+    other = "cpu" if layer_on == "cuda" else "cuda"
+    layer = SparseWeightLinear(torch.eye(4, 3).to_sparse(), device=layer_on)
+    for x in (torch.ones(2, 3, device=other), torch.eye(2, 3, device=other).to_sparse()):
+        with pytest.raises(ValueError, match=f"input must be on the layer's device {layer_on}"):
+            layer(x)
