@@ -11,13 +11,15 @@ Adam update, so one optimiser serves the whole model.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim import Optimizer
 
-__all__ = ["LazyAdam"]
+from . import _rowopt
+
+__all__ = ["LazyAdam", "InBackwardOptimizer", "apply_optimizer_in_backward"]
 
 # Touched entries are updated in chunks of about this many elements, so the
 # temporaries of a step stay small even when a batch touches most of a large
@@ -285,3 +287,285 @@ def _columns(p: Tensor, cols: Tensor, values: Tensor, m: Tensor, v: Tensor, step
         _adam([part[0]], [g], [part[1]], [part[2]], step, group)
         for t, new in zip((p, m, v), part):
             t.index_copy_(1, idx, new)
+
+
+# -- the optimiser in the backward ---------------------------------------------------------
+_DEFAULTS = {"sgd": dict(lr=1e-3, eps=0.0, weight_decay=0.0),
+             "adam": dict(lr=1e-3, eps=1e-8, weight_decay=0.0),
+             "adamw": dict(lr=1e-3, eps=1e-8, weight_decay=1e-2),
+             "adagrad": dict(lr=1e-2, eps=1e-10, weight_decay=0.0),
+             "rowwise_adagrad": dict(lr=1e-2, eps=1e-10, weight_decay=0.0)}
+
+
+def _sparse_layers(model: nn.Module) -> List[Tuple[str, nn.Module, Tensor, Tensor]]:
+    """``(name, layer, table, parameter)`` for each nnsparse sparse layer whose weight
+    is trained (``table`` is the contiguous view whose rows the batches touch)."""
+    from .layers.linear import SparseLinearBatch
+    from .layers.sparse_output import SparseOutputLinear
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, SparseLinearBatch):
+            table = module._table()
+            param = module.weight_t if module.sparse_grad else module.weight
+        elif isinstance(module, SparseOutputLinear):
+            table = param = module.weight
+        else:
+            continue
+        if param.requires_grad:
+            found.append((name or type(module).__name__, module, table, param))
+    return found
+
+
+def _dense_optimizer(kind: str, params: List[Tensor], hp: dict) -> Optional[Optimizer]:
+    """torch.optim's counterpart of ``kind`` for the other parameters, fused where it can be."""
+    if not params:
+        return None
+    fused = True if all(_rowopt.fused_ok(p) for p in params) else None
+    common = dict(lr=hp["lr"], weight_decay=hp["weight_decay"], fused=fused)
+    if kind == "sgd":
+        return torch.optim.SGD(params, momentum=hp["momentum"], nesterov=hp["nesterov"],
+                               **common)
+    if kind in ("adam", "adamw"):
+        cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
+        return cls(params, betas=hp["betas"], eps=hp["eps"], **common)
+    return torch.optim.Adagrad(params, eps=hp["eps"],
+                               initial_accumulator_value=hp["initial_accumulator_value"],
+                               **common)
+
+
+class InBackwardOptimizer:
+    r"""The optimiser applied inside the backward of nnsparse's sparse layers, plus
+    ``torch.optim`` for every other parameter.  Built by :func:`apply_optimizer_in_backward`.
+
+    As FBGEMM's table-batched embeddings (TorchRec) do, the weight of every
+    :class:`~nnsparse.SparseLinearBatch` and :class:`~nnsparse.SparseOutputLinear`
+    of the model is updated *during* ``loss.backward()``: each touched row's
+    gradient is computed and the row and its optimiser state are updated at
+    once (one gather of the touched rows, one fused optimiser pass, one
+    scatter).  These weights get no ``.grad``: no gradient tensor, no
+    zero-fill, no ``zero_grad``.  The other parameters (biases, other
+    modules) are trained by :attr:`dense`, torch's own optimiser of the same
+    kind (``fused=True`` where torch has the kernel), through :meth:`step`
+    and :meth:`zero_grad` as usual.
+
+    Semantics, for the in-backward weights:
+
+    * **One step per forward.**  The backward of each forward is an optimiser
+      step.  Gradient accumulation over several backward passes, a second
+      backward of the same graph, or a layer called twice before one
+      backward are refused with a ``RuntimeError`` (use a larger batch, or
+      materialised gradients with :class:`LazyAdam` / ``torch.optim``).
+    * **Lazy.**  Only touched rows (input columns of a ``SparseLinearBatch``,
+      output columns of a ``SparseOutputLinear``'s pattern) and their state
+      change.  Weight decay is *plainly lazy*: applied, as the torch
+      optimiser of the same kind applies it, to the touched rows at the steps
+      they are touched (an untouched row is not decayed, and there is no
+      catch-up later).  ``adamw`` decays decoupled, the others add ``weight_decay * p``
+      to the gradient.  Adam's bias correction uses the table's step count
+      (one per backward), as FBGEMM does.  With every row touched at every
+      step, each kind equals its torch optimiser (``sgd``: ``torch.optim.SGD``
+      without dampening; ``adagrad``: ``torch.optim.Adagrad`` without
+      ``lr_decay``) within float tolerance.
+    * **Row-wise Adagrad** (``"rowwise_adagrad"``): one accumulator per row,
+      ``acc[r] += mean(g[r]**2)``, ``p[r] -= lr * g[r] / (sqrt(acc[r]) + eps)``:
+      FBGEMM's ``EXACT_ROWWISE_ADAGRAD``, the usual choice for large tables
+      (state of one value per row instead of one per weight).
+    * A dense input to a ``SparseLinearBatch``, or no pattern for a
+      ``SparseOutputLinear``, while gradients are enabled, raises
+      ``NotImplementedError`` (the weight would get a gradient no optimiser
+      applies); under ``torch.no_grad()`` they work for inference.
+    * Not combinable with ``DistributedDataParallel`` (the in-backward rows
+      are updated from each process's local gradient, never all-reduced):
+      refused for a DDP-wrapped model.  Learning-rate schedulers are not
+      supported; use :meth:`set_lr`.
+
+    State: :meth:`state_dict` / :meth:`load_state_dict` hold the tables'
+    state (by layer name) and :attr:`dense`'s, as ``torch.optim`` does; the
+    model's own ``state_dict`` is unchanged (it still loads into
+    ``nn.Linear``).  Move or convert the model before building the optimiser.
+
+    Attributes:
+        dense (torch.optim.Optimizer or None): the optimiser of the other parameters.
+        kind (str): ``"sgd"``, ``"adam"``, ``"adamw"``, ``"adagrad"`` or ``"rowwise_adagrad"``.
+    """
+
+    def __init__(self, model: nn.Module, kind: str, hp: dict) -> None:
+        layers = _sparse_layers(model)
+        for name, layer, _, _ in layers:
+            if layer._row_update is not None:
+                raise ValueError(f"model: layer {name!r} already has an optimiser in the "
+                                 f"backward; call remove() on the old one first")
+        self.kind, self._hp = kind, hp
+        self._layers = [(name, layer) for name, layer, _, _ in layers]
+        self._updates: Dict[str, _rowopt.TableUpdate] = {}
+        for name, layer, table, _ in layers:
+            self._updates[name] = _rowopt.TableUpdate(
+                kind, hp, table, f"{type(layer).__name__} {name!r}")
+        fused_ids = {id(param) for _, _, _, param in layers}
+        rest = [p for p in model.parameters() if p.requires_grad and id(p) not in fused_ids]
+        self.dense = _dense_optimizer(kind, rest, hp)
+        for name, layer in self._layers:  # attach last: nothing is changed on a failure above
+            layer._row_update = self._updates[name]
+
+    @property
+    def tables(self) -> Dict[str, Dict[str, Tensor]]:
+        """Each in-backward layer's optimiser state (``step`` and the kind's tensors), by name."""
+        return {name: u.state for name, u in self._updates.items()}
+
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        """Step :attr:`dense` (the in-backward weights were updated by the backward)."""
+        if self.dense is not None:
+            return self.dense.step(closure)
+        if closure is not None:
+            with torch.enable_grad():
+                return closure()
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero :attr:`dense`'s gradients (the in-backward weights have none)."""
+        if self.dense is not None:
+            self.dense.zero_grad(set_to_none)
+
+    def set_lr(self, lr: float) -> None:
+        """Set the learning rate of the in-backward weights and of :attr:`dense`."""
+        if not lr >= 0.0:
+            raise ValueError(f"lr must be non-negative, got {lr}")
+        for u in self._updates.values():
+            u.hp["lr"] = lr
+        if self.dense is not None:
+            for group in self.dense.param_groups:
+                group["lr"] = lr
+
+    def remove(self) -> None:
+        """Detach from the layers: their weights get gradients again."""
+        for name, layer in self._layers:
+            if layer._row_update is self._updates[name]:
+                layer._row_update = None
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``{"kind", "tables": {layer name: state}, "dense": dense.state_dict() or None}``."""
+        return {"kind": self.kind,
+                "tables": {n: {k: t for k, t in u.state.items()} for n, u in self._updates.items()},
+                "dense": self.dense.state_dict() if self.dense is not None else None}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Load a :meth:`state_dict`; everything is checked before anything is changed."""
+        if state_dict.get("kind") != self.kind:
+            raise ValueError(f"state_dict must be of a {self.kind!r} optimiser, "
+                             f"got {state_dict.get('kind')!r}")
+        tables = state_dict.get("tables", {})
+        if set(tables) != set(self._updates):
+            raise ValueError(f"state_dict must hold the layers {sorted(self._updates)}, "
+                             f"got {sorted(tables)}")
+        for name, u in self._updates.items():
+            for key, t in u.state.items():
+                given = tables[name].get(key)
+                if not isinstance(given, Tensor) or given.shape != t.shape:
+                    raise ValueError(f"state_dict['tables'][{name!r}][{key!r}] must be a tensor "
+                                     f"of shape {tuple(t.shape)}, got "
+                                     f"{tuple(given.shape) if isinstance(given, Tensor) else given!r}")
+        if (state_dict.get("dense") is None) != (self.dense is None):
+            raise ValueError("state_dict['dense'] must be given exactly when the model has "
+                             "parameters outside the in-backward layers")
+        if self.dense is not None:
+            self.dense.load_state_dict(state_dict["dense"])
+        for name, u in self._updates.items():
+            for key, t in u.state.items():
+                t.copy_(tables[name][key])
+
+
+def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
+                                lr: Optional[float] = None,
+                                betas: Tuple[float, float] = (0.9, 0.999),
+                                eps: Optional[float] = None,
+                                weight_decay: Optional[float] = None, momentum: float = 0.0,
+                                nesterov: bool = False,
+                                initial_accumulator_value: float = 0.0) -> InBackwardOptimizer:
+    r"""Train the sparse layers of ``model`` by an optimiser inside their backward.
+
+    The fastest training step nnsparse offers for a sparse autoencoder: the
+    weights of every :class:`~nnsparse.SparseLinearBatch` and
+    :class:`~nnsparse.SparseOutputLinear` in ``model`` are updated row by
+    row during ``loss.backward()`` and get no ``.grad``; every other
+    parameter is trained by torch's optimiser of the same kind.  See
+    :class:`InBackwardOptimizer` for the semantics (one step per forward,
+    lazy rows, lazy weight decay, what is refused).
+
+    Args:
+        model (nn.Module): holds the sparse layers (built and moved to their
+            device and dtype already).  Not a ``DistributedDataParallel`` wrapper.
+        optimizer (str): ``"sgd"``, ``"adam"``, ``"adamw"``, ``"adagrad"`` or
+            ``"rowwise_adagrad"`` (the other parameters: ``torch.optim.Adagrad``).
+            Default: ``"adam"``.
+        lr (float, optional): learning rate; default torch's for the kind
+            (``1e-3``; ``1e-2`` for the Adagrads).
+        betas (Tuple[float, float]): Adam's.  Default: ``(0.9, 0.999)``.
+        eps (float, optional): default torch's for the kind.
+        weight_decay (float, optional): default torch's for the kind (``1e-2``
+            for AdamW, else 0).
+        momentum (float): SGD's (no dampening).  Default: 0.
+        nesterov (bool): SGD's.  Default: ``False``.
+        initial_accumulator_value (float): the Adagrads'.  Default: 0.
+
+    Returns:
+        InBackwardOptimizer: call its ``zero_grad()`` and ``step()`` as a torch optimiser's.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+        ValueError: unknown ``optimizer``, an invalid hyperparameter, one not
+            used by ``optimizer`` (``momentum`` for Adam), no sparse layer in
+            ``model``, or a layer already attached to another one.
+        NotImplementedError: ``model`` is wrapped in ``DistributedDataParallel``.
+
+    Example::
+
+        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+        <torch._C.Generator object at ...>
+        >>> model = torch.nn.Sequential(nnsparse.SparseLinearBatch(6, 3), torch.nn.Tanh())
+        >>> opt = nnsparse.optim.apply_optimizer_in_backward(model, "adam", lr=0.1)
+        >>> x = torch.tensor([[0., 1, 0, 0, 2, 0]]).to_sparse()
+        >>> before = model[0].weight.detach().clone()
+        >>> opt.zero_grad()
+        >>> model(x).sum().backward()   # updates the weight's columns 1 and 4
+        >>> opt.step()                  # updates the bias
+        >>> model[0].weight.grad is None
+        True
+        >>> (model[0].weight.detach() != before).any(0).nonzero().flatten()
+        tensor([1, 4])
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        raise NotImplementedError(
+            "model: the optimiser in the backward updates rows from each process's local "
+            "gradient, which DistributedDataParallel never all-reduces; use materialised "
+            "gradients (torch.optim or nnsparse.optim.LazyAdam) under DDP")
+    if optimizer not in _rowopt.KINDS:
+        raise ValueError(f"optimizer must be one of {_rowopt.KINDS}, got {optimizer!r}")
+    hp = dict(_DEFAULTS[optimizer])
+    hp.update({k: v for k, v in dict(lr=lr, eps=eps, weight_decay=weight_decay).items()
+               if v is not None})
+    hp.update(betas=tuple(betas), momentum=momentum, nesterov=nesterov,
+              initial_accumulator_value=initial_accumulator_value)
+    _check_hyper(optimizer, hp)
+    if not _sparse_layers(model):
+        raise ValueError("model must hold a SparseLinearBatch or SparseOutputLinear with a "
+                         "trainable weight, found none")
+    return InBackwardOptimizer(model, optimizer, hp)
+
+
+def _check_hyper(kind: str, hp: dict) -> None:
+    for key in ("lr", "eps", "weight_decay", "momentum", "initial_accumulator_value"):
+        if not hp[key] >= 0.0:
+            raise ValueError(f"{key} must be non-negative, got {hp[key]}")
+    b1, b2 = hp["betas"]
+    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+        raise ValueError(f"betas must be in [0, 1), got {hp['betas']}")
+    if kind != "sgd" and (hp["momentum"] or hp["nesterov"]):
+        raise ValueError(f"momentum and nesterov are SGD's, got momentum={hp['momentum']}, "
+                         f"nesterov={hp['nesterov']} for optimizer={kind!r}")
+    if hp["nesterov"] and not hp["momentum"]:
+        raise ValueError("nesterov=True needs momentum > 0, got momentum=0")
+    if kind not in ("adagrad", "rowwise_adagrad") and hp["initial_accumulator_value"]:
+        raise ValueError(f"initial_accumulator_value is Adagrad's, got "
+                         f"{hp['initial_accumulator_value']} for optimizer={kind!r}")

@@ -15,7 +15,7 @@ costs about 1 ms at the MovieLens-1M shape and 3 ms at MovieLens-10M's (batch
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -29,24 +29,37 @@ __all__ = ["SparseOutputLinear", "sampled_linear"]
 
 
 class _SampledLinear(torch.autograd.Function):
-    """values[e] = dot(h[row[e]], weight[col[e]]) + bias[col[e]] and its gradients."""
+    """values[e] = dot(h[row[e]], weight[col[e]]) + bias[col[e]] and its gradients.
+
+    ``update`` (a ``_rowopt.TableUpdate`` or None): the optimiser in the
+    backward; the touched rows of ``weight`` are then updated in place from
+    their gradient rows and ``weight`` gets no gradient (the bias a dense
+    one).  ``colmajor``: the pattern's ``_column_major(row, col)`` when the
+    caller has it (built here otherwise).
+    """
 
     @staticmethod
     def forward(ctx: Any, h: Tensor, weight: Tensor, bias: Optional[Tensor], row: Tensor,
-                col: Tensor, crow: Tensor, sparse_grad: bool) -> Tensor:
+                col: Tensor, crow: Tensor, sparse_grad: bool, update: Any = None,
+                colmajor: Optional[Tuple[Tensor, Tensor, Tensor, Tensor]] = None) -> Tensor:
         values = _sampled_mm(h, weight.t(), crow, col)
         if bias is not None:
             values = values + bias[col]
         ctx.save_for_backward(h, weight, row, col, crow)
         ctx.has_bias = bias is not None
-        ctx.sparse_grad = sparse_grad
+        ctx.sparse_grad = sparse_grad and update is None
+        ctx.update, ctx.colmajor = update, colmajor
+        ctx.updates = update.updates if update is not None else 0
         return values
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor):
+        update = ctx.update
+        if update is not None and ctx.needs_input_grad[1] and update.updates != ctx.updates:
+            raise RuntimeError(update.stale_message())
         h, weight, row, col, crow = ctx.saved_tensors
         grad = grad.contiguous()
-        rows, out_features = h.shape[0], weight.shape[0]
+        out_features = weight.shape[0]
         grad_h = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
             # grad_h = S @ W, S the (rows, out) CSR of the incoming values: row r
@@ -55,15 +68,8 @@ class _SampledLinear(torch.autograd.Function):
             grad_h = _csr_rows_mm(col, weight, crow, grad)
         need_w, need_b = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
         if need_w or (need_b and ctx.sparse_grad):
-            perm, cols, crow_t, row_t = _column_major(row, col)
+            perm, cols, crow_t, row_t = ctx.colmajor or _column_major(row, col)
             grad_t = grad[perm]
-        if need_w:
-            # grad_W = S^T @ h, computed only for the columns the pattern touches.
-            touched = _csr_rows_mm(row_t, h, crow_t, grad_t)
-            if ctx.sparse_grad:
-                grad_w = _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True)
-            else:
-                grad_w = weight.new_zeros(weight.shape).index_copy_(0, cols, touched)
         if need_b:
             if ctx.sparse_grad:
                 segment = torch.repeat_interleave(crow_t.diff(), output_size=grad.shape[0])
@@ -71,7 +77,16 @@ class _SampledLinear(torch.autograd.Function):
                 grad_b = _sparse_coo(cols.unsqueeze(0), summed, (out_features,), True)
             else:
                 grad_b = grad.new_zeros(out_features).index_add_(0, col, grad)
-        return grad_h, grad_w, grad_b, None, None, None, None
+        if need_w:
+            # grad_W = S^T @ h, computed only for the columns the pattern touches.
+            touched = _csr_rows_mm(row_t, h, crow_t, grad_t)
+            if update is not None:  # after grad_h: it reads the weight before the step
+                update(weight.detach(), cols, touched)
+            elif ctx.sparse_grad:
+                grad_w = _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True)
+            else:
+                grad_w = weight.new_zeros(weight.shape).index_copy_(0, cols, touched)
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
 def _pattern_structure(pattern: Any, input: Tensor, out_features: int):
@@ -143,10 +158,21 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         (tensor([[0, 1, 1],
                 [1, 0, 2]]), tensor([2., 3., 7.]))
     """
+    return _sampled_linear(input, weight, bias, pattern, sparse_grad)
+
+
+def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], pattern: Any,
+                    sparse_grad: bool, update: Any = None) -> Tensor:
+    """:func:`sampled_linear`; ``update``: the layer's in-backward optimiser."""
     if not isinstance(input, Tensor) or input.layout != torch.strided:
         raise TypeError(f"input must be a dense tensor, got "
                         f"{input.layout if isinstance(input, Tensor) else type(input).__name__}")
     if pattern is None:
+        if update is not None and torch.is_grad_enabled() and weight.requires_grad:
+            raise NotImplementedError(
+                f"{update.name}: a dense output (pattern=None) with the optimiser in the "
+                f"backward would give the weight a dense gradient that no optimiser applies; "
+                f"pass the target's pattern, or run under torch.no_grad() for inference")
         return F.linear(input, weight, bias)
     if input.dim() not in (1, 2):
         raise ValueError(f"input must have shape (rows, in_features) or (in_features,), "
@@ -158,7 +184,7 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     batch, row, col, crow = _pattern_structure(pattern, input, weight.shape[0])
     if row.device != h.device:
         raise ValueError(f"pattern must be on input's device {h.device}, got {row.device}")
-    values = _SampledLinear.apply(h, weight, bias, row, col, crow, sparse_grad)
+    values = _SampledLinear.apply(h, weight, bias, row, col, crow, sparse_grad, update)
     return _with_pattern(values, pattern, batch, row, col)
 
 
@@ -222,9 +248,12 @@ class SparseOutputLinear(nn.Linear):
                  sparse_grad: bool = False, device=None, dtype=None) -> None:
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.sparse_grad = sparse_grad
+        # the optimiser in the backward, set by nnsparse.optim.apply_optimizer_in_backward
+        self._row_update: Any = None
 
     def forward(self, input: Tensor, pattern: Any = None) -> Tensor:
-        return sampled_linear(input, self.weight, self.bias, pattern, self.sparse_grad)
+        return _sampled_linear(input, self.weight, self.bias, pattern, self.sparse_grad,
+                               self._row_update)
 
     def extra_repr(self) -> str:
         return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "
