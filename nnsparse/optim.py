@@ -10,12 +10,13 @@ Adam update, so one optimiser serves the whole model.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
+
+from torch.optim.adam import adam as _adam_functional
 
 from . import _rowopt
 
@@ -95,18 +96,43 @@ class LazyAdam(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                _update(p, p.grad, state, group)
+        work = [(p, group) for group in self.param_groups for p in group["params"]
+                if p.grad is not None]
+        for p, _ in work:  # every check before the first change: a failed step changes nothing
+            _check_grad(p, p.grad)
+        for p, group in work:
+            state = self.state[p]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            for key in ("exp_avg", "exp_avg_sq"):  # e.g. loaded from a state_dict: p's layout
+                if state[key].stride() != p.stride():
+                    state[key] = torch.empty_like(p).copy_(state[key])
+            state["step"] += 1
+            _update(p, p.grad, state, group)
         return loss
+
+
+def _check_grad(p: Tensor, grad: Tensor) -> None:
+    """Raise unless :meth:`LazyAdam.step` can apply ``grad`` to ``p``."""
+    if grad.shape != p.shape:
+        raise ValueError(f"the gradient of a parameter of shape {tuple(p.shape)} must have "
+                         f"its shape, got {tuple(grad.shape)}")
+    if grad.device != p.device or grad.dtype != p.dtype:
+        raise ValueError(f"the gradient must have its parameter's dtype and device "
+                         f"({p.dtype}, {p.device}), got ({grad.dtype}, {grad.device})")
+    if grad.layout not in (torch.strided, torch.sparse_coo):
+        raise NotImplementedError(f"LazyAdam supports strided and sparse COO gradients, "
+                                  f"got layout {grad.layout}")
+    if grad.layout == torch.sparse_coo and not p.is_contiguous():
+        raise NotImplementedError("LazyAdam needs a contiguous parameter for a sparse "
+                                  f"gradient, got strides {p.stride()}")
+    if grad.layout == torch.sparse_coo and grad.sparse_dim() > 1 and not (
+            p.dim() == 2 and grad.sparse_dim() == 2):
+        raise NotImplementedError(f"LazyAdam supports sparse gradients with one sparse "
+                                  f"dimension, or two for a 2-D parameter, got sparse_dim "
+                                  f"{grad.sparse_dim()} for a {p.dim()}-D parameter")
 
 
 def _update(p: Tensor, grad: Tensor, state: dict, group: dict) -> None:
@@ -114,11 +140,10 @@ def _update(p: Tensor, grad: Tensor, state: dict, group: dict) -> None:
     m, v = state["exp_avg"], state["exp_avg_sq"]
     step = state["step"]
     if grad.layout == torch.strided:
+        if grad.stride() != p.stride():  # the fused kernel pairs elements by memory order
+            grad = torch.empty_like(p).copy_(grad)
         _adam([p], [grad], [m], [v], step, group)
         return
-    if grad.layout != torch.sparse_coo:
-        raise NotImplementedError(f"LazyAdam supports strided and sparse COO gradients, "
-                                  f"got layout {grad.layout}")
     if grad.sparse_dim() == 2 and p.dim() == 2:
         cols = _whole_columns(grad._indices(), p.shape[0])
         if cols is not None:
@@ -134,10 +159,6 @@ def _update(p: Tensor, grad: Tensor, state: dict, group: dict) -> None:
         _rows(p.view(-1, width), index[0], values.reshape(-1, width),
               m.view(-1, width), v.view(-1, width), step, group)
         return
-    if p.dim() != 2 or grad.sparse_dim() != 2:
-        raise NotImplementedError(f"LazyAdam supports sparse gradients with one sparse "
-                                  f"dimension, or two for a 2-D parameter, got sparse_dim "
-                                  f"{grad.sparse_dim()} for a {p.dim()}-D parameter")
     # single entries: rows of width 1 of the flattened parameter
     _rows(p.view(-1, 1), index[0] * p.shape[1] + index[1], values.unsqueeze(1),
           m.view(-1, 1), v.view(-1, 1), step, group)
@@ -184,34 +205,17 @@ def _whole_columns(index: Tensor, rows: int) -> Optional[Tensor]:
 
 def _adam(ps: List[Tensor], gs: List[Tensor], ms: List[Tensor], vs: List[Tensor], step: int,
           group: dict) -> None:
-    """Adam/AdamW on contiguous tensors, in place: torch's fused kernel where it has one."""
+    """Adam/AdamW in place on tensors laid out alike (each ``g``, ``m``, ``v`` with its
+    ``p``'s strides): torch's fused kernel, through its public functional API, where
+    torch has one; its single-tensor loop otherwise."""
     beta1, beta2 = group["betas"]
-    lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-    decoupled = group["decoupled_weight_decay"]
-    if _fused_ok(ps[0]):
-        fused = torch._fused_adamw_ if decoupled else torch._fused_adam_
-        steps = [torch.tensor(float(step), device=p.device) for p in ps]
-        fused(ps, gs, ms, vs, [], steps, lr=lr, beta1=beta1, beta2=beta2, weight_decay=wd,
-              eps=eps, amsgrad=False, maximize=False)
-        return
-    bias1, bias2 = 1 - beta1 ** step, 1 - beta2 ** step
-    for p, g, m, v in zip(ps, gs, ms, vs):
-        if wd != 0 and not decoupled:
-            g = g.add(p, alpha=wd)
-        if wd != 0 and decoupled:
-            p.mul_(1 - lr * wd)
-        m.mul_(beta1).add_(g, alpha=1 - beta1)
-        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        denom = v.sqrt().div_(math.sqrt(bias2)).add_(eps)
-        p.addcdiv_(m, denom, value=-lr / bias1)
-
-
-def _fused_ok(p: Tensor) -> bool:
-    # torch's fused Adam kernels (one pass instead of about ten) exist on CPU
-    # and CUDA for floating dtypes; they need contiguous tensors, which every
-    # call here passes.
-    return (_USE_FUSED and hasattr(torch, "_fused_adam_") and p.device.type in ("cpu", "cuda")
-            and p.is_floating_point())
+    fused = _USE_FUSED and all(_rowopt.fused_ok(p) for p in ps)
+    # the functional API advances the step tensors itself: hand it step - 1
+    steps = [torch.tensor(float(step - 1), device=p.device if fused else "cpu") for p in ps]
+    _adam_functional(ps, gs, ms, vs, [], steps, foreach=False, fused=True if fused else None,
+                     decoupled_weight_decay=group["decoupled_weight_decay"], amsgrad=False,
+                     beta1=beta1, beta2=beta2, lr=group["lr"],
+                     weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
 
 
 def _rows(p: Tensor, rows: Tensor, values: Tensor, m: Tensor, v: Tensor, step: int,

@@ -171,3 +171,48 @@ def test_closure_and_errors():
     w.grad = torch.ones(2, 3, 4).to_sparse()
     with pytest.raises(NotImplementedError, match="got sparse_dim 3 for a 3-D parameter"):
         noptim.LazyAdam([w]).step()
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_gradient_strides_differ_from_parameter(decoupled, kernel):
+    """SparseLinearBatch.weight is a transposed view; a gradient in nn.Linear's layout."""
+    import nnsparse
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(6, 4).double()
+    ref = torch.nn.Linear(6, 4).double()
+    ref.load_state_dict(layer.state_dict())
+    assert layer.weight.stride() != ref.weight.stride()
+    ours = noptim.LazyAdam(layer.parameters(), weight_decay=0.1,
+                           decoupled_weight_decay=decoupled, **CASES)
+    theirs = (torch.optim.AdamW if decoupled else torch.optim.Adam)(ref.parameters(),
+                                                                     weight_decay=0.1, **CASES)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        g = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+        layer.weight.grad, ref.weight.grad = g.clone(), g.clone()
+        layer.bias.grad = ref.bias.grad = None
+        ours.step()
+        theirs.step()
+    torch.testing.assert_close(layer.weight, ref.weight)
+
+
+@pytest.mark.parametrize("shape,strided_t,sparse_dim,message", [
+    ((2, 3, 4), False, 2, "sparse_dim 2 for a 3-D parameter"),
+    ((4, 3), True, 1, "needs a contiguous parameter for a sparse gradient"),
+])
+def test_failed_step_changes_nothing(shape, strided_t, sparse_dim, message):
+    """Validate before mutating: a bad second gradient leaves the first parameter as it was."""
+    gen = torch.Generator().manual_seed(4)
+    good = torch.randn(5, 4, generator=gen, dtype=torch.float64).requires_grad_()
+    other = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    other = (other.t().contiguous().t() if strided_t else other).requires_grad_()
+    opt = noptim.LazyAdam([good, other], **CASES)
+    good.grad = torch.ones(5, 4, dtype=torch.float64)
+    other.grad = torch.ones(shape, dtype=torch.float64).to_sparse(sparse_dim)
+    before = good.detach().clone()
+    with pytest.raises(NotImplementedError, match=message):
+        opt.step()
+    assert torch.equal(good, before) and not opt.state
+    other.grad = None
+    opt.step()  # a retry steps the good parameter once
+    assert opt.state[good]["step"] == 1
