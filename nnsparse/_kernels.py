@@ -15,7 +15,7 @@ the sparse layers:
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Callable, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,31 @@ def _csr_rows_mm(index: Tensor, table: Tensor, crow: Tensor, weights: Tensor) ->
     if crow.shape[0] == 1:
         return table.new_zeros(0, table.shape[1])
     return F.embedding_bag(index, table, crow[:-1], mode="sum", per_sample_weights=weights)
+
+
+def _bag_rows(index: Tensor, table: Tensor, crow: Tensor,
+              weights: Tensor) -> Callable[[int, int], Tensor]:
+    """``rows(a, b)``: the bags ``a:b`` of ``_csr_rows_mm(index, table, crow, weights)``.
+
+    Lets a caller make a large product block by block (the in-backward
+    optimiser updates the rows of each block before the next is made).  The
+    block bounds are read from ``crow`` on the host, so only whole-range
+    calls are made on a GPU.
+    """
+    bags = crow.shape[0] - 1
+
+    def rows(a: int, b: int) -> Tensor:
+        if a == 0 and b == bags:
+            return _csr_rows_mm(index, table, crow, weights)
+        s, e = int(crow[a]), int(crow[b])
+        return _csr_rows_mm(index[s:e], table, crow[a:b + 1] - s, weights[s:e])
+    return rows
+
+
+def _all_rows_crow(cols: Tensor, crow_t: Tensor, n: int) -> Tensor:
+    """CSR pointers over all ``n`` rows from those over the rows ``cols`` (the others empty)."""
+    counts = crow_t.new_zeros(n + 1).index_copy_(0, cols + 1, crow_t.diff())
+    return torch.cumsum(counts, 0)
 
 
 def _column_major(row: Tensor, col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:

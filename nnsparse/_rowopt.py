@@ -13,7 +13,7 @@ nothing is gathered.
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional, Union
 
 import torch
 from torch import Tensor
@@ -45,31 +45,103 @@ def new_state(kind: str, table: Tensor, init: float = 0.0) -> Dict[str, Tensor]:
     return state
 
 
-def update_rows(kind: str, hp: dict, table: Tensor, rows: Tensor, grad: Tensor,
-                state: Dict[str, Tensor]) -> None:
+# Touched rows are updated in blocks of about this many elements on CPU: the
+# temporaries (a gradient block, gathered rows) then stay small enough for the
+# allocator to reuse them (fresh large buffers cost a page fault per 4 KiB on
+# first touch, measured as much as the update itself) and warm in cache.
+_CHUNK = 1 << 20
+# On CPU, when a block's touched rows are more than this share of the table
+# rows they span, the span is updated in place (untouched rows get a zero
+# gradient, and their old values, saved before, are written back after)
+# rather than gathered and scattered: fewer passes over memory (measured by
+# benchmarks/bench_optim.py).
+_DENSE_SHARE = 0.5
+
+GradRows = Union[Tensor, Callable[[int, int], Tensor]]
+
+
+def update_rows(kind: str, hp: dict, table: Tensor, rows: Tensor, grad: GradRows,
+                state: Dict[str, Tensor], dense_grad: Optional[Callable[[int, int], Tensor]] = None
+                ) -> None:
     """Apply one optimiser step to rows ``rows`` (distinct, increasing) of ``table`` in place.
 
-    ``grad`` holds their gradients, ``(len(rows), width)``.  Untouched rows
-    and their state are not read or written (lazy).  ``table`` and the
-    state tensors must be contiguous; ``grad`` is made so.
+    ``grad`` holds their gradients, ``(len(rows), width)``, or is a function
+    ``grad(a, b)`` giving those of ``rows[a:b]``, so that the gradient of a
+    large table is made block by block and never whole.  Untouched rows and
+    their state are not changed (lazy) unless more than ``hp["dense_above"]``
+    of the rows are touched and ``dense_grad(lo, hi)`` (the gradient of the
+    table rows ``lo:hi``, zero where untouched) is given: the step is then the
+    dense one of torch's optimiser, in blocks.  ``state["step"]`` advances by
+    one.  ``table`` and the state tensors must be contiguous.
     """
+    k, n = rows.shape[0], table.shape[0]
+    width = max(1, table[0].numel()) if n else 1
+    step = state["step"]
+    above = hp.get("dense_above")
+    dense = dense_grad is not None and above is not None and k > above * n
+    total = n if dense else k
+    if table.device.type != "cpu" or total * width <= _CHUNK:
+        spans = [(0, total)]  # one block: no host synchronisation on a GPU
+    else:
+        per = max(1, _CHUNK // width)
+        spans = [(a, min(a + per, total)) for a in range(0, total, per)]
     names = _STATE[kind]
-    grad = grad.contiguous()
-    if rows.shape[0] == table.shape[0]:  # distinct and increasing: every row, in order
-        _KERNELS[kind](hp, table, grad, [state[n] for n in names], state["step"])
+    for a, b in spans:
+        if b == a:
+            continue
+        if dense:
+            _KERNELS[kind](hp, table[a:b], dense_grad(a, b).contiguous(),
+                           [state[name][a:b] for name in names], step.clone())
+            continue
+        g = grad(a, b) if callable(grad) else grad[a:b]
+        _block(kind, hp, table, rows[a:b], g.contiguous(), state, step.clone())
+    step.add_(1)
+
+
+def _block(kind: str, hp: dict, table: Tensor, idx: Tensor, g: Tensor,
+           state: Dict[str, Tensor], step: Tensor) -> None:
+    """One step on the rows ``idx`` of ``table``: in place, gathered, or over their span."""
+    names = _STATE[kind]
+    kernel = _KERNELS[kind]
+    if idx.shape[0] == table.shape[0]:  # distinct and increasing: every row, in order
+        kernel(hp, table, g, [state[n] for n in names], step)
         return
-    block = table.index_select(0, rows)
-    states = [state[n].index_select(0, rows) for n in names]
-    _KERNELS[kind](hp, block, grad, states, state["step"])
-    table.index_copy_(0, rows, block)
+    if table.device.type == "cpu":
+        lo, hi = int(idx[0]), int(idx[-1]) + 1
+        if idx.shape[0] == hi - lo:  # a whole range: views, nothing to gather
+            kernel(hp, table[lo:hi], g, [state[n][lo:hi] for n in names], step)
+            return
+        if idx.shape[0] > _DENSE_SHARE * (hi - lo):
+            _span(kernel, hp, [table] + [state[n] for n in names], idx, g, lo, hi, step)
+            return
+    block = table.index_select(0, idx)
+    states = [state[n].index_select(0, idx) for n in names]
+    kernel(hp, block, g, states, step)
+    table.index_copy_(0, idx, block)
     for n, s in zip(names, states):
-        state[n].index_copy_(0, rows, s)
+        state[n].index_copy_(0, idx, s)
+
+
+def _span(kernel: Callable, hp: dict, tensors: List[Tensor], idx: Tensor, g: Tensor, lo: int,
+          hi: int, step: Tensor) -> None:
+    """The rows ``lo:hi`` updated in place with a zero gradient off ``idx``, then the
+    untouched rows (saved before) written back: the update of ``idx`` only."""
+    local = idx - lo
+    dense_g = g.new_zeros((hi - lo,) + g.shape[1:]).index_copy_(0, local, g)
+    keep = torch.ones(hi - lo, dtype=torch.bool, device=idx.device)
+    keep[local] = False
+    untouched = keep.nonzero().squeeze(1)
+    views = [t[lo:hi] for t in tensors]
+    saved = [v.index_select(0, untouched) for v in views]
+    kernel(hp, views[0], dense_g, views[1:], step)
+    for v, old in zip(views, saved):
+        v.index_copy_(0, untouched, old)
 
 
 def _adam_kernel(decoupled: bool):
     def kernel(hp: dict, p: Tensor, g: Tensor, states: List[Tensor], step: Tensor) -> None:
         m, v = states
-        fused = fused_ok(p)
+        fused = fused_ok(p) and hp.get("_fused", True)
         _adam.adam([p], [g], [m], [v], [], [step], foreach=False if not fused else None,
                    fused=True if fused else None, decoupled_weight_decay=decoupled,
                    amsgrad=False, beta1=hp["betas"][0], beta2=hp["betas"][1], lr=hp["lr"],
@@ -129,7 +201,8 @@ class TableUpdate:
         self.state = new_state(kind, table, hp.get("initial_accumulator_value", 0.0))
         self.updates = 0
 
-    def __call__(self, table: Tensor, rows: Tensor, grad: Tensor) -> None:
+    def __call__(self, table: Tensor, rows: Tensor, grad: GradRows,
+                 dense_grad: Optional[Callable[[int, int], Tensor]] = None) -> None:
         ref = self.state[_STATE[self.kind][0]]
         if ref.device != table.device or ref.dtype != table.dtype \
                 or ref.shape[0] != table.shape[0]:
@@ -138,7 +211,7 @@ class TableUpdate:
                 f"for {ref.shape[0]} rows, the weight is now {table.dtype} on {table.device} "
                 f"with {table.shape[0]}; move or convert the model before "
                 f"nnsparse.optim.apply_optimizer_in_backward, or call it again")
-        update_rows(self.kind, self.hp, table, rows, grad, self.state)
+        update_rows(self.kind, self.hp, table, rows, grad, self.state, dense_grad)
         self.updates += 1
 
     def stale_message(self) -> str:

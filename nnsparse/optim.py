@@ -62,6 +62,12 @@ class LazyAdam(Optimizer):
         eps (float): added to the denominator.  Default: ``1e-8``.
         weight_decay (float): lazy weight decay, see above.  Default: ``0``.
         decoupled_weight_decay (bool): AdamW-style decay.  Default: ``False``.
+        dense_above (float, optional): when a row-sparse gradient touches more
+            than this share of a parameter's rows, the step is torch's dense
+            fused Adam/AdamW over the whole parameter (the gradient
+            zero-filled: untouched rows' moments decay and the rows move, as
+            in Adam), which costs less than gathering most rows.  ``None``:
+            always lazy.  Default: ``None``.
 
     Example::
 
@@ -76,7 +82,8 @@ class LazyAdam(Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, decoupled_weight_decay: bool = False) -> None:
+                 weight_decay: float = 0.0, decoupled_weight_decay: bool = False,
+                 dense_above: Optional[float] = None) -> None:
         if not lr >= 0.0:
             raise ValueError(f"lr must be non-negative, got {lr}")
         if not eps >= 0.0:
@@ -85,8 +92,9 @@ class LazyAdam(Optimizer):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
         if not weight_decay >= 0.0:
             raise ValueError(f"weight_decay must be non-negative, got {weight_decay}")
+        _check_share(dense_above)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        decoupled_weight_decay=decoupled_weight_decay)
+                        decoupled_weight_decay=decoupled_weight_decay, dense_above=dense_above)
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -220,41 +228,23 @@ def _adam(ps: List[Tensor], gs: List[Tensor], ms: List[Tensor], vs: List[Tensor]
 
 def _rows(p: Tensor, rows: Tensor, values: Tensor, m: Tensor, v: Tensor, step: int,
           group: dict) -> None:
-    """Update the rows ``rows`` (distinct, increasing) of 2-D ``p``; ``values`` are their gradients.
+    """Update the rows ``rows`` (distinct, increasing) of 2-D ``p``; ``values`` are their
+    gradients: the row update of the in-backward optimiser (touched rows gathered in
+    blocks, one fused Adam pass each, scattered back; spans touched densely are updated
+    in place and their untouched rows restored)."""
+    kind = "adamw" if group["decoupled_weight_decay"] else "adam"
+    hp = {k: group[k] for k in ("lr", "betas", "eps", "weight_decay")}
+    if not _USE_FUSED:  # the tests' switch: torch's single-tensor loop
+        hp["_fused"] = False
+    hp["dense_above"] = group["dense_above"]
+    state = {"step": torch.tensor(float(step - 1), device=p.device),
+             "exp_avg": m, "exp_avg_sq": v}
 
-    The parameter is walked in blocks of about ``_CHUNK`` elements.  In a
-    block where at most half the rows are touched, those rows are gathered,
-    updated and scattered back; where more are, the whole block is updated
-    with a zero gradient on the untouched rows, whose old values (parameter
-    and moments) are saved before and restored after: fewer passes over
-    memory, the same result.
-    """
-    n_rows, width = p.shape
-    block = max(1, _CHUNK // max(1, width))
-    bounds = torch.searchsorted(rows, torch.arange(0, n_rows + block, block, device=rows.device))
-    bounds = bounds.tolist()
-    for i, start in enumerate(range(0, n_rows, block)):
-        lo, hi = bounds[i], bounds[i + 1]
-        if hi == lo:
-            continue
-        stop = min(start + block, n_rows)
-        idx, g = rows[lo:hi], values[lo:hi]
-        if 2 * (hi - lo) <= stop - start:
-            part = [t.index_select(0, idx) for t in (p, m, v)]
-            _adam([part[0]], [g], [part[1]], [part[2]], step, group)
-            for t, new in zip((p, m, v), part):
-                t.index_copy_(0, idx, new)
-        else:
-            local = idx - start
-            dense_g = g.new_zeros(stop - start, width).index_copy_(0, local, g)
-            keep = torch.ones(stop - start, dtype=torch.bool, device=idx.device)
-            keep[local] = False
-            untouched = keep.nonzero().squeeze(1)
-            views = [t[start:stop] for t in (p, m, v)]
-            saved = [t.index_select(0, untouched) for t in views]
-            _adam([views[0]], [dense_g], [views[1]], [views[2]], step, group)
-            for t, old in zip(views, saved):
-                t.index_copy_(0, untouched, old)
+    def dense_grad(lo: int, hi: int) -> Tensor:  # the gradient of rows lo:hi, zero-filled
+        a, b = torch.searchsorted(rows, torch.tensor([lo, hi], device=rows.device)).tolist()
+        return values.new_zeros((hi - lo,) + values.shape[1:]).index_copy_(
+            0, rows[a:b] - lo, values[a:b])
+    _rowopt.update_rows(kind, hp, p, rows, values, state, dense_grad)
 
 
 def _columns(p: Tensor, cols: Tensor, values: Tensor, m: Tensor, v: Tensor, step: int,
@@ -484,7 +474,9 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
                                 eps: Optional[float] = None,
                                 weight_decay: Optional[float] = None, momentum: float = 0.0,
                                 nesterov: bool = False,
-                                initial_accumulator_value: float = 0.0) -> InBackwardOptimizer:
+                                initial_accumulator_value: float = 0.0,
+                                dense_above: Optional[float] = None
+                                ) -> InBackwardOptimizer:
     r"""Train the sparse layers of ``model`` by an optimiser inside their backward.
 
     The fastest training step nnsparse offers for a sparse autoencoder: the
@@ -510,6 +502,12 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
         momentum (float): SGD's (no dampening).  Default: 0.
         nesterov (bool): SGD's.  Default: ``False``.
         initial_accumulator_value (float): the Adagrads'.  Default: 0.
+        dense_above (float, optional): when one step touches more than this
+            share of a table's rows, the table takes the dense step of
+            ``optimizer`` (untouched rows get a zero gradient: their state
+            decays and, for Adam, they move; weight decay applies to every
+            row), in blocks, instead of the lazy one.  ``None``: always lazy.
+            Default: ``None``.
 
     Returns:
         InBackwardOptimizer: call its ``zero_grad()`` and ``step()`` as a torch optimiser's.
@@ -550,12 +548,18 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
     hp.update({k: v for k, v in dict(lr=lr, eps=eps, weight_decay=weight_decay).items()
                if v is not None})
     hp.update(betas=tuple(betas), momentum=momentum, nesterov=nesterov,
-              initial_accumulator_value=initial_accumulator_value)
+              initial_accumulator_value=initial_accumulator_value, dense_above=dense_above)
     _check_hyper(optimizer, hp)
+    _check_share(dense_above)
     if not _sparse_layers(model):
         raise ValueError("model must hold a SparseLinearBatch or SparseOutputLinear with a "
                          "trainable weight, found none")
     return InBackwardOptimizer(model, optimizer, hp)
+
+
+def _check_share(dense_above: Optional[float]) -> None:
+    if dense_above is not None and not 0.0 <= dense_above <= 1.0:
+        raise ValueError(f"dense_above must be None or in [0, 1], got {dense_above}")
 
 
 def _check_hyper(kind: str, hp: dict) -> None:

@@ -216,3 +216,27 @@ def test_failed_step_changes_nothing(shape, strided_t, sparse_dim, message):
     other.grad = None
     opt.step()  # a retry steps the good parameter once
     assert opt.state[good]["step"] == 1
+
+
+@pytest.mark.parametrize("chunk", [4, 1 << 22])
+def test_dense_above_falls_back_to_adam(chunk, kernel, monkeypatch):
+    """Above dense_above of the rows touched, the step is torch's dense Adam; at or
+    below it, lazy."""
+    monkeypatch.setattr(noptim._rowopt, "_CHUNK", chunk)
+    gen = torch.Generator().manual_seed(8)
+    p = torch.randn(6, 3, generator=gen, dtype=torch.float64).requires_grad_()
+    q = p.detach().clone().requires_grad_()
+    ours = noptim.LazyAdam([p], dense_above=0.5, weight_decay=0.1, **CASES)
+    ref = torch.optim.Adam([q], weight_decay=0.1, **CASES)
+    for rows in ([0, 2, 3, 5], [1, 2, 4, 5]):  # 4 of 6 rows > 0.5: dense
+        g = _row_grad(rows, (6, 3), gen)
+        p.grad, q.grad = g, g.to_dense()
+        ours.step()
+        ref.step()
+    torch.testing.assert_close(p, q)
+    before = p.detach().clone()
+    p.grad = _row_grad([1, 4], (6, 3), gen)  # 2 of 6: lazy, untouched rows keep their values
+    ours.step()
+    assert torch.equal(p.detach()[[0, 2, 3, 5]], before[[0, 2, 3, 5]])
+    with pytest.raises(ValueError, match=r"dense_above must be None or in \[0, 1\], got 2"):
+        noptim.LazyAdam([p], dense_above=2)

@@ -251,3 +251,53 @@ def test_bad_arguments(model, kwargs, exc, message):
         noptim.apply_optimizer_in_backward(target, **kwargs)
     if model == "ae":  # nothing attached by a failed call
         assert target.enc._row_update is None and target.dec._row_update is None
+
+
+def test_adamw_decay_is_lazy_without_catch_up():
+    """AdamW in the backward: a row is decayed (p *= 1 - lr * wd) only at the steps that
+    touch it; a row skipped for steps is not caught up when touched again."""
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(3, 2, bias=False, mode="sparse").double()
+    lr, wd, (b1, b2), eps = 0.1, 0.5, (0.9, 0.999), 1e-8
+    opt = noptim.apply_optimizer_in_backward(layer, "adamw", lr=lr, weight_decay=wd)
+    p = layer.weight.detach().t().clone()  # table rows = input columns
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    gen = torch.Generator().manual_seed(6)
+    for step, cols in enumerate(([0, 1], [0], [0], [1]), 1):  # row 1 skips steps 2 and 3
+        x = torch.sparse_coo_tensor(torch.tensor([[0] * len(cols), cols]),
+                                    torch.ones(len(cols), dtype=torch.float64), (1, 3))
+        g_out = torch.randn(1, 2, generator=gen, dtype=torch.float64)
+        g = x.to_dense().t() @ g_out
+        r = torch.tensor(cols)
+        p[r] *= 1 - lr * wd  # decoupled decay of the touched rows only
+        m[r] = b1 * m[r] + (1 - b1) * g[r]
+        v[r] = b2 * v[r] + (1 - b2) * g[r].square()
+        denom = (v[r] / (1 - b2 ** step)).sqrt() + eps  # the table's step count
+        p[r] -= lr / (1 - b1 ** step) * m[r] / denom
+        layer(x).backward(g_out)
+        if step == 3:
+            before = layer.weight.detach()[:, 1].clone()
+        if step == 4:
+            assert not torch.equal(layer.weight.detach()[:, 1], before)
+        opt.step()
+    torch.testing.assert_close(layer.weight.detach().t(), p)
+    # row 2 was never touched: neither decayed nor moved
+    assert opt.tables["SparseLinearBatch"]["exp_avg"][2].eq(0).all()
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_dense_above_is_torch_adam(kind):
+    """dense_above=0: every step is torch's dense Adam/AdamW (untouched rows move too)."""
+    ours, ref = _models("cpu", bias=False)
+    hp = dict(lr=0.05, weight_decay=0.1)
+    opt = noptim.apply_optimizer_in_backward(ours, kind, dense_above=0.0, **hp)
+    ref_opt = (torch.optim.Adam if kind == "adam" else torch.optim.AdamW)(ref.parameters(), **hp)
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        x, y = _batch(gen, 2, IN, 0.3, "cpu"), _batch(gen, 2, OUT, 0.3, "cpu")
+        _loss(ours, x, y).backward()
+        ref_opt.zero_grad()
+        _loss(ref, x, y).backward()
+        ref_opt.step()
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)

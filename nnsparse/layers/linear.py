@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._forms import SparseBatch, _sparse_coo, as_sparse_batch
-from .._kernels import _column_major, _csr_rows_mm, _sampled_mm
+from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
 
 __all__ = ["SparseLinearBatch", "sparse_linear"]
 
@@ -84,7 +84,9 @@ class _SparseLinear(torch.autograd.Function):
                 grad_bias = grad_bias.to_sparse()
         if ctx.needs_input_grad[1] and update is not None:
             perm, cols, crow_t, row_t = ctx.colmajor or _column_major(row, col)
-            update(table.detach(), cols, _csr_rows_mm(row_t, grad, crow_t, values[perm]))
+            w_t = values[perm]
+            update(table.detach(), cols, _bag_rows(row_t, grad, crow_t, w_t),
+                   _bag_rows(row_t, grad, _all_rows_crow(cols, crow_t, table.shape[0]), w_t))
         elif ctx.needs_input_grad[1]:
             grad_table = _table_grad(row, col, values, grad, table.shape[0], ctx.sparse_grad,
                                      ctx.colmajor)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._forms import SparseBatch, _sparse_coo, as_sparse_batch
-from .._kernels import _column_major, _csr_rows_mm, _sampled_mm
+from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
 from ..values import _coo_with_values, _csr_with_values
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
@@ -79,10 +79,12 @@ class _SampledLinear(torch.autograd.Function):
                 grad_b = grad.new_zeros(out_features).index_add_(0, col, grad)
         if need_w:
             # grad_W = S^T @ h, computed only for the columns the pattern touches.
-            touched = _csr_rows_mm(row_t, h, crow_t, grad_t)
             if update is not None:  # after grad_h: it reads the weight before the step
-                update(weight.detach(), cols, touched)
-            elif ctx.sparse_grad:
+                update(weight.detach(), cols, _bag_rows(row_t, h, crow_t, grad_t),
+                       _bag_rows(row_t, h, _all_rows_crow(cols, crow_t, out_features), grad_t))
+                return grad_h, grad_w, grad_b, None, None, None, None, None, None
+            touched = _csr_rows_mm(row_t, h, crow_t, grad_t)
+            if ctx.sparse_grad:
                 grad_w = _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True)
             else:
                 grad_w = weight.new_zeros(weight.shape).index_copy_(0, cols, touched)
