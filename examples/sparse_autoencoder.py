@@ -136,8 +136,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
             est = model(noisy, x).to_sparse_coo().coalesce()
             coo = x.to_sparse_coo().coalesce()
             r, c = coo.indices()
-            width = x.shape[1]
-            hidden = ~torch.isin(r * width + c, noisy.indices()[0] * width + noisy.indices()[1])
+            # prepare_input keeps x's pattern and sets the hidden entries to 0
+            hidden = (noisy.values() == 0) & (coo.values() != 0)
             target = coo.values()[hidden]
             sq_err += float(((est.values()[hidden] - target) ** 2).sum())
             sq_base += float(((word_mean[c[hidden]] - target) ** 2).sum())

@@ -12,6 +12,7 @@ from .criteria import *  # noqa: F401,F403  (the list is criteria.__all__)
 from .layers import *  # noqa: F401,F403  (the list is layers.__all__)
 from . import data, optim
 from .values import ValuesMap, values_map
+from ._forms import trust
 
 __version__ = "0.1.0"
 
@@ -26,4 +27,5 @@ __all__ = [
     "DynamicSparseTensor",
     "values_map",
     "ValuesMap",
+    "trust",
 ] + layers.__all__ + criteria.__all__

@@ -13,34 +13,40 @@ parses user input.  The accepted forms (see ``docs/naming.md``):
   0-based indices (the Lua form of a sparse vector);
 * ``"pair_list"``: a list of such pair tensors, one per row.
 
+**Validate once** (``docs/batch.md``).  The first nnsparse call that receives
+a torch sparse tensor checks it completely, with one host synchronisation,
+and attaches the resulting index structure (int64 rows and columns, CSR row
+pointers, the column-major order: built lazily, at most once) to the tensor
+as a Python attribute.  Later calls on the same tensor reuse it: no parse, no
+check.  The values are always read from the tensor itself.  Tensors nnsparse
+builds carry their structure from the start and are *trusted*;
+:func:`trust` marks a user's tensor the same way without checking it.
+
 The batch keeps the caller's device and dtype and keeps the autograd link to
 the caller's values wherever torch allows it.
 """
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, replace
-from typing import Any, Optional, Sequence, Tuple
+import copy
+from dataclasses import dataclass, field, replace
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-__all__ = ["SparseBatch", "as_sparse_batch", "is_sparse_form", "check_index_range", "resolve_size"]
+from . import _index
+from ._index import coo_tensor as _sparse_coo
+from ._index import csr_tensor as _sparse_csr
 
+__all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "check_index_range",
+           "resolve_size", "trust"]
 
-def _sparse_coo(indices: Tensor, values: Tensor, size: Sequence[int], coalesced: bool) -> Tensor:
-    # Invariant checks are done by nnsparse itself (check_index_range); asking
-    # torch explicitly silences its "checks implicitly disabled" warning.
-    return torch.sparse_coo_tensor(
-        indices, values, tuple(size), is_coalesced=coalesced, check_invariants=False
-    )
+#: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
+#: pair tensor, or a list of sparse vectors or pair tensors (one per row).
+SparseLike = Union[Tensor, Sequence[Tensor]]
 
-
-def _sparse_csr(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[int]) -> Tensor:
-    with warnings.catch_warnings():
-        # torch warns once per process that CSR is "beta"; the user chose CSR.
-        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
-        return torch.sparse_csr_tensor(crow, col, values, tuple(size), check_invariants=False)
+# The attribute under which a torch tensor carries its checked structure.
+_ATTR = "_nnsparse_structure"
 
 
 def check_index_range(index: Tensor, bound: Optional[int], name: str) -> int:
@@ -48,16 +54,16 @@ def check_index_range(index: Tensor, bound: Optional[int], name: str) -> int:
 
     Returns ``max(index) + 1`` (0 when ``index`` is empty), the smallest size
     that holds the data.  ``bound=None`` only checks for negative entries.
+    One host synchronisation.
     """
     if index.numel() == 0:
         return 0
-    lo, hi = torch.aminmax(index)
-    lo, hi = int(lo), int(hi)
+    lo, hi = torch.stack(list(torch.aminmax(index))).tolist()
     if lo < 0:
         raise ValueError(f"{name} must be non-negative, got min {lo}")
     if bound is not None and hi >= bound:
         raise ValueError(f"{name} must be in [0, {bound}), got max {hi}")
-    return hi + 1
+    return int(hi) + 1
 
 
 def _pair_index(column: Tensor, name: str) -> Tensor:
@@ -74,7 +80,36 @@ def _pair_index(column: Tensor, name: str) -> Tensor:
         if not bool(whole.all()):
             bad = column[~whole][0].item()
             raise ValueError(f"{name} indices must be integers, got {bad}")
+        if column.numel() and float(column.abs().max()) >= 2.0 ** 63:
+            raise ValueError(f"{name} indices must fit in int64, got {float(column.abs().max())}")
     return column.to(torch.int64)
+
+
+@dataclass(eq=False)
+class _Cache:
+    """Derived index structures of one pattern, built at most once each.
+
+    Shared by every :class:`SparseBatch` with that pattern (same ``row`` and
+    ``col``), whatever its values.
+    """
+
+    crow: Optional[Tensor] = None
+    column_major: Optional[Tuple[Tensor, Tensor, Tensor, Tensor]] = None
+    coo_indices: Optional[Tensor] = None  # a COO index tensor of exactly (row, col)
+    col_index: Optional[Tensor] = None  # a CSR col tensor of exactly col (the caller's dtype)
+    by_row: Optional[Tuple[Tensor, "SparseBatch"]] = None  # order, row-sorted pattern
+    coalesced: Optional[Tuple[Tensor, "SparseBatch"]] = None  # inverse, coalesced pattern
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "_Cache":
+        """The plain tensors moved to ``device``; the nested patterns are dropped."""
+        def move(t: Any) -> Any:
+            if t is None:
+                return None
+            if isinstance(t, tuple):
+                return tuple(move(u) for u in t)
+            return t.to(device, non_blocking=non_blocking)
+        return _Cache(move(self.crow), move(self.column_major), move(self.coo_indices),
+                      move(self.col_index))
 
 
 @dataclass
@@ -86,7 +121,14 @@ class SparseBatch:
     values.  A vector is a batch of one row with ``is_vector=True``.
     ``row_sorted`` says the entries are grouped by row in increasing order
     (needed for CSR); ``coalesced`` says, in addition, that no (row, col) pair
-    repeats and columns increase within a row.
+    repeats and columns increase within a row.  ``trusted`` says nnsparse
+    built or checked the indices (or the user vouched for them, :func:`trust`).
+
+    Derived structures (:meth:`crow_indices`, :meth:`column_major`, the
+    orders of :meth:`sorted_by_row` and :meth:`coalesce`) are built lazily,
+    once, in a cache shared by the batches of one pattern: a copy made by
+    :meth:`with_values` or :meth:`with_pattern_values` shares it, a
+    ``dataclasses.replace`` gets a fresh one.
     """
 
     row: Tensor
@@ -97,11 +139,13 @@ class SparseBatch:
     is_vector: bool = False
     row_sorted: bool = False
     coalesced: bool = False
+    trusted: bool = False
+    cache: _Cache = field(default_factory=_Cache, init=False, repr=False, compare=False)
 
     # -- plain facts ---------------------------------------------------------
     @property
     def nnz(self) -> int:
-        return self.values.shape[0]
+        return self.col.shape[0]
 
     @property
     def rows(self) -> int:
@@ -120,16 +164,30 @@ class SparseBatch:
         return self.values.dtype
 
     def row_counts(self) -> Tensor:
-        """Number of specified entries of each row, int64 ``(rows,)``."""
-        return torch.bincount(self.row, minlength=self.rows)
+        """Number of specified entries of each row, int64 ``(rows,)`` (no host sync)."""
+        if self.row_sorted:
+            return self.crow_indices().diff()
+        return _index.counts_of(self.row, self.rows)
 
     def crow_indices(self) -> Tensor:
-        """CSR row pointers, int64 ``(rows + 1,)``; needs ``row_sorted``."""
+        """CSR row pointers, int64 ``(rows + 1,)``; needs ``row_sorted``.  Cached."""
         if not self.row_sorted:
             raise RuntimeError("crow_indices needs a row-sorted batch; call sorted_by_row() first")
-        crow = self.row.new_zeros(self.rows + 1)
-        torch.cumsum(self.row_counts(), 0, out=crow[1:])
-        return crow
+        if self.cache.crow is None:
+            self.cache.crow = _index.crow_from_rows(self.row, self.rows)
+        return self.cache.crow
+
+    def column_major(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(perm, cols, crow_t, row_t)`` of ``_index.column_major(row, col)``.  Cached."""
+        if self.cache.column_major is None:
+            self.cache.column_major = _index.column_major(self.row, self.col)
+        return self.cache.column_major
+
+    def with_pattern_values(self, values: Tensor) -> "SparseBatch":
+        """This batch with other ``values`` ``(nnz,)``, sharing the pattern's cache."""
+        out = copy.copy(self)  # a shallow copy keeps the same _Cache object
+        out.values = values
+        return out
 
     # -- reorderings ----------------------------------------------------------
     def linear_index(self) -> Tensor:
@@ -140,42 +198,64 @@ class SparseBatch:
         """The same entries grouped by row (stable; a no-op when already so)."""
         if self.row_sorted:
             return self
-        order = torch.sort(self.row, stable=True).indices
-        return replace(self, row=self.row[order], col=self.col[order],
-                       values=self.values[order], row_sorted=True)
+        if self.cache.by_row is None:
+            _index.count("sort")
+            order = torch.sort(self.row, stable=True).indices
+            pattern = replace(self, row=self.row[order], col=self.col[order],
+                              values=self.values[:0], row_sorted=True)
+            self.cache.by_row = (order, pattern)
+        order, pattern = self.cache.by_row
+        out = pattern.with_pattern_values(self.values[order])
+        out.shape, out.form, out.trusted = self.shape, self.form, self.trusted
+        return out
 
     def coalesce(self) -> "SparseBatch":
         """Duplicates summed, entries sorted row-major (differentiable in values)."""
         if self.coalesced:
             return self
-        key = self.linear_index()
-        unique, inverse = torch.unique(key, sorted=True, return_inverse=True)
-        values = self.values.new_zeros(unique.shape[0]).index_add(0, inverse, self.values)
-        return replace(self, row=unique // self.width, col=unique % self.width,
-                       values=values, row_sorted=True, coalesced=True)
+        if self.cache.coalesced is None:
+            _index.count("coalesce")
+            key = self.linear_index()
+            unique, inverse = torch.unique(key, sorted=True, return_inverse=True)
+            pattern = replace(self, row=unique // self.width, col=unique % self.width,
+                              values=self.values[:0], row_sorted=True, coalesced=True)
+            self.cache.coalesced = (inverse, pattern)
+        inverse, pattern = self.cache.coalesced
+        values = self.values.new_zeros(pattern.nnz).index_add(0, inverse, self.values)
+        out = pattern.with_pattern_values(values)
+        out.shape, out.form, out.trusted = self.shape, self.form, self.trusted
+        return out
 
     # -- conversions -----------------------------------------------------------
     def to_coo(self) -> Tensor:
-        """A 2-D torch sparse COO tensor ``(rows, width)`` (1-D for a vector)."""
-        if self.is_vector:
-            return _sparse_coo(self.col.unsqueeze(0), self.values, (self.width,), self.coalesced)
-        return _sparse_coo(torch.stack([self.row, self.col]), self.values, self.shape, self.coalesced)
+        """A 2-D torch sparse COO tensor ``(rows, width)`` (1-D for a vector), trusted."""
+        index = self.cache.coo_indices
+        if index is None:
+            index = self.col.unsqueeze(0) if self.is_vector else torch.stack([self.row, self.col])
+            self.cache.coo_indices = index
+        size = (self.width,) if self.is_vector else self.shape
+        out = _sparse_coo(index, self.values, size, self.coalesced)
+        return attach(out, self)
 
     def to_csr(self) -> Tensor:
-        """A 2-D torch sparse CSR tensor ``(rows, width)``, duplicates summed."""
+        """A 2-D torch sparse CSR tensor ``(rows, width)``, duplicates summed, trusted."""
         batch = self.coalesce()
-        return _sparse_csr(batch.crow_indices(), batch.col, batch.values, self.shape)
+        col = batch.cache.col_index if batch.cache.col_index is not None else batch.col
+        out = _sparse_csr(batch.crow_indices(), col, batch.values, self.shape)
+        return attach(out, batch)
 
     def with_values(self, values: Tensor, keep: Optional[Tensor] = None) -> Any:
         """Rebuild the caller's form with new ``values`` (``(nnz,)``).
 
-        ``keep`` (bool ``(nnz,)``) drops the entries where it is False.  The
-        result has the form, width and row count the batch was made from.
+        ``keep`` (bool ``(nnz,)``) drops the entries where it is False (a
+        data-dependent size: a host sync on CUDA).  Without it the result
+        shares this batch's index tensors and cached structures.  The result
+        has the form, width and row count the batch was made from.
         """
-        row, col = self.row, self.col
-        if keep is not None:
-            row, col, values = row[keep], col[keep], values[keep]
-        batch = replace(self, row=row, col=col, values=values)
+        if keep is None:
+            batch = self.with_pattern_values(values)
+        else:
+            batch = replace(self, row=self.row[keep], col=self.col[keep], values=values[keep])
         if self.form == "coo":
             return batch.to_coo()
         if self.form == "csr":
@@ -192,8 +272,27 @@ class SparseBatch:
 
 
 def _as_pairs(batch: SparseBatch) -> Tensor:
-    """The ``(nnz, 2)`` pair tensor of a batch, indices cast to the values' dtype."""
-    return torch.stack([batch.col.to(batch.dtype), batch.values], dim=1)
+    """The ``(nnz, 2)`` pair tensor of a batch, indices cast to the values' dtype.
+
+    Raises ``ValueError`` when an index cannot be stored exactly in that dtype
+    (int8 cannot hold 200; float16 holds integers exactly up to 2048; bool none).
+    """
+    dtype = batch.dtype
+    if batch.nnz and batch.width > 0:
+        top = batch.width - 1  # the largest index the batch may hold
+        if dtype == torch.bool:
+            limit = 1
+        elif dtype.is_floating_point:
+            limit = int(2 / torch.finfo(dtype).eps)  # 2 ** (mantissa bits + 1)
+        elif dtype.is_complex:
+            limit = int(2 / torch.finfo(dtype.to_real()).eps)
+        else:
+            limit = torch.iinfo(dtype).max
+        if top > limit:
+            raise ValueError(
+                f"x has width {batch.width}: indices up to {top} cannot be stored exactly as "
+                f"{dtype} (largest exact index {limit}); convert the values to float64 or int64")
+    return torch.stack([batch.col.to(dtype), batch.values], dim=1)
 
 
 def is_sparse_form(x: Any) -> bool:
@@ -203,41 +302,210 @@ def is_sparse_form(x: Any) -> bool:
     return isinstance(x, (list, tuple))
 
 
-def _from_coo(x: Tensor, name: str) -> SparseBatch:
+# -- the structure a torch tensor carries ------------------------------------------
+
+
+@dataclass(eq=False)
+class _Attached:
+    """What a torch sparse tensor carries once nnsparse has seen it."""
+
+    key: Tuple[Any, ...]
+    pattern: SparseBatch  # values empty: they are read from the tensor each call
+    recoalesce: bool  # an uncoalesced COO that requires grad: coalesce each call
+
+
+def _key(x: Tensor) -> Tuple[Any, ...]:
+    """What must not change for an attached structure to stay valid (free to read)."""
+    if x.layout == torch.sparse_csr:
+        crow, col = x.crow_indices(), x.col_indices()
+        return (tuple(x.shape), x.device, crow.data_ptr(), col.data_ptr(), col.shape[0],
+                crow._version, col._version)
+    index = x._indices()
+    return (tuple(x.shape), x.device, index.data_ptr(), index.shape[1], index._version,
+            x.is_coalesced())
+
+
+def attach(x: Tensor, batch: SparseBatch) -> Tensor:
+    """Attach ``batch``'s pattern (trusted) to the tensor ``x`` nnsparse built from it."""
+    pattern = batch.with_pattern_values(batch.values.detach()[:0])
+    pattern.trusted = True
+    pattern.form = "csr" if x.layout == torch.sparse_csr else "coo"
+    if pattern.form == "coo" and not x.is_coalesced():
+        pattern.coalesced = False
+    setattr(x, _ATTR, _Attached(_key(x), pattern, False))
+    return x
+
+
+def _attached(x: Tensor) -> Optional[_Attached]:
+    found = getattr(x, _ATTR, None)
+    if found is None or found.key != _key(x):
+        return None
+    return found
+
+
+def _values_of(x: Tensor, found: _Attached) -> Tensor:
+    """The tensor's current values, differentiable where torch allows it."""
+    if x.layout == torch.sparse_csr:
+        return x.values()
+    if found.recoalesce:
+        return x.coalesce().values()
+    return x.values() if (x.requires_grad and x.is_coalesced()) else x._values()
+
+
+def trust(x: Tensor) -> Tensor:
+    """Mark a torch sparse tensor as valid: nnsparse will not check its indices.
+
+    Like pytorch_sparse's ``trust_data``: for a hot loop over batches that
+    are known to be valid (COO indices in range; CSR row pointers starting at
+    0, non-decreasing, ending at nnz, columns in range and increasing within
+    each row).  nnsparse then builds the tensor's index structure without
+    reading the data back to the host.  An invalid trusted tensor gives wrong
+    results or a kernel error.  Batches nnsparse makes (the collate function,
+    :func:`~nnsparse.sparsify`, ``prepare_input``, layer outputs) are trusted
+    already.  A copy of the tensor (``x.to('cuda')``, ``x.coalesce()``) is a
+    new tensor, checked again at its first use unless trusted again.
+
+    Args:
+        x (Tensor): a sparse COO (1-D or 2-D) or CSR (2-D) tensor.
+
+    Returns:
+        ``x`` itself.
+
+    Raises:
+        TypeError: ``x`` is not a sparse COO or CSR tensor.
+
+    Example::
+
+        >>> x = nnsparse.trust(torch.tensor([[0., 1.], [2., 0.]]).to_sparse_csr())
+        >>> nnsparse.densify(x)
+        tensor([[0., 1.],
+                [2., 0.]])
+    """
+    if not isinstance(x, Tensor) or x.layout not in (torch.sparse_coo, torch.sparse_csr):
+        got = f"layout {x.layout}" if isinstance(x, Tensor) else type(x).__name__
+        raise TypeError(f"x must be a sparse COO or CSR tensor, got {got}")
+    _structure(x, "x", check=False)
+    return x
+
+
+def _structure(x: Tensor, name: str, check: bool) -> _Attached:
+    """Build (checking it unless ``check`` is False) and attach ``x``'s structure."""
+    if x.layout == torch.sparse_csr:
+        found = _csr_structure(x, name, check)
+    else:
+        found = _coo_structure(x, name, check)
+    setattr(x, _ATTR, found)
+    return found
+
+
+def _coo_structure(x: Tensor, name: str, check: bool) -> _Attached:
     if x.dense_dim() != 0:
         raise NotImplementedError(
             f"{name}: hybrid sparse tensors are not supported, got dense_dim {x.dense_dim()}")
     if x.sparse_dim() not in (1, 2):
         raise ValueError(f"{name} must be a sparse vector or a 2-D sparse batch, "
                          f"got {x.sparse_dim()} dimensions")
-    if x.requires_grad and not x.is_coalesced():
-        # Only a coalesced tensor exposes differentiable values (x.values()).
-        x = x.coalesce()
-    coalesced = x.is_coalesced()
-    values = x.values() if (x.requires_grad and coalesced) else x._values()
     index = x._indices()
+    if check:
+        _index.count("validate")
+        if index.shape[1]:
+            # min and max of every dimension, read back in one host sync
+            stats = torch.cat([index.amin(1), index.amax(1)]).tolist()
+            dims = x.sparse_dim()
+            what = ["indices"] if dims == 1 else ["row indices", "column indices"]
+            for d in range(dims):
+                lo, hi = stats[d], stats[dims + d]
+                if lo < 0:
+                    raise ValueError(f"{name} {what[d]} must be non-negative, got min {lo}")
+                if hi >= x.shape[d]:
+                    raise ValueError(f"{name} {what[d]} must be in [0, {x.shape[d]}), "
+                                     f"got max {hi}")
+    recoalesce = x.requires_grad and not x.is_coalesced()
+    source = x.coalesce() if recoalesce else x
+    coalesced = source.is_coalesced()
+    index = source._indices().to(torch.int64)
+    values = source._values().detach()[:0]
     if x.sparse_dim() == 1:
         col = index[0]
-        check_index_range(col, x.shape[0], f"{name} indices")
-        return SparseBatch(torch.zeros_like(col), col, values, (1, x.shape[0]), "coo",
-                           is_vector=True, row_sorted=True, coalesced=coalesced)
-    row, col = index[0], index[1]
-    check_index_range(row, x.shape[0], f"{name} row indices")
-    check_index_range(col, x.shape[1], f"{name} column indices")
-    return SparseBatch(row, col, values, (x.shape[0], x.shape[1]), "coo",
-                       row_sorted=coalesced, coalesced=coalesced)
+        pattern = SparseBatch(torch.zeros_like(col), col, values, (1, x.shape[0]), "coo",
+                              is_vector=True, row_sorted=True, coalesced=coalesced,
+                              trusted=True)
+    else:
+        pattern = SparseBatch(index[0], index[1], values, (x.shape[0], x.shape[1]), "coo",
+                              row_sorted=coalesced, coalesced=coalesced, trusted=True)
+    if coalesced and not recoalesce:
+        pattern.cache.coo_indices = x._indices()
+    return _Attached(_key(x), pattern, recoalesce)
 
 
-def _from_csr(x: Tensor, name: str) -> SparseBatch:
+def _csr_structure(x: Tensor, name: str, check: bool) -> _Attached:
     if x.dim() != 2 or x.dense_dim() != 0:
         raise ValueError(f"{name} must be a 2-D sparse CSR batch, got shape {tuple(x.shape)}")
     crow, col = x.crow_indices(), x.col_indices()
-    check_index_range(col, x.shape[1], f"{name} column indices")
-    counts = crow.diff()
-    row = torch.repeat_interleave(torch.arange(x.shape[0], device=crow.device), counts,
-                                  output_size=col.shape[0]).to(torch.int64)
-    return SparseBatch(row, col.to(torch.int64), x.values(), (x.shape[0], x.shape[1]), "csr",
-                       row_sorted=True)
+    rows, width = x.shape[0], x.shape[1]
+    nnz = col.shape[0]
+    if check:
+        _index.count("validate")
+        _check_csr(crow, col, x.values(), rows, width, name)
+    crow64, col64 = crow.to(torch.int64), col.to(torch.int64)
+    row = _index.rows_from_crow(crow64, nnz)
+    pattern = SparseBatch(row, col64, x.values().detach()[:0], (rows, width), "csr",
+                          row_sorted=True, coalesced=True, trusted=True)
+    pattern.cache.crow = crow64
+    if col.dtype != torch.int64:
+        pattern.cache.col_index = col
+    return _Attached(_key(x), pattern, False)
+
+
+def _check_csr(crow: Tensor, col: Tensor, values: Tensor, rows: int, width: int,
+               name: str) -> None:
+    """Every CSR invariant, read back in one host sync."""
+    nnz = col.shape[0]
+    if crow.shape[0] != rows + 1:
+        raise ValueError(f"{name} crow_indices must have rows + 1 = {rows + 1} entries, "
+                         f"got {crow.shape[0]}")
+    if values.shape[0] != nnz:
+        raise ValueError(f"{name} must have one value per column index, got {values.shape[0]} "
+                         f"values for {nnz} column indices")
+    zero = crow.new_zeros(())
+    step_min = crow.diff().min() if rows else zero
+    if nnz:
+        # a column that does not increase within its row (row starts excluded)
+        start = torch.zeros(nnz + 1, dtype=torch.bool, device=col.device)
+        start[crow.clamp(0, nnz)] = True
+        unsorted = ((col[1:] <= col[:-1]) & ~start[1:nnz]).sum().to(crow.dtype)
+        col_lo, col_hi = col.min().to(crow.dtype), col.max().to(crow.dtype)
+    else:
+        unsorted = col_lo = col_hi = zero
+    first, last, step, lo, hi, bad = torch.stack(
+        [crow[0], crow[-1], step_min, col_lo, col_hi, unsorted]).tolist()
+    if first != 0:
+        raise ValueError(f"{name} crow_indices must start at 0, got {first}")
+    if step < 0:
+        raise ValueError(f"{name} crow_indices must be non-decreasing, got a step of {step}")
+    if last != nnz:
+        raise ValueError(f"{name} crow_indices must end at nnz = {nnz} (the number of column "
+                         f"indices), got {last}")
+    if nnz and lo < 0:
+        raise ValueError(f"{name} column indices must be non-negative, got min {lo}")
+    if nnz and hi >= width:
+        raise ValueError(f"{name} column indices must be in [0, {width}), got max {hi}")
+    if bad:
+        raise ValueError(f"{name} column indices must increase within each row (torch's CSR "
+                         f"invariant), got {bad} out of order or repeated; build the batch as "
+                         "COO and convert with .coalesce().to_sparse_csr()")
+
+
+def _from_tensor(x: Tensor, name: str) -> SparseBatch:
+    """The batch of a torch sparse tensor: checked and attached at the first call only."""
+    found = _attached(x)
+    if found is None:
+        found = _structure(x, name, check=True)
+    return found.pattern.with_pattern_values(_values_of(x, found))
+
+
+def _from_coo(x: Tensor, name: str) -> SparseBatch:
+    return _from_tensor(x, name)
 
 
 def _from_pairs(x: Tensor, name: str, width: Optional[int]) -> SparseBatch:
@@ -277,8 +545,15 @@ def _from_list(rows: Sequence[Any], name: str, width: Optional[int]) -> SparseBa
         parts = [_from_coo(r, f"{name}[{i}]") for i, r in enumerate(rows)]
         form, inferred = "list", next(iter(sizes))[0]
     else:
+        bad = [r.layout for r in rows if r.layout != torch.strided]
+        if bad:
+            raise TypeError(f"{name} rows must be sparse COO vectors or (k, 2) pair tensors, "
+                            f"got layout {bad[0]}")
         parts = [_from_pairs(r, f"{name}[{i}]", width) for i, r in enumerate(rows)]
         form, inferred = "pair_list", max(int(p.col.max()) + 1 if p.nnz else 0 for p in parts)
+    dtypes = {p.dtype for p in parts if p.nnz}
+    if len(dtypes) > 1:
+        raise TypeError(f"{name} rows must share one dtype, got {sorted(map(str, dtypes))}")
     device = parts[0].device
     counts = torch.tensor([p.nnz for p in parts], device=device)
     col = torch.cat([p.col for p in parts])
@@ -288,7 +563,8 @@ def _from_list(rows: Sequence[Any], name: str, width: Optional[int]) -> SparseBa
     return SparseBatch(row, col, values, (len(parts), inferred), form, row_sorted=True)
 
 
-def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None) -> SparseBatch:
+def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
+                    pairs: bool = True) -> SparseBatch:
     """Normalise any accepted sparse form to a :class:`SparseBatch`.
 
     Args:
@@ -298,19 +574,25 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None)
         width: the number of columns when the caller knows it; entries must
             lie below it.  Inferred otherwise (a torch tensor's size, or the
             largest pair index + 1).
+        pairs: accept a lone strided ``(k, 2)`` tensor as a Lua pair vector
+            (the toolkit functions); layers and criteria pass False, for
+            which a strided tensor is dense, never sparse.
 
     Raises:
         TypeError: ``x`` is not one of the accepted forms.
         ValueError: bad shape, negative, non-integer or out-of-range indices,
-            rows on different devices.
+            invalid CSR row pointers, rows on different devices.
         NotImplementedError: a hybrid sparse tensor or another sparse layout.
     """
     if isinstance(x, Tensor):
-        if x.layout == torch.sparse_coo:
-            batch = _from_coo(x, name)
-        elif x.layout == torch.sparse_csr:
-            batch = _from_csr(x, name)
+        if x.layout == torch.sparse_coo or x.layout == torch.sparse_csr:
+            batch = _from_tensor(x, name)
         elif x.layout == torch.strided:
+            if not pairs:
+                raise TypeError(
+                    f"{name} must be sparse, got a dense (strided) tensor of shape "
+                    f"{tuple(x.shape)}; convert it with nnsparse.sparsify(x) (or x.to_sparse()); "
+                    "a Lua (k, 2) pair vector goes through nnsparse.from_pairs(x)")
             batch = _from_pairs(x, name, width)
             if width is None:
                 batch = replace(batch, shape=(1, int(batch.col.max()) + 1 if batch.nnz else 0))
@@ -327,7 +609,9 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None)
         if width < batch.width:
             raise ValueError(f"{name} has width {batch.width}, larger than the size "
                              f"asked for, {width}")
+        cache = batch.cache
         batch = replace(batch, shape=(batch.rows, width))
+        batch.cache = cache  # the pattern is the same; only the declared width grew
     return batch
 
 
@@ -341,3 +625,48 @@ def resolve_size(given: Optional[Sequence[int]], batch: SparseBatch, name: str =
     if width < batch.width:
         raise ValueError(f"{name} must have at least {batch.width} columns, got {width}")
     return int(rows), int(width)
+
+
+def move_structure(src: Tensor, dst: Tensor, non_blocking: bool = False) -> Tensor:
+    """Give ``dst`` (``src`` moved to another device) ``src``'s checked structure.
+
+    A trusted or checked batch stays so after ``SparseRowBatch.to(device)``;
+    the derived structures already built move with it.
+    """
+    found = _attached(src)
+    if found is None or dst is src:
+        return dst
+    pattern = found.pattern
+    device = dst.device
+    moved = SparseBatch(pattern.row.to(device, non_blocking=non_blocking),
+                        pattern.col.to(device, non_blocking=non_blocking),
+                        dst.values().detach()[:0] if dst.layout == torch.sparse_csr
+                        else dst._values().detach()[:0],
+                        pattern.shape, pattern.form, pattern.is_vector, pattern.row_sorted,
+                        pattern.coalesced, True)
+    moved.cache = pattern.cache.to(device, non_blocking)
+    if dst.layout == torch.sparse_csr:
+        if dst.crow_indices().dtype == torch.int64:
+            moved.cache.crow = dst.crow_indices()
+        if dst.col_indices().dtype == torch.int64:
+            moved.col = dst.col_indices()
+            moved.cache.col_index = None
+        else:
+            moved.cache.col_index = dst.col_indices()
+    elif not found.recoalesce and pattern.coalesced:
+        moved.cache.coo_indices = dst._indices()
+    setattr(dst, _ATTR, _Attached(_key(dst), moved, found.recoalesce))
+    return dst
+
+
+def _counts() -> dict:
+    """A copy of the private counters of validations and structure builds."""
+    return dict(_index.COUNTS)
+
+
+def _reset_counts() -> None:
+    _index.COUNTS.clear()
+
+
+# Kept for the modules that import them under these names.
+_ = (_sparse_coo, _sparse_csr, List)

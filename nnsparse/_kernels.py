@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import _index
 from ._forms import _sparse_csr
 
 __all__: list = []
@@ -58,8 +59,8 @@ def _bag_rows(index: Tensor, table: Tensor, crow: Tensor,
 
 def _all_rows_crow(cols: Tensor, crow_t: Tensor, n: int) -> Tensor:
     """CSR pointers over all ``n`` rows from those over the rows ``cols`` (the others empty)."""
-    counts = crow_t.new_zeros(n + 1).index_copy_(0, cols + 1, crow_t.diff())
-    return torch.cumsum(counts, 0)
+    counts = crow_t.new_zeros(n).index_copy_(0, cols, crow_t.diff())
+    return _index.crow_from_counts(counts)
 
 
 def _column_major(row: Tensor, col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -71,11 +72,7 @@ def _column_major(row: Tensor, col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Ten
     ``perm`` order), so ``S.T @ A`` restricted to ``cols`` is
     ``_csr_rows_mm(row_t, A, crow_t, values[perm])``.
     """
-    perm = torch.argsort(col, stable=True)
-    cols, counts = torch.unique_consecutive(col[perm], return_counts=True)
-    crow_t = counts.new_zeros(cols.shape[0] + 1)
-    torch.cumsum(counts, 0, out=crow_t[1:])
-    return perm, cols, crow_t, row[perm]
+    return _index.column_major(row, col)
 
 
 def _sampled_mm(a: Tensor, b: Tensor, crow: Tensor, col: Tensor) -> Tensor:

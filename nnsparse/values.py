@@ -24,7 +24,8 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from ._forms import _sparse_coo, _sparse_csr, as_sparse_batch
+from . import _index
+from ._forms import SparseBatch, SparseLike, _sparse_coo, _sparse_csr, as_sparse_batch, attach
 
 __all__ = ["values_map", "ValuesMap"]
 
@@ -47,8 +48,7 @@ def _keys_of(indices: Optional[Tensor], crow: Optional[Tensor], col: Optional[Te
 
 def _csr_rows(crow: Tensor, col: Tensor, rows: int) -> Tensor:
     """The int64 row index of each entry of a CSR pattern."""
-    return torch.repeat_interleave(torch.arange(rows, device=crow.device), crow.diff(),
-                                   output_size=col.shape[0])
+    return _index.rows_from_crow(crow, col.shape[0])
 
 
 def _sparse_entries(grad: Tensor) -> Tuple[Tensor, Tensor]:
@@ -116,14 +116,22 @@ def _values_at(grad: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
     return torch.where(keys[pos] == ours, values[pos], values.new_zeros(()))
 
 
-def _coo_with_values(indices: Tensor, values: Tensor, size: Sequence[int]) -> Tensor:
-    """A coalesced COO tensor on ``indices`` (distinct, sorted) with ``values``, O(nnz) backward."""
-    return _SparseWithValues.apply(values, indices, None, None, tuple(size))
+def _coo_with_values(indices: Tensor, values: Tensor, size: Sequence[int],
+                     pattern: Optional[SparseBatch] = None) -> Tensor:
+    """A coalesced COO tensor on ``indices`` (distinct, sorted) with ``values``, O(nnz) backward.
+
+    ``pattern``, the checked batch of exactly these indices, is attached to
+    the result (trusted, its cached structures shared).
+    """
+    out = _SparseWithValues.apply(values, indices, None, None, tuple(size))
+    return out if pattern is None else attach(out, pattern)
 
 
-def _csr_with_values(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[int]) -> Tensor:
-    """A CSR tensor on ``crow``/``col`` with ``values``, O(nnz) backward."""
-    return _SparseWithValues.apply(values, None, crow, col, tuple(size))
+def _csr_with_values(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[int],
+                     pattern: Optional[SparseBatch] = None) -> Tensor:
+    """A CSR tensor on ``crow``/``col`` with ``values``, O(nnz) backward (see above)."""
+    out = _SparseWithValues.apply(values, None, crow, col, tuple(size))
+    return out if pattern is None else attach(out, pattern)
 
 
 def values_map(fn: Callable[[Tensor], Tensor], input: Any) -> Any:
@@ -159,19 +167,20 @@ def values_map(fn: Callable[[Tensor], Tensor], input: Any) -> Any:
         # dense data (a dense decoder's output at inference); a lone (k, 2)
         # pair tensor cannot be told from a dense (rows, 2) batch: wrap it in a list
         return fn(input)
-    if isinstance(input, Tensor) and input.layout == torch.sparse_csr:
-        values = _mapped(fn, input.values())
-        return _csr_with_values(input.crow_indices(), input.col_indices(), values, input.shape)
     batch = as_sparse_batch(input, name="input")
+    if isinstance(input, Tensor) and input.layout == torch.sparse_csr:
+        return _csr_with_values(input.crow_indices(), input.col_indices(),
+                                _mapped(fn, batch.values), input.shape, batch)
     if batch.form != "coo":
         return batch.with_values(_mapped(fn, batch.values))
+    assert isinstance(input, Tensor)
     if input.is_coalesced():
         # on the input's own indices: a criterion then sees the pattern unchanged
-        return _coo_with_values(input._indices(), _mapped(fn, batch.values), input.shape)
+        return _coo_with_values(input._indices(), _mapped(fn, batch.values), input.shape, batch)
     batch = batch.coalesce()  # (a no-op when as_sparse_batch had to coalesce it)
     index = batch.col.unsqueeze(0) if batch.is_vector else torch.stack([batch.row, batch.col])
     shape = (batch.width,) if batch.is_vector else batch.shape
-    return _coo_with_values(index, _mapped(fn, batch.values), shape)
+    return _coo_with_values(index, _mapped(fn, batch.values), shape, batch)
 
 
 def _mapped(fn: Callable[[Tensor], Tensor], values: Tensor) -> Tensor:

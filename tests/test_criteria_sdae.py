@@ -152,9 +152,9 @@ def test_sparse_corruption_statistics():
     noisy = crit.prepare_input(sparse)
     n = sparse._nnz()
     assert n > 10 ** 6 - 10 ** 4
-    # hidden entries are removed, not stored as 0
-    assert not bool((noisy.values() == 0).any())
-    assert float(n - noisy._nnz()) / n == pytest.approx(0.2, **RATIO_TOL)
+    # hidden entries keep their position with the value 0: the pattern is the input's
+    assert torch.equal(noisy._indices(), sparse.coalesce()._indices())
+    assert float((noisy.values() == 0).sum()) / n == pytest.approx(0.2, **RATIO_TOL)
     # every entry's corrupted value, row-major like the remembered flags
     per_entry = densify(noisy, size=tuple(clean.shape))[clean != 0]
     _check_statistics(torch.ones(n, dtype=torch.float64), per_entry, crit._mask.flag)
@@ -229,7 +229,7 @@ def _dense_of_form(x, width, rows=None):
 
 
 @pytest.mark.parametrize("form", BATCH_FORMS)
-def test_sparse_prepare_input_keeps_form_and_hides_by_removal(form):
+def test_sparse_prepare_input_keeps_form_and_pattern_hides_by_zero(form):
     clean = random_sparse_dense(8, 12, 0.5, empty_rows=1)
     x = make_form(clean, form)
     crit = SDAESparseCriterion(nn.MSELoss(), hide_ratio=0.4, noise_ratio=0.2,
@@ -242,13 +242,17 @@ def test_sparse_prepare_input_keeps_form_and_hides_by_removal(form):
         assert all(type(a) is type(b) and a.layout == b.layout for a, b in zip(noisy, x))
     dense_noisy = _dense_of_form(noisy, 12, 8)
     specified = clean != 0
-    # hidden entries are gone, untouched entries are kept exactly, nothing appears
+    # hidden entries hold 0 at their position, nothing appears, nothing is removed
     hidden = specified & (dense_noisy == 0)
     assert 0 < int(hidden.sum()) < int(specified.sum())
     assert torch.all(dense_noisy[~specified] == 0)
     nnz = noisy._nnz() if isinstance(noisy, torch.Tensor) else sum(
         r._nnz() if r.layout == torch.sparse_coo else r.shape[0] for r in noisy)
-    assert nnz == int(specified.sum() - hidden.sum())
+    assert nnz == int(specified.sum())
+    if form == "csr":  # the input's own index tensors: its checked structure is shared
+        assert noisy.crow_indices() is x.crow_indices() or torch.equal(
+            noisy.crow_indices(), x.crow_indices())
+        assert noisy.col_indices().data_ptr() == x.col_indices().data_ptr()
 
 
 @pytest.mark.parametrize("form", VECTOR_FORMS)
@@ -257,6 +261,11 @@ def test_sparse_prepare_input_on_a_vector(form):
     x = make_form(clean, form)
     crit = SDAESparseCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.5,
                                generator=torch.Generator().manual_seed(9))
+    if form == "pairs":
+        # a strided tensor is dense in criteria: a Lua pair vector goes through from_pairs
+        with pytest.raises(TypeError, match=r"input must be sparse.*from_pairs"):
+            crit.prepare_input(x)
+        x = nnsparse.from_pairs(x, size=30)
     noisy = crit.prepare_input(x)
     assert isinstance(noisy, torch.Tensor) and noisy.layout == x.layout
     dense_noisy = densify(noisy, size=30)

@@ -208,7 +208,10 @@ def test_vector_and_dense_inputs(device):
     x = torch.tensor([0, 1.5, 0, 0, -2, 0, 0], dtype=torch.float64, device=device)
     torch.testing.assert_close(sparse(x.to_sparse()), dense(x))
     pairs = torch.tensor([[1, 1.5], [4, -2]], dtype=torch.float64, device=device)
-    torch.testing.assert_close(sparse(pairs), dense(x))
+    # a strided tensor is always dense (nn.Linear's rule): pairs go through from_pairs
+    torch.testing.assert_close(sparse(nnsparse.from_pairs(pairs, size=7)), dense(x))
+    with pytest.raises(ValueError, match="from_pairs"):
+        sparse(pairs)
     torch.testing.assert_close(sparse(x), dense(x))  # dense vector: F.linear
     batch = torch.randn(3, 7, dtype=torch.float64, device=device)
     torch.testing.assert_close(sparse(batch), dense(batch))
@@ -314,8 +317,10 @@ def test_errors():
     layer = nnsparse.SparseLinearBatch(5, 2)
     with pytest.raises(ValueError, match=r"input has width 7, larger than the size asked for, 5"):
         layer(torch.zeros(2, 7).to_sparse())
-    with pytest.raises(ValueError, match=r"input indices must be in \[0, 5\), got max 9"):
-        layer(torch.tensor([[9.0, 1.0]]))
+    with pytest.raises(ValueError, match=r"input\[0\] indices must be in \[0, 5\), got max 9"):
+        layer([torch.tensor([[9.0, 1.0]])])
+    with pytest.raises(ValueError, match=r"5 features .*got shape \(1, 2\).*from_pairs"):
+        layer(torch.tensor([[9.0, 1.0]]))  # strided: dense, never a pair vector
     with pytest.raises(ValueError, match=r"input must have the weight's dtype torch.float32, "
                                          r"got torch.float64"):
         layer(torch.eye(5, dtype=torch.float64).to_sparse())

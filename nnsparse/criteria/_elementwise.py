@@ -5,7 +5,8 @@ specified entry of the target) and do their own averaging, as Lua nnsparse set
 ``sizeAverage = false`` on the criterion it wrapped.  This module turns a loss
 module into a function ``(input, target, gather) -> per-entry losses`` that
 keeps the module's own settings (``beta``, ``delta``, ``log_target``, ...).
-The module's ``reduction`` is ignored: the nnsparse criterion decides it.
+The module's ``reduction`` is read once, by :func:`resolve_size_average`:
+``'sum'`` turns the nnsparse criterion's averaging off, ``'none'`` is refused.
 A target of another floating dtype is cast to the estimate's.
 
 Weight tensors (``BCELoss.weight``, ``BCEWithLogitsLoss.weight`` and
@@ -145,3 +146,46 @@ def elementwise_loss(criterion: nn.Module) -> ElementwiseLoss:
         raise TypeError(f"criterion must be a loss module with a 'reduction' attribute, "
                         f"got {type(criterion).__name__}")
     return ElementwiseLoss(criterion)
+
+
+def resolve_size_average(criterion: nn.Module, size_average: Optional[bool],
+                         owner: str) -> bool:
+    """``size_average`` honouring the wrapped loss's ``reduction``.
+
+    ``reduction='mean'`` (torch's default) leaves nnsparse's averaging as
+    asked (default True); ``'sum'`` means ``size_average=False`` unless
+    ``size_average=True`` was asked explicitly, which contradicts it;
+    ``'none'`` is refused: an nnsparse criterion returns a scalar.
+    """
+    reduction = getattr(criterion, "reduction", "mean")
+    if isinstance(criterion, ElementwiseLoss):
+        reduction = getattr(criterion.module, "reduction", "mean")
+    if size_average is not None and not isinstance(size_average, bool):
+        raise TypeError(f"size_average must be a bool, got {type(size_average).__name__}")
+    if reduction == "mean":
+        return True if size_average is None else size_average
+    if reduction == "sum":
+        if size_average:
+            raise ValueError(f"{owner}: the criterion's reduction='sum' contradicts "
+                             "size_average=True; keep one of them")
+        return False
+    raise ValueError(f"{owner}: the criterion's reduction must be 'mean' or 'sum' (an nnsparse "
+                     f"criterion returns a scalar), got {reduction!r}; use size_average= to "
+                     "choose the averaging")
+
+
+# Lua nnsparse's attribute names, refused when assigned: a new attribute of
+# that name would silently do nothing.
+_LUA_NAMES = {"sizeAverage": "size_average", "fullSizeAverage": "full_size_average"}
+
+
+class RefuseLuaNames:
+    """Mixin: assigning a Lua-style setting (``crit.sizeAverage = False``) raises."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _LUA_NAMES:
+            ours = _LUA_NAMES[name]
+            raise AttributeError(
+                f"{type(self).__name__} has no Lua attribute {name!r}; nnsparse calls it "
+                f"{ours}: pass {ours}=... to the constructor or set criterion.{ours}")
+        super().__setattr__(name, value)  # type: ignore[misc]

@@ -31,13 +31,13 @@ def unique_entries(batch: SparseBatch) -> SparseBatch:
     in each row); an O(nnz) check spares the sort when the entries of another
     form already are; otherwise duplicates are summed, differentiably.
     """
-    if batch.coalesced:
+    if batch.coalesced:  # every checked CSR batch is
         return batch
-    if batch.form == "csr":
-        return replace(batch, coalesced=True)
     key = batch.linear_index()
     if key.numel() < 2 or bool((key[1:] > key[:-1]).all()):
-        return replace(batch, row_sorted=True, coalesced=True)
+        out = batch.with_pattern_values(batch.values)  # the same pattern: share its cache
+        out.row_sorted = out.coalesced = True
+        return out
     return batch.coalesce()
 
 
@@ -49,7 +49,11 @@ def fit_width(batch: SparseBatch, width: int, name: str, other: str) -> SparseBa
     elif batch.width > width:
         raise ValueError(f"{name} indices must be in [0, {width}) (the columns of {other}), "
                          f"got max {batch.width - 1}")
-    return replace(batch, shape=(batch.rows, width))
+    if batch.width == width:
+        return batch
+    out = batch.with_pattern_values(batch.values)  # the same pattern: share its cache
+    out.shape = (batch.rows, width)
+    return out
 
 
 def lookup(sorted_keys: Tensor, query: Tensor) -> Tuple[Tensor, Tensor]:
@@ -174,7 +178,7 @@ def as_estimate(estimate: Any, target: Any = None) -> Estimate:
     if isinstance(estimate, SparseBatch):
         batch = estimate
     elif is_sparse_form(estimate):
-        batch = as_sparse_batch(estimate, name="estimate")
+        batch = as_sparse_batch(estimate, name="estimate", pairs=False)
     elif isinstance(estimate, Tensor):
         if estimate.dim() not in (1, 2):
             raise ValueError(f"estimate must be 1-D (n,) or 2-D (rows, n), "
@@ -202,7 +206,7 @@ def as_target(target: Any, est: Estimate, name: str = "target") -> SparseBatch:
         ValueError: rows or width differ from the estimate's, an index lies
             beyond the estimate, or the target is on another device.
     """
-    batch = as_sparse_batch(target, name=name)
+    batch = as_sparse_batch(target, name=name, pairs=False)
     if batch.rows != est.rows:
         raise ValueError(f"{name} has {batch.rows} rows, {est.describe()} has {est.rows}")
     batch = fit_width(batch, est.width, name, "the estimate")

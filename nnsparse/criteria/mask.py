@@ -8,14 +8,14 @@ from torch import Tensor, nn
 
 from .._forms import as_sparse_batch, is_sparse_form
 from ..convert import densify
-from ._elementwise import elementwise_loss
+from ._elementwise import RefuseLuaNames, elementwise_loss, resolve_size_average
 from ._entries import as_estimate, as_target, check_device, lookup, unique_entries
 from .sdae import EntryMask, _check_generator, _kind
 
 __all__ = ["MaskCriterion"]
 
 
-class MaskCriterion(nn.Module):
+class MaskCriterion(RefuseLuaNames, nn.Module):
     r"""Hide a ratio of each row's observed entries and weight the loss by a mask.
 
     The masked criterion of Lua nnsparse.  :meth:`prepare_input` hides entries
@@ -48,7 +48,8 @@ class MaskCriterion(nn.Module):
 
     Args:
         criterion (nn.Module): an element-wise loss (``nn.MSELoss``, ...); its
-            ``reduction`` is ignored.
+            ``reduction`` is honoured (``'sum'`` means ``size_average=False``;
+            ``'none'`` is refused).
         alpha (float): weight of the hidden entries. Default: 1.
         beta (float): weight of the other observed entries. Default: 0.
         hide_ratio (float): the ratio of entries to hide, in [0, 1]. Default: 0.
@@ -82,14 +83,14 @@ class MaskCriterion(nn.Module):
 
     def __init__(self, criterion: nn.Module, alpha: float = 1.0, beta: float = 0.0,
                  hide_ratio: float = 0.0, generator: Optional[torch.Generator] = None,
-                 size_average: bool = True) -> None:
+                 size_average: Optional[bool] = None) -> None:
         super().__init__()
         self._loss = elementwise_loss(criterion)
         self.criterion = criterion
         self.alpha, self.beta = float(alpha), float(beta)
         self.hide_ratio = hide_ratio
         self.generator = generator
-        self.size_average = size_average
+        self.size_average = resolve_size_average(criterion, size_average, "MaskCriterion")
         self._check_ratio()
         self._sparse_mask: Optional[EntryMask] = None
         self._dense_mask: Optional[Tensor] = None

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .._forms import as_sparse_batch, is_sparse_form
-from ._elementwise import elementwise_loss
+from ._elementwise import RefuseLuaNames, elementwise_loss, resolve_size_average
 from ._entries import DECLARED_WIDTH, Estimate, as_estimate, as_target, lookup, unique_entries
 
 __all__ = ["SDAECriterion", "SDAESparseCriterion"]
@@ -61,14 +61,14 @@ def corrupt(values: Tensor, noise_ratio: float, noise_mean: float, noise_std: fl
     return out, fate < corrupted_bound, hidden
 
 
-class _SDAEBase(nn.Module):
+class _SDAEBase(RefuseLuaNames, nn.Module):
     """Arguments, validation and weighting shared by both SDAE criteria."""
 
     def __init__(self, criterion: nn.Module, alpha: float = 1.0, beta: float = 0.0,
                  noise_ratio: float = 0.0, noise_mean: float = 0.0, noise_std: float = 0.2,
                  flip_ratio: float = 0.0, flip_range: Sequence[float] = (-1.0, 1.0),
                  hide_ratio: float = 0.0, generator: Optional[torch.Generator] = None,
-                 size_average: bool = True) -> None:
+                 size_average: Optional[bool] = None) -> None:
         super().__init__()
         self._loss = elementwise_loss(criterion)
         self.criterion = criterion
@@ -77,7 +77,7 @@ class _SDAEBase(nn.Module):
         self.flip_ratio, self.flip_range = flip_ratio, tuple(flip_range)
         self.hide_ratio = hide_ratio
         self.generator = generator
-        self.size_average = size_average
+        self.size_average = resolve_size_average(criterion, size_average, type(self).__name__)
         self._mask = None
         self._check_ratios()
 
@@ -115,7 +115,8 @@ class _SDAEBase(nn.Module):
 _SDAE_ARGS = r"""
     Args:
         criterion (nn.Module): an element-wise loss (``nn.MSELoss``, ``nn.L1Loss``,
-            ``nn.BCEWithLogitsLoss``, ...); its ``reduction`` is ignored.
+            ``nn.BCEWithLogitsLoss``, ...); its ``reduction`` is honoured
+            (``'sum'`` means ``size_average=False``; ``'none'`` is refused).
         alpha (float): weight of the corrupted entries. Default: 1.
         beta (float): weight of the other entries. Default: 0.
         noise_ratio (float): probability that an entry gets Gaussian noise. Default: 0.
@@ -129,7 +130,9 @@ _SDAE_ARGS = r"""
             :meth:`prepare_input`, on the data's device type (a CUDA generator
             for CUDA data); the same seed gives the same corruption.  Default:
             torch's global generator.
-        size_average (bool): divide the loss (see above). Default: True.
+        size_average (bool): divide the loss (see above). Default: True
+            (False for a ``reduction='sum'`` criterion).  Lua's
+            ``sizeAverage`` attribute is refused when assigned.
 
     The three ratios must sum to at most 1; each entry draws one fate."""
 
@@ -265,8 +268,9 @@ class SDAESparseCriterion(_SDAEBase):
 
     :meth:`prepare_input` corrupts only the specified entries of a sparse batch
     and returns the batch in the form it was given (COO, CSR, a list of
-    vectors or of pairs); hidden entries are removed from it (their
-    contribution to a linear layer is zero either way).  It remembers, for each
+    vectors or of pairs) on the input's own pattern: hidden entries stay
+    specified with the value 0 (their contribution to a linear layer is zero,
+    as if removed; ``docs/batch.md`` says why they are not removed).  It remembers, for each
     specified ``(row, col)``, whether it was corrupted.  The loss runs over the
     target's specified entries only:
 
@@ -307,8 +311,8 @@ class SDAESparseCriterion(_SDAEBase):
         >>> crit = SDAESparseCriterion(nn.MSELoss(), alpha=1.0, beta=0.5,
         ...                            hide_ratio=0.5, generator=g)
         >>> x = torch.tensor([[0., 3., 0., 4.], [5., 0., 1., 0.]]).to_sparse()
-        >>> noisy = crit.prepare_input(x)      # a COO batch again, hidden entries removed
-        >>> noisy._nnz() <= x._nnz()
+        >>> noisy = crit.prepare_input(x)      # a COO batch again, hidden entries set to 0
+        >>> noisy._nnz() == x._nnz()
         True
         >>> estimate = torch.zeros(2, 4, requires_grad=True)
         >>> loss = crit(estimate, x)           # over x's 4 entries
@@ -319,10 +323,13 @@ class SDAESparseCriterion(_SDAEBase):
 
     def prepare_input(self, input: Any) -> Any:
         """A corrupted copy of the sparse ``input``, in its form; remembers the corrupted entries."""
-        batch = unique_entries(as_sparse_batch(input, name="input"))
+        batch = unique_entries(as_sparse_batch(input, name="input", pairs=False))
         values, corrupted, hidden = self._corrupt(batch.values)
         self._mask = EntryMask.of(batch, corrupted)
-        return batch.with_values(values, keep=~hidden if self.hide_ratio > 0 else None)
+        # Hidden entries keep their position with the value 0: the same
+        # products (a zero contributes nothing), the input's checked structure
+        # shared, and no data-dependent size (a host sync on CUDA).
+        return batch.with_values(values)
 
     def forward(self, estimate: Any, target: Any, mask: Optional[Tensor] = None) -> Tensor:
         est = as_estimate(estimate, target)

@@ -1,17 +1,17 @@
 """SparseCriterion: a PyTorch loss evaluated only where a sparse target is specified."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from torch import Tensor, nn
 
-from ._elementwise import elementwise_loss
+from ._elementwise import RefuseLuaNames, elementwise_loss, resolve_size_average
 from ._entries import as_estimate, as_target
 
 __all__ = ["SparseCriterion", "prepare_input"]
 
 
-class SparseCriterion(nn.Module):
+class SparseCriterion(RefuseLuaNames, nn.Module):
     r"""Evaluate an element-wise loss only at the specified entries of a sparse target.
 
     The estimate is read at the target's specified entries and nowhere else
@@ -31,11 +31,14 @@ class SparseCriterion(nn.Module):
         criterion (nn.Module): an element-wise loss (``nn.MSELoss``, ``nn.L1Loss``,
             ``nn.SmoothL1Loss``, ``nn.HuberLoss``, ``nn.BCELoss``,
             ``nn.BCEWithLogitsLoss``, ...).  Its settings (``beta``, ``delta``,
-            ``pos_weight``, ...) are kept, its ``reduction`` is ignored.  Weight
+            ``pos_weight``, ...) are kept; its ``reduction`` is honoured:
+            ``'sum'`` means ``size_average=False``, ``'none'`` is refused.  Weight
             tensors are read at the target's entries as if broadcast to the
             estimate's dense shape (``pos_weight`` of shape ``(n,)`` is per column).
         size_average (bool): divide by the number of specified target entries.
-            Default: True.
+            Default: True (False with a ``reduction='sum'`` criterion or with
+            ``full_size_average=True``).  Lua's ``sizeAverage`` attribute is
+            refused when assigned (``AttributeError`` naming this one).
         full_size_average (bool): divide by ``estimate``'s number of entries
             instead; needs ``size_average=False``.  Default: False.
 
@@ -69,12 +72,18 @@ class SparseCriterion(nn.Module):
                 [-1.0000,  0.0000,  0.0000]])
     """
 
-    def __init__(self, criterion: nn.Module, size_average: bool = True,
+    def __init__(self, criterion: nn.Module, size_average: Optional[bool] = None,
                  full_size_average: bool = False) -> None:
         super().__init__()
         self._loss = elementwise_loss(criterion)
         self.criterion = criterion
-        self.size_average = size_average
+        if (full_size_average and size_average is None
+                and getattr(criterion, "reduction", "mean") == "mean"):
+            size_average = False  # full_size_average asks for the other averaging
+        self.size_average = resolve_size_average(criterion, size_average, "SparseCriterion")
+        if full_size_average and getattr(criterion, "reduction", "mean") == "sum":
+            raise ValueError("SparseCriterion: the criterion's reduction='sum' contradicts "
+                             "full_size_average=True; keep one of them")
         self.full_size_average = full_size_average
         self._check_averaging()
 

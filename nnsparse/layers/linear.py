@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .._forms import SparseBatch, _sparse_coo, as_sparse_batch
+from .. import _index
+from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
 
 __all__ = ["SparseLinearBatch", "sparse_linear"]
@@ -24,9 +25,11 @@ _MODES = ("auto", "sparse", "dense")
 _DENSE_ABOVE = {"cpu": 0.25, "cuda": 0.002}
 
 
+ColumnMajor = Callable[[], Tuple[Tensor, Tensor, Tensor, Tensor]]
+
+
 def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_features: int,
-                sparse: bool, colmajor: Optional[Tuple[Tensor, Tensor, Tensor, Tensor]] = None
-                ) -> Tensor:
+                sparse: bool, colmajor: Optional[ColumnMajor] = None) -> Tensor:
     """``S.T @ G``, the ``(in, out)`` gradient of the weight table.
 
     Dense: one ``embedding_bag`` with a bag per input column (empty bags give
@@ -34,11 +37,11 @@ def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_featu
     hybrid COO tensor holding the touched columns only, as ``nn.Embedding``'s.
     """
     if not sparse:
+        # bags over every input column (sizes known: no host sync on a GPU)
         perm = torch.argsort(col, stable=True)
-        crow_t = col.new_zeros(in_features + 1)
-        torch.cumsum(torch.bincount(col, minlength=in_features), 0, out=crow_t[1:])
+        crow_t = _index.crow_from_counts(_index.counts_of(col, in_features))
         return _csr_rows_mm(row[perm], grad, crow_t, values[perm])
-    perm, cols, crow_t, row_t = colmajor or _column_major(row, col)
+    perm, cols, crow_t, row_t = colmajor() if colmajor is not None else _column_major(row, col)
     touched = _csr_rows_mm(row_t, grad, crow_t, values[perm])
     return _sparse_coo(cols.unsqueeze(0), touched, (in_features, grad.shape[1]), True)
 
@@ -49,14 +52,15 @@ class _SparseLinear(torch.autograd.Function):
 
     ``update`` (a ``_rowopt.TableUpdate`` or None): the optimiser in the
     backward; the touched rows of ``table`` are then updated in place from
-    their gradient rows and ``table`` gets no gradient.  ``colmajor``: the
-    batch's ``_column_major(row, col)`` when the caller has it (built here otherwise).
+    their gradient rows and ``table`` gets no gradient.  ``colmajor``: returns
+    the batch's cached ``_column_major(row, col)`` (``SparseBatch.column_major``;
+    built here otherwise).
     """
 
     @staticmethod
     def forward(ctx: Any, values: Tensor, table: Tensor, bias: Optional[Tensor], row: Tensor,
                 col: Tensor, crow: Tensor, sparse_grad: bool, update: Any = None,
-                colmajor: Optional[Tuple[Tensor, Tensor, Tensor, Tensor]] = None) -> Tensor:
+                colmajor: Optional[ColumnMajor] = None) -> Tensor:
         out = _csr_rows_mm(col, table, crow, values)
         if bias is not None:
             out.add_(bias)
@@ -83,7 +87,8 @@ class _SparseLinear(torch.autograd.Function):
             if ctx.sparse_grad and update is None:  # SparseAdam wants sparse
                 grad_bias = grad_bias.to_sparse()
         if ctx.needs_input_grad[1] and update is not None:
-            perm, cols, crow_t, row_t = ctx.colmajor or _column_major(row, col)
+            perm, cols, crow_t, row_t = (ctx.colmajor() if ctx.colmajor is not None
+                                         else _column_major(row, col))
             w_t = values[perm]
             update(table.detach(), cols, _bag_rows(row_t, grad, crow_t, w_t),
                    _bag_rows(row_t, grad, _all_rows_crow(cols, crow_t, table.shape[0]), w_t))
@@ -104,22 +109,25 @@ def _use_dense(batch: SparseBatch, mode: str) -> bool:
 
 
 def _is_dense_input(input: Any, in_features: int) -> bool:
-    """A strided tensor is a dense input unless it is a ``(k, 2)`` pair tensor;
-    with ``in_features == 2`` a ``(rows, 2)`` tensor is taken as dense."""
-    if not isinstance(input, Tensor) or input.layout != torch.strided:
-        return False
-    return input.dim() != 2 or input.shape[1] != 2 or in_features == 2
+    """A strided tensor is always a dense input (``nn.Linear``'s behaviour).
+
+    The Lua pair form reaches the layer as a list of ``(k, 2)`` tensors or
+    through :func:`nnsparse.from_pairs`, never as a lone strided tensor.
+    """
+    return isinstance(input, Tensor) and input.layout == torch.strided
 
 
-def sparse_linear(input: Any, weight: Tensor, bias: Optional[Tensor] = None, *,
+def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = None, *,
                   mode: str = "auto") -> Tensor:
     r"""``input @ weight.T + bias`` for a sparse ``input``, never densifying it.
 
     Args:
         input: a sparse batch ``(rows, in_features)`` in any accepted form (COO,
-            coalesced or not; CSR; a list of sparse vectors or of pair
-            tensors), a sparse vector ``(in_features,)`` (or a ``(k, 2)`` pair
-            tensor), or a dense tensor (then this is ``F.linear``).
+            coalesced or not; CSR; a list of sparse vectors or of ``(k, 2)``
+            pair tensors), a sparse vector ``(in_features,)``, or a dense
+            (strided) tensor, always read as dense (then this is
+            ``F.linear``): a lone Lua pair vector goes through
+            :func:`nnsparse.from_pairs`.
         weight (Tensor): dense, shape ``(out_features, in_features)``.  Its
             gradient is ``G.T @ input``, non-zero on the touched columns only.
             The kernels read ``weight.t()``; when that is not contiguous (it
@@ -153,13 +161,17 @@ def sparse_linear(input: Any, weight: Tensor, bias: Optional[Tensor] = None, *,
     return _linear_table(input, weight.t(), bias, mode, sparse_grad=False)
 
 
-def _linear_table(input: Any, table: Tensor, bias: Optional[Tensor], mode: str,
+def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode: str,
                   sparse_grad: bool, update: Any = None) -> Tensor:
     """:func:`sparse_linear` on the weight's transpose ``table`` ``(in, out)``;
     ``update``: the layer's in-backward optimiser (forces the sparse kernels)."""
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if _is_dense_input(input, table.shape[0]):
+        if input.dim() == 0 or input.shape[-1] != table.shape[0]:
+            raise ValueError(f"input must have {table.shape[0]} features (in_features) in its "
+                             f"last dimension, got shape {tuple(input.shape)}; a Lua (k, 2) "
+                             "pair vector goes through nnsparse.from_pairs(input)")
         if update is not None and torch.is_grad_enabled() and table.requires_grad:
             raise NotImplementedError(
                 f"{update.name}: a dense input with the optimiser in the backward would give "
@@ -177,9 +189,11 @@ def _linear_table(input: Any, table: Tensor, bias: Optional[Tensor], mode: str,
             (batch.row, batch.col), batch.values, accumulate=True)
         out = F.linear(dense, table.t(), bias)
     else:
+        # sorted_by_row and crow_indices are cached on the batch's pattern:
+        # built once per batch, whoever asks first.
         batch = batch.sorted_by_row()
         out = _SparseLinear.apply(batch.values, table.contiguous(), bias, batch.row, batch.col,
-                                  batch.crow_indices(), sparse_grad, update)
+                                  batch.crow_indices(), sparse_grad, update, batch.column_major)
     return out.squeeze(0) if batch.is_vector else out
 
 
@@ -216,7 +230,10 @@ class SparseLinearBatch(nn.Module):
     Args:
         in_features (int): size of each input row (the catalogue).
         out_features (int): size of each output row.
-        bias (bool): learn an additive bias.  Default: ``True``.
+        bias (bool, keyword-only): learn an additive bias.  Default: ``True``.
+            Keyword-only, unlike ``nn.Linear``'s: Lua's third positional
+            argument (``ignoreAccGrad``) must not silently become the bias, so
+            a third positional argument raises ``TypeError``.
         sparse_grad (bool): sparse gradients, see above; forces the sparse
             kernels.  Default: ``False``.
         mode (str): ``"auto"``, ``"sparse"`` or ``"dense"``, see
@@ -240,10 +257,25 @@ class SparseLinearBatch(nn.Module):
         SparseLinearBatch(5 -> 3, bias=True, sparse_grad=False, mode=auto)
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+    def __init__(self, in_features: int, out_features: int, *args: Any, bias: bool = True,
                  sparse_grad: bool = False, mode: str = "auto", device=None,
                  dtype=None) -> None:
         super().__init__()
+        if args:
+            # Lua's SparseLinearBatch(in, out, ignoreAccGrad): a third positional
+            # argument would silently become nn.Linear's bias.
+            raise TypeError(
+                "SparseLinearBatch takes bias, sparse_grad and mode as keywords (bias=...), "
+                f"got {len(args)} extra positional argument(s) {args!r}; Lua's third argument "
+                "ignoreAccGrad has no equivalent (gradients accumulate as in torch)")
+        for arg, value in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{arg} must be an int, got {type(value).__name__} {value!r}")
+            if value < 0:
+                raise ValueError(f"{arg} must be non-negative, got {value}")
+        for arg, flag in (("bias", bias), ("sparse_grad", sparse_grad)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{arg} must be a bool, got {type(flag).__name__} {flag!r}")
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         if sparse_grad and mode == "dense":
@@ -284,7 +316,7 @@ class SparseLinearBatch(nn.Module):
             return self._parameters["weight_t"].t()
         return super().__getattr__(name)
 
-    def forward(self, input: Any) -> Tensor:
+    def forward(self, input: SparseLike) -> Tensor:
         return _linear_table(input, self._table(), self.bias, self.mode, self.sparse_grad,
                              self._row_update)
 

@@ -15,13 +15,13 @@ costs about 1 ms at the MovieLens-1M shape and 3 ms at MovieLens-10M's (batch
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._forms import SparseBatch, _sparse_coo, as_sparse_batch
+from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
 from ..values import _coo_with_values, _csr_with_values
 
@@ -34,14 +34,15 @@ class _SampledLinear(torch.autograd.Function):
     ``update`` (a ``_rowopt.TableUpdate`` or None): the optimiser in the
     backward; the touched rows of ``weight`` are then updated in place from
     their gradient rows and ``weight`` gets no gradient (the bias a dense
-    one).  ``colmajor``: the pattern's ``_column_major(row, col)`` when the
-    caller has it (built here otherwise).
+    one).  ``colmajor``: returns the pattern's cached ``_column_major(row, col)``
+    (``SparseBatch.column_major``; built here otherwise).
     """
 
     @staticmethod
     def forward(ctx: Any, h: Tensor, weight: Tensor, bias: Optional[Tensor], row: Tensor,
                 col: Tensor, crow: Tensor, sparse_grad: bool, update: Any = None,
-                colmajor: Optional[Tuple[Tensor, Tensor, Tensor, Tensor]] = None) -> Tensor:
+                colmajor: Optional[Callable[[], Tuple[Tensor, Tensor, Tensor, Tensor]]] = None
+                ) -> Tensor:
         values = _sampled_mm(h, weight.t(), crow, col)
         if bias is not None:
             values = values + bias[col]
@@ -68,7 +69,8 @@ class _SampledLinear(torch.autograd.Function):
             grad_h = _csr_rows_mm(col, weight, crow, grad)
         need_w, need_b = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
         if need_w or (need_b and ctx.sparse_grad):
-            perm, cols, crow_t, row_t = ctx.colmajor or _column_major(row, col)
+            perm, cols, crow_t, row_t = (ctx.colmajor() if ctx.colmajor is not None
+                                         else _column_major(row, col))
             grad_t = grad[perm]
         if need_b:
             if ctx.sparse_grad:
@@ -91,9 +93,20 @@ class _SampledLinear(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
-def _pattern_structure(pattern: Any, input: Tensor, out_features: int):
-    """The batch of ``pattern`` with distinct positions, row-sorted, plus CSR pointers."""
-    batch = as_sparse_batch(pattern, name="pattern", width=out_features)
+def _pattern_structure(pattern: SparseLike, input: Tensor, out_features: int):
+    """The batch of ``pattern`` and the same with distinct positions, row-sorted.
+
+    All of it comes from the pattern's cached structure: for a batch the
+    encoder already read (or a trusted one), nothing is checked or built again.
+    """
+    if isinstance(pattern, Tensor) and pattern.layout == torch.strided:
+        raise TypeError(f"pattern must be sparse, got a dense (strided) tensor of shape "
+                        f"{tuple(pattern.shape)}; convert it with nnsparse.sparsify(pattern), "
+                        "or a Lua (k, 2) pair vector with nnsparse.from_pairs(pattern)")
+    if isinstance(pattern, Tensor) and pattern.dim() >= 1 and pattern.shape[-1] < out_features:
+        raise ValueError(f"pattern has width {pattern.shape[-1]}, smaller than out_features "
+                         f"{out_features}; give it shape (rows, {out_features})")
+    batch = as_sparse_batch(pattern, name="pattern", width=out_features, pairs=False)
     if batch.is_vector != (input.dim() == 1):
         raise ValueError("pattern must be a sparse vector for a 1-D input and a batch for a "
                          f"2-D input, got a {'vector' if batch.is_vector else 'batch'} "
@@ -101,19 +114,14 @@ def _pattern_structure(pattern: Any, input: Tensor, out_features: int):
     rows = 1 if input.dim() == 1 else input.shape[0]
     if batch.rows != rows:
         raise ValueError(f"pattern must have {rows} rows, as input, got {batch.rows}")
-    row, col = batch.row, batch.col
-    if not (batch.coalesced or batch.form == "csr"):
-        # Duplicates mean a sum for the target; the estimate has one value per
-        # position, so positions are made distinct (values are not needed).
-        key = torch.unique(batch.linear_index(), sorted=True)
-        row, col = key.div(out_features, rounding_mode="floor"), key.remainder(out_features)
-    crow = row.new_zeros(rows + 1)
-    torch.cumsum(torch.bincount(row, minlength=rows), 0, out=crow[1:])
-    return batch, row, col, crow
+    # Duplicates mean a sum for the target; the estimate has one value per
+    # position, so positions are made distinct (once per pattern: cached).
+    distinct = batch.coalesce() if not batch.coalesced else batch
+    return batch, distinct
 
 
 def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
-                   pattern: Any = None, sparse_grad: bool = False) -> Tensor:
+                   pattern: Optional[SparseLike] = None, sparse_grad: bool = False) -> Tensor:
     r"""``input @ weight.T + bias`` computed only at the entries of ``pattern``.
 
     The entries are computed by a sampled dense-dense product and the
@@ -147,8 +155,14 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         O(nnz): no ``(rows, out_features)`` tensor, forward or backward.
 
     Raises:
-        TypeError: ``input`` is not a dense tensor, or ``pattern`` not a sparse form.
-        ValueError: shapes disagree, or pattern indices are out of range.
+        TypeError: ``input``, ``weight`` or ``bias`` is not a dense tensor, or
+            ``pattern`` is not a sparse form (a dense pattern is refused: it
+            names :func:`nnsparse.sparsify`).
+        ValueError: shapes, dtypes or devices disagree, or pattern indices are
+            out of range.
+
+    float16 on the CPU is computed in float32 (torch's sampled product has no
+    CPU float16 kernel) and returned as float16.
 
     Example::
 
@@ -169,6 +183,10 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
     if not isinstance(input, Tensor) or input.layout != torch.strided:
         raise TypeError(f"input must be a dense tensor, got "
                         f"{input.layout if isinstance(input, Tensor) else type(input).__name__}")
+    for arg, t in (("weight", weight), ("bias", bias)):
+        if t is not None and (not isinstance(t, Tensor) or t.layout != torch.strided):
+            raise TypeError(f"{arg} must be a dense tensor, got "
+                            f"{t.layout if isinstance(t, Tensor) else type(t).__name__}")
     if pattern is None:
         if update is not None and torch.is_grad_enabled() and weight.requires_grad:
             raise NotImplementedError(
@@ -179,18 +197,42 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
     if input.dim() not in (1, 2):
         raise ValueError(f"input must have shape (rows, in_features) or (in_features,), "
                          f"got {tuple(input.shape)}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must have shape (out_features, in_features), "
+                         f"got {tuple(weight.shape)}")
     if input.shape[-1] != weight.shape[1]:
         raise ValueError(f"input must have {weight.shape[1]} features (in_features), "
                          f"got {input.shape[-1]}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must have shape ({weight.shape[0]},) (out_features), "
+                         f"got {tuple(bias.shape)}")
+    for arg, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != input.dtype:
+            raise ValueError(f"{arg} must have input's dtype {input.dtype}, got {t.dtype}")
+        if t is not None and t.device != input.device:
+            raise ValueError(f"{arg} must be on input's device {input.device}, got {t.device}")
     h = input.unsqueeze(0) if input.dim() == 1 else input
-    batch, row, col, crow = _pattern_structure(pattern, input, weight.shape[0])
+    batch, distinct = _pattern_structure(pattern, input, weight.shape[0])
+    row, col, crow = distinct.row, distinct.col, distinct.crow_indices()
     if row.device != h.device:
         raise ValueError(f"pattern must be on input's device {h.device}, got {row.device}")
-    values = _SampledLinear.apply(h, weight, bias, row, col, crow, sparse_grad, update)
+    if h.dtype == torch.float16 and h.device.type == "cpu":
+        if update is not None and torch.is_grad_enabled() and weight.requires_grad:
+            raise NotImplementedError(
+                f"{update.name}: float16 on the CPU is computed on a float32 copy of the "
+                f"weight, which the optimiser in the backward cannot update; use float32")
+        # torch.sparse.sampled_addmm has no float16 kernel on the CPU: compute
+        # in float32 (the casts carry the gradients) and return float16.
+        values = _SampledLinear.apply(h.float(), weight.float(),
+                                      None if bias is None else bias.float(), row, col, crow,
+                                      sparse_grad).half()
+    else:
+        values = _SampledLinear.apply(h, weight, bias, row, col, crow, sparse_grad, update,
+                                      distinct.column_major)
     return _with_pattern(values, pattern, batch, row, col)
 
 
-def _with_pattern(values: Tensor, pattern: Any, batch: SparseBatch, row: Tensor,
+def _with_pattern(values: Tensor, pattern: SparseLike, batch: SparseBatch, row: Tensor,
                   col: Tensor) -> Tensor:
     """The sparse result: ``values`` at the distinct positions ``(row, col)`` of ``pattern``.
 
@@ -199,15 +241,21 @@ def _with_pattern(values: Tensor, pattern: Any, batch: SparseBatch, row: Tensor,
     the target reads the values one for one; and through
     :func:`~nnsparse.values._coo_with_values`, whose backward costs O(nnz)
     (torch's CSR constructor would back-propagate a dense ``(rows, out)`` tensor).
+    The result carries the pattern's checked structure (trusted).
     """
     if batch.form == "csr":
+        assert isinstance(pattern, Tensor)
         return _csr_with_values(pattern.crow_indices(), pattern.col_indices(), values,
-                                batch.shape)
-    if batch.form == "coo" and pattern.is_coalesced():  # batch.coalesced may be a copy's
-        index = pattern._indices()
-    else:
-        index = col.unsqueeze(0) if batch.is_vector else torch.stack([row, col])
-    return _coo_with_values(index, values, (batch.width,) if batch.is_vector else batch.shape)
+                                batch.shape, batch)
+    if batch.form == "coo" and batch.coalesced and pattern.is_coalesced():  # type: ignore[union-attr]
+        # (not batch.coalesced alone: a COO pattern requiring grad is coalesced by copy)
+        assert isinstance(pattern, Tensor)
+        return _coo_with_values(pattern._indices(), values,
+                                (batch.width,) if batch.is_vector else batch.shape, batch)
+    distinct = batch.coalesce()
+    index = col.unsqueeze(0) if batch.is_vector else torch.stack([row, col])
+    return _coo_with_values(index, values, (batch.width,) if batch.is_vector else batch.shape,
+                            distinct)
 
 
 class SparseOutputLinear(nn.Linear):
@@ -253,7 +301,7 @@ class SparseOutputLinear(nn.Linear):
         # the optimiser in the backward, set by nnsparse.optim.apply_optimizer_in_backward
         self._row_update: Any = None
 
-    def forward(self, input: Tensor, pattern: Any = None) -> Tensor:
+    def forward(self, input: Tensor, pattern: Optional[SparseLike] = None) -> Tensor:
         return _sampled_linear(input, self.weight, self.bias, pattern, self.sparse_grad,
                                self._row_update)
 

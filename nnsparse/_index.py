@@ -1,0 +1,93 @@
+"""The index-structure helpers of nnsparse, in one place.
+
+Row pointers from row indices and back, the column-major order of a
+pattern, and the constructors of torch COO/CSR tensors that skip torch's
+(implicitly disabled) invariant checks: nnsparse checks indices itself, once,
+where a batch enters (see ``docs/batch.md``).
+
+None of these functions synchronises with the host: every output size is
+known from the input sizes, except :func:`column_major`'s distinct columns
+(a data-dependent size, needed only for sparse gradients).
+"""
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from typing import Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+__all__: list = []
+
+# Private counters of the work done on index structures: how many times a
+# batch was validated and each derived structure built.  Tests read them to
+# prove a training step validates a batch once and builds each structure at
+# most once (tests/test_batch.py).
+COUNTS: Counter = Counter()
+
+
+def count(what: str) -> None:
+    COUNTS[what] += 1
+
+
+def coo_tensor(indices: Tensor, values: Tensor, size: Sequence[int], coalesced: bool) -> Tensor:
+    """A torch sparse COO tensor on ``indices``, without torch's invariant checks."""
+    return torch.sparse_coo_tensor(
+        indices, values, tuple(size), is_coalesced=coalesced, check_invariants=False)
+
+
+def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[int]) -> Tensor:
+    """A torch sparse CSR tensor on ``crow``/``col``, without torch's invariant checks."""
+    with warnings.catch_warnings():
+        # torch warns once per process that CSR is "beta"; the user chose CSR.
+        warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(crow, col, values, tuple(size), check_invariants=False)
+
+
+def crow_from_rows(row: Tensor, rows: int) -> Tensor:
+    """CSR row pointers ``(rows + 1,)`` of the row indices ``row`` (grouped, increasing).
+
+    A binary search of each row's first entry: one kernel, no host sync
+    (``bincount`` would read the largest row back to size its output).
+    """
+    count("crow")
+    bounds = torch.arange(rows + 1, device=row.device, dtype=row.dtype)
+    return torch.searchsorted(row, bounds).to(torch.int64)
+
+
+def counts_of(index: Tensor, size: int) -> Tensor:
+    """How often each of ``0 .. size-1`` occurs in ``index``, int64 ``(size,)``, sync-free."""
+    out = torch.zeros(size, dtype=torch.int64, device=index.device)
+    return out.index_add_(0, index, torch.ones_like(index, dtype=torch.int64))
+
+
+def crow_from_counts(counts: Tensor) -> Tensor:
+    """Row pointers ``(len(counts) + 1,)`` from per-row entry counts."""
+    crow = torch.zeros(counts.shape[0] + 1, dtype=torch.int64, device=counts.device)
+    torch.cumsum(counts, 0, out=crow[1:])
+    return crow
+
+
+def rows_from_crow(crow: Tensor, nnz: int) -> Tensor:
+    """The int64 row index of each of the ``nnz`` entries of CSR pointers ``crow``."""
+    count("rows")
+    rows = crow.shape[0] - 1
+    return torch.repeat_interleave(torch.arange(rows, device=crow.device), crow.diff(),
+                                   output_size=nnz)
+
+
+def column_major(row: Tensor, col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The transposed (column-major) structure of a pattern.
+
+    Returns ``perm`` (the entries in column order, stable), ``cols`` (the
+    distinct columns, increasing), ``crow_t`` (CSR pointers of the transposed
+    pattern restricted to ``cols``) and ``row_t`` (the rows of the entries in
+    ``perm`` order), so ``S.T @ A`` restricted to ``cols`` is
+    ``_csr_rows_mm(row_t, A, crow_t, values[perm])``.  ``cols`` has a
+    data-dependent size: one host sync on CUDA.
+    """
+    count("column_major")
+    perm = torch.argsort(col, stable=True)
+    cols, counts = torch.unique_consecutive(col[perm], return_counts=True)
+    return perm, cols, crow_from_counts(counts), row[perm]
