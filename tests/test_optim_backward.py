@@ -301,3 +301,25 @@ def test_dense_above_is_torch_adam(kind):
         ref_opt.step()
     for p, q in zip(ours.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q)
+
+
+def test_fused_step_optimizer_is_adam_above_the_share_lazy_below():
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(40, 3, bias=False).double()
+    ref = copy.deepcopy(layer)
+    opt = noptim.fused_step_optimizer(layer, lr=0.05, weight_decay=0.1)
+    assert opt.kind == "adam" and opt._hp["dense_above"] == noptim.DENSE_ABOVE
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.05, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(9)
+    x = _batch(gen, 4, 40, 0.5, "cpu")  # about half the rows: the dense step, Adam's
+    for model, o in ((layer, opt), (ref, ref_opt)):
+        o.zero_grad()
+        model(x).square().sum().backward()
+        o.step()
+    torch.testing.assert_close(layer.weight, ref.weight)
+    before = layer.weight.detach().clone()
+    x = torch.sparse_coo_tensor(torch.tensor([[0], [7]]), torch.ones(1, dtype=torch.float64),
+                                (1, 40))  # 1 row of 40 (2.5%): lazy
+    layer(x).square().sum().backward()
+    changed = (layer.weight.detach() != before).any(0).nonzero().flatten()
+    assert changed.tolist() == [7]
