@@ -13,8 +13,6 @@ nothing is gathered.
 """
 from __future__ import annotations
 
-import math
-import threading
 from typing import Callable, Dict, List, Optional, Union
 
 import torch
@@ -60,28 +58,6 @@ _CHUNK = 1 << 20
 _DENSE_SHARE = 0.5
 
 GradRows = Union[Tensor, Callable[[int, int], Tensor]]
-
-# CPU scratch buffers for the gathered rows, one per slot and dtype, per
-# thread, reused across steps: a fresh multi-megabyte buffer is a fresh mmap
-# whose every page faults on first touch, measured to make a gather of 1,000
-# rows of 500 floats 30x slower than into a reused buffer on this machine.
-_SCRATCH = threading.local()
-
-
-def _gather(t: Tensor, idx: Tensor, slot: int) -> Tensor:
-    """``t.index_select(0, idx)``, into a reused scratch buffer on CPU."""
-    if t.device.type != "cpu":
-        return t.index_select(0, idx)
-    shape = (idx.shape[0],) + tuple(t.shape[1:])
-    numel = math.prod(shape)
-    buffers = getattr(_SCRATCH, "buffers", None)
-    if buffers is None:
-        buffers = _SCRATCH.buffers = {}
-    buf = buffers.get((slot, t.dtype))
-    if buf is None or buf.numel() < numel:
-        buf = buffers[(slot, t.dtype)] = t.new_empty(max(numel, _CHUNK))
-    return torch.index_select(t, 0, idx, out=buf[:numel].view(shape))
-
 
 def update_rows(kind: str, hp: dict, table: Tensor, rows: Tensor, grad: GradRows,
                 state: Dict[str, Tensor], dense_grad: Optional[Callable[[int, int], Tensor]] = None
@@ -137,8 +113,8 @@ def _block(kind: str, hp: dict, table: Tensor, idx: Tensor, g: Tensor,
         if idx.shape[0] > _DENSE_SHARE * (hi - lo):
             _span(kernel, hp, [table] + [state[n] for n in names], idx, g, lo, hi, step)
             return
-    block = _gather(table, idx, 0)
-    states = [_gather(state[n], idx, i + 1) for i, n in enumerate(names)]
+    block = table.index_select(0, idx)
+    states = [state[n].index_select(0, idx) for n in names]
     kernel(hp, block, g, states, step)
     table.index_copy_(0, idx, block)
     for n, s in zip(names, states):
