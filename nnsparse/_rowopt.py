@@ -59,6 +59,7 @@ _DENSE_SHARE = 0.5
 
 GradRows = Union[Tensor, Callable[[int, int], Tensor]]
 
+
 def update_rows(kind: str, hp: dict, table: Tensor, rows: Tensor, grad: GradRows,
                 state: Dict[str, Tensor], dense_grad: Optional[Callable[[int, int], Tensor]] = None
                 ) -> None:
