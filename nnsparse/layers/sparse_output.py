@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
 from ..values import _coo_with_values, _csr_with_values
@@ -68,6 +69,14 @@ class _SampledLinear(torch.autograd.Function):
             # what embedding_bag computes (2-3x faster than a CSR product here).
             grad_h = _csr_rows_mm(col, weight, crow, grad)
         need_w, need_b = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
+        if need_w and not ctx.sparse_grad and update is None:
+            # the dense gradient in one pass: a bag per output column, empty
+            # bags giving the zero rows (no zero-fill and copy, and no distinct
+            # columns to count: no host synchronisation on a GPU)
+            perm = torch.argsort(col, stable=True)
+            crow_all = _index.crow_from_counts(_index.counts_of(col, out_features))
+            grad_w = _csr_rows_mm(row[perm], h, crow_all, grad[perm])
+            need_w = False
         if need_w or (need_b and ctx.sparse_grad):
             perm, cols, crow_t, row_t = (ctx.colmajor() if ctx.colmajor is not None
                                          else _column_major(row, col))
@@ -86,10 +95,7 @@ class _SampledLinear(torch.autograd.Function):
                        _bag_rows(row_t, h, _all_rows_crow(cols, crow_t, out_features), grad_t))
                 return grad_h, grad_w, grad_b, None, None, None, None, None, None
             touched = _csr_rows_mm(row_t, h, crow_t, grad_t)
-            if ctx.sparse_grad:
-                grad_w = _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True)
-            else:
-                grad_w = weight.new_zeros(weight.shape).index_copy_(0, cols, touched)
+            grad_w = _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True)
         return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
