@@ -367,6 +367,12 @@ class InBackwardOptimizer:
       step, each kind equals its torch optimiser (``sgd``: ``torch.optim.SGD``
       without dampening; ``adagrad``: ``torch.optim.Adagrad`` without
       ``lr_decay``) within float tolerance.
+    * **Dense above a share** (``dense_above``, off by default here, 0.1 in
+      :func:`fused_step_optimizer`): a step touching more than that share of
+      a table's rows is the torch optimiser's dense step on the whole table
+      (untouched rows get a zero gradient: their moments decay, Adam moves
+      them, weight decay shrinks them), made block by block from the
+      backward's gradient rows; it costs less than gathering most rows.
     * **Row-wise Adagrad** (``"rowwise_adagrad"``): one accumulator per row,
       ``acc[r] += mean(g[r]**2)``, ``p[r] -= lr * g[r] / (sqrt(acc[r]) + eps)``:
       FBGEMM's ``EXACT_ROWWISE_ADAGRAD``, the usual choice for large tables
