@@ -285,16 +285,17 @@ def test_adamw_decay_is_lazy_without_catch_up():
     assert opt.tables["SparseLinearBatch"]["exp_avg"][2].eq(0).all()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["adam", "adamw"])
-def test_dense_above_is_torch_adam(kind):
+def test_dense_above_is_torch_adam(kind, device):
     """dense_above=0: every step is torch's dense Adam/AdamW (untouched rows move too)."""
-    ours, ref = _models("cpu", bias=False)
+    ours, ref = _models(device, bias=False)
     hp = dict(lr=0.05, weight_decay=0.1)
     opt = noptim.apply_optimizer_in_backward(ours, kind, dense_above=0.0, **hp)
     ref_opt = (torch.optim.Adam if kind == "adam" else torch.optim.AdamW)(ref.parameters(), **hp)
     gen = torch.Generator().manual_seed(7)
     for _ in range(3):
-        x, y = _batch(gen, 2, IN, 0.3, "cpu"), _batch(gen, 2, OUT, 0.3, "cpu")
+        x, y = _batch(gen, 2, IN, 0.3, device), _batch(gen, 2, OUT, 0.3, device)
         _loss(ours, x, y).backward()
         ref_opt.zero_grad()
         _loss(ref, x, y).backward()
