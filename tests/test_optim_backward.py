@@ -234,6 +234,17 @@ def test_refusals():
         _loss(model, x.float(), y.float()).backward()
 
 
+def test_float16_cpu_decoder_refused():
+    # the CPU float16 decoder runs on a float32 copy the optimiser cannot update
+    dec = nnsparse.SparseOutputLinear(HIDDEN, OUT).half()
+    noptim.apply_optimizer_in_backward(dec, "adam")
+    pattern = torch.tensor([[0., 1, 0, 0, 0, 1]]).half().to_sparse()
+    with pytest.raises(NotImplementedError, match="float16 on the CPU is computed on a float32"):
+        dec(torch.randn(1, HIDDEN).half(), pattern)
+    with torch.no_grad():
+        assert dec(torch.randn(1, HIDDEN).half(), pattern).dtype == torch.float16
+
+
 @pytest.mark.parametrize("model,kwargs,exc,message", [
     ("ae", dict(optimizer="lamb"), ValueError, "optimizer must be one of"),
     ("ae", dict(optimizer="adam", momentum=0.9), ValueError, "momentum and nesterov are SGD's"),
