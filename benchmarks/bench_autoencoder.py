@@ -407,7 +407,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", "--shapes", dest="shapes", nargs="+", choices=list(SHAPES),
                    default=["ml-1m", "ml-10m"])
     p.add_argument("--configs", nargs="+", choices=CONFIGS, default=CONFIGS)
-    p.add_argument("--steps", type=int, default=10,
+    p.add_argument("--quick", action="store_true", help="only the ML-1M shape")
+    p.add_argument("--steps", "--max-batches", type=int, default=10,
                    help="time this many steps and extrapolate the epoch (0: a whole epoch)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before (default 2)")
     p.add_argument("--hidden", type=int, default=500)
@@ -441,7 +442,7 @@ def main(argv=None) -> None:
         f"{args.steps} timed steps after {args.warmup}, epoch extrapolated from the mean step"
     print(f"torch {torch.__version__}, {where}; hidden {args.hidden}, batch {args.batch_size}; "
           f"{span}; fastest of {args.repeat}")
-    for shape in args.shapes:
+    for shape in ["ml-1m"] if args.quick else args.shapes:
         items, users, nominal = SHAPES[shape]
         with tempfile.TemporaryDirectory() as data_dir:
             t = time.perf_counter()
