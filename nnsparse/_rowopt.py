@@ -86,6 +86,9 @@ def update_rows(kind: str, hp: dict, table: Tensor, rows: Tensor, grad: GradRows
         per = max(1, _CHUNK // width)
         spans = [(a, min(a + per, total)) for a in range(0, total, per)]
     names = _STATE[kind]
+    source = dense_grad if dense else grad
+    if len(spans) > 1 and hasattr(source, "prefetch"):
+        source.prefetch([a for a, _ in spans] + [spans[-1][1]])  # type: ignore[union-attr]
     for a, b in spans:
         if b == a:
             continue

@@ -135,9 +135,12 @@ def test_rowwise_adagrad_reference():
     torch.testing.assert_close(opt.tables["SparseLinearBatch"]["sum"], acc)
 
 
+@pytest.mark.parametrize("chunk", [8, 1 << 20], ids=["blocks", "whole"])
 @pytest.mark.parametrize("kind", ["adam", "adamw"])
-def test_partial_rows_equal_lazy_adam(kind):
-    """Untouched rows keep weight and moments: LazyAdam on sparse gradients, step for step."""
+def test_partial_rows_equal_lazy_adam(kind, chunk, monkeypatch):
+    """Untouched rows keep weight and moments: LazyAdam on sparse gradients, step for step
+    (in blocks of a few rows too: gradient rows made block by block)."""
+    monkeypatch.setattr(noptim._rowopt, "_CHUNK", chunk)
     ours, ref = _models("cpu", bias=False, sparse_grad=True)
     hp = dict(lr=0.05, weight_decay=0.1)
     opt = noptim.apply_optimizer_in_backward(ours, kind, **hp)
@@ -296,10 +299,12 @@ def test_adamw_decay_is_lazy_without_catch_up():
     assert opt.tables["SparseLinearBatch"]["exp_avg"][2].eq(0).all()
 
 
+@pytest.mark.parametrize("chunk", [8, 1 << 20], ids=["blocks", "whole"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["adam", "adamw"])
-def test_dense_above_is_torch_adam(kind, device):
+def test_dense_above_is_torch_adam(kind, device, chunk, monkeypatch):
     """dense_above=0: every step is torch's dense Adam/AdamW (untouched rows move too)."""
+    monkeypatch.setattr(noptim._rowopt, "_CHUNK", chunk)
     ours, ref = _models(device, bias=False)
     hp = dict(lr=0.05, weight_decay=0.1)
     opt = noptim.apply_optimizer_in_backward(ours, kind, dense_above=0.0, **hp)
