@@ -340,3 +340,47 @@ def test_fused_step_optimizer_is_adam_above_the_share_lazy_below():
     layer(x).square().sum().backward()
     changed = (layer.weight.detach() != before).any(0).nonzero().flatten()
     assert changed.tolist() == [7]
+
+
+def _host_reads(step):
+    """aten::item calls (host reads of a tensor: a synchronisation on a GPU) in ``step``,
+    outside torch's optimisers."""
+    from torch.profiler import profile
+    with profile() as prof:
+        step()
+    reads = []
+    for e in prof.events():
+        if e.name == "aten::item":
+            chain, p = [], e.cpu_parent
+            while p is not None:
+                chain.append(p.name)
+                p = p.cpu_parent
+            if not any(name.startswith("Optimizer.step") for name in chain):
+                reads.append(chain)
+    return reads
+
+
+def test_dense_gradient_step_reads_nothing_back():
+    """A training step with dense gradients reads no tensor back to the host for a
+    trusted batch (``.item()``, ``int()``, ``bool()``: a synchronisation on a GPU).  A CPU
+    proxy: data-dependent output sizes (``unique``, ``nonzero``) are seen only by a CUDA
+    run under ``torch.cuda.set_sync_debug_mode``."""
+    gen = torch.Generator().manual_seed(10)
+    x = nnsparse.trust(_batch(gen, 3, IN, 0.5, "cpu").coalesce())
+    y = nnsparse.trust(_batch(gen, 3, OUT, 0.5, "cpu").coalesce())
+    model, fused = _models("cpu")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def step(m, o):
+        def run():
+            o.zero_grad()
+            _loss(m, x, y).backward()
+            o.step()
+        return run
+    step(model, opt)()  # first use of the batches: their structure is built
+    assert _host_reads(step(model, opt)) == []
+    fused_opt = noptim.fused_step_optimizer(fused, lr=0.01)
+    step(fused, fused_opt)()
+    # the detector sees reads where there are some: the in-backward step reads the
+    # touched rows' bounds
+    assert _host_reads(step(fused, fused_opt)) != []
