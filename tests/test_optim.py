@@ -171,3 +171,72 @@ def test_closure_and_errors():
     w.grad = torch.ones(2, 3, 4).to_sparse()
     with pytest.raises(NotImplementedError, match="got sparse_dim 3 for a 3-D parameter"):
         noptim.LazyAdam([w]).step()
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_gradient_strides_differ_from_parameter(decoupled, kernel):
+    """SparseLinearBatch.weight is a transposed view; a gradient in nn.Linear's layout."""
+    import nnsparse
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(6, 4).double()
+    ref = torch.nn.Linear(6, 4).double()
+    ref.load_state_dict(layer.state_dict())
+    assert layer.weight.stride() != ref.weight.stride()
+    ours = noptim.LazyAdam(layer.parameters(), weight_decay=0.1,
+                           decoupled_weight_decay=decoupled, **CASES)
+    theirs = (torch.optim.AdamW if decoupled else torch.optim.Adam)(ref.parameters(),
+                                                                     weight_decay=0.1, **CASES)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        g = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+        layer.weight.grad, ref.weight.grad = g.clone(), g.clone()
+        layer.bias.grad = ref.bias.grad = None
+        ours.step()
+        theirs.step()
+    torch.testing.assert_close(layer.weight, ref.weight)
+
+
+@pytest.mark.parametrize("shape,strided_t,sparse_dim,message", [
+    ((2, 3, 4), False, 2, "sparse_dim 2 for a 3-D parameter"),
+    ((4, 3), True, 1, "needs a contiguous parameter for a sparse gradient"),
+])
+def test_failed_step_changes_nothing(shape, strided_t, sparse_dim, message):
+    """Validate before mutating: a bad second gradient leaves the first parameter as it was."""
+    gen = torch.Generator().manual_seed(4)
+    good = torch.randn(5, 4, generator=gen, dtype=torch.float64).requires_grad_()
+    other = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    other = (other.t().contiguous().t() if strided_t else other).requires_grad_()
+    opt = noptim.LazyAdam([good, other], **CASES)
+    good.grad = torch.ones(5, 4, dtype=torch.float64)
+    other.grad = torch.ones(shape, dtype=torch.float64).to_sparse(sparse_dim)
+    before = good.detach().clone()
+    with pytest.raises(NotImplementedError, match=message):
+        opt.step()
+    assert torch.equal(good, before) and not opt.state
+    other.grad = None
+    opt.step()  # a retry steps the good parameter once
+    assert opt.state[good]["step"] == 1
+
+
+@pytest.mark.parametrize("chunk", [4, 1 << 22])
+def test_dense_above_falls_back_to_adam(chunk, kernel, monkeypatch):
+    """Above dense_above of the rows touched, the step is torch's dense Adam; at or
+    below it, lazy."""
+    monkeypatch.setattr(noptim._rowopt, "_CHUNK", chunk)
+    gen = torch.Generator().manual_seed(8)
+    p = torch.randn(6, 3, generator=gen, dtype=torch.float64).requires_grad_()
+    q = p.detach().clone().requires_grad_()
+    ours = noptim.LazyAdam([p], dense_above=0.5, weight_decay=0.1, **CASES)
+    ref = torch.optim.Adam([q], weight_decay=0.1, **CASES)
+    for rows in ([0, 2, 3, 5], [1, 2, 4, 5]):  # 4 of 6 rows > 0.5: dense
+        g = _row_grad(rows, (6, 3), gen)
+        p.grad, q.grad = g, g.to_dense()
+        ours.step()
+        ref.step()
+    torch.testing.assert_close(p, q)
+    before = p.detach().clone()
+    p.grad = _row_grad([1, 4], (6, 3), gen)  # 2 of 6: lazy, untouched rows keep their values
+    ours.step()
+    assert torch.equal(p.detach()[[0, 2, 3, 5]], before[[0, 2, 3, 5]])
+    with pytest.raises(ValueError, match=r"dense_above must be None or in \[0, 1\], got 2"):
+        noptim.LazyAdam([p], dense_above=2)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +11,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
-from .._kernels import _column_major, _csr_rows_mm, _sampled_mm
+from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
 
 __all__ = ["SparseLinearBatch", "sparse_linear"]
 
@@ -25,8 +25,11 @@ _MODES = ("auto", "sparse", "dense")
 _DENSE_ABOVE = {"cpu": 0.25, "cuda": 0.002}
 
 
+ColumnMajor = Callable[[], Tuple[Tensor, Tensor, Tensor, Tensor]]
+
+
 def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_features: int,
-                sparse: bool) -> Tensor:
+                sparse: bool, colmajor: Optional[ColumnMajor] = None) -> Tensor:
     """``S.T @ G``, the ``(in, out)`` gradient of the weight table.
 
     Dense: one ``embedding_bag`` with a bag per input column (empty bags give
@@ -34,45 +37,65 @@ def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_featu
     hybrid COO tensor holding the touched columns only, as ``nn.Embedding``'s.
     """
     if not sparse:
+        # bags over every input column (sizes known: no host sync on a GPU)
         perm = torch.argsort(col, stable=True)
-        # counts by index_add: bincount would read the largest column back (a sync)
         crow_t = _index.crow_from_counts(_index.counts_of(col, in_features))
         return _csr_rows_mm(row[perm], grad, crow_t, values[perm])
-    perm, cols, crow_t, row_t = _column_major(row, col)
+    perm, cols, crow_t, row_t = colmajor() if colmajor is not None else _column_major(row, col)
     touched = _csr_rows_mm(row_t, grad, crow_t, values[perm])
     return _sparse_coo(cols.unsqueeze(0), touched, (in_features, grad.shape[1]), True)
 
 
 class _SparseLinear(torch.autograd.Function):
     """``S @ table + bias`` for a row-grouped sparse batch ``S`` and a contiguous
-    ``(in, out)`` table (the weight, transposed), and its gradients."""
+    ``(in, out)`` table (the weight, transposed), and its gradients.
+
+    ``update`` (a ``_rowopt.TableUpdate`` or None): the optimiser in the
+    backward; the touched rows of ``table`` are then updated in place from
+    their gradient rows and ``table`` gets no gradient.  ``colmajor``: returns
+    the batch's cached ``_column_major(row, col)`` (``SparseBatch.column_major``;
+    built here otherwise).
+    """
 
     @staticmethod
     def forward(ctx: Any, values: Tensor, table: Tensor, bias: Optional[Tensor], row: Tensor,
-                col: Tensor, crow: Tensor, sparse_grad: bool) -> Tensor:
+                col: Tensor, crow: Tensor, sparse_grad: bool, update: Any = None,
+                colmajor: Optional[ColumnMajor] = None) -> Tensor:
         out = _csr_rows_mm(col, table, crow, values)
         if bias is not None:
             out.add_(bias)
         ctx.save_for_backward(values, table, row, col, crow)
         ctx.has_bias, ctx.sparse_grad = bias is not None, sparse_grad
+        ctx.update, ctx.colmajor = update, colmajor
+        ctx.updates = update.updates if update is not None else 0
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: Tensor):
+        update = ctx.update
+        if update is not None and ctx.needs_input_grad[1] and update.updates != ctx.updates:
+            raise RuntimeError(update.stale_message())
         values, table, row, col, crow = ctx.saved_tensors
         grad = grad.contiguous()
         grad_values = grad_table = grad_bias = None
         if ctx.needs_input_grad[0]:
             # Only at the specified entries: (G @ W)[row, col], never (rows, in).
             grad_values = _sampled_mm(grad, table.t(), crow, col)
-        if ctx.needs_input_grad[1]:
-            grad_table = _table_grad(row, col, values, grad, table.shape[0], ctx.sparse_grad)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
-            if ctx.sparse_grad:  # every entry is touched, but SparseAdam wants sparse
+            if ctx.sparse_grad and update is None:  # SparseAdam wants sparse
                 grad_bias = grad_bias.to_sparse()
-        return grad_values, grad_table, grad_bias, None, None, None, None
+        if ctx.needs_input_grad[1] and update is not None:
+            perm, cols, crow_t, row_t = (ctx.colmajor() if ctx.colmajor is not None
+                                         else _column_major(row, col))
+            w_t = values[perm]
+            update(table.detach(), cols, _bag_rows(row_t, grad, crow_t, w_t),
+                   _bag_rows(row_t, grad, _all_rows_crow(cols, crow_t, table.shape[0]), w_t))
+        elif ctx.needs_input_grad[1]:
+            grad_table = _table_grad(row, col, values, grad, table.shape[0], ctx.sparse_grad,
+                                     ctx.colmajor)
+        return grad_values, grad_table, grad_bias, None, None, None, None, None, None
 
 
 def _density(batch: SparseBatch) -> float:
@@ -140,8 +163,9 @@ def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = No
 
 
 def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode: str,
-                  sparse_grad: bool) -> Tensor:
-    """:func:`sparse_linear` on the weight's transpose ``table`` ``(in, out)``."""
+                  sparse_grad: bool, update: Any = None) -> Tensor:
+    """:func:`sparse_linear` on the weight's transpose ``table`` ``(in, out)``;
+    ``update``: the layer's in-backward optimiser (forces the sparse kernels)."""
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if isinstance(input, Tensor) and _is_dense_input(input, table.shape[0]):
@@ -149,6 +173,11 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
             raise ValueError(f"input must have {table.shape[0]} features (in_features) in its "
                              f"last dimension, got shape {tuple(input.shape)}; a Lua (k, 2) "
                              "pair vector goes through nnsparse.from_pairs(input)")
+        if update is not None and torch.is_grad_enabled() and table.requires_grad:
+            raise NotImplementedError(
+                f"{update.name}: a dense input with the optimiser in the backward would give "
+                f"the weight a dense gradient that no optimiser applies; pass a sparse batch, "
+                f"or run under torch.no_grad() for inference")
         return F.linear(input, table.t(), bias)
     if (isinstance(input, Tensor) and input.layout != torch.strided and input.dim() in (1, 2)
             and input.shape[-1] < table.shape[0]):
@@ -162,7 +191,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
                          f"got {batch.device}")
     if batch.dtype != table.dtype:
         raise ValueError(f"input must have the weight's dtype {table.dtype}, got {batch.dtype}")
-    if not sparse_grad and _use_dense(batch, mode):
+    if not sparse_grad and update is None and _use_dense(batch, mode):
         dense = batch.values.new_zeros(batch.shape).index_put(
             (batch.row, batch.col), batch.values, accumulate=True)
         out = F.linear(dense, table.t(), bias)
@@ -171,7 +200,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         # built once per batch, whoever asks first.
         batch = batch.sorted_by_row()
         out = _SparseLinear.apply(batch.values, table.contiguous(), bias, batch.row, batch.col,
-                                  batch.crow_indices(), sparse_grad)
+                                  batch.crow_indices(), sparse_grad, update, batch.column_major)
     return out.squeeze(0) if batch.is_vector else out
 
 
@@ -261,6 +290,8 @@ class SparseLinearBatch(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.in_features, self.out_features = in_features, out_features
         self.sparse_grad, self.mode = sparse_grad, mode
+        # the optimiser in the backward, set by nnsparse.optim.apply_optimizer_in_backward
+        self._row_update: Any = None
         table = torch.empty(in_features, out_features, **factory)
         if sparse_grad:
             self.weight_t = nn.Parameter(table)
@@ -293,7 +324,8 @@ class SparseLinearBatch(nn.Module):
         return super().__getattr__(name)
 
     def forward(self, input: SparseLike) -> Tensor:
-        return _linear_table(input, self._table(), self.bias, self.mode, self.sparse_grad)
+        return _linear_table(input, self._table(), self.bias, self.mode, self.sparse_grad,
+                             self._row_update)
 
     def extra_repr(self) -> str:
         return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "

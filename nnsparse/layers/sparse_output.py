@@ -15,7 +15,7 @@ costs about 1 ms at the MovieLens-1M shape and 3 ms at MovieLens-10M's (batch
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -23,31 +23,45 @@ from torch import Tensor, nn
 
 from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
-from .._kernels import _column_major, _csr_rows_mm, _sampled_mm
+from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
 from ..values import _coo_with_values, _csr_with_values
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
 
 class _SampledLinear(torch.autograd.Function):
-    """values[e] = dot(h[row[e]], weight[col[e]]) + bias[col[e]] and its gradients."""
+    """values[e] = dot(h[row[e]], weight[col[e]]) + bias[col[e]] and its gradients.
+
+    ``update`` (a ``_rowopt.TableUpdate`` or None): the optimiser in the
+    backward; the touched rows of ``weight`` are then updated in place from
+    their gradient rows and ``weight`` gets no gradient (the bias a dense
+    one).  ``colmajor``: returns the pattern's cached ``_column_major(row, col)``
+    (``SparseBatch.column_major``; built here otherwise).
+    """
 
     @staticmethod
     def forward(ctx: Any, h: Tensor, weight: Tensor, bias: Optional[Tensor], row: Tensor,
-                col: Tensor, crow: Tensor, sparse_grad: bool) -> Tensor:
+                col: Tensor, crow: Tensor, sparse_grad: bool, update: Any = None,
+                colmajor: Optional[Callable[[], Tuple[Tensor, Tensor, Tensor, Tensor]]] = None
+                ) -> Tensor:
         values = _sampled_mm(h, weight.t(), crow, col)
         if bias is not None:
             values = values + bias[col]
         ctx.save_for_backward(h, weight, row, col, crow)
         ctx.has_bias = bias is not None
-        ctx.sparse_grad = sparse_grad
+        ctx.sparse_grad = sparse_grad and update is None
+        ctx.update, ctx.colmajor = update, colmajor
+        ctx.updates = update.updates if update is not None else 0
         return values
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor):
+        update = ctx.update
+        if update is not None and ctx.needs_input_grad[1] and update.updates != ctx.updates:
+            raise RuntimeError(update.stale_message())
         h, weight, row, col, crow = ctx.saved_tensors
         grad = grad.contiguous()
-        rows, out_features = h.shape[0], weight.shape[0]
+        out_features = weight.shape[0]
         grad_h = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
             # grad_h = S @ W, S the (rows, out) CSR of the incoming values: row r
@@ -55,23 +69,18 @@ class _SampledLinear(torch.autograd.Function):
             # what embedding_bag computes (2-3x faster than a CSR product here).
             grad_h = _csr_rows_mm(col, weight, crow, grad)
         need_w, need_b = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
-        if need_w and not ctx.sparse_grad:
-            # grad_W = S^T @ h with one bag per output column, empty bags giving
-            # the zero rows: no distinct-column count, so no host sync on CUDA.
+        if need_w and not ctx.sparse_grad and update is None:
+            # the dense gradient in one pass: a bag per output column, empty
+            # bags giving the zero rows (no zero-fill and copy, and no distinct
+            # columns to count: no host synchronisation on a GPU)
             perm = torch.argsort(col, stable=True)
-            crow_t = _index.crow_from_counts(_index.counts_of(col, out_features))
-            grad_w = _csr_rows_mm(row[perm], h, crow_t, grad[perm])
+            crow_all = _index.crow_from_counts(_index.counts_of(col, out_features))
+            grad_w = _csr_rows_mm(row[perm], h, crow_all, grad[perm])
             need_w = False
         if need_w or (need_b and ctx.sparse_grad):
-            perm, cols, crow_t, row_t = _column_major(row, col)
+            perm, cols, crow_t, row_t = (ctx.colmajor() if ctx.colmajor is not None
+                                         else _column_major(row, col))
             grad_t = grad[perm]
-        if need_w:
-            # grad_W = S^T @ h, computed only for the columns the pattern touches.
-            touched = _csr_rows_mm(row_t, h, crow_t, grad_t)
-            if ctx.sparse_grad:
-                grad_w = _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True)
-            else:
-                grad_w = weight.new_zeros(weight.shape).index_copy_(0, cols, touched)
         if need_b:
             if ctx.sparse_grad:
                 segment = torch.repeat_interleave(crow_t.diff(), output_size=grad.shape[0])
@@ -79,11 +88,19 @@ class _SampledLinear(torch.autograd.Function):
                 grad_b = _sparse_coo(cols.unsqueeze(0), summed, (out_features,), True)
             else:
                 grad_b = grad.new_zeros(out_features).index_add_(0, col, grad)
-        return grad_h, grad_w, grad_b, None, None, None, None
+        if need_w:
+            # grad_W = S^T @ h, computed only for the columns the pattern touches.
+            if update is not None:  # after grad_h: it reads the weight before the step
+                update(weight.detach(), cols, _bag_rows(row_t, h, crow_t, grad_t),
+                       _bag_rows(row_t, h, _all_rows_crow(cols, crow_t, out_features), grad_t))
+                return grad_h, grad_w, grad_b, None, None, None, None, None, None
+            touched = _csr_rows_mm(row_t, h, crow_t, grad_t)
+            grad_w = _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True)
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
 def _pattern_structure(pattern: SparseLike, input: Tensor, out_features: int):
-    """The batch of ``pattern`` with distinct positions, row-sorted, plus CSR pointers.
+    """The batch of ``pattern`` and the same with distinct positions, row-sorted.
 
     All of it comes from the pattern's cached structure: for a batch the
     encoder already read (or a trusted one), nothing is checked or built again.
@@ -106,7 +123,7 @@ def _pattern_structure(pattern: SparseLike, input: Tensor, out_features: int):
     # Duplicates mean a sum for the target; the estimate has one value per
     # position, so positions are made distinct (once per pattern: cached).
     distinct = batch.coalesce() if not batch.coalesced else batch
-    return batch, distinct.row, distinct.col, distinct.crow_indices()
+    return batch, distinct
 
 
 def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
@@ -163,6 +180,12 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         (tensor([[0, 1, 1],
                 [1, 0, 2]]), tensor([2., 3., 7.]))
     """
+    return _sampled_linear(input, weight, bias, pattern, sparse_grad)
+
+
+def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], pattern: Any,
+                    sparse_grad: bool, update: Any = None) -> Tensor:
+    """:func:`sampled_linear`; ``update``: the layer's in-backward optimiser."""
     if not isinstance(input, Tensor) or input.layout != torch.strided:
         raise TypeError(f"input must be a dense tensor, got "
                         f"{input.layout if isinstance(input, Tensor) else type(input).__name__}")
@@ -171,6 +194,11 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
             raise TypeError(f"{arg} must be a dense tensor, got "
                             f"{t.layout if isinstance(t, Tensor) else type(t).__name__}")
     if pattern is None:
+        if update is not None and torch.is_grad_enabled() and weight.requires_grad:
+            raise NotImplementedError(
+                f"{update.name}: a dense output (pattern=None) with the optimiser in the "
+                f"backward would give the weight a dense gradient that no optimiser applies; "
+                f"pass the target's pattern, or run under torch.no_grad() for inference")
         return F.linear(input, weight, bias)
     if input.dim() not in (1, 2):
         raise ValueError(f"input must have shape (rows, in_features) or (in_features,), "
@@ -190,17 +218,23 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         if t is not None and t.device != input.device:
             raise ValueError(f"{arg} must be on input's device {input.device}, got {t.device}")
     h = input.unsqueeze(0) if input.dim() == 1 else input
-    batch, row, col, crow = _pattern_structure(pattern, input, weight.shape[0])
+    batch, distinct = _pattern_structure(pattern, input, weight.shape[0])
+    row, col, crow = distinct.row, distinct.col, distinct.crow_indices()
     if row.device != h.device:
         raise ValueError(f"pattern must be on input's device {h.device}, got {row.device}")
     if h.dtype == torch.float16 and h.device.type == "cpu":
+        if update is not None and torch.is_grad_enabled() and weight.requires_grad:
+            raise NotImplementedError(
+                f"{update.name}: float16 on the CPU is computed on a float32 copy of the "
+                f"weight, which the optimiser in the backward cannot update; use float32")
         # torch.sparse.sampled_addmm has no float16 kernel on the CPU: compute
         # in float32 (the casts carry the gradients) and return float16.
         values = _SampledLinear.apply(h.float(), weight.float(),
                                       None if bias is None else bias.float(), row, col, crow,
                                       sparse_grad).half()
     else:
-        values = _SampledLinear.apply(h, weight, bias, row, col, crow, sparse_grad)
+        values = _SampledLinear.apply(h, weight, bias, row, col, crow, sparse_grad, update,
+                                      distinct.column_major)
     return _with_pattern(values, pattern, batch, row, col)
 
 
@@ -278,9 +312,12 @@ class SparseOutputLinear(nn.Linear):
                 raise TypeError(f"{arg} must be a bool, got {type(flag).__name__} {flag!r}")
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.sparse_grad = sparse_grad
+        # the optimiser in the backward, set by nnsparse.optim.apply_optimizer_in_backward
+        self._row_update: Any = None
 
     def forward(self, input: Tensor, pattern: Optional[SparseLike] = None) -> Tensor:
-        return sampled_linear(input, self.weight, self.bias, pattern, self.sparse_grad)
+        return _sampled_linear(input, self.weight, self.bias, pattern, self.sparse_grad,
+                               self._row_update)
 
     def extra_repr(self) -> str:
         return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "

@@ -1,0 +1,227 @@
+"""Row updates of a weight table: the optimiser arithmetic shared by the
+in-backward optimiser (:class:`nnsparse.optim.InBackwardOptimizer`) and
+:class:`nnsparse.optim.LazyAdam`.
+
+A *table* is a contiguous 2-D tensor whose rows are what a sparse batch
+touches: ``SparseLinearBatch``'s ``(in, out)`` weight transpose, or
+``SparseOutputLinear``'s ``(out, in)`` weight.  An update reads the touched
+rows of the table and of its state once (one gather each, a contiguous
+block), runs one optimiser pass over the block (torch's fused kernel through
+the public functional API where torch has one) and writes the block back
+(one scatter each).  When every row is touched the block *is* the table and
+nothing is gathered.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Union
+
+import torch
+from torch import Tensor
+from torch.optim import adagrad as _adagrad
+from torch.optim import adam as _adam
+
+__all__: list = []
+
+KINDS = ("sgd", "adam", "adamw", "adagrad", "rowwise_adagrad")
+# The state tensors of each kind, in the order the kernels take them.
+_STATE = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq"),
+          "adamw": ("exp_avg", "exp_avg_sq"), "adagrad": ("sum",), "rowwise_adagrad": ("sum",)}
+_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def fused_ok(t: Tensor) -> bool:
+    """torch's fused optimiser kernels exist for floating tensors on CPU and CUDA."""
+    return t.device.type in ("cpu", "cuda") and t.dtype in _FUSED_DTYPES
+
+
+def new_state(kind: str, table: Tensor, init: float = 0.0) -> Dict[str, Tensor]:
+    """Zero state for ``table`` (``step`` a float32 scalar tensor, as torch.optim keeps it)."""
+    state = {"step": torch.zeros((), dtype=torch.float32, device=table.device)}
+    for name in _STATE[kind]:
+        if kind == "rowwise_adagrad":
+            state[name] = torch.full(table.shape[:1], init, dtype=table.dtype, device=table.device)
+        else:
+            state[name] = torch.full_like(table, init, memory_format=torch.contiguous_format)
+    return state
+
+
+# Touched rows are updated in blocks of about this many elements on CPU: the
+# temporaries (a gradient block, gathered rows) then stay small enough for the
+# allocator to reuse them (fresh large buffers cost a page fault per 4 KiB on
+# first touch, measured as much as the update itself) and warm in cache.
+_CHUNK = 1 << 20
+# On CPU, when a block's touched rows are more than this share of the table
+# rows they span, the span is updated in place (untouched rows get a zero
+# gradient, and their old values, saved before, are written back after)
+# rather than gathered and scattered: fewer passes over memory (measured by
+# benchmarks/bench_optim.py).
+_DENSE_SHARE = 0.5
+
+GradRows = Union[Tensor, Callable[[int, int], Tensor]]
+
+
+def update_rows(kind: str, hp: dict, table: Tensor, rows: Tensor, grad: GradRows,
+                state: Dict[str, Tensor], dense_grad: Optional[Callable[[int, int], Tensor]] = None
+                ) -> None:
+    """Apply one optimiser step to rows ``rows`` (distinct, increasing) of ``table`` in place.
+
+    ``grad`` holds their gradients, ``(len(rows), width)``, or is a function
+    ``grad(a, b)`` giving those of ``rows[a:b]``, so that the gradient of a
+    large table is made block by block and never whole.  Untouched rows and
+    their state are not changed (lazy) unless more than ``hp["dense_above"]``
+    of the rows are touched and ``dense_grad(lo, hi)`` (the gradient of the
+    table rows ``lo:hi``, zero where untouched) is given: the step is then the
+    dense one of torch's optimiser, in blocks.  ``state["step"]`` advances by
+    one.  ``table`` and the state tensors must be contiguous.
+    """
+    k, n = rows.shape[0], table.shape[0]
+    width = max(1, table[0].numel()) if n else 1
+    step = state["step"]
+    above = hp.get("dense_above")
+    dense = dense_grad is not None and above is not None and k > above * n
+    total = n if dense else k
+    if table.device.type != "cpu" or total * width <= _CHUNK:
+        spans = [(0, total)]  # one block: no host synchronisation on a GPU
+    else:
+        per = max(1, _CHUNK // width)
+        spans = [(a, min(a + per, total)) for a in range(0, total, per)]
+    names = _STATE[kind]
+    source = dense_grad if dense else grad
+    if len(spans) > 1 and hasattr(source, "prefetch"):
+        source.prefetch([a for a, _ in spans] + [spans[-1][1]])  # type: ignore[union-attr]
+    for a, b in spans:
+        if b == a:
+            continue
+        if dense:
+            _KERNELS[kind](hp, table[a:b], dense_grad(a, b).contiguous(),
+                           [state[name][a:b] for name in names], step.clone())
+            continue
+        g = grad(a, b) if callable(grad) else grad[a:b]
+        _block(kind, hp, table, rows[a:b], g.contiguous(), state, step.clone())
+    step.add_(1)
+
+
+def _block(kind: str, hp: dict, table: Tensor, idx: Tensor, g: Tensor,
+           state: Dict[str, Tensor], step: Tensor) -> None:
+    """One step on the rows ``idx`` of ``table``: in place, gathered, or over their span."""
+    names = _STATE[kind]
+    kernel = _KERNELS[kind]
+    if idx.shape[0] == table.shape[0]:  # distinct and increasing: every row, in order
+        kernel(hp, table, g, [state[n] for n in names], step)
+        return
+    if table.device.type == "cpu":
+        lo, hi = int(idx[0]), int(idx[-1]) + 1
+        if idx.shape[0] == hi - lo:  # a whole range: views, nothing to gather
+            kernel(hp, table[lo:hi], g, [state[n][lo:hi] for n in names], step)
+            return
+        if idx.shape[0] > _DENSE_SHARE * (hi - lo):
+            _span(kernel, hp, [table] + [state[n] for n in names], idx, g, lo, hi, step)
+            return
+    block = table.index_select(0, idx)
+    states = [state[n].index_select(0, idx) for n in names]
+    kernel(hp, block, g, states, step)
+    table.index_copy_(0, idx, block)
+    for n, s in zip(names, states):
+        state[n].index_copy_(0, idx, s)
+
+
+def _span(kernel: Callable, hp: dict, tensors: List[Tensor], idx: Tensor, g: Tensor, lo: int,
+          hi: int, step: Tensor) -> None:
+    """The rows ``lo:hi`` updated in place with a zero gradient off ``idx``, then the
+    untouched rows (saved before) written back: the update of ``idx`` only."""
+    local = idx - lo
+    dense_g = g.new_zeros((hi - lo,) + g.shape[1:]).index_copy_(0, local, g)
+    keep = torch.ones(hi - lo, dtype=torch.bool, device=idx.device)
+    keep[local] = False
+    untouched = keep.nonzero().squeeze(1)
+    views = [t[lo:hi] for t in tensors]
+    saved = [v.index_select(0, untouched) for v in views]
+    kernel(hp, views[0], dense_g, views[1:], step)
+    for v, old in zip(views, saved):
+        v.index_copy_(0, untouched, old)
+
+
+def _adam_kernel(decoupled: bool):
+    def kernel(hp: dict, p: Tensor, g: Tensor, states: List[Tensor], step: Tensor) -> None:
+        m, v = states
+        fused = fused_ok(p) and hp.get("_fused", True)
+        _adam.adam([p], [g], [m], [v], [], [step], foreach=False if not fused else None,
+                   fused=True if fused else None, decoupled_weight_decay=decoupled,
+                   amsgrad=False, beta1=hp["betas"][0], beta2=hp["betas"][1], lr=hp["lr"],
+                   weight_decay=hp["weight_decay"], eps=hp["eps"], maximize=False)
+    return kernel
+
+
+def _sgd_kernel(hp: dict, p: Tensor, g: Tensor, states: List[Tensor], step: Tensor) -> None:
+    # torch.optim.SGD without dampening: a zero momentum buffer then gives
+    # exactly torch's first step (buffer = gradient).
+    step.add_(1)
+    if hp["weight_decay"]:
+        g = g.add(p, alpha=hp["weight_decay"])
+    if hp["momentum"]:
+        buf = states[0]
+        buf.mul_(hp["momentum"]).add_(g)
+        g = g.add(buf, alpha=hp["momentum"]) if hp["nesterov"] else buf
+    p.add_(g, alpha=-hp["lr"])
+
+
+def _adagrad_kernel(hp: dict, p: Tensor, g: Tensor, states: List[Tensor], step: Tensor) -> None:
+    fused = fused_ok(p)
+    _adagrad.adagrad([p], [g], [states[0]], [step], fused=True if fused else None,
+                     foreach=False if not fused else None, lr=hp["lr"],
+                     weight_decay=hp["weight_decay"], lr_decay=0.0, eps=hp["eps"],
+                     maximize=False)
+
+
+def _rowwise_adagrad_kernel(hp: dict, p: Tensor, g: Tensor, states: List[Tensor],
+                            step: Tensor) -> None:
+    # FBGEMM's row-wise Adagrad: one accumulator per row, the mean of the
+    # row's squared gradient (weight decay as L2 in the gradient).
+    step.add_(1)
+    if hp["weight_decay"]:
+        g = g.add(p, alpha=hp["weight_decay"])
+    acc = states[0]
+    acc.add_(g.square().mean(1) if g.shape[1] else torch.zeros_like(acc))
+    p.addcdiv_(g, acc.sqrt().add_(hp["eps"]).unsqueeze(1), value=-hp["lr"])
+
+
+_KERNELS = {"adam": _adam_kernel(False), "adamw": _adam_kernel(True), "sgd": _sgd_kernel,
+            "adagrad": _adagrad_kernel, "rowwise_adagrad": _rowwise_adagrad_kernel}
+
+
+class TableUpdate:
+    """The in-backward optimiser of one layer's weight table: kind, hyperparameters, state.
+
+    A layer holding one (``layer._row_update``) calls it from its backward
+    with the touched rows and their gradients, once per forward.  ``updates``
+    counts the updates so that a backward can tell whether the table changed
+    since its forward (a second backward of one graph, or several forwards
+    before one backward), which the in-backward update cannot support.
+    """
+
+    def __init__(self, kind: str, hp: dict, table: Tensor, name: str) -> None:
+        self.kind, self.hp, self.name = kind, dict(hp), name
+        self.state = new_state(kind, table, hp.get("initial_accumulator_value", 0.0))
+        self.updates = 0
+
+    def __call__(self, table: Tensor, rows: Tensor, grad: GradRows,
+                 dense_grad: Optional[Callable[[int, int], Tensor]] = None) -> None:
+        ref = self.state[_STATE[self.kind][0]]
+        if ref.device != table.device or ref.dtype != table.dtype \
+                or ref.shape[0] != table.shape[0]:
+            raise RuntimeError(
+                f"{self.name}: the in-backward optimiser state is {ref.dtype} on {ref.device} "
+                f"for {ref.shape[0]} rows, the weight is now {table.dtype} on {table.device} "
+                f"with {table.shape[0]}; move or convert the model before "
+                f"nnsparse.optim.apply_optimizer_in_backward, or call it again")
+        update_rows(self.kind, self.hp, table, rows, grad, self.state, dense_grad)
+        self.updates += 1
+
+    def stale_message(self) -> str:
+        return (f"{self.name}: its weight was already updated by the optimiser in the "
+                f"backward since this forward. With nnsparse.optim.apply_optimizer_in_backward "
+                f"each forward is one optimiser step, taken by its backward: a second backward "
+                f"of the same graph (retain_graph), several forwards before one backward "
+                f"(gradient accumulation) or one layer called twice in a step are not "
+                f"supported; use a larger batch, or materialised gradients with "
+                f"nnsparse.optim.LazyAdam or torch.optim")

@@ -1,0 +1,386 @@
+"""The optimiser in the backward (nnsparse.optim.apply_optimizer_in_backward)
+against torch.optim on materialised gradients, LazyAdam, and its refusals."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import nnsparse
+from nnsparse import optim as noptim
+from matrix import DEVICES
+
+IN, HIDDEN, OUT = 7, 4, 6
+
+
+class _AE(nn.Module):
+    """The main example's model: encoder -> tanh -> sampled decoder -> tanh."""
+
+    def __init__(self, sizes=(IN, HIDDEN, OUT), bias=True, sparse_grad=False):
+        super().__init__()
+        self.enc = nnsparse.SparseLinearBatch(sizes[0], sizes[1], bias=bias,
+                                              sparse_grad=sparse_grad, mode="sparse")
+        self.dec = nnsparse.SparseOutputLinear(sizes[1], sizes[2], bias=bias,
+                                               sparse_grad=sparse_grad)
+
+    def forward(self, x, pattern):
+        return nnsparse.values_map(torch.tanh, self.dec(torch.tanh(self.enc(x)), pattern))
+
+
+def _batch(gen, rows, width, density, device, full=False):
+    """A (rows, width) float64 sparse COO batch; ``full``: every column has an entry."""
+    keep = torch.rand(rows, width, generator=gen) < density
+    if full:
+        keep[torch.arange(width) % rows, torch.arange(width)] = True
+    dense = torch.where(keep, torch.randn(rows, width, generator=gen, dtype=torch.float64),
+                        torch.zeros((), dtype=torch.float64))
+    return dense.to_sparse().to(device)
+
+
+def _loss(model, x, y):
+    out = model(x, y)
+    return (out.values() - y.values()).square().sum()
+
+
+def _models(device, **kw):
+    torch.manual_seed(0)
+    model = _AE(**kw).double().to(device)
+    return model, copy.deepcopy(model)
+
+
+def _torch_optimizer(kind, params, hp):
+    if kind == "sgd":
+        return torch.optim.SGD(params, **hp)
+    if kind in ("adagrad", "rowwise_adagrad"):
+        return torch.optim.Adagrad(params, **hp)
+    return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind](params, **hp)
+
+
+KINDS = [
+    ("sgd", dict(lr=0.1)),
+    ("sgd", dict(lr=0.1, momentum=0.9, weight_decay=0.05)),
+    ("sgd", dict(lr=0.1, momentum=0.8, nesterov=True)),
+    ("adam", dict(lr=0.05, betas=(0.8, 0.9))),
+    ("adam", dict(lr=0.05, weight_decay=0.1)),
+    ("adamw", dict(lr=0.05, weight_decay=0.1)),
+    ("adagrad", dict(lr=0.1, weight_decay=0.05, initial_accumulator_value=0.1)),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sparse_grad", [False, True])
+@pytest.mark.parametrize("kind,hp", KINDS, ids=lambda v: str(v))
+def test_every_row_touched_equals_torch_optim(kind, hp, sparse_grad, device):
+    ours, ref = _models(device, sparse_grad=sparse_grad)
+    ref.enc.sparse_grad = ref.dec.sparse_grad = False  # materialised dense gradients
+    if sparse_grad:  # ref's encoder keeps weight_t: give it dense gradients through it
+        ref.enc._row_update = None
+    opt = noptim.apply_optimizer_in_backward(ours, kind, **hp)
+    ref_opt = _torch_optimizer(kind, ref.parameters(), hp)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x, y = _batch(gen, 3, IN, 0.5, device, True), _batch(gen, 3, OUT, 0.5, device, True)
+        opt.zero_grad()
+        _loss(ours, x, y).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        _loss(ref, x, y).backward()
+        ref_opt.step()
+        enc_weight = ours.enc.weight_t if sparse_grad else ours.enc.weight
+        assert enc_weight.grad is None and ours.dec.weight.grad is None
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rowwise_adagrad_width_one_is_adagrad(device):
+    # with rows of width 1, one accumulator per row is torch's element-wise Adagrad
+    ours, ref = _models(device, sizes=(IN, 1, OUT))
+    ref.dec = nnsparse.SparseOutputLinear(1, OUT).double().to(device)
+    ref.dec.load_state_dict(ours.dec.state_dict())
+    ours.dec = nnsparse.SparseOutputLinear(1, OUT).double().to(device)  # rows width 1 too
+    ours.dec.load_state_dict(ref.dec.state_dict())
+    ours.dec.weight.requires_grad_(False)
+    ref.dec.weight.requires_grad_(False)
+    opt = noptim.apply_optimizer_in_backward(ours, "rowwise_adagrad", lr=0.1)
+    ref_opt = torch.optim.Adagrad([p for p in ref.parameters() if p.requires_grad], lr=0.1)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        x, y = _batch(gen, 3, IN, 0.5, device, True), _batch(gen, 3, OUT, 0.5, device, True)
+        for model, o in ((ours, opt), (ref, ref_opt)):
+            o.zero_grad()
+            _loss(model, x, y).backward()
+            o.step()
+    torch.testing.assert_close(ours.enc.weight, ref.enc.weight)
+
+
+def test_rowwise_adagrad_reference():
+    """acc[r] += mean(g[r]**2); p[r] -= lr g[r] / (sqrt(acc[r]) + eps), touched rows only."""
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(IN, HIDDEN, bias=False).double()
+    w0 = layer.weight.detach().t().clone()
+    opt = noptim.apply_optimizer_in_backward(layer, "rowwise_adagrad", lr=0.1, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(3)
+    acc, p = torch.zeros(IN, dtype=torch.float64), w0.clone()
+    for _ in range(3):
+        x = _batch(gen, 2, IN, 0.3, "cpu")
+        g_out = torch.randn(2, HIDDEN, generator=gen, dtype=torch.float64)
+        g = x.to_dense().t() @ g_out + 0.1 * p
+        touched = x.coalesce().indices()[1].unique()
+        acc[touched] += g[touched].square().mean(1)
+        p[touched] -= 0.1 * g[touched] / (acc[touched].sqrt() + 1e-10).unsqueeze(1)
+        layer(x).backward(g_out)
+        opt.step()
+    torch.testing.assert_close(layer.weight.detach().t(), p)
+    torch.testing.assert_close(opt.tables["SparseLinearBatch"]["sum"], acc)
+
+
+@pytest.mark.parametrize("chunk", [8, 1 << 20], ids=["blocks", "whole"])
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_partial_rows_equal_lazy_adam(kind, chunk, monkeypatch):
+    """Untouched rows keep weight and moments: LazyAdam on sparse gradients, step for step
+    (in blocks of a few rows too: gradient rows made block by block)."""
+    monkeypatch.setattr(noptim._rowopt, "_CHUNK", chunk)
+    ours, ref = _models("cpu", bias=False, sparse_grad=True)
+    hp = dict(lr=0.05, weight_decay=0.1)
+    opt = noptim.apply_optimizer_in_backward(ours, kind, **hp)
+    ref_opt = noptim.LazyAdam(ref.parameters(), decoupled_weight_decay=kind == "adamw", **hp)
+    assert opt.dense is None
+    gen = torch.Generator().manual_seed(4)
+    untouched = ours.enc.weight.detach()[:, IN - 1].clone()
+    for _ in range(4):
+        x = _batch(gen, 2, IN - 1, 0.3, "cpu")  # never the last column
+        x = torch.sparse_coo_tensor(x.indices(), x.values(), (2, IN))
+        y = _batch(gen, 2, OUT, 0.3, "cpu")
+        _loss(ours, x, y).backward()
+        ref_opt.zero_grad()
+        _loss(ref, x, y).backward()
+        ref_opt.step()
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+    assert torch.equal(ours.enc.weight.detach()[:, IN - 1], untouched)  # no decay either
+    assert torch.equal(opt.tables["enc"]["exp_avg"][IN - 1], torch.zeros(HIDDEN,
+                                                                          dtype=torch.float64))
+
+
+def test_state_dict_round_trip():
+    gen = torch.Generator().manual_seed(5)
+    data = [(_batch(gen, 3, IN, 0.4, "cpu"), _batch(gen, 3, OUT, 0.4, "cpu")) for _ in range(4)]
+
+    def train(model, opt, batches):
+        for x, y in batches:
+            opt.zero_grad()
+            _loss(model, x, y).backward()
+            opt.step()
+
+    model, _ = _models("cpu")
+    opt = noptim.apply_optimizer_in_backward(model, "adam", lr=0.05)
+    train(model, opt, data[:2])
+    saved_model, saved_opt = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    train(model, opt, data[2:])
+    fresh, _ = _models("cpu")
+    fresh.load_state_dict(saved_model)
+    opt2 = noptim.apply_optimizer_in_backward(fresh, "adam", lr=0.05)
+    opt2.load_state_dict(saved_opt)
+    train(fresh, opt2, data[2:])
+    for p, q in zip(model.parameters(), fresh.parameters()):
+        torch.testing.assert_close(p, q)
+    # a state dict of another kind is refused before anything changes
+    before = copy.deepcopy(opt2.state_dict())
+    with pytest.raises(ValueError, match="state_dict must be of a 'adam' optimiser, got 'sgd'"):
+        opt2.load_state_dict(dict(saved_opt, kind="sgd"))
+    bad = copy.deepcopy(saved_opt)
+    bad["tables"]["dec"]["exp_avg"] = torch.zeros(2, 2)
+    with pytest.raises(ValueError, match=r"\['dec'\]\['exp_avg'\] must be a tensor of shape"):
+        opt2.load_state_dict(bad)
+    torch.testing.assert_close(opt2.state_dict()["tables"], before["tables"])
+
+
+def test_remove_restores_gradients():
+    model, _ = _models("cpu")
+    opt = noptim.apply_optimizer_in_backward(model, "sgd", lr=0.1)
+    opt.remove()
+    gen = torch.Generator().manual_seed(6)
+    _loss(model, _batch(gen, 2, IN, 0.5, "cpu"), _batch(gen, 2, OUT, 0.5, "cpu")).backward()
+    assert model.enc.weight.grad is not None and model.dec.weight.grad is not None
+
+
+def _refused(model, x, y):
+    out = model(x, y)
+    return (out.values() - y.values()).square().sum()
+
+
+def test_refusals():
+    gen = torch.Generator().manual_seed(7)
+    x, y = _batch(gen, 2, IN, 0.5, "cpu"), _batch(gen, 2, OUT, 0.5, "cpu")
+    model, _ = _models("cpu")
+    noptim.apply_optimizer_in_backward(model, "adam")
+    # gradient accumulation: two forwards, one backward
+    loss = _loss(model, x, y) + _loss(model, x, y)
+    with pytest.raises(RuntimeError, match="already updated by the optimiser in the backward"):
+        loss.backward()
+    # a second backward of the same graph
+    loss = _loss(model, x, y)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="each forward is one optimiser step"):
+        loss.backward()
+    with pytest.raises(NotImplementedError, match="a dense input with the optimiser"):
+        model.enc(x.to_dense())
+    with pytest.raises(NotImplementedError, match=r"a dense output \(pattern=None\)"):
+        model.dec(torch.randn(2, HIDDEN, dtype=torch.float64))
+    with torch.no_grad():  # inference is fine
+        assert model.dec(model.enc(x.to_dense())).shape == (2, OUT)
+    with pytest.raises(ValueError, match="already has an optimiser in the backward"):
+        noptim.apply_optimizer_in_backward(model, "adam")
+    model.double().float()
+    with pytest.raises(RuntimeError, match="state is torch.float64 on cpu"):
+        _loss(model, x.float(), y.float()).backward()
+
+
+def test_float16_cpu_decoder_refused():
+    # the CPU float16 decoder runs on a float32 copy the optimiser cannot update
+    dec = nnsparse.SparseOutputLinear(HIDDEN, OUT).half()
+    noptim.apply_optimizer_in_backward(dec, "adam")
+    pattern = torch.tensor([[0., 1, 0, 0, 0, 1]]).half().to_sparse()
+    with pytest.raises(NotImplementedError, match="float16 on the CPU is computed on a float32"):
+        dec(torch.randn(1, HIDDEN).half(), pattern)
+    with torch.no_grad():
+        assert dec(torch.randn(1, HIDDEN).half(), pattern).dtype == torch.float16
+
+
+@pytest.mark.parametrize("model,kwargs,exc,message", [
+    ("ae", dict(optimizer="lamb"), ValueError, "optimizer must be one of"),
+    ("ae", dict(optimizer="adam", momentum=0.9), ValueError, "momentum and nesterov are SGD's"),
+    ("ae", dict(optimizer="sgd", nesterov=True), ValueError, "nesterov=True needs momentum"),
+    ("ae", dict(optimizer="adam", lr=-1.0), ValueError, "lr must be non-negative, got -1.0"),
+    ("ae", dict(optimizer="adam", betas=(1.0, 0.9)), ValueError, r"betas must be in \[0, 1\)"),
+    ("ae", dict(optimizer="sgd", initial_accumulator_value=0.1), ValueError,
+     "initial_accumulator_value is Adagrad's"),
+    ("linear", dict(), ValueError, "must hold a SparseLinearBatch or SparseOutputLinear"),
+    ("tensor", dict(), TypeError, "model must be an nn.Module, got Tensor"),
+])
+def test_bad_arguments(model, kwargs, exc, message):
+    target = {"ae": _AE(), "linear": nn.Linear(3, 2), "tensor": torch.zeros(2)}[model]
+    with pytest.raises(exc, match=message):
+        noptim.apply_optimizer_in_backward(target, **kwargs)
+    if model == "ae":  # nothing attached by a failed call
+        assert target.enc._row_update is None and target.dec._row_update is None
+
+
+def test_adamw_decay_is_lazy_without_catch_up():
+    """AdamW in the backward: a row is decayed (p *= 1 - lr * wd) only at the steps that
+    touch it; a row skipped for steps is not caught up when touched again."""
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(3, 2, bias=False, mode="sparse").double()
+    lr, wd, (b1, b2), eps = 0.1, 0.5, (0.9, 0.999), 1e-8
+    opt = noptim.apply_optimizer_in_backward(layer, "adamw", lr=lr, weight_decay=wd)
+    p = layer.weight.detach().t().clone()  # table rows = input columns
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    gen = torch.Generator().manual_seed(6)
+    for step, cols in enumerate(([0, 1], [0], [0], [1]), 1):  # row 1 skips steps 2 and 3
+        x = torch.sparse_coo_tensor(torch.tensor([[0] * len(cols), cols]),
+                                    torch.ones(len(cols), dtype=torch.float64), (1, 3))
+        g_out = torch.randn(1, 2, generator=gen, dtype=torch.float64)
+        g = x.to_dense().t() @ g_out
+        r = torch.tensor(cols)
+        p[r] *= 1 - lr * wd  # decoupled decay of the touched rows only
+        m[r] = b1 * m[r] + (1 - b1) * g[r]
+        v[r] = b2 * v[r] + (1 - b2) * g[r].square()
+        denom = (v[r] / (1 - b2 ** step)).sqrt() + eps  # the table's step count
+        p[r] -= lr / (1 - b1 ** step) * m[r] / denom
+        layer(x).backward(g_out)
+        if step == 3:
+            before = layer.weight.detach()[:, 1].clone()
+        if step == 4:
+            assert not torch.equal(layer.weight.detach()[:, 1], before)
+        opt.step()
+    torch.testing.assert_close(layer.weight.detach().t(), p)
+    # row 2 was never touched: neither decayed nor moved
+    assert opt.tables["SparseLinearBatch"]["exp_avg"][2].eq(0).all()
+
+
+@pytest.mark.parametrize("chunk", [8, 1 << 20], ids=["blocks", "whole"])
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_dense_above_is_torch_adam(kind, device, chunk, monkeypatch):
+    """dense_above=0: every step is torch's dense Adam/AdamW (untouched rows move too)."""
+    monkeypatch.setattr(noptim._rowopt, "_CHUNK", chunk)
+    ours, ref = _models(device, bias=False)
+    hp = dict(lr=0.05, weight_decay=0.1)
+    opt = noptim.apply_optimizer_in_backward(ours, kind, dense_above=0.0, **hp)
+    ref_opt = (torch.optim.Adam if kind == "adam" else torch.optim.AdamW)(ref.parameters(), **hp)
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        x, y = _batch(gen, 2, IN, 0.3, device), _batch(gen, 2, OUT, 0.3, device)
+        _loss(ours, x, y).backward()
+        ref_opt.zero_grad()
+        _loss(ref, x, y).backward()
+        ref_opt.step()
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+
+
+def test_fused_step_optimizer_is_adam_above_the_share_lazy_below():
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(40, 3, bias=False).double()
+    ref = copy.deepcopy(layer)
+    opt = noptim.fused_step_optimizer(layer, lr=0.05, weight_decay=0.1)
+    assert opt.kind == "adam" and opt._hp["dense_above"] == noptim.DENSE_ABOVE
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.05, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(9)
+    x = _batch(gen, 4, 40, 0.5, "cpu")  # about half the rows: the dense step, Adam's
+    for model, o in ((layer, opt), (ref, ref_opt)):
+        o.zero_grad()
+        model(x).square().sum().backward()
+        o.step()
+    torch.testing.assert_close(layer.weight, ref.weight)
+    before = layer.weight.detach().clone()
+    x = torch.sparse_coo_tensor(torch.tensor([[0], [7]]), torch.ones(1, dtype=torch.float64),
+                                (1, 40))  # 1 row of 40 (2.5%): lazy
+    layer(x).square().sum().backward()
+    changed = (layer.weight.detach() != before).any(0).nonzero().flatten()
+    assert changed.tolist() == [7]
+
+
+def _host_reads(step):
+    """aten::item calls (host reads of a tensor: a synchronisation on a GPU) in ``step``,
+    outside torch's optimisers."""
+    from torch.profiler import profile
+    with profile() as prof:
+        step()
+    reads = []
+    for e in prof.events():
+        if e.name == "aten::item":
+            chain, p = [], e.cpu_parent
+            while p is not None:
+                chain.append(p.name)
+                p = p.cpu_parent
+            if not any(name.startswith("Optimizer.step") for name in chain):
+                reads.append(chain)
+    return reads
+
+
+def test_dense_gradient_step_reads_nothing_back():
+    """A training step with dense gradients reads no tensor back to the host for a
+    trusted batch (``.item()``, ``int()``, ``bool()``: a synchronisation on a GPU).  A CPU
+    proxy: data-dependent output sizes (``unique``, ``nonzero``) are seen only by a CUDA
+    run under ``torch.cuda.set_sync_debug_mode``."""
+    gen = torch.Generator().manual_seed(10)
+    x = nnsparse.trust(_batch(gen, 3, IN, 0.5, "cpu").coalesce())
+    y = nnsparse.trust(_batch(gen, 3, OUT, 0.5, "cpu").coalesce())
+    model, fused = _models("cpu")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+
+    def step(m, o):
+        def run():
+            o.zero_grad()
+            _loss(m, x, y).backward()
+            o.step()
+        return run
+    step(model, opt)()  # first use of the batches: their structure is built
+    assert _host_reads(step(model, opt)) == []
+    fused_opt = noptim.fused_step_optimizer(fused, lr=0.01)
+    step(fused, fused_opt)()
+    # the detector sees reads where there are some: the in-backward step reads the
+    # touched rows' bounds
+    assert _host_reads(step(fused, fused_opt)) != []
