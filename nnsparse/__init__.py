@@ -13,6 +13,7 @@ from .layers import *  # noqa: F401,F403  (the list is layers.__all__)
 from . import data, optim
 from .values import ValuesMap, values_map
 from ._forms import trust
+from ._ops import SparseParts, sparse_parts
 
 __version__ = "0.1.0"
 
@@ -28,4 +29,6 @@ __all__ = [
     "values_map",
     "ValuesMap",
     "trust",
+    "SparseParts",
+    "sparse_parts",
 ] + layers.__all__ + criteria.__all__

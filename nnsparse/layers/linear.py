@@ -11,6 +11,7 @@ from torch.autograd.function import once_differentiable
 
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._kernels import _column_major, _csr_rows_mm, _sampled_mm
+from .._ops import SparseParts, linear_parts
 
 __all__ = ["SparseLinearBatch", "sparse_linear"]
 
@@ -285,6 +286,10 @@ class SparseLinearBatch(nn.Module):
         return super().__getattr__(name)
 
     def forward(self, input: SparseLike) -> Tensor:
+        if isinstance(input, SparseParts):
+            # torch.compile's input path (docs/compile_amp.md): plain tensors
+            # through the custom operators of nnsparse/_ops.py, no validation.
+            return linear_parts(input, self._table(), self.bias, self.mode, self.sparse_grad)
         return _linear_table(input, self._table(), self.bias, self.mode, self.sparse_grad)
 
     def extra_repr(self) -> str:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._kernels import _column_major, _csr_rows_mm, _sampled_mm
+from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
@@ -264,6 +265,15 @@ class SparseOutputLinear(nn.Linear):
         self.sparse_grad = sparse_grad
 
     def forward(self, input: Tensor, pattern: Optional[SparseLike] = None) -> Tensor:
+        if isinstance(pattern, SparseParts):
+            # torch.compile's input path (docs/compile_amp.md): a custom operator
+            # over plain tensors; returns a SparseParts with pattern's entries.
+            return sampled_parts(input, self.weight, self.bias, pattern, self.sparse_grad)
+        if (pattern is not None and isinstance(input, Tensor) and input.dtype != self.weight.dtype
+                and torch.is_autocast_enabled(input.device.type)):
+            # AMP: a lower-precision input (an autocast GEMM's output) meets the
+            # sampled product in the weight's dtype, as the custom operator does.
+            input = input.to(self.weight.dtype)
         return sampled_linear(input, self.weight, self.bias, pattern, self.sparse_grad)
 
     def extra_repr(self) -> str:
