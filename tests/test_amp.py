@@ -82,6 +82,21 @@ def test_densify_sparsify(device, dtype):
     torch.testing.assert_close(low.float(), dense, **LOW)
 
 
+@pytest.mark.parametrize("device, dtype", AMP)
+def test_low_precision_sparse_input(device, dtype):
+    """A sparse batch in the autocast dtype (Sparsify of an autocast GEMM) is read in float32."""
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(WIDTH, HIDDEN, mode="sparse").to(device)
+    x = _x(device)
+    with torch.autocast(device, dtype=dtype):
+        got = layer(x.to(dtype))
+        parts = layer(nnsparse.sparse_parts(x.to(dtype)))
+    assert got.dtype == parts.dtype == torch.float32
+    want = layer(nnsparse.densify(x).to(dtype).float().to_sparse_csr())
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(parts, want)
+
+
 def _criteria(device):
     gen = lambda: torch.Generator(device=device).manual_seed(0)  # noqa: E731
     return {

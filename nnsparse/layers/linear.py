@@ -290,6 +290,12 @@ class SparseLinearBatch(nn.Module):
             # torch.compile's input path (docs/compile_amp.md): plain tensors
             # through the custom operators of nnsparse/_ops.py, no validation.
             return linear_parts(input, self._table(), self.bias, self.mode, self.sparse_grad)
+        if (isinstance(input, Tensor) and input.layout != torch.strided
+                and input.dtype != self._table().dtype and input.dtype.is_floating_point
+                and torch.is_autocast_enabled(input.device.type)):
+            # AMP: a lower-precision sparse batch (e.g. Sparsify of an autocast
+            # GEMM's output) is read in the weight's dtype, as the custom operator does.
+            input = input.to(self._table().dtype)
         return _linear_table(input, self._table(), self.bias, self.mode, self.sparse_grad)
 
     def extra_repr(self) -> str:
