@@ -19,6 +19,16 @@ def _pattern(case, width, dtype, device):
     return dense, nnsparse.sparse_parts(dense.to_sparse_csr())
 
 
+def _opcheck(case, op, args):
+    """torch.library.opcheck (schema, fake tensor, autograd registration, aot_dispatch).
+
+    On the empty-row pattern only (it covers the plain one): opcheck runs each
+    operator many times and the suite must stay fast.
+    """
+    if case == "empty_rows":
+        torch.library.opcheck(op, args)
+
+
 def _randn(*shape, dtype, device, grad=True):
     g = torch.Generator().manual_seed(sum(shape))
     return torch.randn(*shape, generator=g, dtype=dtype).to(device).requires_grad_(grad)
@@ -43,8 +53,8 @@ def test_sparse_mm(case, dtype, device):
     row = torch.repeat_interleave(torch.arange(dense.shape[0], device=device), p.crow.diff())
     # the values' gradient only at the specified entries
     torch.testing.assert_close(values.grad, ref_dense.grad[row, p.col], **TOL[dtype])
-    torch.library.opcheck(ops.sparse_mm.default, (p.crow, p.col, values, table, bias))
-    torch.library.opcheck(ops.sparse_mm.default, (p.crow, p.col, p.values, table, None))
+    _opcheck(case, ops.sparse_mm.default, (p.crow, p.col, values, table, bias))
+    _opcheck(case, ops.sparse_mm.default, (p.crow, p.col, p.values, table, None))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -64,8 +74,8 @@ def test_sampled_mm(case, dtype, device):
     ref = torch.autograd.grad(full[row, p.col], (h, weight, bias), grad)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, **TOL[dtype])
-    torch.library.opcheck(ops.sampled_mm.default, (h, weight, bias, p.crow, p.col))
-    torch.library.opcheck(ops.sampled_mm.default, (h, weight.detach(), None, p.crow, p.col))
+    _opcheck(case, ops.sampled_mm.default, (h, weight, bias, p.crow, p.col))
+    _opcheck(case, ops.sampled_mm.default, (h, weight.detach(), None, p.crow, p.col))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -77,7 +87,7 @@ def test_sparse_t_mm(case, dtype, device):
     d = _randn(dense.shape[0], 3, dtype=dtype, device=device)
     out = ops.sparse_t_mm(p.crow, p.col, values, d, 6)
     torch.testing.assert_close(out, dense.t() @ d, **TOL[dtype])
-    torch.library.opcheck(ops.sparse_t_mm.default, (p.crow, p.col, values, d, 6))
+    _opcheck(case, ops.sparse_t_mm.default, (p.crow, p.col, values, d, 6))
 
 
 @pytest.mark.parametrize("device", DEVICES)
