@@ -17,7 +17,8 @@ backward and ``torch.optim.Adam``:
 
 Each step gets a fresh CSR tensor (as from a ``DataLoader``, trusted), so no
 per-batch structure is reused across steps.  Figures are medians over
-``--steps`` steps after ``--warmup`` (which includes compilation).
+``--steps`` steps after ``--warmup`` (which includes compilation); the three
+configurations take turns step by step, so a busy machine slows them alike.
 
 Run:  python benchmarks/bench_compile.py                       # CPU, 1 and 2 threads
       python benchmarks/bench_compile.py --device cuda --threads 0
@@ -30,13 +31,16 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, List
+from typing import Callable, Dict, List
 
 import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import nnsparse  # noqa: E402
+from nnsparse._index import csr_tensor  # noqa: E402  (torch's constructor, checks skipped)
+
+NAMES = ("eager", "eager-parts", "compiled")
 
 
 class Autoencoder(nn.Module):
@@ -73,57 +77,63 @@ def make_batches(count: int, rows: int, width: int, density: float, device: str,
 def csr(parts, rows: int, width: int) -> torch.Tensor:
     """A fresh trusted CSR tensor on the parts, as the collate function gives."""
     crow, col, values = parts
-    return nnsparse.trust(torch.sparse_csr_tensor(crow, col, values, (rows, width),
-                                                  check_invariants=False))
+    return nnsparse.trust(csr_tensor(crow, col, values, (rows, width)))
 
 
-def median_ms(step: Callable[[int], None], steps: int, warmup: int, device: str,
-              progress: bool, desc: str) -> float:
-    from tqdm import tqdm
+def _timed(step: Callable[[int], None], i: int, device: str) -> float:
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    step(i)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
 
-    times: List[float] = []
-    for i in tqdm(range(warmup + steps), desc=desc, disable=not progress, leave=False):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step(i)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+
+def make_step(args: argparse.Namespace, name: str, batches, criterion) -> Callable[[int], None]:
+    """One configuration's training step (its own seeded model and optimiser)."""
+    torch.manual_seed(0)
+    model = Autoencoder(args.width, args.hidden).to(args.device)
+    optimiser = torch.optim.Adam(model.parameters(), lr=1e-4)
+    forward = model
+    if name == "compiled":
+        forward = torch.compile(model, fullgraph=True, backend=args.backend)
+
+    def step(i: int) -> None:
+        x = csr(batches[i % len(batches)], args.rows, args.width)
+        if name == "eager":
+            out = forward(x, x)
+        else:
+            parts = nnsparse.sparse_parts(x)
+            out = forward(parts, parts).to_sparse_csr()
+        loss = criterion(out, x)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+
+    return step
 
 
 def run(args: argparse.Namespace, threads: int) -> dict:
+    """Median ms per step of each configuration, the configurations interleaved
+    step by step so that a change in the machine's load hits them alike."""
+    from tqdm import tqdm
+
     if threads:
         torch.set_num_threads(threads)
+    torch._dynamo.reset()
     batches = make_batches(args.batches, args.rows, args.width, args.density, args.device, 0)
     criterion = nnsparse.SparseCriterion(nn.MSELoss())
-    results = {}
-    for name in ("eager", "eager-parts", "compiled"):
-        torch.manual_seed(0)
-        model = Autoencoder(args.width, args.hidden).to(args.device)
-        optimiser = torch.optim.Adam(model.parameters(), lr=1e-4)
-        forward = model
-        if name == "compiled":
-            torch._dynamo.reset()
-            forward = torch.compile(model, fullgraph=True, backend=args.backend)
-
-        def step(i: int) -> None:
-            x = csr(batches[i % len(batches)], args.rows, args.width)
-            if name == "eager":
-                out = forward(x, x)
-            else:
-                parts = nnsparse.sparse_parts(x)
-                out = forward(parts, parts).to_sparse_csr()
-            loss = criterion(out, x)
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-
-        results[name] = median_ms(step, args.steps, args.warmup, args.device, args.progress,
-                                  f"{name} ({threads or torch.get_num_threads()} threads)")
-    return results
+    steps = {name: make_step(args, name, batches, criterion) for name in NAMES}
+    for name, step in steps.items():  # warm-up, compilation included
+        for i in range(args.warmup):
+            step(i)
+    times: Dict[str, List[float]] = {name: [] for name in NAMES}
+    for i in tqdm(range(args.steps), desc=f"{threads or torch.get_num_threads()} threads",
+                  disable=not args.progress, leave=False):
+        for name, step in steps.items():
+            times[name].append(_timed(step, args.warmup + i, args.device))
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
 def main(argv=None) -> None:
