@@ -12,8 +12,10 @@ import pytest
 import torch
 import torch._dynamo.testing
 from torch import nn
+from torch.utils.data import DataLoader
 
 import nnsparse
+from nnsparse.data import SparseRowDataset
 from tests.matrix import DEVICES, random_sparse_dense
 
 WIDTH, HIDDEN = 40, 8
@@ -53,9 +55,14 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
 def test_no_graph_break(model, layout):
-    x = nnsparse.sparse_parts(_batch(6, 0.3, 0, layout))
+    """A batch of the collate function (COO or CSR), as the main example's loop gets it."""
+    matrix = _batch(20, 0.3, 0, "csr")
+    data = SparseRowDataset(matrix, layout=layout)
+    batch = next(iter(DataLoader(data, batch_size=6, collate_fn=data.collate)))
+    assert batch.input.layout == layout
+    x = nnsparse.sparse_parts(batch.input)
     report = torch._dynamo.explain(model)(x, x)
     assert report.graph_break_count == 0, report.break_reasons
     assert report.graph_count == 1
