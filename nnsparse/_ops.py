@@ -77,9 +77,11 @@ class SparseParts(NamedTuple):
         return _csr_with_values(self.crow, self.col, self.values, self.size)
 
     def to(self, device: Any, non_blocking: bool = False) -> "SparseParts":
-        """The parts on ``device``."""
-        return SparseParts(*(t.to(device, non_blocking=non_blocking) for t in self[:3]),
-                           self.size)
+        """The parts on ``device`` (nnz still marked dynamic)."""
+        out = SparseParts(*(t.to(device, non_blocking=non_blocking) for t in self[:3]),
+                          self.size)
+        _mark_dynamic(out)
+        return out
 
 
 def sparse_parts(x: Any, *, dynamic: bool = True) -> SparseParts:
@@ -117,9 +119,14 @@ def sparse_parts(x: Any, *, dynamic: bool = True) -> SparseParts:
     parts = SparseParts(*(_plain(t) for t in (batch.crow_indices(), batch.col, batch.values)),
                         tuple(batch.shape))
     if dynamic:
-        for t in (parts.col, parts.values):
-            torch._dynamo.maybe_mark_dynamic(t, 0)
+        _mark_dynamic(parts)
     return parts
+
+
+def _mark_dynamic(parts: SparseParts) -> None:
+    """nnz is a dynamic dimension: another batch's nnz reuses the compiled graph."""
+    for t in (parts.col, parts.values):
+        torch._dynamo.maybe_mark_dynamic(t, 0)
 
 
 def _plain(t: Tensor) -> Tensor:

@@ -7,6 +7,8 @@ number of entries reuse the graph.  The ``aot_eager`` backend keeps them fast;
 one test runs the default (inductor) backend.
 """
 import copy
+import os
+import shutil
 
 import pytest
 import torch
@@ -128,8 +130,16 @@ def test_compiled_model_feeds_a_criterion(model):
         torch.testing.assert_close(b.grad, a.grad, msg=name)
 
 
+@pytest.mark.skipif(os.environ.get("NNSPARSE_SLOW_TESTS") != "1",
+                    reason="inductor's cold C++ build takes 30-45 s on a 2-core machine, over "
+                           "the suite's budget; set NNSPARSE_SLOW_TESTS=1 to run it")
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None,
+                    reason="inductor needs a C++ compiler on the CPU")
 def test_inductor_backend(model):
-    """The default backend (inductor, C++ on the CPU), forward and backward."""
+    """The default backend (inductor, C++ on the CPU), forward and backward.
+
+    Passed here (torch 2.13 CPU) in 31-45 s cold, 6 s with a warm inductor cache.
+    """
     twin = copy.deepcopy(model)
     compiled = torch.compile(twin, fullgraph=True)
     x = _batch(6, 0.3, 0, "csr")

@@ -144,3 +144,14 @@ def test_sparse_parts_forms():
 def test_sparse_parts_errors(bad, error, message):
     with pytest.raises(error, match=message):
         nnsparse.sparse_parts(bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_parts_methods(device):
+    """to() moves every tensor, with_values keeps the pattern, to_sparse_csr round-trips."""
+    dense = random_sparse_dense(4, 6, 0.5, dtype=torch.float32, empty_rows=1)
+    parts = nnsparse.sparse_parts(dense.to_sparse_csr()).to(device)
+    assert all(t.device.type == device for t in parts[:3]) and parts.size == (4, 6)
+    doubled = parts.with_values(parts.values * 2)
+    assert doubled.crow is parts.crow and doubled.col is parts.col
+    torch.testing.assert_close(doubled.to_sparse_csr().to_dense(), 2 * dense.to(device))
