@@ -145,7 +145,8 @@ def _plain(t: Tensor) -> Tensor:
 
 
 def _float_up(t: Tensor) -> Tensor:
-    """float32 for the half types on the CPU, whose sampled product has no kernel."""
+    """float32 for the half types: torch's sampled product has no float16/bfloat16
+    kernel, on the CPU nor on CUDA (checked on an H100, torch 2.11)."""
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
@@ -167,8 +168,7 @@ def _(crow, col, values, table, bias):
 def _sampled(h: Tensor, table: Tensor, bias: Optional[Tensor], crow: Tensor,
              col: Tensor) -> Tensor:
     dtype = h.dtype
-    if h.device.type == "cpu":
-        h, table = _float_up(h), _float_up(table)
+    h, table = _float_up(h), _float_up(table)
     out = _sampled_mm(h.contiguous(), table.t(), crow, col)
     if bias is not None:
         out = out + bias[col]

@@ -155,3 +155,19 @@ def test_parts_methods(device):
     doubled = parts.with_values(parts.values * 2)
     assert doubled.crow is parts.crow and doubled.col is parts.col
     torch.testing.assert_close(doubled.to_sparse_csr().to_dense(), 2 * dense.to(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types(device, dtype):
+    """A half-precision model (``.half()``, no autocast): computed in float32, returned in dtype."""
+    dense, p = _pattern("empty_rows", 6, torch.float32, device)
+    h, w = torch.randn(dense.shape[0], 3, device=device), torch.randn(6, 3, device=device)
+    row = torch.repeat_interleave(torch.arange(dense.shape[0], device=device), p.crow.diff())
+    out = ops.sampled_mm(h.to(dtype), w.to(dtype), None, p.crow, p.col)
+    assert out.dtype == dtype
+    ref = (h.to(dtype).float() @ w.to(dtype).float().t())[row, p.col]
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+    out = ops.sparse_mm(p.crow, p.col, p.values.to(dtype), w.to(dtype), None)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), dense @ w, rtol=3e-2, atol=3e-2)
