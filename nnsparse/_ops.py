@@ -109,7 +109,8 @@ def sparse_parts(x: Any, *, dynamic: bool = True) -> SparseParts:
 
         >>> x = torch.tensor([[0., 2.], [3., 0.]]).to_sparse()
         >>> nnsparse.sparse_parts(x)
-        SparseParts(crow=tensor([0, 1, 2]), col=tensor([1, 0]), values=tensor([2., 3.]), size=(2, 2))
+        SparseParts(crow=tensor([0, 1, 2]), col=tensor([1, 0]), values=tensor([2., 3.]),
+                    size=(2, 2))
     """
     batch = as_sparse_batch(x, name="x", pairs=False)
     if batch.is_vector:
