@@ -13,7 +13,11 @@ backward and ``torch.optim.Adam``:
   custom operators, not compiled (the cost of the operator path itself);
 * ``compiled``: ``torch.compile(model, fullgraph=True)`` (``--backend``,
   default inductor) over :class:`nnsparse.SparseParts`; the loss and the
-  optimiser run eagerly, as in a user's loop.
+  optimiser run eagerly, as in a user's loop;
+* ``eager-fused``: ``eager`` with ``torch.optim.Adam(fused=True)``;
+* ``compiled-step``: the model and the loss (the same MSE over the pattern's
+  entries, written on the values) compiled as one graph, and
+  ``optimiser.step`` compiled too (inductor fuses Adam).
 
 Each step gets a fresh CSR tensor (as from a ``DataLoader``, trusted), so no
 per-batch structure is reused across steps.  Figures are medians over
@@ -40,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import nnsparse  # noqa: E402
 from nnsparse._index import csr_tensor  # noqa: E402  (torch's constructor, checks skipped)
 
-NAMES = ("eager", "eager-parts", "compiled")
+NAMES = ("eager", "eager-parts", "compiled", "eager-fused", "compiled-step")
 
 
 class Autoencoder(nn.Module):
@@ -94,22 +98,29 @@ def make_step(args: argparse.Namespace, name: str, batches, criterion) -> Callab
     """One configuration's training step (its own seeded model and optimiser)."""
     torch.manual_seed(0)
     model = Autoencoder(args.width, args.hidden).to(args.device)
-    optimiser = torch.optim.Adam(model.parameters(), lr=1e-4)
-    forward = model
+    optimiser = torch.optim.Adam(model.parameters(), lr=1e-4, fused=name == "eager-fused")
+    forward, update = model, optimiser.step
     if name == "compiled":
         forward = torch.compile(model, fullgraph=True, backend=args.backend)
+    if name == "compiled-step":
+        def model_loss(parts):
+            # the criterion's MSE over the pattern's entries, inside the graph
+            return (model(parts, parts).values - parts.values).pow(2).mean()
+        forward = torch.compile(model_loss, fullgraph=True, backend=args.backend)
+        update = torch.compile(optimiser.step, backend=args.backend)
 
     def step(i: int) -> None:
         x = csr(batches[i % len(batches)], args.rows, args.width)
-        if name == "eager":
-            out = forward(x, x)
+        if name.startswith("eager") and name != "eager-parts":
+            loss = criterion(forward(x, x), x)
+        elif name == "compiled-step":
+            loss = forward(nnsparse.sparse_parts(x))
         else:
             parts = nnsparse.sparse_parts(x)
-            out = forward(parts, parts).to_sparse_csr()
-        loss = criterion(out, x)
+            loss = criterion(forward(parts, parts).to_sparse_csr(), x)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
-        optimiser.step()
+        update()
 
     return step
 
@@ -159,10 +170,11 @@ def main(argv=None) -> None:
           f"median of {args.steps} steps (forward + backward + Adam), ms")
     for threads in args.threads:
         r = run(args, threads)
-        print(f"threads {threads or torch.get_num_threads():>2}: eager {r['eager']:8.2f}  "
-              f"eager-parts {r['eager-parts']:8.2f}  compiled {r['compiled']:8.2f}  "
-              f"(eager / compiled = {r['eager'] / r['compiled']:.2f})", flush=True)
-
+        print(f"threads {threads or torch.get_num_threads():>2}: "
+              + "  ".join(f"{n} {r[n]:.2f}" for n in NAMES)
+              + f"  (eager / compiled = {r['eager'] / r['compiled']:.2f}, "
+              f"eager-fused / compiled-step = {r['eager-fused'] / r['compiled-step']:.2f})",
+              flush=True)
 
 if __name__ == "__main__":
     main()
