@@ -16,6 +16,7 @@ from ._optim_split import SplitOptimizer, make_optimizer, sparse_grad_parameters
 from .values import ValuesMap, values_map
 from ._forms import SparseLike, trust
 from .matmul import sparse_mm
+from ._ops import SparseParts, sparse_parts
 
 __version__ = "0.1.0"
 
@@ -36,6 +37,8 @@ __all__ = [
     "SplitOptimizer",
     "sparse_grad_parameters",
     "sparse_mm",
+    "SparseParts",
+    "sparse_parts",
 ] + layers.__all__ + criteria.__all__
 
 # Last, once every module class is defined: torch.load(weights_only=True) of nnsparse modules.

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -106,6 +107,9 @@ class ElementwiseLoss:
         self._fn = _KNOWN.get(type(module))
 
     def __call__(self, input: Tensor, target: Tensor, gather: Gather = None) -> Tensor:
+        if input.dtype in (torch.float16, torch.bfloat16):
+            # AMP: every criterion computes in float32 (the cast carries the gradient back).
+            input = input.float()
         if target.dtype != input.dtype and input.is_floating_point():
             # Ratings often come as float64 (numpy) for a float32 network.
             target = target.to(input.dtype)

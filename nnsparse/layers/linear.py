@@ -12,6 +12,7 @@ from torch.autograd.function import once_differentiable
 from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
+from .._ops import SparseParts, linear_parts
 
 __all__ = ["SparseLinearBatch", "sparse_linear"]
 
@@ -324,6 +325,21 @@ class SparseLinearBatch(nn.Module):
         return super().__getattr__(name)
 
     def forward(self, input: SparseLike) -> Tensor:
+        if isinstance(input, SparseParts):
+            # torch.compile's input path (docs/compile_amp.md): plain tensors
+            # through the custom operators of nnsparse/_ops.py, no validation.
+            if self._row_update is not None:
+                raise NotImplementedError(
+                    f"{self._row_update.name}: the optimiser in the backward does not run on the "
+                    f"torch.compile input path (SparseParts); use torch.optim or "
+                    f"nnsparse.make_optimizer with a compiled model")
+            return linear_parts(input, self._table(), self.bias, self.mode, self.sparse_grad)
+        if (isinstance(input, Tensor) and input.layout != torch.strided
+                and input.dtype != self._table().dtype and input.dtype.is_floating_point
+                and torch.is_autocast_enabled(input.device.type)):
+            # AMP: a lower-precision sparse batch (e.g. Sparsify of an autocast
+            # GEMM's output) is read in the weight's dtype, as the custom operator does.
+            input = input.to(self._table().dtype)
         return _linear_table(input, self._table(), self.bias, self.mode, self.sparse_grad,
                              self._row_update)
 

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
+from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
@@ -316,6 +317,20 @@ class SparseOutputLinear(nn.Linear):
         self._row_update: Any = None
 
     def forward(self, input: Tensor, pattern: Optional[SparseLike] = None) -> Tensor:
+        if isinstance(pattern, SparseParts):
+            # torch.compile's input path (docs/compile_amp.md): a custom operator
+            # over plain tensors; returns a SparseParts with pattern's entries.
+            if self._row_update is not None:
+                raise NotImplementedError(
+                    f"{self._row_update.name}: the optimiser in the backward does not run on the "
+                    f"torch.compile input path (SparseParts); use torch.optim or "
+                    f"nnsparse.make_optimizer with a compiled model")
+            return sampled_parts(input, self.weight, self.bias, pattern, self.sparse_grad)
+        if (pattern is not None and isinstance(input, Tensor) and input.dtype != self.weight.dtype
+                and torch.is_autocast_enabled(input.device.type)):
+            # AMP: a lower-precision input (an autocast GEMM's output) meets the
+            # sampled product in the weight's dtype, as the custom operator does.
+            input = input.to(self.weight.dtype)
         return _sampled_linear(input, self.weight, self.bias, pattern, self.sparse_grad,
                                self._row_update)
 

@@ -1,0 +1,309 @@
+"""The sparse products as ``torch.library`` custom operators, for ``torch.compile``.
+
+dynamo cannot take a torch sparse tensor (COO or CSR) as a graph input, so a
+compiled model receives its sparse batch as plain tensors: a
+:class:`SparseParts` (CSR row pointers, column indices, values, size), made
+once per batch, in eager code, by :func:`sparse_parts`.  The layers route such
+an input to the custom operators below, which the compiler sees as single
+opaque nodes with known output shapes (the ``register_fake`` functions), so
+``torch.compile(model, fullgraph=True)`` traces the whole model with a
+dynamic number of specified entries (nnz).
+
+Operators (all functional; ``crow``/``col`` int64, ``values`` of the dense
+operands' dtype; the pattern's positions are distinct and grouped by row):
+
+- ``nnsparse::sparse_mm(crow, col, values, table, bias)``: ``S @ table + bias``,
+  ``(rows, d)``, for ``S`` the ``(rows, n)`` CSR matrix and ``table`` ``(n, d)``;
+- ``nnsparse::sampled_mm(h, table, bias, crow, col)``: ``(h @ table.T + bias)``
+  at the pattern's entries, ``(nnz,)``;
+- ``nnsparse::sparse_t_mm(crow, col, values, dense, n)``: ``S.T @ dense``,
+  ``(n, d)``, the weight gradients of both.
+
+Each is the other's gradient: the backward of ``sparse_mm`` is a
+``sampled_mm`` (values) and a ``sparse_t_mm`` (table), the backward of
+``sampled_mm`` a ``sparse_mm`` (h) and a ``sparse_t_mm`` (table), so second
+passes through the compiler meet the same three nodes.  Gradients are dense
+(``sparse_grad`` layers are not compilable: torch's fake tensors have no
+sparse results).
+
+Under ``torch.autocast`` the operators run in float32 (floating inputs of a
+lower precision are cast up, float64 is left alone), as torch treats its own
+sparse and ``embedding_bag`` kernels: see ``docs/compile_amp.md``.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _index
+from ._forms import as_sparse_batch
+from ._kernels import _csr_rows_mm, _sampled_mm
+
+__all__ = ["SparseParts", "sparse_parts"]
+
+
+class SparseParts(NamedTuple):
+    """A sparse ``(rows, width)`` batch as plain tensors: what a compiled model receives.
+
+    Attributes:
+        crow (Tensor): int64 ``(rows + 1,)`` CSR row pointers.
+        col (Tensor): int64 ``(nnz,)`` column indices, distinct and increasing within a row.
+        values (Tensor): ``(nnz,)`` values (may require grad).
+        size (Tuple[int, int]): ``(rows, width)``.
+
+    Built, checked, by :func:`sparse_parts`; the layers trust it.  A layer
+    that reads a :class:`SparseParts` returns dense tensors
+    (:class:`~nnsparse.SparseLinearBatch`) or a :class:`SparseParts` with
+    the same pattern (:class:`~nnsparse.SparseOutputLinear`).
+    """
+
+    crow: Tensor
+    col: Tensor
+    values: Tensor
+    size: Tuple[int, int]
+
+    def with_values(self, values: Tensor) -> "SparseParts":
+        """The same pattern with other ``values`` ``(nnz,)`` (e.g. after an activation)."""
+        return self._replace(values=values)
+
+    def to_sparse_csr(self) -> Tensor:
+        """A torch sparse CSR tensor (trusted) for eager code, e.g. a criterion.
+
+        The values keep their autograd link, with an O(nnz) backward.
+        """
+        from .values import _csr_with_values  # values imports the layers' modules
+        return _csr_with_values(self.crow, self.col, self.values, self.size)
+
+    def to(self, device: Any, non_blocking: bool = False) -> "SparseParts":
+        """The parts on ``device`` (nnz still marked dynamic)."""
+        out = SparseParts(*(t.to(device, non_blocking=non_blocking) for t in self[:3]),
+                          self.size)
+        _mark_dynamic(out)
+        return out
+
+
+def sparse_parts(x: Any, *, dynamic: bool = True) -> SparseParts:
+    """The :class:`SparseParts` of any accepted sparse batch (COO, CSR, lists, pairs).
+
+    Call it in eager code, outside the compiled function (once per batch, on
+    the batch's device): it checks the batch (unless nnsparse built or
+    :func:`~nnsparse.trust` vouched for it), sums duplicates and sorts the
+    entries by row.  The values keep their autograd link.
+
+    Args:
+        x: a 2-D sparse batch in any accepted form, shape ``(rows, width)``.
+        dynamic (bool): mark the nnz dimension dynamic
+            (``torch._dynamo.maybe_mark_dynamic``), so batches with another
+            number of entries reuse the compiled graph.  Default: ``True``.
+
+    Returns:
+        A :class:`SparseParts` on ``x``'s device and dtype.
+
+    Raises:
+        TypeError, ValueError: as :func:`nnsparse.densify` for a bad batch.
+        ValueError: ``x`` is a sparse vector (1-D); give a batch of one row.
+
+    Example::
+
+        >>> x = torch.tensor([[0., 2.], [3., 0.]]).to_sparse()
+        >>> nnsparse.sparse_parts(x)
+        SparseParts(crow=tensor([0, 1, 2]), col=tensor([1, 0]), values=tensor([2., 3.]),
+                    size=(2, 2))
+    """
+    batch = as_sparse_batch(x, name="x", pairs=False)
+    if batch.is_vector:
+        raise ValueError(f"x must be a 2-D sparse batch, got a vector of shape "
+                         f"({batch.width},); use x.unsqueeze(0)")
+    batch = batch.coalesce()  # distinct positions, row-major: a no-op for CSR and collated COO
+    parts = SparseParts(*(_plain(t) for t in (batch.crow_indices(), batch.col, batch.values)),
+                        tuple(batch.shape))
+    if dynamic:
+        _mark_dynamic(parts)
+    return parts
+
+
+def _mark_dynamic(parts: SparseParts) -> None:
+    """nnz is a dynamic dimension: another batch's nnz reuses the compiled graph."""
+    for t in (parts.col, parts.values):
+        torch._dynamo.maybe_mark_dynamic(t, 0)
+
+
+def _plain(t: Tensor) -> Tensor:
+    """``t`` as a tensor that is not an autograd view (of a sparse tensor's values).
+
+    dynamo fakes a view's base too, and a sparse base is what it cannot take.
+    ``detach`` shares the memory; values that require grad are copied (O(nnz))
+    to keep their autograd link.
+    """
+    if not t._is_view():
+        return t
+    return t.clone() if t.requires_grad else t.detach()
+
+
+# -- the operators --------------------------------------------------------------
+
+
+def _float_up(t: Tensor) -> Tensor:
+    """float32 for the half types: torch's sampled product has no float16/bfloat16
+    kernel, on the CPU nor on CUDA (checked on an H100, torch 2.11)."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+@torch.library.custom_op("nnsparse::sparse_mm", mutates_args=())
+def _sparse_mm(crow: Tensor, col: Tensor, values: Tensor, table: Tensor,
+               bias: Optional[Tensor]) -> Tensor:
+    out = _csr_rows_mm(col, table.contiguous(), crow, values)
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+@_sparse_mm.register_fake
+def _(crow, col, values, table, bias):
+    return table.new_empty(crow.shape[0] - 1, table.shape[1])
+
+
+@torch.library.custom_op("nnsparse::sampled_mm", mutates_args=())
+def _sampled(h: Tensor, table: Tensor, bias: Optional[Tensor], crow: Tensor,
+             col: Tensor) -> Tensor:
+    dtype = h.dtype
+    h, table = _float_up(h), _float_up(table)
+    out = _sampled_mm(h.contiguous(), table.t(), crow, col)
+    if bias is not None:
+        out = out + bias[col]
+    return out.to(dtype)
+
+
+@_sampled.register_fake
+def _(h, table, bias, crow, col):
+    return h.new_empty(col.shape[0])
+
+
+@torch.library.custom_op("nnsparse::sparse_t_mm", mutates_args=())
+def _sparse_t_mm(crow: Tensor, col: Tensor, values: Tensor, dense: Tensor, n: int) -> Tensor:
+    # One embedding_bag with a bag per column of S (empty bags give zero rows):
+    # the (n, d) result is written in one pass, never as an index_add.
+    row = _index.rows_from_crow(crow, col.shape[0])
+    perm = torch.argsort(col, stable=True)
+    crow_t = _index.crow_from_counts(_index.counts_of(col, n))
+    return _csr_rows_mm(row[perm], dense.contiguous(), crow_t, values[perm])
+
+
+@_sparse_t_mm.register_fake
+def _(crow, col, values, dense, n):
+    return dense.new_empty(n, dense.shape[1])
+
+
+# -- autograd -------------------------------------------------------------------
+
+
+def _setup_sparse_mm(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+    crow, col, values, table, bias = inputs
+    ctx.save_for_backward(crow, col, values, table)
+    ctx.has_bias = bias is not None
+
+
+def _backward_sparse_mm(ctx: Any, grad: Tensor):
+    crow, col, values, table = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    grad_values = grad_table = grad_bias = None
+    if need[2]:  # only at the specified entries: (G @ table.T)[row, col]
+        grad_values = _sampled(grad, table, None, crow, col)
+    if need[3]:
+        grad_table = _sparse_t_mm(crow, col, values, grad, table.shape[0])
+    if ctx.has_bias and need[4]:
+        grad_bias = grad.sum(0)
+    return None, None, grad_values, grad_table, grad_bias
+
+
+def _setup_sampled(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+    h, table, bias, crow, col = inputs
+    ctx.save_for_backward(h, table, crow, col)
+    ctx.has_bias = bias is not None
+
+
+def _backward_sampled(ctx: Any, grad: Tensor):
+    h, table, crow, col = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    grad_h = grad_table = grad_bias = None
+    if need[0]:  # S @ table, S the (rows, out) CSR of the incoming gradient
+        grad_h = _sparse_mm(crow, col, grad, table, None)
+    if need[1]:  # S.T @ h
+        grad_table = _sparse_t_mm(crow, col, grad, h, table.shape[0])
+    if ctx.has_bias and need[2]:
+        grad_bias = grad.new_zeros(table.shape[0]).index_add(0, col, grad)
+    return grad_h, grad_table, grad_bias, None, None
+
+
+def _setup_sparse_t_mm(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+    crow, col, values, dense, n = inputs
+    ctx.save_for_backward(crow, col, values, dense)
+
+
+def _backward_sparse_t_mm(ctx: Any, grad: Tensor):
+    # out = S.T @ D: d values = (D @ grad.T)[row, col] sampled, d D = S @ grad.
+    crow, col, values, dense = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    grad_values = grad_dense = None
+    if need[2]:
+        grad_values = _sampled(dense, grad, None, crow, col)
+    if need[3]:
+        grad_dense = _sparse_mm(crow, col, values, grad, None)
+    return None, None, grad_values, grad_dense, None
+
+
+_sparse_mm.register_autograd(_backward_sparse_mm, setup_context=_setup_sparse_mm)
+_sampled.register_autograd(_backward_sampled, setup_context=_setup_sampled)
+_sparse_t_mm.register_autograd(_backward_sparse_t_mm, setup_context=_setup_sparse_t_mm)
+
+# Under autocast the sparse products compute in float32 (float64 stays), as
+# torch's own embedding_bag and sparse kernels: a bfloat16 sum over a row's
+# hundreds of ratings loses the precision the criteria need.
+for _op in (_sparse_mm, _sampled, _sparse_t_mm):
+    for _device in ("cpu", "cuda"):
+        torch.library.register_autocast(_op, _device, torch.float32)
+
+
+# -- what the layers call ----------------------------------------------------------
+
+
+def _check_parts(parts: SparseParts, width: int, name: str) -> None:
+    """Shape-only checks (no host sync: free under the compiler, trusted parts)."""
+    if not torch.compiler.is_compiling():
+        if parts.size[1] != width:
+            raise ValueError(f"{name} must have width {width}, got size {tuple(parts.size)}")
+        if parts.crow.shape[0] != parts.size[0] + 1:
+            raise ValueError(f"{name} crow must have rows + 1 = {parts.size[0] + 1} entries, "
+                             f"got {parts.crow.shape[0]}")
+
+
+def linear_parts(parts: SparseParts, table: Tensor, bias: Optional[Tensor],
+                 mode: str, sparse_grad: bool) -> Tensor:
+    """``S @ table + bias`` for a :class:`SparseParts` ``S``: dense ``(rows, out)``."""
+    if sparse_grad:
+        raise NotImplementedError("sparse_grad=True is not supported with SparseParts input "
+                                  "(torch.compile): the compiled path gives dense gradients")
+    _check_parts(parts, table.shape[0], "input")
+    if mode == "dense":
+        row = _index.rows_from_crow(parts.crow, parts.col.shape[0])
+        dense = parts.values.new_zeros(parts.size).index_put((row, parts.col), parts.values,
+                                                             accumulate=True)
+        return torch.nn.functional.linear(dense, table.t(), bias)
+    return _sparse_mm(parts.crow, parts.col, parts.values, table, bias)
+
+
+def sampled_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor], pattern: SparseParts,
+                  sparse_grad: bool) -> SparseParts:
+    """``h @ weight.T + bias`` at ``pattern``'s entries, as a :class:`SparseParts`."""
+    if sparse_grad:
+        raise NotImplementedError("sparse_grad=True is not supported with a SparseParts "
+                                  "pattern (torch.compile): the compiled path gives dense "
+                                  "gradients")
+    _check_parts(pattern, weight.shape[0], "pattern")
+    if not torch.compiler.is_compiling() and (h.dim() != 2 or h.shape[0] != pattern.size[0]):
+        raise ValueError(f"input must have shape ({pattern.size[0]}, {weight.shape[1]}) for "
+                         f"pattern of size {tuple(pattern.size)}, got {tuple(h.shape)}")
+    values = _sampled(h, weight, bias, pattern.crow, pattern.col)
+    return pattern.with_values(values)
