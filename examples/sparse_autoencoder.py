@@ -114,7 +114,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
         bar = tqdm(_batches(dataset, train, args.batch_size, shuffle=True),
                    desc=f"epoch {epoch}", disable=args.no_progress, leave=False)
         total = 0.0
-        for _, x, _ in bar:
+        for x, _ in bar:
             noisy = criterion.prepare_input(x)
             loss = criterion(model(noisy, x), x)
             optimiser.zero_grad()
@@ -131,7 +131,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     word_mean = _word_means(data, train)
     sq_err = sq_base = count = 0.0
     with torch.no_grad():
-        for _, x, _ in _batches(dataset, test, 256):
+        for x, _ in _batches(dataset, test, 256):
             noisy = hide.prepare_input(x).to_sparse_coo().coalesce()
             est = model(noisy, x).to_sparse_coo().coalesce()
             coo = x.to_sparse_coo().coalesce()

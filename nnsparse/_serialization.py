@@ -41,11 +41,12 @@ def _module_classes(root: type) -> Iterator[type]:
 
 def _safe_globals() -> List[Any]:
     from .criteria import _elementwise
-    from .layers import linear
+    from .layers import linear, sparse_weight
     out: List[Any] = sorted(set(_module_classes(nn.Module)), key=lambda c: c.__qualname__)
     out += [_elementwise.ElementwiseLoss, torch.Generator]
     out += list(_elementwise._KNOWN) + list(_elementwise._KNOWN.values())
     out += [linear._weight_to_state_dict, linear._weight_from_state_dict]
+    out.append(sparse_weight._after_load)  # SparseWeightLinear's load_state_dict post-hook
     wrapped = getattr(nn.modules.module, "_WrappedHook", None)  # holds a module's hooks
     if wrapped is not None:
         out.append(wrapped)

@@ -17,6 +17,7 @@ CASES = {
     "Sparsify": lambda: nnsparse.Sparsify(offset=2, layout=torch.sparse_csr),
     "PatternSequential": lambda: nnsparse.PatternSequential(
         nnsparse.SparseLinearBatch(6, 3), nnsparse.SparseOutputLinear(3, 6)),
+    "SparseWeightLinear": lambda: nnsparse.SparseWeightLinear.random(6, 3, 0.5, seed=1),
     "SparseCriterion": lambda: nnsparse.SparseCriterion(nn.L1Loss(), size_average=False),
     "SDAECriterion": lambda: nnsparse.SDAECriterion(nn.MSELoss(), alpha=2.0, generator=_g()),
     "SDAESparseCriterion": lambda: nnsparse.SDAESparseCriterion(
