@@ -53,7 +53,8 @@ def evaluate(model, norm, inputs, target, device, amp) -> float:
     errors = RatingErrors()
     model.eval()
     with torch.no_grad(), amp():
-        for rows, x, y in DataLoader(data, batch_size=256, collate_fn=data.collate):
+        for batch in DataLoader(data, batch_size=256, collate_fn=data.collate):
+            (x, y), rows = batch, batch.row_index
             x, y = x.to(device), y.to(device)
             est = model(x, y).to_sparse_coo().coalesce()
             batch = y.to_sparse_coo().coalesce()
@@ -89,7 +90,7 @@ def train_and_test(args, mode: str, dtype) -> float:
     for _ in tqdm(range(args.epochs), desc=f"{mode} {dtype}", disable=not args.progress,
                   leave=False):
         model.train()
-        for _, x, _ in loader:
+        for x, _ in loader:
             x = x.to(device)
             with amp():
                 loss = criterion(model(criterion.prepare_input(x), x), x)
