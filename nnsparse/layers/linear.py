@@ -205,6 +205,18 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
     return out.squeeze(0) if batch.is_vector else out
 
 
+def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_grad: Any) -> None:
+    """The constructor arguments the sparse linear layers share: sizes and flags."""
+    for arg, value in (("in_features", in_features), ("out_features", out_features)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{arg} must be an int, got {type(value).__name__} {value!r}")
+        if value < 0:
+            raise ValueError(f"{arg} must be non-negative, got {value}")
+    for arg, flag in (("bias", bias), ("sparse_grad", sparse_grad)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{arg} must be a bool, got {type(flag).__name__} {flag!r}")
+
+
 class SparseLinearBatch(nn.Module):
     r"""``nn.Linear`` for mini-batches of sparse vectors.
 
@@ -276,14 +288,7 @@ class SparseLinearBatch(nn.Module):
                 "SparseLinearBatch takes bias, sparse_grad and mode as keywords (bias=...), "
                 f"got {len(args)} extra positional argument(s) {args!r}; Lua's third argument "
                 "ignoreAccGrad has no equivalent (gradients accumulate as in torch)")
-        for arg, value in (("in_features", in_features), ("out_features", out_features)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{arg} must be an int, got {type(value).__name__} {value!r}")
-            if value < 0:
-                raise ValueError(f"{arg} must be non-negative, got {value}")
-        for arg, flag in (("bias", bias), ("sparse_grad", sparse_grad)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{arg} must be a bool, got {type(flag).__name__} {flag!r}")
+        _check_layer_args(in_features, out_features, bias, sparse_grad)
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         if sparse_grad and mode == "dense":

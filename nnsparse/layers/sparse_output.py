@@ -26,6 +26,7 @@ from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
+from .linear import _check_layer_args
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
@@ -303,14 +304,7 @@ class SparseOutputLinear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  sparse_grad: bool = False, device=None, dtype=None) -> None:
-        for arg, value in (("in_features", in_features), ("out_features", out_features)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{arg} must be an int, got {type(value).__name__} {value!r}")
-            if value < 0:
-                raise ValueError(f"{arg} must be non-negative, got {value}")
-        for arg, flag in (("bias", bias), ("sparse_grad", sparse_grad)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{arg} must be a bool, got {type(flag).__name__} {flag!r}")
+        _check_layer_args(in_features, out_features, bias, sparse_grad)
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.sparse_grad = sparse_grad
         # the optimiser in the backward, set by nnsparse.optim.apply_optimizer_in_backward
