@@ -303,7 +303,7 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, nn.Module, Tensor, Tenso
     is trained (``table`` is the contiguous view whose rows the batches touch)."""
     from .layers.linear import SparseLinearBatch
     from .layers.sparse_output import SparseOutputLinear
-    found = []
+    found: List[Tuple[str, nn.Module, Tensor, Tensor]] = []
     for name, module in model.named_modules():
         if isinstance(module, SparseLinearBatch):
             table = module._table()
@@ -409,7 +409,8 @@ class InBackwardOptimizer:
             self._updates[name] = _rowopt.TableUpdate(
                 kind, hp, table, f"{type(layer).__name__} {name!r}")
         fused_ids = {id(param) for _, _, _, param in layers}
-        rest = [p for p in model.parameters() if p.requires_grad and id(p) not in fused_ids]
+        rest: List[Tensor] = [p for p in model.parameters()
+                              if p.requires_grad and id(p) not in fused_ids]
         self.dense = _dense_optimizer(kind, rest, hp)
         for name, layer in self._layers:  # attach last: nothing is changed on a failure above
             layer._row_update = self._updates[name]
@@ -557,7 +558,7 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
             "gradients (torch.optim or nnsparse.optim.LazyAdam) under DDP")
     if optimizer not in _rowopt.KINDS:
         raise ValueError(f"optimizer must be one of {_rowopt.KINDS}, got {optimizer!r}")
-    hp = dict(_DEFAULTS[optimizer])
+    hp: Dict[str, Any] = dict(_DEFAULTS[optimizer])
     hp.update({k: v for k, v in dict(lr=lr, eps=eps, weight_decay=weight_decay).items()
                if v is not None})
     hp.update(betas=tuple(betas), momentum=momentum, nesterov=nesterov,
