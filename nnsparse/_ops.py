@@ -78,8 +78,9 @@ class SparseParts(NamedTuple):
 
     def to(self, device: Any, non_blocking: bool = False) -> "SparseParts":
         """The parts on ``device`` (nnz still marked dynamic)."""
-        out = SparseParts(*(t.to(device, non_blocking=non_blocking) for t in self[:3]),
-                          self.size)
+        out = SparseParts(self.crow.to(device, non_blocking=non_blocking),
+                          self.col.to(device, non_blocking=non_blocking),
+                          self.values.to(device, non_blocking=non_blocking), self.size)
         _mark_dynamic(out)
         return out
 
@@ -117,8 +118,9 @@ def sparse_parts(x: Any, *, dynamic: bool = True) -> SparseParts:
         raise ValueError(f"x must be a 2-D sparse batch, got a vector of shape "
                          f"({batch.width},); use x.unsqueeze(0)")
     batch = batch.coalesce()  # distinct positions, row-major: a no-op for CSR and collated COO
-    parts = SparseParts(*(_plain(t) for t in (batch.crow_indices(), batch.col, batch.values)),
-                        tuple(batch.shape))
+    rows, width = batch.shape
+    parts = SparseParts(_plain(batch.crow_indices()), _plain(batch.col), _plain(batch.values),
+                        (rows, width))
     if dynamic:
         _mark_dynamic(parts)
     return parts

@@ -11,7 +11,7 @@ and an LR scheduler use it as any optimiser.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, overload
 
 import torch
 from torch import Tensor, nn
@@ -52,7 +52,8 @@ def sparse_grad_parameters(model: nn.Module) -> List[Tensor]:
         >>> [tuple(p.shape) for p in nnsparse.sparse_grad_parameters(model)]
         [(6, 3), (3,)]
     """
-    seen, out = set(), []
+    seen: Set[int] = set()
+    out: List[Tensor] = []
     for module in model.modules():
         if not _gives_sparse_grad(module):
             continue
@@ -103,6 +104,12 @@ class SplitOptimizer(Optimizer):
     @property
     def state(self) -> Dict[Tensor, Any]:  # type: ignore[override]
         return {p: s for opt in self.optimizers.values() for p, s in opt.state.items()}
+
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """One step of every part; ``closure`` (if given) is evaluated once, first."""

@@ -93,6 +93,7 @@ def update_rows(kind: str, hp: dict, table: Tensor, rows: Tensor, grad: GradRows
         if b == a:
             continue
         if dense:
+            assert dense_grad is not None  # dense implies a dense_grad
             _KERNELS[kind](hp, table[a:b], dense_grad(a, b).contiguous(),
                            [state[name][a:b] for name in names], step.clone())
             continue

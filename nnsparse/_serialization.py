@@ -33,6 +33,7 @@ __all__: list = []
 
 def _module_classes(root: type) -> Iterator[type]:
     """``root``'s subclasses (transitively) that nnsparse defines."""
+    cls: type
     for cls in root.__subclasses__():
         if cls.__module__.split(".")[0] == "nnsparse":
             yield cls

@@ -30,7 +30,7 @@ each sparse gradient (dense buckets are all-reduced as usual).
 """
 import datetime
 import os
-from typing import Any, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional, cast
 
 import torch
 import torch.distributed as dist
@@ -120,8 +120,8 @@ def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
     if kind == "cuda":
         torch.cuda.set_device(out)
     if launched and not is_distributed():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout),
-                                **({"device_id": out} if kind == "cuda" else {}))
+        device_id: Dict[str, Any] = {"device_id": out} if kind == "cuda" else {}
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout), **device_id)
     return out
 
 
@@ -186,8 +186,9 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    sampler = DistributedSampler(dataset, num_replicas=world_size(), rank=rank(),
-                                 shuffle=shuffle, seed=seed, drop_last=drop_last)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed,
+        drop_last=drop_last)
     if "collate_fn" not in kwargs and hasattr(dataset, "collate"):
         kwargs["collate_fn"] = dataset.collate
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
@@ -293,7 +294,8 @@ def sparse_allgather_hook(process_group: Optional[dist.ProcessGroup],
     world = dist.get_world_size(process_group)
     if not grad.is_sparse:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-        return allreduce_hook(process_group, bucket)
+        # torch annotates ProcessGroup but takes None as the default group
+        return allreduce_hook(cast(dist.ProcessGroup, process_group), bucket)
     out = _gather_sparse(grad, process_group, world)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future(
         devices=[out.device] if out.device.type == "cuda" else None)

@@ -100,6 +100,7 @@ def _sampled(a: Tensor, b_t: Tensor, crow: Tensor, row: Optional[Tensor], col: T
     """
     if a.dtype in _SAMPLED_DTYPES:
         return _sampled_mm(a, b_t.t(), crow, col)
+    assert row is not None, "the gather fallback reads row"
     out = a.new_empty(col.shape[0])
     for s in range(0, col.shape[0], _GATHER_CHUNK):
         r, c = row[s:s + _GATHER_CHUNK], col[s:s + _GATHER_CHUNK]

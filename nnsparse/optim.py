@@ -10,7 +10,8 @@ Adam update, so one optimiser serves the whole model.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple,
+                    Union, overload)
 
 import torch
 from torch import Tensor, nn
@@ -19,6 +20,10 @@ from torch.optim import Optimizer
 from torch.optim.adam import adam as _adam_functional
 
 from . import _rowopt
+
+if TYPE_CHECKING:  # at run time _sparse_layers imports them itself
+    from .layers.linear import SparseLinearBatch
+    from .layers.sparse_output import SparseOutputLinear
 
 __all__ = ["LazyAdam", "InBackwardOptimizer", "apply_optimizer_in_backward",
            "fused_step_optimizer", "DENSE_ABOVE"]
@@ -103,6 +108,12 @@ class LazyAdam(Optimizer):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         decoupled_weight_decay=decoupled_weight_decay, dense_above=dense_above)
         super().__init__(params, defaults)
+
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
@@ -298,13 +309,18 @@ _DEFAULTS = {"sgd": dict(lr=1e-3, eps=0.0, weight_decay=0.0),
              "rowwise_adagrad": dict(lr=1e-2, eps=1e-10, weight_decay=0.0)}
 
 
-def _sparse_layers(model: nn.Module) -> List[Tuple[str, nn.Module, Tensor, Tensor]]:
+# the layers an optimiser in the backward attaches to
+_SparseLayer = Union["SparseLinearBatch", "SparseOutputLinear"]
+
+
+def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Tensor]]:
     """``(name, layer, table, parameter)`` for each nnsparse sparse layer whose weight
     is trained (``table`` is the contiguous view whose rows the batches touch)."""
     from .layers.linear import SparseLinearBatch
     from .layers.sparse_output import SparseOutputLinear
-    found = []
+    found: List[Tuple[str, _SparseLayer, Tensor, Tensor]] = []
     for name, module in model.named_modules():
+        param: Tensor
         if isinstance(module, SparseLinearBatch):
             table = module._table()
             param = module.weight_t if module.sparse_grad else module.weight
@@ -409,7 +425,8 @@ class InBackwardOptimizer:
             self._updates[name] = _rowopt.TableUpdate(
                 kind, hp, table, f"{type(layer).__name__} {name!r}")
         fused_ids = {id(param) for _, _, _, param in layers}
-        rest = [p for p in model.parameters() if p.requires_grad and id(p) not in fused_ids]
+        rest: List[Tensor] = [p for p in model.parameters()
+                              if p.requires_grad and id(p) not in fused_ids]
         self.dense = _dense_optimizer(kind, rest, hp)
         for name, layer in self._layers:  # attach last: nothing is changed on a failure above
             layer._row_update = self._updates[name]
@@ -557,7 +574,7 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
             "gradients (torch.optim or nnsparse.optim.LazyAdam) under DDP")
     if optimizer not in _rowopt.KINDS:
         raise ValueError(f"optimizer must be one of {_rowopt.KINDS}, got {optimizer!r}")
-    hp = dict(_DEFAULTS[optimizer])
+    hp: Dict[str, Any] = dict(_DEFAULTS[optimizer])
     hp.update({k: v for k, v in dict(lr=lr, eps=eps, weight_decay=weight_decay).items()
                if v is not None})
     hp.update(betas=tuple(betas), momentum=momentum, nesterov=nesterov,

@@ -43,6 +43,7 @@ def _keys_of(indices: Optional[Tensor], crow: Optional[Tensor], col: Optional[Te
         if indices.shape[0] == 1:
             return indices[0]
         return indices[0] * size[1] + indices[1]
+    assert crow is not None and col is not None  # CSR when indices is None
     return _csr_rows(crow, col, size[0]) * size[1] + col.to(torch.int64)
 
 
@@ -84,6 +85,7 @@ class _SparseWithValues(torch.autograd.Function):
         ctx.size = size
         if indices is not None:
             return _sparse_coo(indices, values, size, True)
+        assert crow is not None and col is not None  # CSR when indices is None
         return _sparse_csr(crow, col, values, size)
 
     @staticmethod
@@ -101,6 +103,7 @@ def _values_at(grad: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
     if grad.layout == torch.strided:
         if indices is not None:
             return grad[tuple(indices)]
+        assert crow is not None and col is not None  # CSR when indices is None
         return grad[_csr_rows(crow, col, size[0]), col.to(torch.int64)]
     if grad.layout == torch.sparse_coo and indices is not None and _same_storage(
             grad._indices(), indices):

@@ -85,7 +85,10 @@ class Estimate:
     def device(self) -> torch.device:
         if self.shared is not None:
             return self.shared.device
-        return self.dense.device if self.dense is not None else self.sparse.device
+        if self.dense is not None:
+            return self.dense.device
+        assert self.sparse is not None  # an estimate is dense or sparse
+        return self.sparse.device
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -107,6 +110,7 @@ class Estimate:
         if self.dense is not None:
             # index_select on the flat view: its backward is an index_add.
             return self.dense.reshape(-1).index_select(0, key)
+        assert self.sparse is not None  # an estimate is dense or sparse
         own = self.sparse.linear_index()
         if own.shape == key.shape and torch.equal(own, key):
             return self.sparse.values  # same pattern: nothing to search

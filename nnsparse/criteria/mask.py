@@ -148,6 +148,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
 
     def _sparse_loss(self, estimate: Any, target: Any):
         mask = self._sparse_mask
+        assert mask is not None  # forward calls this with a sparse mask only
         est = as_estimate(estimate)
         mask.check(est, type(self).__name__)
         keys = mask.keys(est.width)
@@ -169,6 +170,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
 
     def _dense_loss(self, estimate: Any, target: Any):
         hide = self._dense_mask
+        assert hide is not None  # forward calls this with a dense mask only
         if not isinstance(estimate, Tensor) or estimate.layout != torch.strided:
             raise TypeError(f"a dense input needs a dense estimate, got {_kind(estimate)}")
         if estimate.shape != hide.shape:

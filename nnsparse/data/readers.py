@@ -670,11 +670,11 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
     vocab = sorted({g for gs in named.values() for g in gs if g})
     column = {g: j for j, g in enumerate(vocab)}
     for key, gs in named.items():
-        row = [0.0] * len(vocab)
+        vec = [0.0] * len(vocab)
         for g in gs:
             if g:
-                row[column[g]] = 1.0
-        table[key] = row
+                vec[column[g]] = 1.0
+        table[key] = vec
     return _rows(item_map, table, len(vocab))
 
 

@@ -106,7 +106,10 @@ class _SparseSource(_Source):
         self.dtype = batch.dtype if batch.dtype.is_floating_point else torch.get_default_dtype()
 
     def batch(self, start: int, stop: int) -> Tensor:
-        return _build(*self.cut.parts(start, stop, self.target), self.width, self.layout)
+        # cut and width are None only for no rows, when no batch is asked for
+        assert self.cut is not None and self.width is not None
+        crow, col, values = self.cut.parts(start, stop, self.target)
+        return _build(crow, col, values, self.width, self.layout)
 
     def pattern(self, start: int, stop: int, batch: Tensor) -> Pattern:
         # Read from the batch the network received: already on its device.
@@ -363,7 +366,8 @@ class Batchifier:
             raise ValueError(f"k must be at most output_size ({self.output_size}), got {k}")
         source = self._source(data)
         pattern = self._exclusion(exclude, source)
-        values = indices = None
+        values: Optional[Tensor] = None
+        indices: Optional[Tensor] = None
         with _evaluating(self.network):
             for start, stop in self._ranges(source.rows, "topk"):
                 batch = source.batch(start, stop)
@@ -379,11 +383,13 @@ class Batchifier:
                 if values is None:
                     values = _allocate((source.rows, k), y.dtype, source.device)
                     indices = _allocate((source.rows, k), torch.int64, source.device)
+                assert indices is not None  # allocated with values
                 values[start:stop].copy_(best.values)
                 indices[start:stop].copy_(best.indices)
         if values is None:
             values = _allocate((source.rows, k), source.dtype, source.device)
             indices = _allocate((source.rows, k), torch.int64, source.device)
+        assert indices is not None  # allocated with values
         return torch.return_types.topk((values, indices))
 
     # -- helpers ---------------------------------------------------------------
@@ -420,6 +426,8 @@ class Batchifier:
                 raise ValueError(f"exclude=True needs the data's columns to be output columns: "
                                  f"width {source.width} is larger than output_size "
                                  f"{self.output_size}")
+            # the sources with a pattern: the dense one is refused above
+            assert isinstance(source, (_SparseSource, _DatasetSource))
             return source.pattern
         if isinstance(exclude, Tensor) and exclude.layout == torch.strided:
             raise TypeError("exclude must be None, a bool or a sparse matrix "
@@ -433,7 +441,11 @@ class Batchifier:
             got = "a vector" if batch.is_vector else f"{batch.rows} rows"
             raise ValueError(f"exclude must have the data's {source.rows} rows, got {got}")
         cut = _SparseRows(batch, coalesce=False) if batch.rows else None
-        return lambda start, stop, _: cut.pattern(start, stop, self.device)
+
+        def left_out(start: int, stop: int, _: Any) -> Pattern:
+            assert cut is not None  # None only for no rows, when no batch runs
+            return cut.pattern(start, stop, self.device)
+        return left_out
 
     def _run(self, batch: Any, start: int, stop: int) -> Tensor:
         """The network's output for one batch, checked to be ``(stop - start, output_size)``."""

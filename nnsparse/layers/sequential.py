@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from typing import Any, Type
 
 from torch import nn
 
@@ -11,7 +11,7 @@ __all__ = ["PatternSequential"]
 
 
 @functools.lru_cache(maxsize=None)
-def _takes_pattern(cls: type) -> bool:
+def _takes_pattern(cls: Type[nn.Module]) -> bool:
     """Whether ``cls.forward`` has a parameter named ``pattern`` (read once per class)."""
     try:
         return "pattern" in inspect.signature(cls.forward).parameters
@@ -60,7 +60,8 @@ class PatternSequential(nn.Sequential):
 
     def forward(self, input: Any, pattern: Any = None) -> Any:  # type: ignore[override]
         for module in self:
-            if pattern is not None and _takes_pattern(type(module)):
+            # a class is hashable; mypy checks the unbound Module.__hash__ against Hashable
+            if pattern is not None and _takes_pattern(type(module)):  # type: ignore[arg-type]
                 input = module(input, pattern=pattern)
             else:
                 input = module(input)

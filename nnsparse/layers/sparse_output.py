@@ -15,7 +15,7 @@ costs about 1 ms at the MovieLens-1M shape and 3 ms at MovieLens-10M's (batch
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, Union, overload
 
 import torch
 import torch.nn.functional as F
@@ -310,7 +310,17 @@ class SparseOutputLinear(nn.Linear):
         # the optimiser in the backward, set by nnsparse.optim.apply_optimizer_in_backward
         self._row_update: Any = None
 
-    def forward(self, input: Tensor, pattern: Optional[SparseLike] = None) -> Tensor:
+    # a SparseParts is no Sequence[Tensor] (its size is a pair of ints), but mypy
+    # deems the two pattern types overlapping
+    @overload
+    def forward(  # type: ignore[overload-overlap]
+            self, input: Tensor, pattern: SparseParts) -> SparseParts: ...
+
+    @overload
+    def forward(self, input: Tensor, pattern: Optional[SparseLike] = None) -> Tensor: ...
+
+    def forward(self, input: Tensor, pattern: Union[SparseLike, SparseParts, None] = None
+                ) -> Union[Tensor, SparseParts]:
         if isinstance(pattern, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): a custom operator
             # over plain tensors; returns a SparseParts with pattern's entries.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, cast
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +31,8 @@ _RANDOM_BLOCK = 1 << 22
 def _check_density(density: Any) -> float:
     if isinstance(density, bool) or not isinstance(density, numbers.Real):
         raise TypeError(f"density must be a real number, got {type(density).__name__}")
-    if not 0 < density <= 1:  # also refuses NaN
+    # a Real compares with numbers (mypy's numbers.Real has no operators)
+    if not 0 < cast(float, density) <= 1:  # also refuses NaN
         raise ValueError(f"density must be in (0, 1], got {density}")
     return float(density)
 
@@ -132,6 +133,15 @@ class SparseWeightLinear(nn.Module):
         >>> sorted(layer.state_dict())
         ['col', 'crow', 'values']
     """
+
+    # buffers registered in __init__ / _derive (typed here: nn.Module's
+    # __getattr__ would give Tensor | Module)
+    crow: Tensor
+    col: Tensor
+    t_perm: Tensor
+    t_crow: Tensor
+    t_row: Tensor
+    bias: Optional[nn.Parameter]
 
     def __init__(self, pattern: Any, bias: bool = True, *, device=None, dtype=None) -> None:
         super().__init__()
@@ -280,6 +290,7 @@ class SparseWeightLinear(nn.Module):
         with torch.no_grad():
             layer.values.copy_(weight.reshape(-1)[keep])  # row-major, as the pattern's order
             if linear.bias is not None:
+                assert layer.bias is not None  # made with bias=True above
                 layer.bias.copy_(linear.bias)
         return layer
 
@@ -369,6 +380,8 @@ def _kind(x: Any) -> str:
 
 def _after_load(module: nn.Module, incompatible: Any) -> None:
     """A loaded pattern replaces the derived structure; it is checked first."""
+    # registered by SparseWeightLinear.__init__ on itself only
+    module = cast(SparseWeightLinear, module)
     check_index_range(module.col.to(torch.int64), module.in_features, "col")
     if module.crow.shape[0] != module.out_features + 1 or (
             module.col.shape[0] and int(module.crow[-1]) != module.col.shape[0]):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Type, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type, Union, cast
 
 import torch
 from torch import Tensor, nn
@@ -54,7 +54,8 @@ class Recommendations(NamedTuple):
     """
 
     ids: List[Any]
-    index: Tensor
+    # the field shadows tuple.index (public name, kept): mypy flags the redefinition
+    index: Tensor  # type: ignore[assignment]
     score: Tensor
     rating: Tensor
     support: Tensor
@@ -77,6 +78,14 @@ def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optiona
         raise ValueError(f"{name} must have {rows} rows (one per index of the maps), "
                          f"got {features.shape[0]}")
     return features.to(torch.float32)
+
+
+class _Criterion(Protocol):
+    """What a model needs of :meth:`RatingModel.make_criterion`'s module."""
+
+    def prepare_input(self, input: Any) -> Any: ...
+
+    def __call__(self, input: Any, target: Any) -> Tensor: ...
 
 
 class RatingModel(nn.Module):
@@ -180,17 +189,24 @@ class RatingModel(nn.Module):
         from ..criteria import SparseCriterion
         return SparseCriterion(nn.MSELoss(), size_average=False)
 
+    @property
+    def _norm(self) -> RatingNormalizer:
+        """The normaliser, set by ``_prepare`` (fit or load) before any use."""
+        norm = self.normalizer
+        assert norm is not None, "the model is not prepared (fit or load)"
+        return norm
+
     # -- scale handling: the network sees raw ratings or the normalised values ----------
     def _to_model(self, values: Tensor) -> Tensor:
         if not self.raw_input:
             return values
-        lo, hi = self.normalizer.scale
+        lo, hi = self._norm.scale
         return lo + (values + 1.0) * ((hi - lo) / 2.0)
 
     def _from_model(self, values: Tensor) -> Tensor:
         if not self.raw_input:
             return values
-        lo, hi = self.normalizer.scale
+        lo, hi = self._norm.scale
         return (values - lo) * (2.0 / (hi - lo)) - 1.0
 
     def forward(self, x: Any, rows: Tensor, pattern: Any = None) -> Any:
@@ -213,7 +229,7 @@ class RatingModel(nn.Module):
         input = self._criterion.prepare_input(x)
         out = self(input, rows, pattern=None if self.hparams["dense_decoder"] else x)
         # Squared errors on the rating scale: the normalised error times (hi - lo) / 2.
-        lo, hi = self.normalizer.scale
+        lo, hi = self._norm.scale
         data = self._criterion(out, x) * ((hi - lo) / 2.0) ** 2
         share = rows.shape[0] / self._shape[0]
         return (data + share * self.penalty()) / self._per_batch
@@ -239,7 +255,8 @@ class RatingModel(nn.Module):
         if features is not None:
             self.register_buffer("row_features", features.clone())
         self._built = True
-        self._criterion = self.make_criterion()
+        # a criterion module with prepare_input (SparseCriterion, SDAESparseCriterion, ...)
+        self._criterion = cast(_Criterion, self.make_criterion())
         x = self.normalizer.matrix(train)
         self._input = x
         return x
@@ -328,6 +345,7 @@ class RatingModel(nn.Module):
             if verbose:
                 print(f"refit on train + validation for {result.best_epoch} epochs "
                       f"(best validation RMSE {result.best_rmse:.4f})")
+            assert validation is not None  # validate is set only with a validation set
             self._prepare(_concat(train_part, validation), scale, features)
             self.to(device)
             self._trainer(device, progress).fit(self._input.to(device), None,
@@ -345,7 +363,7 @@ class RatingModel(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
-    def _known(self, users: Tensor, items: Tensor) -> Tensor:
+    def _known(self, users: Tensor, items: Tensor) -> Tuple[Tensor, Tensor]:
         """Entries whose user and item both have training ratings."""
         u_ok = users < self.user_count.shape[0]
         i_ok = items < self.item_count.shape[0]
@@ -421,7 +439,7 @@ class RatingModel(nn.Module):
                                  torch.ones(ukey.shape[0]), (chunk.shape[0], width),
                                  coalesced=True).to(device)
             est = self(batch.input, batch.row_index, pattern).to_sparse_coo().coalesce()
-            values = self.normalizer.denormalize(
+            values = self._norm.denormalize(
                 est.values(), batch.row_index[est.indices()[0]]).cpu()
             out[order[take]] = values[where]
         self.train(was_training)
@@ -511,7 +529,7 @@ class RatingModel(nn.Module):
         no other argument, and ``torch.load(path, weights_only=True)`` reads the file.
         """
         self._check_built()
-        norm = self.normalizer
+        norm = self._norm
         t = self._train
         state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
         torch.save(dict(
@@ -543,8 +561,8 @@ class RatingModel(nn.Module):
         n = blob["normalizer"]
         feats = blob["state"].get("row_features")
         model._prepare(train, tuple(n["scale"]), feats)
-        model.normalizer.row_mean = n["row_mean"]
-        model.normalizer.global_mean = n["global_mean"]
+        model._norm.row_mean = n["row_mean"]
+        model._norm.global_mean = n["global_mean"]
         model.load_state_dict(blob["state"], strict=False)
         model.best_epoch = blob["best_epoch"]
         model.to(device).eval()

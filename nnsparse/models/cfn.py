@@ -66,6 +66,7 @@ class CFN(RatingModel):
         f = self._row_features(rows)
         z = self.encoder(x)
         if f is not None:
+            assert self.side_in is not None  # built with features: row_features is set
             z = z + self.side_in(f)
         h = torch.tanh(z)
         if f is not None:

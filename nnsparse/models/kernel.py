@@ -10,7 +10,7 @@ settings are the defaults here.
 """
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -77,13 +77,17 @@ class KernelNet(RatingModel):
         self.kernels = nn.ModuleList(_KernelWeight(a, b, h["dim"])
                                      for a, b in zip(sizes[:-1], sizes[1:]))
 
+    def _layers(self) -> Sequence[_KernelWeight]:
+        """``self.kernels`` typed: the ModuleList holds only _KernelWeight layers."""
+        return cast(Sequence[_KernelWeight], self.kernels)
+
     def output_bias(self) -> Tensor:
-        return self.kernels[-1].bias
+        return self._layers()[-1].bias
 
     def network(self, x: Any, rows: Tensor, pattern: Any = None) -> Any:
         # the kernels are computed once per forward and reused by penalty()
-        self._kernels = [layer.kernel() for layer in self.kernels]
-        (first, *middle, last), (k_first, *k_middle, k_last) = self.kernels, self._kernels
+        self._kernels = [layer.kernel() for layer in self._layers()]
+        (first, *middle, last), (k_first, *k_middle, k_last) = self._layers(), self._kernels
         h = torch.sigmoid(sparse_linear(x, first.weight * k_first, first.bias))
         for layer, k in zip(middle, k_middle):
             h = torch.sigmoid(F.linear(h, layer.weight * k, layer.bias))
@@ -91,9 +95,9 @@ class KernelNet(RatingModel):
 
     def penalty(self) -> Tensor:
         h = self.hparams
-        kernels = getattr(self, "_kernels", None) or [layer.kernel() for layer in self.kernels]
+        kernels = getattr(self, "_kernels", None) or [layer.kernel() for layer in self._layers()]
         total: List[Tensor] = []
-        for layer, k in zip(self.kernels, kernels):
+        for layer, k in zip(self._layers(), kernels):
             total.append(h["l2"] * layer.weight.square().sum()
                          + h["l2_kernel"] * k.square().sum())
         return torch.stack(total).sum()
