@@ -87,10 +87,19 @@ def test_half_on_cpu_matches_float32():
     assert all(p.grad.dtype == torch.float16 and p.grad.isfinite().all() for p in half.parameters())
 
 
-@pytest.mark.xfail(raises=RuntimeError, strict=True,
-                   reason="SparseOutputLinear(sparse_grad=True) in float16 on CPU computes through "
-                          "weight.float(), whose backward cannot take the sparse gradient")
-def test_half_on_cpu_with_sparse_gradients():
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_types_on_cpu_with_sparse_gradients(dtype):
     model, x = _half_case(sparse_grad=True)
-    half = model.half()
-    half(x.half(), x.half()).values().float().pow(2).sum().backward()
+    reference = model(x, x)
+    reference.values().pow(2).sum().backward()
+    expected = {n: p.grad.to_dense() for n, p in model.named_parameters()}
+    low = model.to(dtype)
+    low.zero_grad(set_to_none=True)
+    out = low(x.to(dtype), x.to(dtype))
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.to_dense().float(), reference.to_dense().detach(),
+                               rtol=2e-2, atol=2e-2)
+    out.values().float().pow(2).sum().backward()
+    for name, p in low.named_parameters():
+        assert p.grad.dtype == dtype
+        torch.testing.assert_close(p.grad.to_dense().float(), expected[name], rtol=5e-2, atol=5e-2)

@@ -46,7 +46,12 @@ class _SampledLinear(torch.autograd.Function):
                 col: Tensor, crow: Tensor, sparse_grad: bool, update: Any = None,
                 colmajor: Optional[Callable[[], Tuple[Tensor, Tensor, Tensor, Tensor]]] = None
                 ) -> Tensor:
-        values = _sampled_mm(h, weight.t(), crow, col)
+        if h.dtype in (torch.float16, torch.bfloat16):
+            # torch's sampled product has no half-type kernel (CPU nor CUDA, torch
+            # 2.11-2.13): this one product runs in float32, the backward's bags in h's dtype
+            values = _sampled_mm(h.float(), weight.t().float(), crow, col).to(h.dtype)
+        else:
+            values = _sampled_mm(h, weight.t(), crow, col)
         if bias is not None:
             values = values + bias[col]
         ctx.save_for_backward(h, weight, row, col, crow)
@@ -169,8 +174,9 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         ValueError: shapes, dtypes or devices disagree, or pattern indices are
             out of range.
 
-    float16 on the CPU is computed in float32 (torch's sampled product has no
-    CPU float16 kernel) and returned as float16.
+    float16 and bfloat16: the sampled product is computed in float32 (torch
+    has no kernel for them) and returned in the input's dtype; the gradients
+    are computed in the input's dtype.
 
     Example::
 
@@ -224,19 +230,8 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
     row, col, crow = distinct.row, distinct.col, distinct.crow_indices()
     if row.device != h.device:
         raise ValueError(f"pattern must be on input's device {h.device}, got {row.device}")
-    if h.dtype == torch.float16 and h.device.type == "cpu":
-        if update is not None and torch.is_grad_enabled() and weight.requires_grad:
-            raise NotImplementedError(
-                f"{update.name}: float16 on the CPU is computed on a float32 copy of the "
-                f"weight, which the optimiser in the backward cannot update; use float32")
-        # torch.sparse.sampled_addmm has no float16 kernel on the CPU: compute
-        # in float32 (the casts carry the gradients) and return float16.
-        values = _SampledLinear.apply(h.float(), weight.float(),
-                                      None if bias is None else bias.float(), row, col, crow,
-                                      sparse_grad).half()
-    else:
-        values = _SampledLinear.apply(h, weight, bias, row, col, crow, sparse_grad, update,
-                                      distinct.column_major)
+    values = _SampledLinear.apply(h, weight, bias, row, col, crow, sparse_grad, update,
+                                  distinct.column_major)
     return _with_pattern(values, pattern, batch, row, col)
 
 
