@@ -96,14 +96,9 @@ class LazyAdam(Optimizer):
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, decoupled_weight_decay: bool = False,
                  dense_above: Optional[float] = None) -> None:
-        if not lr >= 0.0:
-            raise ValueError(f"lr must be non-negative, got {lr}")
-        if not eps >= 0.0:
-            raise ValueError(f"eps must be non-negative, got {eps}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"betas must be in [0, 1), got {betas}")
-        if not weight_decay >= 0.0:
-            raise ValueError(f"weight_decay must be non-negative, got {weight_decay}")
+        for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+            _check_non_negative(name, value)
+        _check_betas(betas)
         _check_share(dense_above)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         decoupled_weight_decay=decoupled_weight_decay, dense_above=dense_above)
@@ -452,8 +447,7 @@ class InBackwardOptimizer:
 
     def set_lr(self, lr: float) -> None:
         """Set the learning rate of the in-backward weights and of :attr:`dense`."""
-        if not lr >= 0.0:
-            raise ValueError(f"lr must be non-negative, got {lr}")
+        _check_non_negative("lr", lr)
         for u in self._updates.values():
             u.hp["lr"] = lr
         if self.dense is not None:
@@ -631,18 +625,40 @@ def fused_step_optimizer(model: nn.Module, lr: float = 1e-3, *,
                                        weight_decay=weight_decay, dense_above=dense_above)
 
 
+def _check_real(name: str, value: Any) -> None:
+    """A hyperparameter must be a real number (a 0-d tensor counts), not a bool or str."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, Tensor)) or (
+            isinstance(value, Tensor) and value.numel() != 1):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+
+
+def _check_non_negative(name: str, value: Any) -> None:
+    _check_real(name, value)
+    if not value >= 0.0:
+        raise ValueError(f"{name} must be non-negative, got {value}")
+
+
+def _check_betas(betas: Any) -> None:
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+    for value in betas:
+        _check_real("betas", value)
+    if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+        raise ValueError(f"betas must be in [0, 1), got {betas}")
+
+
 def _check_share(dense_above: Optional[float]) -> None:
-    if dense_above is not None and not 0.0 <= dense_above <= 1.0:
+    if dense_above is None:
+        return
+    _check_real("dense_above", dense_above)
+    if not 0.0 <= dense_above <= 1.0:
         raise ValueError(f"dense_above must be None or in [0, 1], got {dense_above}")
 
 
 def _check_hyper(kind: str, hp: dict) -> None:
     for key in ("lr", "eps", "weight_decay", "momentum", "initial_accumulator_value"):
-        if not hp[key] >= 0.0:
-            raise ValueError(f"{key} must be non-negative, got {hp[key]}")
-    b1, b2 = hp["betas"]
-    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-        raise ValueError(f"betas must be in [0, 1), got {hp['betas']}")
+        _check_non_negative(key, hp[key])
+    _check_betas(hp["betas"])
     if kind != "sgd" and (hp["momentum"] or hp["nesterov"]):
         raise ValueError(f"momentum and nesterov are SGD's, got momentum={hp['momentum']}, "
                          f"nesterov={hp['nesterov']} for optimizer={kind!r}")

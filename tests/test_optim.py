@@ -4,6 +4,8 @@ import copy
 import pytest
 import torch
 
+import nnsparse
+
 from nnsparse import optim as noptim
 from matrix import DEVICES
 
@@ -240,3 +242,31 @@ def test_dense_above_falls_back_to_adam(chunk, kernel, monkeypatch):
     assert torch.equal(p.detach()[[0, 2, 3, 5]], before[[0, 2, 3, 5]])
     with pytest.raises(ValueError, match=r"dense_above must be None or in \[0, 1\], got 2"):
         noptim.LazyAdam([p], dense_above=2)
+
+
+@pytest.mark.parametrize("kwargs,exc,message", [
+    (dict(lr="x"), TypeError, "lr must be a number, got str 'x'"),
+    (dict(eps="a"), TypeError, "eps must be a number, got str"),
+    (dict(weight_decay=None), TypeError, "weight_decay must be a number, got NoneType"),
+    (dict(lr=True), TypeError, "lr must be a number, got bool"),
+    (dict(betas=0.9), TypeError, r"betas must be a pair \(beta1, beta2\), got 0.9"),
+    (dict(betas=(0.9, "b")), TypeError, "betas must be a number, got str"),
+    (dict(dense_above="a"), TypeError, "dense_above must be a number, got str"),
+    (dict(lr=-1.0), ValueError, "lr must be non-negative, got -1.0"),
+    (dict(dense_above=2.0), ValueError, r"dense_above must be None or in \[0, 1\], got 2.0"),
+])
+def test_lazy_adam_hyperparameters_of_the_wrong_kind(kwargs, exc, message):
+    with pytest.raises(exc, match=message):
+        nnsparse.optim.LazyAdam([torch.nn.Parameter(torch.zeros(3))], **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,exc,message", [
+    (dict(lr="x"), TypeError, "lr must be a number, got str"),
+    (dict(betas=(0.9,)), TypeError, r"betas must be a pair"),
+    (dict(weight_decay=-1.0), ValueError, "weight_decay must be non-negative, got -1.0"),
+])
+def test_in_backward_hyperparameters_of_the_wrong_kind(kwargs, exc, message):
+    model = nnsparse.SparseLinearBatch(6, 3)
+    with pytest.raises(exc, match=message):
+        nnsparse.optim.apply_optimizer_in_backward(model, "adam", **kwargs)
+    assert model._row_update is None  # a refused call leaves the layer as it was
