@@ -90,7 +90,7 @@ class _SampledLinear(torch.autograd.Function):
             grad_t = grad[perm]
         if need_b:
             if ctx.sparse_grad:
-                segment = torch.repeat_interleave(crow_t.diff(), output_size=grad.shape[0])
+                segment = _index.rows_from_crow(crow_t, grad.shape[0])
                 summed = grad.new_zeros(cols.shape[0]).index_add_(0, segment, grad_t)
                 grad_b = _sparse_coo(cols.unsqueeze(0), summed, (out_features,), True)
             else:
