@@ -316,14 +316,17 @@ def _models_worker(rank: int, port: int, out_dir: str, world: int, device: str) 
     nd.init_from_env(device=device, timeout=TIMEOUT_S)
     try:
         results = _fit_tiny()
+        # The example finds the group joined (init_from_env starts none then: a second
+        # group on the same port could meet the first one's store) and leaves it at the end.
+        with open(os.path.join(out_dir, f"stdout{rank}.txt"), "w") as f, \
+                contextlib.redirect_stdout(f):
+            example = _load_example().main(EXAMPLE_ARGS
+                                           + ["--save", os.path.join(out_dir, "model.pt")])
+        results["example_rmse"] = example["test_rmse"]
+        results["example_initialised_after"] = dist.is_initialized()
+        torch.save(results, os.path.join(out_dir, f"{rank}.pt"))
     finally:
         nd.cleanup()
-    # the example joins the group itself (WORLD_SIZE is set) and leaves it at the end
-    with open(os.path.join(out_dir, f"stdout{rank}.txt"), "w") as f, contextlib.redirect_stdout(f):
-        example = _load_example().main(EXAMPLE_ARGS + ["--save", os.path.join(out_dir, "model.pt")])
-    results["example_rmse"] = example["test_rmse"]
-    results["example_initialised_after"] = dist.is_initialized()
-    torch.save(results, os.path.join(out_dir, f"{rank}.pt"))
 
 
 @pytest.fixture(scope="module")

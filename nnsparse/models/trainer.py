@@ -242,6 +242,20 @@ class DistributedTrainer(Trainer):
     Raises:
         RuntimeError: no process group is initialised.
         ValueError: ``batch_size`` is not a multiple of the number of processes.
+
+    Example (a process group of one, as ``torchrun --nproc_per_node=1`` makes)::
+
+        >>> import torch.distributed as dist
+        >>> from nnsparse.data import synthetic_ratings
+        >>> from nnsparse.models import KernelNet
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> model = KernelNet(hidden=8, epochs=2, batch_size=16, validation_ratio=0.1)
+        >>> model = model.fit(synthetic_ratings(0, 60, 50, 1200), verbose=False, progress=False)
+        >>> trainer = DistributedTrainer(model, epochs=2, batch_size=16, lr=1e-3)
+        >>> loader = trainer.make_loader(SparseRowDataset(torch.eye(32).to_sparse_csr()))
+        >>> loader.batch_size, len(loader)  # rows per process and step: 16 / 1 process
+        (16, 2)
+        >>> dist.destroy_process_group()
     """
 
     def __init__(self, model: Any, *, batch_size: int, **kwargs: Any) -> None:
