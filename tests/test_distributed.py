@@ -397,3 +397,11 @@ def test_distributed_trainer_needs_a_divisible_global_batch(group_of_one, monkey
     with pytest.raises(ValueError, match="batch_size .the global batch. must be a multiple of "
                                          "the 2 processes, got 3"):
         DistributedTrainer(nn.Linear(2, 2), epochs=1, batch_size=3, lr=0.1)
+
+
+def test_main_example_refuses_a_global_batch_the_processes_cannot_split(monkeypatch, capsys):
+    monkeypatch.setattr(nd, "world_size", lambda: 2)  # as under torchrun --nproc_per_node=2
+    with pytest.raises(SystemExit):
+        _load_example().main(["--batch-size", "3", "--epochs", "1"])
+    assert ("--batch-size 3 (the global batch) must be a multiple of the 2 processes"
+            in capsys.readouterr().err)
