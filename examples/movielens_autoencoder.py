@@ -221,7 +221,8 @@ def print_recommendations(model: RatingModel, args: argparse.Namespace) -> None:
     for item, score, rating, support, title in zip(recs.ids, recs.score.tolist(),
                                                    recs.rating.tolist(), recs.support.tolist(),
                                                    recs.titles):
-        nd.main_print(f"  {rating:4.2f} ({score:4.2f} shrunk, {support:4d} ratings)  {item}  {title}")
+        nd.main_print(f"  {rating:4.2f} ({score:4.2f} shrunk, {support:4d} ratings)  "
+                      f"{item}  {title}")
 
 
 def run_folds(p, args, folds) -> Dict[str, Any]:
@@ -252,7 +253,8 @@ def run_one(p, args, train, test) -> Dict[str, Any]:
         feats = side_features(p, args, train) if CHOICES[args.model][1] else None
         model.fit(train, features=feats, device=args.device,
                   progress=False if args.no_progress else None)
-        nd.main_print(f"trained {model.name} in {model.fit_seconds:.1f} s, {model.best_epoch} epochs")
+        nd.main_print(f"trained {model.name} in {model.fit_seconds:.1f} s, "
+                      f"{model.best_epoch} epochs")
     if args.save and nd.is_main():
         model.save(args.save)
     if args.recommend is not None:

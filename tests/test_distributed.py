@@ -338,7 +338,8 @@ def fit_ranks(tmp_path_factory) -> tuple:
 def test_fit_ranks_end_equal(fit_ranks):
     out, (first, second) = fit_ranks
     assert first["best_epoch"] == second["best_epoch"] >= 1
-    assert [e["valid_rmse"] for e in first["history"]] == [e["valid_rmse"] for e in second["history"]]
+    curves = [[e["valid_rmse"] for e in rank["history"]] for rank in (first, second)]
+    assert curves[0] == curves[1]
     for name in first["state"]:
         torch.testing.assert_close(first["state"][name], second["state"][name], rtol=0, atol=1e-6,
                                    msg=name)

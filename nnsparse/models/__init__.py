@@ -18,6 +18,7 @@ from .cfn import CFN
 from .kernel import KernelNet
 from .evaluation import CrossValidation, cross_validate, fold_files, kfold
 
-__all__ = ["RatingModel", "Recommendations", "Trainer", "DistributedTrainer", "TrainResult", "MODELS", "register",
+__all__ = ["RatingModel", "Recommendations", "Trainer", "DistributedTrainer", "TrainResult",
+           "MODELS", "register",
            "AutoRec", "CFN", "KernelNet", "cross_validate", "CrossValidation", "kfold",
            "fold_files"]

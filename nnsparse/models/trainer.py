@@ -121,7 +121,7 @@ class Trainer:
         return value
 
     def validation_rmse(self, validate: Callable[[], float]) -> float:
-        """The validation RMSE after an epoch: ``validate()`` (a distributed trainer shares rank 0's)."""
+        """The validation RMSE after an epoch: ``validate()`` (rank 0's, in a distributed trainer)."""
         return float(validate())
 
     def log(self, message: str) -> None:
