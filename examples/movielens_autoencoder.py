@@ -13,8 +13,12 @@ once, at the end, beside the item-mean baseline.
     python examples/movielens_autoencoder.py --folds ml-100k/ --format ml-100k   # u1..u5
     python examples/movielens_autoencoder.py --folds 5 --model autorec          # random folds
     python examples/movielens_autoencoder.py --recommend 42 -k 10
+    torchrun --nproc_per_node=2 examples/movielens_autoencoder.py --threads 1   # 2 processes
 
 The last line is ``test RMSE: <value>`` (the mean over the folds with ``--folds``).
+Under ``torchrun`` the processes train one model with DistributedDataParallel
+(gloo on CPU, NCCL with ``--device cuda``, one GPU a process), the batch size
+being the global batch; rank 0 alone prints, shows bars and saves.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from nnsparse import distributed as nd
 from nnsparse.data import (FORMATS, Ratings, mae, mean_prediction, random_split, read_item_features,
                            read_ratings, read_split, read_user_features, rmse,
                            synthetic_item_features, synthetic_ratings)
@@ -210,13 +215,14 @@ def side_features(p: argparse.ArgumentParser, args: argparse.Namespace, train: R
 def print_recommendations(model: RatingModel, args: argparse.Namespace) -> None:
     recs = model.recommend(args.recommend, args.k, min_support=args.min_support,
                            shrinkage=args.shrinkage)
-    print(f"top {len(recs.ids)} items for user {args.recommend}: "
+    nd.main_print(f"top {len(recs.ids)} items for user {args.recommend}: "
           f"(among items with >= {args.min_support} training ratings; "
           f"shrinkage {args.shrinkage:g})")
     for item, score, rating, support, title in zip(recs.ids, recs.score.tolist(),
                                                    recs.rating.tolist(), recs.support.tolist(),
                                                    recs.titles):
-        print(f"  {rating:4.2f} ({score:4.2f} shrunk, {support:4d} ratings)  {item}  {title}")
+        nd.main_print(f"  {rating:4.2f} ({score:4.2f} shrunk, {support:4d} ratings)  "
+                      f"{item}  {title}")
 
 
 def run_folds(p, args, folds) -> Dict[str, Any]:
@@ -224,8 +230,8 @@ def run_folds(p, args, folds) -> Dict[str, Any]:
     features = (lambda train: side_features(p, args, train)) if uses_features else None
     cv = cross_validate(lambda: cls(**hparams(args)), folds, features=features,
                         device=args.device, progress=not args.no_progress and None,
-                        verbose=True)
-    print(cv.table())
+                        verbose=nd.is_main())
+    nd.main_print(cv.table())
     return dict(folds=cv.folds, test_rmse=cv.mean(), test_rmse_std=cv.std(),
                 test_mae=cv.mean("mae"), item_mean_rmse=cv.mean("item_mean_rmse"))
 
@@ -247,8 +253,9 @@ def run_one(p, args, train, test) -> Dict[str, Any]:
         feats = side_features(p, args, train) if CHOICES[args.model][1] else None
         model.fit(train, features=feats, device=args.device,
                   progress=False if args.no_progress else None)
-        print(f"trained {model.name} in {model.fit_seconds:.1f} s, {model.best_epoch} epochs")
-    if args.save:
+        nd.main_print(f"trained {model.name} in {model.fit_seconds:.1f} s, "
+                      f"{model.best_epoch} epochs")
+    if args.save and nd.is_main():
         model.save(args.save)
     if args.recommend is not None:
         try:
@@ -257,7 +264,7 @@ def run_one(p, args, train, test) -> Dict[str, Any]:
             p.error(f"--recommend: {error.args[0]}")
     scores = model.evaluate(test)
     counts = scores["fallback_counts"]
-    print(f"{scores['fallback']} of {scores['count']} test ratings predicted by a mean "
+    nd.main_print(f"{scores['fallback']} of {scores['count']} test ratings predicted by a mean "
           f"(item mean {counts['item_mean']}, user mean {counts['user_mean']}, "
           f"global mean {counts['global_mean']}): their user or item has no training rating")
     return dict(epochs=model.history, test_rmse=scores["rmse"], test_mae=scores["mae"],
@@ -271,12 +278,35 @@ def _int(text: str) -> Any:
         return text
 
 
+def check_world(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Under torchrun: the global batch must split evenly over the processes."""
+    world = nd.world_size()
+    if world == 1 or args.load:
+        return
+    batch = CHOICES[args.model][0](**hparams(args)).hparams["batch_size"]
+    if batch % world:
+        p.error(f"--batch-size {batch} (the global batch) must be a multiple of the "
+                f"{world} processes")
+
+
 def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     p, args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if "WORLD_SIZE" in os.environ:  # started by torchrun: join the group, take a device
+        device = nd.init_from_env(device="cuda" if args.device.startswith("cuda") else "cpu")
+        args.device = str(device)
+        try:
+            return _main(p, args)
+        finally:
+            nd.cleanup()
+    return _main(p, args)
+
+
+def _main(p: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, Any]:
+    check_world(p, args)
     torch.manual_seed(args.seed)
     first, test, ratings = read_data(p, args)
-    print(f"{len(ratings)} ratings, {ratings.n_users} users x {ratings.n_items} items; "
+    nd.main_print(f"{len(ratings)} ratings, {ratings.n_users} users x {ratings.n_items} items; "
           f"model {args.model if not args.load else 'from ' + args.load}")
     if test is None:
         result = run_folds(p, args, first)
@@ -285,14 +315,15 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         baseline = mean_prediction(first, test, by="item")
         result.update(item_mean_rmse=float(rmse(baseline, test.rating)),
                       item_mean_mae=float(mae(baseline, test.rating)))
-        print(f"item-mean baseline: RMSE {result['item_mean_rmse']:.4f}, "
+        nd.main_print(f"item-mean baseline: RMSE {result['item_mean_rmse']:.4f}, "
               f"MAE {result['item_mean_mae']:.4f}")
     result["args"] = vars(args)
-    if args.metrics_out:
+    result["processes"] = nd.world_size()
+    if args.metrics_out and nd.is_main():
         with open(args.metrics_out, "w") as f:
             json.dump(result, f, indent=2, default=str)
-    print(f"test MAE: {result['test_mae']:.4f}")
-    print(f"test RMSE: {result['test_rmse']:.4f}")
+    nd.main_print(f"test MAE: {result['test_mae']:.4f}")
+    nd.main_print(f"test RMSE: {result['test_rmse']:.4f}")
     return result
 
 

@@ -8,15 +8,17 @@
 
 They share :class:`RatingModel` (``fit`` with early stopping and refit,
 ``predict_entries``, ``recommend``, ``save``/``load``), the one
-:class:`Trainer`, and :func:`cross_validate`.  See ``docs/models.md``.
+:class:`Trainer` (:class:`DistributedTrainer` under ``torchrun``), and
+:func:`cross_validate`.  See ``docs/models.md`` and ``docs/distributed.md``.
 """
-from .trainer import Trainer, TrainResult
+from .trainer import DistributedTrainer, Trainer, TrainResult
 from .base import MODELS, RatingModel, Recommendations, register
 from .autorec import AutoRec
 from .cfn import CFN
 from .kernel import KernelNet
 from .evaluation import CrossValidation, cross_validate, fold_files, kfold
 
-__all__ = ["RatingModel", "Recommendations", "Trainer", "TrainResult", "MODELS", "register",
+__all__ = ["RatingModel", "Recommendations", "Trainer", "DistributedTrainer", "TrainResult",
+           "MODELS", "register",
            "AutoRec", "CFN", "KernelNet", "cross_validate", "CrossValidation", "kfold",
            "fold_files"]

@@ -20,7 +20,8 @@ from torch import Tensor, nn
 
 from .._index import coo_tensor
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset, split_ratings
-from .trainer import Trainer, TrainResult
+from .. import distributed as nd
+from .trainer import DistributedTrainer, Trainer, TrainResult
 
 __all__ = ["RatingModel", "Recommendations", "register", "MODELS"]
 
@@ -284,7 +285,9 @@ class RatingModel(nn.Module):
     def _trainer(self, device: torch.device, progress: Optional[bool],
                  epochs: Optional[int] = None) -> Trainer:
         h = self.hparams
-        return Trainer(self, epochs=h["epochs"], batch_size=h["batch_size"], lr=h["lr"],
+        # under torchrun (a process group initialised): DDP, batch_size the global batch
+        cls = DistributedTrainer if nd.is_distributed() else Trainer
+        return cls(self, epochs=h["epochs"], batch_size=h["batch_size"], lr=h["lr"],
                        min_lr_ratio=h["min_lr_ratio"], weight_decay=h["weight_decay"],
                        patience=h["patience"],
                        device=device, seed=h["seed"], progress=progress,
@@ -308,6 +311,14 @@ class RatingModel(nn.Module):
             device: where to train.
             progress (bool, optional): tqdm bars; default: only on a terminal.
             verbose (bool): print one line per epoch.
+
+        Under ``torchrun`` (a default process group initialised, e.g. by
+        :func:`nnsparse.distributed.init_from_env`) every rank calls ``fit``
+        with the same arguments and trains with
+        :class:`~nnsparse.models.DistributedTrainer`: ``batch_size`` is the
+        global batch, split over the processes; DDP averages the gradients;
+        early stopping follows rank 0's validation RMSE on every rank, and so
+        does the refit; the weights end equal on every rank; only rank 0 prints.
 
         Returns:
             ``self``, trained, in eval mode, on ``device``.
@@ -342,7 +353,7 @@ class RatingModel(nn.Module):
         result = self._trainer(device, progress).fit(self._input.to(device), validate)
         self.history, self.best_epoch = result.history, result.best_epoch
         if validate is not None and h["refit"]:
-            if verbose:
+            if verbose and nd.is_main():
                 print(f"refit on train + validation for {result.best_epoch} epochs "
                       f"(best validation RMSE {result.best_rmse:.4f})")
             assert validation is not None  # validate is set only with a validation set

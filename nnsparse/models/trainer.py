@@ -3,8 +3,10 @@
 :class:`Trainer` owns the epoch loop, early stopping and the per-epoch
 validation.  Its small methods are the places to override: a distributed
 trainer replaces :meth:`Trainer.make_loader` (a ``DistributedSampler``),
-:meth:`Trainer.is_main` (rank 0 prints) and :meth:`Trainer.reduce` (an
-all-reduce of the epoch's loss); the step itself stays :meth:`Trainer.step`.
+:meth:`Trainer.is_main` (rank 0 prints), :meth:`Trainer.reduce` (an
+all-reduce of the epoch's loss) and :meth:`Trainer.validation_rmse` (one
+figure for every rank); :class:`DistributedTrainer` is that trainer, used by
+the models' ``fit`` whenever a process group is initialised (``torchrun``).
 """
 from __future__ import annotations
 
@@ -19,9 +21,10 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from .. import distributed as nd
 from ..data import SparseRowDataset
 
-__all__ = ["Trainer", "TrainResult"]
+__all__ = ["Trainer", "DistributedTrainer", "TrainResult"]
 
 
 @dataclass
@@ -117,6 +120,10 @@ class Trainer:
         """Combine a per-process sum across processes (identity on one process)."""
         return value
 
+    def validation_rmse(self, validate: Callable[[], float]) -> float:
+        """The validation RMSE after an epoch: ``validate()`` (rank 0's, in a distributed trainer)."""
+        return float(validate())
+
     def log(self, message: str) -> None:
         if self._log is not None and self.is_main():
             self._log(message)
@@ -141,6 +148,9 @@ class Trainer:
                   epoch: int) -> float:
         for group in optimizer.param_groups:
             group["lr"] = self._lr_at(epoch)
+        set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
+        if set_epoch is not None:  # a DistributedSampler: this epoch's shuffle
+            set_epoch(epoch)
         self.model.train()
         total = torch.zeros((), device=self.device)
         bar = tqdm(loader, desc=f"epoch {epoch}/{self.epochs}", leave=False,
@@ -166,7 +176,7 @@ class Trainer:
             loss = self.run_epoch(loader, optimizer, epoch)
             entry: Dict[str, float] = dict(epoch=epoch, train_loss=loss)
             if validate is not None:
-                entry["valid_rmse"] = validate()
+                entry["valid_rmse"] = self.validation_rmse(validate)
                 if not entry["valid_rmse"] >= result.best_rmse - 1e-6 or epoch == 1:
                     result.best_epoch, result.best_rmse = epoch, entry["valid_rmse"]
                     best_state = {k: v.detach().clone()
@@ -182,3 +192,121 @@ class Trainer:
         else:
             result.best_epoch = len(result.history)
         return result
+
+
+class _BatchLoss(torch.nn.Module):
+    """``model.batch_loss`` as a module's forward, so that DDP sees the whole loss.
+
+    DDP all-reduces the gradients of the parameters of the module it wraps,
+    arming its reducer in that module's ``__call__``; the models compute
+    their penalty (and KernelNet its kernels) from their parameters outside
+    their own ``forward``, so the wrapped forward is the whole batch loss.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, rows: Tensor, x: Any) -> Tensor:
+        return self.model.batch_loss(rows, x)
+
+
+class DistributedTrainer(Trainer):
+    r"""The :class:`Trainer` of one process among ``torchrun``'s N, with DDP.
+
+    The models' ``fit`` uses it instead of :class:`Trainer` whenever a
+    default process group is initialised
+    (:func:`nnsparse.distributed.init_from_env` under ``torchrun``); every
+    rank must then call ``fit`` with the same data and hyperparameters.
+
+    * ``batch_size`` is the **global** batch: each process reads
+      ``batch_size / world_size`` rows a step through
+      :func:`nnsparse.distributed.loader` (a ``DistributedSampler`` shuffled
+      with ``seed + epoch``), so a step of all ranks together reads the rows
+      of one step of a one-process run with the same sampler.  (The
+      one-process :class:`Trainer` shuffles with its own generator: other
+      batches, the same distribution.)
+    * The loss goes through :class:`nnsparse.distributed.DistributedDataParallel`
+      (:func:`~nnsparse.distributed.wrap`), times ``world_size``: DDP averages
+      the gradients over the ranks, so the step is the one-process step over
+      the global batch.  DDP broadcasts rank 0's weights when it wraps the
+      model, and the ranks then take the same steps: the weights stay equal.
+    * The validation RMSE is computed on rank 0 and broadcast, so early
+      stopping, the best epoch and the refit length are the same on every
+      rank; the epoch's loss is averaged over the ranks; only rank 0 logs and
+      shows a bar.
+
+    Args:
+        as :class:`Trainer`'s.
+
+    Raises:
+        RuntimeError: no process group is initialised.
+        ValueError: ``batch_size`` is not a multiple of the number of processes.
+
+    Example (a process group of one, as ``torchrun --nproc_per_node=1`` makes)::
+
+        >>> import torch.distributed as dist
+        >>> from nnsparse.data import synthetic_ratings
+        >>> from nnsparse.models import KernelNet
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> model = KernelNet(hidden=8, epochs=2, batch_size=16, validation_ratio=0.1)
+        >>> model = model.fit(synthetic_ratings(0, 60, 50, 1200), verbose=False, progress=False)
+        >>> trainer = DistributedTrainer(model, epochs=2, batch_size=16, lr=1e-3)
+        >>> loader = trainer.make_loader(SparseRowDataset(torch.eye(32).to_sparse_csr()))
+        >>> loader.batch_size, len(loader)  # rows per process and step: 16 / 1 process
+        (16, 2)
+        >>> dist.destroy_process_group()
+    """
+
+    def __init__(self, model: Any, *, batch_size: int, **kwargs: Any) -> None:
+        if not nd.is_distributed():
+            raise RuntimeError("DistributedTrainer needs a process group; call "
+                               "nnsparse.distributed.init_from_env() under torchrun, "
+                               "or use Trainer in one process")
+        self.world = nd.world_size()
+        if int(batch_size) % self.world:
+            raise ValueError(f"batch_size (the global batch) must be a multiple of the "
+                             f"{self.world} processes, got {batch_size}")
+        super().__init__(model, batch_size=batch_size, **kwargs)
+        self._ddp: Optional[torch.nn.Module] = None
+
+    def make_loader(self, dataset: SparseRowDataset) -> DataLoader:
+        """This rank's share of the shuffled rows, ``batch_size / world_size`` a step."""
+        return nd.loader(dataset, self.batch_size // self.world, seed=self.seed)
+
+    def is_main(self) -> bool:
+        return nd.is_main()
+
+    def reduce(self, value: Tensor) -> Tensor:
+        """The mean over the ranks (each rank's value is already scaled to the global batch)."""
+        value = value.clone()
+        torch.distributed.all_reduce(value)
+        return value / self.world
+
+    def validation_rmse(self, validate: Callable[[], float]) -> float:
+        """Rank 0's validation RMSE, on every rank (the others do not compute it)."""
+        value = torch.zeros((), dtype=torch.float64, device=self.device)
+        if self.is_main():
+            value.fill_(float(validate()))
+        torch.distributed.broadcast(value, src=0)
+        return float(value)
+
+    def step(self, batch: Any, optimizer: torch.optim.Optimizer) -> Tensor:
+        batch = batch.to(self.device)
+        # times world: DDP's mean of the ranks' gradients is then their sum,
+        # the gradient of the one-process loss over the global batch
+        loss = self._ddp(batch.row_index, batch.input) * self.world
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    def fit(self, x_train: Tensor, validate: Optional[Callable[[], float]] = None,
+            epochs: Optional[int] = None) -> TrainResult:
+        # Wrapped here: a refit builds new layers, which need a new DDP (which
+        # broadcasts rank 0's weights and buffers as it wraps them).
+        self._ddp = nd.wrap(_BatchLoss(self.model))
+        try:
+            return super().fit(x_train, validate, epochs)
+        finally:
+            self._ddp = None
