@@ -208,7 +208,8 @@ class _BatchLoss(torch.nn.Module):
         self.model = model
 
     def forward(self, rows: Tensor, x: Any) -> Tensor:
-        return self.model.batch_loss(rows, x)
+        loss: Tensor = getattr(self.model, "batch_loss")(rows, x)  # a RatingModel's
+        return loss
 
 
 class DistributedTrainer(Trainer):
@@ -295,6 +296,7 @@ class DistributedTrainer(Trainer):
         batch = batch.to(self.device)
         # times world: DDP's mean of the ranks' gradients is then their sum,
         # the gradient of the one-process loss over the global batch
+        assert self._ddp is not None, "fit() wraps the model before the first step"
         loss = self._ddp(batch.row_index, batch.input) * self.world
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
