@@ -322,8 +322,9 @@ def _key(x: Tensor) -> Tuple[Any, ...]:
         return (tuple(x.shape), x.device, crow.data_ptr(), col.data_ptr(), col.shape[0],
                 crow._version, col._version)
     index = x._indices()
+    # requires_grad: an uncoalesced COO that requires grad is coalesced each call
     return (tuple(x.shape), x.device, index.data_ptr(), index.shape[1], index._version,
-            x.is_coalesced())
+            x.is_coalesced(), x.requires_grad)
 
 
 def attach(x: Tensor, batch: SparseBatch) -> Tensor:

@@ -11,6 +11,8 @@ and an LR scheduler use it as any optimiser.
 """
 from __future__ import annotations
 
+import copy
+from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, overload
 
 import torch
@@ -64,6 +66,11 @@ def sparse_grad_parameters(model: nn.Module) -> List[Tensor]:
     return out
 
 
+def _sparse_capable() -> Tuple[type, ...]:
+    from .optim import LazyAdam
+    return (torch.optim.SparseAdam, LazyAdam, torch.optim.SGD, torch.optim.Adagrad)
+
+
 class SplitOptimizer(Optimizer):
     r"""Several optimisers over disjoint parameters, driven as one.
 
@@ -94,8 +101,9 @@ class SplitOptimizer(Optimizer):
         # No Optimizer.__init__: the parts own the parameters and their state.
         self.optimizers = dict(optimizers)
         self.defaults: Dict[str, Any] = {}
-        self._optimizer_step_pre_hooks: Dict[int, Callable] = {}
-        self._optimizer_step_post_hooks: Dict[int, Callable] = {}
+        # OrderedDicts: torch's RemovableHandle keeps a weak reference to them
+        self._optimizer_step_pre_hooks: Dict[int, Callable] = OrderedDict()
+        self._optimizer_step_post_hooks: Dict[int, Callable] = OrderedDict()
 
     @property
     def param_groups(self) -> List[dict]:  # type: ignore[override]
@@ -117,9 +125,36 @@ class SplitOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_gradients()  # every part's, before any parameter changes
+        for pre in list(self._optimizer_step_pre_hooks.values()):
+            pre(self, (), {})
         for opt in self.optimizers.values():
             opt.step()
+        for post in list(self._optimizer_step_post_hooks.values()):
+            post(self, (), {})
         return loss
+
+    def _check_gradients(self) -> None:
+        """Refuse a step that a part would fail half-way (after others have stepped)."""
+        for name, opt in self.optimizers.items():
+            takes_sparse = isinstance(opt, _sparse_capable())
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    if isinstance(opt, torch.optim.SparseAdam) and not p.grad.is_sparse:
+                        raise RuntimeError(
+                            f"optimizers[{name!r}] is SparseAdam, which takes sparse gradients "
+                            f"only, got a dense one for a parameter of shape {tuple(p.shape)} "
+                            f"(a layer without sparse_grad=True, or a SparseOutputLinear called "
+                            f"without a pattern); nnsparse.optim.LazyAdam takes both "
+                            f"(no parameter was changed)")
+                    if p.grad.is_sparse and not takes_sparse:
+                        raise RuntimeError(
+                            f"optimizers[{name!r}] ({type(opt).__name__}) takes dense gradients "
+                            f"only, got a sparse one for a parameter of shape {tuple(p.shape)}; "
+                            f"nnsparse.make_optimizer(model) puts sparse-gradient parameters in "
+                            f"their own part (no parameter was changed)")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.optimizers.values():
@@ -132,8 +167,15 @@ class SplitOptimizer(Optimizer):
         if set(state_dict) != set(self.optimizers):
             raise ValueError(f"state_dict must have the parts {sorted(self.optimizers)}, "
                              f"got {sorted(state_dict)}")
-        for name, opt in self.optimizers.items():
-            opt.load_state_dict(state_dict[name])
+        before = {name: copy.deepcopy(opt.state_dict()) for name, opt in self.optimizers.items()}
+        try:
+            for name, opt in self.optimizers.items():
+                opt.load_state_dict(state_dict[name])
+        except Exception:
+            # a part refused its state: put back the parts loaded before it
+            for name, opt in self.optimizers.items():
+                opt.load_state_dict(before[name])
+            raise
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         raise NotImplementedError("a SplitOptimizer cannot tell which part a new group belongs "

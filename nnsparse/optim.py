@@ -324,6 +324,9 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Te
         else:
             continue
         if param.requires_grad:
+            if not table.is_contiguous():  # the rows are updated in place
+                from .layers.linear import _NOT_COLUMN_MAJOR
+                raise ValueError(_NOT_COLUMN_MAJOR.format(name=name or type(module).__name__))
             found.append((name or type(module).__name__, module, table, param))
     return found
 

@@ -106,3 +106,15 @@ def test_a_cuda_step_has_no_host_sync(layout, mode):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+def test_requires_grad_set_after_a_first_call_is_seen():
+    # the attached structure must not hide a later requires_grad_() (uncoalesced COO)
+    x = torch.sparse_coo_tensor([[0, 0], [1, 1]], [1., 2.], (1, 2))
+    layer = nnsparse.SparseLinearBatch(2, 3)
+    layer(x)
+    x.requires_grad_()
+    layer(x).sum().backward()
+    assert x.grad is not None
+    torch.testing.assert_close(x.grad.coalesce().values(),
+                               layer.weight.sum(0)[[1]].detach())

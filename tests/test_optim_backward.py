@@ -388,3 +388,12 @@ def test_dense_gradient_step_reads_nothing_back():
     # the detector sees reads where there are some: the in-backward step reads the
     # touched rows' bounds
     assert _host_reads(step(fused, fused_opt)) != []
+
+
+def test_a_weight_not_stored_column_major_is_refused():
+    # the rows are updated in place: a row-major copy would swallow the update
+    layer = nnsparse.SparseLinearBatch(6, 3)
+    layer.weight = torch.nn.Parameter(torch.nn.Linear(6, 3).weight.detach().clone())
+    with pytest.raises(ValueError, match=r"needs it stored as the layer made it"):
+        noptim.apply_optimizer_in_backward(layer, "adam")
+    assert layer._row_update is None

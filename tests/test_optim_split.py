@@ -160,3 +160,43 @@ def test_split_optimizer_errors():
         opt.load_state_dict({"x": {}})
     with pytest.raises(NotImplementedError, match="add it to one part"):
         opt.add_param_group({"params": [nn.Parameter(torch.zeros(1))]})
+
+
+def _split_case():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3),
+                                nnsparse.SparseOutputLinear(3, 5, sparse_grad=True))
+    return model, nnsparse.make_optimizer(model, sparse="sparse_adam")
+
+
+def test_a_step_a_part_would_refuse_changes_no_parameter():
+    model, opt = _split_case()
+    model(torch.randn(2, 4)).sum().backward()  # no pattern: a dense decoder gradient
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match=r"optimizers\['sparse'\] is SparseAdam, which takes "
+                                           r"sparse gradients only.*no parameter was changed"):
+        opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_a_refused_state_dict_leaves_every_part_as_it_was():
+    model, opt = _split_case()
+    good = copy.deepcopy(opt.state_dict())
+    bad = copy.deepcopy(good)
+    bad["dense"]["param_groups"][0]["lr"] = 0.123
+    bad["sparse"] = {"state": {}, "param_groups": []}
+    with pytest.raises(ValueError):
+        opt.load_state_dict(bad)
+    assert opt.state_dict() == good
+
+
+def test_step_hooks_run_and_can_be_removed():
+    model, opt = _split_case()
+    calls = []
+    pre = opt.register_step_pre_hook(lambda o, args, kwargs: calls.append("pre"))
+    opt.register_step_post_hook(lambda o, args, kwargs: calls.append("post"))
+    x = torch.tensor([[1., 0, 0, 0, 1], [0, 1, 0, 0, 0]]).to_sparse()
+    model[1](torch.randn(2, 3), x).values().sum().backward()
+    opt.step()
+    pre.remove()
+    opt.step()
+    assert calls == ["pre", "post", "post"]

@@ -200,9 +200,18 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         # sorted_by_row and crow_indices are cached on the batch's pattern:
         # built once per batch, whoever asks first.
         batch = batch.sorted_by_row()
+        if update is not None and not table.is_contiguous():
+            # the update writes the rows of ``table`` in place: a copy would lose it
+            raise RuntimeError(_NOT_COLUMN_MAJOR.format(name=update.name))
         out = _SparseLinear.apply(batch.values, table.contiguous(), bias, batch.row, batch.col,
                                   batch.crow_indices(), sparse_grad, update, batch.column_major)
     return out.squeeze(0) if batch.is_vector else out
+
+
+_NOT_COLUMN_MAJOR = (
+    "{name}: the optimiser in the backward updates the weight in place and needs it stored "
+    "as the layer made it (weight.t() contiguous); a new Parameter was assigned to the "
+    "weight: copy values in with `with torch.no_grad(): layer.weight.copy_(w)` instead")
 
 
 def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_grad: Any) -> None:
