@@ -187,8 +187,16 @@ def test_load_checks_the_pattern():
     a = SparseWeightLinear(torch.tensor([[1., 0.], [0., 1.]]).to_sparse(), bias=False)
     sd = a.state_dict()
     sd["col"] = torch.tensor([0, 5], dtype=sd["col"].dtype)
-    with pytest.raises(ValueError, match=re.escape("col must be in [0, 2), got max 5")):
+    before = {k: v.clone() for k, v in a.state_dict().items()}
+    with pytest.raises(ValueError, match=re.escape("column indices must be in [0, 2), got max 5")):
         a.load_state_dict(sd)
+    # checked before anything is copied: the layer is as it was
+    assert all(torch.equal(before[k], v) for k, v in a.state_dict().items())
+    sd["col"] = torch.tensor([1, 1], dtype=sd["col"].dtype)
+    sd["crow"] = torch.tensor([0, 2, 1], dtype=sd["crow"].dtype)
+    with pytest.raises(ValueError, match="crow_indices must be non-decreasing"):
+        a.load_state_dict(sd)
+    assert all(torch.equal(before[k], v) for k, v in a.state_dict().items())
 
 
 def test_to_deepcopy_sequential():

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Optional, Tuple, cast
+from typing import Any, Dict, Optional, Tuple, cast
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .._forms import as_sparse_batch, check_index_range, is_sparse_form
+from .._forms import _check_csr, as_sparse_batch, is_sparse_form
 from .. import _index
 from ..matmul import _PatternMM, _transposed
 from ..values import _csr_with_values
@@ -172,6 +172,16 @@ class SparseWeightLinear(nn.Module):
         self._derive()
         self.register_load_state_dict_post_hook(_after_load)
         self.reset_parameters()
+
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, *args: Any,
+                              **kwargs: Any) -> None:
+        # validate before anything is copied: a refused pattern leaves the layer as it was
+        crow, col = state_dict.get(prefix + "crow"), state_dict.get(prefix + "col")
+        if isinstance(crow, Tensor) and isinstance(col, Tensor) and (
+                crow.shape == self.crow.shape and col.shape == self.col.shape):
+            _check_csr(crow.to(torch.int64), col.to(torch.int64), col, self.out_features,
+                       self.in_features, f"{prefix}crow/{prefix}col (the loaded pattern)")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # -- the pattern's structures ------------------------------------------------
     def _derive(self) -> None:
@@ -379,12 +389,6 @@ def _kind(x: Any) -> str:
 
 
 def _after_load(module: nn.Module, incompatible: Any) -> None:
-    """A loaded pattern replaces the derived structure; it is checked first."""
+    """A loaded pattern replaces the derived structure (checked by _load_from_state_dict)."""
     # registered by SparseWeightLinear.__init__ on itself only
-    module = cast(SparseWeightLinear, module)
-    check_index_range(module.col.to(torch.int64), module.in_features, "col")
-    if module.crow.shape[0] != module.out_features + 1 or (
-            module.col.shape[0] and int(module.crow[-1]) != module.col.shape[0]):
-        raise ValueError(f"crow must hold out_features + 1 = {module.out_features + 1} "
-                         f"pointers ending at nnz = {module.col.shape[0]}")
-    module._derive()
+    cast(SparseWeightLinear, module)._derive()
