@@ -104,6 +104,10 @@ def _sampled_mm(a: Tensor, b: Tensor, crow: Tensor, col: Tensor) -> Tensor:
     """
     if col.shape[0] == 0:
         return a.new_zeros(0)
+    if a.dtype in (torch.float16, torch.bfloat16):
+        # torch's sampled product has no half-type kernel (CPU nor CUDA, torch
+        # 2.11-2.13): this one product runs in float32, returned in a's dtype
+        return _sampled_mm(a.float(), b.float(), crow, col).to(a.dtype)
     # sampled_addmm ignores the mask's values with beta=0, but they must be
     # finite (0 * NaN = NaN), hence zeros rather than empty.
     mask = _sparse_csr(crow, col, a.new_zeros(col.shape[0]), (a.shape[0], b.shape[1]))

@@ -213,3 +213,30 @@ def test_compiled_under_autocast(device, dtype):
     got = _train(twin, device, dtype, compiled=compiled)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), **LOW)
     torch._dynamo.reset()
+
+
+def test_autocast_casts_keep_a_batch_checked_once():
+    # the autocast cast of a half sparse batch must not re-validate it every step
+    from nnsparse._forms import _counts, _reset_counts
+    layer = nnsparse.SparseLinearBatch(6, 3)
+    for x in (nnsparse.sparsify(torch.tensor([[1., 0, 0, 2, 0, 0]]).bfloat16()),
+              torch.tensor([[1., 0, 0, 2, 0, 0]]).bfloat16().to_sparse_csr()):
+        _reset_counts()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            for _ in range(3):
+                layer(x)
+        assert _counts().get("validate", 0) <= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_layer_gives_input_values_their_gradient(dtype):
+    torch.manual_seed(0)
+    low = nnsparse.SparseLinearBatch(6, 3, dtype=dtype)
+    ref = nnsparse.SparseLinearBatch(6, 3)
+    ref.load_state_dict({k: v.float() for k, v in low.state_dict().items()})
+    x = torch.tensor([[1., 0, 0, 2, 0, 0], [0, 0, 3, 0, 0, 1]]).to_sparse()
+    x_low, x_ref = x.to(dtype).requires_grad_(), x.clone().requires_grad_()
+    low(x_low).float().sum().backward()
+    ref(x_ref).sum().backward()
+    torch.testing.assert_close(x_low.grad.to_dense().float(), x_ref.grad.to_dense(),
+                               rtol=1e-2, atol=1e-2)

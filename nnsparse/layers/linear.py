@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .. import _index
-from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
+from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch, move_structure
 from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
 from .._ops import SparseParts, linear_parts
 
@@ -353,7 +353,9 @@ class SparseLinearBatch(nn.Module):
                 and torch.is_autocast_enabled(input.device.type)):
             # AMP: a lower-precision sparse batch (e.g. Sparsify of an autocast
             # GEMM's output) is read in the weight's dtype, as the custom operator does.
-            input = input.to(self._table().dtype)
+            # check the user's tensor once, then the cast keeps its checked structure
+            as_sparse_batch(input, name="input", width=self.in_features)
+            input = move_structure(input, input.to(self._table().dtype))
         return _linear_table(input, self._table(), self.bias, self.mode, self.sparse_grad,
                              self._row_update)
 

@@ -46,12 +46,8 @@ class _SampledLinear(torch.autograd.Function):
                 col: Tensor, crow: Tensor, sparse_grad: bool, update: Any = None,
                 colmajor: Optional[Callable[[], Tuple[Tensor, Tensor, Tensor, Tensor]]] = None
                 ) -> Tensor:
-        if h.dtype in (torch.float16, torch.bfloat16):
-            # torch's sampled product has no half-type kernel (CPU nor CUDA, torch
-            # 2.11-2.13): this one product runs in float32, the backward's bags in h's dtype
-            values = _sampled_mm(h.float(), weight.t().float(), crow, col).to(h.dtype)
-        else:
-            values = _sampled_mm(h, weight.t(), crow, col)
+        # (half types: the sampled product runs in float32, the backward's bags in h's dtype)
+        values = _sampled_mm(h, weight.t(), crow, col)
         if bias is not None:
             values = values + bias[col]
         ctx.save_for_backward(h, weight, row, col, crow)
