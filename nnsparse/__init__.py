@@ -41,6 +41,8 @@ __all__ = [
     "sparse_parts",
 ] + layers.__all__ + criteria.__all__
 
+from . import models  # noqa: E402  (after the layers and criteria it builds on)
+
 # Last, once every module class is defined: torch.load(weights_only=True) of nnsparse modules.
 from ._serialization import register_safe_globals as _register_safe_globals  # noqa: E402
 _register_safe_globals()

@@ -146,6 +146,17 @@ def test_trainer_lr_schedule():
     assert rates == sorted(rates, reverse=True)
 
 
+def test_a_diverged_validation_epoch_is_never_the_best():
+    class NoTraining(Trainer):
+        def run_epoch(self, loader, optimizer, epoch):
+            return 0.0
+
+    t = NoTraining(torch.nn.Linear(1, 1), epochs=4, batch_size=1, lr=0.1, log=None)
+    rmses = iter([float("nan"), 1.0, 0.5, float("nan")])
+    result = t.fit(torch.eye(2).to_sparse_csr(), validate=lambda: next(rmses))
+    assert (result.best_epoch, result.best_rmse) == (3, 0.5)
+
+
 def test_batchifier_topk_candidates():
     net = torch.nn.Sequential(torch.nn.Identity())
     data = torch.tensor([[5., 1., 3., 4.], [1., 2., 3., 0.]])

@@ -21,8 +21,6 @@ import numbers
 from typing import Any, Callable, Optional
 
 import torch
-
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 

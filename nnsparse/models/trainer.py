@@ -177,7 +177,9 @@ class Trainer:
             entry: Dict[str, float] = dict(epoch=epoch, train_loss=loss)
             if validate is not None:
                 entry["valid_rmse"] = self.validation_rmse(validate)
-                if not entry["valid_rmse"] >= result.best_rmse - 1e-6 or epoch == 1:
+                rmse = entry["valid_rmse"]
+                # a diverged (NaN/inf) epoch is never the best one
+                if math.isfinite(rmse) and (best_state is None or rmse < result.best_rmse - 1e-6):
                     result.best_epoch, result.best_rmse = epoch, entry["valid_rmse"]
                     best_state = {k: v.detach().clone()
                                   for k, v in self.model.state_dict().items()}
