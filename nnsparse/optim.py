@@ -232,7 +232,8 @@ def _adam(ps: List[Tensor], gs: List[Tensor], ms: List[Tensor], vs: List[Tensor]
     beta1, beta2 = group["betas"]
     fused = _USE_FUSED and all(_rowopt.fused_ok(p) for p in ps)
     # the functional API advances the step tensors itself: hand it step - 1
-    steps = [torch.tensor(float(step - 1), device=p.device if fused else "cpu") for p in ps]
+    # (torch.full fills on the device: no host-to-device copy, so no sync on CUDA)
+    steps = [torch.full((), float(step - 1), device=p.device if fused else "cpu") for p in ps]
     _adam_functional(ps, gs, ms, vs, [], steps, foreach=False, fused=True if fused else None,
                      decoupled_weight_decay=group["decoupled_weight_decay"], amsgrad=False,
                      beta1=beta1, beta2=beta2, lr=group["lr"],
@@ -250,7 +251,7 @@ def _rows(p: Tensor, rows: Tensor, values: Tensor, m: Tensor, v: Tensor, step: i
     if not _USE_FUSED:  # the tests' switch: torch's single-tensor loop
         hp["_fused"] = False
     hp["dense_above"] = group["dense_above"]
-    state = {"step": torch.tensor(float(step - 1), device=p.device),
+    state = {"step": torch.full((), float(step - 1), device=p.device),
              "exp_avg": m, "exp_avg_sq": v}
 
     def dense_grad(lo: int, hi: int) -> Tensor:  # the gradient of rows lo:hi, zero-filled
