@@ -175,3 +175,14 @@ def test_decoder_input_rows_checked():
     x = nnsparse.sparse_parts(_batch(4, 0.3, 0, "csr"))
     with pytest.raises(ValueError, match="input must have shape \\(4, 3\\) for pattern of size"):
         nnsparse.SparseOutputLinear(3, WIDTH)(torch.randn(5, 3), x)
+
+
+@pytest.mark.parametrize("layer", ["encoder", "decoder"])
+def test_the_compile_path_refuses_the_optimiser_in_the_backward(layer):
+    x = torch.tensor([[1., 0, 0, 2], [0, 3, 0, 0]]).to_sparse_csr()
+    parts = nnsparse.sparse_parts(x)
+    module = (nnsparse.SparseLinearBatch(4, 3) if layer == "encoder"
+              else nnsparse.SparseOutputLinear(3, 4))
+    nnsparse.optim.apply_optimizer_in_backward(module, "sgd", lr=0.1)
+    with pytest.raises(NotImplementedError, match="does not run on the torch.compile input path"):
+        module(parts) if layer == "encoder" else module(torch.randn(2, 3), parts)

@@ -214,6 +214,15 @@ _NOT_COLUMN_MAJOR = (
     "weight: copy values in with `with torch.no_grad(): layer.weight.copy_(w)` instead")
 
 
+def _refuse_update_on_parts(update: Any) -> None:
+    """The compile input path (SparseParts) has no optimiser in the backward."""
+    if update is not None:
+        raise NotImplementedError(
+            f"{update.name}: the optimiser in the backward does not run on the "
+            f"torch.compile input path (SparseParts); use torch.optim or "
+            f"nnsparse.make_optimizer with a compiled model")
+
+
 def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_grad: Any) -> None:
     """The constructor arguments the sparse linear layers share: sizes and flags."""
     for arg, value in (("in_features", in_features), ("out_features", out_features)):
@@ -342,11 +351,7 @@ class SparseLinearBatch(nn.Module):
         if isinstance(input, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): plain tensors
             # through the custom operators of nnsparse/_ops.py, no validation.
-            if self._row_update is not None:
-                raise NotImplementedError(
-                    f"{self._row_update.name}: the optimiser in the backward does not run on the "
-                    f"torch.compile input path (SparseParts); use torch.optim or "
-                    f"nnsparse.make_optimizer with a compiled model")
+            _refuse_update_on_parts(self._row_update)
             return linear_parts(input, self._table(), self.bias, self.mode, self.sparse_grad)
         if (isinstance(input, Tensor) and input.layout != torch.strided
                 and input.dtype != self._table().dtype and input.dtype.is_floating_point

@@ -26,7 +26,7 @@ from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
-from .linear import _check_layer_args
+from .linear import _check_layer_args, _refuse_update_on_parts
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
@@ -315,11 +315,7 @@ class SparseOutputLinear(nn.Linear):
         if isinstance(pattern, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): a custom operator
             # over plain tensors; returns a SparseParts with pattern's entries.
-            if self._row_update is not None:
-                raise NotImplementedError(
-                    f"{self._row_update.name}: the optimiser in the backward does not run on the "
-                    f"torch.compile input path (SparseParts); use torch.optim or "
-                    f"nnsparse.make_optimizer with a compiled model")
+            _refuse_update_on_parts(self._row_update)
             return sampled_parts(input, self.weight, self.bias, pattern, self.sparse_grad)
         if (pattern is not None and isinstance(input, Tensor) and input.dtype != self.weight.dtype
                 and torch.is_autocast_enabled(input.device.type)):
