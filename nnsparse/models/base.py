@@ -11,8 +11,13 @@ a mean fallback (counted), never from the network's output on an empty row.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
+import os
+import pickle
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type, Union, cast
 
 import torch
@@ -20,6 +25,7 @@ from torch import Tensor, nn
 
 from .._index import coo_tensor
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset, split_ratings
+from ..data.readers import check_ratings
 from .. import distributed as nd
 from .trainer import DistributedTrainer, Trainer, TrainResult
 
@@ -150,19 +156,32 @@ class RatingModel(nn.Module):
         if h["orientation"] not in ("item", "user"):
             raise ValueError(f"orientation must be 'item' or 'user', got {h['orientation']!r}")
         for key in ("epochs", "batch_size"):
-            if not isinstance(h[key], int) or isinstance(h[key], bool) or h[key] < 1:
-                raise ValueError(f"{key} must be an int >= 1, got {h[key]!r}")
+            _check_int(key, h[key], 1)
+        _check_int("patience", h["patience"], 0)
+        if not isinstance(h["seed"], int) or isinstance(h["seed"], bool):
+            raise TypeError(f"seed must be an int, got {type(h['seed']).__name__}")
+        for key in ("refit", "dense_decoder"):
+            if not isinstance(h[key], bool):
+                raise TypeError(f"{key} must be a bool, got {type(h[key]).__name__}")
+        for key, value in h.items():
+            if key in ("lr", "weight_decay", "validation_ratio", "min_lr_ratio") or \
+                    key.startswith("l2") or key in ("alpha", "beta", "hide_ratio"):
+                _check_number(key, value)
         if not h["lr"] > 0:
             raise ValueError(f"lr must be positive, got {h['lr']!r}")
         if not h["weight_decay"] >= 0:
             raise ValueError(f"weight_decay must be non-negative, got {h['weight_decay']!r}")
         if not 0 <= h["validation_ratio"] < 1:
             raise ValueError(f"validation_ratio must be in [0, 1), got {h['validation_ratio']!r}")
+        if not 0 <= h["min_lr_ratio"] <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {h['min_lr_ratio']!r}")
         for key, value in h.items():
-            if key in ("hidden", "layers", "dim") and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{key} must be an int >= 1, got {value!r}")
-            if key.startswith("l2") and not value >= 0:
+            if key in ("hidden", "layers", "dim"):
+                _check_int(key, value, 1)
+            if (key.startswith("l2") or key in ("alpha", "beta")) and not value >= 0:
                 raise ValueError(f"{key} must be non-negative, got {value!r}")
+            if key == "hide_ratio" and not 0 <= value < 1:
+                raise ValueError(f"hide_ratio must be in [0, 1), got {value!r}")
 
     def extra_repr(self) -> str:
         own = {k: v for k, v in self.hparams.items() if k in self.DEFAULTS}
@@ -327,6 +346,9 @@ class RatingModel(nn.Module):
             ValueError: empty ``train``; ``validation`` with other id maps;
                 ``features`` with a wrong number of rows.
         """
+        check_ratings(train, "train")
+        if validation is not None:
+            check_ratings(validation, "validation")
         if len(train) == 0:
             raise ValueError("train holds no ratings")
         h, device = self.hparams, torch.device(device)
@@ -413,10 +435,13 @@ class RatingModel(nn.Module):
             ``return_counts``, ``(prediction, counts)``.
         """
         self._check_built()
-        users, items = torch.as_tensor(users).long().cpu(), torch.as_tensor(items).long().cpu()
+        users, items = _index_tensor(users, "users"), _index_tensor(items, "items")
         if users.shape != items.shape or users.dim() != 1:
             raise ValueError(f"users and items must be 1-D of one length, got "
                              f"{tuple(users.shape)} and {tuple(items.shape)}")
+        for name, index in (("users", users), ("items", items)):
+            if index.numel() and int(index.min()) < 0:
+                raise ValueError(f"{name} must be non-negative, got min {int(index.min())}")
         pred, counts = self.fallback(users, items)
         u_ok, i_ok = self._known(users, items)
         known = u_ok & i_ok
@@ -458,10 +483,12 @@ class RatingModel(nn.Module):
 
     def predict(self, ratings: Ratings) -> Tensor:
         """Predicted ratings of every entry of ``ratings`` (its maps = the training maps)."""
+        check_ratings(ratings, "ratings")
         return self.predict_entries(ratings.user, ratings.item)
 
     def evaluate(self, ratings: Ratings) -> Dict[str, float]:
         """``{"rmse", "mae", "count", "fallback"}`` of the predictions of ``ratings``."""
+        check_ratings(ratings, "ratings")
         pred, counts = self.predict_entries(ratings.user, ratings.item, return_counts=True)
         errors = RatingErrors()
         errors.update(pred, ratings.rating.to(torch.float32).cpu())
@@ -499,12 +526,29 @@ class RatingModel(nn.Module):
             ValueError: negative ``k``, ``min_support`` or ``shrinkage``.
         """
         self._check_built()
-        if not isinstance(k, int) or k < 0:
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
-        if min_support < 0 or shrinkage < 0:
-            raise ValueError(f"min_support and shrinkage must be non-negative, got "
-                             f"{min_support} and {shrinkage}")
-        index = self.user_index(user) if not by_index else int(user)
+        if not isinstance(min_support, numbers.Integral) or isinstance(min_support, bool):
+            raise TypeError(f"min_support must be an int, got {type(min_support).__name__}")
+        _check_number("shrinkage", shrinkage)
+        if min_support < 0:
+            raise ValueError(f"min_support must be non-negative, got {min_support}")
+        if not shrinkage >= 0:
+            raise ValueError(f"shrinkage must be non-negative, got {shrinkage}")
+        if by_index:
+            try:
+                if isinstance(user, bool):
+                    raise TypeError
+                user = operator.index(user)
+            except TypeError:
+                raise TypeError(f"user must be an int index with by_index=True, got "
+                                f"{type(user).__name__}") from None
+            n_users = self.user_count.shape[0]
+            if not 0 <= user < n_users:
+                raise ValueError(f"user index must be in [0, {n_users}), got {user}")
+            index = user
+        else:
+            index = self.user_index(user)
         n_items = self.item_count.shape[0]
         items = torch.arange(n_items)
         pred = self.predict_entries(torch.full((n_items,), index), items)
@@ -540,6 +584,7 @@ class RatingModel(nn.Module):
         no other argument, and ``torch.load(path, weights_only=True)`` reads the file.
         """
         self._check_built()
+        _path_to_write(path)
         norm = self._norm
         t = self._train
         state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
@@ -555,7 +600,16 @@ class RatingModel(nn.Module):
     @classmethod
     def load(cls, path: Any, device: Union[str, torch.device] = "cpu") -> "RatingModel":
         """A model saved by :meth:`save`, ready to predict (``weights_only`` loading)."""
-        blob = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(path, (str, os.PathLike)):
+            if Path(path).is_dir():
+                raise ValueError(f"path must be a model file, got {path}, which is a directory")
+            if not Path(path).exists():
+                raise FileNotFoundError(f"path: no file at {path}")
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+        except (KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+            raise ValueError(f"{path} is not a model saved by nnsparse.models "
+                             f"(RatingModel.save): {type(e).__name__}: {e}") from e
         if not isinstance(blob, dict) or blob.get("format") != _FILE_FORMAT:
             raise ValueError(f"{path} is not a model saved by nnsparse.models "
                              f"(RatingModel.save)")
@@ -578,6 +632,40 @@ class RatingModel(nn.Module):
         model.best_epoch = blob["best_epoch"]
         model.to(device).eval()
         return model
+
+
+def _index_tensor(value: Any, name: str) -> Tensor:
+    """``value`` as an int64 CPU tensor; ``TypeError`` unless it holds integers."""
+    try:
+        index = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be an integer tensor (or a list of ints), got "
+                        f"{type(value).__name__}") from None
+    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {index.dtype}")
+    return index.long().cpu()
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    """``ValueError`` unless ``value`` is an int (not a bool) ``>= low``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _check_number(name: str, value: Any) -> None:
+    """``TypeError`` unless ``value`` is a real number (not a bool, str or tensor)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+
+
+def _path_to_write(path: Any) -> None:
+    """``ValueError`` for a path ``torch.save`` cannot write: a directory, a missing parent."""
+    if isinstance(path, (str, os.PathLike)):
+        p = Path(path)
+        if p.is_dir():
+            raise ValueError(f"path must be a file to write, got {p}, which is a directory")
+        if not p.parent.is_dir():
+            raise ValueError(f"path: no directory {p.parent} to write {p.name} in")
 
 
 def _as_int(text: Any) -> Any:
