@@ -11,6 +11,7 @@ the models' ``fit`` whenever a process group is initialised (``torchrun``).
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 import time
 from dataclasses import dataclass, field
@@ -84,6 +85,28 @@ class Trainer:
                  device: torch.device = torch.device("cpu"), seed: int = 0,
                  progress: Optional[bool] = None,
                  log: Optional[Callable[[str], None]] = print) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be an nn.Module (a RatingModel), got "
+                            f"{type(model).__name__}")
+        for name, value, low in (("epochs", epochs, 1), ("batch_size", batch_size, 1),
+                                 ("patience", patience, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        for name, value in (("lr", lr), ("min_lr_ratio", min_lr_ratio),
+                            ("weight_decay", weight_decay)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{name} must be a real number, got {type(value).__name__} "
+                                f"{value!r}")
+        if not lr > 0:
+            raise ValueError(f"lr must be positive, got {lr!r}")
+        if not 0 <= min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio!r}")
+        if not weight_decay >= 0:
+            raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        if log is not None and not callable(log):
+            raise TypeError(f"log must be callable or None, got {type(log).__name__}")
         self.model = model
         self.epochs, self.batch_size, self.lr = int(epochs), int(batch_size), float(lr)
         self.min_lr_ratio, self.patience = float(min_lr_ratio), int(patience)
@@ -167,6 +190,16 @@ class Trainer:
         best epoch's weights are restored at the end and training stops after
         ``patience`` epochs without improvement.
         """
+        if not isinstance(x_train, Tensor) or x_train.layout not in (torch.sparse_csr,
+                                                                     torch.sparse_coo):
+            got = x_train.layout if isinstance(x_train, Tensor) else type(x_train).__name__
+            raise TypeError(f"x_train must be a sparse CSR or COO tensor (rows, width), "
+                            f"got {got}")
+        if validate is not None and not callable(validate):
+            raise TypeError(f"validate must be callable or None, got {type(validate).__name__}")
+        if epochs is not None and (not isinstance(epochs, int) or isinstance(epochs, bool)
+                                   or epochs < 1):
+            raise ValueError(f"epochs must be None or an int >= 1, got {epochs!r}")
         run_for = self.epochs if epochs is None else int(epochs)
         loader = self.make_loader(SparseRowDataset(x_train))
         optimizer = self.make_optimizer()
