@@ -288,13 +288,10 @@ CASES += [
          r"dynamic must be a bool, got str"),
     Case("SparseParts-size-1", lambda: nnsparse.SparseLinearBatch(3, 2)(
         nnsparse.SparseParts(torch.tensor([0, 1]), torch.tensor([0]), torch.ones(1), (1,))),
-         ValueError, r"size must be \(rows, width\), got \(1,\)"),
-    Case("SparseParts-lengths", lambda: nnsparse.SparseLinearBatch(3, 2)(
-        nnsparse.SparseParts(torch.tensor([0, 1, 2]), torch.tensor([0]), torch.ones(1), (2, 3))),
-         ValueError, r"(crow|col|values).*(2|1)"),
+         ValueError, r"input.size must be \(rows, width\), two non-negative ints, got \(1,\)"),
     Case("SparseParts-values-len", lambda: nnsparse.SparseLinearBatch(3, 2)(
         nnsparse.SparseParts(torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.ones(3), (2, 3))),
-         ValueError, r"values.*3.*2"),
+         ValueError, r"input.values must hold one value per column index, got 3 values for 2"),
     Case("SparseParts-crow-rows", lambda: nnsparse.SparseLinearBatch(3, 2)(
         nnsparse.SparseParts(torch.tensor([0, 2]), torch.tensor([0, 1]), torch.ones(2), (2, 3))),
          ValueError, r"crow.*3.*2"),
@@ -303,7 +300,7 @@ CASES += [
          ValueError, r"(in_features|width).*3.*5|5.*3"),
     Case("SparseParts-dense-crow", lambda: nnsparse.SparseLinearBatch(3, 2)(
         nnsparse.SparseParts([0, 1], torch.tensor([0]), torch.ones(1), (1, 3))),
-         TypeError, r"crow must be a (Tensor|tensor)"),
+         TypeError, r"input.crow must be a Tensor, got list"),
     Case("SparseParts.with_values-len", lambda: nnsparse.sparse_parts(_X()).with_values(torch.ones(5)),
          ValueError, r"values must have shape \(3,\).*got \(5,\)"),
     Case("SparseParts.with_values-type", lambda: nnsparse.sparse_parts(_X()).with_values([1, 2, 3]),
