@@ -314,6 +314,8 @@ CASES += [
          TypeError, r"lr must be a (real )?number, got str"),
     Case("make_optimizer-lr-neg", lambda: nnsparse.make_optimizer(nn.Linear(2, 2), lr=-1.0),
          ValueError, r"lr must be non-negative, got -1.0"),
+    Case("sparse_grad_parameters-non-module", lambda: nnsparse.sparse_grad_parameters("m"),
+         TypeError, r"model must be an nn.Module, got str"),
     Case("make_optimizer-lr-str-sparse", lambda: nnsparse.make_optimizer(
         nnsparse.SparseLinearBatch(3, 2, sparse_grad=True), lr="x"),
          TypeError, r"lr must be a (real )?number, got str"),
@@ -323,7 +325,7 @@ CASES += [
          ValueError, r"dense must be one of .*got 'sgd'"),
     Case("make_optimizer-betas", lambda: nnsparse.make_optimizer(
         nnsparse.SparseLinearBatch(3, 2, sparse_grad=True), betas=(0.9,)),
-         ValueError, r"betas must be a pair"),
+         TypeError, r"betas must be a pair \(beta1, beta2\), got \(0.9,\)"),
     Case("make_optimizer-weight_decay-neg", lambda: nnsparse.make_optimizer(
         nnsparse.SparseLinearBatch(3, 2, sparse_grad=True), weight_decay=-1.0),
          ValueError, r"weight_decay must be non-negative"),
@@ -367,11 +369,13 @@ CASES += [
         nnsparse.SparseLinearBatch(3, 2), "sgd", lr=0.1, momentum=-1.0), ValueError, r"momentum"),
     # PatternSequential
     Case("PatternSequential-int", lambda: nnsparse.PatternSequential(3), TypeError,
-         r"(PatternSequential|module).*int"),
+         r"PatternSequential takes nn.Module items, got int 3"),
     Case("PatternSequential-function", lambda: nnsparse.PatternSequential(torch.tanh), TypeError,
-         r"(PatternSequential|module).*builtin_function_or_method"),
+         r"PatternSequential takes nn.Module items, got builtin_function_or_method"),
     Case("PatternSequential-append", lambda: nnsparse.PatternSequential(nn.ReLU()).append("x"),
-         TypeError, r"module.*str"),
+         TypeError, r"PatternSequential takes nn.Module items, got str 'x'"),
+    Case("PatternSequential-insert", lambda: nnsparse.PatternSequential(nn.ReLU()).insert(0, "x"),
+         TypeError, r"PatternSequential takes nn.Module items, got str 'x'"),
     # distributed helpers
     Case("loader-batch_size-0", lambda: nd.loader(SparseRowDataset(_X()), 0), ValueError,
          r"batch_size must be a positive int, got 0"),
