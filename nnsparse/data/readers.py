@@ -587,6 +587,22 @@ def _feature_file(path: PathLike, what: str) -> Path:
     return path
 
 
+def _check_map(mapping: Any, name: str) -> None:
+    """``TypeError`` unless ``mapping`` is a dict id -> index; ``ValueError`` for bad indices."""
+    if not isinstance(mapping, dict):
+        hint = f" (pass ratings.{name})" if isinstance(mapping, Ratings) else ""
+        raise TypeError(f"{name} must be a dict of original id -> index, got "
+                        f"{type(mapping).__name__}{hint}")
+    n = len(mapping)
+    for original, index in mapping.items():
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+            raise TypeError(f"{name} must map ids to int indices, got "
+                            f"{type(index).__name__} for id {original!r}")
+        if not 0 <= index < n:
+            raise ValueError(f"{name} indices must be in [0, {n}) (one per id), got "
+                             f"{index} for id {original!r}")
+
+
 def _rows(mapping: Dict[Any, int], table: Dict[Any, List[float]], width: int) -> Tensor:
     """One feature row per index of ``mapping``; ids the file lacks get zeros."""
     out = torch.zeros(len(mapping), width)
@@ -634,6 +650,7 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
                 [0., 0., 0.]])
     """
     path = _feature_file(path, "item features")
+    _check_map(item_map, "item_map")
     table: Dict[Any, List[float]] = {}
     if format == "ml-100k":
         for number, parts in _lines(path, "|"):
@@ -709,6 +726,7 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
         (torch.Size([2, 10]), [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0])
     """
     path = _feature_file(path, "user features")
+    _check_map(user_map, "user_map")
     if format not in _USER_FILES:
         raise ValueError(f"format must be 'ml-100k' or 'ml-1m' for user features, got {format!r}")
     sep, (g_at, a_at, o_at) = ("|", (2, 1, 3)) if format == "ml-100k" else ("::", (1, 2, 3))
@@ -721,6 +739,8 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
             key, age = int(parts[0]), int(parts[a_at])
         except ValueError:
             raise ValueError(f"{path}, line {number}: the id and the age must be integers") from None
+        if age < 0:
+            raise ValueError(f"{path}, line {number}: the age must be non-negative, got {age}")
         parsed.append((key, parts[g_at].strip().upper() == "F", age, parts[o_at]))
     occupations = sorted({p[3] for p in parsed})
     column = {o: j for j, o in enumerate(occupations)}
