@@ -50,6 +50,13 @@ def fitted() -> AutoRec:
 _TMP = tempfile.mkdtemp(prefix="nnsparse-bad-")
 
 
+@functools.lru_cache(maxsize=None)
+def _saved() -> str:
+    path = os.path.join(_TMP, "model.pt")
+    fitted().save(path)
+    return path
+
+
 def _text_file(name: str, text: str) -> str:
     path = os.path.join(_TMP, name)
     with open(path, "w") as f:
@@ -165,7 +172,34 @@ CASES += [
     Case("CFN-fit-features-type", lambda: CFN(**SMALL).fit(ratings(), features=[[1.0]]),
          TypeError, r"features must be a .*[Tt]ensor"),
     Case("fit-device-bad", lambda: AutoRec(**SMALL).fit(ratings(), device="gpu0"),
-         (ValueError, RuntimeError), r"device"),
+         ValueError, r"device must be a torch.device or a name such as 'cpu'.*got 'gpu0'"),
+    Case("fit-device-type", lambda: AutoRec(**SMALL).fit(ratings(), device=[0]),
+         TypeError, r"device must be a torch.device.*got list"),
+    Case("fit-progress-str", lambda: AutoRec(**SMALL).fit(ratings(), progress="yes"),
+         TypeError, r"progress must be None or a bool, got str"),
+    Case("fit-verbose-str", lambda: AutoRec(**SMALL).fit(ratings(), verbose="no"),
+         TypeError, r"verbose must be a bool, got str"),
+    Case("CFN-fit-features-3d", lambda: CFN(**SMALL).fit(ratings(), features=torch.ones(20, 2, 1)),
+         ValueError, r"features must be a 2-D tensor \(rows, features\), got shape \(20, 2, 1\)"),
+    Case("CFN-fit-features-nan", lambda: CFN(**SMALL).fit(
+        ratings(), features=torch.full((20, 2), float("nan"))),
+         ValueError, r"features must be finite, got NaN or infinite values"),
+    Case("CFN-fit-features-user-rows", lambda: CFN(**SMALL, orientation="user").fit(
+        ratings(), features=torch.ones(20, 2)),
+         ValueError, r"features must have 30 rows"),
+    Case("evaluate-other-maps", lambda: fitted().evaluate(
+        Ratings.from_triples(["a", "b"], ["x", "y"], [3.0, 4.0])),
+         ValueError, r"ratings must index users as the training ratings do"),
+    Case("predict-other-maps", lambda: fitted().predict(
+        Ratings.from_triples(["a", "b"], ["x", "y"], [3.0, 4.0])),
+         ValueError, r"ratings must index users as the training ratings do"),
+    Case("recommend-exclude_rated-str",
+         lambda: fitted().recommend(0, exclude_rated="no", by_index=True), TypeError,
+         r"exclude_rated must be a bool, got str"),
+    Case("load-device-bad", lambda: RatingModel.load(_saved(), device="gpux"), ValueError,
+         r"device must be a torch.device.*got 'gpux'"),
+    Case("load-as-other-model", lambda: CFN.load(_saved()), ValueError,
+         r"holds a AutoRec, not a CFN"),
     # fitted model
     Case("recommend-unknown-user", lambda: fitted().recommend("nobody"), KeyError,
          r"user 'nobody' is not in the training data"),
@@ -475,6 +509,29 @@ def run_case(case: Case) -> str:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input(case):
     assert run_case(case) == "ok"
+
+
+def test_maps_check_lets_good_parts_through():
+    """A part sharing the training maps, or an equal copy of them (after load), is read."""
+    train, test = next(kfold(ratings(), k=3))
+    model = AutoRec(**SMALL).fit(train, verbose=False, progress=False)
+    assert model.evaluate(test)["count"] == len(test)
+    loaded = RatingModel.load(_saved())
+    assert loaded._train.user_map is not ratings().user_map
+    assert torch.allclose(loaded.predict(ratings()), fitted().predict(ratings()))
+
+
+def test_failed_calls_keep_the_model():
+    """A refused call leaves a fitted model as it was (validate before mutate)."""
+    model = AutoRec(**SMALL).fit(ratings(), verbose=False, progress=False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for call in (lambda: model.fit(ratings(), device="gpu0"),
+                 lambda: model.fit(ratings(), progress="yes"),
+                 lambda: model.fit(torch.ones(2))):
+        with pytest.raises((TypeError, ValueError)):
+            call()
+    assert model.verbose is False and model._train is not None
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 if __name__ == "__main__":  # the tally for reports

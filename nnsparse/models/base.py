@@ -78,13 +78,21 @@ def _concat(a: Ratings, b: Ratings) -> Ratings:
 def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optional[Tensor]:
     if features is None:
         return None
-    if not isinstance(features, Tensor) or features.dim() != 2:
+    if not isinstance(features, Tensor):
         raise TypeError(f"{name} must be a 2-D tensor (rows, features), got "
-                        f"{type(features).__name__ if not isinstance(features, Tensor) else tuple(features.shape)}")
+                        f"{type(features).__name__}")
+    if features.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D tensor (rows, features), got shape "
+                         f"{tuple(features.shape)}")
     if features.shape[0] != rows:
         raise ValueError(f"{name} must have {rows} rows (one per index of the maps), "
                          f"got {features.shape[0]}")
-    return features.to(torch.float32)
+    if features.is_complex():
+        raise TypeError(f"{name} must be real, got {features.dtype}")
+    features = features.to(torch.float32)
+    if not bool(torch.isfinite(features).all()):
+        raise ValueError(f"{name} must be finite, got NaN or infinite values")
+    return features
 
 
 class _Criterion(Protocol):
@@ -351,7 +359,11 @@ class RatingModel(nn.Module):
             check_ratings(validation, "validation")
         if len(train) == 0:
             raise ValueError("train holds no ratings")
-        h, device = self.hparams, torch.device(device)
+        if progress is not None and not isinstance(progress, bool):
+            raise TypeError(f"progress must be None or a bool, got {type(progress).__name__}")
+        if not isinstance(verbose, bool):
+            raise TypeError(f"verbose must be a bool, got {type(verbose).__name__}")
+        h, device = self.hparams, _as_device(device)
         self.verbose = verbose
         rows = train.n_items if h["orientation"] == "item" else train.n_users
         features = _check_features(features, rows, "features")
@@ -481,14 +493,32 @@ class RatingModel(nn.Module):
         self.train(was_training)
         return out
 
+    def _check_maps(self, ratings: Ratings, name: str) -> None:
+        """``ValueError`` unless ``ratings``' ids index as in training (extra ids may follow)."""
+        train = self._train
+        for what, mapping, ids in (("user", ratings.user_map, self.user_ids_),
+                                   ("item", ratings.item_map, self.item_ids_)):
+            if mapping is getattr(train, f"{what}_map"):
+                continue
+            for index, key in enumerate(ids):
+                if mapping.get(key) != index:
+                    raise ValueError(
+                        f"{name} must index {what}s as the training ratings do ({what} "
+                        f"{key!r} is {what} {index} there, {mapping.get(key)!r} here); read "
+                        f"it with read_split or split it from the training ratings")
+
     def predict(self, ratings: Ratings) -> Tensor:
         """Predicted ratings of every entry of ``ratings`` (its maps = the training maps)."""
         check_ratings(ratings, "ratings")
+        self._check_built()
+        self._check_maps(ratings, "ratings")
         return self.predict_entries(ratings.user, ratings.item)
 
     def evaluate(self, ratings: Ratings) -> Dict[str, float]:
         """``{"rmse", "mae", "count", "fallback"}`` of the predictions of ``ratings``."""
         check_ratings(ratings, "ratings")
+        self._check_built()
+        self._check_maps(ratings, "ratings")
         pred, counts = self.predict_entries(ratings.user, ratings.item, return_counts=True)
         errors = RatingErrors()
         errors.update(pred, ratings.rating.to(torch.float32).cpu())
@@ -531,6 +561,9 @@ class RatingModel(nn.Module):
         if not isinstance(min_support, numbers.Integral) or isinstance(min_support, bool):
             raise TypeError(f"min_support must be an int, got {type(min_support).__name__}")
         _check_number("shrinkage", shrinkage)
+        for flag, value in (("exclude_rated", exclude_rated), ("by_index", by_index)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
         if min_support < 0:
             raise ValueError(f"min_support must be non-negative, got {min_support}")
         if not shrinkage >= 0:
@@ -600,6 +633,7 @@ class RatingModel(nn.Module):
     @classmethod
     def load(cls, path: Any, device: Union[str, torch.device] = "cpu") -> "RatingModel":
         """A model saved by :meth:`save`, ready to predict (``weights_only`` loading)."""
+        device = _as_device(device)
         if isinstance(path, (str, os.PathLike)):
             if Path(path).is_dir():
                 raise ValueError(f"path must be a model file, got {path}, which is a directory")
@@ -644,6 +678,18 @@ def _index_tensor(value: Any, name: str) -> Tensor:
     if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor, got {index.dtype}")
     return index.long().cpu()
+
+
+def _as_device(device: Any) -> torch.device:
+    """``device`` as a ``torch.device``, or an error that names the argument."""
+    if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
+        raise TypeError(f"device must be a torch.device or a name such as 'cpu' or 'cuda:0', "
+                        f"got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                         f"'cuda:0', got {device!r}") from None
 
 
 def _check_int(name: str, value: Any, low: int) -> None:

@@ -92,11 +92,11 @@ class Trainer:
                                  ("patience", patience, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        for name, value in (("lr", lr), ("min_lr_ratio", min_lr_ratio),
-                            ("weight_decay", weight_decay)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise TypeError(f"{name} must be a real number, got {type(value).__name__} "
-                                f"{value!r}")
+        for name, number in (("lr", lr), ("min_lr_ratio", min_lr_ratio),
+                             ("weight_decay", weight_decay)):
+            if isinstance(number, bool) or not isinstance(number, numbers.Real):
+                raise TypeError(f"{name} must be a real number, got {type(number).__name__} "
+                                f"{number!r}")
         if not lr > 0:
             raise ValueError(f"lr must be positive, got {lr!r}")
         if not 0 <= min_lr_ratio <= 1:
@@ -107,7 +107,7 @@ class Trainer:
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         if log is not None and not callable(log):
             raise TypeError(f"log must be callable or None, got {type(log).__name__}")
-        self.model = model
+        self.model: Any = model  # a RatingModel, or any module with batch_loss
         self.epochs, self.batch_size, self.lr = int(epochs), int(batch_size), float(lr)
         self.min_lr_ratio, self.patience = float(min_lr_ratio), int(patience)
         self.weight_decay = float(weight_decay)
