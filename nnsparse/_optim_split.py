@@ -169,6 +169,9 @@ class SplitOptimizer(Optimizer):
         return {name: opt.state_dict() for name, opt in self.optimizers.items()}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict must be a dict of part name -> state, got "
+                            f"{type(state_dict).__name__}")
         if set(state_dict) != set(self.optimizers):
             raise ValueError(f"state_dict must have the parts {sorted(self.optimizers)}, "
                              f"got {sorted(state_dict)}")

@@ -189,6 +189,11 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    for flag, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise TypeError(f"dataset must be a map-style dataset (with __len__ and "
                         f"__getitem__), got {type(dataset).__name__}")

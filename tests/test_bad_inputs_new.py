@@ -401,6 +401,29 @@ CASES += [
          r"(SparseLinearBatch|sparse layer)"),
     Case("in_backward-momentum-neg", lambda: apply_optimizer_in_backward(
         nnsparse.SparseLinearBatch(3, 2), "sgd", lr=0.1, momentum=-1.0), ValueError, r"momentum"),
+    Case("in_backward-betas-float", lambda: apply_optimizer_in_backward(
+        nnsparse.SparseLinearBatch(3, 2), betas=0.9), TypeError,
+         r"betas must be a pair \(beta1, beta2\), got 0.9"),
+    Case("fused_step-betas-1", lambda: fused_step_optimizer(nnsparse.SparseLinearBatch(3, 2),
+                                                            betas=(1.0, 0.9)),
+         ValueError, r"betas must be in \[0, 1\)"),
+    Case("in_backward-twice", lambda: (lambda m: [apply_optimizer_in_backward(m),
+                                                  apply_optimizer_in_backward(m)])(
+        nnsparse.SparseLinearBatch(3, 2)),
+         ValueError, r"already has an optimiser in the backward"),
+    Case("SplitOptimizer.load_state_dict-list", lambda: nnsparse.make_optimizer(
+        nn.Sequential(nnsparse.SparseLinearBatch(3, 2, sparse_grad=True), nn.Linear(2, 2))
+    ).load_state_dict([1]), TypeError, r"state_dict must be a dict of part name -> state, got list"),
+    Case("SplitOptimizer.load_state_dict-parts", lambda: nnsparse.make_optimizer(
+        nn.Sequential(nnsparse.SparseLinearBatch(3, 2, sparse_grad=True), nn.Linear(2, 2))
+    ).load_state_dict({"x": 1}), ValueError, r"state_dict must have the parts \['dense', 'sparse'\]"),
+    Case("PatternSequential-pattern-str", lambda: nnsparse.PatternSequential(
+        nnsparse.SparseLinearBatch(3, 4), nnsparse.SparseOutputLinear(4, 3))(_X(), "x"),
+         TypeError, r"pattern must be a sparse tensor"),
+    Case("topk-exclude-str", lambda: _batchifier().topk(_X(), 2, exclude="yes"), TypeError,
+         r"exclude must be None, a bool or a sparse matrix"),
+    Case("topk-data-str", lambda: _batchifier().topk("x", 2), TypeError,
+         r"data must be a sparse matrix, a list of sparse rows, a dense tensor or a Dataset"),
     # PatternSequential
     Case("PatternSequential-int", lambda: nnsparse.PatternSequential(3), TypeError,
          r"PatternSequential takes nn.Module items, got int 3"),
@@ -417,6 +440,12 @@ CASES += [
          r"batch_size must be a positive int, got '2'"),
     Case("loader-not-dataset", lambda: nd.loader(3, 2), TypeError,
          r"dataset must be a map-style dataset.*got int"),
+    Case("loader-seed-str", lambda: nd.loader(SparseRowDataset(_X()), 1, seed="x"), TypeError,
+         r"seed must be an int, got str"),
+    Case("loader-shuffle-str", lambda: nd.loader(SparseRowDataset(_X()), 1, shuffle="x"),
+         TypeError, r"shuffle must be a bool, got str"),
+    Case("init_from_env-backend", lambda: nd.init_from_env(backend="foo"), ValueError,
+         r"backend must be 'gloo' or 'nccl', got 'foo'"),
     Case("wrap-non-module", lambda: nd.wrap("x"), TypeError, r"model must be an nn.Module, got str"),
     Case("unwrap-non-module", lambda: nd.unwrap(3), TypeError, r"model must be an nn.Module, got int"),
     Case("save-non-path", lambda: nd.save({}, 3), TypeError, r"path must be a str or os.PathLike"),
