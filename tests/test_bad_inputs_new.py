@@ -23,7 +23,7 @@ from nnsparse import distributed as nd
 from nnsparse.data import (Ratings, SparseRowDataset, read_item_features, read_user_features,
                            synthetic_item_features, synthetic_ratings)
 from nnsparse.models import (CFN, AutoRec, KernelNet, RatingModel, Trainer, DistributedTrainer,
-                             cross_validate, fold_files, kfold)
+                             cross_validate, fold_files, kfold, register)
 from nnsparse.optim import apply_optimizer_in_backward, fused_step_optimizer
 
 
@@ -200,6 +200,17 @@ CASES += [
          r"device must be a torch.device.*got 'gpux'"),
     Case("load-as-other-model", lambda: CFN.load(_saved()), ValueError,
          r"holds a AutoRec, not a CFN"),
+    Case("fit-one-value", lambda: AutoRec(hidden=2, epochs=1).fit(
+        Ratings.from_triples([1, 2], [1, 2], [3.0, 3.0]), verbose=False, progress=False),
+         ValueError, r"train: every rating is 3.0; .*needs two distinct values"),
+    Case("register-int", lambda: register(3), TypeError,
+         r"register takes a RatingModel subclass, got int"),
+    Case("register-module", lambda: register(nn.Linear), TypeError,
+         r"register takes a RatingModel subclass, got Linear"),
+    Case("register-no-name", lambda: register(type("Mine", (RatingModel,), {})), ValueError,
+         r"Mine must set its own name.*inherits 'base'"),
+    Case("register-taken", lambda: register(type("Mine", (RatingModel,), {"name": "autorec"})),
+         ValueError, r"name 'autorec' is taken by AutoRec"),
     # fitted model
     Case("recommend-unknown-user", lambda: fitted().recommend("nobody"), KeyError,
          r"user 'nobody' is not in the training data"),

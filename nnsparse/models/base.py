@@ -44,6 +44,16 @@ _COMMON: Dict[str, Any] = dict(orientation="item", epochs=100, batch_size=64, lr
 
 def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
     """Class decorator: make the model loadable by name."""
+    if not (isinstance(cls, type) and issubclass(cls, RatingModel)):
+        raise TypeError(f"register takes a RatingModel subclass, got "
+                        f"{cls.__name__ if isinstance(cls, type) else type(cls).__name__}")
+    if "name" not in cls.__dict__:
+        raise ValueError(f"{cls.__name__} must set its own name (the key load() reads), "
+                         f"it inherits {cls.name!r}")
+    known = MODELS.get(cls.name)
+    if known is not None and known.__qualname__ != cls.__qualname__:
+        raise ValueError(f"name {cls.name!r} is taken by {known.__name__}; give "
+                         f"{cls.__name__} another name")
     MODELS[cls.name] = cls
     return cls
 
@@ -376,8 +386,16 @@ class RatingModel(nn.Module):
         if validation is not None and (validation.user_map is not train.user_map
                                        or validation.item_map is not train.item_map):
             raise ValueError("validation must share train's id maps (split it from train)")
-        scale = train.scale if validation is None else (
+        if len(train_part) == 0:
+            raise ValueError(f"train: no ratings are left for training once validation is "
+                             f"held out (train has {len(train)}, validation "
+                             f"{len(validation) if validation is not None else 0}); give more "
+                             f"ratings or validation_ratio=0")
+        scale = train.scale if validation is None or len(validation) == 0 else (
             min(train.scale[0], validation.scale[0]), max(train.scale[1], validation.scale[1]))
+        if not scale[0] < scale[1]:
+            raise ValueError(f"train: every rating is {scale[0]}; the model learns on the "
+                             f"scale (min, max) of the ratings, which needs two distinct values")
         start = time.perf_counter()
         self._prepare(train_part, scale, features)
         self.to(device)
