@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import torch
 
 from ..data import Ratings, mean_prediction, read_split, rmse
-from ..data.readers import check_ratings
+from ..data.readers import FORMATS, check_ratings
 from .base import RatingModel
 
 __all__ = ["kfold", "fold_files", "cross_validate", "CrossValidation"]
@@ -38,6 +39,10 @@ def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[Fold]:
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if len(ratings) < k:
         raise ValueError(f"k-fold needs at least k={k} ratings, got {len(ratings)}")
+    return _kfold(ratings, k, seed)  # checked now, at the call, not at the first fold
+
+
+def _kfold(ratings: Ratings, k: int, seed: int) -> Iterator[Fold]:
     order = torch.randperm(len(ratings), generator=torch.Generator().manual_seed(int(seed)))
     fold_of = torch.empty(len(ratings), dtype=torch.int64)
     fold_of[order] = torch.arange(len(ratings)) % k
@@ -56,10 +61,17 @@ def fold_files(directory: Union[str, Path], format: str = "ml-100k") -> Iterator
     Raises:
         ValueError: no directory, or no ``u<N>.base`` with its ``u<N>.test``.
     """
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
     directory = Path(directory)
     if not directory.is_dir():
         raise ValueError(f"folds: no directory at {directory}")
-    pairs = _fold_pairs(directory)
+    return _read_folds(_fold_pairs(directory), format)  # checked now, not at the first fold
+
+
+def _read_folds(pairs: List[Tuple[Path, Path]], format: str) -> Iterator[Fold]:
     for base, test in pairs:
         yield read_split(base, test, format)
 
