@@ -255,6 +255,9 @@ CASES += [
          TypeError, r"users must be an integer tensor, got torch.float32"),
     Case("predict_entries-str", lambda: fitted().predict_entries("a", "b"),
          TypeError, r"users must be an integer tensor"),
+    Case("predict_entries-return_counts-str", lambda: fitted().predict_entries(
+        torch.tensor([0]), torch.tensor([0]), return_counts="x"), TypeError,
+         r"return_counts must be a bool, got str"),
     Case("predict-type", lambda: fitted().predict(torch.ones(3)), TypeError,
          r"ratings must be a Ratings record.*got Tensor"),
     Case("evaluate-type", lambda: fitted().evaluate([1, 2]), TypeError,
@@ -574,7 +577,10 @@ def test_failed_calls_keep_the_model():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     for call in (lambda: model.fit(ratings(), device="gpu0"),
                  lambda: model.fit(ratings(), progress="yes"),
-                 lambda: model.fit(torch.ones(2))):
+                 lambda: model.fit(torch.ones(2)),
+                 lambda: model.fit(ratings(), features=torch.ones(20, 2), verbose=True),
+                 lambda: model.fit(ratings(), validation=Ratings.from_triples([1], [1], [3.0]),
+                                   verbose=True)):
         with pytest.raises((TypeError, ValueError)):
             call()
     assert model.verbose is False and model._train is not None

@@ -374,7 +374,6 @@ class RatingModel(nn.Module):
         if not isinstance(verbose, bool):
             raise TypeError(f"verbose must be a bool, got {type(verbose).__name__}")
         h, device = self.hparams, _as_device(device)
-        self.verbose = verbose
         rows = train.n_items if h["orientation"] == "item" else train.n_users
         features = _check_features(features, rows, "features")
         if features is not None and not getattr(self, "uses_features", False):
@@ -396,6 +395,7 @@ class RatingModel(nn.Module):
         if not scale[0] < scale[1]:
             raise ValueError(f"train: every rating is {scale[0]}; the model learns on the "
                              f"scale (min, max) of the ratings, which needs two distinct values")
+        self.verbose = verbose  # every check passed: the model changes from here
         start = time.perf_counter()
         self._prepare(train_part, scale, features)
         self.to(device)
@@ -465,6 +465,8 @@ class RatingModel(nn.Module):
             ``return_counts``, ``(prediction, counts)``.
         """
         self._check_built()
+        if not isinstance(return_counts, bool):
+            raise TypeError(f"return_counts must be a bool, got {type(return_counts).__name__}")
         users, items = _index_tensor(users, "users"), _index_tensor(items, "items")
         if users.shape != items.shape or users.dim() != 1:
             raise ValueError(f"users and items must be 1-D of one length, got "
