@@ -603,13 +603,26 @@ def _check_map(mapping: Any, name: str) -> None:
                              f"{index} for id {original!r}")
 
 
-def _rows(mapping: Dict[Any, int], table: Dict[Any, List[float]], width: int) -> Tensor:
-    """One feature row per index of ``mapping``; ids the file lacks get zeros."""
+def _rows(mapping: Dict[Any, int], table: Dict[Any, List[float]], width: int,
+          path: Path, name: str) -> Tensor:
+    """One feature row per index of ``mapping``; ids the file lacks get zeros.
+
+    ``ValueError`` for a file without entries, or one that shares no id with
+    ``mapping`` (another data set's file, or the other map): all-zero
+    features would train silently.
+    """
+    if not table:
+        raise ValueError(f"{path}: holds no entries (an empty file)")
     out = torch.zeros(len(mapping), width)
+    found = 0
     for original, index in mapping.items():
         key = original if original in table else _maybe_int(original)
         if key in table:
             out[index] = torch.tensor(table[key])
+            found += 1
+    if mapping and not found:
+        raise ValueError(f"{path}: none of {name}'s {len(mapping)} ids is in the file; is it "
+                         f"the file of these ratings (and {name} the right map)?")
     return out
 
 
@@ -665,7 +678,7 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
         width = max((len(v) for v in table.values()), default=0)
         if any(len(v) != width for v in table.values()):
             raise ValueError(f"{path}: lines have different numbers of genre flags")
-        return _rows(item_map, table, width)
+        return _rows(item_map, table, width, path, "item_map")
     if format not in ("ml-1m", "csv"):
         raise ValueError(f"format must be 'ml-100k', 'ml-1m' or 'csv' for item features, "
                          f"got {format!r}")
@@ -692,7 +705,7 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
             if g:
                 vec[column[g]] = 1.0
         table[key] = vec
-    return _rows(item_map, table, len(vocab))
+    return _rows(item_map, table, len(vocab), path, "item_map")
 
 
 def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) -> Tensor:
@@ -752,4 +765,4 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
         row[1 + bucket] = 1.0
         row[1 + len(_AGES) + column[occupation]] = 1.0
         table[key] = row
-    return _rows(user_map, table, 1 + len(_AGES) + len(occupations))
+    return _rows(user_map, table, 1 + len(_AGES) + len(occupations), path, "user_map")

@@ -97,6 +97,9 @@ def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optiona
     if features.shape[0] != rows:
         raise ValueError(f"{name} must have {rows} rows (one per index of the maps), "
                          f"got {features.shape[0]}")
+    if features.shape[1] == 0:
+        raise ValueError(f"{name} must have at least one column, got shape "
+                         f"{tuple(features.shape)}")
     if features.is_complex():
         raise TypeError(f"{name} must be real, got {features.dtype}")
     features = features.to(torch.float32)

@@ -105,6 +105,13 @@ class Trainer:
             raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        if progress is not None and not isinstance(progress, bool):
+            raise TypeError(f"progress must be None or a bool, got {type(progress).__name__}")
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                             f"'cuda:0', got {device!r}") from None
         if log is not None and not callable(log):
             raise TypeError(f"log must be callable or None, got {type(log).__name__}")
         self.model: Any = model  # a RatingModel, or any module with batch_loss
