@@ -179,7 +179,7 @@ class RatingModel(nn.Module):
         for key in ("epochs", "batch_size"):
             _check_int(key, h[key], 1)
         _check_int("patience", h["patience"], 0)
-        if not isinstance(h["seed"], int) or isinstance(h["seed"], bool):
+        if not isinstance(h["seed"], numbers.Integral) or isinstance(h["seed"], bool):
             raise TypeError(f"seed must be an int, got {type(h['seed']).__name__}")
         for key in ("refit", "dense_decoder"):
             if not isinstance(h[key], bool):
@@ -364,8 +364,12 @@ class RatingModel(nn.Module):
             ``self``, trained, in eval mode, on ``device``.
 
         Raises:
-            ValueError: empty ``train``; ``validation`` with other id maps;
-                ``features`` with a wrong number of rows.
+            TypeError: ``train`` or ``validation`` not a :class:`Ratings`;
+                ``features`` not a tensor; ``progress``/``verbose`` not bools.
+            ValueError: empty ``train``, or every rating equal; ``validation``
+                with other id maps; ``features`` not ``(rows, f >= 1)`` or not
+                finite; an unknown ``device``.
+            A refused call leaves the model as it was.
         """
         check_ratings(train, "train")
         if validation is not None:
@@ -576,7 +580,10 @@ class RatingModel(nn.Module):
 
         Raises:
             KeyError: unknown user.
-            ValueError: negative ``k``, ``min_support`` or ``shrinkage``.
+            TypeError: a non-int ``min_support`` or index, a non-number
+                ``shrinkage``, non-bool flags.
+            ValueError: negative ``k``, ``min_support`` or ``shrinkage``; an
+                index outside ``[0, n_users)`` with ``by_index``.
         """
         self._check_built()
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
@@ -655,7 +662,13 @@ class RatingModel(nn.Module):
 
     @classmethod
     def load(cls, path: Any, device: Union[str, torch.device] = "cpu") -> "RatingModel":
-        """A model saved by :meth:`save`, ready to predict (``weights_only`` loading)."""
+        """A model saved by :meth:`save`, ready to predict (``weights_only`` loading).
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+            ValueError: ``path`` is a directory or not a file written by
+                :meth:`save`; it holds another model class; an unknown ``device``.
+        """
         device = _as_device(device)
         if isinstance(path, (str, os.PathLike)):
             if Path(path).is_dir():
