@@ -588,6 +588,19 @@ def test_maps_check_lets_good_parts_through():
     assert torch.allclose(loaded.predict(ratings()), fitted().predict(ratings()))
 
 
+@pytest.mark.parametrize("batch_size", ["x", 0, 2.0])
+def test_distributed_trainer_batch_size(batch_size):
+    """In a process group of one: the batch size is checked before its division by the world."""
+    import torch.distributed as dist
+    model = fitted()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match=r"batch_size must be an int >= 1, got "):
+            DistributedTrainer(model, epochs=1, batch_size=batch_size, lr=1e-3)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_failed_calls_keep_the_model():
     """A refused call leaves a fitted model as it was (validate before mutate)."""
     model = AutoRec(**SMALL).fit(ratings(), verbose=False, progress=False)

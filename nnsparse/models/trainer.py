@@ -307,7 +307,9 @@ class DistributedTrainer(Trainer):
                                "nnsparse.distributed.init_from_env() under torchrun, "
                                "or use Trainer in one process")
         self.world = nd.world_size()
-        if int(batch_size) % self.world:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if batch_size % self.world:
             raise ValueError(f"batch_size (the global batch) must be a multiple of the "
                              f"{self.world} processes, got {batch_size}")
         super().__init__(model, batch_size=batch_size, **kwargs)
