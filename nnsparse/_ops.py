@@ -66,6 +66,11 @@ class SparseParts(NamedTuple):
 
     def with_values(self, values: Tensor) -> "SparseParts":
         """The same pattern with other ``values`` ``(nnz,)`` (e.g. after an activation)."""
+        if not isinstance(values, Tensor):
+            raise TypeError(f"values must be a Tensor, got {type(values).__name__}")
+        if not torch.compiler.is_compiling() and tuple(values.shape) != tuple(self.col.shape):
+            raise ValueError(f"values must have shape ({self.col.shape[0]},) (one per entry), "
+                             f"got {tuple(values.shape)}")
         return self._replace(values=values)
 
     def to_sparse_csr(self) -> Tensor:
@@ -113,6 +118,8 @@ def sparse_parts(x: Any, *, dynamic: bool = True) -> SparseParts:
         SparseParts(crow=tensor([0, 1, 2]), col=tensor([1, 0]), values=tensor([2., 3.]),
                     size=(2, 2))
     """
+    if not isinstance(dynamic, bool):
+        raise TypeError(f"dynamic must be a bool, got {type(dynamic).__name__}")
     batch = as_sparse_batch(x, name="x", pairs=False)
     if batch.is_vector:
         raise ValueError(f"x must be a 2-D sparse batch, got a vector of shape "
@@ -274,6 +281,21 @@ for _op in (_sparse_mm, _sampled, _sparse_t_mm):
 def _check_parts(parts: SparseParts, width: int, name: str) -> None:
     """Shape-only checks (no host sync: free under the compiler, trusted parts)."""
     if not torch.compiler.is_compiling():
+        for field in ("crow", "col", "values"):
+            value = getattr(parts, field)
+            if not isinstance(value, Tensor):
+                raise TypeError(f"{name}.{field} must be a Tensor, got {type(value).__name__}")
+            if value.dim() != 1:
+                raise ValueError(f"{name}.{field} must be 1-D, got shape {tuple(value.shape)}")
+        size = parts.size
+        if (not isinstance(size, (tuple, list, torch.Size)) or len(size) != 2
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                           for n in size)):
+            raise ValueError(f"{name}.size must be (rows, width), two non-negative ints, "
+                             f"got {size!r}")
+        if parts.values.shape[0] != parts.col.shape[0]:
+            raise ValueError(f"{name}.values must hold one value per column index, got "
+                             f"{parts.values.shape[0]} values for {parts.col.shape[0]}")
         if parts.size[1] != width:
             raise ValueError(f"{name} must have width {width}, got size {tuple(parts.size)}")
         if parts.crow.shape[0] != parts.size[0] + 1:

@@ -54,6 +54,8 @@ def sparse_grad_parameters(model: nn.Module) -> List[Tensor]:
         >>> [tuple(p.shape) for p in nnsparse.sparse_grad_parameters(model)]
         [(6, 3), (3,)]
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     seen: Set[int] = set()
     out: List[Tensor] = []
     for module in model.modules():
@@ -87,6 +89,9 @@ class SplitOptimizer(Optimizer):
     """
 
     def __init__(self, optimizers: Dict[str, Optimizer]) -> None:
+        if not isinstance(optimizers, dict):
+            raise TypeError(f"optimizers must be a dict of name -> optimiser, got "
+                            f"{type(optimizers).__name__}")
         if not optimizers:
             raise ValueError("optimizers must hold at least one optimiser, got none")
         seen: set = set()
@@ -164,6 +169,9 @@ class SplitOptimizer(Optimizer):
         return {name: opt.state_dict() for name, opt in self.optimizers.items()}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict must be a dict of part name -> state, got "
+                            f"{type(state_dict).__name__}")
         if set(state_dict) != set(self.optimizers):
             raise ValueError(f"state_dict must have the parts {sorted(self.optimizers)}, "
                              f"got {sorted(state_dict)}")
@@ -250,6 +258,12 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
         >>> model(torch.eye(6)[:2].to_sparse()).sum().backward()
         >>> opt.step(); opt.zero_grad()
     """
+    from .optim import _check_betas, _check_non_negative
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+        _check_non_negative(name, value)
+    _check_betas(betas)
     if dense not in _DENSE:
         raise ValueError(f"dense must be one of {_DENSE}, got {dense!r}")
     if sparse not in _SPARSE:

@@ -155,6 +155,9 @@ def progress(iterable: Iterable, disable: Optional[bool] = None, **kwargs: Any) 
 
 def save(obj: Any, path: str) -> None:
     """``torch.save`` on rank 0, then every rank waits (so no reader sees half a file)."""
+    if not isinstance(path, (str, os.PathLike)) and not hasattr(path, "write"):
+        raise TypeError(f"path must be a str or os.PathLike (or a file object), got "
+                        f"{type(path).__name__}")
     if is_main():
         torch.save(obj, path)
     if is_distributed():
@@ -184,8 +187,16 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
     Raises:
         ValueError: ``batch_size`` is not positive.
     """
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    for flag, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise TypeError(f"dataset must be a map-style dataset (with __len__ and "
+                        f"__getitem__), got {type(dataset).__name__}")
     sampler: DistributedSampler[Any] = DistributedSampler(
         dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed,
         drop_last=drop_last)
@@ -325,6 +336,11 @@ def wrap(model: nn.Module, *, sparse_allgather: Optional[bool] = None,
             ``sparse_grad=False``.  And :class:`DistributedDataParallel`'s refusals
             (an optimiser in the backward).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if sparse_allgather is not None and not isinstance(sparse_allgather, bool):
+        raise TypeError(f"sparse_allgather must be None or a bool, got "
+                        f"{type(sparse_allgather).__name__}")
     if not is_distributed():
         return model
     sparse = bool(sparse_grad_parameters(model))
@@ -346,4 +362,6 @@ def wrap(model: nn.Module, *, sparse_allgather: Optional[bool] = None,
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The module inside a DDP wrapper (the model itself when not wrapped)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     return model.module if isinstance(model, _TORCH_DDP) else model

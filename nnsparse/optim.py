@@ -572,6 +572,7 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
             "gradients (torch.optim or nnsparse.optim.LazyAdam) under DDP")
     if optimizer not in _rowopt.KINDS:
         raise ValueError(f"optimizer must be one of {_rowopt.KINDS}, got {optimizer!r}")
+    _check_betas(betas)  # before tuple(betas): a float gave "'float' object is not iterable"
     hp: Dict[str, Any] = dict(_DEFAULTS[optimizer])
     hp.update({k: v for k, v in dict(lr=lr, eps=eps, weight_decay=weight_decay).items()
                if v is not None})

@@ -587,13 +587,42 @@ def _feature_file(path: PathLike, what: str) -> Path:
     return path
 
 
-def _rows(mapping: Dict[Any, int], table: Dict[Any, List[float]], width: int) -> Tensor:
-    """One feature row per index of ``mapping``; ids the file lacks get zeros."""
+def _check_map(mapping: Any, name: str) -> None:
+    """``TypeError`` unless ``mapping`` is a dict id -> index; ``ValueError`` for bad indices."""
+    if not isinstance(mapping, dict):
+        hint = f" (pass ratings.{name})" if isinstance(mapping, Ratings) else ""
+        raise TypeError(f"{name} must be a dict of original id -> index, got "
+                        f"{type(mapping).__name__}{hint}")
+    n = len(mapping)
+    for original, index in mapping.items():
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+            raise TypeError(f"{name} must map ids to int indices, got "
+                            f"{type(index).__name__} for id {original!r}")
+        if not 0 <= index < n:
+            raise ValueError(f"{name} indices must be in [0, {n}) (one per id), got "
+                             f"{index} for id {original!r}")
+
+
+def _rows(mapping: Dict[Any, int], table: Dict[Any, List[float]], width: int,
+          path: Path, name: str) -> Tensor:
+    """One feature row per index of ``mapping``; ids the file lacks get zeros.
+
+    ``ValueError`` for a file without entries, or one that shares no id with
+    ``mapping`` (another data set's file, or the other map): all-zero
+    features would train silently.
+    """
+    if not table:
+        raise ValueError(f"{path}: holds no entries (an empty file)")
     out = torch.zeros(len(mapping), width)
+    found = 0
     for original, index in mapping.items():
         key = original if original in table else _maybe_int(original)
         if key in table:
             out[index] = torch.tensor(table[key])
+            found += 1
+    if mapping and not found:
+        raise ValueError(f"{path}: none of {name}'s {len(mapping)} ids is in the file; is it "
+                         f"the file of these ratings (and {name} the right map)?")
     return out
 
 
@@ -634,6 +663,7 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
                 [0., 0., 0.]])
     """
     path = _feature_file(path, "item features")
+    _check_map(item_map, "item_map")
     table: Dict[Any, List[float]] = {}
     if format == "ml-100k":
         for number, parts in _lines(path, "|"):
@@ -648,7 +678,7 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
         width = max((len(v) for v in table.values()), default=0)
         if any(len(v) != width for v in table.values()):
             raise ValueError(f"{path}: lines have different numbers of genre flags")
-        return _rows(item_map, table, width)
+        return _rows(item_map, table, width, path, "item_map")
     if format not in ("ml-1m", "csv"):
         raise ValueError(f"format must be 'ml-100k', 'ml-1m' or 'csv' for item features, "
                          f"got {format!r}")
@@ -675,7 +705,7 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
             if g:
                 vec[column[g]] = 1.0
         table[key] = vec
-    return _rows(item_map, table, len(vocab))
+    return _rows(item_map, table, len(vocab), path, "item_map")
 
 
 def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) -> Tensor:
@@ -709,6 +739,7 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
         (torch.Size([2, 10]), [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0])
     """
     path = _feature_file(path, "user features")
+    _check_map(user_map, "user_map")
     if format not in _USER_FILES:
         raise ValueError(f"format must be 'ml-100k' or 'ml-1m' for user features, got {format!r}")
     sep, (g_at, a_at, o_at) = ("|", (2, 1, 3)) if format == "ml-100k" else ("::", (1, 2, 3))
@@ -721,6 +752,8 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
             key, age = int(parts[0]), int(parts[a_at])
         except ValueError:
             raise ValueError(f"{path}, line {number}: the id and the age must be integers") from None
+        if age < 0:
+            raise ValueError(f"{path}, line {number}: the age must be non-negative, got {age}")
         parsed.append((key, parts[g_at].strip().upper() == "F", age, parts[o_at]))
     occupations = sorted({p[3] for p in parsed})
     column = {o: j for j, o in enumerate(occupations)}
@@ -732,4 +765,4 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
         row[1 + bucket] = 1.0
         row[1 + len(_AGES) + column[occupation]] = 1.0
         table[key] = row
-    return _rows(user_map, table, 1 + len(_AGES) + len(occupations))
+    return _rows(user_map, table, 1 + len(_AGES) + len(occupations), path, "user_map")

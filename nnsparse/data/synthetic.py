@@ -9,7 +9,7 @@ only in part: see ``docs/models.md`` for the measured figures.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Tuple
 
 import numpy as np
 import torch
@@ -89,6 +89,13 @@ def _genres(seed: int, n_items: int) -> np.ndarray:
     return flags
 
 
+def _check_seed(seed: Any) -> None:
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed}")
+
+
 def synthetic_item_features(seed: int = 0, n_items: int = 1682) -> torch.Tensor:
     """The genre flags of :func:`synthetic_ratings`'s items: float32 ``(n_items, 19)``.
 
@@ -101,6 +108,7 @@ def synthetic_item_features(seed: int = 0, n_items: int = 1682) -> torch.Tensor:
         >>> g.shape, bool((g.sum(1) >= 1).all())
         (torch.Size([5, 19]), True)
     """
+    _check_seed(seed)
     _check_positive(n_items, "n_items")
     return torch.from_numpy(_genres(seed, n_items))
 
@@ -194,6 +202,7 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
         >>> r.titles[7]
         'Item 7'
     """
+    _check_seed(seed)
     for value, name in ((n_users, "n_users"), (n_items, "n_items"), (n_ratings, "n_ratings"),
                         (rank, "rank")):
         _check_positive(value, name)

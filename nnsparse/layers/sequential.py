@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Type
+from typing import Any, Optional, Type
 
 from torch import nn
 
@@ -57,6 +57,19 @@ class PatternSequential(nn.Sequential):
         >>> out.layout, out._nnz(), model(x).shape
         (torch.sparse_coo, 3, torch.Size([2, 4]))
     """
+
+    def add_module(self, name: str, module: Optional[nn.Module]) -> None:
+        # every way in (the constructor, append, extend, insert, item assignment)
+        if module is not None and not isinstance(module, nn.Module):
+            raise TypeError(f"PatternSequential takes nn.Module items, got "
+                            f"{type(module).__name__} {module!r} for item {name!r}")
+        super().add_module(name, module)
+
+    def insert(self, index: int, module: nn.Module) -> "PatternSequential":
+        if not isinstance(module, nn.Module):  # nn.Sequential's own check is an assert
+            raise TypeError(f"PatternSequential takes nn.Module items, got "
+                            f"{type(module).__name__} {module!r}")
+        return super().insert(index, module)  # type: ignore[return-value]
 
     def forward(self, input: Any, pattern: Any = None) -> Any:  # type: ignore[override]
         for module in self:

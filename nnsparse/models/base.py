@@ -11,8 +11,13 @@ a mean fallback (counted), never from the network's output on an empty row.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
+import os
+import pickle
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type, Union, cast
 
 import torch
@@ -20,6 +25,7 @@ from torch import Tensor, nn
 
 from .._index import coo_tensor
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset, split_ratings
+from ..data.readers import check_ratings
 from .. import distributed as nd
 from .trainer import DistributedTrainer, Trainer, TrainResult
 
@@ -38,6 +44,16 @@ _COMMON: Dict[str, Any] = dict(orientation="item", epochs=100, batch_size=64, lr
 
 def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
     """Class decorator: make the model loadable by name."""
+    if not (isinstance(cls, type) and issubclass(cls, RatingModel)):
+        raise TypeError(f"register takes a RatingModel subclass, got "
+                        f"{cls.__name__ if isinstance(cls, type) else type(cls).__name__}")
+    if "name" not in cls.__dict__:
+        raise ValueError(f"{cls.__name__} must set its own name (the key load() reads), "
+                         f"it inherits {cls.name!r}")
+    known = MODELS.get(cls.name)
+    if known is not None and known.__qualname__ != cls.__qualname__:
+        raise ValueError(f"name {cls.name!r} is taken by {known.__name__}; give "
+                         f"{cls.__name__} another name")
     MODELS[cls.name] = cls
     return cls
 
@@ -72,13 +88,24 @@ def _concat(a: Ratings, b: Ratings) -> Ratings:
 def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optional[Tensor]:
     if features is None:
         return None
-    if not isinstance(features, Tensor) or features.dim() != 2:
+    if not isinstance(features, Tensor):
         raise TypeError(f"{name} must be a 2-D tensor (rows, features), got "
-                        f"{type(features).__name__ if not isinstance(features, Tensor) else tuple(features.shape)}")
+                        f"{type(features).__name__}")
+    if features.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D tensor (rows, features), got shape "
+                         f"{tuple(features.shape)}")
     if features.shape[0] != rows:
         raise ValueError(f"{name} must have {rows} rows (one per index of the maps), "
                          f"got {features.shape[0]}")
-    return features.to(torch.float32)
+    if features.shape[1] == 0:
+        raise ValueError(f"{name} must have at least one column, got shape "
+                         f"{tuple(features.shape)}")
+    if features.is_complex():
+        raise TypeError(f"{name} must be real, got {features.dtype}")
+    features = features.to(torch.float32)
+    if not bool(torch.isfinite(features).all()):
+        raise ValueError(f"{name} must be finite, got NaN or infinite values")
+    return features
 
 
 class _Criterion(Protocol):
@@ -150,19 +177,32 @@ class RatingModel(nn.Module):
         if h["orientation"] not in ("item", "user"):
             raise ValueError(f"orientation must be 'item' or 'user', got {h['orientation']!r}")
         for key in ("epochs", "batch_size"):
-            if not isinstance(h[key], int) or isinstance(h[key], bool) or h[key] < 1:
-                raise ValueError(f"{key} must be an int >= 1, got {h[key]!r}")
+            _check_int(key, h[key], 1)
+        _check_int("patience", h["patience"], 0)
+        if not isinstance(h["seed"], numbers.Integral) or isinstance(h["seed"], bool):
+            raise TypeError(f"seed must be an int, got {type(h['seed']).__name__}")
+        for key in ("refit", "dense_decoder"):
+            if not isinstance(h[key], bool):
+                raise TypeError(f"{key} must be a bool, got {type(h[key]).__name__}")
+        for key, value in h.items():
+            if key in ("lr", "weight_decay", "validation_ratio", "min_lr_ratio") or \
+                    key.startswith("l2") or key in ("alpha", "beta", "hide_ratio"):
+                _check_number(key, value)
         if not h["lr"] > 0:
             raise ValueError(f"lr must be positive, got {h['lr']!r}")
         if not h["weight_decay"] >= 0:
             raise ValueError(f"weight_decay must be non-negative, got {h['weight_decay']!r}")
         if not 0 <= h["validation_ratio"] < 1:
             raise ValueError(f"validation_ratio must be in [0, 1), got {h['validation_ratio']!r}")
+        if not 0 <= h["min_lr_ratio"] <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {h['min_lr_ratio']!r}")
         for key, value in h.items():
-            if key in ("hidden", "layers", "dim") and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{key} must be an int >= 1, got {value!r}")
-            if key.startswith("l2") and not value >= 0:
+            if key in ("hidden", "layers", "dim"):
+                _check_int(key, value, 1)
+            if (key.startswith("l2") or key in ("alpha", "beta")) and not value >= 0:
                 raise ValueError(f"{key} must be non-negative, got {value!r}")
+            if key == "hide_ratio" and not 0 <= value < 1:
+                raise ValueError(f"hide_ratio must be in [0, 1), got {value!r}")
 
     def extra_repr(self) -> str:
         own = {k: v for k, v in self.hparams.items() if k in self.DEFAULTS}
@@ -324,13 +364,23 @@ class RatingModel(nn.Module):
             ``self``, trained, in eval mode, on ``device``.
 
         Raises:
-            ValueError: empty ``train``; ``validation`` with other id maps;
-                ``features`` with a wrong number of rows.
+            TypeError: ``train`` or ``validation`` not a :class:`Ratings`;
+                ``features`` not a tensor; ``progress``/``verbose`` not bools.
+            ValueError: empty ``train``, or every rating equal; ``validation``
+                with other id maps; ``features`` not ``(rows, f >= 1)`` or not
+                finite; an unknown ``device``.
+            A refused call leaves the model as it was.
         """
+        check_ratings(train, "train")
+        if validation is not None:
+            check_ratings(validation, "validation")
         if len(train) == 0:
             raise ValueError("train holds no ratings")
-        h, device = self.hparams, torch.device(device)
-        self.verbose = verbose
+        if progress is not None and not isinstance(progress, bool):
+            raise TypeError(f"progress must be None or a bool, got {type(progress).__name__}")
+        if not isinstance(verbose, bool):
+            raise TypeError(f"verbose must be a bool, got {type(verbose).__name__}")
+        h, device = self.hparams, _as_device(device)
         rows = train.n_items if h["orientation"] == "item" else train.n_users
         features = _check_features(features, rows, "features")
         if features is not None and not getattr(self, "uses_features", False):
@@ -342,8 +392,17 @@ class RatingModel(nn.Module):
         if validation is not None and (validation.user_map is not train.user_map
                                        or validation.item_map is not train.item_map):
             raise ValueError("validation must share train's id maps (split it from train)")
-        scale = train.scale if validation is None else (
+        if len(train_part) == 0:
+            raise ValueError(f"train: no ratings are left for training once validation is "
+                             f"held out (train has {len(train)}, validation "
+                             f"{len(validation) if validation is not None else 0}); give more "
+                             f"ratings or validation_ratio=0")
+        scale = train.scale if validation is None or len(validation) == 0 else (
             min(train.scale[0], validation.scale[0]), max(train.scale[1], validation.scale[1]))
+        if not scale[0] < scale[1]:
+            raise ValueError(f"train: every rating is {scale[0]}; the model learns on the "
+                             f"scale (min, max) of the ratings, which needs two distinct values")
+        self.verbose = verbose  # every check passed: the model changes from here
         start = time.perf_counter()
         self._prepare(train_part, scale, features)
         self.to(device)
@@ -413,10 +472,15 @@ class RatingModel(nn.Module):
             ``return_counts``, ``(prediction, counts)``.
         """
         self._check_built()
-        users, items = torch.as_tensor(users).long().cpu(), torch.as_tensor(items).long().cpu()
+        if not isinstance(return_counts, bool):
+            raise TypeError(f"return_counts must be a bool, got {type(return_counts).__name__}")
+        users, items = _index_tensor(users, "users"), _index_tensor(items, "items")
         if users.shape != items.shape or users.dim() != 1:
             raise ValueError(f"users and items must be 1-D of one length, got "
                              f"{tuple(users.shape)} and {tuple(items.shape)}")
+        for name, index in (("users", users), ("items", items)):
+            if index.numel() and int(index.min()) < 0:
+                raise ValueError(f"{name} must be non-negative, got min {int(index.min())}")
         pred, counts = self.fallback(users, items)
         u_ok, i_ok = self._known(users, items)
         known = u_ok & i_ok
@@ -456,12 +520,32 @@ class RatingModel(nn.Module):
         self.train(was_training)
         return out
 
+    def _check_maps(self, ratings: Ratings, name: str) -> None:
+        """``ValueError`` unless ``ratings``' ids index as in training (extra ids may follow)."""
+        train = self._train
+        for what, mapping, ids in (("user", ratings.user_map, self.user_ids_),
+                                   ("item", ratings.item_map, self.item_ids_)):
+            if mapping is getattr(train, f"{what}_map"):
+                continue
+            for index, key in enumerate(ids):
+                if mapping.get(key) != index:
+                    raise ValueError(
+                        f"{name} must index {what}s as the training ratings do ({what} "
+                        f"{key!r} is {what} {index} there, {mapping.get(key)!r} here); read "
+                        f"it with read_split or split it from the training ratings")
+
     def predict(self, ratings: Ratings) -> Tensor:
         """Predicted ratings of every entry of ``ratings`` (its maps = the training maps)."""
+        check_ratings(ratings, "ratings")
+        self._check_built()
+        self._check_maps(ratings, "ratings")
         return self.predict_entries(ratings.user, ratings.item)
 
     def evaluate(self, ratings: Ratings) -> Dict[str, float]:
         """``{"rmse", "mae", "count", "fallback"}`` of the predictions of ``ratings``."""
+        check_ratings(ratings, "ratings")
+        self._check_built()
+        self._check_maps(ratings, "ratings")
         pred, counts = self.predict_entries(ratings.user, ratings.item, return_counts=True)
         errors = RatingErrors()
         errors.update(pred, ratings.rating.to(torch.float32).cpu())
@@ -496,15 +580,38 @@ class RatingModel(nn.Module):
 
         Raises:
             KeyError: unknown user.
-            ValueError: negative ``k``, ``min_support`` or ``shrinkage``.
+            TypeError: a non-int ``min_support`` or index, a non-number
+                ``shrinkage``, non-bool flags.
+            ValueError: negative ``k``, ``min_support`` or ``shrinkage``; an
+                index outside ``[0, n_users)`` with ``by_index``.
         """
         self._check_built()
-        if not isinstance(k, int) or k < 0:
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
-        if min_support < 0 or shrinkage < 0:
-            raise ValueError(f"min_support and shrinkage must be non-negative, got "
-                             f"{min_support} and {shrinkage}")
-        index = self.user_index(user) if not by_index else int(user)
+        if not isinstance(min_support, numbers.Integral) or isinstance(min_support, bool):
+            raise TypeError(f"min_support must be an int, got {type(min_support).__name__}")
+        _check_number("shrinkage", shrinkage)
+        for flag, value in (("exclude_rated", exclude_rated), ("by_index", by_index)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
+        if min_support < 0:
+            raise ValueError(f"min_support must be non-negative, got {min_support}")
+        if not shrinkage >= 0:
+            raise ValueError(f"shrinkage must be non-negative, got {shrinkage}")
+        if by_index:
+            try:
+                if isinstance(user, bool):
+                    raise TypeError
+                user = operator.index(user)
+            except TypeError:
+                raise TypeError(f"user must be an int index with by_index=True, got "
+                                f"{type(user).__name__}") from None
+            n_users = self.user_count.shape[0]
+            if not 0 <= user < n_users:
+                raise ValueError(f"user index must be in [0, {n_users}), got {user}")
+            index = user
+        else:
+            index = self.user_index(user)
         n_items = self.item_count.shape[0]
         items = torch.arange(n_items)
         pred = self.predict_entries(torch.full((n_items,), index), items)
@@ -540,6 +647,7 @@ class RatingModel(nn.Module):
         no other argument, and ``torch.load(path, weights_only=True)`` reads the file.
         """
         self._check_built()
+        _path_to_write(path)
         norm = self._norm
         t = self._train
         state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
@@ -554,8 +662,24 @@ class RatingModel(nn.Module):
 
     @classmethod
     def load(cls, path: Any, device: Union[str, torch.device] = "cpu") -> "RatingModel":
-        """A model saved by :meth:`save`, ready to predict (``weights_only`` loading)."""
-        blob = torch.load(path, map_location="cpu", weights_only=True)
+        """A model saved by :meth:`save`, ready to predict (``weights_only`` loading).
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+            ValueError: ``path`` is a directory or not a file written by
+                :meth:`save`; it holds another model class; an unknown ``device``.
+        """
+        device = _as_device(device)
+        if isinstance(path, (str, os.PathLike)):
+            if Path(path).is_dir():
+                raise ValueError(f"path must be a model file, got {path}, which is a directory")
+            if not Path(path).exists():
+                raise FileNotFoundError(f"path: no file at {path}")
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+        except (KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+            raise ValueError(f"{path} is not a model saved by nnsparse.models "
+                             f"(RatingModel.save): {type(e).__name__}: {e}") from e
         if not isinstance(blob, dict) or blob.get("format") != _FILE_FORMAT:
             raise ValueError(f"{path} is not a model saved by nnsparse.models "
                              f"(RatingModel.save)")
@@ -578,6 +702,52 @@ class RatingModel(nn.Module):
         model.best_epoch = blob["best_epoch"]
         model.to(device).eval()
         return model
+
+
+def _index_tensor(value: Any, name: str) -> Tensor:
+    """``value`` as an int64 CPU tensor; ``TypeError`` unless it holds integers."""
+    try:
+        index = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be an integer tensor (or a list of ints), got "
+                        f"{type(value).__name__}") from None
+    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {index.dtype}")
+    return index.long().cpu()
+
+
+def _as_device(device: Any) -> torch.device:
+    """``device`` as a ``torch.device``, or an error that names the argument."""
+    if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
+        raise TypeError(f"device must be a torch.device or a name such as 'cpu' or 'cuda:0', "
+                        f"got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                         f"'cuda:0', got {device!r}") from None
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    """``ValueError`` unless ``value`` is an int (not a bool) ``>= low``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _check_number(name: str, value: Any) -> None:
+    """``TypeError`` unless ``value`` is a real number (not a bool, str or tensor)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+
+
+def _path_to_write(path: Any) -> None:
+    """``ValueError`` for a path ``torch.save`` cannot write: a directory, a missing parent."""
+    if isinstance(path, (str, os.PathLike)):
+        p = Path(path)
+        if p.is_dir():
+            raise ValueError(f"path must be a file to write, got {p}, which is a directory")
+        if not p.parent.is_dir():
+            raise ValueError(f"path: no directory {p.parent} to write {p.name} in")
 
 
 def _as_int(text: Any) -> Any:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import torch
 
 from ..data import Ratings, mean_prediction, read_split, rmse
+from ..data.readers import FORMATS, check_ratings
 from .base import RatingModel
 
 __all__ = ["kfold", "fold_files", "cross_validate", "CrossValidation"]
@@ -30,10 +32,17 @@ def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[Fold]:
         >>> [(len(a), len(b)) for a, b in kfold(r, k=5)]
         [(8, 2), (8, 2), (8, 2), (8, 2), (8, 2)]
     """
-    if not isinstance(k, int) or k < 2:
+    check_ratings(ratings, "ratings")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 2:
         raise ValueError(f"k must be an int >= 2, got {k!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if len(ratings) < k:
         raise ValueError(f"k-fold needs at least k={k} ratings, got {len(ratings)}")
+    return _kfold(ratings, k, seed)  # checked now, at the call, not at the first fold
+
+
+def _kfold(ratings: Ratings, k: int, seed: int) -> Iterator[Fold]:
     order = torch.randperm(len(ratings), generator=torch.Generator().manual_seed(int(seed)))
     fold_of = torch.empty(len(ratings), dtype=torch.int64)
     fold_of[order] = torch.arange(len(ratings)) % k
@@ -52,10 +61,17 @@ def fold_files(directory: Union[str, Path], format: str = "ml-100k") -> Iterator
     Raises:
         ValueError: no directory, or no ``u<N>.base`` with its ``u<N>.test``.
     """
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
     directory = Path(directory)
     if not directory.is_dir():
         raise ValueError(f"folds: no directory at {directory}")
-    pairs = _fold_pairs(directory)
+    return _read_folds(_fold_pairs(directory), format)  # checked now, not at the first fold
+
+
+def _read_folds(pairs: List[Tuple[Path, Path]], format: str) -> Iterator[Fold]:
     for base, test in pairs:
         yield read_split(base, test, format)
 
@@ -137,9 +153,31 @@ def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[Fold],
         >>> len(cv.folds), cv.mean() > 0
         (3, True)
     """
+    if isinstance(make_model, RatingModel):
+        raise TypeError(f"make_model must be a function returning a new model per fold "
+                        f"(e.g. lambda: AutoRec()), got an instance of {type(make_model).__name__}")
+    if not callable(make_model):
+        raise TypeError(f"make_model must be callable (e.g. lambda: AutoRec()), got "
+                        f"{type(make_model).__name__}")
+    if features is not None and not callable(features):
+        raise TypeError(f"features must be None or callable (train -> Tensor), got "
+                        f"{type(features).__name__}")
+    try:
+        folds = iter(folds)
+    except TypeError:
+        raise TypeError(f"folds must be an iterable of (train, test) pairs, got "
+                        f"{type(folds).__name__}") from None
     result = CrossValidation()
-    for number, (train, test) in enumerate(folds, start=1):
+    for number, fold in enumerate(folds, start=1):
+        if not isinstance(fold, (tuple, list)) or len(fold) != 2:
+            raise TypeError(f"folds must yield (train, test) pairs, got "
+                            f"{type(fold).__name__} at fold {number}")
+        train, test = fold
+        check_ratings(train, f"fold {number}'s train")
+        check_ratings(test, f"fold {number}'s test")
         model = make_model()
+        if not isinstance(model, RatingModel):
+            raise TypeError(f"make_model must return a RatingModel, got {type(model).__name__}")
         feats = features(train) if features is not None else None
         model.fit(train, features=feats, device=device, progress=progress, verbose=verbose)
         scores = model.evaluate(test)

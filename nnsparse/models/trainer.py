@@ -11,6 +11,7 @@ the models' ``fit`` whenever a process group is initialised (``torchrun``).
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 import time
 from dataclasses import dataclass, field
@@ -84,7 +85,36 @@ class Trainer:
                  device: torch.device = torch.device("cpu"), seed: int = 0,
                  progress: Optional[bool] = None,
                  log: Optional[Callable[[str], None]] = print) -> None:
-        self.model = model
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be an nn.Module (a RatingModel), got "
+                            f"{type(model).__name__}")
+        for name, value, low in (("epochs", epochs, 1), ("batch_size", batch_size, 1),
+                                 ("patience", patience, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        for name, number in (("lr", lr), ("min_lr_ratio", min_lr_ratio),
+                             ("weight_decay", weight_decay)):
+            if isinstance(number, bool) or not isinstance(number, numbers.Real):
+                raise TypeError(f"{name} must be a real number, got {type(number).__name__} "
+                                f"{number!r}")
+        if not lr > 0:
+            raise ValueError(f"lr must be positive, got {lr!r}")
+        if not 0 <= min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio!r}")
+        if not weight_decay >= 0:
+            raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        if progress is not None and not isinstance(progress, bool):
+            raise TypeError(f"progress must be None or a bool, got {type(progress).__name__}")
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                             f"'cuda:0', got {device!r}") from None
+        if log is not None and not callable(log):
+            raise TypeError(f"log must be callable or None, got {type(log).__name__}")
+        self.model: Any = model  # a RatingModel, or any module with batch_loss
         self.epochs, self.batch_size, self.lr = int(epochs), int(batch_size), float(lr)
         self.min_lr_ratio, self.patience = float(min_lr_ratio), int(patience)
         self.weight_decay = float(weight_decay)
@@ -167,6 +197,16 @@ class Trainer:
         best epoch's weights are restored at the end and training stops after
         ``patience`` epochs without improvement.
         """
+        if not isinstance(x_train, Tensor) or x_train.layout not in (torch.sparse_csr,
+                                                                     torch.sparse_coo):
+            got = x_train.layout if isinstance(x_train, Tensor) else type(x_train).__name__
+            raise TypeError(f"x_train must be a sparse CSR or COO tensor (rows, width), "
+                            f"got {got}")
+        if validate is not None and not callable(validate):
+            raise TypeError(f"validate must be callable or None, got {type(validate).__name__}")
+        if epochs is not None and (not isinstance(epochs, int) or isinstance(epochs, bool)
+                                   or epochs < 1):
+            raise ValueError(f"epochs must be None or an int >= 1, got {epochs!r}")
         run_for = self.epochs if epochs is None else int(epochs)
         loader = self.make_loader(SparseRowDataset(x_train))
         optimizer = self.make_optimizer()
@@ -267,7 +307,9 @@ class DistributedTrainer(Trainer):
                                "nnsparse.distributed.init_from_env() under torchrun, "
                                "or use Trainer in one process")
         self.world = nd.world_size()
-        if int(batch_size) % self.world:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if batch_size % self.world:
             raise ValueError(f"batch_size (the global batch) must be a multiple of the "
                              f"{self.world} processes, got {batch_size}")
         super().__init__(model, batch_size=batch_size, **kwargs)
