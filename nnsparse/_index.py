@@ -77,6 +77,18 @@ def rows_from_crow(crow: Tensor, nnz: int) -> Tensor:
                                    output_size=nnz)
 
 
+def column_major_all(row: Tensor, col: Tensor, width: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """The transposed structure over every one of ``width`` columns, empty ones too.
+
+    Returns ``perm`` (the entries in column order, stable), ``crow_t`` (CSR
+    pointers of the transposed pattern, ``width + 1`` of them) and ``row_t``
+    (the rows of the entries in ``perm`` order).  Unlike :func:`column_major`
+    every size is known in advance: no host sync on CUDA.
+    """
+    perm = torch.argsort(col, stable=True)
+    return perm, crow_from_counts(counts_of(col, width)), row[perm]
+
+
 def column_major(row: Tensor, col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The transposed (column-major) structure of a pattern.
 

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from . import _index
 from ._forms import as_sparse_batch
-from ._kernels import _csr_rows_mm, _sampled_mm
+from ._kernels import _csr_rows_mm, _sampled_mm, _t_mm
 
 __all__ = ["SparseParts", "sparse_parts"]
 
@@ -192,12 +192,7 @@ def _(h, table, bias, crow, col):
 
 @torch.library.custom_op("nnsparse::sparse_t_mm", mutates_args=())
 def _sparse_t_mm(crow: Tensor, col: Tensor, values: Tensor, dense: Tensor, n: int) -> Tensor:
-    # One embedding_bag with a bag per column of S (empty bags give zero rows):
-    # the (n, d) result is written in one pass, never as an index_add.
-    row = _index.rows_from_crow(crow, col.shape[0])
-    perm = torch.argsort(col, stable=True)
-    crow_t = _index.crow_from_counts(_index.counts_of(col, n))
-    return _csr_rows_mm(row[perm], dense.contiguous(), crow_t, values[perm])
+    return _t_mm(_index.rows_from_crow(crow, col.shape[0]), col, values, dense.contiguous(), n)
 
 
 @_sparse_t_mm.register_fake

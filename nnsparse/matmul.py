@@ -77,9 +77,7 @@ def _transposed(row: Tensor, col: Tensor, cols: int) -> Transposed:
     product with no scatter and no host sync.
     """
     _index.count("transposed")
-    perm = torch.argsort(col, stable=True)
-    crow_t = _index.crow_from_counts(_index.counts_of(col, cols))
-    return perm, crow_t, row[perm]
+    return _index.column_major_all(row, col, cols)
 
 
 def _full_pointers(cols: Tensor, crow_t: Tensor, width: int) -> Tensor:

@@ -11,7 +11,8 @@ from torch.autograd.function import once_differentiable
 
 from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch, move_structure
-from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
+from .._kernels import (_all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm,
+                        _t_mm)
 from .._ops import SparseParts, linear_parts
 
 __all__ = ["SparseLinearBatch", "sparse_linear"]
@@ -38,10 +39,7 @@ def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_featu
     hybrid COO tensor holding the touched columns only, as ``nn.Embedding``'s.
     """
     if not sparse:
-        # bags over every input column (sizes known: no host sync on a GPU)
-        perm = torch.argsort(col, stable=True)
-        crow_t = _index.crow_from_counts(_index.counts_of(col, in_features))
-        return _csr_rows_mm(row[perm], grad, crow_t, values[perm])
+        return _t_mm(row, col, values, grad, in_features)
     perm, cols, crow_t, row_t = colmajor() if colmajor is not None else _column_major(row, col)
     touched = _csr_rows_mm(row_t, grad, crow_t, values[perm])
     return _sparse_coo(cols.unsqueeze(0), touched, (in_features, grad.shape[1]), True)

@@ -23,7 +23,8 @@ from torch import Tensor, nn
 
 from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
-from .._kernels import _all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm
+from .._kernels import (_all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm,
+                        _t_mm)
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import _check_layer_args, _refuse_update_on_parts
@@ -73,12 +74,9 @@ class _SampledLinear(torch.autograd.Function):
             grad_h = _csr_rows_mm(col, weight, crow, grad)
         need_w, need_b = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
         if need_w and not ctx.sparse_grad and update is None:
-            # the dense gradient in one pass: a bag per output column, empty
-            # bags giving the zero rows (no zero-fill and copy, and no distinct
-            # columns to count: no host synchronisation on a GPU)
-            perm = torch.argsort(col, stable=True)
-            crow_all = _index.crow_from_counts(_index.counts_of(col, out_features))
-            grad_w = _csr_rows_mm(row[perm], h, crow_all, grad[perm])
+            # the dense gradient in one pass over every output column (no
+            # distinct columns to count: no host synchronisation on a GPU)
+            grad_w = _t_mm(row, col, grad, h, out_features)
             need_w = False
         if need_w or (need_b and ctx.sparse_grad):
             perm, cols, crow_t, row_t = (ctx.colmajor() if ctx.colmajor is not None
