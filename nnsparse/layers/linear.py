@@ -107,15 +107,6 @@ def _use_dense(batch: SparseBatch, mode: str) -> bool:
     return _density(batch) > _DENSE_ABOVE.get(batch.device.type, _DENSE_ABOVE["cuda"])
 
 
-def _is_dense_input(input: Any, in_features: int) -> bool:
-    """A strided tensor is always a dense input (``nn.Linear``'s behaviour).
-
-    The Lua pair form reaches the layer as a list of ``(k, 2)`` tensors or
-    through :func:`nnsparse.from_pairs`, never as a lone strided tensor.
-    """
-    return isinstance(input, Tensor) and input.layout == torch.strided
-
-
 def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = None, *,
                   mode: str = "auto") -> Tensor:
     r"""``input @ weight.T + bias`` for a sparse ``input``, never densifying it.
@@ -167,7 +158,9 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
     ``update``: the layer's in-backward optimiser (forces the sparse kernels)."""
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
-    if isinstance(input, Tensor) and _is_dense_input(input, table.shape[0]):
+    if isinstance(input, Tensor) and input.layout == torch.strided:
+        # a strided tensor is always dense (nn.Linear's behaviour): the Lua pair
+        # form comes as a list of (k, 2) tensors or through nnsparse.from_pairs
         if input.dim() == 0 or input.shape[-1] != table.shape[0]:
             raise ValueError(f"input must have {table.shape[0]} features (in_features) in its "
                              f"last dimension, got shape {tuple(input.shape)}; a Lua (k, 2) "
@@ -178,12 +171,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
                 f"the weight a dense gradient that no optimiser applies; pass a sparse batch, "
                 f"or run under torch.no_grad() for inference")
         return F.linear(input, table.t(), bias)
-    if (isinstance(input, Tensor) and input.layout != torch.strided and input.dim() in (1, 2)
-            and input.shape[-1] < table.shape[0]):
-        # a torch tensor declares its width: like nn.Linear, it must be in_features
-        # (a wider one is refused by as_sparse_batch below)
-        raise ValueError(f"input has width {input.shape[-1]}, smaller than in_features "
-                         f"{table.shape[0]}; give it shape (rows, {table.shape[0]})")
+    _check_not_narrower(input, table.shape[0], "input", "in_features")
     batch = as_sparse_batch(input, name="input", width=table.shape[0])
     if batch.device != table.device:
         raise ValueError(f"input must be on the weight's device {table.device}, "
@@ -219,6 +207,16 @@ def _refuse_update_on_parts(update: Any) -> None:
             f"{update.name}: the optimiser in the backward does not run on the "
             f"torch.compile input path (SparseParts); use torch.optim or "
             f"nnsparse.make_optimizer with a compiled model")
+
+
+def _check_not_narrower(x: Any, width: int, name: str, what: str) -> None:
+    """A torch sparse tensor declares its width: like ``nn.Linear``, a layer's
+    input or pattern must have the layer's (a wider one is refused by
+    ``as_sparse_batch``; a list of rows may be narrower)."""
+    if isinstance(x, Tensor) and x.layout != torch.strided and x.dim() in (1, 2) and (
+            x.shape[-1] < width):
+        raise ValueError(f"{name} has width {x.shape[-1]}, smaller than {what} {width}; "
+                         f"give it shape (rows, {width})")
 
 
 def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_grad: Any) -> None:

@@ -27,7 +27,7 @@ from .._kernels import (_all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, 
                         _t_mm)
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
-from .linear import _check_layer_args, _refuse_update_on_parts
+from .linear import _check_layer_args, _check_not_narrower, _refuse_update_on_parts
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
@@ -110,9 +110,7 @@ def _pattern_structure(pattern: SparseLike, input: Tensor, out_features: int):
         raise TypeError(f"pattern must be sparse, got a dense (strided) tensor of shape "
                         f"{tuple(pattern.shape)}; convert it with nnsparse.sparsify(pattern), "
                         "or a Lua (k, 2) pair vector with nnsparse.from_pairs(pattern)")
-    if isinstance(pattern, Tensor) and pattern.dim() in (1, 2) and pattern.shape[-1] < out_features:
-        raise ValueError(f"pattern has width {pattern.shape[-1]}, smaller than out_features "
-                         f"{out_features}; give it shape (rows, {out_features})")
+    _check_not_narrower(pattern, out_features, "pattern", "out_features")
     batch = as_sparse_batch(pattern, name="pattern", width=out_features, pairs=False)
     if batch.is_vector != (input.dim() == 1):
         raise ValueError("pattern must be a sparse vector for a 1-D input and a batch for a "
