@@ -54,7 +54,7 @@ _CHUNK = 1 << 20
 # rows they span, the span is updated in place (untouched rows get a zero
 # gradient, and their old values, saved before, are written back after)
 # rather than gathered and scattered: fewer passes over memory (measured by
-# benchmarks/bench_optim.py).
+# the update of the ML-10M-shaped tables while this was written; no script keeps it).
 _DENSE_SHARE = 0.5
 
 GradRows = Union[Tensor, Callable[[int, int], Tensor]]
@@ -94,7 +94,7 @@ def update_rows(kind: str, hp: dict, table: Tensor, rows: Tensor, grad: GradRows
             continue
         if dense:
             assert dense_grad is not None  # dense implies a dense_grad
-            _KERNELS[kind](hp, table[a:b], dense_grad(a, b).contiguous(),
+            KERNELS[kind](hp, table[a:b], dense_grad(a, b).contiguous(),
                            [state[name][a:b] for name in names], step.clone())
             continue
         g = grad(a, b) if callable(grad) else grad[a:b]
@@ -106,7 +106,7 @@ def _block(kind: str, hp: dict, table: Tensor, idx: Tensor, g: Tensor,
            state: Dict[str, Tensor], step: Tensor) -> None:
     """One step on the rows ``idx`` of ``table``: in place, gathered, or over their span."""
     names = _STATE[kind]
-    kernel = _KERNELS[kind]
+    kernel = KERNELS[kind]
     if idx.shape[0] == table.shape[0]:  # distinct and increasing: every row, in order
         kernel(hp, table, g, [state[n] for n in names], step)
         return
@@ -186,7 +186,7 @@ def _rowwise_adagrad_kernel(hp: dict, p: Tensor, g: Tensor, states: List[Tensor]
     p.addcdiv_(g, acc.sqrt().add_(hp["eps"]).unsqueeze(1), value=-hp["lr"])
 
 
-_KERNELS = {"adam": _adam_kernel(False), "adamw": _adam_kernel(True), "sgd": _sgd_kernel,
+KERNELS = {"adam": _adam_kernel(False), "adamw": _adam_kernel(True), "sgd": _sgd_kernel,
             "adagrad": _adagrad_kernel, "rowwise_adagrad": _rowwise_adagrad_kernel}
 
 

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from torch.optim.adam import adam as _adam_functional
 
 from . import _rowopt
 
@@ -163,7 +162,7 @@ def _update(p: Tensor, grad: Tensor, state: dict, group: dict) -> None:
     if grad.layout == torch.strided:
         if grad.stride() != p.stride():  # the fused kernel pairs elements by memory order
             grad = torch.empty_like(p).copy_(grad)
-        _adam([p], [grad], [m], [v], step, group)
+        _adam(p, grad, m, v, step, group)
         return
     if grad.sparse_dim() == 2 and p.dim() == 2:
         cols = _whole_columns(grad._indices(), p.shape[0])
@@ -224,20 +223,26 @@ def _whole_columns(index: Tensor, rows: int) -> Optional[Tensor]:
     return cols
 
 
-def _adam(ps: List[Tensor], gs: List[Tensor], ms: List[Tensor], vs: List[Tensor], step: int,
-          group: dict) -> None:
-    """Adam/AdamW in place on tensors laid out alike (each ``g``, ``m``, ``v`` with its
-    ``p``'s strides): torch's fused kernel, through its public functional API, where
-    torch has one; its single-tensor loop otherwise."""
-    beta1, beta2 = group["betas"]
-    fused = _USE_FUSED and all(_rowopt.fused_ok(p) for p in ps)
-    # the functional API advances the step tensors itself: hand it step - 1
-    # (torch.full fills on the device: no host-to-device copy, so no sync on CUDA)
-    steps = [torch.full((), float(step - 1), device=p.device if fused else "cpu") for p in ps]
-    _adam_functional(ps, gs, ms, vs, [], steps, foreach=False, fused=True if fused else None,
-                     decoupled_weight_decay=group["decoupled_weight_decay"], amsgrad=False,
-                     beta1=beta1, beta2=beta2, lr=group["lr"],
-                     weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+def _kernel_args(group: dict) -> Tuple[str, dict]:
+    """The row-update kind and hyperparameters (``nnsparse._rowopt``) of a LazyAdam group."""
+    kind = "adamw" if group["decoupled_weight_decay"] else "adam"
+    hp = {k: group[k] for k in ("lr", "betas", "eps", "weight_decay", "dense_above")}
+    if not _USE_FUSED:  # the tests' switch: torch's single-tensor loop
+        hp["_fused"] = False
+    return kind, hp
+
+
+def _step_before(step: int, device: torch.device) -> Tensor:
+    """torch's Adam advances the step tensor itself: it is handed ``step - 1``
+    (made by a fill on the device: no host-to-device copy, no sync on CUDA)."""
+    return torch.full((), float(step - 1), device=device)
+
+
+def _adam(p: Tensor, g: Tensor, m: Tensor, v: Tensor, step: int, group: dict) -> None:
+    """Adam/AdamW in place on tensors laid out alike (``g``, ``m``, ``v`` with ``p``'s
+    strides): the row updates' kernel, torch's fused one where torch has one."""
+    kind, hp = _kernel_args(group)
+    _rowopt.KERNELS[kind](hp, p, g, [m, v], _step_before(step, p.device))
 
 
 def _rows(p: Tensor, rows: Tensor, values: Tensor, m: Tensor, v: Tensor, step: int,
@@ -246,13 +251,8 @@ def _rows(p: Tensor, rows: Tensor, values: Tensor, m: Tensor, v: Tensor, step: i
     gradients: the row update of the in-backward optimiser (touched rows gathered in
     blocks, one fused Adam pass each, scattered back; spans touched densely are updated
     in place and their untouched rows restored)."""
-    kind = "adamw" if group["decoupled_weight_decay"] else "adam"
-    hp = {k: group[k] for k in ("lr", "betas", "eps", "weight_decay")}
-    if not _USE_FUSED:  # the tests' switch: torch's single-tensor loop
-        hp["_fused"] = False
-    hp["dense_above"] = group["dense_above"]
-    state = {"step": torch.full((), float(step - 1), device=p.device),
-             "exp_avg": m, "exp_avg_sq": v}
+    kind, hp = _kernel_args(group)
+    state = {"step": _step_before(step, p.device), "exp_avg": m, "exp_avg_sq": v}
 
     def dense_grad(lo: int, hi: int) -> Tensor:  # the gradient of rows lo:hi, zero-filled
         a, b = torch.searchsorted(rows, torch.tensor([lo, hi], device=rows.device)).tolist()
@@ -284,7 +284,7 @@ def _columns(p: Tensor, cols: Tensor, values: Tensor, m: Tensor, v: Tensor, step
             dense_g.index_copy_(1, cols, values[start:stop])
             views = [t[start:stop] for t in (p, m, v)]
             saved = [t.index_select(1, untouched) for t in views]
-            _adam([views[0]], [dense_g], [views[1]], [views[2]], step, group)
+            _adam(views[0], dense_g, views[1], views[2], step, group)
             for t, old in zip(views, saved):
                 t.index_copy_(1, untouched, old)
         return
@@ -292,7 +292,7 @@ def _columns(p: Tensor, cols: Tensor, values: Tensor, m: Tensor, v: Tensor, step
     for start in range(0, cols.shape[0], chunk):
         idx, g = cols[start:start + chunk], values[:, start:start + chunk].contiguous()
         part = [t.index_select(1, idx) for t in (p, m, v)]
-        _adam([part[0]], [g], [part[1]], [part[2]], step, group)
+        _adam(part[0], g, part[1], part[2], step, group)
         for t, new in zip((p, m, v), part):
             t.index_copy_(1, idx, new)
 
