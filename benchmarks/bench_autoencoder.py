@@ -232,7 +232,9 @@ class _OptTimer:
     def install(self) -> None:
         from nnsparse import _rowopt
         _rowopt._block = self.wrap(_rowopt._block)
-        _rowopt._KERNELS = {k: self.wrap(f) for k, f in _rowopt._KERNELS.items()}
+        # In place: optim.LazyAdam and _rowopt look kernels up in this one dict.
+        for kind, kernel in list(_rowopt.KERNELS.items()):
+            _rowopt.KERNELS[kind] = self.wrap(kernel)
 
 
 def _state_mb(model, optimiser) -> float:
