@@ -73,6 +73,7 @@ SHAPES = {
     "ml-1m": (3706, 6040, 1_000_209),
     "ml-10m": (10677, 69878, 10_000_054),
     "netflix": (17770, 480189, 100_480_507),
+    "tiny": (300, 400, 12_000),  # a check that every configuration runs, not a benchmark
 }
 CONFIGS = ["dense-masked", "nns-default", "nns-lazyadam", "nns-in-backward"]
 EXTRA_CONFIGS = ["nns-rowwise-adagrad"]  # another optimiser: run on request only
