@@ -14,6 +14,9 @@ from ._forms import SparseBatch, _sparse_coo, as_sparse_batch, check_index_range
 
 __all__ = ["DynamicSparseTensor"]
 
+# append()'s "no value given": the Lua call append(pair) with one [index, value] row.
+_NO_VALUE: Any = object()
+
 # Appends are written into host buffers of this many entries, then flushed in
 # one copy into the tensor storage: one torch call per chunk, not per entry.
 _CHUNK = 4096
@@ -142,16 +145,24 @@ class DynamicSparseTensor:
                 f"device={self._device})")
 
     # -- adding entries -------------------------------------------------------------
-    def append(self, index: Union[int, Sequence[int]], value: float) -> None:
+    def append(self, index: Union[int, Sequence[int]], value: float = _NO_VALUE) -> None:
         """Add one entry: ``index`` an int (``ndim=1``) or a tuple of ``ndim`` ints.
+
+        Lua's ``append(x)`` also works: one argument, an ``[index, value]``
+        row (a 1-D tensor such as a row of a pair tensor, or a sequence) of
+        ``ndim + 1`` numbers, its indices whole numbers (0-based).
 
         Raises:
             TypeError: an index that is not an int (a float, even whole, or NaN)
                 or a tuple of ints, a value that is not a real number (an int
-                for an integer ``dtype``).
+                for an integer ``dtype``); a lone argument that is not an
+                ``[index, value]`` row.
             ValueError: a negative index, a tuple of the wrong length, a number
-                beyond int64.
+                beyond int64; an ``[index, value]`` row whose index is not a
+                whole number.
         """
+        if value is _NO_VALUE:
+            return self._append_row(index)
         if self._ndim != 1:
             return self._append_tuple(cast(Sequence[int], index), value)
         index = cast(int, index)
@@ -169,6 +180,31 @@ class DynamicSparseTensor:
         if self._range is not None:
             self._check_value(self._vbuf[j])
         self._j = j + 1
+
+    def _append_row(self, row: Any) -> None:
+        """Lua's ``append(x)``: one ``[index..., value]`` row of ``ndim + 1`` numbers."""
+        n = self._ndim + 1
+        what = f"one [index, value] row of {n} numbers (the Lua form) or append(index, value)"
+        if isinstance(row, Tensor):
+            if row.layout != torch.strided or row.dim() != 1 or row.numel() != n:
+                raise TypeError(f"append needs {what}, got a tensor of shape "
+                                f"{tuple(row.shape)} and layout {row.layout}")
+            if row.dtype == torch.bool or row.is_complex():
+                raise TypeError(f"append needs {what}, got a tensor of dtype {row.dtype}")
+            items = row.tolist()
+        elif isinstance(row, (tuple, list)) and len(row) == n:
+            items = list(row)
+        else:
+            raise TypeError(f"append needs {what}, got {type(row).__name__} {row!r}")
+        index = []
+        for i in items[:-1]:
+            if isinstance(i, float) and i.is_integer():
+                i = int(i)  # a pair tensor stores its index in the values' dtype
+            elif isinstance(i, float):
+                raise ValueError(f"the index of an [index, value] row must be a whole number, "
+                                 f"got {i}")
+            index.append(i)
+        self.append(index[0] if self._ndim == 1 else tuple(index), items[-1])
 
     def _check_value(self, v: float) -> None:
         """Refuse a value the builder's narrow dtype cannot hold (NaN and ±inf pass as given)."""
