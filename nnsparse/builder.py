@@ -183,28 +183,29 @@ class DynamicSparseTensor:
 
     def _append_row(self, row: Any) -> None:
         """Lua's ``append(x)``: one ``[index..., value]`` row of ``ndim + 1`` numbers."""
-        n = self._ndim + 1
-        what = f"one [index, value] row of {n} numbers (the Lua form) or append(index, value)"
-        if isinstance(row, Tensor):
-            if row.layout != torch.strided or row.dim() != 1 or row.numel() != n:
-                raise TypeError(f"append needs {what}, got a tensor of shape "
-                                f"{tuple(row.shape)} and layout {row.layout}")
-            if row.dtype == torch.bool or row.is_complex():
-                raise TypeError(f"append needs {what}, got a tensor of dtype {row.dtype}")
+        # Lean on purpose: this is a per-entry call (Lua's builder test times it).
+        items: Sequence[Any]
+        if isinstance(row, Tensor) and row.layout == torch.strided and row.dim() == 1:
             items = row.tolist()
-        elif isinstance(row, (tuple, list)) and len(row) == n:
-            items = list(row)
+        elif isinstance(row, (tuple, list)):
+            items = row
         else:
-            raise TypeError(f"append needs {what}, got {type(row).__name__} {row!r}")
-        index = []
-        for i in items[:-1]:
-            if isinstance(i, float) and i.is_integer():
-                i = int(i)  # a pair tensor stores its index in the values' dtype
-            elif isinstance(i, float):
-                raise ValueError(f"the index of an [index, value] row must be a whole number, "
-                                 f"got {i}")
-            index.append(i)
-        self.append(index[0] if self._ndim == 1 else tuple(index), items[-1])
+            raise self._row_error(row)
+        if len(items) != self._ndim + 1 or items[0].__class__ is bool:  # a bool tensor's row
+            raise self._row_error(row)
+        if self._ndim == 1:
+            i = items[0]
+            self.append(_whole(i) if i.__class__ is float else i, items[1])
+        else:
+            self.append(tuple(_whole(i) for i in items[:-1]), items[-1])
+
+    def _row_error(self, row: Any) -> TypeError:
+        what = (f"one [index, value] row of {self._ndim + 1} numbers (the Lua form) "
+                "or append(index, value)")
+        if isinstance(row, Tensor):
+            return TypeError(f"append needs {what}, got a tensor of shape {tuple(row.shape)}, "
+                             f"dtype {row.dtype} and layout {row.layout}")
+        return TypeError(f"append needs {what}, got {type(row).__name__} {row!r}")
 
     def _check_value(self, v: float) -> None:
         """Refuse a value the builder's narrow dtype cannot hold (NaN and ±inf pass as given)."""
@@ -452,6 +453,15 @@ def _value_range(dtype: torch.dtype) -> Optional[Tuple[float, float]]:
         return None
     info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
     return (info.min, info.max)
+
+
+def _whole(i: Any) -> Any:
+    """A pair tensor's index (stored in the values' dtype) as an int; other kinds unchanged."""
+    if i.__class__ is float:
+        if not i.is_integer():
+            raise ValueError(f"the index of an [index, value] row must be a whole number, got {i}")
+        return int(i)
+    return i
 
 
 def _as_int(x: Any, name: str) -> int:

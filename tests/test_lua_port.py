@@ -566,7 +566,7 @@ def test_readme_dynamic_sparse_tensor():
     (torch.tensor([-1.0, 2.0]), ValueError, r"index must be non-negative, got -1"),
     (torch.tensor([1.0, 2.0, 3.0]), TypeError, r"one \[index, value\] row of 2 numbers .* shape \(3,\)"),
     (torch.tensor([[1.0, 2.0]]), TypeError, r"got a tensor of shape \(1, 2\)"),
-    (torch.tensor([True, False]), TypeError, r"got a tensor of dtype torch.bool"),
+    (torch.tensor([True, False]), TypeError, r"got a tensor of shape \(2,\), dtype torch.bool"),
     (3, TypeError, r"append needs one \[index, value\] row .* got int 3"),
     ([1, 2, 3], TypeError, r"got list \[1, 2, 3\]"),
 ])
