@@ -78,6 +78,11 @@ def _sort(x: Any, by_index: bool, descending: bool, inplace: bool,
             raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
     batch = as_sparse_batch(x, name=name)
     _check_values(batch, name)
+    if inplace and batch.form in ("pairs", "pair_list") and torch.is_grad_enabled():
+        # refused before any row is written (torch would refuse the first such row)
+        if any(p.is_leaf and p.requires_grad for p in ([x] if batch.form == "pairs" else x)):
+            raise RuntimeError(f"inplace=True cannot reorder {name}: a leaf tensor that "
+                               "requires grad; sort a copy, or under torch.no_grad()")
     if batch.form in ("pairs", "pair_list"):
         # Lua parity: the pair tensors are reordered as they are, duplicates kept.
         order = _row_order(batch.row, batch.col if by_index else batch.values, descending)
@@ -161,6 +166,8 @@ def ssort(x: SparseLike, descending: bool = False,
         ValueError: bad indices (see :func:`nnsparse.densify`).
         NotImplementedError: ``inplace=True`` for a torch sparse tensor or a
             list of sparse vectors (their entry order is torch's).
+        RuntimeError: ``inplace=True`` on a pair tensor that is a leaf
+            requiring grad (outside :func:`torch.no_grad`).
 
     Example::
 
@@ -206,6 +213,7 @@ def ssort_by_index(x: SparseLike, descending: bool = False,
         ValueError: bad indices.
         NotImplementedError: ``inplace=True`` for a torch sparse tensor or a
             list of sparse vectors.
+        RuntimeError: ``inplace=True`` on a leaf pair tensor that requires grad.
 
     Example::
 

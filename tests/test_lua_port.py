@@ -540,6 +540,14 @@ def test_inplace_needs_pair_tensors():
         ssort(coo, inplace=True)
     with pytest.raises(TypeError, match="inplace must be a bool, got int"):
         ssort(_pairs([0, 1]), False, 1)
+    # a leaf that requires grad is refused before any row of the list is written
+    rows = [_pairs([0, 2], [1, 1]), _pairs([0, 2], [1, 1]).requires_grad_()]
+    with pytest.raises(RuntimeError, match="inplace=True cannot reorder x: a leaf tensor"):
+        ssort(rows, inplace=True)
+    assert torch.equal(rows[0], _pairs([0, 2], [1, 1]))
+    with torch.no_grad():
+        ssort(rows, inplace=True)
+    assert torch.equal(rows[1], _pairs([1, 1], [0, 2]))
 
 
 def test_readme_dynamic_sparse_tensor():
