@@ -161,7 +161,9 @@ class DynamicSparseTensor:
                 beyond int64; an ``[index, value]`` row whose index is not a
                 whole number.
         """
-        if value is _NO_VALUE:  # ~15 ns here; from the TypeError of the buffers, 4 us a row
+        # Checked first (about 15 ns per append): recognised from the buffers'
+        # TypeError instead, append(pair) took 5.3 us, not 1.3.
+        if value is _NO_VALUE:
             return self._append_row(index)
         if self._ndim != 1:
             return self._append_tuple(cast(Sequence[int], index), value)
