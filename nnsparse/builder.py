@@ -14,6 +14,9 @@ from ._forms import SparseBatch, _sparse_coo, as_sparse_batch, check_index_range
 
 __all__ = ["DynamicSparseTensor"]
 
+# append()'s "no value given": the Lua call append(pair) with one [index, value] row.
+_NO_VALUE: Any = object()
+
 # Appends are written into host buffers of this many entries, then flushed in
 # one copy into the tensor storage: one torch call per chunk, not per entry.
 _CHUNK = 4096
@@ -142,16 +145,26 @@ class DynamicSparseTensor:
                 f"device={self._device})")
 
     # -- adding entries -------------------------------------------------------------
-    def append(self, index: Union[int, Sequence[int]], value: float) -> None:
+    def append(self, index: Union[int, Sequence[int]], value: float = _NO_VALUE) -> None:
         """Add one entry: ``index`` an int (``ndim=1``) or a tuple of ``ndim`` ints.
+
+        Lua's ``append(x)`` also works: one argument, an ``[index, value]``
+        row (a 1-D tensor such as a row of a pair tensor, or a sequence) of
+        ``ndim + 1`` numbers, its indices whole numbers (0-based).
 
         Raises:
             TypeError: an index that is not an int (a float, even whole, or NaN)
                 or a tuple of ints, a value that is not a real number (an int
-                for an integer ``dtype``).
+                for an integer ``dtype``); a lone argument that is not an
+                ``[index, value]`` row.
             ValueError: a negative index, a tuple of the wrong length, a number
-                beyond int64.
+                beyond int64; an ``[index, value]`` row whose index is not a
+                whole number.
         """
+        # Checked first (about 15 ns per append): recognised from the buffers'
+        # TypeError instead, append(pair) took 5.3 us, not 1.3.
+        if value is _NO_VALUE:
+            return self._append_row(index)
         if self._ndim != 1:
             return self._append_tuple(cast(Sequence[int], index), value)
         index = cast(int, index)
@@ -169,6 +182,32 @@ class DynamicSparseTensor:
         if self._range is not None:
             self._check_value(self._vbuf[j])
         self._j = j + 1
+
+    def _append_row(self, row: Any) -> None:
+        """Lua's ``append(x)``: one ``[index..., value]`` row of ``ndim + 1`` numbers."""
+        # Lean on purpose: this is a per-entry call (Lua's builder test times it).
+        items: Sequence[Any]
+        if isinstance(row, Tensor) and row.layout == torch.strided and row.dim() == 1:
+            items = row.tolist()
+        elif isinstance(row, (tuple, list)):
+            items = row
+        else:
+            raise self._row_error(row)
+        if len(items) != self._ndim + 1 or items[0].__class__ is bool:  # a bool tensor's row
+            raise self._row_error(row)
+        if self._ndim == 1:
+            i = items[0]
+            self.append(_whole(i) if i.__class__ is float else i, items[1])
+        else:
+            self.append(tuple(_whole(i) for i in items[:-1]), items[-1])
+
+    def _row_error(self, row: Any) -> TypeError:
+        what = (f"one [index, value] row of {self._ndim + 1} numbers (the Lua form) "
+                "or append(index, value)")
+        if isinstance(row, Tensor):
+            return TypeError(f"append needs {what}, got a tensor of shape {tuple(row.shape)}, "
+                             f"dtype {row.dtype} and layout {row.layout}")
+        return TypeError(f"append needs {what}, got {type(row).__name__} {row!r}")
 
     def _check_value(self, v: float) -> None:
         """Refuse a value the builder's narrow dtype cannot hold (NaN and ±inf pass as given)."""
@@ -416,6 +455,15 @@ def _value_range(dtype: torch.dtype) -> Optional[Tuple[float, float]]:
         return None
     info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
     return (info.min, info.max)
+
+
+def _whole(i: Any) -> Any:
+    """A pair tensor's index (stored in the values' dtype) as an int; other kinds unchanged."""
+    if i.__class__ is float:
+        if not i.is_integer():
+            raise ValueError(f"the index of an [index, value] row must be a whole number, got {i}")
+        return int(i)
+    return i
 
 
 def _as_int(x: Any, name: str) -> int:

@@ -143,8 +143,8 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tens
 
 
 def _densify(batch: SparseBatch, elem: float, rows: int, width: int) -> Tensor:
-    _check_elem(elem)
     """:func:`densify` of a normalised batch, ``(rows, width)`` (``(width,)`` for a vector)."""
+    _check_elem(elem)
     if _is_nan(elem) and not (batch.dtype.is_floating_point or batch.dtype.is_complex):
         raise ValueError(f"elem nan needs floating values, got dtype {batch.dtype}")
     index = (batch.row, batch.col)

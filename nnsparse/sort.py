@@ -71,18 +71,37 @@ def _longest_row(batch: SparseBatch) -> int:
     return int(batch.row_counts().max()) if batch.rows and batch.nnz else 0
 
 
-def _sort(x: Any, by_index: bool, descending: bool, name: str) -> Union[SortResult, Tensor, List[Tensor]]:
-    if not isinstance(descending, bool):
-        raise TypeError(f"descending must be a bool, got {type(descending).__name__}")
+def _sort(x: Any, by_index: bool, descending: bool, inplace: bool,
+          name: str) -> Union[SortResult, Tensor, List[Tensor]]:
+    for flag, value in (("descending", descending), ("inplace", inplace)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
     batch = as_sparse_batch(x, name=name)
     _check_values(batch, name)
+    if inplace and batch.form in ("pairs", "pair_list") and torch.is_grad_enabled():
+        # refused before any row is written (torch would refuse the first such row)
+        if any(p.is_leaf and p.requires_grad for p in ([x] if batch.form == "pairs" else x)):
+            raise RuntimeError(f"inplace=True cannot reorder {name}: a leaf tensor that "
+                               "requires grad; sort a copy, or under torch.no_grad()")
     if batch.form in ("pairs", "pair_list"):
         # Lua parity: the pair tensors are reordered as they are, duplicates kept.
         order = _row_order(batch.row, batch.col if by_index else batch.values, descending)
         if batch.form == "pairs":
-            return x.reshape(-1, 2)[order]
+            out = x.reshape(-1, 2)[order]
+            return x.copy_(out.reshape(x.shape)) if inplace else out
         pairs = torch.cat([p.reshape(-1, 2) for p in x])[order]
-        return list(pairs.split(batch.row_counts().tolist()))
+        rows = list(pairs.split(batch.row_counts().tolist()))
+        if inplace:
+            # every row is read (by the cat above) before any is written
+            for p, row in zip(x, rows):
+                p.copy_(row.reshape(p.shape))
+            return x
+        return rows
+    if inplace:
+        raise NotImplementedError(
+            f"inplace=True reorders (k, 2) pair tensors (the Lua form), got {name} in form "
+            f"'{batch.form}': a torch sparse tensor keeps its own entry order; use the returned "
+            "(values, indices)")
     batch = batch.coalesce()  # duplicates are one entry: their sum
     if by_index:
         # Coalesced entries already have increasing columns within each row.
@@ -99,7 +118,8 @@ def _sort(x: Any, by_index: bool, descending: bool, name: str) -> Union[SortResu
     return result
 
 
-def ssort(x: SparseLike, descending: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
+def ssort(x: SparseLike, descending: bool = False,
+          inplace: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
     r"""Sort the specified entries of a sparse vector, or of each row of a batch, by value.
 
     Unlike Lua nnsparse, whose README announced a descending default, the
@@ -112,6 +132,9 @@ def ssort(x: SparseLike, descending: bool = False) -> Union[SortResult, Tensor, 
             batch, a list of sparse vectors, a ``(k, 2)`` pair tensor of
             ``[index, value]`` rows, or a list of pair tensors.
         descending (bool): sort from the largest value down. Default: False.
+        inplace (bool): reorder the pair tensor(s) themselves and return
+            them (Lua's ``ssort(descend, inplace)``); pair forms only.
+            Default: False.
 
     Returns:
         For a sparse vector, a named tuple ``(values, indices)`` of shape
@@ -138,9 +161,13 @@ def ssort(x: SparseLike, descending: bool = False) -> Union[SortResult, Tensor, 
         specified values only.
 
     Raises:
-        TypeError: ``x`` is not an accepted form, ``descending`` is not a bool,
-            or the values are boolean or complex.
+        TypeError: ``x`` is not an accepted form, ``descending`` or
+            ``inplace`` is not a bool, or the values are boolean or complex.
         ValueError: bad indices (see :func:`nnsparse.densify`).
+        NotImplementedError: ``inplace=True`` for a torch sparse tensor or a
+            list of sparse vectors (their entry order is torch's).
+        RuntimeError: ``inplace=True`` on a pair tensor that is a leaf
+            requiring grad (outside :func:`torch.no_grad`).
 
     Example::
 
@@ -156,11 +183,11 @@ def ssort(x: SparseLike, descending: bool = False) -> Union[SortResult, Tensor, 
                 [inf, inf]]), indices=tensor([[ 2,  1],
                 [-1, -1]]))
     """
-    return _sort(x, by_index=False, descending=descending, name="x")
+    return _sort(x, by_index=False, descending=descending, inplace=inplace, name="x")
 
 
-def ssort_by_index(x: SparseLike,
-                   descending: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
+def ssort_by_index(x: SparseLike, descending: bool = False,
+                   inplace: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
     r"""Sort the specified entries of a sparse vector, or of each row of a batch, by index.
 
     The Lua nnsparse README announced a descending default; as in
@@ -170,6 +197,8 @@ def ssort_by_index(x: SparseLike,
         x: a sparse COO vector or batch, a sparse CSR batch, a list of sparse
             vectors, a ``(k, 2)`` pair tensor, or a list of pair tensors.
         descending (bool): sort from the largest index down. Default: False.
+        inplace (bool): reorder the pair tensor(s) themselves and return
+            them, as :func:`ssort`; pair forms only. Default: False.
 
     Returns:
         As :func:`ssort`: ``(values, indices)`` of shape ``(nnz,)`` for a
@@ -179,9 +208,12 @@ def ssort_by_index(x: SparseLike,
         value 0, so padded values add nothing to a sum.
 
     Raises:
-        TypeError: ``x`` is not an accepted form, ``descending`` is not a bool,
-            or the values are boolean or complex.
+        TypeError: ``x`` is not an accepted form, ``descending`` or
+            ``inplace`` is not a bool, or the values are boolean or complex.
         ValueError: bad indices.
+        NotImplementedError: ``inplace=True`` for a torch sparse tensor or a
+            list of sparse vectors.
+        RuntimeError: ``inplace=True`` on a leaf pair tensor that requires grad.
 
     Example::
 
@@ -193,7 +225,7 @@ def ssort_by_index(x: SparseLike,
         >>> ssort_by_index(x, descending=True)
         SortResult(values=tensor([2., 1., 4.]), indices=tensor([6, 3, 1]))
     """
-    return _sort(x, by_index=True, descending=descending, name="x")
+    return _sort(x, by_index=True, descending=descending, inplace=inplace, name="x")
 
 
 def stopk(x: SparseLike, k: int) -> TopkResult:

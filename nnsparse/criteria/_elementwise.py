@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -211,3 +211,31 @@ def generator_arg(generator: Any) -> Optional[torch.Generator]:
         raise TypeError(f"generator must be a torch.Generator or None, got "
                         f"{type(generator).__name__}")
     return generator
+
+
+# The keys of Lua nnsparse's SDAEconf table, as nnsparse names them.
+_LUA_SETTINGS = {"noiseRatio": "noise_ratio", "noiseMean": "noise_mean", "noiseStd": "noise_std",
+                 "flipRatio": "flip_ratio", "flipRange": "flip_range", "hideRatio": "hide_ratio"}
+
+
+def conf_settings(conf: Mapping, given: Dict[str, Any], defaults: Dict[str, Any],
+                  owner: str) -> Dict[str, Any]:
+    """The settings of a criterion built Lua's way, ``Criterion(criterion, SDAEconf)``.
+
+    ``conf`` maps Lua's keys (``hideRatio``) or nnsparse's (``hide_ratio``) to
+    values; the settings it leaves out take their defaults.  ``given`` holds
+    the settings passed as arguments too, which must then be the defaults:
+    one setting from two places would leave the reader guessing which wins.
+    """
+    clash = sorted(k for k, v in given.items() if v is not defaults[k] and v != defaults[k])
+    if clash:
+        raise TypeError(f"{owner}: pass the settings either in one mapping (Lua's SDAEconf) or "
+                        f"as keywords, not both; got a mapping and {', '.join(clash)}=")
+    settings = dict(defaults)
+    for key, value in conf.items():
+        name = _LUA_SETTINGS.get(key, key)
+        if not isinstance(key, str) or name not in defaults:
+            raise TypeError(f"{owner}: unknown setting {key!r} in the mapping; expected some of "
+                            f"{', '.join(defaults)} (or Lua's camelCase names)")
+        settings[name] = value
+    return settings

@@ -1,19 +1,22 @@
 """MaskCriterion: hide observed entries of each row and weight a loss by a mask."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
 from .._forms import SparseLike, as_sparse_batch, is_sparse_form
 from ..convert import densify
-from ._elementwise import (RefuseLuaNames, elementwise_loss, generator_arg, real_arg,
-                           resolve_size_average)
+from ._elementwise import (RefuseLuaNames, conf_settings, elementwise_loss, generator_arg,
+                           real_arg, resolve_size_average)
 from ._entries import as_estimate, as_target, check_device, lookup, unique_entries
 from .sdae import EntryMask, _check_generator, _kind
 
 __all__ = ["MaskCriterion"]
+
+
+_MASK_DEFAULTS = dict(alpha=1.0, beta=0.0, hide_ratio=0.0)
 
 
 class MaskCriterion(RefuseLuaNames, nn.Module):
@@ -51,7 +54,9 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         criterion (nn.Module): an element-wise loss (``nn.MSELoss``, ...); its
             ``reduction`` is honoured (``'sum'`` means ``size_average=False``;
             ``'none'`` is refused).
-        alpha (float): weight of the hidden entries. Default: 1.
+        alpha (float): weight of the hidden entries. Default: 1.  A mapping
+            in its place holds the settings (Lua's ``SDAEconf``: ``alpha``,
+            ``beta``, ``hideRatio`` or ``hide_ratio``).
         beta (float): weight of the other observed entries. Default: 0.
         hide_ratio (float): the ratio of entries to hide, in [0, 1]. Default: 0.
         generator (torch.Generator, optional): the random source of
@@ -82,10 +87,15 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         >>> loss.backward()
     """
 
-    def __init__(self, criterion: nn.Module, alpha: float = 1.0, beta: float = 0.0,
-                 hide_ratio: float = 0.0, generator: Optional[torch.Generator] = None,
+    def __init__(self, criterion: nn.Module, alpha: Union[float, Mapping[str, Any]] = 1.0,
+                 beta: float = 0.0, hide_ratio: float = 0.0,
+                 generator: Optional[torch.Generator] = None,
                  size_average: Optional[bool] = None) -> None:
         super().__init__()
+        if isinstance(alpha, Mapping):  # Lua's MaskCriterion(criterion, SDAEconf)
+            conf = conf_settings(alpha, dict(beta=beta, hide_ratio=hide_ratio),
+                                 _MASK_DEFAULTS, "MaskCriterion")
+            alpha, beta, hide_ratio = (conf[k] for k in _MASK_DEFAULTS)
         self._loss = elementwise_loss(criterion)
         self.criterion = criterion
         self.alpha, self.beta = real_arg(alpha, "alpha"), real_arg(beta, "beta")

@@ -7,14 +7,14 @@ corrupted; the loss weights the wrapped criterion by ``alpha`` on those and by
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
 from .._forms import SparseLike, as_sparse_batch, is_sparse_form
-from ._elementwise import (RefuseLuaNames, elementwise_loss, generator_arg, real_arg,
-                           resolve_size_average)
+from ._elementwise import (RefuseLuaNames, conf_settings, elementwise_loss, generator_arg,
+                           real_arg, resolve_size_average)
 from ._entries import DECLARED_WIDTH, Estimate, as_estimate, as_target, lookup, unique_entries
 
 __all__ = ["SDAECriterion", "SDAESparseCriterion"]
@@ -62,15 +62,28 @@ def corrupt(values: Tensor, noise_ratio: float, noise_mean: float, noise_std: fl
     return out, fate < corrupted_bound, hidden
 
 
+# The settings of the SDAE criteria and their defaults, in argument order.
+_SDAE_DEFAULTS = dict(alpha=1.0, beta=0.0, noise_ratio=0.0, noise_mean=0.0, noise_std=0.2,
+                      flip_ratio=0.0, flip_range=(-1.0, 1.0), hide_ratio=0.0)
+
+
 class _SDAEBase(RefuseLuaNames, nn.Module):
     """Arguments, validation and weighting shared by both SDAE criteria."""
 
-    def __init__(self, criterion: nn.Module, alpha: float = 1.0, beta: float = 0.0,
+    def __init__(self, criterion: nn.Module, alpha: Union[float, Mapping[str, Any]] = 1.0,
+                 beta: float = 0.0,
                  noise_ratio: float = 0.0, noise_mean: float = 0.0, noise_std: float = 0.2,
                  flip_ratio: float = 0.0, flip_range: Sequence[float] = (-1.0, 1.0),
                  hide_ratio: float = 0.0, generator: Optional[torch.Generator] = None,
                  size_average: Optional[bool] = None) -> None:
         super().__init__()
+        if isinstance(alpha, Mapping):  # Lua's SDAECriterion(criterion, SDAEconf)
+            given = dict(beta=beta, noise_ratio=noise_ratio, noise_mean=noise_mean,
+                         noise_std=noise_std, flip_ratio=flip_ratio, flip_range=flip_range,
+                         hide_ratio=hide_ratio)
+            conf = conf_settings(alpha, given, _SDAE_DEFAULTS, type(self).__name__)
+            alpha, beta, noise_ratio, noise_mean, noise_std, flip_ratio, flip_range, hide_ratio = (
+                conf[k] for k in _SDAE_DEFAULTS)
         self._loss = elementwise_loss(criterion)
         self.criterion = criterion
         self.alpha, self.beta = real_arg(alpha, "alpha"), real_arg(beta, "beta")
@@ -123,7 +136,10 @@ _SDAE_ARGS = r"""
         criterion (nn.Module): an element-wise loss (``nn.MSELoss``, ``nn.L1Loss``,
             ``nn.BCEWithLogitsLoss``, ...); its ``reduction`` is honoured
             (``'sum'`` means ``size_average=False``; ``'none'`` is refused).
-        alpha (float): weight of the corrupted entries. Default: 1.
+        alpha (float): weight of the corrupted entries. Default: 1.  Lua's
+            form is accepted too: a mapping in its place holds the settings
+            below (Lua's ``SDAEconf`` table, keys ``hideRatio`` or
+            ``hide_ratio``...; ``generator`` and ``size_average`` stay keywords).
         beta (float): weight of the other entries. Default: 0.
         noise_ratio (float): probability that an entry gets Gaussian noise. Default: 0.
         noise_mean (float): mean of the noise. Default: 0.
@@ -182,6 +198,20 @@ class SDAECriterion(_SDAEBase):
     """
 
     _mask: Optional[Tensor]  # what prepare_input corrupted, None before it runs
+
+    @property
+    def mask_alpha(self) -> Optional[Tensor]:
+        """Where the last :meth:`prepare_input` corrupted its input (Lua's ``maskAlpha``).
+
+        A bool tensor of that input's shape, True at the corrupted entries (the
+        ones weighted by ``alpha``); ``None`` before :meth:`prepare_input`.
+        """
+        return self._mask
+
+    @property
+    def mask_beta(self) -> Optional[Tensor]:
+        """The entries the last :meth:`prepare_input` left clean, ``~mask_alpha`` (Lua's ``maskBeta``)."""
+        return None if self._mask is None else ~self._mask
 
     def prepare_input(self, input: Tensor) -> Tensor:
         """A corrupted copy of the dense ``input``; remembers the corrupted entries."""
@@ -246,11 +276,18 @@ class EntryMask:
     rows: int
     width: int
     declared_width: bool
+    vector: bool = False
 
     @classmethod
     def of(cls, batch, flag: Tensor) -> "EntryMask":
         return cls(batch.row, batch.col, flag, batch.rows, batch.width,
-                   batch.form in DECLARED_WIDTH)
+                   batch.form in DECLARED_WIDTH, batch.is_vector)
+
+    def dense(self, corrupted: bool) -> Tensor:
+        """A dense bool of the batch's shape: True at the entries whose flag is ``corrupted``."""
+        out = torch.zeros(self.rows, self.width, dtype=torch.bool, device=self.flag.device)
+        out[self.row, self.col] = self.flag if corrupted else ~self.flag
+        return out[0] if self.vector else out
 
     def check(self, est: Estimate, owner: str) -> None:
         """Raise ``ValueError`` unless ``est`` has the prepared batch's shape."""
@@ -326,6 +363,27 @@ class SDAESparseCriterion(_SDAEBase):
     """
 
     _mask: Optional[EntryMask]  # what prepare_input corrupted, None before it runs
+
+    @property
+    def mask_alpha(self) -> Optional[Tensor]:
+        """The specified entries the last :meth:`prepare_input` corrupted.
+
+        A dense bool tensor of the prepared batch's shape ``(rows, n)`` (``(n,)``
+        for a vector), True at each corrupted specified entry; ``None`` before
+        :meth:`prepare_input`.  Lua kept one mask per row over that row's
+        entries (``masks[k].alpha``): ``mask_alpha[k][specified[k]]`` in
+        increasing column order.  Built on each read (``rows * n`` booleans).
+        """
+        return None if self._mask is None else self._mask.dense(corrupted=True)
+
+    @property
+    def mask_beta(self) -> Optional[Tensor]:
+        """The specified entries the last :meth:`prepare_input` left clean (Lua's ``masks[k].beta``).
+
+        As :attr:`mask_alpha`, True at each specified entry that was not
+        corrupted; unspecified entries are False in both.
+        """
+        return None if self._mask is None else self._mask.dense(corrupted=False)
 
     def prepare_input(self, input: SparseLike) -> SparseLike:
         """A corrupted copy of the sparse ``input``, in its form; remembers the corrupted entries."""

@@ -162,6 +162,11 @@ def _collate(items: List[Any], layout: torch.layout) -> Tensor:
     return _build(batch.crow_indices(), batch.col, batch.values, batch.width, layout)
 
 
+def _check_count(name: str, value: Any, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
 @contextlib.contextmanager
 def _evaluating(network: nn.Module) -> Iterator[None]:
     """Eval mode and no autograd inside; each module's own mode restored after.
@@ -260,9 +265,8 @@ class Batchifier:
                  collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> None:
         if not isinstance(network, nn.Module):
             raise TypeError(f"network must be an nn.Module, got {type(network).__name__}")
-        for name, value, low in (("output_size", output_size, 0), ("batch_size", batch_size, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        _check_count("output_size", output_size, 0)
+        _check_count("batch_size", batch_size, 1)
         if layout not in (torch.sparse_csr, torch.sparse_coo):
             raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
         if collate_fn is not None and not callable(collate_fn):
@@ -280,13 +284,16 @@ class Batchifier:
                 f"batch_size={self.batch_size}, device={self.device}, "
                 f"network={type(self.network).__name__})")
 
-    def forward(self, data: Data) -> Tensor:
+    def forward(self, data: Data, batch_size: Optional[int] = None) -> Tensor:
         r"""The network's output for every row of ``data``.
 
         Args:
             data: a sparse matrix ``(rows, width)`` (COO or CSR), a list of
                 sparse vectors or of pair tensors, a dense ``(rows, width)``
                 tensor, or a map-style :class:`~torch.utils.data.Dataset`.
+            batch_size (int, optional): the rows per forward for this call
+                only (Lua's ``forward(data, batchSize)``). Default: the
+                ``batch_size`` the Batchifier was built with.
 
         Returns:
             A dense ``(rows, output_size)`` tensor of the network's output
@@ -296,13 +303,17 @@ class Batchifier:
 
         Raises:
             TypeError: ``data`` is not one of the accepted kinds.
-            ValueError: ``data`` is a single vector, or the network returns
-                something other than a dense ``(b, output_size)`` tensor.
+            ValueError: ``data`` is a single vector, the network returns
+                something other than a dense ``(b, output_size)`` tensor, or
+                ``batch_size`` is not an int >= 1.
         """
+        if batch_size is None:
+            batch_size = self.batch_size
+        _check_count("batch_size", batch_size, 1)
         source = self._source(data)
         out: Optional[Tensor] = None
         with _evaluating(self.network):
-            for start, stop in self._ranges(source.rows, "forward"):
+            for start, stop in self._ranges(source.rows, "forward", batch_size):
                 y = self._run(source.batch(start, stop), start, stop)
                 if out is None:
                     out = _allocate((source.rows, self.output_size), y.dtype, source.device)
@@ -403,14 +414,16 @@ class Batchifier:
         raise TypeError(f"data must be a sparse matrix, a list of sparse rows, a dense tensor "
                         f"or a Dataset, got {type(data).__name__}")
 
-    def _ranges(self, rows: int, what: str) -> Iterator[Tuple[int, int]]:
+    def _ranges(self, rows: int, what: str,
+                batch_size: Optional[int] = None) -> Iterator[Tuple[int, int]]:
         """``(start, stop)`` of each batch, with a progress bar counting rows."""
         from tqdm import tqdm  # imported where the bar is made
 
+        step = self.batch_size if batch_size is None else batch_size
         with tqdm(total=rows, disable=not self.progress, unit="row",
                   desc=f"{type(self).__name__}.{what}") as bar:
-            for start in range(0, rows, self.batch_size):
-                stop = min(start + self.batch_size, rows)
+            for start in range(0, rows, step):
+                stop = min(start + step, rows)
                 yield start, stop
                 bar.update(stop - start)
 
