@@ -23,10 +23,14 @@ _SHARES = (0.0611, 0.1137, 0.2715, 0.3417, 0.2120)
 #: Genres per item in the generator (MovieLens-100K has 19 genre flags).
 _GENRES = 19
 # Standard deviations of the latent score's parts, chosen so the difficulty
-# ladder resembles MovieLens-100K's (see synthetic_ratings).
-_USER_BIAS, _ITEM_BIAS, _GENRE, _INTERACTION = 0.50, 0.58, 0.50, 0.60
-#: How much a user's choice of items follows its taste for them (0: not at all).
-_SELECTION = 1.5
+# ladder resembles MovieLens-100K's (see synthetic_ratings and docs/models.md).
+_USER_BIAS, _ITEM_BIAS, _GENRE, _INTERACTION = 0.30, 0.58, 0.50, 0.60
+#: How much a user's choice of items follows its selection taste (0: not at all).
+_SELECTION = 3.5
+#: Correlation of a user's selection preferences with its rating preferences:
+#: users choose items by the same traits they rate them by, but not by the
+#: same liking (what one watches is not only what one likes).
+_ALIGNMENT = 0.4
 
 
 def _check_positive(value: int, name: str) -> None:
@@ -62,9 +66,9 @@ def _pattern(rng: np.random.Generator, n_users: int, n_items: int, n_ratings: in
 
     Items are drawn without replacement with weights proportional to a
     lognormal popularity (Gumbel top-k per user): a long tail of rare items;
-    and in proportion to ``exp(_SELECTION * affinity)``: users rate what they
-    expect to like, so which items a user rated says something about its
-    ratings (missing not at random, as in MovieLens).
+    and in proportion to ``exp(_SELECTION * affinity)``, the standardised
+    selection taste: which users rated an item says which traits it has
+    (missing not at random, as in MovieLens).
     """
     counts = _user_counts(rng, n_users, n_items, n_ratings, user_sigma)
     log_item = rng.normal(0.0, item_sigma, n_items)
@@ -113,23 +117,39 @@ def synthetic_item_features(seed: int = 0, n_items: int = 1682) -> torch.Tensor:
     return torch.from_numpy(_genres(seed, n_items))
 
 
+def _taste(taste: np.ndarray, p: np.ndarray, genres: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """``g_ui + <p_u, q_i>``, ``(n_users, n_items)``: a genre taste of std ``_GENRE`` and factors.
+
+    Each user likes or dislikes each genre (``taste``); an item gets the mean
+    taste over its genres, saturated by tanh: a strong taste adds little more
+    than a clear one.
+    """
+    genre_score = np.tanh(taste) @ (genres / genres.sum(1, keepdims=True)).T
+    genre_score *= _GENRE / (genre_score.std() + 1e-12)
+    return genre_score + p @ q.T
+
+
 def _scores(seed: int, n_users: int, n_items: int, n_ratings: int, rank: int, noise: float,
             user_sigma: float, item_sigma: float) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(user, item, score)``: the noisy latent scores, before they become stars."""
     rng = np.random.default_rng(seed)
     taste_rng = np.random.default_rng([seed, 1])
-    # Genre tastes: each user likes or dislikes each genre; an item gets the
-    # mean taste over its genres (saturated by tanh: a strong taste adds
-    # little more than a clear one).
     genres = _genres(seed, n_items)
-    taste = taste_rng.normal(0.0, 1.5, (n_users, _GENRES))
-    genre_score = np.tanh(taste) @ (genres / genres.sum(1, keepdims=True)).T
-    genre_score *= _GENRE / (genre_score.std() + 1e-12)
     factor_std = np.sqrt(_INTERACTION / np.sqrt(rank))  # so <p_u, q_i> has std _INTERACTION
+    taste = taste_rng.normal(0.0, 1.5, (n_users, _GENRES))
     p = taste_rng.normal(0.0, factor_std, (n_users, rank))
     q = taste_rng.normal(0.0, factor_std, (n_items, rank))
-    taste_score = genre_score + p @ q.T
-    affinity = taste_score / (taste_score.std() + 1e-12)
+    taste_score = _taste(taste, p, genres, q)
+    # The selection taste reads the same item traits (genres, q) with user
+    # weights only partly aligned with the rating ones: which users rated an
+    # item reveals its traits (an item autoencoder reads it from the pattern
+    # of its column), without the ratings being merely the liked items'.
+    other = np.random.default_rng([seed, 11])
+    mix = np.sqrt(1.0 - _ALIGNMENT ** 2)
+    select_taste = _ALIGNMENT * taste + mix * other.normal(0.0, 1.5, taste.shape)
+    select_p = _ALIGNMENT * p + mix * other.normal(0.0, factor_std, p.shape)
+    selection = _taste(select_taste, select_p, genres, q)
+    affinity = selection / (selection.std() + 1e-12)
     user, item, log_item = _pattern(rng, n_users, n_items, n_ratings, user_sigma, item_sigma,
                                     affinity)
     user_bias = rng.normal(0.0, _USER_BIAS, n_users)
@@ -147,8 +167,8 @@ def _stars(score: np.ndarray) -> np.ndarray:
 
 
 def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
-                      n_ratings: int = 100_000, rank: int = 10, noise: float = 0.6,
-                      user_sigma: float = 0.9, item_sigma: float = 1.3,
+                      n_ratings: int = 100_000, rank: int = 10, noise: float = 0.7,
+                      user_sigma: float = 0.9, item_sigma: float = 2.0,
                       titles: bool = True) -> Ratings:
     r"""A deterministic synthetic rating set with MovieLens-100K's shape and difficulty.
 
@@ -178,9 +198,9 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
         n_ratings (int): number of ratings, at most ``n_users * n_items``.
             Default: 100,000.
         rank (int): rank of the interaction term.  Default: 10.
-        noise (float): std of the Gaussian noise of the score.  Default: 0.6.
+        noise (float): std of the Gaussian noise of the score.  Default: 0.7.
         user_sigma (float): log-std of the user activity.  Default: 0.9.
-        item_sigma (float): log-std of the item popularity.  Default: 1.3.
+        item_sigma (float): log-std of the item popularity.  Default: 2.0.
         titles (bool): give the items titles ``"Item <id>"``.  Default: ``True``.
 
     Returns:
