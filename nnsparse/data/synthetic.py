@@ -198,8 +198,9 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
       says much about its traits and something about its ratings (missing
       not at random), which an item autoencoder reads from the pattern of
       the item's column and a matrix factorisation of the ratings does not
-      (this is what gives the dense I-AutoRec its lead over biased MF, as
-      on MovieLens-100K);
+      (in the measurements of ``docs/models.md`` this is what gives the
+      dense I-AutoRec its lead over biased MF, a lead it has on
+      MovieLens-100K too);
     * turns the scores into stars at the quantiles that give MovieLens-100K's
       shares: 1★ 6 %, 2★ 11 %, 3★ 27 %, 4★ 34 %, 5★ 21 %.
 
