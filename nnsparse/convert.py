@@ -100,7 +100,7 @@ def _batch_size(size: Optional[Size], batch: SparseBatch) -> Tuple[int, int]:
             if len(size) != 1:
                 raise ValueError(f"size of a vector must be an int, got {tuple(size)}")
             size = size[0]
-        return resolve_size((1, int(size)), batch)  # type: ignore[arg-type]
+        return resolve_size((1, size), batch)  # type: ignore[arg-type]
     if isinstance(size, int) or len(size) != 2:
         raise ValueError(f"size of a batch must be a (rows, width) tuple, got {size!r}")
     return resolve_size(tuple(size), batch)
