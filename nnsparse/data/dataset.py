@@ -10,6 +10,7 @@ process, so ``DataLoader(num_workers=..., pin_memory=True)`` works unchanged.
 from __future__ import annotations
 
 import operator
+import numbers
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -170,10 +171,12 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
     """Every row: tensors, equal lengths, integer columns in range, increasing."""
     for k, item in enumerate(rows):
         try:
-            _, (col, val) = item
+            index, (col, val) = item
         except (TypeError, ValueError):
             raise TypeError(f"rows[{k}] must be (row_index, (indices, values)), "
                             f"got {type(item).__name__}") from None
+        if isinstance(index, bool) or not isinstance(index, (numbers.Integral, Tensor)):
+            raise TypeError(f"rows[{k}] row_index must be an int, got {type(index).__name__}")
         if not isinstance(col, Tensor) or not isinstance(val, Tensor):
             raise TypeError(f"rows[{k}] indices and values must be tensors, got "
                             f"{type(col).__name__} and {type(val).__name__}")
@@ -350,6 +353,18 @@ class SparseRowDataset(Dataset):
         The items' rows come from the checked matrices, so the batch is built
         without another check and trusted.
         """
+        arity = 2 if self._target is None else 3
+        if not isinstance(items, (list, tuple)) or not all(
+                isinstance(it, tuple) and len(it) >= arity
+                and all(isinstance(r, SparseRow) for r in it[1:arity]) for it in items):
+            # (the rows themselves are trusted: they come from the checked matrices)
+            raise TypeError(f"items must be a list of this dataset's items, "
+                            f"{'(row, row_data)' if arity == 2 else '(row, input, target)'}"
+                            f" tuples as dataset[i] returns, got {type(items).__name__}")
+        for it in items:
+            if not isinstance(it[0], int) or not 0 <= it[0] < self.rows:
+                raise ValueError(f"items must be this dataset's items, with row in "
+                                 f"[0, {self.rows}), got row {it[0]!r}")
         index, input = _collate([(it[0], it[1]) for it in items], self.width, self.layout)
         if self._target is None:
             return SparseRowBatch(input, None, index)
