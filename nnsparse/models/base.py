@@ -177,8 +177,8 @@ class RatingModel(nn.Module):
         if h["orientation"] not in ("item", "user"):
             raise ValueError(f"orientation must be 'item' or 'user', got {h['orientation']!r}")
         for key in ("epochs", "batch_size"):
-            _check_int(key, h[key], 1)
-        _check_int("patience", h["patience"], 0)
+            h[key] = _check_int(key, h[key], 1)
+        h["patience"] = _check_int("patience", h["patience"], 0)
         if not isinstance(h["seed"], numbers.Integral) or isinstance(h["seed"], bool):
             raise TypeError(f"seed must be an int, got {type(h['seed']).__name__}")
         for key in ("refit", "dense_decoder"):
@@ -188,6 +188,8 @@ class RatingModel(nn.Module):
             if key in ("lr", "weight_decay", "validation_ratio", "min_lr_ratio") or \
                     key.startswith("l2") or key in ("alpha", "beta", "hide_ratio"):
                 _check_number(key, value)
+                if not math.isfinite(value) and not math.isnan(value):  # NaN: the range checks
+                    raise ValueError(f"{key} must be finite, got {value!r}")
         if not h["lr"] > 0:
             raise ValueError(f"lr must be positive, got {h['lr']!r}")
         if not h["weight_decay"] >= 0:
@@ -198,7 +200,7 @@ class RatingModel(nn.Module):
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {h['min_lr_ratio']!r}")
         for key, value in h.items():
             if key in ("hidden", "layers", "dim"):
-                _check_int(key, value, 1)
+                h[key] = _check_int(key, value, 1)
             if (key.startswith("l2") or key in ("alpha", "beta")) and not value >= 0:
                 raise ValueError(f"{key} must be non-negative, got {value!r}")
             if key == "hide_ratio" and not 0 <= value < 1:
@@ -374,6 +376,9 @@ class RatingModel(nn.Module):
         check_ratings(train, "train")
         if validation is not None:
             check_ratings(validation, "validation")
+            if len(validation) == 0:
+                raise ValueError("validation holds no ratings; pass None to hold out "
+                                 "validation_ratio of train instead")
         if len(train) == 0:
             raise ValueError("train holds no ratings")
         if progress is not None and not isinstance(progress, bool):
@@ -546,6 +551,8 @@ class RatingModel(nn.Module):
         check_ratings(ratings, "ratings")
         self._check_built()
         self._check_maps(ratings, "ratings")
+        if len(ratings) == 0:
+            raise ValueError("ratings holds no ratings; there is nothing to evaluate")
         pred, counts = self.predict_entries(ratings.user, ratings.item, return_counts=True)
         errors = RatingErrors()
         errors.update(pred, ratings.rating.to(torch.float32).cpu())
@@ -586,8 +593,9 @@ class RatingModel(nn.Module):
                 index outside ``[0, n_users)`` with ``by_index``.
         """
         self._check_built()
-        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
+        k = int(k)
         if not isinstance(min_support, numbers.Integral) or isinstance(min_support, bool):
             raise TypeError(f"min_support must be an int, got {type(min_support).__name__}")
         _check_number("shrinkage", shrinkage)
@@ -598,6 +606,8 @@ class RatingModel(nn.Module):
             raise ValueError(f"min_support must be non-negative, got {min_support}")
         if not shrinkage >= 0:
             raise ValueError(f"shrinkage must be non-negative, got {shrinkage}")
+        if shrinkage == math.inf:
+            raise ValueError("shrinkage must be finite, got inf")
         if by_index:
             try:
                 if isinstance(user, bool):
@@ -634,6 +644,11 @@ class RatingModel(nn.Module):
         self._check_built()
         if not hasattr(self, "_user_lookup"):
             self._user_lookup = {u: i for i, u in enumerate(self.user_ids_)}
+        try:
+            hash(user)
+        except TypeError:
+            raise TypeError(f"user must be an original user id (hashable), got "
+                            f"{type(user).__name__}") from None
         for key in (user, _as_int(user), str(user)):
             if key in self._user_lookup:
                 return self._user_lookup[key]
@@ -670,6 +685,10 @@ class RatingModel(nn.Module):
                 :meth:`save`; it holds another model class; an unknown ``device``.
         """
         device = _as_device(device)
+        if not isinstance(path, (str, os.PathLike)) and not (
+                hasattr(path, "read") and hasattr(path, "seek")):
+            raise TypeError(f"path must be a str, an os.PathLike or a readable file object, "
+                            f"got {type(path).__name__}")
         if isinstance(path, (str, os.PathLike)):
             if Path(path).is_dir():
                 raise ValueError(f"path must be a model file, got {path}, which is a directory")
@@ -683,6 +702,15 @@ class RatingModel(nn.Module):
         if not isinstance(blob, dict) or blob.get("format") != _FILE_FORMAT:
             raise ValueError(f"{path} is not a model saved by nnsparse.models "
                              f"(RatingModel.save)")
+        try:
+            return cls._from_blob(blob, path, device)
+        except (KeyError, TypeError, IndexError, AttributeError, RuntimeError) as e:
+            # a dict with our format tag but missing or damaged parts
+            raise ValueError(f"{path} is a damaged model file (RatingModel.save wrote "
+                             f"something else): {type(e).__name__}: {e}") from e
+
+    @classmethod
+    def _from_blob(cls, blob: Dict[str, Any], path: Any, device: torch.device) -> "RatingModel":
         model_cls = MODELS.get(blob["model"])
         if model_cls is None:
             raise ValueError(f"{path} holds an unknown model {blob['model']!r}")
@@ -728,10 +756,12 @@ def _as_device(device: Any) -> torch.device:
                          f"'cuda:0', got {device!r}") from None
 
 
-def _check_int(name: str, value: Any, low: int) -> None:
-    """``ValueError`` unless ``value`` is an int (not a bool) ``>= low``."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+def _check_int(name: str, value: Any, low: int) -> int:
+    """``value`` as a Python int; ``ValueError`` unless it is an int (numpy ints pass, not
+    a bool or a float) ``>= low``."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
 
 
 def _check_number(name: str, value: Any) -> None:
@@ -742,6 +772,9 @@ def _check_number(name: str, value: Any) -> None:
 
 def _path_to_write(path: Any) -> None:
     """``ValueError`` for a path ``torch.save`` cannot write: a directory, a missing parent."""
+    if not isinstance(path, (str, os.PathLike)) and not hasattr(path, "write"):
+        raise TypeError(f"path must be a str, an os.PathLike or a writable file object, "
+                        f"got {type(path).__name__}")
     if isinstance(path, (str, os.PathLike)):
         p = Path(path)
         if p.is_dir():
