@@ -88,9 +88,12 @@ def _concat(a: Ratings, b: Ratings) -> Ratings:
 def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optional[Tensor]:
     if features is None:
         return None
-    if not isinstance(features, Tensor):
-        raise TypeError(f"{name} must be a 2-D tensor (rows, features), got "
-                        f"{type(features).__name__}")
+    if not isinstance(features, Tensor) or features.layout != torch.strided:
+        got = (f"layout {features.layout}" if isinstance(features, Tensor)
+               else type(features).__name__)
+        raise TypeError(f"{name} must be a dense 2-D tensor (rows, features), got {got}")
+    if features.device.type == "meta":
+        raise ValueError(f"{name} must hold data, got a tensor on the meta device")
     if features.dim() != 2:
         raise ValueError(f"{name} must be a 2-D tensor (rows, features), got shape "
                          f"{tuple(features.shape)}")
@@ -741,6 +744,8 @@ def _index_tensor(value: Any, name: str) -> Tensor:
                         f"{type(value).__name__}") from None
     if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor, got {index.dtype}")
+    if index.device.type == "meta":
+        raise ValueError(f"{name} must hold data, got a tensor on the meta device")
     return index.long().cpu()
 
 
@@ -750,10 +755,15 @@ def _as_device(device: Any) -> torch.device:
         raise TypeError(f"device must be a torch.device or a name such as 'cpu' or 'cuda:0', "
                         f"got {type(device).__name__}")
     try:
-        return torch.device(device)
+        out = torch.device(device)
     except (RuntimeError, ValueError):
         raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
                          f"'cuda:0', got {device!r}") from None
+    if out.type == "meta":
+        raise ValueError("device must hold data, got 'meta'; use 'cpu' or 'cuda'")
+    if out.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(out)!r} was asked for, but torch sees no CUDA device")
+    return out
 
 
 def _check_int(name: str, value: Any, low: int) -> int:
