@@ -316,15 +316,21 @@ class _Attached:
     recoalesce: bool  # an uncoalesced COO that requires grad: coalesce each call
 
 
+def _version(t: Tensor) -> int:
+    """``t._version``; -1 for an inference tensor (torch.inference_mode), which has no
+    version counter: its in-place index changes go unseen (indices are not edited in place)."""
+    return -1 if t.is_inference() else t._version
+
+
 def _key(x: Tensor) -> Tuple[Any, ...]:
     """What must not change for an attached structure to stay valid (free to read)."""
     if x.layout == torch.sparse_csr:
         crow, col = x.crow_indices(), x.col_indices()
         return (tuple(x.shape), x.device, crow.data_ptr(), col.data_ptr(), col.shape[0],
-                crow._version, col._version)
+                _version(crow), _version(col))
     index = x._indices()
     # requires_grad: an uncoalesced COO that requires grad is coalesced each call
-    return (tuple(x.shape), x.device, index.data_ptr(), index.shape[1], index._version,
+    return (tuple(x.shape), x.device, index.data_ptr(), index.shape[1], _version(index),
             x.is_coalesced(), x.requires_grad)
 
 

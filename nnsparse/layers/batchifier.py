@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import numbers
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -261,8 +262,20 @@ class Batchifier:
         if not isinstance(network, nn.Module):
             raise TypeError(f"network must be an nn.Module, got {type(network).__name__}")
         for name, value, low in (("output_size", output_size, 0), ("batch_size", batch_size, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        output_size, batch_size = int(output_size), int(batch_size)
+        if progress is not None and not isinstance(progress, bool):
+            raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
+        if device is not None:
+            if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
+                raise TypeError(f"device must be None, a torch.device or a name such as 'cpu', "
+                                f"got {type(device).__name__}")
+            try:
+                device = torch.device(device)
+            except (RuntimeError, ValueError):
+                raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                                 f"'cuda:0', got {device!r}") from None
         if layout not in (torch.sparse_csr, torch.sparse_coo):
             raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
         if collate_fn is not None and not callable(collate_fn):
@@ -353,8 +366,9 @@ class Batchifier:
                 dense batches; ``candidates`` not a bool tensor.
             ValueError: ``candidates`` not of shape ``(output_size,)``.
         """
-        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
+        k = int(k)
         if candidates is not None:
             if not isinstance(candidates, Tensor) or candidates.dtype != torch.bool:
                 raise TypeError(f"candidates must be a bool tensor, got "
@@ -362,6 +376,8 @@ class Batchifier:
             if candidates.shape != (self.output_size,):
                 raise ValueError(f"candidates must have shape ({self.output_size},) "
                                  f"(output_size), got {tuple(candidates.shape)}")
+            if candidates.device.type == "meta":
+                raise ValueError("candidates must hold data, got a tensor on the meta device")
         if k > self.output_size:
             raise ValueError(f"k must be at most output_size ({self.output_size}), got {k}")
         source = self._source(data)
