@@ -106,6 +106,22 @@ class LazyAdam(Optimizer):
                         decoupled_weight_decay=decoupled_weight_decay, dense_above=dense_above)
         super().__init__(params, defaults)
 
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """``Optimizer.load_state_dict``, with the moments' shapes checked first (torch
+        loads any shape, and the next step fails half-way)."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        state = state_dict.get("state", {}) if isinstance(state_dict, dict) else {}
+        for index, entry in (state.items() if isinstance(state, dict) else ()):
+            if not (isinstance(index, int) and 0 <= index < len(params) and isinstance(entry, dict)):
+                continue  # torch's own checks (group sizes, ids) answer those
+            for key in ("exp_avg", "exp_avg_sq"):
+                t = entry.get(key)
+                if isinstance(t, Tensor) and t.shape != params[index].shape:
+                    raise ValueError(f"state_dict['state'][{index}][{key!r}] must have its "
+                                     f"parameter's shape {tuple(params[index].shape)}, got "
+                                     f"{tuple(t.shape)}")
+        super().load_state_dict(state_dict)
+
     @overload
     def step(self, closure: None = None) -> None: ...
 

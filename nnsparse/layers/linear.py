@@ -12,6 +12,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch, move_structure
+from .._load import check_state_dict
 from .._kernels import (_all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm,
                         _t_mm)
 from .._ops import SparseParts, linear_parts
@@ -408,6 +409,11 @@ class SparseLinearBatch(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "
                 f"sparse_grad={self.sparse_grad}, mode={self.mode}")
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
+        check_state_dict(self, state_dict, strict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
 def _weight_to_state_dict(module: nn.Module, state_dict: dict, prefix: str, local_metadata):

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
+from .._load import check_state_dict
 from .._kernels import (_all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm,
                         _t_mm)
 from .._ops import SparseParts, sampled_parts
@@ -328,3 +329,8 @@ class SparseOutputLinear(nn.Linear):
     def extra_repr(self) -> str:
         return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "
                 f"sparse_grad={self.sparse_grad}")
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
+        check_state_dict(self, state_dict, strict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)

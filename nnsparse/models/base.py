@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .._index import coo_tensor
+from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset, split_ratings
 from ..data.readers import check_ratings
 from .. import distributed as nd
@@ -212,6 +213,11 @@ class RatingModel(nn.Module):
     def extra_repr(self) -> str:
         own = {k: v for k, v in self.hparams.items() if k in self.DEFAULTS}
         return ", ".join(f"{k}={v!r}" for k, v in own.items())
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
+        check_state_dict(self, state_dict, strict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     # -- what a subclass implements ------------------------------------------------
     def build(self, rows: int, width: int, features: int) -> None:
