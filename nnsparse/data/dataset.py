@@ -353,21 +353,21 @@ class SparseRowDataset(Dataset):
         The items' rows come from the checked matrices, so the batch is built
         without another check and trusted.
         """
-        arity = 2 if self._target is None else 3
-        if not isinstance(items, (list, tuple)) or not all(
-                isinstance(it, tuple) and len(it) >= arity
-                and all(isinstance(r, SparseRow) for r in it[1:arity]) for it in items):
-            # (the rows themselves are trusted: they come from the checked matrices)
+        try:  # the rows are trusted (they come from the checked matrices): only their kind is checked
+            pairs = [(it[0], it[1]) for it in items]
+            targets = None if self._target is None else [(it[0], it[2]) for it in items]
+        except (TypeError, IndexError, KeyError):
+            pairs = None
+        kinds = set() if pairs is None else {type(r) for _, r in pairs}
+        if pairs is None or not isinstance(items, (list, tuple)) or kinds - {SparseRow} or (
+                targets is not None and {type(r) for _, r in targets} - {SparseRow}):
             raise TypeError(f"items must be a list of this dataset's items, "
-                            f"{'(row, row_data)' if arity == 2 else '(row, input, target)'}"
+                            f"{'(row, row_data)' if self._target is None else '(row, input, target)'}"
                             f" tuples as dataset[i] returns, got {type(items).__name__}")
-        for it in items:
-            if not isinstance(it[0], int) or not 0 <= it[0] < self.rows:
-                raise ValueError(f"items must be this dataset's items, with row in "
-                                 f"[0, {self.rows}), got row {it[0]!r}")
-        index, input = _collate([(it[0], it[1]) for it in items], self.width, self.layout)
+        index, input = _collate(pairs, self.width, self.layout)
         if self._target is None:
             return SparseRowBatch(input, None, index)
         assert self.target_width is not None
-        _, target = _collate([(it[0], it[2]) for it in items], self.target_width, self.layout)
+        assert targets is not None
+        _, target = _collate(targets, self.target_width, self.layout)
         return SparseRowBatch(input, target, index)
