@@ -183,6 +183,8 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
                 f"or run under torch.no_grad() for inference")
         return F.linear(input, table.t(), bias)
     _check_not_narrower(input, table.shape[0], "input", "in_features")
+    if isinstance(input, Tensor) and input.device != table.device:  # before reading its indices
+        raise ValueError(f"input must be on the weight's device {table.device}, got {input.device}")
     batch = as_sparse_batch(input, name="input", width=table.shape[0])
     if batch.device != table.device:
         raise ValueError(f"input must be on the weight's device {table.device}, "

@@ -222,6 +222,8 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
         raise ValueError(f"input must have shape (rows, in_features) or (in_features,), "
                          f"got {tuple(input.shape)}")
     h = input.unsqueeze(0) if input.dim() == 1 else input
+    if isinstance(pattern, Tensor) and pattern.device != h.device:  # before reading its indices
+        raise ValueError(f"pattern must be on input's device {h.device}, got {pattern.device}")
     batch, distinct = _pattern_structure(pattern, input, weight.shape[0])
     row, col, crow = distinct.row, distinct.col, distinct.crow_indices()
     if row.device != h.device:
