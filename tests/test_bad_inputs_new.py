@@ -731,9 +731,29 @@ CASES += [
          r"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got 'gpu0'"),
     Case("Batchifier-device-list", lambda: nnsparse.Batchifier(nn.Linear(3, 4), 4, device=[0]), TypeError,
          r"device must be None, a torch.device or a name such as 'cpu', got list"),
+    Case("fit-hparams-edited-hidden", lambda: _edited(AutoRec, hidden=0), ValueError,
+         r"hidden must be an int >= 1, got 0"),
+    Case("fit-hparams-edited-unknown", lambda: _edited(AutoRec, hiden=3), TypeError,
+         r"AutoRec got unknown hyperparameters \['hiden'\]"),
+    Case("fit-hparams-edited-hide_ratio", lambda: _edited(CFN, hide_ratio=1.5), ValueError,
+         r"hide_ratio must be in \[0, 1\), got 1.5"),
+    Case("read_user_features-gender", lambda: read_user_features(
+        _text_file("g.user", "1|24|X|tech|1\n"), "ml-100k", {1: 0}), ValueError,
+         r"g.user, line 1: the gender must be 'M' or 'F', got 'X'"),
+    Case("read_user_features-path-int", lambda: read_user_features(3, "ml-100k", {1: 0}), TypeError,
+         r"path must be a str or os.PathLike, got int"),
+    Case("read_item_features-path-none", lambda: read_item_features(None, "ml-1m", {1: 0}), TypeError,
+         r"path must be a str or os.PathLike, got NoneType"),
     Case("topk-candidates-meta", lambda: _batchifier().topk(_X(), 2, candidates=_meta(4, dtype=torch.bool)),
          ValueError, r"candidates must hold data, got a tensor on the meta device"),
 ]
+
+
+def _edited(cls, **hparams):
+    """A model whose hparams dict was edited after __init__: fit checks them again."""
+    model = cls(**SMALL)
+    model.hparams.update(hparams)
+    model.fit(ratings(), verbose=False, progress=False)
 
 
 def _P():

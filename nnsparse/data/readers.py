@@ -629,6 +629,8 @@ def _lines(path: Path, sep: str) -> List[Tuple[int, List[str]]]:
 
 
 def _feature_file(path: PathLike, what: str) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{what}: no file at {path}")
@@ -807,7 +809,11 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
             raise ValueError(f"{path}, line {number}: the id and the age must be integers") from None
         if age < 0:
             raise ValueError(f"{path}, line {number}: the age must be non-negative, got {age}")
-        parsed.append((key, parts[g_at].strip().upper() == "F", age, parts[o_at]))
+        gender = parts[g_at].strip().upper()
+        if gender not in ("F", "M"):
+            raise ValueError(f"{path}, line {number}: the gender must be 'M' or 'F', "
+                             f"got {parts[g_at].strip()!r}")
+        parsed.append((key, gender == "F", age, parts[o_at]))
     occupations = sorted({p[3] for p in parsed})
     column = {o: j for j, o in enumerate(occupations)}
     table: Dict[Any, List[float]] = {}

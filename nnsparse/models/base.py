@@ -178,6 +178,10 @@ class RatingModel(nn.Module):
     # -- hyperparameters ----------------------------------------------------------
     def _check_hparams(self) -> None:
         h = self.hparams
+        unknown = sorted(set(h) - set(_COMMON) - set(self.DEFAULTS))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unknown hyperparameters {unknown}; "
+                            f"it takes {sorted({**_COMMON, **self.DEFAULTS})}")
         if h["orientation"] not in ("item", "user"):
             raise ValueError(f"orientation must be 'item' or 'user', got {h['orientation']!r}")
         for key in ("epochs", "batch_size"):
@@ -383,6 +387,7 @@ class RatingModel(nn.Module):
             A refused call leaves the model as it was.
         """
         check_ratings(train, "train")
+        self._check_hparams()  # again: model.hparams may have been edited since __init__
         if validation is not None:
             check_ratings(validation, "validation")
             if len(validation) == 0:
