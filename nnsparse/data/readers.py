@@ -90,6 +90,14 @@ class Ratings:
         if not self.rating.is_floating_point():
             raise TypeError(f"Ratings.rating must be a floating-point tensor, "
                             f"got {self.rating.dtype}")
+        if len(self.rating):  # data preparation, not a training step: one O(n) pass
+            for name, bound in (("user", len(self.user_map)), ("item", len(self.item_map))):
+                lo, hi = torch.aminmax(getattr(self, name))
+                if lo < 0 or hi >= bound:
+                    raise ValueError(f"Ratings.{name} indices must be in [0, {bound}) (the "
+                                     f"size of {name}_map), got min {int(lo)}, max {int(hi)}")
+            if not bool(torch.isfinite(self.rating).all()):
+                raise ValueError("Ratings.rating must be finite, got NaN or inf")
 
     @classmethod
     def from_triples(cls, user: Any, item: Any, rating: Any, source: str = "") -> "Ratings":
