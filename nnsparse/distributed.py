@@ -29,6 +29,7 @@ tensors; NCCL does not, so on NCCL :func:`wrap` registers
 each sparse gradient (dense buckets are all-reduced as usual).
 """
 import datetime
+import inspect
 import os
 from typing import Any, Dict, Iterable, Optional, cast
 
@@ -354,6 +355,10 @@ def wrap(model: nn.Module, *, sparse_allgather: Optional[bool] = None,
     if sparse_allgather is not None and not isinstance(sparse_allgather, bool):
         raise TypeError(f"sparse_allgather must be None or a bool, got "
                         f"{type(sparse_allgather).__name__}")
+    unknown = sorted(set(ddp_kwargs) - set(inspect.signature(_TORCH_DDP.__init__).parameters))
+    if unknown:  # checked without a process group too: a typo would only fail under torchrun
+        raise TypeError(f"ddp_kwargs must be DistributedDataParallel's arguments, got unknown "
+                        f"{unknown}")
     if not is_distributed():
         return model
     sparse = bool(sparse_grad_parameters(model))

@@ -722,6 +722,8 @@ CASES += [
          r"disable must be None or a bool, got str"),
     Case("progress-not-iterable", lambda: nd.progress(3), TypeError, r"iterable must be iterable, got int"),
     Case("save-directory", lambda: nd.save({}, _TMP), ValueError, r"path must be a file to write, got .*directory"),
+    Case("wrap-unknown-ddp-kwarg", lambda: nd.wrap(nn.Linear(2, 2), find_unused=True), TypeError,
+         r"ddp_kwargs must be DistributedDataParallel's arguments, got unknown \['find_unused'\]"),
     Case("DistributedDataParallel-not-module", lambda: nd.DistributedDataParallel("x"), TypeError,
          r"module must be an nn.Module, got str"),
     # Batchifier
