@@ -778,6 +778,8 @@ PROBE2 = [
     Case("SparseRowDataset.collate-foreign-row", lambda: SparseRowDataset(S).collate(
         [(0, (torch.tensor([7]), torch.tensor([1.0])))]), TypeError,
          r"items must be a list of this dataset's items, \(row, row_data\) tuples as dataset\[i\] returns"),
+    Case("SparseRowBatch-input-str", lambda: __import__("nnsparse.data", fromlist=["SparseRowBatch"]).SparseRowBatch(
+        "a", None, torch.tensor([0])), TypeError, r"input must be a Tensor, got str"),
     Case("collate_sparse_rows-row-index-str", lambda: collate_sparse_rows(
         [("a", (torch.tensor([0]), torch.tensor([1.0])))], 3), TypeError,
          r"rows\[0\] row_index must be an int, got str"),

@@ -109,6 +109,10 @@ class SparseRowBatch:
     __slots__ = ("input", "target", "row_index")
 
     def __init__(self, input: Tensor, target: Optional[Tensor], row_index: Tensor) -> None:
+        for name, value in (("input", input), ("target", target), ("row_index", row_index)):
+            if not isinstance(value, Tensor) and not (name == "target" and value is None):
+                raise TypeError(f"{name} must be a Tensor{' or None' if name == 'target' else ''}, "
+                                f"got {type(value).__name__}")
         self.input, self.target, self.row_index = input, target, row_index
 
     def __iter__(self) -> Iterator[Optional[Tensor]]:
