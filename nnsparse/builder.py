@@ -415,7 +415,8 @@ class DynamicSparseTensor:
             self._check_device(x, name)
             return x.detach()
         if isinstance(x, (str, bytes)):
-            raise TypeError(f"{name} must be a tensor or a sequence of numbers, got {type(x).__name__}")
+            raise TypeError(f"{name} must be a tensor or a sequence of numbers, "
+                            f"got {type(x).__name__}")
         try:
             return torch.as_tensor(x, device=self._device)
         except (TypeError, ValueError, RuntimeError) as e:

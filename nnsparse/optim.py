@@ -112,7 +112,8 @@ class LazyAdam(Optimizer):
         params = [p for group in self.param_groups for p in group["params"]]
         state = state_dict.get("state", {}) if isinstance(state_dict, dict) else {}
         for index, entry in (state.items() if isinstance(state, dict) else ()):
-            if not (isinstance(index, int) and 0 <= index < len(params) and isinstance(entry, dict)):
+            if not (isinstance(index, int) and 0 <= index < len(params)
+                    and isinstance(entry, dict)):
                 continue  # torch's own checks (group sizes, ids) answer those
             for key in ("exp_avg", "exp_avg_sq"):
                 t = entry.get(key)

@@ -67,9 +67,10 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         - output: a scalar.
 
     Raises:
-        ValueError: ``hide_ratio`` outside [0, 1]; negative ``alpha`` or ``beta``; no :meth:`prepare_input`
-            before the loss, or an estimate whose shape differs from the
-            prepared input's; a target whose rows, width or device differ.
+        ValueError: ``hide_ratio`` outside [0, 1]; negative ``alpha`` or
+            ``beta``; no :meth:`prepare_input` before the loss, or an estimate
+            whose shape differs from the prepared input's; a target whose
+            rows, width or device differ.
 
     Example::
 

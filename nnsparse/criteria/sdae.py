@@ -319,8 +319,9 @@ class SDAESparseCriterion(_SDAEBase):
     Raises:
         TypeError: integer input values with ``noise_ratio > 0``, complex target values.
         ValueError: ratios outside [0, 1] or summing above 1; negative
-            ``alpha`` or ``beta``; rows or width of estimate and target differ; a target index beyond the estimate; a
-            target on another device; a mask of the wrong shape;
+            ``alpha`` or ``beta``; rows or width of estimate and target
+            differ; a target index beyond the estimate; a target on another
+            device; a mask of the wrong shape;
             :meth:`prepare_input` was given a batch of another shape, or never called.
 
     Example::

@@ -357,7 +357,8 @@ class SparseRowDataset(Dataset):
         The items' rows come from the checked matrices, so the batch is built
         without another check and trusted.
         """
-        try:  # the rows are trusted (they come from the checked matrices): only their kind is checked
+        # The rows are trusted (they come from the checked matrices): only their kind is checked.
+        try:
             pairs = [(it[0], it[1]) for it in items]
             targets = None if self._target is None else [(it[0], it[2]) for it in items]
         except (TypeError, IndexError, KeyError):
@@ -365,9 +366,9 @@ class SparseRowDataset(Dataset):
         kinds = set() if pairs is None else {type(r) for _, r in pairs}
         if pairs is None or not isinstance(items, (list, tuple)) or kinds - {SparseRow} or (
                 targets is not None and {type(r) for _, r in targets} - {SparseRow}):
-            raise TypeError(f"items must be a list of this dataset's items, "
-                            f"{'(row, row_data)' if self._target is None else '(row, input, target)'}"
-                            f" tuples as dataset[i] returns, got {type(items).__name__}")
+            kind = "(row, row_data)" if self._target is None else "(row, input, target)"
+            raise TypeError(f"items must be a list of this dataset's items, {kind} tuples as "
+                            f"dataset[i] returns, got {type(items).__name__}")
         index, input = _collate(pairs, self.width, self.layout)
         if self._target is None:
             return SparseRowBatch(input, None, index)

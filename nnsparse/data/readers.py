@@ -652,7 +652,7 @@ def _check_map(mapping: Any, name: str) -> None:
         raise TypeError(f"{name} must be a dict of original id -> index, got "
                         f"{type(mapping).__name__}{hint}")
     n = len(mapping)
-    seen: Dict[int, Any] = {}
+    seen: Dict[Any, Any] = {}
     for original, index in mapping.items():
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
             raise TypeError(f"{name} must map ids to int indices, got "

@@ -211,11 +211,11 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
     if n_ratings > n_users * n_items:
         raise ValueError(f"n_ratings must be at most n_users * n_items = {n_users * n_items}, "
                          f"got {n_ratings}")
-    for value, name in ((noise, "noise"), (user_sigma, "user_sigma"), (item_sigma, "item_sigma")):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-        if not 0 <= value < math.inf:  # also refuses NaN
-            raise ValueError(f"{name} must be non-negative and finite, got {value}")
+    for number, name in ((noise, "noise"), (user_sigma, "user_sigma"), (item_sigma, "item_sigma")):
+        if isinstance(number, bool) or not isinstance(number, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {type(number).__name__} {number!r}")
+        if not 0 <= number < math.inf:  # also refuses NaN
+            raise ValueError(f"{name} must be non-negative and finite, got {number}")
     if not isinstance(titles, bool):
         raise TypeError(f"titles must be a bool, got {type(titles).__name__} {titles!r}")
     user, item, score = _scores(seed, n_users, n_items, n_ratings, rank, noise,

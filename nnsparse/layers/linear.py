@@ -140,8 +140,9 @@ def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = No
         TypeError: ``input`` is not an accepted form, ``weight`` or ``bias``
             is not a dense tensor.
         ValueError: ``weight`` is not 2-D, ``bias`` is not ``(out_features,)``
-            or differs from ``weight`` in dtype or device, a torch sparse ``input`` whose width is not
-            ``in_features`` (a list of rows may be narrower), an index
+            or differs from ``weight`` in dtype or device, a torch sparse
+            ``input`` whose width is not ``in_features`` (a list of rows may
+            be narrower), an index
             is out of range, input and weight differ in device or dtype, or
             ``mode`` is unknown.
 
@@ -259,7 +260,7 @@ def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_gra
 
 
 def _check_weight_bias(weight: Any, bias: Any) -> None:
-    """:func:`sparse_linear`'s weight ``(out, in)`` and bias ``(out,)``: dense, one dtype and device."""
+    """Check :func:`sparse_linear`'s dense weight ``(out, in)`` and bias ``(out,)``."""
     for arg, t in (("weight", weight), ("bias", bias)):
         if t is not None and (not isinstance(t, Tensor) or t.layout != torch.strided):
             raise TypeError(f"{arg} must be a dense tensor, got "

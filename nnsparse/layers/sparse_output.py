@@ -162,8 +162,8 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
 
     Raises:
         TypeError: ``input``, ``weight`` or ``bias`` is not a dense tensor,
-            ``sparse_grad`` is not a bool, or ``pattern`` is not a sparse form (a dense pattern is refused: it
-            names :func:`nnsparse.sparsify`).
+            ``sparse_grad`` is not a bool, or ``pattern`` is not a sparse form
+            (a dense pattern is refused: it names :func:`nnsparse.sparsify`).
         ValueError: shapes, dtypes or devices disagree, or pattern indices are
             out of range.
 
