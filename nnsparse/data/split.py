@@ -30,6 +30,10 @@ class Split:
     validation: Ratings
     test: Ratings
 
+    def __post_init__(self) -> None:
+        for name in ("train", "validation", "test"):
+            check_ratings(getattr(self, name), name)
+
     def __iter__(self) -> Iterator[Ratings]:
         return iter((self.train, self.validation, self.test))
 

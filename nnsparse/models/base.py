@@ -272,6 +272,8 @@ class RatingModel(nn.Module):
         ``(batch, width)`` without a pattern.
         """
         from .. import values_map
+        self._check_built()
+        _check_rows(rows, x)
         out = self.network(values_map(self._to_model, x), rows, pattern)
         return values_map(self._from_model, out) if pattern is not None else self._from_model(out)
 
@@ -282,6 +284,7 @@ class RatingModel(nn.Module):
     # -- training -------------------------------------------------------------------
     def batch_loss(self, rows: Tensor, x: Any) -> Tensor:
         """The training loss of one batch of rows ``x`` (normalised sparse, the target too)."""
+        self._check_built()
         input = self._criterion.prepare_input(x)
         out = self(input, rows, pattern=None if self.hparams["dense_decoder"] else x)
         # Squared errors on the rating scale: the normalised error times (hi - lo) / 2.
@@ -450,6 +453,7 @@ class RatingModel(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        self._check_built()
         return next(self.parameters()).device
 
     def _known(self, users: Tensor, items: Tensor) -> Tuple[Tensor, Tensor]:
@@ -467,6 +471,11 @@ class RatingModel(nn.Module):
         is known, the user mean where only the user is, the global mean where
         neither is; ``counts`` says how many entries took each.
         """
+        self._check_built()
+        users, items = _index_tensor(users, "users"), _index_tensor(items, "items")
+        if users.shape != items.shape:
+            raise ValueError(f"users and items must have one shape, got {tuple(users.shape)} "
+                             f"and {tuple(items.shape)}")
         u_ok, i_ok = self._known(users, items)
         pred = torch.full(users.shape, self.global_mean)
         pred = torch.where(u_ok & ~i_ok, self.user_mean[users.clamp(max=len(self.user_mean) - 1)], pred)
@@ -744,6 +753,17 @@ class RatingModel(nn.Module):
         model.best_epoch = blob["best_epoch"]
         model.to(device).eval()
         return model
+
+
+def _check_rows(rows: Any, x: Any) -> None:
+    """A batch's ``rows``: an integer tensor, one matrix row per row of ``x`` (no sync)."""
+    if not isinstance(rows, Tensor) or rows.dtype not in (torch.int64, torch.int32):
+        got = rows.dtype if isinstance(rows, Tensor) else type(rows).__name__
+        raise TypeError(f"rows must be an int64 tensor of matrix rows, got {got}")
+    n = x.shape[0] if isinstance(x, Tensor) and x.dim() == 2 else None
+    if rows.dim() != 1 or (n is not None and rows.shape[0] != n):
+        raise ValueError(f"rows must be 1-D with one matrix row per row of x ({n}), "
+                         f"got shape {tuple(rows.shape)}")
 
 
 def _index_tensor(value: Any, name: str) -> Tensor:

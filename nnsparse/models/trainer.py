@@ -132,6 +132,8 @@ class Trainer:
     # -- the pieces a subclass replaces ------------------------------------------
     def make_loader(self, dataset: SparseRowDataset) -> DataLoader:
         """The shuffled loader of the training rows (a distributed trainer adds a sampler)."""
+        if not isinstance(dataset, SparseRowDataset):
+            raise TypeError(f"dataset must be a SparseRowDataset, got {type(dataset).__name__}")
         generator = torch.Generator().manual_seed(self.seed)
         return DataLoader(dataset, batch_size=self.batch_size, shuffle=True,
                           collate_fn=dataset.collate, generator=generator)
@@ -159,6 +161,8 @@ class Trainer:
 
     def validation_rmse(self, validate: Callable[[], float]) -> float:
         """The validation RMSE after an epoch: ``validate()`` (rank 0's, in a distributed trainer)."""
+        if not callable(validate):
+            raise TypeError(f"validate must be callable, got {type(validate).__name__}")
         return float(validate())
 
     def log(self, message: str) -> None:
