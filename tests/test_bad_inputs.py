@@ -111,6 +111,11 @@ SPARSE_ENTRIES = {
     "Batchifier": (lambda x: nnsparse.Batchifier(nnsparse.Densify(4), 4, batch_size=1,
                                                  progress=False)(x), "data"),
     "SparseRowDataset": (lambda x: SparseRowDataset(x), "input"),
+    # the second probe: the newer entry points that read a sparse argument
+    "SparseWeightLinear": (lambda x: nnsparse.SparseWeightLinear(x), "pattern"),
+    "SparseWeightLinear.forward": (lambda x: nnsparse.SparseWeightLinear.random(4, 3, 0.5)(x), "input"),
+    "sparse_mm": (lambda x: nnsparse.sparse_mm(x, torch.ones(4, 3)), "A"),
+    "sparse_parts": (lambda x: nnsparse.sparse_parts(x), "x"),
 }
 
 # Kinds an entry point answers with its own (clear) message rather than the shared one.
@@ -119,6 +124,8 @@ OWN = {
     ("SparseRowDataset", "sparse-3d"): (ValueError, r"input must be 2-D \(rows, width\)"),
     ("SparseRowDataset", "bsr-layout"): (TypeError, r"input must be a 2-D sparse CSR or COO"),
     ("SparseRowDataset", "list-of-ints"): (TypeError, r"input must be a 2-D sparse CSR or COO"),
+    # sparse_mm takes a batched (3-D) sparse operand: the dense one must then be 3-D too
+    ("sparse_mm", "sparse-3d"): (ValueError, r"B must be 3-D like the sparse operand, got shape \(4, 3\)"),
     ("Batchifier", "wrong-type-str"): (TypeError, r"data must be a sparse matrix.*got str"),
     ("Batchifier", "wrong-type-none"): (TypeError, r"data must be a sparse matrix.*got NoneType"),
 }
