@@ -30,7 +30,7 @@ def _check_elem_fits(elem: Any, dtype: torch.dtype) -> None:
     if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool or _is_nan(elem):
         return
     info = torch.iinfo(dtype)
-    if elem != int(elem) or not info.min <= elem <= info.max:
+    if not math.isfinite(elem) or elem != int(elem) or not info.min <= elem <= info.max:
         raise ValueError(f"elem must be stored exactly in the values' dtype {dtype} (an integer "
                          f"in [{info.min}, {info.max}]), got {elem!r}")
 

@@ -619,6 +619,8 @@ PROBE2 = [
     Case("densify-elem-beyond-int8", lambda: nnsparse.densify(X.to(torch.int8).to_sparse(), elem=300),
          ValueError, r"elem must be stored exactly in the values' dtype torch.int8 \(an integer in "
                      r"\[-128, 127\]\), got 300"),
+    Case("densify-elem-inf-int-values", lambda: nnsparse.densify(X.long().to_sparse(), elem=math.inf),
+         ValueError, r"elem must be stored exactly in the values' dtype torch.int64 .*got inf"),
     Case("densify-elem-complex", lambda: nnsparse.densify(S, elem=1j), TypeError,
          r"elem must be a real number for values of dtype torch.float32, got 1j"),
     Case("densify-elem-int-values-works", lambda: nnsparse.densify(X.long().to_sparse(), elem=-1), None,
