@@ -610,6 +610,10 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
                 f"{name}: layout {x.layout} is not supported; convert with .to_sparse_coo() "
                 "or .to_sparse_csr()")
     elif isinstance(x, (list, tuple)):
+        if type(x).__name__ == "SparseParts":  # a NamedTuple: not a list of rows (no import cycle)
+            raise TypeError(f"{name} is a SparseParts (the torch.compile input form), which the "
+                            f"layers read; pass {name}.to_sparse_csr() to eager nnsparse "
+                            f"functions and criteria")
         batch = _from_list(x, name, width)
     else:
         raise TypeError(f"{name} must be a sparse tensor, a pair tensor or a list of sparse "

@@ -86,6 +86,11 @@ class SparseParts(NamedTuple):
 
     def to(self, device: Any, non_blocking: bool = False) -> "SparseParts":
         """The parts on ``device`` (nnz still marked dynamic)."""
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                             f"'cuda:0', got {device!r}") from None
         out = SparseParts(self.crow.to(device, non_blocking=non_blocking),
                           self.col.to(device, non_blocking=non_blocking),
                           self.values.to(device, non_blocking=non_blocking), self.size)

@@ -682,6 +682,14 @@ CASES += [
          ValueError, r"input.crow, .col and .values must be on one device, got \['cpu', 'meta'\]"),
     Case("SparseParts.with_values-device", lambda: nnsparse.sparse_parts(_X()).with_values(_meta(3)),
          ValueError, r"values must be on the pattern's device cpu, got meta"),
+    Case("SparseCriterion-SparseParts-target", lambda: nnsparse.SparseCriterion(nn.MSELoss())(
+        torch.zeros(2, 3), nnsparse.sparse_parts(_X())), TypeError,
+         r"target is a SparseParts \(the torch.compile input form\), which the layers read; "
+         r"pass target.to_sparse_csr\(\)"),
+    Case("densify-SparseParts", lambda: nnsparse.densify(nnsparse.sparse_parts(_X())), TypeError,
+         r"x is a SparseParts .*pass x.to_sparse_csr\(\)"),
+    Case("SparseParts.to-bad-device", lambda: nnsparse.sparse_parts(_X()).to("gpu0"), ValueError,
+         r"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got 'gpu0'"),
     # optimisers
     Case("LazyAdam-lr-inf", lambda: nnsparse.optim.LazyAdam(_P(), lr=float("inf")), ValueError,
          r"lr must be finite, got inf"),
