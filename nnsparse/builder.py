@@ -105,7 +105,15 @@ class DynamicSparseTensor:
         if not isinstance(dtype, torch.dtype) or dtype == torch.bool or dtype.is_complex:
             raise TypeError(f"dtype must be a floating or integer torch.dtype, got {dtype}")
         self._reserve, self._mult, self._ndim, self._dtype = reserve, float(mult_coef), ndim, dtype
-        self._device = torch.empty(0, device=device).device
+        if device is not None and (isinstance(device, bool) or
+                                   not isinstance(device, (str, torch.device, int))):
+            raise TypeError(f"device must be None, a torch.device or a name such as 'cpu', "
+                            f"got {type(device).__name__}")
+        try:
+            self._device = torch.empty(0, device=device).device
+        except RuntimeError:
+            raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                             f"'cuda:0', got {device!r}") from None
         self._float = dtype.is_floating_point
         self._ibuf = [array("q", bytes(8 * _CHUNK)) for _ in range(ndim)]
         self._ibuf0 = self._ibuf[0]

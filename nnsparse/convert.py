@@ -114,6 +114,9 @@ def _batch_size(size: Optional[Size], batch: SparseBatch) -> Tuple[int, int]:
                 raise ValueError(f"size of a vector must be an int, got {tuple(size)}")
             size = size[0]
         return resolve_size((1, size), batch)  # type: ignore[arg-type]
+    if not isinstance(size, (int, tuple, list, torch.Size, str)):
+        raise TypeError(f"size of a batch must be a (rows, width) tuple, got "
+                        f"{type(size).__name__} {size!r}")
     if isinstance(size, int) or len(size) != 2:
         raise ValueError(f"size of a batch must be a (rows, width) tuple, got {size!r}")
     return resolve_size(tuple(size), batch)

@@ -108,6 +108,9 @@ def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
         raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
     if not 0 < timeout < float("inf"):
         raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout}")
+    for name, value in (("backend", backend), ("device", device)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{name} must be None or a str, got {type(value).__name__}")
     kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")

@@ -102,6 +102,9 @@ class LazyAdam(Optimizer):
         _check_betas(betas)
         _check_share(dense_above)
         _check_flag("decoupled_weight_decay", decoupled_weight_decay)
+        if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
+            raise TypeError(f"params must be an iterable of parameters or of param-group "
+                            f"dicts, got {type(params).__name__}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         decoupled_weight_decay=decoupled_weight_decay, dense_above=dense_above)
         super().__init__(params, defaults)
@@ -710,6 +713,7 @@ def _check_hyper(kind: str, hp: dict) -> None:
     for key in ("lr", "eps", "weight_decay", "momentum", "initial_accumulator_value"):
         _check_non_negative(key, hp[key])
     _check_betas(hp["betas"])
+    _check_flag("nesterov", hp["nesterov"])
     if kind != "sgd" and (hp["momentum"] or hp["nesterov"]):
         raise ValueError(f"momentum and nesterov are SGD's, got momentum={hp['momentum']}, "
                          f"nesterov={hp['nesterov']} for optimizer={kind!r}")

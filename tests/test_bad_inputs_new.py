@@ -726,6 +726,14 @@ CASES += [
          r"timeout must be a number of seconds, got str"),
     Case("init_from_env-timeout-negative", lambda: nd.init_from_env(timeout=-1), ValueError,
          r"timeout must be a positive, finite number of seconds, got -1"),
+    Case("init_from_env-backend-tensor", lambda: nd.init_from_env(backend=torch.ones(2)), TypeError,
+         r"backend must be None or a str, got Tensor"),
+    Case("in_backward-nesterov-str", lambda: apply_optimizer_in_backward(
+        nnsparse.SparseLinearBatch(3, 2), "sgd", lr=0.1, nesterov="y"), TypeError,
+         r"nesterov must be a bool, got str 'y'"),
+    Case("read_user_features-format-list", lambda: read_user_features(
+        _text_file("fl.user", "1|24|M|tech|1\n"), ["ml-100k"], {1: 0}), ValueError,
+         r"format must be 'ml-100k' or 'ml-1m' for user features, got \['ml-100k'\]"),
     Case("progress-disable-str", lambda: nd.progress([1], disable="y"), TypeError,
          r"disable must be None or a bool, got str"),
     Case("progress-not-iterable", lambda: nd.progress(3), TypeError, r"iterable must be iterable, got int"),

@@ -257,6 +257,9 @@ def collate_sparse_rows(rows: Sequence[Tuple[int, Row]], width: int,
         raise TypeError(f"width must be an int, got {type(width).__name__}")
     if width < 0:
         raise ValueError(f"width must be non-negative, got {width}")
+    if not isinstance(rows, (list, tuple)):
+        raise TypeError(f"rows must be a list of (row_index, (indices, values)) pairs, "
+                        f"got {type(rows).__name__}")
     _check_rows(rows, width)
     return _collate(rows, width, layout)
 

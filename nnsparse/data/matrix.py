@@ -28,9 +28,10 @@ __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "
 _ORIENTATIONS = ("item", "user")
 
 
-def _check_orientation(orientation: str) -> None:
-    if orientation not in _ORIENTATIONS:
-        raise ValueError(f"orientation must be 'item' or 'user', got {orientation!r}")
+def _check_orientation(orientation: str, name: str = "orientation") -> None:
+    if not isinstance(orientation, str) or orientation not in _ORIENTATIONS:
+        prefix = "" if name == "orientation" else f"{name}: "  # the argument, then the rule
+        raise ValueError(f"{prefix}orientation must be 'item' or 'user', got {orientation!r}")
 
 
 
@@ -420,7 +421,7 @@ def mean_prediction(train: Ratings, test: Ratings, by: str = "item") -> Tensor:
     """
     check_ratings(train, "train")
     check_ratings(test, "test")
-    _check_orientation(by)
+    _check_orientation(by, "by")
     if len(train) == 0:
         raise ValueError("train holds no ratings; the baseline needs some")
     row, _, shape = _index(train, by)

@@ -453,7 +453,7 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
         >>> r.user_map, r.item_map
         ({186: 0, 196: 1}, {242: 0, 302: 1})
     """
-    if format not in _FORMATS:
+    if not isinstance(format, str) or format not in _FORMATS:
         raise ValueError(f"format must be one of {list(_FORMATS)}, got {format!r}")
     if unseen not in ("keep", "drop"):
         raise ValueError(f"unseen must be 'keep' or 'drop', got {unseen!r}")
@@ -803,7 +803,7 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
     """
     path = _feature_file(path, "user features")
     _check_map(user_map, "user_map")
-    if format not in _USER_FILES:
+    if not isinstance(format, str) or format not in _USER_FILES:
         raise ValueError(f"format must be 'ml-100k' or 'ml-1m' for user features, got {format!r}")
     sep, (g_at, a_at, o_at) = ("|", (2, 1, 3)) if format == "ml-100k" else ("::", (1, 2, 3))
     parsed = []

@@ -262,7 +262,8 @@ def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_gra
 def _check_weight_bias(weight: Any, bias: Any) -> None:
     """Check :func:`sparse_linear`'s dense weight ``(out, in)`` and bias ``(out,)``."""
     for arg, t in (("weight", weight), ("bias", bias)):
-        if t is not None and (not isinstance(t, Tensor) or t.layout != torch.strided):
+        if (t is not None or arg == "weight") and (
+                not isinstance(t, Tensor) or t.layout != torch.strided):
             raise TypeError(f"{arg} must be a dense tensor, got "
                             f"{t.layout if isinstance(t, Tensor) else type(t).__name__}")
     if weight.dim() != 2:

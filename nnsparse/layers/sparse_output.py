@@ -194,7 +194,8 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
         raise TypeError(f"input must be a dense tensor, got "
                         f"{input.layout if isinstance(input, Tensor) else type(input).__name__}")
     for arg, t in (("weight", weight), ("bias", bias)):
-        if t is not None and (not isinstance(t, Tensor) or t.layout != torch.strided):
+        if (t is not None or arg == "weight") and (
+                not isinstance(t, Tensor) or t.layout != torch.strided):
             raise TypeError(f"{arg} must be a dense tensor, got "
                             f"{t.layout if isinstance(t, Tensor) else type(t).__name__}")
     if weight.dim() != 2:
