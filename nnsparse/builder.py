@@ -405,7 +405,7 @@ class DynamicSparseTensor:
         if size is None:
             return needed
         if isinstance(size, numbers.Integral) and self._ndim == 1:
-            size = (int(size),)
+            size = (cast(int, size),)  # a bool is refused by _as_int below
         if not isinstance(size, (tuple, list, torch.Size)):
             raise TypeError(f"size must be an int or a tuple of {self._ndim} ints, got "
                             f"{type(size).__name__} {size!r}")

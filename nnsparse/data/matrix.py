@@ -248,6 +248,14 @@ class RatingNormalizer:
 
     def to(self, device: Union[str, torch.device]) -> "RatingNormalizer":
         """Move the row means to ``device`` (in place; returns ``self``)."""
+        if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+            raise TypeError(f"device must be a torch.device or a name such as 'cpu', "
+                            f"got {type(device).__name__}")
+        try:
+            device = torch.device(device)
+        except (RuntimeError, ValueError):
+            raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                             f"'cuda:0', got {device!r}") from None
         self.row_mean = self.row_mean.to(device)
         return self
 
@@ -314,7 +322,19 @@ class RatingNormalizer:
             ``(prediction, target_values)``, both ``(nnz,)`` in the target's
             entry order: feed them to :class:`RatingErrors` or :func:`rmse`.
         """
+        _check_values_arg(output, "output")
+        if output.dim() != 2:
+            raise ValueError(f"output must be 2-D (batch, width), got shape {tuple(output.shape)}")
+        if not isinstance(rows, Tensor) or rows.dtype not in (torch.int64, torch.int32):
+            got = rows.dtype if isinstance(rows, Tensor) else type(rows).__name__
+            raise TypeError(f"rows must be an int64 tensor of matrix rows, got {got}")
+        if rows.shape != (output.shape[0],):
+            raise ValueError(f"rows must have shape ({output.shape[0]},), one per output row, "
+                             f"got {tuple(rows.shape)}")
         batch = as_sparse_batch(target, name="target", width=output.shape[-1])
+        if batch.rows != output.shape[0]:
+            raise ValueError(f"target must have {output.shape[0]} rows like output, "
+                             f"got {batch.rows}")
         picked = output[batch.row, batch.col]
         return self.denormalize(picked, rows.to(output.device)[batch.row]), batch.values
 

@@ -102,6 +102,8 @@ class Ratings:
     @classmethod
     def from_triples(cls, user: Any, item: Any, rating: Any, source: str = "") -> "Ratings":
         """Ratings from raw ids and values; ids are remapped in sorted order."""
+        if not isinstance(source, str):
+            raise TypeError(f"source must be a str, got {type(source).__name__}")
         ids = {name: _id_array(v, name) for name, v in (("user", user), ("item", item))}
         try:
             values = np.asarray(rating.detach().cpu() if isinstance(rating, Tensor) else rating,
@@ -165,6 +167,8 @@ class Ratings:
                                 f"{type(index).__name__}") from None
         if index.dtype != torch.bool and (index.is_floating_point() or index.is_complex()):
             raise TypeError(f"index must be an integer or bool tensor, got {index.dtype}")
+        if index.dim() != 1:
+            raise ValueError(f"index must be 1-D (entries to keep), got shape {tuple(index.shape)}")
         if index.dtype == torch.bool and index.shape != self.rating.shape:
             raise ValueError(f"index must have shape ({len(self)},) as a bool mask, "
                              f"got {tuple(index.shape)}")

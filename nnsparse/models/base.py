@@ -667,6 +667,8 @@ class RatingModel(nn.Module):
         self._check_built()
         if not hasattr(self, "_user_lookup"):
             self._user_lookup = {u: i for i, u in enumerate(self.user_ids_)}
+        if isinstance(user, bool):  # True == 1 would find user 1
+            raise TypeError("user must be an original user id, got bool")
         try:
             hash(user)
         except TypeError:
@@ -825,7 +827,10 @@ def _path_to_write(path: Any) -> None:
 
 
 def _as_int(text: Any) -> Any:
+    """An id given as text, tried as an int (a float such as 1.5 is never rounded to 1)."""
+    if not isinstance(text, str):
+        return text
     try:
         return int(text)
-    except (TypeError, ValueError):
+    except ValueError:
         return text

@@ -104,7 +104,7 @@ class CrossValidation:
         """Mean over the folds of ``key`` (``"rmse"``, ``"mae"``, ...)."""
         if not self.folds:
             raise ValueError("CrossValidation holds no folds; run cross_validate first")
-        if key not in self.folds[0]:
+        if not isinstance(key, str) or key not in self.folds[0]:
             raise KeyError(f"key must be one of {sorted(self.folds[0])}, got {key!r}")
         return sum(f[key] for f in self.folds) / len(self.folds)
 
