@@ -51,6 +51,14 @@ def filled(dtype=torch.float32, ndim=1):
     (torch.float32, lambda b: b.extend(torch.tensor([7, -8]), torch.ones(2)),
      ValueError, "indices must be non-negative"),
     (torch.int32, lambda b: b.extend([7], [0.5]), TypeError, "values must be real numbers fitting"),
+    # the second bad-input probe
+    (torch.float32, lambda b: b.append(9, torch.tensor([1.0, 2.0])), ValueError,
+     r"value must be a single number, got a tensor of shape \(2,\)"),
+    (torch.float32, lambda b: b.extend("ab", [1.0, 2.0]), TypeError,
+     "indices must be a tensor or a sequence of numbers, got str"),
+    (torch.float32, lambda b: b.build(size=5.0), TypeError, "size must be an int or a tuple of 1 ints"),
+    (torch.float32, lambda b: b.set(torch.ones(1, 2, device="meta")), ValueError,
+     "pairs must be on the builder's device cpu, got meta"),
 ])
 def test_builder_failed_call_changes_nothing(dtype, call, error, message):
     b = filled(dtype)
