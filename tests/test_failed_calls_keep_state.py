@@ -147,3 +147,28 @@ def test_rating_errors_keep_their_sums_after_a_failed_update():
                                         "prediction must be a dense tensor)"):
             errors.update(prediction, target)
     assert errors.compute() == before
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nnsparse.SDAESparseCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.5,
+                                         noise_ratio=0.2, generator=torch.Generator().manual_seed(0)),
+    lambda: nnsparse.MaskCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.5,
+                                   generator=torch.Generator().manual_seed(0)),
+])
+def test_criteria_keep_their_mask_after_the_second_probes_refusals(make):
+    """Complex targets, a target on another device, a negative weight set after __init__."""
+    criterion = make()
+    x = _sparse_batch()
+    criterion.prepare_input(x)
+    estimate = torch.arange(8.0).reshape(2, 4)
+    before = criterion(estimate, x)
+    meta = torch.sparse_coo_tensor(torch.tensor([[0], [1]], device="meta"),
+                                   torch.ones(1, device="meta"), (2, 4))
+    for target, error in ((x.to(torch.complex64), TypeError), (meta, ValueError)):
+        with pytest.raises(error, match="target"):
+            criterion(estimate, target)
+    criterion.alpha = -1.0
+    with pytest.raises(ValueError, match="alpha must be non-negative, got -1.0"):
+        criterion.prepare_input(_sparse_batch())
+    criterion.alpha = 1.0
+    assert torch.equal(criterion(estimate, x), before)
