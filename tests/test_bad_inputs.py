@@ -829,6 +829,12 @@ PROBE2 = [
     Case("collate_sparse_rows-row-index-str", lambda: collate_sparse_rows(
         [("a", (torch.tensor([0]), torch.tensor([1.0])))], 3), TypeError,
          r"rows\[0\] row_index must be an int, got str"),
+    # zero sizes
+    Case("SparseLinearBatch-no-output-features-works", lambda: _no_outputs(), None,
+         check=lambda grad: grad.shape == (0, 4) and not grad.any()),
+    Case("SparseCriterion-full_size_average-empty-works", lambda: nnsparse.SparseCriterion(
+        nn.MSELoss(), full_size_average=True)(torch.zeros(0, 4), torch.zeros(0, 4).to_sparse_csr()),
+         None, check=lambda out: float(out) == 0.0),
     # inference mode: every sparse form, made there, is read (the checked-structure cache
     # read the version counter inference tensors lack)
     Case("inference_mode-SparseLinearBatch-works", lambda: _in_inference(lambda: _LIN(X.to_sparse())),
@@ -838,6 +844,19 @@ PROBE2 = [
     Case("inference_mode-SparseCriterion-works", lambda: _in_inference(lambda: nnsparse.SparseCriterion(
         nn.MSELoss())(_EST, X.to_sparse())), None, check=_close(lambda: ((_EST - X)[X != 0] ** 2).mean())),
 ]
+
+
+def _no_outputs():
+    """nn.Linear(4, 0)'s behaviour: a (rows, 0) output, zero gradients (torch's row kernels
+    failed with an internal assertion)."""
+    import warnings
+    with warnings.catch_warnings():  # nn.Linear's init warns on zero-element weights too
+        warnings.simplefilter("ignore", UserWarning)
+        layer = nnsparse.SparseLinearBatch(4, 0)
+    out = layer(S)
+    assert out.shape == (2, 0)
+    out.sum().backward()
+    return layer.weight.grad
 
 
 def _in_inference(call):

@@ -112,7 +112,7 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         if self.size_average:
             return loss / max(batch.nnz, 1)
         if self.full_size_average:
-            return loss / est.numel()
+            return loss / max(est.numel(), 1)  # an empty batch: 0, not 0 / 0
         return loss
 
     def extra_repr(self) -> str:

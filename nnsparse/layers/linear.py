@@ -192,7 +192,11 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
                          f"got {batch.device}")
     if batch.dtype != table.dtype:
         raise ValueError(f"input must have the weight's dtype {table.dtype}, got {batch.dtype}")
-    if not sparse_grad and update is None and _use_dense(batch, mode):
+    if table.shape[1] == 0:
+        # no output features (nn.Linear(in, 0)): torch's row kernels take no empty rows;
+        # a (rows, 0) product keeps the weight and bias in the graph (zero gradients)
+        out = F.linear(batch.values.new_zeros(batch.rows, 0), table[:0].t(), bias)
+    elif not sparse_grad and update is None and _use_dense(batch, mode):
         dense = batch.values.new_zeros(batch.shape).index_put(
             (batch.row, batch.col), batch.values, accumulate=True)
         out = F.linear(dense, table.t(), bias)
