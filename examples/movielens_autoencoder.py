@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -54,6 +55,8 @@ def _positive(kind: type, name: str):
                 f"{name} must be {'an integer' if kind is int else 'a number'}, got {text!r}")
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{name} must be positive, got {text}")
+        if value == math.inf:
+            raise argparse.ArgumentTypeError(f"{name} must be finite, got {text}")
         return value
     return parse
 
@@ -122,6 +125,16 @@ def _check_file(p: argparse.ArgumentParser, flag: str, path: Optional[str]) -> N
         p.error(f"{flag}: no file at {path}")
 
 
+def _check_output(p: argparse.ArgumentParser, flag: str, path: Optional[str]) -> None:
+    """An output file must be writable where asked, checked before hours of training."""
+    if path is None:
+        return
+    if Path(path).is_dir():
+        p.error(f"{flag}: {path} is a directory, not a file")
+    if not Path(path).resolve().parent.is_dir():
+        p.error(f"{flag}: no directory {Path(path).parent} to write {Path(path).name} in")
+
+
 def parse_args(argv: Optional[List[str]] = None):
     """Parse and check every flag and file before any training."""
     p = build_parser()
@@ -136,6 +149,8 @@ def parse_args(argv: Optional[List[str]] = None):
         p.error("--folds trains one model per fold: --load, --save and --recommend need one model")
     for flag in ("ratings", "train", "test", "load"):
         _check_file(p, f"--{flag}", getattr(args, flag))
+    for flag in ("save", "metrics_out"):
+        _check_output(p, f"--{flag.replace('_', '-')}", getattr(args, flag))
     if args.folds is not None:
         if args.folds.isdigit():
             args.folds = int(args.folds)
@@ -146,15 +161,20 @@ def parse_args(argv: Optional[List[str]] = None):
     for name in ("test_ratio", "validation_ratio"):
         if not 0 <= getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(args, name)}")
-    if args.l2 is not None and args.l2 < 0:
-        p.error(f"--l2 must be non-negative, got {args.l2}")
-    if args.min_support < 0 or args.shrinkage < 0:
-        p.error("--min-support and --shrinkage must be non-negative")
+    if args.l2 is not None and not 0 <= args.l2 < math.inf:
+        p.error(f"--l2 must be non-negative and finite, got {args.l2}")
+    if args.min_support < 0 or not 0 <= args.shrinkage < math.inf:
+        p.error(f"--min-support and --shrinkage must be non-negative (and finite), got "
+                f"{args.min_support} and {args.shrinkage}")
+    if args.seed < 0:
+        p.error(f"--seed must be non-negative, got {args.seed}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: no CUDA device is available")
     try:
-        torch.device(args.device)
+        device = torch.device(args.device)
     except RuntimeError:
+        p.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
+    if device.type not in ("cpu", "cuda"):
         p.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
     return p, args
 

@@ -28,6 +28,7 @@ the caller's values wherever torch allows it.
 from __future__ import annotations
 
 import copy
+import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -315,15 +316,21 @@ class _Attached:
     recoalesce: bool  # an uncoalesced COO that requires grad: coalesce each call
 
 
+def _version(t: Tensor) -> int:
+    """``t._version``; -1 for an inference tensor (torch.inference_mode), which has no
+    version counter: its in-place index changes go unseen (indices are not edited in place)."""
+    return -1 if t.is_inference() else t._version
+
+
 def _key(x: Tensor) -> Tuple[Any, ...]:
     """What must not change for an attached structure to stay valid (free to read)."""
     if x.layout == torch.sparse_csr:
         crow, col = x.crow_indices(), x.col_indices()
         return (tuple(x.shape), x.device, crow.data_ptr(), col.data_ptr(), col.shape[0],
-                crow._version, col._version)
+                _version(crow), _version(col))
     index = x._indices()
     # requires_grad: an uncoalesced COO that requires grad is coalesced each call
-    return (tuple(x.shape), x.device, index.data_ptr(), index.shape[1], index._version,
+    return (tuple(x.shape), x.device, index.data_ptr(), index.shape[1], _version(index),
             x.is_coalesced(), x.requires_grad)
 
 
@@ -603,6 +610,10 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
                 f"{name}: layout {x.layout} is not supported; convert with .to_sparse_coo() "
                 "or .to_sparse_csr()")
     elif isinstance(x, (list, tuple)):
+        if type(x).__name__ == "SparseParts":  # a NamedTuple: not a list of rows (no import cycle)
+            raise TypeError(f"{name} is a SparseParts (the torch.compile input form), which the "
+                            f"layers read; pass {name}.to_sparse_csr() to eager nnsparse "
+                            f"functions and criteria")
         batch = _from_list(x, name, width)
     else:
         raise TypeError(f"{name} must be a sparse tensor, a pair tensor or a list of sparse "
@@ -617,11 +628,22 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
     return batch
 
 
+def size_int(value: Any, name: str = "size") -> int:
+    """``value`` as an int for a size: ints, numpy ints and 0-d integer tensors pass;
+    a bool, a float (even whole) or anything else is a ``TypeError``."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must hold ints, got {type(value).__name__} {value!r}")
+
+
 def resolve_size(given: Optional[Sequence[int]], batch: SparseBatch, name: str = "size") -> Tuple[int, int]:
     """The ``(rows, width)`` a result should have: ``given`` checked against the data."""
     if given is None:
         return batch.shape
-    rows, width = given
+    rows, width = (size_int(v, name) for v in given)
     if rows < batch.rows:
         raise ValueError(f"{name} must have at least {batch.rows} rows, got {rows}")
     if width < batch.width:

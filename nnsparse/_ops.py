@@ -71,6 +71,9 @@ class SparseParts(NamedTuple):
         if not torch.compiler.is_compiling() and tuple(values.shape) != tuple(self.col.shape):
             raise ValueError(f"values must have shape ({self.col.shape[0]},) (one per entry), "
                              f"got {tuple(values.shape)}")
+        if not torch.compiler.is_compiling() and values.device != self.col.device:
+            raise ValueError(f"values must be on the pattern's device {self.col.device}, "
+                             f"got {values.device}")
         return self._replace(values=values)
 
     def to_sparse_csr(self) -> Tensor:
@@ -83,6 +86,11 @@ class SparseParts(NamedTuple):
 
     def to(self, device: Any, non_blocking: bool = False) -> "SparseParts":
         """The parts on ``device`` (nnz still marked dynamic)."""
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError, ValueError):
+            raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                             f"'cuda:0', got {device!r}") from None
         out = SparseParts(self.crow.to(device, non_blocking=non_blocking),
                           self.col.to(device, non_blocking=non_blocking),
                           self.values.to(device, non_blocking=non_blocking), self.size)
@@ -282,6 +290,14 @@ def _check_parts(parts: SparseParts, width: int, name: str) -> None:
                 raise TypeError(f"{name}.{field} must be a Tensor, got {type(value).__name__}")
             if value.dim() != 1:
                 raise ValueError(f"{name}.{field} must be 1-D, got shape {tuple(value.shape)}")
+        for field in ("crow", "col"):
+            dtype = getattr(parts, field).dtype
+            if dtype not in (torch.int32, torch.int64):
+                raise TypeError(f"{name}.{field} must be an int64 or int32 tensor, got {dtype}")
+        devices = {getattr(parts, f).device for f in ("crow", "col", "values")}
+        if len(devices) > 1:
+            raise ValueError(f"{name}.crow, .col and .values must be on one device, got "
+                             f"{sorted(str(d) for d in devices)}")
         size = parts.size
         if (not isinstance(size, (tuple, list, torch.Size)) or len(size) != 2
                 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
@@ -305,6 +321,14 @@ def linear_parts(parts: SparseParts, table: Tensor, bias: Optional[Tensor],
         raise NotImplementedError("sparse_grad=True is not supported with SparseParts input "
                                   "(torch.compile): the compiled path gives dense gradients")
     _check_parts(parts, table.shape[0], "input")
+    if not torch.compiler.is_compiling():
+        if parts.values.dtype != table.dtype and not torch.is_autocast_enabled(
+                parts.values.device.type):  # autocast: the operator computes in float32
+            raise ValueError(f"input must have the weight's dtype {table.dtype}, "
+                             f"got {parts.values.dtype}")
+        if parts.values.device != table.device:
+            raise ValueError(f"input must be on the weight's device {table.device}, "
+                             f"got {parts.values.device}")
     if mode == "dense":
         row = _index.rows_from_crow(parts.crow, parts.col.shape[0])
         dense = parts.values.new_zeros(parts.size).index_put((row, parts.col), parts.values,

@@ -96,6 +96,9 @@ class SplitOptimizer(Optimizer):
             raise ValueError("optimizers must hold at least one optimiser, got none")
         seen: set = set()
         for name, opt in optimizers.items():
+            if not isinstance(name, str):
+                raise TypeError(f"optimizers must be keyed by part names (str), got "
+                                f"{type(name).__name__} {name!r}")
             if not isinstance(opt, Optimizer):
                 raise TypeError(f"optimizers[{name!r}] must be a torch.optim.Optimizer, "
                                 f"got {type(opt).__name__}")
@@ -126,6 +129,8 @@ class SplitOptimizer(Optimizer):
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """One step of every part; ``closure`` (if given) is evaluated once, first."""
+        if closure is not None and not callable(closure):
+            raise TypeError(f"closure must be None or a callable, got {type(closure).__name__}")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -162,6 +167,8 @@ class SplitOptimizer(Optimizer):
                             f"their own part (no parameter was changed)")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if not isinstance(set_to_none, bool):
+            raise TypeError(f"set_to_none must be a bool, got {type(set_to_none).__name__}")
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=set_to_none)
 
@@ -174,7 +181,11 @@ class SplitOptimizer(Optimizer):
                             f"{type(state_dict).__name__}")
         if set(state_dict) != set(self.optimizers):
             raise ValueError(f"state_dict must have the parts {sorted(self.optimizers)}, "
-                             f"got {sorted(state_dict)}")
+                             f"got {sorted(state_dict, key=str)}")
+        for name, part in state_dict.items():
+            if not isinstance(part, dict):
+                raise TypeError(f"state_dict[{name!r}] must be an optimiser state dict, "
+                                f"got {type(part).__name__}")
         before = {name: copy.deepcopy(opt.state_dict()) for name, opt in self.optimizers.items()}
         try:
             for name, opt in self.optimizers.items():

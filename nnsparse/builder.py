@@ -101,12 +101,22 @@ class DynamicSparseTensor:
             raise TypeError(f"mult_coef must be a real number, got {type(mult_coef).__name__}")
         if not mult_coef > 1:  # also rejects NaN
             raise ValueError(f"mult_coef must be > 1 for the storage to grow, got {mult_coef}")
+        if mult_coef == math.inf:
+            raise ValueError("mult_coef must be finite, got inf")
         if ndim < 1:
             raise ValueError(f"ndim must be at least 1, got {ndim}")
         if not isinstance(dtype, torch.dtype) or dtype == torch.bool or dtype.is_complex:
             raise TypeError(f"dtype must be a floating or integer torch.dtype, got {dtype}")
         self._reserve, self._mult, self._ndim, self._dtype = reserve, float(mult_coef), ndim, dtype
-        self._device = torch.empty(0, device=device).device
+        if device is not None and (isinstance(device, bool) or
+                                   not isinstance(device, (str, torch.device, int))):
+            raise TypeError(f"device must be None, a torch.device or a name such as 'cpu', "
+                            f"got {type(device).__name__}")
+        try:
+            self._device = torch.empty(0, device=device).device
+        except RuntimeError:
+            raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                             f"'cuda:0', got {device!r}") from None
         self._float = dtype.is_floating_point
         self._ibuf = [array("q", bytes(8 * _CHUNK)) for _ in range(ndim)]
         self._ibuf0 = self._ibuf[0]
@@ -175,10 +185,10 @@ class DynamicSparseTensor:
         except IndexError:  # the buffer is full
             self._flush()
             return self.append(index, value)
-        except (TypeError, OverflowError):
+        except (TypeError, OverflowError, ValueError):
             raise self._entry_error((index,), value) from None
         if index < 0:
-            raise ValueError(f"index must be non-negative, got {index}")
+            raise self._entry_error((index,), value)
         if self._range is not None:
             self._check_value(self._vbuf[j])
         self._j = j + 1
@@ -228,10 +238,10 @@ class DynamicSparseTensor:
             for buf, i in zip(self._ibuf, index):
                 buf[j] = i
             self._vbuf[j] = value
-        except (TypeError, OverflowError):
+        except (TypeError, OverflowError, ValueError):
             raise self._entry_error(index, value) from None
         if min(index) < 0:
-            raise ValueError(f"index must be non-negative, got {tuple(index)}")
+            raise self._entry_error(index, value)
         if self._range is not None:
             self._check_value(self._vbuf[j])
         self._j = j + 1
@@ -245,6 +255,12 @@ class DynamicSparseTensor:
                 return TypeError(f"index must be an int, got {type(i).__name__} {i!r}")
             if not -2 ** 63 <= i < 2 ** 63:
                 return ValueError(f"index must fit in int64, got {i}")
+            if i < 0:
+                shown = index[0] if len(index) == 1 else tuple(index)
+                return ValueError(f"index must be non-negative, got {shown}")
+        if isinstance(value, Tensor) and value.numel() != 1:
+            return ValueError(f"value must be a single number, got a tensor of shape "
+                              f"{tuple(value.shape)}")
         if isinstance(value, (numbers.Real, Tensor)):
             if not self._float and not isinstance(value, numbers.Integral):
                 return TypeError(f"value must be an int for dtype {self._dtype}, got {value!r}")
@@ -428,8 +444,11 @@ class DynamicSparseTensor:
         if size is None:
             return needed
         if isinstance(size, numbers.Integral) and self._ndim == 1:
-            size = (int(size),)
-        if isinstance(size, numbers.Integral) or len(cast(Sequence[int], size)) != self._ndim:
+            size = (cast(int, size),)  # a bool is refused by _as_int below
+        if not isinstance(size, (tuple, list, torch.Size)):
+            raise TypeError(f"size must be an int or a tuple of {self._ndim} ints, got "
+                            f"{type(size).__name__} {size!r}")
+        if len(size) != self._ndim:
             raise ValueError(f"size must be {self._ndim} ints, got {size!r}")
         sizes = tuple(_as_int(s, "size") for s in cast(Sequence[int], size))
         if any(s < need for s, need in zip(sizes, needed)):
@@ -442,7 +461,14 @@ class DynamicSparseTensor:
                 raise TypeError(f"{name} must be a dense tensor or a sequence, got layout {x.layout}")
             self._check_device(x, name)
             return x.detach()
-        return torch.as_tensor(x, device=self._device)
+        if isinstance(x, (str, bytes)):
+            raise TypeError(f"{name} must be a tensor or a sequence of numbers, "
+                            f"got {type(x).__name__}")
+        try:
+            return torch.as_tensor(x, device=self._device)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"{name} must be a tensor or a sequence of numbers, got "
+                            f"{type(x).__name__} ({e})") from None
 
     def _check_device(self, x: Tensor, name: str) -> None:
         if x.device != self._device:

@@ -23,6 +23,18 @@ def _check_elem(elem: Any) -> None:
         raise TypeError(f"elem must be a number, got {type(elem).__name__} {elem!r}")
 
 
+def _check_elem_fits(elem: Any, dtype: torch.dtype) -> None:
+    """``elem`` must be stored exactly in the values' dtype (a cast would change it silently)."""
+    if isinstance(elem, complex) and not dtype.is_complex:
+        raise TypeError(f"elem must be a real number for values of dtype {dtype}, got {elem!r}")
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool or _is_nan(elem):
+        return
+    info = torch.iinfo(dtype)
+    if not math.isfinite(elem) or elem != int(elem) or not info.min <= elem <= info.max:
+        raise ValueError(f"elem must be stored exactly in the values' dtype {dtype} (an integer "
+                         f"in [{info.min}, {info.max}]), got {elem!r}")
+
+
 def _is_nan(elem: float) -> bool:
     return isinstance(elem, float) and math.isnan(elem)
 
@@ -72,8 +84,9 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
         raise TypeError(f"x must be a dense tensor, got {got}")
     if x.dim() not in (1, 2):
         raise ValueError(f"x must be 1-D (a vector) or 2-D (rows, n), got {x.dim()} dimensions")
-    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+    if not isinstance(offset, numbers.Integral) or isinstance(offset, bool) or offset < 0:
         raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+    offset = int(offset)
     _check_elem(elem)
     if layout not in (torch.sparse_coo, torch.sparse_csr):
         raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
@@ -100,7 +113,10 @@ def _batch_size(size: Optional[Size], batch: SparseBatch) -> Tuple[int, int]:
             if len(size) != 1:
                 raise ValueError(f"size of a vector must be an int, got {tuple(size)}")
             size = size[0]
-        return resolve_size((1, int(size)), batch)  # type: ignore[arg-type]
+        return resolve_size((1, size), batch)  # type: ignore[arg-type]
+    if not isinstance(size, (int, tuple, list, torch.Size, str)):
+        raise TypeError(f"size of a batch must be a (rows, width) tuple, got "
+                        f"{type(size).__name__} {size!r}")
     if isinstance(size, int) or len(size) != 2:
         raise ValueError(f"size of a batch must be a (rows, width) tuple, got {size!r}")
     return resolve_size(tuple(size), batch)
@@ -147,6 +163,7 @@ def _densify(batch: SparseBatch, elem: float, rows: int, width: int) -> Tensor:
     _check_elem(elem)
     if _is_nan(elem) and not (batch.dtype.is_floating_point or batch.dtype.is_complex):
         raise ValueError(f"elem nan needs floating values, got dtype {batch.dtype}")
+    _check_elem_fits(elem, batch.dtype)
     index = (batch.row, batch.col)
     out = batch.values.new_zeros(rows, width).index_put(index, batch.values, accumulate=True)
     if elem != 0:  # NaN != 0 too

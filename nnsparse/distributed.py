@@ -29,6 +29,7 @@ tensors; NCCL does not, so on NCCL :func:`wrap` registers
 each sparse gradient (dense buckets are all-reduced as usual).
 """
 import datetime
+import inspect
 import os
 from typing import Any, Dict, Iterable, Optional, cast
 
@@ -101,7 +102,15 @@ def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
         ValueError: an unknown ``device`` or ``backend``, a non-integer
             environment variable, or NCCL on a CPU device.
         RuntimeError: ``device="cuda"`` without CUDA.
+        TypeError: a ``timeout`` that is not a number.
     """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+    if not 0 < timeout < float("inf"):
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got {timeout}")
+    for name, value in (("backend", backend), ("device", device)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{name} must be None or a str, got {type(value).__name__}")
     kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -147,6 +156,10 @@ def progress(iterable: Iterable, disable: Optional[bool] = None, **kwargs: Any) 
             ``file=``) is a terminal, none in a log file or pipe.
         **kwargs: passed to ``tqdm`` (``desc``, ``leave``, ``file``, ...).
     """
+    if disable is not None and not isinstance(disable, bool):
+        raise TypeError(f"disable must be None or a bool, got {type(disable).__name__}")
+    if not hasattr(iterable, "__iter__"):
+        raise TypeError(f"iterable must be iterable, got {type(iterable).__name__}")
     if disable or not is_main():
         return iterable
     from tqdm import tqdm
@@ -158,6 +171,8 @@ def save(obj: Any, path: str) -> None:
     if not isinstance(path, (str, os.PathLike)) and not hasattr(path, "write"):
         raise TypeError(f"path must be a str or os.PathLike (or a file object), got "
                         f"{type(path).__name__}")
+    if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
+        raise ValueError(f"path must be a file to write, got {path}, which is a directory")
     if is_main():
         torch.save(obj, path)
     if is_distributed():
@@ -249,6 +264,8 @@ class DistributedDataParallel(_TORCH_DDP):
     """
 
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
         _refuse_in_backward(module)
         if sparse_grad_parameters(module) and not hasattr(_TORCH_DDP, "_build_params_for_reducer"):
             # torch has no public way to declare a sparse gradient; this is the one place
@@ -341,6 +358,10 @@ def wrap(model: nn.Module, *, sparse_allgather: Optional[bool] = None,
     if sparse_allgather is not None and not isinstance(sparse_allgather, bool):
         raise TypeError(f"sparse_allgather must be None or a bool, got "
                         f"{type(sparse_allgather).__name__}")
+    unknown = sorted(set(ddp_kwargs) - set(inspect.signature(_TORCH_DDP.__init__).parameters))
+    if unknown:  # checked without a process group too: a typo would only fail under torchrun
+        raise TypeError(f"ddp_kwargs must be DistributedDataParallel's arguments, got unknown "
+                        f"{unknown}")
     if not is_distributed():
         return model
     sparse = bool(sparse_grad_parameters(model))

@@ -10,6 +10,8 @@ Adam update, so one optimiser serves the whole model.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple,
                     Union, overload)
 
@@ -99,9 +101,30 @@ class LazyAdam(Optimizer):
             _check_non_negative(name, value)
         _check_betas(betas)
         _check_share(dense_above)
+        _check_flag("decoupled_weight_decay", decoupled_weight_decay)
+        if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
+            raise TypeError(f"params must be an iterable of parameters or of param-group "
+                            f"dicts, got {type(params).__name__}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         decoupled_weight_decay=decoupled_weight_decay, dense_above=dense_above)
         super().__init__(params, defaults)
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """``Optimizer.load_state_dict``, with the moments' shapes checked first (torch
+        loads any shape, and the next step fails half-way)."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        state = state_dict.get("state", {}) if isinstance(state_dict, dict) else {}
+        for index, entry in (state.items() if isinstance(state, dict) else ()):
+            if not (isinstance(index, int) and 0 <= index < len(params)
+                    and isinstance(entry, dict)):
+                continue  # torch's own checks (group sizes, ids) answer those
+            for key in ("exp_avg", "exp_avg_sq"):
+                t = entry.get(key)
+                if isinstance(t, Tensor) and t.shape != params[index].shape:
+                    raise ValueError(f"state_dict['state'][{index}][{key!r}] must have its "
+                                     f"parameter's shape {tuple(params[index].shape)}, got "
+                                     f"{tuple(t.shape)}")
+        super().load_state_dict(state_dict)
 
     @overload
     def step(self, closure: None = None) -> None: ...
@@ -112,6 +135,7 @@ class LazyAdam(Optimizer):
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Perform one optimisation step (see the class docstring)."""
+        _check_closure(closure)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -412,6 +436,11 @@ class InBackwardOptimizer:
     """
 
     def __init__(self, model: nn.Module, kind: str, hp: dict) -> None:
+        if kind not in _rowopt.KINDS:
+            raise ValueError(f"kind must be one of {_rowopt.KINDS}, got {kind!r}; build it "
+                             f"with apply_optimizer_in_backward(model, kind, ...)")
+        if not isinstance(hp, dict):
+            raise TypeError(f"hp must be a dict of hyperparameters, got {type(hp).__name__}")
         layers = _sparse_layers(model)
         for name, layer, _, _ in layers:
             if layer._row_update is not None:
@@ -437,6 +466,7 @@ class InBackwardOptimizer:
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Step :attr:`dense` (the in-backward weights were updated by the backward)."""
+        _check_closure(closure)
         if self.dense is not None:
             return self.dense.step(closure)
         if closure is not None:
@@ -446,6 +476,7 @@ class InBackwardOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero :attr:`dense`'s gradients (the in-backward weights have none)."""
+        _check_flag("set_to_none", set_to_none)
         if self.dense is not None:
             self.dense.zero_grad(set_to_none)
 
@@ -472,10 +503,15 @@ class InBackwardOptimizer:
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Load a :meth:`state_dict`; everything is checked before anything is changed."""
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict must be a dict (from state_dict()), "
+                            f"got {type(state_dict).__name__}")
         if state_dict.get("kind") != self.kind:
             raise ValueError(f"state_dict must be of a {self.kind!r} optimiser, "
                              f"got {state_dict.get('kind')!r}")
         tables = state_dict.get("tables", {})
+        if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+            raise TypeError("state_dict['tables'] must be a dict of layer name -> dict of tensors")
         if set(tables) != set(self._updates):
             raise ValueError(f"state_dict must hold the layers {sorted(self._updates)}, "
                              f"got {sorted(tables)}")
@@ -632,8 +668,9 @@ def fused_step_optimizer(model: nn.Module, lr: float = 1e-3, *,
 
 def _check_real(name: str, value: Any) -> None:
     """A hyperparameter must be a real number (a 0-d tensor counts), not a bool or str."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, Tensor)) or (
-            isinstance(value, Tensor) and value.numel() != 1):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, Tensor)) or (
+            isinstance(value, Tensor) and (value.numel() != 1 or value.is_complex()
+                                           or value.dtype == torch.bool)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
 
 
@@ -641,6 +678,18 @@ def _check_non_negative(name: str, value: Any) -> None:
     _check_real(name, value)
     if not value >= 0.0:
         raise ValueError(f"{name} must be non-negative, got {value}")
+    if value == math.inf:
+        raise ValueError(f"{name} must be finite, got inf")
+
+
+def _check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+
+
+def _check_closure(closure: Any) -> None:
+    if closure is not None and not callable(closure):
+        raise TypeError(f"closure must be None or a callable, got {type(closure).__name__}")
 
 
 def _check_betas(betas: Any) -> None:
@@ -664,6 +713,7 @@ def _check_hyper(kind: str, hp: dict) -> None:
     for key in ("lr", "eps", "weight_decay", "momentum", "initial_accumulator_value"):
         _check_non_negative(key, hp[key])
     _check_betas(hp["betas"])
+    _check_flag("nesterov", hp["nesterov"])
     if kind != "sgd" and (hp["momentum"] or hp["nesterov"]):
         raise ValueError(f"momentum and nesterov are SGD's, got momentum={hp['momentum']}, "
                          f"nesterov={hp['nesterov']} for optimizer={kind!r}")

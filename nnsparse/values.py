@@ -155,9 +155,9 @@ def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike:
         Gradients flow to ``input``'s values only.
 
     Raises:
-        TypeError: ``fn`` is not callable, ``input`` is not a tensor or an
-            accepted sparse form.
-        ValueError: ``fn`` changed the number of values.
+        TypeError: ``fn`` is not callable or returned no tensor, ``input`` is
+            not a tensor or an accepted sparse form.
+        ValueError: ``fn`` changed the number of values or their device.
 
     Example::
 
@@ -191,9 +191,13 @@ def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike:
 
 def _mapped(fn: Callable[[Tensor], Tensor], values: Tensor) -> Tensor:
     out = fn(values)
-    if not isinstance(out, Tensor) or out.shape != values.shape:
-        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        raise ValueError(f"fn must keep the values' shape {tuple(values.shape)}, got {got}")
+    if not isinstance(out, Tensor):
+        raise TypeError(f"fn must return a Tensor, got {type(out).__name__}")
+    if out.shape != values.shape:
+        raise ValueError(f"fn must keep the values' shape {tuple(values.shape)}, "
+                         f"got {tuple(out.shape)}")
+    if out.device != values.device:
+        raise ValueError(f"fn must keep the values' device {values.device}, got {out.device}")
     return out
 
 

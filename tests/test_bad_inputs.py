@@ -111,6 +111,11 @@ SPARSE_ENTRIES = {
     "Batchifier": (lambda x: nnsparse.Batchifier(nnsparse.Densify(4), 4, batch_size=1,
                                                  progress=False)(x), "data"),
     "SparseRowDataset": (lambda x: SparseRowDataset(x), "input"),
+    # the second probe: the newer entry points that read a sparse argument
+    "SparseWeightLinear": (lambda x: nnsparse.SparseWeightLinear(x), "pattern"),
+    "SparseWeightLinear.forward": (lambda x: nnsparse.SparseWeightLinear.random(4, 3, 0.5)(x), "input"),
+    "sparse_mm": (lambda x: nnsparse.sparse_mm(x, torch.ones(4, 3)), "A"),
+    "sparse_parts": (lambda x: nnsparse.sparse_parts(x), "x"),
 }
 
 # Kinds an entry point answers with its own (clear) message rather than the shared one.
@@ -119,6 +124,8 @@ OWN = {
     ("SparseRowDataset", "sparse-3d"): (ValueError, r"input must be 2-D \(rows, width\)"),
     ("SparseRowDataset", "bsr-layout"): (TypeError, r"input must be a 2-D sparse CSR or COO"),
     ("SparseRowDataset", "list-of-ints"): (TypeError, r"input must be a 2-D sparse CSR or COO"),
+    # sparse_mm takes a batched (3-D) sparse operand: the dense one must then be 3-D too
+    ("sparse_mm", "sparse-3d"): (ValueError, r"B must be 3-D like the sparse operand, got shape \(4, 3\)"),
     ("Batchifier", "wrong-type-str"): (TypeError, r"data must be a sparse matrix.*got str"),
     ("Batchifier", "wrong-type-none"): (TypeError, r"data must be a sparse matrix.*got NoneType"),
 }
@@ -521,7 +528,342 @@ OTHER = [
          r"x must be a sparse COO or CSR tensor, got layout torch.strided"),
 ]
 
-CASES = _sparse_cases() + _good_cases() + OTHER
+
+# -- the second probe (wt-probe2): what the tables above did not reach --------------------------
+
+def _meta_coo():
+    return torch.sparse_coo_tensor(torch.tensor([[0], [1]], device="meta"),
+                                   torch.ones(1, device="meta"), (2, 4))
+
+
+def _pairs_file(text):
+    import os
+    import tempfile
+    path = os.path.join(tempfile.mkdtemp(prefix="nnsparse-probe2-"), "r.txt")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+_W = torch.randn(3, 4)
+_N = RatingNormalizer(_R)
+_OTHER_R = synthetic_ratings(seed=1, n_users=5, n_items=5, n_ratings=10)
+
+PROBE2 = [
+    # sparse_linear: the functional form checks its weight and bias
+    Case("sparse_linear-weight-1d", lambda: nnsparse.sparse_linear(S, torch.ones(4)), ValueError,
+         r"weight must have shape \(out_features, in_features\), got \(4,\)"),
+    Case("sparse_linear-weight-sparse", lambda: nnsparse.sparse_linear(S, _W.to_sparse()), TypeError,
+         r"weight must be a dense tensor, got torch.sparse_coo"),
+    Case("sparse_linear-weight-str", lambda: nnsparse.sparse_linear(S, "w"), TypeError,
+         r"weight must be a dense tensor, got str"),
+    Case("sparse_linear-bias-shape", lambda: nnsparse.sparse_linear(S, _W, torch.ones(4)), ValueError,
+         r"bias must have shape \(3,\) \(out_features\), got \(4,\)"),
+    Case("sparse_linear-bias-2d", lambda: nnsparse.sparse_linear(S, _W, torch.ones(1, 3)), ValueError,
+         r"bias must have shape \(3,\) \(out_features\), got \(1, 3\)"),
+    Case("sparse_linear-bias-dtype", lambda: nnsparse.sparse_linear(S, _W, torch.ones(3).double()),
+         ValueError, r"bias must have the weight's dtype torch.float32, got torch.float64"),
+    Case("sparse_linear-bias-device", lambda: nnsparse.sparse_linear(S, _W, torch.ones(3, device="meta")),
+         ValueError, r"bias must be on the weight's device cpu, got meta"),
+    Case("sparse_linear-weight-device", lambda: nnsparse.sparse_linear(S, _W.to("meta")), ValueError,
+         r"input must be on the weight's device meta, got cpu"),
+    Case("SparseLinearBatch-dense-float64", lambda: nnsparse.SparseLinearBatch(4, 3)(X.double()),
+         ValueError, r"input must have the weight's dtype torch.float32, got torch.float64"),
+    Case("SparseLinearBatch-dense-int", lambda: nnsparse.SparseLinearBatch(4, 3)(X.long()),
+         ValueError, r"input must have the weight's dtype torch.float32, got torch.int64"),
+    Case("SparseLinearBatch-dense-device", lambda: nnsparse.SparseLinearBatch(4, 3)(X.to("meta")),
+         ValueError, r"input must be on the weight's device cpu, got meta"),
+    Case("SparseLinearBatch-meta-sparse", lambda: nnsparse.SparseLinearBatch(4, 3)(_meta_coo()),
+         ValueError, r"input must be on the weight's device cpu, got meta"),
+    Case("SparseOutputLinear-meta-pattern", lambda: nnsparse.SparseOutputLinear(3, 4)(
+        torch.ones(2, 3), _meta_coo()), ValueError, r"pattern must be on input's device cpu, got meta"),
+    Case("SparseCriterion-meta-target", lambda: nnsparse.SparseCriterion(nn.MSELoss())(
+        torch.zeros(2, 4), _meta_coo()), ValueError, r"target is on meta, estimate on cpu"),
+    Case("SparseLinearBatch-dtype-int64", lambda: nnsparse.SparseLinearBatch(4, 3, dtype=torch.int64),
+         TypeError, r"dtype must be a floating-point torch.dtype .*got torch.int64"),
+    Case("SparseOutputLinear-dtype-int64", lambda: nnsparse.SparseOutputLinear(4, 3, dtype=torch.int64),
+         TypeError, r"dtype must be a floating-point torch.dtype .*got torch.int64"),
+    Case("SparseLinearBatch-bool-size", lambda: nnsparse.SparseLinearBatch(True, 3), TypeError,
+         r"in_features must be an int, got bool True"),
+    Case("SparseLinearBatch-numpy-size-works", lambda: nnsparse.SparseLinearBatch(
+        __import__("numpy").int64(4), 3).in_features, None, check=lambda n: n == 4 and type(n) is int),
+    Case("SparseOutputLinear-numpy-size-works", lambda: nnsparse.SparseOutputLinear(
+        3, __import__("numpy").int64(4)).out_features, None, check=lambda n: n == 4),
+    Case("sampled_linear-sparse_grad-str", lambda: nnsparse.sampled_linear(
+        torch.ones(2, 3), torch.ones(4, 3), pattern=S, sparse_grad="y"), TypeError,
+         r"sparse_grad must be a bool, got str 'y'"),
+    Case("sampled_linear-no-pattern-bias", lambda: nnsparse.sampled_linear(
+        torch.ones(2, 3), torch.ones(4, 3), torch.ones(5)), ValueError,
+         r"bias must have shape \(4,\) \(out_features\), got \(5,\)"),
+    Case("sampled_linear-no-pattern-width", lambda: nnsparse.sampled_linear(
+        torch.ones(2, 2), torch.ones(4, 3)), ValueError, r"input must have 3 features \(in_features\), got 2"),
+    Case("SparseOutputLinear-0d-input", lambda: nnsparse.SparseOutputLinear(3, 4)(torch.tensor(1.0)),
+         ValueError, r"input must have 3 features \(in_features\), got a 0-d tensor"),
+    Case("SparseWeightLinear.random-seed-str", lambda: nnsparse.SparseWeightLinear.random(
+        4, 3, 0.5, seed="a"), TypeError, r"seed must be an int or None, got str 'a'"),
+    Case("PatternSequential.insert-index-str", lambda: nnsparse.PatternSequential(nn.ReLU()).insert(
+        "a", nn.ReLU()), TypeError, r"index must be an int, got str 'a'"),
+    Case("PatternSequential.insert-index-range", lambda: nnsparse.PatternSequential(nn.ReLU()).insert(
+        5, nn.ReLU()), IndexError, r"index must be in \[-1, 1\], got 5"),
+    # sizes and values
+    Case("densify-size-float", lambda: nnsparse.densify(S, size=(2.0, 4.0)), TypeError,
+         r"size must hold ints, got float 2.0"),
+    Case("densify-size-bool", lambda: nnsparse.densify(S, size=(True, 4)), TypeError,
+         r"size must hold ints, got bool True"),
+    Case("densify-vector-size-float", lambda: nnsparse.densify(X[0].to_sparse(), size=4.5), TypeError,
+         r"size must hold ints, got float 4.5"),
+    Case("densify-size-numpy-works", lambda: nnsparse.densify(S, size=(__import__("numpy").int64(2), 5)),
+         None, check=lambda out: out.shape == (2, 5) and torch.equal(out[:, :4], X)),
+    Case("densify-size-float-for-batch", lambda: nnsparse.densify(S, size=1.5), TypeError,
+         r"size of a batch must be a \(rows, width\) tuple, got float 1.5"),
+    Case("DynamicSparseTensor-device-bad", lambda: nnsparse.DynamicSparseTensor(device="x"), ValueError,
+         r"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got 'x'"),
+    Case("DynamicSparseTensor-device-list", lambda: nnsparse.DynamicSparseTensor(device=[0]), TypeError,
+         r"device must be None, a torch.device or a name such as 'cpu', got list"),
+    Case("sparse_linear-weight-none", lambda: nnsparse.sparse_linear(S, None), TypeError,
+         r"weight must be a dense tensor, got NoneType"),
+    Case("sampled_linear-weight-none", lambda: nnsparse.sampled_linear(torch.ones(2, 3), None, pattern=S),
+         TypeError, r"weight must be a dense tensor, got NoneType"),
+    Case("LazyAdam-params-none", lambda: LazyAdam(None), TypeError,
+         r"params must be an iterable of parameters or of param-group dicts, got NoneType"),
+    Case("read_ratings-format-list", lambda: read_ratings("x", format=["csv"]), ValueError,
+         r"format must be one of \['ml-100k', 'ml-1m', 'csv', 'text'\], got \['csv'\]"),
+    Case("collate_sparse_rows-rows-none", lambda: collate_sparse_rows(None, 4), TypeError,
+         r"rows must be a list of \(row_index, \(indices, values\)\) pairs, got NoneType"),
+    Case("mean_prediction-by-names-argument", lambda: mean_prediction(_R, _R, by="x"), ValueError,
+         r"by: orientation must be 'item' or 'user', got 'x'"),
+    Case("densify-elem-fraction-int-values", lambda: nnsparse.densify(X.long().to_sparse(), elem=0.5),
+         ValueError, r"elem must be stored exactly in the values' dtype torch.int64 .*got 0.5"),
+    Case("densify-elem-beyond-int8", lambda: nnsparse.densify(X.to(torch.int8).to_sparse(), elem=300),
+         ValueError, r"elem must be stored exactly in the values' dtype torch.int8 \(an integer in "
+                     r"\[-128, 127\]\), got 300"),
+    Case("densify-elem-inf-int-values", lambda: nnsparse.densify(X.long().to_sparse(), elem=math.inf),
+         ValueError, r"elem must be stored exactly in the values' dtype torch.int64 .*got inf"),
+    Case("densify-elem-complex", lambda: nnsparse.densify(S, elem=1j), TypeError,
+         r"elem must be a real number for values of dtype torch.float32, got 1j"),
+    Case("densify-elem-int-values-works", lambda: nnsparse.densify(X.long().to_sparse(), elem=-1), None,
+         check=lambda out: out.dtype == torch.int64 and out.tolist() == [[1, -1, 2, -1], [-1, 3, -1, 4]]),
+    Case("sparsify-offset-numpy-works", lambda: nnsparse.sparsify(X, offset=__import__("numpy").int64(1)),
+         None, check=lambda out: out.shape == (2, 5) and torch.equal(out.to_dense()[:, 1:], X)),
+    Case("Densify-numpy-size-works", lambda: nnsparse.Densify(__import__("numpy").int64(4))(S), None,
+         check=_close(lambda: X)),
+    Case("values_map-fn-returns-list", lambda: nnsparse.values_map(lambda v: v.tolist(), S), TypeError,
+         r"fn must return a Tensor, got list"),
+    Case("values_map-fn-moves-values", lambda: nnsparse.values_map(lambda v: v.to("meta"), S),
+         ValueError, r"fn must keep the values' device cpu, got meta"),
+    # DynamicSparseTensor
+    Case("DynamicSparseTensor-mult_coef-inf", lambda: nnsparse.DynamicSparseTensor(mult_coef=math.inf),
+         ValueError, r"mult_coef must be finite, got inf"),
+    Case("DynamicSparseTensor.append-tensor-of-2", lambda: nnsparse.DynamicSparseTensor().append(
+        0, torch.tensor([1.0, 2.0])), ValueError, r"value must be a single number, got a tensor of shape \(2,\)"),
+    Case("DynamicSparseTensor.extend-str", lambda: nnsparse.DynamicSparseTensor().extend("ab", [1.0, 2.0]),
+         TypeError, r"indices must be a tensor or a sequence of numbers, got str"),
+    Case("DynamicSparseTensor.build-size-float", lambda: nnsparse.DynamicSparseTensor().build(size=5.0),
+         TypeError, r"size must be an int or a tuple of 1 ints, got float 5.0"),
+    Case("DynamicSparseTensor.build-size-bool", lambda: nnsparse.DynamicSparseTensor().build(size=(True,)),
+         TypeError, r"size must be an int, got bool"),
+    # criteria
+    Case("SparseCriterion-full_size_average-str", lambda: nnsparse.SparseCriterion(
+        nn.MSELoss(), full_size_average="y"), TypeError, r"full_size_average must be a bool, got str 'y'"),
+    Case("SparseCriterion-complex-target", lambda: nnsparse.SparseCriterion(nn.MSELoss())(
+        torch.zeros(2, 4), X.to(torch.complex64).to_sparse()), TypeError,
+         r"target values must be real numbers, got dtype torch.complex64"),
+    Case("SDAE-alpha-negative", lambda: nnsparse.SDAESparseCriterion(nn.MSELoss(), alpha=-1.0), ValueError,
+         r"alpha must be non-negative, got -1.0"),
+    Case("SDAE-beta-negative", lambda: nnsparse.SDAECriterion(nn.MSELoss(), beta=-0.5), ValueError,
+         r"beta must be non-negative, got -0.5"),
+    Case("MaskCriterion-alpha-negative", lambda: nnsparse.MaskCriterion(nn.MSELoss(), alpha=-1.0),
+         ValueError, r"alpha must be non-negative, got -1.0"),
+    Case("SDAE-flip_range-int", lambda: nnsparse.SDAESparseCriterion(nn.MSELoss(), flip_range=3),
+         TypeError, r"flip_range must be a pair \(low, high\), got int 3"),
+    Case("SDAE-noise-on-integers", lambda: nnsparse.SDAESparseCriterion(
+        nn.MSELoss(), noise_ratio=0.5).prepare_input(X.long().to_sparse()), TypeError,
+         r"input values must be floating point for noise_ratio > 0 \(Gaussian noise\), got dtype torch.int64"),
+    Case("SDAECriterion-noise-on-integers", lambda: nnsparse.SDAECriterion(
+        nn.MSELoss(), noise_ratio=0.5).prepare_input(X.long()), TypeError,
+         r"input values must be floating point for noise_ratio > 0"),
+    # data: Ratings, readers, splits
+    Case("Ratings.from_triples-nan", lambda: Ratings.from_triples([1, 2], [1, 2], [3.0, math.nan]),
+         ValueError, r"rating must be finite, got nan"),
+    Case("Ratings.from_triples-inf", lambda: Ratings.from_triples([1, 2], [1, 2], [3.0, math.inf]),
+         ValueError, r"rating must be finite, got inf"),
+    Case("Ratings.from_triples-str-rating", lambda: Ratings.from_triples([1, 2], [1, 2], ["a", "b"]),
+         TypeError, r"rating must be a sequence of real numbers"),
+    Case("Ratings.from_triples-none-user", lambda: Ratings.from_triples(None, [1], [3.0]), TypeError,
+         r"user must be a sequence of ids \(a list, array or tensor\), got NoneType"),
+    Case("Ratings.from_triples-scalar-item", lambda: Ratings.from_triples([1], 1, [3.0]), TypeError,
+         r"item must be a sequence of ids .*got int"),
+    Case("Ratings.from_triples-2d-rating", lambda: Ratings.from_triples([1, 2], [1, 2], [[3.0], [4.0]]),
+         ValueError, r"rating must be 1-D, one value per \(user, item\), got shape \(2, 1\)"),
+    Case("Ratings.from_triples-tensors-work", lambda: Ratings.from_triples(
+        torch.tensor([5, 7]), torch.tensor([1, 1]), torch.tensor([3.0, 4.0])), None,
+         check=lambda r: r.user_map == {5: 0, 7: 1} and r.rating.tolist() == [3.0, 4.0]),
+    Case("Ratings-float-user", lambda: Ratings(torch.ones(2), torch.zeros(2, dtype=torch.long),
+                                               torch.ones(2), {1: 0}, {1: 0}), TypeError,
+         r"Ratings.user must be an int64 tensor of indices, got torch.float32"),
+    Case("Ratings-int-rating", lambda: Ratings(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                                               torch.ones(1, dtype=torch.long), {1: 0}, {1: 0}), TypeError,
+         r"Ratings.rating must be a floating-point tensor, got torch.int64"),
+    Case("Ratings-map-list", lambda: Ratings(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                                             torch.ones(1), [1], {1: 0}), TypeError,
+         r"Ratings.user_map must be a dict of original id -> index, got list"),
+    Case("Ratings-user-beyond-map", lambda: Ratings(torch.tensor([0, 5]), torch.tensor([0, 0]), torch.ones(2),
+                                                    {1: 0}, {1: 0}), ValueError,
+         r"Ratings.user indices must be in \[0, 1\) \(the size of user_map\), got min 0, max 5"),
+    Case("Ratings-negative-item", lambda: Ratings(torch.tensor([0]), torch.tensor([-1]), torch.ones(1),
+                                                  {1: 0}, {1: 0}), ValueError,
+         r"Ratings.item indices must be in \[0, 1\) \(the size of item_map\), got min -1"),
+    Case("Ratings-nan-rating", lambda: Ratings(torch.tensor([0]), torch.tensor([0]), torch.tensor([math.nan]),
+                                               {1: 0}, {1: 0}), ValueError,
+         r"Ratings.rating must be finite, got NaN or inf"),
+    Case("Ratings.subset-float", lambda: _R.subset(torch.tensor([0.5])), TypeError,
+         r"index must be an integer or bool tensor, got torch.float32"),
+    Case("Ratings.subset-str", lambda: _R.subset("a"), TypeError,
+         r"index must be an integer or bool tensor, got str"),
+    Case("Ratings.subset-mask-length", lambda: _R.subset(torch.ones(3, dtype=torch.bool)), ValueError,
+         r"index must have shape \(40,\) as a bool mask, got \(3,\)"),
+    Case("Ratings.subset-scalar", lambda: _R.subset(-1), ValueError,
+         r"index must be 1-D \(entries to keep\), got shape \(\)"),
+    Case("Ratings.from_triples-source-int", lambda: Ratings.from_triples([1], [1], [3.0], source=3), TypeError,
+         r"source must be a str, got int"),
+    Case("RatingNormalizer.to-bad", lambda: RatingNormalizer(_R).to("x"), ValueError,
+         r"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got 'x'"),
+    Case("RatingNormalizer.to-float", lambda: RatingNormalizer(_R).to(1.5), TypeError,
+         r"device must be a torch.device or a name such as 'cpu', got float"),
+    Case("RatingNormalizer.predict_entries-output", lambda: _N.predict_entries("x", torch.arange(8), S), TypeError,
+         r"output must be a dense tensor, got str"),
+    Case("RatingNormalizer.predict_entries-rows", lambda: _N.predict_entries(torch.zeros(2, 4), [0, 1], S),
+         TypeError, r"rows must be an int64 tensor of matrix rows, got list"),
+    Case("RatingNormalizer.predict_entries-rows-length", lambda: _N.predict_entries(
+        torch.zeros(2, 4), torch.arange(3), S), ValueError,
+         r"rows must have shape \(2,\), one per output row, got \(3,\)"),
+    Case("RatingNormalizer.predict_entries-target-rows", lambda: _N.predict_entries(
+        torch.zeros(3, 4), torch.arange(3), S), ValueError, r"target must have 3 rows like output, got 2"),
+    Case("DynamicSparseTensor.build-size-true", lambda: nnsparse.DynamicSparseTensor().build(size=True),
+         TypeError, r"size must be an int, got bool"),
+    Case("Ratings.subset-list-works", lambda: _R.subset([0, 1]), None,
+         check=lambda r: len(r) == 2 and r.user_map is _R.user_map),
+    Case("read_ratings-titles-int", lambda: read_ratings(_pairs_file("1 2 3\n"), titles=3), TypeError,
+         r"titles must be a bool or a path \(str or os.PathLike\), got int"),
+    Case("read_ratings-item_map-str-index", lambda: read_ratings(_pairs_file("1 2 3\n"), item_map={2: "a"}),
+         TypeError, r"item_map must map ids to int indices, got str for id 2"),
+    Case("read_ratings-item_map-negative", lambda: read_ratings(_pairs_file("1 2 3\n"), item_map={2: -1}),
+         ValueError, r"item_map indices must be in \[0, 1\) \(one per id\), got -1 for id 2"),
+    Case("read_ratings-item_map-repeated", lambda: read_ratings(_pairs_file("1 2 3\n"),
+                                                                item_map={2: 0, 3: 0}),
+         ValueError, r"item_map indices must be in \[0, 2\)|item_map indices must be distinct"),
+    Case("read_ratings-item_map-gap", lambda: read_ratings(_pairs_file("1 2 3\n"), item_map={2: 5}),
+         ValueError, r"item_map indices must be in \[0, 1\) \(one per id\), got 5 for id 2"),
+    Case("random_split-test-bool", lambda: random_split(_R, test=True), TypeError,
+         r"test must be a number in \[0, 1\), got bool True"),
+    Case("random_split-test-str", lambda: random_split(_R, test="0.1"), TypeError,
+         r"test must be a number in \[0, 1\), got str '0.1'"),
+    Case("rating_matrix-complex-values", lambda: rating_matrix(_R, values=torch.ones(40, dtype=torch.complex64)),
+         TypeError, r"values must be real numbers, got dtype torch.complex64"),
+    Case("rating_matrix-values-device", lambda: rating_matrix(_R, values=torch.ones(40, device="meta")),
+         ValueError, r"values must be on the ratings' device cpu, got meta"),
+    # RatingNormalizer
+    Case("RatingNormalizer-center-str", lambda: RatingNormalizer(_R, center="y"), TypeError,
+         r"center must be a bool, got str 'y'"),
+    Case("RatingNormalizer-scale-str", lambda: RatingNormalizer(_R, scale="15"), TypeError,
+         r"scale must be a pair of numbers \(min, max\), got '15'"),
+    Case("RatingNormalizer-scale-three", lambda: RatingNormalizer(_R, scale=(1, 3, 5)), TypeError,
+         r"scale must be a pair of numbers \(min, max\), got \(1, 3, 5\)"),
+    Case("RatingNormalizer-scale-nan", lambda: RatingNormalizer(_R, scale=(math.nan, 5)), ValueError,
+         r"scale must be finite, got \(nan, 5.0\)"),
+    Case("RatingNormalizer-scale-narrower", lambda: RatingNormalizer(_R, scale=(2.0, 3.0)), ValueError,
+         r"scale must contain the training ratings' range \[1.0, 5.0\], got \(2.0, 3.0\)"),
+    Case("RatingNormalizer.index-not-ratings", lambda: _N.index(torch.ones(3)), TypeError,
+         r"ratings must be a Ratings record .*got Tensor"),
+    Case("RatingNormalizer.index-other-maps", lambda: _N.index(_OTHER_R), ValueError,
+         r"ratings must index users as in the training ratings"),
+    Case("RatingNormalizer.matrix-not-ratings", lambda: _N.matrix("r"), TypeError,
+         r"ratings must be a Ratings record"),
+    Case("RatingNormalizer.matrix-normalize-str", lambda: _N.matrix(_R, normalize="y"), TypeError,
+         r"normalize must be a bool, got str"),
+    Case("RatingNormalizer.normalize-row-range", lambda: _N.normalize(torch.ones(1), torch.tensor([99])),
+         ValueError, r"row indices must be in \[0, 8\), got max 99"),
+    Case("RatingNormalizer.normalize-row-negative", lambda: _N.normalize(torch.ones(1), torch.tensor([-1])),
+         ValueError, r"row indices must be non-negative, got min -1"),
+    Case("RatingNormalizer.normalize-row-float", lambda: _N.normalize(torch.ones(1), torch.tensor([0.5])),
+         TypeError, r"row must be an integer tensor, got torch.float32"),
+    Case("RatingNormalizer.normalize-str", lambda: _N.normalize("a", torch.tensor([0])), TypeError,
+         r"rating must be a dense tensor, got str"),
+    Case("RatingNormalizer.normalize-shapes", lambda: _N.normalize(torch.ones(3), torch.zeros(2, dtype=torch.long)),
+         ValueError, r"rating and row must have one shape or broadcast, got \(3,\) and \(2,\)"),
+    Case("RatingNormalizer.denormalize-row-range", lambda: _N.denormalize(torch.ones(1), torch.tensor([8])),
+         ValueError, r"row indices must be in \[0, 8\), got max 8"),
+    Case("RatingNormalizer.normalize-int-ratings-work", lambda: _N.normalize(
+        torch.tensor([3]), torch.tensor([0])), None,
+         check=lambda out: out.dtype == torch.float32
+         and torch.allclose(out, _N.normalize(torch.tensor([3.0]), torch.tensor([0])))),
+    # metrics, baseline, synthetic data, collate
+    Case("rmse-empty", lambda: rmse(torch.ones(0), torch.ones(0)), ValueError,
+         r"prediction and target are empty; an error needs at least one entry"),
+    Case("rmse-bool", lambda: rmse(torch.ones(2, dtype=torch.bool), torch.ones(2)), TypeError,
+         r"prediction must hold real numbers, got dtype torch.bool"),
+    Case("mae-complex", lambda: mae(torch.ones(2), torch.ones(2, dtype=torch.complex64)), TypeError,
+         r"target must hold real numbers, got dtype torch.complex64"),
+    Case("rmse-devices", lambda: rmse(torch.ones(2), torch.ones(2, device="meta")), ValueError,
+         r"prediction and target must be on one device, got cpu and meta"),
+    Case("rmse-integer-ratings-work", lambda: rmse(torch.tensor([3, 4]), torch.tensor([4, 4])), None,
+         check=lambda out: abs(float(out) - math.sqrt(0.5)) < 1e-6),
+    Case("mean_prediction-other-maps", lambda: mean_prediction(_R, _OTHER_R), ValueError,
+         r"test must index users as in train"),
+    Case("synthetic_ratings-noise-nan", lambda: synthetic_ratings(n_users=5, n_items=5, n_ratings=10,
+                                                                  noise=math.nan), ValueError,
+         r"noise must be non-negative and finite, got nan"),
+    Case("synthetic_ratings-sigma-str", lambda: synthetic_ratings(n_users=5, n_items=5, n_ratings=10,
+                                                                  user_sigma="a"), TypeError,
+         r"user_sigma must be a real number, got str 'a'"),
+    Case("synthetic_ratings-titles-str", lambda: synthetic_ratings(n_users=5, n_items=5, n_ratings=10,
+                                                                   titles="y"), TypeError,
+         r"titles must be a bool, got str 'y'"),
+    Case("SparseRowDataset.collate-str", lambda: SparseRowDataset(S).collate("ab"), TypeError,
+         r"items must be a list of this dataset's items"),
+    Case("SparseRowDataset.collate-foreign-row", lambda: SparseRowDataset(S).collate(
+        [(0, (torch.tensor([7]), torch.tensor([1.0])))]), TypeError,
+         r"items must be a list of this dataset's items, \(row, row_data\) tuples as dataset\[i\] returns"),
+    Case("SparseRowBatch-input-str", lambda: __import__("nnsparse.data", fromlist=["SparseRowBatch"]).SparseRowBatch(
+        "a", None, torch.tensor([0])), TypeError, r"input must be a Tensor, got str"),
+    Case("collate_sparse_rows-row-index-str", lambda: collate_sparse_rows(
+        [("a", (torch.tensor([0]), torch.tensor([1.0])))], 3), TypeError,
+         r"rows\[0\] row_index must be an int, got str"),
+    # zero sizes
+    Case("SparseLinearBatch-no-output-features-works", lambda: _no_outputs(), None,
+         check=lambda grad: grad.shape == (0, 4) and not grad.any()),
+    Case("SparseCriterion-full_size_average-empty-works", lambda: nnsparse.SparseCriterion(
+        nn.MSELoss(), full_size_average=True)(torch.zeros(0, 4), torch.zeros(0, 4).to_sparse_csr()),
+         None, check=lambda out: float(out) == 0.0),
+    # inference mode: every sparse form, made there, is read (the checked-structure cache
+    # read the version counter inference tensors lack)
+    Case("inference_mode-SparseLinearBatch-works", lambda: _in_inference(lambda: _LIN(X.to_sparse())),
+         None, check=_close(lambda: X @ _LIN.weight.T + _LIN.bias)),
+    Case("inference_mode-densify-csr-works", lambda: _in_inference(lambda: nnsparse.densify(
+        X.to_sparse_csr())), None, check=_close(lambda: X)),
+    Case("inference_mode-SparseCriterion-works", lambda: _in_inference(lambda: nnsparse.SparseCriterion(
+        nn.MSELoss())(_EST, X.to_sparse())), None, check=_close(lambda: ((_EST - X)[X != 0] ** 2).mean())),
+]
+
+
+def _no_outputs():
+    """nn.Linear(4, 0)'s behaviour: a (rows, 0) output, zero gradients (torch's row kernels
+    failed with an internal assertion)."""
+    import warnings
+    with warnings.catch_warnings():  # nn.Linear's init warns on zero-element weights too
+        warnings.simplefilter("ignore", UserWarning)
+        layer = nnsparse.SparseLinearBatch(4, 0)
+    out = layer(S)
+    assert out.shape == (2, 0)
+    out.sum().backward()
+    return layer.weight.grad
+
+
+def _in_inference(call):
+    with torch.inference_mode():
+        return call().clone()
+
+CASES = _sparse_cases() + _good_cases() + OTHER + PROBE2
 
 
 def run_case(case: Case) -> str:

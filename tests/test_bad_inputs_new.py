@@ -22,8 +22,8 @@ import nnsparse
 from nnsparse import distributed as nd
 from nnsparse.data import (Ratings, SparseRowDataset, read_item_features, read_user_features,
                            synthetic_item_features, synthetic_ratings)
-from nnsparse.models import (CFN, AutoRec, KernelNet, RatingModel, Trainer, DistributedTrainer,
-                             cross_validate, fold_files, kfold, register)
+from nnsparse.models import (CFN, AutoRec, CrossValidation, KernelNet, RatingModel, Trainer,
+                             DistributedTrainer, cross_validate, fold_files, kfold, register)
 from nnsparse.optim import apply_optimizer_in_backward, fused_step_optimizer
 
 
@@ -560,6 +560,356 @@ CASES += [
     Case("synthetic_item_features-float", lambda: synthetic_item_features(0, 5.0), (TypeError, ValueError),
          r"n_items must be a positive int, got 5.0"),
 ]
+
+
+# -- the second probe (wt-probe2) -------------------------------------------------------------
+
+def _meta(*shape, dtype=torch.float32):
+    return torch.ones(*shape, dtype=dtype, device="meta")
+
+
+def _tampered(**changes) -> str:
+    blob = torch.load(_saved(), weights_only=True)
+    blob.update(changes)
+    return _torch_file("tampered.pt", blob)
+
+
+def _raw_file(name: str, data: bytes) -> str:
+    path = os.path.join(_TMP, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _parts(**changes) -> nnsparse.SparseParts:
+    base = dict(crow=torch.tensor([0, 2, 4]), col=torch.tensor([0, 2, 1, 3]), values=torch.ones(4),
+                size=(2, 4))
+    base.update(changes)
+    return nnsparse.SparseParts(**base)
+
+
+def _in_backward():
+    return apply_optimizer_in_backward(nnsparse.SparseLinearBatch(3, 2))
+
+
+def _split():
+    return nnsparse.make_optimizer(nn.Sequential(nnsparse.SparseLinearBatch(3, 2, sparse_grad=True),
+                                                 nn.Linear(2, 2)))
+
+
+def _sgd():
+    return torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+
+
+for _name, _cls in MODELS:
+    CASES += [
+        Case(f"{_name}-lr-inf", lambda c=_cls: c(lr=float("inf")), ValueError, r"lr must be finite, got inf"),
+        Case(f"{_name}-l2-inf", lambda c=_cls: c(l2=float("inf")), ValueError, r"l2 must be finite, got inf"),
+        Case(f"{_name}-weight_decay-nan", lambda c=_cls: c(weight_decay=float("nan")), ValueError,
+             r"weight_decay must be non-negative, got nan"),
+        Case(f"{_name}-batch_size-float", lambda c=_cls: c(batch_size=16.0), ValueError,
+             r"batch_size must be an int >= 1, got 16.0"),
+    ]
+
+CASES += [
+    Case("fit-validation-empty", lambda: AutoRec(**SMALL).fit(ratings(), validation=_empty_ratings()),
+         ValueError, r"validation holds no ratings; pass None to hold out validation_ratio"),
+    Case("fit-device-meta", lambda: AutoRec(**SMALL).fit(ratings(), device="meta"), ValueError,
+         r"device must hold data, got 'meta'"),
+    Case("fit-features-sparse", lambda: CFN(**SMALL).fit(ratings(), features=torch.ones(20, 2).to_sparse()),
+         TypeError, r"features must be a dense 2-D tensor \(rows, features\), got layout torch.sparse_coo"),
+    Case("fit-features-meta", lambda: CFN(**SMALL).fit(ratings(), features=_meta(20, 2)), ValueError,
+         r"features must hold data, got a tensor on the meta device"),
+    Case("predict_entries-meta", lambda: fitted().predict_entries(_meta(1, dtype=torch.long),
+                                                                  _meta(1, dtype=torch.long)),
+         ValueError, r"users must hold data, got a tensor on the meta device"),
+    Case("evaluate-empty", lambda: fitted().evaluate(_empty_ratings()), ValueError,
+         r"ratings holds no ratings; there is nothing to evaluate"),
+    Case("recommend-shrinkage-inf", lambda: fitted().recommend(0, shrinkage=float("inf"), by_index=True),
+         ValueError, r"shrinkage must be finite, got inf"),
+    Case("recommend-k-float", lambda: fitted().recommend(0, k=2.0, by_index=True), ValueError,
+         r"k must be a non-negative int, got 2.0"),
+    Case("recommend-unhashable-user", lambda: fitted().recommend([1]), TypeError,
+         r"user must be an original user id \(hashable\), got list"),
+    Case("save-int", lambda: fitted().save(3), TypeError,
+         r"path must be a str, an os.PathLike or a writable file object, got int"),
+    Case("load-none", lambda: RatingModel.load(None), TypeError,
+         r"path must be a str, an os.PathLike or a readable file object, got NoneType"),
+    Case("load-empty-file", lambda: RatingModel.load(_raw_file("empty.pt", b"")), ValueError,
+         r"is not a model saved by nnsparse.models"),
+    Case("load-random-bytes", lambda: RatingModel.load(_raw_file("noise.pt", bytes(range(256)) * 3)),
+         ValueError, r"is not a model saved by nnsparse.models"),
+    Case("load-missing-keys", lambda: RatingModel.load(_torch_file(
+        "tag-only.pt", {"format": torch.load(_saved(), weights_only=True)["format"]})), ValueError,
+         r"is a damaged model file .*KeyError: 'model'"),
+    Case("load-damaged-state", lambda: RatingModel.load(_tampered(state={
+        k: torch.ones(1) for k in torch.load(_saved(), weights_only=True)["state"]})), ValueError,
+         r"(?s)is a damaged model file .*size mismatch for encoder.weight"),
+    Case("load-bad-hparams", lambda: RatingModel.load(_tampered(hparams={"hidden": -1})), ValueError,
+         r"hidden must be an int >= 1, got -1"),
+    Case("load_state_dict-size-mismatch", lambda: AutoRec(**SMALL).fit(ratings(), verbose=False,
+                                                                       progress=False).load_state_dict(
+        {"encoder.weight": torch.ones(1)}, strict=False), RuntimeError,
+         r"(?s)size mismatch for encoder.weight.*\(nothing was loaded\)"),
+    Case("user_index-bool", lambda: fitted().user_index(True), TypeError,
+         r"user must be an original user id, got bool"),
+    Case("user_index-float-not-rounded", lambda: fitted().user_index(1.5), KeyError,
+         r"user 1.5 is not in the training data"),
+    Case("user_index-inf", lambda: fitted().user_index(float("inf")), KeyError,
+         r"user inf is not in the training data"),
+    Case("CrossValidation.mean-key-list", lambda: CrossValidation(folds=[{"rmse": 1.0}]).mean([1]),
+         KeyError, r"key must be one of \['rmse'\], got \[1\]"),
+    Case("CrossValidation.mean-no-folds", lambda: CrossValidation().mean(), ValueError,
+         r"CrossValidation holds no folds; run cross_validate first"),
+    Case("CrossValidation.std-unknown-key", lambda: CrossValidation(folds=[{"rmse": 1.0}]).std("nope"),
+         KeyError, r"key must be one of \['rmse'\], got 'nope'"),
+    # Trainer
+    Case("Trainer-lr-inf", lambda: Trainer(fitted(), epochs=1, batch_size=4, lr=float("inf")), ValueError,
+         r"lr must be finite, got inf"),
+    Case("Trainer-weight_decay-inf", lambda: Trainer(fitted(), epochs=1, batch_size=4, lr=1e-3,
+                                                     weight_decay=float("inf")), ValueError,
+         r"weight_decay must be finite, got inf"),
+    Case("Trainer-device-list", lambda: Trainer(fitted(), epochs=1, batch_size=4, lr=1e-3, device=[0]),
+         TypeError, r"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got list"),
+    Case("Trainer.fit-wrong-rows", lambda: Trainer(fitted(), epochs=1, batch_size=4, lr=1e-3, log=None,
+                                                   progress=False).fit(torch.zeros(7, 30).to_sparse_csr()),
+         ValueError, r"x_train must have the model's matrix shape \(20, 30\), got \(7, 30\)"),
+    Case("Trainer.fit-nan", lambda: Trainer(fitted(), epochs=1, batch_size=4, lr=1e-3, log=None,
+                                            progress=False).fit(torch.sparse_csr_tensor(
+        torch.tensor([0, 1] + [1] * 19), torch.tensor([0]), torch.tensor([float("nan")]), (20, 30))),
+         ValueError, r"x_train values must be finite, got NaN or inf"),
+    # SparseParts
+    Case("SparseParts-crow-float", lambda: nnsparse.SparseLinearBatch(4, 3)(_parts(
+        crow=torch.tensor([0.0, 2, 4]))), TypeError, r"input.crow must be an int64 or int32 tensor, got torch.float32"),
+    Case("SparseParts-col-float", lambda: nnsparse.SparseLinearBatch(4, 3)(_parts(
+        col=torch.tensor([0.0, 2, 1, 3]))), TypeError, r"input.col must be an int64 or int32 tensor"),
+    Case("SparseParts-values-dtype", lambda: nnsparse.SparseLinearBatch(4, 3)(_parts(
+        values=torch.ones(4, dtype=torch.float64))), ValueError,
+         r"input must have the weight's dtype torch.float32, got torch.float64"),
+    Case("SparseParts-devices", lambda: nnsparse.SparseLinearBatch(4, 3)(_parts(values=_meta(4))),
+         ValueError, r"input.crow, .col and .values must be on one device, got \['cpu', 'meta'\]"),
+    Case("SparseParts.with_values-device", lambda: nnsparse.sparse_parts(_X()).with_values(_meta(3)),
+         ValueError, r"values must be on the pattern's device cpu, got meta"),
+    Case("SparseCriterion-SparseParts-target", lambda: nnsparse.SparseCriterion(nn.MSELoss())(
+        torch.zeros(2, 3), nnsparse.sparse_parts(_X())), TypeError,
+         r"target is a SparseParts \(the torch.compile input form\), which the layers read; "
+         r"pass target.to_sparse_csr\(\)"),
+    Case("densify-SparseParts", lambda: nnsparse.densify(nnsparse.sparse_parts(_X())), TypeError,
+         r"x is a SparseParts .*pass x.to_sparse_csr\(\)"),
+    Case("SparseParts.to-bad-device", lambda: nnsparse.sparse_parts(_X()).to("gpu0"), ValueError,
+         r"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got 'gpu0'"),
+    # optimisers
+    Case("LazyAdam-lr-inf", lambda: nnsparse.optim.LazyAdam(_P(), lr=float("inf")), ValueError,
+         r"lr must be finite, got inf"),
+    Case("LazyAdam-decoupled-str", lambda: nnsparse.optim.LazyAdam(_P(), decoupled_weight_decay="y"),
+         TypeError, r"decoupled_weight_decay must be a bool, got str 'y'"),
+    Case("LazyAdam.step-closure-str", lambda: nnsparse.optim.LazyAdam(_P()).step("x"), TypeError,
+         r"closure must be None or a callable, got str"),
+    Case("LazyAdam.load_state_dict-moment-shape", lambda: _lazy_load_wrong_moment(), ValueError,
+         r"state_dict\['state'\]\[0\]\['exp_avg'\] must have its parameter's shape \(3, 2\), got \(5,\)"),
+    Case("make_optimizer-lr-inf", lambda: nnsparse.make_optimizer(nn.Linear(2, 2), lr=float("inf")),
+         ValueError, r"lr must be finite, got inf"),
+    Case("in_backward-eps-inf", lambda: apply_optimizer_in_backward(
+        nnsparse.SparseLinearBatch(3, 2), eps=float("inf")), ValueError, r"eps must be finite, got inf"),
+    Case("InBackwardOptimizer-kind", lambda: nnsparse.optim.InBackwardOptimizer(
+        nnsparse.SparseLinearBatch(3, 2), "bogus", {}), ValueError, r"kind must be one of .*got 'bogus'"),
+    Case("InBackwardOptimizer.load_state_dict-list", lambda: _in_backward().load_state_dict([1]),
+         TypeError, r"state_dict must be a dict \(from state_dict\(\)\), got list"),
+    Case("InBackwardOptimizer.step-closure-str", lambda: _in_backward().step("x"), TypeError,
+         r"closure must be None or a callable, got str"),
+    Case("InBackwardOptimizer.zero_grad-str", lambda: _in_backward().zero_grad("y"), TypeError,
+         r"set_to_none must be a bool, got str"),
+    Case("InBackwardOptimizer.set_lr-inf", lambda: _in_backward().set_lr(float("inf")), ValueError,
+         r"lr must be finite, got inf"),
+    Case("SplitOptimizer-key-int", lambda: nnsparse.SplitOptimizer({1: _sgd()}), TypeError,
+         r"optimizers must be keyed by part names \(str\), got int 1"),
+    Case("SplitOptimizer.zero_grad-str", lambda: _split().zero_grad("y"), TypeError,
+         r"set_to_none must be a bool, got str"),
+    Case("SplitOptimizer.step-closure-str", lambda: _split().step("x"), TypeError,
+         r"closure must be None or a callable, got str"),
+    Case("SplitOptimizer.load_state_dict-part-str", lambda: _split().load_state_dict(
+        {"dense": "x", "sparse": {}}), TypeError, r"state_dict\['dense'\] must be an optimiser state dict, got str"),
+    # distributed helpers
+    Case("init_from_env-timeout-str", lambda: nd.init_from_env(timeout="x"), TypeError,
+         r"timeout must be a number of seconds, got str"),
+    Case("init_from_env-timeout-negative", lambda: nd.init_from_env(timeout=-1), ValueError,
+         r"timeout must be a positive, finite number of seconds, got -1"),
+    Case("init_from_env-backend-tensor", lambda: nd.init_from_env(backend=torch.ones(2)), TypeError,
+         r"backend must be None or a str, got Tensor"),
+    Case("in_backward-nesterov-str", lambda: apply_optimizer_in_backward(
+        nnsparse.SparseLinearBatch(3, 2), "sgd", lr=0.1, nesterov="y"), TypeError,
+         r"nesterov must be a bool, got str 'y'"),
+    Case("read_user_features-format-list", lambda: read_user_features(
+        _text_file("fl.user", "1|24|M|tech|1\n"), ["ml-100k"], {1: 0}), ValueError,
+         r"format must be 'ml-100k' or 'ml-1m' for user features, got \['ml-100k'\]"),
+    Case("progress-disable-str", lambda: nd.progress([1], disable="y"), TypeError,
+         r"disable must be None or a bool, got str"),
+    Case("progress-not-iterable", lambda: nd.progress(3), TypeError, r"iterable must be iterable, got int"),
+    Case("save-directory", lambda: nd.save({}, _TMP), ValueError, r"path must be a file to write, got .*directory"),
+    Case("wrap-unknown-ddp-kwarg", lambda: nd.wrap(nn.Linear(2, 2), find_unused=True), TypeError,
+         r"ddp_kwargs must be DistributedDataParallel's arguments, got unknown \['find_unused'\]"),
+    Case("DistributedDataParallel-not-module", lambda: nd.DistributedDataParallel("x"), TypeError,
+         r"module must be an nn.Module, got str"),
+    # Batchifier
+    Case("Batchifier-progress-str", lambda: nnsparse.Batchifier(nn.Linear(3, 4), 4, progress="y"), TypeError,
+         r"progress must be a bool, got str"),
+    Case("Batchifier-device-bad", lambda: nnsparse.Batchifier(nn.Linear(3, 4), 4, device="gpu0"), ValueError,
+         r"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got 'gpu0'"),
+    Case("Batchifier-device-list", lambda: nnsparse.Batchifier(nn.Linear(3, 4), 4, device=[0]), TypeError,
+         r"device must be None, a torch.device or a name such as 'cpu', got list"),
+    Case("fit-hparams-edited-hidden", lambda: _edited(AutoRec, hidden=0), ValueError,
+         r"hidden must be an int >= 1, got 0"),
+    Case("fit-hparams-edited-unknown", lambda: _edited(AutoRec, hiden=3), TypeError,
+         r"AutoRec got unknown hyperparameters \['hiden'\]"),
+    Case("fit-hparams-edited-hide_ratio", lambda: _edited(CFN, hide_ratio=1.5), ValueError,
+         r"hide_ratio must be in \[0, 1\), got 1.5"),
+    Case("read_user_features-gender", lambda: read_user_features(
+        _text_file("g.user", "1|24|X|tech|1\n"), "ml-100k", {1: 0}), ValueError,
+         r"g.user, line 1: the gender must be 'M' or 'F', got 'X'"),
+    Case("read_user_features-path-int", lambda: read_user_features(3, "ml-100k", {1: 0}), TypeError,
+         r"path must be a str or os.PathLike, got int"),
+    Case("read_item_features-path-none", lambda: read_item_features(None, "ml-1m", {1: 0}), TypeError,
+         r"path must be a str or os.PathLike, got NoneType"),
+    Case("forward-before-fit", lambda: AutoRec(**SMALL)(_X(), torch.arange(2)), RuntimeError,
+         r"AutoRec is not fitted; call fit\(\) or load\(\)"),
+    Case("batch_loss-before-fit", lambda: AutoRec(**SMALL).batch_loss(torch.arange(2), _X()), RuntimeError,
+         r"AutoRec is not fitted"),
+    Case("forward-rows-length", lambda: fitted()(fitted().normalizer.matrix(ratings()), torch.arange(5)),
+         ValueError, r"rows must be 1-D with one matrix row per row of x \(20\), got shape \(5,\)"),
+    Case("forward-rows-float", lambda: fitted()(fitted().normalizer.matrix(ratings()), torch.arange(20.0)),
+         TypeError, r"rows must be an int64 tensor of matrix rows, got torch.float32"),
+    Case("fallback-str", lambda: fitted().fallback("a", "b"), TypeError, r"users must be an integer tensor"),
+    Case("device-before-fit", lambda: AutoRec(**SMALL).device, RuntimeError, r"AutoRec is not fitted"),
+    Case("Split-not-ratings", lambda: __import__("nnsparse.data", fromlist=["Split"]).Split("a", "b", "c"),
+         TypeError, r"train must be a Ratings record"),
+    Case("Trainer.make_loader-str", lambda: Trainer(fitted(), epochs=1, batch_size=4, lr=1e-3).make_loader("x"),
+         TypeError, r"dataset must be a SparseRowDataset, got str"),
+    Case("Trainer.validation_rmse-int", lambda: Trainer(fitted(), epochs=1, batch_size=4,
+                                                        lr=1e-3).validation_rmse(3),
+         TypeError, r"validate must be callable, got int"),
+    Case("topk-candidates-meta", lambda: _batchifier().topk(_X(), 2, candidates=_meta(4, dtype=torch.bool)),
+         ValueError, r"candidates must hold data, got a tensor on the meta device"),
+]
+
+
+def _edited(cls, **hparams):
+    """A model whose hparams dict was edited after __init__: fit checks them again."""
+    model = cls(**SMALL)
+    model.hparams.update(hparams)
+    model.fit(ratings(), verbose=False, progress=False)
+
+
+def _P():
+    return [nn.Parameter(torch.ones(3, 2))]
+
+
+def _lazy_load_wrong_moment():
+    p = nn.Parameter(torch.ones(3, 2))
+    opt = nnsparse.optim.LazyAdam([p])
+    p.grad = torch.ones(3, 2)
+    opt.step()
+    state = {"state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.ones(5),
+                           "exp_avg_sq": torch.ones(3, 2)}},
+             "param_groups": opt.state_dict()["param_groups"]}
+    opt.load_state_dict(state)
+
+
+class Works(NamedTuple):
+    id: str
+    call: Callable[[], Any]
+    check: Callable[[Any], bool]
+
+
+WORKS = [
+    Works("AutoRec-hidden-numpy", lambda: AutoRec(hidden=__import__("numpy").int64(4)).hparams["hidden"],
+          lambda h: h == 4 and type(h) is int),
+    Works("recommend-k-numpy", lambda: fitted().recommend(0, k=__import__("numpy").int64(2), min_support=0,
+                                                        by_index=True),
+          lambda r: len(r.ids) == 2),
+    Works("kfold-k-numpy", lambda: len(list(kfold(ratings(), k=__import__("numpy").int64(2)))), lambda n: n == 2),
+    Works("Batchifier-sizes-numpy", lambda: nnsparse.Batchifier(
+        nn.Linear(3, 4), __import__("numpy").int64(4), batch_size=__import__("numpy").int64(2),
+        progress=False)(torch.ones(3, 3)),
+          lambda out: out.shape == (3, 4)),
+    Works("topk-k-numpy", lambda: _batchifier().topk(_X(), __import__("numpy").int64(2)),
+          lambda out: out.indices.shape == (2, 2)),
+    Works("LazyAdam-numpy-lr", lambda: nnsparse.optim.LazyAdam(_P(), lr=__import__("numpy").float32(0.1)),
+          lambda opt: abs(opt.param_groups[0]["lr"] - 0.1) < 1e-6),
+    Works("Batchifier-inference-sparse-output", lambda: nnsparse.Batchifier(
+        nnsparse.PatternSequential(nnsparse.Sparsify(), nnsparse.Densify(3)), 3, progress=False)(_X().to_dense()[:, :3]),
+          lambda out: torch.equal(out, _X().to_dense()[:, :3])),
+    Works("predict_entries-int32", lambda: fitted().predict_entries(torch.tensor([0, 1], dtype=torch.int32),
+                                                                    torch.tensor([0, 1], dtype=torch.int32)),
+          lambda out: torch.equal(out, fitted().predict_entries(torch.tensor([0, 1]), torch.tensor([0, 1])))),
+]
+
+
+@pytest.mark.parametrize("case", WORKS, ids=[w.id for w in WORKS])
+def test_must_work(case):
+    assert case.check(case.call())
+
+
+def test_failed_load_state_dict_keeps_the_layers_and_model():
+    """A refused load (size mismatch, missing key) copies nothing, where torch's copies the rest."""
+    for module, bad in ((nnsparse.SparseLinearBatch(4, 3), {"weight": torch.ones(2, 2), "bias": torch.ones(3)}),
+                        (nnsparse.SparseLinearBatch(4, 3, sparse_grad=True), {"weight": torch.ones(3, 4)}),
+                        (nnsparse.SparseOutputLinear(3, 4), {"weight": torch.ones(4, 3), "bias": torch.ones(5)}),
+                        (AutoRec(**SMALL).fit(ratings(), verbose=False, progress=False),
+                         {"encoder.bias": torch.ones(4), "encoder.weight": torch.ones(1)})):
+        before = {k: v.clone() for k, v in module.state_dict().items()}
+        with pytest.raises(RuntimeError, match=r"(?s)(size mismatch|Missing key).*\(nothing was loaded\)"):
+            module.load_state_dict(bad)
+        assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+    layer = nnsparse.SparseLinearBatch(4, 3)
+    layer.load_state_dict({"weight": torch.ones(3, 4), "bias": torch.zeros(3)})  # a good one loads
+    assert torch.equal(layer.weight, torch.ones(3, 4))
+
+
+def test_failed_calls_keep_the_optimisers():
+    """Refused loads and steps leave LazyAdam's and an in-backward optimiser's state as it was."""
+    p = nn.Parameter(torch.ones(3, 2))
+    opt = nnsparse.optim.LazyAdam([p])
+    p.grad = torch.ones(3, 2)
+    opt.step()
+    before = {k: v.clone() for k, v in opt.state[p].items() if isinstance(v, torch.Tensor)}
+    good = opt.state_dict()
+    bad = {"state": {0: {**good["state"][0], "exp_avg": torch.ones(5)}},
+           "param_groups": good["param_groups"]}
+    with pytest.raises(ValueError, match="exp_avg"):
+        opt.load_state_dict(bad)
+    with pytest.raises(TypeError, match="closure"):
+        opt.step("x")
+    assert all(torch.equal(before[k], opt.state[p][k]) for k in before)
+    layer = nnsparse.SparseLinearBatch(3, 2)
+    inb = apply_optimizer_in_backward(layer)
+    layer(torch.eye(3).to_sparse()).sum().backward()
+    tables = {n: {k: t.clone() for k, t in s.items()} for n, s in inb.tables.items()}
+    for bad_state in ([1], {"kind": inb.kind, "tables": [1]}):
+        with pytest.raises(TypeError):
+            inb.load_state_dict(bad_state)
+    with pytest.raises(ValueError):
+        inb.set_lr(float("inf"))
+    assert all(torch.equal(tables[n][k], t) for n, s in inb.tables.items() for k, t in s.items())
+    assert all(u.hp["lr"] == 1e-3 for u in inb._updates.values())
+
+
+def test_failed_calls_keep_the_normaliser_and_maps():
+    """A refused normalise, index or read changes neither the normaliser nor the given maps."""
+    from nnsparse.data import RatingNormalizer, read_ratings
+    norm = RatingNormalizer(ratings())
+    mean = norm.row_mean.clone()
+    for call in (lambda: norm.normalize(torch.ones(1), torch.tensor([99])),
+                 lambda: norm.index(synthetic_ratings(1, 5, 5, 10)),
+                 lambda: norm.matrix(ratings(), normalize="y")):
+        with pytest.raises((TypeError, ValueError)):
+            call()
+    assert torch.equal(norm.row_mean, mean)
+    user_map, item_map = {1: 0}, {2: 0}
+    for kwargs in (dict(titles=3), dict(item_map={2: 0, 3: 0})):
+        args = {**dict(user_map=user_map, item_map=item_map), **kwargs}
+        with pytest.raises((TypeError, ValueError)):
+            read_ratings(_text_file("ok.txt", "1 2 3\n5 6 4\n"), **args)
+    assert user_map == {1: 0} and item_map == {2: 0}
 
 
 def run_case(case: Case) -> str:

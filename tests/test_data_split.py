@@ -39,9 +39,11 @@ def test_split_ratings_zero_ratio(ratings):
     assert len(rest) == len(ratings) and len(part) == 0
 
 
-@pytest.mark.parametrize("ratio", [-0.1, 1.0, 1.5, "0.1"])
-def test_bad_ratio(ratings, ratio):
-    with pytest.raises(ValueError, match=r"ratio must be a number in \[0, 1\)"):
+@pytest.mark.parametrize("ratio, error", [(-0.1, ValueError), (1.0, ValueError),
+                                          (1.5, ValueError), ("0.1", TypeError),
+                                          (True, TypeError)])
+def test_bad_ratio(ratings, ratio, error):
+    with pytest.raises(error, match=r"ratio must be a number in \[0, 1\)"):
         split_ratings(ratings, ratio)
 
 

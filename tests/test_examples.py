@@ -93,6 +93,16 @@ def test_composition_example(capsys):
     (["--test-ratio", "1.5"], "--test-ratio must be in [0, 1), got 1.5"),
     (["--model", "svd"], "invalid choice: 'svd'"),
     (["--recommend", "99999"], "--recommend: user '99999' is not in the training data"),
+    # the second bad-input probe: outputs are checked before training, numbers must be finite
+    (["--save", "{tmp}"], "--save: {tmp} is a directory, not a file"),
+    (["--save", "{tmp}/no/dir/m.pt"], "--save: no directory {tmp}/no/dir to write m.pt in"),
+    (["--metrics-out", "{tmp}/no/m.json"], "--metrics-out: no directory {tmp}/no to write m.json in"),
+    (["--lr", "inf"], "--lr must be finite, got inf"),
+    (["--lr", "nan"], "--lr must be positive, got nan"),
+    (["--l2", "nan"], "--l2 must be non-negative and finite, got nan"),
+    (["--shrinkage", "inf"], "--min-support and --shrinkage must be non-negative (and finite)"),
+    (["--seed", "-1"], "--seed must be non-negative, got -1"),
+    (["--device", "meta"], "--device must be cpu or cuda[:N], got 'meta'"),
 ])
 def test_movielens_autoencoder_bad_flags_fail_before_training(tmp_path, capsys, flags, message):
     main = _load("movielens_autoencoder").main
@@ -102,7 +112,7 @@ def test_movielens_autoencoder_bad_flags_fail_before_training(tmp_path, capsys, 
         main(["--no-progress"] + flags)
     assert exit.value.code == 2
     captured = capsys.readouterr()
-    assert message in captured.err
+    assert message.replace("{tmp}", str(tmp_path)) in captured.err
     assert "epoch 1" not in captured.out  # nothing was trained
 
 

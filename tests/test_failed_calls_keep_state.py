@@ -51,6 +51,14 @@ def filled(dtype=torch.float32, ndim=1):
     (torch.float32, lambda b: b.extend(torch.tensor([7, -8]), torch.ones(2)),
      ValueError, "indices must be non-negative"),
     (torch.int32, lambda b: b.extend([7], [0.5]), TypeError, "values must be real numbers fitting"),
+    # the second bad-input probe
+    (torch.float32, lambda b: b.append(9, torch.tensor([1.0, 2.0])), ValueError,
+     r"value must be a single number, got a tensor of shape \(2,\)"),
+    (torch.float32, lambda b: b.extend("ab", [1.0, 2.0]), TypeError,
+     "indices must be a tensor or a sequence of numbers, got str"),
+    (torch.float32, lambda b: b.build(size=5.0), TypeError, "size must be an int or a tuple of 1 ints"),
+    (torch.float32, lambda b: b.set(torch.ones(1, 2, device="meta")), ValueError,
+     "pairs must be on the builder's device cpu, got meta"),
 ])
 def test_builder_failed_call_changes_nothing(dtype, call, error, message):
     b = filled(dtype)
@@ -139,3 +147,28 @@ def test_rating_errors_keep_their_sums_after_a_failed_update():
                                         "prediction must be a dense tensor)"):
             errors.update(prediction, target)
     assert errors.compute() == before
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nnsparse.SDAESparseCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.5,
+                                         noise_ratio=0.2, generator=torch.Generator().manual_seed(0)),
+    lambda: nnsparse.MaskCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.5,
+                                   generator=torch.Generator().manual_seed(0)),
+])
+def test_criteria_keep_their_mask_after_the_second_probes_refusals(make):
+    """Complex targets, a target on another device, a negative weight set after __init__."""
+    criterion = make()
+    x = _sparse_batch()
+    criterion.prepare_input(x)
+    estimate = torch.arange(8.0).reshape(2, 4)
+    before = criterion(estimate, x)
+    meta = torch.sparse_coo_tensor(torch.tensor([[0], [1]], device="meta"),
+                                   torch.ones(1, device="meta"), (2, 4))
+    for target, error in ((x.to(torch.complex64), TypeError), (meta, ValueError)):
+        with pytest.raises(error, match="target"):
+            criterion(estimate, target)
+    criterion.alpha = -1.0
+    with pytest.raises(ValueError, match="alpha must be non-negative, got -1.0"):
+        criterion.prepare_input(_sparse_batch())
+    criterion.alpha = 1.0
+    assert torch.equal(criterion(estimate, x), before)

@@ -210,7 +210,11 @@ def as_target(target: Any, est: Estimate, name: str = "target") -> SparseBatch:
         ValueError: rows or width differ from the estimate's, an index lies
             beyond the estimate, or the target is on another device.
     """
+    if isinstance(target, Tensor) and target.device != est.device:  # before reading its indices
+        check_device(target.device, est, name)
     batch = as_sparse_batch(target, name=name, pairs=False)
+    if batch.dtype.is_complex:  # a cast to the estimate's dtype would drop the imaginary part
+        raise TypeError(f"{name} values must be real numbers, got dtype {batch.dtype}")
     if batch.rows != est.rows:
         raise ValueError(f"{name} has {batch.rows} rows, {est.describe()} has {est.rows}")
     batch = fit_width(batch, est.width, name, "the estimate")

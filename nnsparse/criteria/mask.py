@@ -72,9 +72,10 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         - output: a scalar.
 
     Raises:
-        ValueError: ``hide_ratio`` outside [0, 1]; no :meth:`prepare_input`
-            before the loss, or an estimate whose shape differs from the
-            prepared input's; a target whose rows, width or device differ.
+        ValueError: ``hide_ratio`` outside [0, 1]; negative ``alpha`` or
+            ``beta``; no :meth:`prepare_input` before the loss, or an estimate
+            whose shape differs from the prepared input's; a target whose
+            rows, width or device differ.
 
     Example::
 
@@ -109,6 +110,9 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
     def _check_ratio(self) -> None:
         if not 0.0 <= self.hide_ratio <= 1.0:
             raise ValueError(f"hide_ratio must be in [0, 1], got {self.hide_ratio}")
+        for name in ("alpha", "beta"):  # loss weights: a negative one would reward errors
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
 
     def prepare_input(self, input: SparseLike) -> SparseLike:
         """Hide entries of ``input`` (in its form); remember which ones."""

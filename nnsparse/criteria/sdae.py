@@ -91,7 +91,10 @@ class _SDAEBase(RefuseLuaNames, nn.Module):
         self.noise_mean = real_arg(noise_mean, "noise_mean")
         self.noise_std = real_arg(noise_std, "noise_std")
         self.flip_ratio = real_arg(flip_ratio, "flip_ratio")
-        if not isinstance(flip_range, (tuple, list)) or len(flip_range) != 2:
+        if not isinstance(flip_range, (tuple, list)):
+            raise TypeError(f"flip_range must be a pair (low, high), got "
+                            f"{type(flip_range).__name__} {flip_range!r}")
+        if len(flip_range) != 2:
             raise ValueError(f"flip_range must hold 2 values, got {flip_range!r}")
         self.flip_range = tuple(real_arg(v, "flip_range") for v in flip_range)
         self.hide_ratio = real_arg(hide_ratio, "hide_ratio")
@@ -113,9 +116,15 @@ class _SDAEBase(RefuseLuaNames, nn.Module):
             raise ValueError(f"flip_range must hold 2 values, got {self.flip_range}")
         if self.noise_std < 0:
             raise ValueError(f"noise_std must be non-negative, got {self.noise_std}")
+        for name in ("alpha", "beta"):  # loss weights: a negative one would reward errors
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
 
     def _corrupt(self, values: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         self._check_ratios()
+        if self.noise_ratio > 0 and not values.is_floating_point():
+            raise TypeError(f"input values must be floating point for noise_ratio > 0 "
+                            f"(Gaussian noise), got dtype {values.dtype}")
         return corrupt(values, self.noise_ratio, self.noise_mean, self.noise_std,
                        self.flip_ratio, self.flip_range, self.hide_ratio, self.generator)
 
@@ -180,8 +189,10 @@ class SDAECriterion(_SDAEBase):
         - output: a scalar.
 
     Raises:
-        TypeError: a sparse input or target (use :class:`SDAESparseCriterion`).
-        ValueError: ratios outside [0, 1] or summing above 1; estimate, target
+        TypeError: a sparse input or target (use :class:`SDAESparseCriterion`);
+            integer input values with ``noise_ratio > 0``.
+        ValueError: ratios outside [0, 1] or summing above 1; negative
+            ``alpha`` or ``beta``; estimate, target
             or mask of different shapes or devices; :meth:`prepare_input` was
             given a batch of another shape, or never called.
 
@@ -343,9 +354,11 @@ class SDAESparseCriterion(_SDAEBase):
     Gradients reach the estimate only at the target's specified entries.
 
     Raises:
-        ValueError: ratios outside [0, 1] or summing above 1; rows or width of
-            estimate and target differ; a target index beyond the estimate; a
-            target on another device; a mask of the wrong shape;
+        TypeError: integer input values with ``noise_ratio > 0``, complex target values.
+        ValueError: ratios outside [0, 1] or summing above 1; negative
+            ``alpha`` or ``beta``; rows or width of estimate and target
+            differ; a target index beyond the estimate; a target on another
+            device; a mask of the wrong shape;
             :meth:`prepare_input` was given a batch of another shape, or never called.
 
     Example::

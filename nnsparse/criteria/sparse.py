@@ -56,7 +56,8 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
     sparse estimate: its values there), and the target's values.
 
     Raises:
-        TypeError: ``criterion`` has no element-wise form.
+        TypeError: ``criterion`` has no element-wise form, a flag is not a
+            bool, or the target's values are complex.
         ValueError: both averaging modes asked for; rows or width of estimate
             and target differ; a target index beyond the estimate; the target on
             another device; a sparse estimate missing a target entry.
@@ -79,6 +80,9 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         super().__init__()
         self._loss = elementwise_loss(criterion)
         self.criterion = criterion
+        if not isinstance(full_size_average, bool):
+            raise TypeError(f"full_size_average must be a bool, got "
+                            f"{type(full_size_average).__name__} {full_size_average!r}")
         if (full_size_average and size_average is None
                 and getattr(criterion, "reduction", "mean") == "mean"):
             size_average = False  # full_size_average asks for the other averaging
@@ -108,7 +112,7 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         if self.size_average:
             return loss / max(batch.nnz, 1)
         if self.full_size_average:
-            return loss / est.numel()
+            return loss / max(est.numel(), 1)  # an empty batch: 0, not 0 / 0
         return loss
 
     def extra_repr(self) -> str:

@@ -10,6 +10,7 @@ process, so ``DataLoader(num_workers=..., pin_memory=True)`` works unchanged.
 from __future__ import annotations
 
 import operator
+import numbers
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -108,6 +109,10 @@ class SparseRowBatch:
     __slots__ = ("input", "target", "row_index")
 
     def __init__(self, input: Tensor, target: Optional[Tensor], row_index: Tensor) -> None:
+        for name, value in (("input", input), ("target", target), ("row_index", row_index)):
+            if not isinstance(value, Tensor) and not (name == "target" and value is None):
+                raise TypeError(f"{name} must be a Tensor{' or None' if name == 'target' else ''}, "
+                                f"got {type(value).__name__}")
         self.input, self.target, self.row_index = input, target, row_index
 
     def __iter__(self) -> Iterator[Optional[Tensor]]:
@@ -170,10 +175,12 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
     """Every row: tensors, equal lengths, integer columns in range, increasing."""
     for k, item in enumerate(rows):
         try:
-            _, (col, val) = item
+            index, (col, val) = item
         except (TypeError, ValueError):
             raise TypeError(f"rows[{k}] must be (row_index, (indices, values)), "
                             f"got {type(item).__name__}") from None
+        if isinstance(index, bool) or not isinstance(index, (numbers.Integral, Tensor)):
+            raise TypeError(f"rows[{k}] row_index must be an int, got {type(index).__name__}")
         if not isinstance(col, Tensor) or not isinstance(val, Tensor):
             raise TypeError(f"rows[{k}] indices and values must be tensors, got "
                             f"{type(col).__name__} and {type(val).__name__}")
@@ -250,6 +257,9 @@ def collate_sparse_rows(rows: Sequence[Tuple[int, Row]], width: int,
         raise TypeError(f"width must be an int, got {type(width).__name__}")
     if width < 0:
         raise ValueError(f"width must be non-negative, got {width}")
+    if not isinstance(rows, (list, tuple)):
+        raise TypeError(f"rows must be a list of (row_index, (indices, values)) pairs, "
+                        f"got {type(rows).__name__}")
     _check_rows(rows, width)
     return _collate(rows, width, layout)
 
@@ -350,9 +360,22 @@ class SparseRowDataset(Dataset):
         The items' rows come from the checked matrices, so the batch is built
         without another check and trusted.
         """
-        index, input = _collate([(it[0], it[1]) for it in items], self.width, self.layout)
+        # The rows are trusted (they come from the checked matrices): only their kind is checked.
+        try:
+            pairs = [(it[0], it[1]) for it in items]
+            targets = None if self._target is None else [(it[0], it[2]) for it in items]
+        except (TypeError, IndexError, KeyError):
+            pairs = None
+        kinds = set() if pairs is None else {type(r) for _, r in pairs}
+        if pairs is None or not isinstance(items, (list, tuple)) or kinds - {SparseRow} or (
+                targets is not None and {type(r) for _, r in targets} - {SparseRow}):
+            kind = "(row, row_data)" if self._target is None else "(row, input, target)"
+            raise TypeError(f"items must be a list of this dataset's items, {kind} tuples as "
+                            f"dataset[i] returns, got {type(items).__name__}")
+        index, input = _collate(pairs, self.width, self.layout)
         if self._target is None:
             return SparseRowBatch(input, None, index)
         assert self.target_width is not None
-        _, target = _collate([(it[0], it[2]) for it in items], self.target_width, self.layout)
+        assert targets is not None
+        _, target = _collate(targets, self.target_width, self.layout)
         return SparseRowBatch(input, target, index)

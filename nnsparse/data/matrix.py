@@ -13,12 +13,14 @@ centring and stays a specified entry.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from .._forms import SparseBatch, _sparse_coo, _sparse_csr, as_sparse_batch
+from .._forms import SparseBatch, _sparse_coo, _sparse_csr, as_sparse_batch, check_index_range
 from .readers import Ratings, check_ratings
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
@@ -26,9 +28,10 @@ __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "
 _ORIENTATIONS = ("item", "user")
 
 
-def _check_orientation(orientation: str) -> None:
-    if orientation not in _ORIENTATIONS:
-        raise ValueError(f"orientation must be 'item' or 'user', got {orientation!r}")
+def _check_orientation(orientation: str, name: str = "orientation") -> None:
+    if not isinstance(orientation, str) or orientation not in _ORIENTATIONS:
+        prefix = "" if name == "orientation" else f"{name}: "  # the argument, then the rule
+        raise ValueError(f"{prefix}orientation must be 'item' or 'user', got {orientation!r}")
 
 
 
@@ -37,6 +40,50 @@ def _index(ratings: Ratings, orientation: str) -> Tuple[Tensor, Tensor, Tuple[in
     if orientation == "item":
         return ratings.item, ratings.user, (ratings.n_items, ratings.n_users)
     return ratings.user, ratings.item, (ratings.n_users, ratings.n_items)
+
+
+def check_same_maps(ratings: Ratings, reference: Ratings, name: str, ref_name: str) -> None:
+    """``ValueError`` unless ``ratings`` index ids as ``reference`` does (extra ids may follow).
+
+    The parts of one split share the maps (an identity test); other records
+    are compared id by id."""
+    for what in ("user", "item"):
+        mapping, ref = getattr(ratings, f"{what}_map"), getattr(reference, f"{what}_map")
+        if mapping is ref:
+            continue
+        for key, index in ref.items():
+            if mapping.get(key) != index:
+                raise ValueError(
+                    f"{name} must index {what}s as in {ref_name} ({what} {key!r} is {what} "
+                    f"{index} there, {mapping.get(key)!r} here); read both with read_split "
+                    f"or split them from one Ratings")
+
+
+def _check_rows(row: Any, rows: int, name: str = "row") -> None:
+    """``row``: an integer tensor of matrix rows in ``[0, rows)`` (one host sync)."""
+    if not isinstance(row, Tensor):
+        raise TypeError(f"{name} must be an integer tensor, got {type(row).__name__}")
+    if row.dtype == torch.bool or row.is_floating_point() or row.is_complex():
+        raise TypeError(f"{name} must be an integer tensor, got {row.dtype}")
+    check_index_range(row, rows, f"{name} indices")
+
+
+def _check_broadcast(values: Tensor, row: Tensor, name: str) -> None:
+    try:
+        torch.broadcast_shapes(values.shape, row.shape)
+    except RuntimeError:
+        raise ValueError(f"{name} and row must have one shape or broadcast, got "
+                         f"{tuple(values.shape)} and {tuple(row.shape)}") from None
+    if row.device != values.device:
+        raise ValueError(f"row must be on {name}'s device {values.device}, got {row.device}")
+
+
+def _check_values_arg(values: Any, name: str) -> None:
+    if not isinstance(values, Tensor) or values.layout != torch.strided:
+        got = f"layout {values.layout}" if isinstance(values, Tensor) else type(values).__name__
+        raise TypeError(f"{name} must be a dense tensor, got {got}")
+    if values.dtype == torch.bool or values.is_complex():
+        raise TypeError(f"{name} must hold real numbers, got dtype {values.dtype}")
 
 
 def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[Tensor] = None,
@@ -84,6 +131,11 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
         raise TypeError(f"values must be a dense tensor, got {type(values).__name__}")
     if values.shape != row.shape:
         raise ValueError(f"values must have shape {tuple(row.shape)}, got {tuple(values.shape)}")
+    if values.dtype == torch.bool or values.is_complex():
+        raise TypeError(f"values must be real numbers, got dtype {values.dtype}")
+    if values.device != row.device:
+        raise ValueError(f"values must be on the ratings' device {row.device}, "
+                         f"got {values.device}")
     if values.is_floating_point() and values.numel() and not bool(torch.isfinite(values).all()):
         raise ValueError("values must be finite, got NaN or inf; a rating matrix specifies "
                          "observed ratings only")
@@ -152,11 +204,26 @@ class RatingNormalizer:
         _check_orientation(orientation)
         if len(train) == 0:
             raise ValueError("train holds no ratings; the normaliser needs some to fit")
-        lo, hi = train.scale if scale is None else (float(scale[0]), float(scale[1]))
+        if not isinstance(center, bool):
+            raise TypeError(f"center must be a bool, got {type(center).__name__} {center!r}")
+        data_lo, data_hi = train.scale
+        if scale is None:
+            lo, hi = data_lo, data_hi
+        else:
+            if not isinstance(scale, (tuple, list)) or len(scale) != 2 or any(
+                    isinstance(v, bool) or not isinstance(v, numbers.Real) for v in scale):
+                raise TypeError(f"scale must be a pair of numbers (min, max), got {scale!r}")
+            lo, hi = float(scale[0]), float(scale[1])
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                raise ValueError(f"scale must be finite, got ({lo}, {hi})")
+            if lo < hi and not lo <= data_lo <= data_hi <= hi:
+                raise ValueError(f"scale must contain the training ratings' range "
+                                 f"[{data_lo}, {data_hi}], got ({lo}, {hi})")
         if not lo < hi:
             raise ValueError(f"scale must have min < max, got ({lo}, {hi}); "
                              "pass scale= when every rating is equal")
         self.orientation, self.center, self.scale = orientation, bool(center), (lo, hi)
+        self._train = train  # its maps: the parts this normaliser reads must share them
         row, _, self.shape = _index(train, orientation)
         mapped = self._map(train.rating.to(torch.float32))
         self.global_mean = float(mapped.mean())
@@ -181,16 +248,31 @@ class RatingNormalizer:
 
     def to(self, device: Union[str, torch.device]) -> "RatingNormalizer":
         """Move the row means to ``device`` (in place; returns ``self``)."""
+        if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+            raise TypeError(f"device must be a torch.device or a name such as 'cpu', "
+                            f"got {type(device).__name__}")
+        try:
+            device = torch.device(device)
+        except (RuntimeError, ValueError):
+            raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                             f"'cuda:0', got {device!r}") from None
         self.row_mean = self.row_mean.to(device)
         return self
 
     def index(self, ratings: Ratings) -> Tuple[Tensor, Tensor]:
         """``(row, col)`` int64 ``(n,)`` of each rating in this orientation."""
+        check_ratings(ratings, "ratings")
+        check_same_maps(ratings, self._train, "ratings", "the training ratings")
         row, col, _ = _index(ratings, self.orientation)
         return row, col
 
     def normalize(self, rating: Tensor, row: Tensor) -> Tensor:
         """Ratings of rows ``row`` (same or broadcastable shape) on the centred ``[-1, 1]`` scale."""
+        _check_values_arg(rating, "rating")
+        _check_rows(row, self.shape[0])
+        _check_broadcast(rating, row, "rating")
+        if not rating.is_floating_point():  # integer ratings (1..5) read as float32
+            rating = rating.to(torch.float32)
         return self._map(rating) - self._means(row, rating)
 
     def denormalize(self, values: Tensor, row: Tensor) -> Tensor:
@@ -200,6 +282,11 @@ class RatingNormalizer:
         ``(batch, 1)`` for a dense ``(batch, width)`` output.  Differentiable
         in ``values`` (inside the scale); dtype and device of ``values``.
         """
+        _check_values_arg(values, "values")
+        _check_rows(row, self.shape[0])
+        _check_broadcast(values, row, "values")
+        if not values.is_floating_point():
+            values = values.to(torch.float32)
         lo, hi = self.scale
         rating = (values + self._means(row, values) + 1.0) * ((hi - lo) / 2.0) + lo
         return rating.clamp(lo, hi)
@@ -212,6 +299,9 @@ class RatingNormalizer:
         ratings (the target for errors on the rating scale).  See
         :func:`rating_matrix`.
         """
+        check_ratings(ratings, "ratings")
+        if not isinstance(normalize, bool):
+            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
         values = ratings.rating
         if normalize:
             row, _ = self.index(ratings)
@@ -232,7 +322,19 @@ class RatingNormalizer:
             ``(prediction, target_values)``, both ``(nnz,)`` in the target's
             entry order: feed them to :class:`RatingErrors` or :func:`rmse`.
         """
+        _check_values_arg(output, "output")
+        if output.dim() != 2:
+            raise ValueError(f"output must be 2-D (batch, width), got shape {tuple(output.shape)}")
+        if not isinstance(rows, Tensor) or rows.dtype not in (torch.int64, torch.int32):
+            got = rows.dtype if isinstance(rows, Tensor) else type(rows).__name__
+            raise TypeError(f"rows must be an int64 tensor of matrix rows, got {got}")
+        if rows.shape != (output.shape[0],):
+            raise ValueError(f"rows must have shape ({output.shape[0]},), one per output row, "
+                             f"got {tuple(rows.shape)}")
         batch = as_sparse_batch(target, name="target", width=output.shape[-1])
+        if batch.rows != output.shape[0]:
+            raise ValueError(f"target must have {output.shape[0]} rows like output, "
+                             f"got {batch.rows}")
         picked = output[batch.row, batch.col]
         return self.denormalize(picked, rows.to(output.device)[batch.row]), batch.values
 
@@ -242,9 +344,23 @@ def _check_pair(prediction: Tensor, target: Tensor) -> None:
         if not isinstance(t, Tensor) or t.layout != torch.strided:
             got = f"layout {t.layout}" if isinstance(t, Tensor) else type(t).__name__
             raise TypeError(f"{name} must be a dense tensor, got {got}")
+        if t.dtype == torch.bool or t.is_complex():
+            raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}")
     if prediction.shape != target.shape:
         raise ValueError(f"prediction and target must have one shape, got "
                          f"{tuple(prediction.shape)} and {tuple(target.shape)}")
+    if prediction.device != target.device:
+        raise ValueError(f"prediction and target must be on one device, got "
+                         f"{prediction.device} and {target.device}")
+
+
+def _errors(prediction: Tensor, target: Tensor) -> Tensor:
+    """``prediction - target`` in a floating dtype (integer ratings pass), never empty."""
+    _check_pair(prediction, target)
+    if prediction.numel() == 0:
+        raise ValueError("prediction and target are empty; an error needs at least one entry")
+    error = prediction - target
+    return error if error.is_floating_point() else error.to(torch.get_default_dtype())
 
 
 def rmse(prediction: Tensor, target: Tensor) -> Tensor:
@@ -255,8 +371,7 @@ def rmse(prediction: Tensor, target: Tensor) -> Tensor:
         >>> rmse(torch.tensor([3., 4.]), torch.tensor([4., 4.]))
         tensor(0.7071)
     """
-    _check_pair(prediction, target)
-    return (prediction - target).square().mean().sqrt()
+    return _errors(prediction, target).square().mean().sqrt()
 
 
 def mae(prediction: Tensor, target: Tensor) -> Tensor:
@@ -267,8 +382,7 @@ def mae(prediction: Tensor, target: Tensor) -> Tensor:
         >>> mae(torch.tensor([3., 4.]), torch.tensor([4., 4.]))
         tensor(0.5000)
     """
-    _check_pair(prediction, target)
-    return (prediction - target).abs().mean()
+    return _errors(prediction, target).abs().mean()
 
 
 class RatingErrors:
@@ -327,7 +441,7 @@ def mean_prediction(train: Ratings, test: Ratings, by: str = "item") -> Tensor:
     """
     check_ratings(train, "train")
     check_ratings(test, "test")
-    _check_orientation(by)
+    _check_orientation(by, "by")
     if len(train) == 0:
         raise ValueError("train holds no ratings; the baseline needs some")
     row, _, shape = _index(train, by)
@@ -335,6 +449,7 @@ def mean_prediction(train: Ratings, test: Ratings, by: str = "item") -> Tensor:
     sums = rating.new_zeros(shape[0]).index_add_(0, row, rating)
     counts = torch.bincount(row, minlength=shape[0]).to(rating.dtype)
     means = torch.where(counts > 0, sums / counts.clamp(min=1), rating.mean())
+    check_same_maps(test, train, "test", "train")
     test_row, _, _ = _index(test, by)
     if test_row.numel() and int(test_row.max()) >= shape[0]:
         raise ValueError(f"test {by} indices must be in [0, {shape[0]}), got max "

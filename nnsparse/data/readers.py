@@ -79,15 +79,47 @@ class Ratings:
         if not (self.user.shape == self.item.shape == self.rating.shape):
             raise ValueError("Ratings.user, .item and .rating must have one length, got "
                              f"{len(self.user)}, {len(self.item)} and {len(self.rating)}")
+        for name in ("user", "item"):
+            value = getattr(self, name)
+            if value.dtype != torch.int64:
+                raise TypeError(f"Ratings.{name} must be an int64 tensor of indices, "
+                                f"got {value.dtype}")
+            if not isinstance(getattr(self, name + "_map"), dict):
+                raise TypeError(f"Ratings.{name}_map must be a dict of original id -> index, "
+                                f"got {type(getattr(self, name + '_map')).__name__}")
+        if not self.rating.is_floating_point():
+            raise TypeError(f"Ratings.rating must be a floating-point tensor, "
+                            f"got {self.rating.dtype}")
+        if len(self.rating):  # data preparation, not a training step: one O(n) pass
+            for name, bound in (("user", len(self.user_map)), ("item", len(self.item_map))):
+                lo, hi = torch.aminmax(getattr(self, name))
+                if lo < 0 or hi >= bound:
+                    raise ValueError(f"Ratings.{name} indices must be in [0, {bound}) (the "
+                                     f"size of {name}_map), got min {int(lo)}, max {int(hi)}")
+            if not bool(torch.isfinite(self.rating).all()):
+                raise ValueError("Ratings.rating must be finite, got NaN or inf")
 
     @classmethod
     def from_triples(cls, user: Any, item: Any, rating: Any, source: str = "") -> "Ratings":
         """Ratings from raw ids and values; ids are remapped in sorted order."""
-        users, user_index = _remap(_id_array(user), None, "user")
-        items, item_index = _remap(_id_array(item), None, "item")
+        if not isinstance(source, str):
+            raise TypeError(f"source must be a str, got {type(source).__name__}")
+        ids = {name: _id_array(v, name) for name, v in (("user", user), ("item", item))}
+        try:
+            values = np.asarray(rating.detach().cpu() if isinstance(rating, Tensor) else rating,
+                                dtype=np.float32)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"rating must be a sequence of real numbers ({e})") from None
+        if values.ndim != 1:
+            raise ValueError(f"rating must be 1-D, one value per (user, item), "
+                             f"got shape {values.shape}")
+        if not np.isfinite(values).all():
+            bad = values[~np.isfinite(values)][0]
+            raise ValueError(f"rating must be finite, got {bad}")
+        users, user_index = _remap(ids["user"], None, "user")
+        items, item_index = _remap(ids["item"], None, "item")
         return cls(torch.from_numpy(user_index), torch.from_numpy(item_index),
-                   torch.as_tensor(np.asarray(rating, dtype=np.float32)), users, items,
-                   source=source)
+                   torch.from_numpy(values), users, items, source=source)
 
     def __len__(self) -> int:
         return self.rating.shape[0]
@@ -127,6 +159,19 @@ class Ratings:
 
     def subset(self, index: Tensor) -> "Ratings":
         """The entries ``index`` (int64 or bool), sharing the maps and titles."""
+        if not isinstance(index, Tensor):
+            try:
+                index = torch.as_tensor(index)
+            except (TypeError, ValueError, RuntimeError):
+                raise TypeError(f"index must be an integer or bool tensor, got "
+                                f"{type(index).__name__}") from None
+        if index.dtype != torch.bool and (index.is_floating_point() or index.is_complex()):
+            raise TypeError(f"index must be an integer or bool tensor, got {index.dtype}")
+        if index.dim() != 1:
+            raise ValueError(f"index must be 1-D (entries to keep), got shape {tuple(index.shape)}")
+        if index.dtype == torch.bool and index.shape != self.rating.shape:
+            raise ValueError(f"index must have shape ({len(self)},) as a bool mask, "
+                             f"got {tuple(index.shape)}")
         return replace(self, user=self.user[index], item=self.item[index],
                        rating=self.rating[index], _ids=self._ids)
 
@@ -265,14 +310,21 @@ def _big_ints(tokens: List[bytes]) -> Optional[np.ndarray]:
     return out
 
 
-def _id_array(ids: Any) -> np.ndarray:
+def _id_array(ids: Any, name: str = "ids") -> np.ndarray:
     """``ids`` as a 1-D numpy array; Python ints beyond int64 kept exact (object dtype)."""
+    if ids is None or isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+        raise TypeError(f"{name} must be a sequence of ids (a list, array or tensor), "
+                        f"got {type(ids).__name__}")
+    if isinstance(ids, Tensor):
+        ids = ids.detach().cpu().numpy()
     try:
-        return np.asarray(ids)
+        out = np.asarray(ids)
     except OverflowError:
         out = np.empty(len(ids), dtype=object)
         out[:] = list(ids)
-        return out
+    if out.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, one id per rating, got shape {out.shape}")
+    return out
 
 
 # -- item titles -----------------------------------------------------------------------
@@ -405,16 +457,18 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
         >>> r.user_map, r.item_map
         ({186: 0, 196: 1}, {242: 0, 302: 1})
     """
-    if format not in _FORMATS:
+    if not isinstance(format, str) or format not in _FORMATS:
         raise ValueError(f"format must be one of {list(_FORMATS)}, got {format!r}")
     if unseen not in ("keep", "drop"):
         raise ValueError(f"unseen must be 'keep' or 'drop', got {unseen!r}")
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     for name, given in (("user_map", user_map), ("item_map", item_map)):
-        if given is not None and not isinstance(given, dict):
-            raise TypeError(f"{name} must be a dict (original id -> index), "
-                            f"got {type(given).__name__}")
+        if given is not None:
+            _check_map(given, name)
+    if not isinstance(titles, (bool, str, os.PathLike)):
+        raise TypeError(f"titles must be a bool or a path (str or os.PathLike), "
+                        f"got {type(titles).__name__}")
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"path: {path} is a directory; give the rating file in it "
@@ -557,6 +611,12 @@ def read_split(train: PathLike, test: PathLike, format: str = "text", *,
         >>> train.n_users == test.n_users == 3
         True
     """
+    if not isinstance(titles, (bool, str, os.PathLike)):
+        raise TypeError(f"titles must be a bool or a path (str or os.PathLike), "
+                        f"got {type(titles).__name__}")
+    for name, given in (("train", train), ("test", test)):  # name the part that is missing
+        if isinstance(given, (str, os.PathLike)) and not Path(given).exists():
+            raise ValueError(f"{name}: no rating file at {given} (it does not exist)")
     first = read_ratings(train, format, titles=False)
     second = read_ratings(test, format, titles=False, user_map=first.user_map,
                           item_map=first.item_map, unseen=unseen)
@@ -581,6 +641,8 @@ def _lines(path: Path, sep: str) -> List[Tuple[int, List[str]]]:
 
 
 def _feature_file(path: PathLike, what: str) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{what}: no file at {path}")
@@ -594,6 +656,7 @@ def _check_map(mapping: Any, name: str) -> None:
         raise TypeError(f"{name} must be a dict of original id -> index, got "
                         f"{type(mapping).__name__}{hint}")
     n = len(mapping)
+    seen: Dict[Any, Any] = {}
     for original, index in mapping.items():
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
             raise TypeError(f"{name} must map ids to int indices, got "
@@ -601,6 +664,10 @@ def _check_map(mapping: Any, name: str) -> None:
         if not 0 <= index < n:
             raise ValueError(f"{name} indices must be in [0, {n}) (one per id), got "
                              f"{index} for id {original!r}")
+        if index in seen:
+            raise ValueError(f"{name} indices must be distinct (one per id), got {index} "
+                             f"for ids {seen[index]!r} and {original!r}")
+        seen[index] = original
 
 
 def _rows(mapping: Dict[Any, int], table: Dict[Any, List[float]], width: int,
@@ -740,7 +807,7 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
     """
     path = _feature_file(path, "user features")
     _check_map(user_map, "user_map")
-    if format not in _USER_FILES:
+    if not isinstance(format, str) or format not in _USER_FILES:
         raise ValueError(f"format must be 'ml-100k' or 'ml-1m' for user features, got {format!r}")
     sep, (g_at, a_at, o_at) = ("|", (2, 1, 3)) if format == "ml-100k" else ("::", (1, 2, 3))
     parsed = []
@@ -754,7 +821,11 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
             raise ValueError(f"{path}, line {number}: the id and the age must be integers") from None
         if age < 0:
             raise ValueError(f"{path}, line {number}: the age must be non-negative, got {age}")
-        parsed.append((key, parts[g_at].strip().upper() == "F", age, parts[o_at]))
+        gender = parts[g_at].strip().upper()
+        if gender not in ("F", "M"):
+            raise ValueError(f"{path}, line {number}: the gender must be 'M' or 'F', "
+                             f"got {parts[g_at].strip()!r}")
+        parsed.append((key, gender == "F", age, parts[o_at]))
     occupations = sorted({p[3] for p in parsed})
     column = {o: j for j, o in enumerate(occupations)}
     table: Dict[Any, List[float]] = {}

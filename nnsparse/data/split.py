@@ -30,12 +30,18 @@ class Split:
     validation: Ratings
     test: Ratings
 
+    def __post_init__(self) -> None:
+        for name in ("train", "validation", "test"):
+            check_ratings(getattr(self, name), name)
+
     def __iter__(self) -> Iterator[Ratings]:
         return iter((self.train, self.validation, self.test))
 
 
 def _check_ratio(ratio: float, name: str) -> None:
-    if not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real):
+        raise TypeError(f"{name} must be a number in [0, 1), got {type(ratio).__name__} {ratio!r}")
+    if not 0 <= ratio < 1:
         raise ValueError(f"{name} must be a number in [0, 1), got {ratio!r}")
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
+import math
+import numbers
 import numpy as np
 import torch
 
@@ -242,8 +244,13 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
     if n_ratings > n_users * n_items:
         raise ValueError(f"n_ratings must be at most n_users * n_items = {n_users * n_items}, "
                          f"got {n_ratings}")
-    if noise < 0:
-        raise ValueError(f"noise must be non-negative, got {noise}")
+    for number, name in ((noise, "noise"), (user_sigma, "user_sigma"), (item_sigma, "item_sigma")):
+        if isinstance(number, bool) or not isinstance(number, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {type(number).__name__} {number!r}")
+        if not 0 <= number < math.inf:  # also refuses NaN
+            raise ValueError(f"{name} must be non-negative and finite, got {number}")
+    if not isinstance(titles, bool):
+        raise TypeError(f"titles must be a bool, got {type(titles).__name__} {titles!r}")
     user, item, score = _scores(seed, n_users, n_items, n_ratings, rank, noise,
                                 user_sigma, item_sigma)
     record = Ratings(torch.from_numpy(user.astype(np.int64)),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import numbers
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -162,9 +163,11 @@ def _collate(items: List[Any], layout: torch.layout) -> Tensor:
     return _build(batch.crow_indices(), batch.col, batch.values, batch.width, layout)
 
 
-def _check_count(name: str, value: Any, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+def _check_count(name: str, value: Any, low: int) -> int:
+    """``value`` as an int (numpy ints accepted), or a ValueError naming ``name``."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
 
 
 @contextlib.contextmanager
@@ -265,8 +268,19 @@ class Batchifier:
                  collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> None:
         if not isinstance(network, nn.Module):
             raise TypeError(f"network must be an nn.Module, got {type(network).__name__}")
-        _check_count("output_size", output_size, 0)
-        _check_count("batch_size", batch_size, 1)
+        output_size = _check_count("output_size", output_size, 0)
+        batch_size = _check_count("batch_size", batch_size, 1)
+        if progress is not None and not isinstance(progress, bool):
+            raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
+        if device is not None:
+            if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
+                raise TypeError(f"device must be None, a torch.device or a name such as 'cpu', "
+                                f"got {type(device).__name__}")
+            try:
+                device = torch.device(device)
+            except (RuntimeError, ValueError):
+                raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                                 f"'cuda:0', got {device!r}") from None
         if layout not in (torch.sparse_csr, torch.sparse_coo):
             raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
         if collate_fn is not None and not callable(collate_fn):
@@ -309,7 +323,7 @@ class Batchifier:
         """
         if batch_size is None:
             batch_size = self.batch_size
-        _check_count("batch_size", batch_size, 1)
+        batch_size = _check_count("batch_size", batch_size, 1)
         source = self._source(data)
         out: Optional[Tensor] = None
         with _evaluating(self.network):
@@ -364,8 +378,9 @@ class Batchifier:
                 dense batches; ``candidates`` not a bool tensor.
             ValueError: ``candidates`` not of shape ``(output_size,)``.
         """
-        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
+        k = int(k)
         if candidates is not None:
             if not isinstance(candidates, Tensor) or candidates.dtype != torch.bool:
                 raise TypeError(f"candidates must be a bool tensor, got "
@@ -373,6 +388,8 @@ class Batchifier:
             if candidates.shape != (self.output_size,):
                 raise ValueError(f"candidates must have shape ({self.output_size},) "
                                  f"(output_size), got {tuple(candidates.shape)}")
+            if candidates.device.type == "meta":
+                raise ValueError("candidates must hold data, got a tensor on the meta device")
         if k > self.output_size:
             raise ValueError(f"k must be at most output_size ({self.output_size}), got {k}")
         source = self._source(data)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import torch
@@ -53,14 +54,14 @@ class Densify(nn.Module):
 
     def __init__(self, in_features: int, elem: float = 0) -> None:
         super().__init__()
-        if not isinstance(in_features, int) or isinstance(in_features, bool):
+        if not isinstance(in_features, numbers.Integral) or isinstance(in_features, bool):
             raise TypeError(f"in_features must be a non-negative int, got "
                             f"{type(in_features).__name__} {in_features!r}")
         if in_features < 0:
             raise ValueError(f"in_features must be a non-negative int, got {in_features!r}")
         _check_elem(elem)
-        self.in_features = in_features
-        self.elem = elem
+        self.in_features: int = int(in_features)  # a numpy int is stored as an int
+        self.elem: float = elem
 
     def forward(self, input: SparseLike) -> Tensor:
         batch = as_sparse_batch(input, name="input", width=self.in_features)
@@ -111,14 +112,14 @@ class Sparsify(nn.Module):
                  layout: torch.layout = torch.sparse_coo) -> None:
         super().__init__()
         # Checked here so that a bad layer fails when built, not at its first batch.
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        if not isinstance(offset, numbers.Integral) or isinstance(offset, bool) or offset < 0:
             raise ValueError(f"offset must be a non-negative int, got {offset!r}")
         if layout not in (torch.sparse_coo, torch.sparse_csr):
             raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
         _check_elem(elem)
-        self.elem = elem
-        self.offset = offset
-        self.layout = layout
+        self.elem: float = elem
+        self.offset: int = int(offset)  # a numpy int is stored as an int
+        self.layout: torch.layout = layout
 
     def forward(self, input: Tensor) -> Tensor:
         return sparsify(input, self.elem, self.offset, self.layout)

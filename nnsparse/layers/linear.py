@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Callable, Optional, Tuple
 
 import torch
@@ -11,6 +12,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch, move_structure
+from .._load import check_state_dict
 from .._kernels import (_all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm,
                         _t_mm)
 from .._ops import SparseParts, linear_parts
@@ -135,9 +137,12 @@ def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = No
         A dense tensor ``(rows, out_features)``, or ``(out_features,)`` for a vector.
 
     Raises:
-        TypeError: ``input`` is not an accepted form.
-        ValueError: a torch sparse ``input`` whose width is not
-            ``in_features`` (a list of rows may be narrower), an index
+        TypeError: ``input`` is not an accepted form, ``weight`` or ``bias``
+            is not a dense tensor.
+        ValueError: ``weight`` is not 2-D, ``bias`` is not ``(out_features,)``
+            or differs from ``weight`` in dtype or device, a torch sparse
+            ``input`` whose width is not ``in_features`` (a list of rows may
+            be narrower), an index
             is out of range, input and weight differ in device or dtype, or
             ``mode`` is unknown.
 
@@ -149,6 +154,7 @@ def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = No
         tensor([[4.5000, 2.5000],
                 [4.5000, 0.5000]])
     """
+    _check_weight_bias(weight, bias)
     return _linear_table(input, weight.t(), bias, mode, sparse_grad=False)
 
 
@@ -165,6 +171,12 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
             raise ValueError(f"input must have {table.shape[0]} features (in_features) in its "
                              f"last dimension, got shape {tuple(input.shape)}; a Lua (k, 2) "
                              "pair vector goes through nnsparse.from_pairs(input)")
+        if input.device != table.device:
+            raise ValueError(f"input must be on the weight's device {table.device}, "
+                             f"got {input.device}")
+        if input.dtype != table.dtype and not torch.is_autocast_enabled(input.device.type):
+            raise ValueError(f"input must have the weight's dtype {table.dtype}, "
+                             f"got {input.dtype}")
         if update is not None and torch.is_grad_enabled() and table.requires_grad:
             raise NotImplementedError(
                 f"{update.name}: a dense input with the optimiser in the backward would give "
@@ -172,13 +184,19 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
                 f"or run under torch.no_grad() for inference")
         return F.linear(input, table.t(), bias)
     _check_not_narrower(input, table.shape[0], "input", "in_features")
+    if isinstance(input, Tensor) and input.device != table.device:  # before reading its indices
+        raise ValueError(f"input must be on the weight's device {table.device}, got {input.device}")
     batch = as_sparse_batch(input, name="input", width=table.shape[0])
     if batch.device != table.device:
         raise ValueError(f"input must be on the weight's device {table.device}, "
                          f"got {batch.device}")
     if batch.dtype != table.dtype:
         raise ValueError(f"input must have the weight's dtype {table.dtype}, got {batch.dtype}")
-    if not sparse_grad and update is None and _use_dense(batch, mode):
+    if table.shape[1] == 0:
+        # no output features (nn.Linear(in, 0)): torch's row kernels take no empty rows;
+        # a (rows, 0) product keeps the weight and bias in the graph (zero gradients)
+        out = F.linear(batch.values.new_zeros(batch.rows, 0), table[:0].t(), bias)
+    elif not sparse_grad and update is None and _use_dense(batch, mode):
         dense = batch.values.new_zeros(batch.shape).index_put(
             (batch.row, batch.col), batch.values, accumulate=True)
         out = F.linear(dense, table.t(), bias)
@@ -219,16 +237,51 @@ def _check_not_narrower(x: Any, width: int, name: str, what: str) -> None:
                          f"give it shape (rows, {width})")
 
 
-def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_grad: Any) -> None:
-    """The constructor arguments the sparse linear layers share: sizes and flags."""
+def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_grad: Any,
+                      dtype: Any = None) -> Tuple[int, int]:
+    """The constructor arguments the sparse linear layers share: sizes, flags and dtype.
+
+    Returns the sizes as Python ints (numpy ints and 0-d integer tensors pass,
+    as in ``nn.Linear``; a bool or a float does not)."""
+    sizes = []
     for arg, value in (("in_features", in_features), ("out_features", out_features)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{arg} must be an int, got {type(value).__name__} {value!r}")
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{arg} must be an int, got {type(value).__name__} {value!r}") from None
         if value < 0:
             raise ValueError(f"{arg} must be non-negative, got {value}")
+        sizes.append(value)
     for arg, flag in (("bias", bias), ("sparse_grad", sparse_grad)):
         if not isinstance(flag, bool):
             raise TypeError(f"{arg} must be a bool, got {type(flag).__name__} {flag!r}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating-point torch.dtype (the parameters learn), "
+                        f"got {dtype}")
+    return sizes[0], sizes[1]
+
+
+def _check_weight_bias(weight: Any, bias: Any) -> None:
+    """Check :func:`sparse_linear`'s dense weight ``(out, in)`` and bias ``(out,)``."""
+    for arg, t in (("weight", weight), ("bias", bias)):
+        if (t is not None or arg == "weight") and (
+                not isinstance(t, Tensor) or t.layout != torch.strided):
+            raise TypeError(f"{arg} must be a dense tensor, got "
+                            f"{t.layout if isinstance(t, Tensor) else type(t).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must have shape (out_features, in_features), "
+                         f"got {tuple(weight.shape)}")
+    if bias is None:
+        return
+    if tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must have shape ({weight.shape[0]},) (out_features), "
+                         f"got {tuple(bias.shape)}")
+    if bias.dtype != weight.dtype:
+        raise ValueError(f"bias must have the weight's dtype {weight.dtype}, got {bias.dtype}")
+    if bias.device != weight.device:
+        raise ValueError(f"bias must be on the weight's device {weight.device}, got {bias.device}")
 
 
 class SparseLinearBatch(nn.Module):
@@ -302,7 +355,8 @@ class SparseLinearBatch(nn.Module):
                 "SparseLinearBatch takes bias, sparse_grad and mode as keywords (bias=...), "
                 f"got {len(args)} extra positional argument(s) {args!r}; Lua's third argument "
                 "ignoreAccGrad has no equivalent (gradients accumulate as in torch)")
-        _check_layer_args(in_features, out_features, bias, sparse_grad)
+        in_features, out_features = _check_layer_args(in_features, out_features, bias,
+                                                      sparse_grad, dtype)
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         if sparse_grad and mode == "dense":
@@ -363,6 +417,11 @@ class SparseLinearBatch(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "
                 f"sparse_grad={self.sparse_grad}, mode={self.mode}")
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
+        check_state_dict(self, state_dict, strict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
 def _weight_to_state_dict(module: nn.Module, state_dict: dict, prefix: str, local_metadata):

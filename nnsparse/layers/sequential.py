@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
 from typing import Any, Optional, Type
 
 from torch import nn
@@ -69,7 +70,11 @@ class PatternSequential(nn.Sequential):
         if not isinstance(module, nn.Module):  # nn.Sequential's own check is an assert
             raise TypeError(f"PatternSequential takes nn.Module items, got "
                             f"{type(module).__name__} {module!r}")
-        return super().insert(index, module)  # type: ignore[return-value]
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+            raise TypeError(f"index must be an int, got {type(index).__name__} {index!r}")
+        if not -len(self) <= index <= len(self):
+            raise IndexError(f"index must be in [{-len(self)}, {len(self)}], got {index}")
+        return super().insert(int(index), module)  # type: ignore[return-value]
 
     def forward(self, input: Any, pattern: Any = None) -> Any:  # type: ignore[override]
         for module in self:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
+from .._load import check_state_dict
 from .._kernels import (_all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm,
                         _t_mm)
 from .._ops import SparseParts, sampled_parts
@@ -160,9 +161,9 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         O(nnz): no ``(rows, out_features)`` tensor, forward or backward.
 
     Raises:
-        TypeError: ``input``, ``weight`` or ``bias`` is not a dense tensor, or
-            ``pattern`` is not a sparse form (a dense pattern is refused: it
-            names :func:`nnsparse.sparsify`).
+        TypeError: ``input``, ``weight`` or ``bias`` is not a dense tensor,
+            ``sparse_grad`` is not a bool, or ``pattern`` is not a sparse form
+            (a dense pattern is refused: it names :func:`nnsparse.sparsify`).
         ValueError: shapes, dtypes or devices disagree, or pattern indices are
             out of range.
 
@@ -180,6 +181,9 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         (tensor([[0, 1, 1],
                 [1, 0, 2]]), tensor([2., 3., 7.]))
     """
+    if not isinstance(sparse_grad, bool):
+        raise TypeError(f"sparse_grad must be a bool, got {type(sparse_grad).__name__} "
+                        f"{sparse_grad!r}")
     return _sampled_linear(input, weight, bias, pattern, sparse_grad)
 
 
@@ -190,9 +194,24 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
         raise TypeError(f"input must be a dense tensor, got "
                         f"{input.layout if isinstance(input, Tensor) else type(input).__name__}")
     for arg, t in (("weight", weight), ("bias", bias)):
-        if t is not None and (not isinstance(t, Tensor) or t.layout != torch.strided):
+        if (t is not None or arg == "weight") and (
+                not isinstance(t, Tensor) or t.layout != torch.strided):
             raise TypeError(f"{arg} must be a dense tensor, got "
                             f"{t.layout if isinstance(t, Tensor) else type(t).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must have shape (out_features, in_features), "
+                         f"got {tuple(weight.shape)}")
+    if input.dim() == 0 or input.shape[-1] != weight.shape[1]:
+        got = input.shape[-1] if input.dim() else "a 0-d tensor"
+        raise ValueError(f"input must have {weight.shape[1]} features (in_features), got {got}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must have shape ({weight.shape[0]},) (out_features), "
+                         f"got {tuple(bias.shape)}")
+    for arg, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.dtype != input.dtype:
+            raise ValueError(f"{arg} must have input's dtype {input.dtype}, got {t.dtype}")
+        if t is not None and t.device != input.device:
+            raise ValueError(f"{arg} must be on input's device {input.device}, got {t.device}")
     if pattern is None:
         if update is not None and torch.is_grad_enabled() and weight.requires_grad:
             raise NotImplementedError(
@@ -203,21 +222,9 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
     if input.dim() not in (1, 2):
         raise ValueError(f"input must have shape (rows, in_features) or (in_features,), "
                          f"got {tuple(input.shape)}")
-    if weight.dim() != 2:
-        raise ValueError(f"weight must have shape (out_features, in_features), "
-                         f"got {tuple(weight.shape)}")
-    if input.shape[-1] != weight.shape[1]:
-        raise ValueError(f"input must have {weight.shape[1]} features (in_features), "
-                         f"got {input.shape[-1]}")
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"bias must have shape ({weight.shape[0]},) (out_features), "
-                         f"got {tuple(bias.shape)}")
-    for arg, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != input.dtype:
-            raise ValueError(f"{arg} must have input's dtype {input.dtype}, got {t.dtype}")
-        if t is not None and t.device != input.device:
-            raise ValueError(f"{arg} must be on input's device {input.device}, got {t.device}")
     h = input.unsqueeze(0) if input.dim() == 1 else input
+    if isinstance(pattern, Tensor) and pattern.device != h.device:  # before reading its indices
+        raise ValueError(f"pattern must be on input's device {h.device}, got {pattern.device}")
     batch, distinct = _pattern_structure(pattern, input, weight.shape[0])
     row, col, crow = distinct.row, distinct.col, distinct.crow_indices()
     if row.device != h.device:
@@ -291,7 +298,8 @@ class SparseOutputLinear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  sparse_grad: bool = False, device=None, dtype=None) -> None:
-        _check_layer_args(in_features, out_features, bias, sparse_grad)
+        in_features, out_features = _check_layer_args(in_features, out_features, bias,
+                                                      sparse_grad, dtype)
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.sparse_grad = sparse_grad
         # the optimiser in the backward, set by nnsparse.optim.apply_optimizer_in_backward
@@ -324,3 +332,8 @@ class SparseOutputLinear(nn.Linear):
     def extra_repr(self) -> str:
         return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "
                 f"sparse_grad={self.sparse_grad}")
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
+        check_state_dict(self, state_dict, strict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)

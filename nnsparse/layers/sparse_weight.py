@@ -252,8 +252,10 @@ class SparseWeightLinear(nn.Module):
         density = _check_density(density)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
         if generator is None:
-            generator = torch.Generator().manual_seed(0 if seed is None else seed)
+            generator = torch.Generator().manual_seed(0 if seed is None else int(seed))
         elif seed is not None:
             raise ValueError("give generator or seed, not both")
         k = max(1, min(in_features, round(density * in_features)))

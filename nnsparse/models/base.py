@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .._index import coo_tensor
+from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset, split_ratings
 from ..data.readers import check_ratings
 from .. import distributed as nd
@@ -88,9 +89,12 @@ def _concat(a: Ratings, b: Ratings) -> Ratings:
 def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optional[Tensor]:
     if features is None:
         return None
-    if not isinstance(features, Tensor):
-        raise TypeError(f"{name} must be a 2-D tensor (rows, features), got "
-                        f"{type(features).__name__}")
+    if not isinstance(features, Tensor) or features.layout != torch.strided:
+        got = (f"layout {features.layout}" if isinstance(features, Tensor)
+               else type(features).__name__)
+        raise TypeError(f"{name} must be a dense 2-D tensor (rows, features), got {got}")
+    if features.device.type == "meta":
+        raise ValueError(f"{name} must hold data, got a tensor on the meta device")
     if features.dim() != 2:
         raise ValueError(f"{name} must be a 2-D tensor (rows, features), got shape "
                          f"{tuple(features.shape)}")
@@ -174,11 +178,15 @@ class RatingModel(nn.Module):
     # -- hyperparameters ----------------------------------------------------------
     def _check_hparams(self) -> None:
         h = self.hparams
+        unknown = sorted(set(h) - set(_COMMON) - set(self.DEFAULTS))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unknown hyperparameters {unknown}; "
+                            f"it takes {sorted({**_COMMON, **self.DEFAULTS})}")
         if h["orientation"] not in ("item", "user"):
             raise ValueError(f"orientation must be 'item' or 'user', got {h['orientation']!r}")
         for key in ("epochs", "batch_size"):
-            _check_int(key, h[key], 1)
-        _check_int("patience", h["patience"], 0)
+            h[key] = _check_int(key, h[key], 1)
+        h["patience"] = _check_int("patience", h["patience"], 0)
         if not isinstance(h["seed"], numbers.Integral) or isinstance(h["seed"], bool):
             raise TypeError(f"seed must be an int, got {type(h['seed']).__name__}")
         for key in ("refit", "dense_decoder"):
@@ -188,6 +196,8 @@ class RatingModel(nn.Module):
             if key in ("lr", "weight_decay", "validation_ratio", "min_lr_ratio") or \
                     key.startswith("l2") or key in ("alpha", "beta", "hide_ratio"):
                 _check_number(key, value)
+                if not math.isfinite(value) and not math.isnan(value):  # NaN: the range checks
+                    raise ValueError(f"{key} must be finite, got {value!r}")
         if not h["lr"] > 0:
             raise ValueError(f"lr must be positive, got {h['lr']!r}")
         if not h["weight_decay"] >= 0:
@@ -198,7 +208,7 @@ class RatingModel(nn.Module):
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {h['min_lr_ratio']!r}")
         for key, value in h.items():
             if key in ("hidden", "layers", "dim"):
-                _check_int(key, value, 1)
+                h[key] = _check_int(key, value, 1)
             if (key.startswith("l2") or key in ("alpha", "beta")) and not value >= 0:
                 raise ValueError(f"{key} must be non-negative, got {value!r}")
             if key == "hide_ratio" and not 0 <= value < 1:
@@ -207,6 +217,11 @@ class RatingModel(nn.Module):
     def extra_repr(self) -> str:
         own = {k: v for k, v in self.hparams.items() if k in self.DEFAULTS}
         return ", ".join(f"{k}={v!r}" for k, v in own.items())
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
+        check_state_dict(self, state_dict, strict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     # -- what a subclass implements ------------------------------------------------
     def build(self, rows: int, width: int, features: int) -> None:
@@ -257,6 +272,8 @@ class RatingModel(nn.Module):
         ``(batch, width)`` without a pattern.
         """
         from .. import values_map
+        self._check_built()
+        _check_rows(rows, x)
         out = self.network(values_map(self._to_model, x), rows, pattern)
         return values_map(self._from_model, out) if pattern is not None else self._from_model(out)
 
@@ -267,6 +284,7 @@ class RatingModel(nn.Module):
     # -- training -------------------------------------------------------------------
     def batch_loss(self, rows: Tensor, x: Any) -> Tensor:
         """The training loss of one batch of rows ``x`` (normalised sparse, the target too)."""
+        self._check_built()
         input = self._criterion.prepare_input(x)
         out = self(input, rows, pattern=None if self.hparams["dense_decoder"] else x)
         # Squared errors on the rating scale: the normalised error times (hi - lo) / 2.
@@ -372,8 +390,12 @@ class RatingModel(nn.Module):
             A refused call leaves the model as it was.
         """
         check_ratings(train, "train")
+        self._check_hparams()  # again: model.hparams may have been edited since __init__
         if validation is not None:
             check_ratings(validation, "validation")
+            if len(validation) == 0:
+                raise ValueError("validation holds no ratings; pass None to hold out "
+                                 "validation_ratio of train instead")
         if len(train) == 0:
             raise ValueError("train holds no ratings")
         if progress is not None and not isinstance(progress, bool):
@@ -431,6 +453,7 @@ class RatingModel(nn.Module):
 
     @property
     def device(self) -> torch.device:
+        self._check_built()
         return next(self.parameters()).device
 
     def _known(self, users: Tensor, items: Tensor) -> Tuple[Tensor, Tensor]:
@@ -448,6 +471,11 @@ class RatingModel(nn.Module):
         is known, the user mean where only the user is, the global mean where
         neither is; ``counts`` says how many entries took each.
         """
+        self._check_built()
+        users, items = _index_tensor(users, "users"), _index_tensor(items, "items")
+        if users.shape != items.shape:
+            raise ValueError(f"users and items must have one shape, got {tuple(users.shape)} "
+                             f"and {tuple(items.shape)}")
         u_ok, i_ok = self._known(users, items)
         pred = torch.full(users.shape, self.global_mean)
         pred = torch.where(u_ok & ~i_ok, self.user_mean[users.clamp(max=len(self.user_mean) - 1)], pred)
@@ -546,6 +574,8 @@ class RatingModel(nn.Module):
         check_ratings(ratings, "ratings")
         self._check_built()
         self._check_maps(ratings, "ratings")
+        if len(ratings) == 0:
+            raise ValueError("ratings holds no ratings; there is nothing to evaluate")
         pred, counts = self.predict_entries(ratings.user, ratings.item, return_counts=True)
         errors = RatingErrors()
         errors.update(pred, ratings.rating.to(torch.float32).cpu())
@@ -586,8 +616,9 @@ class RatingModel(nn.Module):
                 index outside ``[0, n_users)`` with ``by_index``.
         """
         self._check_built()
-        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
+        k = int(k)
         if not isinstance(min_support, numbers.Integral) or isinstance(min_support, bool):
             raise TypeError(f"min_support must be an int, got {type(min_support).__name__}")
         _check_number("shrinkage", shrinkage)
@@ -598,6 +629,8 @@ class RatingModel(nn.Module):
             raise ValueError(f"min_support must be non-negative, got {min_support}")
         if not shrinkage >= 0:
             raise ValueError(f"shrinkage must be non-negative, got {shrinkage}")
+        if shrinkage == math.inf:
+            raise ValueError("shrinkage must be finite, got inf")
         if by_index:
             try:
                 if isinstance(user, bool):
@@ -634,6 +667,13 @@ class RatingModel(nn.Module):
         self._check_built()
         if not hasattr(self, "_user_lookup"):
             self._user_lookup = {u: i for i, u in enumerate(self.user_ids_)}
+        if isinstance(user, bool):  # True == 1 would find user 1
+            raise TypeError("user must be an original user id, got bool")
+        try:
+            hash(user)
+        except TypeError:
+            raise TypeError(f"user must be an original user id (hashable), got "
+                            f"{type(user).__name__}") from None
         for key in (user, _as_int(user), str(user)):
             if key in self._user_lookup:
                 return self._user_lookup[key]
@@ -670,6 +710,10 @@ class RatingModel(nn.Module):
                 :meth:`save`; it holds another model class; an unknown ``device``.
         """
         device = _as_device(device)
+        if not isinstance(path, (str, os.PathLike)) and not (
+                hasattr(path, "read") and hasattr(path, "seek")):
+            raise TypeError(f"path must be a str, an os.PathLike or a readable file object, "
+                            f"got {type(path).__name__}")
         if isinstance(path, (str, os.PathLike)):
             if Path(path).is_dir():
                 raise ValueError(f"path must be a model file, got {path}, which is a directory")
@@ -683,6 +727,15 @@ class RatingModel(nn.Module):
         if not isinstance(blob, dict) or blob.get("format") != _FILE_FORMAT:
             raise ValueError(f"{path} is not a model saved by nnsparse.models "
                              f"(RatingModel.save)")
+        try:
+            return cls._from_blob(blob, path, device)
+        except (KeyError, TypeError, IndexError, AttributeError, RuntimeError) as e:
+            # a dict with our format tag but missing or damaged parts
+            raise ValueError(f"{path} is a damaged model file (RatingModel.save wrote "
+                             f"something else): {type(e).__name__}: {e}") from e
+
+    @classmethod
+    def _from_blob(cls, blob: Dict[str, Any], path: Any, device: torch.device) -> "RatingModel":
         model_cls = MODELS.get(blob["model"])
         if model_cls is None:
             raise ValueError(f"{path} holds an unknown model {blob['model']!r}")
@@ -704,6 +757,17 @@ class RatingModel(nn.Module):
         return model
 
 
+def _check_rows(rows: Any, x: Any) -> None:
+    """A batch's ``rows``: an integer tensor, one matrix row per row of ``x`` (no sync)."""
+    if not isinstance(rows, Tensor) or rows.dtype not in (torch.int64, torch.int32):
+        got = rows.dtype if isinstance(rows, Tensor) else type(rows).__name__
+        raise TypeError(f"rows must be an int64 tensor of matrix rows, got {got}")
+    n = x.shape[0] if isinstance(x, Tensor) and x.dim() == 2 else None
+    if rows.dim() != 1 or (n is not None and rows.shape[0] != n):
+        raise ValueError(f"rows must be 1-D with one matrix row per row of x ({n}), "
+                         f"got shape {tuple(rows.shape)}")
+
+
 def _index_tensor(value: Any, name: str) -> Tensor:
     """``value`` as an int64 CPU tensor; ``TypeError`` unless it holds integers."""
     try:
@@ -713,6 +777,8 @@ def _index_tensor(value: Any, name: str) -> Tensor:
                         f"{type(value).__name__}") from None
     if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor, got {index.dtype}")
+    if index.device.type == "meta":
+        raise ValueError(f"{name} must hold data, got a tensor on the meta device")
     return index.long().cpu()
 
 
@@ -722,16 +788,23 @@ def _as_device(device: Any) -> torch.device:
         raise TypeError(f"device must be a torch.device or a name such as 'cpu' or 'cuda:0', "
                         f"got {type(device).__name__}")
     try:
-        return torch.device(device)
+        out = torch.device(device)
     except (RuntimeError, ValueError):
         raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
                          f"'cuda:0', got {device!r}") from None
+    if out.type == "meta":
+        raise ValueError("device must hold data, got 'meta'; use 'cpu' or 'cuda'")
+    if out.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(out)!r} was asked for, but torch sees no CUDA device")
+    return out
 
 
-def _check_int(name: str, value: Any, low: int) -> None:
-    """``ValueError`` unless ``value`` is an int (not a bool) ``>= low``."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+def _check_int(name: str, value: Any, low: int) -> int:
+    """``value`` as a Python int; ``ValueError`` unless it is an int (numpy ints pass, not
+    a bool or a float) ``>= low``."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
 
 
 def _check_number(name: str, value: Any) -> None:
@@ -742,6 +815,9 @@ def _check_number(name: str, value: Any) -> None:
 
 def _path_to_write(path: Any) -> None:
     """``ValueError`` for a path ``torch.save`` cannot write: a directory, a missing parent."""
+    if not isinstance(path, (str, os.PathLike)) and not hasattr(path, "write"):
+        raise TypeError(f"path must be a str, an os.PathLike or a writable file object, "
+                        f"got {type(path).__name__}")
     if isinstance(path, (str, os.PathLike)):
         p = Path(path)
         if p.is_dir():
@@ -751,7 +827,10 @@ def _path_to_write(path: Any) -> None:
 
 
 def _as_int(text: Any) -> Any:
+    """An id given as text, tried as an int (a float such as 1.5 is never rounded to 1)."""
+    if not isinstance(text, str):
+        return text
     try:
         return int(text)
-    except (TypeError, ValueError):
+    except ValueError:
         return text

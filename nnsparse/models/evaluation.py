@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from dataclasses import dataclass, field
@@ -33,10 +34,11 @@ def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[Fold]:
         [(8, 2), (8, 2), (8, 2), (8, 2), (8, 2)]
     """
     check_ratings(ratings, "ratings")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 2:
+    if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 2:
         raise ValueError(f"k must be an int >= 2, got {k!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    k, seed = int(k), int(seed)
     if len(ratings) < k:
         raise ValueError(f"k-fold needs at least k={k} ratings, got {len(ratings)}")
     return _kfold(ratings, k, seed)  # checked now, at the call, not at the first fold
@@ -99,13 +101,18 @@ class CrossValidation:
     folds: List[Dict[str, Any]] = field(default_factory=list)
 
     def mean(self, key: str = "rmse") -> float:
+        """Mean over the folds of ``key`` (``"rmse"``, ``"mae"``, ...)."""
+        if not self.folds:
+            raise ValueError("CrossValidation holds no folds; run cross_validate first")
+        if not isinstance(key, str) or key not in self.folds[0]:
+            raise KeyError(f"key must be one of {sorted(self.folds[0])}, got {key!r}")
         return sum(f[key] for f in self.folds) / len(self.folds)
 
     def std(self, key: str = "rmse") -> float:
         """Sample standard deviation over the folds (0 for one fold)."""
+        m = self.mean(key)  # refuses no folds and unknown keys
         if len(self.folds) < 2:
             return 0.0
-        m = self.mean(key)
         return math.sqrt(sum((f[key] - m) ** 2 for f in self.folds) / (len(self.folds) - 1))
 
     def table(self) -> str:

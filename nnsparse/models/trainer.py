@@ -99,14 +99,21 @@ class Trainer:
                                 f"{number!r}")
         if not lr > 0:
             raise ValueError(f"lr must be positive, got {lr!r}")
+        if lr == math.inf:
+            raise ValueError("lr must be finite, got inf")
         if not 0 <= min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio!r}")
+        if weight_decay == math.inf:
+            raise ValueError("weight_decay must be finite, got inf")
         if not weight_decay >= 0:
             raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         if progress is not None and not isinstance(progress, bool):
             raise TypeError(f"progress must be None or a bool, got {type(progress).__name__}")
+        if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
+            raise TypeError(f"device must be a torch.device or a name such as 'cpu' or "
+                            f"'cuda:0', got {type(device).__name__}")
         try:
             device = torch.device(device)
         except (RuntimeError, TypeError, ValueError):
@@ -125,6 +132,8 @@ class Trainer:
     # -- the pieces a subclass replaces ------------------------------------------
     def make_loader(self, dataset: SparseRowDataset) -> DataLoader:
         """The shuffled loader of the training rows (a distributed trainer adds a sampler)."""
+        if not isinstance(dataset, SparseRowDataset):
+            raise TypeError(f"dataset must be a SparseRowDataset, got {type(dataset).__name__}")
         generator = torch.Generator().manual_seed(self.seed)
         return DataLoader(dataset, batch_size=self.batch_size, shuffle=True,
                           collate_fn=dataset.collate, generator=generator)
@@ -152,6 +161,8 @@ class Trainer:
 
     def validation_rmse(self, validate: Callable[[], float]) -> float:
         """The validation RMSE after an epoch: ``validate()`` (rank 0's, in a distributed trainer)."""
+        if not callable(validate):
+            raise TypeError(f"validate must be callable, got {type(validate).__name__}")
         return float(validate())
 
     def log(self, message: str) -> None:
@@ -207,6 +218,13 @@ class Trainer:
         if epochs is not None and (not isinstance(epochs, int) or isinstance(epochs, bool)
                                    or epochs < 1):
             raise ValueError(f"epochs must be None or an int >= 1, got {epochs!r}")
+        shape = getattr(self.model, "_shape", None)  # a built RatingModel's matrix shape
+        if shape is not None and tuple(x_train.shape) != tuple(shape):
+            raise ValueError(f"x_train must have the model's matrix shape {tuple(shape)}, "
+                             f"got {tuple(x_train.shape)}")
+        values = x_train.values() if x_train.layout == torch.sparse_csr else x_train._values()
+        if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+            raise ValueError("x_train values must be finite, got NaN or inf")  # once per fit
         run_for = self.epochs if epochs is None else int(epochs)
         loader = self.make_loader(SparseRowDataset(x_train))
         optimizer = self.make_optimizer()

@@ -1,0 +1,49 @@
+"""``load_state_dict`` that changes nothing when it fails.
+
+torch's ``Module.load_state_dict`` copies every matching entry and reports
+size mismatches and missing keys afterwards, so a refused load leaves the
+module half loaded.  nnsparse's layers and models check the whole
+``state_dict`` first (shapes, tensors, and with ``strict`` the key sets)
+and raise torch's ``RuntimeError`` before any copy.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+__all__ = ["check_state_dict"]
+
+
+def check_state_dict(module: nn.Module, state_dict: Any, strict: bool) -> None:
+    """Raise ``RuntimeError`` (torch's type and wording) if loading would fail; ``TypeError``
+    when ``state_dict`` is no mapping."""
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict must be a mapping of name -> tensor, got "
+                        f"{type(state_dict).__name__}")
+    own = module.state_dict()
+    errors = []
+    for key, current in own.items():
+        if key not in state_dict:
+            continue
+        given = state_dict[key]
+        if not isinstance(given, torch.Tensor):
+            errors.append(f'While copying the parameter named "{key}", expected a tensor '
+                          f"from checkpoint but received {type(given).__name__}")
+        elif given.shape != current.shape:
+            errors.append(f"size mismatch for {key}: copying a param with shape "
+                          f"{given.shape} from checkpoint, the shape in current model is "
+                          f"{current.shape}.")
+    if strict:
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        if unexpected:
+            errors.insert(0, "Unexpected key(s) in state_dict: "
+                          + ", ".join(f'"{k}"' for k in unexpected) + ". ")
+        if missing:
+            errors.insert(0, "Missing key(s) in state_dict: "
+                          + ", ".join(f'"{k}"' for k in missing) + ". ")
+    if errors:
+        raise RuntimeError(f"Error(s) in loading state_dict for {type(module).__name__}:\n\t"
+                           + "\n\t".join(errors) + "\n(nothing was loaded)")
