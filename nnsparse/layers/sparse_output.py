@@ -207,8 +207,10 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise ValueError(f"bias must have shape ({weight.shape[0]},) (out_features), "
                          f"got {tuple(bias.shape)}")
+    # autocast: F.linear of a dense output (pattern=None) casts its operands itself
+    amp = pattern is None and torch.is_autocast_enabled(input.device.type)
     for arg, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != input.dtype:
+        if t is not None and t.dtype != input.dtype and not amp:
             raise ValueError(f"{arg} must have input's dtype {input.dtype}, got {t.dtype}")
         if t is not None and t.device != input.device:
             raise ValueError(f"{arg} must be on input's device {input.device}, got {t.device}")
