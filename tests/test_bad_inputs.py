@@ -743,6 +743,8 @@ PROBE2 = [
          TypeError, r"size must be an int, got bool"),
     Case("Ratings.subset-list-works", lambda: _R.subset([0, 1]), None,
          check=lambda r: len(r) == 2 and r.user_map is _R.user_map),
+    Case("Ratings.subset-empty-list-works", lambda: _R.subset([]), None,  # torch reads [] as float
+         check=lambda r: len(r) == 0 and r.user_map is _R.user_map),
     Case("read_ratings-titles-int", lambda: read_ratings(_pairs_file("1 2 3\n"), titles=3), TypeError,
          r"titles must be a bool or a path \(str or os.PathLike\), got int"),
     Case("read_ratings-item_map-str-index", lambda: read_ratings(_pairs_file("1 2 3\n"), item_map={2: "a"}),

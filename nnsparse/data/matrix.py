@@ -366,6 +366,10 @@ def _errors(prediction: Tensor, target: Tensor) -> Tensor:
 def rmse(prediction: Tensor, target: Tensor) -> Tensor:
     """Root mean squared error of two ``(n,)`` tensors, as a 0-dim tensor.
 
+    Raises:
+        TypeError: a tensor that is not dense, or holds bool or complex values.
+        ValueError: shapes or devices differ, or no entries (an error of nothing).
+
     Example::
 
         >>> rmse(torch.tensor([3., 4.]), torch.tensor([4., 4.]))
@@ -376,6 +380,10 @@ def rmse(prediction: Tensor, target: Tensor) -> Tensor:
 
 def mae(prediction: Tensor, target: Tensor) -> Tensor:
     """Mean absolute error of two ``(n,)`` tensors, as a 0-dim tensor.
+
+    Raises:
+        TypeError: a tensor that is not dense, or holds bool or complex values.
+        ValueError: shapes or devices differ, or no entries (an error of nothing).
 
     Example::
 
