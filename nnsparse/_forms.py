@@ -628,22 +628,23 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
     return batch
 
 
-def size_int(value: Any, name: str = "size") -> int:
-    """``value`` as an int for a size: ints, numpy ints and 0-d integer tensors pass;
-    a bool, a float (even whole) or anything else is a ``TypeError``."""
+def as_int(value: Any, name: str, must: str = "be an int") -> int:
+    """``value`` as a Python int: ints, numpy ints and 0-d integer tensors pass
+    (``operator.index``); a bool, a float (even whole) or anything else is a
+    ``TypeError`` "``name`` must ``must``, got ...". The one int check of nnsparse's sizes."""
     if not isinstance(value, bool):
         try:
             return operator.index(value)
         except TypeError:
             pass
-    raise TypeError(f"{name} must hold ints, got {type(value).__name__} {value!r}")
+    raise TypeError(f"{name} must {must}, got {type(value).__name__} {value!r}")
 
 
 def resolve_size(given: Optional[Sequence[int]], batch: SparseBatch, name: str = "size") -> Tuple[int, int]:
     """The ``(rows, width)`` a result should have: ``given`` checked against the data."""
     if given is None:
         return batch.shape
-    rows, width = (size_int(v, name) for v in given)
+    rows, width = (as_int(v, name, "hold ints") for v in given)
     if rows < batch.rows:
         raise ValueError(f"{name} must have at least {batch.rows} rows, got {rows}")
     if width < batch.width:
