@@ -40,7 +40,7 @@ from ._index import coo_tensor as _sparse_coo
 from ._index import csr_tensor as _sparse_csr
 
 __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "check_index_range",
-           "resolve_size", "trust"]
+           "resolve_size", "trust", "as_int"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).

@@ -108,13 +108,9 @@ def test_dynamic_sparse_tensor():
         dyn.append(input[i])  # Lua's append(x): one row of a pair tensor
     torch.testing.assert_close(dyn.build_pairs(), input, rtol=0, atol=0)
     torch.testing.assert_close(densify(dyn.build()), densify(input), rtol=0, atol=0)
-    # The static reference Lua timed: one torch.cat per entry.
-    static = input[:1]
-    for i in range(1, input.shape[0]):
-        static = torch.cat([static, input[i].view(1, -1)])
-    torch.testing.assert_close(static, input, rtol=0, atol=0)
-    # Lua asserted the builder beat that loop on the clock; what makes it faster is
-    # that the storage grows geometrically, so it holds less than twice the entries.
+    # Lua asserted the builder beat a torch.cat per entry on the clock (no timing in a
+    # test here); what makes it faster is that the storage grows geometrically, so it
+    # holds less than twice the entries.
     assert len(dyn) == 287 and dyn.capacity < 2 * 287
 
 
