@@ -191,10 +191,10 @@ CASES += [
          ValueError, r"features must have 30 rows"),
     Case("evaluate-other-maps", lambda: fitted().evaluate(
         Ratings.from_triples(["a", "b"], ["x", "y"], [3.0, 4.0])),
-         ValueError, r"ratings must index users as the training ratings do"),
+         ValueError, r"ratings must index users as in the training ratings"),
     Case("predict-other-maps", lambda: fitted().predict(
         Ratings.from_triples(["a", "b"], ["x", "y"], [3.0, 4.0])),
-         ValueError, r"ratings must index users as the training ratings do"),
+         ValueError, r"ratings must index users as in the training ratings"),
     Case("recommend-exclude_rated-str",
          lambda: fitted().recommend(0, exclude_rated="no", by_index=True), TypeError,
          r"exclude_rated must be a bool, got str"),

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from .._index import coo_tensor
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset, split_ratings
+from ..data.matrix import check_same_maps
 from ..data.readers import check_ratings
 from .. import distributed as nd
 from .trainer import DistributedTrainer, Trainer, TrainResult
@@ -550,17 +551,7 @@ class RatingModel(nn.Module):
 
     def _check_maps(self, ratings: Ratings, name: str) -> None:
         """``ValueError`` unless ``ratings``' ids index as in training (extra ids may follow)."""
-        train = self._train
-        for what, mapping, ids in (("user", ratings.user_map, self.user_ids_),
-                                   ("item", ratings.item_map, self.item_ids_)):
-            if mapping is getattr(train, f"{what}_map"):
-                continue
-            for index, key in enumerate(ids):
-                if mapping.get(key) != index:
-                    raise ValueError(
-                        f"{name} must index {what}s as the training ratings do ({what} "
-                        f"{key!r} is {what} {index} there, {mapping.get(key)!r} here); read "
-                        f"it with read_split or split it from the training ratings")
+        check_same_maps(ratings, self._train, name, "the training ratings")
 
     def predict(self, ratings: Ratings) -> Tensor:
         """Predicted ratings of every entry of ``ratings`` (its maps = the training maps)."""
