@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import operator
 from dataclasses import dataclass, field, replace
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union, overload
 
 import torch
 from torch import Tensor
@@ -40,7 +40,7 @@ from ._index import coo_tensor as _sparse_coo
 from ._index import csr_tensor as _sparse_csr
 
 __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "check_index_range",
-           "resolve_size", "trust", "as_int"]
+           "resolve_size", "trust", "as_int", "as_device"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -638,6 +638,33 @@ def as_int(value: Any, name: str, must: str = "be an int") -> int:
         except TypeError:
             pass
     raise TypeError(f"{name} must {must}, got {type(value).__name__} {value!r}")
+
+
+@overload
+def as_device(device: Any) -> torch.device: ...
+
+
+@overload
+def as_device(device: Any, none: bool) -> Optional[torch.device]: ...
+
+
+def as_device(device: Any, none: bool = False) -> Optional[torch.device]:
+    """``device`` as a ``torch.device`` (``None`` passes through when ``none``).
+
+    A ``TypeError`` for another kind than a name, an index or a ``torch.device``;
+    a ``ValueError`` for a name torch does not know.  The one device check of
+    nnsparse's arguments (whether the device exists is left to the first tensor).
+    """
+    if device is None and none:
+        return None
+    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+        raise TypeError(f"device must be {'None, ' if none else ''}a torch.device or a name "
+                        f"such as 'cpu' or 'cuda:0', got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                         f"'cuda:0', got {device!r}") from None
 
 
 def resolve_size(given: Optional[Sequence[int]], batch: SparseBatch, name: str = "size") -> Tuple[int, int]:

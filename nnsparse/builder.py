@@ -10,7 +10,8 @@ from typing import Any, List, Optional, Sequence, Tuple, Union, cast
 import torch
 from torch import Tensor
 
-from ._forms import SparseBatch, _sparse_coo, as_int, as_sparse_batch, check_index_range
+from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch,
+                     check_index_range)
 
 __all__ = ["DynamicSparseTensor"]
 
@@ -108,11 +109,8 @@ class DynamicSparseTensor:
         if not isinstance(dtype, torch.dtype) or dtype == torch.bool or dtype.is_complex:
             raise TypeError(f"dtype must be a floating or integer torch.dtype, got {dtype}")
         self._reserve, self._mult, self._ndim, self._dtype = reserve, float(mult_coef), ndim, dtype
-        if device is not None and (isinstance(device, bool) or
-                                   not isinstance(device, (str, torch.device, int))):
-            raise TypeError(f"device must be None, a torch.device or a name such as 'cpu', "
-                            f"got {type(device).__name__}")
-        try:
+        device = as_device(device, none=True)
+        try:  # "cuda" -> "cuda:0"; a device torch names but this machine lacks is refused here
             self._device = torch.empty(0, device=device).device
         except RuntimeError:
             raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type,
 import torch
 from torch import Tensor, nn
 
+from .._forms import as_device
 from .._index import coo_tensor
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset, split_ratings
@@ -775,14 +776,7 @@ def _index_tensor(value: Any, name: str) -> Tensor:
 
 def _as_device(device: Any) -> torch.device:
     """``device`` as a ``torch.device``, or an error that names the argument."""
-    if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
-        raise TypeError(f"device must be a torch.device or a name such as 'cpu' or 'cuda:0', "
-                        f"got {type(device).__name__}")
-    try:
-        out = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
-                         f"'cuda:0', got {device!r}") from None
+    out = as_device(device)
     if out.type == "meta":
         raise ValueError("device must hold data, got 'meta'; use 'cpu' or 'cuda'")
     if out.type == "cuda" and not torch.cuda.is_available():
