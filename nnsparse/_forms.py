@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import operator
 from dataclasses import dataclass, field, replace
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union, overload
 
 import torch
 from torch import Tensor
@@ -40,7 +40,7 @@ from ._index import coo_tensor as _sparse_coo
 from ._index import csr_tensor as _sparse_csr
 
 __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "check_index_range",
-           "resolve_size", "trust"]
+           "resolve_size", "trust", "as_int", "as_device"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -628,22 +628,50 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
     return batch
 
 
-def size_int(value: Any, name: str = "size") -> int:
-    """``value`` as an int for a size: ints, numpy ints and 0-d integer tensors pass;
-    a bool, a float (even whole) or anything else is a ``TypeError``."""
+def as_int(value: Any, name: str, must: str = "be an int") -> int:
+    """``value`` as a Python int: ints, numpy ints and 0-d integer tensors pass
+    (``operator.index``); a bool, a float (even whole) or anything else is a
+    ``TypeError`` "``name`` must ``must``, got ...". The one int check of nnsparse's sizes."""
     if not isinstance(value, bool):
         try:
             return operator.index(value)
         except TypeError:
             pass
-    raise TypeError(f"{name} must hold ints, got {type(value).__name__} {value!r}")
+    raise TypeError(f"{name} must {must}, got {type(value).__name__} {value!r}")
+
+
+@overload
+def as_device(device: Any) -> torch.device: ...
+
+
+@overload
+def as_device(device: Any, none: bool) -> Optional[torch.device]: ...
+
+
+def as_device(device: Any, none: bool = False) -> Optional[torch.device]:
+    """``device`` as a ``torch.device`` (``None`` passes through when ``none``).
+
+    A ``TypeError`` for another kind than a name, an index or a ``torch.device``;
+    a ``ValueError`` for a name torch does not know.  The one device check of
+    nnsparse's arguments (whether the device exists is left to the first tensor).
+    """
+    if device is None and none:
+        return None
+    if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
+        raise TypeError(f"device must be {'None, ' if none else ''}a torch.device or a name "
+                        f"such as 'cpu' or 'cuda:0', got {type(device).__name__}")
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
+                         f"'cuda:0', got {device!r}") from None
 
 
 def resolve_size(given: Optional[Sequence[int]], batch: SparseBatch, name: str = "size") -> Tuple[int, int]:
     """The ``(rows, width)`` a result should have: ``given`` checked against the data."""
     if given is None:
         return batch.shape
-    rows, width = (size_int(v, name) for v in given)
+    rows, width = (as_int(v, name, "hold ints") for v in given)
     if rows < batch.rows:
         raise ValueError(f"{name} must have at least {batch.rows} rows, got {rows}")
     if width < batch.width:

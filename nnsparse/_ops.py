@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._forms import as_sparse_batch
+from ._forms import as_device, as_sparse_batch
 from ._kernels import _csr_rows_mm, _sampled_mm, _t_mm
 
 __all__ = ["SparseParts", "sparse_parts"]
@@ -86,11 +86,7 @@ class SparseParts(NamedTuple):
 
     def to(self, device: Any, non_blocking: bool = False) -> "SparseParts":
         """The parts on ``device`` (nnz still marked dynamic)."""
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError, ValueError):
-            raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
-                             f"'cuda:0', got {device!r}") from None
+        device = as_device(device)
         out = SparseParts(self.crow.to(device, non_blocking=non_blocking),
                           self.col.to(device, non_blocking=non_blocking),
                           self.values.to(device, non_blocking=non_blocking), self.size)

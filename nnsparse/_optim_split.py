@@ -19,6 +19,8 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from .optim import _check_closure, _check_flag
+
 __all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
 
 _SPARSE = ("lazy_adam", "sparse_adam")
@@ -129,8 +131,7 @@ class SplitOptimizer(Optimizer):
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """One step of every part; ``closure`` (if given) is evaluated once, first."""
-        if closure is not None and not callable(closure):
-            raise TypeError(f"closure must be None or a callable, got {type(closure).__name__}")
+        _check_closure(closure)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -167,8 +168,7 @@ class SplitOptimizer(Optimizer):
                             f"their own part (no parameter was changed)")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if not isinstance(set_to_none, bool):
-            raise TypeError(f"set_to_none must be a bool, got {type(set_to_none).__name__}")
+        _check_flag("set_to_none", set_to_none)
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=set_to_none)
 

@@ -10,7 +10,8 @@ from typing import Any, List, Optional, Sequence, Tuple, Union, cast
 import torch
 from torch import Tensor
 
-from ._forms import SparseBatch, _sparse_coo, as_sparse_batch, check_index_range
+from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch,
+                     check_index_range)
 
 __all__ = ["DynamicSparseTensor"]
 
@@ -93,8 +94,8 @@ class DynamicSparseTensor:
 
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
                  dtype: torch.dtype = torch.float32, device: Optional[Union[str, torch.device]] = None):
-        reserve = _as_int(reserve, "reserve")
-        ndim = _as_int(ndim, "ndim")
+        reserve = as_int(reserve, "reserve")
+        ndim = as_int(ndim, "ndim")
         if reserve < 0:
             raise ValueError(f"reserve must be non-negative, got {reserve}")
         if not isinstance(mult_coef, numbers.Real) or isinstance(mult_coef, bool):
@@ -108,11 +109,8 @@ class DynamicSparseTensor:
         if not isinstance(dtype, torch.dtype) or dtype == torch.bool or dtype.is_complex:
             raise TypeError(f"dtype must be a floating or integer torch.dtype, got {dtype}")
         self._reserve, self._mult, self._ndim, self._dtype = reserve, float(mult_coef), ndim, dtype
-        if device is not None and (isinstance(device, bool) or
-                                   not isinstance(device, (str, torch.device, int))):
-            raise TypeError(f"device must be None, a torch.device or a name such as 'cpu', "
-                            f"got {type(device).__name__}")
-        try:
+        device = as_device(device, none=True)
+        try:  # "cuda" -> "cuda:0"; a device torch names but this machine lacks is refused here
             self._device = torch.empty(0, device=device).device
         except RuntimeError:
             raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
@@ -444,13 +442,13 @@ class DynamicSparseTensor:
         if size is None:
             return needed
         if isinstance(size, numbers.Integral) and self._ndim == 1:
-            size = (cast(int, size),)  # a bool is refused by _as_int below
+            size = (cast(int, size),)  # a bool is refused by as_int below
         if not isinstance(size, (tuple, list, torch.Size)):
             raise TypeError(f"size must be an int or a tuple of {self._ndim} ints, got "
                             f"{type(size).__name__} {size!r}")
         if len(size) != self._ndim:
             raise ValueError(f"size must be {self._ndim} ints, got {size!r}")
-        sizes = tuple(_as_int(s, "size") for s in cast(Sequence[int], size))
+        sizes = tuple(as_int(s, "size") for s in cast(Sequence[int], size))
         if any(s < need for s, need in zip(sizes, needed)):
             raise ValueError(f"size must be at least {needed} to hold the entries, got {sizes}")
         return sizes
@@ -490,12 +488,3 @@ def _whole(i: Any) -> Any:
             raise ValueError(f"the index of an [index, value] row must be a whole number, got {i}")
         return int(i)
     return i
-
-
-def _as_int(x: Any, name: str) -> int:
-    if isinstance(x, bool):
-        raise TypeError(f"{name} must be an int, got bool")
-    try:
-        return operator.index(x)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(x).__name__}") from None

@@ -71,6 +71,22 @@ def test_sparse_output_linear(device, dtype):
 
 
 @pytest.mark.parametrize("device, dtype", AMP)
+def test_sparse_output_linear_dense_output_of_a_low_precision_input(device, dtype):
+    # a decoder with no pattern after an autocast GEMM (nn.Linear gives bf16/fp16):
+    # F.linear under autocast takes the mixed dtypes, as nn.Linear does
+    torch.manual_seed(0)
+    encoder, layer = nn.Linear(WIDTH, HIDDEN).to(device), nnsparse.SparseOutputLinear(
+        HIDDEN, WIDTH).to(device)
+    x = torch.randn(5, WIDTH, device=device)
+    with torch.autocast(device, dtype=dtype):
+        h = encoder(x)
+        assert h.dtype == dtype
+        got = layer(h)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), layer(encoder(x)), **LOW)
+
+
+@pytest.mark.parametrize("device, dtype", AMP)
 def test_densify_sparsify(device, dtype):
     x = _x(device)
     with torch.autocast(device, dtype=dtype):

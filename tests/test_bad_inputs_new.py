@@ -191,10 +191,10 @@ CASES += [
          ValueError, r"features must have 30 rows"),
     Case("evaluate-other-maps", lambda: fitted().evaluate(
         Ratings.from_triples(["a", "b"], ["x", "y"], [3.0, 4.0])),
-         ValueError, r"ratings must index users as the training ratings do"),
+         ValueError, r"ratings must index users as in the training ratings"),
     Case("predict-other-maps", lambda: fitted().predict(
         Ratings.from_triples(["a", "b"], ["x", "y"], [3.0, 4.0])),
-         ValueError, r"ratings must index users as the training ratings do"),
+         ValueError, r"ratings must index users as in the training ratings"),
     Case("recommend-exclude_rated-str",
          lambda: fitted().recommend(0, exclude_rated="no", by_index=True), TypeError,
          r"exclude_rated must be a bool, got str"),
@@ -698,6 +698,8 @@ CASES += [
          r"x is a SparseParts .*pass x.to_sparse_csr\(\)"),
     Case("SparseParts.to-bad-device", lambda: nnsparse.sparse_parts(_X()).to("gpu0"), ValueError,
          r"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got 'gpu0'"),
+    Case("SparseParts.to-float-device", lambda: nnsparse.sparse_parts(_X()).to(1.5), TypeError,
+         r"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got float"),
     # optimisers
     Case("LazyAdam-lr-inf", lambda: nnsparse.optim.LazyAdam(_P(), lr=float("inf")), ValueError,
          r"lr must be finite, got inf"),
@@ -756,7 +758,7 @@ CASES += [
     Case("Batchifier-device-bad", lambda: nnsparse.Batchifier(nn.Linear(3, 4), 4, device="gpu0"), ValueError,
          r"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got 'gpu0'"),
     Case("Batchifier-device-list", lambda: nnsparse.Batchifier(nn.Linear(3, 4), 4, device=[0]), TypeError,
-         r"device must be None, a torch.device or a name such as 'cpu', got list"),
+         r"device must be None, a torch.device or a name such as 'cpu' or 'cuda:0', got list"),
     Case("fit-hparams-edited-hidden", lambda: _edited(AutoRec, hidden=0), ValueError,
          r"hidden must be an int >= 1, got 0"),
     Case("fit-hparams-edited-unknown", lambda: _edited(AutoRec, hiden=3), TypeError,

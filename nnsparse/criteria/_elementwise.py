@@ -219,23 +219,44 @@ _LUA_SETTINGS = {"noiseRatio": "noise_ratio", "noiseMean": "noise_mean", "noiseS
 
 
 def conf_settings(conf: Mapping, given: Dict[str, Any], defaults: Dict[str, Any],
-                  owner: str) -> Dict[str, Any]:
+                  owner: str, inert: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The settings of a criterion built Lua's way, ``Criterion(criterion, SDAEconf)``.
 
     ``conf`` maps Lua's keys (``hideRatio``) or nnsparse's (``hide_ratio``) to
     values; the settings it leaves out take their defaults.  ``given`` holds
     the settings passed as arguments too, which must then be the defaults:
     one setting from two places would leave the reader guessing which wins.
+    ``inert`` names the SDAE settings the criterion has not (Lua's
+    MaskCriterion reads one SDAEconf table and ignores them): each is
+    skipped when it has no effect, its value there (``None``: any value).
     """
-    clash = sorted(k for k, v in given.items() if v is not defaults[k] and v != defaults[k])
+    clash = sorted(k for k, v in given.items() if not _is_default(v, defaults[k]))
     if clash:
         raise TypeError(f"{owner}: pass the settings either in one mapping (Lua's SDAEconf) or "
                         f"as keywords, not both; got a mapping and {', '.join(clash)}=")
     settings = dict(defaults)
     for key, value in conf.items():
         name = _LUA_SETTINGS.get(key, key)
+        if inert is not None and name in inert:
+            if inert[name] is not None and not _is_default(value, inert[name]):
+                raise ValueError(f"{owner} has no {name} (it only hides entries): the "
+                                 f"mapping's {key} must be {inert[name]}, got {value!r}; "
+                                 f"SDAESparseCriterion adds noise and flips")
+            continue
         if not isinstance(key, str) or name not in defaults:
             raise TypeError(f"{owner}: unknown setting {key!r} in the mapping; expected some of "
                             f"{', '.join(defaults)} (or Lua's camelCase names)")
         settings[name] = value
     return settings
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """``value == default`` for a setting of any kind (a pair as a tuple, list or array)."""
+    if value is default:
+        return True
+    try:
+        if isinstance(default, tuple):
+            return tuple(float(v) for v in value) == default
+        return bool(value == default)
+    except (TypeError, ValueError, RuntimeError):  # an array's ==, a str's float()
+        return False

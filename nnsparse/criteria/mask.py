@@ -17,6 +17,9 @@ __all__ = ["MaskCriterion"]
 
 
 _MASK_DEFAULTS = dict(alpha=1.0, beta=0.0, hide_ratio=0.0)
+# The SDAE settings a shared SDAEconf may hold: skipped when they change nothing.
+_SDAE_ONLY = dict(noise_ratio=0.0, flip_ratio=0.0, noise_mean=None, noise_std=None,
+                  flip_range=None)
 
 
 class MaskCriterion(RefuseLuaNames, nn.Module):
@@ -56,7 +59,9 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
             ``'none'`` is refused).
         alpha (float): weight of the hidden entries. Default: 1.  A mapping
             in its place holds the settings (Lua's ``SDAEconf``: ``alpha``,
-            ``beta``, ``hideRatio`` or ``hide_ratio``).
+            ``beta``, ``hideRatio`` or ``hide_ratio``); an SDAEconf shared
+            with an SDAE criterion may hold its noise and flip settings too,
+            skipped while ``noiseRatio`` and ``flipRatio`` are 0.
         beta (float): weight of the other observed entries. Default: 0.
         hide_ratio (float): the ratio of entries to hide, in [0, 1]. Default: 0.
         generator (torch.Generator, optional): the random source of
@@ -72,7 +77,8 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         - output: a scalar.
 
     Raises:
-        ValueError: ``hide_ratio`` outside [0, 1]; negative ``alpha`` or
+        ValueError: ``hide_ratio`` outside [0, 1]; a mapping with a non-zero
+            ``noiseRatio`` or ``flipRatio``; negative ``alpha`` or
             ``beta``; no :meth:`prepare_input` before the loss, or an estimate
             whose shape differs from the prepared input's; a target whose
             rows, width or device differ.
@@ -95,7 +101,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         super().__init__()
         if isinstance(alpha, Mapping):  # Lua's MaskCriterion(criterion, SDAEconf)
             conf = conf_settings(alpha, dict(beta=beta, hide_ratio=hide_ratio),
-                                 _MASK_DEFAULTS, "MaskCriterion")
+                                 _MASK_DEFAULTS, "MaskCriterion", _SDAE_ONLY)
             alpha, beta, hide_ratio = (conf[k] for k in _MASK_DEFAULTS)
         self._loss = elementwise_loss(criterion)
         self.criterion = criterion

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -91,6 +92,8 @@ class _SDAEBase(RefuseLuaNames, nn.Module):
         self.noise_mean = real_arg(noise_mean, "noise_mean")
         self.noise_std = real_arg(noise_std, "noise_std")
         self.flip_ratio = real_arg(flip_ratio, "flip_ratio")
+        if isinstance(flip_range, (Tensor, np.ndarray)) and flip_range.ndim == 1:
+            flip_range = flip_range.tolist()  # Lua's flipRange could be a tensor too
         if not isinstance(flip_range, (tuple, list)):
             raise TypeError(f"flip_range must be a pair (low, high), got "
                             f"{type(flip_range).__name__} {flip_range!r}")
@@ -155,7 +158,8 @@ _SDAE_ARGS = r"""
         noise_std (float): standard deviation of the noise. Default: 0.2.
         flip_ratio (float): probability that an entry is set to ``flip_range[0]``
             or ``flip_range[1]``, each with probability 1/2 (salt and pepper). Default: 0.
-        flip_range (pair of float): the two flip values. Default: ``(-1, 1)``.
+        flip_range (pair of float): the two flip values (a tuple, a list or a 1-D
+            tensor or array of two). Default: ``(-1, 1)``.
         hide_ratio (float): probability that an entry is set to 0. Default: 0.
         generator (torch.Generator, optional): the random source of
             :meth:`prepare_input`, on the data's device type (a CUDA generator

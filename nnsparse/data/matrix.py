@@ -20,7 +20,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._forms import SparseBatch, _sparse_coo, _sparse_csr, as_sparse_batch, check_index_range
+from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_device, as_sparse_batch,
+                      check_index_range)
 from .readers import Ratings, check_ratings
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
@@ -248,14 +249,7 @@ class RatingNormalizer:
 
     def to(self, device: Union[str, torch.device]) -> "RatingNormalizer":
         """Move the row means to ``device`` (in place; returns ``self``)."""
-        if isinstance(device, bool) or not isinstance(device, (str, torch.device, int)):
-            raise TypeError(f"device must be a torch.device or a name such as 'cpu', "
-                            f"got {type(device).__name__}")
-        try:
-            device = torch.device(device)
-        except (RuntimeError, ValueError):
-            raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
-                             f"'cuda:0', got {device!r}") from None
+        device = as_device(device)
         self.row_mean = self.row_mean.to(device)
         return self
 
@@ -366,6 +360,10 @@ def _errors(prediction: Tensor, target: Tensor) -> Tensor:
 def rmse(prediction: Tensor, target: Tensor) -> Tensor:
     """Root mean squared error of two ``(n,)`` tensors, as a 0-dim tensor.
 
+    Raises:
+        TypeError: a tensor that is not dense, or holds bool or complex values.
+        ValueError: shapes or devices differ, or no entries (an error of nothing).
+
     Example::
 
         >>> rmse(torch.tensor([3., 4.]), torch.tensor([4., 4.]))
@@ -376,6 +374,10 @@ def rmse(prediction: Tensor, target: Tensor) -> Tensor:
 
 def mae(prediction: Tensor, target: Tensor) -> Tensor:
     """Mean absolute error of two ``(n,)`` tensors, as a 0-dim tensor.
+
+    Raises:
+        TypeError: a tensor that is not dense, or holds bool or complex values.
+        ValueError: shapes or devices differ, or no entries (an error of nothing).
 
     Example::
 

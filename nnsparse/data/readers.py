@@ -165,6 +165,8 @@ class Ratings:
             except (TypeError, ValueError, RuntimeError):
                 raise TypeError(f"index must be an integer or bool tensor, got "
                                 f"{type(index).__name__}") from None
+            if index.numel() == 0:  # [] reads as float32: keep nothing
+                index = index.long()
         if index.dtype != torch.bool and (index.is_floating_point() or index.is_complex()):
             raise TypeError(f"index must be an integer or bool tensor, got {index.dtype}")
         if index.dim() != 1:

@@ -224,7 +224,11 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
         ids agree and every user and item has an index, rated or not.
 
     Raises:
-        ValueError: a non-positive size, or more ratings than cells.
+        TypeError: a ``seed`` that is not an int; ``noise``, ``user_sigma`` or
+            ``item_sigma`` not a real number; ``titles`` not a bool.
+        ValueError: a negative ``seed``; a size that is not a positive int;
+            more ratings than cells; a negative or non-finite ``noise``,
+            ``user_sigma`` or ``item_sigma``.
 
     Example::
 

@@ -10,7 +10,8 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from .. import _index
-from .._forms import SparseBatch, _sparse_coo, _sparse_csr, as_sparse_batch, trust
+from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_device, as_sparse_batch,
+                      trust)
 
 __all__ = ["Batchifier"]
 
@@ -272,15 +273,7 @@ class Batchifier:
         batch_size = _check_count("batch_size", batch_size, 1)
         if progress is not None and not isinstance(progress, bool):
             raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
-        if device is not None:
-            if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
-                raise TypeError(f"device must be None, a torch.device or a name such as 'cpu', "
-                                f"got {type(device).__name__}")
-            try:
-                device = torch.device(device)
-            except (RuntimeError, ValueError):
-                raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
-                                 f"'cuda:0', got {device!r}") from None
+        device = as_device(device, none=True)
         if layout not in (torch.sparse_csr, torch.sparse_coo):
             raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
         if collate_fn is not None and not callable(collate_fn):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Callable, Optional, Tuple
 
 import torch
@@ -11,7 +10,8 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .. import _index
-from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch, move_structure
+from .._forms import (SparseBatch, SparseLike, _sparse_coo, as_int, as_sparse_batch,
+                      move_structure)
 from .._load import check_state_dict
 from .._kernels import (_all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm,
                         _t_mm)
@@ -245,12 +245,7 @@ def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_gra
     as in ``nn.Linear``; a bool or a float does not)."""
     sizes = []
     for arg, value in (("in_features", in_features), ("out_features", out_features)):
-        try:
-            if isinstance(value, bool):
-                raise TypeError
-            value = operator.index(value)
-        except TypeError:
-            raise TypeError(f"{arg} must be an int, got {type(value).__name__} {value!r}") from None
+        value = as_int(value, arg)
         if value < 0:
             raise ValueError(f"{arg} must be non-negative, got {value}")
         sizes.append(value)

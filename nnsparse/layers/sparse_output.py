@@ -28,7 +28,8 @@ from .._kernels import (_all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, 
                         _t_mm)
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
-from .linear import _check_layer_args, _check_not_narrower, _refuse_update_on_parts
+from .linear import (_check_layer_args, _check_not_narrower, _check_weight_bias,
+                     _refuse_update_on_parts)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
@@ -193,22 +194,14 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
     if not isinstance(input, Tensor) or input.layout != torch.strided:
         raise TypeError(f"input must be a dense tensor, got "
                         f"{input.layout if isinstance(input, Tensor) else type(input).__name__}")
-    for arg, t in (("weight", weight), ("bias", bias)):
-        if (t is not None or arg == "weight") and (
-                not isinstance(t, Tensor) or t.layout != torch.strided):
-            raise TypeError(f"{arg} must be a dense tensor, got "
-                            f"{t.layout if isinstance(t, Tensor) else type(t).__name__}")
-    if weight.dim() != 2:
-        raise ValueError(f"weight must have shape (out_features, in_features), "
-                         f"got {tuple(weight.shape)}")
+    _check_weight_bias(weight, bias)
     if input.dim() == 0 or input.shape[-1] != weight.shape[1]:
         got = input.shape[-1] if input.dim() else "a 0-d tensor"
         raise ValueError(f"input must have {weight.shape[1]} features (in_features), got {got}")
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"bias must have shape ({weight.shape[0]},) (out_features), "
-                         f"got {tuple(bias.shape)}")
+    # autocast: F.linear of a dense output (pattern=None) casts its operands itself
+    amp = pattern is None and torch.is_autocast_enabled(input.device.type)
     for arg, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != input.dtype:
+        if t is not None and t.dtype != input.dtype and not amp:
             raise ValueError(f"{arg} must have input's dtype {input.dtype}, got {t.dtype}")
         if t is not None and t.device != input.device:
             raise ValueError(f"{arg} must be on input's device {input.device}, got {t.device}")

@@ -23,9 +23,11 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type,
 import torch
 from torch import Tensor, nn
 
+from .._forms import as_device
 from .._index import coo_tensor
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset, split_ratings
+from ..data.matrix import check_same_maps
 from ..data.readers import check_ratings
 from .. import distributed as nd
 from .trainer import DistributedTrainer, Trainer, TrainResult
@@ -550,17 +552,7 @@ class RatingModel(nn.Module):
 
     def _check_maps(self, ratings: Ratings, name: str) -> None:
         """``ValueError`` unless ``ratings``' ids index as in training (extra ids may follow)."""
-        train = self._train
-        for what, mapping, ids in (("user", ratings.user_map, self.user_ids_),
-                                   ("item", ratings.item_map, self.item_ids_)):
-            if mapping is getattr(train, f"{what}_map"):
-                continue
-            for index, key in enumerate(ids):
-                if mapping.get(key) != index:
-                    raise ValueError(
-                        f"{name} must index {what}s as the training ratings do ({what} "
-                        f"{key!r} is {what} {index} there, {mapping.get(key)!r} here); read "
-                        f"it with read_split or split it from the training ratings")
+        check_same_maps(ratings, self._train, name, "the training ratings")
 
     def predict(self, ratings: Ratings) -> Tensor:
         """Predicted ratings of every entry of ``ratings`` (its maps = the training maps)."""
@@ -784,14 +776,7 @@ def _index_tensor(value: Any, name: str) -> Tensor:
 
 def _as_device(device: Any) -> torch.device:
     """``device`` as a ``torch.device``, or an error that names the argument."""
-    if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
-        raise TypeError(f"device must be a torch.device or a name such as 'cpu' or 'cuda:0', "
-                        f"got {type(device).__name__}")
-    try:
-        out = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
-                         f"'cuda:0', got {device!r}") from None
+    out = as_device(device)
     if out.type == "meta":
         raise ValueError("device must hold data, got 'meta'; use 'cpu' or 'cuda'")
     if out.type == "cuda" and not torch.cuda.is_available():

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from .. import distributed as nd
+from .._forms import as_device
 from ..data import SparseRowDataset
 
 __all__ = ["Trainer", "DistributedTrainer", "TrainResult"]
@@ -111,14 +112,7 @@ class Trainer:
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         if progress is not None and not isinstance(progress, bool):
             raise TypeError(f"progress must be None or a bool, got {type(progress).__name__}")
-        if not isinstance(device, (str, torch.device, int)) or isinstance(device, bool):
-            raise TypeError(f"device must be a torch.device or a name such as 'cpu' or "
-                            f"'cuda:0', got {type(device).__name__}")
-        try:
-            device = torch.device(device)
-        except (RuntimeError, TypeError, ValueError):
-            raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
-                             f"'cuda:0', got {device!r}") from None
+        device = as_device(device)
         if log is not None and not callable(log):
             raise TypeError(f"log must be callable or None, got {type(log).__name__}")
         self.model: Any = model  # a RatingModel, or any module with batch_loss
