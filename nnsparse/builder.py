@@ -161,7 +161,7 @@ class DynamicSparseTensor:
         ``ndim + 1`` numbers, its indices whole numbers (0-based).
 
         Raises:
-            TypeError: an index that is not an int (a float, even whole, or NaN)
+            TypeError: an index that is not an int (a bool, a float, even whole, or NaN)
                 or a tuple of ints, a value that is not a real number (an int
                 for an integer ``dtype``); a lone argument that is not an
                 ``[index, value]`` row.
@@ -185,7 +185,7 @@ class DynamicSparseTensor:
             return self.append(index, value)
         except (TypeError, OverflowError, ValueError):
             raise self._entry_error((index,), value) from None
-        if index < 0:
+        if index < 0 or index is True or index is False:  # the buffer takes bools as ints
             raise self._entry_error((index,), value)
         if self._range is not None:
             self._check_value(self._vbuf[j])
@@ -238,7 +238,7 @@ class DynamicSparseTensor:
             self._vbuf[j] = value
         except (TypeError, OverflowError, ValueError):
             raise self._entry_error(index, value) from None
-        if min(index) < 0:
+        if min(index) < 0 or any(i is True or i is False for i in index):
             raise self._entry_error(index, value)
         if self._range is not None:
             self._check_value(self._vbuf[j])
@@ -247,6 +247,8 @@ class DynamicSparseTensor:
     def _entry_error(self, index: Sequence[Any], value: Any) -> Exception:
         """The error an entry the host buffers refused deserves."""
         for i in index:
+            if isinstance(i, bool):
+                return TypeError(f"index must be an int, got bool {i!r}")
             try:
                 i = operator.index(i)
             except TypeError:

@@ -146,8 +146,13 @@ def test_index_kinds_accepted():
     builder = DynamicSparseTensor(dtype=torch.float64)
     builder.append(np.int64(3), np.float32(0.5))
     builder.append(torch.tensor(1), torch.tensor(2.0))
-    builder.append(True, 1)  # a bool is an int in Python
-    assert builder.build_pairs().tolist() == [[3.0, 0.5], [1.0, 2.0], [1.0, 1.0]]
+    builder.append(2, 1)
+    assert builder.build_pairs().tolist() == [[3.0, 0.5], [1.0, 2.0], [2.0, 1.0]]
+    # a bool is refused as an index, as by every other int argument of nnsparse
+    # (tests/test_bad_inputs.py), and the refused call adds nothing
+    with pytest.raises(TypeError, match="index must be an int, got bool True"):
+        builder.append(True, 1)
+    assert len(builder) == 3
 
 
 def test_repr():
