@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from .optim import _check_closure, _check_flag
+from .optim import _check_flag, _closure_loss
 
 __all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
 
@@ -131,11 +131,7 @@ class SplitOptimizer(Optimizer):
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """One step of every part; ``closure`` (if given) is evaluated once, first."""
-        _check_closure(closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         self._check_gradients()  # every part's, before any parameter changes
         for pre in list(self._optimizer_step_pre_hooks.values()):
             pre(self, (), {})

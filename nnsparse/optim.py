@@ -135,11 +135,7 @@ class LazyAdam(Optimizer):
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Perform one optimisation step (see the class docstring)."""
-        _check_closure(closure)
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         work = [(p, group) for group in self.param_groups for p in group["params"]
                 if p.grad is not None]
         for p, _ in work:  # every check before the first change: a failed step changes nothing
@@ -469,10 +465,7 @@ class InBackwardOptimizer:
         _check_closure(closure)
         if self.dense is not None:
             return self.dense.step(closure)
-        if closure is not None:
-            with torch.enable_grad():
-                return closure()
-        return None
+        return _closure_loss(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero :attr:`dense`'s gradients (the in-backward weights have none)."""
@@ -690,6 +683,15 @@ def _check_flag(name: str, value: Any) -> None:
 def _check_closure(closure: Any) -> None:
     if closure is not None and not callable(closure):
         raise TypeError(f"closure must be None or a callable, got {type(closure).__name__}")
+
+
+def _closure_loss(closure: Any) -> Optional[float]:
+    """An optimiser step's ``closure()`` (checked), evaluated with autograd on; ``None`` without."""
+    _check_closure(closure)
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 def _check_betas(betas: Any) -> None:
