@@ -28,6 +28,7 @@ the caller's values wherever torch allows it.
 from __future__ import annotations
 
 import copy
+import numbers
 import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, List, Optional, Sequence, Tuple, Union, overload
@@ -40,7 +41,7 @@ from ._index import coo_tensor as _sparse_coo
 from ._index import csr_tensor as _sparse_csr
 
 __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "check_index_range",
-           "resolve_size", "trust", "as_int", "as_device"]
+           "resolve_size", "trust", "as_int", "as_count", "as_device"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -638,6 +639,15 @@ def as_int(value: Any, name: str, must: str = "be an int") -> int:
         except TypeError:
             pass
     raise TypeError(f"{name} must {must}, got {type(value).__name__} {value!r}")
+
+
+def as_count(name: str, value: Any, low: int) -> int:
+    """``value`` as a Python int ``>= low`` (numpy ints pass, not a bool or a float);
+    otherwise a ``ValueError`` "``name`` must be an int >= ``low``, got ...".  The check
+    of counts and hyperparameters such as batch sizes and epochs."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
 
 
 @overload

@@ -10,8 +10,8 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from .. import _index
-from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_device, as_sparse_batch,
-                      trust)
+from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_count, as_device,
+                      as_sparse_batch, trust)
 
 __all__ = ["Batchifier"]
 
@@ -164,13 +164,6 @@ def _collate(items: List[Any], layout: torch.layout) -> Tensor:
     return _build(batch.crow_indices(), batch.col, batch.values, batch.width, layout)
 
 
-def _check_count(name: str, value: Any, low: int) -> int:
-    """``value`` as an int (numpy ints accepted), or a ValueError naming ``name``."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
-
-
 @contextlib.contextmanager
 def _evaluating(network: nn.Module) -> Iterator[None]:
     """Eval mode and no autograd inside; each module's own mode restored after.
@@ -269,8 +262,8 @@ class Batchifier:
                  collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> None:
         if not isinstance(network, nn.Module):
             raise TypeError(f"network must be an nn.Module, got {type(network).__name__}")
-        output_size = _check_count("output_size", output_size, 0)
-        batch_size = _check_count("batch_size", batch_size, 1)
+        output_size = as_count("output_size", output_size, 0)
+        batch_size = as_count("batch_size", batch_size, 1)
         if progress is not None and not isinstance(progress, bool):
             raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
         device = as_device(device, none=True)
@@ -316,7 +309,7 @@ class Batchifier:
         """
         if batch_size is None:
             batch_size = self.batch_size
-        batch_size = _check_count("batch_size", batch_size, 1)
+        batch_size = as_count("batch_size", batch_size, 1)
         source = self._source(data)
         out: Optional[Tensor] = None
         with _evaluating(self.network):

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type,
 import torch
 from torch import Tensor, nn
 
-from .._forms import as_device
+from .._forms import as_count, as_device
 from .._index import coo_tensor
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset, split_ratings
@@ -187,8 +187,8 @@ class RatingModel(nn.Module):
         if h["orientation"] not in ("item", "user"):
             raise ValueError(f"orientation must be 'item' or 'user', got {h['orientation']!r}")
         for key in ("epochs", "batch_size"):
-            h[key] = _check_int(key, h[key], 1)
-        h["patience"] = _check_int("patience", h["patience"], 0)
+            h[key] = as_count(key, h[key], 1)
+        h["patience"] = as_count("patience", h["patience"], 0)
         if not isinstance(h["seed"], numbers.Integral) or isinstance(h["seed"], bool):
             raise TypeError(f"seed must be an int, got {type(h['seed']).__name__}")
         for key in ("refit", "dense_decoder"):
@@ -210,7 +210,7 @@ class RatingModel(nn.Module):
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {h['min_lr_ratio']!r}")
         for key, value in h.items():
             if key in ("hidden", "layers", "dim"):
-                h[key] = _check_int(key, value, 1)
+                h[key] = as_count(key, value, 1)
             if (key.startswith("l2") or key in ("alpha", "beta")) and not value >= 0:
                 raise ValueError(f"{key} must be non-negative, got {value!r}")
             if key == "hide_ratio" and not 0 <= value < 1:
@@ -782,14 +782,6 @@ def _as_device(device: Any) -> torch.device:
     if out.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(out)!r} was asked for, but torch sees no CUDA device")
     return out
-
-
-def _check_int(name: str, value: Any, low: int) -> int:
-    """``value`` as a Python int; ``ValueError`` unless it is an int (numpy ints pass, not
-    a bool or a float) ``>= low``."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
 
 
 def _check_number(name: str, value: Any) -> None:
