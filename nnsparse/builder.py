@@ -238,7 +238,7 @@ class DynamicSparseTensor:
             self._vbuf[j] = value
         except (TypeError, OverflowError, ValueError):
             raise self._entry_error(index, value) from None
-        if min(index) < 0 or any(i is True or i is False for i in index):
+        if min(index) < 0 or bool in map(type, index):  # the buffers take bools as ints
             raise self._entry_error(index, value)
         if self._range is not None:
             self._check_value(self._vbuf[j])
