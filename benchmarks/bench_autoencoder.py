@@ -314,8 +314,9 @@ def _child(args) -> dict:
     timed = batches[args.warmup:] if args.steps == 0 else \
         batches[args.warmup:args.warmup + args.steps]
     timer = _OptTimer(sync)
-    timer.install()
-    optimiser.step = timer.wrap(optimiser.step)
+    if not cuda:  # on a GPU the timer's synchronisations would slow the step: see below
+        timer.install()
+        optimiser.step = timer.wrap(optimiser.step)
     progress = None
     if args.progress:
         from tqdm import tqdm
@@ -331,12 +332,24 @@ def _child(args) -> dict:
     seconds = time.perf_counter() - start
     if progress is not None:
         progress.close()
+    opt_share = timer.seconds / seconds if seconds else 0.0
+    if cuda and timed:
+        # the optimiser's share from a second, synchronised pass over a few batches
+        timer.install()
+        optimiser.step = timer.wrap(optimiser.step)
+        share_steps = timed[:20]
+        sync()
+        t0 = time.perf_counter()
+        for b in share_steps:
+            step(b)
+        sync()
+        opt_share = timer.seconds / (time.perf_counter() - t0)
     state_mb = _state_mb(model, optimiser)
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _status_mb("VmHWM") - rss0
     mse = float(torch.stack(losses).mean()) if losses else float("nan")
     ops = _count_ops(step, batches[0], cuda)
     return dict(config=config, seconds=seconds / max(1, len(timed)) * per_epoch,
-                steps=len(timed), opt_share=timer.seconds / seconds if seconds else 0.0,
+                steps=len(timed), opt_share=opt_share,
                 peak_mb=peak, state_mb=state_mb, rmse=2 * mse ** 0.5, ops=ops)
 
 

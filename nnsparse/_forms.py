@@ -31,7 +31,7 @@ import copy
 import numbers
 import operator
 from dataclasses import dataclass, field, replace
-from typing import Any, List, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, overload
 
 import torch
 from torch import Tensor
@@ -101,6 +101,8 @@ class _Cache:
     col_index: Optional[Tensor] = None  # a CSR col tensor of exactly col (the caller's dtype)
     by_row: Optional[Tuple[Tensor, "SparseBatch"]] = None  # order, row-sorted pattern
     coalesced: Optional[Tuple[Tensor, "SparseBatch"]] = None  # inverse, coalesced pattern
+    # blocks -> (order, crow_b) of _index.blocked_order
+    blocked: Dict[int, Tuple[Tensor, Tensor]] = field(default_factory=dict)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "_Cache":
         """The plain tensors moved to ``device``; the nested patterns are dropped."""
@@ -184,6 +186,13 @@ class SparseBatch:
         if self.cache.column_major is None:
             self.cache.column_major = _index.column_major(self.row, self.col)
         return self.cache.column_major
+
+    def blocked_order(self, blocks: int) -> Tuple[Tensor, Tensor]:
+        """``(order, crow_b)`` of ``_index.blocked_order`` for ``blocks`` column spans.  Cached."""
+        if blocks not in self.cache.blocked:
+            self.cache.blocked[blocks] = _index.blocked_order(self.row, self.col, self.rows,
+                                                              self.width, blocks)
+        return self.cache.blocked[blocks]
 
     def with_pattern_values(self, values: Tensor) -> "SparseBatch":
         """This batch with other ``values`` ``(nnz,)``, sharing the pattern's cache."""

@@ -103,3 +103,21 @@ def column_major(row: Tensor, col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tens
     perm = torch.argsort(col, stable=True)
     cols, counts = torch.unique_consecutive(col[perm], return_counts=True)
     return perm, cols, crow_from_counts(counts), row[perm]
+
+
+def blocked_order(row: Tensor, col: Tensor, rows: int, width: int,
+                  blocks: int) -> Tuple[Tensor, Tensor]:
+    """The entries grouped by block of columns, then by row: ``(order, crow_b)``.
+
+    The columns are cut into ``blocks`` equal spans; ``order`` lists the
+    entries of span 0 row by row, then those of span 1, and so on (stable),
+    and ``crow_b`` (``blocks * rows + 1`` pointers) bounds each (span, row)
+    bag.  A product ``S @ table`` made bag by bag in this order reads one
+    span of the table's rows at a time.  No host sync.
+    """
+    count("blocked")
+    span = -(-width // blocks)
+    key = torch.div(col, span, rounding_mode="floor") * rows + row
+    order = torch.argsort(key, stable=True)
+    bounds = torch.arange(blocks * rows + 1, device=col.device, dtype=key.dtype)
+    return order, torch.searchsorted(key[order], bounds).to(torch.int64)

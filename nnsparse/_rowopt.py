@@ -56,6 +56,13 @@ _CHUNK = 1 << 20
 # rather than gathered and scattered: fewer passes over memory (measured by
 # the update of the ML-10M-shaped tables while this was written; no script keeps it).
 _DENSE_SHARE = 0.5
+# For the kinds a zero gradient leaves unchanged (zero_grad_neutral) the dense
+# step over a span or over the whole table *is* the lazy one, with nothing to
+# save and restore; it is taken above this share of touched rows.  Measured by
+# benchmarks/bench_row_update.py (row-wise Adagrad, a 69,878 x 500 table):
+# lazy 14.6 / 18.0 / 25.9 ms at 20 / 25 / 30 % touched against 16.7-19.0 ms
+# dense on 1 thread; 7.2 / 8.5 / 10.1 against 11.0 on 2.
+_NEUTRAL_SHARE = 0.25
 
 GradRows = Union[Tensor, Callable[[int, int], Tensor]]
 
@@ -78,6 +85,8 @@ def update_rows(kind: str, hp: dict, table: Tensor, rows: Tensor, grad: GradRows
     width = max(1, table[0].numel()) if n else 1
     step = state["step"]
     above = hp.get("dense_above")
+    if above is None and zero_grad_neutral(kind, hp):
+        above = _NEUTRAL_SHARE  # the dense step is then the lazy one, exactly
     dense = dense_grad is not None and above is not None and k > above * n
     total = n if dense else k
     if table.device.type != "cpu" or total * width <= _CHUNK:
@@ -102,6 +111,36 @@ def update_rows(kind: str, hp: dict, table: Tensor, rows: Tensor, grad: GradRows
     step.add_(1)
 
 
+def update_masked(kind: str, hp: dict, table: Tensor, touched: Tensor, grad: Tensor,
+                  state: Dict[str, Tensor]) -> None:
+    """:func:`update_rows` without reading anything back to the host (for a GPU).
+
+    ``grad`` holds every row's gradient, zero on the rows ``touched`` (a bool
+    ``(rows,)`` mask) leaves out.  The optimiser's dense step runs over the
+    whole table; unless a zero gradient leaves rows unchanged
+    (:func:`zero_grad_neutral`), the untouched rows and their state, saved
+    before, are then put back with ``torch.where``, except when more than
+    ``hp["dense_above"]`` of the rows are touched (a comparison on the device):
+    the same steps as :func:`update_rows`, at the cost of dense passes.
+    """
+    names = _STATE[kind]
+    tensors = [table] + [state[n] for n in names]
+    step = state["step"]
+    if zero_grad_neutral(kind, hp):
+        KERNELS[kind](hp, table, grad, tensors[1:], step.clone())
+        step.add_(1)
+        return
+    keep = ~touched
+    above = hp.get("dense_above")
+    if above is not None:
+        keep &= touched.sum() <= above * touched.shape[0]
+    saved = [t.clone() for t in tensors]
+    KERNELS[kind](hp, table, grad, tensors[1:], step.clone())
+    for t, old in zip(tensors, saved):
+        t.copy_(torch.where(keep.view((-1,) + (1,) * (t.dim() - 1)), old, t))
+    step.add_(1)
+
+
 def _block(kind: str, hp: dict, table: Tensor, idx: Tensor, g: Tensor,
            state: Dict[str, Tensor], step: Tensor) -> None:
     """One step on the rows ``idx`` of ``table``: in place, gathered, or over their span."""
@@ -115,8 +154,10 @@ def _block(kind: str, hp: dict, table: Tensor, idx: Tensor, g: Tensor,
         if idx.shape[0] == hi - lo:  # a whole range: views, nothing to gather
             kernel(hp, table[lo:hi], g, [state[n][lo:hi] for n in names], step)
             return
-        if idx.shape[0] > _DENSE_SHARE * (hi - lo):
-            _span(kernel, hp, [table] + [state[n] for n in names], idx, g, lo, hi, step)
+        neutral = zero_grad_neutral(kind, hp)
+        if idx.shape[0] > (_NEUTRAL_SHARE if neutral else _DENSE_SHARE) * (hi - lo):
+            _span(kernel, hp, [table] + [state[n] for n in names], idx, g, lo, hi, step,
+                  restore=not neutral)
             return
     block = table.index_select(0, idx)
     states = [state[n].index_select(0, idx) for n in names]
@@ -126,12 +167,32 @@ def _block(kind: str, hp: dict, table: Tensor, idx: Tensor, g: Tensor,
         state[n].index_copy_(0, idx, s)
 
 
+def zero_grad_neutral(kind: str, hp: dict) -> bool:
+    """Whether a zero gradient leaves a row and its state exactly as they were.
+
+    Adagrad (row-wise or not) adds ``0`` to the accumulator and moves the row
+    by ``0 / (sqrt(acc) + eps)``, SGD without momentum by ``0``: the update of
+    the touched rows alone *is* the dense update, provided no weight decay
+    makes the gradient non-zero and ``eps > 0`` keeps ``0 / 0`` away.  Adam's
+    moments decay, so it never is.
+    """
+    if hp.get("weight_decay", 0.0):
+        return False
+    if kind in ("adagrad", "rowwise_adagrad"):
+        return hp["eps"] > 0
+    return kind == "sgd" and not hp["momentum"]
+
+
 def _span(kernel: Callable, hp: dict, tensors: List[Tensor], idx: Tensor, g: Tensor, lo: int,
-          hi: int, step: Tensor) -> None:
+          hi: int, step: Tensor, restore: bool = True) -> None:
     """The rows ``lo:hi`` updated in place with a zero gradient off ``idx``, then the
-    untouched rows (saved before) written back: the update of ``idx`` only."""
+    untouched rows (saved before) written back: the update of ``idx`` only.  With
+    ``restore=False`` (a kind a zero gradient leaves unchanged) nothing is saved."""
     local = idx - lo
     dense_g = g.new_zeros((hi - lo,) + g.shape[1:]).index_copy_(0, local, g)
+    if not restore:
+        kernel(hp, tensors[0][lo:hi], dense_g, [t[lo:hi] for t in tensors[1:]], step)
+        return
     keep = torch.ones(hi - lo, dtype=torch.bool, device=idx.device)
     keep[local] = False
     untouched = keep.nonzero().squeeze(1)
@@ -212,6 +273,18 @@ class TableUpdate:
 
     def __call__(self, table: Tensor, rows: Tensor, grad: GradRows,
                  dense_grad: Optional[Callable[[int, int], Tensor]] = None) -> None:
+        self._check(table)
+        update_rows(self.kind, self.hp, table, rows, grad, self.state, dense_grad)
+        self.updates += 1
+
+    def masked(self, table: Tensor, touched: Tensor, grad: Tensor) -> None:
+        """The same step from every row's gradient ``grad`` (zero where untouched) and
+        the bool mask ``touched``, with no host synchronisation (:func:`update_masked`)."""
+        self._check(table)
+        update_masked(self.kind, self.hp, table, touched, grad, self.state)
+        self.updates += 1
+
+    def _check(self, table: Tensor) -> None:
         ref = self.state[_STATE[self.kind][0]]
         if ref.device != table.device or ref.dtype != table.dtype \
                 or ref.shape[0] != table.shape[0]:
@@ -220,8 +293,6 @@ class TableUpdate:
                 f"for {ref.shape[0]} rows, the weight is now {table.dtype} on {table.device} "
                 f"with {table.shape[0]}; move or convert the model before "
                 f"nnsparse.optim.apply_optimizer_in_backward, or call it again")
-        update_rows(self.kind, self.hp, table, rows, grad, self.state, dense_grad)
-        self.updates += 1
 
     def stale_message(self) -> str:
         return (f"{self.name}: its weight was already updated by the optimiser in the "

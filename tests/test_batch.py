@@ -108,6 +108,35 @@ def test_a_cuda_step_has_no_host_sync(layout, mode):
     torch.cuda.synchronize()
 
 
+# (LazyAdam is not among them: a sparse gradient is coalesced, a data-dependent size.)
+_OPTIMISERS = {
+    "in-backward-adam": lambda m: nnsparse.optim.fused_step_optimizer(m, lr=1e-3),
+    "in-backward-lazy": lambda m: nnsparse.optim.fused_step_optimizer(m, lr=1e-3,
+                                                                      dense_above=None),
+    "rowwise-adagrad": lambda m: nnsparse.optim.apply_optimizer_in_backward(
+        m, "rowwise_adagrad", lr=1e-2),
+}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the sync check needs a CUDA device")
+@pytest.mark.parametrize("name", sorted(_OPTIMISERS))
+def test_a_cuda_step_with_the_optimiser_in_the_backward_has_no_host_sync(name):
+    """The optimiser in the backward on a trusted batch: after a warm-up batch, a step
+    never synchronises with the host (``TableUpdate.masked``)."""
+    x, model, criterion, _ = _setup("cuda")
+    optimiser = _OPTIMISERS[name](model)
+    ds = SparseRowDataset(x)
+    batches = [ds.collate([ds[i] for i in range(k, k + 16)]).to("cuda") for k in (0, 16)]
+    step(model, criterion, optimiser, batches[0].input)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step(model, criterion, optimiser, batches[1].input)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
 def test_requires_grad_set_after_a_first_call_is_seen():
     # the attached structure must not hide a later requires_grad_() (uncoalesced COO)
     x = torch.sparse_coo_tensor([[0, 0], [1, 1]], [1., 2.], (1, 2))

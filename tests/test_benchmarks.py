@@ -24,3 +24,15 @@ def test_bench_autoencoder_every_configuration_runs():
     assert set(rows) == set(configs), done.stdout
     failed = [line for line in rows.values() if "failed" in line]
     assert not failed, done.stdout
+
+
+def test_bench_row_update_runs():
+    script = os.path.join(ROOT, "benchmarks", "bench_row_update.py")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, script, "--rows", "200", "--width", "8",
+                           "--threads", "1", "--repeat", "1"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = [line.split() for line in done.stdout.splitlines()]
+    shares = [line for line in lines if len(line) == 3 and line[0].startswith("0.")]
+    assert len(shares) == 2 * 8, done.stdout  # a row per share, for both kinds

@@ -397,3 +397,69 @@ def test_a_weight_not_stored_column_major_is_refused():
     with pytest.raises(ValueError, match=r"needs it stored as the layer made it"):
         noptim.apply_optimizer_in_backward(layer, "adam")
     assert layer._row_update is None
+
+
+# -- the synchronisation-free step (the GPU's), forced on CPU --------------------------
+SYNC_FREE_KINDS = [
+    ("adam", dict(lr=0.05, weight_decay=0.1), None),
+    ("adam", dict(lr=0.05), 0.1),
+    ("adam", dict(lr=0.05), 0.9),  # the share never reached: lazy through the mask
+    ("adamw", dict(lr=0.05, weight_decay=0.1), None),
+    ("sgd", dict(lr=0.1, momentum=0.9), None),
+    ("sgd", dict(lr=0.1), None),
+    ("adagrad", dict(lr=0.1, weight_decay=0.05), None),
+    ("rowwise_adagrad", dict(lr=0.1), None),
+    ("rowwise_adagrad", dict(lr=0.1, weight_decay=0.1), None),
+]
+
+
+@pytest.mark.parametrize("kind,hp,dense_above", SYNC_FREE_KINDS, ids=lambda v: str(v))
+def test_sync_free_step_equals_the_row_update(kind, hp, dense_above, monkeypatch):
+    """The GPU's step (every row's gradient, untouched rows put back through a mask)
+    gives the parameters and state of the CPU's row update, with columns left
+    untouched, and builds no distinct-rows structure (a host sync on a GPU)."""
+    ours, ref = _models("cpu")
+    opt = noptim.apply_optimizer_in_backward(ours, kind, dense_above=dense_above, **hp)
+    ref_opt = noptim.apply_optimizer_in_backward(ref, kind, dense_above=dense_above, **hp)
+    gen = torch.Generator().manual_seed(11)
+    batches = []
+    for _ in range(3):
+        x = _batch(gen, 2, IN - 1, 0.4, "cpu")  # never the last input column
+        batches.append((torch.sparse_coo_tensor(x.indices(), x.values(), (2, IN)),
+                        _batch(gen, 2, OUT, 0.4, "cpu")))
+    for x, y in batches:
+        _loss(ref, x, y).backward()
+        ref_opt.step()
+    monkeypatch.setattr(nnsparse._kernels, "_SYNC_FREE", ("cpu",))
+    nnsparse._index.COUNTS.clear()
+    for x, y in batches:
+        _loss(ours, x, y).backward()
+        opt.step()
+    assert nnsparse._index.COUNTS["column_major"] == 0
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+    for name in opt.tables:
+        for key, t in opt.tables[name].items():
+            torch.testing.assert_close(t, ref_opt.tables[name][key], msg=f"{name}.{key}")
+
+
+def test_sync_free_step_reads_nothing_back(monkeypatch):
+    """The CPU proxy of the GPU check: the in-backward step, synchronisation-free path,
+    makes no host read outside torch's optimiser (the row update's path does: it
+    reads the touched rows' bounds, see test_dense_gradient_step_reads_nothing_back)."""
+    monkeypatch.setattr(nnsparse._kernels, "_SYNC_FREE", ("cpu",))
+    gen = torch.Generator().manual_seed(12)
+    x = nnsparse.trust(_batch(gen, 3, IN, 0.5, "cpu").coalesce())
+    y = nnsparse.trust(_batch(gen, 3, OUT, 0.5, "cpu").coalesce())
+    for kind, dense_above in (("adam", 0.1), ("adam", None), ("rowwise_adagrad", None)):
+        model, _ = _models("cpu")
+        opt = noptim.apply_optimizer_in_backward(model, kind, lr=0.01, dense_above=dense_above)
+
+        def run():
+            opt.zero_grad()
+            _loss(model, x, y).backward()
+            opt.step()
+        run()
+        # torch's fused CPU kernels read their step count; the CUDA ones do not
+        reads = [c for c in _host_reads(run) if not c[0].startswith("aten::_fused_")]
+        assert reads == [], kind

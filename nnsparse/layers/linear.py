@@ -13,8 +13,8 @@ from .. import _index
 from .._forms import (SparseBatch, SparseLike, _sparse_coo, as_int, as_sparse_batch,
                       move_structure)
 from .._load import check_state_dict
-from .._kernels import (_all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm,
-                        _t_mm)
+from .._kernels import (_column_major, _csr_rows_mm, _sampled_mm, _t_mm, _table_mm,
+                        _update_rows_of)
 from .._ops import SparseParts, linear_parts
 
 __all__ = ["SparseLinearBatch", "sparse_linear"]
@@ -53,21 +53,21 @@ class _SparseLinear(torch.autograd.Function):
 
     ``update`` (a ``_rowopt.TableUpdate`` or None): the optimiser in the
     backward; the touched rows of ``table`` are then updated in place from
-    their gradient rows and ``table`` gets no gradient.  ``colmajor``: returns
-    the batch's cached ``_column_major(row, col)`` (``SparseBatch.column_major``;
-    built here otherwise).
+    their gradient rows and ``table`` gets no gradient.  ``pattern``: the
+    batch whose cached structures (``column_major``, ``blocked_order``) are
+    read; built here when None.
     """
 
     @staticmethod
     def forward(ctx: Any, values: Tensor, table: Tensor, bias: Optional[Tensor], row: Tensor,
                 col: Tensor, crow: Tensor, sparse_grad: bool, update: Any = None,
-                colmajor: Optional[ColumnMajor] = None) -> Tensor:
-        out = _csr_rows_mm(col, table, crow, values)
+                pattern: Optional[SparseBatch] = None) -> Tensor:
+        out = _table_mm(pattern, col, table, crow, values)
         if bias is not None:
             out.add_(bias)
         ctx.save_for_backward(values, table, row, col, crow)
         ctx.has_bias, ctx.sparse_grad = bias is not None, sparse_grad
-        ctx.update, ctx.colmajor = update, colmajor
+        ctx.update, ctx.pattern = update, pattern
         ctx.updates = update.updates if update is not None else 0
         return out
 
@@ -88,14 +88,11 @@ class _SparseLinear(torch.autograd.Function):
             if ctx.sparse_grad and update is None:  # SparseAdam wants sparse
                 grad_bias = grad_bias.to_sparse()
         if ctx.needs_input_grad[1] and update is not None:
-            perm, cols, crow_t, row_t = (ctx.colmajor() if ctx.colmajor is not None
-                                         else _column_major(row, col))
-            w_t = values[perm]
-            update(table.detach(), cols, _bag_rows(row_t, grad, crow_t, w_t),
-                   _bag_rows(row_t, grad, _all_rows_crow(cols, crow_t, table.shape[0]), w_t))
+            _update_rows_of(update, table.detach(), row, col, ctx.pattern, grad, values)
         elif ctx.needs_input_grad[1]:
             grad_table = _table_grad(row, col, values, grad, table.shape[0], ctx.sparse_grad,
-                                     ctx.colmajor)
+                                     ctx.pattern.column_major if ctx.pattern is not None
+                                     else None)
         return grad_values, grad_table, grad_bias, None, None, None, None, None, None
 
 
@@ -208,7 +205,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
             # the update writes the rows of ``table`` in place: a copy would lose it
             raise RuntimeError(_NOT_COLUMN_MAJOR.format(name=update.name))
         out = _SparseLinear.apply(batch.values, table.contiguous(), bias, batch.row, batch.col,
-                                  batch.crow_indices(), sparse_grad, update, batch.column_major)
+                                  batch.crow_indices(), sparse_grad, update, batch)
     return out.squeeze(0) if batch.is_vector else out
 
 

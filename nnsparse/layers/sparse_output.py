@@ -15,7 +15,7 @@ costs about 1 ms at the MovieLens-1M shape and 3 ms at MovieLens-10M's (batch
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple, Union, overload
+from typing import Any, Optional, Union, overload
 
 import torch
 import torch.nn.functional as F
@@ -24,8 +24,8 @@ from torch import Tensor, nn
 from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._load import check_state_dict
-from .._kernels import (_all_rows_crow, _bag_rows, _column_major, _csr_rows_mm, _sampled_mm,
-                        _t_mm)
+from .._kernels import (_column_major, _csr_rows_mm, _sampled_rows, _t_mm, _table_mm,
+                        _update_rows_of)
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import (_check_layer_args, _check_not_narrower, _check_weight_bias,
@@ -40,23 +40,22 @@ class _SampledLinear(torch.autograd.Function):
     ``update`` (a ``_rowopt.TableUpdate`` or None): the optimiser in the
     backward; the touched rows of ``weight`` are then updated in place from
     their gradient rows and ``weight`` gets no gradient (the bias a dense
-    one).  ``colmajor``: returns the pattern's cached ``_column_major(row, col)``
-    (``SparseBatch.column_major``; built here otherwise).
+    one).  ``pattern``: the distinct-position batch whose cached structures
+    (``column_major``, ``blocked_order``) are read; built here when None.
     """
 
     @staticmethod
     def forward(ctx: Any, h: Tensor, weight: Tensor, bias: Optional[Tensor], row: Tensor,
                 col: Tensor, crow: Tensor, sparse_grad: bool, update: Any = None,
-                colmajor: Optional[Callable[[], Tuple[Tensor, Tensor, Tensor, Tensor]]] = None
-                ) -> Tensor:
+                pattern: Optional[SparseBatch] = None) -> Tensor:
         # (half types: the sampled product runs in float32, the backward's bags in h's dtype)
-        values = _sampled_mm(h, weight.t(), crow, col)
+        values = _sampled_rows(pattern, h, weight, crow, col)
         if bias is not None:
             values = values + bias[col]
         ctx.save_for_backward(h, weight, row, col, crow)
         ctx.has_bias = bias is not None
         ctx.sparse_grad = sparse_grad and update is None
-        ctx.update, ctx.colmajor = update, colmajor
+        ctx.update, ctx.pattern = update, pattern
         ctx.updates = update.updates if update is not None else 0
         return values
 
@@ -73,15 +72,18 @@ class _SampledLinear(torch.autograd.Function):
             # grad_h = S @ W, S the (rows, out) CSR of the incoming values: row r
             # is the weighted sum of W's rows col[e] over r's entries, which is
             # what embedding_bag computes (2-3x faster than a CSR product here).
-            grad_h = _csr_rows_mm(col, weight, crow, grad)
+            grad_h = _table_mm(ctx.pattern, col, weight, crow, grad)
         need_w, need_b = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
-        if need_w and not ctx.sparse_grad and update is None:
+        if need_w and update is not None:  # after grad_h: it reads the weight before the step
+            _update_rows_of(update, weight.detach(), row, col, ctx.pattern, h, grad)
+            need_w = False
+        if need_w and not ctx.sparse_grad:
             # the dense gradient in one pass over every output column (no
             # distinct columns to count: no host synchronisation on a GPU)
             grad_w = _t_mm(row, col, grad, h, out_features)
             need_w = False
         if need_w or (need_b and ctx.sparse_grad):
-            perm, cols, crow_t, row_t = (ctx.colmajor() if ctx.colmajor is not None
+            perm, cols, crow_t, row_t = (ctx.pattern.column_major() if ctx.pattern is not None
                                          else _column_major(row, col))
             grad_t = grad[perm]
         if need_b:
@@ -93,10 +95,6 @@ class _SampledLinear(torch.autograd.Function):
                 grad_b = grad.new_zeros(out_features).index_add_(0, col, grad)
         if need_w:
             # grad_W = S^T @ h, computed only for the columns the pattern touches.
-            if update is not None:  # after grad_h: it reads the weight before the step
-                update(weight.detach(), cols, _bag_rows(row_t, h, crow_t, grad_t),
-                       _bag_rows(row_t, h, _all_rows_crow(cols, crow_t, out_features), grad_t))
-                return grad_h, grad_w, grad_b, None, None, None, None, None, None
             touched = _csr_rows_mm(row_t, h, crow_t, grad_t)
             grad_w = _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True)
         return grad_h, grad_w, grad_b, None, None, None, None, None, None
@@ -223,7 +221,7 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
     if row.device != h.device:
         raise ValueError(f"pattern must be on input's device {h.device}, got {row.device}")
     values = _SampledLinear.apply(h, weight, bias, row, col, crow, sparse_grad, update,
-                                  distinct.column_major)
+                                  distinct)
     return _with_pattern(values, pattern, batch, row, col)
 
 

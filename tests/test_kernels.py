@@ -1,0 +1,159 @@
+"""The large-table paths of nnsparse._kernels (column blocks, column-major sampling) and
+the exact in-place row update of nnsparse._rowopt for kinds a zero gradient leaves alone.
+
+Both are taken on CPU above a table size (tens of MB); the tests lower the
+threshold so that small tables take them, and compare with the one-pass
+products, a dense reference and torch.optim.
+"""
+import copy
+
+import pytest
+import torch
+
+import nnsparse
+from nnsparse import _index, _kernels, _rowopt
+from nnsparse import optim as noptim
+from matrix import random_sparse_dense
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Every CPU table counts as large, read in blocks of 64 bytes."""
+    monkeypatch.setattr(_kernels, "_BLOCK_ABOVE", 0)
+    monkeypatch.setattr(_kernels, "_BLOCK_BYTES", 64)
+
+
+def _batch(rows, width, density, seed, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    return random_sparse_dense(rows, width, density, dtype=dtype, generator=gen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_layers_on_a_large_table_match_the_dense_reference(small_blocks, dtype):
+    torch.manual_seed(0)
+    dense_x = _batch(5, 300, 0.05, 1, dtype)
+    enc = nnsparse.SparseLinearBatch(300, 4).to(dtype)
+    dec = nnsparse.SparseOutputLinear(4, 300).to(dtype)
+    _index.COUNTS.clear()
+    x = dense_x.to_sparse()
+    out = dec(torch.tanh(enc(x)), x)
+    assert _index.COUNTS["blocked"] == 1  # the encoder's blocks, built once
+    w_e, w_d = enc.weight.detach().clone().requires_grad_(), dec.weight.detach().clone()
+    w_d.requires_grad_()
+    h = torch.tanh(dense_x @ w_e.t() + enc.bias.detach())
+    ref = (h @ w_d.t() + dec.bias.detach()) * (dense_x != 0)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else {}
+    torch.testing.assert_close(out.to_dense(), ref, **tol)
+    g = torch.randn(out.values().shape, dtype=dtype)
+    out.values().backward(g)
+    ref[dense_x != 0].backward(g)
+    torch.testing.assert_close(enc.weight.grad, w_e.grad, **tol)
+    torch.testing.assert_close(dec.weight.grad, w_d.grad, **tol)
+
+
+def test_large_table_gradients_gradcheck(small_blocks):
+    dense_x = _batch(4, 40, 0.2, 2)
+    x = dense_x.to_sparse()
+    w_e = torch.randn(3, 40, dtype=torch.float64, requires_grad=True)
+    w_d = torch.randn(40, 3, dtype=torch.float64, requires_grad=True)
+
+    def f(w_e, w_d):
+        h = nnsparse.sparse_linear(x, w_e, mode="sparse")
+        return nnsparse.sampled_linear(h, w_d, pattern=x).values()
+    assert torch.autograd.gradcheck(f, (w_e, w_d))
+
+
+def test_blocked_order_groups_by_column_span_then_row():
+    row = torch.tensor([0, 0, 0, 1, 1, 2])
+    col = torch.tensor([0, 5, 9, 1, 8, 4])
+    order, crow_b = _index.blocked_order(row, col, rows=3, width=10, blocks=2)
+    # span 0 = columns 0-4: (0,0) (1,1) (2,4); span 1 = columns 5-9: (0,5) (0,9) (1,8)
+    assert order.tolist() == [0, 3, 5, 1, 2, 4]
+    assert crow_b.tolist() == [0, 1, 2, 3, 5, 6, 6]
+
+
+def test_table_blocks():
+    assert _kernels._table_blocks(torch.empty(10, 10)) == 1  # small: one pass
+    big = torch.empty(0).new_empty((1 << 24) + 1, 1)  # just above 64 MB of float32
+    assert _kernels._table_blocks(big) == 9
+    assert _kernels._table_blocks(torch.empty((1 << 24) + 1, 1, device="meta")) == 1
+
+
+def test_many_rows_read_the_table_in_one_pass(small_blocks, monkeypatch):
+    # the partial sums of the blocks would outgrow the table: one embedding_bag
+    seen = []
+    monkeypatch.setattr(_index, "blocked_order", lambda *a: seen.append(a) or 1 / 0)
+    x = _batch(30, 50, 0.1, 3).to_sparse()
+    nnsparse.SparseLinearBatch(50, 2).double()(x)
+    assert seen == []
+
+
+# -- row updates a zero gradient leaves unchanged -------------------------------------
+@pytest.mark.parametrize("kind,hp,neutral", [
+    ("rowwise_adagrad", dict(eps=1e-10, weight_decay=0.0), True),
+    ("rowwise_adagrad", dict(eps=1e-10, weight_decay=0.1), False),
+    ("rowwise_adagrad", dict(eps=0.0, weight_decay=0.0), False),
+    ("adagrad", dict(eps=1e-10, weight_decay=0.0), True),
+    ("sgd", dict(momentum=0.0, weight_decay=0.0), True),
+    ("sgd", dict(momentum=0.9, weight_decay=0.0), False),
+    ("adam", dict(eps=1e-8, weight_decay=0.0), False),
+    ("adamw", dict(eps=1e-8, weight_decay=0.0), False),
+])
+def test_zero_grad_neutral(kind, hp, neutral):
+    assert _rowopt.zero_grad_neutral(kind, hp) is neutral
+
+
+def _rowwise_reference(p, acc, rows, g, lr, eps):
+    p, acc = p.clone(), acc.clone()
+    acc[rows] += g.square().mean(1)
+    p[rows] -= lr * g / (acc[rows].sqrt() + eps).unsqueeze(1)
+    return p, acc
+
+
+@pytest.mark.parametrize("dense_grad", [False, True], ids=["span", "dense-step"])
+def test_neutral_update_of_a_dense_span_is_the_lazy_update(dense_grad):
+    """Row-wise Adagrad on rows covering most of their span (updated in place, no save
+    and restore) or of the table (the dense step): the untouched rows and accumulators
+    stay bit for bit, the touched ones follow the row-wise rule."""
+    gen = torch.Generator().manual_seed(5)
+    table = torch.randn(10, 3, generator=gen, dtype=torch.float64)
+    hp = dict(lr=0.1, eps=1e-10, weight_decay=0.0, dense_above=None)
+    state = _rowopt.new_state("rowwise_adagrad", table, 0.5)
+    rows = torch.tensor([0, 1, 2, 4, 5, 7])
+    g = torch.randn(6, 3, generator=gen, dtype=torch.float64)
+    full = torch.zeros(10, 3, dtype=torch.float64).index_copy_(0, rows, g)
+    p0, acc0 = table.clone(), state["sum"].clone()
+    _rowopt.update_rows("rowwise_adagrad", hp, table, rows, g, state,
+                        (lambda a, b: full[a:b]) if dense_grad else None)
+    p_ref, acc_ref = _rowwise_reference(p0, acc0, rows, g, 0.1, 1e-10)
+    untouched = torch.tensor([3, 6, 8, 9])
+    assert torch.equal(table[untouched], p0[untouched])
+    assert torch.equal(state["sum"][untouched], acc0[untouched])
+    torch.testing.assert_close(table, p_ref)
+    torch.testing.assert_close(state["sum"], acc_ref)
+
+
+@pytest.mark.parametrize("kind,hp", [("adagrad", dict(lr=0.1)), ("sgd", dict(lr=0.1))])
+def test_neutral_kinds_in_backward_equal_torch_optim_with_rows_untouched(kind, hp):
+    """Adagrad and plain SGD: the in-backward update (dense step above the share, since
+    a zero gradient changes nothing) equals torch.optim on the dense gradients, with
+    one input column and one output column never touched."""
+    torch.manual_seed(0)
+    enc = nnsparse.SparseLinearBatch(8, 3).double()
+    dec = nnsparse.SparseOutputLinear(3, 8).double()
+    ours = torch.nn.ModuleDict(dict(enc=enc, dec=dec))
+    ref = copy.deepcopy(ours)
+    opt = noptim.apply_optimizer_in_backward(ours, kind, **hp)
+    ref_opt = (torch.optim.Adagrad if kind == "adagrad" else torch.optim.SGD)(
+        ref.parameters(), **hp)
+    for seed in range(3):
+        dense = _batch(4, 8, 0.6, 10 + seed)
+        dense[:, 7] = 0  # column 7: never touched
+        x = dense.to_sparse()
+        for model, o in ((ours, opt), (ref, ref_opt)):
+            o.zero_grad()
+            out = model["dec"](torch.tanh(model["enc"](x)), x)
+            (out.values() - x.values()).square().sum().backward()
+            o.step()
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
