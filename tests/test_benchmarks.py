@@ -36,3 +36,16 @@ def test_bench_row_update_runs():
     lines = [line.split() for line in done.stdout.splitlines()]
     shares = [line for line in lines if len(line) == 3 and line[0].startswith("0.")]
     assert len(shares) == 2 * 8, done.stdout  # a row per share, for both kinds
+
+
+def test_bench_optimisers_runs():
+    script = os.path.join(ROOT, "benchmarks", "bench_optimisers.py")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, script, "--users", "60", "--items", "40",
+                           "--ratings", "800", "--epochs", "2", "--hidden", "4",
+                           "--adam-lrs", "1e-3", "--lrs", "3e-3"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    names = [line.split()[0] for line in done.stdout.splitlines()[2:] if line.split()]
+    assert names == ["adam-0.001", "in-backward-adam-0.001", "rowwise-adagrad-0.003"], \
+        done.stdout
