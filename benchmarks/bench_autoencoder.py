@@ -211,7 +211,8 @@ def _build(config: str, users: int, hidden: int, device, dense_above):
 
 class _OptTimer:
     """Time spent in the optimiser: ``step()`` and, for the in-backward mode, the
-    row updates (``_rowopt._block`` and the dense-fallback kernels), not nested."""
+    row updates (``_rowopt._block``, the dense-fallback kernels and the GPU's
+    ``update_masked``), not nested."""
 
     def __init__(self, sync) -> None:
         self.seconds, self._depth, self._sync = 0.0, 0, sync
@@ -234,6 +235,7 @@ class _OptTimer:
     def install(self) -> None:
         from nnsparse import _rowopt
         _rowopt._block = self.wrap(_rowopt._block)
+        _rowopt.update_masked = self.wrap(_rowopt.update_masked)  # the GPU's step
         # In place: optim.LazyAdam and _rowopt look kernels up in this one dict.
         for kind, kernel in list(_rowopt.KERNELS.items()):
             _rowopt.KERNELS[kind] = self.wrap(kernel)

@@ -9,10 +9,18 @@ rows of the table and of its state once (one gather each, a contiguous
 block), runs one optimiser pass over the block (torch's fused kernel through
 the public functional API where torch has one) and writes the block back
 (one scatter each).  When every row is touched the block *is* the table and
-nothing is gathered.
+nothing is gathered.  For the kinds a zero gradient leaves unchanged
+(:func:`zero_grad_neutral`) a step touching many rows is the dense step over
+the table, which is then exactly the lazy one.
+
+On a GPU (:func:`update_masked`) nothing is gathered either: every row's
+gradient is made, the dense step runs over the table, and the untouched rows
+are put back from a copy; no host synchronisation, at the price of a
+gradient and a copy of the table and its state per step.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, List, Optional, Union
 
 import torch
@@ -85,8 +93,8 @@ def update_rows(kind: str, hp: dict, table: Tensor, rows: Tensor, grad: GradRows
     width = max(1, table[0].numel()) if n else 1
     step = state["step"]
     above = hp.get("dense_above")
-    if above is None and zero_grad_neutral(kind, hp):
-        above = _NEUTRAL_SHARE  # the dense step is then the lazy one, exactly
+    if zero_grad_neutral(kind, hp, table.dtype):  # the dense step is the lazy one, exactly
+        above = _NEUTRAL_SHARE if above is None else min(above, _NEUTRAL_SHARE)
     dense = dense_grad is not None and above is not None and k > above * n
     total = n if dense else k
     if table.device.type != "cpu" or total * width <= _CHUNK:
@@ -126,18 +134,20 @@ def update_masked(kind: str, hp: dict, table: Tensor, touched: Tensor, grad: Ten
     names = _STATE[kind]
     tensors = [table] + [state[n] for n in names]
     step = state["step"]
-    if zero_grad_neutral(kind, hp):
+    if zero_grad_neutral(kind, hp, table.dtype):
         KERNELS[kind](hp, table, grad, tensors[1:], step.clone())
         step.add_(1)
         return
     keep = ~touched
     above = hp.get("dense_above")
     if above is not None:
-        keep &= touched.sum() <= above * touched.shape[0]
+        # an integer bound: the count is compared exactly (a float product would
+        # be rounded to float32 on the device)
+        keep &= touched.sum() <= math.floor(above * touched.shape[0])
     saved = [t.clone() for t in tensors]
     KERNELS[kind](hp, table, grad, tensors[1:], step.clone())
     for t, old in zip(tensors, saved):
-        t.copy_(torch.where(keep.view((-1,) + (1,) * (t.dim() - 1)), old, t))
+        torch.where(keep.view((-1,) + (1,) * (t.dim() - 1)), old, t, out=t)
     step.add_(1)
 
 
@@ -154,7 +164,7 @@ def _block(kind: str, hp: dict, table: Tensor, idx: Tensor, g: Tensor,
         if idx.shape[0] == hi - lo:  # a whole range: views, nothing to gather
             kernel(hp, table[lo:hi], g, [state[n][lo:hi] for n in names], step)
             return
-        neutral = zero_grad_neutral(kind, hp)
+        neutral = zero_grad_neutral(kind, hp, table.dtype)
         if idx.shape[0] > (_NEUTRAL_SHARE if neutral else _DENSE_SHARE) * (hi - lo):
             _span(kernel, hp, [table] + [state[n] for n in names], idx, g, lo, hi, step,
                   restore=not neutral)
@@ -167,19 +177,20 @@ def _block(kind: str, hp: dict, table: Tensor, idx: Tensor, g: Tensor,
         state[n].index_copy_(0, idx, s)
 
 
-def zero_grad_neutral(kind: str, hp: dict) -> bool:
-    """Whether a zero gradient leaves a row and its state exactly as they were.
+def zero_grad_neutral(kind: str, hp: dict, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether a zero gradient leaves a row of ``dtype`` and its state exactly as they were.
 
     Adagrad (row-wise or not) adds ``0`` to the accumulator and moves the row
-    by ``0 / (sqrt(acc) + eps)``, SGD without momentum by ``0``: the update of
-    the touched rows alone *is* the dense update, provided no weight decay
-    makes the gradient non-zero and ``eps > 0`` keeps ``0 / 0`` away.  Adam's
-    moments decay, so it never is.
+    by ``0 * lr / (sqrt(acc) + eps)``, SGD without momentum by ``0``: the
+    update of the touched rows alone *is* the dense update, provided no
+    weight decay makes the gradient non-zero and ``lr / eps`` is finite in
+    ``dtype`` (in float16 the default ``eps=1e-10`` is 0, and ``0 * inf`` is
+    NaN).  Adam's moments decay, so it never is.
     """
     if hp.get("weight_decay", 0.0):
         return False
     if kind in ("adagrad", "rowwise_adagrad"):
-        return hp["eps"] > 0
+        return hp["eps"] > 0 and max(1.0, hp["lr"]) / hp["eps"] < torch.finfo(dtype).max
     return kind == "sgd" and not hp["momentum"]
 
 

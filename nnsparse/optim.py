@@ -378,8 +378,12 @@ class InBackwardOptimizer:
     of the model is updated *during* ``loss.backward()``: each touched row's
     gradient is computed and the row and its optimiser state are updated at
     once (one gather of the touched rows, one fused optimiser pass, one
-    scatter).  These weights get no ``.grad``: no gradient tensor, no
-    zero-fill, no ``zero_grad``.  The other parameters (biases, other
+    scatter; above a share of touched rows the dense step, made block by
+    block).  These weights get no ``.grad`` and no ``zero_grad``.  On a GPU
+    the step makes no host synchronisation: every row's gradient is made at
+    once, the dense step runs over the table and the untouched rows are put
+    back from a copy (a gradient and a copy of the table and its state, per
+    layer and step, are the memory this costs there).  The other parameters (biases, other
     modules) are trained by :attr:`dense`, torch's own optimiser of the same
     kind (``fused=True`` where torch has the kernel), through :meth:`step`
     and :meth:`zero_grad` as usual.

@@ -89,18 +89,48 @@ def test_many_rows_read_the_table_in_one_pass(small_blocks, monkeypatch):
 
 
 # -- row updates a zero gradient leaves unchanged -------------------------------------
-@pytest.mark.parametrize("kind,hp,neutral", [
-    ("rowwise_adagrad", dict(eps=1e-10, weight_decay=0.0), True),
-    ("rowwise_adagrad", dict(eps=1e-10, weight_decay=0.1), False),
-    ("rowwise_adagrad", dict(eps=0.0, weight_decay=0.0), False),
-    ("adagrad", dict(eps=1e-10, weight_decay=0.0), True),
-    ("sgd", dict(momentum=0.0, weight_decay=0.0), True),
-    ("sgd", dict(momentum=0.9, weight_decay=0.0), False),
-    ("adam", dict(eps=1e-8, weight_decay=0.0), False),
-    ("adamw", dict(eps=1e-8, weight_decay=0.0), False),
+@pytest.mark.parametrize("kind,hp,dtype,neutral", [
+    ("rowwise_adagrad", dict(lr=0.01, eps=1e-10, weight_decay=0.0), torch.float32, True),
+    ("rowwise_adagrad", dict(lr=0.01, eps=1e-10, weight_decay=0.1), torch.float32, False),
+    ("rowwise_adagrad", dict(lr=0.01, eps=0.0, weight_decay=0.0), torch.float32, False),
+    # float16: lr / eps must stay finite (1e-10 is 0 there, and 0 * inf is NaN)
+    ("rowwise_adagrad", dict(lr=0.01, eps=1e-10, weight_decay=0.0), torch.float16, False),
+    ("rowwise_adagrad", dict(lr=0.01, eps=1e-3, weight_decay=0.0), torch.float16, True),
+    ("rowwise_adagrad", dict(lr=0.01, eps=1e-10, weight_decay=0.0), torch.bfloat16, True),
+    ("adagrad", dict(lr=0.01, eps=1e-10, weight_decay=0.0), torch.float64, True),
+    ("adagrad", dict(lr=0.01, eps=1e-10, weight_decay=0.0), torch.float16, False),
+    ("sgd", dict(lr=0.1, momentum=0.0, weight_decay=0.0), torch.float16, True),
+    ("sgd", dict(lr=0.1, momentum=0.9, weight_decay=0.0), torch.float32, False),
+    ("adam", dict(lr=0.1, eps=1e-8, weight_decay=0.0), torch.float32, False),
+    ("adamw", dict(lr=0.1, eps=1e-8, weight_decay=0.0), torch.float32, False),
 ])
-def test_zero_grad_neutral(kind, hp, neutral):
-    assert _rowopt.zero_grad_neutral(kind, hp) is neutral
+def test_zero_grad_neutral(kind, hp, dtype, neutral):
+    assert _rowopt.zero_grad_neutral(kind, hp, dtype) is neutral
+
+
+@pytest.mark.parametrize("sync_free", [False, True], ids=["row-update", "sync-free"])
+@pytest.mark.parametrize("kind", ["rowwise_adagrad", "adagrad"])
+def test_float16_untouched_rows_stay_finite(kind, sync_free, monkeypatch):
+    """In float16 the default eps is 0: an untouched row's zero gradient over a zero
+    accumulator would be 0 * inf = NaN, so these kinds are not taken as neutral there:
+    untouched rows keep their values bit for bit."""
+    if sync_free:
+        monkeypatch.setattr(_kernels, "_SYNC_FREE", ("cpu",))
+    torch.manual_seed(0)
+    enc = nnsparse.SparseLinearBatch(8, 3).half()
+    dec = nnsparse.SparseOutputLinear(3, 8).half()
+    model = torch.nn.ModuleDict(dict(enc=enc, dec=dec))
+    noptim.apply_optimizer_in_backward(model, kind, lr=0.01)
+    before_enc, before_dec = enc.weight.detach().clone(), dec.weight.detach().clone()
+    dense = _batch(4, 8, 0.9, 20, torch.float16)
+    dense[:, 4:] = 0  # columns 4-7: never touched (half of the rows: the dense share)
+    x = dense.to_sparse()
+    out = dec(torch.tanh(enc(x)), x)
+    out.values().float().square().sum().backward()
+    for w in (enc.weight, dec.weight):
+        assert torch.isfinite(w).all()
+    assert torch.equal(enc.weight.detach()[:, 4:], before_enc[:, 4:])
+    assert torch.equal(dec.weight.detach()[4:], before_dec[4:])
 
 
 def _rowwise_reference(p, acc, rows, g, lr, eps):
