@@ -103,6 +103,8 @@ class _Cache:
     coalesced: Optional[Tuple[Tensor, "SparseBatch"]] = None  # inverse, coalesced pattern
     # blocks -> (order, crow_b) of _index.blocked_order
     blocked: Dict[int, Tuple[Tensor, Tensor]] = field(default_factory=dict)
+    # width -> (perm, crow_t, row_t) of _index.column_major_all
+    column_major_all: Dict[int, Tuple[Tensor, Tensor, Tensor]] = field(default_factory=dict)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "_Cache":
         """The plain tensors moved to ``device``; the nested patterns are dropped."""
@@ -186,6 +188,14 @@ class SparseBatch:
         if self.cache.column_major is None:
             self.cache.column_major = _index.column_major(self.row, self.col)
         return self.cache.column_major
+
+    def column_major_all(self, width: int) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(perm, crow_t, row_t)`` of ``_index.column_major_all`` over ``width`` columns
+        (no host sync).  Cached."""
+        if width not in self.cache.column_major_all:
+            self.cache.column_major_all[width] = _index.column_major_all(self.row, self.col,
+                                                                         width)
+        return self.cache.column_major_all[width]
 
     def blocked_order(self, blocks: int) -> Tuple[Tensor, Tensor]:
         """``(order, crow_b)`` of ``_index.blocked_order`` for ``blocks`` column spans.  Cached."""

@@ -85,6 +85,7 @@ def column_major_all(row: Tensor, col: Tensor, width: int) -> Tuple[Tensor, Tens
     (the rows of the entries in ``perm`` order).  Unlike :func:`column_major`
     every size is known in advance: no host sync on CUDA.
     """
+    count("column_major_all")
     perm = torch.argsort(col, stable=True)
     return perm, crow_from_counts(counts_of(col, width)), row[perm]
 

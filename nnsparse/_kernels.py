@@ -107,14 +107,17 @@ def _column_major(row: Tensor, col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Ten
     return _index.column_major(row, col)
 
 
-def _t_mm(row: Tensor, col: Tensor, values: Tensor, dense: Tensor, width: int) -> Tensor:
+def _t_mm(row: Tensor, col: Tensor, values: Tensor, dense: Tensor, width: int,
+          pattern: Optional["SparseBatch"] = None) -> Tensor:
     """``S.T @ dense`` over all ``width`` columns of ``S`` (entries ``row, col, values``).
 
     One ``embedding_bag`` with a bag per column (empty bags give the zero
     rows): the ``(width, d)`` result is written in one pass, never zero-filled
-    and scattered into, and no size is read back (no host sync on CUDA).
+    and scattered into, and no size is read back (no host sync on CUDA).  The
+    transposed structure is ``pattern``'s cached one when given.
     """
-    perm, crow_t, row_t = _index.column_major_all(row, col, width)
+    perm, crow_t, row_t = (pattern.column_major_all(width) if pattern is not None
+                           else _index.column_major_all(row, col, width))
     return _csr_rows_mm(row_t, dense, crow_t, values[perm])
 
 
@@ -205,7 +208,9 @@ def _update_rows_of(update: "TableUpdate", table: Tensor, row: Tensor, col: Tens
     zero rows where untouched, and nothing is read back (``update.masked``).
     """
     if table.device.type in _SYNC_FREE:
-        perm, crow_all, row_t = _index.column_major_all(row, col, table.shape[0])
+        n = table.shape[0]
+        perm, crow_all, row_t = (pattern.column_major_all(n) if pattern is not None
+                                 else _index.column_major_all(row, col, n))
         update.masked(table, crow_all.diff() > 0,
                       _csr_rows_mm(row_t, dense, crow_all, entry_values[perm]))
         return

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -29,11 +29,8 @@ _MODES = ("auto", "sparse", "dense")
 _DENSE_ABOVE = {"cpu": 0.25, "cuda": 0.002}
 
 
-ColumnMajor = Callable[[], Tuple[Tensor, Tensor, Tensor, Tensor]]
-
-
 def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_features: int,
-                sparse: bool, colmajor: Optional[ColumnMajor] = None) -> Tensor:
+                sparse: bool, pattern: Optional[SparseBatch] = None) -> Tensor:
     """``S.T @ G``, the ``(in, out)`` gradient of the weight table.
 
     Dense: one ``embedding_bag`` with a bag per input column (empty bags give
@@ -41,8 +38,9 @@ def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_featu
     hybrid COO tensor holding the touched columns only, as ``nn.Embedding``'s.
     """
     if not sparse:
-        return _t_mm(row, col, values, grad, in_features)
-    perm, cols, crow_t, row_t = colmajor() if colmajor is not None else _column_major(row, col)
+        return _t_mm(row, col, values, grad, in_features, pattern)
+    perm, cols, crow_t, row_t = (pattern.column_major() if pattern is not None
+                                 else _column_major(row, col))
     touched = _csr_rows_mm(row_t, grad, crow_t, values[perm])
     return _sparse_coo(cols.unsqueeze(0), touched, (in_features, grad.shape[1]), True)
 
@@ -91,8 +89,7 @@ class _SparseLinear(torch.autograd.Function):
             _update_rows_of(update, table.detach(), row, col, ctx.pattern, grad, values)
         elif ctx.needs_input_grad[1]:
             grad_table = _table_grad(row, col, values, grad, table.shape[0], ctx.sparse_grad,
-                                     ctx.pattern.column_major if ctx.pattern is not None
-                                     else None)
+                                     ctx.pattern)
         return grad_values, grad_table, grad_bias, None, None, None, None, None, None
 
 

@@ -80,7 +80,7 @@ class _SampledLinear(torch.autograd.Function):
         if need_w and not ctx.sparse_grad:
             # the dense gradient in one pass over every output column (no
             # distinct columns to count: no host synchronisation on a GPU)
-            grad_w = _t_mm(row, col, grad, h, out_features)
+            grad_w = _t_mm(row, col, grad, h, out_features, ctx.pattern)
             need_w = False
         if need_w or (need_b and ctx.sparse_grad):
             perm, cols, crow_t, row_t = (ctx.pattern.column_major() if ctx.pattern is not None
