@@ -20,6 +20,7 @@ gradient and a copy of the table and its state per step.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Dict, List, Optional, Union
 
@@ -190,8 +191,15 @@ def zero_grad_neutral(kind: str, hp: dict, dtype: torch.dtype = torch.float32) -
     if hp.get("weight_decay", 0.0):
         return False
     if kind in ("adagrad", "rowwise_adagrad"):
-        return hp["eps"] > 0 and max(1.0, hp["lr"]) / hp["eps"] < torch.finfo(dtype).max
+        return hp["eps"] > 0 and _finite_scale(hp["eps"], max(1.0, hp["lr"]), dtype)
     return kind == "sgd" and not hp["momentum"]
+
+
+@functools.lru_cache(maxsize=64)
+def _finite_scale(eps: float, lr: float, dtype: torch.dtype) -> bool:
+    """Whether ``lr / eps`` is finite computed in ``dtype``, ``eps`` rounded to it first
+    (a CPU scalar, read once per setting: never a device synchronisation)."""
+    return bool(torch.tensor(eps, dtype=dtype).reciprocal().mul(lr).isfinite())
 
 
 def _span(kernel: Callable, hp: dict, tensors: List[Tensor], idx: Tensor, g: Tensor, lo: int,

@@ -66,8 +66,7 @@ def test_a_user_batch_is_validated_once_and_each_structure_built_once(layout):
     step(model, criterion, optimiser, batch)
     counts = _counts()
     assert counts.get("validate", 0) == 1, counts
-    for structure in ("crow", "rows", "column_major", "column_major_all", "blocked", "sort",
-                      "coalesce"):
+    for structure in ("crow", "rows", "column_major", "column_major_all", "sort", "coalesce"):
         assert counts.get(structure, 0) <= 1, (structure, counts)
     # the next step on the same batch checks and builds nothing again
     _reset_counts()

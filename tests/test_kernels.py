@@ -99,6 +99,8 @@ def test_many_rows_read_the_table_in_one_pass(small_blocks, monkeypatch):
     ("rowwise_adagrad", dict(lr=0.01, eps=1e-10, weight_decay=0.0), torch.bfloat16, True),
     ("adagrad", dict(lr=0.01, eps=1e-10, weight_decay=0.0), torch.float64, True),
     ("adagrad", dict(lr=0.01, eps=1e-10, weight_decay=0.0), torch.float16, False),
+    # 1.5267e-5 rounds in float16 to a value whose reciprocal overflows
+    ("rowwise_adagrad", dict(lr=0.01, eps=1.5267e-5, weight_decay=0.0), torch.float16, False),
     ("sgd", dict(lr=0.1, momentum=0.0, weight_decay=0.0), torch.float16, True),
     ("sgd", dict(lr=0.1, momentum=0.9, weight_decay=0.0), torch.float32, False),
     ("adam", dict(lr=0.1, eps=1e-8, weight_decay=0.0), torch.float32, False),
@@ -187,3 +189,25 @@ def test_neutral_kinds_in_backward_equal_torch_optim_with_rows_untouched(kind, h
             o.step()
     for p, q in zip(ours.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q)
+
+
+def test_masked_update_takes_the_dense_step_at_the_same_count_as_the_row_update():
+    """dense_above * n = 56.99999999999999 (0.57 * 100): 57 touched rows are above it.
+    The GPU's step compares the count with an integer bound, as the row update does
+    with a float; a float32 product (57.0) would have kept the step lazy."""
+    gen = torch.Generator().manual_seed(6)
+    hp = dict(lr=0.05, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, dense_above=0.57)
+    rows = torch.randperm(100, generator=gen)[:57].sort().values
+    g = torch.randn(57, 4, generator=gen, dtype=torch.float64)
+    full = torch.zeros(100, 4, dtype=torch.float64).index_copy_(0, rows, g)
+    table = torch.randn(100, 4, generator=gen, dtype=torch.float64)
+    tables, states = [table.clone(), table.clone()], []
+    for t in tables:
+        states.append(_rowopt.new_state("adam", t))
+        states[-1]["exp_avg"].fill_(0.1)  # untouched rows then move under the dense step
+    _rowopt.update_rows("adam", hp, tables[0], rows, g, states[0], lambda a, b: full[a:b])
+    touched = torch.zeros(100, dtype=torch.bool).index_fill_(0, rows, True)
+    _rowopt.update_masked("adam", hp, tables[1], touched, full, states[1])
+    assert not torch.equal(tables[0], table)
+    torch.testing.assert_close(tables[1], tables[0])
+    torch.testing.assert_close(states[1]["exp_avg"], states[0]["exp_avg"])
