@@ -164,6 +164,14 @@ def test_sparse_linear_batch_mini_batch(form):
 
 # == testSparseCriterion.lua ================================================================
 
+def _loss_and_grad(criterion, output, target):
+    """``criterion(output, target)`` and its gradient with respect to ``output``."""
+    out = output.clone().requires_grad_()
+    loss = criterion(out, target)
+    loss.backward()
+    return loss, out.grad
+
+
 def _masked_mse(output, input, mask, reduction="mean"):
     """The dense reference: nn.MSECriterion on output[mask], input[mask], and its gradient."""
     sel = output[mask].clone().requires_grad_()
@@ -180,12 +188,10 @@ def test_sparse_criterion_one_sample():
     input, output = _lua_data(100, g), _lua_data(100, g, sparse=False)
     mask = input != 0
     expected_loss, expected_grad = _masked_mse(output, input, mask)
-    out = output.clone().requires_grad_()
-    loss = SparseCriterion(nn.MSELoss())(out, sparsify(input))
-    loss.backward()
+    loss, out_grad = _loss_and_grad(SparseCriterion(nn.MSELoss()), output, sparsify(input))
     torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-6)
-    torch.testing.assert_close(out.grad.sum(), expected_grad.sum(), rtol=0, atol=1e-6)
-    torch.testing.assert_close(out.grad, expected_grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out_grad.sum(), expected_grad.sum(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(out_grad, expected_grad, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("form", ["pair_list", "coo"])
@@ -200,11 +206,9 @@ def test_sparse_criterion_mini_batch(form):
     output[~mask] = 0
     target = to_pairs(sparsify(input)) if form == "pair_list" else sparsify(input)
     expected_loss, expected_grad = _masked_mse(output, input, mask)
-    out = output.clone().requires_grad_()
-    loss = SparseCriterion(nn.MSELoss())(out, target)
-    loss.backward()
+    loss, out_grad = _loss_and_grad(SparseCriterion(nn.MSELoss()), output, target)
     torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-6)
-    torch.testing.assert_close(out.grad, expected_grad, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out_grad, expected_grad, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("how", ["size_average", "reduction_sum"])
@@ -216,12 +220,10 @@ def test_sparse_criterion_mini_batch_with_no_size_average(how):
     crit = (SparseCriterion(nn.MSELoss(), size_average=False) if how == "size_average"
             else SparseCriterion(nn.MSELoss(reduction="sum")))
     expected_loss, expected_grad = _masked_mse(output, input, mask, reduction="sum")
-    out = output.clone().requires_grad_()
-    loss = crit(out, to_pairs(sparsify(input)))
-    loss.backward()
+    loss, out_grad = _loss_and_grad(crit, output, to_pairs(sparsify(input)))
     torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-6)
-    torch.testing.assert_close(out.grad.sum(), expected_grad.sum(), rtol=0, atol=1e-6)
-    torch.testing.assert_close(out.grad, expected_grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out_grad.sum(), expected_grad.sum(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(out_grad, expected_grad, rtol=0, atol=1e-12)
 
 
 # == testSDAECriterion.lua ==================================================================
@@ -289,14 +291,10 @@ def _sdae_no_noise(shape, size_average, seed):
     crit = SDAECriterion(nn.MSELoss(), alpha=1, beta=beta, hide_ratio=0, noise_ratio=0,
                          flip_ratio=0, size_average=size_average, generator=g)
     noisy = crit.prepare_input(input)
-    plain = output.clone().requires_grad_()
-    expected = basic(plain, input)
-    expected.backward()
-    out = output.clone().requires_grad_()
-    obtained = crit(out, noisy)
-    obtained.backward()
+    expected, plain_grad = _loss_and_grad(basic, output, input)
+    obtained, out_grad = _loss_and_grad(crit, output, noisy)
     torch.testing.assert_close(obtained, expected.detach() * beta, rtol=0, atol=1e-6)
-    torch.testing.assert_close(out.grad, plain.grad * beta, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out_grad, plain_grad * beta, rtol=0, atol=1e-6)
 
 
 def test_sdae_no_noise_single_sample():
@@ -329,15 +327,13 @@ def test_sdae_with_noise():
     diff = ((output - noisy) ** 2).view(-1)
     diff[mask_alpha] *= alpha
     diff[mask_beta] *= beta
-    out = output.clone().requires_grad_()
-    loss = crit(out, noisy)
+    loss, out_grad = _loss_and_grad(crit, output, noisy)
     torch.testing.assert_close(loss, diff.sum() / diff.numel(), rtol=0, atol=1e-6)
-    loss.backward()
     dloss = (2 * (output - noisy)).view(-1)
     dloss[mask_alpha] *= alpha
     dloss[mask_beta] *= beta
-    torch.testing.assert_close(out.grad.sum(), dloss.sum() / dloss.numel(), rtol=0, atol=1e-6)
-    torch.testing.assert_close(out.grad.view(-1), dloss / dloss.numel(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(out_grad.sum(), dloss.sum() / dloss.numel(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(out_grad.view(-1), dloss / dloss.numel(), rtol=0, atol=1e-12)
 
 
 # == testSDAESparseCriterion.lua ============================================================
@@ -407,14 +403,10 @@ def _sdae_sparse_no_noise(size_average, seed):
     input = torch.ones(10, 100, dtype=torch.float64)
     noisy = crit.prepare_input(to_pairs(sparsify(input)))
     output = torch.rand(10, 100, generator=g, dtype=torch.float64)
-    plain = output.clone().requires_grad_()
-    expected = basic(plain, input)
-    expected.backward()
-    out = output.clone().requires_grad_()
-    obtained = crit(out, noisy)
-    obtained.backward()
+    expected, plain_grad = _loss_and_grad(basic, output, input)
+    obtained, out_grad = _loss_and_grad(crit, output, noisy)
     torch.testing.assert_close(obtained, expected.detach() * beta, rtol=0, atol=1e-6)
-    torch.testing.assert_close(out.grad, plain.grad * beta, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out_grad, plain_grad * beta, rtol=0, atol=1e-6)
 
 
 def test_sdae_sparse_no_noise():
@@ -449,17 +441,15 @@ def test_sdae_sparse_with_noise(hide_ratio):
     diff = (output[sparse_mask] - contiguous_input) ** 2
     diff[mask_alpha] *= alpha
     diff[mask_beta] *= beta
-    out = output.clone().requires_grad_()
-    loss = crit(out, noisy)
+    loss, out_grad = _loss_and_grad(crit, output, noisy)
     torch.testing.assert_close(loss, diff.sum() / diff.numel(), rtol=0, atol=1e-6)
-    loss.backward()
     dloss = 2 * (output[sparse_mask] - contiguous_input)
     dloss[mask_alpha] *= alpha
     dloss[mask_beta] *= beta
-    torch.testing.assert_close(out.grad.sum(), dloss.sum() / dloss.numel(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(out_grad.sum(), dloss.sum() / dloss.numel(), rtol=0, atol=1e-6)
     expected_grad = torch.zeros_like(output)
     expected_grad[sparse_mask] = dloss / dloss.numel()
-    torch.testing.assert_close(out.grad, expected_grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(out_grad, expected_grad, rtol=0, atol=1e-12)
 
 
 # == the Lua README's examples ==============================================================
@@ -631,11 +621,9 @@ def test_readme_sparse_criterion():
                           (SparseCriterion(nn.MSELoss(), size_average=False), 1),
                           (SparseCriterion(nn.MSELoss(), size_average=False,
                                            full_size_average=True), 1000)):
-        out = output.clone().requires_grad_()
-        loss = crit(out, target)
-        loss.backward()
+        loss, out_grad = _loss_and_grad(crit, output, target)
         torch.testing.assert_close(loss, squares / divisor)
-        torch.testing.assert_close(out.grad, torch.where(mask, 2 * (output - target_dense), 0.) / divisor)
+        torch.testing.assert_close(out_grad, torch.where(mask, 2 * (output - target_dense), 0.) / divisor)
 
 
 def test_readme_sdae_criterion_conf():
