@@ -184,9 +184,18 @@ class SparseBatch:
         return self.cache.crow
 
     def column_major(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(perm, cols, crow_t, row_t)`` of ``_index.column_major(row, col)``.  Cached."""
+        """``(perm, cols, crow_t, row_t)`` of ``_index.column_major(row, col)``.  Cached.
+
+        Derived from :meth:`column_major_all` (one sort of the entries per
+        pattern, whichever is asked first); ``cols`` has a data-dependent size:
+        one host sync on CUDA.
+        """
         if self.cache.column_major is None:
-            self.cache.column_major = _index.column_major(self.row, self.col)
+            _index.count("column_major")
+            perm, crow_all, row_t = self.column_major_all(self.width)
+            counts = crow_all.diff()
+            cols = counts.nonzero().squeeze(1)
+            self.cache.column_major = (perm, cols, _index.crow_from_counts(counts[cols]), row_t)
         return self.cache.column_major
 
     def column_major_all(self, width: int) -> Tuple[Tensor, Tensor, Tensor]:

@@ -180,14 +180,14 @@ def _sampled_rows(pattern: Optional["SparseBatch"], h: Tensor, weight: Tensor, c
     """``(h @ weight.T)`` at the positions ``(crow, col)`` of ``pattern``, ``(nnz,)``.
 
     :func:`_sampled_mm`; for a large CPU ``weight``, the transposed product
-    ``weight @ h.T`` sampled in column-major order (``pattern.column_major``,
+    ``weight @ h.T`` sampled in column-major order (``pattern.column_major_all``,
     cached on the batch), so that each touched row of ``weight`` is read once,
     in increasing order, and the values put back in the pattern's order.
     """
     if _table_blocks(weight) == 1 or pattern is None or col.shape[0] == 0:
         return _sampled_mm(h, weight.t(), crow, col)
-    perm, cols, crow_t, row_t = pattern.column_major()
-    values_t = _sampled_mm(weight, h.t(), _all_rows_crow(cols, crow_t, weight.shape[0]), row_t)
+    perm, crow_all, row_t = pattern.column_major_all(weight.shape[0])
+    values_t = _sampled_mm(weight, h.t(), crow_all, row_t)
     return torch.empty_like(values_t).index_copy_(0, perm, values_t)
 
 
@@ -214,8 +214,12 @@ def _update_rows_of(update: "TableUpdate", table: Tensor, row: Tensor, col: Tens
         update.masked(table, crow_all.diff() > 0,
                       _csr_rows_mm(row_t, dense, crow_all, entry_values[perm]))
         return
-    perm, cols, crow_t, row_t = (pattern.column_major() if pattern is not None
-                                 else _column_major(row, col))
+    if pattern is not None:
+        perm, cols, crow_t, row_t = pattern.column_major()
+        crow_all = pattern.column_major_all(table.shape[0])[1]
+    else:
+        perm, cols, crow_t, row_t = _column_major(row, col)
+        crow_all = _all_rows_crow(cols, crow_t, table.shape[0])
     weights = entry_values[perm]
     update(table, cols, _bag_rows(row_t, dense, crow_t, weights),
-           _bag_rows(row_t, dense, _all_rows_crow(cols, crow_t, table.shape[0]), weights))
+           _bag_rows(row_t, dense, crow_all, weights))

@@ -76,14 +76,7 @@ def _transposed(row: Tensor, col: Tensor, cols: int) -> Transposed:
     data-dependent size) every column gets a pointer, so ``S.T @ G`` is one
     product with no scatter and no host sync.
     """
-    _index.count("transposed")
     return _index.column_major_all(row, col, cols)
-
-
-def _full_pointers(cols: Tensor, crow_t: Tensor, width: int) -> Tensor:
-    """Pointers over all ``width`` columns from ``column_major``'s distinct ``cols``."""
-    counts = torch.zeros(width, dtype=torch.int64, device=cols.device)
-    return _index.crow_from_counts(counts.index_put_((cols,), crow_t.diff()))
 
 
 def _inverse(perm: Tensor) -> Tensor:
@@ -288,8 +281,7 @@ def _pattern_2d(a: Any, name: str) -> Tuple[_Pattern, Tuple[int, int]]:
     structure = batch.with_pattern_values(batch.values.detach()[:0])  # no values held
 
     def transposed() -> Transposed:
-        perm, cols, crow_t, row_t = structure.column_major()
-        return perm, _full_pointers(cols, crow_t, structure.width), row_t
+        return structure.column_major_all(structure.width)
     p = _Pattern(batch.values, batch.row, batch.col, batch.crow_indices(), batch.rows,
                  batch.width, transposed)
     return p, batch.shape
