@@ -43,8 +43,9 @@ def _csr_rows_mm(index: Tensor, table: Tensor, crow: Tensor, weights: Tensor) ->
     ``table`` must be contiguous ``(n, d)``; the result is ``(len(crow) - 1, d)``
     with zeros for empty bags.
     """
-    if crow.shape[0] == 1:
-        return table.new_zeros(0, table.shape[1])
+    if crow.shape[0] == 1 or table.shape[1] == 0:
+        # (embedding_bag refuses a zero-width table: "Expected i < index_size")
+        return table.new_zeros(crow.shape[0] - 1, table.shape[1])
     if not torch.is_grad_enabled() and (table.requires_grad or weights.requires_grad):
         # inside the layers' autograd Functions: embedding_bag then takes its
         # forward-only kernel (no bag bookkeeping for a backward), measured

@@ -92,6 +92,30 @@ def test_every_row_touched_equals_torch_optim(kind, hp, sparse_grad, device):
         torch.testing.assert_close(p, q, msg=name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adagrad", "rowwise_adagrad"])
+def test_zero_hidden_width_steps_like_torch_optim(kind, dtype):
+    # a hidden layer of width 0: the weights have no entries, only the biases learn
+    # (float32's embedding_bag refuses a zero-width table: the kernels must not call it)
+    def models():
+        torch.manual_seed(0)
+        model = _AE(sizes=(IN, 0, OUT)).to(dtype)
+        return model, copy.deepcopy(model)
+    ours, ref = models()
+    opt = noptim.apply_optimizer_in_backward(ours, kind, lr=0.1)
+    ref_opt = _torch_optimizer(kind, ref.parameters(), dict(lr=0.1))
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        x, y = (_batch(gen, 3, n, 0.5, "cpu").to(dtype) for n in (IN, OUT))
+        for model, o in ((ours, opt), (ref, ref_opt)):
+            o.zero_grad()
+            _loss(model, x, y).backward()
+            o.step()
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, msg=name)
+    assert not torch.equal(ours.dec.bias, models()[0].dec.bias)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_rowwise_adagrad_width_one_is_adagrad(device):
     # with rows of width 1, one accumulator per row is torch's element-wise Adagrad

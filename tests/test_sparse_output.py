@@ -17,10 +17,9 @@ def _positions(out):
 
 
 def _check_against_dense(dense_pattern, form, dtype, device, *, bias=True, sparse_grad=False,
-                         seed=0):
+                         seed=0, in_features=5):
     g = torch.Generator().manual_seed(seed)
     rows, out_features = dense_pattern.shape
-    in_features = 5
     h = torch.randn(rows, in_features, generator=g, dtype=dtype).to(device).requires_grad_()
     ref = nn.Linear(in_features, out_features, bias=bias).to(device=device, dtype=dtype)
     layer = nnsparse.SparseOutputLinear(in_features, out_features, bias=bias,
@@ -64,6 +63,15 @@ def _check_against_dense(dense_pattern, form, dtype, device, *, bias=True, spars
 def test_matches_masked_linear(form, dtype, device, sparse_grad):
     pattern = random_sparse_dense(6, 9, 0.35, empty_rows=2, dtype=dtype, device=device)
     _check_against_dense(pattern, form, dtype, device, sparse_grad=sparse_grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("form", ["coo", "csr"])
+@pytest.mark.parametrize("sparse_grad", [False, True])
+def test_zero_input_width(form, dtype, sparse_grad):
+    # h of shape (rows, 0): float32's embedding_bag refuses a zero-width table
+    pattern = random_sparse_dense(4, 6, 0.5, dtype=dtype)
+    _check_against_dense(pattern, form, dtype, "cpu", sparse_grad=sparse_grad, in_features=0)
 
 
 @pytest.mark.parametrize("form", ["coo", "csr", "coo_uncoalesced"])
