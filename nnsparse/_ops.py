@@ -38,8 +38,8 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._forms import as_device, as_sparse_batch
-from ._kernels import _csr_rows_mm, _sampled_mm, _t_mm
+from ._forms import SparseBatch, as_device, as_sparse_batch
+from ._kernels import _sampled_rows, _t_mm, _table_blocks, _table_mm
 
 __all__ = ["SparseParts", "sparse_parts"]
 
@@ -164,10 +164,30 @@ def _float_up(t: Tensor) -> Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
+def _large_table_batch(crow: Tensor, col: Tensor, table: Tensor,
+                       values: Optional[Tensor] = None) -> Optional[SparseBatch]:
+    """The parts as a trusted batch over ``table``'s rows when the products read
+    ``table`` in blocks (a large CPU table, :func:`nnsparse._kernels._table_blocks`):
+    its orders (``blocked_order``, ``column_major_all``) are what those products
+    read.  Built per call, as an operator keeps nothing between calls.  None for
+    a table read in one pass.  Without ``values`` the batch's are left unset
+    (``empty``): the orders read only the positions."""
+    if _table_blocks(table) == 1:
+        return None
+    if values is None:
+        values = table.new_empty(col.shape[0])
+    batch = SparseBatch(_index.rows_from_crow(crow, col.shape[0]), col, values,
+                        (crow.shape[0] - 1, table.shape[0]), "csr", row_sorted=True,
+                        coalesced=True, trusted=True)
+    batch.cache.crow = crow
+    return batch
+
+
 @torch.library.custom_op("nnsparse::sparse_mm", mutates_args=())
 def _sparse_mm(crow: Tensor, col: Tensor, values: Tensor, table: Tensor,
                bias: Optional[Tensor]) -> Tensor:
-    out = _csr_rows_mm(col, table.contiguous(), crow, values)
+    table = table.contiguous()
+    out = _table_mm(_large_table_batch(crow, col, table, values), col, table, crow, values)
     if bias is not None:
         out = out + bias
     return out
@@ -182,8 +202,8 @@ def _(crow, col, values, table, bias):
 def _sampled(h: Tensor, table: Tensor, bias: Optional[Tensor], crow: Tensor,
              col: Tensor) -> Tensor:
     dtype = h.dtype
-    h, table = _float_up(h), _float_up(table)
-    out = _sampled_mm(h.contiguous(), table.t(), crow, col)
+    h, table = _float_up(h).contiguous(), _float_up(table).contiguous()
+    out = _sampled_rows(_large_table_batch(crow, col, table), h, table, crow, col)
     if bias is not None:
         out = out + bias[col]
     return out.to(dtype)

@@ -63,6 +63,34 @@ def test_large_table_gradients_gradcheck(small_blocks):
     assert torch.autograd.gradcheck(f, (w_e, w_d))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_operator_path_reads_a_large_table_in_blocks(small_blocks, monkeypatch, dtype):
+    # the inputs torch.compile sees (SparseParts, nnsparse::* operators), run eagerly:
+    # the same values and gradients as the one-pass products
+    torch.manual_seed(0)
+    dense_x = _batch(5, 300, 0.05, 1, torch.float32).to(dtype)
+    enc = nnsparse.SparseLinearBatch(300, 4, mode="sparse").to(dtype)
+    dec = nnsparse.SparseOutputLinear(4, 300).to(dtype)
+
+    def run():
+        parts = nnsparse.sparse_parts(dense_x.to_sparse())
+        out = dec(torch.tanh(enc(parts)), parts).values.float()
+        grads = torch.autograd.grad(out.square().sum(), [enc.weight, dec.weight])
+        return [out, *grads]
+    _index.COUNTS.clear()
+    blocked = run()
+    # an operator keeps no structure between calls: the encoder's product and the
+    # decoder's grad_h each order the entries by block
+    assert _index.COUNTS["blocked"] == 2 and _index.COUNTS["column_major_all"] >= 1
+    monkeypatch.setattr(_kernels, "_BLOCK_ABOVE", 1 << 40)  # every table read in one pass
+    _index.COUNTS.clear()
+    one_pass = run()
+    assert _index.COUNTS["blocked"] == 0
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    for a, b in zip(blocked, one_pass):
+        torch.testing.assert_close(a, b, **tol)
+
+
 def test_blocked_order_groups_by_column_span_then_row():
     row = torch.tensor([0, 0, 0, 1, 1, 2])
     col = torch.tensor([0, 5, 9, 1, 8, 4])
