@@ -320,4 +320,5 @@ class TableUpdate:
                 f"of the same graph (retain_graph), several forwards before one backward "
                 f"(gradient accumulation) or one layer called twice in a step are not "
                 f"supported; use a larger batch, or materialised gradients with "
-                f"nnsparse.optim.LazyAdam or torch.optim")
+                f"nnsparse.optim.LazyAdam or torch.optim. The layers whose backward ran "
+                f"before this one in this pass have taken their step")

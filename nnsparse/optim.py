@@ -109,22 +109,33 @@ class LazyAdam(Optimizer):
                         decoupled_weight_decay=decoupled_weight_decay, dense_above=dense_above)
         super().__init__(params, defaults)
 
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """``Optimizer.add_param_group`` with the constructor's checks on the group's
+        hyperparameters (torch's would take a negative ``lr`` or ``maximize=True``)."""
+        if isinstance(param_group, dict):
+            _check_lazy_group({**self.defaults, **param_group}, "param_group")
+        super().add_param_group(param_group)
+
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """``Optimizer.load_state_dict``, with the moments' shapes checked first (torch
-        loads any shape, and the next step fails half-way)."""
+        """``Optimizer.load_state_dict`` of a :class:`LazyAdam` or ``torch.optim.Adam`` /
+        ``AdamW`` state, checked first (torch loads any shape, and the next step
+        would fail half-way): each entry's ``step``, ``exp_avg`` and ``exp_avg_sq``,
+        of its parameter's shape, and the groups' hyperparameters.  Keys a group
+        lacks (a torch Adam state has no ``dense_above``) take this optimiser's
+        defaults; the step count is kept as an int."""
         params = [p for group in self.param_groups for p in group["params"]]
-        state = state_dict.get("state", {}) if isinstance(state_dict, dict) else {}
-        for index, entry in (state.items() if isinstance(state, dict) else ()):
-            if not (isinstance(index, int) and 0 <= index < len(params)
-                    and isinstance(entry, dict)):
-                continue  # torch's own checks (group sizes, ids) answer those
-            for key in ("exp_avg", "exp_avg_sq"):
-                t = entry.get(key)
-                if isinstance(t, Tensor) and t.shape != params[index].shape:
-                    raise ValueError(f"state_dict['state'][{index}][{key!r}] must have its "
-                                     f"parameter's shape {tuple(params[index].shape)}, got "
-                                     f"{tuple(t.shape)}")
+        _check_state_entries(state_dict, params, "state_dict", ("step", "exp_avg", "exp_avg_sq"))
+        groups = state_dict.get("param_groups", []) if isinstance(state_dict, dict) else []
+        for i, group in enumerate(groups if isinstance(groups, list) else []):
+            if isinstance(group, dict):
+                _check_lazy_group({**self.defaults, **group}, f"state_dict['param_groups'][{i}]")
         super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+        for entry in self.state.values():
+            if isinstance(entry.get("step"), Tensor):  # torch.optim.Adam's float tensor
+                entry["step"] = int(entry["step"].item())
 
     @overload
     def step(self, closure: None = None) -> None: ...
@@ -138,6 +149,8 @@ class LazyAdam(Optimizer):
         loss = _closure_loss(closure)
         work = [(p, group) for group in self.param_groups for p in group["params"]
                 if p.grad is not None]
+        for i, group in enumerate(self.param_groups):  # e.g. an lr set to -1 since
+            _check_lazy_group(group, f"param_groups[{i}]", values=False)
         for p, _ in work:  # every check before the first change: a failed step changes nothing
             _check_grad(p, p.grad)
         for p, group in work:
@@ -152,6 +165,52 @@ class LazyAdam(Optimizer):
             state["step"] += 1
             _update(p, p.grad, state, group)
         return loss
+
+
+# torch.optim.Adam's switches that LazyAdam does not implement: refused when on
+_ADAM_ONLY = ("amsgrad", "maximize")
+
+
+def _check_lazy_group(group: Dict[str, Any], where: str, values: bool = True) -> None:
+    """The hyperparameters of a :class:`LazyAdam` parameter group, as its constructor
+    checks them.  ``values=False`` (at each step) leaves out comparisons of a
+    tensor ``lr`` (a host synchronisation on a GPU)."""
+    for key in _ADAM_ONLY:
+        if group.get(key):
+            raise ValueError(f"{where}: LazyAdam has no {key}, got {key}={group[key]!r}; "
+                             f"use torch.optim.Adam")
+    for key in ("lr", "eps", "weight_decay"):
+        if key not in group:
+            raise ValueError(f"{where} must have {key!r}")
+        value = group[key]
+        if values or not isinstance(value, Tensor):
+            _check_non_negative(f"{where}[{key!r}]", value)
+        else:
+            _check_real(f"{where}[{key!r}]", value)
+    _check_betas(group.get("betas"))
+    _check_share(group.get("dense_above"))
+    _check_flag(f"{where}['decoupled_weight_decay']", group.get("decoupled_weight_decay"))
+
+
+def _check_state_entries(state_dict: Any, params: List[Tensor], where: str,
+                         required: Tuple[str, ...] = ()) -> None:
+    """The per-parameter entries of an ``Optimizer.state_dict()`` against ``params``
+    (torch's order): each tensor of more than 0 dimensions must have its
+    parameter's shape (torch loads any, and a fused step then writes out of
+    bounds), and a non-empty entry must hold the ``required`` keys."""
+    state = state_dict.get("state", {}) if isinstance(state_dict, dict) else {}
+    for index, entry in (state.items() if isinstance(state, dict) else ()):
+        if not (isinstance(index, int) and 0 <= index < len(params) and isinstance(entry, dict)):
+            continue  # torch's own checks (group sizes, ids) answer those
+        missing = [key for key in required if key not in entry]
+        if entry and missing:
+            raise ValueError(f"{where}['state'][{index}] must hold {list(required)}, got "
+                             f"the keys {sorted(entry)}")
+        shape = tuple(params[index].shape)
+        for key, t in entry.items():
+            if isinstance(t, Tensor) and t.dim() > 0 and tuple(t.shape) != shape:
+                raise ValueError(f"{where}['state'][{index}][{key!r}] must have its "
+                                 f"parameter's shape {shape}, got {tuple(t.shape)}")
 
 
 def _check_grad(p: Tensor, grad: Tensor) -> None:
@@ -394,7 +453,12 @@ class InBackwardOptimizer:
       step.  Gradient accumulation over several backward passes, a second
       backward of the same graph, or a layer called twice before one
       backward are refused with a ``RuntimeError`` (use a larger batch, or
-      materialised gradients with :class:`LazyAdam` / ``torch.optim``).
+      materialised gradients with :class:`LazyAdam` / ``torch.optim``).  The
+      refusal comes from the backward of the layer concerned: the layers whose
+      backward ran before it in that pass (those nearer the loss) have taken
+      their step, the others have not.  (Refusing at the second forward instead
+      would also refuse a harmless forward whose output is kept and never
+      differentiated, e.g. an evaluation outside ``torch.no_grad()``.)
     * **Lazy.**  Only touched rows (input columns of a ``SparseLinearBatch``,
       output columns of a ``SparseOutputLinear``'s pattern) and their state
       change.  Weight decay is *plainly lazy*: applied, as the torch
@@ -493,9 +557,12 @@ class InBackwardOptimizer:
                 layer._row_update = None
 
     def state_dict(self) -> Dict[str, Any]:
-        """``{"kind", "tables": {layer name: state}, "dense": dense.state_dict() or None}``."""
+        """``{"kind", "tables": {layer name: state}, "lr": {layer name: lr},
+        "dense": dense.state_dict() or None}`` (``lr``: the tables' learning
+        rates, as :meth:`set_lr` left them)."""
         return {"kind": self.kind,
                 "tables": {n: {k: t for k, t in u.state.items()} for n, u in self._updates.items()},
+                "lr": {n: u.hp["lr"] for n, u in self._updates.items()},
                 "dense": self.dense.state_dict() if self.dense is not None else None}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -523,10 +590,21 @@ class InBackwardOptimizer:
             raise ValueError("state_dict['dense'] must be given exactly when the model has "
                              "parameters outside the in-backward layers")
         if self.dense is not None:
+            _check_state_entries(state_dict["dense"], [p for group in self.dense.param_groups
+                                                       for p in group["params"]],
+                                 "state_dict['dense']")
+        rates = state_dict.get("lr", {})  # absent from older state dicts: the rates are kept
+        if not isinstance(rates, dict) or not set(rates) <= set(self._updates):
+            raise ValueError(f"state_dict['lr'] must be a dict of layer name -> learning rate "
+                             f"for the layers {sorted(self._updates)}, got {rates!r}")
+        for name, lr in rates.items():
+            _check_non_negative(f"state_dict['lr'][{name!r}]", lr)
+        if self.dense is not None:
             self.dense.load_state_dict(state_dict["dense"])
         for name, u in self._updates.items():
             for key, t in u.state.items():
                 t.copy_(tables[name][key])
+            u.hp["lr"] = rates.get(name, u.hp["lr"])
 
 
 def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,

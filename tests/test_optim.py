@@ -270,3 +270,77 @@ def test_in_backward_hyperparameters_of_the_wrong_kind(kwargs, exc, message):
     with pytest.raises(exc, match=message):
         nnsparse.optim.apply_optimizer_in_backward(model, "adam", **kwargs)
     assert model._row_update is None  # a refused call leaves the layer as it was
+
+
+def _adam_trained(p):
+    adam = torch.optim.Adam([p], lr=0.1)
+    p.grad = torch.ones_like(p)
+    adam.step()
+    return adam
+
+
+def test_lazy_adam_loads_torch_adam_state():
+    # Adam's state dict (a float tensor step, no dense_above) continues as Adam
+    p, q = (torch.nn.Parameter(torch.arange(6.).view(3, 2)) for _ in range(2))
+    adam = _adam_trained(p)
+    _adam_trained(q)
+    ours = noptim.LazyAdam([q], lr=0.1)
+    ours.load_state_dict(copy.deepcopy(adam.state_dict()))
+    assert ours.param_groups[0]["dense_above"] is None and ours.state[q]["step"] == 1
+    for opt, param in ((adam, p), (ours, q)):
+        param.grad = torch.full_like(param, 0.5)
+        opt.step()
+    torch.testing.assert_close(q, p)
+
+
+def _state_with(entry):
+    p = torch.nn.Parameter(torch.zeros(3, 2))
+    state = _adam_trained(p).state_dict()
+    state["state"][0] = entry(state["state"][0])
+    return state
+
+
+@pytest.mark.parametrize("entry,message", [
+    (lambda e: {"step": e["step"], "momentum_buffer": e["exp_avg"]},
+     r"state_dict\['state'\]\[0\] must hold \['step', 'exp_avg', 'exp_avg_sq'\], got the "
+     r"keys \['momentum_buffer', 'step'\]"),
+    (lambda e: {k: v for k, v in e.items() if k != "exp_avg_sq"}, "must hold"),
+    (lambda e: {**e, "exp_avg": torch.zeros(2)},
+     r"state_dict\['state'\]\[0\]\['exp_avg'\] must have its parameter's shape \(3, 2\), "
+     r"got \(2,\)"),
+])
+def test_lazy_adam_refuses_a_state_it_cannot_step(entry, message):
+    p = torch.nn.Parameter(torch.zeros(3, 2))
+    opt = noptim.LazyAdam([p])
+    with pytest.raises(ValueError, match=message):
+        opt.load_state_dict(_state_with(entry))
+    assert opt.state_dict()["state"] == {}  # nothing loaded
+
+
+@pytest.mark.parametrize("group,exc,message", [
+    (dict(maximize=True), ValueError, r"param_group: LazyAdam has no maximize, got maximize=True"),
+    (dict(amsgrad=True), ValueError, "LazyAdam has no amsgrad"),
+    (dict(lr=-1.0), ValueError, r"param_group\['lr'\] must be non-negative, got -1.0"),
+    (dict(eps=-1), ValueError, r"param_group\['eps'\] must be non-negative"),
+    (dict(betas=(2.0, 0.5)), ValueError, r"betas must be in \[0, 1\)"),
+    (dict(dense_above=3), ValueError, r"dense_above must be None or in \[0, 1\]"),
+    (dict(decoupled_weight_decay=1), TypeError, "decoupled_weight_decay'\\] must be a bool"),
+])
+def test_lazy_adam_checks_every_param_group(group, exc, message):
+    p, q = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    with pytest.raises(exc, match=message):
+        noptim.LazyAdam([{"params": [p], **group}])
+    opt = noptim.LazyAdam([p])
+    with pytest.raises(exc, match=message):
+        opt.add_param_group({"params": [q], **group})
+    assert len(opt.param_groups) == 1
+
+
+def test_lazy_adam_refuses_a_group_changed_to_a_bad_value_before_stepping():
+    p, q = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    opt = noptim.LazyAdam([{"params": [p]}, {"params": [q]}], lr=0.1)
+    p.grad, q.grad = torch.ones(2), torch.ones(2)
+    opt.param_groups[1]["lr"] = -1.0
+    with pytest.raises(ValueError, match=r"param_groups\[1\]\['lr'\] must be non-negative"):
+        opt.step()
+    assert torch.equal(p, torch.zeros(2)) and not opt.state  # the first group untouched

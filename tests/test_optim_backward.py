@@ -490,3 +490,46 @@ def test_sync_free_step_reads_nothing_back(monkeypatch):
         assert reads == [], kind
         # the transposed structures were built by the first step, cached on the batches
         assert nnsparse._index.COUNTS["column_major_all"] == 0, kind
+
+
+def _trained_with_head(lr=0.01):
+    torch.manual_seed(0)
+    model = nn.ModuleDict(dict(enc=nnsparse.SparseLinearBatch(6, 3),
+                               head=nn.Linear(3, 50)))
+    opt = noptim.fused_step_optimizer(model, lr=lr)
+    x = torch.eye(6)[:2].to_sparse_csr()
+    model["head"](model["enc"](x)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_a_dense_state_of_the_wrong_shape_is_refused_before_loading():
+    # torch's fused Adam would write through the short moment (memory corruption)
+    _, opt = _trained_with_head()
+    state = copy.deepcopy(opt.state_dict())
+    state["dense"]["state"][1]["exp_avg"] = torch.zeros(2)
+    _, other = _trained_with_head()
+    before = copy.deepcopy(other.state_dict())
+    with pytest.raises(ValueError, match=r"state_dict\['dense'\]\['state'\]\[1\]\['exp_avg'\] "
+                                         r"must have its parameter's shape \(50, 3\), got \(2,\)"):
+        other.load_state_dict(state)
+    after = other.state_dict()
+    torch.testing.assert_close(after["tables"], before["tables"])
+    torch.testing.assert_close(after["dense"]["state"], before["dense"]["state"])
+
+
+def test_the_tables_learning_rate_is_saved_and_loaded():
+    _, opt = _trained_with_head()
+    opt.set_lr(0.5)
+    state = copy.deepcopy(opt.state_dict())
+    assert state["lr"] == {"enc": 0.5}
+    _, other = _trained_with_head(lr=0.01)
+    other.load_state_dict(state)
+    assert other._updates["enc"].hp["lr"] == 0.5
+    assert other.dense.param_groups[0]["lr"] == 0.5
+    del state["lr"]  # a state dict saved before the rates were: the rates are kept
+    other.set_lr(0.2)
+    other.load_state_dict(state)
+    assert other._updates["enc"].hp["lr"] == 0.2
+    with pytest.raises(ValueError, match=r"state_dict\['lr'\]\['enc'\] must be non-negative"):
+        other.load_state_dict({**state, "lr": {"enc": -1.0}})
