@@ -110,7 +110,11 @@ class SplitOptimizer(Optimizer):
             seen |= ids
         # No Optimizer.__init__: the parts own the parameters and their state.
         self.optimizers = dict(optimizers)
-        self.defaults: Dict[str, Any] = {}
+        # the settings every part has (the first part's values): what schedulers
+        # read, e.g. OneCycleLR's "betas" or "momentum" check
+        parts = list(self.optimizers.values())
+        self.defaults: Dict[str, Any] = {k: v for k, v in parts[0].defaults.items()
+                                         if all(k in o.defaults for o in parts[1:])}
         # OrderedDicts: torch's RemovableHandle keeps a weak reference to them
         self._optimizer_step_pre_hooks: Dict[int, Callable] = OrderedDict()
         self._optimizer_step_post_hooks: Dict[int, Callable] = OrderedDict()
@@ -143,7 +147,10 @@ class SplitOptimizer(Optimizer):
 
     def _check_gradients(self) -> None:
         """Refuse a step that a part would fail half-way (after others have stepped)."""
+        from .optim import LazyAdam
         for name, opt in self.optimizers.items():
+            if isinstance(opt, LazyAdam):
+                opt._checked_work()  # its own checks: groups, gradient layouts
             takes_sparse = isinstance(opt, _sparse_capable())
             for group in opt.param_groups:
                 for p in group["params"]:

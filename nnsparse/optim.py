@@ -137,6 +137,18 @@ class LazyAdam(Optimizer):
             if isinstance(entry.get("step"), Tensor):  # torch.optim.Adam's float tensor
                 entry["step"] = int(entry["step"].item())
 
+    def _checked_work(self) -> List[Tuple[Tensor, Dict[str, Any]]]:
+        """The ``(parameter, group)`` pairs a step updates, every group and gradient
+        checked first: a refused step changes nothing (nor, in a
+        :class:`~nnsparse.SplitOptimizer`, the other parts)."""
+        for i, group in enumerate(self.param_groups):  # e.g. an lr set to -1 since
+            _check_lazy_group(group, f"param_groups[{i}]", values=False)
+        work = [(p, group) for group in self.param_groups for p in group["params"]
+                if p.grad is not None]
+        for p, _ in work:
+            _check_grad(p, p.grad)
+        return work
+
     @overload
     def step(self, closure: None = None) -> None: ...
 
@@ -147,13 +159,7 @@ class LazyAdam(Optimizer):
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Perform one optimisation step (see the class docstring)."""
         loss = _closure_loss(closure)
-        work = [(p, group) for group in self.param_groups for p in group["params"]
-                if p.grad is not None]
-        for i, group in enumerate(self.param_groups):  # e.g. an lr set to -1 since
-            _check_lazy_group(group, f"param_groups[{i}]", values=False)
-        for p, _ in work:  # every check before the first change: a failed step changes nothing
-            _check_grad(p, p.grad)
-        for p, group in work:
+        for p, group in self._checked_work():
             state = self.state[p]
             if not state:
                 state["step"] = 0

@@ -200,3 +200,33 @@ def test_step_hooks_run_and_can_be_removed():
     pre.remove()
     opt.step()
     assert calls == ["pre", "post", "post"]
+
+
+def test_a_lazy_adam_part_refusing_its_gradient_changes_no_parameter():
+    a = nn.Parameter(torch.randn(3))
+    b = nn.Parameter(torch.randn(4, 3).t())  # not contiguous: LazyAdam refuses a sparse grad
+    opt = SplitOptimizer({"dense": torch.optim.Adam([a], lr=0.1), "sparse": LazyAdam([b], lr=0.1)})
+    a.grad = torch.ones(3)
+    b.grad = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.ones(1, 4), (3, 4))
+    before = a.detach().clone()
+    with pytest.raises(NotImplementedError, match="LazyAdam needs a contiguous parameter"):
+        opt.step()
+    assert torch.equal(a, before) and not opt.state
+
+
+@pytest.mark.parametrize("make", [
+    lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=6),
+    lambda opt: torch.optim.lr_scheduler.CyclicLR(opt, 0.01, 0.1, step_size_up=2),
+], ids=["OneCycleLR", "CyclicLR"])
+def test_momentum_cycling_schedulers_drive_both_parts(make):
+    torch.manual_seed(0)
+    model = _Mixed()
+    opt = make_optimizer(model, lr=0.1)
+    assert "betas" in opt.defaults
+    sched = make(opt)
+    for _ in range(3):
+        _steps(model, opt, 1)
+        sched.step()
+    lrs = {g["lr"] for g in opt.param_groups}
+    betas = {g["betas"] for g in opt.param_groups}
+    assert len(lrs) == 1 and len(betas) == 1 and lrs != {0.1}
