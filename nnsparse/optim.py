@@ -137,16 +137,16 @@ class LazyAdam(Optimizer):
             if isinstance(entry.get("step"), Tensor):  # torch.optim.Adam's float tensor
                 entry["step"] = int(entry["step"].item())
 
-    def _checked_work(self) -> List[Tuple[Tensor, Dict[str, Any]]]:
-        """The ``(parameter, group)`` pairs a step updates, every group and gradient
+    def _checked_work(self) -> List[Tuple[Tensor, Tensor, Dict[str, Any]]]:
+        """The ``(parameter, gradient, group)`` a step updates, every group and gradient
         checked first: a refused step changes nothing (nor, in a
         :class:`~nnsparse.SplitOptimizer`, the other parts)."""
         for i, group in enumerate(self.param_groups):  # e.g. an lr set to -1 since
             _check_lazy_group(group, f"param_groups[{i}]", values=False)
-        work = [(p, group) for group in self.param_groups for p in group["params"]
+        work = [(p, p.grad, group) for group in self.param_groups for p in group["params"]
                 if p.grad is not None]
-        for p, _ in work:
-            _check_grad(p, p.grad)
+        for p, grad, _ in work:
+            _check_grad(p, grad)
         return work
 
     @overload
@@ -159,7 +159,7 @@ class LazyAdam(Optimizer):
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Perform one optimisation step (see the class docstring)."""
         loss = _closure_loss(closure)
-        for p, group in self._checked_work():
+        for p, grad, group in self._checked_work():
             state = self.state[p]
             if not state:
                 state["step"] = 0
@@ -169,7 +169,7 @@ class LazyAdam(Optimizer):
                 if state[key].stride() != p.stride():
                     state[key] = torch.empty_like(p).copy_(state[key])
             state["step"] += 1
-            _update(p, p.grad, state, group)
+            _update(p, grad, state, group)
         return loss
 
 
