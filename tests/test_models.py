@@ -187,3 +187,20 @@ def test_weight_decay_spares_the_biases(data):
               for p in g["params"]}
     assert decays[(16, train.n_users)] == 0.5 and decays[(train.n_users,)] == 0.0
     assert decays[(16,)] == 0.0
+
+
+SMALL = dict(hidden=4, epochs=2, batch_size=8, validation_ratio=0.0)
+
+
+def test_user_index_follows_a_second_fit():
+    a = Ratings.from_triples([100, 200, 200, 300], [1, 1, 2, 2], [1., 5., 3., 4.])
+    b = Ratings.from_triples([5, 100, 100, 200], [1, 1, 2, 2], [2., 5., 3., 1.])
+    model = AutoRec(**SMALL).fit(a, verbose=False, progress=False)
+    assert model.user_index(200) == 1
+    model.fit(b, verbose=False, progress=False)
+    assert [model.user_index(u) for u in (5, 100, 200)] == [0, 1, 2]
+    rated = model.recommend(200, 5, min_support=0, exclude_rated=False).ids
+    unrated = model.recommend(200, 5, min_support=0).ids  # user 200 rated item 2 in b
+    assert sorted(rated) == [1, 2] and unrated == [1]
+    with pytest.raises(KeyError, match="user 300 is not in the training data"):
+        model.user_index(300)

@@ -176,6 +176,7 @@ class RatingModel(nn.Module):
         self.fit_seconds: float = 0.0
         self.verbose = True
         self._built = False
+        self._user_lookup: Optional[Dict[Any, int]] = None  # original id -> index, built on use
 
     # -- hyperparameters ----------------------------------------------------------
     def _check_hparams(self) -> None:
@@ -341,6 +342,7 @@ class RatingModel(nn.Module):
         self.item_ids_: List[Any] = train.item_ids()
         self.titles_: Optional[List[str]] = list(train.titles) if train.titles else None
         self._train = train
+        self._user_lookup = None  # the ids may have changed: rebuilt on the next use
 
     def _trainer(self, device: torch.device, progress: Optional[bool],
                  epochs: Optional[int] = None) -> Trainer:
@@ -657,8 +659,6 @@ class RatingModel(nn.Module):
     def user_index(self, user: Any) -> int:
         """The index of a user's original id (ids read as text are tried as ints too)."""
         self._check_built()
-        if not hasattr(self, "_user_lookup"):
-            self._user_lookup = {u: i for i, u in enumerate(self.user_ids_)}
         if isinstance(user, bool):  # True == 1 would find user 1
             raise TypeError("user must be an original user id, got bool")
         try:
@@ -666,6 +666,8 @@ class RatingModel(nn.Module):
         except TypeError:
             raise TypeError(f"user must be an original user id (hashable), got "
                             f"{type(user).__name__}") from None
+        if self._user_lookup is None:  # cleared whenever fit or load sets the ids
+            self._user_lookup = {u: i for i, u in enumerate(self.user_ids_)}
         for key in (user, _as_int(user), str(user)):
             if key in self._user_lookup:
                 return self._user_lookup[key]
