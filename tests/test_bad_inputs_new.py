@@ -791,6 +791,27 @@ CASES += [
          TypeError, r"validate must be callable, got int"),
     Case("topk-candidates-meta", lambda: _batchifier().topk(_X(), 2, candidates=_meta(4, dtype=torch.bool)),
          ValueError, r"candidates must hold data, got a tensor on the meta device"),
+    # the data-side probe: repeated pairs, missing ids, index dtypes, empty training
+    Case("fit-pair-rated-twice", lambda: AutoRec(**SMALL).fit(
+        Ratings.from_triples([1, 1, 2], [1, 1, 2], [1.0, 2.0, 3.0]), verbose=False, progress=False),
+         ValueError, r"train: 1 \(user, item\) pair rated more than once, e\.g\. user 1 and item 1"),
+    Case("kfold-pair-rated-twice", lambda: kfold(
+        Ratings.from_triples([1, 1, 2], [1, 1, 2], [1.0, 2.0, 3.0]), k=2),
+         ValueError, r"ratings: 1 \(user, item\) pair rated more than once"),
+    Case("from_triples-None-id", lambda: Ratings.from_triples([None, 1], [1, 2], [1.0, 2.0]),
+         ValueError, r"user must hold ids, got None \(a missing id\) at position 0"),
+    Case("from_triples-NaN-item", lambda: Ratings.from_triples([1, 2], [float("nan")] * 2, [1.0, 2.0]),
+         ValueError, r"item must hold ids, got nan \(a missing id\) at position 0"),
+    Case("subset-uint8", lambda: ratings().subset(torch.ones(len(ratings()), dtype=torch.uint8)),
+         TypeError, r"index must be int64 indices or a bool mask, got torch.uint8"),
+    Case("subset-out-of-range", lambda: ratings().subset(torch.tensor([300])), IndexError,
+         r"index must be in \[-300, 300\) \(entries of 300 ratings\), got 300"),
+    Case("Trainer.fit-no-rows", lambda: Trainer(AutoRec(**SMALL), epochs=1, batch_size=4, lr=1e-3).fit(
+        torch.zeros(0, 5).to_sparse_csr()),
+         ValueError, r"x_train must have at least one row to train on, got shape \(0, 5\)"),
+    Case("Trainer.validation_rmse-str", lambda: Trainer(fitted(), epochs=1, batch_size=4,
+                                                        lr=1e-3).validation_rmse(lambda: "x"),
+         TypeError, r"validate must return a number \(the validation RMSE\), got str 'x'"),
 ]
 
 
@@ -840,6 +861,14 @@ WORKS = [
     Works("Batchifier-inference-sparse-output", lambda: nnsparse.Batchifier(
         nnsparse.PatternSequential(nnsparse.Sparsify(), nnsparse.Densify(3)), 3, progress=False)(_X().to_dense()[:, :3]),
           lambda out: torch.equal(out, _X().to_dense()[:, :3])),
+    Works("Trainer-epochs-numpy", lambda: Trainer(fitted(), epochs=__import__("numpy").int64(2),
+                                                  batch_size=__import__("numpy").int64(4), lr=1e-3),
+          lambda t: (t.epochs, t.batch_size) == (2, 4)),
+    Works("AutoRec-seed-2**64", lambda: AutoRec(**SMALL, seed=2**64).fit(ratings(), verbose=False,
+                                                                       progress=False),
+          lambda m: m._built),
+    Works("split_ratings-seed-2**64", lambda: nnsparse.data.split_ratings(ratings(), 0.1, seed=2**64),
+          lambda parts: len(parts[1]) == 30),
     Works("predict_entries-int32", lambda: fitted().predict_entries(torch.tensor([0, 1], dtype=torch.int32),
                                                                     torch.tensor([0, 1], dtype=torch.int32)),
           lambda out: torch.equal(out, fitted().predict_entries(torch.tensor([0, 1]), torch.tensor([0, 1])))),

@@ -41,7 +41,7 @@ def test_rating_matrix_keeps_zero_values():
 
 def test_rating_matrix_errors():
     r = Ratings.from_triples([0, 0], [1, 1], [3.0, 4.0], source="dup.txt")
-    with pytest.raises(ValueError, match=r"ratings from dup.txt rate 1 \(user, item\) pairs more"):
+    with pytest.raises(ValueError, match=r"ratings from dup.txt: 1 \(user, item\) pair rated more"):
         rating_matrix(r)
     with pytest.raises(ValueError, match="orientation must be 'item' or 'user', got 'row'"):
         rating_matrix(small(), "row")
@@ -121,6 +121,36 @@ def test_dtype_preserved_and_gradient():
     assert out.dtype == torch.float64
     out.sum().backward()
     torch.testing.assert_close(v.grad, torch.full((2,), 2.0, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("orientation, example", [
+    ("item", "user 'b' and item 7 (3 ratings)"),  # the first repeated key: item-major order
+    ("user", "user 'a' and item 8 (2 ratings)"),  # user-major order
+])
+def test_rating_matrix_names_a_repeated_pair(orientation, example):
+    r = Ratings.from_triples(["a", "a", "b", "b", "b", "a"], [8, 8, 7, 7, 7, 7],
+                             [1.0, 2.0, 3.0, 4.0, 5.0, 1.0], source="dup.txt")
+    with pytest.raises(ValueError) as info:
+        rating_matrix(r, orientation)
+    assert str(info.value) == (f"ratings from dup.txt: 2 (user, item) pairs rated more than "
+                               f"once, e.g. {example}; keep one rating per pair")
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64])
+def test_normalizer_rows_of_every_index_dtype(dtype):
+    norm = RatingNormalizer(small())
+    row = torch.tensor([1, 1, 2])
+    for call in (norm.normalize, norm.denormalize):
+        assert torch.equal(call(torch.zeros(3), row.to(dtype)), call(torch.zeros(3), row))
+
+
+@pytest.mark.parametrize("method", ["normalize", "denormalize"])
+def test_normalizer_refuses_uint8_rows(method):
+    # torch reads uint8 as a mask: [1, 1, 1] would pick rows 0, 1, 2, not row 1 three times
+    norm = RatingNormalizer(small())
+    with pytest.raises(TypeError, match=r"row must be an int64 tensor of matrix rows, got "
+                                        r"torch.uint8, which torch would read as a mask"):
+        getattr(norm, method)(torch.zeros(3), torch.tensor([1, 1, 1], dtype=torch.uint8))
 
 
 def test_normalizer_errors():

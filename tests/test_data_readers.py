@@ -257,3 +257,147 @@ def test_failed_read_leaves_the_given_maps_unchanged(tmp_path, kwargs, text, mes
     path.write_text("3\t30\t4\t0\n")
     read_ratings(path, "ml-100k", user_map=users, item_map=items)
     assert users == {1: 0, 2: 1, 3: 2} and items == {10: 0, 30: 1}
+
+
+@pytest.mark.parametrize("fmt, text, example", [
+    ("ml-100k", "1\t10\t4\t0\n2\t10\t3\t0\n1\t10\t5\t0\n", "user 1 and item 10 (lines 1, 3)"),
+    ("ml-1m", "1::10::4::0\n\n1::10::5::0\n1::10::2::0\n2::20::1::0\n2::20::1::0\n",
+     "user 1 and item 10 (lines 1, 3, 4)"),
+    ("csv", "userId,movieId,rating,timestamp\n1,10,4,0\n2,5,1,0\n2,5,2,0\n",
+     "user 2 and item 5 (lines 3, 4)"),
+    ("text", "bob book 4\nann book 2\nbob book 1 7\n", "user 'bob' and item 'book' (lines 1, 3)"),
+])
+def test_a_pair_rated_twice_is_refused_with_its_lines(tmp_path, fmt, text, example):
+    # Real MovieLens files rate each pair once; a repeat would leak across a split.
+    path = tmp_path / "twice.dat"
+    path.write_text(text)
+    pairs = 2 if fmt == "ml-1m" else 1
+    users, items = {1: 0}, {10: 0}
+    maps = dict(user_map=users, item_map=items) if fmt == "ml-100k" else {}
+    with pytest.raises(ValueError) as info:
+        read_ratings(path, fmt, **maps)
+    assert str(info.value) == (f"{path}: {pairs} (user, item) pair{'s' * (pairs > 1)} rated more "
+                               f"than once, e.g. {example}; keep one rating per pair")
+    assert users == {1: 0} and items == {10: 0}  # the refused read changed no map
+
+
+def test_repeated_pair_lines_after_dropping_unseen(tmp_path):
+    path = tmp_path / "u.test"
+    path.write_text("9\t10\t1\t0\n1\t10\t4\t0\n1\t10\t5\t0\n")  # user 9 is dropped
+    with pytest.warns(UserWarning, match="dropped 1"), pytest.raises(
+            ValueError, match=r"e\.g\. user 1 and item 10 \(lines 2, 3\)"):
+        read_ratings(path, "ml-100k", user_map={1: 0}, item_map={10: 0}, unseen="drop")
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("csv", "1,2,3.5,0\n2,3,4,0\n"),                                # no header
+    ("csv", "userId,movieId,rating,timestamp\n1,2,3.5,0\n2,3,4,0\n"),
+    ("ml-1m", "1::2::3.5::0\n2::3::4::0\n"),
+    ("ml-100k", "1\t2\t3.5\t0\n2\t3\t4\t0\n"),
+    ("text", "1 2 3.5\n2 3 4\n"),
+])
+def test_a_utf8_byte_order_mark_is_skipped(tmp_path, fmt, text):
+    path = tmp_path / "bom.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    r = read_ratings(path, fmt)
+    assert r.rating.tolist() == [3.5, 4.0]
+    assert r.user_map == {1: 0, 2: 1} and r.item_map == {2: 0, 3: 1}
+
+
+@pytest.mark.parametrize("fmt, title_name, text", [
+    ("ml-1m", "movies.dat", "1193::Cuckoo's Nest (1975)::Drama\n"),
+    ("csv", "movies.csv", "movieId,title,genres\n1,Toy Story (1995),Adventure\n"),
+])
+def test_a_byte_order_mark_in_the_title_file_is_skipped(tmp_path, fmt, title_name, text):
+    path = write(tmp_path, fmt, titles=False)
+    (tmp_path / title_name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+    title = text.splitlines()[-1].split("::" if fmt == "ml-1m" else ",")[1]
+    assert title in read_ratings(path, fmt).titles
+
+
+@pytest.mark.parametrize("fmt, text, line, what", [
+    ("ml-1m", "10::10::2::0\n1_0::10::1::0\n", 2, "the user id must be an integer, got '1_0'"),
+    ("ml-100k", "1\t1_0\t1\t0\n", 1, "the item id must be an integer, got '1_0'"),
+    ("csv", "userId,movieId,rating,timestamp\n1,2,3,0\n1,3,1_0,0\n", 3,
+     "the rating must be a finite number, got '1_0'"),
+    ("text", "a b 1\nc d 4_0.5\n", 2, "the rating must be a finite number, got '4_0.5'"),
+    ("ml-1m", "12_345_678_901_234_567_890::1::1::0\n", 1,
+     "the user id must be an integer, got '12_345_678_901_234_567_890'"),
+])
+def test_numbers_with_underscores_are_refused(tmp_path, fmt, text, line, what):
+    # Python and numpy read 1_0 as 10 (PEP 515): 1_0 and 10 would be one user
+    path = tmp_path / "under.dat"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"under\.dat, line {line}: {re.escape(what)} "
+                                         rf"\(no '_' in numbers\)"):
+        read_ratings(path, fmt)
+
+
+def test_underscores_in_text_ids_keep_them_strings(tmp_path):
+    path = tmp_path / "r.txt"
+    path.write_text("1_0 a 4\n10 a 3\n")  # not the integer 10 twice: two users
+    assert read_ratings(path, "text").user_map == {"10": 0, "1_0": 1}
+    path.write_text("1_0 a 4\n10 a 3\nuser_7 b 2\n")
+    assert read_ratings(path, "text").user_map == {"10": 0, "1_0": 1, "user_7": 2}
+    for fmt, text in (("text", "+1 01 4\n2 1 3\n"), ("ml-1m", "+1::01::4::0\n2::1::3::0\n")):
+        path.write_text(text)  # signs and leading zeros are read as before
+        r = read_ratings(path, fmt)
+        assert r.user_map == {1: 0, 2: 1} and r.item_map == {1: 0}
+
+
+@pytest.mark.parametrize("token", ["1e39", "-4e38"])
+def test_a_rating_beyond_float32_is_named(tmp_path, token):
+    path = tmp_path / "big.dat"
+    path.write_text(f"1::10::5::0\n2::10::{token}::0\n")
+    with pytest.raises(ValueError, match=rf"big\.dat, line 2: the rating '{token}' overflows "
+                                         r"the rating dtype float32 \(at most 3\.403e\+38"):
+        read_ratings(path, "ml-1m")
+
+
+@pytest.mark.parametrize("user, error, match", [
+    ([None, 1], ValueError, r"user must hold ids, got None \(a missing id\) at position 0"),
+    ([1, None], ValueError, r"user must hold ids, got None \(a missing id\) at position 1"),
+    ([float("nan"), float("nan")], ValueError, r"user must hold ids, got nan \(a missing id\)"),
+    (["a", float("nan")], ValueError, r"user must hold ids, got nan \(a missing id\) at position 1"),
+    (torch.tensor([1.0, float("nan")]), ValueError, r"user must hold ids, got nan"),
+])
+def test_from_triples_refuses_missing_ids(user, error, match):
+    with pytest.raises(error, match=match):
+        Ratings.from_triples(user, [1, 2], [1.0, 2.0])
+    with pytest.raises(error, match=match.replace("user", "item", 1)):
+        Ratings.from_triples([1, 2], user, [1.0, 2.0])
+
+
+def test_from_triples_rating_beyond_float32():
+    with pytest.raises(ValueError, match=r"rating must fit the rating dtype float32 \(at most "
+                                         r"3\.403e\+38 in size\), got 1e\+39 at position 1"):
+        Ratings.from_triples([1, 2], [1, 2], [1.0, 1e39])
+
+
+def _index_cases():
+    import numpy as np
+    return [
+        ("uint8-tensor", torch.tensor([1, 1, 0, 0], dtype=torch.uint8), TypeError,
+         r"index must be int64 indices or a bool mask, got torch\.uint8, which torch would read "
+         r"as a mask; convert it with \.long\(\) \(indices\) or \.bool\(\) \(a mask\)"),
+        ("uint8-numpy", np.array([1, 1, 0, 0], dtype=np.uint8), TypeError,
+         r"index must be int64 indices or a bool mask, got torch\.uint8"),
+        ("past-the-end", torch.tensor([7]), IndexError,
+         r"index must be in \[-4, 4\) \(entries of 4 ratings\), got 7"),
+        ("before-the-start", [0, -5], IndexError, r"index must be in \[-4, 4\) .*got -5"),
+        ("float", torch.tensor([1.0]), TypeError, r"index must be an integer or bool tensor"),
+    ]
+
+
+@pytest.mark.parametrize("case", _index_cases(), ids=lambda c: c[0])
+def test_subset_refuses_bad_indices(case):
+    _, index, error, match = case
+    r = Ratings.from_triples([1, 2, 3, 4], [1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(error, match=match):
+        r.subset(index)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64])
+def test_subset_reads_every_signed_index_dtype_as_indices(dtype):
+    r = Ratings.from_triples([1, 2, 3, 4], [1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])
+    assert r.subset(torch.tensor([1, 1, -1], dtype=dtype)).rating.tolist() == [2.0, 2.0, 4.0]

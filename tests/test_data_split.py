@@ -1,4 +1,7 @@
 """Tests of nnsparse.data.split: seeded, disjoint, complete splits sharing one id map."""
+import re
+
+import numpy as np
 import pytest
 import torch
 
@@ -78,3 +81,52 @@ def test_holdout_split(ratings):
     stranger = Ratings.from_triples([0], [0], [1.0])
     with pytest.raises(ValueError, match="train and test must share their id maps"):
         holdout_split(train, stranger)
+
+
+def _twice():
+    # user 2 rates item 20 twice: the copies could land in train and test
+    return Ratings.from_triples([1, 2, 2, 3, 4, 5], [10, 20, 20, 30, 10, 20],
+                                [1.0, 2.0, 3.0, 4.0, 5.0, 2.0], source="twice.dat")
+
+
+def _overlap():
+    r = Ratings.from_triples([1, 2, 3, 4], [10, 20, 30, 10], [1.0, 2.0, 3.0, 4.0])
+    return r, r.subset(torch.tensor([1]))  # the test part is also in train
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: split_ratings(_twice(), 0.5), "ratings from twice.dat: 1 (user, item) pair"),
+    (lambda: random_split(_twice(), 0.3, 0.2), "ratings from twice.dat: 1 (user, item) pair"),
+    (lambda: (lambda r: holdout_split(r, r.subset([0])))(_twice()),
+     "train from twice.dat: 1 (user, item) pair"),
+    (lambda: holdout_split(*_overlap()), "train and test together: 1 (user, item) pair"),
+], ids=["split_ratings", "random_split", "holdout_split-train", "holdout_split-overlap"])
+def test_splits_refuse_a_pair_rated_twice(call, message):
+    example = "user 2 and item 20 (2 ratings)"
+    with pytest.raises(ValueError, match=re.escape(f"{message} rated more than once, e.g. "
+                                                   f"{example}; keep one rating per pair")):
+        call()
+
+
+@pytest.mark.parametrize("seed", [2**64, 2**200, -2**63 - 1, np.int64(5)])
+def test_any_int_is_a_seed(ratings, seed):
+    # synthetic_ratings takes any int (numpy's seeding); so do the splits
+    a = split_ratings(ratings, 0.25, seed=seed)[1]
+    assert keys(a) == keys(split_ratings(ratings, 0.25, seed=seed)[1])
+    assert len(random_split(ratings, seed=seed).test) == 100
+    if seed != 5:  # folded, not wrapped: 2**64 is not seed 0
+        assert keys(a) != keys(split_ratings(ratings, 0.25, seed=seed % 2**64)[1])
+
+
+def test_seeds_in_torch_range_draw_as_before(ratings):
+    # torch reads a negative seed modulo 2**64: so do the splits, unchanged
+    assert keys(split_ratings(ratings, 0.25, seed=-1)[1]) == keys(
+        split_ratings(ratings, 0.25, seed=2**64 - 1)[1])
+    rest = random_split(ratings, test=0.1, validation=0.05, seed=2**64 - 1)  # seed + 1 folds
+    assert len(rest.validation) == 50
+
+
+@pytest.mark.parametrize("seed, error", [("1", TypeError), (1.0, TypeError), (True, TypeError)])
+def test_bad_seed(ratings, seed, error):
+    with pytest.raises(error, match=r"seed must be an int, got "):
+        split_ratings(ratings, 0.1, seed=seed)

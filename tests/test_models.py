@@ -1,6 +1,8 @@
 """Tests of nnsparse.models: fit, predict, fallback, recommend, save/load, cross-validation."""
 import math
+import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -187,3 +189,126 @@ def test_weight_decay_spares_the_biases(data):
               for p in g["params"]}
     assert decays[(16, train.n_users)] == 0.5 and decays[(train.n_users,)] == 0.0
     assert decays[(16,)] == 0.0
+
+
+SMALL = dict(hidden=4, epochs=2, batch_size=8, validation_ratio=0.0)
+
+
+def _twice():
+    # user 2 rates item 20 twice
+    return Ratings.from_triples([1, 2, 2, 3, 4, 5, 6], [10, 20, 20, 30, 10, 20, 30],
+                                [1.0, 2.0, 3.0, 4.0, 5.0, 2.0, 4.0])
+
+
+def _fit_twice(model):
+    return model.fit(_twice(), verbose=False, progress=False)
+
+
+def _fit_overlapping_validation(model):
+    r = Ratings.from_triples([1, 2, 3, 4, 5, 6], [10, 20, 30, 10, 20, 30],
+                             [1.0, 2.0, 3.0, 4.0, 5.0, 2.0])
+    model.fit(r, validation=r.subset([2]), verbose=False, progress=False)
+
+
+@pytest.mark.parametrize("call, message", [
+    (_fit_twice, "train: 1 (user, item) pair rated more than once, e.g. user 2 and item 20 "
+                 "(2 ratings)"),
+    (_fit_overlapping_validation, "train and validation together: 1 (user, item) pair rated "
+                                  "more than once, e.g. user 3 and item 30 (2 ratings)"),
+], ids=["in-train", "train-and-validation"])
+@pytest.mark.parametrize("validation_ratio", [0.0, 0.3])
+def test_fit_refuses_a_pair_rated_twice_before_training(call, message, validation_ratio):
+    fresh = AutoRec(**{**SMALL, "validation_ratio": validation_ratio, "seed": 3})
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call(fresh)
+    assert not fresh._built and fresh.history == [] and fresh.normalizer is None
+    fitted = AutoRec(**SMALL).fit(synthetic_ratings(0, 20, 15, 120), verbose=False,
+                                  progress=False)
+    state = {k: v.clone() for k, v in fitted.state_dict().items()}
+    history, train = list(fitted.history), fitted._train
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call(fitted)
+    assert fitted.history == history and fitted._train is train
+    assert all(torch.equal(state[k], v) for k, v in fitted.state_dict().items())
+
+
+def test_kfold_refuses_a_pair_rated_twice():
+    with pytest.raises(ValueError, match=r"ratings: 1 \(user, item\) pair rated more than once, "
+                                         r"e\.g\. user 2 and item 20 \(2 ratings\)"):
+        kfold(_twice(), k=2)
+
+
+def test_user_index_follows_a_second_fit():
+    a = Ratings.from_triples([100, 200, 200, 300], [1, 1, 2, 2], [1., 5., 3., 4.])
+    b = Ratings.from_triples([5, 100, 100, 200], [1, 1, 2, 2], [2., 5., 3., 1.])
+    model = AutoRec(**SMALL).fit(a, verbose=False, progress=False)
+    assert model.user_index(200) == 1
+    model.fit(b, verbose=False, progress=False)
+    assert [model.user_index(u) for u in (5, 100, 200)] == [0, 1, 2]
+    rated = model.recommend(200, 5, min_support=0, exclude_rated=False).ids
+    unrated = model.recommend(200, 5, min_support=0).ids  # user 200 rated item 2 in b
+    assert sorted(rated) == [1, 2] and unrated == [1]
+    with pytest.raises(KeyError, match="user 300 is not in the training data"):
+        model.user_index(300)
+
+
+@pytest.mark.parametrize("cls", [AutoRec, CFN, KernelNet])
+@pytest.mark.parametrize("seed", [2**64, 2**70 + 3, np.int64(7)])
+def test_any_int_is_a_model_seed(tmp_path, cls, seed):
+    r = synthetic_ratings(0, 20, 15, 120)
+    hp = {**SMALL, "validation_ratio": 0.2}
+    model = cls(**hp, seed=seed).fit(r, verbose=False, progress=False)
+    again = cls(**hp, seed=int(seed)).fit(r, verbose=False, progress=False)
+    assert type(model.hparams["seed"]) is int
+    assert torch.equal(model.predict(r), again.predict(r))
+    model.save(tmp_path / "m.pt")  # a plain int: weights_only loading reads it
+    assert RatingModel.load(tmp_path / "m.pt").hparams["seed"] == int(seed)
+
+
+def test_kfold_takes_any_int_seed():
+    r = synthetic_ratings(0, 20, 15, 120)
+    folds = [len(test) for _, test in kfold(r, k=3, seed=2**64)]
+    assert folds == [40, 40, 40]
+    first = lambda seed: next(kfold(r, k=3, seed=seed))[1].user.tolist()  # noqa: E731
+    assert first(2**64) != first(0) and first(np.int64(4)) == first(4)
+
+
+class _NoTraining(Trainer):
+    def run_epoch(self, loader, optimizer, epoch):
+        return 0.0
+
+
+def _trainer(**kw):
+    return Trainer(AutoRec(**SMALL), **{**dict(epochs=1, batch_size=2, lr=1e-3, log=None,
+                                               progress=False), **kw})
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: _trainer().fit(torch.zeros(0, 4).to_sparse_csr()), ValueError,
+     r"x_train must have at least one row to train on, got shape \(0, 4\)"),
+    (lambda: _NoTraining(torch.nn.Linear(1, 1), epochs=1, batch_size=1, lr=0.1, log=None,
+                         progress=False).fit(torch.eye(2).to_sparse_csr(), validate=lambda: "x"),
+     TypeError, r"validate must return a number \(the validation RMSE\), got str 'x'"),
+    (lambda: _trainer(epochs=np.float64(1)), ValueError, r"epochs must be an int >= 1"),
+    (lambda: _trainer(seed="1"), TypeError, r"seed must be an int, got str"),
+], ids=["no-rows", "validate-str", "epochs-float", "seed-str"])
+def test_trainer_bad_inputs(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.parametrize("rmse", [0.5, np.float32(0.5), torch.tensor(0.5), torch.tensor([0.5])])
+def test_trainer_validate_may_return_any_real_number(rmse):
+    t = _NoTraining(torch.nn.Linear(1, 1), epochs=2, batch_size=1, lr=0.1, log=None)
+    result = t.fit(torch.eye(2).to_sparse_csr(), validate=lambda: rmse)
+    assert (result.best_epoch, result.best_rmse) == (1, 0.5)
+
+
+def test_trainer_takes_numpy_ints_as_the_models_do():
+    t = _trainer(epochs=np.int64(3), batch_size=np.int32(2), patience=np.int64(0),
+                 seed=np.int64(2**62))
+    assert (t.epochs, t.batch_size, t.patience, t.seed) == (3, 2, 0, 2**62)
+    assert all(type(v) is int for v in (t.epochs, t.batch_size, t.patience, t.seed))
+    t = _NoTraining(torch.nn.Linear(1, 1), epochs=np.int64(3), batch_size=1, lr=0.1, log=None,
+                    seed=2**64)
+    assert len(t.fit(torch.eye(2).to_sparse_csr(), epochs=np.int64(2)).history) == 2

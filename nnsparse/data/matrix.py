@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_device, as_sparse_batch,
                       check_index_range)
-from .readers import Ratings, check_ratings
+from .readers import Ratings, check_ratings, repeated_keys, repeats_message
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
 
@@ -60,13 +60,21 @@ def check_same_maps(ratings: Ratings, reference: Ratings, name: str, ref_name: s
                     f"or split them from one Ratings")
 
 
-def _check_rows(row: Any, rows: int, name: str = "row") -> None:
-    """``row``: an integer tensor of matrix rows in ``[0, rows)`` (one host sync)."""
+def _check_rows(row: Any, rows: int, name: str = "row") -> Tensor:
+    """``row``: an integer tensor of matrix rows in ``[0, rows)`` (one host sync).
+
+    Returns it as int64 when it was int8 or int16 (torch indexes with neither);
+    uint8 is refused, since torch would read it as a mask.
+    """
     if not isinstance(row, Tensor):
         raise TypeError(f"{name} must be an integer tensor, got {type(row).__name__}")
+    if row.dtype == torch.uint8:
+        raise TypeError(f"{name} must be an int64 tensor of matrix rows, got torch.uint8, which "
+                        f"torch would read as a mask; convert it with .long()")
     if row.dtype == torch.bool or row.is_floating_point() or row.is_complex():
         raise TypeError(f"{name} must be an integer tensor, got {row.dtype}")
     check_index_range(row, rows, f"{name} indices")
+    return row if row.dtype in (torch.int32, torch.int64) else row.long()
 
 
 def _check_broadcast(values: Tensor, row: Tensor, name: str) -> None:
@@ -144,16 +152,24 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
         if index.numel() and int(index.max()) >= bound:
             raise ValueError(f"{orientation} matrix {name} indices must be in [0, {bound}), got "
                              f"max {int(index.max())}; build the matrix with the maps of all parts")
-    key = row * width + col
-    key, order = torch.sort(key)
-    if key.numel() > 1 and bool((key[1:] == key[:-1]).any()):
-        repeats = int((key[1:] == key[:-1]).sum())
-        raise ValueError(f"ratings{' from ' + ratings.source if ratings.source else ''} rate "
-                         f"{repeats} (user, item) pairs more than once; keep one rating per pair")
+    key, order = torch.sort(row * width + col)
+    _refuse_repeats(ratings, key, width, orientation)
     # checked above: the matrix is built trusted, its structure attached
     batch = SparseBatch(row[order], col[order], values[order], (rows, width), "coo",
                         row_sorted=True, coalesced=True, trusted=True)
     return batch.to_coo() if layout == torch.sparse_coo else batch.to_csr()
+
+
+def _refuse_repeats(ratings: Ratings, key: Tensor, width: int, orientation: str) -> None:
+    """``ValueError`` when the sorted ``row * width + col`` keys repeat a pair."""
+    pairs, repeated = repeated_keys(key)
+    if pairs:
+        row, col = divmod(repeated, width)
+        user, item = (col, row) if orientation == "item" else (row, col)
+        times = int((key == repeated).sum())
+        source = f" from {ratings.source}" if ratings.source else ""
+        raise ValueError(repeats_message(f"ratings{source}", pairs, ratings.user_ids()[user],
+                                         ratings.item_ids()[item], f"{times} ratings"))
 
 
 class RatingNormalizer:
@@ -263,7 +279,7 @@ class RatingNormalizer:
     def normalize(self, rating: Tensor, row: Tensor) -> Tensor:
         """Ratings of rows ``row`` (same or broadcastable shape) on the centred ``[-1, 1]`` scale."""
         _check_values_arg(rating, "rating")
-        _check_rows(row, self.shape[0])
+        row = _check_rows(row, self.shape[0])
         _check_broadcast(rating, row, "rating")
         if not rating.is_floating_point():  # integer ratings (1..5) read as float32
             rating = rating.to(torch.float32)
@@ -277,7 +293,7 @@ class RatingNormalizer:
         in ``values`` (inside the scale); dtype and device of ``values``.
         """
         _check_values_arg(values, "values")
-        _check_rows(row, self.shape[0])
+        row = _check_rows(row, self.shape[0])
         _check_broadcast(values, row, "values")
         if not values.is_floating_point():
             values = values.to(torch.float32)

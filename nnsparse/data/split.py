@@ -6,12 +6,13 @@ epochs and settings on ``validation``, and read ``test`` once, at the end.
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Tuple
 
+import numpy as np
 import torch
 
-from .readers import Ratings, check_ratings
+from .readers import Ratings, check_ratings, check_unique_pairs
 
 __all__ = ["Split", "split_ratings", "random_split", "holdout_split"]
 
@@ -51,6 +52,49 @@ def _check_seed(seed: Any) -> int:
     return int(seed)
 
 
+#: The seeds ``torch.Generator.manual_seed`` takes (a negative one counts modulo 2**64).
+_TORCH_SEEDS = (-2**63, 2**64)
+
+
+def torch_seed(seed: Any, name: str = "seed") -> int:
+    """``seed`` (any int, as :func:`~nnsparse.data.synthetic_ratings` takes) as a torch seed.
+
+    A seed in torch's range ``[-2**63, 2**64)`` is returned as it is, so the
+    draws are those of ``manual_seed(seed)``; any other int is folded into
+    ``[0, 2**63)`` by numpy's ``SeedSequence`` (deterministic, every bit
+    counts), where torch would raise "Overflow when unpacking long long".
+    (Below 2**63, a distributed sampler's ``seed + epoch`` stays in range.)
+
+    Raises:
+        TypeError: ``seed`` is not an int (numpy ints pass; a bool does not).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(seed).__name__} {seed!r}")
+    seed = int(seed)
+    if _TORCH_SEEDS[0] <= seed < _TORCH_SEEDS[1]:
+        return seed
+    words = np.random.SeedSequence([abs(seed), int(seed < 0)]).generate_state(2, np.uint32)
+    return (int(words[0]) | int(words[1]) << 32) & (2**63 - 1)
+
+
+def concat(a: Ratings, b: Ratings) -> Ratings:
+    """``a`` and ``b`` (sharing id maps) as one record."""
+    return replace(a, user=torch.cat([a.user, b.user]), item=torch.cat([a.item, b.item]),
+                   rating=torch.cat([a.rating, b.rating]))
+
+
+def draw(ratings: Ratings, ratio: float, seed: int) -> Tuple[Ratings, Ratings]:
+    """:func:`split_ratings` on checked arguments (``seed`` any int)."""
+    n = len(ratings)
+    k = round(ratio * n)
+    generator = torch.Generator().manual_seed(torch_seed(seed))
+    order = torch.randperm(n, generator=generator)
+    chosen = torch.zeros(n, dtype=torch.bool)
+    chosen[order[:k]] = True
+    chosen = chosen.to(ratings.rating.device)
+    return ratings.subset(~chosen), ratings.subset(chosen)
+
+
 def split_ratings(ratings: Ratings, ratio: float = 0.1, seed: int = 0) -> Tuple[Ratings, Ratings]:
     r"""Split the ratings at random into ``(rest, part)``, ``part`` holding ``ratio`` of them.
 
@@ -69,7 +113,9 @@ def split_ratings(ratings: Ratings, ratio: float = 0.1, seed: int = 0) -> Tuple[
         ``(rest, part)``: two :class:`Ratings`, disjoint, together the input.
 
     Raises:
-        ValueError: ``ratio`` outside ``[0, 1)``.
+        ValueError: ``ratio`` outside ``[0, 1)``; a (user, item) pair rated
+            more than once (its ratings could land in both parts).
+        TypeError: ``seed`` is not an int.
 
     Example::
 
@@ -83,14 +129,8 @@ def split_ratings(ratings: Ratings, ratio: float = 0.1, seed: int = 0) -> Tuple[
     check_ratings(ratings, "ratings")
     _check_ratio(ratio, "ratio")
     seed = _check_seed(seed)
-    n = len(ratings)
-    k = round(ratio * n)
-    generator = torch.Generator().manual_seed(int(seed))
-    order = torch.randperm(n, generator=generator)
-    chosen = torch.zeros(n, dtype=torch.bool)
-    chosen[order[:k]] = True
-    chosen = chosen.to(ratings.rating.device)
-    return ratings.subset(~chosen), ratings.subset(chosen)
+    check_unique_pairs("ratings", ratings)
+    return draw(ratings, ratio, seed)
 
 
 def random_split(ratings: Ratings, test: float = 0.1, validation: float = 0.05,
@@ -112,7 +152,8 @@ def random_split(ratings: Ratings, test: float = 0.1, validation: float = 0.05,
         Split: ``(train, validation, test)``, disjoint, sharing the id maps.
 
     Raises:
-        ValueError: a ratio outside ``[0, 1)`` or ``test + validation >= 1``.
+        ValueError: a ratio outside ``[0, 1)`` or ``test + validation >= 1``;
+            a (user, item) pair rated more than once.
 
     Example::
 
@@ -127,10 +168,11 @@ def random_split(ratings: Ratings, test: float = 0.1, validation: float = 0.05,
     _check_ratio(validation, "validation")
     if test + validation >= 1:
         raise ValueError(f"test + validation must be below 1, got {test} + {validation}")
-    rest, test_part = split_ratings(ratings, test, seed)
+    check_unique_pairs("ratings", ratings)
+    rest, test_part = draw(ratings, test, seed)
     # The validation ratio is of all the ratings: aim for round(validation * n) entries.
     k = min(round(validation * len(ratings)), max(len(rest) - 1, 0))
-    train, valid = split_ratings(rest, k / len(rest) if len(rest) else 0.0, seed + 1)
+    train, valid = draw(rest, k / len(rest) if len(rest) else 0.0, seed + 1)
     return Split(train, valid, test_part)
 
 
@@ -152,13 +194,14 @@ def holdout_split(train: Ratings, test: Ratings, validation: float = 0.05,
         Split: ``(train minus validation, validation, test)``.
 
     Raises:
-        ValueError: ``validation`` outside ``[0, 1)``, or parts with different
-            id maps.
+        ValueError: ``validation`` outside ``[0, 1)``, parts with different
+            id maps, or a (user, item) pair rated more than once in ``train``
+            or in ``train`` and ``test`` together (a test rating trained on).
 
     Example::
 
-        >>> a = Ratings.from_triples(range(20), [0] * 20, [2.] * 20)
-        >>> b = a.subset(torch.tensor([0, 1]))
+        >>> r = Ratings.from_triples(range(22), [0] * 22, [2.] * 22)
+        >>> a, b = r.subset(torch.arange(2, 22)), r.subset(torch.tensor([0, 1]))
         >>> s = holdout_split(a, b, validation=0.25, seed=0)
         >>> len(s.train), len(s.validation), len(s.test)
         (15, 5, 2)
@@ -170,5 +213,7 @@ def holdout_split(train: Ratings, test: Ratings, validation: float = 0.05,
     if train.user_map is not test.user_map or train.item_map is not test.item_map:
         raise ValueError("train and test must share their id maps; read them with "
                          "read_split() or read_ratings(..., user_map=, item_map=)")
-    rest, valid = split_ratings(train, validation, seed)
+    check_unique_pairs("train", train)
+    check_unique_pairs("train and test together", train, test)  # a test pair trained on
+    rest, valid = draw(train, validation, seed)
     return Split(rest, valid, test)

@@ -16,7 +16,6 @@ import operator
 import os
 import pickle
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type, Union, cast
 
@@ -26,9 +25,10 @@ from torch import Tensor, nn
 from .._forms import as_count, as_device
 from .._index import coo_tensor
 from .._load import check_state_dict
-from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset, split_ratings
+from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
 from ..data.matrix import check_same_maps
-from ..data.readers import check_ratings
+from ..data.readers import check_ratings, check_unique_pairs
+from ..data.split import concat, draw, torch_seed
 from .. import distributed as nd
 from .trainer import DistributedTrainer, Trainer, TrainResult
 
@@ -80,12 +80,6 @@ class Recommendations(NamedTuple):
     rating: Tensor
     support: Tensor
     titles: List[str]
-
-
-def _concat(a: Ratings, b: Ratings) -> Ratings:
-    """``a`` and ``b`` (sharing id maps) as one record."""
-    return replace(a, user=torch.cat([a.user, b.user]), item=torch.cat([a.item, b.item]),
-                   rating=torch.cat([a.rating, b.rating]))
 
 
 def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optional[Tensor]:
@@ -176,6 +170,7 @@ class RatingModel(nn.Module):
         self.fit_seconds: float = 0.0
         self.verbose = True
         self._built = False
+        self._user_lookup: Optional[Dict[Any, int]] = None  # original id -> index, built on use
 
     # -- hyperparameters ----------------------------------------------------------
     def _check_hparams(self) -> None:
@@ -191,6 +186,7 @@ class RatingModel(nn.Module):
         h["patience"] = as_count("patience", h["patience"], 0)
         if not isinstance(h["seed"], numbers.Integral) or isinstance(h["seed"], bool):
             raise TypeError(f"seed must be an int, got {type(h['seed']).__name__}")
+        h["seed"] = int(h["seed"])  # a numpy int too; any size (see torch_seed)
         for key in ("refit", "dense_decoder"):
             if not isinstance(h[key], bool):
                 raise TypeError(f"{key} must be a bool, got {type(h[key]).__name__}")
@@ -299,7 +295,7 @@ class RatingModel(nn.Module):
                  features: Optional[Tensor]) -> Tensor:
         """Normaliser, statistics and fresh layers for ``train``; the training matrix."""
         h = self.hparams
-        torch.manual_seed(h["seed"])
+        torch.manual_seed(torch_seed(h["seed"]))
         self.normalizer = RatingNormalizer(train, h["orientation"], center=self.center,
                                            scale=scale)
         rows, width = self.normalizer.shape
@@ -341,6 +337,7 @@ class RatingModel(nn.Module):
         self.item_ids_: List[Any] = train.item_ids()
         self.titles_: Optional[List[str]] = list(train.titles) if train.titles else None
         self._train = train
+        self._user_lookup = None  # the ids may have changed: rebuilt on the next use
 
     def _trainer(self, device: torch.device, progress: Optional[bool],
                  epochs: Optional[int] = None) -> Trainer:
@@ -387,8 +384,10 @@ class RatingModel(nn.Module):
             TypeError: ``train`` or ``validation`` not a :class:`Ratings`;
                 ``features`` not a tensor; ``progress``/``verbose`` not bools.
             ValueError: empty ``train``, or every rating equal; ``validation``
-                with other id maps; ``features`` not ``(rows, f >= 1)`` or not
-                finite; an unknown ``device``.
+                with other id maps; a (user, item) pair rated more than once
+                in ``train``, or in ``train`` and ``validation`` together;
+                ``features`` not ``(rows, f >= 1)`` or not finite; an unknown
+                ``device``.
             A refused call leaves the model as it was.
         """
         check_ratings(train, "train")
@@ -409,13 +408,18 @@ class RatingModel(nn.Module):
         features = _check_features(features, rows, "features")
         if features is not None and not getattr(self, "uses_features", False):
             raise ValueError(f"{type(self).__name__} reads no side features; use CFN (CFN++)")
-        if validation is None and h["validation_ratio"] > 0:
-            train_part, validation = split_ratings(train, h["validation_ratio"], h["seed"])
-        else:
-            train_part = train
         if validation is not None and (validation.user_map is not train.user_map
                                        or validation.item_map is not train.item_map):
             raise ValueError("validation must share train's id maps (split it from train)")
+        # Before training, not at the refit's matrix: a pair rated twice would
+        # otherwise train a whole run, leak into validation, and only then fail.
+        check_unique_pairs("train", train)
+        if validation is not None:
+            check_unique_pairs("train and validation together", train, validation)
+        if validation is None and h["validation_ratio"] > 0:
+            train_part, validation = draw(train, h["validation_ratio"], h["seed"])
+        else:
+            train_part = train
         if len(train_part) == 0:
             raise ValueError(f"train: no ratings are left for training once validation is "
                              f"held out (train has {len(train)}, validation "
@@ -440,7 +444,7 @@ class RatingModel(nn.Module):
                 print(f"refit on train + validation for {result.best_epoch} epochs "
                       f"(best validation RMSE {result.best_rmse:.4f})")
             assert validation is not None  # validate is set only with a validation set
-            self._prepare(_concat(train_part, validation), scale, features)
+            self._prepare(concat(train_part, validation), scale, features)
             self.to(device)
             self._trainer(device, progress).fit(self._input.to(device), None,
                                                 epochs=result.best_epoch)
@@ -657,8 +661,6 @@ class RatingModel(nn.Module):
     def user_index(self, user: Any) -> int:
         """The index of a user's original id (ids read as text are tried as ints too)."""
         self._check_built()
-        if not hasattr(self, "_user_lookup"):
-            self._user_lookup = {u: i for i, u in enumerate(self.user_ids_)}
         if isinstance(user, bool):  # True == 1 would find user 1
             raise TypeError("user must be an original user id, got bool")
         try:
@@ -666,6 +668,8 @@ class RatingModel(nn.Module):
         except TypeError:
             raise TypeError(f"user must be an original user id (hashable), got "
                             f"{type(user).__name__}") from None
+        if self._user_lookup is None:  # cleared whenever fit or load sets the ids
+            self._user_lookup = {u: i for i, u in enumerate(self.user_ids_)}
         for key in (user, _as_int(user), str(user)):
             if key in self._user_lookup:
                 return self._user_lookup[key]

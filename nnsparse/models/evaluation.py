@@ -12,7 +12,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import torch
 
 from ..data import Ratings, mean_prediction, read_split, rmse
-from ..data.readers import FORMATS, check_ratings
+from ..data.readers import FORMATS, check_ratings, check_unique_pairs
+from ..data.split import torch_seed
 from .base import RatingModel
 
 __all__ = ["kfold", "fold_files", "cross_validate", "CrossValidation"]
@@ -27,6 +28,12 @@ def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[Fold]:
     ``j``-th of ``k`` near-equal parts and trains on the others.  Every
     rating is tested exactly once.
 
+    Raises:
+        ValueError: ``k`` below 2 or above ``len(ratings)``; a (user, item)
+            pair rated more than once (its ratings could be trained on and
+            tested).
+        TypeError: ``seed`` is not an int (any int is a seed).
+
     Example::
 
         >>> r = Ratings.from_triples(range(10), [0] * 10, [3.] * 10)
@@ -36,16 +43,15 @@ def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[Fold]:
     check_ratings(ratings, "ratings")
     if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 2:
         raise ValueError(f"k must be an int >= 2, got {k!r}")
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    k, seed = int(k), int(seed)
+    k, seed = int(k), torch_seed(seed)
     if len(ratings) < k:
         raise ValueError(f"k-fold needs at least k={k} ratings, got {len(ratings)}")
+    check_unique_pairs("ratings", ratings)
     return _kfold(ratings, k, seed)  # checked now, at the call, not at the first fold
 
 
 def _kfold(ratings: Ratings, k: int, seed: int) -> Iterator[Fold]:
-    order = torch.randperm(len(ratings), generator=torch.Generator().manual_seed(int(seed)))
+    order = torch.randperm(len(ratings), generator=torch.Generator().manual_seed(seed))
     fold_of = torch.empty(len(ratings), dtype=torch.int64)
     fold_of[order] = torch.arange(len(ratings)) % k
     for j in range(k):

@@ -23,8 +23,9 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from .. import distributed as nd
-from .._forms import as_device
+from .._forms import as_count, as_device
 from ..data import SparseRowDataset
+from ..data.split import torch_seed
 
 __all__ = ["Trainer", "DistributedTrainer", "TrainResult"]
 
@@ -44,6 +45,17 @@ class TrainResult:
     history: List[Dict[str, float]] = field(default_factory=list)
     best_epoch: int = 0
     best_rmse: float = math.nan
+
+
+def _as_rmse(value: Any) -> float:
+    """A ``validate()`` result (a number or a one-element tensor) as a float."""
+    if isinstance(value, Tensor) and value.numel() == 1 and not (
+            value.dtype == torch.bool or value.is_complex()):
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"validate must return a number (the validation RMSE), got "
+                        f"{type(value).__name__} {value!r}")
+    return float(value)
 
 
 def _show_progress(progress: Optional[bool]) -> bool:
@@ -89,10 +101,9 @@ class Trainer:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be an nn.Module (a RatingModel), got "
                             f"{type(model).__name__}")
-        for name, value, low in (("epochs", epochs, 1), ("batch_size", batch_size, 1),
-                                 ("patience", patience, 0)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        # numpy ints pass, as in the models' hyperparameters
+        epochs, batch_size = as_count("epochs", epochs, 1), as_count("batch_size", batch_size, 1)
+        patience = as_count("patience", patience, 0)
         for name, number in (("lr", lr), ("min_lr_ratio", min_lr_ratio),
                              ("weight_decay", weight_decay)):
             if isinstance(number, bool) or not isinstance(number, numbers.Real):
@@ -108,8 +119,7 @@ class Trainer:
             raise ValueError("weight_decay must be finite, got inf")
         if not weight_decay >= 0:
             raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        seed = torch_seed(seed)  # any int, as the models' seed
         if progress is not None and not isinstance(progress, bool):
             raise TypeError(f"progress must be None or a bool, got {type(progress).__name__}")
         device = as_device(device)
@@ -157,7 +167,7 @@ class Trainer:
         """The validation RMSE after an epoch: ``validate()`` (rank 0's, in a distributed trainer)."""
         if not callable(validate):
             raise TypeError(f"validate must be callable, got {type(validate).__name__}")
-        return float(validate())
+        return _as_rmse(validate())
 
     def log(self, message: str) -> None:
         if self._log is not None and self.is_main():
@@ -209,13 +219,16 @@ class Trainer:
                             f"got {got}")
         if validate is not None and not callable(validate):
             raise TypeError(f"validate must be callable or None, got {type(validate).__name__}")
-        if epochs is not None and (not isinstance(epochs, int) or isinstance(epochs, bool)
-                                   or epochs < 1):
+        if epochs is not None and (not isinstance(epochs, numbers.Integral)
+                                   or isinstance(epochs, bool) or epochs < 1):
             raise ValueError(f"epochs must be None or an int >= 1, got {epochs!r}")
         shape = getattr(self.model, "_shape", None)  # a built RatingModel's matrix shape
         if shape is not None and tuple(x_train.shape) != tuple(shape):
             raise ValueError(f"x_train must have the model's matrix shape {tuple(shape)}, "
                              f"got {tuple(x_train.shape)}")
+        if x_train.shape[0] == 0:
+            raise ValueError(f"x_train must have at least one row to train on, got shape "
+                             f"{tuple(x_train.shape)}")
         values = x_train.values() if x_train.layout == torch.sparse_csr else x_train._values()
         if values.is_floating_point() and not bool(torch.isfinite(values).all()):
             raise ValueError("x_train values must be finite, got NaN or inf")  # once per fit
@@ -319,8 +332,7 @@ class DistributedTrainer(Trainer):
                                "nnsparse.distributed.init_from_env() under torchrun, "
                                "or use Trainer in one process")
         self.world = nd.world_size()
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        batch_size = as_count("batch_size", batch_size, 1)
         if batch_size % self.world:
             raise ValueError(f"batch_size (the global batch) must be a multiple of the "
                              f"{self.world} processes, got {batch_size}")
@@ -344,7 +356,7 @@ class DistributedTrainer(Trainer):
         """Rank 0's validation RMSE, on every rank (the others do not compute it)."""
         value = torch.zeros((), dtype=torch.float64, device=self.device)
         if self.is_main():
-            value.fill_(float(validate()))
+            value.fill_(_as_rmse(validate()))
         torch.distributed.broadcast(value, src=0)
         return float(value)
 
