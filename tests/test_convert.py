@@ -280,6 +280,48 @@ def test_from_pairs_errors(make, error, message):
         make()
 
 
+def _from_pairs_consumers():
+    import nnsparse
+    from torch import nn
+    torch.manual_seed(0)
+    linear = nnsparse.SparseLinearBatch(5, 3, dtype=torch.float64)
+    weight = torch.randn(5, 3, dtype=torch.float64)
+    # the estimate's entries (a sparse estimate must specify every target entry)
+    target = torch.tensor([[1.0, 0.0, 0.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0, 3.0]],
+                          dtype=torch.float64).to_sparse()
+    criterion = nnsparse.SparseCriterion(nn.MSELoss())
+    return [
+        ("SparseLinearBatch", linear),
+        ("densify", densify),
+        ("Densify", nnsparse.Densify(5)),
+        ("values_map", lambda x: densify(nnsparse.values_map(torch.tanh, x))),
+        ("stopk", lambda x: nnsparse.stopk(x, 1).values),
+        ("sparse_mm", lambda x: nnsparse.sparse_mm(x, weight)),
+        ("SparseCriterion", lambda x: criterion(x, target)),
+    ]
+
+
+@pytest.mark.parametrize("name, consume", _from_pairs_consumers(),
+                         ids=[n for n, _ in _from_pairs_consumers()])
+def test_from_pairs_keeps_the_gradient(name, consume):
+    # from_pairs gives an uncoalesced COO (repeated index 3 here): its values reach
+    # the pairs' values through every consumer, as through x.to_dense()
+    def make(values):
+        index = torch.tensor([3.0, 0.0, 3.0, 4.0], dtype=torch.float64)
+        pairs = torch.stack([index, values], dim=1)
+        return from_pairs([pairs[:3], pairs[3:]], size=5)
+
+    values = torch.tensor([1.0, 2.0, -0.5, 4.0], dtype=torch.float64, requires_grad=True)
+    x = make(values)
+    assert x.requires_grad and not x.is_coalesced()
+    consume(x).sum().backward()
+    reference = values.detach().clone().requires_grad_()
+    consume(make(reference).to_dense().to_sparse()).sum().backward()
+    assert values.grad is not None
+    torch.testing.assert_close(values.grad, reference.grad)
+    torch.autograd.gradcheck(lambda v: consume(make(v)), (values.detach().requires_grad_(),))
+
+
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
 def test_sparsify_output_is_trusted(layout):
     from nnsparse._forms import _attached, _counts, _reset_counts
