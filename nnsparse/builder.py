@@ -152,6 +152,21 @@ class DynamicSparseTensor:
         return (f"DynamicSparseTensor(len={len(self)}, ndim={self._ndim}, dtype={self._dtype}, "
                 f"device={self._device})")
 
+    def __copy__(self) -> "DynamicSparseTensor":
+        """``copy.copy``: a builder with its own storage and buffers (entries added to one
+        do not reach the other), as ``copy.deepcopy`` gives."""
+        self._flush()  # the host buffers are then empty: the copy gets fresh ones
+        new = type(self).__new__(type(self))
+        for name in DynamicSparseTensor.__slots__:
+            setattr(new, name, getattr(self, name))
+        if hasattr(self, "__dict__"):  # a subclass's own attributes, shallow as copy.copy's
+            new.__dict__.update(self.__dict__)
+        new._ibuf = [array("q", bytes(8 * _CHUNK)) for _ in range(self._ndim)]
+        new._ibuf0 = new._ibuf[0]
+        new._vbuf = array(self._vbuf.typecode, bytes(8 * _CHUNK))
+        new._index, new._values = self._index.clone(), self._values.clone()
+        return new
+
     # -- adding entries -------------------------------------------------------------
     def append(self, index: Union[int, Sequence[int]], value: float = _NO_VALUE) -> None:
         """Add one entry: ``index`` an int (``ndim=1``) or a tuple of ``ndim`` ints.

@@ -1,5 +1,7 @@
 """nnsparse.builder.DynamicSparseTensor against torch.sparse_coo_tensor built in one call."""
+import copy
 import math
+import pickle
 import random
 import re
 
@@ -310,3 +312,29 @@ def test_extend_refuses_uint64_beyond_int64():
                                                    "entry >= 2**63")):
         builder.extend(torch.tensor([2 ** 64 - 1], dtype=torch.uint64), [1.0])
     assert len(builder) == 0
+
+
+@pytest.mark.parametrize("make_copy", [copy.copy, copy.deepcopy,
+                                       lambda b: pickle.loads(pickle.dumps(b))],
+                         ids=["copy", "deepcopy", "pickle"])
+@pytest.mark.parametrize("extend", [False, True], ids=["append", "extend"])
+def test_copies_have_their_own_storage(make_copy, extend):
+    builder = DynamicSparseTensor(reserve=2)
+    builder.append(0, 1.0)
+    builder.extend([1], [2.0])  # in the storage, full: the next entry grows it
+    clone = make_copy(builder)
+    for b, value in ((builder, 10.0), (clone, 20.0)):
+        if extend:
+            b.extend([5], [value])
+        else:
+            b.append(5, value)
+    assert builder.build_pairs().tolist() == [[0.0, 1.0], [1.0, 2.0], [5.0, 10.0]]
+    assert clone.build_pairs().tolist() == [[0.0, 1.0], [1.0, 2.0], [5.0, 20.0]]
+    # unflushed appends too
+    half = DynamicSparseTensor(reserve=8)
+    half.append(3, 1.0)
+    other = make_copy(half)
+    half.append(4, 2.0)
+    other.append(4, 3.0)
+    assert half.build_pairs().tolist() == [[3.0, 1.0], [4.0, 2.0]]
+    assert other.build_pairs().tolist() == [[3.0, 1.0], [4.0, 3.0]]
