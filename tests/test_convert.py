@@ -161,6 +161,45 @@ def test_densify_integer_values():
         densify(x, elem=NAN)
 
 
+@pytest.mark.parametrize("dtype, elem, message", [
+    (torch.float16, 1e6, r"elem must fit in the values' dtype torch.float16 \(a finite value in "
+                         r"\[-65504.0, 65504.0\], inf or nan\), got 1000000.0"),
+    (torch.float16, -65520.0, r"elem must fit in the values' dtype torch.float16"),
+    (torch.bfloat16, 1e39, r"elem must fit in the values' dtype torch.bfloat16"),
+    (torch.float32, 1e39, r"elem must fit in the values' dtype torch.float32"),
+    (torch.bool, 2, r"elem must be stored exactly in the values' dtype torch.bool \(0 or 1\), "
+                    r"got 2"),
+    (torch.bool, 0.5, r"values' dtype torch.bool \(0 or 1\), got 0.5"),
+    (torch.bool, -1, r"values' dtype torch.bool \(0 or 1\), got -1"),
+], ids=["float16-1e6", "float16-minus", "bfloat16", "float32", "bool-2", "bool-half", "bool-minus"])
+@pytest.mark.parametrize("densify_with", ["function", "module"])
+def test_densify_refuses_an_elem_the_dtype_cannot_hold(densify_with, dtype, elem, message):
+    import nnsparse
+    x = torch.tensor([[1.0, 0.0]]).to(dtype).to_sparse()
+    with pytest.raises(ValueError, match=message):
+        if densify_with == "function":
+            densify(x, elem=elem)
+        else:
+            nnsparse.Densify(2, elem=elem)(x)
+
+
+@pytest.mark.parametrize("dtype, elem, expected", [
+    (torch.float16, 65504.0, [1.0, 65504.0]),
+    (torch.float16, math.inf, [1.0, math.inf]),
+    (torch.float16, -math.inf, [1.0, -math.inf]),
+    (torch.float16, NAN, [1.0, NAN]),
+    (torch.float16, 0.1, [1.0, 0.0999755859375]),  # a float rounds, as torch.full does
+    (torch.bool, 1, [True, True]),
+    (torch.bool, 0, [True, False]),
+    (torch.bool, 1.0, [True, True]),
+], ids=["float16-max", "float16-inf", "float16-minus-inf", "float16-nan", "float16-rounds",
+        "bool-1", "bool-0", "bool-1.0"])
+def test_densify_elem_the_dtype_holds(dtype, elem, expected):
+    out = densify(torch.tensor([[1.0, 0.0]]).to(dtype).to_sparse(), elem=elem)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out[0], torch.tensor(expected, dtype=dtype), equal_nan=True)
+
+
 def test_densify_empty():
     assert densify(torch.zeros(0, 2)).shape == (0,)
     assert densify(torch.zeros(0, 2), size=4).tolist() == [0.0] * 4
