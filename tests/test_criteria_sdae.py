@@ -511,3 +511,29 @@ def test_one_loop_serves_every_criterion(make):
         loss = criterion(net(dense_x), target)
         loss.backward()
     assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("criterion_class", [SDAECriterion, SDAESparseCriterion])
+@pytest.mark.parametrize("dtype, flip_range, message", [
+    (torch.uint8, (-1.0, 1.0), r"flip_range must hold values the input's dtype torch.uint8 can "
+                               r"hold \(integers in \[0, 255\]\), got \(-1.0, 1.0\)"),
+    (torch.int64, (0.5, 0.5), r"dtype torch.int64 can hold \(integers in .*got \(0.5, 0.5\)"),
+    (torch.int8, (0.0, 300.0), r"dtype torch.int8 can hold \(integers in \[-128, 127\]\)"),
+    (torch.float16, (0.0, 1e6), r"dtype torch.float16 can hold \(values in \[-65504.0, 65504.0\]\)"),
+], ids=["uint8-negative", "int64-fraction", "int8-beyond", "float16-beyond"])
+def test_flip_range_refused_for_the_input_dtype(criterion_class, dtype, flip_range, message):
+    crit = criterion_class(nn.MSELoss(), flip_ratio=0.5, flip_range=flip_range)
+    x = torch.tensor([[1, 2, 0, 3]], dtype=dtype)
+    with pytest.raises(ValueError, match=message):
+        crit.prepare_input(x if criterion_class is SDAECriterion else x.to_sparse())
+    assert crit.mask_alpha is None  # refused before anything was remembered
+
+
+@pytest.mark.parametrize("criterion_class", [SDAECriterion, SDAESparseCriterion])
+def test_integer_flip_range_on_integer_values(criterion_class):
+    g = torch.Generator().manual_seed(0)
+    crit = criterion_class(nn.MSELoss(), flip_ratio=1.0, flip_range=(0, 5), generator=g)
+    x = torch.tensor([[1, 2, 4, 3]], dtype=torch.uint8)
+    out = crit.prepare_input(x if criterion_class is SDAECriterion else x.to_sparse())
+    values = out if criterion_class is SDAECriterion else out.coalesce().values()
+    assert values.dtype == torch.uint8 and set(values.flatten().tolist()) <= {0, 5}

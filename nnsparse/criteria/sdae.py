@@ -70,6 +70,29 @@ def _std_arg(value: Any, name: str) -> float:
     return value
 
 
+def _check_flip_range(flip_range: Tuple[float, float], dtype: torch.dtype) -> None:
+    """The flip values must be stored exactly in the input values' dtype (a float's
+    within its range): a cast would change them silently or fail in torch."""
+    if dtype.is_complex:
+        return
+    if dtype.is_floating_point:
+        top = torch.finfo(dtype).max
+        if all(abs(v) <= top for v in flip_range):
+            return
+        what = f"values in [{-top}, {top}]"
+    elif dtype == torch.bool:
+        if all(v in (0, 1) for v in flip_range):
+            return
+        what = "0 or 1"
+    else:
+        info = torch.iinfo(dtype)
+        if all(v == int(v) and info.min <= v <= info.max for v in flip_range):
+            return
+        what = f"integers in [{info.min}, {info.max}]"
+    raise ValueError(f"flip_range must hold values the input's dtype {dtype} can hold "
+                     f"({what}), got {flip_range}")
+
+
 # The settings of the SDAE criteria and their defaults, in argument order.
 _SDAE_DEFAULTS = dict(alpha=1.0, beta=0.0, noise_ratio=0.0, noise_mean=0.0, noise_std=0.2,
                       flip_ratio=0.0, flip_range=(-1.0, 1.0), hide_ratio=0.0)
@@ -134,6 +157,8 @@ class _SDAEBase(RefuseLuaNames, nn.Module):
         if self.noise_ratio > 0 and not values.is_floating_point():
             raise TypeError(f"input values must be floating point for noise_ratio > 0 "
                             f"(Gaussian noise), got dtype {values.dtype}")
+        if self.flip_ratio > 0:
+            _check_flip_range(self.flip_range, values.dtype)
         return corrupt(values, self.noise_ratio, self.noise_mean, self.noise_std,
                        self.flip_ratio, self.flip_range, self.hide_ratio, self.generator)
 
@@ -165,7 +190,9 @@ _SDAE_ARGS = r"""
         flip_ratio (float): probability that an entry is set to ``flip_range[0]``
             or ``flip_range[1]``, each with probability 1/2 (salt and pepper). Default: 0.
         flip_range (pair of float): the two flip values (a tuple, a list or a 1-D
-            tensor or array of two). Default: ``(-1, 1)``.
+            tensor or array of two), which the input's dtype must hold (integers
+            in its range for integer values; checked by :meth:`prepare_input`).
+            Default: ``(-1, 1)``.
         hide_ratio (float): probability that an entry is set to 0. Default: 0.
         generator (torch.Generator, optional): the random source of
             :meth:`prepare_input`, on the data's device type (a CUDA generator
