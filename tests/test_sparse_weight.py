@@ -415,3 +415,20 @@ def test_device_mismatch_cuda(layer_on):
     for x in (torch.ones(2, 3, device=other), torch.eye(2, 3, device=other).to_sparse()):
         with pytest.raises(ValueError, match=f"input must be on the layer's device {layer_on}"):
             layer(x)
+
+
+@pytest.mark.parametrize("shape", [(2, 0), (0,), (4, 2, 0), (0, 0)])
+def test_zero_in_features_dense_input(shape):
+    # nn.Linear(0, 3): the output is the bias; a (*, 0) input has no width to infer
+    layer = SparseWeightLinear(torch.zeros(3, 0).to_sparse())
+    with torch.no_grad():
+        layer.bias.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    reference = nn.Linear(0, 3)
+    with torch.no_grad():
+        reference.bias.copy_(layer.bias)
+    x = torch.randn(shape, requires_grad=True)
+    y = layer(x)
+    torch.testing.assert_close(y, reference(x))
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    assert torch.equal(layer.bias.grad, torch.full((3,), float(y.numel() // 3)))

@@ -394,7 +394,7 @@ class SparseWeightLinear(nn.Module):
                              f"shape {tuple(x.shape)}")
         self._check(x.dtype, x.device)
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x.reshape(math.prod(lead), self.in_features)  # -1 cannot be inferred for width 0
         # y.T = W @ x.T: the pattern's rows gather x's columns (rows of x.T).
         y = self._mm_t(x2.t()).t()
         return self._finish(y).reshape(*lead, self.out_features)
