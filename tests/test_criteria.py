@@ -239,6 +239,24 @@ def test_criterion_assigned_later_is_used_and_checked():
         crit(estimate, target)
 
 
+_INT_LOSSES = [nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.SoftMarginLoss]
+
+
+@pytest.mark.parametrize("target_dtype, result_dtype", [
+    (torch.int64, torch.float32), (torch.int32, torch.float32), (torch.uint8, torch.float32),
+    (torch.float32, torch.float32), (torch.float64, torch.float64),
+], ids=["int64", "int32", "uint8", "float32", "float64"])
+@pytest.mark.parametrize("estimate_dtype", [torch.int64, torch.int16, torch.bool])
+@pytest.mark.parametrize("make_loss", _INT_LOSSES, ids=[c.__name__ for c in _INT_LOSSES])
+def test_integer_estimate_is_promoted(make_loss, estimate_dtype, target_dtype, result_dtype):
+    estimate = torch.tensor([[1, 0, 1], [0, 1, 1]]).to(estimate_dtype)
+    target = torch.tensor([[0, 2, 0], [1, 0, 3]]).to(target_dtype).to_sparse()
+    loss = SparseCriterion(make_loss())(estimate, target)
+    assert loss.dtype == result_dtype
+    reference = SparseCriterion(make_loss())(estimate.to(result_dtype), target.to(result_dtype))
+    torch.testing.assert_close(loss, reference)
+
+
 # -- edge cases ---------------------------------------------------------------------
 def test_empty_target_gives_zero_and_zero_gradient():
     estimate = torch.randn(3, 4, requires_grad=True)

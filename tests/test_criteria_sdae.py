@@ -537,3 +537,16 @@ def test_integer_flip_range_on_integer_values(criterion_class):
     out = crit.prepare_input(x if criterion_class is SDAECriterion else x.to_sparse())
     values = out if criterion_class is SDAECriterion else out.coalesce().values()
     assert values.dtype == torch.uint8 and set(values.flatten().tolist()) <= {0, 5}
+
+
+@pytest.mark.parametrize("criterion_class", [SDAECriterion, SDAESparseCriterion])
+def test_integer_estimate_and_target_are_promoted(criterion_class):
+    crit = criterion_class(nn.MSELoss(), alpha=1.0, beta=0.5)
+    estimate = torch.tensor([[1, 1, 0]])
+    target = torch.tensor([[0, 2, 0]])
+    mask = torch.tensor([[True, False, False]])
+    if criterion_class is SDAESparseCriterion:
+        target = target.to_sparse()
+    loss = crit(estimate, target, mask=mask)
+    assert loss.dtype == torch.get_default_dtype()
+    torch.testing.assert_close(loss, crit(estimate.float(), target.float(), mask=mask))

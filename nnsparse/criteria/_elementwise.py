@@ -5,9 +5,11 @@ specified entry of the target) and do their own averaging, as Lua nnsparse set
 ``sizeAverage = false`` on the criterion it wrapped.  This module turns a loss
 module into a function ``(input, target, gather) -> per-entry losses`` that
 keeps the module's own settings (``beta``, ``delta``, ``log_target``, ...).
-The module's ``reduction`` is read once, by :func:`resolve_size_average`:
+The module's ``reduction`` is read by :func:`resolve_size_average`:
 ``'sum'`` turns the nnsparse criterion's averaging off, ``'none'`` is refused.
-A target of another floating dtype is cast to the estimate's.
+An integer or bool estimate is promoted to the target's floating dtype, or to
+the default dtype when the target is not floating; a target of another dtype
+is then cast to the estimate's.
 
 Weight tensors (``BCELoss.weight``, ``BCEWithLogitsLoss.weight`` and
 ``pos_weight``) are read at the target's entries as if broadcast to the dense
@@ -107,6 +109,12 @@ class ElementwiseLoss:
         self._fn = _KNOWN.get(type(module))
 
     def __call__(self, input: Tensor, target: Tensor, gather: Gather = None) -> Tensor:
+        if not (input.is_floating_point() or input.is_complex()):
+            # An integer (or bool) estimate is promoted, as int / int is in torch: to the
+            # target's floating dtype, else the default dtype (torch's losses refuse
+            # integer inputs, or cast their float result back to the integer type).
+            input = input.to(target.dtype if target.is_floating_point()
+                             else torch.get_default_dtype())
         if input.dtype in (torch.float16, torch.bfloat16):
             # AMP: every criterion computes in float32 (the cast carries the gradient back).
             input = input.float()

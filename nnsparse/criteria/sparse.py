@@ -55,7 +55,9 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
           target's, e.g. a sparse-output decoder's output.
         - target: any accepted sparse form, ``(rows, n)`` or a vector of width
           ``n`` (a pair tensor's indices must be below ``n``).
-        - output: a scalar.
+        - output: a scalar, of the estimate's floating dtype; an integer or
+          bool estimate is promoted to the target's floating dtype, or to the
+          default dtype for an integer target.
 
     Gradients reach the estimate only at the target's specified entries (for a
     sparse estimate: its values there), and the target's values.
