@@ -601,15 +601,19 @@ def _from_list(rows: Sequence[Any], name: str, width: Optional[int]) -> SparseBa
                             f"got layout {bad[0]}")
         parts = [_from_pairs(r, f"{name}[{i}]", width) for i, r in enumerate(rows)]
         form, inferred = "pair_list", max(int(p.col.max()) + 1 if p.nnz else 0 for p in parts)
+    # An empty row's dtype is not the data's (torch.tensor([]) is float32 whatever the
+    # rows): the rows with entries must share one dtype, which the batch keeps
+    # (torch.cat would promote to the empty row's wider dtype).
     dtypes = {p.dtype for p in parts if p.nnz}
     if len(dtypes) > 1:
         raise TypeError(f"{name} rows must share one dtype, got {sorted(map(str, dtypes))}")
+    dtype = next(iter(dtypes)) if dtypes else parts[0].dtype
     device = parts[0].device
     counts = torch.tensor([p.nnz for p in parts], device=device)
     col = torch.cat([p.col for p in parts])
     row = torch.repeat_interleave(torch.arange(len(parts), device=device), counts,
                                   output_size=col.shape[0])
-    values = torch.cat([p.values for p in parts])
+    values = torch.cat([p.values if p.dtype == dtype else p.values.to(dtype) for p in parts])
     return SparseBatch(row, col, values, (len(parts), inferred), form, row_sorted=True)
 
 
