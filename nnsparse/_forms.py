@@ -243,6 +243,14 @@ class SparseBatch:
         """Duplicates summed, entries sorted row-major (differentiable in values)."""
         if self.coalesced:
             return self
+        inverse, pattern = self._coalesced_pattern()
+        values = self.values.new_zeros(pattern.nnz).index_add(0, inverse, self.values)
+        out = pattern.with_pattern_values(values)
+        out.shape, out.form, out.trusted = self.shape, self.form, self.trusted
+        return out
+
+    def _coalesced_pattern(self) -> Tuple[Tensor, "SparseBatch"]:
+        """``(inverse, pattern)``: each entry's place in the coalesced pattern.  Cached."""
         if self.cache.coalesced is None:
             _index.count("coalesce")
             key = self.linear_index()
@@ -250,11 +258,7 @@ class SparseBatch:
             pattern = replace(self, row=unique // self.width, col=unique % self.width,
                               values=self.values[:0], row_sorted=True, coalesced=True)
             self.cache.coalesced = (inverse, pattern)
-        inverse, pattern = self.cache.coalesced
-        values = self.values.new_zeros(pattern.nnz).index_add(0, inverse, self.values)
-        out = pattern.with_pattern_values(values)
-        out.shape, out.form, out.trusted = self.shape, self.form, self.trusted
-        return out
+        return self.cache.coalesced
 
     # -- conversions -----------------------------------------------------------
     def to_coo(self) -> Tensor:
@@ -364,13 +368,21 @@ def _key(x: Tensor) -> Tuple[Any, ...]:
 
 
 def attach(x: Tensor, batch: SparseBatch) -> Tensor:
-    """Attach ``batch``'s pattern (trusted) to the tensor ``x`` nnsparse built from it."""
-    pattern = batch.with_pattern_values(batch.values.detach()[:0])
-    pattern.trusted = True
-    pattern.form = "csr" if x.layout == torch.sparse_csr else "coo"
-    if pattern.form == "coo" and not x.is_coalesced():
+    """Attach ``batch``'s pattern (trusted) to the tensor ``x`` nnsparse built from it.
+
+    An uncoalesced COO ``x`` that requires grad (``from_pairs`` of values that
+    require grad) is read through ``x.coalesce().values()`` (``x._values()``
+    carries no gradient), as a user's tensor is: it gets the coalesced pattern.
+    """
+    form = "csr" if x.layout == torch.sparse_csr else "coo"
+    recoalesce = form == "coo" and x.requires_grad and not x.is_coalesced()
+    source = batch._coalesced_pattern()[1] if recoalesce else batch
+    pattern = source.with_pattern_values(batch.values.detach()[:0])
+    pattern.shape, pattern.is_vector = batch.shape, batch.is_vector
+    pattern.trusted, pattern.form = True, form
+    if form == "coo" and not recoalesce and not x.is_coalesced():
         pattern.coalesced = False
-    setattr(x, _ATTR, _Attached(_key(x), pattern, False))
+    setattr(x, _ATTR, _Attached(_key(x), pattern, recoalesce))
     return x
 
 
@@ -589,15 +601,19 @@ def _from_list(rows: Sequence[Any], name: str, width: Optional[int]) -> SparseBa
                             f"got layout {bad[0]}")
         parts = [_from_pairs(r, f"{name}[{i}]", width) for i, r in enumerate(rows)]
         form, inferred = "pair_list", max(int(p.col.max()) + 1 if p.nnz else 0 for p in parts)
+    # An empty row's dtype is not the data's (torch.tensor([]) is float32 whatever the
+    # rows): the rows with entries must share one dtype, which the batch keeps
+    # (torch.cat would promote to the empty row's wider dtype).
     dtypes = {p.dtype for p in parts if p.nnz}
     if len(dtypes) > 1:
         raise TypeError(f"{name} rows must share one dtype, got {sorted(map(str, dtypes))}")
+    dtype = next(iter(dtypes)) if dtypes else parts[0].dtype
     device = parts[0].device
     counts = torch.tensor([p.nnz for p in parts], device=device)
     col = torch.cat([p.col for p in parts])
     row = torch.repeat_interleave(torch.arange(len(parts), device=device), counts,
                                   output_size=col.shape[0])
-    values = torch.cat([p.values for p in parts])
+    values = torch.cat([p.values if p.dtype == dtype else p.values.to(dtype) for p in parts])
     return SparseBatch(row, col, values, (len(parts), inferred), form, row_sorted=True)
 
 

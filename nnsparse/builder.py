@@ -152,6 +152,21 @@ class DynamicSparseTensor:
         return (f"DynamicSparseTensor(len={len(self)}, ndim={self._ndim}, dtype={self._dtype}, "
                 f"device={self._device})")
 
+    def __copy__(self) -> "DynamicSparseTensor":
+        """``copy.copy``: a builder with its own storage and buffers (entries added to one
+        do not reach the other), as ``copy.deepcopy`` gives."""
+        self._flush()  # the host buffers are then empty: the copy gets fresh ones
+        new = type(self).__new__(type(self))
+        for name in DynamicSparseTensor.__slots__:
+            setattr(new, name, getattr(self, name))
+        if hasattr(self, "__dict__"):  # a subclass's own attributes, shallow as copy.copy's
+            new.__dict__.update(self.__dict__)
+        new._ibuf = [array("q", bytes(8 * _CHUNK)) for _ in range(self._ndim)]
+        new._ibuf0 = new._ibuf[0]
+        new._vbuf = array(self._vbuf.typecode, bytes(8 * _CHUNK))
+        new._index, new._values = self._index.clone(), self._values.clone()
+        return new
+
     # -- adding entries -------------------------------------------------------------
     def append(self, index: Union[int, Sequence[int]], value: float = _NO_VALUE) -> None:
         """Add one entry: ``index`` an int (``ndim=1``) or a tuple of ``ndim`` ints.
@@ -284,8 +299,10 @@ class DynamicSparseTensor:
 
     def _checked(self, indices: Any, values: Any) -> Tuple[Tensor, Tensor]:
         """``(index (m, ndim), values (m,))`` checked for :meth:`extend`; nothing changed."""
-        index = self._as_tensor(indices, "indices")
+        index = _unsigned_as_int64(self._as_tensor(indices, "indices"), "indices")
         vals = self._as_tensor(values, "values")
+        given = vals.dtype
+        vals = _unsigned_as_int64(vals, "values")
         if index.dtype == torch.bool or index.is_complex() or index.is_floating_point():
             if index.numel():
                 raise TypeError(f"indices must be integers, got dtype {index.dtype}")
@@ -305,10 +322,10 @@ class DynamicSparseTensor:
             raise TypeError(f"values must be real numbers fitting dtype {self._dtype}, "
                             f"got dtype {vals.dtype}")
         check_index_range(index, None, "indices")
-        self._check_cast(vals)
+        self._check_cast(vals, given)
         return index, vals
 
-    def _check_cast(self, vals: Tensor) -> None:
+    def _check_cast(self, vals: Tensor, given: torch.dtype) -> None:
         """Refuse values that a cast to the builder's dtype would change (one host sync)."""
         if self._range is None or vals.dtype == self._dtype or vals.numel() == 0:
             return
@@ -320,7 +337,7 @@ class DynamicSparseTensor:
         if vmin < lo or vmax > hi:
             bad = vmax if vmax > hi else vmin
             raise ValueError(f"values must fit in dtype {self._dtype}, whose range is "
-                             f"[{lo}, {hi}], got {bad} (dtype {vals.dtype})")
+                             f"[{lo}, {hi}], got {bad} (dtype {given})")
 
     def _write(self, index: Tensor, vals: Tensor) -> None:
         self._flush()
@@ -389,18 +406,15 @@ class DynamicSparseTensor:
         """The entries as a ``(k, 2)`` pair tensor ``[index, value]`` (``ndim=1``), in order.
 
         Raises:
-            ValueError: ``ndim`` is not 1, or a floating dtype that cannot hold
-                the largest index exactly.
+            ValueError: ``ndim`` is not 1, or a dtype that cannot hold the
+                largest index exactly (int8 holds up to 127, float32 up to
+                2**24, float64 up to 2**53).
         """
         if self._ndim != 1:
             raise ValueError(f"build_pairs needs ndim=1, this builder has ndim={self._ndim}")
         index, values = self._entries()
-        if self._float and index.numel():
-            exact = int(2 / torch.finfo(self._dtype).eps)  # 2 ** (mantissa bits + 1)
-            top = int(index.max())
-            if top > exact:
-                raise ValueError(f"index {top} cannot be stored exactly as {self._dtype}; "
-                                 "use dtype torch.float64")
+        if index.numel():
+            _check_pair_index(int(index.max()), self._dtype)
         return torch.stack([index[0].to(self._dtype), values], dim=1)
 
     # -- storage ------------------------------------------------------------------------
@@ -481,6 +495,36 @@ def _value_range(dtype: torch.dtype) -> Optional[Tuple[float, float]]:
         return None
     info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
     return (info.min, info.max)
+
+
+def _check_pair_index(top: int, dtype: torch.dtype) -> None:
+    """Refuse an index ``top`` that the pair tensor's dtype cannot hold exactly."""
+    if dtype.is_floating_point:
+        exact = int(2 / torch.finfo(dtype).eps)  # 2 ** (mantissa bits + 1)
+        if top > exact:
+            bits = exact.bit_length() - 1
+            wider = ("dtype torch.float64" if top <= 2 ** 53 else
+                     "an integer dtype (torch.int64)")
+            raise ValueError(f"index {top} exceeds 2**{bits}, beyond which {dtype} does not "
+                             f"hold every whole number, so it cannot be stored exactly as "
+                             f"{dtype}; use {wider}, or build() for a sparse tensor with "
+                             "int64 indices")
+    elif top > torch.iinfo(dtype).max:
+        raise ValueError(f"index {top} does not fit in dtype {dtype} (largest "
+                         f"{torch.iinfo(dtype).max}); use dtype torch.int64, or build() for "
+                         "a sparse tensor with int64 indices")
+
+
+def _unsigned_as_int64(t: Tensor, name: str) -> Tensor:
+    """``uint16/32/64`` as int64 (torch has no min/max for them); other dtypes unchanged.
+
+    Raises ``ValueError`` for a uint64 entry beyond int64 (it wraps to a negative)."""
+    if t.dtype not in (torch.uint16, torch.uint32, torch.uint64):
+        return t
+    wide = t.to(torch.int64)
+    if t.dtype == torch.uint64 and wide.numel() and bool((wide < 0).any()):
+        raise ValueError(f"{name} must fit in int64, got a uint64 entry >= 2**63")
+    return wide
 
 
 def _whole(i: Any) -> Any:

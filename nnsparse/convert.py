@@ -27,7 +27,19 @@ def _check_elem_fits(elem: Any, dtype: torch.dtype) -> None:
     """``elem`` must be stored exactly in the values' dtype (a cast would change it silently)."""
     if isinstance(elem, complex) and not dtype.is_complex:
         raise TypeError(f"elem must be a real number for values of dtype {dtype}, got {elem!r}")
-    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool or _is_nan(elem):
+    if dtype.is_complex or _is_nan(elem):
+        return
+    if dtype.is_floating_point:
+        # a float rounds; beyond the dtype's largest finite value torch refuses it (inf passes)
+        top = torch.finfo(dtype).max
+        if math.isfinite(elem) and abs(elem) > top:
+            raise ValueError(f"elem must fit in the values' dtype {dtype} (a finite value in "
+                             f"[{-top}, {top}], inf or nan), got {elem!r}")
+        return
+    if dtype == torch.bool:
+        if elem not in (0, 1):
+            raise ValueError(f"elem must be stored exactly in the values' dtype torch.bool "
+                             f"(0 or 1), got {elem!r}")
         return
     info = torch.iinfo(dtype)
     if not math.isfinite(elem) or elem != int(elem) or not info.min <= elem <= info.max:
@@ -140,8 +152,11 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tens
 
     Raises:
         TypeError: ``x`` is not an accepted form.
-        ValueError: bad indices, a ``size`` smaller than the data, or a NaN
-            ``elem`` for integer values.
+        ValueError: bad indices, a ``size`` smaller than the data, or an
+            ``elem`` the values' dtype cannot hold: NaN for integer values, a
+            fraction or one beyond the range of an integer dtype, a finite one
+            beyond a floating dtype's largest (``inf`` and ``nan`` pass), other
+            than 0 or 1 for bool values.
 
     Example::
 

@@ -178,12 +178,22 @@ def progress(iterable: Iterable, disable: Optional[bool] = None, **kwargs: Any) 
 
 
 def save(obj: Any, path: str) -> None:
-    """``torch.save`` on rank 0, then every rank waits (so no reader sees half a file)."""
+    """``torch.save`` on rank 0, then every rank waits (so no reader sees half a file).
+
+    Raises:
+        TypeError: ``path`` is not a path or a file object.
+        ValueError: ``path`` is a directory, or its directory does not exist.
+    """
     if not isinstance(path, (str, os.PathLike)) and not hasattr(path, "write"):
         raise TypeError(f"path must be a str or os.PathLike (or a file object), got "
                         f"{type(path).__name__}")
-    if isinstance(path, (str, os.PathLike)) and os.path.isdir(path):
-        raise ValueError(f"path must be a file to write, got {path}, which is a directory")
+    if isinstance(path, (str, os.PathLike)):
+        if os.path.isdir(path):
+            raise ValueError(f"path must be a file to write, got {path}, which is a directory")
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise ValueError(f"path must be a file in an existing directory, got {path}: no "
+                             f"directory {parent} to write it in")
     if is_main():
         torch.save(obj, path)
     if is_distributed():

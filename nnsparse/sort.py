@@ -89,14 +89,16 @@ def _sort(x: Any, by_index: bool, descending: bool, inplace: bool,
         if batch.form == "pairs":
             out = x.reshape(-1, 2)[order]
             return x.copy_(out.reshape(x.shape)) if inplace else out
-        pairs = torch.cat([p.reshape(-1, 2) for p in x])[order]
+        # the batch's dtype (the rows with entries share it; torch.cat would promote
+        # to an empty row's wider dtype), each row given back in its own
+        pairs = torch.cat([p.reshape(-1, 2).to(batch.dtype) for p in x])[order]
         rows = list(pairs.split(batch.row_counts().tolist()))
         if inplace:
             # every row is read (by the cat above) before any is written
             for p, row in zip(x, rows):
                 p.copy_(row.reshape(p.shape))
             return x
-        return rows
+        return [row.to(p.dtype) for p, row in zip(x, rows)]
     if inplace:
         raise NotImplementedError(
             f"inplace=True reorders (k, 2) pair tensors (the Lua form), got {name} in form "

@@ -358,6 +358,27 @@ def test_topk_k_zero_and_k_equal_output_size():
     torch.testing.assert_close(best.values, run(data).sort(1, descending=True).values)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.int8])
+def test_topk_integer_scores_left_out_at_the_dtype_minimum(dtype):
+    run = nnsparse.Batchifier(nn.Identity(), 3, progress=False)
+    scores = torch.tensor([[1, 0, 2], [3, 2, 1]], dtype=dtype)
+    exclude = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]).to_sparse()
+    best = run.topk(scores, 2, exclude=exclude)
+    assert best.values.dtype == dtype
+    assert best.values.tolist() == [[2, 1], [2, 1]] and best.indices.tolist() == [[2, 0], [1, 2]]
+    fewer = run.topk(scores, 3, exclude=exclude, candidates=torch.tensor([True, True, False]))
+    lowest = torch.iinfo(dtype).min
+    assert fewer.values.tolist() == [[1, lowest, lowest], [2, lowest, lowest]]
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.complex64])
+def test_topk_refuses_scores_without_order(dtype):
+    run = nnsparse.Batchifier(nn.Identity(), 3, progress=False)
+    with pytest.raises(TypeError, match=f"topk ranks real scores, the network returned dtype "
+                                        f"{dtype}"):
+        run.topk(torch.ones(1, 3, dtype=dtype), 1)
+
+
 # -- errors ----------------------------------------------------------------------------
 def test_errors():
     net = _net()

@@ -1,6 +1,9 @@
 """nnsparse.builder.DynamicSparseTensor against torch.sparse_coo_tensor built in one call."""
+import copy
 import math
+import pickle
 import random
+import re
 
 import numpy as np
 import pytest
@@ -261,5 +264,77 @@ def test_build_and_set_errors():
         batch.set(torch.ones(1, 2))
     big = DynamicSparseTensor()
     big.append(2 ** 24 + 1, 1.0)
-    with pytest.raises(ValueError, match="index 16777217 cannot be stored exactly as torch.float32"):
+    with pytest.raises(ValueError, match="index 16777217 exceeds 2\\*\\*24.*cannot be stored "
+                                         "exactly as torch.float32; use dtype torch.float64"):
         big.build_pairs()
+
+
+@pytest.mark.parametrize("dtype, index, message", [
+    (torch.int8, 200, r"index 200 does not fit in dtype torch.int8 \(largest 127\); use dtype "
+                      r"torch.int64, or build\(\)"),
+    (torch.uint8, 256, r"index 256 does not fit in dtype torch.uint8 \(largest 255\)"),
+    (torch.int32, 2 ** 33, r"index 8589934592 does not fit in dtype torch.int32"),
+    (torch.float16, 2049, r"index 2049 exceeds 2\*\*11, beyond which torch.float16 does not hold "
+                          r"every whole number.*use dtype torch.float64"),
+    (torch.float64, 2 ** 53 + 1, r"index 9007199254740993 exceeds 2\*\*53.*use an integer dtype "
+                                 r"\(torch.int64\), or build\(\)"),
+], ids=["int8", "uint8", "int32", "float16", "float64"])
+def test_build_pairs_refuses_an_index_the_dtype_cannot_hold(dtype, index, message):
+    builder = DynamicSparseTensor(dtype=dtype)
+    builder.append(index, 1)
+    with pytest.raises(ValueError, match=message):
+        builder.build_pairs()
+    assert builder.build()._indices().tolist() == [[index]]  # build() keeps int64 indices
+    fits = DynamicSparseTensor(dtype=dtype)
+    fits.append(index - 1 if dtype.is_floating_point else torch.iinfo(dtype).max, 1)
+    fits.build_pairs()
+
+
+@pytest.mark.parametrize("unsigned", [torch.uint16, torch.uint32, torch.uint64])
+def test_extend_with_unsigned_tensors(unsigned):
+    builder = DynamicSparseTensor(dtype=torch.int32)
+    builder.extend(torch.tensor([3, 1], dtype=unsigned), torch.tensor([7, 2], dtype=unsigned))
+    assert builder.build_pairs().tolist() == [[3, 7], [1, 2]]
+    floats = DynamicSparseTensor()
+    floats.extend(torch.tensor([3], dtype=unsigned), [1.0])
+    assert floats.build_pairs().tolist() == [[3.0, 1.0]]
+    narrow = DynamicSparseTensor(dtype=torch.uint8)
+    with pytest.raises(ValueError, match=re.escape(
+            f"values must fit in dtype torch.uint8, whose range is [0, 255], got 300 "
+            f"(dtype {unsigned})")):
+        narrow.extend(torch.tensor([0], dtype=unsigned), torch.tensor([300], dtype=unsigned))
+    assert len(narrow) == 0
+
+
+def test_extend_refuses_uint64_beyond_int64():
+    builder = DynamicSparseTensor()
+    with pytest.raises(ValueError, match=re.escape("indices must fit in int64, got a uint64 "
+                                                   "entry >= 2**63")):
+        builder.extend(torch.tensor([2 ** 64 - 1], dtype=torch.uint64), [1.0])
+    assert len(builder) == 0
+
+
+@pytest.mark.parametrize("make_copy", [copy.copy, copy.deepcopy,
+                                       lambda b: pickle.loads(pickle.dumps(b))],
+                         ids=["copy", "deepcopy", "pickle"])
+@pytest.mark.parametrize("extend", [False, True], ids=["append", "extend"])
+def test_copies_have_their_own_storage(make_copy, extend):
+    builder = DynamicSparseTensor(reserve=2)
+    builder.append(0, 1.0)
+    builder.extend([1], [2.0])  # in the storage, full: the next entry grows it
+    clone = make_copy(builder)
+    for b, value in ((builder, 10.0), (clone, 20.0)):
+        if extend:
+            b.extend([5], [value])
+        else:
+            b.append(5, value)
+    assert builder.build_pairs().tolist() == [[0.0, 1.0], [1.0, 2.0], [5.0, 10.0]]
+    assert clone.build_pairs().tolist() == [[0.0, 1.0], [1.0, 2.0], [5.0, 20.0]]
+    # unflushed appends too
+    half = DynamicSparseTensor(reserve=8)
+    half.append(3, 1.0)
+    other = make_copy(half)
+    half.append(4, 2.0)
+    other.append(4, 3.0)
+    assert half.build_pairs().tolist() == [[3.0, 1.0], [4.0, 2.0]]
+    assert other.build_pairs().tolist() == [[3.0, 1.0], [4.0, 3.0]]

@@ -161,6 +161,45 @@ def test_densify_integer_values():
         densify(x, elem=NAN)
 
 
+@pytest.mark.parametrize("dtype, elem, message", [
+    (torch.float16, 1e6, r"elem must fit in the values' dtype torch.float16 \(a finite value in "
+                         r"\[-65504.0, 65504.0\], inf or nan\), got 1000000.0"),
+    (torch.float16, -65520.0, r"elem must fit in the values' dtype torch.float16"),
+    (torch.bfloat16, 1e39, r"elem must fit in the values' dtype torch.bfloat16"),
+    (torch.float32, 1e39, r"elem must fit in the values' dtype torch.float32"),
+    (torch.bool, 2, r"elem must be stored exactly in the values' dtype torch.bool \(0 or 1\), "
+                    r"got 2"),
+    (torch.bool, 0.5, r"values' dtype torch.bool \(0 or 1\), got 0.5"),
+    (torch.bool, -1, r"values' dtype torch.bool \(0 or 1\), got -1"),
+], ids=["float16-1e6", "float16-minus", "bfloat16", "float32", "bool-2", "bool-half", "bool-minus"])
+@pytest.mark.parametrize("densify_with", ["function", "module"])
+def test_densify_refuses_an_elem_the_dtype_cannot_hold(densify_with, dtype, elem, message):
+    import nnsparse
+    x = torch.tensor([[1.0, 0.0]]).to(dtype).to_sparse()
+    with pytest.raises(ValueError, match=message):
+        if densify_with == "function":
+            densify(x, elem=elem)
+        else:
+            nnsparse.Densify(2, elem=elem)(x)
+
+
+@pytest.mark.parametrize("dtype, elem, expected", [
+    (torch.float16, 65504.0, [1.0, 65504.0]),
+    (torch.float16, math.inf, [1.0, math.inf]),
+    (torch.float16, -math.inf, [1.0, -math.inf]),
+    (torch.float16, NAN, [1.0, NAN]),
+    (torch.float16, 0.1, [1.0, 0.0999755859375]),  # a float rounds, as torch.full does
+    (torch.bool, 1, [True, True]),
+    (torch.bool, 0, [True, False]),
+    (torch.bool, 1.0, [True, True]),
+], ids=["float16-max", "float16-inf", "float16-minus-inf", "float16-nan", "float16-rounds",
+        "bool-1", "bool-0", "bool-1.0"])
+def test_densify_elem_the_dtype_holds(dtype, elem, expected):
+    out = densify(torch.tensor([[1.0, 0.0]]).to(dtype).to_sparse(), elem=elem)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out[0], torch.tensor(expected, dtype=dtype), equal_nan=True)
+
+
 def test_densify_empty():
     assert densify(torch.zeros(0, 2)).shape == (0,)
     assert densify(torch.zeros(0, 2), size=4).tolist() == [0.0] * 4
@@ -278,6 +317,48 @@ def test_from_pairs(device):
 def test_from_pairs_errors(make, error, message):
     with pytest.raises(error, match=message):
         make()
+
+
+def _from_pairs_consumers():
+    import nnsparse
+    from torch import nn
+    torch.manual_seed(0)
+    linear = nnsparse.SparseLinearBatch(5, 3, dtype=torch.float64)
+    weight = torch.randn(5, 3, dtype=torch.float64)
+    # the estimate's entries (a sparse estimate must specify every target entry)
+    target = torch.tensor([[1.0, 0.0, 0.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0, 3.0]],
+                          dtype=torch.float64).to_sparse()
+    criterion = nnsparse.SparseCriterion(nn.MSELoss())
+    return [
+        ("SparseLinearBatch", linear),
+        ("densify", densify),
+        ("Densify", nnsparse.Densify(5)),
+        ("values_map", lambda x: densify(nnsparse.values_map(torch.tanh, x))),
+        ("stopk", lambda x: nnsparse.stopk(x, 1).values),
+        ("sparse_mm", lambda x: nnsparse.sparse_mm(x, weight)),
+        ("SparseCriterion", lambda x: criterion(x, target)),
+    ]
+
+
+@pytest.mark.parametrize("name, consume", _from_pairs_consumers(),
+                         ids=[n for n, _ in _from_pairs_consumers()])
+def test_from_pairs_keeps_the_gradient(name, consume):
+    # from_pairs gives an uncoalesced COO (repeated index 3 here): its values reach
+    # the pairs' values through every consumer, as through x.to_dense()
+    def make(values):
+        index = torch.tensor([3.0, 0.0, 3.0, 4.0], dtype=torch.float64)
+        pairs = torch.stack([index, values], dim=1)
+        return from_pairs([pairs[:3], pairs[3:]], size=5)
+
+    values = torch.tensor([1.0, 2.0, -0.5, 4.0], dtype=torch.float64, requires_grad=True)
+    x = make(values)
+    assert x.requires_grad and not x.is_coalesced()
+    consume(x).sum().backward()
+    reference = values.detach().clone().requires_grad_()
+    consume(make(reference).to_dense().to_sparse()).sum().backward()
+    assert values.grad is not None
+    torch.testing.assert_close(values.grad, reference.grad)
+    torch.autograd.gradcheck(lambda v: consume(make(v)), (values.detach().requires_grad_(),))
 
 
 @pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])

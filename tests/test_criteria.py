@@ -1,4 +1,6 @@
 """SparseCriterion, the element-wise loss wrapper and prepare_input."""
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -195,6 +197,64 @@ def test_both_averaging_modes_raise():
     crit.full_size_average = True
     with pytest.raises(ValueError, match="cannot both be True"):
         crit(torch.zeros(2), torch.tensor([[0.0, 1.0]]))
+
+
+@pytest.mark.parametrize("name, value, error, message", [
+    ("size_average", "no", TypeError, "size_average must be a bool, got str 'no'"),
+    ("size_average", 1, TypeError, "size_average must be a bool, got int 1"),
+    ("full_size_average", None, TypeError, "full_size_average must be a bool, got NoneType"),
+])
+def test_flags_refused_when_assigned(name, value, error, message):
+    crit = SparseCriterion(nn.MSELoss())
+    before = getattr(crit, name)
+    with pytest.raises(error, match=message):
+        setattr(crit, name, value)
+    assert getattr(crit, name) == before  # a refused assignment keeps the old value
+    estimate, target = torch.zeros(1, 2), torch.tensor([[0.0, 2.0]]).to_sparse()
+    torch.testing.assert_close(crit(estimate, target), torch.tensor(4.0))
+
+
+@pytest.mark.parametrize("assign, message", [
+    (dict(size_average=True), "reduction='sum' contradicts size_average=True"),
+    (dict(full_size_average=True), "reduction='sum' contradicts full_size_average=True"),
+])
+def test_flags_assigned_against_a_sum_loss_refused_at_use(assign, message):
+    crit = SparseCriterion(nn.MSELoss(reduction="sum"))
+    for name, value in assign.items():
+        setattr(crit, name, value)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        crit(torch.zeros(1, 2), torch.tensor([[0.0, 2.0]]).to_sparse())
+
+
+def test_criterion_assigned_later_is_used_and_checked():
+    crit = SparseCriterion(nn.MSELoss())
+    estimate, target = torch.zeros(1, 2), torch.tensor([[0.0, 2.0]]).to_sparse()
+    crit.criterion = nn.L1Loss()
+    torch.testing.assert_close(crit(estimate, target), torch.tensor(2.0))
+    crit.criterion = nn.CrossEntropyLoss()
+    with pytest.raises(TypeError, match="criterion CrossEntropyLoss has no element-wise form"):
+        crit(estimate, target)
+    crit.criterion = nn.MSELoss(reduction="none")
+    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum'"):
+        crit(estimate, target)
+
+
+_INT_LOSSES = [nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.SoftMarginLoss]
+
+
+@pytest.mark.parametrize("target_dtype, result_dtype", [
+    (torch.int64, torch.float32), (torch.int32, torch.float32), (torch.uint8, torch.float32),
+    (torch.float32, torch.float32), (torch.float64, torch.float64),
+], ids=["int64", "int32", "uint8", "float32", "float64"])
+@pytest.mark.parametrize("estimate_dtype", [torch.int64, torch.int16, torch.bool])
+@pytest.mark.parametrize("make_loss", _INT_LOSSES, ids=[c.__name__ for c in _INT_LOSSES])
+def test_integer_estimate_is_promoted(make_loss, estimate_dtype, target_dtype, result_dtype):
+    estimate = torch.tensor([[1, 0, 1], [0, 1, 1]]).to(estimate_dtype)
+    target = torch.tensor([[0, 2, 0], [1, 0, 3]]).to(target_dtype).to_sparse()
+    loss = SparseCriterion(make_loss())(estimate, target)
+    assert loss.dtype == result_dtype
+    reference = SparseCriterion(make_loss())(estimate.to(result_dtype), target.to(result_dtype))
+    torch.testing.assert_close(loss, reference)
 
 
 # -- edge cases ---------------------------------------------------------------------

@@ -178,3 +178,36 @@ def test_errors():
         crit(torch.zeros(2, 3), torch.zeros(2, 2))
     with pytest.raises(ValueError, match="input must be a sparse batch or a dense"):
         crit.prepare_input(torch.ones(2, 2, 2))
+
+
+@pytest.mark.parametrize("name, value, error, message", [
+    ("alpha", -1.0, ValueError, "alpha must be non-negative, got -1.0"),
+    ("beta", float("nan"), ValueError, "beta must be finite, got nan"),
+    ("hide_ratio", 1.5, ValueError, r"hide_ratio must be in \[0, 1\], got 1.5"),
+    ("hide_ratio", "0.5", TypeError, "hide_ratio must be a real number, got str '0.5'"),
+    ("generator", 0, TypeError, "generator must be a torch.Generator or None, got int"),
+    ("size_average", "no", TypeError, "size_average must be a bool, got str 'no'"),
+])
+def test_bad_settings_refused_as_arguments_and_when_assigned(name, value, error, message):
+    with pytest.raises(error, match=message):
+        MaskCriterion(nn.MSELoss(), **{name: value})
+    crit = MaskCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.5,
+                         generator=torch.Generator().manual_seed(0))
+    x = torch.tensor([[1.0, 0.0, 2.0, 3.0], [0.0, 4.0, 5.0, 0.0]]).to_sparse()
+    crit.prepare_input(x)
+    estimate = torch.zeros(2, 4)
+    loss = crit(estimate, x)
+    before = getattr(crit, name)
+    with pytest.raises(error, match=message):
+        setattr(crit, name, value)
+    assert getattr(crit, name) is before  # a refused assignment keeps the old value
+    assert torch.equal(crit(estimate, x), loss)
+
+
+def test_weights_assigned_are_used():
+    # Lua's SetAlpha / SetBeta: crit.alpha = a
+    crit = MaskCriterion(nn.MSELoss(), hide_ratio=0.5)
+    crit.prepare_input(torch.ones(1, 4))  # floor(4 * 0.5) = 2 entries hidden
+    crit.alpha, crit.beta = 3, 0.5
+    loss = crit(torch.zeros(1, 4), torch.ones(1, 4))
+    torch.testing.assert_close(loss, torch.tensor((3.0 * 2 + 0.5 * 2) / 4))

@@ -1,4 +1,5 @@
 """SDAECriterion and SDAESparseCriterion: corruption, weighting, state and errors."""
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -186,18 +187,74 @@ def test_global_generator_by_default():
 @pytest.mark.parametrize("ratios, message", [
     (dict(noise_ratio=0.5, flip_ratio=0.4, hide_ratio=0.2),
      r"noise_ratio \+ flip_ratio \+ hide_ratio must be at most 1, got 0.5 \+ 0.4 \+ 0.2"),
-    (dict(hide_ratio=-0.1), r"hide_ratio must be in \[0, 1\], got -0.1"),
-    (dict(flip_range=(1.0,)), r"flip_range must hold 2 values, got \(1.0,\)"),
 ])
-def test_bad_ratios(criterion_class, ratios, message):
+def test_ratios_summing_above_one(criterion_class, ratios, message):
     with pytest.raises(ValueError, match=message):
         criterion_class(nn.MSELoss(), **ratios)
     crit = criterion_class(nn.MSELoss())
-    for key, value in ratios.items():
+    for key, value in ratios.items():  # each is valid alone: the sum is checked at use
         setattr(crit, key, value)
     with pytest.raises(ValueError, match=message):
         crit.prepare_input(torch.ones(2, 2) if criterion_class is SDAECriterion
                            else torch.ones(2, 2).to_sparse())
+
+
+_NAN = float("nan")
+
+
+@pytest.mark.parametrize("criterion_class", [SDAECriterion, SDAESparseCriterion])
+@pytest.mark.parametrize("name, value, error, message", [
+    ("hide_ratio", -0.1, ValueError, r"hide_ratio must be in \[0, 1\], got -0.1"),
+    ("hide_ratio", _NAN, ValueError, "hide_ratio must be finite, got nan"),
+    ("hide_ratio", "0.5", TypeError, "hide_ratio must be a real number, got str '0.5'"),
+    ("noise_ratio", 1.5, ValueError, r"noise_ratio must be in \[0, 1\], got 1.5"),
+    ("flip_ratio", True, TypeError, "flip_ratio must be a real number, got bool"),
+    ("flip_range", (1.0,), ValueError, r"flip_range must hold 2 values, got \(1.0,\)"),
+    ("flip_range", 3, TypeError, "flip_range must be a pair"),
+    ("flip_range", (0.0, _NAN), ValueError, "flip_range must be finite, got nan"),
+    ("noise_std", -1.0, ValueError, "noise_std must be non-negative, got -1.0"),
+    ("noise_mean", float("inf"), ValueError, "noise_mean must be finite, got inf"),
+    ("alpha", -1.0, ValueError, "alpha must be non-negative, got -1.0"),
+    ("beta", _NAN, ValueError, "beta must be finite, got nan"),
+    ("alpha", torch.tensor(1.0), TypeError, "alpha must be a real number, got Tensor"),
+    ("generator", 0, TypeError, "generator must be a torch.Generator or None, got int"),
+    ("size_average", "no", TypeError, "size_average must be a bool, got str 'no'"),
+])
+def test_bad_settings_refused_as_arguments_and_when_assigned(criterion_class, name, value, error,
+                                                            message):
+    with pytest.raises(error, match=message):
+        criterion_class(nn.MSELoss(), **{name: value})
+    crit = criterion_class(nn.MSELoss(), alpha=0.5, beta=0.25, hide_ratio=0.5)
+    before = getattr(crit, name)
+    with pytest.raises(error, match=message):
+        setattr(crit, name, value)
+    assert getattr(crit, name) == before  # a refused assignment keeps the old value
+
+
+@pytest.mark.parametrize("criterion_class", [SDAECriterion, SDAESparseCriterion])
+def test_assigned_settings_are_used(criterion_class):
+    # Lua's SetAlpha / SetBeta: crit.alpha = a
+    crit = criterion_class(nn.MSELoss())
+    crit.alpha, crit.beta, crit.flip_range = 2, np.float64(0.5), torch.tensor([0.0, 1.0])
+    assert (crit.alpha, crit.beta, crit.flip_range) == (2.0, 0.5, (0.0, 1.0))
+    assert type(crit.alpha) is float and type(crit.beta) is float
+    x = torch.tensor([[1.0, 0.0, 2.0, 0.0]])
+    mask = torch.tensor([[True, False, False, False]])
+    est = torch.zeros(1, 4)
+    target = x if criterion_class is SDAECriterion else x.to_sparse()
+    # alpha * (0 - 1)**2 at the masked entry, beta * (0 - 2)**2 at the other specified one,
+    # divided by the estimate's 4 entries (dense) or the target's 2 (sparse)
+    expected = (2.0 * 1.0 + 0.5 * 4.0) / (4 if criterion_class is SDAECriterion else 2)
+    torch.testing.assert_close(crit(est, target, mask=mask), torch.tensor(expected))
+
+
+@pytest.mark.parametrize("criterion_class", [SDAECriterion, SDAESparseCriterion])
+def test_size_average_assigned_against_a_sum_loss(criterion_class):
+    crit = criterion_class(nn.MSELoss(reduction="sum"))
+    crit.size_average = True  # a bool: accepted; it contradicts the loss, refused at use
+    target = torch.ones(1, 2) if criterion_class is SDAECriterion else torch.ones(1, 2).to_sparse()
+    with pytest.raises(ValueError, match="reduction='sum' contradicts size_average=True"):
+        crit(torch.zeros(1, 2), target, mask=torch.ones(1, 2, dtype=torch.bool))
 
 
 def test_dense_errors():
@@ -454,3 +511,42 @@ def test_one_loop_serves_every_criterion(make):
         loss = criterion(net(dense_x), target)
         loss.backward()
     assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("criterion_class", [SDAECriterion, SDAESparseCriterion])
+@pytest.mark.parametrize("dtype, flip_range, message", [
+    (torch.uint8, (-1.0, 1.0), r"flip_range must hold values the input's dtype torch.uint8 can "
+                               r"hold \(integers in \[0, 255\]\), got \(-1.0, 1.0\)"),
+    (torch.int64, (0.5, 0.5), r"dtype torch.int64 can hold \(integers in .*got \(0.5, 0.5\)"),
+    (torch.int8, (0.0, 300.0), r"dtype torch.int8 can hold \(integers in \[-128, 127\]\)"),
+    (torch.float16, (0.0, 1e6), r"dtype torch.float16 can hold \(values in \[-65504.0, 65504.0\]\)"),
+], ids=["uint8-negative", "int64-fraction", "int8-beyond", "float16-beyond"])
+def test_flip_range_refused_for_the_input_dtype(criterion_class, dtype, flip_range, message):
+    crit = criterion_class(nn.MSELoss(), flip_ratio=0.5, flip_range=flip_range)
+    x = torch.tensor([[1, 2, 0, 3]], dtype=dtype)
+    with pytest.raises(ValueError, match=message):
+        crit.prepare_input(x if criterion_class is SDAECriterion else x.to_sparse())
+    assert crit.mask_alpha is None  # refused before anything was remembered
+
+
+@pytest.mark.parametrize("criterion_class", [SDAECriterion, SDAESparseCriterion])
+def test_integer_flip_range_on_integer_values(criterion_class):
+    g = torch.Generator().manual_seed(0)
+    crit = criterion_class(nn.MSELoss(), flip_ratio=1.0, flip_range=(0, 5), generator=g)
+    x = torch.tensor([[1, 2, 4, 3]], dtype=torch.uint8)
+    out = crit.prepare_input(x if criterion_class is SDAECriterion else x.to_sparse())
+    values = out if criterion_class is SDAECriterion else out.coalesce().values()
+    assert values.dtype == torch.uint8 and set(values.flatten().tolist()) <= {0, 5}
+
+
+@pytest.mark.parametrize("criterion_class", [SDAECriterion, SDAESparseCriterion])
+def test_integer_estimate_and_target_are_promoted(criterion_class):
+    crit = criterion_class(nn.MSELoss(), alpha=1.0, beta=0.5)
+    estimate = torch.tensor([[1, 1, 0]])
+    target = torch.tensor([[0, 2, 0]])
+    mask = torch.tensor([[True, False, False]])
+    if criterion_class is SDAESparseCriterion:
+        target = target.to_sparse()
+    loss = crit(estimate, target, mask=mask)
+    assert loss.dtype == torch.get_default_dtype()
+    torch.testing.assert_close(loss, crit(estimate.float(), target.float(), mask=mask))

@@ -152,6 +152,23 @@ def test_init_errors(monkeypatch, kwargs, env, error, match):
         nd.init_from_env(**kwargs)
 
 
+@pytest.mark.parametrize("path, match", [
+    (lambda tmp: tmp, r"path must be a file to write, got .*, which is a directory"),
+    (lambda tmp: str(tmp / "missing" / "x.pt"),
+     r"path must be a file in an existing directory, got .*x.pt: no directory .*missing"),
+    (lambda tmp: tmp / "missing" / "deeper" / "x.pt", r"no directory .*deeper to write it in"),
+], ids=["directory", "missing-parent", "missing-parent-pathlike"])
+def test_save_path_errors(tmp_path, path, match):
+    with pytest.raises(ValueError, match=match):
+        nd.save({"a": 1}, path(tmp_path))
+    assert not (tmp_path / "missing").exists()
+
+
+def test_save_writes_a_file(tmp_path):
+    nd.save({"a": torch.ones(2)}, tmp_path / "x.pt")
+    assert torch.equal(torch.load(tmp_path / "x.pt")["a"], torch.ones(2))
+
+
 def test_loader_errors():
     with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
         nd.loader(SparseRowDataset(_data()), 0)

@@ -167,8 +167,7 @@ def test_criteria_keep_their_mask_after_the_second_probes_refusals(make):
     for target, error in ((x.to(torch.complex64), TypeError), (meta, ValueError)):
         with pytest.raises(error, match="target"):
             criterion(estimate, target)
-    criterion.alpha = -1.0
     with pytest.raises(ValueError, match="alpha must be non-negative, got -1.0"):
-        criterion.prepare_input(_sparse_batch())
-    criterion.alpha = 1.0
+        criterion.alpha = -1.0  # refused when assigned: the old weight stays
+    assert criterion.alpha == 1.0
     assert torch.equal(criterion(estimate, x), before)

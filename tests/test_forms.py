@@ -106,6 +106,23 @@ def test_uncoalesced_with_grad_keeps_the_graph():
     torch.testing.assert_close(values.grad, torch.ones(3))
 
 
+@pytest.mark.parametrize("rows", [
+    [torch.tensor([[1.0, 3.0]]), torch.zeros(0, 2, dtype=torch.float64)],
+    [torch.zeros(0, 2, dtype=torch.float64), torch.tensor([[1.0, 3.0]])],
+    [torch.tensor([0.0, 3.0]).to_sparse(), torch.zeros(2, dtype=torch.float64).to_sparse()],
+], ids=["pairs", "pairs-empty-first", "sparse-vectors"])
+def test_an_empty_row_does_not_promote_the_batch(rows):
+    batch = as_sparse_batch(rows)
+    assert batch.dtype == torch.float32 and batch.values.dtype == torch.float32
+
+
+def test_rows_with_entries_must_share_one_dtype():
+    with pytest.raises(TypeError, match=r"x rows must share one dtype, got \['torch.float32', "
+                                        r"'torch.float64'\]"):
+        as_sparse_batch([torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 1.0]]).double()],
+                        name="x")
+
+
 def test_is_sparse_form():
     assert is_sparse_form(torch.zeros(2).to_sparse())
     assert is_sparse_form([torch.zeros(1, 2)])

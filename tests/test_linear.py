@@ -330,3 +330,18 @@ def test_errors():
         nnsparse.SparseLinearBatch(5, 2, mode="fast")
     with pytest.raises(ValueError, match=r"sparse_grad=True needs the sparse kernels"):
         nnsparse.SparseLinearBatch(5, 2, sparse_grad=True, mode="dense")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+@pytest.mark.parametrize("density", ["sparse", "dense"])
+def test_integer_weight_refused_for_a_sparse_input_in_every_mode(density, dtype, mode):
+    x = (torch.tensor([[0, 2, 0, 0]]) if density == "sparse" else torch.tensor([[1, 2, 3, 1]]))
+    with pytest.raises(TypeError, match=f"weight must be floating-point for a sparse input, "
+                                        f"got {dtype}"):
+        nnsparse.sparse_linear(x.to(dtype).to_sparse(), torch.ones(3, 4, dtype=dtype), mode=mode)
+
+
+def test_integer_weight_with_a_dense_input_is_f_linear():
+    x, w = torch.tensor([[0, 2, 0, 1]]), torch.ones(3, 4, dtype=torch.long)
+    assert torch.equal(nnsparse.sparse_linear(x, w), F.linear(x, w))

@@ -150,6 +150,26 @@ def test_pair_list(descending, device):
         torch.testing.assert_close(sorted_row, row)  # make_form's rows come by increasing index
 
 
+@pytest.mark.parametrize("empty", [torch.zeros(0, 2, dtype=torch.float64), torch.tensor([]),
+                                   torch.zeros(0, 2, dtype=torch.int64)],
+                         ids=["float64", "torch.tensor([])", "int64"])
+@pytest.mark.parametrize("sort", [ssort, ssort_by_index], ids=["ssort", "ssort_by_index"])
+def test_pair_list_with_an_empty_row_of_another_dtype(sort, empty):
+    rows = [torch.tensor([[3.0, 1.0], [1.0, 2.0]], dtype=torch.float16), empty,
+            torch.tensor([[0.0, 5.0]], dtype=torch.float16)]
+    out = sort(rows, descending=True)
+    # each row keeps its dtype: the empty one does not promote the others
+    assert [r.dtype for r in out] == [r.dtype for r in rows]
+    assert out[1].numel() == 0
+    expected = [[1.0, 2.0], [3.0, 1.0]] if sort is ssort else [[3.0, 1.0], [1.0, 2.0]]
+    assert out[0].tolist() == expected
+    top = stopk(rows, 1)
+    assert top.values.dtype == torch.float16
+    copies = [r.clone() for r in rows]
+    assert sort(copies, descending=True, inplace=True) is copies
+    assert [r.dtype for r in copies] == [r.dtype for r in rows]
+
+
 def test_empty_inputs():
     empty = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0), (4,))
     values, indices = ssort(empty)

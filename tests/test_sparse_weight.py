@@ -199,6 +199,75 @@ def test_load_checks_the_pattern():
     assert all(torch.equal(before[k], v) for k, v in a.state_dict().items())
 
 
+def _pattern_5():
+    return torch.tensor([[1., 0., 1., 0.], [0., 0., 0., 0.], [1., 1., 0., 1.]]).to_sparse()
+
+
+def _drop(sd, key):
+    return {k: v for k, v in sd.items() if k != key}
+
+
+_NNZ = re.escape("size mismatch for values: the checkpoint's pattern has nnz 5, this layer's "
+                 "has nnz 6")
+
+
+@pytest.mark.parametrize("make_state, strict, error, message", [
+    # another pattern of another nnz: refused (strict or not), nothing half-copied
+    (lambda a: a.state_dict(), True, RuntimeError, _NNZ),
+    (lambda a: a.state_dict(), False, RuntimeError, _NNZ),
+    (lambda a: _drop(a.state_dict(), "values"), False, RuntimeError,
+     re.escape("size mismatch for col: the checkpoint's pattern has nnz 5")),
+    # the layer's own nnz, refused for a key: the values are not copied before
+    (lambda a: {**_same_nnz_state(), "extra": torch.zeros(1)}, True, RuntimeError,
+     'Unexpected key\\(s\\) in state_dict: "extra"'),
+    (lambda a: _drop(_same_nnz_state(), "bias"), True, RuntimeError,
+     'Missing key\\(s\\) in state_dict: "bias"'),
+    (lambda a: {**_same_nnz_state(), "values": [0.0] * 6}, True, RuntimeError,
+     'While copying the parameter named "values", expected a tensor'),
+    (lambda a: {**_same_nnz_state(), "bias": torch.zeros(4)}, False, RuntimeError,
+     "size mismatch for bias"),
+    (lambda a: {**_same_nnz_state(), "col": _same_nnz_state()["col"].float()}, True,
+     RuntimeError, re.escape("col (the loaded pattern) must have an integer dtype, got "
+                             "torch.float32")),
+    # a lone col is checked with the layer's crow
+    (lambda a: {"col": torch.tensor([0, 1, 2, 3, 0, 5])}, False, ValueError,
+     re.escape("column indices must be in [0, 4), got max 5")),
+], ids=["other-nnz", "other-nnz-not-strict", "other-nnz-col", "unexpected-key", "missing-bias",
+        "not-a-tensor", "bias-shape", "float-col", "lone-col-out-of-range"])
+def test_load_refused_changes_nothing(make_state, strict, error, message):
+    a = SparseWeightLinear(_pattern_5())
+    b = SparseWeightLinear.random(4, 3, 0.5, seed=3)
+    x = torch.randn(2, 4)
+    before = {k: v.clone() for k, v in b.state_dict().items()}
+    y = b(x)
+    with pytest.raises(error, match=message):
+        b.load_state_dict(make_state(a), strict=strict)
+    assert all(torch.equal(before[k], v) for k, v in b.state_dict().items())
+    assert torch.equal(b(x), y)
+
+
+def _same_nnz_state():
+    return SparseWeightLinear.random(4, 3, 0.5, seed=5).state_dict()
+
+
+def test_load_refused_inside_a_parent_leaves_the_layer():
+    net = nn.Sequential(SparseWeightLinear.random(4, 3, 0.5, seed=3))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(RuntimeError, match=re.escape("size mismatch for 0.values: the "
+                                                     "checkpoint's pattern has nnz 5")):
+        net.load_state_dict(nn.Sequential(SparseWeightLinear(_pattern_5())).state_dict())
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+
+
+def test_load_a_lone_col_or_values():
+    a, b = SparseWeightLinear.random(4, 3, 0.5, seed=5), SparseWeightLinear.random(4, 3, 0.5, seed=3)
+    b.load_state_dict({"values": a.values.detach()}, strict=False)
+    assert torch.equal(b.values, a.values) and not torch.equal(b.col, a.col)
+    b.load_state_dict({"col": a.col, "crow": a.crow}, strict=False)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(b(x) - b.bias, a(x) - a.bias)
+
+
 def test_to_deepcopy_sequential():
     layer = _layer(torch.float32)
     net = nn.Sequential(layer, nn.ReLU(), nn.Linear(6, 2))
@@ -346,3 +415,20 @@ def test_device_mismatch_cuda(layer_on):
     for x in (torch.ones(2, 3, device=other), torch.eye(2, 3, device=other).to_sparse()):
         with pytest.raises(ValueError, match=f"input must be on the layer's device {layer_on}"):
             layer(x)
+
+
+@pytest.mark.parametrize("shape", [(2, 0), (0,), (4, 2, 0), (0, 0)])
+def test_zero_in_features_dense_input(shape):
+    # nn.Linear(0, 3): the output is the bias; a (*, 0) input has no width to infer
+    layer = SparseWeightLinear(torch.zeros(3, 0).to_sparse())
+    with torch.no_grad():
+        layer.bias.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    reference = nn.Linear(0, 3)
+    with torch.no_grad():
+        reference.bias.copy_(layer.bias)
+    x = torch.randn(shape, requires_grad=True)
+    y = layer(x)
+    torch.testing.assert_close(y, reference(x))
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    assert torch.equal(layer.bias.grad, torch.full((3,), float(y.numel() // 3)))

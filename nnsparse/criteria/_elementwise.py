@@ -5,9 +5,11 @@ specified entry of the target) and do their own averaging, as Lua nnsparse set
 ``sizeAverage = false`` on the criterion it wrapped.  This module turns a loss
 module into a function ``(input, target, gather) -> per-entry losses`` that
 keeps the module's own settings (``beta``, ``delta``, ``log_target``, ...).
-The module's ``reduction`` is read once, by :func:`resolve_size_average`:
+The module's ``reduction`` is read by :func:`resolve_size_average`:
 ``'sum'`` turns the nnsparse criterion's averaging off, ``'none'`` is refused.
-A target of another floating dtype is cast to the estimate's.
+An integer or bool estimate is promoted to the target's floating dtype, or to
+the default dtype when the target is not floating; a target of another dtype
+is then cast to the estimate's.
 
 Weight tensors (``BCELoss.weight``, ``BCEWithLogitsLoss.weight`` and
 ``pos_weight``) are read at the target's entries as if broadcast to the dense
@@ -18,13 +20,15 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import (Any, Callable, Dict, Generic, Mapping, Optional, Sequence, Tuple, TypeVar,
+                    cast, overload)
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["elementwise_loss", "ElementwiseLoss"]
+__all__ = ["elementwise_loss", "ElementwiseLoss", "Setting"]
 
 # ``gather(w)`` reads a tensor broadcastable to the estimate's dense shape at
 # the entries being evaluated; None means the values are dense already.
@@ -105,6 +109,12 @@ class ElementwiseLoss:
         self._fn = _KNOWN.get(type(module))
 
     def __call__(self, input: Tensor, target: Tensor, gather: Gather = None) -> Tensor:
+        if not (input.is_floating_point() or input.is_complex()):
+            # An integer (or bool) estimate is promoted, as int / int is in torch: to the
+            # target's floating dtype, else the default dtype (torch's losses refuse
+            # integer inputs, or cast their float result back to the integer type).
+            input = input.to(target.dtype if target.is_floating_point()
+                             else torch.get_default_dtype())
         if input.dtype in (torch.float16, torch.bfloat16):
             # AMP: every criterion computes in float32 (the cast carries the gradient back).
             input = input.float()
@@ -154,6 +164,13 @@ def elementwise_loss(criterion: nn.Module) -> ElementwiseLoss:
     return ElementwiseLoss(criterion)
 
 
+def reduction_of(criterion: Any) -> Any:
+    """The wrapped loss's ``reduction`` (``'mean'`` when it has none)."""
+    if isinstance(criterion, ElementwiseLoss):
+        criterion = criterion.module
+    return getattr(criterion, "reduction", "mean")
+
+
 def resolve_size_average(criterion: nn.Module, size_average: Optional[bool],
                          owner: str) -> bool:
     """``size_average`` honouring the wrapped loss's ``reduction``.
@@ -163,11 +180,9 @@ def resolve_size_average(criterion: nn.Module, size_average: Optional[bool],
     ``size_average=True`` was asked explicitly, which contradicts it;
     ``'none'`` is refused: an nnsparse criterion returns a scalar.
     """
-    reduction = getattr(criterion, "reduction", "mean")
-    if isinstance(criterion, ElementwiseLoss):
-        reduction = getattr(criterion.module, "reduction", "mean")
-    if size_average is not None and not isinstance(size_average, bool):
-        raise TypeError(f"size_average must be a bool, got {type(size_average).__name__}")
+    reduction = reduction_of(criterion)
+    if size_average is not None:
+        bool_arg(size_average, "size_average")
     if reduction == "mean":
         return True if size_average is None else size_average
     if reduction == "sum":
@@ -206,9 +221,81 @@ def real_arg(value: Any, name: str) -> float:
     return float(value)
 
 
-def generator_arg(generator: Any) -> Optional[torch.Generator]:
+def weight_arg(value: Any, name: str) -> float:
+    """A loss weight: a finite real number >= 0 (a negative one would reward errors)."""
+    value = real_arg(value, name)
+    if value < 0:
+        raise ValueError(f"{name} must be non-negative, got {value}")
+    return value
+
+
+def ratio_arg(value: Any, name: str) -> float:
+    """A probability: a real number in [0, 1]."""
+    value = real_arg(value, name)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+    return value
+
+
+def bool_arg(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def pair_arg(value: Any, name: str) -> Tuple[float, float]:
+    """A pair of finite reals: a tuple, a list, or a 1-D tensor or array of two."""
+    if isinstance(value, (Tensor, np.ndarray)) and value.ndim == 1:
+        value = value.tolist()  # Lua's flipRange could be a tensor too
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"{name} must be a pair (low, high), got {type(value).__name__} "
+                        f"{value!r}")
+    if len(value) != 2:
+        raise ValueError(f"{name} must hold 2 values, got {value!r}")
+    low, high = (real_arg(v, name) for v in cast(Sequence[Any], value))
+    return (low, high)
+
+
+T = TypeVar("T")
+
+
+class Setting(Generic[T]):
+    """A criterion's public setting, checked when assigned (in ``__init__`` and after).
+
+    ``crit.alpha = a`` (Lua's ``SetAlpha``) runs the same check as the
+    constructor; a refused assignment raises and leaves the old value.  What
+    ties settings together (ratios summing to at most 1, the averaging modes,
+    the wrapped loss's ``reduction``) is checked where they are used.
+    """
+
+    def __init__(self, check: Callable[[Any, str], T]) -> None:
+        self._check = check
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, owner: Optional[type] = None) -> "Setting[T]": ...
+
+    @overload
+    def __get__(self, obj: object, owner: Optional[type] = None) -> T: ...
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        try:  # kept in the instance's __dict__ under its own name (a data descriptor wins)
+            return obj.__dict__[self._name]
+        except KeyError:
+            raise AttributeError(f"{type(obj).__name__} has no {self._name} yet") from None
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self._name] = self._check(value, self._name)
+
+
+def generator_arg(generator: Any, name: str = "generator") -> Optional[torch.Generator]:
     if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got "
+        raise TypeError(f"{name} must be a torch.Generator or None, got "
                         f"{type(generator).__name__}")
     return generator
 

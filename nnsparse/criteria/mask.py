@@ -8,8 +8,9 @@ from torch import Tensor, nn
 
 from .._forms import SparseLike, as_sparse_batch, is_sparse_form
 from ..convert import densify
-from ._elementwise import (RefuseLuaNames, conf_settings, elementwise_loss, generator_arg,
-                           real_arg, resolve_size_average)
+from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, conf_settings,
+                           elementwise_loss, generator_arg, ratio_arg, resolve_size_average,
+                           weight_arg)
 from ._entries import as_estimate, as_target, check_device, lookup, unique_entries
 from .sdae import EntryMask, _check_generator, _kind
 
@@ -69,6 +70,10 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
             global generator.
         size_average (bool): divide by the estimate's number of entries. Default: True.
 
+    Every setting may be assigned later (``crit.alpha = a``, Lua's
+    ``SetAlpha``): it is checked when assigned, as by the constructor, and a
+    refused value keeps the old one.
+
     Shape:
         - input of :meth:`prepare_input`: a sparse batch or vector, or dense ``(rows, n)``.
         - estimate: dense of the input's (dense) shape, or sparse whose pattern
@@ -94,6 +99,14 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         >>> loss.backward()
     """
 
+    # Each setting is checked when assigned (``crit.alpha = a`` is Lua's SetAlpha);
+    # a refused assignment keeps the old value.
+    alpha = Setting(weight_arg)
+    beta = Setting(weight_arg)
+    hide_ratio = Setting(ratio_arg)
+    generator = Setting(generator_arg)
+    size_average = Setting(bool_arg)
+
     def __init__(self, criterion: nn.Module, alpha: Union[float, Mapping[str, Any]] = 1.0,
                  beta: float = 0.0, hide_ratio: float = 0.0,
                  generator: Optional[torch.Generator] = None,
@@ -103,26 +116,23 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
             conf = conf_settings(alpha, dict(beta=beta, hide_ratio=hide_ratio),
                                  _MASK_DEFAULTS, "MaskCriterion", _SDAE_ONLY)
             alpha, beta, hide_ratio = (conf[k] for k in _MASK_DEFAULTS)
-        self._loss = elementwise_loss(criterion)
+        elementwise_loss(criterion)  # checked now; read again at each call
         self.criterion = criterion
-        self.alpha, self.beta = real_arg(alpha, "alpha"), real_arg(beta, "beta")
-        self.hide_ratio = real_arg(hide_ratio, "hide_ratio")
-        self.generator = generator_arg(generator)
+        self.alpha, self.beta = alpha, beta
+        self.hide_ratio = hide_ratio
+        self.generator = generator
         self.size_average = resolve_size_average(criterion, size_average, "MaskCriterion")
-        self._check_ratio()
         self._sparse_mask: Optional[EntryMask] = None
         self._dense_mask: Optional[Tensor] = None
 
-    def _check_ratio(self) -> None:
-        if not 0.0 <= self.hide_ratio <= 1.0:
-            raise ValueError(f"hide_ratio must be in [0, 1], got {self.hide_ratio}")
-        for name in ("alpha", "beta"):  # loss weights: a negative one would reward errors
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
+    def _elementwise(self) -> ElementwiseLoss:
+        """The wrapped loss, checked with ``size_average`` (both may be assigned later)."""
+        loss = elementwise_loss(self.criterion)
+        resolve_size_average(self.criterion, self.size_average, "MaskCriterion")
+        return loss
 
     def prepare_input(self, input: SparseLike) -> SparseLike:
         """Hide entries of ``input`` (in its form); remember which ones."""
-        self._check_ratio()
         if is_sparse_form(input):
             return self._prepare_sparse(input)
         if not isinstance(input, Tensor):
@@ -154,10 +164,11 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         return batch.with_values(batch.values, keep=~hide)
 
     def forward(self, estimate: SparseLike, target: SparseLike) -> Tensor:
+        elementwise = self._elementwise()
         if self._sparse_mask is not None:
-            loss, numel = self._sparse_loss(estimate, target)
+            loss, numel = self._sparse_loss(elementwise, estimate, target)
         elif self._dense_mask is not None:
-            loss, numel = self._dense_loss(estimate, target)
+            loss, numel = self._dense_loss(elementwise, estimate, target)
         else:
             raise ValueError("no mask: call prepare_input on the batch first")
         return loss / max(numel, 1) if self.size_average else loss
@@ -166,7 +177,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         weight = torch.full_like(losses, self.beta).masked_fill_(hide, self.alpha)
         return (losses * weight).sum()
 
-    def _sparse_loss(self, estimate: Any, target: Any):
+    def _sparse_loss(self, elementwise: ElementwiseLoss, estimate: Any, target: Any):
         mask = self._sparse_mask
         assert mask is not None  # forward calls this with a sparse mask only
         est = as_estimate(estimate)
@@ -185,10 +196,10 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
             # y is 0 where the target does not specify an observed entry (Lua densified it).
             wanted = (torch.where(found, batch.values[pos], 0) if batch.nnz
                       else values.new_zeros(values.shape))
-        losses = self._loss(values, wanted, est.gather(mask.row, mask.col))
+        losses = elementwise(values, wanted, est.gather(mask.row, mask.col))
         return self._weighted(losses, mask.flag), est.numel()
 
-    def _dense_loss(self, estimate: Any, target: Any):
+    def _dense_loss(self, elementwise: ElementwiseLoss, estimate: Any, target: Any):
         hide = self._dense_mask
         assert hide is not None  # forward calls this with a dense mask only
         if not isinstance(estimate, Tensor) or estimate.layout != torch.strided:
@@ -205,7 +216,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
                              f"{tuple(estimate.shape)}")
         if target.device != estimate.device:
             raise ValueError(f"target is on {target.device}, estimate on {estimate.device}")
-        return self._weighted(self._loss(estimate, target), hide), estimate.numel()
+        return self._weighted(elementwise(estimate, target), hide), estimate.numel()
 
     def extra_repr(self) -> str:
         return (f"alpha={self.alpha}, beta={self.beta}, hide_ratio={self.hide_ratio}, "

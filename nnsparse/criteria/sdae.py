@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from .._forms import SparseLike, as_sparse_batch, is_sparse_form
-from ._elementwise import (RefuseLuaNames, conf_settings, elementwise_loss, generator_arg,
-                           real_arg, resolve_size_average)
+from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, conf_settings,
+                           elementwise_loss, generator_arg, pair_arg, ratio_arg, real_arg,
+                           resolve_size_average, weight_arg)
 from ._entries import DECLARED_WIDTH, Estimate, as_estimate, as_target, lookup, unique_entries
 
 __all__ = ["SDAECriterion", "SDAESparseCriterion"]
@@ -63,6 +63,36 @@ def corrupt(values: Tensor, noise_ratio: float, noise_mean: float, noise_std: fl
     return out, fate < corrupted_bound, hidden
 
 
+def _std_arg(value: Any, name: str) -> float:
+    value = real_arg(value, name)
+    if value < 0:
+        raise ValueError(f"{name} must be non-negative, got {value}")
+    return value
+
+
+def _check_flip_range(flip_range: Tuple[float, float], dtype: torch.dtype) -> None:
+    """The flip values must be stored exactly in the input values' dtype (a float's
+    within its range): a cast would change them silently or fail in torch."""
+    if dtype.is_complex:
+        return
+    if dtype.is_floating_point:
+        top = torch.finfo(dtype).max
+        if all(abs(v) <= top for v in flip_range):
+            return
+        what = f"values in [{-top}, {top}]"
+    elif dtype == torch.bool:
+        if all(v in (0, 1) for v in flip_range):
+            return
+        what = "0 or 1"
+    else:
+        info = torch.iinfo(dtype)
+        if all(v == int(v) and info.min <= v <= info.max for v in flip_range):
+            return
+        what = f"integers in [{info.min}, {info.max}]"
+    raise ValueError(f"flip_range must hold values the input's dtype {dtype} can hold "
+                     f"({what}), got {flip_range}")
+
+
 # The settings of the SDAE criteria and their defaults, in argument order.
 _SDAE_DEFAULTS = dict(alpha=1.0, beta=0.0, noise_ratio=0.0, noise_mean=0.0, noise_std=0.2,
                       flip_ratio=0.0, flip_range=(-1.0, 1.0), hide_ratio=0.0)
@@ -70,6 +100,19 @@ _SDAE_DEFAULTS = dict(alpha=1.0, beta=0.0, noise_ratio=0.0, noise_mean=0.0, nois
 
 class _SDAEBase(RefuseLuaNames, nn.Module):
     """Arguments, validation and weighting shared by both SDAE criteria."""
+
+    # Each setting is checked when assigned (here or later: Lua's SetAlpha is
+    # ``crit.alpha = a``); a refused assignment keeps the old value.
+    alpha = Setting(weight_arg)
+    beta = Setting(weight_arg)
+    noise_ratio = Setting(ratio_arg)
+    noise_mean = Setting(real_arg)
+    noise_std = Setting(_std_arg)
+    flip_ratio = Setting(ratio_arg)
+    flip_range = Setting(pair_arg)
+    hide_ratio = Setting(ratio_arg)
+    generator = Setting(generator_arg)
+    size_average = Setting(bool_arg)
 
     def __init__(self, criterion: nn.Module, alpha: Union[float, Mapping[str, Any]] = 1.0,
                  beta: float = 0.0,
@@ -85,49 +128,37 @@ class _SDAEBase(RefuseLuaNames, nn.Module):
             conf = conf_settings(alpha, given, _SDAE_DEFAULTS, type(self).__name__)
             alpha, beta, noise_ratio, noise_mean, noise_std, flip_ratio, flip_range, hide_ratio = (
                 conf[k] for k in _SDAE_DEFAULTS)
-        self._loss = elementwise_loss(criterion)
+        elementwise_loss(criterion)  # checked now; read again at each call
         self.criterion = criterion
-        self.alpha, self.beta = real_arg(alpha, "alpha"), real_arg(beta, "beta")
-        self.noise_ratio = real_arg(noise_ratio, "noise_ratio")
-        self.noise_mean = real_arg(noise_mean, "noise_mean")
-        self.noise_std = real_arg(noise_std, "noise_std")
-        self.flip_ratio = real_arg(flip_ratio, "flip_ratio")
-        if isinstance(flip_range, (Tensor, np.ndarray)) and flip_range.ndim == 1:
-            flip_range = flip_range.tolist()  # Lua's flipRange could be a tensor too
-        if not isinstance(flip_range, (tuple, list)):
-            raise TypeError(f"flip_range must be a pair (low, high), got "
-                            f"{type(flip_range).__name__} {flip_range!r}")
-        if len(flip_range) != 2:
-            raise ValueError(f"flip_range must hold 2 values, got {flip_range!r}")
-        self.flip_range = tuple(real_arg(v, "flip_range") for v in flip_range)
-        self.hide_ratio = real_arg(hide_ratio, "hide_ratio")
-        self.generator = generator_arg(generator)
+        self.alpha, self.beta = alpha, beta
+        self.noise_ratio, self.noise_mean, self.noise_std = noise_ratio, noise_mean, noise_std
+        self.flip_ratio, self.flip_range = flip_ratio, flip_range
+        self.hide_ratio = hide_ratio
+        self.generator = generator
         self.size_average = resolve_size_average(criterion, size_average, type(self).__name__)
         self._mask: Any = None
         self._check_ratios()
 
     def _check_ratios(self) -> None:
-        for name in ("noise_ratio", "flip_ratio", "hide_ratio"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        """What ties the corruption settings together (each is checked when assigned)."""
         total = self.noise_ratio + self.flip_ratio + self.hide_ratio
         if total > 1.0 + 1e-12:
             raise ValueError("noise_ratio + flip_ratio + hide_ratio must be at most 1, got "
                              f"{self.noise_ratio} + {self.flip_ratio} + {self.hide_ratio} = {total}")
-        if len(self.flip_range) != 2:
-            raise ValueError(f"flip_range must hold 2 values, got {self.flip_range}")
-        if self.noise_std < 0:
-            raise ValueError(f"noise_std must be non-negative, got {self.noise_std}")
-        for name in ("alpha", "beta"):  # loss weights: a negative one would reward errors
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be non-negative, got {getattr(self, name)}")
+
+    def _elementwise(self) -> ElementwiseLoss:
+        """The wrapped loss, checked with ``size_average`` (both may be assigned later)."""
+        loss = elementwise_loss(self.criterion)
+        resolve_size_average(self.criterion, self.size_average, type(self).__name__)
+        return loss
 
     def _corrupt(self, values: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         self._check_ratios()
         if self.noise_ratio > 0 and not values.is_floating_point():
             raise TypeError(f"input values must be floating point for noise_ratio > 0 "
                             f"(Gaussian noise), got dtype {values.dtype}")
+        if self.flip_ratio > 0:
+            _check_flip_range(self.flip_range, values.dtype)
         return corrupt(values, self.noise_ratio, self.noise_mean, self.noise_std,
                        self.flip_ratio, self.flip_range, self.hide_ratio, self.generator)
 
@@ -159,7 +190,9 @@ _SDAE_ARGS = r"""
         flip_ratio (float): probability that an entry is set to ``flip_range[0]``
             or ``flip_range[1]``, each with probability 1/2 (salt and pepper). Default: 0.
         flip_range (pair of float): the two flip values (a tuple, a list or a 1-D
-            tensor or array of two). Default: ``(-1, 1)``.
+            tensor or array of two), which the input's dtype must hold (integers
+            in its range for integer values; checked by :meth:`prepare_input`).
+            Default: ``(-1, 1)``.
         hide_ratio (float): probability that an entry is set to 0. Default: 0.
         generator (torch.Generator, optional): the random source of
             :meth:`prepare_input`, on the data's device type (a CUDA generator
@@ -169,7 +202,12 @@ _SDAE_ARGS = r"""
             (False for a ``reduction='sum'`` criterion).  Lua's
             ``sizeAverage`` attribute is refused when assigned.
 
-    The three ratios must sum to at most 1; each entry draws one fate."""
+    The three ratios must sum to at most 1; each entry draws one fate.
+
+    Every setting may be assigned later (``crit.alpha = a``, Lua's
+    ``SetAlpha``): it is checked when assigned, as by the constructor, and a
+    refused value keeps the old one; the sum of the ratios and ``size_average``
+    against the criterion's ``reduction`` are checked at the next call."""
 
 
 class SDAECriterion(_SDAEBase):
@@ -247,8 +285,9 @@ class SDAECriterion(_SDAEBase):
                              f"{tuple(estimate.shape)}")
         if target.device != estimate.device:
             raise ValueError(f"target is on {target.device}, estimate on {estimate.device}")
+        elementwise = self._elementwise()
         mask = self._resolve_mask(estimate, mask)
-        loss = self._weighted(self._loss(estimate, target), mask)
+        loss = self._weighted(elementwise(estimate, target), mask)
         return loss / max(estimate.numel(), 1) if self.size_average else loss
 
     def _resolve_mask(self, estimate: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -414,6 +453,7 @@ class SDAESparseCriterion(_SDAEBase):
 
     def forward(self, estimate: SparseLike, target: SparseLike,
                 mask: Optional[Tensor] = None) -> Tensor:
+        elementwise = self._elementwise()
         est = as_estimate(estimate, target)
         batch = as_target(target, est)
         keys = batch.linear_index()
@@ -426,7 +466,7 @@ class SDAESparseCriterion(_SDAEBase):
             self._mask.check(est, type(self).__name__)
             corrupted = self._mask.at(keys, est.width)
         values = est.at_target(batch)
-        losses = self._loss(values, batch.values, est.gather(batch.row, batch.col))
+        losses = elementwise(values, batch.values, est.gather(batch.row, batch.col))
         loss = self._weighted(losses, corrupted)
         return loss / max(batch.nnz, 1) if self.size_average else loss
 

@@ -7,7 +7,8 @@ from torch import Tensor, nn
 
 from .._forms import SparseLike
 
-from ._elementwise import RefuseLuaNames, elementwise_loss, resolve_size_average
+from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, elementwise_loss,
+                           reduction_of, resolve_size_average)
 from ._entries import as_estimate, as_target
 
 __all__ = ["SparseCriterion", "prepare_input"]
@@ -44,13 +45,19 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         full_size_average (bool): divide by ``estimate``'s number of entries
             instead; needs ``size_average=False``.  Default: False.
 
+    The flags may be assigned later: each must be a bool (checked when
+    assigned; a refused value keeps the old one); the two together and
+    against the criterion's ``reduction`` are checked at the next call.
+
     Shape:
         - estimate: dense ``(rows, n)`` or ``(n,)``; or sparse (COO, CSR, a list
           of vectors...) of that shape whose pattern equals or contains the
           target's, e.g. a sparse-output decoder's output.
         - target: any accepted sparse form, ``(rows, n)`` or a vector of width
           ``n`` (a pair tensor's indices must be below ``n``).
-        - output: a scalar.
+        - output: a scalar, of the estimate's floating dtype; an integer or
+          bool estimate is promoted to the target's floating dtype, or to the
+          default dtype for an integer target.
 
     Gradients reach the estimate only at the target's specified entries (for a
     sparse estimate: its values there), and the target's values.
@@ -75,40 +82,48 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
                 [-1.0000,  0.0000,  0.0000]])
     """
 
+    size_average = Setting(bool_arg)
+    full_size_average = Setting(bool_arg)
+
     def __init__(self, criterion: nn.Module, size_average: Optional[bool] = None,
                  full_size_average: bool = False) -> None:
         super().__init__()
-        self._loss = elementwise_loss(criterion)
+        elementwise_loss(criterion)  # checked now; read again at each call
         self.criterion = criterion
-        if not isinstance(full_size_average, bool):
-            raise TypeError(f"full_size_average must be a bool, got "
-                            f"{type(full_size_average).__name__} {full_size_average!r}")
+        bool_arg(full_size_average, "full_size_average")
         if (full_size_average and size_average is None
                 and getattr(criterion, "reduction", "mean") == "mean"):
             size_average = False  # full_size_average asks for the other averaging
         self.size_average = resolve_size_average(criterion, size_average, "SparseCriterion")
-        if full_size_average and getattr(criterion, "reduction", "mean") == "sum":
-            raise ValueError("SparseCriterion: the criterion's reduction='sum' contradicts "
-                             "full_size_average=True; keep one of them")
         self.full_size_average = full_size_average
         self._check_averaging()
 
-    def _check_averaging(self) -> None:
+    def _check_averaging(self) -> ElementwiseLoss:
+        """The wrapped loss, once the settings agree with each other and with it.
+
+        Run at each call: ``size_average``, ``full_size_average`` and
+        ``criterion`` may be assigned after the constructor."""
+        loss = elementwise_loss(self.criterion)
+        resolve_size_average(self.criterion, self.size_average, "SparseCriterion")
+        if self.full_size_average and reduction_of(self.criterion) == "sum":
+            raise ValueError("SparseCriterion: the criterion's reduction='sum' contradicts "
+                             "full_size_average=True; keep one of them")
         if self.size_average and self.full_size_average:
             raise ValueError(
                 "size_average and full_size_average cannot both be True: divide either by the "
                 "number of specified target entries or by the number of estimate entries")
+        return loss
 
     def prepare_input(self, input: SparseLike) -> SparseLike:
         """Return ``input`` unchanged (a plain criterion corrupts nothing)."""
         return input
 
     def forward(self, estimate: SparseLike, target: SparseLike) -> Tensor:
-        self._check_averaging()
+        elementwise = self._check_averaging()
         est = as_estimate(estimate, target)
         batch = as_target(target, est)
         values = est.at_target(batch)
-        loss = self._loss(values, batch.values, est.gather(batch.row, batch.col)).sum()
+        loss = elementwise(values, batch.values, est.gather(batch.row, batch.col)).sum()
         if self.size_average:
             return loss / max(batch.nnz, 1)
         if self.full_size_average:

@@ -341,12 +341,12 @@ class Batchifier:
                 into sparse batches, whose columns are output columns.  A
                 sparse matrix ``(rows, width <= output_size)`` in any accepted
                 form: leave out its pattern (its values are ignored, explicit
-                zeros count).  Left-out entries score ``-inf`` before the top
-                ``k`` is taken.
+                zeros count).  Left-out entries score ``-inf`` (the dtype's
+                minimum for integer scores) before the top ``k`` is taken.
             candidates (Tensor, optional): bool ``(output_size,)``, the columns
                 that may be ranked at all (e.g. items with enough ratings to
-                trust their prediction); the others score ``-inf`` in every
-                row.  Default: every column.
+                trust their prediction); the others score ``-inf`` (or the
+                integer minimum) in every row.  Default: every column.
 
         Returns:
             ``torch.return_types.topk(values, indices)``, as :func:`torch.topk`
@@ -361,7 +361,8 @@ class Batchifier:
                 rows or wider than ``output_size``; ``exclude=True`` on data
                 wider than ``output_size``.
             TypeError: ``exclude`` of a wrong kind, or ``exclude=True`` on
-                dense batches; ``candidates`` not a bool tensor.
+                dense batches; ``candidates`` not a bool tensor; a network
+                whose scores are bool or complex (they have no order).
             ValueError: ``candidates`` not of shape ``(output_size,)``.
         """
         if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 0:
@@ -387,12 +388,13 @@ class Batchifier:
                 batch = source.batch(start, stop)
                 y = self._run(batch, start, stop)
                 left_out = pattern(start, stop, batch) if pattern is not None else None
+                worst = _worst_score(y.dtype)
                 with torch.inference_mode():
                     if left_out is not None:
                         y = y.index_put(tuple(i.to(y.device) for i in left_out),
-                                        y.new_full((), float("-inf")))
+                                        y.new_full((), worst))
                     if candidates is not None:
-                        y = y.masked_fill(~candidates.to(y.device), float("-inf"))
+                        y = y.masked_fill(~candidates.to(y.device), worst)
                     best = torch.topk(y, k, dim=1)
                 if values is None:
                     values = _allocate((source.rows, k), y.dtype, source.device)
@@ -473,3 +475,12 @@ class Batchifier:
                    else type(y).__name__)
             raise ValueError(f"network must return a dense tensor of shape {expected}, got {got}")
         return y
+
+
+def _worst_score(dtype: torch.dtype) -> float:
+    """What a left-out column scores: ``-inf``, or an integer dtype's minimum."""
+    if dtype.is_floating_point:
+        return float("-inf")
+    if dtype == torch.bool or dtype.is_complex:
+        raise TypeError(f"topk ranks real scores, the network returned dtype {dtype}")
+    return torch.iinfo(dtype).min

@@ -132,7 +132,9 @@ def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = No
 
     Raises:
         TypeError: ``input`` is not an accepted form, ``weight`` or ``bias``
-            is not a dense tensor.
+            is not a dense tensor, or ``weight`` is not floating-point while
+            ``input`` is sparse (in every ``mode``; a dense ``input`` is
+            ``F.linear``'s, which multiplies integer tensors on the CPU).
         ValueError: ``weight`` is not 2-D, ``bias`` is not ``(out_features,)``
             or differs from ``weight`` in dtype or device, a torch sparse
             ``input`` whose width is not ``in_features`` (a list of rows may
@@ -180,6 +182,12 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
     _check_not_narrower(input, table.shape[0], "input", "in_features")
     if isinstance(input, Tensor) and input.device != table.device:  # before reading its indices
         raise ValueError(f"input must be on the weight's device {table.device}, got {input.device}")
+    if not table.is_floating_point():
+        # the sparse kernels (embedding_bag) take floating tables only: refused in every
+        # mode, so that mode="auto" does not work or fail by the batch's density
+        raise TypeError(f"weight must be floating-point for a sparse input, got "
+                        f"{table.dtype}; convert it (weight.float()) or multiply "
+                        f"nnsparse.densify(input) with F.linear")
     batch = as_sparse_batch(input, name="input", width=table.shape[0])
     if batch.device != table.device:
         raise ValueError(f"input must be on the weight's device {table.device}, "

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Dict, Optional, Tuple, cast
+from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._forms import _check_csr, as_sparse_batch, is_sparse_form
+from .._load import check_state_dict
 from .. import _index
 from ..matmul import _PatternMM, _transposed
 from ..values import _csr_with_values
@@ -85,6 +86,8 @@ class SparseWeightLinear(nn.Module):
     Memory is proportional to nnz: ``values`` and its gradient, the CSR
     pattern (``crow``, ``col``, saved in the ``state_dict``) and its
     transposed structure (derived, not saved), int32 where sizes allow.
+    ``load_state_dict`` replaces the pattern by a saved one of the same nnz
+    and refuses one of another nnz; a refused load changes nothing.
 
     Initialisation follows ``nn.Linear`` with the fan-in of each row: the
     values of row ``o`` and ``bias[o]`` are drawn from
@@ -173,15 +176,74 @@ class SparseWeightLinear(nn.Module):
         self.register_load_state_dict_post_hook(_after_load)
         self.reset_parameters()
 
-    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, *args: Any,
-                              **kwargs: Any) -> None:
-        # validate before anything is copied: a refused pattern leaves the layer as it was
-        crow, col = state_dict.get(prefix + "crow"), state_dict.get(prefix + "col")
-        if isinstance(crow, Tensor) and isinstance(col, Tensor) and (
-                crow.shape == self.crow.shape and col.shape == self.col.shape):
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing.
+
+        The pattern (``crow``, ``col``) is part of the state: a state of another
+        pattern with the same nnz replaces the layer's pattern and values (and
+        rebuilds the derived structure).  A state of another nnz is refused
+        (``values`` keeps its shape, so an optimiser holding it stays valid):
+        build a layer of the saved pattern instead.
+
+        Raises:
+            RuntimeError: (torch's type) an entry of the wrong shape (another
+                nnz) or kind, a pattern of a non-integer dtype; with ``strict``,
+                missing or unexpected keys.
+            ValueError: a loaded pattern that is no valid CSR pattern.
+        """
+        if isinstance(state_dict, Mapping):
+            refusals = self._refusals(state_dict, "")
+            if refusals:
+                raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:"
+                                   "\n\t" + "\n\t".join(refusals) + "\n(nothing was loaded)")
+        check_state_dict(self, state_dict, strict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _refusals(self, state_dict: Mapping[str, Any], prefix: str) -> List[str]:
+        """Why this layer's entries of ``state_dict`` cannot be loaded (empty: they can)."""
+        own = self.state_dict()
+        found = {k: state_dict[prefix + k] for k in own if prefix + k in state_dict}
+        for key in ("values", "col"):
+            given = found.get(key)
+            if isinstance(given, Tensor) and given.dim() == 1 and given.shape[0] != self.nnz:
+                return [f"size mismatch for {prefix}{key}: the checkpoint's pattern has nnz "
+                        f"{given.shape[0]}, this layer's has nnz {self.nnz} (a "
+                        "SparseWeightLinear loads a pattern of its own nnz only; build "
+                        "SparseWeightLinear(torch.sparse_csr_tensor(crow, col, values, "
+                        f"({self.out_features}, {self.in_features}))) of the saved pattern "
+                        "and load into it)"]
+        out = []
+        for key, given in found.items():
+            if not isinstance(given, Tensor):
+                out.append(f'While copying the parameter named "{prefix}{key}", expected a '
+                           f"tensor from checkpoint but received {type(given).__name__}")
+            elif given.shape != own[key].shape:
+                out.append(f"size mismatch for {prefix}{key}: copying a param with shape "
+                           f"{given.shape} from checkpoint, the shape in current model is "
+                           f"{own[key].shape}.")
+            elif key in ("crow", "col") and (given.is_floating_point() or given.is_complex()
+                                             or given.dtype == torch.bool):
+                out.append(f"{prefix}{key} (the loaded pattern) must have an integer dtype, "
+                           f"got {given.dtype}")
+        return out
+
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str,
+                              local_metadata: Any, strict: bool, missing_keys: List[str],
+                              unexpected_keys: List[str], error_msgs: List[str]) -> None:
+        # validate before anything is copied: a refused pattern, or an entry of another
+        # nnz or kind, leaves the layer as it was (also inside a parent's load)
+        refusals = self._refusals(state_dict, prefix)
+        if refusals:
+            error_msgs.extend(refusals)
+            return
+        crow = state_dict.get(prefix + "crow", self.crow)
+        col = state_dict.get(prefix + "col", self.col)
+        if prefix + "crow" in state_dict or prefix + "col" in state_dict:
+            # a lone crow or col is checked with the layer's other half
             _check_csr(crow.to(torch.int64), col.to(torch.int64), col, self.out_features,
                        self.in_features, f"{prefix}crow/{prefix}col (the loaded pattern)")
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
 
     # -- the pattern's structures ------------------------------------------------
     def _derive(self) -> None:
@@ -332,7 +394,7 @@ class SparseWeightLinear(nn.Module):
                              f"shape {tuple(x.shape)}")
         self._check(x.dtype, x.device)
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x.reshape(math.prod(lead), self.in_features)  # -1 cannot be inferred for width 0
         # y.T = W @ x.T: the pattern's rows gather x's columns (rows of x.T).
         y = self._mm_t(x2.t()).t()
         return self._finish(y).reshape(*lead, self.out_features)
