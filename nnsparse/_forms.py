@@ -184,11 +184,16 @@ class SparseBatch:
         return self.cache.crow
 
     def column_major(self) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(perm, cols, crow_t, row_t)`` of ``_index.column_major(row, col)``.  Cached.
+        """The transposed structure restricted to the columns the batch touches.  Cached.
 
-        Derived from :meth:`column_major_all` (one sort of the entries per
-        pattern, whichever is asked first); ``cols`` has a data-dependent size:
-        one host sync on CUDA.
+        Returns ``perm`` (the entries in column order, stable), ``cols`` (the
+        distinct columns, increasing), ``crow_t`` (CSR pointers of the
+        transposed pattern over ``cols``) and ``row_t`` (the rows of the
+        entries in ``perm`` order), so ``S.T @ A`` restricted to ``cols`` is
+        ``_csr_rows_mm(row_t, A, crow_t, values[perm])``.  Derived from
+        :meth:`column_major_all` (one sort of the entries per pattern,
+        whichever is asked first); ``cols`` has a data-dependent size: one
+        host sync on CUDA.
         """
         if self.cache.column_major is None:
             _index.count("column_major")

@@ -6,8 +6,7 @@ pattern, and the constructors of torch COO/CSR tensors that skip torch's
 where a batch enters (see ``docs/sparse_batch.md``).
 
 None of these functions synchronises with the host: every output size is
-known from the input sizes, except :func:`column_major`'s distinct columns
-(a data-dependent size, needed only for sparse gradients).
+known from the input sizes.
 """
 from __future__ import annotations
 
@@ -82,28 +81,12 @@ def column_major_all(row: Tensor, col: Tensor, width: int) -> Tuple[Tensor, Tens
 
     Returns ``perm`` (the entries in column order, stable), ``crow_t`` (CSR
     pointers of the transposed pattern, ``width + 1`` of them) and ``row_t``
-    (the rows of the entries in ``perm`` order).  Unlike :func:`column_major`
-    every size is known in advance: no host sync on CUDA.
+    (the rows of the entries in ``perm`` order).  Every size is known in
+    advance: no host sync on CUDA.
     """
     count("column_major_all")
     perm = torch.argsort(col, stable=True)
     return perm, crow_from_counts(counts_of(col, width)), row[perm]
-
-
-def column_major(row: Tensor, col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The transposed (column-major) structure of a pattern.
-
-    Returns ``perm`` (the entries in column order, stable), ``cols`` (the
-    distinct columns, increasing), ``crow_t`` (CSR pointers of the transposed
-    pattern restricted to ``cols``) and ``row_t`` (the rows of the entries in
-    ``perm`` order), so ``S.T @ A`` restricted to ``cols`` is
-    ``_csr_rows_mm(row_t, A, crow_t, values[perm])``.  ``cols`` has a
-    data-dependent size: one host sync on CUDA.
-    """
-    count("column_major")
-    perm = torch.argsort(col, stable=True)
-    cols, counts = torch.unique_consecutive(col[perm], return_counts=True)
-    return perm, cols, crow_from_counts(counts), row[perm]
 
 
 def blocked_order(row: Tensor, col: Tensor, rows: int, width: int,

@@ -10,7 +10,7 @@ the sparse layers:
   product (``torch.sparse.mm``) at MovieLens shapes;
 - ``S.T @ A`` for a dense ``A`` of shape ``(rows, d)``: over every column
   (:func:`_t_mm`, no host sync) or restricted to the columns ``S`` touches
-  (:func:`_column_major` then :func:`_csr_rows_mm`);
+  (``SparseBatch.column_major`` then :func:`_csr_rows_mm`);
 - ``(A @ B)`` sampled at ``S``'s positions: :func:`_sampled_mm`
   (``torch.sparse.sampled_addmm``).
 
@@ -21,7 +21,7 @@ arithmetic, bound the product.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -88,24 +88,6 @@ class _BagRows:
 def _bag_rows(index: Tensor, table: Tensor, crow: Tensor, weights: Tensor) -> _BagRows:
     """A :class:`_BagRows` over these bags."""
     return _BagRows(index, table, crow, weights)
-
-
-def _all_rows_crow(cols: Tensor, crow_t: Tensor, n: int) -> Tensor:
-    """CSR pointers over all ``n`` rows from those over the rows ``cols`` (the others empty)."""
-    counts = crow_t.new_zeros(n).index_copy_(0, cols, crow_t.diff())
-    return _index.crow_from_counts(counts)
-
-
-def _column_major(row: Tensor, col: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The transposed (column-major) structure of a pattern.
-
-    Returns ``perm`` (the entries in column order, stable), ``cols`` (the
-    distinct columns, increasing), ``crow_t`` (CSR pointers of the transposed
-    pattern restricted to ``cols``) and ``row_t`` (the rows of the entries in
-    ``perm`` order), so ``S.T @ A`` restricted to ``cols`` is
-    ``_csr_rows_mm(row_t, A, crow_t, values[perm])``.
-    """
-    return _index.column_major(row, col)
 
 
 def _t_mm(row: Tensor, col: Tensor, values: Tensor, dense: Tensor, width: int,
@@ -198,29 +180,23 @@ def _sampled_rows(pattern: Optional["SparseBatch"], h: Tensor, weight: Tensor, c
 _SYNC_FREE = ("cuda",)
 
 
-def _update_rows_of(update: "TableUpdate", table: Tensor, row: Tensor, col: Tensor,
-                    pattern: Optional["SparseBatch"], dense: Tensor,
-                    entry_values: Tensor) -> None:
+def _update_rows_of(update: "TableUpdate", table: Tensor, pattern: "SparseBatch",
+                    dense: Tensor, entry_values: Tensor) -> None:
     """The in-backward step of ``table`` from its gradient ``S.T @ dense``, ``S`` the
-    entries ``(row, col, entry_values)`` (``col`` indexes the rows of ``table``).
+    entries of ``pattern`` with the values ``entry_values`` (its columns index the
+    rows of ``table``; its cached transposed structures are read).
 
     On CPU, the touched rows are updated from their gradient rows, made block by
     block (``update``'s ``__call__``); on a GPU, every row from a gradient with
     zero rows where untouched, and nothing is read back (``update.masked``).
     """
     if table.device.type in _SYNC_FREE:
-        n = table.shape[0]
-        perm, crow_all, row_t = (pattern.column_major_all(n) if pattern is not None
-                                 else _index.column_major_all(row, col, n))
+        perm, crow_all, row_t = pattern.column_major_all(table.shape[0])
         update.masked(table, crow_all.diff() > 0,
                       _csr_rows_mm(row_t, dense, crow_all, entry_values[perm]))
         return
-    if pattern is not None:
-        perm, cols, crow_t, row_t = pattern.column_major()
-        crow_all = pattern.column_major_all(table.shape[0])[1]
-    else:
-        perm, cols, crow_t, row_t = _column_major(row, col)
-        crow_all = _all_rows_crow(cols, crow_t, table.shape[0])
+    perm, cols, crow_t, row_t = pattern.column_major()
+    crow_all = pattern.column_major_all(table.shape[0])[1]
     weights = entry_values[perm]
     update(table, cols, _bag_rows(row_t, dense, crow_t, weights),
            _bag_rows(row_t, dense, crow_all, weights))

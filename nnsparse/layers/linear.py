@@ -9,11 +9,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .. import _index
 from .._forms import (SparseBatch, SparseLike, _sparse_coo, as_int, as_sparse_batch,
                       move_structure)
 from .._load import check_state_dict
-from .._kernels import (_column_major, _csr_rows_mm, _sampled_mm, _t_mm, _table_mm,
+from .._kernels import (_csr_rows_mm, _sampled_mm, _t_mm, _table_mm,
                         _update_rows_of)
 from .._ops import SparseParts, linear_parts
 
@@ -30,7 +29,7 @@ _DENSE_ABOVE = {"cpu": 0.25, "cuda": 0.002}
 
 
 def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_features: int,
-                sparse: bool, pattern: Optional[SparseBatch] = None) -> Tensor:
+                sparse: bool, pattern: SparseBatch) -> Tensor:
     """``S.T @ G``, the ``(in, out)`` gradient of the weight table.
 
     Dense: one ``embedding_bag`` with a bag per input column (empty bags give
@@ -39,8 +38,7 @@ def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_featu
     """
     if not sparse:
         return _t_mm(row, col, values, grad, in_features, pattern)
-    perm, cols, crow_t, row_t = (pattern.column_major() if pattern is not None
-                                 else _column_major(row, col))
+    perm, cols, crow_t, row_t = pattern.column_major()
     touched = _csr_rows_mm(row_t, grad, crow_t, values[perm])
     return _sparse_coo(cols.unsqueeze(0), touched, (in_features, grad.shape[1]), True)
 
@@ -53,13 +51,13 @@ class _SparseLinear(torch.autograd.Function):
     backward; the touched rows of ``table`` are then updated in place from
     their gradient rows and ``table`` gets no gradient.  ``pattern``: the
     batch whose cached structures (``column_major``, ``blocked_order``) are
-    read; built here when None.
+    read.
     """
 
     @staticmethod
     def forward(ctx: Any, values: Tensor, table: Tensor, bias: Optional[Tensor], row: Tensor,
-                col: Tensor, crow: Tensor, sparse_grad: bool, update: Any = None,
-                pattern: Optional[SparseBatch] = None) -> Tensor:
+                col: Tensor, crow: Tensor, sparse_grad: bool, update: Any,
+                pattern: SparseBatch) -> Tensor:
         out = _table_mm(pattern, col, table, crow, values)
         if bias is not None:
             out.add_(bias)
@@ -86,7 +84,7 @@ class _SparseLinear(torch.autograd.Function):
             if ctx.sparse_grad and update is None:  # SparseAdam wants sparse
                 grad_bias = grad_bias.to_sparse()
         if ctx.needs_input_grad[1] and update is not None:
-            _update_rows_of(update, table.detach(), row, col, ctx.pattern, grad, values)
+            _update_rows_of(update, table.detach(), ctx.pattern, grad, values)
         elif ctx.needs_input_grad[1]:
             grad_table = _table_grad(row, col, values, grad, table.shape[0], ctx.sparse_grad,
                                      ctx.pattern)

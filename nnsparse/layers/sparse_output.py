@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._load import check_state_dict
-from .._kernels import (_column_major, _csr_rows_mm, _sampled_rows, _t_mm, _table_mm,
+from .._kernels import (_csr_rows_mm, _sampled_rows, _t_mm, _table_mm,
                         _update_rows_of)
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
@@ -41,13 +41,13 @@ class _SampledLinear(torch.autograd.Function):
     backward; the touched rows of ``weight`` are then updated in place from
     their gradient rows and ``weight`` gets no gradient (the bias a dense
     one).  ``pattern``: the distinct-position batch whose cached structures
-    (``column_major``, ``blocked_order``) are read; built here when None.
+    (``column_major``, ``blocked_order``) are read.
     """
 
     @staticmethod
     def forward(ctx: Any, h: Tensor, weight: Tensor, bias: Optional[Tensor], row: Tensor,
-                col: Tensor, crow: Tensor, sparse_grad: bool, update: Any = None,
-                pattern: Optional[SparseBatch] = None) -> Tensor:
+                col: Tensor, crow: Tensor, sparse_grad: bool, update: Any,
+                pattern: SparseBatch) -> Tensor:
         # (half types: the sampled product runs in float32, the backward's bags in h's dtype)
         values = _sampled_rows(pattern, h, weight, crow, col)
         if bias is not None:
@@ -75,7 +75,7 @@ class _SampledLinear(torch.autograd.Function):
             grad_h = _table_mm(ctx.pattern, col, weight, crow, grad)
         need_w, need_b = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
         if need_w and update is not None:  # after grad_h: it reads the weight before the step
-            _update_rows_of(update, weight.detach(), row, col, ctx.pattern, h, grad)
+            _update_rows_of(update, weight.detach(), ctx.pattern, h, grad)
             need_w = False
         if need_w and not ctx.sparse_grad:
             # the dense gradient in one pass over every output column (no
@@ -83,8 +83,7 @@ class _SampledLinear(torch.autograd.Function):
             grad_w = _t_mm(row, col, grad, h, out_features, ctx.pattern)
             need_w = False
         if need_w or (need_b and ctx.sparse_grad):
-            perm, cols, crow_t, row_t = (ctx.pattern.column_major() if ctx.pattern is not None
-                                         else _column_major(row, col))
+            perm, cols, crow_t, row_t = ctx.pattern.column_major()
             grad_t = grad[perm]
         if need_b:
             if ctx.sparse_grad:
