@@ -195,6 +195,16 @@ def resolve_size_average(criterion: nn.Module, size_average: Optional[bool],
                      "choose the averaging")
 
 
+def checked_loss(criterion: nn.Module, size_average: Optional[bool],
+                 owner: str) -> ElementwiseLoss:
+    """The element-wise form of ``criterion``, once ``size_average`` agrees with its
+    ``reduction`` (both may have been assigned since the constructor): what a
+    criterion's forward evaluates."""
+    loss = elementwise_loss(criterion)
+    resolve_size_average(criterion, size_average, owner)
+    return loss
+
+
 # Lua nnsparse's attribute names, refused when assigned: a new attribute of
 # that name would silently do nothing.
 _LUA_NAMES = {"sizeAverage": "size_average", "fullSizeAverage": "full_size_average"}
@@ -221,8 +231,9 @@ def real_arg(value: Any, name: str) -> float:
     return float(value)
 
 
-def weight_arg(value: Any, name: str) -> float:
-    """A loss weight: a finite real number >= 0 (a negative one would reward errors)."""
+def non_negative_arg(value: Any, name: str) -> float:
+    """A finite real number >= 0: a loss weight (a negative one would reward
+    errors) or a noise's standard deviation."""
     value = real_arg(value, name)
     if value < 0:
         raise ValueError(f"{name} must be non-negative, got {value}")

@@ -8,9 +8,9 @@ from torch import Tensor, nn
 
 from .._forms import SparseLike, as_sparse_batch, is_sparse_form
 from ..convert import densify
-from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, conf_settings,
-                           elementwise_loss, generator_arg, ratio_arg, resolve_size_average,
-                           weight_arg)
+from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
+                           conf_settings, elementwise_loss, generator_arg, non_negative_arg,
+                           ratio_arg, resolve_size_average)
 from ._entries import as_estimate, as_target, check_device, lookup, unique_entries
 from .sdae import EntryMask, _check_generator, _kind
 
@@ -101,8 +101,8 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
 
     # Each setting is checked when assigned (``crit.alpha = a`` is Lua's SetAlpha);
     # a refused assignment keeps the old value.
-    alpha = Setting(weight_arg)
-    beta = Setting(weight_arg)
+    alpha = Setting(non_negative_arg)
+    beta = Setting(non_negative_arg)
     hide_ratio = Setting(ratio_arg)
     generator = Setting(generator_arg)
     size_average = Setting(bool_arg)
@@ -124,12 +124,6 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         self.size_average = resolve_size_average(criterion, size_average, "MaskCriterion")
         self._sparse_mask: Optional[EntryMask] = None
         self._dense_mask: Optional[Tensor] = None
-
-    def _elementwise(self) -> ElementwiseLoss:
-        """The wrapped loss, checked with ``size_average`` (both may be assigned later)."""
-        loss = elementwise_loss(self.criterion)
-        resolve_size_average(self.criterion, self.size_average, "MaskCriterion")
-        return loss
 
     def prepare_input(self, input: SparseLike) -> SparseLike:
         """Hide entries of ``input`` (in its form); remember which ones."""
@@ -164,7 +158,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         return batch.with_values(batch.values, keep=~hide)
 
     def forward(self, estimate: SparseLike, target: SparseLike) -> Tensor:
-        elementwise = self._elementwise()
+        elementwise = checked_loss(self.criterion, self.size_average, "MaskCriterion")
         if self._sparse_mask is not None:
             loss, numel = self._sparse_loss(elementwise, estimate, target)
         elif self._dense_mask is not None:

@@ -13,9 +13,9 @@ import torch
 from torch import Tensor, nn
 
 from .._forms import SparseLike, as_sparse_batch, is_sparse_form
-from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, conf_settings,
-                           elementwise_loss, generator_arg, pair_arg, ratio_arg, real_arg,
-                           resolve_size_average, weight_arg)
+from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
+                           conf_settings, elementwise_loss, generator_arg, non_negative_arg,
+                           pair_arg, ratio_arg, real_arg, resolve_size_average)
 from ._entries import DECLARED_WIDTH, Estimate, as_estimate, as_target, lookup, unique_entries
 
 __all__ = ["SDAECriterion", "SDAESparseCriterion"]
@@ -63,13 +63,6 @@ def corrupt(values: Tensor, noise_ratio: float, noise_mean: float, noise_std: fl
     return out, fate < corrupted_bound, hidden
 
 
-def _std_arg(value: Any, name: str) -> float:
-    value = real_arg(value, name)
-    if value < 0:
-        raise ValueError(f"{name} must be non-negative, got {value}")
-    return value
-
-
 def _check_flip_range(flip_range: Tuple[float, float], dtype: torch.dtype) -> None:
     """The flip values must be stored exactly in the input values' dtype (a float's
     within its range): a cast would change them silently or fail in torch."""
@@ -103,11 +96,11 @@ class _SDAEBase(RefuseLuaNames, nn.Module):
 
     # Each setting is checked when assigned (here or later: Lua's SetAlpha is
     # ``crit.alpha = a``); a refused assignment keeps the old value.
-    alpha = Setting(weight_arg)
-    beta = Setting(weight_arg)
+    alpha = Setting(non_negative_arg)
+    beta = Setting(non_negative_arg)
     noise_ratio = Setting(ratio_arg)
     noise_mean = Setting(real_arg)
-    noise_std = Setting(_std_arg)
+    noise_std = Setting(non_negative_arg)
     flip_ratio = Setting(ratio_arg)
     flip_range = Setting(pair_arg)
     hide_ratio = Setting(ratio_arg)
@@ -147,10 +140,7 @@ class _SDAEBase(RefuseLuaNames, nn.Module):
                              f"{self.noise_ratio} + {self.flip_ratio} + {self.hide_ratio} = {total}")
 
     def _elementwise(self) -> ElementwiseLoss:
-        """The wrapped loss, checked with ``size_average`` (both may be assigned later)."""
-        loss = elementwise_loss(self.criterion)
-        resolve_size_average(self.criterion, self.size_average, type(self).__name__)
-        return loss
+        return checked_loss(self.criterion, self.size_average, type(self).__name__)
 
     def _corrupt(self, values: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         self._check_ratios()

@@ -7,8 +7,8 @@ from torch import Tensor, nn
 
 from .._forms import SparseLike
 
-from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, elementwise_loss,
-                           reduction_of, resolve_size_average)
+from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
+                           elementwise_loss, reduction_of, resolve_size_average)
 from ._entries import as_estimate, as_target
 
 __all__ = ["SparseCriterion", "prepare_input"]
@@ -103,8 +103,7 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
 
         Run at each call: ``size_average``, ``full_size_average`` and
         ``criterion`` may be assigned after the constructor."""
-        loss = elementwise_loss(self.criterion)
-        resolve_size_average(self.criterion, self.size_average, "SparseCriterion")
+        loss = checked_loss(self.criterion, self.size_average, "SparseCriterion")
         if self.full_size_average and reduction_of(self.criterion) == "sum":
             raise ValueError("SparseCriterion: the criterion's reduction='sum' contradicts "
                              "full_size_average=True; keep one of them")
