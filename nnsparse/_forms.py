@@ -28,6 +28,7 @@ the caller's values wherever torch allows it.
 from __future__ import annotations
 
 import copy
+import math
 import numbers
 import operator
 from dataclasses import dataclass, field, replace
@@ -41,7 +42,7 @@ from ._index import coo_tensor as _sparse_coo
 from ._index import csr_tensor as _sparse_csr
 
 __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "check_index_range",
-           "resolve_size", "trust", "as_int", "as_count", "as_device"]
+           "resolve_size", "trust", "as_int", "as_count", "as_device", "holds_exactly"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -676,6 +677,21 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
         batch = replace(batch, shape=(batch.rows, width))
         batch.cache = cache  # the pattern is the same; only the declared width grew
     return batch
+
+
+def holds_exactly(dtype: torch.dtype, value: float) -> bool:
+    """Whether tensors of ``dtype`` store the real ``value`` as given (a cast would
+    not change it silently, nor fail): a floating dtype any value up to its largest
+    finite one (rounded, as torch rounds) or inf or nan, bool 0 or 1, an integer
+    dtype a whole number in its range; a complex dtype any."""
+    if dtype.is_complex:
+        return True
+    if dtype.is_floating_point:
+        return not math.isfinite(value) or abs(value) <= torch.finfo(dtype).max
+    if dtype == torch.bool:
+        return value in (0, 1)
+    info = torch.iinfo(dtype)
+    return math.isfinite(value) and value == int(value) and info.min <= value <= info.max
 
 
 def as_int(value: Any, name: str, must: str = "be an int") -> int:

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from . import _index
 from ._forms import (SparseBatch, SparseLike, _as_pairs, _sparse_coo, _sparse_csr, as_sparse_batch,
-                     resolve_size, trust)
+                     holds_exactly, resolve_size, trust)
 
 __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
 
@@ -27,24 +27,19 @@ def _check_elem_fits(elem: Any, dtype: torch.dtype) -> None:
     """``elem`` must be stored exactly in the values' dtype (a cast would change it silently)."""
     if isinstance(elem, complex) and not dtype.is_complex:
         raise TypeError(f"elem must be a real number for values of dtype {dtype}, got {elem!r}")
-    if dtype.is_complex or _is_nan(elem):
+    if _is_nan(elem) or holds_exactly(dtype, elem):
         return
     if dtype.is_floating_point:
         # a float rounds; beyond the dtype's largest finite value torch refuses it (inf passes)
         top = torch.finfo(dtype).max
-        if math.isfinite(elem) and abs(elem) > top:
-            raise ValueError(f"elem must fit in the values' dtype {dtype} (a finite value in "
-                             f"[{-top}, {top}], inf or nan), got {elem!r}")
-        return
+        raise ValueError(f"elem must fit in the values' dtype {dtype} (a finite value in "
+                         f"[{-top}, {top}], inf or nan), got {elem!r}")
     if dtype == torch.bool:
-        if elem not in (0, 1):
-            raise ValueError(f"elem must be stored exactly in the values' dtype torch.bool "
-                             f"(0 or 1), got {elem!r}")
-        return
+        raise ValueError(f"elem must be stored exactly in the values' dtype torch.bool "
+                         f"(0 or 1), got {elem!r}")
     info = torch.iinfo(dtype)
-    if not math.isfinite(elem) or elem != int(elem) or not info.min <= elem <= info.max:
-        raise ValueError(f"elem must be stored exactly in the values' dtype {dtype} (an integer "
-                         f"in [{info.min}, {info.max}]), got {elem!r}")
+    raise ValueError(f"elem must be stored exactly in the values' dtype {dtype} (an integer "
+                     f"in [{info.min}, {info.max}]), got {elem!r}")
 
 
 def _is_nan(elem: float) -> bool:

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .._forms import SparseLike, as_sparse_batch, is_sparse_form
+from .._forms import SparseLike, as_sparse_batch, holds_exactly, is_sparse_form
 from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
                            conf_settings, elementwise_loss, generator_arg, non_negative_arg,
                            pair_arg, ratio_arg, real_arg, resolve_size_average)
@@ -66,21 +66,15 @@ def corrupt(values: Tensor, noise_ratio: float, noise_mean: float, noise_std: fl
 def _check_flip_range(flip_range: Tuple[float, float], dtype: torch.dtype) -> None:
     """The flip values must be stored exactly in the input values' dtype (a float's
     within its range): a cast would change them silently or fail in torch."""
-    if dtype.is_complex:
+    if all(holds_exactly(dtype, v) for v in flip_range):
         return
     if dtype.is_floating_point:
         top = torch.finfo(dtype).max
-        if all(abs(v) <= top for v in flip_range):
-            return
         what = f"values in [{-top}, {top}]"
     elif dtype == torch.bool:
-        if all(v in (0, 1) for v in flip_range):
-            return
         what = "0 or 1"
     else:
         info = torch.iinfo(dtype)
-        if all(v == int(v) and info.min <= v <= info.max for v in flip_range):
-            return
         what = f"integers in [{info.min}, {info.max}]"
     raise ValueError(f"flip_range must hold values the input's dtype {dtype} can hold "
                      f"({what}), got {flip_range}")
