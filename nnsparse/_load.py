@@ -8,12 +8,32 @@ and raise torch's ``RuntimeError`` before any copy.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, List, Mapping
 
 import torch
 from torch import nn
 
-__all__ = ["check_state_dict"]
+__all__ = ["check_state_dict", "entry_errors"]
+
+
+def entry_errors(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, Any],
+                 prefix: str = "") -> List[str]:
+    """torch's messages for the entries of ``state_dict`` (under ``prefix``) that
+    cannot be copied into ``own`` (a module's ``state_dict()``): not a tensor, or
+    of another shape.  Keys absent from either side are not looked at."""
+    errors = []
+    for key, current in own.items():
+        if prefix + key not in state_dict:
+            continue
+        given = state_dict[prefix + key]
+        if not isinstance(given, torch.Tensor):
+            errors.append(f'While copying the parameter named "{prefix}{key}", expected a '
+                          f"tensor from checkpoint but received {type(given).__name__}")
+        elif given.shape != current.shape:
+            errors.append(f"size mismatch for {prefix}{key}: copying a param with shape "
+                          f"{given.shape} from checkpoint, the shape in current model is "
+                          f"{current.shape}.")
+    return errors
 
 
 def check_state_dict(module: nn.Module, state_dict: Any, strict: bool) -> None:
@@ -23,18 +43,7 @@ def check_state_dict(module: nn.Module, state_dict: Any, strict: bool) -> None:
         raise TypeError(f"state_dict must be a mapping of name -> tensor, got "
                         f"{type(state_dict).__name__}")
     own = module.state_dict()
-    errors = []
-    for key, current in own.items():
-        if key not in state_dict:
-            continue
-        given = state_dict[key]
-        if not isinstance(given, torch.Tensor):
-            errors.append(f'While copying the parameter named "{key}", expected a tensor '
-                          f"from checkpoint but received {type(given).__name__}")
-        elif given.shape != current.shape:
-            errors.append(f"size mismatch for {key}: copying a param with shape "
-                          f"{given.shape} from checkpoint, the shape in current model is "
-                          f"{current.shape}.")
+    errors = entry_errors(own, state_dict)
     if strict:
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]

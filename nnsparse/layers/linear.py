@@ -12,8 +12,7 @@ from torch.autograd.function import once_differentiable
 from .._forms import (SparseBatch, SparseLike, _sparse_coo, as_int, as_sparse_batch,
                       move_structure)
 from .._load import check_state_dict
-from .._kernels import (_csr_rows_mm, _sampled_mm, _t_mm, _table_mm,
-                        _update_rows_of)
+from .._kernels import _csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, linear_parts
 
 __all__ = ["SparseLinearBatch", "sparse_linear"]

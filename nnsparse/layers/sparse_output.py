@@ -24,8 +24,7 @@ from torch import Tensor, nn
 from .. import _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._load import check_state_dict
-from .._kernels import (_csr_rows_mm, _sampled_rows, _t_mm, _table_mm,
-                        _update_rows_of)
+from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import (_check_layer_args, _check_not_narrower, _check_weight_bias,

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .._forms import _check_csr, as_sparse_batch, is_sparse_form
-from .._load import check_state_dict
+from .._load import check_state_dict, entry_errors
 from .. import _index
 from ..matmul import _PatternMM, _transposed
 from ..values import _csr_with_values
@@ -212,17 +212,12 @@ class SparseWeightLinear(nn.Module):
                         "SparseWeightLinear(torch.sparse_csr_tensor(crow, col, values, "
                         f"({self.out_features}, {self.in_features}))) of the saved pattern "
                         "and load into it)"]
-        out = []
-        for key, given in found.items():
-            if not isinstance(given, Tensor):
-                out.append(f'While copying the parameter named "{prefix}{key}", expected a '
-                           f"tensor from checkpoint but received {type(given).__name__}")
-            elif given.shape != own[key].shape:
-                out.append(f"size mismatch for {prefix}{key}: copying a param with shape "
-                           f"{given.shape} from checkpoint, the shape in current model is "
-                           f"{own[key].shape}.")
-            elif key in ("crow", "col") and (given.is_floating_point() or given.is_complex()
-                                             or given.dtype == torch.bool):
+        out = entry_errors(own, state_dict, prefix)
+        for key in ("crow", "col"):
+            given = found.get(key)
+            if (isinstance(given, Tensor) and given.shape == own[key].shape
+                    and (given.is_floating_point() or given.is_complex()
+                         or given.dtype == torch.bool)):
                 out.append(f"{prefix}{key} (the loaded pattern) must have an integer dtype, "
                            f"got {given.dtype}")
         return out
