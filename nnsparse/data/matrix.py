@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_device, as_sparse_batch,
                       check_index_range)
-from .readers import Ratings, check_ratings, repeated_keys, repeats_message
+from .readers import Ratings, check_ratings, refuse_repeated_keys
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
 
@@ -153,23 +153,16 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
             raise ValueError(f"{orientation} matrix {name} indices must be in [0, {bound}), got "
                              f"max {int(index.max())}; build the matrix with the maps of all parts")
     key, order = torch.sort(row * width + col)
-    _refuse_repeats(ratings, key, width, orientation)
+    source = f" from {ratings.source}" if ratings.source else ""
+
+    def pair_of(k: int) -> Tuple[int, int]:  # (user, item) of a key
+        row, col = divmod(k, width)
+        return (col, row) if orientation == "item" else (row, col)
+    refuse_repeated_keys(f"ratings{source}", ratings, key, pair_of)
     # checked above: the matrix is built trusted, its structure attached
     batch = SparseBatch(row[order], col[order], values[order], (rows, width), "coo",
                         row_sorted=True, coalesced=True, trusted=True)
     return batch.to_coo() if layout == torch.sparse_coo else batch.to_csr()
-
-
-def _refuse_repeats(ratings: Ratings, key: Tensor, width: int, orientation: str) -> None:
-    """``ValueError`` when the sorted ``row * width + col`` keys repeat a pair."""
-    pairs, repeated = repeated_keys(key)
-    if pairs:
-        row, col = divmod(repeated, width)
-        user, item = (col, row) if orientation == "item" else (row, col)
-        times = int((key == repeated).sum())
-        source = f" from {ratings.source}" if ratings.source else ""
-        raise ValueError(repeats_message(f"ratings{source}", pairs, ratings.user_ids()[user],
-                                         ratings.item_ids()[item], f"{times} ratings"))
 
 
 class RatingNormalizer:

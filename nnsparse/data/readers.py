@@ -14,7 +14,7 @@ import os
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -244,13 +244,33 @@ def check_unique_pairs(name: str, *parts: Ratings) -> None:
     width = first.n_items
     keys = [p.user * width + p.item for p in parts]
     key = keys[0] if len(keys) == 1 else torch.cat(keys)
-    pairs, repeated = repeated_keys(torch.sort(key)[0])
+    refuse_repeated_keys(f"{name}{_from(first.source)}", first, torch.sort(key)[0],
+                         lambda k: divmod(k, width))
+
+
+def check_unique_pairs_apart(name: str, ratings: Ratings, together: str,
+                             other: Ratings) -> None:
+    """:func:`check_unique_pairs` of ``ratings`` and of ``ratings`` with ``other``
+    together, in one sort when no pair repeats; ``ratings`` alone is named when
+    the repeat is its own."""
+    try:
+        check_unique_pairs(together, ratings, other)
+    except ValueError:
+        check_unique_pairs(name, ratings)
+        raise
+
+
+def refuse_repeated_keys(who: str, ratings: Ratings, key: Tensor,
+                         pair_of: Callable[[int], Tuple[int, int]]) -> None:
+    """``ValueError`` when the sorted pair keys ``key`` repeat one: ``who`` (the
+    argument), how many pairs and the ids of the first (``pair_of(key)`` is its
+    ``(user, item)`` index in ``ratings``' maps) with its number of ratings."""
+    pairs, repeated = repeated_keys(key)
     if pairs:
-        user, item = divmod(repeated, width)
+        user, item = pair_of(repeated)
         times = int((key == repeated).sum())
-        raise ValueError(repeats_message(
-            f"{name}{_from(first.source)}", pairs, first.user_ids()[user],
-            first.item_ids()[item], f"{times} ratings"))
+        raise ValueError(repeats_message(who, pairs, ratings.user_ids()[user],
+                                         ratings.item_ids()[item], f"{times} ratings"))
 
 
 def repeated_keys(key: Tensor) -> Tuple[int, int]:

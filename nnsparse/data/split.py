@@ -12,7 +12,7 @@ from typing import Any, Iterator, Tuple
 import numpy as np
 import torch
 
-from .readers import Ratings, check_ratings, check_unique_pairs
+from .readers import Ratings, check_ratings, check_unique_pairs, check_unique_pairs_apart
 
 __all__ = ["Split", "split_ratings", "random_split", "holdout_split"]
 
@@ -213,7 +213,7 @@ def holdout_split(train: Ratings, test: Ratings, validation: float = 0.05,
     if train.user_map is not test.user_map or train.item_map is not test.item_map:
         raise ValueError("train and test must share their id maps; read them with "
                          "read_split() or read_ratings(..., user_map=, item_map=)")
-    check_unique_pairs("train", train)
-    check_unique_pairs("train and test together", train, test)  # a test pair trained on
+    # a test pair trained on is a repeat too
+    check_unique_pairs_apart("train", train, "train and test together", test)
     rest, valid = draw(train, validation, seed)
     return Split(rest, valid, test)

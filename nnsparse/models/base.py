@@ -27,7 +27,7 @@ from .._index import coo_tensor
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
 from ..data.matrix import check_same_maps
-from ..data.readers import check_ratings, check_unique_pairs
+from ..data.readers import check_ratings, check_unique_pairs, check_unique_pairs_apart
 from ..data.split import concat, draw, torch_seed
 from .. import distributed as nd
 from .trainer import DistributedTrainer, Trainer, TrainResult
@@ -413,9 +413,11 @@ class RatingModel(nn.Module):
             raise ValueError("validation must share train's id maps (split it from train)")
         # Before training, not at the refit's matrix: a pair rated twice would
         # otherwise train a whole run, leak into validation, and only then fail.
-        check_unique_pairs("train", train)
-        if validation is not None:
-            check_unique_pairs("train and validation together", train, validation)
+        if validation is None:
+            check_unique_pairs("train", train)
+        else:
+            check_unique_pairs_apart("train", train, "train and validation together",
+                                     validation)
         if validation is None and h["validation_ratio"] > 0:
             train_part, validation = draw(train, h["validation_ratio"], h["seed"])
         else:
