@@ -47,8 +47,9 @@ def _check_ratio(ratio: float, name: str) -> None:
 
 
 def _check_seed(seed: Any) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+    """``seed`` as a Python int, checked as :func:`torch_seed` checks it (any int; not
+    folded: ``random_split`` draws its second part with ``seed + 1``)."""
+    torch_seed(seed)
     return int(seed)
 
 
