@@ -185,6 +185,21 @@ def test_read_split_no_warning_when_all_seen(tmp_path):
     assert len(test) == 1
 
 
+@pytest.mark.parametrize("test_lines, count, first", [
+    ("1\t10\t2\t0\n", "1 (user, item) pair of the test file is", "user 1, item 10"),
+    ("3\t10\t1\t0\n2\t20\t5\t0\n1\t10\t2\t0\n9\t99\t2\t0\n",
+     "3 (user, item) pairs of the test file are", "user 1, item 10"),
+])
+def test_read_split_warns_of_pairs_in_both_files(tmp_path, test_lines, count, first):
+    train_path, test_path = split_files(tmp_path)
+    test_path.write_text(test_lines)
+    message = f"{count} rated in the training file too (first: {first})"
+    with pytest.warns(UserWarning, match=re.escape(message)) as record:
+        train, test = read_split(train_path, test_path, format="ml-100k")
+    assert len(record) == 1 and record[0].filename == __file__  # the caller's line
+    assert len(test) == len(test_lines.splitlines())  # a warning: nothing is dropped
+
+
 def test_ratings_record():
     r = Ratings.from_triples(["b", "a", "b"], [3, 1, 1], [1.0, 2.0, 3.0], source="mem")
     assert r.user_map == {"a": 0, "b": 1} and r.user_ids() == ["a", "b"]

@@ -814,6 +814,9 @@ def read_split(train: PathLike, test: PathLike, format: str = "text", *,
             (default; appended to the shared maps, so published test sets stay
             whole) or ``"drop"`` (dropped, with a warning giving the count).
 
+    A (user, item) pair rated in both files gives a warning (the count and the
+    first pair): a test error over it measures a fitted rating.
+
     Returns:
         ``(train, test)``: two :class:`Ratings` sharing ``user_map``,
         ``item_map`` and ``titles``; after ``"keep"`` both have the same
@@ -841,10 +844,27 @@ def read_split(train: PathLike, test: PathLike, format: str = "text", *,
     first = read_ratings(train, format, titles=False)
     second = read_ratings(test, format, titles=False, user_map=first.user_map,
                           item_map=first.item_map, unseen=unseen)
+    _warn_shared_pairs(first, second, test)
     title_file = _title_file(Path(train), format, titles)
     if title_file is not None:
         first.titles = second.titles = _titles(first.item_map, _read_titles(title_file, format))
     return first, second
+
+
+def _warn_shared_pairs(train: Ratings, test: Ratings, test_file: PathLike) -> None:
+    """A warning when ``test`` rates (user, item) pairs that ``train`` rates too (they
+    share one pair of id maps; each file alone was checked for repeats): a test
+    error over them measures fitted ratings.  One sort of the keys."""
+    width = max(train.n_items, test.n_items)
+    key = torch.sort(torch.cat([train.user * width + train.item, test.user * width + test.item]))[0]
+    pairs, shared = repeated_keys(key)
+    if pairs:
+        user, item = divmod(shared, width)
+        warnings.warn(f"{test_file}: {pairs} (user, item) pair{'s' if pairs != 1 else ''} "
+                      f"of the test file {'are' if pairs != 1 else 'is'} rated in the training "
+                      f"file too (first: user {test.user_ids()[user]!r}, item "
+                      f"{test.item_ids()[item]!r}); a test error over them measures fitted "
+                      f"ratings", stacklevel=3)
 
 
 # -- side information (CFN++) -------------------------------------------------------------
