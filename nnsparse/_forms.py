@@ -278,10 +278,19 @@ class SparseBatch:
         return attach(out, self)
 
     def to_csr(self) -> Tensor:
-        """A 2-D torch sparse CSR tensor ``(rows, width)``, duplicates summed, trusted."""
+        """A 2-D torch sparse CSR tensor ``(rows, width)``, duplicates summed, trusted.
+
+        Inside a ``torch.func`` transform, where torch can hold no CSR tensor,
+        the coalesced COO tensor of the same entries.
+        """
         batch = self.coalesce()
         col = batch.cache.col_index if batch.cache.col_index is not None else batch.col
-        out = _sparse_csr(batch.crow_indices(), col, batch.values, self.shape)
+        try:
+            out = _sparse_csr(batch.crow_indices(), col, batch.values, self.shape)
+        except RuntimeError:  # "Sparse CSR tensors do not have strides" (functorch)
+            if not _index.in_transform():
+                raise
+            return batch.to_coo()
         return attach(out, batch)
 
     def with_values(self, values: Tensor, keep: Optional[Tensor] = None) -> Any:
@@ -350,7 +359,7 @@ def is_sparse_form(x: Any) -> bool:
 class _Attached:
     """What a torch sparse tensor carries once nnsparse has seen it."""
 
-    key: Tuple[Any, ...]
+    key: Optional[Tuple[Any, ...]]  # None: not cached (see _key)
     pattern: SparseBatch  # values empty: they are read from the tensor each call
     recoalesce: bool  # an uncoalesced COO that requires grad: coalesce each call
 
@@ -361,16 +370,40 @@ def _version(t: Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
-def _key(x: Tensor) -> Tuple[Any, ...]:
-    """What must not change for an attached structure to stay valid (free to read)."""
+def _key(x: Tensor) -> Optional[Tuple[Any, ...]]:
+    """What must not change for an attached structure to stay valid (free to read).
+
+    ``None`` inside a ``torch.func`` transform, where a COO tensor's indices
+    come back wrapped, with no data pointer to read, and a CSR tensor's cannot
+    be read at all: the structure is then built and checked at each call,
+    never attached nor looked up.  So nothing the transform computes (its
+    tensors are wrapped, and die with it) enters a structure that outlives it.
+    """
     if x.layout == torch.sparse_csr:
-        crow, col = x.crow_indices(), x.col_indices()
-        return (tuple(x.shape), x.device, crow.data_ptr(), col.data_ptr(), col.shape[0],
+        try:
+            crow, col = x.crow_indices(), x.col_indices()
+        except RuntimeError:  # inside a transform (see nnsparse._index.csr_read)
+            if not _index.in_transform():
+                raise
+            return None
+        crow_ptr, col_ptr = _index.data_ptr(crow), _index.data_ptr(col)
+        if crow_ptr is None or col_ptr is None:
+            return None
+        return (tuple(x.shape), x.device, crow_ptr, col_ptr, col.shape[0],
                 _version(crow), _version(col))
     index = x._indices()
+    ptr = _index.data_ptr(index)
+    if ptr is None:
+        return None
     # requires_grad: an uncoalesced COO that requires grad is coalesced each call
-    return (tuple(x.shape), x.device, index.data_ptr(), index.shape[1], _version(index),
+    return (tuple(x.shape), x.device, ptr, index.shape[1], _version(index),
             x.is_coalesced(), x.requires_grad)
+
+
+def _attach(x: Tensor, found: _Attached) -> None:
+    """Attach ``found`` to ``x``, unless its key could not be read (then nothing is cached)."""
+    if found.key is not None:
+        setattr(x, _ATTR, found)
 
 
 def attach(x: Tensor, batch: SparseBatch) -> Tensor:
@@ -388,13 +421,16 @@ def attach(x: Tensor, batch: SparseBatch) -> Tensor:
     pattern.trusted, pattern.form = True, form
     if form == "coo" and not recoalesce and not x.is_coalesced():
         pattern.coalesced = False
-    setattr(x, _ATTR, _Attached(_key(x), pattern, recoalesce))
+    _attach(x, _Attached(_key(x), pattern, recoalesce))
     return x
 
 
 def _attached(x: Tensor) -> Optional[_Attached]:
     found = getattr(x, _ATTR, None)
-    if found is None or found.key != _key(x):
+    if found is None:
+        return None
+    key = _key(x)
+    if key is None or found.key != key:
         return None
     return found
 
@@ -402,7 +438,7 @@ def _attached(x: Tensor) -> Optional[_Attached]:
 def _values_of(x: Tensor, found: _Attached) -> Tensor:
     """The tensor's current values, differentiable where torch allows it."""
     if x.layout == torch.sparse_csr:
-        return x.values()
+        return _index.csr_values(x)
     if found.recoalesce:
         return x.coalesce().values()
     return x.values() if (x.requires_grad and x.is_coalesced()) else x._values()
@@ -450,7 +486,7 @@ def _structure(x: Tensor, name: str, check: bool) -> _Attached:
         found = _csr_structure(x, name, check)
     else:
         found = _coo_structure(x, name, check)
-    setattr(x, _ATTR, found)
+    _attach(x, found)
     return found
 
 
@@ -495,17 +531,19 @@ def _coo_structure(x: Tensor, name: str, check: bool) -> _Attached:
 
 
 def _csr_structure(x: Tensor, name: str, check: bool) -> _Attached:
-    if x.dim() != 2 or x.dense_dim() != 0:
+    # (a CSR tensor has 2 sparse dimensions: dim() 2 leaves no batch or dense one)
+    if x.dim() != 2:
         raise ValueError(f"{name} must be a 2-D sparse CSR batch, got shape {tuple(x.shape)}")
-    crow, col = x.crow_indices(), x.col_indices()
+    crow, col = _index.csr_indices(x)
+    values = _index.csr_values(x)
     rows, width = x.shape[0], x.shape[1]
     nnz = col.shape[0]
     if check:
         _index.count("validate")
-        _check_csr(crow, col, x.values(), rows, width, name)
+        _check_csr(crow, col, values, rows, width, name)
     crow64, col64 = crow.to(torch.int64), col.to(torch.int64)
     row = _index.rows_from_crow(crow64, nnz)
-    pattern = SparseBatch(row, col64, x.values().detach()[:0], (rows, width), "csr",
+    pattern = SparseBatch(row, col64, values.detach()[:0], (rows, width), "csr",
                           row_sorted=True, coalesced=True, trusted=True)
     pattern.cache.crow = crow64
     if col.dtype != torch.int64:
@@ -782,7 +820,7 @@ def move_structure(src: Tensor, dst: Tensor, non_blocking: bool = False) -> Tens
             moved.cache.col_index = dst.col_indices()
     elif not found.recoalesce and pattern.coalesced:
         moved.cache.coo_indices = dst._indices()
-    setattr(dst, _ATTR, _Attached(_key(dst), moved, found.recoalesce))
+    _attach(dst, _Attached(_key(dst), moved, found.recoalesce))
     return dst
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from typing import Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple, TypeVar
 
 import torch
 from torch import Tensor
 
 __all__: list = []
+
+T = TypeVar("T")
 
 # Private counters of the work done on index structures: how many times a
 # batch was validated and each derived structure built.  Tests read them to
@@ -28,6 +30,62 @@ COUNTS: Counter = Counter()
 
 def count(what: str) -> None:
     COUNTS[what] += 1
+
+
+def data_ptr(t: Tensor) -> Optional[int]:
+    """``t.data_ptr()``, or ``None`` when the tensor has no storage to point at.
+
+    Inside a ``torch.func`` transform the index tensors of a sparse tensor
+    come back wrapped (functorch's wrappers have no storage), and fake or
+    functional tensors have none either; callers that use the pointer as a
+    free identity test (a cache key, "is this the same index tensor") then
+    take their slower path that reads no pointer.  Free for ordinary tensors.
+    """
+    try:
+        return t.data_ptr()
+    except RuntimeError:  # "Cannot access data pointer of Tensor that doesn't have storage"
+        return None
+
+
+def in_transform() -> bool:
+    """Whether a ``torch.func`` transform (grad, vjp, jacrev, vmap...) is running.
+
+    torch has no public test; this is the one its own ``autograd.Function.apply``
+    makes.  Asked only once torch has refused a CSR tensor (the ``except``
+    branches below), so that an error of another cause is raised as it came.
+    """
+    return torch._C._are_functorch_transforms_active()
+
+
+def csr_read(read: Callable[[], T]) -> T:
+    """``read()`` of a CSR tensor's parts or facts, also inside a ``torch.func`` transform.
+
+    There torch runs no operator at all on a CSR tensor (functorch reads the
+    strides a CSR tensor does not have: "Sparse CSR tensors do not have
+    strides").  Nor can a CSR tensor be built there, so one met inside a
+    transform comes from outside all of them: its parts are read with the
+    transforms switched off, the same plain tensors as outside, constants to
+    the transform (torch has no public switch for this; ``_DisableFuncTorch``
+    is the one torch itself uses, e.g. to print a wrapped tensor).  Free
+    outside transforms: the first read succeeds.
+    """
+    try:
+        return read()
+    except RuntimeError:
+        if not in_transform():
+            raise
+        with torch._C._DisableFuncTorch():
+            return read()
+
+
+def csr_indices(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(x.crow_indices(), x.col_indices())``, also inside a ``torch.func`` transform."""
+    return csr_read(lambda: (x.crow_indices(), x.col_indices()))
+
+
+def csr_values(x: Tensor) -> Tensor:
+    """``x.values()`` of a CSR tensor, also inside a ``torch.func`` transform."""
+    return csr_read(x.values)
 
 
 def coo_tensor(indices: Tensor, values: Tensor, size: Sequence[int], coalesced: bool) -> Tensor:

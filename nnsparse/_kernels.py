@@ -115,10 +115,35 @@ def _sampled_mm(a: Tensor, b: Tensor, crow: Tensor, col: Tensor) -> Tensor:
         # torch's sampled product has no half-type kernel (CPU nor CUDA, torch
         # 2.11-2.13): this one product runs in float32, returned in a's dtype
         return _sampled_mm(a.float(), b.float(), crow, col).to(a.dtype)
-    # sampled_addmm ignores the mask's values with beta=0, but they must be
-    # finite (0 * NaN = NaN), hence zeros rather than empty.
-    mask = _sparse_csr(crow, col, a.new_zeros(col.shape[0]), (a.shape[0], b.shape[1]))
+    try:
+        # sampled_addmm ignores the mask's values with beta=0, but they must be
+        # finite (0 * NaN = NaN), hence zeros rather than empty.
+        mask = _sparse_csr(crow, col, a.new_zeros(col.shape[0]), (a.shape[0], b.shape[1]))
+    except RuntimeError:
+        # inside a torch.func transform (a backward under grad, jacrev's vmap) no
+        # CSR tensor can be built: the same product by gathers
+        if not _index.in_transform():
+            raise
+        return _gather_dot(a, b.t(), _index.rows_from_crow(crow, col.shape[0]), col)
     return torch.sparse.sampled_addmm(mask, a, b, beta=0.0).values()
+
+
+# The gather-and-dot product takes the entries in chunks of this many, bounding
+# its (chunk, d) temporaries.
+_GATHER_CHUNK = 1 << 16
+
+
+def _gather_dot(a: Tensor, b_t: Tensor, row: Tensor, col: Tensor) -> Tensor:
+    """``(a @ b_t.T)[row, col]``, shape ``(nnz,)``: each entry the dot product of a row
+    of ``a`` and one of ``b_t``, gathered in chunks.  For what ``sampled_addmm`` cannot
+    take (half types, a ``torch.func`` transform's tensors); out of place, so that
+    ``vmap`` can batch it."""
+    parts = [(a.index_select(0, row[s:s + _GATHER_CHUNK])
+              * b_t.index_select(0, col[s:s + _GATHER_CHUNK])).sum(1)
+             for s in range(0, col.shape[0], _GATHER_CHUNK)]
+    if not parts:
+        return a.new_zeros(0)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 # On CPU, a table of more than _BLOCK_ABOVE bytes is read in blocks of about

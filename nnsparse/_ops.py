@@ -330,6 +330,22 @@ def _check_parts(parts: SparseParts, width: int, name: str) -> None:
                              f"got {parts.crow.shape[0]}")
 
 
+def _refuse_in_transform(*tensors: Optional[Tensor]) -> None:
+    """The operators cannot run inside a ``torch.func`` transform (whose tensors have no
+    storage, :func:`nnsparse._index.data_ptr`): the autograd that
+    ``torch.library.register_autograd`` generates has no ``setup_context``, which the
+    transforms require (pytorch/pytorch#170834, torch 2.13).  Skipped while compiling,
+    where the tensors are fake."""
+    if torch.compiler.is_compiling():
+        return
+    if any(t is not None and _index.data_ptr(t) is None for t in tensors):
+        raise NotImplementedError(
+            "a SparseParts batch (the torch.compile input path) cannot be used inside a "
+            "torch.func transform: torch's custom operators (torch.library.register_autograd) "
+            "do not support torch.func transforms; give the layers the torch sparse tensor "
+            "itself (the batch, or parts.to_sparse_csr())")
+
+
 def linear_parts(parts: SparseParts, table: Tensor, bias: Optional[Tensor],
                  mode: str, sparse_grad: bool) -> Tensor:
     """``S @ table + bias`` for a :class:`SparseParts` ``S``: dense ``(rows, out)``."""
@@ -350,6 +366,7 @@ def linear_parts(parts: SparseParts, table: Tensor, bias: Optional[Tensor],
         dense = parts.values.new_zeros(parts.size).index_put((row, parts.col), parts.values,
                                                              accumulate=True)
         return torch.nn.functional.linear(dense, table.t(), bias)
+    _refuse_in_transform(parts.values, table, bias)
     return _sparse_mm(parts.crow, parts.col, parts.values, table, bias)
 
 
@@ -364,5 +381,6 @@ def sampled_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor], pattern: Sp
     if not torch.compiler.is_compiling() and (h.dim() != 2 or h.shape[0] != pattern.size[0]):
         raise ValueError(f"input must have shape ({pattern.size[0]}, {weight.shape[1]}) for "
                          f"pattern of size {tuple(pattern.size)}, got {tuple(h.shape)}")
+    _refuse_in_transform(h, weight, bias)
     values = _sampled(h, weight, bias, pattern.crow, pattern.col)
     return pattern.with_values(values)

@@ -33,14 +33,13 @@ from torch.autograd.function import once_differentiable
 
 from . import _index
 from ._forms import _check_csr, _key, as_sparse_batch, is_sparse_form
-from ._kernels import _csr_rows_mm, _sampled_mm
+from ._kernels import _csr_rows_mm, _gather_dot, _sampled_mm
 
 __all__ = ["sparse_mm"]
 
 # sampled_addmm has float32/float64 (and complex) kernels only; other dtypes
-# take the gather-and-dot fallback, chunked to bound its (chunk, p) temporaries.
+# take the gather-and-dot fallback (chunked, _kernels._gather_dot).
 _SAMPLED_DTYPES = (torch.float32, torch.float64)
-_GATHER_CHUNK = 1 << 16
 
 
 # The transposed (column-major) structure of a pattern over all its columns:
@@ -92,11 +91,7 @@ def _sampled(a: Tensor, b_t: Tensor, crow: Tensor, row: Optional[Tensor], col: T
     if a.dtype in _SAMPLED_DTYPES:
         return _sampled_mm(a, b_t.t(), crow, col)
     assert row is not None, "the gather fallback reads row"
-    out = a.new_empty(col.shape[0])
-    for s in range(0, col.shape[0], _GATHER_CHUNK):
-        r, c = row[s:s + _GATHER_CHUNK], col[s:s + _GATHER_CHUNK]
-        out[s:s + _GATHER_CHUNK] = (a.index_select(0, r) * b_t.index_select(0, c)).sum(1)
-    return out
+    return _gather_dot(a, b_t, row, col)
 
 
 def _rows_mm(index: Tensor, table: Tensor, crow: Tensor, weights: Tensor) -> Tensor:
@@ -115,13 +110,19 @@ class _PatternMM(torch.autograd.Function):
     gradient needs it.
     """
 
+    # forward and setup_context apart: the form torch.func's transforms require
     @staticmethod
-    def forward(ctx: Any, values: Tensor, b: Tensor, row: Optional[Tensor], col: Tensor,
+    def forward(values: Tensor, b: Tensor, row: Optional[Tensor], col: Tensor,
                 crow: Tensor, transposed: Optional[Callable[[], Transposed]]) -> Tensor:
-        b = b.contiguous()
+        return _rows_mm(col, b.contiguous(), crow, values)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+        values, b, row, col, crow, transposed = inputs
+        # b as given: the values' gradient (a sampled product) reads any strides, and a
+        # contiguous copy made in forward is not an input or output setup_context sees
         ctx.save_for_backward(values, b, row, col, crow)
         ctx.transposed = transposed
-        return _rows_mm(col, b, crow, values)
 
     @staticmethod
     @once_differentiable
@@ -168,7 +169,7 @@ class _Flat:
     from the tensor at each call.
     """
 
-    key: Tuple[Any, ...]
+    key: Optional[Tuple[Any, ...]]
     row: Tensor
     col: Tensor
     crow: Tensor
@@ -185,7 +186,7 @@ class _Flat:
 
     def values_of(self, a: Tensor) -> Tensor:
         if a.layout == torch.sparse_csr:
-            return a.values().reshape(-1)
+            return _index.csr_values(a).reshape(-1)
         if self.recoalesce:
             return a.coalesce().values()
         values = a.values() if (a.requires_grad and a.is_coalesced()) else a._values()
@@ -193,10 +194,11 @@ class _Flat:
 
 
 def _check_hybrid(a: Tensor, name: str) -> None:
-    if a.dense_dim() != 0 or (a.layout == torch.sparse_coo and a.sparse_dim() != 3):
-        sparse = a.sparse_dim() if a.layout == torch.sparse_coo else 3 - a.dense_dim()
+    dense = _index.csr_read(a.dense_dim)  # (a CSR tensor's too inside torch.func transforms)
+    if dense != 0 or (a.layout == torch.sparse_coo and a.sparse_dim() != 3):
+        sparse = a.sparse_dim() if a.layout == torch.sparse_coo else 3 - dense
         raise NotImplementedError(f"{name}: hybrid sparse tensors are not supported, got "
-                                  f"sparse_dim {sparse}, dense_dim {a.dense_dim()}")
+                                  f"sparse_dim {sparse}, dense_dim {dense}")
 
 
 def _flat_coo(a: Tensor, name: str) -> _Flat:
@@ -225,7 +227,7 @@ def _flat_coo(a: Tensor, name: str) -> _Flat:
 def _flat_csr(a: Tensor, name: str) -> _Flat:
     _index.count("validate")
     nb, n, m = a.shape
-    crow, col = a.crow_indices().to(torch.int64), a.col_indices().to(torch.int64)
+    crow, col = (t.to(torch.int64) for t in _index.csr_indices(a))
     per = col.shape[1]  # batched CSR: every matrix holds the same nnz
     if crow.shape[1] != n + 1:
         raise ValueError(f"{name} crow_indices must have rows + 1 = {n + 1} entries per "
@@ -247,7 +249,7 @@ def _flat_csr(a: Tensor, name: str) -> _Flat:
                            crow.new_full((1,), nb * per)])
     # the flat pattern is one 2-D CSR matrix: the 2-D checks (steps, column
     # range, increasing columns) apply unchanged, with each matrix's bound m
-    _check_csr(flat_crow, col.reshape(-1), a.values().reshape(-1), nb * n, m, name)
+    _check_csr(flat_crow, col.reshape(-1), _index.csr_values(a).reshape(-1), nb * n, m, name)
     row = _index.rows_from_crow(flat_crow, nb * per)
     return _Flat(_key(a), row, (col + offsets * m).reshape(-1), flat_crow, nb * n, nb * m)
 
@@ -264,9 +266,11 @@ def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
                                   ".to_sparse_coo() or .to_sparse_csr()")
     _check_hybrid(a, name)
     flat = getattr(a, _ATTR, None)
-    if flat is None or flat.key != _key(a):
+    key = _key(a)
+    if flat is None or key is None or flat.key != key:
         flat = _flat_coo(a, name) if a.layout == torch.sparse_coo else _flat_csr(a, name)
-        setattr(a, _ATTR, flat)
+        if key is not None:  # None: not cached, as nnsparse._forms does
+            setattr(a, _ATTR, flat)
     return _Pattern(flat.values_of(a), flat.row, flat.col, flat.crow, flat.rows, flat.cols,
                     flat.transposed)
 

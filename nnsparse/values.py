@@ -31,9 +31,16 @@ __all__ = ["values_map", "ValuesMap"]
 
 
 def _same_storage(a: Optional[Tensor], b: Optional[Tensor]) -> bool:
-    """True when ``a`` and ``b`` are the same index tensor (free: no data read)."""
-    return (a is not None and b is not None and a.data_ptr() == b.data_ptr()
-            and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype)
+    """True when ``a`` and ``b`` are the same index tensor (free: no data read).
+
+    False when a pointer cannot be read (inside a ``torch.func`` transform):
+    the caller then matches the entries by their positions, slower but right.
+    """
+    if a is None or b is None:
+        return False
+    ptr = _index.data_ptr(a)
+    return (ptr is not None and ptr == _index.data_ptr(b) and a.shape == b.shape
+            and a.stride() == b.stride() and a.dtype == b.dtype)
 
 
 def _keys_of(indices: Optional[Tensor], crow: Optional[Tensor], col: Optional[Tensor],
@@ -78,15 +85,20 @@ class _SparseWithValues(torch.autograd.Function):
     is dense (the caller made it, e.g. a product with a dense tensor).
     """
 
+    # forward and setup_context apart: the form torch.func's transforms require
     @staticmethod
-    def forward(ctx: Any, values: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
+    def forward(values: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
                 col: Optional[Tensor], size: Tuple[int, ...]) -> Tensor:
-        ctx.save_for_backward(indices, crow, col)
-        ctx.size = size
         if indices is not None:
             return _sparse_coo(indices, values, size, True)
         assert crow is not None and col is not None  # CSR when indices is None
         return _sparse_csr(crow, col, values, size)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+        _, indices, crow, col, size = inputs
+        ctx.save_for_backward(indices, crow, col)
+        ctx.size = size
 
     @staticmethod
     @once_differentiable
@@ -132,8 +144,20 @@ def _coo_with_values(indices: Tensor, values: Tensor, size: Sequence[int],
 
 def _csr_with_values(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[int],
                      pattern: Optional[SparseBatch] = None) -> Tensor:
-    """A CSR tensor on ``crow``/``col`` with ``values``, O(nnz) backward (see above)."""
-    out = _SparseWithValues.apply(values, None, crow, col, tuple(size))
+    """A CSR tensor on ``crow``/``col`` with ``values``, O(nnz) backward (see above).
+
+    Inside a ``torch.func`` transform, where torch can hold no CSR tensor, a
+    coalesced COO tensor of the same entries (same values, same order).
+    """
+    try:
+        out = _SparseWithValues.apply(values, None, crow, col, tuple(size))
+    except RuntimeError:
+        # "Sparse CSR tensors do not have strides": functorch cannot wrap a CSR result
+        # (nothing is attached to it there: see nnsparse._forms._key)
+        if not _index.in_transform():
+            raise
+        index = torch.stack([_csr_rows(crow, col, size[0]), col.to(torch.int64)])
+        return _coo_with_values(index, values, size)
     return out if pattern is None else attach(out, pattern)
 
 
@@ -175,8 +199,8 @@ def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike:
         return fn(input)
     batch = as_sparse_batch(input, name="input")
     if isinstance(input, Tensor) and input.layout == torch.sparse_csr:
-        return _csr_with_values(input.crow_indices(), input.col_indices(),
-                                _mapped(fn, batch.values), input.shape, batch)
+        crow, col = _index.csr_indices(input)
+        return _csr_with_values(crow, col, _mapped(fn, batch.values), input.shape, batch)
     if batch.form != "coo":
         return batch.with_values(_mapped(fn, batch.values))
     assert isinstance(input, Tensor)

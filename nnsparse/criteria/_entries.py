@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from .._forms import SparseBatch, as_sparse_batch, is_sparse_form
+from .._index import csr_indices, data_ptr
 
 __all__: list = []
 
@@ -141,8 +142,11 @@ class Estimate:
 
 
 def _same_tensor(a: Tensor, b: Tensor) -> bool:
-    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
-            and a.device == b.device)
+    """True when ``a`` and ``b`` view the same memory alike (free: no data read); False
+    when a pointer cannot be read (inside a ``torch.func`` transform)."""
+    ptr = data_ptr(a)
+    return (ptr is not None and ptr == data_ptr(b) and a.shape == b.shape
+            and a.stride() == b.stride() and a.device == b.device)
 
 
 def _shares_pattern(estimate: Any, target: Any) -> bool:
@@ -156,8 +160,8 @@ def _shares_pattern(estimate: Any, target: Any) -> bool:
     if estimate.layout != target.layout or estimate.shape != target.shape:
         return False
     if estimate.layout == torch.sparse_csr:
-        return (_same_tensor(estimate.crow_indices(), target.crow_indices())
-                and _same_tensor(estimate.col_indices(), target.col_indices()))
+        (e_crow, e_col), (t_crow, t_col) = csr_indices(estimate), csr_indices(target)
+        return _same_tensor(e_crow, t_crow) and _same_tensor(e_col, t_col)
     if estimate.layout == torch.sparse_coo:
         # Uncoalesced duplicates mean a sum: they need the general path.
         return (estimate.is_coalesced() and target.is_coalesced()

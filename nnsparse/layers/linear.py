@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from .. import _index
 from .._forms import (SparseBatch, SparseLike, _sparse_coo, as_int, as_sparse_batch,
                       move_structure)
 from .._load import check_state_dict
@@ -53,18 +54,24 @@ class _SparseLinear(torch.autograd.Function):
     read.
     """
 
+    # forward and setup_context apart: the form torch.func's transforms require
     @staticmethod
-    def forward(ctx: Any, values: Tensor, table: Tensor, bias: Optional[Tensor], row: Tensor,
+    def forward(values: Tensor, table: Tensor, bias: Optional[Tensor], row: Tensor,
                 col: Tensor, crow: Tensor, sparse_grad: bool, update: Any,
                 pattern: SparseBatch) -> Tensor:
         out = _table_mm(pattern, col, table, crow, values)
         if bias is not None:
             out.add_(bias)
+        return out
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+        values, table, bias, row, col, crow, sparse_grad, update, pattern = inputs
         ctx.save_for_backward(values, table, row, col, crow)
         ctx.has_bias, ctx.sparse_grad = bias is not None, sparse_grad
+        # plain objects on ctx: the optimiser in the backward and the cached structures
         ctx.update, ctx.pattern = update, pattern
         ctx.updates = update.updates if update is not None else 0
-        return out
 
     @staticmethod
     @once_differentiable
@@ -157,6 +164,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
     ``update``: the layer's in-backward optimiser (forces the sparse kernels)."""
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    _refuse_update_in_transform(update, table)
     if isinstance(input, Tensor) and input.layout == torch.strided:
         # a strided tensor is always dense (nn.Linear's behaviour): the Lua pair
         # form comes as a list of (k, 2) tensors or through nnsparse.from_pairs
@@ -215,6 +223,21 @@ _NOT_COLUMN_MAJOR = (
     "{name}: the optimiser in the backward updates the weight in place and needs it stored "
     "as the layer made it (weight.t() contiguous); a new Parameter was assigned to the "
     "weight: copy values in with `with torch.no_grad(): layer.weight.copy_(w)` instead")
+
+
+def _refuse_update_in_transform(update: Any, weight: Tensor) -> None:
+    """The optimiser in the backward writes the layer's weight in place: not inside a
+    ``torch.func`` transform, whose tensors have no storage of their own to write
+    (there torch refuses the write, naming a "captured Tensor", or would update
+    a tensor that is not the layer's weight)."""
+    if update is not None and _index.data_ptr(weight) is None:
+        raise NotImplementedError(
+            f"{update.name}: the optimiser in the backward (nnsparse.optim."
+            f"apply_optimizer_in_backward) updates the weight in place during the backward, "
+            f"which a torch.func transform (grad, grad_and_value, vjp, jacrev, vmap) cannot "
+            f"do: there the weight is the transform's tensor, not the layer's. Train with "
+            f"ordinary autograd (loss.backward()), or call remove() on the in-backward "
+            f"optimiser before using torch.func")
 
 
 def _refuse_update_on_parts(update: Any) -> None:

@@ -15,7 +15,7 @@ costs about 1 ms at the MovieLens-1M shape and 3 ms at MovieLens-10M's (batch
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Union, overload
+from typing import Any, Optional, Tuple, Union, overload
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_ro
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import (_check_layer_args, _check_not_narrower, _check_weight_bias,
-                     _refuse_update_on_parts)
+                     _refuse_update_in_transform, _refuse_update_on_parts)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
@@ -43,20 +43,26 @@ class _SampledLinear(torch.autograd.Function):
     (``column_major``, ``blocked_order``) are read.
     """
 
+    # forward and setup_context apart: the form torch.func's transforms require
     @staticmethod
-    def forward(ctx: Any, h: Tensor, weight: Tensor, bias: Optional[Tensor], row: Tensor,
+    def forward(h: Tensor, weight: Tensor, bias: Optional[Tensor], row: Tensor,
                 col: Tensor, crow: Tensor, sparse_grad: bool, update: Any,
                 pattern: SparseBatch) -> Tensor:
         # (half types: the sampled product runs in float32, the backward's bags in h's dtype)
         values = _sampled_rows(pattern, h, weight, crow, col)
         if bias is not None:
             values = values + bias[col]
+        return values
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+        h, weight, bias, row, col, crow, sparse_grad, update, pattern = inputs
         ctx.save_for_backward(h, weight, row, col, crow)
         ctx.has_bias = bias is not None
         ctx.sparse_grad = sparse_grad and update is None
+        # plain objects on ctx: the optimiser in the backward and the cached structures
         ctx.update, ctx.pattern = update, pattern
         ctx.updates = update.updates if update is not None else 0
-        return values
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor):
@@ -191,6 +197,7 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
         raise TypeError(f"input must be a dense tensor, got "
                         f"{input.layout if isinstance(input, Tensor) else type(input).__name__}")
     _check_weight_bias(weight, bias)
+    _refuse_update_in_transform(update, weight)
     if input.dim() == 0 or input.shape[-1] != weight.shape[1]:
         got = input.shape[-1] if input.dim() else "a 0-d tensor"
         raise ValueError(f"input must have {weight.shape[1]} features (in_features), got {got}")
@@ -236,8 +243,8 @@ def _with_pattern(values: Tensor, pattern: SparseLike, batch: SparseBatch, row: 
     """
     if batch.form == "csr":
         assert isinstance(pattern, Tensor)
-        return _csr_with_values(pattern.crow_indices(), pattern.col_indices(), values,
-                                batch.shape, batch)
+        crow, col_index = _index.csr_indices(pattern)
+        return _csr_with_values(crow, col_index, values, batch.shape, batch)
     if batch.form == "coo" and batch.coalesced and pattern.is_coalesced():  # type: ignore[union-attr]
         # (not batch.coalesced alone: a COO pattern requiring grad is coalesced by copy)
         assert isinstance(pattern, Tensor)

@@ -52,12 +52,17 @@ class _SparseInputMM(torch.autograd.Function):
     multiply count, never ``rows x in`` or ``out x in``.
     """
 
+    # forward and setup_context apart: the form torch.func's transforms require
     @staticmethod
-    def forward(ctx: Any, w: Tensor, x: Tensor, key: Tensor, w_id: Tensor, x_id: Tensor,
+    def forward(w: Tensor, x: Tensor, key: Tensor, w_id: Tensor, x_id: Tensor,
                 rows: int, out: int) -> Tensor:
-        ctx.save_for_backward(w, x, key, w_id, x_id)
         y = w.new_zeros(rows * out).index_add_(0, key, x[x_id] * w[w_id])
         return y.view(rows, out)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+        w, x, key, w_id, x_id, _, _ = inputs
+        ctx.save_for_backward(w, x, key, w_id, x_id)
 
     @staticmethod
     @once_differentiable
@@ -65,10 +70,12 @@ class _SparseInputMM(torch.autograd.Function):
         w, x, key, w_id, x_id = ctx.saved_tensors
         g = grad.reshape(-1)[key]
         grad_w = grad_x = None
+        # the sums start from g's new_zeros, not w's or x's: under jacrev's vmap g is
+        # batched, and an in-place sum of batched terms needs a batched start
         if ctx.needs_input_grad[0]:
-            grad_w = torch.zeros_like(w).index_add_(0, w_id, g * x[x_id])
+            grad_w = g.new_zeros(w.shape).index_add_(0, w_id, g * x[x_id])
         if ctx.needs_input_grad[1]:
-            grad_x = torch.zeros_like(x).index_add_(0, x_id, g * w[w_id])
+            grad_x = g.new_zeros(x.shape).index_add_(0, x_id, g * w[w_id])
         return grad_w, grad_x, None, None, None, None, None
 
 
