@@ -9,7 +9,7 @@ torch defines), so each position counts once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 import torch

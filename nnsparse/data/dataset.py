@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 import numbers
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor

@@ -20,8 +20,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_device, as_sparse_batch,
-                      check_index_range)
+from .._forms import SparseBatch, as_device, as_sparse_batch, check_index_range
 from .readers import Ratings, check_ratings, refuse_repeated_keys
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]

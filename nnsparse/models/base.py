@@ -30,7 +30,7 @@ from ..data.matrix import check_same_maps
 from ..data.readers import check_ratings, check_unique_pairs, check_unique_pairs_apart
 from ..data.split import concat, draw, torch_seed
 from .. import distributed as nd
-from .trainer import DistributedTrainer, Trainer, TrainResult
+from .trainer import DistributedTrainer, Trainer
 
 __all__ = ["RatingModel", "Recommendations", "register", "MODELS"]
 

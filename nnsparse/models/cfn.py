@@ -1,7 +1,7 @@
 """CFN and CFN++ (Strub, Gaudel & Mary, DLRS 2016): the model Lua nnsparse was written for."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor, nn
