@@ -39,6 +39,7 @@ from torch import Tensor
 
 from . import _index
 from ._forms import SparseBatch, as_device, as_sparse_batch
+from .convert import _check_kernel_dtype
 from ._kernels import _sampled_rows, _t_mm, _table_blocks, _table_mm
 
 __all__ = ["SparseParts", "sparse_parts"]
@@ -82,6 +83,7 @@ class SparseParts(NamedTuple):
         The values keep their autograd link, with an O(nnz) backward.
         """
         from .values import _csr_with_values  # values imports the layers' modules
+        _check_parts(self, None, "parts")
         return _csr_with_values(self.crow, self.col, self.values, self.size)
 
     def to(self, device: Any, non_blocking: bool = False) -> "SparseParts":
@@ -112,7 +114,8 @@ def sparse_parts(x: Any, *, dynamic: bool = True) -> SparseParts:
         A :class:`SparseParts` on ``x``'s device and dtype.
 
     Raises:
-        TypeError, ValueError: as :func:`nnsparse.densify` for a bad batch.
+        TypeError, ValueError: as :func:`nnsparse.densify` for a bad batch (values
+            of a dtype torch's sparse kernels lack included).
         ValueError: ``x`` is a sparse vector (1-D); give a batch of one row.
 
     Example::
@@ -125,6 +128,7 @@ def sparse_parts(x: Any, *, dynamic: bool = True) -> SparseParts:
     if not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be a bool, got {type(dynamic).__name__}")
     batch = as_sparse_batch(x, name="x", pairs=False)
+    _check_kernel_dtype(batch.dtype, "x values")
     if batch.is_vector:
         raise ValueError(f"x must be a 2-D sparse batch, got a vector of shape "
                          f"({batch.width},); use x.unsqueeze(0)")
@@ -297,8 +301,9 @@ for _op in (_sparse_mm, _sampled, _sparse_t_mm):
 # -- what the layers call ----------------------------------------------------------
 
 
-def _check_parts(parts: SparseParts, width: int, name: str) -> None:
-    """Shape-only checks (no host sync: free under the compiler, trusted parts)."""
+def _check_parts(parts: SparseParts, width: Optional[int], name: str) -> None:
+    """Shape-only checks (no host sync: free under the compiler, trusted parts);
+    ``width``: the one the reader needs, None for any."""
     if not torch.compiler.is_compiling():
         for field in ("crow", "col", "values"):
             value = getattr(parts, field)
@@ -323,7 +328,7 @@ def _check_parts(parts: SparseParts, width: int, name: str) -> None:
         if parts.values.shape[0] != parts.col.shape[0]:
             raise ValueError(f"{name}.values must hold one value per column index, got "
                              f"{parts.values.shape[0]} values for {parts.col.shape[0]}")
-        if parts.size[1] != width:
+        if width is not None and parts.size[1] != width:
             raise ValueError(f"{name} must have width {width}, got size {tuple(parts.size)}")
         if parts.crow.shape[0] != parts.size[0] + 1:
             raise ValueError(f"{name} crow must have rows + 1 = {parts.size[0] + 1} entries, "
@@ -344,6 +349,25 @@ def _refuse_in_transform(*tensors: Optional[Tensor]) -> None:
             "torch.func transform: torch's custom operators (torch.library.register_autograd) "
             "do not support torch.func transforms; give the layers the torch sparse tensor "
             "itself (the batch, or parts.to_sparse_csr())")
+
+
+def _check_input(h: Any, weight: Tensor, pattern: SparseParts) -> None:
+    """:func:`sampled_parts`' dense input against the weight and the pattern, as the
+    eager ``sampled_linear`` checks it (kind, shape, device, dtype); no host sync."""
+    if not isinstance(h, Tensor) or h.layout != torch.strided:
+        raise TypeError(f"input must be a dense tensor, got "
+                        f"{h.layout if isinstance(h, Tensor) else type(h).__name__}")
+    if h.dim() != 2 or h.shape[0] != pattern.size[0] or h.shape[1] != weight.shape[1]:
+        raise ValueError(f"input must have shape ({pattern.size[0]}, {weight.shape[1]}) for "
+                         f"pattern of size {tuple(pattern.size)}, got {tuple(h.shape)}")
+    if weight.device != h.device:
+        raise ValueError(f"weight must be on input's device {h.device}, got {weight.device}")
+    if pattern.col.device != h.device:
+        raise ValueError(f"pattern must be on input's device {h.device}, got {pattern.col.device}")
+    # autocast: the operator computes in float32 whatever the input's floating dtype
+    if weight.dtype != h.dtype and not (h.is_floating_point()
+                                        and torch.is_autocast_enabled(h.device.type)):
+        raise ValueError(f"weight must have input's dtype {h.dtype}, got {weight.dtype}")
 
 
 def linear_parts(parts: SparseParts, table: Tensor, bias: Optional[Tensor],
@@ -378,9 +402,8 @@ def sampled_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor], pattern: Sp
                                   "pattern (torch.compile): the compiled path gives dense "
                                   "gradients")
     _check_parts(pattern, weight.shape[0], "pattern")
-    if not torch.compiler.is_compiling() and (h.dim() != 2 or h.shape[0] != pattern.size[0]):
-        raise ValueError(f"input must have shape ({pattern.size[0]}, {weight.shape[1]}) for "
-                         f"pattern of size {tuple(pattern.size)}, got {tuple(h.shape)}")
+    if not torch.compiler.is_compiling():
+        _check_input(h, weight, pattern)
     _refuse_in_transform(h, weight, bias)
     values = _sampled(h, weight, bias, pattern.crow, pattern.col)
     return pattern.with_values(values)

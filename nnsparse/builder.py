@@ -12,6 +12,7 @@ from torch import Tensor
 
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch,
                      check_index_range)
+from .convert import _KERNEL_DTYPES
 
 __all__ = ["DynamicSparseTensor"]
 
@@ -53,8 +54,10 @@ class DynamicSparseTensor:
             tensors live. Default: torch's default device.
 
     Raises:
-        TypeError: non-integer ``reserve`` or ``ndim``, a boolean or complex ``dtype``.
-        ValueError: negative ``reserve``, ``mult_coef <= 1``, ``ndim < 1``.
+        TypeError: non-integer ``reserve`` or ``ndim``, a boolean or complex ``dtype``,
+            or one torch's sparse kernels lack (uint16/32/64, float8, quantized).
+        ValueError: negative ``reserve``, ``mult_coef <= 1``, ``ndim < 1``; a
+            ``device`` on which tensors hold no data (meta) or that this machine lacks.
 
     Example::
 
@@ -108,13 +111,18 @@ class DynamicSparseTensor:
             raise ValueError(f"ndim must be at least 1, got {ndim}")
         if not isinstance(dtype, torch.dtype) or dtype == torch.bool or dtype.is_complex:
             raise TypeError(f"dtype must be a floating or integer torch.dtype, got {dtype}")
-        self._reserve, self._mult, self._ndim, self._dtype = reserve, float(mult_coef), ndim, dtype
+        if dtype not in _KERNEL_DTYPES:  # the built tensor could not be coalesced nor densified
+            raise TypeError(f"dtype must be one torch's sparse kernels take "
+                            f"({', '.join(str(d) for d in _KERNEL_DTYPES)}), got {dtype}")
         device = as_device(device, none=True)
+        if device is not None and device.type == "meta":
+            raise ValueError("device must hold data, got 'meta'; use 'cpu' or 'cuda'")
         try:  # "cuda" -> "cuda:0"; a device torch names but this machine lacks is refused here
             self._device = torch.empty(0, device=device).device
-        except RuntimeError:
-            raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
-                             f"'cuda:0', got {device!r}") from None
+        except (RuntimeError, AssertionError) as e:  # a torch built without CUDA asserts
+            raise ValueError(f"device must be one this machine has, got {str(device)!r} "
+                             f"({e})") from None
+        self._reserve, self._mult, self._ndim, self._dtype = reserve, float(mult_coef), ndim, dtype
         self._float = dtype.is_floating_point
         self._ibuf = [array("q", bytes(8 * _CHUNK)) for _ in range(ndim)]
         self._ibuf0 = self._ibuf[0]
@@ -198,7 +206,7 @@ class DynamicSparseTensor:
         except IndexError:  # the buffer is full
             self._flush()
             return self.append(index, value)
-        except (TypeError, OverflowError, ValueError):
+        except (TypeError, OverflowError, ValueError, RuntimeError):  # RuntimeError: a meta tensor
             raise self._entry_error((index,), value) from None
         if index < 0 or index is True or index is False:  # the buffer takes bools as ints
             raise self._entry_error((index,), value)
@@ -211,7 +219,10 @@ class DynamicSparseTensor:
         # Lean on purpose: this is a per-entry call (Lua's builder test times it).
         items: Sequence[Any]
         if isinstance(row, Tensor) and row.layout == torch.strided and row.dim() == 1:
-            items = row.tolist()
+            try:
+                items = row.tolist()
+            except (RuntimeError, NotImplementedError):  # a tensor without data (meta)
+                raise self._row_error(row) from None
         elif isinstance(row, (tuple, list)):
             items = row
         else:
@@ -228,8 +239,9 @@ class DynamicSparseTensor:
         what = (f"one [index, value] row of {self._ndim + 1} numbers (the Lua form) "
                 "or append(index, value)")
         if isinstance(row, Tensor):
+            where = " on the meta device" if row.device.type == "meta" else ""
             return TypeError(f"append needs {what}, got a tensor of shape {tuple(row.shape)}, "
-                             f"dtype {row.dtype} and layout {row.layout}")
+                             f"dtype {row.dtype} and layout {row.layout}{where}")
         return TypeError(f"append needs {what}, got {type(row).__name__} {row!r}")
 
     def _check_value(self, v: float) -> None:
@@ -251,7 +263,7 @@ class DynamicSparseTensor:
             for buf, i in zip(self._ibuf, index):
                 buf[j] = i
             self._vbuf[j] = value
-        except (TypeError, OverflowError, ValueError):
+        except (TypeError, OverflowError, ValueError, RuntimeError):
             raise self._entry_error(index, value) from None
         if min(index) < 0 or bool in map(type, index):  # the buffers take bools as ints
             raise self._entry_error(index, value)
@@ -261,6 +273,9 @@ class DynamicSparseTensor:
 
     def _entry_error(self, index: Sequence[Any], value: Any) -> Exception:
         """The error an entry the host buffers refused deserves."""
+        for what, t in [("index", i) for i in index] + [("value", value)]:
+            if isinstance(t, Tensor) and t.device.type == "meta":
+                return ValueError(f"{what} must be a number, got a tensor on the meta device")
         for i in index:
             if isinstance(i, bool):
                 return TypeError(f"index must be an int, got bool {i!r}")

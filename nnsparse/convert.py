@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._forms import (SparseBatch, SparseLike, _as_pairs, _sparse_coo, _sparse_csr, as_sparse_batch,
-                     holds_exactly, resolve_size, trust)
+from ._forms import (SparseBatch, SparseLike, _as_pairs, _sparse_coo, _sparse_csr, as_int,
+                     as_sparse_batch, holds_exactly, resolve_size, trust)
 
 __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
 
@@ -21,11 +21,33 @@ Size = Union[int, Sequence[int]]
 def _check_elem(elem: Any) -> None:
     if isinstance(elem, bool) or not isinstance(elem, numbers.Number):
         raise TypeError(f"elem must be a number, got {type(elem).__name__} {elem!r}")
+    if isinstance(elem, numbers.Integral) and not -2 ** 63 <= int(elem) < 2 ** 63:
+        raise ValueError(f"elem must fit in int64, got {elem}")
+    if not isinstance(elem, (int, float, complex)):  # numpy scalars pass, as torch takes them
+        try:
+            torch.tensor(elem)
+        except (TypeError, ValueError, RuntimeError):  # Fraction, Decimal
+            raise TypeError(f"elem must be an int, float or complex number (or a numpy "
+                            f"scalar), got {type(elem).__name__} {elem!r}") from None
+
+
+# The value dtypes torch's sparse kernels (coalesce, index_add, index_put) take, beside
+# bool and the complex ones: not the unsigned 16-64 bit, float8, quantized or bits dtypes.
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8,
+                  torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _check_kernel_dtype(dtype: torch.dtype, what: str) -> None:
+    """``TypeError`` for values of a dtype torch's sparse kernels lack (``what`` names them)."""
+    if dtype in _KERNEL_DTYPES or dtype == torch.bool or dtype.is_complex:
+        return
+    raise TypeError(f"{what} of dtype {dtype} are not supported: torch's sparse kernels lack "
+                    f"that dtype; convert them with .to(torch.int64) or .to(torch.float32)")
 
 
 def _check_elem_fits(elem: Any, dtype: torch.dtype) -> None:
     """``elem`` must be stored exactly in the values' dtype (a cast would change it silently)."""
-    if isinstance(elem, complex) and not dtype.is_complex:
+    if not isinstance(elem, numbers.Real) and not dtype.is_complex:
         raise TypeError(f"elem must be a real number for values of dtype {dtype}, got {elem!r}")
     if _is_nan(elem) or holds_exactly(dtype, elem):
         return
@@ -43,7 +65,9 @@ def _check_elem_fits(elem: Any, dtype: torch.dtype) -> None:
 
 
 def _is_nan(elem: float) -> bool:
-    return isinstance(elem, float) and math.isnan(elem)
+    """Whether ``elem`` is a real NaN (a numpy float32 one too)."""
+    return (isinstance(elem, numbers.Real) and not isinstance(elem, numbers.Integral)
+            and math.isnan(elem))
 
 
 def _specified_mask(x: Tensor, elem: float) -> Tensor:
@@ -73,8 +97,11 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
         specified entries only.
 
     Raises:
-        TypeError: ``x`` is not a dense tensor, or ``layout`` is not a sparse layout.
-        ValueError: ``x`` has more than 2 dimensions, ``offset`` is negative,
+        TypeError: ``x`` is not a dense tensor, ``elem`` is not a number torch
+            takes (a ``Fraction``, a ``Decimal``), or ``layout`` is not a sparse layout.
+        ValueError: ``x`` has more than 2 dimensions or is on the meta device,
+            an integer ``elem`` is beyond int64,
+            ``offset`` is negative or makes the result too large for int64 sizes,
             or CSR is asked for a vector.
 
     Example::
@@ -91,9 +118,15 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
         raise TypeError(f"x must be a dense tensor, got {got}")
     if x.dim() not in (1, 2):
         raise ValueError(f"x must be 1-D (a vector) or 2-D (rows, n), got {x.dim()} dimensions")
+    if x.device.type == "meta":
+        raise ValueError("x must hold data, got a tensor on the meta device")
     if not isinstance(offset, numbers.Integral) or isinstance(offset, bool) or offset < 0:
         raise ValueError(f"offset must be a non-negative int, got {offset!r}")
     offset = int(offset)
+    size = (*x.shape[:-1], x.shape[-1] + offset)
+    if math.prod(size) >= 2 ** 63:
+        raise ValueError(f"offset must keep the result's size {size} within int64 elements, "
+                         f"got {offset}")
     _check_elem(elem)
     if layout not in (torch.sparse_coo, torch.sparse_csr):
         raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
@@ -103,7 +136,6 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
     values = x[mask]
     index = mask.nonzero().T  # row-major order, so the result is coalesced
     index[-1] += offset
-    size = (*x.shape[:-1], x.shape[-1] + offset)
     # valid by construction: the result is trusted (its structure attached, never checked)
     if layout == torch.sparse_csr:
         crow = _index.crow_from_counts(mask.sum(1))
@@ -146,7 +178,9 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tens
         flow back to the specified values only.
 
     Raises:
-        TypeError: ``x`` is not an accepted form.
+        TypeError: ``x`` is not an accepted form, or its values have a dtype
+            torch's sparse kernels lack (uint16, uint32, uint64, float8, ...), or
+            ``elem`` is not a number torch takes (a ``Fraction``, a ``Decimal``).
         ValueError: bad indices, a ``size`` smaller than the data, or an
             ``elem`` the values' dtype cannot hold: NaN for integer values, a
             fraction or one beyond the range of an integer dtype, a finite one
@@ -162,15 +196,22 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tens
                 [0., 0., 0., 8., 0.]])
     """
     width = None
-    if isinstance(x, (list, tuple)) and not x and isinstance(size, (tuple, list, torch.Size)):
-        width = int(size[-1])  # an empty batch has no width of its own
+    if isinstance(x, (list, tuple)) and not x and size is not None:
+        # an empty batch has no width of its own: size gives it
+        if not isinstance(size, (tuple, list, torch.Size)) or len(size) != 2:
+            raise ValueError(f"size of a batch must be a (rows, width) tuple, got {size!r}")
+        width = as_int(size[1], "size", "hold ints")
+        if width < 0:
+            raise ValueError(f"size must have at least 0 columns, got {width}")
     batch = as_sparse_batch(x, name="x", width=width)
     return _densify(batch, elem, *_batch_size(size, batch))
 
 
-def _densify(batch: SparseBatch, elem: float, rows: int, width: int) -> Tensor:
-    """:func:`densify` of a normalised batch, ``(rows, width)`` (``(width,)`` for a vector)."""
+def _densify(batch: SparseBatch, elem: float, rows: int, width: int, name: str = "x") -> Tensor:
+    """:func:`densify` of a normalised batch, ``(rows, width)`` (``(width,)`` for a vector);
+    ``name``: the argument's, for messages."""
     _check_elem(elem)
+    _check_kernel_dtype(batch.dtype, f"{name} values")
     if _is_nan(elem) and not (batch.dtype.is_floating_point or batch.dtype.is_complex):
         raise ValueError(f"elem nan needs floating values, got dtype {batch.dtype}")
     _check_elem_fits(elem, batch.dtype)

@@ -68,14 +68,19 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_int(name: str, default: int, low: int = 0, high: Optional[int] = None) -> int:
+    """The integer environment variable ``name`` in ``[low, high)`` (``default`` when unset)."""
     text = os.environ.get(name)
     if text is None:
         return default
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise ValueError(f"environment variable {name} must be an integer, got {text!r}") from None
+    if value < low or (high is not None and value >= high):
+        bound = f"in [{low}, {high})" if high is not None else f">= {low}"
+        raise ValueError(f"environment variable {name} must be an integer {bound}, got {text!r}")
+    return value
 
 
 def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
@@ -100,7 +105,8 @@ def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
 
     Raises:
         ValueError: an unknown ``device`` or ``backend``, a non-integer
-            environment variable, or NCCL on a CPU device.
+            environment variable (or a negative ``LOCAL_RANK``, a ``WORLD_SIZE``
+            below 1, a ``RANK`` outside ``[0, WORLD_SIZE)``), or NCCL on a CPU device.
         RuntimeError: ``device="cuda"`` without CUDA.
         TypeError: a ``timeout`` that is not a number.
     """
@@ -124,7 +130,10 @@ def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
         raise ValueError("backend='nccl' needs CUDA tensors, got device='cpu'; use gloo")
     local = _env_int("LOCAL_RANK", 0)
     launched = "WORLD_SIZE" in os.environ  # by torchrun (or by hand), even with 1 process
-    _env_int("WORLD_SIZE", 1)  # checked before anything changes
+    # checked before anything changes: a rank beyond the world waits out the whole
+    # timeout in the rendezvous for peers that never come
+    world = _env_int("WORLD_SIZE", 1, low=1)
+    _env_int("RANK", 0, high=world)
     out = torch.device(kind, local) if kind == "cuda" else torch.device("cpu")
     if kind == "cuda":
         torch.cuda.set_device(out)
@@ -168,7 +177,8 @@ def progress(iterable: Iterable, disable: Optional[bool] = None, **kwargs: Any) 
         **kwargs: passed to ``tqdm`` (``desc``, ``leave``, ``file``, ...).
     """
     if disable is not None and not isinstance(disable, bool):
-        raise TypeError(f"disable must be None or a bool, got {type(disable).__name__}")
+        raise TypeError(f"disable must be None or a bool, got {type(disable).__name__} "
+                        f"{disable!r}")
     if not hasattr(iterable, "__iter__"):
         raise TypeError(f"iterable must be iterable, got {type(iterable).__name__}")
     if disable or not is_main():
@@ -182,12 +192,14 @@ def save(obj: Any, path: str) -> None:
 
     Raises:
         TypeError: ``path`` is not a path or a file object.
-        ValueError: ``path`` is a directory, or its directory does not exist.
+        ValueError: ``path`` is empty or a directory, or its directory does not exist.
     """
     if not isinstance(path, (str, os.PathLike)) and not hasattr(path, "write"):
         raise TypeError(f"path must be a str or os.PathLike (or a file object), got "
                         f"{type(path).__name__}")
     if isinstance(path, (str, os.PathLike)):
+        if not os.fspath(path):
+            raise ValueError("path must name a file to write, got ''")
         if os.path.isdir(path):
             raise ValueError(f"path must be a file to write, got {path}, which is a directory")
         parent = os.path.dirname(os.path.abspath(path))
@@ -221,7 +233,8 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
         **kwargs: passed to ``DataLoader`` (``num_workers``, ``pin_memory``, ...).
 
     Raises:
-        ValueError: ``batch_size`` is not positive.
+        ValueError: ``batch_size`` is not positive, ``seed`` beyond int64.
+        TypeError: ``kwargs`` sets ``sampler`` or ``batch_sampler`` (the loader's own).
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -230,6 +243,13 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
             raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if not -2 ** 63 <= seed < 2 ** 63:  # torch.Generator's range, less room for the epochs
+        raise ValueError(f"seed must fit in int64 (the sampler adds the epoch to it), got {seed}")
+    taken = [k for k in ("sampler", "batch_sampler")
+             if k in kwargs and (k == "sampler" or kwargs[k] is not None)]
+    if taken:
+        raise TypeError(f"kwargs must not set {' or '.join(taken)}: loader makes its own "
+                        "DistributedSampler; use a DataLoader directly for another sampler")
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise TypeError(f"dataset must be a map-style dataset (with __len__ and "
                         f"__getitem__), got {type(dataset).__name__}")

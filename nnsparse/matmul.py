@@ -318,8 +318,19 @@ def _check_dense(b: Any, name: str, dims: int, dtype: torch.dtype, device: torch
         raise ValueError(f"{name} must be on the sparse operand's device {device}, got {b.device}")
 
 
+def _holds_no_tensor(x: Any) -> bool:
+    """A non-empty list/tuple of plain numbers (or lists): beside a sparse operand, a
+    (wrong) dense operand rather than a second sparse one."""
+    return isinstance(x, (list, tuple)) and bool(x) and not any(isinstance(r, Tensor) for r in x)
+
+
 def _sparse_operand(a: Any, name: str) -> Tuple[_Pattern, Tuple[int, ...]]:
     """The flat pattern of ``a`` and its shape ``(n, m)`` or ``(b, n, m)``."""
+    if isinstance(a, (list, tuple)) and not a:
+        raise ValueError(f"{name} is an empty list of sparse rows, which has no width; pass a "
+                         f"torch sparse tensor of shape (0, m)")
+    if isinstance(a, Tensor) and a.device.type == "meta":  # before any index is read
+        raise ValueError(f"{name} must hold data, got a tensor on the meta device")
     if isinstance(a, Tensor) and a.layout != torch.strided:
         if a.dim() == 3:
             return _flat_pattern_3d(a, name), tuple(a.shape)
@@ -404,7 +415,8 @@ def sparse_mm(A: Any, B: Any) -> Tensor:
             floating-point, a sparse one is not an accepted form.
         ValueError: shapes: not 2-D/3-D, different ranks or batch sizes,
             ``Incompatible inner dimensions``; indices out of range; dtype or
-            device differ.
+            device differ; a sparse operand on the meta device (no data to
+            check) or an empty list of rows (no width).
         NotImplementedError: both operands sparse, hybrid or other sparse layouts.
 
     Example::
@@ -425,6 +437,10 @@ def sparse_mm(A: Any, B: Any) -> Tensor:
         tensor([[1., 2., 3.]], grad_fn=<...>)
     """
     a_sparse, b_sparse = is_sparse_form(A), is_sparse_form(B)
+    if a_sparse and b_sparse and _holds_no_tensor(B):
+        b_sparse = False  # refused as the dense operand, by its own name
+    elif a_sparse and b_sparse and _holds_no_tensor(A):
+        a_sparse = False
     if a_sparse and b_sparse:
         raise NotImplementedError("sparse_mm multiplies one sparse and one dense operand, got two "
                                   "sparse ones; use torch.sparse.mm for sparse @ sparse")

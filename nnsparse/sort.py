@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ._forms import SparseBatch, SparseLike, as_sparse_batch
+from .convert import _check_kernel_dtype
 
 __all__ = ["ssort", "ssort_by_index", "stopk"]
 
@@ -30,6 +31,7 @@ class TopkResult(NamedTuple):
 def _check_values(batch: SparseBatch, name: str) -> None:
     if batch.dtype == torch.bool or batch.dtype.is_complex:
         raise TypeError(f"{name} values must be real numbers to be ranked, got dtype {batch.dtype}")
+    _check_kernel_dtype(batch.dtype, f"{name} values")
 
 
 def _extreme(dtype: torch.dtype, high: bool) -> float:
@@ -71,18 +73,35 @@ def _longest_row(batch: SparseBatch) -> int:
     return int(batch.row_counts().max()) if batch.rows and batch.nnz else 0
 
 
+def _check_writable(rows: List[Tensor], name: str, listed: bool) -> None:
+    """Refuse, before any row is written, pair tensors torch would not let ``copy_``
+    write (a list would otherwise be left half reordered): a leaf that requires grad
+    or a view of one (in grad mode), an inference tensor outside inference mode, an
+    expanded tensor whose elements share memory."""
+    for i, p in enumerate(rows):
+        where = f" at {name}[{i}]" if listed else ""
+        if torch.is_grad_enabled() and p.requires_grad and (
+                p.is_leaf or (p._base is not None and p._base.is_leaf)):
+            what = "a leaf tensor" if p.is_leaf else "a view of a leaf tensor"
+            raise RuntimeError(f"inplace=True cannot reorder {name}: {what} that requires "
+                               f"grad{where}; sort a copy, or under torch.no_grad()")
+        if p.is_inference() and not torch.is_inference_mode_enabled():
+            raise RuntimeError(f"inplace=True cannot reorder {name}: an inference tensor{where} "
+                               "outside torch.inference_mode; sort a copy (.clone())")
+        if torch._debug_has_internal_overlap(p) == 1:
+            raise RuntimeError(f"inplace=True cannot reorder {name}: an expanded tensor{where}, "
+                               "whose elements share memory; sort a copy (.clone())")
+
+
 def _sort(x: Any, by_index: bool, descending: bool, inplace: bool,
           name: str) -> Union[SortResult, Tensor, List[Tensor]]:
     for flag, value in (("descending", descending), ("inplace", inplace)):
         if not isinstance(value, bool):
-            raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
+            raise TypeError(f"{flag} must be a bool, got {type(value).__name__} {value!r}")
     batch = as_sparse_batch(x, name=name)
     _check_values(batch, name)
-    if inplace and batch.form in ("pairs", "pair_list") and torch.is_grad_enabled():
-        # refused before any row is written (torch would refuse the first such row)
-        if any(p.is_leaf and p.requires_grad for p in ([x] if batch.form == "pairs" else x)):
-            raise RuntimeError(f"inplace=True cannot reorder {name}: a leaf tensor that "
-                               "requires grad; sort a copy, or under torch.no_grad()")
+    if inplace and batch.form in ("pairs", "pair_list"):
+        _check_writable([x] if batch.form == "pairs" else x, name, batch.form == "pair_list")
     if batch.form in ("pairs", "pair_list"):
         # Lua parity: the pair tensors are reordered as they are, duplicates kept.
         order = _row_order(batch.row, batch.col if by_index else batch.values, descending)
@@ -164,12 +183,15 @@ def ssort(x: SparseLike, descending: bool = False,
 
     Raises:
         TypeError: ``x`` is not an accepted form, ``descending`` or
-            ``inplace`` is not a bool, or the values are boolean or complex.
+            ``inplace`` is not a bool, or the values are boolean, complex or
+            of a dtype torch's sparse kernels lack (uint16, uint32, uint64).
         ValueError: bad indices (see :func:`nnsparse.densify`).
         NotImplementedError: ``inplace=True`` for a torch sparse tensor or a
             list of sparse vectors (their entry order is torch's).
         RuntimeError: ``inplace=True`` on a pair tensor that is a leaf
-            requiring grad (outside :func:`torch.no_grad`).
+            requiring grad or a view of one (outside :func:`torch.no_grad`), an
+            inference tensor (outside :func:`torch.inference_mode`), or an
+            expanded tensor; nothing is written then, in no row of a list.
 
     Example::
 
@@ -211,11 +233,13 @@ def ssort_by_index(x: SparseLike, descending: bool = False,
 
     Raises:
         TypeError: ``x`` is not an accepted form, ``descending`` or
-            ``inplace`` is not a bool, or the values are boolean or complex.
+            ``inplace`` is not a bool, or the values are boolean, complex or
+            of a dtype torch's sparse kernels lack (uint16, uint32, uint64).
         ValueError: bad indices.
         NotImplementedError: ``inplace=True`` for a torch sparse tensor or a
             list of sparse vectors.
-        RuntimeError: ``inplace=True`` on a leaf pair tensor that requires grad.
+        RuntimeError: ``inplace=True`` on a pair tensor torch cannot write in
+            place, as :func:`ssort`.
 
     Example::
 
@@ -257,7 +281,8 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
 
     Raises:
         TypeError: ``x`` is not an accepted form, ``k`` is not an int, or the
-            values are boolean or complex.
+            values are boolean, complex or of a dtype torch's sparse kernels
+            lack (uint16, uint32, uint64).
         ValueError: ``k`` is negative, or bad indices.
 
     Example::

@@ -854,6 +854,270 @@ PROBE2 = [
 ]
 
 
+# -- the third probe (fix-probe): sparse_mm, SparseParts, sorting, the builder, conversions,
+#    Batchifier, PatternSequential, distributed -------------------------------------------------
+
+_PARTS = nnsparse.sparse_parts(S)
+_O3 = nnsparse.SparseOutputLinear(3, 4)
+
+
+def _meta_3d():
+    return torch.sparse_coo_tensor(torch.zeros(3, 1, dtype=torch.long, device="meta"),
+                                   torch.ones(1, device="meta"), (1, 2, 4))
+
+
+def _parts_with(**changes):
+    return _PARTS._replace(**changes)
+
+
+def _inference_pairs():
+    with torch.inference_mode():
+        return torch.tensor([[3.0, 5.0], [1.0, 4.0]])
+
+
+def _view_of_leaf():
+    return torch.tensor([[3.0, 5.0], [1.0, 4.0]], requires_grad=True)[:]
+
+
+class _Scores(nn.Module):
+    """Densifies its batch; from the second batch on, ``later`` changes the scores."""
+
+    def __init__(self, first=None, later=None):
+        super().__init__()
+        self.first, self.later, self.calls = first, later, 0
+
+    def forward(self, x):
+        self.calls += 1
+        y = nnsparse.densify(x, size=(x.shape[0], 4))
+        change = self.later if self.calls > 1 else self.first
+        return change(y) if change is not None else y
+
+
+def _batchifier(net, **kw):
+    return nnsparse.Batchifier(net, 4, batch_size=1, progress=False, **kw)
+
+
+class _PositionalPattern(nn.Module):
+    def forward(self, x, pattern=None, /):
+        return pattern is not None
+
+
+def _none_item_forward():
+    model = nnsparse.PatternSequential(nn.ReLU(), nn.ReLU())
+    model[1] = None  # item assignment bypasses add_module
+    return model(torch.ones(2))
+
+
+def _with_env(call, **env):
+    import os
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return call()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _init(**env):
+    from nnsparse import distributed
+    return _with_env(lambda: distributed.init_from_env(device="cpu", timeout=5.0), **env)
+
+
+def _loader(**kw):
+    from nnsparse import distributed
+    return distributed.loader(SparseRowDataset(S), 2, **kw)
+
+
+_NP = __import__("numpy")
+_FRACTION = __import__("fractions").Fraction(1, 2)
+_UINT16 = lambda: torch.sparse_coo_tensor(torch.tensor([[0, 1], [0, 1]]),  # noqa: E731
+                                          torch.tensor([1, 2], dtype=torch.uint16), (2, 4))
+
+PROBE3 = [
+    # sparse_mm
+    Case("sparse_mm-B-nested-list", lambda: nnsparse.sparse_mm(X.to_sparse(), [[1.0] * 3] * 4),
+         TypeError, r"B must be a dense torch.Tensor, got list"),
+    Case("sparse_mm-B-tuple-of-numbers", lambda: nnsparse.sparse_mm(X.to_sparse(), (1, 2)),
+         TypeError, r"B must be a dense torch.Tensor, got tuple"),
+    Case("sparse_mm-A-nested-list", lambda: nnsparse.sparse_mm([[1.0, 2.0]], X.to_sparse()),
+         TypeError, r"A must be a dense torch.Tensor, got list"),
+    Case("sparse_mm-A-empty-list", lambda: nnsparse.sparse_mm([], torch.ones(4, 3)), ValueError,
+         r"A is an empty list of sparse rows, which has no width; pass a torch sparse tensor "
+         r"of shape \(0, m\)"),
+    Case("sparse_mm-A-meta", lambda: nnsparse.sparse_mm(_meta_coo(), torch.ones(4, 3, device="meta")),
+         ValueError, r"A must hold data, got a tensor on the meta device"),
+    Case("sparse_mm-A-meta-3d", lambda: nnsparse.sparse_mm(_meta_3d(), torch.ones(1, 4, 3, device="meta")),
+         ValueError, r"A must hold data, got a tensor on the meta device"),
+    Case("sparse_mm-B-meta-sparse", lambda: nnsparse.sparse_mm(torch.ones(3, 2), _meta_coo()),
+         ValueError, r"B must hold data, got a tensor on the meta device"),
+    # SparseOutputLinear on SparseParts (the compile path): the input is checked as in eager
+    Case("SparseOutputLinear-parts-input-width", lambda: _O3(torch.ones(2, 5), _PARTS), ValueError,
+         r"input must have shape \(2, 3\) for pattern of size \(2, 4\), got \(2, 5\)"),
+    Case("SparseOutputLinear-parts-input-dtype", lambda: _O3(torch.ones(2, 3, dtype=torch.float64),
+                                                             _PARTS), ValueError,
+         r"weight must have input's dtype torch.float64, got torch.float32"),
+    Case("SparseOutputLinear-parts-input-int", lambda: _O3(torch.ones(2, 3, dtype=torch.long), _PARTS),
+         ValueError, r"weight must have input's dtype torch.int64, got torch.float32"),
+    Case("SparseOutputLinear-parts-input-str", lambda: _O3("h", _PARTS), TypeError,
+         r"input must be a dense tensor, got str"),
+    Case("SparseOutputLinear-parts-input-sparse", lambda: _O3(torch.ones(2, 3).to_sparse(), _PARTS),
+         TypeError, r"input must be a dense tensor, got torch.sparse_coo"),
+    Case("SparseOutputLinear-parts-input-meta", lambda: _O3(torch.ones(2, 3, device="meta"), _PARTS),
+         ValueError, r"weight must be on input's device meta, got cpu"),
+    Case("sparse_parts-uint16-values", lambda: nnsparse.sparse_parts(_UINT16()), TypeError,
+         r"x values of dtype torch.uint16 are not supported"),
+    Case("SparseParts.to_sparse_csr-float-crow", lambda: _parts_with(
+        crow=_PARTS.crow.float()).to_sparse_csr(), TypeError,
+         r"parts.crow must be an int64 or int32 tensor, got torch.float32"),
+    Case("SparseParts.to_sparse_csr-size-str", lambda: _parts_with(size="ab").to_sparse_csr(),
+         ValueError, r"parts.size must be \(rows, width\), two non-negative ints, got 'ab'"),
+    Case("SparseParts.to_sparse_csr-values-length", lambda: _parts_with(
+        values=torch.ones(3)).to_sparse_csr(), ValueError,
+         r"parts.values must hold one value per column index, got 3 values for 4"),
+    # sorting
+    Case("ssort-uint16-values", lambda: nnsparse.ssort(_UINT16()), TypeError,
+         r"x values of dtype torch.uint16 are not supported: torch's sparse kernels lack that dtype"),
+    Case("stopk-uint16-values", lambda: nnsparse.stopk(_UINT16(), 1), TypeError,
+         r"x values of dtype torch.uint16 are not supported"),
+    Case("ssort-inplace-expanded", lambda: nnsparse.ssort(torch.tensor([[2.0, 9.0]]).expand(2, 2),
+                                                          inplace=True), RuntimeError,
+         r"inplace=True cannot reorder x: an expanded tensor, whose elements share memory; "
+         r"sort a copy"),
+    Case("ssort-inplace-inference", lambda: nnsparse.ssort(_inference_pairs(), inplace=True),
+         RuntimeError, r"inplace=True cannot reorder x: an inference tensor outside "
+                       r"torch.inference_mode"),
+    Case("ssort-inplace-view-of-leaf", lambda: nnsparse.ssort(_view_of_leaf(), inplace=True),
+         RuntimeError, r"inplace=True cannot reorder x: a view of a leaf tensor that requires grad"),
+    Case("ssort-inplace-list-row-named", lambda: nnsparse.ssort(
+        [torch.tensor([[3.0, 5.0]]), torch.tensor([[2.0, 9.0]]).expand(2, 2)], inplace=True),
+         RuntimeError, r"an expanded tensor at x\[1\]"),
+    Case("ssort-descending-numpy-bool", lambda: nnsparse.ssort(S, descending=_NP.bool_(True)),
+         TypeError, r"descending must be a bool, got bool (np\.)?True"),
+    # DynamicSparseTensor
+    Case("DynamicSparseTensor-dtype-qint8", lambda: nnsparse.DynamicSparseTensor(dtype=torch.qint8),
+         TypeError, r"dtype must be one torch's sparse kernels take \(torch.float16, .*\), "
+                    r"got torch.qint8"),
+    Case("DynamicSparseTensor-dtype-uint16", lambda: nnsparse.DynamicSparseTensor(dtype=torch.uint16),
+         TypeError, r"dtype must be one torch's sparse kernels take .*got torch.uint16"),
+    Case("DynamicSparseTensor-dtype-float8", lambda: nnsparse.DynamicSparseTensor(
+        dtype=torch.float8_e4m3fn), TypeError, r"got torch.float8_e4m3fn"),
+    Case("DynamicSparseTensor-dtype-bits8", lambda: nnsparse.DynamicSparseTensor(dtype=torch.bits8),
+         TypeError, r"dtype must be one torch's sparse kernels take .*got torch.bits8"),
+    Case("DynamicSparseTensor-device-meta", lambda: nnsparse.DynamicSparseTensor(device="meta"),
+         ValueError, r"device must hold data, got 'meta'; use 'cpu' or 'cuda'"),
+    Case("DynamicSparseTensor-device-absent", lambda: nnsparse.DynamicSparseTensor(device="cuda:99"),
+         ValueError, r"device must be one this machine has, got 'cuda:99'"),
+    Case("DynamicSparseTensor.append-meta-value", lambda: nnsparse.DynamicSparseTensor().append(
+        1, torch.tensor(1.0, device="meta")), ValueError,
+         r"value must be a number, got a tensor on the meta device"),
+    Case("DynamicSparseTensor.append-meta-index", lambda: nnsparse.DynamicSparseTensor(ndim=2).append(
+        (1, torch.tensor(1, device="meta")), 1.0), ValueError,
+         r"index must be a number, got a tensor on the meta device"),
+    Case("DynamicSparseTensor.append-meta-row", lambda: nnsparse.DynamicSparseTensor().append(
+        torch.tensor([1.0, 2.0], device="meta")), TypeError,
+         r"append needs one \[index, value\] row .*layout torch.strided on the meta device"),
+    # sparsify / densify and the layers
+    Case("sparsify-elem-numpy-nan-works", lambda: nnsparse.sparsify(
+        torch.tensor([math.nan, 1.0, 0.0]), elem=_NP.float32("nan")), None,
+         check=lambda out: out.indices().tolist() == [[1, 2]]),
+    Case("Sparsify-elem-numpy-nan-works", lambda: nnsparse.Sparsify(elem=_NP.float32("nan"))(
+        torch.tensor([[math.nan, 1.0]])), None, check=lambda out: out.indices().tolist() == [[0], [1]]),
+    Case("sparsify-elem-fraction", lambda: nnsparse.sparsify(X, elem=_FRACTION), TypeError,
+         r"elem must be an int, float or complex number \(or a numpy scalar\), got Fraction"),
+    Case("Sparsify-elem-fraction", lambda: nnsparse.Sparsify(elem=_FRACTION), TypeError,
+         r"elem must be an int, float or complex number \(or a numpy scalar\), got Fraction"),
+    Case("Densify-elem-decimal", lambda: nnsparse.Densify(4, elem=__import__("decimal").Decimal(1)),
+         TypeError, r"elem must be an int, float or complex number \(or a numpy scalar\), "
+                    r"got Decimal"),
+    Case("densify-elem-beyond-int64", lambda: nnsparse.densify(S, elem=2 ** 70), ValueError,
+         r"elem must fit in int64, got 1180591620717411303424"),
+    Case("sparsify-elem-beyond-int64", lambda: nnsparse.sparsify(X, elem=-2 ** 70), ValueError,
+         r"elem must fit in int64, got -1180591620717411303424"),
+    Case("densify-elem-numpy-complex", lambda: nnsparse.densify(S, elem=_NP.complex64(1j)), TypeError,
+         r"elem must be a real number for values of dtype torch.float32"),
+    Case("sparsify-meta", lambda: nnsparse.sparsify(torch.ones(2, 2, device="meta")), ValueError,
+         r"x must hold data, got a tensor on the meta device"),
+    Case("Sparsify-meta", lambda: nnsparse.Sparsify()(torch.ones(2, 2, device="meta")), ValueError,
+         r"x must hold data, got a tensor on the meta device"),
+    Case("sparsify-offset-overflow", lambda: nnsparse.sparsify(X, offset=2 ** 62), ValueError,
+         r"offset must keep the result's size \(2, 4611686018427387908\) within int64 elements, "
+         r"got 4611686018427387904"),
+    Case("sparsify-offset-beyond-int64", lambda: nnsparse.sparsify(X[0], offset=2 ** 63), ValueError,
+         r"offset must keep the result's size"),
+    Case("densify-empty-list-negative-width", lambda: nnsparse.densify([], size=(0, -3)),
+         ValueError, r"size must have at least 0 columns, got -3"),
+    Case("densify-empty-list-width-str", lambda: nnsparse.densify([], size=(0, "a")), TypeError,
+         r"size must hold ints, got str 'a'"),
+    Case("densify-empty-list-size-int", lambda: nnsparse.densify([], size=3), ValueError,
+         r"size of a batch must be a \(rows, width\) tuple, got 3"),
+    Case("densify-empty-list-size-works", lambda: nnsparse.densify((), size=(2, 3)), None,
+         check=lambda out: out.shape == (2, 3) and not out.any()),
+    Case("densify-uint16-values", lambda: nnsparse.densify(_UINT16()), TypeError,
+         r"x values of dtype torch.uint16 are not supported"),
+    Case("Densify-uint16-values", lambda: nnsparse.Densify(4)(_UINT16()), TypeError,
+         r"input values of dtype torch.uint16 are not supported"),
+    # Batchifier
+    Case("Batchifier-dtype-changes", lambda: _batchifier(_Scores(
+        first=lambda y: y.long(), later=lambda y: y / 2))(S), ValueError,
+         r"network must return one dtype for every batch: torch.int64 for the first, got "
+         r"torch.float32 for rows \[1, 2\)"),
+    Case("Batchifier.topk-dtype-changes", lambda: _batchifier(_Scores(
+        later=lambda y: y.double())).topk(S, 1), ValueError,
+         r"network must return one dtype for every batch: torch.float32 for the first, got "
+         r"torch.float64"),
+    Case("Batchifier-uint16-data", lambda: _batchifier(_Scores())(_UINT16()), TypeError,
+         r"data values of dtype torch.uint16 are not supported"),
+    Case("Batchifier-meta-output", lambda: _batchifier(_Scores(
+        first=lambda y: y.to("meta")))(S), ValueError,
+         r"network must return a tensor that holds data, got one on the meta device"),
+    Case("Batchifier.topk-candidates-sparse", lambda: _batchifier(_Scores()).topk(
+        S, 1, candidates=torch.ones(4, dtype=torch.bool).to_sparse()), TypeError,
+         r"candidates must be a dense bool tensor, got layout torch.sparse_coo"),
+    Case("Batchifier.topk-uint16-scores", lambda: _batchifier(_Scores(
+        first=lambda y: y.long().to(torch.uint16))).topk(S, 1), TypeError,
+         r"topk ranks scores of a dtype torch.topk takes, the network returned dtype torch.uint16"),
+    Case("Batchifier.topk-exclude-numpy-bool", lambda: _batchifier(_Scores()).topk(
+        S, 1, exclude=_NP.bool_(True)), TypeError,
+         r"exclude must be None, a bool or a sparse matrix \(rows, output_size\), "
+         r"got bool (np\.)?True"),
+    # PatternSequential
+    Case("PatternSequential-None-item", lambda: nnsparse.PatternSequential(None), TypeError,
+         r"PatternSequential takes nn.Module items, got NoneType None for item '0'"),
+    Case("PatternSequential.append-None", lambda: nnsparse.PatternSequential(nn.ReLU()).append(None),
+         TypeError, r"PatternSequential takes nn.Module items, got NoneType None for item '1'"),
+    Case("PatternSequential-None-item-assigned", _none_item_forward, TypeError,
+         r"PatternSequential item '1' is None; give it an nn.Module \(nn.Identity\(\) to skip it\)"),
+    Case("PatternSequential.extend-bad-item", lambda: nnsparse.PatternSequential(nn.ReLU()).extend(
+        [nn.ReLU(), "a"]), TypeError,
+         r"PatternSequential takes nn.Module items, got str 'a' for item '2' \(nothing was added\)"),
+    Case("PatternSequential-positional-only-pattern-works", lambda: nnsparse.PatternSequential(
+        _PositionalPattern())(torch.ones(2), S), None, check=lambda out: out is True),
+    # distributed
+    Case("init_from_env-rank-beyond-world", lambda: _init(RANK="2", WORLD_SIZE="2"), ValueError,
+         r"environment variable RANK must be an integer in \[0, 2\), got '2'"),
+    Case("init_from_env-rank-negative", lambda: _init(RANK="-1", WORLD_SIZE="1"), ValueError,
+         r"environment variable RANK must be an integer in \[0, 1\), got '-1'"),
+    Case("init_from_env-rank-str", lambda: _init(RANK="x", WORLD_SIZE="1"), ValueError,
+         r"environment variable RANK must be an integer, got 'x'"),
+    Case("init_from_env-world-0", lambda: _init(RANK="0", WORLD_SIZE="0"), ValueError,
+         r"environment variable WORLD_SIZE must be an integer >= 1, got '0'"),
+    Case("init_from_env-local-rank-negative", lambda: _init(LOCAL_RANK="-1"), ValueError,
+         r"environment variable LOCAL_RANK must be an integer >= 0, got '-1'"),
+    Case("loader-seed-beyond-int64", lambda: _loader(seed=2 ** 64), ValueError,
+         r"seed must fit in int64 \(the sampler adds the epoch to it\), got 18446744073709551616"),
+    Case("loader-sampler-kwarg", lambda: _loader(sampler=None), TypeError,
+         r"kwargs must not set sampler: loader makes its own DistributedSampler"),
+    Case("loader-batch_sampler-kwarg", lambda: _loader(batch_sampler=[[0, 1]]), TypeError,
+         r"kwargs must not set batch_sampler"),
+    Case("save-empty-path", lambda: __import__("nnsparse.distributed", fromlist=["save"]).save({}, ""),
+         ValueError, r"path must name a file to write, got ''"),
+]
+
+
 def _no_outputs():
     """nn.Linear(4, 0)'s behaviour: a (rows, 0) output, zero gradients (torch's row kernels
     failed with an internal assertion)."""
@@ -871,7 +1135,7 @@ def _in_inference(call):
     with torch.inference_mode():
         return call().clone()
 
-CASES = _sparse_cases() + _good_cases() + OTHER + PROBE2
+CASES = _sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3
 
 
 def run_case(case: Case) -> str:

@@ -59,6 +59,13 @@ def filled(dtype=torch.float32, ndim=1):
     (torch.float32, lambda b: b.build(size=5.0), TypeError, "size must be an int or a tuple of 1 ints"),
     (torch.float32, lambda b: b.set(torch.ones(1, 2, device="meta")), ValueError,
      "pairs must be on the builder's device cpu, got meta"),
+    # the third probe: tensors without data read into the host buffers
+    (torch.float32, lambda b: b.append(9, torch.tensor(1.0, device="meta")), ValueError,
+     "value must be a number, got a tensor on the meta device"),
+    (torch.float32, lambda b: b.append(torch.tensor(9, device="meta"), 1.0), ValueError,
+     "index must be a number, got a tensor on the meta device"),
+    (torch.float32, lambda b: b.append(torch.tensor([9.0, 1.0], device="meta")), TypeError,
+     "on the meta device"),
 ])
 def test_builder_failed_call_changes_nothing(dtype, call, error, message):
     b = filled(dtype)
@@ -171,3 +178,39 @@ def test_criteria_keep_their_mask_after_the_second_probes_refusals(make):
         criterion.alpha = -1.0  # refused when assigned: the old weight stays
     assert criterion.alpha == 1.0
     assert torch.equal(criterion(estimate, x), before)
+
+
+def _pair_rows():
+    return [torch.tensor([[3.0, 5.0], [1.0, 4.0]]), torch.tensor([[2.0, 9.0], [0.0, 1.0]])]
+
+
+def _inference(t):
+    with torch.inference_mode():
+        return t.clone()
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda: torch.tensor([[2.0, 9.0]]).expand(2, 2), "an expanded tensor at x\\[2\\]"),
+    (lambda: _inference(torch.tensor([[2.0, 9.0]])), "an inference tensor at x\\[2\\]"),
+    (lambda: torch.tensor([[2.0, 9.0]], requires_grad=True)[:],
+     "a view of a leaf tensor that requires grad at x\\[2\\]"),
+])
+def test_inplace_sort_refusal_writes_no_row(bad, message):
+    """ssort(list, inplace=True) wrote the rows before the one torch refuses to write."""
+    rows = _pair_rows() + [bad()]
+    before = [r.clone() for r in rows[:2]]
+    with pytest.raises(RuntimeError, match=message):
+        nnsparse.ssort(rows, inplace=True)
+    assert all(torch.equal(r, b) for r, b in zip(rows, before))
+    nnsparse.ssort(rows[:2], inplace=True)  # the good rows still sort
+    assert rows[0].tolist() == [[1.0, 4.0], [3.0, 5.0]]
+
+
+def test_pattern_sequential_extend_refusal_adds_nothing():
+    """nn.Sequential.extend appended the good items before the bad one."""
+    model = nnsparse.PatternSequential(nn.ReLU())
+    with pytest.raises(TypeError, match=r"got str 'a' for item '2' \(nothing was added\)"):
+        model.extend([nn.Tanh(), "a"])
+    assert len(model) == 1 and isinstance(model[0], nn.ReLU)
+    model.extend(iter([nn.Tanh()]))  # any iterable, read once
+    assert len(model) == 2 and isinstance(model[1], nn.Tanh)

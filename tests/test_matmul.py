@@ -304,7 +304,10 @@ BAD = [
     ([S2[0], "x"], torch.ones(3, 2), TypeError, "A[1] must be a tensor, got str"),
     (None, torch.ones(3, 2), TypeError, "A must be a sparse or dense torch.Tensor, got NoneType"),
     (S2, None, TypeError, "B must be a dense torch.Tensor, got NoneType"),
-    (S2, [[1.0, 2.0]] * 3, NotImplementedError, "got two sparse ones"),
+    # a nested list of numbers is no list of sparse rows: the (wrong) dense operand, by name
+    (S2, [[1.0, 2.0]] * 3, TypeError, "B must be a dense torch.Tensor, got list"),
+    ([[1.0, 2.0]] * 2, S2, TypeError, "A must be a dense torch.Tensor, got list"),
+    ([S2[0]], [S2[0]], NotImplementedError, "got two sparse ones"),
 ]
 
 

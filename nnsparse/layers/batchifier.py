@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 from .. import _index
 from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_count, as_device,
                       as_sparse_batch, trust)
+from ..convert import _check_kernel_dtype
 
 __all__ = ["Batchifier"]
 
@@ -100,6 +101,7 @@ class _SparseSource(_Source):
             return
         with torch.no_grad():  # the one normalisation, once for every batch
             batch = as_sparse_batch(data, name="data")
+        _check_kernel_dtype(batch.dtype, "data values")  # before the batch is coalesced
         if batch.is_vector:
             raise ValueError("data must be a batch (rows, width), got a single vector; "
                              "call the network on it directly")
@@ -304,7 +306,8 @@ class Batchifier:
         Raises:
             TypeError: ``data`` is not one of the accepted kinds.
             ValueError: ``data`` is a single vector, the network returns
-                something other than a dense ``(b, output_size)`` tensor, or
+                something other than a dense ``(b, output_size)`` tensor with
+                data (or another dtype than for the first batch), or
                 ``batch_size`` is not an int >= 1.
         """
         if batch_size is None:
@@ -314,7 +317,8 @@ class Batchifier:
         out: Optional[Tensor] = None
         with _evaluating(self.network):
             for start, stop in self._ranges(source.rows, "forward", batch_size):
-                y = self._run(source.batch(start, stop), start, stop)
+                y = self._run(source.batch(start, stop), start, stop,
+                              None if out is None else out.dtype)
                 if out is None:
                     out = _allocate((source.rows, self.output_size), y.dtype, source.device)
                 out[start:stop].copy_(y)
@@ -361,9 +365,11 @@ class Batchifier:
                 rows or wider than ``output_size``; ``exclude=True`` on data
                 wider than ``output_size``.
             TypeError: ``exclude`` of a wrong kind, or ``exclude=True`` on
-                dense batches; ``candidates`` not a bool tensor; a network
-                whose scores are bool or complex (they have no order).
-            ValueError: ``candidates`` not of shape ``(output_size,)``.
+                dense batches; ``candidates`` not a dense bool tensor; a network
+                whose scores are bool or complex (they have no order) or
+                uint16/32/64 (``torch.topk`` lacks them).
+            ValueError: ``candidates`` not of shape ``(output_size,)``; the
+                network's output as for :meth:`forward`.
         """
         if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
@@ -372,6 +378,9 @@ class Batchifier:
             if not isinstance(candidates, Tensor) or candidates.dtype != torch.bool:
                 raise TypeError(f"candidates must be a bool tensor, got "
                                 f"{candidates.dtype if isinstance(candidates, Tensor) else type(candidates).__name__}")
+            if candidates.layout != torch.strided:
+                raise TypeError(f"candidates must be a dense bool tensor, got layout "
+                                f"{candidates.layout}")
             if candidates.shape != (self.output_size,):
                 raise ValueError(f"candidates must have shape ({self.output_size},) "
                                  f"(output_size), got {tuple(candidates.shape)}")
@@ -386,7 +395,7 @@ class Batchifier:
         with _evaluating(self.network):
             for start, stop in self._ranges(source.rows, "topk"):
                 batch = source.batch(start, stop)
-                y = self._run(batch, start, stop)
+                y = self._run(batch, start, stop, None if values is None else values.dtype)
                 left_out = pattern(start, stop, batch) if pattern is not None else None
                 worst = _worst_score(y.dtype)
                 with torch.inference_mode():
@@ -452,7 +461,7 @@ class Batchifier:
                             "(rows, output_size), got a dense tensor")
         if not isinstance(exclude, (Tensor, list, tuple)):
             raise TypeError(f"exclude must be None, a bool or a sparse matrix "
-                            f"(rows, output_size), got {type(exclude).__name__}")
+                            f"(rows, output_size), got {type(exclude).__name__} {exclude!r}")
         with torch.no_grad():
             batch = as_sparse_batch(exclude, name="exclude", width=self.output_size)
         if batch.is_vector or batch.rows != source.rows:
@@ -465,8 +474,10 @@ class Batchifier:
             return cut.pattern(start, stop, self.device)
         return left_out
 
-    def _run(self, batch: Any, start: int, stop: int) -> Tensor:
-        """The network's output for one batch, checked to be ``(stop - start, output_size)``."""
+    def _run(self, batch: Any, start: int, stop: int, dtype: Optional[torch.dtype]) -> Tensor:
+        """The network's output for one batch, checked to be ``(stop - start, output_size)``
+        with data and, after the first batch, the first batch's ``dtype`` (the result's:
+        another would be cast into it silently, a float score truncated to an int one)."""
         with torch.inference_mode():
             y = self.network(batch)
         expected = (stop - start, self.output_size)
@@ -474,6 +485,12 @@ class Batchifier:
             got = (f"shape {tuple(y.shape)}, layout {y.layout}" if isinstance(y, Tensor)
                    else type(y).__name__)
             raise ValueError(f"network must return a dense tensor of shape {expected}, got {got}")
+        if y.device.type == "meta":
+            raise ValueError("network must return a tensor that holds data, got one on the meta "
+                             "device")
+        if dtype is not None and y.dtype != dtype:
+            raise ValueError(f"network must return one dtype for every batch: {dtype} for the "
+                             f"first, got {y.dtype} for rows [{start}, {stop})")
         return y
 
 
@@ -483,4 +500,7 @@ def _worst_score(dtype: torch.dtype) -> float:
         return float("-inf")
     if dtype == torch.bool or dtype.is_complex:
         raise TypeError(f"topk ranks real scores, the network returned dtype {dtype}")
+    if dtype in (torch.uint16, torch.uint32, torch.uint64):
+        raise TypeError(f"topk ranks scores of a dtype torch.topk takes, the network returned "
+                        f"dtype {dtype}; return them as torch.int64 or a floating dtype")
     return torch.iinfo(dtype).min

@@ -65,7 +65,7 @@ class Densify(nn.Module):
 
     def forward(self, input: SparseLike) -> Tensor:
         batch = as_sparse_batch(input, name="input", width=self.in_features)
-        return _densify(batch, self.elem, batch.rows, self.in_features)
+        return _densify(batch, self.elem, batch.rows, self.in_features, "input")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}" + (f", elem={self.elem}" if self.elem != 0 else "")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
-from typing import Any, Optional, Type
+from typing import Any, Iterable, Optional, Type
 
 from torch import nn
 
@@ -12,12 +12,22 @@ __all__ = ["PatternSequential"]
 
 
 @functools.lru_cache(maxsize=None)
-def _takes_pattern(cls: Type[nn.Module]) -> bool:
-    """Whether ``cls.forward`` has a parameter named ``pattern`` (read once per class)."""
+def _takes_pattern(cls: Type[nn.Module]) -> str:
+    """How ``cls.forward`` takes a parameter named ``pattern`` (read once per class):
+    ``"keyword"``, ``"positional"`` (positional-only, right after the input: it
+    cannot be passed as ``pattern=``), or ``""`` (not at all)."""
     try:
-        return "pattern" in inspect.signature(cls.forward).parameters
+        parameters = inspect.signature(cls.forward).parameters
     except (TypeError, ValueError):  # a forward without a readable signature
-        return False
+        return ""
+    parameter = parameters.get("pattern")
+    if parameter is None:
+        return ""
+    if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+        return "keyword"
+    if parameter.kind == parameter.POSITIONAL_ONLY and list(parameters).index("pattern") == 2:
+        return "positional"  # forward(self, input, pattern, /)
+    return ""
 
 
 class PatternSequential(nn.Sequential):
@@ -26,7 +36,8 @@ class PatternSequential(nn.Sequential):
     Each module is called as ``module(x)``, except those whose ``forward``
     has a ``pattern`` parameter (:class:`SparseOutputLinear`, a nested
     ``PatternSequential``, a user module with ``forward(self, x, pattern=None)``),
-    which are called as ``module(x, pattern=pattern)``.  So a sparse
+    which are called as ``module(x, pattern=pattern)`` (``module(x, pattern)``
+    for a positional-only ``forward(self, x, pattern=None, /)``).  So a sparse
     autoencoder is one container::
 
         model = PatternSequential(SparseLinearBatch(n, h), nn.Tanh(),
@@ -60,11 +71,21 @@ class PatternSequential(nn.Sequential):
     """
 
     def add_module(self, name: str, module: Optional[nn.Module]) -> None:
-        # every way in (the constructor, append, extend, insert, item assignment)
-        if module is not None and not isinstance(module, nn.Module):
+        # the constructor, append, extend, insert (item assignment: forward checks)
+        if not isinstance(module, nn.Module):  # None too: forward would call it
             raise TypeError(f"PatternSequential takes nn.Module items, got "
                             f"{type(module).__name__} {module!r} for item {name!r}")
         super().add_module(name, module)
+
+    def extend(self, sequential: Iterable[nn.Module]) -> "PatternSequential":
+        """``nn.Sequential.extend``, every item checked before the first is added."""
+        items = list(sequential)
+        for i, module in enumerate(items):
+            if not isinstance(module, nn.Module):
+                raise TypeError(f"PatternSequential takes nn.Module items, got "
+                                f"{type(module).__name__} {module!r} for item "
+                                f"{str(len(self) + i)!r} (nothing was added)")
+        return super().extend(items)  # type: ignore[return-value]
 
     def insert(self, index: int, module: nn.Module) -> "PatternSequential":
         if not isinstance(module, nn.Module):  # nn.Sequential's own check is an assert
@@ -77,10 +98,17 @@ class PatternSequential(nn.Sequential):
         return super().insert(int(index), module)  # type: ignore[return-value]
 
     def forward(self, input: Any, pattern: Any = None) -> Any:  # type: ignore[override]
-        for module in self:
+        for name, module in self._modules.items():
+            if module is None:  # set by item assignment, which add_module does not see
+                raise TypeError(f"PatternSequential item {name!r} is None; give it an "
+                                "nn.Module (nn.Identity() to skip it)")
             # a class is hashable; mypy checks the unbound Module.__hash__ against Hashable
-            if pattern is not None and _takes_pattern(type(module)):  # type: ignore[arg-type]
+            how = (_takes_pattern(type(module))  # type: ignore[arg-type]
+                   if pattern is not None else "")
+            if how == "keyword":
                 input = module(input, pattern=pattern)
+            elif how == "positional":
+                input = module(input, pattern)
             else:
                 input = module(input)
         return input
