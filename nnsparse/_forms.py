@@ -624,6 +624,7 @@ def _from_list(rows: Sequence[Any], name: str, width: Optional[int]) -> SparseBa
     for i, r in enumerate(rows):
         if not isinstance(r, Tensor):
             raise TypeError(f"{name}[{i}] must be a tensor, got {type(r).__name__}")
+        refuse_meta(r, f"{name}[{i}]")
     devices = {r.device for r in rows}
     if len(devices) > 1:
         raise ValueError(f"{name} rows must be on one device, got {sorted(map(str, devices))}")
@@ -661,6 +662,13 @@ def _from_list(rows: Sequence[Any], name: str, width: Optional[int]) -> SparseBa
     return SparseBatch(row, col, values, (len(parts), inferred), form, row_sorted=True)
 
 
+def refuse_meta(t: Tensor, name: str) -> None:
+    """``ValueError`` when ``t`` is on the meta device: it holds no data to read (checked
+    before any of it is, where torch would fail with "Cannot copy out of meta tensor")."""
+    if t.device.type == "meta":
+        raise ValueError(f"{name} must hold data, got a tensor on the meta device")
+
+
 def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
                     pairs: bool = True) -> SparseBatch:
     """Normalise any accepted sparse form to a :class:`SparseBatch`.
@@ -679,10 +687,12 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
     Raises:
         TypeError: ``x`` is not one of the accepted forms.
         ValueError: bad shape, negative, non-integer or out-of-range indices,
-            invalid CSR row pointers, rows on different devices.
+            invalid CSR row pointers, rows on different devices, a tensor on the
+            meta device.
         NotImplementedError: a hybrid sparse tensor or another sparse layout.
     """
     if isinstance(x, Tensor):
+        refuse_meta(x, name)
         if x.layout == torch.sparse_coo or x.layout == torch.sparse_csr:
             batch = _from_tensor(x, name)
         elif x.layout == torch.strided:

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from . import _index
 from ._forms import (SparseBatch, SparseLike, _as_pairs, _sparse_coo, _sparse_csr, as_int,
-                     as_sparse_batch, holds_exactly, resolve_size, trust)
+                     as_sparse_batch, holds_exactly, refuse_meta, resolve_size, trust)
 
 __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
 
@@ -118,8 +118,7 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
         raise TypeError(f"x must be a dense tensor, got {got}")
     if x.dim() not in (1, 2):
         raise ValueError(f"x must be 1-D (a vector) or 2-D (rows, n), got {x.dim()} dimensions")
-    if x.device.type == "meta":
-        raise ValueError("x must hold data, got a tensor on the meta device")
+    refuse_meta(x, "x")
     if not isinstance(offset, numbers.Integral) or isinstance(offset, bool) or offset < 0:
         raise ValueError(f"offset must be a non-negative int, got {offset!r}")
     offset = int(offset)

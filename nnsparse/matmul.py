@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from . import _index
-from ._forms import _check_csr, _key, as_sparse_batch, is_sparse_form
+from ._forms import _check_csr, _key, as_sparse_batch, is_sparse_form, refuse_meta
 from ._kernels import _csr_rows_mm, _gather_dot, _sampled_mm
 
 __all__ = ["sparse_mm"]
@@ -329,8 +329,8 @@ def _sparse_operand(a: Any, name: str) -> Tuple[_Pattern, Tuple[int, ...]]:
     if isinstance(a, (list, tuple)) and not a:
         raise ValueError(f"{name} is an empty list of sparse rows, which has no width; pass a "
                          f"torch sparse tensor of shape (0, m)")
-    if isinstance(a, Tensor) and a.device.type == "meta":  # before any index is read
-        raise ValueError(f"{name} must hold data, got a tensor on the meta device")
+    if isinstance(a, Tensor):
+        refuse_meta(a, name)  # before any index is read
     if isinstance(a, Tensor) and a.layout != torch.strided:
         if a.dim() == 3:
             return _flat_pattern_3d(a, name), tuple(a.shape)

@@ -1135,7 +1135,26 @@ def _in_inference(call):
     with torch.inference_mode():
         return call().clone()
 
-CASES = _sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3
+# A meta tensor reaches the one parser of sparse forms (as_sparse_batch): refused there,
+# before any index is read, for every function and layer that parses a batch.
+META = [
+    Case(f"meta-{label}", call, ValueError, rf"{name} must hold data, got a tensor on the meta device")
+    for label, call, name in [
+        ("densify", lambda: nnsparse.densify(_meta_coo()), "x"),
+        ("to_pairs", lambda: nnsparse.to_pairs(_meta_coo()), "x"),
+        ("from_pairs", lambda: nnsparse.from_pairs(torch.empty(2, 2, device="meta")), "pairs"),
+        ("ssort-pairs", lambda: nnsparse.ssort(torch.empty(2, 2, device="meta")), "x"),
+        ("stopk", lambda: nnsparse.stopk(_meta_coo(), 1), "x"),
+        ("sparse_parts", lambda: nnsparse.sparse_parts(_meta_coo()), "x"),
+        ("Densify", lambda: nnsparse.Densify(4)(_meta_coo()), "input"),
+        ("list-row", lambda: nnsparse.densify([torch.empty(2, 2, device="meta")]), r"x\[0\]"),
+        ("csr", lambda: nnsparse.densify(torch.sparse_csr_tensor(
+            torch.tensor([0, 1, 1], device="meta"), torch.tensor([1], device="meta"),
+            torch.ones(1, device="meta"), (2, 4))), "x"),
+    ]
+]
+
+CASES = _sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3 + META
 
 
 def run_case(case: Case) -> str:

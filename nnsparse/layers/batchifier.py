@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 
 from .. import _index
 from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_count, as_device,
-                      as_sparse_batch, trust)
+                      as_sparse_batch, refuse_meta, trust)
 from ..convert import _check_kernel_dtype
 
 __all__ = ["Batchifier"]
@@ -384,8 +384,7 @@ class Batchifier:
             if candidates.shape != (self.output_size,):
                 raise ValueError(f"candidates must have shape ({self.output_size},) "
                                  f"(output_size), got {tuple(candidates.shape)}")
-            if candidates.device.type == "meta":
-                raise ValueError("candidates must hold data, got a tensor on the meta device")
+            refuse_meta(candidates, "candidates")
         if k > self.output_size:
             raise ValueError(f"k must be at most output_size ({self.output_size}), got {k}")
         source = self._source(data)

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type,
 import torch
 from torch import Tensor, nn
 
-from .._forms import as_count, as_device
+from .._forms import as_count, as_device, refuse_meta
 from .._index import coo_tensor
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -89,8 +89,7 @@ def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optiona
         got = (f"layout {features.layout}" if isinstance(features, Tensor)
                else type(features).__name__)
         raise TypeError(f"{name} must be a dense 2-D tensor (rows, features), got {got}")
-    if features.device.type == "meta":
-        raise ValueError(f"{name} must hold data, got a tensor on the meta device")
+    refuse_meta(features, name)
     if features.dim() != 2:
         raise ValueError(f"{name} must be a 2-D tensor (rows, features), got shape "
                          f"{tuple(features.shape)}")
@@ -775,8 +774,7 @@ def _index_tensor(value: Any, name: str) -> Tensor:
                         f"{type(value).__name__}") from None
     if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor, got {index.dtype}")
-    if index.device.type == "meta":
-        raise ValueError(f"{name} must hold data, got a tensor on the meta device")
+    refuse_meta(index, name)
     return index.long().cpu()
 
 
