@@ -624,10 +624,10 @@ def _from_list(rows: Sequence[Any], name: str, width: Optional[int]) -> SparseBa
     for i, r in enumerate(rows):
         if not isinstance(r, Tensor):
             raise TypeError(f"{name}[{i}] must be a tensor, got {type(r).__name__}")
-        refuse_meta(r, f"{name}[{i}]")
     devices = {r.device for r in rows}
     if len(devices) > 1:
         raise ValueError(f"{name} rows must be on one device, got {sorted(map(str, devices))}")
+    refuse_meta(rows[0], f"{name}[0]")  # (all on one device)
     sparse = [r.layout == torch.sparse_coo for r in rows]
     if any(sparse) and not all(sparse):
         raise TypeError(f"{name} mixes sparse vectors and pair tensors; use one form per batch")
