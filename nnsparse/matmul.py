@@ -102,7 +102,9 @@ def _rows_mm(index: Tensor, table: Tensor, crow: Tensor, weights: Tensor) -> Ten
 
 
 class _PatternMM(torch.autograd.Function):
-    """``S @ B`` for a row-sorted pattern ``S`` with ``values``; dense ``B`` ``(cols, p)``.
+    """``S @ B`` for a row-sorted pattern ``S`` with ``values``; dense contiguous ``B``
+    ``(cols, p)`` (the caller's copy when its operand is not: saved for the backward,
+    so that an in-place change of the caller's tensor after the forward is no error).
 
     ``row`` may be ``None`` (derived from ``crow`` when a gradient needs it);
     ``transposed`` (a callable giving the :data:`Transposed` structure, kept
@@ -114,13 +116,11 @@ class _PatternMM(torch.autograd.Function):
     @staticmethod
     def forward(values: Tensor, b: Tensor, row: Optional[Tensor], col: Tensor,
                 crow: Tensor, transposed: Optional[Callable[[], Transposed]]) -> Tensor:
-        return _rows_mm(col, b.contiguous(), crow, values)
+        return _rows_mm(col, b, crow, values)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
         values, b, row, col, crow, transposed = inputs
-        # b as given: the values' gradient (a sampled product) reads any strides, and a
-        # contiguous copy made in forward is not an input or output setup_context sees
         ctx.save_for_backward(values, b, row, col, crow)
         ctx.transposed = transposed
 
@@ -149,7 +149,7 @@ class _PatternMM(torch.autograd.Function):
 
 def _pattern_mm(p: _Pattern, b: Tensor) -> Tensor:
     """``S @ b`` (``(rows, p)``) on a flat pattern, with pattern gradients."""
-    return _PatternMM.apply(p.values, b, p.row, p.col, p.crow, p.transposed)
+    return _PatternMM.apply(p.values, b.contiguous(), p.row, p.col, p.crow, p.transposed)
 
 
 # -- the flat pattern of an operand, checked once and cached on the tensor ----------

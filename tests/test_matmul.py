@@ -362,3 +362,32 @@ def test_a_changed_tensor_is_checked_again():
         a._indices()[2, 0] = 5  # an in-place change of the indices bumps their version
     with pytest.raises(ValueError, match=r"A column indices must be in \[0, 3\), got max 5"):
         sparse_mm(a, torch.ones(2, 3, 1))
+
+
+
+def _sparse_weight_layer():
+    layer = nnsparse.SparseWeightLinear(torch.eye(4, 6).to_sparse())
+    return layer  # it multiplies its weight by the input's transpose: a non-contiguous view
+
+
+@pytest.mark.parametrize("make, shape", [
+    pytest.param(lambda: (lambda t: sparse_mm(torch.eye(3, 4).to_sparse(), t.t())), (5, 4),
+                 id="sparse_mm-B-transposed"),
+    pytest.param(_sparse_weight_layer, (3, 6), id="SparseWeightLinear-input"),
+])
+def test_a_non_contiguous_operand_changed_after_the_forward(make, shape):
+    """A non-contiguous dense operand is copied for the product, and the copy is what the
+    backward reads (as before the torch.func change): changing the caller's tensor in place
+    after the forward is no error, and the gradients are those of the values read."""
+    torch.manual_seed(0)
+    product = make()
+    start = torch.randn(*shape)
+    t = start.clone().requires_grad_()
+    out = product(t)
+    with torch.no_grad():
+        t.add_(1.0)
+    weights = torch.randn_like(out)
+    (out * weights).sum().backward()
+    reference = start.clone().requires_grad_()
+    (product(reference) * weights).sum().backward()
+    assert torch.allclose(t.grad, reference.grad)

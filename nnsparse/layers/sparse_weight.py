@@ -403,7 +403,7 @@ class SparseWeightLinear(nn.Module):
 
     def _mm_t(self, b: Tensor) -> Tensor:
         """``W @ b`` for a dense ``b`` ``(in_features, k)``."""
-        return _PatternMM.apply(self.values, b, None, self.col, self.crow,
+        return _PatternMM.apply(self.values, b.contiguous(), None, self.col, self.crow,
                                 self._transposed_structure)
 
     def _finish(self, y: Tensor) -> Tensor:
