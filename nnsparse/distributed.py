@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from ._optim_split import sparse_grad_parameters
+from .data.split import torch_seed
 
 __all__ = ["init_from_env", "is_distributed", "rank", "world_size", "is_main", "main_print",
            "progress", "save", "loader", "wrap", "unwrap", "DistributedDataParallel",
@@ -233,18 +234,16 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
         **kwargs: passed to ``DataLoader`` (``num_workers``, ``pin_memory``, ...).
 
     Raises:
-        ValueError: ``batch_size`` is not positive, ``seed`` beyond int64.
-        TypeError: ``kwargs`` sets ``sampler`` or ``batch_sampler`` (the loader's own).
+        ValueError: ``batch_size`` is not positive.
+        TypeError: ``seed`` is not an int, or ``kwargs`` sets ``sampler`` or
+            ``batch_sampler`` (the loader's own).
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     for flag, value in (("shuffle", shuffle), ("drop_last", drop_last)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    if not -2 ** 63 <= seed < 2 ** 63:  # torch.Generator's range, less room for the epochs
-        raise ValueError(f"seed must fit in int64 (the sampler adds the epoch to it), got {seed}")
+    seed = torch_seed(seed)  # any int, as the models' seeds (torch.Generator's range as is)
     taken = [k for k in ("sampler", "batch_sampler")
              if k in kwargs and (k == "sampler" or kwargs[k] is not None)]
     if taken:

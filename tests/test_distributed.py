@@ -174,6 +174,20 @@ def test_loader_errors():
         nd.loader(SparseRowDataset(_data()), 0)
 
 
+@pytest.mark.parametrize("seed", [0, -2 ** 63, 2 ** 63, 2 ** 64 - 2, 2 ** 64, -2 ** 70,
+                                  __import__("numpy").int64(5)])
+def test_loader_takes_any_int_seed(seed):
+    """Any int, as the models' seeds: torch.Generator's range as it is (the sampler seeds
+    with seed + epoch), others folded into it (data.split.torch_seed)."""
+    loader = nd.loader(SparseRowDataset(_data()), 4, seed=seed)
+    loader.sampler.set_epoch(1)  # type: ignore[attr-defined]
+    rows = [b.row_index.tolist() for b in loader]
+    assert len(rows) == -(-ROWS // 4)
+    again = nd.loader(SparseRowDataset(_data()), 4, seed=seed)
+    again.sampler.set_epoch(1)  # type: ignore[attr-defined]
+    assert [b.row_index.tolist() for b in again] == rows  # the same seed, the same order
+
+
 @pytest.fixture
 def group_of_one():
     """A gloo process group of one process, here, for checks that need a group."""
