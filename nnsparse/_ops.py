@@ -353,11 +353,15 @@ def _refuse_in_transform(*tensors: Optional[Tensor]) -> None:
 
 def _check_input(h: Any, weight: Tensor, pattern: SparseParts) -> None:
     """:func:`sampled_parts`' dense input against the weight and the pattern, as the
-    eager ``sampled_linear`` checks it (kind, shape, device, dtype); no host sync."""
+    eager ``sampled_linear`` checks it (kind, shape, device, dtype); no host sync.
+    While compiling, the shapes are not compared (a comparison of a dynamic size would
+    specialise the graph on it); kind, device and dtype are, so that eager and compiled
+    runs refuse the same mismatches."""
     if not isinstance(h, Tensor) or h.layout != torch.strided:
         raise TypeError(f"input must be a dense tensor, got "
                         f"{h.layout if isinstance(h, Tensor) else type(h).__name__}")
-    if h.dim() != 2 or h.shape[0] != pattern.size[0] or h.shape[1] != weight.shape[1]:
+    if not torch.compiler.is_compiling() and (
+            h.dim() != 2 or h.shape[0] != pattern.size[0] or h.shape[1] != weight.shape[1]):
         raise ValueError(f"input must have shape ({pattern.size[0]}, {weight.shape[1]}) for "
                          f"pattern of size {tuple(pattern.size)}, got {tuple(h.shape)}")
     if weight.device != h.device:
@@ -402,8 +406,7 @@ def sampled_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor], pattern: Sp
                                   "pattern (torch.compile): the compiled path gives dense "
                                   "gradients")
     _check_parts(pattern, weight.shape[0], "pattern")
-    if not torch.compiler.is_compiling():
-        _check_input(h, weight, pattern)
+    _check_input(h, weight, pattern)
     _refuse_in_transform(h, weight, bias)
     values = _sampled(h, weight, bias, pattern.crow, pattern.col)
     return pattern.with_values(values)

@@ -177,6 +177,18 @@ def test_decoder_input_rows_checked():
         nnsparse.SparseOutputLinear(3, WIDTH)(torch.randn(5, 3), x)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_decoder_input_dtype_checked_alike_eager_and_compiled(compiled):
+    """A bfloat16 input for a float32 decoder without autocast: refused by both runs (the
+    compiled one checked only the eager path's shapes before, and returned bfloat16)."""
+    x = nnsparse.sparse_parts(_batch(4, 0.3, 0, "csr"))
+    decoder = nnsparse.SparseOutputLinear(3, WIDTH)
+    run = torch.compile(decoder) if compiled else decoder
+    with pytest.raises(ValueError, match=r"weight must have input's dtype torch.bfloat16, "
+                                         r"got torch.float32"):
+        run(torch.randn(4, 3, dtype=torch.bfloat16), x)
+
+
 @pytest.mark.parametrize("layer", ["encoder", "decoder"])
 def test_the_compile_path_refuses_the_optimiser_in_the_backward(layer):
     x = torch.tensor([[1., 0, 0, 2], [0, 3, 0, 0]]).to_sparse_csr()
