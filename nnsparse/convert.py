@@ -18,7 +18,9 @@ __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
 Size = Union[int, Sequence[int]]
 
 
-def _check_elem(elem: Any) -> None:
+def _check_elem(elem: Any) -> Any:
+    """``elem`` checked, as a Python number (a numpy scalar's ``item()``: torch reads a
+    numpy complex scalar as its real part, with a ComplexWarning)."""
     if isinstance(elem, bool) or not isinstance(elem, numbers.Number):
         raise TypeError(f"elem must be a number, got {type(elem).__name__} {elem!r}")
     if isinstance(elem, numbers.Integral) and not -2 ** 63 <= int(elem) < 2 ** 63:
@@ -29,6 +31,9 @@ def _check_elem(elem: Any) -> None:
         except (TypeError, ValueError, RuntimeError):  # Fraction, Decimal
             raise TypeError(f"elem must be an int, float or complex number (or a numpy "
                             f"scalar), got {type(elem).__name__} {elem!r}") from None
+        if hasattr(elem, "item"):
+            return elem.item()
+    return elem
 
 
 # The value dtypes torch's sparse kernels (coalesce, index_add, index_put) take, beside
@@ -126,7 +131,7 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
     if math.prod(size) >= 2 ** 63:
         raise ValueError(f"offset must keep the result's size {size} within int64 elements, "
                          f"got {offset}")
-    _check_elem(elem)
+    elem = _check_elem(elem)
     if layout not in (torch.sparse_coo, torch.sparse_csr):
         raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
     if layout == torch.sparse_csr and x.dim() == 1:
@@ -209,7 +214,7 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tens
 def _densify(batch: SparseBatch, elem: float, rows: int, width: int, name: str = "x") -> Tensor:
     """:func:`densify` of a normalised batch, ``(rows, width)`` (``(width,)`` for a vector);
     ``name``: the argument's, for messages."""
-    _check_elem(elem)
+    elem = _check_elem(elem)
     _check_kernel_dtype(batch.dtype, f"{name} values")
     if _is_nan(elem) and not (batch.dtype.is_floating_point or batch.dtype.is_complex):
         raise ValueError(f"elem nan needs floating values, got dtype {batch.dtype}")

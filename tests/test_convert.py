@@ -369,3 +369,17 @@ def test_sparsify_output_is_trusted(layout):
     _reset_counts()
     assert torch.equal(densify(x), torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]]))
     assert _counts().get("validate", 0) == 0
+
+
+@pytest.mark.parametrize("elem", [
+    pytest.param(__import__("numpy").complex64(1 + 1j), id="numpy-complex64"),
+    pytest.param(__import__("numpy").complex128(1 + 1j), id="numpy-complex128"),
+    pytest.param(1 + 1j, id="python-complex"),
+])
+def test_a_numpy_complex_elem_keeps_its_imaginary_part(elem):
+    """torch reads a numpy complex scalar as its real part: elem is taken as the Python
+    number it holds, so 1+1j (not 1+0j) is the entry left out and the one filled in."""
+    x = torch.tensor([[1 + 1j, 1 + 0j, 2]])
+    s = sparsify(x, elem=elem).coalesce()
+    assert s.indices().tolist() == [[0, 0], [1, 2]]
+    assert torch.equal(densify(s, elem=elem), x)

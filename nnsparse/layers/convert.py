@@ -59,9 +59,8 @@ class Densify(nn.Module):
                             f"{type(in_features).__name__} {in_features!r}")
         if in_features < 0:
             raise ValueError(f"in_features must be a non-negative int, got {in_features!r}")
-        _check_elem(elem)
         self.in_features: int = int(in_features)  # a numpy int is stored as an int
-        self.elem: float = elem
+        self.elem: float = _check_elem(elem)
 
     def forward(self, input: SparseLike) -> Tensor:
         batch = as_sparse_batch(input, name="input", width=self.in_features)
@@ -116,8 +115,7 @@ class Sparsify(nn.Module):
             raise ValueError(f"offset must be a non-negative int, got {offset!r}")
         if layout not in (torch.sparse_coo, torch.sparse_csr):
             raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
-        _check_elem(elem)
-        self.elem: float = elem
+        self.elem: float = _check_elem(elem)
         self.offset: int = int(offset)  # a numpy int is stored as an int
         self.layout: torch.layout = layout
 
