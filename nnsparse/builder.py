@@ -112,7 +112,7 @@ class DynamicSparseTensor:
         if not isinstance(dtype, torch.dtype) or dtype == torch.bool or dtype.is_complex:
             raise TypeError(f"dtype must be a floating or integer torch.dtype, got {dtype}")
         if dtype not in _KERNEL_DTYPES:  # the built tensor could not be coalesced nor densified
-            raise TypeError(f"dtype must be one torch's sparse kernels take "
+            raise TypeError(f"dtype must be one of the dtypes torch's sparse kernels take "
                             f"({', '.join(str(d) for d in _KERNEL_DTYPES)}), got {dtype}")
         device = as_device(device, none=True)
         if device is not None and device.type == "meta":

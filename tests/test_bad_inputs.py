@@ -999,14 +999,14 @@ PROBE3 = [
          TypeError, r"descending must be a bool, got bool (np\.)?True"),
     # DynamicSparseTensor
     Case("DynamicSparseTensor-dtype-qint8", lambda: nnsparse.DynamicSparseTensor(dtype=torch.qint8),
-         TypeError, r"dtype must be one torch's sparse kernels take \(torch.float16, .*\), "
+         TypeError, r"dtype must be one of the dtypes torch's sparse kernels take \(torch.float16, .*\), "
                     r"got torch.qint8"),
     Case("DynamicSparseTensor-dtype-uint16", lambda: nnsparse.DynamicSparseTensor(dtype=torch.uint16),
-         TypeError, r"dtype must be one torch's sparse kernels take .*got torch.uint16"),
+         TypeError, r"dtype must be one of the dtypes torch's sparse kernels take .*got torch.uint16"),
     Case("DynamicSparseTensor-dtype-float8", lambda: nnsparse.DynamicSparseTensor(
         dtype=torch.float8_e4m3fn), TypeError, r"got torch.float8_e4m3fn"),
     Case("DynamicSparseTensor-dtype-bits8", lambda: nnsparse.DynamicSparseTensor(dtype=torch.bits8),
-         TypeError, r"dtype must be one torch's sparse kernels take .*got torch.bits8"),
+         TypeError, r"dtype must be one of the dtypes torch's sparse kernels take .*got torch.bits8"),
     Case("DynamicSparseTensor-device-meta", lambda: nnsparse.DynamicSparseTensor(device="meta"),
          ValueError, r"device must hold data, got 'meta'; use 'cpu' or 'cuda'"),
     Case("DynamicSparseTensor-device-absent", lambda: nnsparse.DynamicSparseTensor(device="cuda:99"),
