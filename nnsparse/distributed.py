@@ -106,8 +106,9 @@ def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
 
     Raises:
         ValueError: an unknown ``device`` or ``backend``, a non-integer
-            environment variable (or a negative ``LOCAL_RANK``, a ``WORLD_SIZE``
-            below 1, a ``RANK`` outside ``[0, WORLD_SIZE)``), or NCCL on a CPU device.
+            environment variable of a launched run (or a negative ``LOCAL_RANK``, a
+            ``WORLD_SIZE`` below 1, a ``RANK`` outside ``[0, WORLD_SIZE)``; without
+            ``WORLD_SIZE`` only ``LOCAL_RANK`` on CUDA is read), or NCCL on a CPU device.
         RuntimeError: ``device="cuda"`` without CUDA.
         TypeError: a ``timeout`` that is not a number.
     """
@@ -129,12 +130,13 @@ def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl" and kind == "cpu":
         raise ValueError("backend='nccl' needs CUDA tensors, got device='cpu'; use gloo")
-    local = _env_int("LOCAL_RANK", 0)
     launched = "WORLD_SIZE" in os.environ  # by torchrun (or by hand), even with 1 process
-    # checked before anything changes: a rank beyond the world waits out the whole
-    # timeout in the rendezvous for peers that never come
-    world = _env_int("WORLD_SIZE", 1, low=1)
-    _env_int("RANK", 0, high=world)
+    # The variables a run uses, checked before anything changes (a rank beyond the
+    # world waits out the whole timeout in the rendezvous for peers that never come):
+    # the ranks when launched, LOCAL_RANK also where it picks the GPU.
+    if launched:
+        _env_int("RANK", 0, high=_env_int("WORLD_SIZE", 1, low=1))
+    local = _env_int("LOCAL_RANK", 0) if launched or kind == "cuda" else 0
     out = torch.device(kind, local) if kind == "cuda" else torch.device("cpu")
     if kind == "cuda":
         torch.cuda.set_device(out)

@@ -139,6 +139,16 @@ def test_single_process_fallbacks():
     assert nd.init_from_env(device="cpu") == torch.device("cpu")
 
 
+def test_a_plain_cpu_run_ignores_stray_rank_variables(monkeypatch):
+    """Without WORLD_SIZE (a plain ``python script.py``) no group starts: RANK is not read,
+    nor LOCAL_RANK on CPU (where it picks nothing)."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "-1")
+    assert nd.init_from_env(device="cpu") == torch.device("cpu")
+    assert not nd.is_distributed()
+
+
 @pytest.mark.parametrize("kwargs, env, error, match", [
     (dict(device="tpu"), {}, ValueError, "device must be 'cpu' or 'cuda', got 'tpu'"),
     (dict(device="cpu", backend="mpi"), {}, ValueError, "backend must be 'gloo' or 'nccl'"),
