@@ -30,6 +30,14 @@ def _takes_pattern(cls: Type[nn.Module]) -> str:
     return ""
 
 
+def _check_item(module: Any, where: str = "") -> None:
+    """``TypeError`` unless ``module`` is an ``nn.Module`` (``where``: which item, for the
+    message)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"PatternSequential takes nn.Module items, got "
+                        f"{type(module).__name__} {module!r}{where}")
+
+
 class PatternSequential(nn.Sequential):
     r"""``nn.Sequential`` whose ``forward(input, pattern)`` passes ``pattern`` on.
 
@@ -72,25 +80,18 @@ class PatternSequential(nn.Sequential):
 
     def add_module(self, name: str, module: Optional[nn.Module]) -> None:
         # the constructor, append, extend, insert (item assignment: forward checks)
-        if not isinstance(module, nn.Module):  # None too: forward would call it
-            raise TypeError(f"PatternSequential takes nn.Module items, got "
-                            f"{type(module).__name__} {module!r} for item {name!r}")
+        _check_item(module, f" for item {name!r}")  # None too: forward would call it
         super().add_module(name, module)
 
     def extend(self, sequential: Iterable[nn.Module]) -> "PatternSequential":
         """``nn.Sequential.extend``, every item checked before the first is added."""
         items = list(sequential)
         for i, module in enumerate(items):
-            if not isinstance(module, nn.Module):
-                raise TypeError(f"PatternSequential takes nn.Module items, got "
-                                f"{type(module).__name__} {module!r} for item "
-                                f"{str(len(self) + i)!r} (nothing was added)")
+            _check_item(module, f" for item {str(len(self) + i)!r} (nothing was added)")
         return super().extend(items)  # type: ignore[return-value]
 
     def insert(self, index: int, module: nn.Module) -> "PatternSequential":
-        if not isinstance(module, nn.Module):  # nn.Sequential's own check is an assert
-            raise TypeError(f"PatternSequential takes nn.Module items, got "
-                            f"{type(module).__name__} {module!r}")
+        _check_item(module)  # nn.Sequential's own check is an assert
         if isinstance(index, bool) or not isinstance(index, numbers.Integral):
             raise TypeError(f"index must be an int, got {type(index).__name__} {index!r}")
         if not -len(self) <= index <= len(self):
