@@ -427,10 +427,8 @@ def attach(x: Tensor, batch: SparseBatch) -> Tensor:
 
 def _attached(x: Tensor) -> Optional[_Attached]:
     found = getattr(x, _ATTR, None)
-    if found is None:
-        return None
-    key = _key(x)
-    if key is None or found.key != key:
+    # (an attached key is never None: a key of None, inside a transform, matches none)
+    if found is None or found.key != _key(x):
         return None
     return found
 

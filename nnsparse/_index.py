@@ -47,6 +47,18 @@ def data_ptr(t: Tensor) -> Optional[int]:
         return None
 
 
+def same_view(a: Optional[Tensor], b: Optional[Tensor]) -> bool:
+    """True when ``a`` and ``b`` are the same view of the same memory (free: no data
+    read), e.g. a result built on its pattern's own index tensors.  False for a
+    ``None`` or when a pointer cannot be read (inside a ``torch.func`` transform):
+    the caller then matches entries by their positions, slower but right."""
+    if a is None or b is None:
+        return False
+    ptr = data_ptr(a)
+    return (ptr is not None and ptr == data_ptr(b) and a.shape == b.shape
+            and a.stride() == b.stride() and a.dtype == b.dtype and a.device == b.device)
+
+
 def in_transform() -> bool:
     """Whether a ``torch.func`` transform (grad, vjp, jacrev, vmap...) is running.
 

@@ -266,10 +266,9 @@ def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
                                   ".to_sparse_coo() or .to_sparse_csr()")
     _check_hybrid(a, name)
     flat = getattr(a, _ATTR, None)
-    key = _key(a)
-    if flat is None or key is None or flat.key != key:
+    if flat is None or flat.key != _key(a):  # (a stored key is never None)
         flat = _flat_coo(a, name) if a.layout == torch.sparse_coo else _flat_csr(a, name)
-        if key is not None:  # None: not cached, as nnsparse._forms does
+        if flat.key is not None:  # None (inside a transform): not cached, as nnsparse._forms
             setattr(a, _ATTR, flat)
     return _Pattern(flat.values_of(a), flat.row, flat.col, flat.crow, flat.rows, flat.cols,
                     flat.transposed)

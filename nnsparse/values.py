@@ -30,19 +30,6 @@ from ._forms import SparseBatch, SparseLike, _sparse_coo, _sparse_csr, as_sparse
 __all__ = ["values_map", "ValuesMap"]
 
 
-def _same_storage(a: Optional[Tensor], b: Optional[Tensor]) -> bool:
-    """True when ``a`` and ``b`` are the same index tensor (free: no data read).
-
-    False when a pointer cannot be read (inside a ``torch.func`` transform):
-    the caller then matches the entries by their positions, slower but right.
-    """
-    if a is None or b is None:
-        return False
-    ptr = _index.data_ptr(a)
-    return (ptr is not None and ptr == _index.data_ptr(b) and a.shape == b.shape
-            and a.stride() == b.stride() and a.dtype == b.dtype)
-
-
 def _keys_of(indices: Optional[Tensor], crow: Optional[Tensor], col: Optional[Tensor],
              size: Sequence[int]) -> Tensor:
     """Row-major linear index of each entry of a COO (``indices``) or CSR pattern."""
@@ -117,11 +104,11 @@ def _values_at(grad: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
             return grad[tuple(indices)]
         assert crow is not None and col is not None  # CSR when indices is None
         return grad[_csr_rows(crow, col, size[0]), col.to(torch.int64)]
-    if grad.layout == torch.sparse_coo and indices is not None and _same_storage(
+    if grad.layout == torch.sparse_coo and indices is not None and _index.same_view(
             grad._indices(), indices):
         return grad._values()
     if (grad.layout == torch.sparse_csr and crow is not None
-            and _same_storage(grad.crow_indices(), crow) and _same_storage(grad.col_indices(), col)):
+            and _index.same_view(grad.crow_indices(), crow) and _index.same_view(grad.col_indices(), col)):
         return grad.values()
     keys, values = _sparse_entries(grad)
     ours = _keys_of(indices, crow, col, size)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .._forms import SparseBatch, as_sparse_batch, is_sparse_form
-from .._index import csr_indices, data_ptr
+from .._index import csr_indices, same_view
 
 __all__: list = []
 
@@ -141,14 +141,6 @@ class Estimate:
         return read
 
 
-def _same_tensor(a: Tensor, b: Tensor) -> bool:
-    """True when ``a`` and ``b`` view the same memory alike (free: no data read); False
-    when a pointer cannot be read (inside a ``torch.func`` transform)."""
-    ptr = data_ptr(a)
-    return (ptr is not None and ptr == data_ptr(b) and a.shape == b.shape
-            and a.stride() == b.stride() and a.device == b.device)
-
-
 def _shares_pattern(estimate: Any, target: Any) -> bool:
     """True when a sparse estimate was built on the target's own index tensors.
 
@@ -161,11 +153,11 @@ def _shares_pattern(estimate: Any, target: Any) -> bool:
         return False
     if estimate.layout == torch.sparse_csr:
         (e_crow, e_col), (t_crow, t_col) = csr_indices(estimate), csr_indices(target)
-        return _same_tensor(e_crow, t_crow) and _same_tensor(e_col, t_col)
+        return same_view(e_crow, t_crow) and same_view(e_col, t_col)
     if estimate.layout == torch.sparse_coo:
         # Uncoalesced duplicates mean a sum: they need the general path.
         return (estimate.is_coalesced() and target.is_coalesced()
-                and _same_tensor(estimate._indices(), target._indices()))
+                and same_view(estimate._indices(), target._indices()))
     return False
 
 
