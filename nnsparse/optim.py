@@ -123,8 +123,7 @@ class LazyAdam(Optimizer):
         of its parameter's shape, and the groups' hyperparameters.  Keys a group
         lacks (a torch Adam state has no ``dense_above``) take this optimiser's
         defaults; the step count is kept as an int."""
-        params = [p for group in self.param_groups for p in group["params"]]
-        _check_state_entries(state_dict, params, "state_dict", ("step", "exp_avg", "exp_avg_sq"))
+        _check_state_entries(state_dict, self, "state_dict", ("step", "exp_avg", "exp_avg_sq"))
         groups = state_dict.get("param_groups", []) if isinstance(state_dict, dict) else []
         for i, group in enumerate(groups if isinstance(groups, list) else []):
             if isinstance(group, dict):
@@ -198,12 +197,13 @@ def _check_lazy_group(group: Dict[str, Any], where: str, values: bool = True) ->
     _check_flag(f"{where}['decoupled_weight_decay']", group.get("decoupled_weight_decay"))
 
 
-def _check_state_entries(state_dict: Any, params: List[Tensor], where: str,
+def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
                          required: Tuple[str, ...] = ()) -> None:
-    """The per-parameter entries of an ``Optimizer.state_dict()`` against ``params``
-    (torch's order): each tensor of more than 0 dimensions must have its
+    """The per-parameter entries of an ``Optimizer.state_dict()`` against the parameters
+    of ``optimizer`` (torch's order): each tensor of more than 0 dimensions must have its
     parameter's shape (torch loads any, and a fused step then writes out of
     bounds), and a non-empty entry must hold the ``required`` keys."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     state = state_dict.get("state", {}) if isinstance(state_dict, dict) else {}
     for index, entry in (state.items() if isinstance(state, dict) else ()):
         if not (isinstance(index, int) and 0 <= index < len(params) and isinstance(entry, dict)):
@@ -596,9 +596,7 @@ class InBackwardOptimizer:
             raise ValueError("state_dict['dense'] must be given exactly when the model has "
                              "parameters outside the in-backward layers")
         if self.dense is not None:
-            _check_state_entries(state_dict["dense"], [p for group in self.dense.param_groups
-                                                       for p in group["params"]],
-                                 "state_dict['dense']")
+            _check_state_entries(state_dict["dense"], self.dense, "state_dict['dense']")
         rates = state_dict.get("lr", {})  # absent from older state dicts: the rates are kept
         if not isinstance(rates, dict) or not set(rates) <= set(self._updates):
             raise ValueError(f"state_dict['lr'] must be a dict of layer name -> learning rate "

@@ -92,7 +92,7 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         self.criterion = criterion
         bool_arg(full_size_average, "full_size_average")
         if (full_size_average and size_average is None
-                and getattr(criterion, "reduction", "mean") == "mean"):
+                and reduction_of(criterion) == "mean"):
             size_average = False  # full_size_average asks for the other averaging
         self.size_average = resolve_size_average(criterion, size_average, "SparseCriterion")
         self.full_size_average = full_size_average

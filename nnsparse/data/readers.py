@@ -548,11 +548,16 @@ def _without_bom(line: str, number: int) -> str:
     return line[len(bom):] if number == 1 and line.startswith(bom) else line
 
 
+def _strict_int(text: str) -> int:
+    """``int(text)``, but ``ValueError`` for a ``_`` (``int`` reads ``1_0`` as 10)."""
+    if "_" in text:
+        raise ValueError(f"invalid literal for an integer: {text!r}")
+    return int(text)
+
+
 def _int_id(text: str, path: Path, number: int) -> int:
     try:
-        if "_" in text:  # int() reads 1_0 as 10
-            raise ValueError
-        return int(text)
+        return _strict_int(text)
     except ValueError:
         raise ValueError(f"{path}, line {number}: the item id must be an integer, "
                          f"got {text!r}") from None
@@ -1057,9 +1062,7 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
             raise ValueError(f"{path}, line {number}: expected at least 4 '{sep}'-separated "
                              f"fields, got {len(parts)}")
         try:
-            if "_" in parts[0] + parts[a_at]:  # int() reads 1_0 as 10
-                raise ValueError
-            key, age = int(parts[0]), int(parts[a_at])
+            key, age = _strict_int(parts[0]), _strict_int(parts[a_at])
         except ValueError:
             raise ValueError(f"{path}, line {number}: the id and the age must be integers") from None
         if age < 0:
