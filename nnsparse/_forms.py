@@ -667,6 +667,13 @@ def refuse_meta(t: Tensor, name: str) -> None:
         raise ValueError(f"{name} must hold data, got a tensor on the meta device")
 
 
+def refuse_meta_device(device: Optional[torch.device]) -> None:
+    """``ValueError`` for a ``device`` argument naming the meta device (tensors there
+    hold no data: a model or a builder could not work on it)."""
+    if device is not None and device.type == "meta":
+        raise ValueError("device must hold data, got 'meta'; use 'cpu' or 'cuda'")
+
+
 def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
                     pairs: bool = True) -> SparseBatch:
     """Normalise any accepted sparse form to a :class:`SparseBatch`.

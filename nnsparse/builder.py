@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch,
-                     check_index_range)
+                     check_index_range, refuse_meta_device)
 from .convert import _KERNEL_DTYPES
 
 __all__ = ["DynamicSparseTensor"]
@@ -115,8 +115,7 @@ class DynamicSparseTensor:
             raise TypeError(f"dtype must be one of the dtypes torch's sparse kernels take "
                             f"({', '.join(str(d) for d in _KERNEL_DTYPES)}), got {dtype}")
         device = as_device(device, none=True)
-        if device is not None and device.type == "meta":
-            raise ValueError("device must hold data, got 'meta'; use 'cpu' or 'cuda'")
+        refuse_meta_device(device)
         try:  # "cuda" -> "cuda:0"; a device torch names but this machine lacks is refused here
             self._device = torch.empty(0, device=device).device
         except (RuntimeError, AssertionError) as e:  # a torch built without CUDA asserts

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type,
 import torch
 from torch import Tensor, nn
 
-from .._forms import as_count, as_device, refuse_meta
+from .._forms import as_count, as_device, refuse_meta, refuse_meta_device
 from .._index import coo_tensor
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -781,8 +781,7 @@ def _index_tensor(value: Any, name: str) -> Tensor:
 def _as_device(device: Any) -> torch.device:
     """``device`` as a ``torch.device``, or an error that names the argument."""
     out = as_device(device)
-    if out.type == "meta":
-        raise ValueError("device must hold data, got 'meta'; use 'cpu' or 'cuda'")
+    refuse_meta_device(out)
     if out.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(out)!r} was asked for, but torch sees no CUDA device")
     return out
