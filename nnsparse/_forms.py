@@ -42,7 +42,8 @@ from ._index import coo_tensor as _sparse_coo
 from ._index import csr_tensor as _sparse_csr
 
 __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "check_index_range",
-           "resolve_size", "trust", "as_int", "as_count", "as_device", "holds_exactly"]
+           "resolve_size", "trust", "as_int", "as_count", "as_device", "holds_exactly",
+           "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -658,6 +659,20 @@ def _from_list(rows: Sequence[Any], name: str, width: Optional[int]) -> SparseBa
                                   output_size=col.shape[0])
     values = torch.cat([p.values if p.dtype == dtype else p.values.to(dtype) for p in parts])
     return SparseBatch(row, col, values, (len(parts), inferred), form, row_sorted=True)
+
+
+# The value dtypes torch's sparse kernels (coalesce, index_add, index_put) take, beside
+# bool and the complex ones: not the unsigned 16-64 bit, float8, quantized or bits dtypes.
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8,
+                  torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def check_kernel_dtype(dtype: torch.dtype, what: str) -> None:
+    """``TypeError`` for values of a dtype torch's sparse kernels lack (``what`` names them)."""
+    if dtype in KERNEL_DTYPES or dtype == torch.bool or dtype.is_complex:
+        return
+    raise TypeError(f"{what} of dtype {dtype} are not supported: torch's sparse kernels lack "
+                    f"that dtype; convert them with .to(torch.int64) or .to(torch.float32)")
 
 
 def refuse_meta(t: Tensor, name: str) -> None:

@@ -38,8 +38,7 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._forms import SparseBatch, as_device, as_sparse_batch
-from .convert import _check_kernel_dtype
+from ._forms import SparseBatch, as_device, as_sparse_batch, check_kernel_dtype
 from ._kernels import _sampled_rows, _t_mm, _table_blocks, _table_mm
 
 __all__ = ["SparseParts", "sparse_parts"]
@@ -128,7 +127,7 @@ def sparse_parts(x: Any, *, dynamic: bool = True) -> SparseParts:
     if not isinstance(dynamic, bool):
         raise TypeError(f"dynamic must be a bool, got {type(dynamic).__name__}")
     batch = as_sparse_batch(x, name="x", pairs=False)
-    _check_kernel_dtype(batch.dtype, "x values")
+    check_kernel_dtype(batch.dtype, "x values")
     if batch.is_vector:
         raise ValueError(f"x must be a 2-D sparse batch, got a vector of shape "
                          f"({batch.width},); use x.unsqueeze(0)")

@@ -11,8 +11,7 @@ import torch
 from torch import Tensor
 
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch,
-                     check_index_range, refuse_meta_device)
-from .convert import _KERNEL_DTYPES
+                     check_index_range, KERNEL_DTYPES, refuse_meta_device)
 
 __all__ = ["DynamicSparseTensor"]
 
@@ -111,9 +110,9 @@ class DynamicSparseTensor:
             raise ValueError(f"ndim must be at least 1, got {ndim}")
         if not isinstance(dtype, torch.dtype) or dtype == torch.bool or dtype.is_complex:
             raise TypeError(f"dtype must be a floating or integer torch.dtype, got {dtype}")
-        if dtype not in _KERNEL_DTYPES:  # the built tensor could not be coalesced nor densified
+        if dtype not in KERNEL_DTYPES:  # the built tensor could not be coalesced nor densified
             raise TypeError(f"dtype must be one of the dtypes torch's sparse kernels take "
-                            f"({', '.join(str(d) for d in _KERNEL_DTYPES)}), got {dtype}")
+                            f"({', '.join(str(d) for d in KERNEL_DTYPES)}), got {dtype}")
         device = as_device(device, none=True)
         refuse_meta_device(device)
         try:  # "cuda" -> "cuda:0"; a device torch names but this machine lacks is refused here

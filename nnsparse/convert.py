@@ -11,7 +11,8 @@ from torch import Tensor
 
 from . import _index
 from ._forms import (SparseBatch, SparseLike, _as_pairs, _sparse_coo, _sparse_csr, as_int,
-                     as_sparse_batch, holds_exactly, refuse_meta, resolve_size, trust)
+                     as_sparse_batch, check_kernel_dtype, holds_exactly, refuse_meta,
+                     resolve_size, trust)
 
 __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
 
@@ -34,20 +35,6 @@ def _check_elem(elem: Any) -> Any:
         if hasattr(elem, "item"):
             return elem.item()
     return elem
-
-
-# The value dtypes torch's sparse kernels (coalesce, index_add, index_put) take, beside
-# bool and the complex ones: not the unsigned 16-64 bit, float8, quantized or bits dtypes.
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8,
-                  torch.int8, torch.int16, torch.int32, torch.int64)
-
-
-def _check_kernel_dtype(dtype: torch.dtype, what: str) -> None:
-    """``TypeError`` for values of a dtype torch's sparse kernels lack (``what`` names them)."""
-    if dtype in _KERNEL_DTYPES or dtype == torch.bool or dtype.is_complex:
-        return
-    raise TypeError(f"{what} of dtype {dtype} are not supported: torch's sparse kernels lack "
-                    f"that dtype; convert them with .to(torch.int64) or .to(torch.float32)")
 
 
 def _check_elem_fits(elem: Any, dtype: torch.dtype) -> None:
@@ -215,7 +202,7 @@ def _densify(batch: SparseBatch, elem: float, rows: int, width: int, name: str =
     """:func:`densify` of a normalised batch, ``(rows, width)`` (``(width,)`` for a vector);
     ``name``: the argument's, for messages."""
     elem = _check_elem(elem)
-    _check_kernel_dtype(batch.dtype, f"{name} values")
+    check_kernel_dtype(batch.dtype, f"{name} values")
     if _is_nan(elem) and not (batch.dtype.is_floating_point or batch.dtype.is_complex):
         raise ValueError(f"elem nan needs floating values, got dtype {batch.dtype}")
     _check_elem_fits(elem, batch.dtype)

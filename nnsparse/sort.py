@@ -8,8 +8,7 @@ from typing import Any, List, NamedTuple, Union
 import torch
 from torch import Tensor
 
-from ._forms import SparseBatch, SparseLike, as_sparse_batch
-from .convert import _check_kernel_dtype
+from ._forms import SparseBatch, SparseLike, as_sparse_batch, check_kernel_dtype
 
 __all__ = ["ssort", "ssort_by_index", "stopk"]
 
@@ -31,7 +30,7 @@ class TopkResult(NamedTuple):
 def _check_values(batch: SparseBatch, name: str) -> None:
     if batch.dtype == torch.bool or batch.dtype.is_complex:
         raise TypeError(f"{name} values must be real numbers to be ranked, got dtype {batch.dtype}")
-    _check_kernel_dtype(batch.dtype, f"{name} values")
+    check_kernel_dtype(batch.dtype, f"{name} values")
 
 
 def _extreme(dtype: torch.dtype, high: bool) -> float:

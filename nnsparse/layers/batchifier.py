@@ -11,8 +11,7 @@ from torch.utils.data import Dataset
 
 from .. import _index
 from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_count, as_device,
-                      as_sparse_batch, refuse_meta, trust)
-from ..convert import _check_kernel_dtype
+                      as_sparse_batch, check_kernel_dtype, refuse_meta, trust)
 
 __all__ = ["Batchifier"]
 
@@ -101,7 +100,7 @@ class _SparseSource(_Source):
             return
         with torch.no_grad():  # the one normalisation, once for every batch
             batch = as_sparse_batch(data, name="data")
-        _check_kernel_dtype(batch.dtype, "data values")  # before the batch is coalesced
+        check_kernel_dtype(batch.dtype, "data values")  # before the batch is coalesced
         if batch.is_vector:
             raise ValueError("data must be a batch (rows, width), got a single vector; "
                              "call the network on it directly")
