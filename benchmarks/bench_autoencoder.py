@@ -136,13 +136,15 @@ def _load(directory: str):
 
 def _gather(crow, col, val, items):
     """The ratings of ``items`` as (row, col, value), row-major, columns sorted."""
-    starts, counts = crow[items], crow[items + 1] - crow[items]
+    # index_select, not advanced indexing: 4x faster for a 1-D index on CPU
+    starts = crow.index_select(0, items)
+    counts = crow.index_select(0, items + 1) - starts
     total = int(counts.sum())
     rows = torch.repeat_interleave(torch.arange(items.shape[0], device=crow.device), counts,
                                    output_size=total)
     offsets = torch.cumsum(counts, 0) - counts
-    pos = torch.arange(total, device=crow.device) + (starts - offsets)[rows]
-    return rows, col[pos].long(), val[pos]
+    pos = torch.arange(total, device=crow.device) + (starts - offsets).index_select(0, rows)
+    return rows, col.index_select(0, pos).long(), val.index_select(0, pos)
 
 
 def _dense_bytes(items: int, users: int, hidden: int) -> int:

@@ -237,12 +237,13 @@ class SparseBatch:
             return self
         if self.cache.by_row is None:
             _index.count("sort")
-            order = torch.sort(self.row, stable=True).indices
-            pattern = replace(self, row=self.row[order], col=self.col[order],
+            order = _index.stable_order(self.row, self.rows)
+            pattern = replace(self, row=self.row.index_select(0, order),
+                              col=self.col.index_select(0, order),
                               values=self.values[:0], row_sorted=True)
             self.cache.by_row = (order, pattern)
         order, pattern = self.cache.by_row
-        out = pattern.with_pattern_values(self.values[order])
+        out = pattern.with_pattern_values(self.values.index_select(0, order))
         out.shape, out.form, out.trusted = self.shape, self.form, self.trusted
         return out
 

@@ -101,7 +101,7 @@ def _t_mm(row: Tensor, col: Tensor, values: Tensor, dense: Tensor, width: int,
     """
     perm, crow_t, row_t = (pattern.column_major_all(width) if pattern is not None
                            else _index.column_major_all(row, col, width))
-    return _csr_rows_mm(row_t, dense, crow_t, values[perm])
+    return _csr_rows_mm(row_t, dense, crow_t, values.index_select(0, perm))
 
 
 def _sampled_mm(a: Tensor, b: Tensor, crow: Tensor, col: Tensor) -> Tensor:
@@ -179,7 +179,8 @@ def _table_mm(pattern: Optional["SparseBatch"], col: Tensor, table: Tensor, crow
     if blocks <= 1 or pattern is None or col.shape[0] == 0:
         return _csr_rows_mm(col, table, crow, weights)
     order, crow_b = pattern.blocked_order(blocks)
-    parts = _csr_rows_mm(col[order], table, crow_b, weights[order])
+    parts = _csr_rows_mm(col.index_select(0, order), table, crow_b,
+                         weights.index_select(0, order))
     return parts.view(blocks, rows, table.shape[1]).sum(0)
 
 
@@ -218,10 +219,10 @@ def _update_rows_of(update: "TableUpdate", table: Tensor, pattern: "SparseBatch"
     if table.device.type in _SYNC_FREE:
         perm, crow_all, row_t = pattern.column_major_all(table.shape[0])
         update.masked(table, crow_all.diff() > 0,
-                      _csr_rows_mm(row_t, dense, crow_all, entry_values[perm]))
+                      _csr_rows_mm(row_t, dense, crow_all, entry_values.index_select(0, perm)))
         return
     perm, cols, crow_t, row_t = pattern.column_major()
     crow_all = pattern.column_major_all(table.shape[0])[1]
-    weights = entry_values[perm]
+    weights = entry_values.index_select(0, perm)
     update(table, cols, _bag_rows(row_t, dense, crow_t, weights),
            _bag_rows(row_t, dense, crow_all, weights))

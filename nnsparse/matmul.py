@@ -218,8 +218,8 @@ def _flat_coo(a: Tensor, name: str) -> _Flat:
                                  f"got max {stats[3 + d]}")
     row, col, order = k * n + i, k * m + j, None
     if not source.is_coalesced():  # coalesced: sorted by (k, i, j), hence by k n + i
-        order = torch.sort(row, stable=True).indices
-        row, col = row[order], col[order]
+        order = _index.stable_order(row, nb * n)
+        row, col = row.index_select(0, order), col.index_select(0, order)
     return _Flat(_key(a), row, col, _index.crow_from_rows(row, nb * n), nb * n, nb * m,
                  order, recoalesce)
 

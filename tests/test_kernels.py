@@ -100,6 +100,17 @@ def test_blocked_order_groups_by_column_span_then_row():
     assert crow_b.tolist() == [0, 1, 2, 3, 5, 6, 6]
 
 
+@pytest.mark.parametrize("bound", [7, 2**31 - 1, 2**31])  # int32 keys, then int64 ones
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_stable_order_is_torch_stable_argsort(bound, dtype):
+    gen = torch.Generator().manual_seed(0)
+    key = torch.randint(0, 7, (500,), generator=gen, dtype=dtype)  # many ties
+    key[::50] = min(bound, 2**31) - 1 if dtype == torch.int64 else 2**31 - 1
+    order = _index.stable_order(key, bound)
+    assert order.dtype == torch.int64
+    assert torch.equal(order, torch.argsort(key, stable=True))
+
+
 def test_table_blocks():
     assert _kernels._table_blocks(torch.empty(10, 10)) == 1  # small: one pass
     big = torch.empty(0).new_empty((1 << 24) + 1, 1)  # just above 64 MB of float32

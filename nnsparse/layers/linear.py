@@ -39,7 +39,7 @@ def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_featu
     if not sparse:
         return _t_mm(row, col, values, grad, in_features, pattern)
     perm, cols, crow_t, row_t = pattern.column_major()
-    touched = _csr_rows_mm(row_t, grad, crow_t, values[perm])
+    touched = _csr_rows_mm(row_t, grad, crow_t, values.index_select(0, perm))
     return _sparse_coo(cols.unsqueeze(0), touched, (in_features, grad.shape[1]), True)
 
 

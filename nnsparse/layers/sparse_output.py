@@ -51,7 +51,7 @@ class _SampledLinear(torch.autograd.Function):
         # (half types: the sampled product runs in float32, the backward's bags in h's dtype)
         values = _sampled_rows(pattern, h, weight, crow, col)
         if bias is not None:
-            values = values + bias[col]
+            values = values + bias.index_select(0, col)
         return values
 
     @staticmethod
@@ -89,7 +89,7 @@ class _SampledLinear(torch.autograd.Function):
             need_w = False
         if need_w or (need_b and ctx.sparse_grad):
             perm, cols, crow_t, row_t = ctx.pattern.column_major()
-            grad_t = grad[perm]
+            grad_t = grad.index_select(0, perm)
         if need_b:
             if ctx.sparse_grad:
                 segment = _index.rows_from_crow(crow_t, grad.shape[0])
