@@ -113,6 +113,9 @@ class LazyAdam(Optimizer):
         """``Optimizer.add_param_group`` with the constructor's checks on the group's
         hyperparameters (torch's would take a negative ``lr`` or ``maximize=True``)."""
         if isinstance(param_group, dict):
+            if "params" not in param_group:  # torch's KeyError
+                raise ValueError(f"param_group must have 'params', got the keys "
+                                 f"{sorted(map(str, param_group))}")
             _check_lazy_group({**self.defaults, **param_group}, "param_group")
         super().add_param_group(param_group)
 
@@ -124,7 +127,7 @@ class LazyAdam(Optimizer):
         lacks (a torch Adam state has no ``dense_above``) take this optimiser's
         defaults; the step count is kept as an int."""
         _check_state_entries(state_dict, self, "state_dict", ("step", "exp_avg", "exp_avg_sq"))
-        groups = state_dict.get("param_groups", []) if isinstance(state_dict, dict) else []
+        groups = state_dict["param_groups"]
         for i, group in enumerate(groups if isinstance(groups, list) else []):
             if isinstance(group, dict):
                 _check_lazy_group({**self.defaults, **group}, f"state_dict['param_groups'][{i}]")
@@ -202,21 +205,66 @@ def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
     """The per-parameter entries of an ``Optimizer.state_dict()`` against the parameters
     of ``optimizer`` (torch's order): each tensor of more than 0 dimensions must have its
     parameter's shape (torch loads any, and a fused step then writes out of
-    bounds), and a non-empty entry must hold the ``required`` keys."""
+    bounds), a ``step`` must be a whole number >= 0, and a non-empty entry must hold
+    the ``required`` keys, its moments (the required keys but ``step``) as dense tensors
+    of the parameter's shape."""
+    _check_optimizer_dict(state_dict, where)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    state = state_dict.get("state", {}) if isinstance(state_dict, dict) else {}
+    state = state_dict["state"]
     for index, entry in (state.items() if isinstance(state, dict) else ()):
         if not (isinstance(index, int) and 0 <= index < len(params) and isinstance(entry, dict)):
             continue  # torch's own checks (group sizes, ids) answer those
+        name = f"{where}['state'][{index}]"
         missing = [key for key in required if key not in entry]
         if entry and missing:
-            raise ValueError(f"{where}['state'][{index}] must hold {list(required)}, got "
-                             f"the keys {sorted(entry)}")
+            raise ValueError(f"{name} must hold {list(required)}, got the keys {sorted(entry)}")
+        if "step" in entry:
+            _check_step(entry["step"], f"{name}['step']")
         shape = tuple(params[index].shape)
         for key, t in entry.items():
+            if key != "step" and key in required:
+                _check_moment(t, shape, f"{name}[{key!r}]")
             if isinstance(t, Tensor) and t.dim() > 0 and tuple(t.shape) != shape:
-                raise ValueError(f"{where}['state'][{index}][{key!r}] must have its "
-                                 f"parameter's shape {shape}, got {tuple(t.shape)}")
+                raise ValueError(f"{name}[{key!r}] must have its parameter's shape {shape}, "
+                                 f"got {tuple(t.shape)}")
+
+
+def _check_optimizer_dict(state_dict: Any, where: str) -> None:
+    """The form of an ``Optimizer.state_dict()`` (torch's load raises AttributeError or
+    KeyError): a dict with ``'state'`` and ``'param_groups'``."""
+    if not isinstance(state_dict, dict):
+        raise TypeError(f"{where} must be a dict (from Optimizer.state_dict()), "
+                        f"got {type(state_dict).__name__}")
+    missing = [key for key in ("state", "param_groups") if key not in state_dict]
+    if missing:
+        raise ValueError(f"{where} must have the keys 'state' and 'param_groups' (from "
+                         f"Optimizer.state_dict()), lacks {missing}")
+
+
+def _check_step(step: Any, name: str) -> None:
+    """An entry's step count: an int or a one-element tensor (torch's Adam keeps a float
+    one) holding a whole number >= 0 (a negative or fractional count gives a wrong bias
+    correction, a NaN one NaN parameters)."""
+    value = step
+    if isinstance(step, Tensor) and step.numel() == 1 and not step.is_complex():
+        value = step.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be an int or a one-element tensor, "
+                        f"got {type(step).__name__} {step!r}")
+    count = float(value)  # a Real converts (mypy's numbers.Real has no operators)
+    if not (math.isfinite(count) and count >= 0 and count.is_integer()):
+        raise ValueError(f"{name} must be a whole number >= 0, got {value}")
+
+
+def _check_moment(t: Any, shape: Tuple[int, ...], name: str) -> None:
+    """A moment of a state entry: a dense real tensor of its parameter's shape."""
+    if not isinstance(t, Tensor) or t.layout != torch.strided:
+        kind = f"layout {t.layout}" if isinstance(t, Tensor) else type(t).__name__
+        raise TypeError(f"{name} must be a dense tensor of its parameter's shape {shape}, "
+                        f"got {kind}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have its parameter's shape {shape}, "
+                         f"got {tuple(t.shape)}")
 
 
 def _check_grad(p: Tensor, grad: Tensor) -> None:
@@ -592,6 +640,8 @@ class InBackwardOptimizer:
                     raise ValueError(f"state_dict['tables'][{name!r}][{key!r}] must be a tensor "
                                      f"of shape {tuple(t.shape)}, got "
                                      f"{tuple(given.shape) if isinstance(given, Tensor) else given!r}")
+                if key == "step":
+                    _check_step(given, f"state_dict['tables'][{name!r}]['step']")
         if (state_dict.get("dense") is None) != (self.dense is None):
             raise ValueError("state_dict['dense'] must be given exactly when the model has "
                              "parameters outside the in-backward layers")

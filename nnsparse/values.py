@@ -189,6 +189,7 @@ def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike:
         crow, col = _index.csr_indices(input)
         return _csr_with_values(crow, col, _mapped(fn, batch.values), input.shape, batch)
     if batch.form != "coo":
+        batch = _distinct(batch)
         return batch.with_values(_mapped(fn, batch.values))
     assert isinstance(input, Tensor)
     if input.is_coalesced():
@@ -198,6 +199,16 @@ def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike:
     index = batch.col.unsqueeze(0) if batch.is_vector else torch.stack([batch.row, batch.col])
     shape = (batch.width,) if batch.is_vector else batch.shape
     return _coo_with_values(index, _mapped(fn, batch.values), shape, batch)
+
+
+def _distinct(batch: SparseBatch) -> SparseBatch:
+    """``batch`` with its repeated positions summed (a list of uncoalesced vectors or of
+    pair tensors that repeat an index): ``fn`` of a sum is not the sum of ``fn``.
+    The batch itself, entries in their order, when no position repeats."""
+    if batch.coalesced:
+        return batch
+    merged = batch.coalesce()
+    return merged if merged.nnz != batch.nnz else batch
 
 
 def _mapped(fn: Callable[[Tensor], Tensor], values: Tensor) -> Tensor:

@@ -1155,7 +1155,170 @@ META = [
     ]
 ]
 
-CASES = _sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3 + META
+# -- the fourth probe: repeated positions in list forms, layer devices, optimiser states,
+# -- rating-matrix shapes and Ratings titles ----------------------------------------------
+
+_REPEATS = lambda: torch.tensor([[2.0, 1.0], [2.0, 2.0], [0.0, 3.0]])  # noqa: E731  index 2 twice
+
+
+def _repeated_vector():  # (4,) with index 2 given twice: 1 + 2
+    return torch.sparse_coo_tensor(torch.tensor([[2, 2, 0]]), torch.tensor([1.0, 2.0, 3.0]), (4,))
+
+
+def _square(v):
+    return v * v
+
+
+def _lazy_refused_load(entry):
+    """Load a LazyAdam state with ``entry`` for its parameter: the refusal must leave the
+    optimiser's state as it was (it used to be loaded before a NaN step failed)."""
+    p = nn.Parameter(torch.ones(3, 2))
+    opt = LazyAdam([p])
+    p.grad = torch.ones(3, 2)
+    opt.step()
+    before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()}
+    state = {"state": {0: entry}, "param_groups": opt.state_dict()["param_groups"]}
+    try:
+        opt.load_state_dict(state)
+    except (TypeError, ValueError) as e:
+        kept = all(torch.equal(opt.state[p][k], v) if isinstance(v, torch.Tensor)
+                   else opt.state[p][k] == v for k, v in before.items())
+        raise type(e)(f"{e} (state kept: {kept})") from None
+
+
+def _entry(**changes):
+    entry = {"step": 1, "exp_avg": torch.zeros(3, 2), "exp_avg_sq": torch.zeros(3, 2)}
+    entry.update(changes)
+    return entry
+
+
+def _in_backward_state(**changes):
+    opt = nnsparse.optim.apply_optimizer_in_backward(
+        nn.Sequential(nnsparse.SparseLinearBatch(4, 3), nn.Linear(3, 2)), "adam")
+    state = opt.state_dict()
+    state["tables"]["0"]["step"] = changes.pop("step", state["tables"]["0"]["step"])
+    state.update(changes)
+    opt.load_state_dict(state)
+
+
+def _short_titles_recommend():
+    """Titles for fewer items than the item map holds (the shared map grew after they
+    were read): recommend gives those items an empty title."""
+    r = Ratings(_R.user, _R.item, _R.rating, _R.user_map, _R.item_map, titles=["only"])
+    model = nnsparse.models.AutoRec(hidden=3, epochs=1, validation_ratio=0.0, batch_size=8)
+    model.fit(r, progress=False, verbose=False)
+    return model.recommend(_R.user_ids()[0], k=8, min_support=0)
+
+
+PROBE4 = [
+    # values_map of a list whose rows repeat a position: fn of the sum, not the sum of fn
+    Case("values_map-pair-list-repeated-index-works", lambda: nnsparse.densify(
+        nnsparse.values_map(_square, [_REPEATS()]), size=(1, 4)), None,
+         check=lambda out: out.tolist() == [[9.0, 0.0, 9.0, 0.0]]),
+    Case("values_map-list-of-uncoalesced-vectors-works", lambda: nnsparse.densify(
+        nnsparse.values_map(_square, [_repeated_vector(), X[0].to_sparse()])), None,
+         check=lambda out: out.tolist() == [[9.0, 0.0, 9.0, 0.0], [1.0, 0.0, 4.0, 0.0]]),
+    Case("ValuesMap-pair-list-repeated-index-works", lambda: nnsparse.densify(
+        nnsparse.ValuesMap(_square)([_REPEATS(), _REPEATS()]), size=(2, 3)), None,
+         check=lambda out: out.tolist() == [[9.0, 0.0, 9.0]] * 2),
+    Case("values_map-pair-list-distinct-keeps-order-works", lambda: nnsparse.values_map(
+        _square, [torch.tensor([[3.0, 2.0], [1.0, 3.0]])]), None,
+         check=lambda out: out[0].tolist() == [[3.0, 4.0], [1.0, 9.0]]),
+    # SparseWeightLinear: a torch sparse input declares its width, as for the other layers
+    Case("SparseWeightLinear-narrower-sparse-input", lambda: nnsparse.SparseWeightLinear(
+        X.to_sparse())(torch.ones(2, 3).to_sparse()), ValueError,
+         r"input has width 3, smaller than in_features 4; give it shape \(rows, 4\)"),
+    Case("SparseWeightLinear-narrower-csr-input", lambda: nnsparse.SparseWeightLinear(
+        X.to_sparse())(torch.ones(2, 3).to_sparse_csr()), ValueError,
+         r"input has width 3, smaller than in_features 4"),
+    Case("SparseWeightLinear-pair-list-input-works", lambda: (lambda layer: (
+        layer(nnsparse.to_pairs(S)), layer(X)))(nnsparse.SparseWeightLinear(X.to_sparse())), None,
+         check=lambda out: torch.allclose(out[0], out[1])),
+    # layer devices: a name torch does not know is the caller's ValueError, not torch's RuntimeError
+    Case("SparseLinearBatch-device-unknown", lambda: nnsparse.SparseLinearBatch(4, 3, device="nope"),
+         ValueError, r"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got 'nope'"),
+    Case("SparseLinearBatch-device-list", lambda: nnsparse.SparseLinearBatch(4, 3, device=[0]),
+         TypeError, r"device must be None, a torch.device or a name .*got list"),
+    Case("SparseOutputLinear-device-unknown", lambda: nnsparse.SparseOutputLinear(3, 4, device="gpu"),
+         ValueError, r"device must be a torch.device or a name .*got 'gpu'"),
+    Case("SparseWeightLinear-device-unknown", lambda: nnsparse.SparseWeightLinear(
+        X.to_sparse(), device="nope"), ValueError, r"device must be a torch.device .*got 'nope'"),
+    Case("SparseWeightLinear.random-device-float", lambda: nnsparse.SparseWeightLinear.random(
+        4, 3, 0.5, device=1.5), TypeError, r"device must be None, a torch.device .*got float"),
+    Case("SparseLinearBatch-device-meta-works", lambda: nnsparse.SparseLinearBatch(
+        4, 3, device="meta").weight.device, None, check=lambda d: d.type == "meta"),
+    Case("SparseRowBatch.to-unknown-device", lambda: SparseRowDataset(S).collate(
+        [SparseRowDataset(S)[0]]).to("nope"), ValueError,
+         r"device must be a torch.device or a name .*got 'nope'"),
+    # LazyAdam.load_state_dict: the form and every entry checked before anything is loaded
+    Case("LazyAdam.load_state_dict-None", lambda: LazyAdam(_P).load_state_dict(None), TypeError,
+         r"state_dict must be a dict \(from Optimizer.state_dict\(\)\), got NoneType"),
+    Case("LazyAdam.load_state_dict-empty", lambda: LazyAdam(_P).load_state_dict({}), ValueError,
+         r"state_dict must have the keys 'state' and 'param_groups' .*lacks \['state', "
+         r"'param_groups'\]"),
+    Case("LazyAdam.load_state_dict-step-str", lambda: _lazy_refused_load(_entry(step="x")),
+         TypeError, r"state_dict\['state'\]\[0\]\['step'\] must be an int or a one-element "
+                    r"tensor, got str 'x' \(state kept: True\)"),
+    Case("LazyAdam.load_state_dict-step-negative", lambda: _lazy_refused_load(_entry(step=-3)),
+         ValueError, r"\['step'\] must be a whole number >= 0, got -3 \(state kept: True\)"),
+    Case("LazyAdam.load_state_dict-step-fraction", lambda: _lazy_refused_load(_entry(step=1.5)),
+         ValueError, r"\['step'\] must be a whole number >= 0, got 1.5"),
+    Case("LazyAdam.load_state_dict-step-nan-tensor", lambda: _lazy_refused_load(
+        _entry(step=torch.tensor(math.nan))), ValueError,
+         r"\['step'\] must be a whole number >= 0, got nan \(state kept: True\)"),
+    Case("LazyAdam.load_state_dict-step-bool", lambda: _lazy_refused_load(_entry(step=True)),
+         TypeError, r"\['step'\] must be an int or a one-element tensor, got bool"),
+    Case("LazyAdam.load_state_dict-step-2d-tensor", lambda: _lazy_refused_load(
+        _entry(step=torch.ones(3, 2))), TypeError, r"\['step'\] must be an int or a one-element"),
+    Case("LazyAdam.load_state_dict-moment-list", lambda: _lazy_refused_load(
+        _entry(exp_avg=[[0.0, 0.0]] * 3)), TypeError,
+         r"\['exp_avg'\] must be a dense tensor of its parameter's shape \(3, 2\), got list"),
+    Case("LazyAdam.load_state_dict-moment-None", lambda: _lazy_refused_load(
+        _entry(exp_avg_sq=None)), TypeError, r"\['exp_avg_sq'\] must be a dense tensor .*NoneType"),
+    Case("LazyAdam.load_state_dict-moment-sparse", lambda: _lazy_refused_load(
+        _entry(exp_avg=torch.zeros(3, 2).to_sparse())), TypeError,
+         r"\['exp_avg'\] must be a dense tensor .*got layout torch.sparse_coo"),
+    Case("LazyAdam.load_state_dict-moment-0d", lambda: _lazy_refused_load(
+        _entry(exp_avg=torch.tensor(0.0))), ValueError,
+         r"\['exp_avg'\] must have its parameter's shape \(3, 2\), got \(\)"),
+    Case("LazyAdam.load_state_dict-adam-float-step-works", lambda: _lazy_refused_load(
+        _entry(step=torch.tensor(4.0))), None, check=lambda out: out is None),
+    Case("LazyAdam.add_param_group-no-params", lambda: LazyAdam(_P).add_param_group({"lr": 0.1}),
+         ValueError, r"param_group must have 'params', got the keys \['lr'\]"),
+    Case("InBackwardOptimizer.load_state_dict-step-negative", lambda: _in_backward_state(
+        step=torch.tensor(-1.0)), ValueError,
+         r"state_dict\['tables'\]\['0'\]\['step'\] must be a whole number >= 0, got -1.0"),
+    Case("InBackwardOptimizer.load_state_dict-dense-int", lambda: _in_backward_state(dense=3),
+         TypeError, r"state_dict\['dense'\] must be a dict \(from Optimizer.state_dict\(\)\), "
+                    r"got int"),
+    Case("InBackwardOptimizer.load_state_dict-dense-no-groups", lambda: _in_backward_state(
+        dense={"state": {}}), ValueError, r"state_dict\['dense'\] must have the keys 'state' and "
+                                          r"'param_groups'"),
+    # rating_matrix's shape: numpy ints are ints; rows * width must fit int64
+    Case("rating_matrix-shape-numpy-works", lambda: rating_matrix(
+        _R, shape=(_NP.int64(9), _NP.int64(11))).shape, None, check=lambda s: s == (9, 11)),
+    Case("rating_matrix-shape-beyond-int64", lambda: rating_matrix(
+        _R, shape=(10 ** 12, 10 ** 12), layout=torch.sparse_coo), ValueError,
+         r"shape must keep rows \* width within int64 elements, got \(1000000000000, "
+         r"1000000000000\)"),
+    # Ratings.titles and .source: checked where they enter, not where a recommendation reads them
+    Case("Ratings-titles-str", lambda: Ratings(_R.user, _R.item, _R.rating, _R.user_map,
+                                               _R.item_map, titles="abc"), TypeError,
+         r"Ratings.titles must be None or a list of str \(one per item\), got str"),
+    Case("Ratings-titles-ints", lambda: Ratings(_R.user, _R.item, _R.rating, _R.user_map,
+                                                _R.item_map, titles=list(range(8))), TypeError,
+         r"Ratings.titles must be None or a list of str .*got a list holding int"),
+    Case("Ratings-titles-too-many", lambda: Ratings(_R.user, _R.item, _R.rating, _R.user_map,
+                                                    _R.item_map, titles=["a"] * 9), ValueError,
+         r"Ratings.titles must hold at most one title per item of item_map \(8\), got 9"),
+    Case("Ratings-source-int", lambda: Ratings(_R.user, _R.item, _R.rating, _R.user_map,
+                                               _R.item_map, source=3), TypeError,
+         r"Ratings.source must be a str, got int"),
+    Case("recommend-fewer-titles-than-items-works", _short_titles_recommend, None,
+         check=lambda rec: rec.titles.count("only") <= 1 and len(rec.titles) == len(rec.ids)),
+]
+
+CASES = _sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3 + META + PROBE4
 
 
 def run_case(case: Case) -> str:

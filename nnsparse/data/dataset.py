@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .._forms import SparseBatch, as_sparse_batch, move_structure, trust
+from .._forms import SparseBatch, as_device, as_sparse_batch, move_structure, trust
 from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 
 __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_rows"]
@@ -139,6 +139,7 @@ class SparseRowBatch:
 
     def to(self, device: Any, non_blocking: bool = False) -> "SparseRowBatch":
         """The batch on ``device`` (each tensor moved with ``non_blocking``), still trusted."""
+        device = as_device(device)
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "SparseRowBatch":

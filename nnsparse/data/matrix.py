@@ -94,6 +94,18 @@ def _check_values_arg(values: Any, name: str) -> None:
         raise TypeError(f"{name} must hold real numbers, got dtype {values.dtype}")
 
 
+def _matrix_shape(shape: Any) -> Tuple[int, int]:
+    """A ``(rows, width)`` given for a rating matrix: two non-negative ints (numpy ints
+    pass) whose product stays within int64 elements, as torch's sparse tensors need."""
+    if not isinstance(shape, (tuple, list, torch.Size)) or len(shape) != 2 or any(
+            isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0 for s in shape):
+        raise ValueError(f"shape must be two non-negative ints (rows, width), got {shape!r}")
+    rows, width = int(shape[0]), int(shape[1])
+    if rows * width > torch.iinfo(torch.int64).max:
+        raise ValueError(f"shape must keep rows * width within int64 elements, got {shape!r}")
+    return rows, width
+
+
 def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[Tensor] = None,
                   layout: torch.layout = torch.sparse_csr,
                   shape: Optional[Tuple[int, int]] = None) -> Tensor:
@@ -130,10 +142,7 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
     if layout not in (torch.sparse_csr, torch.sparse_coo):
         raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
     row, col, default = _index(ratings, orientation)
-    if shape is not None and (not isinstance(shape, (tuple, list)) or len(shape) != 2 or any(
-            isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in shape)):
-        raise ValueError(f"shape must be two non-negative ints (rows, width), got {shape!r}")
-    rows, width = default if shape is None else shape
+    rows, width = default if shape is None else _matrix_shape(shape)
     values = ratings.rating if values is None else values
     if not isinstance(values, Tensor) or values.layout != torch.strided:
         raise TypeError(f"values must be a dense tensor, got {type(values).__name__}")

@@ -100,6 +100,9 @@ class Ratings:
         if not self.rating.is_floating_point():
             raise TypeError(f"Ratings.rating must be a floating-point tensor, "
                             f"got {self.rating.dtype}")
+        _check_titles(self.titles, len(self.item_map))
+        if not isinstance(self.source, str):
+            raise TypeError(f"Ratings.source must be a str, got {type(self.source).__name__}")
         if len(self.rating):  # data preparation, not a training step: one O(n) pass
             for name, bound in (("user", len(self.user_map)), ("item", len(self.item_map))):
                 lo, hi = torch.aminmax(getattr(self, name))
@@ -298,6 +301,23 @@ def check_ratings(ratings: Any, name: str) -> None:
     if not isinstance(ratings, Ratings):
         raise TypeError(f"{name} must be a Ratings record (from read_ratings or "
                         f"Ratings.from_triples), got {type(ratings).__name__}")
+
+
+def _check_titles(titles: Any, n_items: int) -> None:
+    """``Ratings.titles``: None or a list of str, one per item index; fewer than the items
+    when the shared ``item_map`` grew since (a later file added items, which have none)."""
+    if titles is None:
+        return
+    if not isinstance(titles, (list, tuple)):
+        raise TypeError(f"Ratings.titles must be None or a list of str (one per item), "
+                        f"got {type(titles).__name__}")
+    bad = [t for t in titles if not isinstance(t, str)]
+    if bad:
+        raise TypeError(f"Ratings.titles must be None or a list of str (one per item), "
+                        f"got a {type(titles).__name__} holding {type(bad[0]).__name__}")
+    if len(titles) > n_items:
+        raise ValueError(f"Ratings.titles must hold at most one title per item of item_map "
+                         f"({n_items}), got {len(titles)}")
 
 
 def _from(source: str) -> str:

@@ -10,8 +10,8 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .. import _index
-from .._forms import (SparseBatch, SparseLike, _sparse_coo, as_int, as_sparse_batch,
-                      move_structure)
+from .._forms import (SparseBatch, SparseLike, _sparse_coo, as_device, as_int,
+                      as_sparse_batch, move_structure)
 from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, linear_parts
@@ -260,8 +260,9 @@ def _check_not_narrower(x: Any, width: int, name: str, what: str) -> None:
 
 
 def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_grad: Any,
-                      dtype: Any = None) -> Tuple[int, int]:
-    """The constructor arguments the sparse linear layers share: sizes, flags and dtype.
+                      dtype: Any = None, device: Any = None) -> Tuple[int, int]:
+    """The constructor arguments the sparse linear layers share: sizes, flags, dtype and
+    device (a name torch does not know is a ValueError here, not torch's RuntimeError).
 
     Returns the sizes as Python ints (numpy ints and 0-d integer tensors pass,
     as in ``nn.Linear``; a bool or a float does not)."""
@@ -277,6 +278,7 @@ def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_gra
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype (the parameters learn), "
                         f"got {dtype}")
+    as_device(device, none=True)
     return sizes[0], sizes[1]
 
 
@@ -373,7 +375,7 @@ class SparseLinearBatch(nn.Module):
                 f"got {len(args)} extra positional argument(s) {args!r}; Lua's third argument "
                 "ignoreAccGrad has no equivalent (gradients accumulate as in torch)")
         in_features, out_features = _check_layer_args(in_features, out_features, bias,
-                                                      sparse_grad, dtype)
+                                                      sparse_grad, dtype, device)
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         if sparse_grad and mode == "dense":

@@ -295,7 +295,7 @@ class SparseOutputLinear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  sparse_grad: bool = False, device=None, dtype=None) -> None:
         in_features, out_features = _check_layer_args(in_features, out_features, bias,
-                                                      sparse_grad, dtype)
+                                                      sparse_grad, dtype, device)
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.sparse_grad = sparse_grad
         # the optimiser in the backward, set by nnsparse.optim.apply_optimizer_in_backward

@@ -17,11 +17,12 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .._forms import _check_csr, as_sparse_batch, is_sparse_form
+from .._forms import _check_csr, as_device, as_sparse_batch, is_sparse_form
 from .._load import check_state_dict, entry_errors
 from .. import _index
 from ..matmul import _PatternMM, _transposed
 from ..values import _csr_with_values
+from .linear import _check_not_narrower
 
 __all__ = ["SparseWeightLinear"]
 
@@ -159,6 +160,7 @@ class SparseWeightLinear(nn.Module):
             raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+        as_device(device, none=True)  # before the pattern is read
         if not is_sparse_form(pattern):
             raise TypeError("pattern must be a sparse matrix (COO, CSR, a list of sparse rows), "
                             f"got {_kind(pattern)}; use pattern.to_sparse() for a dense mask")
@@ -410,6 +412,7 @@ class SparseWeightLinear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
     def _sparse_forward(self, input: Any) -> Tensor:
+        _check_not_narrower(input, self.in_features, "input", "in_features")
         batch = as_sparse_batch(input, name="input", width=self.in_features, pairs=False)
         self._check(batch.dtype, batch.device)
         joined = self._join(batch.col, batch.rows)

@@ -655,7 +655,9 @@ class RatingModel(nn.Module):
         score = torch.where(keep, score, torch.tensor(-math.inf))
         best = torch.topk(score, min(k, int(keep.sum())))
         idx = best.indices
-        titles = [self.titles_[i] if self.titles_ else "" for i in idx.tolist()]
+        # items added to the shared item_map after the titles were read have none
+        titles = [self.titles_[i] if self.titles_ and i < len(self.titles_) else ""
+                  for i in idx.tolist()]
         return Recommendations([self.item_ids_[i] for i in idx.tolist()], idx, best.values,
                                pred[idx], support[idx], titles)
 
