@@ -506,6 +506,12 @@ class InBackwardOptimizer:
       are updated from each process's local gradient, never all-reduced):
       refused for a DDP-wrapped model.  Learning-rate schedulers are not
       supported; use :meth:`set_lr`.
+    * Tied weights (one parameter in two sparse layers) are refused with a
+      ``NotImplementedError``: each layer would take its own step with its own
+      state.  ``LazyAdam`` and ``torch.optim`` train them.
+    * A copy of the model (``copy.deepcopy``, ``torch.save``) is a model alone,
+      as for ``torch.optim``: its layers carry no optimiser.  An optimiser copied
+      or pickled together with its model is attached to the copy's layers.
 
     State: :meth:`state_dict` / :meth:`load_state_dict` hold the tables'
     state (by layer name) and :attr:`dense`'s, as ``torch.optim`` does; the
@@ -679,7 +685,8 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
         ValueError: unknown ``optimizer``, an invalid hyperparameter, one not
             used by ``optimizer`` (``momentum`` for Adam), no sparse layer in
             ``model``, or a layer already attached to another one.
-        NotImplementedError: ``model`` is wrapped in ``DistributedDataParallel``.
+        NotImplementedError: ``model`` is wrapped in ``DistributedDataParallel``, or
+            two of its sparse layers share a weight (tied weights).
 
     Example::
 
