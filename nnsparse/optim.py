@@ -448,6 +448,7 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Te
     from .layers.linear import SparseLinearBatch
     from .layers.sparse_output import SparseOutputLinear
     found: List[Tuple[str, _SparseLayer, Tensor, Tensor]] = []
+    owner: Dict[int, str] = {}  # the first layer holding each parameter (model.parameters()'s identity)
     for name, module in model.named_modules():
         param: Tensor
         if isinstance(module, SparseLinearBatch):
@@ -461,7 +462,18 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Te
             if not table.is_contiguous():  # the rows are updated in place
                 from .layers.linear import _NOT_COLUMN_MAJOR
                 raise ValueError(_NOT_COLUMN_MAJOR.format(name=name or type(module).__name__))
-            found.append((name or type(module).__name__, module, table, param))
+            name = name or type(module).__name__
+            shared = owner.setdefault(id(param), name)
+            if shared != name:
+                # two tables updating one weight would each take a full step with its own
+                # state: two Adam steps where torch.optim takes one with the summed gradient
+                raise NotImplementedError(
+                    f"model: layers {shared!r} and {name!r} share their weight (tied "
+                    f"weights), which the optimiser in the backward cannot update: each layer "
+                    f"would take its own step with its own state; train tied weights with "
+                    f"materialised gradients (torch.optim, nnsparse.optim.LazyAdam or "
+                    f"nnsparse.make_optimizer)")
+            found.append((name, module, table, param))
     return found
 
 
@@ -542,6 +554,12 @@ class InBackwardOptimizer:
       are updated from each process's local gradient, never all-reduced):
       refused for a DDP-wrapped model.  Learning-rate schedulers are not
       supported; use :meth:`set_lr`.
+    * Tied weights (one parameter in two sparse layers) are refused with a
+      ``NotImplementedError``: each layer would take its own step with its own
+      state.  ``LazyAdam`` and ``torch.optim`` train them.
+    * A copy of the model (``copy.deepcopy``, ``torch.save``) is a model alone,
+      as for ``torch.optim``: its layers carry no optimiser.  An optimiser copied
+      or pickled together with its model is attached to the copy's layers.
 
     State: :meth:`state_dict` / :meth:`load_state_dict` hold the tables'
     state (by layer name) and :attr:`dense`'s, as ``torch.optim`` does; the
@@ -575,6 +593,13 @@ class InBackwardOptimizer:
                               if p.requires_grad and id(p) not in fused_ids]
         self.dense = _dense_optimizer(kind, rest, hp)
         for name, layer in self._layers:  # attach last: nothing is changed on a failure above
+            layer._row_update = self._updates[name]
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        # a pickled or deep-copied layer drops its optimiser in the backward (see
+        # SparseLinearBatch.__getstate__): the optimiser copied with it attaches again
+        self.__dict__.update(state)
+        for name, layer in self._layers:
             layer._row_update = self._updates[name]
 
     @property
@@ -710,7 +735,8 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
         ValueError: unknown ``optimizer``, an invalid hyperparameter, one not
             used by ``optimizer`` (``momentum`` for Adam), no sparse layer in
             ``model``, or a layer already attached to another one.
-        NotImplementedError: ``model`` is wrapped in ``DistributedDataParallel``.
+        NotImplementedError: ``model`` is wrapped in ``DistributedDataParallel``, or
+            two of its sparse layers share a weight (tied weights).
 
     Example::
 

@@ -1,5 +1,7 @@
 """Tests of nnsparse.models: fit, predict, fallback, recommend, save/load, cross-validation."""
+import copy
 import math
+import pickle
 import re
 
 import numpy as np
@@ -93,6 +95,22 @@ def test_save_load_round_trip(tmp_path, data):
     with pytest.raises(ValueError, match="holds a CFN, not a AutoRec"):
         AutoRec.load(path)
 
+
+
+@pytest.mark.parametrize("copy_", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("cls, extra", MODELS, ids=lambda v: getattr(v, "name", ""))
+def test_a_fitted_model_copies(data, cls, extra, copy_):
+    # a snapshot of the best model of a sweep: deepcopy failed on the CSR training matrix
+    train, test = data
+    model = _fit(cls, extra, train, epochs=1)
+    other = copy.deepcopy(model) if copy_ == "deepcopy" else pickle.loads(pickle.dumps(model))
+    assert other._input.layout == torch.sparse_csr
+    assert torch.equal(other._input.to_dense(), model._input.to_dense())
+    assert torch.equal(other.predict(test), model.predict(test))
+    other.fit(train, verbose=False, progress=False)  # the copy trains on its own
+    for p, q in zip(model.state_dict().values(), _fit(cls, extra, train, epochs=1)
+                    .state_dict().values()):
+        assert torch.equal(p, q)
 
 def test_recommend_filters(data):
     train, _ = data

@@ -1,6 +1,8 @@
 """The optimiser in the backward (nnsparse.optim.apply_optimizer_in_backward)
 against torch.optim on materialised gradients, LazyAdam, and its refusals."""
 import copy
+import io
+import pickle
 
 import pytest
 import torch
@@ -227,6 +229,60 @@ def test_remove_restores_gradients():
     gen = torch.Generator().manual_seed(6)
     _loss(model, _batch(gen, 2, IN, 0.5, "cpu"), _batch(gen, 2, OUT, 0.5, "cpu")).backward()
     assert model.enc.weight.grad is not None and model.dec.weight.grad is not None
+
+
+@pytest.mark.parametrize("copy_", ["deepcopy", "torch.save"])
+def test_a_copied_model_is_not_trained_by_the_originals_optimiser(copy_):
+    # a copy (snapshot, checkpoint) is a model alone, as for torch.optim: its weights get
+    # gradients, and torch.load(weights_only=True) reads it (the optimiser is no safe global)
+    gen = torch.Generator().manual_seed(6)
+    x, y = _batch(gen, 2, IN, 0.5, "cpu"), _batch(gen, 2, OUT, 0.5, "cpu")
+    model, _ = _models("cpu")
+    opt = noptim.apply_optimizer_in_backward(model, "adam", lr=0.1)
+    if copy_ == "deepcopy":
+        other = copy.deepcopy(model)
+    else:
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        with torch.serialization.safe_globals([_AE]):
+            other = torch.load(buffer, weights_only=True)
+    assert other.enc._row_update is None and other.dec._row_update is None
+    before = other.enc.weight.detach().clone()
+    _loss(other, x, y).backward()
+    assert other.enc.weight.grad is not None and other.dec.weight.grad is not None
+    torch.testing.assert_close(other.enc.weight, before)  # not stepped in the backward
+    assert model.enc._row_update is opt._updates["enc"]  # the original keeps its optimiser
+
+
+@pytest.mark.parametrize("copy_", ["deepcopy", "pickle"])
+def test_a_model_copied_with_its_optimiser_keeps_training_like_the_original(copy_):
+    gen = torch.Generator().manual_seed(6)
+    data = [(_batch(gen, 3, IN, 0.5, "cpu"), _batch(gen, 3, OUT, 0.5, "cpu")) for _ in range(3)]
+    model, _ = _models("cpu")
+    opt = noptim.apply_optimizer_in_backward(model, "adam", lr=0.1)
+    for x, y in data[:1]:
+        opt.zero_grad(), _loss(model, x, y).backward(), opt.step()
+    pair = copy.deepcopy((model, opt)) if copy_ == "deepcopy" else pickle.loads(
+        pickle.dumps((model, opt)))
+    for m, o in ((model, opt), pair):
+        for x, y in data[1:]:
+            o.zero_grad(), _loss(m, x, y).backward(), o.step()
+    assert pair[0].enc.weight.grad is None  # still stepped in the backward, by its copy
+    for p, q in zip(model.parameters(), pair[0].parameters()):
+        torch.testing.assert_close(p, q)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_tied_weights_are_refused(kind):
+    # an encoder and a decoder sharing one (items, hidden) table: two in-backward steps
+    # with two states would not be torch.optim's one step (Adam silently differed)
+    model = _AE(sizes=(IN, HIDDEN, IN), sparse_grad=True)
+    model.dec.weight = model.enc.weight_t
+    with pytest.raises(NotImplementedError, match="layers 'enc' and 'dec' share their weight"):
+        noptim.apply_optimizer_in_backward(model, kind)
+    assert model.enc._row_update is None and model.dec._row_update is None
+    noptim.LazyAdam(model.parameters())  # the materialised way takes them
 
 
 def _refused(model, x, y):

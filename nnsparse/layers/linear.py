@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -225,6 +225,21 @@ _NOT_COLUMN_MAJOR = (
     "weight: copy values in with `with torch.no_grad(): layer.weight.copy_(w)` instead")
 
 
+def _state_without_update(module: nn.Module) -> Dict[str, Any]:
+    """``nn.Module.__getstate__`` of a sparse layer, without its optimiser in the backward.
+
+    A pickled, saved or deep-copied layer is a layer alone, as a module is for
+    ``torch.optim``: the copy of an attached layer would otherwise be updated in
+    its backward by a copy of the optimiser no one holds (its weight getting no
+    gradient from any other optimiser), and ``torch.load(weights_only=True)``
+    would refuse the optimiser's class.  An :class:`~nnsparse.optim.InBackwardOptimizer`
+    pickled or copied with its model attaches itself to the copy's layers again.
+    """
+    state = nn.Module.__getstate__(module)
+    state["_row_update"] = None
+    return state
+
+
 def _refuse_update_in_transform(update: Any, weight: Tensor) -> None:
     """The optimiser in the backward writes the layer's weight in place: not inside a
     ``torch.func`` transform, whose tensors have no storage of their own to write
@@ -436,6 +451,9 @@ class SparseLinearBatch(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "
                 f"sparse_grad={self.sparse_grad}, mode={self.mode}")
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return _state_without_update(self)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""

@@ -15,7 +15,7 @@ costs about 1 ms at the MovieLens-1M shape and 3 ms at MovieLens-10M's (batch
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple, Union, overload
+from typing import Any, Dict, Optional, Tuple, Union, overload
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,8 @@ from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_ro
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import (_check_layer_args, _check_not_narrower, _check_weight_bias,
-                     _refuse_update_in_transform, _refuse_update_on_parts)
+                     _refuse_update_in_transform, _refuse_update_on_parts,
+                     _state_without_update)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
@@ -328,6 +329,9 @@ class SparseOutputLinear(nn.Linear):
     def extra_repr(self) -> str:
         return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "
                 f"sparse_grad={self.sparse_grad}")
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return _state_without_update(self)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""

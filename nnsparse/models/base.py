@@ -22,8 +22,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type,
 import torch
 from torch import Tensor, nn
 
-from .._forms import as_count, as_device, refuse_meta, refuse_meta_device
-from .._index import coo_tensor
+from .._forms import as_count, as_device, refuse_meta, refuse_meta_device, trust
+from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
 from ..data.matrix import check_same_maps
@@ -219,6 +219,22 @@ class RatingModel(nn.Module):
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
         check_state_dict(self, state_dict, strict)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # torch cannot deep-copy a CSR tensor ("Cannot access storage of
+        # SparseCsrTensorImpl"): the training matrix travels as its index and value
+        # tensors, so copy.deepcopy(model) works (a snapshot of the best model)
+        state = super().__getstate__()
+        x = state.get("_input")
+        if isinstance(x, Tensor) and x.layout == torch.sparse_csr:
+            state["_input"] = _CsrParts(*csr_indices(x), csr_values(x), tuple(x.shape))
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        super().__setstate__(state)
+        x = self.__dict__.get("_input")
+        if isinstance(x, _CsrParts):  # the matrix this model made, as it was: trusted
+            self._input = trust(csr_tensor(x.crow, x.col, x.values, x.size))
 
     # -- what a subclass implements ------------------------------------------------
     def build(self, rows: int, width: int, features: int) -> None:
@@ -754,6 +770,15 @@ class RatingModel(nn.Module):
         model.best_epoch = blob["best_epoch"]
         model.to(device).eval()
         return model
+
+
+class _CsrParts(NamedTuple):
+    """A CSR matrix as plain tensors (``RatingModel.__getstate__``)."""
+
+    crow: Tensor
+    col: Tensor
+    values: Tensor
+    size: Tuple[int, ...]
 
 
 def _check_rows(rows: Any, x: Any) -> None:

@@ -10,7 +10,7 @@ settings are the defaults here.
 """
 from __future__ import annotations
 
-from typing import Any, List, Sequence, cast
+from typing import Any, Dict, List, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -92,6 +92,13 @@ class KernelNet(RatingModel):
         for layer, k in zip(middle, k_middle):
             h = torch.sigmoid(F.linear(h, layer.weight * k, layer.bias))
         return sampled_linear(h, last.weight * k_last, last.bias, pattern)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # the last forward's kernels are a cache, and part of its autograd graph after a
+        # training step, which copy.deepcopy refuses: a copy computes them again
+        state = super().__getstate__()
+        state.pop("_kernels", None)
+        return state
 
     def penalty(self) -> Tensor:
         h = self.hparams
