@@ -142,6 +142,30 @@ def test_dataset_with_collate_fn():
     torch.testing.assert_close(out, _reference(net, dense), **TOL[torch.float64])
 
 
+@pytest.mark.parametrize("target", [False, True])
+@pytest.mark.parametrize("ds_layout", [torch.sparse_csr, torch.sparse_coo])
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_coo])
+def test_sparse_row_dataset_needs_no_collate_fn(layout, ds_layout, target):
+    # nnsparse's own dataset: its input rows reach the network in the Batchifier's layout,
+    # as wide as its matrix (a pattern for exclude=True), whatever its target
+    from nnsparse.data import SparseRowDataset
+    dense = _dense()
+    x = dense.to_sparse_csr()
+    ds = SparseRowDataset(x, x if target else None, layout=ds_layout)
+    seen = []
+    net = _net(out=WIDTH)  # output columns = input columns, for exclude=True
+
+    def spy(module, args):
+        seen.append((args[0].layout, args[0].shape[1]))
+    net.register_forward_pre_hook(spy)
+    run = nnsparse.Batchifier(net, WIDTH, batch_size=10, progress=False, layout=layout)
+    torch.testing.assert_close(run(ds), _reference(net, dense), **TOL[torch.float64])
+    assert set(seen) == {(layout, WIDTH)}
+    best = run.topk(ds, 2, exclude=True)
+    expected = run.topk(x, 2, exclude=True)
+    assert torch.equal(best.indices, expected.indices)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_dataset_collated_into_a_namedtuple_is_moved(device):
     from collections import namedtuple

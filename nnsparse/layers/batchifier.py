@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 from .. import _index
 from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_count, as_device,
                       as_sparse_batch, check_kernel_dtype, refuse_meta, trust)
+from ..data.dataset import SparseRowDataset
 
 __all__ = ["Batchifier"]
 
@@ -142,7 +143,7 @@ class _DatasetSource(_Source):
                             f"{type(data).__name__} without __len__")
         self.data, self.rows, self.target = data, len(data), runner.device  # type: ignore[arg-type]
         self.device, self.dtype, self.width = torch.device("cpu"), torch.get_default_dtype(), None
-        self.collate = runner.collate_fn or (lambda items: _collate(items, runner.layout))
+        self.collate = runner.collate_fn or _default_collate(data, runner.layout)
         self.output_size = runner.output_size
 
     def batch(self, start: int, stop: int) -> Any:
@@ -157,6 +158,22 @@ class _DatasetSource(_Source):
                              f"a batch of width {b.width} is larger than output_size "
                              f"{self.output_size}")
         return b.row, b.col
+
+
+def _default_collate(data: Dataset, layout: torch.layout) -> Callable[[List[Any]], Any]:
+    """The collation of ``data``'s items when no ``collate_fn`` is given: a
+    :class:`~nnsparse.data.SparseRowDataset`'s own (the input rows, as wide as
+    its matrix), otherwise sparse vectors or pair tensors stacked (:func:`_collate`)."""
+    if isinstance(data, SparseRowDataset):
+        return lambda items: _relayout(data.collate(items).input, layout)
+    return lambda items: _collate(items, layout)
+
+
+def _relayout(batch: Tensor, layout: torch.layout) -> Tensor:
+    """A trusted coalesced batch in ``layout`` (the same entries, still trusted)."""
+    if batch.layout == layout:
+        return batch
+    return trust(batch.to_sparse_csr() if layout == torch.sparse_csr else batch.to_sparse_coo())
 
 
 def _collate(items: List[Any], layout: torch.layout) -> Tensor:
@@ -215,8 +232,10 @@ class Batchifier:
             (coalesced).  Every nnsparse layer accepts both.
         collate_fn (callable, optional): for a :class:`~torch.utils.data.Dataset`
             only: turns a list of items into the batch the network takes.
-            Default: the items are sparse vectors ``(width,)`` or ``(k, 2)``
-            pair tensors, stacked into a sparse batch of ``layout``.
+            Default: a :class:`~nnsparse.data.SparseRowDataset`'s input rows
+            (its own ``collate``, in ``layout``); for another dataset, the
+            items are sparse vectors ``(width,)`` or ``(k, 2)`` pair tensors,
+            stacked into a sparse batch of ``layout``.
 
     What the network receives, by kind of data:
 
