@@ -39,6 +39,30 @@ def _check_against_linear(x_form, dense_x, sparse, dense, dtype):
     torch.testing.assert_close(_dense_grad(sparse.bias.grad), dense.bias.grad, **TOL[dtype])
 
 
+@pytest.mark.parametrize("init", ["cpu", "meta"])
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize("sparse_grad", [False, True])
+def test_assign_load_of_an_nn_linear_state_keeps_the_weight_column_major(sparse_grad, nested,
+                                                                           init):
+    # load_state_dict(assign=True) makes the given tensor the parameter: nn.Linear's
+    # row-major weight is stored as the layer keeps it, so the in-backward optimiser takes it
+    torch.manual_seed(0)
+    reference = nn.Linear(12, 3)
+    with torch.device(init):
+        layer = nnsparse.SparseLinearBatch(12, 3, sparse_grad=sparse_grad)
+    state = reference.state_dict()
+    if nested:
+        nn.Sequential(layer).load_state_dict({"0." + k: v for k, v in state.items()},
+                                             assign=True)
+    else:
+        layer.load_state_dict(state, assign=True)
+    assert layer._table().is_contiguous() and layer.weight.requires_grad
+    assert torch.equal(layer.weight, reference.weight)
+    x = torch.eye(12)[:4].to_sparse()
+    torch.testing.assert_close(layer(x), reference(x.to_dense()))
+    nnsparse.optim.apply_optimizer_in_backward(layer, "sgd", lr=0.1)  # refuses a copy
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("form", BATCH_FORMS)

@@ -460,6 +460,19 @@ class SparseLinearBatch(nn.Module):
         check_state_dict(self, state_dict, strict)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict,
+                              *args: Any) -> None:
+        # With assign=True the given tensor becomes the parameter: an (out, in) weight
+        # stored row-major (nn.Linear's) is stored column-major, as the layer keeps it
+        # (the kernels read weight.t() rows, and the optimiser in the backward updates
+        # them in place, which it refuses on a copy).  Before the sparse_grad hook,
+        # which super() runs and which renames the weight.
+        weight = state_dict.get(prefix + "weight")
+        if (local_metadata.get("assign_to_params_buffers") and isinstance(weight, Tensor)
+                and weight.dim() == 2 and not weight.t().is_contiguous()):
+            state_dict[prefix + "weight"] = weight.t().contiguous().t()
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
+
 
 def _weight_to_state_dict(module: nn.Module, state_dict: dict, prefix: str, local_metadata):
     """State dicts hold ``weight`` in ``nn.Linear``'s ``(out, in)`` shape."""
