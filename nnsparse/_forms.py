@@ -659,7 +659,10 @@ def _from_list(rows: Sequence[Any], name: str, width: Optional[int]) -> SparseBa
     row = torch.repeat_interleave(torch.arange(len(parts), device=device), counts,
                                   output_size=col.shape[0])
     values = torch.cat([p.values if p.dtype == dtype else p.values.to(dtype) for p in parts])
-    return SparseBatch(row, col, values, (len(parts), inferred), form, row_sorted=True)
+    # coalesced vectors, joined row after row, make a coalesced batch (pairs are not sorted)
+    coalesced = form == "list" and all(p.coalesced for p in parts)
+    return SparseBatch(row, col, values, (len(parts), inferred), form, row_sorted=True,
+                       coalesced=coalesced)
 
 
 # The value dtypes torch's sparse kernels (coalesce, index_add, index_put) take, beside

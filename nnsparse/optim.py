@@ -224,7 +224,8 @@ def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
         for key, t in entry.items():
             if key != "step" and key in required:
                 _check_moment(t, shape, f"{name}[{key!r}]")
-            if isinstance(t, Tensor) and t.dim() > 0 and tuple(t.shape) != shape:
+            if (key != "step" and isinstance(t, Tensor) and t.dim() > 0
+                    and tuple(t.shape) != shape):
                 raise ValueError(f"{name}[{key!r}] must have its parameter's shape {shape}, "
                                  f"got {tuple(t.shape)}")
 
@@ -242,14 +243,14 @@ def _check_optimizer_dict(state_dict: Any, where: str) -> None:
 
 
 def _check_step(step: Any, name: str) -> None:
-    """An entry's step count: an int or a one-element tensor (torch's Adam keeps a float
+    """An entry's step count: a number or a one-element tensor (torch's Adam keeps a float
     one) holding a whole number >= 0 (a negative or fractional count gives a wrong bias
     correction, a NaN one NaN parameters)."""
     value = step
     if isinstance(step, Tensor) and step.numel() == 1 and not step.is_complex():
         value = step.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be an int or a one-element tensor, "
+        raise TypeError(f"{name} must be a number or a one-element tensor, "
                         f"got {type(step).__name__} {step!r}")
     count = float(value)  # a Real converts (mypy's numbers.Real has no operators)
     if not (math.isfinite(count) and count >= 0 and count.is_integer()):
@@ -467,14 +468,35 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Te
             if shared != name:
                 # two tables updating one weight would each take a full step with its own
                 # state: two Adam steps where torch.optim takes one with the summed gradient
-                raise NotImplementedError(
-                    f"model: layers {shared!r} and {name!r} share their weight (tied "
-                    f"weights), which the optimiser in the backward cannot update: each layer "
-                    f"would take its own step with its own state; train tied weights with "
-                    f"materialised gradients (torch.optim, nnsparse.optim.LazyAdam or "
-                    f"nnsparse.make_optimizer)")
+                raise NotImplementedError(_tied(f"layers {shared!r} and {name!r} share their "
+                                                f"weight", "each layer would take its own "
+                                                "step with its own state"))
             found.append((name, module, table, param))
+    _refuse_tied_elsewhere(model, found)
     return found
+
+
+def _refuse_tied_elsewhere(model: nn.Module, found: List[Tuple[str, Any, Tensor, Tensor]]
+                           ) -> None:
+    """A sparse layer's weight held by another module too (an ``nn.Linear`` tied to it):
+    that module's gradient would accumulate in ``.grad``, never applied."""
+    tables = {id(param): name for name, _, _, param in found}
+    layers = {id(module) for _, module, _, _ in found}
+    for name, module in model.named_modules():
+        if id(module) in layers:
+            continue
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) in tables:
+                where = f"{name}.{pname}" if name else pname
+                raise NotImplementedError(_tied(
+                    f"{where!r} is the weight of layer {tables[id(p)]!r}",
+                    f"the gradient {where!r} gives it would never be applied"))
+
+
+def _tied(what: str, why: str) -> str:
+    return (f"model: {what} (tied weights), which the optimiser in the backward cannot "
+            f"update: {why}; train tied weights with materialised gradients (torch.optim, "
+            f"nnsparse.optim.LazyAdam or nnsparse.make_optimizer)")
 
 
 def _dense_optimizer(kind: str, params: List[Tensor], hp: dict) -> Optional[Optimizer]:
@@ -554,9 +576,10 @@ class InBackwardOptimizer:
       are updated from each process's local gradient, never all-reduced):
       refused for a DDP-wrapped model.  Learning-rate schedulers are not
       supported; use :meth:`set_lr`.
-    * Tied weights (one parameter in two sparse layers) are refused with a
-      ``NotImplementedError``: each layer would take its own step with its own
-      state.  ``LazyAdam`` and ``torch.optim`` train them.
+    * Tied weights (a sparse layer's weight shared with another sparse layer or
+      any other module) are refused with a ``NotImplementedError``: each layer
+      would take its own step with its own state, another module's gradient
+      would never be applied.  ``LazyAdam`` and ``torch.optim`` train them.
     * A copy of the model (``copy.deepcopy``, ``torch.save``) is a model alone,
       as for ``torch.optim``: its layers carry no optimiser.  An optimiser copied
       or pickled together with its model is attached to the copy's layers.
@@ -595,12 +618,24 @@ class InBackwardOptimizer:
         for name, layer in self._layers:  # attach last: nothing is changed on a failure above
             layer._row_update = self._updates[name]
 
+    def __getstate__(self) -> Dict[str, Any]:
+        # the layers it is still attached to (not after remove(), nor where another
+        # optimiser took its place), for __setstate__
+        state = dict(self.__dict__)
+        state["_attached"] = [name for name, layer in self._layers
+                              if layer._row_update is self._updates[name]]
+        return state
+
     def __setstate__(self, state: Dict[str, Any]) -> None:
         # a pickled or deep-copied layer drops its optimiser in the backward (see
-        # SparseLinearBatch.__getstate__): the optimiser copied with it attaches again
+        # SparseLinearBatch.__getstate__): the optimiser copied with it attaches again,
+        # to the layers the original was attached to when copied
+        state = dict(state)
+        attached = set(state.pop("_attached", [name for name, _ in state["_layers"]]))
         self.__dict__.update(state)
         for name, layer in self._layers:
-            layer._row_update = self._updates[name]
+            if name in attached:
+                layer._row_update = self._updates[name]
 
     @property
     def tables(self) -> Dict[str, Dict[str, Tensor]]:
@@ -736,7 +771,7 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
             used by ``optimizer`` (``momentum`` for Adam), no sparse layer in
             ``model``, or a layer already attached to another one.
         NotImplementedError: ``model`` is wrapped in ``DistributedDataParallel``, or
-            two of its sparse layers share a weight (tied weights).
+            a sparse layer's weight is shared with another module (tied weights).
 
     Example::
 

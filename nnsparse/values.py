@@ -162,7 +162,9 @@ def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike:
         ``input`` with ``fn`` applied to its values, with the same positions:
         a COO tensor stays COO (coalesced first when it was not, since
         ``fn`` of a sum of duplicates is not the sum of ``fn``), a CSR tensor
-        stays CSR with the same indices, a list or pair form keeps its form.
+        stays CSR with the same indices, a list or pair form keeps its form
+        (its repeated positions summed first, row by row in column order, as
+        for COO; entries in their order when none repeats).
         Gradients flow to ``input``'s values only.
 
     Raises:

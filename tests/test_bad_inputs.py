@@ -1257,7 +1257,7 @@ PROBE4 = [
          r"state_dict must have the keys 'state' and 'param_groups' .*lacks \['state', "
          r"'param_groups'\]"),
     Case("LazyAdam.load_state_dict-step-str", lambda: _lazy_refused_load(_entry(step="x")),
-         TypeError, r"state_dict\['state'\]\[0\]\['step'\] must be an int or a one-element "
+         TypeError, r"state_dict\['state'\]\[0\]\['step'\] must be a number or a one-element "
                     r"tensor, got str 'x' \(state kept: True\)"),
     Case("LazyAdam.load_state_dict-step-negative", lambda: _lazy_refused_load(_entry(step=-3)),
          ValueError, r"\['step'\] must be a whole number >= 0, got -3 \(state kept: True\)"),
@@ -1267,9 +1267,9 @@ PROBE4 = [
         _entry(step=torch.tensor(math.nan))), ValueError,
          r"\['step'\] must be a whole number >= 0, got nan \(state kept: True\)"),
     Case("LazyAdam.load_state_dict-step-bool", lambda: _lazy_refused_load(_entry(step=True)),
-         TypeError, r"\['step'\] must be an int or a one-element tensor, got bool"),
+         TypeError, r"\['step'\] must be a number or a one-element tensor, got bool"),
     Case("LazyAdam.load_state_dict-step-2d-tensor", lambda: _lazy_refused_load(
-        _entry(step=torch.ones(3, 2))), TypeError, r"\['step'\] must be an int or a one-element"),
+        _entry(step=torch.ones(3, 2))), TypeError, r"\['step'\] must be a number or a one-element"),
     Case("LazyAdam.load_state_dict-moment-list", lambda: _lazy_refused_load(
         _entry(exp_avg=[[0.0, 0.0]] * 3)), TypeError,
          r"\['exp_avg'\] must be a dense tensor of its parameter's shape \(3, 2\), got list"),

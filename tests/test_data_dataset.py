@@ -147,8 +147,9 @@ def test_collated_batches_are_trusted_and_stay_so_when_moved(matrices):
     _reset_counts()
     batch = ds.collate([ds[i] for i in range(5)])
     moved = batch.to("cpu")
+    stays = batch.to(None)  # where it is, as Tensor.to(None)
     again = pickle.loads(pickle.dumps(batch))
-    for b in (batch, moved, again):
+    for b in (batch, moved, stays, again):
         assert _attached(b.input) is not None and _attached(b.target) is not None
         nnsparse_densify = densify(b.input)
         assert torch.equal(nnsparse_densify, dense_rows(x, list(range(5))))

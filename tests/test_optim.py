@@ -344,3 +344,22 @@ def test_lazy_adam_refuses_a_group_changed_to_a_bad_value_before_stepping():
     with pytest.raises(ValueError, match=r"param_groups\[1\]\['lr'\] must be non-negative"):
         opt.step()
     assert torch.equal(p, torch.zeros(2)) and not opt.state  # the first group untouched
+
+
+@pytest.mark.parametrize("step", [2, 2.0, torch.tensor(2.0), torch.tensor([2.0])])
+def test_lazy_adam_loads_any_whole_step_count(step):
+    # a number or a one-element tensor (torch's Adam keeps a 0-d float one); a (1,) step
+    # is a step count, not a moment to be shaped like its parameter
+    p = torch.nn.Parameter(torch.ones(3, 2))
+    opt = noptim.LazyAdam([p])
+    for _ in range(2):
+        p.grad = torch.ones(3, 2)
+        opt.step()
+    state = copy.deepcopy(opt.state_dict())  # as from torch.load: no tensor shared
+    state["state"][0]["step"] = step
+    q = torch.nn.Parameter(p.detach().clone())
+    other = noptim.LazyAdam([q])
+    other.load_state_dict(state)
+    p.grad, q.grad = torch.full((3, 2), 0.5), torch.full((3, 2), 0.5)
+    opt.step(), other.step()
+    torch.testing.assert_close(q, p)

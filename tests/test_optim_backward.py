@@ -273,6 +273,40 @@ def test_a_model_copied_with_its_optimiser_keeps_training_like_the_original(copy
         torch.testing.assert_close(p, q)
 
 
+@pytest.mark.parametrize("copy_", ["deepcopy", "pickle"])
+def test_a_removed_optimiser_copied_with_its_model_stays_removed(copy_):
+    model, _ = _models("cpu")
+    removed = noptim.apply_optimizer_in_backward(model, "adam", lr=0.1)
+    removed.remove()
+    attached = noptim.apply_optimizer_in_backward(model, "sgd", lr=0.1)
+    for order in ((0, 1, 2), (0, 2, 1)):  # the removed one copied last, then first
+        parts = [model, attached, removed]
+        parts = [parts[i] for i in order]
+        copied = copy.deepcopy(parts) if copy_ == "deepcopy" else pickle.loads(
+            pickle.dumps(parts))
+        m, a = copied[0], copied[order.index(1)]
+        assert m.enc._row_update is a._updates["enc"]
+        assert m.dec._row_update is a._updates["dec"]
+    m, r = copy.deepcopy((model, removed))  # only the removed one: nothing attached
+    assert m.enc._row_update is None and m.dec._row_update is None
+
+
+def test_a_weight_tied_to_a_dense_module_is_refused():
+    # nn.Linear's gradient on the shared weight would accumulate in .grad, never applied
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = nnsparse.SparseLinearBatch(IN, HIDDEN)
+            self.lin = nn.Linear(IN, HIDDEN)
+            self.lin.weight = self.enc.weight
+
+    model = Tied()
+    with pytest.raises(NotImplementedError, match=r"'lin.weight' is the weight of layer 'enc' "
+                                                  r"\(tied weights\)"):
+        noptim.apply_optimizer_in_backward(model, "sgd")
+    assert model.enc._row_update is None
+
+
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 def test_tied_weights_are_refused(kind):
     # an encoder and a decoder sharing one (items, hidden) table: two in-backward steps

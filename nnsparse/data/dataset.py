@@ -139,7 +139,7 @@ class SparseRowBatch:
 
     def to(self, device: Any, non_blocking: bool = False) -> "SparseRowBatch":
         """The batch on ``device`` (each tensor moved with ``non_blocking``), still trusted."""
-        device = as_device(device)
+        device = as_device(device, none=True)  # None: where it is, as Tensor.to(None)
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "SparseRowBatch":
