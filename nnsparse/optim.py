@@ -222,10 +222,11 @@ def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
             _check_step(entry["step"], f"{name}['step']")
         shape = tuple(params[index].shape)
         for key, t in entry.items():
-            if key != "step" and key in required:
+            if key == "step":
+                continue
+            if key in required:  # a moment: a dense tensor of the parameter's shape
                 _check_moment(t, shape, f"{name}[{key!r}]")
-            if (key != "step" and isinstance(t, Tensor) and t.dim() > 0
-                    and tuple(t.shape) != shape):
+            elif isinstance(t, Tensor) and t.dim() > 0 and tuple(t.shape) != shape:
                 raise ValueError(f"{name}[{key!r}] must have its parameter's shape {shape}, "
                                  f"got {tuple(t.shape)}")
 

@@ -244,11 +244,17 @@ def check_unique_pairs(name: str, *parts: Ratings) -> None:
     of repeated pairs and the original ids of the first.
     """
     first = parts[0]
-    width = first.n_items
-    keys = [p.user * width + p.item for p in parts]
-    key = keys[0] if len(keys) == 1 else torch.cat(keys)
-    refuse_repeated_keys(f"{name}{_from(first.source)}", first, torch.sort(key)[0],
+    key, width = _sorted_pair_keys(*parts)
+    refuse_repeated_keys(f"{name}{_from(first.source)}", first, key,
                          lambda k: divmod(k, width))
+
+
+def _sorted_pair_keys(*parts: Ratings) -> Tuple[Tensor, int]:
+    """``(keys, width)``: the sorted ``user * width + item`` keys of the ratings of
+    ``parts`` together (one pair of id maps), ``width`` the items of the largest map."""
+    width = max(p.n_items for p in parts)
+    keys = [p.user * width + p.item for p in parts]
+    return torch.sort(keys[0] if len(keys) == 1 else torch.cat(keys))[0], width
 
 
 def check_unique_pairs_apart(name: str, ratings: Ratings, together: str,
@@ -880,8 +886,7 @@ def _warn_shared_pairs(train: Ratings, test: Ratings, test_file: PathLike) -> No
     """A warning when ``test`` rates (user, item) pairs that ``train`` rates too (they
     share one pair of id maps; each file alone was checked for repeats): a test
     error over them measures fitted ratings.  One sort of the keys."""
-    width = max(train.n_items, test.n_items)
-    key = torch.sort(torch.cat([train.user * width + train.item, test.user * width + test.item]))[0]
+    key, width = _sorted_pair_keys(train, test)
     pairs, shared = repeated_keys(key)
     if pairs:
         user, item = divmod(shared, width)
