@@ -612,6 +612,26 @@ def test_dynamic_sparse_tensor_dtype_is_given():
     assert not torch.equal(rows.to(torch.float32).double(), rows)  # so float64 was needed
 
 
+def test_ssort_ties_keep_their_order():
+    # Lua's torch.sort promised no order among ties; here the sort is stable both ways
+    x = _pairs([0, 1], [1, 1], [2, 0], [3, 1])
+    torch.testing.assert_close(ssort(x), _pairs([2, 0], [0, 1], [1, 1], [3, 1]), rtol=0, atol=0)
+    torch.testing.assert_close(ssort(x, True), _pairs([0, 1], [1, 1], [3, 1], [2, 0]), rtol=0, atol=0)
+    y = _pairs([1, 5], [0, 1], [1, 3])  # a repeated index: both rows kept, in their order
+    torch.testing.assert_close(ssort_by_index(y), _pairs([0, 1], [1, 5], [1, 3]), rtol=0, atol=0)
+    torch.testing.assert_close(ssort_by_index(y, True), _pairs([1, 5], [1, 3], [0, 1]), rtol=0, atol=0)
+
+
+def test_sparsify_offset_and_elem():
+    # x:sparsify(elem, offset): Lua's i + offset, the entries equal to elem left out
+    x = torch.tensor([0., 3., 5., 0.], dtype=torch.float64)
+    torch.testing.assert_close(to_pairs(sparsify(x, 0, 2)), _pairs([3, 3], [4, 5]), rtol=0, atol=0)
+    assert sparsify(x, 0, 2).shape == (6,)
+    torch.testing.assert_close(to_pairs(sparsify(x, 5)), _pairs([0, 0], [1, 3], [3, 0]), rtol=0, atol=0)
+    # densify puts elem back where sparsify left it out
+    torch.testing.assert_close(densify(to_pairs(sparsify(x, 5)), 5, 4), x, rtol=0, atol=0)
+
+
 # == the Lua README's examples ==============================================================
 
 def test_readme_sparsify():
