@@ -452,6 +452,186 @@ def test_sdae_sparse_with_noise(hide_ratio):
     torch.testing.assert_close(out_grad, expected_grad, rtol=0, atol=1e-12)
 
 
+# == the suite as testAll.lua ran it ========================================================
+# testAll.lua set torch.setdefaulttensortype('torch.FloatTensor'): the numeric tests again in
+# float32 (torch's default), written as a Lua reader would first write them (weights copied
+# as new Parameters, sizeAverage set as an attribute after construction), Lua's tolerances.
+
+def _lua_data32(shape):
+    x = torch.rand(shape)
+    return torch.where(torch.rand(shape) < 0.6, torch.zeros(()), x)
+
+
+def _grad(loss, output):
+    return torch.autograd.grad(loss, output)[0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_float32_sparse_linear_batch(seed):
+    torch.manual_seed(seed)
+    for shape in ((100,), (10, 100)):  # oneSample, miniBatch
+        input, dloss = _lua_data32(shape), torch.rand(shape[:-1] + (50,))
+        sparse_layer, dense_layer = SparseLinearBatch(100, 50), nn.Linear(100, 50)
+        # denseLayer.bias = sparseLayer.bias:clone(); denseLayer.weight = ...:clone()
+        dense_layer.bias = nn.Parameter(sparse_layer.bias.detach().clone())
+        dense_layer.weight = nn.Parameter(sparse_layer.weight.detach().clone())
+        expected, obtained = dense_layer(input), sparse_layer(sparsify(input))
+        torch.testing.assert_close(obtained, expected, rtol=0, atol=1e-6)
+        expected.backward(dloss)
+        obtained.backward(dloss)
+        torch.testing.assert_close(sparse_layer.weight.grad, dense_layer.weight.grad, rtol=0, atol=1e-6)
+        torch.testing.assert_close(sparse_layer.bias.grad, dense_layer.bias.grad, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_float32_sparse_criterion(seed):
+    torch.manual_seed(seed)
+    for shape, size_average in (((100,), True), ((10, 100), True), ((10, 100), False)):
+        input, output = _lua_data32(shape), torch.rand(shape, requires_grad=True)
+        mask = input != 0
+        mse = nn.MSELoss(reduction="mean" if size_average else "sum")
+        crit = SparseCriterion(nn.MSELoss())
+        crit.size_average = size_average  # sparseMseFct.sizeAverage = false
+        expected, obtained = mse(output[mask], input[mask]), crit(output, sparsify(input))
+        torch.testing.assert_close(obtained, expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(_grad(obtained, output).sum(), _grad(expected, output).sum(),
+                                   rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_float32_sdae_no_noise(seed):
+    # NoNoiseSingleSample, NoNoise, NoNoiseSizeAverage; the sparse NoNoise, NoNoiseNoSizeAverage
+    torch.manual_seed(seed)
+    conf = {"alpha": 1, "beta": 0.5, "hideRatio": 0, "noiseRatio": 0, "flipRatio": 0}
+    cases = [(SDAECriterion, (100,), True), (SDAECriterion, (10, 100), True),
+             (SDAECriterion, (10, 100), False), (SDAESparseCriterion, (10, 100), True),
+             (SDAESparseCriterion, (10, 100), False)]
+    for kind, shape, size_average in cases:
+        input, output = torch.ones(shape), torch.rand(shape, requires_grad=True)
+        basic = nn.MSELoss(reduction="mean" if size_average else "sum")
+        crit = kind(nn.MSELoss(), conf)
+        crit.size_average = size_average  # sdaeCriterion.sizeAverage = false
+        noisy = crit.prepare_input(input if kind is SDAECriterion else sparsify(input))
+        expected, obtained = basic(output, input), crit(output, noisy)
+        torch.testing.assert_close(obtained, expected * 0.5, rtol=0, atol=1e-6)
+        torch.testing.assert_close(_grad(obtained, output), _grad(expected, output) * 0.5,
+                                   rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_float32_sdae_with_noise(seed):
+    torch.manual_seed(seed)
+    alpha, beta = 0.8, 0.3
+    for kind, hide in ((SDAECriterion, 0.3), (SDAESparseCriterion, 0.0), (SDAESparseCriterion, 0.3)):
+        input = torch.rand(10, 100) if kind is SDAECriterion else _lua_data32((10, 100))
+        output = torch.rand(10, 100, requires_grad=True)
+        crit = kind(nn.MSELoss(), {"hideRatio": hide, "alpha": alpha, "beta": beta})
+        if kind is SDAECriterion:
+            noisy = crit.prepare_input(input)
+            where, target = torch.ones_like(input, dtype=torch.bool), noisy.reshape(-1)
+        else:  # the sparse form: the noisy values, row by row, at the specified entries
+            noisy = crit.prepare_input(to_pairs(sparsify(input)))
+            where, target = input != 0, torch.cat([row[:, 1] for row in noisy])
+        mask_alpha, mask_beta = crit.mask_alpha[where], crit.mask_beta[where]
+        weight = torch.where(mask_alpha, alpha, torch.where(mask_beta, beta, 0.))
+        diff = output.detach()[where] - target
+        obtained = crit(output, noisy)
+        torch.testing.assert_close(obtained, (weight * diff ** 2).sum() / diff.numel(),
+                                   rtol=0, atol=1e-6)
+        torch.testing.assert_close(_grad(obtained, output).sum(),
+                                   (weight * 2 * diff).sum() / diff.numel(), rtol=0, atol=1e-6)
+
+
+# == Lua behaviour beyond the test files ====================================================
+
+def test_sparse_linear_batch_accumulates_as_acc_grad_parameters():
+    # Lua's accGradParameters added each batch's gradient to gradWeight/gradBias until
+    # zeroGradParameters(); here autograd accumulates into .grad until zero_grad().
+    g = torch.Generator().manual_seed(70)
+    batches = [_lua_data((10, 100), g), _lua_data((4, 100), g)]
+    dlosses = [torch.rand(10, 50, generator=g, dtype=torch.float64),
+               torch.rand(4, 50, generator=g, dtype=torch.float64)]
+    sparse_layer, dense_layer = _linear_pair(100, 50)
+    for batch, dloss in zip(batches, dlosses):
+        sparse_layer(to_pairs(sparsify(batch))).backward(dloss)
+        dense_layer(batch).backward(dloss)
+    expected_weight = sum(d.t() @ b for b, d in zip(batches, dlosses))
+    torch.testing.assert_close(sparse_layer.weight.grad, expected_weight, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sparse_layer.weight.grad, dense_layer.weight.grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sparse_layer.bias.grad, dlosses[0].sum(0) + dlosses[1].sum(0),
+                               rtol=0, atol=1e-12)
+    sparse_layer.zero_grad()  # zeroGradParameters(): the next backward starts afresh
+    sparse_layer(sparsify(batches[1])).backward(dlosses[1])
+    torch.testing.assert_close(sparse_layer.weight.grad, dlosses[1].t() @ batches[1], rtol=0, atol=1e-12)
+    torch.testing.assert_close(sparse_layer.bias.grad, dlosses[1].sum(0), rtol=0, atol=1e-12)
+
+
+def test_readme_averaging_set_as_attributes():
+    # criterion.sizeAverage = false; criterion.fullSizeAverage = true, in that order, on a
+    # built criterion; both left True is refused at the call, as Lua's error
+    g = torch.Generator().manual_seed(71)
+    output = _lua_data((10, 100), g, sparse=False)
+    target_dense = _lua_data((10, 100), g)
+    squares = ((output - target_dense) ** 2)[target_dense != 0].sum()
+    crit = SparseCriterion(nn.MSELoss())
+    crit.full_size_average = True
+    with pytest.raises(ValueError, match="size_average and full_size_average cannot both be True"):
+        crit(output, sparsify(target_dense))
+    crit.size_average = False
+    torch.testing.assert_close(crit(output, sparsify(target_dense)), squares / 1000)
+    crit.full_size_average = False
+    torch.testing.assert_close(crit(output, sparsify(target_dense)), squares)
+    with pytest.raises(AttributeError, match="nnsparse calls it size_average"):
+        crit.sizeAverage = False
+
+
+def test_readme_densify_module_shapes():
+    # nnsparse.Densify(inputSize): a table of sparse vectors gives (rows, inputSize);
+    # a single vector gives (inputSize,) here (Lua: (1, inputSize)), as nn.Linear's rows
+    y = [_pairs([0, 1], [2, 4], [5, 2]), _pairs([3, 8])]
+    expected = torch.tensor([[1., 0, 4, 0, 0, 2, 0, 0], [0, 0, 0, 8, 0, 0, 0, 0]], dtype=torch.float64)
+    torch.testing.assert_close(Densify(8)(y), expected, rtol=0, atol=0)
+    torch.testing.assert_close(Densify(8)(y[0]), expected[0], rtol=0, atol=0)
+    torch.testing.assert_close(Densify(8)(sparsify(expected)), expected, rtol=0, atol=0)
+    # nnsparse.Sparsifier(offset) and Densify undo each other, the offset shifting columns
+    back = Densify(9)(to_pairs(nnsparse.Sparsify(offset=1)(expected)))
+    torch.testing.assert_close(back[:, 1:], expected, rtol=0, atol=0)
+    assert not back[:, 0].any()
+
+
+def test_dynamic_sparse_tensor_dtype_is_given():
+    # Lua's builder stored rows in the default tensor type; here dtype= (float32 unless given)
+    rows = torch.arange(1, 575, dtype=torch.float64).reshape(287, 2)
+    rows[:, 1] += 0.1  # a value float32 rounds
+    for dtype in (torch.float32, torch.float64):
+        dyn = DynamicSparseTensor(dtype=dtype)
+        for row in rows:
+            dyn.append(row)
+        assert dyn.build_pairs().dtype == dtype
+        torch.testing.assert_close(dyn.build_pairs(), rows.to(dtype), rtol=0, atol=0)
+    assert not torch.equal(rows.to(torch.float32).double(), rows)  # so float64 was needed
+
+
+def test_ssort_ties_keep_their_order():
+    # Lua's torch.sort promised no order among ties; here the sort is stable both ways
+    x = _pairs([0, 1], [1, 1], [2, 0], [3, 1])
+    torch.testing.assert_close(ssort(x), _pairs([2, 0], [0, 1], [1, 1], [3, 1]), rtol=0, atol=0)
+    torch.testing.assert_close(ssort(x, True), _pairs([0, 1], [1, 1], [3, 1], [2, 0]), rtol=0, atol=0)
+    y = _pairs([1, 5], [0, 1], [1, 3])  # a repeated index: both rows kept, in their order
+    torch.testing.assert_close(ssort_by_index(y), _pairs([0, 1], [1, 5], [1, 3]), rtol=0, atol=0)
+    torch.testing.assert_close(ssort_by_index(y, True), _pairs([1, 5], [1, 3], [0, 1]), rtol=0, atol=0)
+
+
+def test_sparsify_offset_and_elem():
+    # x:sparsify(elem, offset): Lua's i + offset, the entries equal to elem left out
+    x = torch.tensor([0., 3., 5., 0.], dtype=torch.float64)
+    torch.testing.assert_close(to_pairs(sparsify(x, 0, 2)), _pairs([3, 3], [4, 5]), rtol=0, atol=0)
+    assert sparsify(x, 0, 2).shape == (6,)
+    torch.testing.assert_close(to_pairs(sparsify(x, 5)), _pairs([0, 0], [1, 3], [3, 0]), rtol=0, atol=0)
+    # densify puts elem back where sparsify left it out
+    torch.testing.assert_close(densify(to_pairs(sparsify(x, 5)), 5, 4), x, rtol=0, atol=0)
+
+
 # == the Lua README's examples ==============================================================
 
 def test_readme_sparsify():
