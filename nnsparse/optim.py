@@ -522,11 +522,32 @@ def _tied(what: str, why: str) -> str:
             f"nnsparse.optim.LazyAdam or nnsparse.make_optimizer)")
 
 
-def _dense_optimizer(kind: str, params: List[Tensor], hp: dict) -> Optional[Optimizer]:
-    """torch.optim's counterpart of ``kind`` for the other parameters, fused where it can be."""
+def _gets_sparse_grads(model: nn.Module, layers: List[Tuple[str, Any, Tensor, Tensor]],
+                       params: List[Tensor]) -> bool:
+    """Whether one of ``params`` gets sparse COO gradients: a parameter of a
+    ``sparse_grad=True`` layer that is not in the backward (its weight frozen: its bias
+    then gets them) or of an ``nn.Embedding(sparse=True)``."""
+    from ._optim_split import _gives_sparse_grad
+    attached = {id(layer) for _, layer, _, _ in layers}
+    sparse = {id(p) for m in model.modules() if id(m) not in attached and _gives_sparse_grad(m)
+              for p in m.parameters(recurse=False)}
+    return any(id(p) in sparse for p in params)
+
+
+def _dense_optimizer(kind: str, params: List[Tensor], hp: dict,
+                     sparse: bool = False) -> Optional[Optimizer]:
+    """torch.optim's counterpart of ``kind`` for the other parameters, fused where it can be.
+
+    ``sparse``: some of them get sparse gradients (the bias of a ``sparse_grad=True``
+    layer whose weight is frozen, so not in the backward): torch's unfused SGD and
+    Adagrad take those, and :class:`LazyAdam` replaces Adam/AdamW (which refuse them;
+    LazyAdam is Adam on the dense ones)."""
     if not params:
         return None
-    fused = True if all(_rowopt.fused_ok(p) for p in params) else None
+    if sparse and kind in ("adam", "adamw"):
+        return LazyAdam(params, lr=hp["lr"], betas=hp["betas"], eps=hp["eps"],
+                        weight_decay=hp["weight_decay"], decoupled_weight_decay=kind == "adamw")
+    fused = True if not sparse and all(_rowopt.fused_ok(p) for p in params) else None
     common = dict(lr=hp["lr"], weight_decay=hp["weight_decay"], fused=fused)
     if kind == "sgd":
         return torch.optim.SGD(params, momentum=hp["momentum"], nesterov=hp["nesterov"],
@@ -606,7 +627,10 @@ class InBackwardOptimizer:
     * A sparse layer whose weight has ``requires_grad=False`` is left alone
       (no state, nothing in its backward); its trainable bias, if any, goes
       to :attr:`dense`.  With every sparse weight frozen, :attr:`dense`
-      trains the whole model and the tables are empty.
+      trains the whole model and the tables are empty.  Where such a bias
+      gets sparse gradients (``sparse_grad=True``), :attr:`dense` is
+      torch's unfused optimiser (SGD, Adagrad) or, for Adam and AdamW, which
+      refuse sparse gradients, :class:`LazyAdam`.
     * A copy of the model (``copy.deepcopy``, ``torch.save``) is a model alone,
       as for ``torch.optim``: its layers carry no optimiser.  An optimiser copied
       or pickled together with its model is attached to the copy's layers.
@@ -646,7 +670,7 @@ class InBackwardOptimizer:
             held = f"its {count} parameters are all frozen" if count else "it has none"
             raise ValueError(f"model must have parameters that require grad, got none "
                              f"({held}): the optimiser would train nothing")
-        self.dense = _dense_optimizer(kind, rest, hp)
+        self.dense = _dense_optimizer(kind, rest, hp, _gets_sparse_grads(model, layers, rest))
         for name, layer in self._layers:  # attach last: nothing is changed on a failure above
             layer._row_update = self._updates[name]
 
