@@ -808,3 +808,29 @@ def test_nothing_to_train_is_refused(build, model, message):
             else lambda m: noptim.apply_optimizer_in_backward(m, "adam"))
     with pytest.raises(ValueError, match=message):
         make(target)
+
+
+def test_a_sparse_embedding_beside_the_sparse_layers_is_trained_lazily():
+    """nn.Embedding(sparse=True) is never in the backward: its sparse gradient goes to the
+    dense part, LazyAdam (torch's Adam raised 'Adam does not support sparse gradients' at
+    the first step), which updates the looked-up rows only, as LazyAdam alone does."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(10, HIDDEN, sparse=True).double()
+    ref, before = copy.deepcopy(emb), emb.weight.detach().clone()
+    model = nn.ModuleDict(dict(emb=emb, dec=nnsparse.SparseOutputLinear(HIDDEN, OUT).double()))
+    opt = noptim.fused_step_optimizer(model, lr=0.05)
+    ref_opt = noptim.LazyAdam(ref.parameters(), lr=0.05)
+    assert repr(opt) == "InBackwardOptimizer(kind='adam', in_backward=['dec'], dense=LazyAdam)"
+    ids = torch.tensor([1, 4, 7])
+    pattern = _batch(torch.Generator().manual_seed(2), 3, OUT, 0.5, "cpu", True)
+    opt.zero_grad()
+    out = model["dec"](model["emb"](ids), pattern)
+    (out.values() * 2).sum().backward()
+    # the same gradient for the reference table: 2 * (column sums of dec's weight at the pattern)
+    ref(ids).backward(emb.weight.grad.to_dense()[ids])
+    opt.step()
+    ref_opt.step()
+    assert torch.equal(emb.weight, ref.weight)
+    touched = torch.zeros(10, dtype=torch.bool).index_fill_(0, ids, True)
+    assert torch.equal(emb.weight[~touched], before[~touched])
+    assert (emb.weight[touched] != before[touched]).all()
