@@ -1400,8 +1400,9 @@ OPTIM_FROZEN = [
         _frozen_sparse_weights()), None,
          check=lambda opt: repr(opt) == "InBackwardOptimizer(kind='adam', in_backward=[], "
                                         "dense=Adam)"),
-    Case("in_backward-frozen-sparse-weights-works", lambda: nnsparse.optim.apply_optimizer_in_backward(
-        _frozen_sparse_weights(), "sgd"), None, check=lambda opt: opt.tables == {}),
+    Case("in_backward-frozen-sparse-weights-works",
+         lambda: nnsparse.optim.apply_optimizer_in_backward(_frozen_sparse_weights(), "sgd"),
+         None, check=lambda opt: opt.tables == {}),
     Case("fused_step-no-sparse-layer-works", lambda: nnsparse.optim.fused_step_optimizer(
         nn.Linear(2, 2)), None, check=lambda opt: type(opt.dense) is torch.optim.Adam),
     Case("LazyAdam.load_state_dict-step-fractional", lambda: _load_lazy_step(2.5), ValueError,
