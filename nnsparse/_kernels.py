@@ -215,14 +215,25 @@ def _update_rows_of(update: "TableUpdate", table: Tensor, pattern: "SparseBatch"
     On CPU, the touched rows are updated from their gradient rows, made block by
     block (``update``'s ``__call__``); on a GPU, every row from a gradient with
     zero rows where untouched, and nothing is read back (``update.masked``).
+
+    One transposed structure serves both: ``pattern.column_major_all`` over the
+    pattern's own width (``column_major`` is derived from it, cached).  A
+    pattern narrower than the table (the layers widen theirs to the table; a
+    direct caller may not) gets the same pointers with the table's extra rows
+    appended, empty (``nnz`` each), instead of a second sort of its entries;
+    the sizes are known, so no host sync.
     """
-    if table.device.type in _SYNC_FREE:
-        perm, crow_all, row_t = pattern.column_major_all(table.shape[0])
-        update.masked(table, crow_all.diff() > 0,
-                      _csr_rows_mm(row_t, dense, crow_all, entry_values.index_select(0, perm)))
-        return
-    perm, cols, crow_t, row_t = pattern.column_major()
-    crow_all = pattern.column_major_all(table.shape[0])[1]
+    perm, crow_all, row_t = pattern.column_major_all(pattern.width)
+    extra = table.shape[0] - pattern.width
+    if extra < 0:
+        raise ValueError(f"pattern has width {pattern.width}, more than the table's "
+                         f"{table.shape[0]} rows")
+    if extra:
+        crow_all = torch.cat([crow_all, crow_all[-1:].expand(extra)])
     weights = entry_values.index_select(0, perm)
+    if table.device.type in _SYNC_FREE:
+        update.masked(table, crow_all.diff() > 0, _csr_rows_mm(row_t, dense, crow_all, weights))
+        return
+    _, cols, crow_t, _ = pattern.column_major()  # the same perm and row_t
     update(table, cols, _bag_rows(row_t, dense, crow_t, weights),
            _bag_rows(row_t, dense, crow_all, weights))

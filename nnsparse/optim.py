@@ -67,6 +67,11 @@ class LazyAdam(Optimizer):
     (``g + weight_decay * p``, L2 as in Adam); with ``True`` the touched
     entries are shrunk by ``lr * weight_decay`` (AdamW).
 
+    State, per parameter: ``step`` (a Python int: the number of steps that
+    parameter took; ``torch.optim.Adam`` keeps a float32 tensor, which
+    :meth:`load_state_dict` turns into the int, as Adam turns an int into its
+    tensor), ``exp_avg`` and ``exp_avg_sq`` (the parameter's shape).
+
     Args:
         params: parameters or parameter groups.
         lr (float): learning rate.  Default: ``1e-3``.
@@ -125,7 +130,10 @@ class LazyAdam(Optimizer):
         would fail half-way): each entry's ``step``, ``exp_avg`` and ``exp_avg_sq``,
         of its parameter's shape, and the groups' hyperparameters.  Keys a group
         lacks (a torch Adam state has no ``dense_above``) take this optimiser's
-        defaults; the step count is kept as an int."""
+        defaults.  The step count is kept as a Python int whatever form it comes
+        in (an int, a whole float, a one-element tensor such as torch's float32
+        one), as :meth:`step` keeps it; ``torch.optim.Adam`` loads such a state
+        too (it makes its own tensor of the count)."""
         _check_state_entries(state_dict, self, "state_dict", ("step", "exp_avg", "exp_avg_sq"))
         groups = state_dict["param_groups"]
         for i, group in enumerate(groups if isinstance(groups, list) else []):
@@ -136,8 +144,10 @@ class LazyAdam(Optimizer):
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
         for entry in self.state.values():
-            if isinstance(entry.get("step"), Tensor):  # torch.optim.Adam's float tensor
-                entry["step"] = int(entry["step"].item())
+            # torch.optim.Adam's float32 tensor, a float, a numpy number: the int a step
+            # advances (checked above to be a whole number >= 0)
+            if "step" in entry:
+                entry["step"] = _step_count(entry["step"])
 
     def _checked_work(self) -> List[Tuple[Tensor, Tensor, Dict[str, Any]]]:
         """The ``(parameter, gradient, group)`` a step updates, every group and gradient
@@ -256,6 +266,11 @@ def _check_step(step: Any, name: str) -> None:
     count = float(value)  # a Real converts (mypy's numbers.Real has no operators)
     if not (math.isfinite(count) and count >= 0 and count.is_integer()):
         raise ValueError(f"{name} must be a whole number >= 0, got {value}")
+
+
+def _step_count(step: Any) -> int:
+    """A checked step count (:func:`_check_step`) as a Python int."""
+    return int(step.item() if isinstance(step, Tensor) else step)
 
 
 def _check_moment(t: Any, shape: Tuple[int, ...], name: str) -> None:
@@ -477,6 +492,13 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Te
     return found
 
 
+def _holds_sparse_layer(model: nn.Module) -> bool:
+    """Whether ``model`` holds a ``SparseLinearBatch`` or ``SparseOutputLinear``, trained or not."""
+    from .layers.linear import SparseLinearBatch
+    from .layers.sparse_output import SparseOutputLinear
+    return any(isinstance(m, (SparseLinearBatch, SparseOutputLinear)) for m in model.modules())
+
+
 def _refuse_tied_elsewhere(model: nn.Module, found: List[Tuple[str, Any, Tensor, Tensor]]
                            ) -> None:
     """A sparse layer's weight held by another module too (an ``nn.Linear`` tied to it):
@@ -500,11 +522,32 @@ def _tied(what: str, why: str) -> str:
             f"nnsparse.optim.LazyAdam or nnsparse.make_optimizer)")
 
 
-def _dense_optimizer(kind: str, params: List[Tensor], hp: dict) -> Optional[Optimizer]:
-    """torch.optim's counterpart of ``kind`` for the other parameters, fused where it can be."""
+def _gets_sparse_grads(model: nn.Module, layers: List[Tuple[str, Any, Tensor, Tensor]],
+                       params: List[Tensor]) -> bool:
+    """Whether one of ``params`` gets sparse COO gradients: a parameter of a
+    ``sparse_grad=True`` layer that is not in the backward (its weight frozen: its bias
+    then gets them) or of an ``nn.Embedding(sparse=True)``."""
+    from ._optim_split import _gives_sparse_grad
+    attached = {id(layer) for _, layer, _, _ in layers}
+    sparse = {id(p) for m in model.modules() if id(m) not in attached and _gives_sparse_grad(m)
+              for p in m.parameters(recurse=False)}
+    return any(id(p) in sparse for p in params)
+
+
+def _dense_optimizer(kind: str, params: List[Tensor], hp: dict,
+                     sparse: bool = False) -> Optional[Optimizer]:
+    """torch.optim's counterpart of ``kind`` for the other parameters, fused where it can be.
+
+    ``sparse``: some of them get sparse gradients (the bias of a ``sparse_grad=True``
+    layer whose weight is frozen, so not in the backward): torch's unfused SGD and
+    Adagrad take those, and :class:`LazyAdam` replaces Adam/AdamW (which refuse them;
+    LazyAdam is Adam on the dense ones)."""
     if not params:
         return None
-    fused = True if all(_rowopt.fused_ok(p) for p in params) else None
+    if sparse and kind in ("adam", "adamw"):
+        return LazyAdam(params, lr=hp["lr"], betas=hp["betas"], eps=hp["eps"],
+                        weight_decay=hp["weight_decay"], decoupled_weight_decay=kind == "adamw")
+    fused = True if not sparse and all(_rowopt.fused_ok(p) for p in params) else None
     common = dict(lr=hp["lr"], weight_decay=hp["weight_decay"], fused=fused)
     if kind == "sgd":
         return torch.optim.SGD(params, momentum=hp["momentum"], nesterov=hp["nesterov"],
@@ -581,6 +624,13 @@ class InBackwardOptimizer:
       any other module) are refused with a ``NotImplementedError``: each layer
       would take its own step with its own state, another module's gradient
       would never be applied.  ``LazyAdam`` and ``torch.optim`` train them.
+    * A sparse layer whose weight has ``requires_grad=False`` is left alone
+      (no state, nothing in its backward); its trainable bias, if any, goes
+      to :attr:`dense`.  With every sparse weight frozen, :attr:`dense`
+      trains the whole model and the tables are empty.  Where such a bias
+      gets sparse gradients (``sparse_grad=True``), :attr:`dense` is
+      torch's unfused optimiser (SGD, Adagrad) or, for Adam and AdamW, which
+      refuse sparse gradients, :class:`LazyAdam`.
     * A copy of the model (``copy.deepcopy``, ``torch.save``) is a model alone,
       as for ``torch.optim``: its layers carry no optimiser.  An optimiser copied
       or pickled together with its model is attached to the copy's layers.
@@ -615,7 +665,12 @@ class InBackwardOptimizer:
         fused_ids = {id(param) for _, _, _, param in layers}
         rest: List[Tensor] = [p for p in model.parameters()
                               if p.requires_grad and id(p) not in fused_ids]
-        self.dense = _dense_optimizer(kind, rest, hp)
+        if not layers and not rest:  # torch.optim's "optimizer got an empty parameter list"
+            count = sum(1 for _ in model.parameters())
+            held = f"its {count} parameters are all frozen" if count else "it has none"
+            raise ValueError(f"model must have parameters that require grad, got none "
+                             f"({held}): the optimiser would train nothing")
+        self.dense = _dense_optimizer(kind, rest, hp, _gets_sparse_grads(model, layers, rest))
         for name, layer in self._layers:  # attach last: nothing is changed on a failure above
             layer._row_update = self._updates[name]
 
@@ -637,6 +692,11 @@ class InBackwardOptimizer:
         for name, layer in self._layers:
             if name in attached:
                 layer._row_update = self._updates[name]
+
+    def __repr__(self) -> str:
+        dense = type(self.dense).__name__ if self.dense is not None else None
+        return (f"InBackwardOptimizer(kind={self.kind!r}, in_backward={list(self._updates)}, "
+                f"dense={dense})")
 
     @property
     def tables(self) -> Dict[str, Dict[str, Tensor]]:
@@ -741,6 +801,14 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
     :class:`InBackwardOptimizer` for the semantics (one step per forward,
     lazy rows, lazy weight decay, what is refused).
 
+    A sparse layer whose weight does not require grad (frozen embeddings,
+    fine-tuning the rest) is left alone; when every sparse weight is frozen,
+    nothing is updated in the backward and the optimiser is torch's of the
+    same kind over the other trainable parameters.  A model holding no sparse
+    layer at all is refused (nothing could ever be applied in its backward:
+    a mistake, such as passing a sub-module); :func:`fused_step_optimizer`
+    takes it, as Adam.
+
     Args:
         model (nn.Module): holds the sparse layers (built and moved to their
             device and dtype already).  Not a ``DistributedDataParallel`` wrapper.
@@ -769,8 +837,10 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
         ValueError: unknown ``optimizer``, an invalid hyperparameter, one not
-            used by ``optimizer`` (``momentum`` for Adam), no sparse layer in
-            ``model``, or a layer already attached to another one.
+            used by ``optimizer`` (``momentum`` for Adam), no
+            ``SparseLinearBatch`` or ``SparseOutputLinear`` in ``model`` (frozen
+            ones count), no parameter of ``model`` that requires grad, or a
+            layer already attached to another one.
         NotImplementedError: ``model`` is wrapped in ``DistributedDataParallel``, or
             a sparse layer's weight is shared with another module (tied weights).
 
@@ -790,6 +860,24 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
         >>> (model[0].weight.detach() != before).any(0).nonzero().flatten()
         tensor([1, 4])
     """
+    _check_model(model)
+    if optimizer not in _rowopt.KINDS:
+        raise ValueError(f"optimizer must be one of {_rowopt.KINDS}, got {optimizer!r}")
+    hp = _in_backward_hp(optimizer, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         momentum=momentum, nesterov=nesterov,
+                         initial_accumulator_value=initial_accumulator_value,
+                         dense_above=dense_above)
+    if not _holds_sparse_layer(model):
+        # frozen sparse layers are a set-up (the rest is trained); none at all, a mistake
+        raise ValueError(f"model must hold a SparseLinearBatch or SparseOutputLinear, found "
+                         f"none in {type(model).__name__}: nothing can be updated in the "
+                         f"backward; use torch.optim, or nnsparse.optim.fused_step_optimizer "
+                         f"(Adam for any model)")
+    return InBackwardOptimizer(model, optimizer, hp)
+
+
+def _check_model(model: Any) -> None:
+    """The model of an optimiser in the backward: an ``nn.Module``, not DDP-wrapped."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if isinstance(model, nn.parallel.DistributedDataParallel):
@@ -797,20 +885,22 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
             "model: the optimiser in the backward updates rows from each process's local "
             "gradient, which DistributedDataParallel never all-reduces; use materialised "
             "gradients (torch.optim or nnsparse.optim.LazyAdam) under DDP")
-    if optimizer not in _rowopt.KINDS:
-        raise ValueError(f"optimizer must be one of {_rowopt.KINDS}, got {optimizer!r}")
+
+
+def _in_backward_hp(kind: str, *, lr: Optional[float], betas: Any, eps: Optional[float],
+                    weight_decay: Optional[float], momentum: Any = 0.0, nesterov: Any = False,
+                    initial_accumulator_value: Any = 0.0,
+                    dense_above: Optional[float] = None) -> Dict[str, Any]:
+    """The checked hyperparameters of ``kind``, torch's defaults where ``None``."""
     _check_betas(betas)  # before tuple(betas): a float gave "'float' object is not iterable"
-    hp: Dict[str, Any] = dict(_DEFAULTS[optimizer])
+    hp: Dict[str, Any] = dict(_DEFAULTS[kind])
     hp.update({k: v for k, v in dict(lr=lr, eps=eps, weight_decay=weight_decay).items()
                if v is not None})
     hp.update(betas=tuple(betas), momentum=momentum, nesterov=nesterov,
               initial_accumulator_value=initial_accumulator_value, dense_above=dense_above)
-    _check_hyper(optimizer, hp)
+    _check_hyper(kind, hp)
     _check_share(dense_above)
-    if not _sparse_layers(model):
-        raise ValueError("model must hold a SparseLinearBatch or SparseOutputLinear with a "
-                         "trainable weight, found none")
-    return InBackwardOptimizer(model, optimizer, hp)
+    return hp
 
 
 def fused_step_optimizer(model: nn.Module, lr: float = 1e-3, *,
@@ -831,6 +921,11 @@ def fused_step_optimizer(model: nn.Module, lr: float = 1e-3, *,
     are not decayed.  See ``docs/fused_step.md`` for the measurements and the
     other modes.
 
+    Sparse layers whose weight does not require grad are left alone; a model
+    with no trainable sparse weight (all frozen, or no sparse layer at all)
+    gets ``torch.optim.Adam(fused=True)`` over its trainable parameters,
+    behind the same interface, so the drop-in holds for any model.
+
     Args:
         model (nn.Module): holds the sparse layers, on their device and dtype.
         lr (float): learning rate.  Default: ``1e-3``.
@@ -844,7 +939,12 @@ def fused_step_optimizer(model: nn.Module, lr: float = 1e-3, *,
         InBackwardOptimizer
 
     Raises:
-        See :func:`apply_optimizer_in_backward`.
+        TypeError: ``model`` is not an ``nn.Module``, or a hyperparameter is not a number.
+        ValueError: an invalid hyperparameter, no parameter of ``model`` that
+            requires grad, or a layer already attached to another optimiser in
+            the backward.
+        NotImplementedError: as :func:`apply_optimizer_in_backward`
+            (``DistributedDataParallel``, tied weights).
 
     Example::
 
@@ -853,8 +953,12 @@ def fused_step_optimizer(model: nn.Module, lr: float = 1e-3, *,
         >>> opt.kind
         'adam'
     """
-    return apply_optimizer_in_backward(model, "adam", lr=lr, betas=betas, eps=eps,
-                                       weight_decay=weight_decay, dense_above=dense_above)
+    _check_model(model)
+    hp = _in_backward_hp("adam", lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         dense_above=dense_above)
+    # no sparse layer, or only frozen ones: InBackwardOptimizer is then torch's fused Adam
+    # over the trainable parameters alone (the drop-in)
+    return InBackwardOptimizer(model, "adam", hp)
 
 
 def _check_real(name: str, value: Any) -> None:

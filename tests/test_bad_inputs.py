@@ -1365,3 +1365,61 @@ if __name__ == "__main__":  # the tally for reports
         found = [c.id for c, r in results if r.startswith(kind)]
         print(f"{kind}: {len(found)} {found}")
     sys.exit(0 if all(r == "ok" for _, r in results) else 1)
+
+
+# -- optimisers of models with frozen or no sparse layers (the optfix branch) ----------------
+
+def _frozen(model):
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _frozen_sparse_weights():
+    model = nn.Sequential(nnsparse.SparseLinearBatch(4, 3), nn.Linear(3, 2))
+    model[0].weight.requires_grad_(False)
+    return model
+
+
+OPTIM_FROZEN = [
+    Case("fused_step-nothing-trainable", lambda: nnsparse.optim.fused_step_optimizer(
+        _frozen(nn.Sequential(nnsparse.SparseLinearBatch(4, 3), nn.Linear(3, 2)))), ValueError,
+         r"model must have parameters that require grad, got none \(its 4 parameters are all "
+         r"frozen\)"),
+    Case("in_backward-nothing-trainable", lambda: nnsparse.optim.apply_optimizer_in_backward(
+        _frozen(nnsparse.SparseOutputLinear(3, 4))), ValueError,
+         r"model must have parameters that require grad, got none"),
+    Case("fused_step-no-parameters", lambda: nnsparse.optim.fused_step_optimizer(
+        nn.Sequential()), ValueError, r"model must have parameters that require grad, got none "
+                                      r"\(it has none\)"),
+    Case("in_backward-no-sparse-layer", lambda: nnsparse.optim.apply_optimizer_in_backward(
+        nn.Linear(2, 2)), ValueError,
+         r"model must hold a SparseLinearBatch or SparseOutputLinear, found none in Linear"),
+    # must work: frozen sparse weights, a model with no sparse layer (fused_step: Adam)
+    Case("fused_step-frozen-sparse-weights-works", lambda: nnsparse.optim.fused_step_optimizer(
+        _frozen_sparse_weights()), None,
+         check=lambda opt: repr(opt) == "InBackwardOptimizer(kind='adam', in_backward=[], "
+                                        "dense=Adam)"),
+    Case("in_backward-frozen-sparse-weights-works",
+         lambda: nnsparse.optim.apply_optimizer_in_backward(_frozen_sparse_weights(), "sgd"),
+         None, check=lambda opt: opt.tables == {}),
+    Case("fused_step-no-sparse-layer-works", lambda: nnsparse.optim.fused_step_optimizer(
+        nn.Linear(2, 2)), None, check=lambda opt: type(opt.dense) is torch.optim.Adam),
+    Case("LazyAdam.load_state_dict-step-fractional", lambda: _load_lazy_step(2.5), ValueError,
+         r"state_dict\['state'\]\[0\]\['step'\] must be a whole number >= 0, got 2.5"),
+    Case("LazyAdam.load_state_dict-step-float-works", lambda: _load_lazy_step(2.0), None,
+         check=lambda step: type(step) is int and step == 2),
+]
+
+
+def _load_lazy_step(step):
+    p = nn.Parameter(torch.zeros(3, 2))
+    opt = LazyAdam([p])
+    opt.load_state_dict({"state": {0: _entry(step=step)},
+                         "param_groups": opt.state_dict()["param_groups"]})
+    return opt.state[p]["step"]
+
+
+@pytest.mark.parametrize("case", OPTIM_FROZEN, ids=[c.id for c in OPTIM_FROZEN])
+def test_bad_input_optim_frozen(case):
+    assert run_case(case) == "ok"

@@ -250,3 +250,67 @@ def test_masked_update_takes_the_dense_step_at_the_same_count_as_the_row_update(
     assert not torch.equal(tables[0], table)
     torch.testing.assert_close(tables[1], tables[0])
     torch.testing.assert_close(states[1]["exp_avg"], states[0]["exp_avg"])
+
+
+def _row_update_of(pattern, table, dense, values, kind, dense_above, sync_free, monkeypatch):
+    """The table and state after one ``_update_rows_of`` of ``pattern``."""
+    monkeypatch.setattr(_kernels, "_SYNC_FREE", ("cpu",) if sync_free else ("cuda",))
+    hp = noptim._in_backward_hp(kind, lr=0.1, betas=(0.9, 0.999), eps=None, weight_decay=None,
+                                dense_above=dense_above)
+    table = table.clone()
+    update = _rowopt.TableUpdate(kind, hp, table, "table")
+    if "exp_avg" in update.state:
+        update.state["exp_avg"].fill_(0.1)  # Adam's dense step then moves untouched rows
+    _kernels._update_rows_of(update, table, pattern, dense, values)
+    return table, update.state
+
+
+@pytest.mark.parametrize("sync_free", [False, True], ids=["row-update", "sync-free"])
+@pytest.mark.parametrize("dense_above", [None, 0.0], ids=["lazy", "dense-step"])
+@pytest.mark.parametrize("kind", ["adam", "rowwise_adagrad"])
+def test_update_rows_of_a_pattern_narrower_than_the_table(kind, dense_above, sync_free,
+                                                          monkeypatch):
+    """A pattern of width 6 on a table of 10 rows updates as the same pattern declared 10
+    wide, from one transposed structure (one sort of its entries: the row update read
+    column_major_all at two widths, two sorts); rows 6-9, never touched, stay unless the
+    dense step moves them (Adam's does, row-wise Adagrad's zero gradient does not)."""
+    gen = torch.Generator().manual_seed(4)
+    dense_x = _batch(3, 6, 0.5, 8)
+    narrow = nnsparse._forms.as_sparse_batch(dense_x.to_sparse())
+    wide = nnsparse._forms.as_sparse_batch(torch.cat([dense_x, torch.zeros(3, 4,
+                                                      dtype=torch.float64)], 1).to_sparse())
+    assert (narrow.width, wide.width) == (6, 10)
+    table = torch.randn(10, 2, generator=gen, dtype=torch.float64)
+    dense = torch.randn(3, 2, generator=gen, dtype=torch.float64)
+    _index.COUNTS.clear()
+    got = _row_update_of(narrow, table, dense, narrow.values, kind, dense_above, sync_free,
+                         monkeypatch)
+    assert _index.COUNTS["column_major_all"] == 1
+    want = _row_update_of(wide, table, dense, wide.values, kind, dense_above, sync_free,
+                          monkeypatch)
+    assert torch.equal(got[0], want[0])
+    for key in want[1]:
+        assert torch.equal(got[1][key], want[1][key]), key
+    assert not torch.equal(got[0][:6], table[:6])
+    moved = kind == "adam" and dense_above == 0.0
+    assert torch.equal(got[0][6:], table[6:]) is not moved
+
+
+def test_update_rows_of_a_pattern_wider_than_the_table_is_refused(monkeypatch):
+    pattern = nnsparse._forms.as_sparse_batch(_batch(2, 8, 0.5, 9).to_sparse())
+    with pytest.raises(ValueError, match=r"pattern has width 8, more than the table's 6 rows"):
+        _row_update_of(pattern, torch.zeros(6, 2, dtype=torch.float64),
+                       torch.zeros(2, 2, dtype=torch.float64), pattern.values, "adam", None,
+                       False, monkeypatch)
+
+
+def test_a_layer_step_in_the_backward_sorts_each_pattern_once():
+    """The encoder and the decoder with the optimiser in the backward: one transposed
+    structure per pattern (the layers declare their batch as wide as the table)."""
+    torch.manual_seed(0)
+    enc, dec = nnsparse.SparseLinearBatch(8, 3).double(), nnsparse.SparseOutputLinear(3, 8).double()
+    noptim.apply_optimizer_in_backward(torch.nn.ModuleList([enc, dec]), "adam", lr=0.1)
+    x, y = _batch(4, 8, 0.5, 11).to_sparse(), _batch(4, 8, 0.5, 12).to_sparse()
+    _index.COUNTS.clear()
+    dec(torch.tanh(enc(x)), y).values().square().sum().backward()
+    assert _index.COUNTS["column_major_all"] == 2

@@ -1,6 +1,7 @@
 """LazyAdam against torch.optim.Adam/AdamW/SparseAdam and a masked reference."""
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -288,6 +289,50 @@ def test_lazy_adam_loads_torch_adam_state():
     ours.load_state_dict(copy.deepcopy(adam.state_dict()))
     assert ours.param_groups[0]["dense_above"] is None and ours.state[q]["step"] == 1
     for opt, param in ((adam, p), (ours, q)):
+        param.grad = torch.full_like(param, 0.5)
+        opt.step()
+    torch.testing.assert_close(q, p)
+
+
+@pytest.mark.parametrize("step", [
+    3, 3.0, torch.tensor(3.0), torch.tensor(3), torch.tensor([3.0]),
+    torch.tensor(3.0, dtype=torch.float64), np.float64(3.0), np.int64(3),
+], ids=["int", "float", "tensor-float32", "tensor-int64", "tensor-1", "tensor-float64",
+        "numpy-float64", "numpy-int64"])
+def test_lazy_adam_keeps_a_loaded_step_as_an_int(step):
+    """Whatever form a loaded step count takes (torch's Adam keeps a float32 tensor, a
+    hand-edited or older state a float), LazyAdam keeps an int, as its docstring says
+    and as its own steps make it (a float stayed a float), and steps on from it as
+    from the int."""
+    params = [torch.nn.Parameter(torch.arange(6.).view(3, 2)) for _ in range(2)]
+    opts = [noptim.LazyAdam([p], lr=0.1) for p in params]
+    for opt, p in zip(opts, params):
+        p.grad = torch.ones_like(p)
+        opt.step()
+    for opt, count in zip(opts, (step, 3)):
+        state = copy.deepcopy(opt.state_dict())
+        state["state"][0]["step"] = count
+        opt.load_state_dict(state)
+    loaded = opts[0].state[params[0]]["step"]
+    assert type(loaded) is int and loaded == 3
+    assert type(opts[0].state_dict()["state"][0]["step"]) is int
+    for opt, p in zip(opts, params):
+        p.grad = torch.full_like(p, 0.5)
+        opt.step()
+    assert opts[0].state[params[0]]["step"] == 4 and type(opts[0].state[params[0]]["step"]) is int
+    assert torch.equal(params[0], params[1])
+
+
+def test_a_lazy_adam_state_loads_into_torch_adam():
+    """The other way: torch's Adam makes its float32 tensor of LazyAdam's int step."""
+    p, q = (torch.nn.Parameter(torch.arange(6.).view(3, 2)) for _ in range(2))
+    ours = noptim.LazyAdam([p], lr=0.1)
+    adam = _adam_trained(q)
+    p.grad = torch.ones_like(p)
+    ours.step()
+    adam.load_state_dict(copy.deepcopy(ours.state_dict()))
+    assert adam.state[q]["step"].dtype == torch.float32 and adam.state[q]["step"] == 1
+    for opt, param in ((adam, q), (ours, p)):
         param.grad = torch.full_like(param, 0.5)
         opt.step()
     torch.testing.assert_close(q, p)

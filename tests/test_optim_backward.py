@@ -623,3 +623,214 @@ def test_the_tables_learning_rate_is_saved_and_loaded():
     assert other._updates["enc"].hp["lr"] == 0.2
     with pytest.raises(ValueError, match=r"state_dict\['lr'\]\['enc'\] must be non-negative"):
         other.load_state_dict({**state, "lr": {"enc": -1.0}})
+
+
+# -- frozen sparse layers: the optimiser trains the rest, as torch.optim would --------------
+
+class _WithDense(nn.Module):
+    """An autoencoder with a dense module between its sparse layers."""
+
+    def __init__(self, sparse_grad=False):
+        super().__init__()
+        self.enc = nnsparse.SparseLinearBatch(IN, HIDDEN, sparse_grad=sparse_grad, mode="sparse")
+        self.mid = nn.Linear(HIDDEN, HIDDEN)
+        self.dec = nnsparse.SparseOutputLinear(HIDDEN, OUT, sparse_grad=sparse_grad)
+
+    def forward(self, x, pattern):
+        h = torch.tanh(self.mid(torch.tanh(self.enc(x))))
+        return nnsparse.values_map(torch.tanh, self.dec(h, pattern))
+
+
+def _freeze(model, which):
+    for name in which:
+        layer = getattr(model, name)
+        table = layer.weight_t if getattr(layer, "sparse_grad", False) and name == "enc" \
+            else layer.weight
+        table.requires_grad_(False)
+    return model
+
+
+def _frozen_models(which, sparse_grad=False):
+    torch.manual_seed(0)
+    model = _freeze(_WithDense(sparse_grad).double(), which)
+    return model, copy.deepcopy(model)
+
+
+# (how our optimiser is built, torch's reference optimiser over model.parameters())
+FROZEN_BUILDS = {
+    "fused_step": (lambda m: noptim.fused_step_optimizer(m, lr=0.05, weight_decay=0.01),
+                   lambda ps: torch.optim.Adam(ps, lr=0.05, weight_decay=0.01, fused=True)),
+    "adam": (lambda m: noptim.apply_optimizer_in_backward(m, "adam", lr=0.05, betas=(0.8, 0.9)),
+             lambda ps: torch.optim.Adam(ps, lr=0.05, betas=(0.8, 0.9), fused=True)),
+    "adamw": (lambda m: noptim.apply_optimizer_in_backward(m, "adamw", lr=0.05),
+              lambda ps: torch.optim.AdamW(ps, lr=0.05, fused=True)),
+    "sgd": (lambda m: noptim.apply_optimizer_in_backward(m, "sgd", lr=0.1, momentum=0.9),
+            lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True)),
+    "rowwise_adagrad": (lambda m: noptim.apply_optimizer_in_backward(m, "rowwise_adagrad", lr=0.1),
+                        lambda ps: torch.optim.Adagrad(ps, lr=0.1, fused=True)),
+}
+
+
+def _train(pairs, steps=3, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x, y = _batch(gen, 3, IN, 0.5, "cpu"), _batch(gen, 3, OUT, 0.5, "cpu")
+        for model, o in pairs:
+            o.zero_grad()
+            _loss(model, x, y).backward()
+            o.step()
+
+
+@pytest.mark.parametrize("build", sorted(FROZEN_BUILDS))
+def test_all_sparse_weights_frozen_trains_the_rest_exactly_as_torch_optim(build):
+    """Frozen embeddings, the rest fine-tuned: the biases and the dense module take torch's
+    fused step bit for bit; the frozen weights stay; nothing is attached (was a ValueError
+    'found none')."""
+    ours, ref = _frozen_models(("enc", "dec"))
+    make, make_ref = FROZEN_BUILDS[build]
+    opt, ref_opt = make(ours), make_ref(ref.parameters())
+    frozen = (ours.enc.weight.detach().clone(), ours.dec.weight.detach().clone())
+    _train([(ours, opt), (ref, ref_opt)])
+    assert ours.enc._row_update is None and ours.dec._row_update is None
+    assert opt.tables == {} and list(opt.dense.param_groups[0]["params"]) == [
+        ours.enc.bias, ours.mid.weight, ours.mid.bias, ours.dec.bias]
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        assert torch.equal(p, q), name
+    assert torch.equal(ours.enc.weight, frozen[0]) and torch.equal(ours.dec.weight, frozen[1])
+    assert not torch.equal(ours.mid.weight, _frozen_models(())[0].mid.weight)
+
+
+@pytest.mark.parametrize("build", ["fused_step", "adam", "sgd"])
+def test_frozen_sparse_weights_state_dict_round_trip_zero_grad_and_repr(build):
+    ours, _ = _frozen_models(("enc", "dec"))
+    opt = FROZEN_BUILDS[build][0](ours)
+    kind = "adam" if build == "fused_step" else build
+    assert repr(opt) == (f"InBackwardOptimizer(kind={kind!r}, in_backward=[], "
+                         f"dense={'SGD' if kind == 'sgd' else 'Adam'})")
+    _train([(ours, opt)], steps=2)
+    assert ours.mid.weight.grad is not None
+    opt.zero_grad()
+    assert all(p.grad is None for p in ours.parameters())
+    state = copy.deepcopy(opt.state_dict())
+    assert state["tables"] == {} and state["lr"] == {} and state["dense"]["state"]
+    # a fresh model and optimiser, loaded, continue exactly as the original
+    resumed = copy.deepcopy(ours)
+    opt2 = FROZEN_BUILDS[build][0](resumed)
+    opt2.load_state_dict(state)
+    _train([(ours, opt), (resumed, opt2)], steps=2, seed=2)
+    for (name, p), q in zip(ours.named_parameters(), resumed.parameters()):
+        assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True])
+@pytest.mark.parametrize("frozen", ["enc", "dec"])
+def test_partly_frozen_model_trains_the_rest_as_torch_adam(frozen, sparse_grad):
+    """Encoder frozen, decoder trained in the backward (or the reverse): every row touched
+    at every step, so the in-backward layer takes Adam's dense step; the frozen layer's
+    weight stays, its bias is trained by the dense part (a sparse_grad=True layer outside
+    the backward gives its bias a sparse gradient, which torch's Adam refuses: LazyAdam
+    then takes the dense part)."""
+    ours, ref = _frozen_models((frozen,), sparse_grad)
+    ref.enc.sparse_grad = ref.dec.sparse_grad = False  # materialised dense gradients
+    opt = noptim.fused_step_optimizer(ours, lr=0.05)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.05)
+    trained = "dec" if frozen == "enc" else "enc"
+    assert repr(opt) == (f"InBackwardOptimizer(kind='adam', in_backward=[{trained!r}], "
+                         f"dense={'LazyAdam' if sparse_grad else 'Adam'})")
+    before = getattr(ours, frozen).weight.detach().clone()
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x, y = _batch(gen, 3, IN, 0.5, "cpu", True), _batch(gen, 3, OUT, 0.5, "cpu", True)
+        for model, o in ((ours, opt), (ref, ref_opt)):
+            o.zero_grad()
+            _loss(model, x, y).backward()
+            o.step()
+    assert torch.equal(getattr(ours, frozen).weight, before)
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, msg=name)
+    state = opt.state_dict()
+    assert list(state["tables"]) == [trained]
+    opt.load_state_dict(copy.deepcopy(state))
+
+
+def test_fused_step_optimizer_of_a_model_without_sparse_layers_is_fused_adam():
+    """The drop-in holds for any model: no sparse layer, torch.optim.Adam(fused=True)."""
+    torch.manual_seed(0)
+    ours = nn.Sequential(nn.Linear(IN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, OUT)).double()
+    ours[0].bias.requires_grad_(False)
+    ref = copy.deepcopy(ours)
+    opt = noptim.fused_step_optimizer(ours, lr=0.05, weight_decay=0.1)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.05, weight_decay=0.1, fused=True)
+    assert repr(opt) == "InBackwardOptimizer(kind='adam', in_backward=[], dense=Adam)"
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        x = torch.randn(4, IN, generator=gen, dtype=torch.float64)
+        for model, o in ((ours, opt), (ref, ref_opt)):
+            o.zero_grad()
+            model(x).square().sum().backward()
+            o.step()
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        assert torch.equal(p, q)
+
+
+def _no_sparse_layer():
+    return nn.Sequential(nn.Linear(3, 2))
+
+
+def _all_frozen(model):
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize("build,model,message", [
+    # no sparse layer: nothing can be applied in the backward (fused_step_optimizer takes it)
+    ("in_backward", _no_sparse_layer,
+     r"model must hold a SparseLinearBatch or SparseOutputLinear, found none in Sequential: "
+     r"nothing can be updated in the backward; use torch.optim, or "
+     r"nnsparse.optim.fused_step_optimizer"),
+    # nothing trainable: torch.optim's "optimizer got an empty parameter list"
+    ("in_backward", lambda: _all_frozen(_AE()),
+     r"model must have parameters that require grad, got none \(its 4 parameters are all "
+     r"frozen\)"),
+    ("fused_step", lambda: _all_frozen(_AE()),
+     r"model must have parameters that require grad, got none \(its 4 parameters are all "
+     r"frozen\)"),
+    ("fused_step", lambda: _all_frozen(_no_sparse_layer()),
+     r"model must have parameters that require grad, got none \(its 2 parameters"),
+    ("fused_step", lambda: nn.Sequential(),
+     r"model must have parameters that require grad, got none \(it has none\)"),
+], ids=["in_backward-no-sparse-layer", "in_backward-all-frozen", "fused_step-all-frozen",
+        "fused_step-dense-all-frozen", "fused_step-no-parameters"])
+def test_nothing_to_train_is_refused(build, model, message):
+    target = model()
+    make = (noptim.fused_step_optimizer if build == "fused_step"
+            else lambda m: noptim.apply_optimizer_in_backward(m, "adam"))
+    with pytest.raises(ValueError, match=message):
+        make(target)
+
+
+def test_a_sparse_embedding_beside_the_sparse_layers_is_trained_lazily():
+    """nn.Embedding(sparse=True) is never in the backward: its sparse gradient goes to the
+    dense part, LazyAdam (torch's Adam raised 'Adam does not support sparse gradients' at
+    the first step), which updates the looked-up rows only, as LazyAdam alone does."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(10, HIDDEN, sparse=True).double()
+    ref, before = copy.deepcopy(emb), emb.weight.detach().clone()
+    model = nn.ModuleDict(dict(emb=emb, dec=nnsparse.SparseOutputLinear(HIDDEN, OUT).double()))
+    opt = noptim.fused_step_optimizer(model, lr=0.05)
+    ref_opt = noptim.LazyAdam(ref.parameters(), lr=0.05)
+    assert repr(opt) == "InBackwardOptimizer(kind='adam', in_backward=['dec'], dense=LazyAdam)"
+    ids = torch.tensor([1, 4, 7])
+    pattern = _batch(torch.Generator().manual_seed(2), 3, OUT, 0.5, "cpu", True)
+    opt.zero_grad()
+    out = model["dec"](model["emb"](ids), pattern)
+    (out.values() * 2).sum().backward()
+    # the same gradient for the reference table: 2 * (column sums of dec's weight at the pattern)
+    ref(ids).backward(emb.weight.grad.to_dense()[ids])
+    opt.step()
+    ref_opt.step()
+    assert torch.equal(emb.weight, ref.weight)
+    touched = torch.zeros(10, dtype=torch.bool).index_fill_(0, ids, True)
+    assert torch.equal(emb.weight[~touched], before[~touched])
+    assert (emb.weight[touched] != before[touched]).all()
