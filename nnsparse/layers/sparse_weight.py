@@ -22,7 +22,7 @@ from .._load import check_state_dict, entry_errors
 from .. import _index
 from ..matmul import _PatternMM, _transposed
 from ..values import _csr_with_values
-from .linear import _check_not_narrower
+from .linear import _check_not_narrower, _check_parameters
 
 __all__ = ["SparseWeightLinear"]
 
@@ -374,6 +374,7 @@ class SparseWeightLinear(nn.Module):
 
     # -- forward ---------------------------------------------------------------
     def forward(self, input: Any) -> Tensor:
+        _check_parameters(self, "values", self.values, (self.nnz,), "(nnz,)", self.bias)
         # a strided tensor is always dense (as for every nnsparse layer); a Lua
         # (k, 2) pair vector goes through nnsparse.from_pairs first
         if isinstance(input, Tensor) and input.layout == torch.strided:
