@@ -153,6 +153,8 @@ class SparseWeightLinear(nn.Module):
     t_crow: Tensor
     t_row: Tensor
     bias: Optional[nn.Parameter]
+    # True while this layer's own load_state_dict runs, after checking the state whole
+    _refusals_checked = False
 
     def __init__(self, pattern: Any, bias: bool = True, *, device=None, dtype=None) -> None:
         super().__init__()
@@ -206,7 +208,13 @@ class SparseWeightLinear(nn.Module):
                 raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:"
                                    "\n\t" + "\n\t".join(refusals) + "\n(nothing was loaded)")
         check_state_dict(self, state_dict, strict)
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        # _load_from_state_dict reads these same entries (its pre-hooks run after its
+        # check): they were checked just above, so it does not compute the refusals again
+        self._refusals_checked = True
+        try:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        finally:
+            del self._refusals_checked
 
     def _refusals(self, state_dict: Mapping[str, Any], prefix: str) -> List[str]:
         """Why this layer's entries of ``state_dict`` cannot be loaded (empty: they can)."""
@@ -235,8 +243,9 @@ class SparseWeightLinear(nn.Module):
                               local_metadata: Any, strict: bool, missing_keys: List[str],
                               unexpected_keys: List[str], error_msgs: List[str]) -> None:
         # validate before anything is copied: a refused pattern, or an entry of another
-        # nnz or kind, leaves the layer as it was (also inside a parent's load)
-        refusals = self._refusals(state_dict, prefix)
+        # nnz or kind, leaves the layer as it was (also inside a parent's load); this
+        # layer's own load_state_dict checked them already
+        refusals = [] if self._refusals_checked else self._refusals(state_dict, prefix)
         if refusals:
             error_msgs.extend(refusals)
             return
