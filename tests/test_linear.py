@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import prune
 
 import nnsparse
 from nnsparse.layers import linear as linear_module
@@ -381,7 +382,6 @@ def test_plain_prune_fails_inside_torch_and_leaves_the_layer():
     """torch's L1Unstructured flattens the weight with .view(-1), which the column-major
     weight refuses: this pins the documented limitation (if a torch release lifts it, the
     workaround in docs/ecosystem.md and the class docstring can go)."""
-    from torch.nn.utils import prune
     layer = nnsparse.SparseLinearBatch(12, 4)
     weight = layer.weight
     with pytest.raises(RuntimeError, match="view size is not compatible"):
@@ -403,7 +403,6 @@ def test_prune_with_contiguous_importance_scores_trains(mode, device):
     the dense layer with the mask applied, forward and backward; its pruned entries stay zero
     through an optimiser step; after prune.remove it trains as a plain layer, and
     load_state_dict(assign=True) stores its weight column-major again."""
-    from torch.nn.utils import prune
     torch.manual_seed(0)
     layer = nnsparse.SparseLinearBatch(12, 4, mode=mode).to(device)
     dense, x = _prune_batch(device)
@@ -439,7 +438,6 @@ def test_prune_of_a_sparse_grad_layer_prunes_weight_t():
     """sparse_grad=True keeps the weight as weight_t (in, out), contiguous: plain pruning
     works on it, layer.weight stays its (out, in) view, and SGD on the sparse gradient
     keeps the pruned entries zero."""
-    from torch.nn.utils import prune
     torch.manual_seed(0)
     layer = nnsparse.SparseLinearBatch(12, 4, sparse_grad=True)
     dense, x = _prune_batch("cpu")
@@ -454,3 +452,29 @@ def test_prune_of_a_sparse_grad_layer_prunes_weight_t():
     _sgd_step(layer, x)
     assert layer._table().is_contiguous()
     torch.testing.assert_close(layer(x), F.linear(dense, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize("method, works", [
+    (lambda layer: prune.ln_structured(layer, "weight", amount=0.5, n=2, dim=0), True),
+    (lambda layer: prune.random_structured(layer, "weight", amount=0.5, dim=1), True),
+    (lambda layer: prune.identity(layer, "weight"), True),
+    (lambda layer: prune.custom_from_mask(layer, "weight",
+                                                   mask=torch.rand(4, 12) > 0.5), True),
+    (lambda layer: prune.random_unstructured(layer, "weight", amount=0.5), False),
+    (lambda layer: prune.global_unstructured(
+        [(layer, "weight")], pruning_method=prune.L1Unstructured, amount=0.5,
+        importance_scores={(layer, "weight"): layer.weight.contiguous()}), False),
+], ids=["ln_structured", "random_structured", "identity", "custom_from_mask",
+        "random_unstructured", "global_unstructured"])
+def test_which_prune_methods_take_the_column_major_weight(method, works):
+    """What docs/ecosystem.md says of torch's other pruning methods."""
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(12, 4)
+    dense, x = _prune_batch("cpu")
+    if works:
+        method(layer)
+        torch.testing.assert_close(layer(x), F.linear(dense, layer.weight_orig * layer.weight_mask,
+                                                      layer.bias))
+    else:
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            method(layer)

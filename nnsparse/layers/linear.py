@@ -382,6 +382,18 @@ class SparseLinearBatch(nn.Module):
     weight decay), ``torch.optim.Adagrad`` and
     :class:`nnsparse.optim.LazyAdam`; ``Adam``/``AdamW`` need dense gradients.
 
+    **Pruning** (``torch.nn.utils.prune``).  torch's ``l1_unstructured``
+    flattens the weight with ``.view(-1)``, which the column-major layout
+    refuses (``RuntimeError: view size is not compatible with input tensor's
+    size and stride``): pass the scores row-major,
+    ``prune.l1_unstructured(layer, "weight", amount=a,
+    importance_scores=layer.weight.contiguous())``.  The pruned layer trains
+    (pruned entries stay zero); after ``prune.remove`` the weight is stored
+    row-major (each forward then copies it) until
+    ``layer.load_state_dict(layer.state_dict(), assign=True)`` stores it
+    column-major again.  With ``sparse_grad=True`` prune ``"weight_t"``,
+    which needs no scores.  Other methods: ``docs/ecosystem.md``.
+
     Args:
         in_features (int): size of each input row (the catalogue).
         out_features (int): size of each output row.
@@ -397,6 +409,14 @@ class SparseLinearBatch(nn.Module):
     Shape:
         - input: ``(rows, in_features)`` sparse (or dense), or ``(in_features,)``.
         - output: ``(rows, out_features)``, dense, or ``(out_features,)``.
+
+    Raises (in ``forward``, besides :func:`sparse_linear`'s):
+        TypeError: the weight (``weight_t`` with ``sparse_grad``) or the bias
+            was replaced by a non-dense tensor or ``None`` (the weight).
+        ValueError: it was replaced by one of another shape than ``(out_features,
+            in_features)`` (``weight_t``: ``(in_features, out_features)``) or
+            ``(out_features,)``, or the bias differs from the weight in dtype
+            or device.
 
     Example::
 

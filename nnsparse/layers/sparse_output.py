@@ -280,6 +280,13 @@ class SparseOutputLinear(nn.Linear):
         - pattern: ``(rows, out_features)``, any accepted sparse form, or ``None``.
         - output: sparse with ``pattern``'s positions, or dense ``(rows, out_features)``.
 
+    Raises (in ``forward``, besides :func:`sampled_linear`'s):
+        TypeError: ``weight`` or ``bias`` was replaced by a non-dense tensor
+            or ``None`` (the weight).
+        ValueError: it was replaced by one of another shape than
+            ``(out_features, in_features)`` or ``(out_features,)``, or the bias
+            differs from the weight in dtype or device.
+
     Example::
 
         >>> torch.manual_seed(0)  # doctest: +ELLIPSIS

@@ -127,7 +127,10 @@ class SparseWeightLinear(nn.Module):
     Raises:
         TypeError: ``pattern`` is not a sparse form; an input of the wrong kind.
         ValueError: ``pattern`` is not 2-D or has bad indices; an input's width,
-            dtype or device differs from the layer's.
+            dtype or device differs from the layer's; ``values`` or ``bias`` was
+            replaced by one of another shape than ``(nnz,)`` or
+            ``(out_features,)``, or the bias differs from ``values`` in dtype or
+            device (a ``TypeError`` for a non-dense one or ``None`` values).
 
     Example::
 
