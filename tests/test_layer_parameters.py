@@ -117,6 +117,8 @@ SWL_CASES = [
     ("values", None, TypeError, r"SparseWeightLinear.values must be a dense tensor, got NoneType"),
     ("values", _param((3,), torch.float64), ValueError,
      r"SparseWeightLinear.bias must have the dtype of values, torch.float64, got torch.float32"),
+    ("values", _param((3,), device="meta"), ValueError,
+     r"SparseWeightLinear.bias must be on the device of values, meta, got cpu"),
     ("bias", _param((3,)), ValueError,
      r"SparseWeightLinear.bias must have shape \(out_features,\) = \(2,\), got \(3,\)"),
     ("bias", _param((2,), torch.float64), ValueError,
@@ -124,6 +126,18 @@ SWL_CASES = [
     ("bias", _param((2,), device="meta"), ValueError,
      r"SparseWeightLinear.bias must be on the device of values, cpu, got meta"),
 ]
+
+
+@pytest.mark.parametrize("form", ["coo", "csr", "dense"])
+def test_sparse_weight_linear_names_values_off_the_pattern_s_device(form):
+    layer = nnsparse.SparseWeightLinear(torch.tensor([[1., 0., 1.], [0., 1., 0.]]).to_sparse(),
+                                        bias=False)
+    layer.values = _param((3,), device="meta")
+    x = torch.tensor([[1., 0., 2.], [0., 3., 0.]])
+    x = {"coo": x.to_sparse(), "csr": x.to_sparse_csr(), "dense": x}[form]
+    with pytest.raises(ValueError, match=r"SparseWeightLinear.values must be on the device of "
+                                         r"the pattern \(crow, col\) cpu, got meta"):
+        layer(x)
 
 
 @pytest.mark.parametrize("form", ["coo", "csr", "dense"])

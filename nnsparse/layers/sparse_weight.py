@@ -387,6 +387,10 @@ class SparseWeightLinear(nn.Module):
     # -- forward ---------------------------------------------------------------
     def forward(self, input: Any) -> Tensor:
         _check_parameters(self, "values", self.values, (self.nnz,), "(nnz,)", self.bias)
+        if self.values.device != self.col.device:  # values assigned on another device
+            raise ValueError(f"SparseWeightLinear.values must be on the device of the pattern "
+                             f"(crow, col) {self.col.device}, got {self.values.device}; move "
+                             f"the layer with layer.to(device)")
         # a strided tensor is always dense (as for every nnsparse layer); a Lua
         # (k, 2) pair vector goes through nnsparse.from_pairs first
         if isinstance(input, Tensor) and input.layout == torch.strided:
