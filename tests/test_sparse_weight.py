@@ -263,7 +263,8 @@ def test_load_refused_inside_a_parent_leaves_the_layer():
 def test_load_computes_the_refusals_once(parent, monkeypatch):
     """The layer's own load_state_dict checks the state whole, and its _load_from_state_dict
     does not check it again; inside a parent's load the layer checks it once itself."""
-    a, b = SparseWeightLinear.random(4, 3, 0.5, seed=5), SparseWeightLinear.random(4, 3, 0.5, seed=3)
+    a = SparseWeightLinear.random(4, 3, 0.5, seed=5)
+    b = SparseWeightLinear.random(4, 3, 0.5, seed=3)
     calls = []
     refusals = SparseWeightLinear._refusals
     monkeypatch.setattr(SparseWeightLinear, "_refusals",
