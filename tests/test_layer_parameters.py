@@ -24,6 +24,20 @@ def _param(shape, dtype=torch.float32, device="cpu"):
     return nn.Parameter(torch.randn(shape, dtype=dtype, device=device))
 
 
+def _ids(cases):
+    """Readable test ids: the parameter and what it was replaced by."""
+    def what(value):
+        if not isinstance(value, torch.Tensor):
+            return type(value).__name__
+        if value.layout != torch.strided:
+            return str(value.layout).replace("torch.", "")
+        text = "x".join(map(str, value.shape))
+        if value.dtype != torch.float32:
+            text += "-" + str(value.dtype).replace("torch.", "")
+        return text + ("-" + value.device.type if value.device.type != "cpu" else "")
+    return [f"{name}={what(value)}" for name, value, _, _ in cases]
+
+
 # (what is assigned, error type, message)
 LINEAR_CASES = [
     ("weight", _param((3, 5)), ValueError, SLB_WEIGHT + r"got \(3, 5\)"),
@@ -57,7 +71,8 @@ def _linear_inputs():
 
 @pytest.mark.parametrize("mode", ["sparse", "dense"])
 @pytest.mark.parametrize("form", ["coo", "csr", "dense", "parts"])
-@pytest.mark.parametrize("name, value, error, message", LINEAR_CASES)
+@pytest.mark.parametrize("name, value, error, message", LINEAR_CASES,
+                         ids=_ids(LINEAR_CASES))
 def test_sparse_linear_batch_names_a_wrong_parameter(name, value, error, message, form, mode):
     layer = nnsparse.SparseLinearBatch(4, 3, mode=mode)
     setattr(layer, name, value)
@@ -65,18 +80,22 @@ def test_sparse_linear_batch_names_a_wrong_parameter(name, value, error, message
         layer(_linear_inputs()[form])
 
 
-@pytest.mark.parametrize("form", ["coo", "dense"])
-@pytest.mark.parametrize("value, error, message", [
-    (_param((5, 3)), ValueError, r"SparseLinearBatch.weight_t must have shape "
-                                 r"\(in_features, out_features\) = \(4, 3\), got \(5, 3\)"),
-    (_param((3, 4)), ValueError, r"SparseLinearBatch.weight_t must have shape "
-                                 r"\(in_features, out_features\) = \(4, 3\), got \(3, 4\)"),
-    (_param((4, 3), torch.float64), ValueError,
+WEIGHT_T_CASES = [
+    ("weight_t", _param((5, 3)), ValueError, r"SparseLinearBatch.weight_t must have shape "
+     r"\(in_features, out_features\) = \(4, 3\), got \(5, 3\)"),
+    ("weight_t", _param((3, 4)), ValueError, r"SparseLinearBatch.weight_t must have shape "
+     r"\(in_features, out_features\) = \(4, 3\), got \(3, 4\)"),
+    ("weight_t", _param((4, 3), torch.float64), ValueError,
      r"SparseLinearBatch.bias must have the dtype of weight_t, torch.float64, got torch.float32"),
-])
-def test_sparse_grad_layer_names_a_wrong_weight_t(value, error, message, form):
+]
+
+
+@pytest.mark.parametrize("form", ["coo", "dense"])
+@pytest.mark.parametrize("name, value, error, message", WEIGHT_T_CASES,
+                         ids=_ids(WEIGHT_T_CASES))
+def test_sparse_grad_layer_names_a_wrong_weight_t(name, value, error, message, form):
     layer = nnsparse.SparseLinearBatch(4, 3, sparse_grad=True)
-    layer.weight_t = value
+    setattr(layer, name, value)
     with pytest.raises(error, match=message):
         layer(_linear_inputs()[form])
 
@@ -101,7 +120,7 @@ SOL_CASES = [
 
 
 @pytest.mark.parametrize("pattern", ["coo", "csr", "none", "parts"])
-@pytest.mark.parametrize("name, value, error, message", SOL_CASES)
+@pytest.mark.parametrize("name, value, error, message", SOL_CASES, ids=_ids(SOL_CASES))
 def test_sparse_output_linear_names_a_wrong_parameter(name, value, error, message, pattern):
     layer = nnsparse.SparseOutputLinear(3, 4)
     setattr(layer, name, value)
@@ -141,7 +160,7 @@ def test_sparse_weight_linear_names_values_off_the_pattern_s_device(form):
 
 
 @pytest.mark.parametrize("form", ["coo", "csr", "dense"])
-@pytest.mark.parametrize("name, value, error, message", SWL_CASES)
+@pytest.mark.parametrize("name, value, error, message", SWL_CASES, ids=_ids(SWL_CASES))
 def test_sparse_weight_linear_names_a_wrong_parameter(name, value, error, message, form):
     layer = nnsparse.SparseWeightLinear(torch.tensor([[1., 0., 1.], [0., 1., 0.]]).to_sparse())
     setattr(layer, name, value)

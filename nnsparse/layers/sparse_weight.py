@@ -217,7 +217,7 @@ class SparseWeightLinear(nn.Module):
         try:
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
         finally:
-            del self._refusals_checked
+            self.__dict__.pop("_refusals_checked", None)  # the class default again
 
     def _refusals(self, state_dict: Mapping[str, Any], prefix: str) -> List[str]:
         """Why this layer's entries of ``state_dict`` cannot be loaded (empty: they can)."""
