@@ -198,3 +198,54 @@ def test_the_compile_path_refuses_the_optimiser_in_the_backward(layer):
     nnsparse.optim.apply_optimizer_in_backward(module, "sgd", lr=0.1)
     with pytest.raises(NotImplementedError, match="does not run on the torch.compile input path"):
         module(parts) if layer == "encoder" else module(torch.randn(2, 3), parts)
+
+
+# dynamo with no compiler behind it: these tests are about which modules get the pattern
+# (test_fullgraph_equals_eager runs the operators through aot_eager)
+BACKEND = "eager"
+
+
+def _pattern_autoencoder():
+    torch.manual_seed(0)
+    return nnsparse.PatternSequential(nnsparse.SparseLinearBatch(WIDTH, HIDDEN), nn.Tanh(),
+                                      nnsparse.SparseOutputLinear(HIDDEN, WIDTH))
+
+
+def _compile_decoder(model, how):
+    if how == "torch.compile(decoder)":
+        model[2] = torch.compile(model[2], backend=BACKEND)
+    elif how == "decoder.compile()":
+        model[2].compile(backend=BACKEND)
+    elif how == "torch.compile(block)":  # a nested PatternSequential, compiled
+        model[2] = torch.compile(nnsparse.PatternSequential(model[2]), backend=BACKEND)
+    else:
+        return torch.compile(model, backend=BACKEND, fullgraph=True)
+    return model
+
+
+@pytest.mark.parametrize("how", ["torch.compile(decoder)", "decoder.compile()",
+                                 "torch.compile(block)", "torch.compile(model)"])
+def test_pattern_sequential_passes_the_pattern_to_a_compiled_module(how):
+    """A compiled module inside PatternSequential still takes the pattern: torch.compile's
+    wrapper used to be called as module(x) and returned the dense (rows, width) output."""
+    model = _pattern_autoencoder()
+    twin = copy.deepcopy(model)
+    state = {k.replace("_orig_mod.", "").replace("2.0.", "2."): v
+             for k, v in twin.state_dict().items()}
+    run = _compile_decoder(twin, how)
+    x = _batch(6, 0.3, 0, "csr")
+    want = model(x, x)
+    want.values().pow(2).sum().backward()
+    parts = nnsparse.sparse_parts(x)
+    got = run(parts, parts)
+    assert isinstance(got, nnsparse.SparseParts), type(got)
+    got.values.pow(2).sum().backward()
+    assert torch.equal(got.crow, want.crow_indices()) and torch.equal(got.col, want.col_indices())
+    torch.testing.assert_close(got.values, want.values())
+    grads = {k.replace("_orig_mod.", "").replace("2.0.", "2."): p.grad
+             for k, p in twin.named_parameters()}
+    assert sorted(grads) == sorted(state) == sorted(dict(model.named_parameters()))
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, msg=name)
+    # without a pattern, the dense output as before
+    torch.testing.assert_close(run(x.to_dense()), model(x.to_dense()))

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import prune
 
 import nnsparse
 from nnsparse.layers import linear as linear_module
@@ -369,3 +370,111 @@ def test_integer_weight_refused_for_a_sparse_input_in_every_mode(density, dtype,
 def test_integer_weight_with_a_dense_input_is_f_linear():
     x, w = torch.tensor([[0, 2, 0, 1]]), torch.ones(3, 4, dtype=torch.long)
     assert torch.equal(nnsparse.sparse_linear(x, w), F.linear(x, w))
+
+
+# -- torch.nn.utils.prune (docs/ecosystem.md) -------------------------------------------
+def _prune_batch(device):
+    dense = random_sparse_dense(5, 12, 0.4, dtype=torch.float32, device=device)
+    return dense, dense.to_sparse()
+
+
+def test_plain_prune_fails_inside_torch_and_leaves_the_layer():
+    """torch's L1Unstructured flattens the weight with .view(-1), which the column-major
+    weight refuses: this pins the documented limitation (if a torch release lifts it, the
+    workaround in docs/ecosystem.md and the class docstring can go)."""
+    layer = nnsparse.SparseLinearBatch(12, 4)
+    weight = layer.weight
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        prune.l1_unstructured(layer, "weight", amount=0.5)
+    assert layer.weight is weight and not hasattr(layer, "weight_mask")  # torch rolled back
+
+
+def _sgd_step(layer, x):
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    opt.zero_grad()
+    layer(x).pow(2).sum().backward()
+    opt.step()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["sparse", "dense"])
+def test_prune_with_contiguous_importance_scores_trains(mode, device):
+    """The workaround: importance scores given as weight.contiguous().  The pruned layer is
+    the dense layer with the mask applied, forward and backward; its pruned entries stay zero
+    through an optimiser step; after prune.remove it trains as a plain layer, and
+    load_state_dict(assign=True) stores its weight column-major again."""
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(12, 4, mode=mode).to(device)
+    dense, x = _prune_batch(device)
+    prune.l1_unstructured(layer, "weight", amount=0.5, importance_scores=layer.weight.contiguous())
+    mask = layer.weight_mask
+    assert int(mask.sum()) == 24 and sorted(n for n, _ in layer.named_parameters()) == [
+        "bias", "weight_orig"]
+    orig = layer.weight_orig
+    ref_w = orig.detach().clone().requires_grad_()
+    out = layer(x)
+    ref = F.linear(dense, ref_w * mask, layer.bias.detach())
+    torch.testing.assert_close(out, ref, **TOL[torch.float32])
+    g = torch.randn_like(ref)
+    out.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(orig.grad, ref_w.grad, **TOL[torch.float32])
+    assert not orig.grad[mask == 0].any()
+    _sgd_step(layer, x)
+    layer(x)  # the forward pre-hook recomputes weight from weight_orig and the mask
+    assert not layer.weight[mask == 0].any() and layer.weight[mask == 1].all()
+    prune.remove(layer, "weight")
+    assert sorted(n for n, _ in layer.named_parameters()) == ["bias", "weight"]
+    pruned = layer.weight.detach().clone()
+    _sgd_step(layer, x)
+    torch.testing.assert_close(layer(x), F.linear(dense, layer.weight, layer.bias),
+                               **TOL[torch.float32])
+    assert not torch.equal(layer.weight, pruned)  # trains, every entry again
+    layer.load_state_dict(layer.state_dict(), assign=True)
+    assert layer.weight.t().is_contiguous() and isinstance(layer.weight, nn.Parameter)
+
+
+def test_prune_of_a_sparse_grad_layer_prunes_weight_t():
+    """sparse_grad=True keeps the weight as weight_t (in, out), contiguous: plain pruning
+    works on it, layer.weight stays its (out, in) view, and SGD on the sparse gradient
+    keeps the pruned entries zero."""
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(12, 4, sparse_grad=True)
+    dense, x = _prune_batch("cpu")
+    prune.l1_unstructured(layer, "weight_t", amount=0.5)
+    mask = layer.weight_t_mask
+    torch.testing.assert_close(layer(x), F.linear(dense, layer.weight, layer.bias))
+    assert torch.equal(layer.weight, (layer.weight_t_orig * mask).t())
+    _sgd_step(layer, x)
+    layer(x)
+    assert not layer.weight_t[mask == 0].any()
+    prune.remove(layer, "weight_t")
+    _sgd_step(layer, x)
+    assert layer._table().is_contiguous()
+    torch.testing.assert_close(layer(x), F.linear(dense, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize("method, works", [
+    (lambda layer: prune.ln_structured(layer, "weight", amount=0.5, n=2, dim=0), True),
+    (lambda layer: prune.random_structured(layer, "weight", amount=0.5, dim=1), True),
+    (lambda layer: prune.identity(layer, "weight"), True),
+    (lambda layer: prune.custom_from_mask(layer, "weight",
+                                                   mask=torch.rand(4, 12) > 0.5), True),
+    (lambda layer: prune.random_unstructured(layer, "weight", amount=0.5), False),
+    (lambda layer: prune.global_unstructured(
+        [(layer, "weight")], pruning_method=prune.L1Unstructured, amount=0.5,
+        importance_scores={(layer, "weight"): layer.weight.contiguous()}), False),
+], ids=["ln_structured", "random_structured", "identity", "custom_from_mask",
+        "random_unstructured", "global_unstructured"])
+def test_which_prune_methods_take_the_column_major_weight(method, works):
+    """What docs/ecosystem.md says of torch's other pruning methods."""
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(12, 4)
+    dense, x = _prune_batch("cpu")
+    if works:
+        method(layer)
+        torch.testing.assert_close(layer(x), F.linear(dense, layer.weight_orig * layer.weight_mask,
+                                                      layer.bias))
+    else:
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            method(layer)

@@ -259,6 +259,28 @@ def test_load_refused_inside_a_parent_leaves_the_layer():
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
 
 
+@pytest.mark.parametrize("parent", [False, True], ids=["own", "in-a-parent"])
+def test_load_computes_the_refusals_once(parent, monkeypatch):
+    """The layer's own load_state_dict checks the state whole, and its _load_from_state_dict
+    does not check it again; inside a parent's load the layer checks it once itself."""
+    a = SparseWeightLinear.random(4, 3, 0.5, seed=5)
+    b = SparseWeightLinear.random(4, 3, 0.5, seed=3)
+    calls = []
+    refusals = SparseWeightLinear._refusals
+    monkeypatch.setattr(SparseWeightLinear, "_refusals",
+                        lambda self, sd, prefix: calls.append(prefix) or refusals(self, sd, prefix))
+    if parent:
+        nn.Sequential(b).load_state_dict(nn.Sequential(a).state_dict())
+    else:
+        b.load_state_dict(a.state_dict())
+    assert calls == (["0."] if parent else [""])
+    assert torch.equal(b.col, a.col) and torch.equal(b.values, a.values)
+    assert not b._refusals_checked  # reset after the load
+    with pytest.raises(RuntimeError, match="must have an integer dtype"):  # still refused
+        b.load_state_dict({**a.state_dict(), "col": a.col.float()})
+    assert not b._refusals_checked
+
+
 def test_load_a_lone_col_or_values():
     a, b = SparseWeightLinear.random(4, 3, 0.5, seed=5), SparseWeightLinear.random(4, 3, 0.5, seed=3)
     b.load_state_dict({"values": a.values.detach()}, strict=False)

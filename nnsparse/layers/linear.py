@@ -318,6 +318,40 @@ def _check_weight_bias(weight: Any, bias: Any) -> None:
         raise ValueError(f"bias must be on the weight's device {weight.device}, got {bias.device}")
 
 
+def _check_parameters(layer: nn.Module, weight_name: str, weight: Any, expected: Tuple[int, ...],
+                      what: str, bias: Any) -> None:
+    """A layer's weight and bias are of the shapes it was built with, dense, of one dtype and
+    device: a parameter of another shape assigned to the layer (``layer.weight =
+    nn.Parameter(w)``) is named here, not found later as a wrong input width or a torch
+    broadcast error.  Metadata only (no host synchronisation).
+
+    ``weight_name``, ``expected``, ``what``: the weight's attribute name, its shape and the
+    names of its sizes, e.g. ``"weight"``, ``(out, in)``, ``"(out_features, in_features)"``.
+    """
+    layer_name = type(layer).__name__
+    for arg, t in ((weight_name, weight), ("bias", bias)):
+        if (t is not None or arg == weight_name) and (
+                not isinstance(t, Tensor) or t.layout != torch.strided):
+            got = t.layout if isinstance(t, Tensor) else type(t).__name__
+            raise TypeError(f"{layer_name}.{arg} must be a dense tensor, got {got}")
+    if tuple(weight.shape) != expected:
+        raise ValueError(f"{layer_name}.{weight_name} must have shape {what} = {expected}, "
+                         f"got {tuple(weight.shape)}; assign a parameter of the layer's shape, "
+                         f"or build a layer of the new sizes")
+    if bias is None:
+        return
+    out_features = getattr(layer, "out_features")
+    if tuple(bias.shape) != (out_features,):
+        raise ValueError(f"{layer_name}.bias must have shape (out_features,) = "
+                         f"({out_features},), got {tuple(bias.shape)}")
+    if bias.dtype != weight.dtype:
+        raise ValueError(f"{layer_name}.bias must have the dtype of {weight_name}, "
+                         f"{weight.dtype}, got {bias.dtype}")
+    if bias.device != weight.device:
+        raise ValueError(f"{layer_name}.bias must be on the device of {weight_name}, "
+                         f"{weight.device}, got {bias.device}")
+
+
 class SparseLinearBatch(nn.Module):
     r"""``nn.Linear`` for mini-batches of sparse vectors.
 
@@ -348,6 +382,18 @@ class SparseLinearBatch(nn.Module):
     weight decay), ``torch.optim.Adagrad`` and
     :class:`nnsparse.optim.LazyAdam`; ``Adam``/``AdamW`` need dense gradients.
 
+    **Pruning** (``torch.nn.utils.prune``).  torch's ``l1_unstructured``
+    flattens the weight with ``.view(-1)``, which the column-major layout
+    refuses (``RuntimeError: view size is not compatible with input tensor's
+    size and stride``): pass the scores row-major,
+    ``prune.l1_unstructured(layer, "weight", amount=a,
+    importance_scores=layer.weight.contiguous())``.  The pruned layer trains
+    (pruned entries stay zero); after ``prune.remove`` the weight is stored
+    row-major (each forward then copies it) until
+    ``layer.load_state_dict(layer.state_dict(), assign=True)`` stores it
+    column-major again.  With ``sparse_grad=True`` prune ``"weight_t"``,
+    which needs no scores.  Other methods: ``docs/ecosystem.md``.
+
     Args:
         in_features (int): size of each input row (the catalogue).
         out_features (int): size of each output row.
@@ -363,6 +409,14 @@ class SparseLinearBatch(nn.Module):
     Shape:
         - input: ``(rows, in_features)`` sparse (or dense), or ``(in_features,)``.
         - output: ``(rows, out_features)``, dense, or ``(out_features,)``.
+
+    Raises (in ``forward``, besides :func:`sparse_linear`'s):
+        TypeError: the weight (``weight_t`` with ``sparse_grad``) or the bias
+            was replaced by a non-dense tensor or ``None`` (the weight).
+        ValueError: it was replaced by one of another shape than ``(out_features,
+            in_features)`` (``weight_t``: ``(in_features, out_features)``) or
+            ``(out_features,)``, or the bias differs from the weight in dtype
+            or device.
 
     Example::
 
@@ -426,12 +480,27 @@ class SparseLinearBatch(nn.Module):
         return self.weight_t if self.sparse_grad else self.weight.t()
 
     def __getattr__(self, name: str) -> Any:
-        # With sparse_grad the parameter is weight_t; weight is its view.
-        if name == "weight" and "weight_t" in self.__dict__.get("_parameters", {}):
-            return self._parameters["weight_t"].t()  # type: ignore[union-attr]
+        # With sparse_grad the parameter is weight_t; weight is its view (also of the
+        # plain tensor weight_t that torch.nn.utils.prune puts in the parameter's place).
+        if name == "weight":
+            table = self.__dict__.get("weight_t",
+                                      self.__dict__.get("_parameters", {}).get("weight_t"))
+            if isinstance(table, Tensor):
+                return table.t()
         return super().__getattr__(name)
 
+    def _check_parameters(self) -> None:
+        if self.sparse_grad:
+            _check_parameters(self, "weight_t", self.weight_t,
+                              (self.in_features, self.out_features),
+                              "(in_features, out_features)", self.bias)
+        else:
+            _check_parameters(self, "weight", self.weight,
+                              (self.out_features, self.in_features),
+                              "(out_features, in_features)", self.bias)
+
     def forward(self, input: SparseLike) -> Tensor:
+        self._check_parameters()
         if isinstance(input, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): plain tensors
             # through the custom operators of nnsparse/_ops.py, no validation.

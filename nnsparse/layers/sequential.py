@@ -1,21 +1,32 @@
 """``PatternSequential``: ``nn.Sequential`` that hands a sparse pattern to the modules that take one."""
 from __future__ import annotations
 
-import functools
 import inspect
 import numbers
-from typing import Any, Iterable, Optional, Type
+from typing import Any, Dict, Iterable, Optional, Type
 
 from torch import nn
 
 __all__ = ["PatternSequential"]
 
 
-@functools.lru_cache(maxsize=None)
+# how each class's forward takes the pattern, read once per class.  A plain dict, not
+# functools.lru_cache: torch.compile of a PatternSequential traces the lookup (it warns
+# on an lru_cache-wrapped function and traces the signature reading instead).
+_PATTERN_KINDS: Dict[type, str] = {}
+
+
 def _takes_pattern(cls: Type[nn.Module]) -> str:
     """How ``cls.forward`` takes a parameter named ``pattern`` (read once per class):
     ``"keyword"``, ``"positional"`` (positional-only, right after the input: it
     cannot be passed as ``pattern=``), or ``""`` (not at all)."""
+    how = _PATTERN_KINDS.get(cls)
+    if how is None:
+        how = _PATTERN_KINDS[cls] = _read_pattern_kind(cls)
+    return how
+
+
+def _read_pattern_kind(cls: Type[nn.Module]) -> str:
     try:
         parameters = inspect.signature(cls.forward).parameters
     except (TypeError, ValueError):  # a forward without a readable signature
@@ -28,6 +39,19 @@ def _takes_pattern(cls: Type[nn.Module]) -> str:
     if parameter.kind == parameter.POSITIONAL_ONLY and list(parameters).index("pattern") == 2:
         return "positional"  # forward(self, input, pattern, /)
     return ""
+
+
+def _forward_class(module: nn.Module) -> Type[nn.Module]:
+    """The class whose ``forward`` a call of ``module`` runs: ``torch.compile(m)`` returns
+    a wrapper (dynamo's ``OptimizedModule``, holding ``m`` as its submodule ``_orig_mod``)
+    whose ``forward(*args, **kwargs)`` is the compiled call of ``m`` and passes a
+    ``pattern=`` keyword on, so what ``m``'s class takes is what the wrapper takes.
+    ``m.compile()`` compiles in place and keeps ``m``'s class."""
+    while True:
+        inner = module._modules.get("_orig_mod")
+        if inner is None or _takes_pattern(type(module)):
+            return type(module)
+        module = inner
 
 
 def _check_item(module: Any, where: str = "") -> None:
@@ -103,9 +127,7 @@ class PatternSequential(nn.Sequential):
             if module is None:  # set by item assignment, which add_module does not see
                 raise TypeError(f"PatternSequential item {name!r} is None; give it an "
                                 "nn.Module (nn.Identity() to skip it)")
-            # a class is hashable; mypy checks the unbound Module.__hash__ against Hashable
-            how = (_takes_pattern(type(module))  # type: ignore[arg-type]
-                   if pattern is not None else "")
+            how = _takes_pattern(_forward_class(module)) if pattern is not None else ""
             if how == "keyword":
                 input = module(input, pattern=pattern)
             elif how == "positional":

@@ -27,8 +27,8 @@ from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
-from .linear import (_check_layer_args, _check_not_narrower, _check_weight_bias,
-                     _refuse_update_in_transform, _refuse_update_on_parts,
+from .linear import (_check_layer_args, _check_not_narrower, _check_parameters,
+                     _check_weight_bias, _refuse_update_in_transform, _refuse_update_on_parts,
                      _state_without_update)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
@@ -280,6 +280,13 @@ class SparseOutputLinear(nn.Linear):
         - pattern: ``(rows, out_features)``, any accepted sparse form, or ``None``.
         - output: sparse with ``pattern``'s positions, or dense ``(rows, out_features)``.
 
+    Raises (in ``forward``, besides :func:`sampled_linear`'s):
+        TypeError: ``weight`` or ``bias`` was replaced by a non-dense tensor
+            or ``None`` (the weight).
+        ValueError: it was replaced by one of another shape than
+            ``(out_features, in_features)`` or ``(out_features,)``, or the bias
+            differs from the weight in dtype or device.
+
     Example::
 
         >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
@@ -313,6 +320,8 @@ class SparseOutputLinear(nn.Linear):
 
     def forward(self, input: Tensor, pattern: Union[SparseLike, SparseParts, None] = None
                 ) -> Union[Tensor, SparseParts]:
+        _check_parameters(self, "weight", self.weight, (self.out_features, self.in_features),
+                          "(out_features, in_features)", self.bias)
         if isinstance(pattern, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): a custom operator
             # over plain tensors; returns a SparseParts with pattern's entries.

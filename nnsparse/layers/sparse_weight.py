@@ -22,7 +22,7 @@ from .._load import check_state_dict, entry_errors
 from .. import _index
 from ..matmul import _PatternMM, _transposed
 from ..values import _csr_with_values
-from .linear import _check_not_narrower
+from .linear import _check_not_narrower, _check_parameters
 
 __all__ = ["SparseWeightLinear"]
 
@@ -127,7 +127,10 @@ class SparseWeightLinear(nn.Module):
     Raises:
         TypeError: ``pattern`` is not a sparse form; an input of the wrong kind.
         ValueError: ``pattern`` is not 2-D or has bad indices; an input's width,
-            dtype or device differs from the layer's.
+            dtype or device differs from the layer's; ``values`` or ``bias`` was
+            replaced by one of another shape than ``(nnz,)`` or
+            ``(out_features,)``, or the bias differs from ``values`` in dtype or
+            device (a ``TypeError`` for a non-dense one or ``None`` values).
 
     Example::
 
@@ -153,6 +156,8 @@ class SparseWeightLinear(nn.Module):
     t_crow: Tensor
     t_row: Tensor
     bias: Optional[nn.Parameter]
+    # True while this layer's own load_state_dict runs, after checking the state whole
+    _refusals_checked = False
 
     def __init__(self, pattern: Any, bias: bool = True, *, device=None, dtype=None) -> None:
         super().__init__()
@@ -206,7 +211,13 @@ class SparseWeightLinear(nn.Module):
                 raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:"
                                    "\n\t" + "\n\t".join(refusals) + "\n(nothing was loaded)")
         check_state_dict(self, state_dict, strict)
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        # _load_from_state_dict reads these same entries (its pre-hooks run after its
+        # check): they were checked just above, so it does not compute the refusals again
+        self._refusals_checked = True
+        try:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        finally:
+            self.__dict__.pop("_refusals_checked", None)  # the class default again
 
     def _refusals(self, state_dict: Mapping[str, Any], prefix: str) -> List[str]:
         """Why this layer's entries of ``state_dict`` cannot be loaded (empty: they can)."""
@@ -235,8 +246,9 @@ class SparseWeightLinear(nn.Module):
                               local_metadata: Any, strict: bool, missing_keys: List[str],
                               unexpected_keys: List[str], error_msgs: List[str]) -> None:
         # validate before anything is copied: a refused pattern, or an entry of another
-        # nnz or kind, leaves the layer as it was (also inside a parent's load)
-        refusals = self._refusals(state_dict, prefix)
+        # nnz or kind, leaves the layer as it was (also inside a parent's load); this
+        # layer's own load_state_dict checked them already
+        refusals = [] if self._refusals_checked else self._refusals(state_dict, prefix)
         if refusals:
             error_msgs.extend(refusals)
             return
@@ -374,6 +386,11 @@ class SparseWeightLinear(nn.Module):
 
     # -- forward ---------------------------------------------------------------
     def forward(self, input: Any) -> Tensor:
+        _check_parameters(self, "values", self.values, (self.nnz,), "(nnz,)", self.bias)
+        if self.values.device != self.col.device:  # values assigned on another device
+            raise ValueError(f"SparseWeightLinear.values must be on the device of the pattern "
+                             f"(crow, col) {self.col.device}, got {self.values.device}; move "
+                             f"the layer with layer.to(device)")
         # a strided tensor is always dense (as for every nnsparse layer); a Lua
         # (k, 2) pair vector goes through nnsparse.from_pairs first
         if isinstance(input, Tensor) and input.layout == torch.strided:
