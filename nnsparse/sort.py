@@ -87,7 +87,8 @@ def _check_writable(rows: List[Tensor], name: str, listed: bool) -> None:
         if p.is_inference() and not torch.is_inference_mode_enabled():
             raise RuntimeError(f"inplace=True cannot reorder {name}: an inference tensor{where} "
                                "outside torch.inference_mode; sort a copy (.clone())")
-        if torch._debug_has_internal_overlap(p) == 1:
+        # An expanded dimension (size > 1, stride 0): its elements share memory.
+        if any(n > 1 and st == 0 for n, st in zip(p.shape, p.stride())):
             raise RuntimeError(f"inplace=True cannot reorder {name}: an expanded tensor{where}, "
                                "whose elements share memory; sort a copy (.clone())")
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .._forms import SparseBatch, as_device, as_sparse_batch, check_index_range
-from .readers import Ratings, check_ratings, refuse_repeated_keys
+from .readers import Ratings, check_ratings, refuse_repeated_keys, refuse_uint8_index
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
 
@@ -67,9 +67,7 @@ def _check_rows(row: Any, rows: int, name: str = "row") -> Tensor:
     """
     if not isinstance(row, Tensor):
         raise TypeError(f"{name} must be an integer tensor, got {type(row).__name__}")
-    if row.dtype == torch.uint8:
-        raise TypeError(f"{name} must be an int64 tensor of matrix rows, got torch.uint8, which "
-                        f"torch would read as a mask; convert it with .long()")
+    refuse_uint8_index(row, name, "an int64 tensor of matrix rows", ".long()")
     if row.dtype == torch.bool or row.is_floating_point() or row.is_complex():
         raise TypeError(f"{name} must be an integer tensor, got {row.dtype}")
     check_index_range(row, rows, f"{name} indices")

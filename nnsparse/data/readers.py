@@ -202,6 +202,14 @@ class Ratings:
                        rating=self.rating[index], _ids=self._ids)
 
 
+def refuse_uint8_index(index: Tensor, name: str, expected: str, fix: str) -> None:
+    """Refuse a uint8 ``index``: torch indexing reads uint8 as a mask (a use it
+    deprecates), so ``[1, 1, 1]`` would pick three entries, not one entry three times."""
+    if index.dtype == torch.uint8:
+        raise TypeError(f"{name} must be {expected}, got torch.uint8, which torch would read "
+                        f"as a mask; convert it with {fix}")
+
+
 def _entry_index(index: Any, n: int) -> Tensor:
     """``index`` checked as entry indices in ``[-n, n)`` or a bool mask of ``n`` entries."""
     if not isinstance(index, Tensor):
@@ -212,10 +220,8 @@ def _entry_index(index: Any, n: int) -> Tensor:
                             f"{type(index).__name__}") from None
         if index.numel() == 0:  # [] reads as float32: keep nothing
             index = index.long()
-    if index.dtype == torch.uint8:
-        raise TypeError("index must be int64 indices or a bool mask, got torch.uint8, which "
-                        "torch would read as a mask; convert it with .long() (indices) "
-                        "or .bool() (a mask)")
+    refuse_uint8_index(index, "index", "int64 indices or a bool mask",
+                       ".long() (indices) or .bool() (a mask)")
     if index.dtype != torch.bool and (index.is_floating_point() or index.is_complex()):
         raise TypeError(f"index must be an integer or bool tensor, got {index.dtype}")
     if index.dim() != 1:
