@@ -84,8 +84,13 @@ def _pair_index(column: Tensor, name: str) -> Tensor:
         if not bool(whole.all()):
             bad = column[~whole][0].item()
             raise ValueError(f"{name} indices must be integers, got {bad}")
-        if column.numel() and float(column.abs().max()) >= 2.0 ** 63:
-            raise ValueError(f"{name} indices must fit in int64, got {float(column.abs().max())}")
+        # beyond 2 ** (mantissa bits + 1) a float no longer holds every integer: the
+        # index the caller meant may already have been rounded to its neighbour
+        exact = 2.0 / torch.finfo(column.dtype).eps  # 2 ** (mantissa bits + 1)
+        if column.numel() and float(column.abs().max()) > exact:
+            raise ValueError(f"{name} indices stored as {column.dtype} are exact only up to "
+                             f"{int(exact)}, got {float(column.abs().max()):g}; build the pairs "
+                             f"as float64 or int64")
     return column.to(torch.int64)
 
 

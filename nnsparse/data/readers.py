@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -440,31 +441,35 @@ def _remap(ids: np.ndarray, mapping: Optional[Dict[Any, int]],
     order; ``mapping`` itself is not changed (the caller commits ``new`` once
     nothing can fail any more), ``None`` is an empty map.
     """
-    unique, inverse = np.unique(ids, return_inverse=True)
+    keys, inverse = _unique(ids)
     mapping = {} if mapping is None else mapping
     new: Dict[Any, int] = {}
-    keys = unique.tolist()
     position = np.empty(len(keys), dtype=np.int64)
     for k, key in enumerate(keys):
         index = mapping.get(key)
         if index is None:
             index = new[key] = len(mapping) + len(new)
         position[k] = index
-    return new, position[inverse.reshape(-1)]
+    return new, position[inverse]
 
 
 def _ids(tokens: List[bytes], index: np.ndarray, path: str, line: np.ndarray,
-         what: str, numeric: bool, underscored: Optional[np.ndarray]) -> np.ndarray:
+         what: str, numeric: bool, underscored: Optional[np.ndarray],
+         as_str: bool = False) -> np.ndarray:
     """The ``what`` ids: int64, Python ints beyond int64, or (``text`` only) strings.
 
     An id with a ``_`` is no integer: refused in the numeric formats, a string
-    in ``text`` (so ``1_0`` and ``10`` stay two users).
+    in ``text`` (so ``1_0`` and ``10`` stay two users).  ``as_str``: strings
+    (checked as integers first in the numeric formats), to look up in a given
+    map whose ids are strings.
     """
     if numeric:
         _refuse_underscores(tokens, index, underscored, path, line,
                             f"the {what} id must be an integer")
+        if as_str:
+            _ids(tokens, index, path, line, what, numeric, underscored)
     picked = [tokens[i] for i in index.tolist()]
-    if underscored is None or not underscored[index].any():
+    if not as_str and (underscored is None or not underscored[index].any()):
         try:
             return np.array(picked).astype(np.int64) if picked else np.zeros(0, np.int64)
         except (ValueError, OverflowError):
@@ -472,7 +477,7 @@ def _ids(tokens: List[bytes], index: np.ndarray, path: str, line: np.ndarray,
         big = _big_ints(picked)
         if big is not None:  # 20-digit ids: exact Python ints (numpy cannot sort them mixed)
             return big
-    if numeric:
+    if numeric and not as_str:
         return _column(tokens, index, np.int64, path, line, f"the {what} id", None)
     # Generic text: ids are integers when they all are, UTF-8 strings otherwise.
     out = np.empty(len(picked), dtype=object)
@@ -484,6 +489,39 @@ def _ids(tokens: List[bytes], index: np.ndarray, path: str, line: np.ndarray,
                              f"({e.reason} at byte {e.start}): {token!r}; the file must be "
                              "UTF-8 encoded") from None
     return out
+
+
+def _str_keyed(mapping: Optional[Dict[Any, int]]) -> bool:
+    """Whether a given map holds string ids (a ``text`` file with non-integer ids)."""
+    return bool(mapping) and any(isinstance(key, str) for key in mapping)  # type: ignore[union-attr]
+
+
+def _int_ids_for(ids: np.ndarray, mapping: Optional[Dict[Any, int]]) -> np.ndarray:
+    """String ``ids`` with the integer-looking ones as ints when the given map's ids are
+    integers: the file that made the map read them so (``"1"`` there is user ``1``)."""
+    if ids.dtype != object or not mapping or _str_keyed(mapping):
+        return ids
+    out = ids.copy()
+    for k, key in enumerate(ids.tolist()):
+        if isinstance(key, str) and _INT_TOKEN.fullmatch(key):
+            out[k] = int(key)
+    return out
+
+
+#: An id token that reads as an integer (no ``_``: ``1_0`` stays a string).
+_INT_TOKEN = re.compile(r"[+-]?[0-9]+")
+
+
+def _unique(ids: np.ndarray) -> Tuple[List[Any], np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` (as a list and int64 inverse), also for
+    ids mixing ints and strings (a map's ints beside a file's string ids): ints first."""
+    try:
+        unique, inverse = np.unique(ids, return_inverse=True)
+        return unique.tolist(), inverse.reshape(-1)
+    except TypeError:
+        keys = sorted(set(ids.tolist()), key=lambda key: (isinstance(key, str), key))
+        where = {key: k for k, key in enumerate(keys)}
+        return keys, np.fromiter((where[key] for key in ids.tolist()), np.int64, len(ids))
 
 
 def _big_ints(tokens: List[bytes]) -> Optional[np.ndarray]:
@@ -719,8 +757,12 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
     name = str(path)
     tokens, first, line, underscored = _tokenise(raw, name, fields, header)
     numeric = format != "text"
-    user = _ids(tokens, first, name, line, "user", numeric, underscored)
-    item = _ids(tokens, first + 1, name, line, "item", numeric, underscored)
+    # ids of the kind the given maps hold: a training file with a string id made them
+    # strings there, so the test file's "1" must be looked up as "1" (and as 1 if not)
+    user = _int_ids_for(_ids(tokens, first, name, line, "user", numeric, underscored,
+                             _str_keyed(user_map)), user_map)
+    item = _int_ids_for(_ids(tokens, first + 1, name, line, "item", numeric, underscored,
+                             _str_keyed(item_map)), item_map)
     rating = _column(tokens, first + 2, np.float64, name, line, "the rating", underscored)
     rating32 = _float32(rating)
     if not np.isfinite(rating32).all():
@@ -829,8 +871,8 @@ def _translation(sep: bytes) -> bytes:
 def _known(ids: np.ndarray, mapping: Optional[Dict[Any, int]]) -> np.ndarray:
     if mapping is None:
         return np.ones(len(ids), dtype=bool)
-    unique, inverse = np.unique(ids, return_inverse=True)
-    return np.array([u in mapping for u in unique.tolist()], dtype=bool)[inverse.reshape(-1)]
+    unique, inverse = _unique(ids)
+    return np.array([u in mapping for u in unique], dtype=bool)[inverse]
 
 
 def read_split(train: PathLike, test: PathLike, format: str = "text", *,
