@@ -15,7 +15,9 @@ import numbers
 import operator
 import os
 import pickle
+import struct
 import time
+import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type, Union, cast
 
@@ -736,7 +738,9 @@ class RatingModel(nn.Module):
                 raise FileNotFoundError(f"path: no file at {path}")
         try:
             blob = torch.load(path, map_location="cpu", weights_only=True)
-        except (KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        # (junk shorter than a zip header: struct.error; a damaged zip: BadZipFile)
+        except (KeyError, RuntimeError, EOFError, pickle.UnpicklingError, struct.error,
+                zipfile.BadZipFile, UnicodeDecodeError) as e:
             raise ValueError(f"{path} is not a model saved by nnsparse.models "
                              f"(RatingModel.save): {type(e).__name__}: {e}") from e
         if not isinstance(blob, dict) or blob.get("format") != _FILE_FORMAT:
