@@ -86,6 +86,20 @@ class SparseRow(metaclass=_RowType):
 _Parts = Optional[Tuple[str, Tuple[Tensor, ...], Tuple[int, ...]]]
 
 
+def _check_batch_shapes(input: Tensor, target: Optional[Tensor], row_index: Tensor) -> None:
+    """One matrix row index per input row, a target of as many rows (shapes only: no sync)."""
+    if input.dim() != 2:
+        raise ValueError(f"input must be a 2-D (batch, width) batch, got shape {tuple(input.shape)}")
+    if row_index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"row_index must be an int64 tensor of matrix rows, got {row_index.dtype}")
+    if row_index.shape != (input.shape[0],):
+        raise ValueError(f"row_index must hold one matrix row per input row, shape "
+                         f"({input.shape[0]},), got {tuple(row_index.shape)}")
+    if target is not None and (target.dim() != 2 or target.shape[0] != input.shape[0]):
+        raise ValueError(f"target must be a 2-D batch of the input's {input.shape[0]} rows, "
+                         f"got shape {tuple(target.shape)}")
+
+
 class SparseRowBatch:
     """One batch of rows; unpacks as ``(input, target)`` like a ``TensorDataset`` batch.
 
@@ -104,6 +118,11 @@ class SparseRowBatch:
     Between processes the batch is pickled as plain tensors and rebuilt
     trusted, so the sparse tensors never go through torch's sparse reductions.
     :meth:`to` and :meth:`pin_memory` keep the batches' checked structure.
+
+    Raises:
+        TypeError: a field that is not a tensor, a float ``row_index``.
+        ValueError: an input that is not 2-D, a ``row_index`` or ``target``
+            whose rows are not the input's.
     """
 
     __slots__ = ("input", "target", "row_index")
@@ -113,6 +132,7 @@ class SparseRowBatch:
             if not isinstance(value, Tensor) and not (name == "target" and value is None):
                 raise TypeError(f"{name} must be a Tensor{' or None' if name == 'target' else ''}, "
                                 f"got {type(value).__name__}")
+        _check_batch_shapes(input, target, row_index)
         self.input, self.target, self.row_index = input, target, row_index
 
     def __iter__(self) -> Iterator[Optional[Tensor]]:

@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._forms import SparseBatch, as_device, as_sparse_batch, check_index_range
+from .._forms import SparseBatch, as_device, as_sparse_batch, check_index_range, refuse_meta
 from .readers import Ratings, check_ratings, refuse_repeated_keys, refuse_uint8_index
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
@@ -70,6 +70,7 @@ def _check_rows(row: Any, rows: int, name: str = "row") -> Tensor:
     refuse_uint8_index(row, name, "an int64 tensor of matrix rows", ".long()")
     if row.dtype == torch.bool or row.is_floating_point() or row.is_complex():
         raise TypeError(f"{name} must be an integer tensor, got {row.dtype}")
+    refuse_meta(row, name)  # its range cannot be read
     check_index_range(row, rows, f"{name} indices")
     return row if row.dtype in (torch.int32, torch.int64) else row.long()
 

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._forms import refuse_meta
+
 __all__ = ["Ratings", "read_ratings", "read_split", "read_item_features", "read_user_features",
            "FORMATS"]
 
@@ -87,6 +89,7 @@ class Ratings:
                 got = (f"shape {tuple(value.shape)}" if isinstance(value, Tensor)
                        else type(value).__name__)
                 raise TypeError(f"Ratings.{name} must be a 1-D tensor, got {got}")
+            refuse_meta(value, f"Ratings.{name}")
         if not (self.user.shape == self.item.shape == self.rating.shape):
             raise ValueError("Ratings.user, .item and .rating must have one length, got "
                              f"{len(self.user)}, {len(self.item)} and {len(self.rating)}")
@@ -225,6 +228,7 @@ def _entry_index(index: Any, n: int) -> Tensor:
                        ".long() (indices) or .bool() (a mask)")
     if index.dtype != torch.bool and (index.is_floating_point() or index.is_complex()):
         raise TypeError(f"index must be an integer or bool tensor, got {index.dtype}")
+    refuse_meta(index, "index")
     if index.dim() != 1:
         raise ValueError(f"index must be 1-D (entries to keep), got shape {tuple(index.shape)}")
     if index.dtype == torch.bool:
