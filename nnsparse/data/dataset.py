@@ -200,8 +200,15 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
         except (TypeError, ValueError):
             raise TypeError(f"rows[{k}] must be (row_index, (indices, values)), "
                             f"got {type(item).__name__}") from None
+        if isinstance(index, Tensor) and (index.dim() != 0 or index.dtype.is_floating_point
+                                          or index.dtype.is_complex or index.dtype == torch.bool):
+            raise TypeError(f"rows[{k}] row_index must be an int or a 0-d integer tensor, got a "
+                            f"{index.dtype} tensor of shape {tuple(index.shape)}")
         if isinstance(index, bool) or not isinstance(index, (numbers.Integral, Tensor)):
             raise TypeError(f"rows[{k}] row_index must be an int, got {type(index).__name__}")
+        if not 0 <= int(index) < 2 ** 63:  # a matrix row: negative would pick one from the end
+            raise ValueError(f"rows[{k}] row_index must be a matrix row in [0, 2**63), "
+                             f"got {int(index)}")
         if not isinstance(col, Tensor) or not isinstance(val, Tensor):
             raise TypeError(f"rows[{k}] indices and values must be tensors, got "
                             f"{type(col).__name__} and {type(val).__name__}")
@@ -260,9 +267,10 @@ def collate_sparse_rows(rows: Sequence[Tuple[int, Row]], width: int,
         specified, zeros included.
 
     Raises:
-        TypeError: a bad ``layout``, a row that is not two tensors, float indices.
+        TypeError: a bad ``layout``, a row that is not two tensors, float indices,
+            a ``row_index`` that is not an int (or a 0-d integer tensor).
         ValueError: indices out of ``[0, width)``, unsorted or repeated within
-            a row, or an index/value length mismatch.
+            a row, an index/value length mismatch, a negative ``row_index``.
 
     Example::
 
