@@ -359,7 +359,14 @@ def sparse_allgather_hook(process_group: Optional[dist.ProcessGroup],
 
     Register it with ``ddp.register_comm_hook(None, sparse_allgather_hook)``
     (:func:`wrap` does it on NCCL).  It works on gloo too (the tests run it there).
+
+    Raises:
+        TypeError: ``bucket`` is not a DDP ``GradBucket`` (DDP passes one).
     """
+    if not isinstance(bucket, dist.GradBucket):
+        raise TypeError(f"bucket must be the torch.distributed.GradBucket DDP passes to a comm "
+                        f"hook, got {type(bucket).__name__}; register the hook with "
+                        f"ddp.register_comm_hook(None, sparse_allgather_hook)")
     grad = bucket.buffer()
     world = dist.get_world_size(process_group)
     if not grad.is_sparse:
