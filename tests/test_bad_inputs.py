@@ -1318,7 +1318,110 @@ PROBE4 = [
          check=lambda rec: rec.titles.count("only") <= 1 and len(rec.titles) == len(rec.ids)),
 ]
 
-CASES = _sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3 + META + PROBE4
+def _read_split_texts(train: str, test: str):
+    """read_split of two text files written to a fresh temporary directory."""
+    import tempfile
+    from pathlib import Path
+    from nnsparse.data import read_split
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "train").write_text(train)
+        (Path(d) / "test").write_text(test)
+        return read_split(Path(d) / "train", Path(d) / "test", titles=False)
+
+
+def _load_bytes(blob: bytes):
+    """RatingModel.load of a file holding ``blob``."""
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "m.pt").write_bytes(blob)
+        return nnsparse.models.AutoRec.load(Path(d) / "m.pt")
+
+
+def _row(k=2):
+    return (torch.arange(k), torch.ones(k))
+
+
+PROBE5 = [
+    # read_split: the test file's ids are looked up as the kind the training maps hold
+    Case("read_split-string-ids-then-int-ids-works", lambda: _read_split_texts(
+        "a 1 3\n1 2 4\n", "1 1 5\n"), None,
+         check=lambda parts: parts[1].user.tolist() == [0] and len(parts[0].user_map) == 2),
+    Case("read_split-int-ids-then-string-ids-works", lambda: _read_split_texts(
+        "1 1 3\n2 2 4\n", "b 2 5\n1 2 2\n"), None,
+         check=lambda parts: parts[1].user.tolist() == [2, 0]
+         and parts[1].user_map == {1: 0, 2: 1, "b": 2}),
+    Case("read_split-leading-zero-string-ids-works", lambda: _read_split_texts(
+        "01 1 3\nx 2 4\n", "01 2 5\n"), None,
+         check=lambda parts: parts[1].user.tolist() == [0] and "01" in parts[1].user_map),
+    # float pair indices beyond the integers their dtype holds exactly
+    Case("densify-pairs-float32-index-beyond-exact", lambda: nnsparse.densify(
+        torch.tensor([[1e18, 1.0]])), ValueError,
+         r"x indices stored as torch.float32 are exact only up to 16777216, got 1e\+18"),
+    Case("from_pairs-float16-index-beyond-exact", lambda: nnsparse.from_pairs(
+        torch.tensor([[3000.0, 1.0]]).half()), ValueError,
+         r"pairs indices stored as torch.float16 are exact only up to 2048, got 3000"),
+    Case("densify-pairs-float16-largest-exact-works", lambda: nnsparse.densify(
+        torch.tensor([[2048.0, 1.0]]).half()).shape, None, check=lambda s: s == (2049,)),
+    # values_map: fn returning a sparse tensor
+    Case("values_map-fn-returns-sparse", lambda: nnsparse.values_map(
+        lambda v: v.to_sparse(), X.to_sparse()), TypeError,
+         r"fn must return a dense tensor of values, got layout torch.sparse_coo"),
+    # RatingModel.load of junk: not torch's struct.error
+    Case("RatingModel.load-four-bytes", lambda: _load_bytes(b"junk"), ValueError,
+         r"is not a model saved by nnsparse.models \(RatingModel.save\)"),
+    Case("RatingModel.load-damaged-zip", lambda: _load_bytes(b"PK\x03\x04garbage"), ValueError,
+         r"is not a model saved by nnsparse.models"),
+    # meta tensors where data is read
+    Case("Ratings-meta-user", lambda: Ratings(_R.user.to("meta"), _R.item, _R.rating, _R.user_map,
+                                              _R.item_map), ValueError,
+         r"Ratings.user must hold data, got a tensor on the meta device"),
+    Case("Ratings.subset-meta-index", lambda: _R.subset(torch.tensor([0], device="meta")),
+         ValueError, r"index must hold data, got a tensor on the meta device"),
+    Case("RatingNormalizer.normalize-meta-row", lambda: RatingNormalizer(_R).normalize(
+        torch.ones(1, device="meta"), torch.tensor([1], device="meta")), ValueError,
+         r"row must hold data, got a tensor on the meta device"),
+    # SparseRowBatch: its shapes agree
+    Case("SparseRowBatch-row_index-short", lambda: nnsparse.data.SparseRowBatch(
+        S, None, torch.tensor([0])), ValueError,
+         r"row_index must hold one matrix row per input row, shape \(2,\), got \(1,\)"),
+    Case("SparseRowBatch-row_index-float", lambda: nnsparse.data.SparseRowBatch(
+        S, None, torch.tensor([0.0, 1.0])), TypeError,
+         r"row_index must be an int64 tensor of matrix rows, got torch.float32"),
+    Case("SparseRowBatch-target-rows", lambda: nnsparse.data.SparseRowBatch(
+        S, X[:1].to_sparse_csr(), torch.tensor([0, 1])), ValueError,
+         r"target must be a 2-D batch of the input's 2 rows, got shape \(1, 4\)"),
+    Case("SparseRowBatch-input-1d", lambda: nnsparse.data.SparseRowBatch(
+        X[0].to_sparse(), None, torch.tensor([0])), ValueError,
+         r"input must be a 2-D \(batch, width\) batch, got shape \(4,\)"),
+    # collate_sparse_rows: the row index of each row
+    Case("collate_sparse_rows-negative-row_index", lambda: collate_sparse_rows(
+        [(-1, _row())], 4), ValueError,
+         r"rows\[0\] row_index must be a matrix row in \[0, 2\*\*63\), got -1"),
+    Case("collate_sparse_rows-float-tensor-row_index", lambda: collate_sparse_rows(
+        [(torch.tensor(1.5), _row())], 4), TypeError,
+         r"rows\[0\] row_index must be an int or a 0-d integer tensor, got a torch.float32"),
+    Case("collate_sparse_rows-1d-tensor-row_index", lambda: collate_sparse_rows(
+        [(torch.tensor([1]), _row())], 4), TypeError,
+         r"row_index must be an int or a 0-d integer tensor, got a torch.int64 tensor of "
+         r"shape \(1,\)"),
+    Case("collate_sparse_rows-row_index-beyond-int64", lambda: collate_sparse_rows(
+        [(2 ** 63, _row())], 4), ValueError, r"row_index must be a matrix row in \[0, 2\*\*63\)"),
+    Case("collate_sparse_rows-tensor-row_index-works", lambda: collate_sparse_rows(
+        [(torch.tensor(3), _row())], 4)[0], None, check=lambda index: index.tolist() == [3]),
+    # prepare_input: a criterion that is not one
+    Case("prepare_input-criterion-None", lambda: nnsparse.prepare_input(None, S), TypeError,
+         r"criterion must be a loss \(a callable such as nn.MSELoss\(\) or an nnsparse "
+         r"criterion\), got NoneType"),
+    Case("prepare_input-criterion-int", lambda: nnsparse.prepare_input(3, S), TypeError,
+         r"criterion must be a loss .*got int"),
+    # the DDP comm hook called by hand
+    Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
+        None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "
+                                r"to a comm hook, got NoneType"),
+]
+
+CASES = _sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3 + META + PROBE4 + PROBE5
 
 
 def run_case(case: Case) -> str:
