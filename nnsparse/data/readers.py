@@ -1023,6 +1023,15 @@ def _maybe_int(text: Any) -> Any:
         return text
 
 
+def _once(seen: Dict[Any, int], key: Any, path: Any, number: int, what: str) -> None:
+    """``ValueError`` when a feature file lists the id ``key`` a second time: which of
+    its lines holds the features would otherwise be decided silently (the last)."""
+    if key in seen:
+        raise ValueError(f"{path}, line {number}: the {what} id {key!r} is listed again (first "
+                         f"on line {seen[key]}); a feature file gives each {what} one line")
+    seen[key] = number
+
+
 def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) -> Tensor:
     r"""Item genre flags from ``u.item`` (ml-100k), ``movies.dat`` (ml-1m) or ``movies.csv``.
 
@@ -1039,7 +1048,8 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
         genres are the sorted set of names in the file.
 
     Raises:
-        ValueError: a missing file, an unsupported format, a malformed line.
+        ValueError: a missing file, an unsupported format, a malformed line,
+            an item id on two lines.
 
     Example::
 
@@ -1055,16 +1065,19 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
     path = _feature_file(path, "item features")
     _check_map(item_map, "item_map")
     table: Dict[Any, List[float]] = {}
+    seen: Dict[Any, int] = {}  # id -> its line: an id listed twice is refused
     if format == "ml-100k":
         for number, parts in _lines(path, "|"):
             if len(parts) < 6:
                 raise ValueError(f"{path}, line {number}: expected 'id|title|...|19 genre "
                                  f"flags', got {len(parts)} fields")
             try:
-                table[int(parts[0])] = [float(v) for v in parts[5:]]
+                key, flags = int(parts[0]), [float(v) for v in parts[5:]]
             except ValueError:
                 raise ValueError(f"{path}, line {number}: the id and the genre flags must be "
                                  f"numbers") from None
+            _once(seen, key, path, number, "item")
+            table[key] = flags
         width = max((len(v) for v in table.values()), default=0)
         if any(len(v) != width for v in table.values()):
             raise ValueError(f"{path}: lines have different numbers of genre flags")
@@ -1081,12 +1094,16 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
                 if row:
                     if len(row) < 3:
                         raise ValueError(f"{path}, line {number}: expected movieId,title,genres")
-                    named[_int_id(row[0], path, number)] = row[2].split("|")
+                    key = _int_id(row[0], path, number)
+                    _once(seen, key, path, number, "item")
+                    named[key] = row[2].split("|")
     else:
         for number, parts in _lines(path, "::"):
             if len(parts) < 3:
                 raise ValueError(f"{path}, line {number}: expected 'id::title::genres'")
-            named[_int_id(parts[0], path, number)] = parts[2].split("|")
+            key = _int_id(parts[0], path, number)
+            _once(seen, key, path, number, "item")
+            named[key] = parts[2].split("|")
     vocab = sorted({g for gs in named.values() for g in gs if g})
     column = {g: j for j, g in enumerate(vocab)}
     for key, gs in named.items():
@@ -1116,7 +1133,8 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
         the file get zeros.
 
     Raises:
-        ValueError: a missing file, an unsupported format, a malformed line.
+        ValueError: a missing file, an unsupported format, a malformed line,
+            a user id on two lines.
 
     Example::
 
@@ -1134,6 +1152,7 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
         raise ValueError(f"format must be 'ml-100k' or 'ml-1m' for user features, got {format!r}")
     sep, (g_at, a_at, o_at) = ("|", (2, 1, 3)) if format == "ml-100k" else ("::", (1, 2, 3))
     parsed = []
+    seen: Dict[Any, int] = {}  # id -> its line: an id listed twice is refused
     for number, parts in _lines(path, sep):
         if len(parts) < 4:
             raise ValueError(f"{path}, line {number}: expected at least 4 '{sep}'-separated "
@@ -1148,6 +1167,7 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
         if gender not in ("F", "M"):
             raise ValueError(f"{path}, line {number}: the gender must be 'M' or 'F', "
                              f"got {parts[g_at].strip()!r}")
+        _once(seen, key, path, number, "user")
         parsed.append((key, gender == "F", age, parts[o_at]))
     occupations = sorted({p[3] for p in parsed})
     column = {o: j for j, o in enumerate(occupations)}
