@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from .._forms import SparseBatch, as_device, as_sparse_batch, check_index_range, refuse_meta
-from .readers import Ratings, check_ratings, refuse_repeated_keys, refuse_uint8_index
+from .readers import (Ratings, check_ratings, check_unique_pairs, refuse_repeated_keys,
+                      refuse_uint8_index)
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
 
@@ -200,7 +201,8 @@ class RatingNormalizer:
         global_mean (float): the mean of all mapped training ratings.
 
     Raises:
-        ValueError: empty ``train``, ``lo >= hi``, bad ``orientation``.
+        ValueError: empty ``train``, a (user, item) pair rated twice in ``train``,
+            ``lo >= hi``, bad ``orientation``.
 
     Example::
 
@@ -221,6 +223,8 @@ class RatingNormalizer:
         _check_orientation(orientation)
         if len(train) == 0:
             raise ValueError("train holds no ratings; the normaliser needs some to fit")
+        # a pair rated twice would weigh twice in its row mean (and matrix() refuses it)
+        check_unique_pairs("train", train)
         if not isinstance(center, bool):
             raise TypeError(f"center must be a bool, got {type(center).__name__} {center!r}")
         data_lo, data_hi = train.scale
