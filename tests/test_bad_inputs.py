@@ -1338,6 +1338,19 @@ def _load_bytes(blob: bytes):
         return nnsparse.models.AutoRec.load(Path(d) / "m.pt")
 
 
+def _features_of(name: str, text: str, what: str):
+    """read_item_features / read_user_features (MovieLens format by file name) of ``text``."""
+    import tempfile
+    from pathlib import Path
+    from nnsparse.data import read_item_features, read_user_features
+    fmt = {"movies.dat": "ml-1m", "users.dat": "ml-1m", "u.item": "ml-100k",
+           "movies.csv": "csv"}[name]
+    read = read_item_features if what == "item" else read_user_features
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / name).write_text(text)
+        return read(Path(d) / name, fmt, {2: 0})
+
+
 def _row(k=2):
     return (torch.arange(k), torch.ones(k))
 
@@ -1415,6 +1428,27 @@ PROBE5 = [
          r"criterion\), got NoneType"),
     Case("prepare_input-criterion-int", lambda: nnsparse.prepare_input(3, S), TypeError,
          r"criterion must be a loss .*got int"),
+    Case("collate_sparse_rows-row-not-a-pair", lambda: collate_sparse_rows([(0, "x")], 4),
+         TypeError, r"rows\[0\] must be \(row_index, \(indices, values\)\), got tuple \(0, 'x'\)"),
+    # feature files listing an id twice: which line counts is not decided silently
+    Case("read_item_features-ml-1m-id-twice", lambda: _features_of(
+        "movies.dat", "2::A::Action\n2::B::Comedy\n", "item"), ValueError,
+         r"movies.dat, line 2: the item id 2 is listed again \(first on line 1\); a feature "
+         r"file gives each item one line"),
+    Case("read_item_features-ml-100k-id-twice", lambda: _features_of(
+        "u.item", "2|A|x|y|z|0|1\n2|A|x|y|z|1|0\n", "item"), ValueError,
+         r"u.item, line 2: the item id 2 is listed again"),
+    Case("read_item_features-csv-id-twice", lambda: _features_of(
+        "movies.csv", "movieId,title,genres\n2,A,X\n2,B,Y\n", "item"), ValueError,
+         r"movies.csv, line 3: the item id 2 is listed again \(first on line 2\)"),
+    Case("read_user_features-id-twice", lambda: _features_of(
+        "users.dat", "2::M::25::3::1\n2::F::1::1::2\n", "user"), ValueError,
+         r"users.dat, line 2: the user id 2 is listed again \(first on line 1\); a feature "
+         r"file gives each user one line"),
+    # the normaliser of training ratings that rate a pair twice
+    Case("RatingNormalizer-pair-rated-twice", lambda: RatingNormalizer(Ratings.from_triples(
+        [1, 1, 2], [1, 1, 2], [3.0, 4.0, 5.0])), ValueError,
+         r"train: 1 \(user, item\) pair rated more than once, e.g. user 1 and item 1"),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "

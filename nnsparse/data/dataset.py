@@ -192,6 +192,12 @@ def _rebuild_batch(input: _Parts, target: _Parts, row_index: Tensor) -> SparseRo
     return SparseRowBatch(built, _build(target), row_index)
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters for a message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
     """Every row: tensors, equal lengths, integer columns in range, increasing."""
     for k, item in enumerate(rows):
@@ -199,7 +205,7 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
             index, (col, val) = item
         except (TypeError, ValueError):
             raise TypeError(f"rows[{k}] must be (row_index, (indices, values)), "
-                            f"got {type(item).__name__}") from None
+                            f"got {type(item).__name__} {_short(item)}") from None
         if isinstance(index, Tensor) and (index.dim() != 0 or index.dtype.is_floating_point
                                           or index.dtype.is_complex or index.dtype == torch.bool):
             raise TypeError(f"rows[{k}] row_index must be an int or a 0-d integer tensor, got a "
