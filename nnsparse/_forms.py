@@ -543,6 +543,10 @@ def _csr_structure(x: Tensor, name: str, check: bool) -> _Attached:
     values = _index.csr_values(x)
     rows, width = x.shape[0], x.shape[1]
     nnz = col.shape[0]
+    # (torch builds a CSR tensor on int16 indices unchecked, then cannot index with them)
+    if crow.dtype not in (torch.int32, torch.int64) or col.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must have int32 or int64 crow_indices and col_indices, got "
+                        f"{crow.dtype} and {col.dtype}")
     if check:
         _index.count("validate")
         _check_csr(crow, col, values, rows, width, name)

@@ -1449,6 +1449,15 @@ PROBE5 = [
     Case("RatingNormalizer-pair-rated-twice", lambda: RatingNormalizer(Ratings.from_triples(
         [1, 1, 2], [1, 1, 2], [3.0, 4.0, 5.0])), ValueError,
          r"train: 1 \(user, item\) pair rated more than once, e.g. user 1 and item 1"),
+    # CSR indices torch builds unchecked but cannot index with
+    Case("densify-csr-int16-indices", lambda: nnsparse.densify(torch.sparse_csr_tensor(
+        torch.tensor([0, 1], dtype=torch.int16), torch.tensor([0], dtype=torch.int16),
+        torch.tensor([1.0]), (1, 2))), TypeError,
+         r"x must have int32 or int64 crow_indices and col_indices, got torch.int16 and "
+         r"torch.int16"),
+    Case("SparseRowDataset-csr-int8-indices", lambda: SparseRowDataset(torch.sparse_csr_tensor(
+        torch.tensor([0, 1], dtype=torch.int8), torch.tensor([0], dtype=torch.int8),
+        torch.tensor([1.0]), (1, 2))), TypeError, r"int32 or int64 crow_indices and col_indices"),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "
