@@ -1458,6 +1458,15 @@ PROBE5 = [
     Case("SparseRowDataset-csr-int8-indices", lambda: SparseRowDataset(torch.sparse_csr_tensor(
         torch.tensor([0, 1], dtype=torch.int8), torch.tensor([0], dtype=torch.int8),
         torch.tensor([1.0]), (1, 2))), TypeError, r"int32 or int64 crow_indices and col_indices"),
+    # Batchifier of a TensorDataset: its (x,) items need a collate_fn, and the message says so
+    Case("Batchifier-TensorDataset-default-collate", lambda: nnsparse.Batchifier(
+        nn.Linear(4, 4), 4, progress=False)(torch.utils.data.TensorDataset(X)), TypeError,
+         r"the dataset's items must be sparse vectors or \(k, 2\) pair tensors for the default "
+         r"collation, got tuple; pass collate_fn="),
+    Case("Batchifier-TensorDataset-collate_fn-works", lambda: nnsparse.Batchifier(
+        nn.Linear(4, 4), 4, progress=False,
+        collate_fn=lambda items: torch.stack([x for x, in items]))(
+            torch.utils.data.TensorDataset(X)).shape, None, check=lambda s: s == (2, 4)),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "
