@@ -1467,6 +1467,14 @@ PROBE5 = [
         nn.Linear(4, 4), 4, progress=False,
         collate_fn=lambda items: torch.stack([x for x, in items]))(
             torch.utils.data.TensorDataset(X)).shape, None, check=lambda s: s == (2, 4)),
+    # counts beyond int64: refused where given, not by itertools.islice inside fit
+    Case("AutoRec-batch_size-beyond-int64", lambda: nnsparse.models.AutoRec(batch_size=10 ** 20),
+         ValueError, r"batch_size must be an int in \[1, 2\*\*63\), got 100000000000000000000"),
+    Case("Batchifier-batch_size-beyond-int64", lambda: nnsparse.Batchifier(
+        nn.Linear(4, 4), 4, batch_size=2 ** 64), ValueError,
+         r"batch_size must be an int in \[1, 2\*\*63\), got 18446744073709551616"),
+    Case("AutoRec-batch_size-int64-max-works", lambda: nnsparse.models.AutoRec(
+        batch_size=2 ** 63 - 1).hparams["batch_size"], None, check=lambda b: b == 2 ** 63 - 1),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "
