@@ -1351,6 +1351,17 @@ def _features_of(name: str, text: str, what: str):
         return read(Path(d) / name, fmt, {2: 0})
 
 
+_FITTED: List[Any] = []
+
+
+def _fitted_autorec():
+    """One small AutoRec fitted on _R (one epoch), shared by the cases that need a model."""
+    if not _FITTED:
+        model = nnsparse.models.AutoRec(hidden=3, epochs=1, validation_ratio=0.0, batch_size=8)
+        _FITTED.append(model.fit(_R, progress=False, verbose=False))
+    return _FITTED[0]
+
+
 def _row(k=2):
     return (torch.arange(k), torch.ones(k))
 
@@ -1475,6 +1486,14 @@ PROBE5 = [
          r"batch_size must be an int in \[1, 2\*\*63\), got 18446744073709551616"),
     Case("AutoRec-batch_size-int64-max-works", lambda: nnsparse.models.AutoRec(
         batch_size=2 ** 63 - 1).hparams["batch_size"], None, check=lambda b: b == 2 ** 63 - 1),
+    # a user id given as a 0-d tensor (hashed by identity, it found nobody)
+    Case("recommend-user-0d-tensor-works", lambda: _fitted_autorec().user_index(
+        torch.tensor(_R.user_ids()[2])), None, check=lambda index: index == 2),
+    Case("recommend-user-1d-tensor", lambda: _fitted_autorec().recommend(torch.tensor([1])),
+         TypeError, r"user must be an original user id \(a 0-d integer tensor at most\), got a "
+                    r"torch.int64 tensor of shape \(1,\)"),
+    Case("recommend-user-float-tensor", lambda: _fitted_autorec().user_index(torch.tensor(1.0)),
+         TypeError, r"got a torch.float32 tensor of shape \(\)"),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "

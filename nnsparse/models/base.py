@@ -684,6 +684,13 @@ class RatingModel(nn.Module):
         self._check_built()
         if isinstance(user, bool):  # True == 1 would find user 1
             raise TypeError("user must be an original user id, got bool")
+        if isinstance(user, Tensor):  # hashed by identity: tensor(3) would never find user 3
+            if user.dim() != 0 or user.dtype.is_floating_point or user.dtype.is_complex \
+                    or user.dtype == torch.bool:
+                raise TypeError(f"user must be an original user id (a 0-d integer tensor at "
+                                f"most), got a {user.dtype} tensor of shape {tuple(user.shape)}")
+            refuse_meta(user, "user")
+            user = int(user.item())
         try:
             hash(user)
         except TypeError:
