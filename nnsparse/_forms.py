@@ -793,7 +793,7 @@ def as_count(name: str, value: Any, low: int) -> int:
     of counts and hyperparameters such as batch sizes and epochs."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    if value > _INT64_MAX:  # torch, DataLoader and islice take no count beyond it
+    if int(value) > _INT64_MAX:  # torch, DataLoader and islice take no count beyond it
         raise ValueError(f"{name} must be an int in [{low}, 2**63), got {value!r}")
     return int(value)
 
