@@ -242,6 +242,8 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if batch_size > 2 ** 63 - 1:  # the sampler's islice takes no count beyond int64
+        raise ValueError(f"batch_size must be a positive int below 2**63, got {batch_size!r}")
     for flag, value in (("shuffle", shuffle), ("drop_last", drop_last)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")

@@ -1494,6 +1494,9 @@ PROBE5 = [
                     r"torch.int64 tensor of shape \(1,\)"),
     Case("recommend-user-float-tensor", lambda: _fitted_autorec().user_index(torch.tensor(1.0)),
          TypeError, r"got a torch.float32 tensor of shape \(\)"),
+    Case("distributed.loader-batch_size-beyond-int64", lambda: nnsparse.distributed.loader(
+        list(range(4)), batch_size=2 ** 64), ValueError,
+         r"batch_size must be a positive int below 2\*\*63, got 18446744073709551616"),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "
