@@ -1497,6 +1497,22 @@ PROBE5 = [
     Case("distributed.loader-batch_size-beyond-int64", lambda: nnsparse.distributed.loader(
         list(range(4)), batch_size=2 ** 64), ValueError,
          r"batch_size must be a positive int below 2\*\*63, got 18446744073709551616"),
+    # the normaliser moved to the meta device lost its means: refused; meta tensors named
+    Case("RatingNormalizer.to-meta", lambda: RatingNormalizer(_R).to("meta"), ValueError,
+         r"device must hold data, got 'meta'; use 'cpu' or 'cuda'"),
+    Case("RatingNormalizer.predict_entries-meta-rows", lambda: RatingNormalizer(_R).predict_entries(
+        torch.zeros(8, 10), torch.arange(8, device="meta"), torch.zeros(8, 10).to_sparse()),
+         ValueError, r"rows must hold data, got a tensor on the meta device"),
+    Case("RatingNormalizer.predict_entries-meta-output", lambda: RatingNormalizer(
+        _R).predict_entries(torch.zeros(8, 10, device="meta"), torch.arange(8),
+                            torch.zeros(8, 10).to_sparse()),
+         ValueError, r"output must hold data, got a tensor on the meta device"),
+    Case("Ratings.from_triples-meta-rating", lambda: Ratings.from_triples(
+        [1], [1], torch.tensor([3.0], device="meta")), ValueError,
+         r"rating must hold data, got a tensor on the meta device"),
+    Case("Ratings.from_triples-meta-ids", lambda: Ratings.from_triples(
+        torch.tensor([1], device="meta"), [1], [3.0]), ValueError,
+         r"user must hold data, got a tensor on the meta device"),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "

@@ -20,7 +20,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._forms import SparseBatch, as_device, as_sparse_batch, check_index_range, refuse_meta
+from .._forms import (SparseBatch, as_device, as_sparse_batch, check_index_range, refuse_meta,
+                      refuse_meta_device)
 from .readers import (Ratings, check_ratings, check_unique_pairs, refuse_repeated_keys,
                       refuse_uint8_index)
 
@@ -270,6 +271,7 @@ class RatingNormalizer:
     def to(self, device: Union[str, torch.device]) -> "RatingNormalizer":
         """Move the row means to ``device`` (in place; returns ``self``)."""
         device = as_device(device)
+        refuse_meta_device(device)  # the means would be lost: every later call fails
         self.row_mean = self.row_mean.to(device)
         return self
 
@@ -342,6 +344,8 @@ class RatingNormalizer:
         if not isinstance(rows, Tensor) or rows.dtype not in (torch.int64, torch.int32):
             got = rows.dtype if isinstance(rows, Tensor) else type(rows).__name__
             raise TypeError(f"rows must be an int64 tensor of matrix rows, got {got}")
+        refuse_meta(output, "output")
+        refuse_meta(rows, "rows")
         if rows.shape != (output.shape[0],):
             raise ValueError(f"rows must have shape ({output.shape[0]},), one per output row, "
                              f"got {tuple(rows.shape)}")

@@ -131,6 +131,8 @@ class Ratings:
         if not isinstance(source, str):
             raise TypeError(f"source must be a str, got {type(source).__name__}")
         ids = {name: _id_array(v, name) for name, v in (("user", user), ("item", item))}
+        if isinstance(rating, Tensor):
+            refuse_meta(rating, "rating")
         try:
             wide = np.asarray(rating.detach().cpu() if isinstance(rating, Tensor) else rating,
                               dtype=np.float64)
@@ -545,6 +547,7 @@ def _id_array(ids: Any, name: str = "ids") -> np.ndarray:
         raise TypeError(f"{name} must be a sequence of ids (a list, array or tensor), "
                         f"got {type(ids).__name__}")
     if isinstance(ids, Tensor):
+        refuse_meta(ids, name)
         ids = ids.detach().cpu().numpy()
     try:
         out = np.asarray(ids)
