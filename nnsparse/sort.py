@@ -8,7 +8,7 @@ from typing import Any, List, NamedTuple, Union
 import torch
 from torch import Tensor
 
-from ._forms import SparseBatch, SparseLike, as_sparse_batch, check_kernel_dtype
+from ._forms import SparseBatch, SparseLike, as_sparse_batch, check_kernel_dtype, refuse_meta
 
 __all__ = ["ssort", "ssort_by_index", "stopk"]
 
@@ -295,6 +295,8 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
     """
     if isinstance(k, bool):
         raise TypeError("k must be an int, got bool")
+    if isinstance(k, Tensor):
+        refuse_meta(k, "k")  # operator.index would read it
     try:
         k = operator.index(k)
     except TypeError:

@@ -1513,6 +1513,14 @@ PROBE5 = [
     Case("Ratings.from_triples-meta-ids", lambda: Ratings.from_triples(
         torch.tensor([1], device="meta"), [1], [3.0]), ValueError,
          r"user must hold data, got a tensor on the meta device"),
+    Case("collate_sparse_rows-meta-indices", lambda: collate_sparse_rows(
+        [(0, (torch.tensor([0], device="meta"), torch.tensor([1.0], device="meta")))], 4),
+         ValueError, r"rows\[0\] indices must hold data, got a tensor on the meta device"),
+    Case("RatingErrors.update-meta", lambda: nnsparse.data.RatingErrors().update(
+        torch.ones(2, device="meta"), torch.ones(2, device="meta")), ValueError,
+         r"prediction must hold data, got a tensor on the meta device"),
+    Case("stopk-meta-k", lambda: nnsparse.stopk(X.to_sparse(), torch.tensor(1, device="meta")),
+         ValueError, r"k must hold data, got a tensor on the meta device"),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .._forms import SparseBatch, as_device, as_sparse_batch, move_structure, trust
+from .._forms import SparseBatch, as_device, as_sparse_batch, move_structure, refuse_meta, trust
 from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 
 __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_rows"]
@@ -206,6 +206,9 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
         except (TypeError, ValueError):
             raise TypeError(f"rows[{k}] must be (row_index, (indices, values)), "
                             f"got {type(item).__name__} {_short(item)}") from None
+        for part, what in ((index, "row_index"), (col, "indices"), (val, "values")):
+            if isinstance(part, Tensor):
+                refuse_meta(part, f"rows[{k}] {what}")
         if isinstance(index, Tensor) and (index.dim() != 0 or index.dtype.is_floating_point
                                           or index.dtype.is_complex or index.dtype == torch.bool):
             raise TypeError(f"rows[{k}] row_index must be an int or a 0-d integer tensor, got a "

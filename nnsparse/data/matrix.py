@@ -430,6 +430,10 @@ class RatingErrors:
 
     def update(self, prediction: Tensor, target: Tensor) -> None:
         _check_pair(prediction, target)
+        refuse_meta(prediction, "prediction")  # compute() reads the sums back
+        if self._sums is not None and self._sums.device != prediction.device:
+            raise ValueError(f"prediction must be on the device of the earlier updates, "
+                             f"{self._sums.device}, got {prediction.device}")
         error = (prediction.detach() - target.detach()).to(torch.float64)
         sums = torch.stack([error.square().sum(), error.abs().sum(),
                             error.new_tensor(float(error.numel()))])
