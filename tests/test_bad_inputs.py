@@ -1521,6 +1521,19 @@ PROBE5 = [
          r"prediction must hold data, got a tensor on the meta device"),
     Case("stopk-meta-k", lambda: nnsparse.stopk(X.to_sparse(), torch.tensor(1, device="meta")),
          ValueError, r"k must hold data, got a tensor on the meta device"),
+    # sparsify's elem that x's dtype cannot hold equals no entry: all were kept, silently
+    Case("sparsify-int-elem-nan", lambda: nnsparse.sparsify(torch.tensor([1, 0]), elem=math.nan),
+         ValueError, r"elem nan needs floating values, got dtype torch.int64"),
+    Case("sparsify-int-elem-fraction", lambda: nnsparse.sparsify(torch.tensor([1, 0]), elem=0.5),
+         ValueError, r"elem must be stored exactly in the values' dtype torch.int64 .*got 0.5"),
+    Case("sparsify-int8-elem-1000", lambda: nnsparse.sparsify(
+        torch.tensor([1, 0], dtype=torch.int8), elem=1000), ValueError,
+         r"elem must be stored exactly in the values' dtype torch.int8 \(an integer in "
+         r"\[-128, 127\]\), got 1000"),
+    Case("sparsify-float-elem-complex", lambda: nnsparse.sparsify(X, elem=1j), TypeError,
+         r"elem must be a real number for values of dtype torch.float32, got 1j"),
+    Case("sparsify-int-elem-whole-float-works", lambda: nnsparse.sparsify(
+        torch.tensor([2, 0]), elem=2.0).indices().tolist(), None, check=lambda i: i == [[1]]),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "
