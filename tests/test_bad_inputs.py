@@ -1362,6 +1362,20 @@ def _fitted_autorec():
     return _FITTED[0]
 
 
+def _numpy_hparams_round_trip():
+    """AutoRec with numpy hyperparameters, fitted, saved and loaded: the loaded hparams."""
+    import io
+    import numpy as np
+    model = nnsparse.models.AutoRec(hidden=np.int64(3), epochs=1, lr=np.float32(0.01),
+                                    l2=np.float64(1.0), validation_ratio=np.float64(0.0),
+                                    orientation=np.str_("item"), batch_size=8)
+    model.fit(_R, progress=False, verbose=False)
+    buffer = io.BytesIO()
+    model.save(buffer)
+    buffer.seek(0)
+    return nnsparse.models.AutoRec.load(buffer).hparams
+
+
 def _row(k=2):
     return (torch.arange(k), torch.ones(k))
 
@@ -1534,6 +1548,9 @@ PROBE5 = [
          r"elem must be a real number for values of dtype torch.float32, got 1j"),
     Case("sparsify-int-elem-whole-float-works", lambda: nnsparse.sparsify(
         torch.tensor([2, 0]), elem=2.0).indices().tolist(), None, check=lambda i: i == [[1]]),
+    # numpy hyperparameters: the saved model loads (weights_only=True took no numpy scalar)
+    Case("AutoRec-numpy-hparams-save-load-works", _numpy_hparams_round_trip, None,
+         check=lambda hp: all(type(v) in (int, float, str, bool) for v in hp.values())),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "

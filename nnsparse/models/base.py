@@ -180,8 +180,9 @@ class RatingModel(nn.Module):
         if unknown:
             raise TypeError(f"{type(self).__name__} got unknown hyperparameters {unknown}; "
                             f"it takes {sorted({**_COMMON, **self.DEFAULTS})}")
-        if h["orientation"] not in ("item", "user"):
+        if not isinstance(h["orientation"], str) or h["orientation"] not in ("item", "user"):
             raise ValueError(f"orientation must be 'item' or 'user', got {h['orientation']!r}")
+        h["orientation"] = str(h["orientation"])  # not a numpy str: save() pickles it
         for key in ("epochs", "batch_size"):
             h[key] = as_count(key, h[key], 1)
         h["patience"] = as_count("patience", h["patience"], 0)
@@ -197,6 +198,9 @@ class RatingModel(nn.Module):
                 _check_number(key, value)
                 if not math.isfinite(value) and not math.isnan(value):  # NaN: the range checks
                     raise ValueError(f"{key} must be finite, got {value!r}")
+                # a numpy float would be pickled as one: save()'s file, read with
+                # weights_only=True, could not be loaded
+                h[key] = float(value)
         if not h["lr"] > 0:
             raise ValueError(f"lr must be positive, got {h['lr']!r}")
         if not h["weight_decay"] >= 0:
