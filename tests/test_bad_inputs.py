@@ -1376,6 +1376,22 @@ def _numpy_hparams_round_trip():
     return nnsparse.models.AutoRec.load(buffer).hparams
 
 
+def _numpy_ids_round_trip():
+    """A model of ratings whose maps hold numpy ids and whose titles are numpy strs, saved,
+    loaded, asked for two items of a user given as a numpy int."""
+    import io
+    import numpy as np
+    ratings = Ratings(_R.user, _R.item, _R.rating, {np.int64(k): v for k, v in _R.user_map.items()},
+                      _R.item_map, titles=[np.str_("t")] * len(_R.item_map))
+    model = nnsparse.models.AutoRec(hidden=3, epochs=1, validation_ratio=0.0, batch_size=8)
+    model.fit(ratings, progress=False, verbose=False)
+    buffer = io.BytesIO()
+    model.save(buffer)
+    buffer.seek(0)
+    loaded = nnsparse.models.AutoRec.load(buffer)
+    return loaded.recommend(np.int64(_R.user_ids()[0]), k=2, min_support=0)
+
+
 def _row(k=2):
     return (torch.arange(k), torch.ones(k))
 
@@ -1551,6 +1567,8 @@ PROBE5 = [
     # numpy hyperparameters: the saved model loads (weights_only=True took no numpy scalar)
     Case("AutoRec-numpy-hparams-save-load-works", _numpy_hparams_round_trip, None,
          check=lambda hp: all(type(v) in (int, float, str, bool) for v in hp.values())),
+    Case("AutoRec-numpy-ids-and-titles-save-load-works", _numpy_ids_round_trip, None,
+         check=lambda rec: rec.titles == ["t", "t"]),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "

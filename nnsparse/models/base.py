@@ -29,7 +29,7 @@ from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
 from ..data.matrix import check_same_maps
-from ..data.readers import check_ratings, check_unique_pairs, check_unique_pairs_apart
+from ..data.readers import _plain, check_ratings, check_unique_pairs, check_unique_pairs_apart
 from ..data.split import concat, draw, torch_seed
 from .. import distributed as nd
 from .trainer import DistributedTrainer, Trainer
@@ -725,8 +725,12 @@ class RatingModel(nn.Module):
                             scale=list(norm.scale), row_mean=norm.row_mean.cpu(),
                             global_mean=norm.global_mean, shape=list(norm.shape)),
             train=dict(user=t.user.cpu(), item=t.item.cpu(), rating=t.rating.cpu()),
-            user_ids=list(self.user_ids_), item_ids=list(self.item_ids_),
-            titles=self.titles_, state=state, best_epoch=self.best_epoch), path)
+            # numpy ids or titles (maps or titles built by hand) as Python values: a
+            # weights_only load takes no numpy scalar
+            user_ids=[_plain(u) for u in self.user_ids_],
+            item_ids=[_plain(i) for i in self.item_ids_],
+            titles=None if self.titles_ is None else [_plain(t) for t in self.titles_],
+            state=state, best_epoch=self.best_epoch), path)
 
     @classmethod
     def load(cls, path: Any, device: Union[str, torch.device] = "cpu") -> "RatingModel":
