@@ -1569,6 +1569,15 @@ PROBE5 = [
          check=lambda hp: all(type(v) in (int, float, str, bool) for v in hp.values())),
     Case("AutoRec-numpy-ids-and-titles-save-load-works", _numpy_ids_round_trip, None,
          check=lambda rec: rec.titles == ["t", "t"]),
+    # a Ratings map that is not a bijection onto 0..n-1 lost an id silently
+    Case("Ratings-map-repeated-index", lambda: Ratings(
+        torch.tensor([0]), torch.tensor([0]), torch.tensor([1.0]), {1: 0, 2: 0}, {2: 0}),
+         ValueError, r"Ratings.user_map indices must be distinct \(one per id\), got 0 for ids "
+                     r"1 and 2"),
+    Case("Ratings-map-index-gap", lambda: Ratings(
+        torch.tensor([0]), torch.tensor([0]), torch.tensor([1.0]), {1: 0}, {2: 0, 3: 5}),
+         ValueError, r"Ratings.item_map indices must be in \[0, 2\) \(one per id\), got 5 for "
+                     r"id 3"),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "

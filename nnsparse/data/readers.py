@@ -107,6 +107,9 @@ class Ratings:
         _check_titles(self.titles, len(self.item_map))
         if not isinstance(self.source, str):
             raise TypeError(f"Ratings.source must be a str, got {type(self.source).__name__}")
+        # each map a bijection onto 0..n-1 (checked with its inverse, built once and
+        # shared by the subsets): a repeated or missing index lost an id silently
+        self.user_ids(), self.item_ids()
         if len(self.rating):  # data preparation, not a training step: one O(n) pass
             for name, bound in (("user", len(self.user_map)), ("item", len(self.item_map))):
                 lo, hi = torch.aminmax(getattr(self, name))
@@ -184,6 +187,7 @@ class Ratings:
     def _inverse(self, key: str, mapping: Dict[Any, int]) -> List[Any]:
         ids = self._ids.get(key)
         if ids is None or len(ids) != len(mapping):
+            _check_map(mapping, f"Ratings.{key}_map")
             ids = [None] * len(mapping)
             for original, index in mapping.items():
                 ids[index] = original
