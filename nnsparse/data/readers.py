@@ -64,6 +64,13 @@ class Ratings:
             item file was read (``"item <id>"`` for ids the file lacks).
         source (str): where the ratings came from, for messages.
 
+    Raises:
+        TypeError: fields of the wrong kind (not 1-D tensors, int64 indices,
+            floating ratings, dict maps of int indices, str titles and source).
+        ValueError: lengths that differ, indices outside their map, a map that
+            is not one index per id over ``0..len(map)-1``, ratings that are not
+            finite, tensors on the meta device.
+
     Example::
 
         >>> r = Ratings.from_triples([10, 10, 42], [7, 9, 7], [4., 3., 5.])
