@@ -1578,6 +1578,19 @@ PROBE5 = [
         torch.tensor([0]), torch.tensor([0]), torch.tensor([1.0]), {1: 0}, {2: 0, 3: 5}),
          ValueError, r"Ratings.item_map indices must be in \[0, 2\) \(one per id\), got 5 for "
                      r"id 3"),
+    # a model's forward / batch_loss: rows outside the matrix were ignored (or wrapped)
+    Case("RatingModel.forward-rows-out-of-range", lambda: _fitted_autorec()(
+        torch.zeros(2, 10).to_sparse_csr(), torch.tensor([0, 8])), ValueError,
+         r"rows must be in \[0, 8\), got max 8"),
+    Case("RatingModel.forward-rows-negative", lambda: _fitted_autorec()(
+        torch.zeros(2, 10).to_sparse_csr(), torch.tensor([0, -1])), ValueError,
+         r"rows must be non-negative, got min -1"),
+    Case("RatingModel.batch_loss-rows-out-of-range", lambda: _fitted_autorec().batch_loss(
+        torch.tensor([0, 99]), torch.zeros(2, 10).to_sparse_csr()), ValueError,
+         r"rows must be in \[0, 8\), got max 99"),
+    Case("RatingModel.forward-rows-meta", lambda: _fitted_autorec()(
+        torch.zeros(2, 10).to_sparse_csr(), torch.tensor([0, 1], device="meta")), ValueError,
+         r"rows must hold data, got a tensor on the meta device"),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type,
 import torch
 from torch import Tensor, nn
 
-from .._forms import as_count, as_device, refuse_meta, refuse_meta_device, trust
+from .._forms import as_count, as_device, check_index_range, refuse_meta, refuse_meta_device, trust
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -289,10 +289,15 @@ class RatingModel(nn.Module):
 
         Returns a sparse tensor with ``pattern``'s positions, or dense
         ``(batch, width)`` without a pattern.
+
+        Raises:
+            TypeError: ``rows`` is not an integer tensor.
+            ValueError: ``rows`` is not one matrix row per row of ``x``, is on
+                the meta device, or (on the CPU) is outside ``[0, rows)``.
         """
         from .. import values_map
         self._check_built()
-        _check_rows(rows, x)
+        _check_rows(rows, x, self._shape[0])
         out = self.network(values_map(self._to_model, x), rows, pattern)
         return values_map(self._from_model, out) if pattern is not None else self._from_model(out)
 
@@ -800,15 +805,20 @@ class _CsrParts(NamedTuple):
     size: Tuple[int, ...]
 
 
-def _check_rows(rows: Any, x: Any) -> None:
-    """A batch's ``rows``: an integer tensor, one matrix row per row of ``x`` (no sync)."""
+def _check_rows(rows: Any, x: Any, bound: int) -> None:
+    """A batch's ``rows``: an integer tensor, one matrix row per row of ``x``, in
+    ``[0, bound)`` when on the CPU (reading them there costs no device sync; on an
+    accelerator the range is not read back inside a training step)."""
     if not isinstance(rows, Tensor) or rows.dtype not in (torch.int64, torch.int32):
         got = rows.dtype if isinstance(rows, Tensor) else type(rows).__name__
         raise TypeError(f"rows must be an int64 tensor of matrix rows, got {got}")
+    refuse_meta(rows, "rows")
     n = x.shape[0] if isinstance(x, Tensor) and x.dim() == 2 else None
     if rows.dim() != 1 or (n is not None and rows.shape[0] != n):
         raise ValueError(f"rows must be 1-D with one matrix row per row of x ({n}), "
                          f"got shape {tuple(rows.shape)}")
+    if rows.device.type == "cpu":
+        check_index_range(rows, bound, "rows")
 
 
 def _index_tensor(value: Any, name: str) -> Tensor:
