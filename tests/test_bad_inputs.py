@@ -1591,6 +1591,13 @@ PROBE5 = [
     Case("RatingModel.forward-rows-meta", lambda: _fitted_autorec()(
         torch.zeros(2, 10).to_sparse_csr(), torch.tensor([0, 1], device="meta")), ValueError,
          r"rows must hold data, got a tensor on the meta device"),
+    # DistributedTrainer names a wrong argument before it asks for a process group
+    Case("DistributedTrainer-batch_size-0-without-group", lambda: nnsparse.models.DistributedTrainer(
+        nnsparse.models.AutoRec(hidden=3), epochs=1, batch_size=0, lr=0.1), ValueError,
+         r"batch_size must be an int >= 1, got 0"),
+    Case("DistributedTrainer-lr-str-without-group", lambda: nnsparse.models.DistributedTrainer(
+        nnsparse.models.AutoRec(hidden=3), epochs=1, batch_size=8, lr="x"), TypeError,
+         r"lr must be a real number, got str 'x'"),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "
