@@ -1598,6 +1598,22 @@ PROBE5 = [
     Case("DistributedTrainer-lr-str-without-group", lambda: nnsparse.models.DistributedTrainer(
         nnsparse.models.AutoRec(hidden=3), epochs=1, batch_size=8, lr="x"), TypeError,
          r"lr must be a real number, got str 'x'"),
+    # SparseRowDataset.collate of items that are not its own: they entered a trusted batch
+    Case("SparseRowDataset.collate-item-of-a-wider-dataset", lambda: SparseRowDataset(
+        torch.eye(4).to_sparse_csr()).collate([SparseRowDataset(torch.eye(6).to_sparse_csr())[5]]),
+         ValueError, r"items\[0\] row must be a row of this dataset, in \[0, 4\), got 5"),
+    Case("SparseRowDataset.collate-foreign-column-beyond-width", lambda: SparseRowDataset(
+        torch.eye(4).to_sparse_csr()).collate([(1, SparseRowDataset(
+            torch.eye(6).to_sparse_csr())[5][1])]),
+         ValueError, r"rows indices must be in \[0, 4\), got max 5"),
+    Case("SparseRowDataset.collate-hand-built-unsorted-row", lambda: SparseRowDataset(
+        torch.eye(4).to_sparse_csr()).collate([(0, nnsparse.data.dataset.SparseRow(
+            torch.tensor([3, 1]), torch.tensor([1.0, 1.0])))]), ValueError,
+         r"rows\[0\] indices must be increasing and unique within the row, got \[3, 1\]"),
+    Case("SparseRowDataset.collate-pickled-own-items-works", lambda: (lambda ds: ds.collate(
+        __import__("pickle").loads(__import__("pickle").dumps([ds[0], ds[3]]))).input.to_dense())(
+            SparseRowDataset(torch.eye(4).to_sparse_csr())), None,
+         check=lambda dense: dense.tolist() == [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "

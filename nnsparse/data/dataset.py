@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 import numbers
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -392,11 +392,42 @@ class SparseRowDataset(Dataset):
             return i, self._row(0, i)
         return i, self._row(0, i), self._row(1, i)
 
+    def _check_own(self, pairs: List[Tuple[Any, Any]], k: int) -> None:
+        """Trust the rows that are this dataset's own (views of its checked index tensor at
+        their row's bounds: O(1) each); check any other completely (another dataset's
+        item, a row rebuilt elsewhere), so no invalid row enters a trusted batch."""
+        parts = self._input if k == 0 or self._target is None else self._target
+        base, bounds, rows = parts[1], self._bounds[k], self.rows
+        # row i's view starts bounds[i] elements into the 1-D index tensor
+        pointer, size = base.data_ptr(), base.stride(0) * base.element_size()
+        for i, row in pairs:
+            if not (type(i) is int and 0 <= i < rows):
+                break
+            ind = row.indices
+            if (ind.data_ptr() != pointer + bounds[i] * size
+                    or len(ind) != bounds[i + 1] - bounds[i]):
+                break
+        else:
+            return
+        for n, (i, _) in enumerate(pairs):
+            if isinstance(i, bool) or not isinstance(i, (numbers.Integral, Tensor)) or \
+                    not 0 <= int(i) < self.rows:
+                raise ValueError(f"items[{n}] row must be a row of this dataset, in "
+                                 f"[0, {self.rows}), got {i!r}")
+        _check_rows(pairs, self.width if k == 0 else cast(int, self.target_width))
+
     def collate(self, items: List[Tuple[Any, ...]]) -> SparseRowBatch:
         """``collate_fn`` for a ``DataLoader``: a list of items -> one :class:`SparseRowBatch`.
 
         The items' rows come from the checked matrices, so the batch is built
-        without another check and trusted.
+        without another check and trusted.  An item that is not this dataset's
+        own (another dataset's, a row built by hand, one rebuilt from a pickle)
+        is recognised in O(1) and checked completely instead.
+
+        Raises:
+            TypeError: items that are not ``dataset[i]`` tuples of rows.
+            ValueError: a foreign row outside this dataset's rows or width, or
+                with unsorted or repeated indices.
         """
         # The rows are trusted (they come from the checked matrices): only their kind is checked.
         try:
@@ -410,6 +441,9 @@ class SparseRowDataset(Dataset):
             kind = "(row, row_data)" if self._target is None else "(row, input, target)"
             raise TypeError(f"items must be a list of this dataset's items, {kind} tuples as "
                             f"dataset[i] returns, got {type(items).__name__}")
+        self._check_own(pairs, 0)
+        if targets is not None:
+            self._check_own(targets, 1)
         index, input = _collate(pairs, self.width, self.layout)
         if self._target is None:
             return SparseRowBatch(input, None, index)
