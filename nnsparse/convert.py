@@ -209,6 +209,10 @@ def _densify(batch: SparseBatch, elem: float, rows: int, width: int, name: str =
     ``name``: the argument's, for messages."""
     elem = _check_elem(elem)
     check_kernel_dtype(batch.dtype, f"{name} values")
+    nbytes = rows * width * batch.values.element_size()
+    if nbytes >= 2 ** 63:  # torch: "Storage size calculation overflowed"
+        raise ValueError(f"{name} is too large to densify: ({rows}, {width}) "
+                         f"{batch.dtype} would take {nbytes} bytes, beyond int64")
     if _is_nan(elem) and not (batch.dtype.is_floating_point or batch.dtype.is_complex):
         raise ValueError(f"elem nan needs floating values, got dtype {batch.dtype}")
     _check_elem_fits(elem, batch.dtype)

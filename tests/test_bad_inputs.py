@@ -1614,6 +1614,10 @@ PROBE5 = [
         __import__("pickle").loads(__import__("pickle").dumps([ds[0], ds[3]]))).input.to_dense())(
             SparseRowDataset(torch.eye(4).to_sparse_csr())), None,
          check=lambda dense: dense.tolist() == [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]),
+    Case("densify-bytes-beyond-int64", lambda: nnsparse.densify(torch.sparse_coo_tensor(
+        torch.tensor([[0], [0]]), torch.tensor([1.0]), (2 ** 31, 2 ** 31))), ValueError,
+         r"x is too large to densify: \(2147483648, 2147483648\) torch.float32 would take "
+         r"18446744073709551616 bytes, beyond int64"),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "
