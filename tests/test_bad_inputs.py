@@ -1392,6 +1392,15 @@ def _numpy_ids_round_trip():
     return loaded.recommend(np.int64(_R.user_ids()[0]), k=2, min_support=0)
 
 
+def _read_text(name: str, text: str, fmt: str):
+    """read_ratings of ``text`` written to ``name`` in a fresh temporary directory."""
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / name).write_bytes(text.encode())
+        return read_ratings(Path(d) / name, fmt, titles=False)
+
+
 def _row(k=2):
     return (torch.arange(k), torch.ones(k))
 
@@ -1618,6 +1627,20 @@ PROBE5 = [
         torch.tensor([[0], [0]]), torch.tensor([1.0]), (2 ** 31, 2 ** 31))), ValueError,
          r"x is too large to densify: \(2147483648, 2147483648\) torch.float32 would take "
          r"18446744073709551616 bytes, beyond int64"),
+    # a separator at a line's edge is an empty field, not a line of the fields beside it
+    Case("read_ratings-ml-1m-trailing-separator", lambda: _read_text(
+        "ratings.dat", "1::2::3::4\n1::3::3::4::\n", "ml-1m"), ValueError,
+         r"ratings.dat, line 2: a line starts or ends with the separator '::' \(an empty "
+         r"field\), got '1::3::3::4::'"),
+    Case("read_ratings-ml-100k-leading-tab", lambda: _read_text(
+        "u.data", "\t1\t2\t3\t4\n", "ml-100k"), ValueError,
+         r"u.data, line 1: a line starts or ends with the separator '\\t'"),
+    Case("read_ratings-csv-trailing-comma", lambda: _read_text(
+        "ratings.csv", "userId,movieId,rating,timestamp\n1,2,3,4,\n", "csv"), ValueError,
+         r"ratings.csv, line 2: a line starts or ends with the separator ','"),
+    Case("read_ratings-ml-1m-crlf-works", lambda: _read_text(
+        "ratings.dat", "1::2::3::4\r\n1::3::3::4\r\n", "ml-1m").user.tolist(), None,
+         check=lambda users: users == [0, 0]),
     # the DDP comm hook called by hand
     Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
         None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "

@@ -866,6 +866,7 @@ def _check_separator(raw: bytes, sep: bytes, fmt: str, path: str, header: bool) 
     A rating line of the MovieLens formats has 4 fields, so 3 separators;
     whitespace would otherwise split fields too and hide a wrong ``format``.
     """
+    _refuse_edge_separator(raw, sep, path)
     # fast path: enough separators for every line (blank lines counted too)
     if raw.count(sep) >= 3 * (raw.count(b"\n") + 1 - header):
         return
@@ -878,6 +879,23 @@ def _check_separator(raw: bytes, sep: bytes, fmt: str, path: str, header: bool) 
                 f"{path}, line {number}: format {fmt!r} separates the fields with "
                 f"{sep.decode()!r}, got {line.decode('latin-1').strip()[:200]!r}; check "
                 f"format= (one of {list(_FORMATS)})")
+
+
+def _refuse_edge_separator(raw: bytes, sep: bytes, path: str) -> None:
+    """A line that starts or ends with the separator holds an empty field (``1::2::3::4::``):
+    the separators become spaces, so it would read as the fields beside it, silently.
+    Three searches of the file (a line after a line break; the file's two ends)."""
+    found = [p for p in (raw.find(b"\n" + sep) + 1 if b"\n" + sep in raw else -1,
+                         raw.find(sep + b"\n"), raw.find(sep + b"\r\n"),
+                         0 if raw.startswith(sep) else -1,
+                         len(raw) - len(sep) if raw.endswith(sep) else -1) if p >= 0]
+    if found:
+        at = min(found)
+        line = raw[raw.rfind(b"\n", 0, at) + 1:].split(b"\n", 1)[0]
+        number = raw.count(b"\n", 0, at) + 1
+        raise ValueError(f"{path}, line {number}: a line starts or ends "
+                         f"with the separator {sep.decode()!r} (an empty field), got "
+                         f"{line.decode('latin-1').rstrip(chr(13))[:200]!r}")
 
 
 def _translation(sep: bytes) -> bytes:
