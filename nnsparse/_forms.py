@@ -84,8 +84,13 @@ def _pair_index(column: Tensor, name: str) -> Tensor:
         if not bool(whole.all()):
             bad = column[~whole][0].item()
             raise ValueError(f"{name} indices must be integers, got {bad}")
-        if column.numel() and float(column.abs().max()) >= 2.0 ** 63:
-            raise ValueError(f"{name} indices must fit in int64, got {float(column.abs().max())}")
+        # beyond 2 ** (mantissa bits + 1) a float no longer holds every integer: the
+        # index the caller meant may already have been rounded to its neighbour
+        exact = 2.0 / torch.finfo(column.dtype).eps  # 2 ** (mantissa bits + 1)
+        if column.numel() and float(column.abs().max()) > exact:
+            raise ValueError(f"{name} indices stored as {column.dtype} are exact only up to "
+                             f"{int(exact)}, got {float(column.abs().max()):g}; build the pairs "
+                             f"as float64 or int64")
     return column.to(torch.int64)
 
 
@@ -538,6 +543,10 @@ def _csr_structure(x: Tensor, name: str, check: bool) -> _Attached:
     values = _index.csr_values(x)
     rows, width = x.shape[0], x.shape[1]
     nnz = col.shape[0]
+    # (torch builds a CSR tensor on int16 indices unchecked, then cannot index with them)
+    if crow.dtype not in (torch.int32, torch.int64) or col.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must have int32 or int64 crow_indices and col_indices, got "
+                        f"{crow.dtype} and {col.dtype}")
     if check:
         _index.count("validate")
         _check_csr(crow, col, values, rows, width, name)
@@ -784,7 +793,12 @@ def as_count(name: str, value: Any, low: int) -> int:
     of counts and hyperparameters such as batch sizes and epochs."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if int(value) > _INT64_MAX:  # torch, DataLoader and islice take no count beyond it
+        raise ValueError(f"{name} must be an int in [{low}, 2**63), got {value!r}")
     return int(value)
+
+
+_INT64_MAX = 2 ** 63 - 1
 
 
 @overload

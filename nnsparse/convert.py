@@ -90,9 +90,11 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
 
     Raises:
         TypeError: ``x`` is not a dense tensor, ``elem`` is not a number torch
-            takes (a ``Fraction``, a ``Decimal``), or ``layout`` is not a sparse layout.
+            takes (a ``Fraction``, a ``Decimal``) or is complex for real ``x``,
+            or ``layout`` is not a sparse layout.
         ValueError: ``x`` has more than 2 dimensions or is on the meta device,
-            an integer ``elem`` is beyond int64,
+            an ``elem`` that ``x``'s dtype cannot hold (``0.5`` or ``nan`` for
+            integers, ``1000`` for int8: it would equal no entry),
             ``offset`` is negative or makes the result too large for int64 sizes,
             or CSR is asked for a vector.
 
@@ -119,6 +121,10 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
         raise ValueError(f"offset must keep the result's size {size} within int64 elements, "
                          f"got {offset}")
     elem = _check_elem(elem)
+    # an elem x's dtype cannot hold equals no entry: every entry would be kept, silently
+    if _is_nan(elem) and not (x.dtype.is_floating_point or x.dtype.is_complex):
+        raise ValueError(f"elem nan needs floating values, got dtype {x.dtype}")
+    _check_elem_fits(elem, x.dtype)
     if layout not in (torch.sparse_coo, torch.sparse_csr):
         raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
     if layout == torch.sparse_csr and x.dim() == 1:
@@ -203,6 +209,10 @@ def _densify(batch: SparseBatch, elem: float, rows: int, width: int, name: str =
     ``name``: the argument's, for messages."""
     elem = _check_elem(elem)
     check_kernel_dtype(batch.dtype, f"{name} values")
+    nbytes = rows * width * batch.values.element_size()
+    if nbytes >= 2 ** 63:  # torch: "Storage size calculation overflowed"
+        raise ValueError(f"{name} is too large to densify: ({rows}, {width}) "
+                         f"{batch.dtype} would take {nbytes} bytes, beyond int64")
     if _is_nan(elem) and not (batch.dtype.is_floating_point or batch.dtype.is_complex):
         raise ValueError(f"elem nan needs floating values, got dtype {batch.dtype}")
     _check_elem_fits(elem, batch.dtype)

@@ -242,6 +242,8 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
     """
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if batch_size > 2 ** 63 - 1:  # the sampler's islice takes no count beyond int64
+        raise ValueError(f"batch_size must be a positive int below 2**63, got {batch_size!r}")
     for flag, value in (("shuffle", shuffle), ("drop_last", drop_last)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
@@ -359,7 +361,14 @@ def sparse_allgather_hook(process_group: Optional[dist.ProcessGroup],
 
     Register it with ``ddp.register_comm_hook(None, sparse_allgather_hook)``
     (:func:`wrap` does it on NCCL).  It works on gloo too (the tests run it there).
+
+    Raises:
+        TypeError: ``bucket`` is not a DDP ``GradBucket`` (DDP passes one).
     """
+    if not isinstance(bucket, dist.GradBucket):
+        raise TypeError(f"bucket must be the torch.distributed.GradBucket DDP passes to a comm "
+                        f"hook, got {type(bucket).__name__}; register the hook with "
+                        f"ddp.register_comm_hook(None, sparse_allgather_hook)")
     grad = bucket.buffer()
     world = dist.get_world_size(process_group)
     if not grad.is_sparse:

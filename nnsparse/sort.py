@@ -8,7 +8,7 @@ from typing import Any, List, NamedTuple, Union
 import torch
 from torch import Tensor
 
-from ._forms import SparseBatch, SparseLike, as_sparse_batch, check_kernel_dtype
+from ._forms import SparseBatch, SparseLike, as_sparse_batch, check_kernel_dtype, refuse_meta
 
 __all__ = ["ssort", "ssort_by_index", "stopk"]
 
@@ -87,7 +87,8 @@ def _check_writable(rows: List[Tensor], name: str, listed: bool) -> None:
         if p.is_inference() and not torch.is_inference_mode_enabled():
             raise RuntimeError(f"inplace=True cannot reorder {name}: an inference tensor{where} "
                                "outside torch.inference_mode; sort a copy (.clone())")
-        if torch._debug_has_internal_overlap(p) == 1:
+        # An expanded dimension (size > 1, stride 0): its elements share memory.
+        if any(n > 1 and st == 0 for n, st in zip(p.shape, p.stride())):
             raise RuntimeError(f"inplace=True cannot reorder {name}: an expanded tensor{where}, "
                                "whose elements share memory; sort a copy (.clone())")
 
@@ -294,6 +295,8 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
     """
     if isinstance(k, bool):
         raise TypeError("k must be an int, got bool")
+    if isinstance(k, Tensor):
+        refuse_meta(k, "k")  # operator.index would read it
     try:
         k = operator.index(k)
     except TypeError:

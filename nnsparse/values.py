@@ -168,7 +168,7 @@ def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike:
         Gradients flow to ``input``'s values only.
 
     Raises:
-        TypeError: ``fn`` is not callable or returned no tensor, ``input`` is
+        TypeError: ``fn`` is not callable or returned no dense tensor, ``input`` is
             not a tensor or an accepted sparse form.
         ValueError: ``fn`` changed the number of values or their device.
 
@@ -217,6 +217,8 @@ def _mapped(fn: Callable[[Tensor], Tensor], values: Tensor) -> Tensor:
     out = fn(values)
     if not isinstance(out, Tensor):
         raise TypeError(f"fn must return a Tensor, got {type(out).__name__}")
+    if out.layout != torch.strided:  # a sparse tensor cannot be the values of one
+        raise TypeError(f"fn must return a dense tensor of values, got layout {out.layout}")
     if out.shape != values.shape:
         raise ValueError(f"fn must keep the values' shape {tuple(values.shape)}, "
                          f"got {tuple(out.shape)}")

@@ -1318,7 +1318,336 @@ PROBE4 = [
          check=lambda rec: rec.titles.count("only") <= 1 and len(rec.titles) == len(rec.ids)),
 ]
 
-CASES = _sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3 + META + PROBE4
+def _read_split_texts(train: str, test: str):
+    """read_split of two text files written to a fresh temporary directory."""
+    import tempfile
+    from pathlib import Path
+    from nnsparse.data import read_split
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "train").write_text(train)
+        (Path(d) / "test").write_text(test)
+        return read_split(Path(d) / "train", Path(d) / "test", titles=False)
+
+
+def _load_bytes(blob: bytes):
+    """RatingModel.load of a file holding ``blob``."""
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "m.pt").write_bytes(blob)
+        return nnsparse.models.AutoRec.load(Path(d) / "m.pt")
+
+
+def _features_of(name: str, text: str, what: str):
+    """read_item_features / read_user_features (MovieLens format by file name) of ``text``."""
+    import tempfile
+    from pathlib import Path
+    from nnsparse.data import read_item_features, read_user_features
+    fmt = {"movies.dat": "ml-1m", "users.dat": "ml-1m", "u.item": "ml-100k",
+           "movies.csv": "csv"}[name]
+    read = read_item_features if what == "item" else read_user_features
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / name).write_text(text)
+        return read(Path(d) / name, fmt, {2: 0})
+
+
+_FITTED: List[Any] = []
+
+
+def _fitted_autorec():
+    """One small AutoRec fitted on _R (one epoch), shared by the cases that need a model."""
+    if not _FITTED:
+        model = nnsparse.models.AutoRec(hidden=3, epochs=1, validation_ratio=0.0, batch_size=8)
+        _FITTED.append(model.fit(_R, progress=False, verbose=False))
+    return _FITTED[0]
+
+
+def _numpy_hparams_round_trip():
+    """AutoRec with numpy hyperparameters, fitted, saved and loaded: the loaded hparams."""
+    import io
+    import numpy as np
+    model = nnsparse.models.AutoRec(hidden=np.int64(3), epochs=1, lr=np.float32(0.01),
+                                    l2=np.float64(1.0), validation_ratio=np.float64(0.0),
+                                    orientation=np.str_("item"), batch_size=8)
+    model.fit(_R, progress=False, verbose=False)
+    buffer = io.BytesIO()
+    model.save(buffer)
+    buffer.seek(0)
+    return nnsparse.models.AutoRec.load(buffer).hparams
+
+
+def _numpy_ids_round_trip():
+    """A model of ratings whose maps hold numpy ids and whose titles are numpy strs, saved,
+    loaded, asked for two items of a user given as a numpy int."""
+    import io
+    import numpy as np
+    ratings = Ratings(_R.user, _R.item, _R.rating, {np.int64(k): v for k, v in _R.user_map.items()},
+                      _R.item_map, titles=[np.str_("t")] * len(_R.item_map))
+    model = nnsparse.models.AutoRec(hidden=3, epochs=1, validation_ratio=0.0, batch_size=8)
+    model.fit(ratings, progress=False, verbose=False)
+    buffer = io.BytesIO()
+    model.save(buffer)
+    buffer.seek(0)
+    loaded = nnsparse.models.AutoRec.load(buffer)
+    return loaded.recommend(np.int64(_R.user_ids()[0]), k=2, min_support=0)
+
+
+def _read_text(name: str, text: str, fmt: str):
+    """read_ratings of ``text`` written to ``name`` in a fresh temporary directory."""
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / name).write_bytes(text.encode())
+        return read_ratings(Path(d) / name, fmt, titles=False)
+
+
+def _row(k=2):
+    return (torch.arange(k), torch.ones(k))
+
+
+PROBE5 = [
+    # read_split: the test file's ids are looked up as the kind the training maps hold
+    Case("read_split-string-ids-then-int-ids-works", lambda: _read_split_texts(
+        "a 1 3\n1 2 4\n", "1 1 5\n"), None,
+         check=lambda parts: parts[1].user.tolist() == [0] and len(parts[0].user_map) == 2),
+    Case("read_split-int-ids-then-string-ids-works", lambda: _read_split_texts(
+        "1 1 3\n2 2 4\n", "b 2 5\n1 2 2\n"), None,
+         check=lambda parts: parts[1].user.tolist() == [2, 0]
+         and parts[1].user_map == {1: 0, 2: 1, "b": 2}),
+    Case("read_split-leading-zero-string-ids-works", lambda: _read_split_texts(
+        "01 1 3\nx 2 4\n", "01 2 5\n"), None,
+         check=lambda parts: parts[1].user.tolist() == [0] and "01" in parts[1].user_map),
+    # float pair indices beyond the integers their dtype holds exactly
+    Case("densify-pairs-float32-index-beyond-exact", lambda: nnsparse.densify(
+        torch.tensor([[1e18, 1.0]])), ValueError,
+         r"x indices stored as torch.float32 are exact only up to 16777216, got 1e\+18"),
+    Case("from_pairs-float16-index-beyond-exact", lambda: nnsparse.from_pairs(
+        torch.tensor([[3000.0, 1.0]]).half()), ValueError,
+         r"pairs indices stored as torch.float16 are exact only up to 2048, got 3000"),
+    Case("densify-pairs-float16-largest-exact-works", lambda: nnsparse.densify(
+        torch.tensor([[2048.0, 1.0]]).half()).shape, None, check=lambda s: s == (2049,)),
+    # values_map: fn returning a sparse tensor
+    Case("values_map-fn-returns-sparse", lambda: nnsparse.values_map(
+        lambda v: v.to_sparse(), X.to_sparse()), TypeError,
+         r"fn must return a dense tensor of values, got layout torch.sparse_coo"),
+    # RatingModel.load of junk: not torch's struct.error
+    Case("RatingModel.load-four-bytes", lambda: _load_bytes(b"junk"), ValueError,
+         r"is not a model saved by nnsparse.models \(RatingModel.save\)"),
+    Case("RatingModel.load-damaged-zip", lambda: _load_bytes(b"PK\x03\x04garbage"), ValueError,
+         r"is not a model saved by nnsparse.models"),
+    # meta tensors where data is read
+    Case("Ratings-meta-user", lambda: Ratings(_R.user.to("meta"), _R.item, _R.rating, _R.user_map,
+                                              _R.item_map), ValueError,
+         r"Ratings.user must hold data, got a tensor on the meta device"),
+    Case("Ratings.subset-meta-index", lambda: _R.subset(torch.tensor([0], device="meta")),
+         ValueError, r"index must hold data, got a tensor on the meta device"),
+    Case("RatingNormalizer.normalize-meta-row", lambda: RatingNormalizer(_R).normalize(
+        torch.ones(1, device="meta"), torch.tensor([1], device="meta")), ValueError,
+         r"row must hold data, got a tensor on the meta device"),
+    # SparseRowBatch: its shapes agree
+    Case("SparseRowBatch-row_index-short", lambda: nnsparse.data.SparseRowBatch(
+        S, None, torch.tensor([0])), ValueError,
+         r"row_index must hold one matrix row per input row, shape \(2,\), got \(1,\)"),
+    Case("SparseRowBatch-row_index-float", lambda: nnsparse.data.SparseRowBatch(
+        S, None, torch.tensor([0.0, 1.0])), TypeError,
+         r"row_index must be an int64 tensor of matrix rows, got torch.float32"),
+    Case("SparseRowBatch-target-rows", lambda: nnsparse.data.SparseRowBatch(
+        S, X[:1].to_sparse_csr(), torch.tensor([0, 1])), ValueError,
+         r"target must be a 2-D batch of the input's 2 rows, got shape \(1, 4\)"),
+    Case("SparseRowBatch-input-1d", lambda: nnsparse.data.SparseRowBatch(
+        X[0].to_sparse(), None, torch.tensor([0])), ValueError,
+         r"input must be a 2-D \(batch, width\) batch, got shape \(4,\)"),
+    # collate_sparse_rows: the row index of each row
+    Case("collate_sparse_rows-negative-row_index", lambda: collate_sparse_rows(
+        [(-1, _row())], 4), ValueError,
+         r"rows\[0\] row_index must be a matrix row in \[0, 2\*\*63\), got -1"),
+    Case("collate_sparse_rows-float-tensor-row_index", lambda: collate_sparse_rows(
+        [(torch.tensor(1.5), _row())], 4), TypeError,
+         r"rows\[0\] row_index must be an int or a 0-d integer tensor, got a torch.float32"),
+    Case("collate_sparse_rows-1d-tensor-row_index", lambda: collate_sparse_rows(
+        [(torch.tensor([1]), _row())], 4), TypeError,
+         r"row_index must be an int or a 0-d integer tensor, got a torch.int64 tensor of "
+         r"shape \(1,\)"),
+    Case("collate_sparse_rows-row_index-beyond-int64", lambda: collate_sparse_rows(
+        [(2 ** 63, _row())], 4), ValueError, r"row_index must be a matrix row in \[0, 2\*\*63\)"),
+    Case("collate_sparse_rows-tensor-row_index-works", lambda: collate_sparse_rows(
+        [(torch.tensor(3), _row())], 4)[0], None, check=lambda index: index.tolist() == [3]),
+    # prepare_input: a criterion that is not one
+    Case("prepare_input-criterion-None", lambda: nnsparse.prepare_input(None, S), TypeError,
+         r"criterion must be a loss \(a callable such as nn.MSELoss\(\) or an nnsparse "
+         r"criterion\), got NoneType"),
+    Case("prepare_input-criterion-int", lambda: nnsparse.prepare_input(3, S), TypeError,
+         r"criterion must be a loss .*got int"),
+    Case("collate_sparse_rows-row-not-a-pair", lambda: collate_sparse_rows([(0, "x")], 4),
+         TypeError, r"rows\[0\] must be \(row_index, \(indices, values\)\), got tuple \(0, 'x'\)"),
+    # feature files listing an id twice: which line counts is not decided silently
+    Case("read_item_features-ml-1m-id-twice", lambda: _features_of(
+        "movies.dat", "2::A::Action\n2::B::Comedy\n", "item"), ValueError,
+         r"movies.dat, line 2: the item id 2 is listed again \(first on line 1\); a feature "
+         r"file gives each item one line"),
+    Case("read_item_features-ml-100k-id-twice", lambda: _features_of(
+        "u.item", "2|A|x|y|z|0|1\n2|A|x|y|z|1|0\n", "item"), ValueError,
+         r"u.item, line 2: the item id 2 is listed again"),
+    Case("read_item_features-csv-id-twice", lambda: _features_of(
+        "movies.csv", "movieId,title,genres\n2,A,X\n2,B,Y\n", "item"), ValueError,
+         r"movies.csv, line 3: the item id 2 is listed again \(first on line 2\)"),
+    Case("read_user_features-id-twice", lambda: _features_of(
+        "users.dat", "2::M::25::3::1\n2::F::1::1::2\n", "user"), ValueError,
+         r"users.dat, line 2: the user id 2 is listed again \(first on line 1\); a feature "
+         r"file gives each user one line"),
+    # the normaliser of training ratings that rate a pair twice
+    Case("RatingNormalizer-pair-rated-twice", lambda: RatingNormalizer(Ratings.from_triples(
+        [1, 1, 2], [1, 1, 2], [3.0, 4.0, 5.0])), ValueError,
+         r"train: 1 \(user, item\) pair rated more than once, e.g. user 1 and item 1"),
+    # CSR indices torch builds unchecked but cannot index with
+    Case("densify-csr-int16-indices", lambda: nnsparse.densify(torch.sparse_csr_tensor(
+        torch.tensor([0, 1], dtype=torch.int16), torch.tensor([0], dtype=torch.int16),
+        torch.tensor([1.0]), (1, 2))), TypeError,
+         r"x must have int32 or int64 crow_indices and col_indices, got torch.int16 and "
+         r"torch.int16"),
+    Case("SparseRowDataset-csr-int8-indices", lambda: SparseRowDataset(torch.sparse_csr_tensor(
+        torch.tensor([0, 1], dtype=torch.int8), torch.tensor([0], dtype=torch.int8),
+        torch.tensor([1.0]), (1, 2))), TypeError, r"int32 or int64 crow_indices and col_indices"),
+    # Batchifier of a TensorDataset: its (x,) items need a collate_fn, and the message says so
+    Case("Batchifier-TensorDataset-default-collate", lambda: nnsparse.Batchifier(
+        nn.Linear(4, 4), 4, progress=False)(torch.utils.data.TensorDataset(X)), TypeError,
+         r"the dataset's items must be sparse vectors or \(k, 2\) pair tensors for the default "
+         r"collation, got tuple; pass collate_fn="),
+    Case("Batchifier-TensorDataset-collate_fn-works", lambda: nnsparse.Batchifier(
+        nn.Linear(4, 4), 4, progress=False,
+        collate_fn=lambda items: torch.stack([x for x, in items]))(
+            torch.utils.data.TensorDataset(X)).shape, None, check=lambda s: s == (2, 4)),
+    # counts beyond int64: refused where given, not by itertools.islice inside fit
+    Case("AutoRec-batch_size-beyond-int64", lambda: nnsparse.models.AutoRec(batch_size=10 ** 20),
+         ValueError, r"batch_size must be an int in \[1, 2\*\*63\), got 100000000000000000000"),
+    Case("Batchifier-batch_size-beyond-int64", lambda: nnsparse.Batchifier(
+        nn.Linear(4, 4), 4, batch_size=2 ** 64), ValueError,
+         r"batch_size must be an int in \[1, 2\*\*63\), got 18446744073709551616"),
+    Case("AutoRec-batch_size-int64-max-works", lambda: nnsparse.models.AutoRec(
+        batch_size=2 ** 63 - 1).hparams["batch_size"], None, check=lambda b: b == 2 ** 63 - 1),
+    # a user id given as a 0-d tensor (hashed by identity, it found nobody)
+    Case("recommend-user-0d-tensor-works", lambda: _fitted_autorec().user_index(
+        torch.tensor(_R.user_ids()[2])), None, check=lambda index: index == 2),
+    Case("recommend-user-1d-tensor", lambda: _fitted_autorec().recommend(torch.tensor([1])),
+         TypeError, r"user must be an original user id \(a 0-d integer tensor at most\), got a "
+                    r"torch.int64 tensor of shape \(1,\)"),
+    Case("recommend-user-float-tensor", lambda: _fitted_autorec().user_index(torch.tensor(1.0)),
+         TypeError, r"got a torch.float32 tensor of shape \(\)"),
+    Case("distributed.loader-batch_size-beyond-int64", lambda: nnsparse.distributed.loader(
+        list(range(4)), batch_size=2 ** 64), ValueError,
+         r"batch_size must be a positive int below 2\*\*63, got 18446744073709551616"),
+    # the normaliser moved to the meta device lost its means: refused; meta tensors named
+    Case("RatingNormalizer.to-meta", lambda: RatingNormalizer(_R).to("meta"), ValueError,
+         r"device must hold data, got 'meta'; use 'cpu' or 'cuda'"),
+    Case("RatingNormalizer.predict_entries-meta-rows", lambda: RatingNormalizer(_R).predict_entries(
+        torch.zeros(8, 10), torch.arange(8, device="meta"), torch.zeros(8, 10).to_sparse()),
+         ValueError, r"rows must hold data, got a tensor on the meta device"),
+    Case("RatingNormalizer.predict_entries-meta-output", lambda: RatingNormalizer(
+        _R).predict_entries(torch.zeros(8, 10, device="meta"), torch.arange(8),
+                            torch.zeros(8, 10).to_sparse()),
+         ValueError, r"output must hold data, got a tensor on the meta device"),
+    Case("Ratings.from_triples-meta-rating", lambda: Ratings.from_triples(
+        [1], [1], torch.tensor([3.0], device="meta")), ValueError,
+         r"rating must hold data, got a tensor on the meta device"),
+    Case("Ratings.from_triples-meta-ids", lambda: Ratings.from_triples(
+        torch.tensor([1], device="meta"), [1], [3.0]), ValueError,
+         r"user must hold data, got a tensor on the meta device"),
+    Case("collate_sparse_rows-meta-indices", lambda: collate_sparse_rows(
+        [(0, (torch.tensor([0], device="meta"), torch.tensor([1.0], device="meta")))], 4),
+         ValueError, r"rows\[0\] indices must hold data, got a tensor on the meta device"),
+    Case("RatingErrors.update-meta", lambda: nnsparse.data.RatingErrors().update(
+        torch.ones(2, device="meta"), torch.ones(2, device="meta")), ValueError,
+         r"prediction must hold data, got a tensor on the meta device"),
+    Case("stopk-meta-k", lambda: nnsparse.stopk(X.to_sparse(), torch.tensor(1, device="meta")),
+         ValueError, r"k must hold data, got a tensor on the meta device"),
+    # sparsify's elem that x's dtype cannot hold equals no entry: all were kept, silently
+    Case("sparsify-int-elem-nan", lambda: nnsparse.sparsify(torch.tensor([1, 0]), elem=math.nan),
+         ValueError, r"elem nan needs floating values, got dtype torch.int64"),
+    Case("sparsify-int-elem-fraction", lambda: nnsparse.sparsify(torch.tensor([1, 0]), elem=0.5),
+         ValueError, r"elem must be stored exactly in the values' dtype torch.int64 .*got 0.5"),
+    Case("sparsify-int8-elem-1000", lambda: nnsparse.sparsify(
+        torch.tensor([1, 0], dtype=torch.int8), elem=1000), ValueError,
+         r"elem must be stored exactly in the values' dtype torch.int8 \(an integer in "
+         r"\[-128, 127\]\), got 1000"),
+    Case("sparsify-float-elem-complex", lambda: nnsparse.sparsify(X, elem=1j), TypeError,
+         r"elem must be a real number for values of dtype torch.float32, got 1j"),
+    Case("sparsify-int-elem-whole-float-works", lambda: nnsparse.sparsify(
+        torch.tensor([2, 0]), elem=2.0).indices().tolist(), None, check=lambda i: i == [[1]]),
+    # numpy hyperparameters: the saved model loads (weights_only=True took no numpy scalar)
+    Case("AutoRec-numpy-hparams-save-load-works", _numpy_hparams_round_trip, None,
+         check=lambda hp: all(type(v) in (int, float, str, bool) for v in hp.values())),
+    Case("AutoRec-numpy-ids-and-titles-save-load-works", _numpy_ids_round_trip, None,
+         check=lambda rec: rec.titles == ["t", "t"]),
+    # a Ratings map that is not a bijection onto 0..n-1 lost an id silently
+    Case("Ratings-map-repeated-index", lambda: Ratings(
+        torch.tensor([0]), torch.tensor([0]), torch.tensor([1.0]), {1: 0, 2: 0}, {2: 0}),
+         ValueError, r"Ratings.user_map indices must be distinct \(one per id\), got 0 for ids "
+                     r"1 and 2"),
+    Case("Ratings-map-index-gap", lambda: Ratings(
+        torch.tensor([0]), torch.tensor([0]), torch.tensor([1.0]), {1: 0}, {2: 0, 3: 5}),
+         ValueError, r"Ratings.item_map indices must be in \[0, 2\) \(one per id\), got 5 for "
+                     r"id 3"),
+    # a model's forward / batch_loss: rows outside the matrix were ignored (or wrapped)
+    Case("RatingModel.forward-rows-out-of-range", lambda: _fitted_autorec()(
+        torch.zeros(2, 10).to_sparse_csr(), torch.tensor([0, 8])), ValueError,
+         r"rows must be in \[0, 8\), got max 8"),
+    Case("RatingModel.forward-rows-negative", lambda: _fitted_autorec()(
+        torch.zeros(2, 10).to_sparse_csr(), torch.tensor([0, -1])), ValueError,
+         r"rows must be non-negative, got min -1"),
+    Case("RatingModel.batch_loss-rows-out-of-range", lambda: _fitted_autorec().batch_loss(
+        torch.tensor([0, 99]), torch.zeros(2, 10).to_sparse_csr()), ValueError,
+         r"rows must be in \[0, 8\), got max 99"),
+    Case("RatingModel.forward-rows-meta", lambda: _fitted_autorec()(
+        torch.zeros(2, 10).to_sparse_csr(), torch.tensor([0, 1], device="meta")), ValueError,
+         r"rows must hold data, got a tensor on the meta device"),
+    # DistributedTrainer names a wrong argument before it asks for a process group
+    Case("DistributedTrainer-batch_size-0-without-group", lambda: nnsparse.models.DistributedTrainer(
+        nnsparse.models.AutoRec(hidden=3), epochs=1, batch_size=0, lr=0.1), ValueError,
+         r"batch_size must be an int >= 1, got 0"),
+    Case("DistributedTrainer-lr-str-without-group", lambda: nnsparse.models.DistributedTrainer(
+        nnsparse.models.AutoRec(hidden=3), epochs=1, batch_size=8, lr="x"), TypeError,
+         r"lr must be a real number, got str 'x'"),
+    # SparseRowDataset.collate of items that are not its own: they entered a trusted batch
+    Case("SparseRowDataset.collate-item-of-a-wider-dataset", lambda: SparseRowDataset(
+        torch.eye(4).to_sparse_csr()).collate([SparseRowDataset(torch.eye(6).to_sparse_csr())[5]]),
+         ValueError, r"items\[0\] row must be a row of this dataset, in \[0, 4\), got 5"),
+    Case("SparseRowDataset.collate-foreign-column-beyond-width", lambda: SparseRowDataset(
+        torch.eye(4).to_sparse_csr()).collate([(1, SparseRowDataset(
+            torch.eye(6).to_sparse_csr())[5][1])]),
+         ValueError, r"rows indices must be in \[0, 4\), got max 5"),
+    Case("SparseRowDataset.collate-hand-built-unsorted-row", lambda: SparseRowDataset(
+        torch.eye(4).to_sparse_csr()).collate([(0, nnsparse.data.dataset.SparseRow(
+            torch.tensor([3, 1]), torch.tensor([1.0, 1.0])))]), ValueError,
+         r"rows\[0\] indices must be increasing and unique within the row, got \[3, 1\]"),
+    Case("SparseRowDataset.collate-pickled-own-items-works", lambda: (lambda ds: ds.collate(
+        __import__("pickle").loads(__import__("pickle").dumps([ds[0], ds[3]]))).input.to_dense())(
+            SparseRowDataset(torch.eye(4).to_sparse_csr())), None,
+         check=lambda dense: dense.tolist() == [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]),
+    Case("densify-bytes-beyond-int64", lambda: nnsparse.densify(torch.sparse_coo_tensor(
+        torch.tensor([[0], [0]]), torch.tensor([1.0]), (2 ** 31, 2 ** 31))), ValueError,
+         r"x is too large to densify: \(2147483648, 2147483648\) torch.float32 would take "
+         r"18446744073709551616 bytes, beyond int64"),
+    # a separator at a line's edge is an empty field, not a line of the fields beside it
+    Case("read_ratings-ml-1m-trailing-separator", lambda: _read_text(
+        "ratings.dat", "1::2::3::4\n1::3::3::4::\n", "ml-1m"), ValueError,
+         r"ratings.dat, line 2: a line starts or ends with the separator '::' \(an empty "
+         r"field\), got '1::3::3::4::'"),
+    Case("read_ratings-ml-100k-leading-tab", lambda: _read_text(
+        "u.data", "\t1\t2\t3\t4\n", "ml-100k"), ValueError,
+         r"u.data, line 1: a line starts or ends with the separator '\\t'"),
+    Case("read_ratings-csv-trailing-comma", lambda: _read_text(
+        "ratings.csv", "userId,movieId,rating,timestamp\n1,2,3,4,\n", "csv"), ValueError,
+         r"ratings.csv, line 2: a line starts or ends with the separator ','"),
+    Case("read_ratings-ml-1m-crlf-works", lambda: _read_text(
+        "ratings.dat", "1::2::3::4\r\n1::3::3::4\r\n", "ml-1m").user.tolist(), None,
+         check=lambda users: users == [0, 0]),
+    # the DDP comm hook called by hand
+    Case("sparse_allgather_hook-bucket-None", lambda: nnsparse.distributed.sparse_allgather_hook(
+        None, None), TypeError, r"bucket must be the torch.distributed.GradBucket DDP passes "
+                                r"to a comm hook, got NoneType"),
+]
+
+CASES = _sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3 + META + PROBE4 + PROBE5
 
 
 def run_case(case: Case) -> str:

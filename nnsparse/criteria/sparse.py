@@ -149,12 +149,19 @@ def prepare_input(criterion: Any, input: Any) -> Any:
         ``criterion.prepare_input(input)`` when the criterion has that method,
         else ``input`` itself.
 
+    Raises:
+        TypeError: ``criterion`` is not callable (``None``, a number...): a
+            mistaken argument would otherwise pass the input through silently.
+
     Example::
 
         >>> x = torch.ones(2, 3)
         >>> prepare_input(nn.MSELoss(), x) is x
         True
     """
+    if not callable(criterion):
+        raise TypeError(f"criterion must be a loss (a callable such as nn.MSELoss() or an "
+                        f"nnsparse criterion), got {type(criterion).__name__}")
     method = getattr(criterion, "prepare_input", None)
     if callable(method):
         return method(input)

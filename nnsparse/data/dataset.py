@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import operator
 import numbers
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .._forms import SparseBatch, as_device, as_sparse_batch, move_structure, trust
+from .._forms import SparseBatch, as_device, as_sparse_batch, move_structure, refuse_meta, trust
 from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 
 __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_rows"]
@@ -86,6 +86,20 @@ class SparseRow(metaclass=_RowType):
 _Parts = Optional[Tuple[str, Tuple[Tensor, ...], Tuple[int, ...]]]
 
 
+def _check_batch_shapes(input: Tensor, target: Optional[Tensor], row_index: Tensor) -> None:
+    """One matrix row index per input row, a target of as many rows (shapes only: no sync)."""
+    if input.dim() != 2:
+        raise ValueError(f"input must be a 2-D (batch, width) batch, got shape {tuple(input.shape)}")
+    if row_index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"row_index must be an int64 tensor of matrix rows, got {row_index.dtype}")
+    if row_index.shape != (input.shape[0],):
+        raise ValueError(f"row_index must hold one matrix row per input row, shape "
+                         f"({input.shape[0]},), got {tuple(row_index.shape)}")
+    if target is not None and (target.dim() != 2 or target.shape[0] != input.shape[0]):
+        raise ValueError(f"target must be a 2-D batch of the input's {input.shape[0]} rows, "
+                         f"got shape {tuple(target.shape)}")
+
+
 class SparseRowBatch:
     """One batch of rows; unpacks as ``(input, target)`` like a ``TensorDataset`` batch.
 
@@ -104,6 +118,11 @@ class SparseRowBatch:
     Between processes the batch is pickled as plain tensors and rebuilt
     trusted, so the sparse tensors never go through torch's sparse reductions.
     :meth:`to` and :meth:`pin_memory` keep the batches' checked structure.
+
+    Raises:
+        TypeError: a field that is not a tensor, a float ``row_index``.
+        ValueError: an input that is not 2-D, a ``row_index`` or ``target``
+            whose rows are not the input's.
     """
 
     __slots__ = ("input", "target", "row_index")
@@ -113,6 +132,7 @@ class SparseRowBatch:
             if not isinstance(value, Tensor) and not (name == "target" and value is None):
                 raise TypeError(f"{name} must be a Tensor{' or None' if name == 'target' else ''}, "
                                 f"got {type(value).__name__}")
+        _check_batch_shapes(input, target, row_index)
         self.input, self.target, self.row_index = input, target, row_index
 
     def __iter__(self) -> Iterator[Optional[Tensor]]:
@@ -172,6 +192,12 @@ def _rebuild_batch(input: _Parts, target: _Parts, row_index: Tensor) -> SparseRo
     return SparseRowBatch(built, _build(target), row_index)
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters for a message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
     """Every row: tensors, equal lengths, integer columns in range, increasing."""
     for k, item in enumerate(rows):
@@ -179,9 +205,19 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
             index, (col, val) = item
         except (TypeError, ValueError):
             raise TypeError(f"rows[{k}] must be (row_index, (indices, values)), "
-                            f"got {type(item).__name__}") from None
+                            f"got {type(item).__name__} {_short(item)}") from None
+        for part, what in ((index, "row_index"), (col, "indices"), (val, "values")):
+            if isinstance(part, Tensor):
+                refuse_meta(part, f"rows[{k}] {what}")
+        if isinstance(index, Tensor) and (index.dim() != 0 or index.dtype.is_floating_point
+                                          or index.dtype.is_complex or index.dtype == torch.bool):
+            raise TypeError(f"rows[{k}] row_index must be an int or a 0-d integer tensor, got a "
+                            f"{index.dtype} tensor of shape {tuple(index.shape)}")
         if isinstance(index, bool) or not isinstance(index, (numbers.Integral, Tensor)):
             raise TypeError(f"rows[{k}] row_index must be an int, got {type(index).__name__}")
+        if not 0 <= int(index) < 2 ** 63:  # a matrix row: negative would pick one from the end
+            raise ValueError(f"rows[{k}] row_index must be a matrix row in [0, 2**63), "
+                             f"got {int(index)}")
         if not isinstance(col, Tensor) or not isinstance(val, Tensor):
             raise TypeError(f"rows[{k}] indices and values must be tensors, got "
                             f"{type(col).__name__} and {type(val).__name__}")
@@ -240,9 +276,10 @@ def collate_sparse_rows(rows: Sequence[Tuple[int, Row]], width: int,
         specified, zeros included.
 
     Raises:
-        TypeError: a bad ``layout``, a row that is not two tensors, float indices.
+        TypeError: a bad ``layout``, a row that is not two tensors, float indices,
+            a ``row_index`` that is not an int (or a 0-d integer tensor).
         ValueError: indices out of ``[0, width)``, unsorted or repeated within
-            a row, or an index/value length mismatch.
+            a row, an index/value length mismatch, a negative ``row_index``.
 
     Example::
 
@@ -355,11 +392,42 @@ class SparseRowDataset(Dataset):
             return i, self._row(0, i)
         return i, self._row(0, i), self._row(1, i)
 
+    def _check_own(self, pairs: List[Tuple[Any, Any]], k: int) -> None:
+        """Trust the rows that are this dataset's own (views of its checked index tensor at
+        their row's bounds: O(1) each); check any other completely (another dataset's
+        item, a row rebuilt elsewhere), so no invalid row enters a trusted batch."""
+        parts = self._input if k == 0 or self._target is None else self._target
+        base, bounds, rows = parts[1], self._bounds[k], self.rows
+        # row i's view starts bounds[i] elements into the 1-D index tensor
+        pointer, size = base.data_ptr(), base.stride(0) * base.element_size()
+        for i, row in pairs:
+            if not (type(i) is int and 0 <= i < rows):
+                break
+            ind = row.indices
+            if (ind.data_ptr() != pointer + bounds[i] * size
+                    or len(ind) != bounds[i + 1] - bounds[i]):
+                break
+        else:
+            return
+        for n, (i, _) in enumerate(pairs):
+            if isinstance(i, bool) or not isinstance(i, (numbers.Integral, Tensor)) or \
+                    not 0 <= int(i) < self.rows:
+                raise ValueError(f"items[{n}] row must be a row of this dataset, in "
+                                 f"[0, {self.rows}), got {i!r}")
+        _check_rows(pairs, self.width if k == 0 else cast(int, self.target_width))
+
     def collate(self, items: List[Tuple[Any, ...]]) -> SparseRowBatch:
         """``collate_fn`` for a ``DataLoader``: a list of items -> one :class:`SparseRowBatch`.
 
         The items' rows come from the checked matrices, so the batch is built
-        without another check and trusted.
+        without another check and trusted.  An item that is not this dataset's
+        own (another dataset's, a row built by hand, one rebuilt from a pickle)
+        is recognised in O(1) and checked completely instead.
+
+        Raises:
+            TypeError: items that are not ``dataset[i]`` tuples of rows.
+            ValueError: a foreign row outside this dataset's rows or width, or
+                with unsorted or repeated indices.
         """
         # The rows are trusted (they come from the checked matrices): only their kind is checked.
         try:
@@ -373,6 +441,9 @@ class SparseRowDataset(Dataset):
             kind = "(row, row_data)" if self._target is None else "(row, input, target)"
             raise TypeError(f"items must be a list of this dataset's items, {kind} tuples as "
                             f"dataset[i] returns, got {type(items).__name__}")
+        self._check_own(pairs, 0)
+        if targets is not None:
+            self._check_own(targets, 1)
         index, input = _collate(pairs, self.width, self.layout)
         if self._target is None:
             return SparseRowBatch(input, None, index)

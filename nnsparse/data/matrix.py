@@ -20,8 +20,10 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._forms import SparseBatch, as_device, as_sparse_batch, check_index_range
-from .readers import Ratings, check_ratings, refuse_repeated_keys
+from .._forms import (SparseBatch, as_device, as_sparse_batch, check_index_range, refuse_meta,
+                      refuse_meta_device)
+from .readers import (Ratings, check_ratings, check_unique_pairs, refuse_repeated_keys,
+                      refuse_uint8_index)
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
 
@@ -67,11 +69,10 @@ def _check_rows(row: Any, rows: int, name: str = "row") -> Tensor:
     """
     if not isinstance(row, Tensor):
         raise TypeError(f"{name} must be an integer tensor, got {type(row).__name__}")
-    if row.dtype == torch.uint8:
-        raise TypeError(f"{name} must be an int64 tensor of matrix rows, got torch.uint8, which "
-                        f"torch would read as a mask; convert it with .long()")
+    refuse_uint8_index(row, name, "an int64 tensor of matrix rows", ".long()")
     if row.dtype == torch.bool or row.is_floating_point() or row.is_complex():
         raise TypeError(f"{name} must be an integer tensor, got {row.dtype}")
+    refuse_meta(row, name)  # its range cannot be read
     check_index_range(row, rows, f"{name} indices")
     return row if row.dtype in (torch.int32, torch.int64) else row.long()
 
@@ -201,7 +202,8 @@ class RatingNormalizer:
         global_mean (float): the mean of all mapped training ratings.
 
     Raises:
-        ValueError: empty ``train``, ``lo >= hi``, bad ``orientation``.
+        ValueError: empty ``train``, a (user, item) pair rated twice in ``train``,
+            ``lo >= hi``, bad ``orientation``.
 
     Example::
 
@@ -222,6 +224,8 @@ class RatingNormalizer:
         _check_orientation(orientation)
         if len(train) == 0:
             raise ValueError("train holds no ratings; the normaliser needs some to fit")
+        # a pair rated twice would weigh twice in its row mean (and matrix() refuses it)
+        check_unique_pairs("train", train)
         if not isinstance(center, bool):
             raise TypeError(f"center must be a bool, got {type(center).__name__} {center!r}")
         data_lo, data_hi = train.scale
@@ -267,6 +271,7 @@ class RatingNormalizer:
     def to(self, device: Union[str, torch.device]) -> "RatingNormalizer":
         """Move the row means to ``device`` (in place; returns ``self``)."""
         device = as_device(device)
+        refuse_meta_device(device)  # the means would be lost: every later call fails
         self.row_mean = self.row_mean.to(device)
         return self
 
@@ -339,6 +344,8 @@ class RatingNormalizer:
         if not isinstance(rows, Tensor) or rows.dtype not in (torch.int64, torch.int32):
             got = rows.dtype if isinstance(rows, Tensor) else type(rows).__name__
             raise TypeError(f"rows must be an int64 tensor of matrix rows, got {got}")
+        refuse_meta(output, "output")
+        refuse_meta(rows, "rows")
         if rows.shape != (output.shape[0],):
             raise ValueError(f"rows must have shape ({output.shape[0]},), one per output row, "
                              f"got {tuple(rows.shape)}")
@@ -423,6 +430,10 @@ class RatingErrors:
 
     def update(self, prediction: Tensor, target: Tensor) -> None:
         _check_pair(prediction, target)
+        refuse_meta(prediction, "prediction")  # compute() reads the sums back
+        if self._sums is not None and self._sums.device != prediction.device:
+            raise ValueError(f"prediction must be on the device of the earlier updates, "
+                             f"{self._sums.device}, got {prediction.device}")
         error = (prediction.detach() - target.detach()).to(torch.float64)
         sums = torch.stack([error.square().sum(), error.abs().sum(),
                             error.new_tensor(float(error.numel()))])

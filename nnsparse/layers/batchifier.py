@@ -178,6 +178,12 @@ def _relayout(batch: Tensor, layout: torch.layout) -> Tensor:
 
 def _collate(items: List[Any], layout: torch.layout) -> Tensor:
     """The default collation: sparse vectors or pair tensors into one sparse batch."""
+    bad = next((item for item in items if not isinstance(item, Tensor)), None)
+    if bad is not None:  # e.g. a TensorDataset's (x,) tuples: the caller knows their layout
+        raise TypeError(f"the dataset's items must be sparse vectors or (k, 2) pair tensors "
+                        f"for the default collation, got {type(bad).__name__}; pass "
+                        f"collate_fn= to build a batch from them (for a TensorDataset: "
+                        f"collate_fn=lambda items: torch.stack([x for x, in items]))")
     batch = as_sparse_batch(items, name="the dataset's items").coalesce()
     return _build(batch.crow_indices(), batch.col, batch.values, batch.width, layout)
 

@@ -15,19 +15,21 @@ import numbers
 import operator
 import os
 import pickle
+import struct
 import time
+import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type, Union, cast
 
 import torch
 from torch import Tensor, nn
 
-from .._forms import as_count, as_device, refuse_meta, refuse_meta_device, trust
+from .._forms import as_count, as_device, check_index_range, refuse_meta, refuse_meta_device, trust
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
 from ..data.matrix import check_same_maps
-from ..data.readers import check_ratings, check_unique_pairs, check_unique_pairs_apart
+from ..data.readers import _plain, check_ratings, check_unique_pairs, check_unique_pairs_apart
 from ..data.split import concat, draw, torch_seed
 from .. import distributed as nd
 from .trainer import DistributedTrainer, Trainer
@@ -178,8 +180,9 @@ class RatingModel(nn.Module):
         if unknown:
             raise TypeError(f"{type(self).__name__} got unknown hyperparameters {unknown}; "
                             f"it takes {sorted({**_COMMON, **self.DEFAULTS})}")
-        if h["orientation"] not in ("item", "user"):
+        if not isinstance(h["orientation"], str) or h["orientation"] not in ("item", "user"):
             raise ValueError(f"orientation must be 'item' or 'user', got {h['orientation']!r}")
+        h["orientation"] = str(h["orientation"])  # not a numpy str: save() pickles it
         for key in ("epochs", "batch_size"):
             h[key] = as_count(key, h[key], 1)
         h["patience"] = as_count("patience", h["patience"], 0)
@@ -195,6 +198,9 @@ class RatingModel(nn.Module):
                 _check_number(key, value)
                 if not math.isfinite(value) and not math.isnan(value):  # NaN: the range checks
                     raise ValueError(f"{key} must be finite, got {value!r}")
+                # a numpy float would be pickled as one: save()'s file, read with
+                # weights_only=True, could not be loaded
+                h[key] = float(value)
         if not h["lr"] > 0:
             raise ValueError(f"lr must be positive, got {h['lr']!r}")
         if not h["weight_decay"] >= 0:
@@ -283,10 +289,15 @@ class RatingModel(nn.Module):
 
         Returns a sparse tensor with ``pattern``'s positions, or dense
         ``(batch, width)`` without a pattern.
+
+        Raises:
+            TypeError: ``rows`` is not an integer tensor.
+            ValueError: ``rows`` is not one matrix row per row of ``x``, is on
+                the meta device, or (on the CPU) is outside ``[0, rows)``.
         """
         from .. import values_map
         self._check_built()
-        _check_rows(rows, x)
+        _check_rows(rows, x, self._shape[0])
         out = self.network(values_map(self._to_model, x), rows, pattern)
         return values_map(self._from_model, out) if pattern is not None else self._from_model(out)
 
@@ -682,6 +693,13 @@ class RatingModel(nn.Module):
         self._check_built()
         if isinstance(user, bool):  # True == 1 would find user 1
             raise TypeError("user must be an original user id, got bool")
+        if isinstance(user, Tensor):  # hashed by identity: tensor(3) would never find user 3
+            if user.dim() != 0 or user.dtype.is_floating_point or user.dtype.is_complex \
+                    or user.dtype == torch.bool:
+                raise TypeError(f"user must be an original user id (a 0-d integer tensor at "
+                                f"most), got a {user.dtype} tensor of shape {tuple(user.shape)}")
+            refuse_meta(user, "user")
+            user = int(user.item())
         try:
             hash(user)
         except TypeError:
@@ -712,8 +730,12 @@ class RatingModel(nn.Module):
                             scale=list(norm.scale), row_mean=norm.row_mean.cpu(),
                             global_mean=norm.global_mean, shape=list(norm.shape)),
             train=dict(user=t.user.cpu(), item=t.item.cpu(), rating=t.rating.cpu()),
-            user_ids=list(self.user_ids_), item_ids=list(self.item_ids_),
-            titles=self.titles_, state=state, best_epoch=self.best_epoch), path)
+            # numpy ids or titles (maps or titles built by hand) as Python values: a
+            # weights_only load takes no numpy scalar
+            user_ids=[_plain(u) for u in self.user_ids_],
+            item_ids=[_plain(i) for i in self.item_ids_],
+            titles=None if self.titles_ is None else [_plain(t) for t in self.titles_],
+            state=state, best_epoch=self.best_epoch), path)
 
     @classmethod
     def load(cls, path: Any, device: Union[str, torch.device] = "cpu") -> "RatingModel":
@@ -736,7 +758,9 @@ class RatingModel(nn.Module):
                 raise FileNotFoundError(f"path: no file at {path}")
         try:
             blob = torch.load(path, map_location="cpu", weights_only=True)
-        except (KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        # (junk shorter than a zip header: struct.error; a damaged zip: BadZipFile)
+        except (KeyError, RuntimeError, EOFError, pickle.UnpicklingError, struct.error,
+                zipfile.BadZipFile, UnicodeDecodeError) as e:
             raise ValueError(f"{path} is not a model saved by nnsparse.models "
                              f"(RatingModel.save): {type(e).__name__}: {e}") from e
         if not isinstance(blob, dict) or blob.get("format") != _FILE_FORMAT:
@@ -781,15 +805,20 @@ class _CsrParts(NamedTuple):
     size: Tuple[int, ...]
 
 
-def _check_rows(rows: Any, x: Any) -> None:
-    """A batch's ``rows``: an integer tensor, one matrix row per row of ``x`` (no sync)."""
+def _check_rows(rows: Any, x: Any, bound: int) -> None:
+    """A batch's ``rows``: an integer tensor, one matrix row per row of ``x``, in
+    ``[0, bound)`` when on the CPU (reading them there costs no device sync; on an
+    accelerator the range is not read back inside a training step)."""
     if not isinstance(rows, Tensor) or rows.dtype not in (torch.int64, torch.int32):
         got = rows.dtype if isinstance(rows, Tensor) else type(rows).__name__
         raise TypeError(f"rows must be an int64 tensor of matrix rows, got {got}")
+    refuse_meta(rows, "rows")
     n = x.shape[0] if isinstance(x, Tensor) and x.dim() == 2 else None
     if rows.dim() != 1 or (n is not None and rows.shape[0] != n):
         raise ValueError(f"rows must be 1-D with one matrix row per row of x ({n}), "
                          f"got shape {tuple(rows.shape)}")
+    if rows.device.type == "cpu":
+        check_index_range(rows, bound, "rows")
 
 
 def _index_tensor(value: Any, name: str) -> Tensor:

@@ -327,16 +327,17 @@ class DistributedTrainer(Trainer):
     """
 
     def __init__(self, model: Any, *, batch_size: int, **kwargs: Any) -> None:
+        # every argument checked first (Trainer's checks set attributes only), so a
+        # wrong one is named as such, with or without a process group
+        super().__init__(model, batch_size=batch_size, **kwargs)
         if not nd.is_distributed():
             raise RuntimeError("DistributedTrainer needs a process group; call "
                                "nnsparse.distributed.init_from_env() under torchrun, "
                                "or use Trainer in one process")
         self.world = nd.world_size()
-        batch_size = as_count("batch_size", batch_size, 1)
-        if batch_size % self.world:
+        if self.batch_size % self.world:
             raise ValueError(f"batch_size (the global batch) must be a multiple of the "
-                             f"{self.world} processes, got {batch_size}")
-        super().__init__(model, batch_size=batch_size, **kwargs)
+                             f"{self.world} processes, got {self.batch_size}")
         self._ddp: Optional[torch.nn.Module] = None
 
     def make_loader(self, dataset: SparseRowDataset) -> DataLoader:
