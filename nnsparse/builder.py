@@ -47,8 +47,8 @@ class DynamicSparseTensor:
         ndim (int): number of sparse dimensions: 1 builds a vector (the index
             of an entry is an int), 2 a ``(rows, n)`` batch (a tuple
             ``(row, col)``), and so on. Default: 1.
-        dtype (torch.dtype): a floating or integer dtype for the values.
-            Default: ``torch.float32``.
+        dtype (torch.dtype, optional): a floating or integer dtype for the values.
+            Default: ``torch.get_default_dtype()`` (float32 unless set otherwise).
         device (torch.device, optional): where the storage and the built
             tensors live. Default: torch's default device.
 
@@ -95,8 +95,11 @@ class DynamicSparseTensor:
     _range: Optional[Tuple[float, float]]
 
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
-                 dtype: torch.dtype = torch.float32, device: Optional[Union[str, torch.device]] = None):
+                 dtype: Optional[torch.dtype] = None,
+                 device: Optional[Union[str, torch.device]] = None):
         reserve = as_int(reserve, "reserve")
+        if dtype is None:  # as torch's factories (and Lua's default tensor type)
+            dtype = torch.get_default_dtype()
         ndim = as_int(ndim, "ndim")
         if reserve < 0:
             raise ValueError(f"reserve must be non-negative, got {reserve}")

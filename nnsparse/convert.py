@@ -158,6 +158,18 @@ def _batch_size(size: Optional[Size], batch: SparseBatch) -> Tuple[int, int]:
     return resolve_size(tuple(size), batch)
 
 
+def _size_from_tensor(size: Any) -> Any:
+    """A ``size`` given as an integer tensor (Lua's ``torch.Tensor{2, 8}``) as ints;
+    any other ``size`` as it came."""
+    if not isinstance(size, Tensor):
+        return size
+    if size.layout != torch.strided or size.dtype == torch.bool or size.is_floating_point() \
+            or size.is_complex() or size.dim() > 1 or size.is_meta:
+        raise TypeError(f"size given as a tensor must be a 0-D or 1-D integer tensor, got a "
+                        f"{size.dim()}-D {size.dtype} {str(size.layout).split('.')[-1]} tensor")
+    return size.item() if size.dim() == 0 else tuple(size.tolist())
+
+
 def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tensor:
     r"""Turn any accepted sparse form into a dense tensor.
 
@@ -166,8 +178,9 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tens
             tensor, or a list of sparse vectors or pair tensors (one per row).
         elem (float): the value of unspecified entries; may be ``nan``. Default: 0.
         size (int or tuple, optional): ``n`` for a vector, ``(rows, n)`` for a
-            batch; by default the tensor's own size, or for pairs the largest
-            index + 1 and the number of rows.
+            batch (ints, or an integer tensor as Lua's ``torch.Tensor{rows, n}``);
+            by default the tensor's own size, or for pairs the largest index + 1
+            and the number of rows.
 
     Returns:
         A dense tensor of shape ``(n,)`` or ``(rows, n)``, on ``x``'s device and
@@ -192,6 +205,7 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tens
         tensor([[1., 0., 0., 0., 0.],
                 [0., 0., 0., 8., 0.]])
     """
+    size = _size_from_tensor(size)
     width = None
     if isinstance(x, (list, tuple)) and not x and size is not None:
         # an empty batch has no width of its own: size gives it

@@ -1647,56 +1647,8 @@ PROBE5 = [
                                 r"to a comm hook, got NoneType"),
 ]
 
-CASES = _sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3 + META + PROBE4 + PROBE5
 
-
-def run_case(case: Case) -> str:
-    """'ok', or what went wrong: 'silent' (no error where one was due), 'wrong', 'unclear'."""
-    try:
-        out = case.call()
-    except Exception as e:  # noqa: BLE001 - the suite judges every exception
-        if case.error is None:
-            return f"unclear: {type(e).__name__}: {e}"
-        if not isinstance(e, case.error) or not re.search(case.match, str(e)):
-            return f"unclear: {type(e).__name__}: {e}"
-        return "ok"
-    if case.error is not None:
-        return f"silent: returned {type(out).__name__}"
-    return "ok" if case.check(out) else "wrong: a result that differs from the dense reference"
-
-
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case):
-    assert run_case(case) == "ok"
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="mixed devices need a CUDA device")
-@pytest.mark.parametrize("entry", ["SparseLinearBatch", "SparseOutputLinear", "SparseCriterion"])
-def test_mixed_devices(entry):
-    x = X.to_sparse_csr().cuda()
-    calls = {
-        "SparseLinearBatch": lambda: nnsparse.SparseLinearBatch(4, 3)(x),
-        "SparseOutputLinear": lambda: nnsparse.SparseOutputLinear(3, 4)(torch.ones(2, 3), x),
-        "SparseCriterion": lambda: nnsparse.SparseCriterion(nn.MSELoss())(torch.ones(2, 4), x),
-    }
-    with pytest.raises(ValueError, match=r"(device|cuda)"):
-        calls[entry]()
-
-
-if __name__ == "__main__":  # the tally for reports
-    results = [(c, run_case(c)) for c in CASES]
-    bad = [c for c in CASES if c.error is not None]
-    clear = sum(1 for c, r in results if c.error is not None and r == "ok")
-    print(f"{len(CASES)} cases: {len(bad)} bad inputs, {len(CASES) - len(bad)} that must work")
-    print(f"bad inputs answered by a clear error: {clear}/{len(bad)} "
-          f"({100.0 * clear / len(bad):.1f} %)")
-    for kind in ("silent", "wrong", "unclear"):
-        found = [c.id for c, r in results if r.startswith(kind)]
-        print(f"{kind}: {len(found)} {found}")
-    sys.exit(0 if all(r == "ok" for _, r in results) else 1)
-
-
-# -- optimisers of models with frozen or no sparse layers (the optfix branch) ----------------
+# -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):
     for p in model.parameters():
@@ -1749,6 +1701,51 @@ def _load_lazy_step(step):
     return opt.state[p]["step"]
 
 
-@pytest.mark.parametrize("case", OPTIM_FROZEN, ids=[c.id for c in OPTIM_FROZEN])
-def test_bad_input_optim_frozen(case):
+CASES = (_sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3 + META + PROBE4 + PROBE5
+         + OPTIM_FROZEN)
+
+
+def run_case(case: Case) -> str:
+    """'ok', or what went wrong: 'silent' (no error where one was due), 'wrong', 'unclear'."""
+    try:
+        out = case.call()
+    except Exception as e:  # noqa: BLE001 - the suite judges every exception
+        if case.error is None:
+            return f"unclear: {type(e).__name__}: {e}"
+        if not isinstance(e, case.error) or not re.search(case.match, str(e)):
+            return f"unclear: {type(e).__name__}: {e}"
+        return "ok"
+    if case.error is not None:
+        return f"silent: returned {type(out).__name__}"
+    return "ok" if case.check(out) else "wrong: a result that differs from the dense reference"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case):
     assert run_case(case) == "ok"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="mixed devices need a CUDA device")
+@pytest.mark.parametrize("entry", ["SparseLinearBatch", "SparseOutputLinear", "SparseCriterion"])
+def test_mixed_devices(entry):
+    x = X.to_sparse_csr().cuda()
+    calls = {
+        "SparseLinearBatch": lambda: nnsparse.SparseLinearBatch(4, 3)(x),
+        "SparseOutputLinear": lambda: nnsparse.SparseOutputLinear(3, 4)(torch.ones(2, 3), x),
+        "SparseCriterion": lambda: nnsparse.SparseCriterion(nn.MSELoss())(torch.ones(2, 4), x),
+    }
+    with pytest.raises(ValueError, match=r"(device|cuda)"):
+        calls[entry]()
+
+
+if __name__ == "__main__":  # the tally for reports
+    results = [(c, run_case(c)) for c in CASES]
+    bad = [c for c in CASES if c.error is not None]
+    clear = sum(1 for c, r in results if c.error is not None and r == "ok")
+    print(f"{len(CASES)} cases: {len(bad)} bad inputs, {len(CASES) - len(bad)} that must work")
+    print(f"bad inputs answered by a clear error: {clear}/{len(bad)} "
+          f"({100.0 * clear / len(bad):.1f} %)")
+    for kind in ("silent", "wrong", "unclear"):
+        found = [c.id for c, r in results if r.startswith(kind)]
+        print(f"{kind}: {len(found)} {found}")
+    sys.exit(0 if all(r == "ok" for _, r in results) else 1)

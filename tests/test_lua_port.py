@@ -600,7 +600,7 @@ def test_readme_densify_module_shapes():
 
 
 def test_dynamic_sparse_tensor_dtype_is_given():
-    # Lua's builder stored rows in the default tensor type; here dtype= (float32 unless given)
+    # Lua's builder stored rows in the default tensor type; so does this one, or in dtype=
     rows = torch.arange(1, 575, dtype=torch.float64).reshape(287, 2)
     rows[:, 1] += 0.1  # a value float32 rounds
     for dtype in (torch.float32, torch.float64):
@@ -611,6 +611,20 @@ def test_dynamic_sparse_tensor_dtype_is_given():
         torch.testing.assert_close(dyn.build_pairs(), rows.to(dtype), rtol=0, atol=0)
     assert not torch.equal(rows.to(torch.float32).double(), rows)  # so float64 was needed
 
+
+
+@pytest.mark.parametrize("default", [torch.float32, torch.float64])
+def test_dynamic_sparse_tensor_takes_the_default_dtype(default):
+    # a port that sets the default to double, as Lua's tests ran in, gets double rows
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        dyn = DynamicSparseTensor()
+        dyn.append(0, 0.1234567890123)
+        assert dyn.dtype == default and dyn.build_pairs().dtype == default
+        assert dyn.build_pairs()[0, 1].item() == torch.tensor(0.1234567890123, dtype=default).item()
+    finally:
+        torch.set_default_dtype(previous)
 
 def test_ssort_ties_keep_their_order():
     # Lua's torch.sort promised no order among ties; here the sort is stable both ways
@@ -956,3 +970,53 @@ def test_sparsifier_offset_is_a_keyword():
     torch.testing.assert_close(nnsparse.Sparsify(offset=1)(x).to_dense(),
                                torch.tensor([[0., 0., 3.], [0., 2., 0.]]))
     assert math.isclose(nnsparse.Sparsify(3).elem, 3)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: SDAECriterion(nn.MSELoss(), hideRatio=0.2), TypeError,
+     r"SDAECriterion\(\) got Lua's keyword 'hideRatio'; nnsparse calls it hide_ratio= "
+     r"\(Lua's names are taken in a settings mapping"),
+    (lambda: nnsparse.MaskCriterion(nn.MSELoss(), alpha=1.0, hideRatio=0.2), TypeError,
+     r"MaskCriterion\(\) got Lua's keyword 'hideRatio'; nnsparse calls it hide_ratio="),
+    (lambda: SparseCriterion(nn.MSELoss(), sizeAverage=False), TypeError,
+     r"SparseCriterion\(\) got Lua's keyword 'sizeAverage'; nnsparse calls it size_average=$"),
+    (lambda: SDAECriterion(nn.MSELoss()).maskAlpha, AttributeError,
+     r"SDAECriterion has no Lua attribute 'maskAlpha'; nnsparse calls it mask_alpha"),
+    (lambda: SDAESparseCriterion(nn.MSELoss()).prepareInput, AttributeError,
+     r"SDAESparseCriterion has no Lua attribute 'prepareInput'; nnsparse calls it prepare_input"),
+    (lambda: setattr(SDAECriterion(nn.MSELoss()), "hideRatio", 0.3), AttributeError,
+     r"no Lua attribute 'hideRatio'; nnsparse calls it hide_ratio"),
+    (lambda: SparseCriterion(nn.MSELoss()).fullSizeAverage, AttributeError,
+     r"nnsparse calls it full_size_average"),
+])
+def test_lua_names_of_criteria_settings_are_named_in_the_error(call, error, match):
+    # a port reaching for Lua's names learns nnsparse's from the message
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_python_names_of_criteria_still_read_and_unknown_names_raise_as_usual():
+    crit = SDAECriterion(nn.MSELoss(), hide_ratio=0.25)
+    assert crit.hide_ratio == 0.25 and crit.mask_alpha is None
+    with pytest.raises(AttributeError, match=r"'SDAECriterion' object has no attribute 'nothing'"):
+        crit.nothing
+
+
+def test_densify_takes_lua_size_tensor():
+    # the Lua README: torch.Tensor.densify(table, 0, torch.Tensor{2, 8})
+    y = [_pairs([0, 1], [3, 2]), _pairs([7, 5])]
+    expected = torch.zeros(2, 8, dtype=torch.float64)
+    expected[0, 0], expected[0, 3], expected[1, 7] = 1, 2, 5
+    torch.testing.assert_close(densify(y, 0, torch.tensor([2, 8])), expected, rtol=0, atol=0)
+    torch.testing.assert_close(densify(y[0], 0, torch.tensor(6)), expected[0, :6], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("size, match", [
+    (torch.tensor([2.0, 8.0]), r"size given as a tensor must be a 0-D or 1-D integer tensor, got "
+                               r"a 1-D torch.float32"),
+    (torch.tensor([[2, 8]]), r"got a 2-D torch.int64"),
+    (torch.tensor([True, True]), r"got a 1-D torch.bool"),
+])
+def test_densify_refuses_other_size_tensors(size, match):
+    with pytest.raises(TypeError, match=match):
+        densify([_pairs([0, 1])], 0, size)

@@ -205,13 +205,29 @@ def checked_loss(criterion: nn.Module, size_average: Optional[bool],
     return loss
 
 
-# Lua nnsparse's attribute names, refused when assigned: a new attribute of
-# that name would silently do nothing.
-_LUA_NAMES = {"sizeAverage": "size_average", "fullSizeAverage": "full_size_average"}
+# Lua nnsparse's names of the criteria's settings and methods, as nnsparse names
+# them: refused when assigned (a new attribute of that name would silently do
+# nothing), and named in the error when read or passed to a constructor.
+_LUA_NAMES = {"sizeAverage": "size_average", "fullSizeAverage": "full_size_average",
+              "maskAlpha": "mask_alpha", "maskBeta": "mask_beta",
+              "prepareInput": "prepare_input", "noiseRatio": "noise_ratio",
+              "noiseMean": "noise_mean", "noiseStd": "noise_std", "flipRatio": "flip_ratio",
+              "flipRange": "flip_range", "hideRatio": "hide_ratio"}
 
 
 class RefuseLuaNames:
-    """Mixin: assigning a Lua-style setting (``crit.sizeAverage = False``) raises."""
+    """Mixin: a Lua name of a setting (``crit.sizeAverage = False``,
+    ``crit.maskAlpha``, ``SDAECriterion(mse, hideRatio=0.2)``) raises an error
+    that names nnsparse's."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        lua = sorted(k for k in kwargs if k in _LUA_NAMES)
+        if lua:
+            mapping = (" (Lua's names are taken in a settings mapping, the SDAEconf form)"
+                       if lua[0] in _LUA_SETTINGS else "")
+            raise TypeError(f"{cls.__name__}() got Lua's keyword {lua[0]!r}; nnsparse calls it "
+                            f"{_LUA_NAMES[lua[0]]}={mapping}")
+        return super().__new__(cls)
 
     def __setattr__(self, name: str, value: object) -> None:
         if name in _LUA_NAMES:
@@ -220,6 +236,15 @@ class RefuseLuaNames:
                 f"{type(self).__name__} has no Lua attribute {name!r}; nnsparse calls it "
                 f"{ours}: pass {ours}=... to the constructor or set criterion.{ours}")
         super().__setattr__(name, value)  # type: ignore[misc]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)  # type: ignore[misc]
+        except AttributeError:
+            if name not in _LUA_NAMES:
+                raise
+        raise AttributeError(f"{type(self).__name__} has no Lua attribute {name!r}; nnsparse "
+                             f"calls it {_LUA_NAMES[name]}")
 
 
 def real_arg(value: Any, name: str) -> float:
