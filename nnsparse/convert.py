@@ -289,7 +289,9 @@ def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = Non
 
     Raises:
         ValueError: a tensor that is not ``(k, 2)``, non-integer, negative or
-            out-of-range indices, or rows on different devices.
+            out-of-range indices, indices beyond the integers a float dtype
+            holds exactly (float32 above 2**24, float16 above 2048, bfloat16
+            above 256: build such pairs as float64), or rows on different devices.
 
     Example::
 

@@ -544,6 +544,14 @@ def _dense_optimizer(kind: str, params: List[Tensor], hp: dict,
     LazyAdam is Adam on the dense ones)."""
     if not params:
         return None
+    if sparse and kind not in ("adam", "adamw") and hp["weight_decay"]:
+        # torch's SGD and Adagrad accept sparse gradients only without decay, and
+        # would raise at the first step()
+        raise ValueError(f"weight_decay must be 0 for kind {kind!r} when a parameter outside "
+                         f"the backward gets sparse gradients (the bias of a sparse_grad=True "
+                         f"layer whose weight is frozen, an nn.Embedding(sparse=True)), got "
+                         f"{hp['weight_decay']}: torch.optim's {kind.split('_')[-1]} cannot "
+                         f"decay them; use 'adam'/'adamw', or sparse_grad=False")
     if sparse and kind in ("adam", "adamw"):
         return LazyAdam(params, lr=hp["lr"], betas=hp["betas"], eps=hp["eps"],
                         weight_decay=hp["weight_decay"], decoupled_weight_decay=kind == "adamw")
@@ -630,7 +638,11 @@ class InBackwardOptimizer:
       trains the whole model and the tables are empty.  Where such a bias
       gets sparse gradients (``sparse_grad=True``), :attr:`dense` is
       torch's unfused optimiser (SGD, Adagrad) or, for Adam and AdamW, which
-      refuse sparse gradients, :class:`LazyAdam`.
+      refuse sparse gradients, :class:`LazyAdam` (SGD and Adagrad with
+      ``weight_decay`` are then refused: torch's cannot decay sparse
+      gradients).  As with the parameter list of a ``torch.optim`` optimiser,
+      what is trained is fixed when the optimiser is built: :meth:`step`
+      raises once a parameter frozen then requires grad.
     * A copy of the model (``copy.deepcopy``, ``torch.save``) is a model alone,
       as for ``torch.optim``: its layers carry no optimiser.  An optimiser copied
       or pickled together with its model is attached to the copy's layers.
@@ -671,6 +683,8 @@ class InBackwardOptimizer:
             raise ValueError(f"model must have parameters that require grad, got none "
                              f"({held}): the optimiser would train nothing")
         self.dense = _dense_optimizer(kind, rest, hp, _gets_sparse_grads(model, layers, rest))
+        # frozen now, so trained by neither part: step() refuses once one is unfrozen
+        self._frozen = [(name, p) for name, p in model.named_parameters() if not p.requires_grad]
         for name, layer in self._layers:  # attach last: nothing is changed on a failure above
             layer._row_update = self._updates[name]
 
@@ -704,8 +718,19 @@ class InBackwardOptimizer:
         return {name: u.state for name, u in self._updates.items()}
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        """Step :attr:`dense` (the in-backward weights were updated by the backward)."""
+        """Step :attr:`dense` (the in-backward weights were updated by the backward).
+
+        Raises:
+            RuntimeError: a parameter frozen when the optimiser was built now
+                requires grad (neither part would ever train it: build the
+                optimiser again after unfreezing).
+        """
         _check_closure(closure)
+        thawed = [name for name, p in getattr(self, "_frozen", ()) if p.requires_grad]
+        if thawed:
+            raise RuntimeError(f"parameters {thawed} were frozen when this optimiser was built "
+                               f"and now require grad: it would never train them; build the "
+                               f"optimiser again after unfreezing")
         if self.dense is not None:
             return self.dense.step(closure)
         return _closure_loss(closure)

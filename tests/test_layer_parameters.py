@@ -49,15 +49,18 @@ LINEAR_CASES = [
     ("weight", nn.Parameter(torch.randn(3, 4).to_sparse()), TypeError,
      r"SparseLinearBatch.weight must be a dense tensor, got torch.sparse_coo"),
     ("weight", _param((3, 4), torch.float64), ValueError,
-     r"SparseLinearBatch.bias must have the dtype of weight, torch.float64, got torch.float32"),
+     r"SparseLinearBatch.weight and SparseLinearBatch.bias must have one dtype, "
+     r"got torch.float64 and torch.float32"),
     ("bias", _param((4,)), ValueError,
      r"SparseLinearBatch.bias must have shape \(out_features,\) = \(3,\), got \(4,\)"),
     ("bias", _param((3, 1)), ValueError,
      r"SparseLinearBatch.bias must have shape \(out_features,\) = \(3,\), got \(3, 1\)"),
     ("bias", _param((3,), torch.float64), ValueError,
-     r"SparseLinearBatch.bias must have the dtype of weight, torch.float32, got torch.float64"),
+     r"SparseLinearBatch.weight and SparseLinearBatch.bias must have one dtype, "
+     r"got torch.float32 and torch.float64"),
     ("bias", _param((3,), device="meta"), ValueError,
-     r"SparseLinearBatch.bias must be on the device of weight, cpu, got meta"),
+     r"SparseLinearBatch.weight and SparseLinearBatch.bias must be on one device, "
+     r"got cpu and meta"),
     ("bias", nn.Parameter(torch.randn(3).to_sparse()), TypeError,
      r"SparseLinearBatch.bias must be a dense tensor, got torch.sparse_coo"),
 ]
@@ -86,7 +89,8 @@ WEIGHT_T_CASES = [
     ("weight_t", _param((3, 4)), ValueError, r"SparseLinearBatch.weight_t must have shape "
      r"\(in_features, out_features\) = \(4, 3\), got \(3, 4\)"),
     ("weight_t", _param((4, 3), torch.float64), ValueError,
-     r"SparseLinearBatch.bias must have the dtype of weight_t, torch.float64, got torch.float32"),
+     r"SparseLinearBatch.weight_t and SparseLinearBatch.bias must have one dtype, "
+     r"got torch.float64 and torch.float32"),
 ]
 
 
@@ -107,15 +111,18 @@ SOL_CASES = [
     ("weight", _param((4,)), ValueError, SOL_WEIGHT + r"got \(4,\)"),
     ("weight", None, TypeError, r"SparseOutputLinear.weight must be a dense tensor, got NoneType"),
     ("weight", _param((4, 3), torch.float64), ValueError,
-     r"SparseOutputLinear.bias must have the dtype of weight, torch.float64, got torch.float32"),
+     r"SparseOutputLinear.weight and SparseOutputLinear.bias must have one dtype, "
+     r"got torch.float64 and torch.float32"),
     ("bias", _param((5,)), ValueError,
      r"SparseOutputLinear.bias must have shape \(out_features,\) = \(4,\), got \(5,\)"),
     ("bias", _param((3,)), ValueError,
      r"SparseOutputLinear.bias must have shape \(out_features,\) = \(4,\), got \(3,\)"),
     ("bias", _param((4,), torch.float64), ValueError,
-     r"SparseOutputLinear.bias must have the dtype of weight, torch.float32, got torch.float64"),
+     r"SparseOutputLinear.weight and SparseOutputLinear.bias must have one dtype, "
+     r"got torch.float32 and torch.float64"),
     ("bias", _param((4,), device="meta"), ValueError,
-     r"SparseOutputLinear.bias must be on the device of weight, cpu, got meta"),
+     r"SparseOutputLinear.weight and SparseOutputLinear.bias must be on one device, "
+     r"got cpu and meta"),
 ]
 
 
@@ -135,15 +142,19 @@ SWL_CASES = [
     ("values", _param((3, 1)), ValueError, SWL_VALUES + r"got \(3, 1\)"),
     ("values", None, TypeError, r"SparseWeightLinear.values must be a dense tensor, got NoneType"),
     ("values", _param((3,), torch.float64), ValueError,
-     r"SparseWeightLinear.bias must have the dtype of values, torch.float64, got torch.float32"),
+     r"SparseWeightLinear.values and SparseWeightLinear.bias must have one dtype, "
+     r"got torch.float64 and torch.float32"),
     ("values", _param((3,), device="meta"), ValueError,
-     r"SparseWeightLinear.bias must be on the device of values, meta, got cpu"),
+     r"SparseWeightLinear.values and SparseWeightLinear.bias must be on one device, "
+     r"got meta and cpu"),
     ("bias", _param((3,)), ValueError,
      r"SparseWeightLinear.bias must have shape \(out_features,\) = \(2,\), got \(3,\)"),
     ("bias", _param((2,), torch.float64), ValueError,
-     r"SparseWeightLinear.bias must have the dtype of values, torch.float32, got torch.float64"),
+     r"SparseWeightLinear.values and SparseWeightLinear.bias must have one dtype, "
+     r"got torch.float32 and torch.float64"),
     ("bias", _param((2,), device="meta"), ValueError,
-     r"SparseWeightLinear.bias must be on the device of values, cpu, got meta"),
+     r"SparseWeightLinear.values and SparseWeightLinear.bias must be on one device, "
+     r"got cpu and meta"),
 ]
 
 

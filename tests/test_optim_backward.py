@@ -834,3 +834,47 @@ def test_a_sparse_embedding_beside_the_sparse_layers_is_trained_lazily():
     touched = torch.zeros(10, dtype=torch.bool).index_fill_(0, ids, True)
     assert torch.equal(emb.weight[~touched], before[~touched])
     assert (emb.weight[touched] != before[touched]).all()
+
+
+def _frozen_sparse_grad_bias_model():
+    model = nn.Sequential(nnsparse.SparseLinearBatch(6, 3, sparse_grad=True), nn.Linear(3, 2))
+    model[0].weight_t.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize("kind, extra", [("sgd", {}), ("sgd", {"momentum": 0.9}),
+                                         ("adagrad", {}), ("rowwise_adagrad", {})])
+def test_decay_of_sparse_gradients_outside_the_backward_is_refused(kind, extra):
+    # torch's SGD/Adagrad raise at the first step() on a sparse gradient with decay
+    with pytest.raises(ValueError, match=rf"weight_decay must be 0 for kind '{kind}' when a "
+                                         r"parameter outside the backward gets sparse gradients"):
+        noptim.apply_optimizer_in_backward(_frozen_sparse_grad_bias_model(), kind, lr=0.1,
+                                    weight_decay=0.01, **extra)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "adamw"])
+def test_sparse_gradients_outside_the_backward_train(kind):
+    model = _frozen_sparse_grad_bias_model()
+    decay = 0.01 if kind in ("adam", "adamw") else 0.0
+    opt = noptim.apply_optimizer_in_backward(model, kind, lr=0.1, weight_decay=decay)
+    bias = model[0].bias.detach().clone()
+    x = torch.tensor([[0.0, 1.0, 0.0, 2.0, 0.0, 0.0], [3.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
+    model(nnsparse.sparsify(x)).square().sum().backward()
+    opt.step()
+    assert not torch.equal(model[0].bias, bias)
+
+
+@pytest.mark.parametrize("build", [
+    lambda m: nnsparse.optim.fused_step_optimizer(m, lr=0.1),
+    lambda m: noptim.apply_optimizer_in_backward(m, "sgd", lr=0.1),
+])
+def test_a_parameter_unfrozen_after_building_is_refused_at_step(build):
+    model = nn.Sequential(nnsparse.SparseLinearBatch(6, 3), nn.Linear(3, 2))
+    model[0].weight.requires_grad_(False)
+    opt = build(model)
+    model[0].weight.requires_grad_(True)  # gradual unfreezing: the optimiser would skip it
+    with pytest.raises(RuntimeError, match=r"parameters \['0.weight'\] were frozen when this "
+                                           r"optimiser was built and now require grad"):
+        opt.step()
+    model[0].weight.requires_grad_(False)  # frozen again: steps as before
+    opt.step()

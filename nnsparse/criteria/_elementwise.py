@@ -18,6 +18,7 @@ shape of the estimate, which is what the dense loss would do with them.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import numbers
 from typing import (Any, Callable, Dict, Generic, Mapping, Optional, Sequence, Tuple, TypeVar,
@@ -215,23 +216,34 @@ _LUA_NAMES = {"sizeAverage": "size_average", "fullSizeAverage": "full_size_avera
               "flipRange": "flip_range", "hideRatio": "hide_ratio"}
 
 
+def _ours(cls: type, lua: str) -> Optional[str]:
+    """nnsparse's name of the Lua setting ``lua`` if criteria of class ``cls`` have
+    it (an attribute, a method, or a constructor argument), else None."""
+    ours = _LUA_NAMES.get(lua)
+    if ours is None:
+        return None
+    if hasattr(cls, ours) or ours in inspect.signature(cls.__init__).parameters:
+        return ours
+    return None
+
+
 class RefuseLuaNames:
-    """Mixin: a Lua name of a setting (``crit.sizeAverage = False``,
-    ``crit.maskAlpha``, ``SDAECriterion(mse, hideRatio=0.2)``) raises an error
-    that names nnsparse's."""
+    """Mixin: a Lua name of one of the criterion's settings (``crit.sizeAverage =
+    False``, ``crit.maskAlpha``, ``SDAECriterion(mse, hideRatio=0.2)``) raises an
+    error that names nnsparse's."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        lua = sorted(k for k in kwargs if k in _LUA_NAMES)
+        lua = sorted(k for k in kwargs if _ours(cls, k) is not None)
         if lua:
             mapping = (" (Lua's names are taken in a settings mapping, the SDAEconf form)"
                        if lua[0] in _LUA_SETTINGS else "")
             raise TypeError(f"{cls.__name__}() got Lua's keyword {lua[0]!r}; nnsparse calls it "
-                            f"{_LUA_NAMES[lua[0]]}={mapping}")
+                            f"{_ours(cls, lua[0])}={mapping}")
         return super().__new__(cls)
 
     def __setattr__(self, name: str, value: object) -> None:
-        if name in _LUA_NAMES:
-            ours = _LUA_NAMES[name]
+        ours = _ours(type(self), name)
+        if ours is not None:
             raise AttributeError(
                 f"{type(self).__name__} has no Lua attribute {name!r}; nnsparse calls it "
                 f"{ours}: pass {ours}=... to the constructor or set criterion.{ours}")
@@ -241,10 +253,11 @@ class RefuseLuaNames:
         try:
             return super().__getattr__(name)  # type: ignore[misc]
         except AttributeError:
-            if name not in _LUA_NAMES:
+            ours = _ours(type(self), name)
+            if ours is None:
                 raise
         raise AttributeError(f"{type(self).__name__} has no Lua attribute {name!r}; nnsparse "
-                             f"calls it {_LUA_NAMES[name]}")
+                             f"calls it {ours}")
 
 
 def real_arg(value: Any, name: str) -> float:

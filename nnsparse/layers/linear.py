@@ -345,11 +345,13 @@ def _check_parameters(layer: nn.Module, weight_name: str, weight: Any, expected:
         raise ValueError(f"{layer_name}.bias must have shape (out_features,) = "
                          f"({out_features},), got {tuple(bias.shape)}")
     if bias.dtype != weight.dtype:
-        raise ValueError(f"{layer_name}.bias must have the dtype of {weight_name}, "
-                         f"{weight.dtype}, got {bias.dtype}")
+        raise ValueError(f"{layer_name}.{weight_name} and {layer_name}.bias must have one "
+                         f"dtype, got {weight.dtype} and {bias.dtype}; convert the layer "
+                         f"(layer.to(dtype)) rather than one parameter")
     if bias.device != weight.device:
-        raise ValueError(f"{layer_name}.bias must be on the device of {weight_name}, "
-                         f"{weight.device}, got {bias.device}")
+        raise ValueError(f"{layer_name}.{weight_name} and {layer_name}.bias must be on one "
+                         f"device, got {weight.device} and {bias.device}; move the layer "
+                         f"(layer.to(device)) rather than one parameter")
 
 
 class SparseLinearBatch(nn.Module):
