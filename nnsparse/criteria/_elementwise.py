@@ -222,7 +222,7 @@ def _ours(cls: type, lua: str) -> Optional[str]:
     ours = _LUA_NAMES.get(lua)
     if ours is None:
         return None
-    if hasattr(cls, ours) or ours in inspect.signature(cls.__init__).parameters:
+    if hasattr(cls, ours) or ours in inspect.signature(cls).parameters:
         return ours
     return None
 
