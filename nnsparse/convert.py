@@ -38,7 +38,10 @@ def _check_elem(elem: Any) -> Any:
 
 
 def _check_elem_fits(elem: Any, dtype: torch.dtype) -> None:
-    """``elem`` must be stored exactly in the values' dtype (a cast would change it silently)."""
+    """``elem`` must be stored exactly in the values' dtype (a cast would change it silently);
+    NaN only in floating (or complex) values."""
+    if _is_nan(elem) and not (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(f"elem nan needs floating values, got dtype {dtype}")
     if not isinstance(elem, numbers.Real) and not dtype.is_complex:
         raise TypeError(f"elem must be a real number for values of dtype {dtype}, got {elem!r}")
     if _is_nan(elem) or holds_exactly(dtype, elem):
@@ -122,8 +125,6 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
                          f"got {offset}")
     elem = _check_elem(elem)
     # an elem x's dtype cannot hold equals no entry: every entry would be kept, silently
-    if _is_nan(elem) and not (x.dtype.is_floating_point or x.dtype.is_complex):
-        raise ValueError(f"elem nan needs floating values, got dtype {x.dtype}")
     _check_elem_fits(elem, x.dtype)
     if layout not in (torch.sparse_coo, torch.sparse_csr):
         raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
@@ -163,8 +164,9 @@ def _size_from_tensor(size: Any) -> Any:
     any other ``size`` as it came."""
     if not isinstance(size, Tensor):
         return size
+    refuse_meta(size, "size")  # its ints cannot be read
     if size.layout != torch.strided or size.dtype == torch.bool or size.is_floating_point() \
-            or size.is_complex() or size.dim() > 1 or size.is_meta:
+            or size.is_complex() or size.dim() > 1:
         raise TypeError(f"size given as a tensor must be a 0-D or 1-D integer tensor, got a "
                         f"{size.dim()}-D {size.dtype} {str(size.layout).split('.')[-1]} tensor")
     return size.item() if size.dim() == 0 else tuple(size.tolist())
@@ -227,8 +229,6 @@ def _densify(batch: SparseBatch, elem: float, rows: int, width: int, name: str =
     if nbytes >= 2 ** 63:  # torch: "Storage size calculation overflowed"
         raise ValueError(f"{name} is too large to densify: ({rows}, {width}) "
                          f"{batch.dtype} would take {nbytes} bytes, beyond int64")
-    if _is_nan(elem) and not (batch.dtype.is_floating_point or batch.dtype.is_complex):
-        raise ValueError(f"elem nan needs floating values, got dtype {batch.dtype}")
     _check_elem_fits(elem, batch.dtype)
     index = (batch.row, batch.col)
     out = batch.values.new_zeros(rows, width).index_put(index, batch.values, accumulate=True)

@@ -1020,3 +1020,8 @@ def test_densify_takes_lua_size_tensor():
 def test_densify_refuses_other_size_tensors(size, match):
     with pytest.raises(TypeError, match=match):
         densify([_pairs([0, 1])], 0, size)
+
+
+def test_densify_refuses_a_meta_size_tensor():
+    with pytest.raises(ValueError, match=r"size must hold data, got a tensor on the meta device"):
+        densify([_pairs([0, 1])], 0, torch.tensor([1, 4], device="meta"))

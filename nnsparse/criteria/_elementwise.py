@@ -206,14 +206,16 @@ def checked_loss(criterion: nn.Module, size_average: Optional[bool],
     return loss
 
 
+# The keys of Lua nnsparse's SDAEconf table, as nnsparse names them.
+_LUA_SETTINGS = {"noiseRatio": "noise_ratio", "noiseMean": "noise_mean", "noiseStd": "noise_std",
+                 "flipRatio": "flip_ratio", "flipRange": "flip_range", "hideRatio": "hide_ratio"}
+
 # Lua nnsparse's names of the criteria's settings and methods, as nnsparse names
 # them: refused when assigned (a new attribute of that name would silently do
 # nothing), and named in the error when read or passed to a constructor.
 _LUA_NAMES = {"sizeAverage": "size_average", "fullSizeAverage": "full_size_average",
               "maskAlpha": "mask_alpha", "maskBeta": "mask_beta",
-              "prepareInput": "prepare_input", "noiseRatio": "noise_ratio",
-              "noiseMean": "noise_mean", "noiseStd": "noise_std", "flipRatio": "flip_ratio",
-              "flipRange": "flip_range", "hideRatio": "hide_ratio"}
+              "prepareInput": "prepare_input", **_LUA_SETTINGS}
 
 
 def _ours(cls: type, lua: str) -> Optional[str]:
@@ -233,12 +235,13 @@ class RefuseLuaNames:
     error that names nnsparse's."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        lua = sorted(k for k in kwargs if _ours(cls, k) is not None)
+        lua = sorted((k, ours) for k in kwargs if (ours := _ours(cls, k)) is not None)
         if lua:
+            key, ours = lua[0]
             mapping = (" (Lua's names are taken in a settings mapping, the SDAEconf form)"
-                       if lua[0] in _LUA_SETTINGS else "")
-            raise TypeError(f"{cls.__name__}() got Lua's keyword {lua[0]!r}; nnsparse calls it "
-                            f"{_ours(cls, lua[0])}={mapping}")
+                       if key in _LUA_SETTINGS else "")
+            raise TypeError(f"{cls.__name__}() got Lua's keyword {key!r}; nnsparse calls it "
+                            f"{ours}={mapping}")
         return super().__new__(cls)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -347,11 +350,6 @@ def generator_arg(generator: Any, name: str = "generator") -> Optional[torch.Gen
         raise TypeError(f"{name} must be a torch.Generator or None, got "
                         f"{type(generator).__name__}")
     return generator
-
-
-# The keys of Lua nnsparse's SDAEconf table, as nnsparse names them.
-_LUA_SETTINGS = {"noiseRatio": "noise_ratio", "noiseMean": "noise_mean", "noiseStd": "noise_std",
-                 "flipRatio": "flip_ratio", "flipRange": "flip_range", "hideRatio": "hide_ratio"}
 
 
 def conf_settings(conf: Mapping, given: Dict[str, Any], defaults: Dict[str, Any],
