@@ -188,16 +188,17 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     if not isinstance(sparse_grad, bool):
         raise TypeError(f"sparse_grad must be a bool, got {type(sparse_grad).__name__} "
                         f"{sparse_grad!r}")
+    _check_weight_bias(weight, bias)  # (the layer checks its own parameters in forward)
     return _sampled_linear(input, weight, bias, pattern, sparse_grad)
 
 
 def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], pattern: Any,
                     sparse_grad: bool, update: Any = None) -> Tensor:
-    """:func:`sampled_linear`; ``update``: the layer's in-backward optimiser."""
+    """:func:`sampled_linear` on a checked weight and bias; ``update``: the layer's
+    in-backward optimiser."""
     if not isinstance(input, Tensor) or input.layout != torch.strided:
         raise TypeError(f"input must be a dense tensor, got "
                         f"{input.layout if isinstance(input, Tensor) else type(input).__name__}")
-    _check_weight_bias(weight, bias)
     _refuse_update_in_transform(update, weight)
     if input.dim() == 0 or input.shape[-1] != weight.shape[1]:
         got = input.shape[-1] if input.dim() else "a 0-d tensor"
