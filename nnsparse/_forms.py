@@ -31,6 +31,7 @@ import copy
 import math
 import numbers
 import operator
+import string
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, overload
 
@@ -799,6 +800,31 @@ def as_count(name: str, value: Any, low: int) -> int:
 
 
 _INT64_MAX = 2 ** 63 - 1
+
+# Letters whose spoken name starts with a vowel sound ("an MSELoss", "an nn.Module").
+_VOWEL_NAMED_LETTERS = frozenset("aefhilmnorsx")
+# Vowel-letter starts that sound like "you" or "wun" ("a UserModel", "a OneHot").
+_CONSONANT_SOUNDING = ("uni", "use", "usu", "uti", "ure", "one", "once", "eu")
+
+
+def _a(word: str) -> str:
+    """``word`` after the indefinite article its first sound takes, for messages that
+    name a class, a dtype or a kind held in a variable: ``"an AutoRec"``, ``"a CFN"``,
+    ``"an 'adam'"``, ``"an 8-D"``.  Quotes before the word are skipped; a word whose
+    leading letters are an acronym (two capitals, or no vowel) is read letter by letter.
+    """
+    head = word.lstrip("'\"`(<[")
+    digits = head[:len(head) - len(head.lstrip(string.digits))]
+    if digits:  # "an 8", "an 11", "an 18", "an 80"...: read as "eight", "eleven", ...
+        vowel = digits[0] == "8" or (len(digits) % 3 == 2 and digits[:2] in ("11", "18"))
+    else:
+        letters = head[:len(head) - len(head.lstrip(string.ascii_letters))]
+        if letters[:2].isupper() or (letters and not set(letters.lower()) & set("aeiouy")):
+            vowel = letters[0].lower() in _VOWEL_NAMED_LETTERS
+        else:
+            low = letters.lower()
+            vowel = low[:1] in ("a", "e", "i", "o", "u") and not low.startswith(_CONSONANT_SOUNDING)
+    return f"{'an' if vowel else 'a'} {word}"
 
 
 @overload

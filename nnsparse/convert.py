@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._forms import (SparseBatch, SparseLike, _as_pairs, _sparse_coo, _sparse_csr, as_int,
+from ._forms import (SparseBatch, SparseLike, _a, _as_pairs, _sparse_coo, _sparse_csr, as_int,
                      as_sparse_batch, check_kernel_dtype, holds_exactly, refuse_meta,
                      resolve_size, trust)
 
@@ -167,8 +167,9 @@ def _size_from_tensor(size: Any) -> Any:
     refuse_meta(size, "size")  # its ints cannot be read
     if size.layout != torch.strided or size.dtype == torch.bool or size.is_floating_point() \
             or size.is_complex() or size.dim() > 1:
-        raise TypeError(f"size given as a tensor must be a 0-D or 1-D integer tensor, got a "
-                        f"{size.dim()}-D {size.dtype} {str(size.layout).split('.')[-1]} tensor")
+        raise TypeError(f"size given as a tensor must be a 0-D or 1-D integer tensor, got "
+                        f"{_a(str(size.dim()))}-D {size.dtype} "
+                        f"{str(size.layout).split('.')[-1]} tensor")
     return size.item() if size.dim() == 0 else tuple(size.tolist())
 
 

@@ -21,6 +21,7 @@ from torch.optim import Optimizer
 
 
 from . import _rowopt
+from ._forms import _a
 
 if TYPE_CHECKING:  # at run time _sparse_layers imports them itself
     from .layers.linear import SparseLinearBatch
@@ -302,7 +303,7 @@ def _check_grad(p: Tensor, grad: Tensor) -> None:
             p.dim() == 2 and grad.sparse_dim() == 2):
         raise NotImplementedError(f"LazyAdam supports sparse gradients with one sparse "
                                   f"dimension, or two for a 2-D parameter, got sparse_dim "
-                                  f"{grad.sparse_dim()} for a {p.dim()}-D parameter")
+                                  f"{grad.sparse_dim()} for {_a(str(p.dim()))}-D parameter")
 
 
 def _update(p: Tensor, grad: Tensor, state: dict, group: dict) -> None:
@@ -771,7 +772,7 @@ class InBackwardOptimizer:
             raise TypeError(f"state_dict must be a dict (from state_dict()), "
                             f"got {type(state_dict).__name__}")
         if state_dict.get("kind") != self.kind:
-            raise ValueError(f"state_dict must be of a {self.kind!r} optimiser, "
+            raise ValueError(f"state_dict must be of {_a(repr(self.kind))} optimiser, "
                              f"got {state_dict.get('kind')!r}")
         tables = state_dict.get("tables", {})
         if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):

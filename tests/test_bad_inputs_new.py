@@ -201,7 +201,7 @@ CASES += [
     Case("load-device-bad", lambda: RatingModel.load(_saved(), device="gpux"), ValueError,
          r"device must be a torch.device.*got 'gpux'"),
     Case("load-as-other-model", lambda: CFN.load(_saved()), ValueError,
-         r"holds a AutoRec, not a CFN"),
+         r"holds an AutoRec, not a CFN"),
     Case("fit-one-value", lambda: AutoRec(hidden=2, epochs=1).fit(
         Ratings.from_triples([1, 2], [1, 2], [3.0, 3.0]), verbose=False, progress=False),
          ValueError, r"train: every rating is 3.0; .*needs two distinct values"),

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from matrix import BATCH_FORMS, DEVICES, FLOAT_DTYPES, VECTOR_FORMS, make_form, random_sparse_dense
-from nnsparse._forms import SparseBatch, as_sparse_batch, check_index_range, is_sparse_form, resolve_size
+from nnsparse._forms import (SparseBatch, _a, as_sparse_batch, check_index_range, is_sparse_form,
+                             resolve_size)
 
 
 def _dense_of(batch: SparseBatch) -> torch.Tensor:
@@ -203,3 +204,19 @@ def test_csr_with_int32_indices():
     batch = as_sparse_batch(csr)
     assert batch.row.dtype == batch.col.dtype == torch.int64
     torch.testing.assert_close(_dense_of(batch), dense)
+
+
+# _a: the article of a name built into a message ("holds an AutoRec", not "holds a AutoRec")
+@pytest.mark.parametrize("word, expected", [
+    ("AutoRec", "an AutoRec"), ("CFN", "a CFN"), ("KernelNet", "a KernelNet"),
+    ("RatingModel", "a RatingModel"), ("Ratings", "a Ratings"), ("int", "an int"),
+    ("list", "a list"), ("tuple", "a tuple"), ("Embedding", "an Embedding"),
+    ("MSELoss", "an MSELoss"), ("SDAECriterion", "an SDAECriterion"), ("nn.Module", "an nn.Module"),
+    ("UnknownModel", "an UnknownModel"), ("UserModel", "a UserModel"), ("OneHot", "a OneHot"),
+    ("'adam'", "an 'adam'"), ("'sgd'", "an 'sgd'"), ("'rowwise_adagrad'", "a 'rowwise_adagrad'"),
+    ("torch.float32", "a torch.float32"), ("X", "an X"), ("U", "a U"),
+    ("2", "a 2"), ("8", "an 8"), ("11", "an 11"), ("18", "an 18"), ("80", "an 80"),
+    ("110", "a 110"), ("18000", "an 18000"), ("", "a "),
+])
+def test_article(word, expected):
+    assert _a(word) == expected

@@ -1016,6 +1016,7 @@ def test_densify_takes_lua_size_tensor():
                                r"a 1-D torch.float32"),
     (torch.tensor([[2, 8]]), r"got a 2-D torch.int64"),
     (torch.tensor([True, True]), r"got a 1-D torch.bool"),
+    (torch.zeros((1,) * 8, dtype=torch.int64), r"got an 8-D torch.int64"),
 ])
 def test_densify_refuses_other_size_tensors(size, match):
     with pytest.raises(TypeError, match=match):

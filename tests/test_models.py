@@ -92,7 +92,7 @@ def test_save_load_round_trip(tmp_path, data):
     assert isinstance(loaded, CFN) and loaded.hparams == model.hparams
     assert torch.equal(loaded.predict(test), model.predict(test))
     assert loaded.recommend(0, 3, min_support=0).ids == model.recommend(0, 3, min_support=0).ids
-    with pytest.raises(ValueError, match="holds a CFN, not a AutoRec"):
+    with pytest.raises(ValueError, match="holds a CFN, not an AutoRec"):
         AutoRec.load(path)
 
 

@@ -201,6 +201,7 @@ def test_gradient_strides_differ_from_parameter(decoupled, kernel):
 
 @pytest.mark.parametrize("shape,strided_t,sparse_dim,message", [
     ((2, 3, 4), False, 2, "sparse_dim 2 for a 3-D parameter"),
+    ((1, 1, 1, 1, 1, 1, 2, 2), False, 3, "sparse_dim 3 for an 8-D parameter"),
     ((4, 3), True, 1, "needs a contiguous parameter for a sparse gradient"),
 ])
 def test_failed_step_changes_nothing(shape, strided_t, sparse_dim, message):

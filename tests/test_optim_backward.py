@@ -213,7 +213,7 @@ def test_state_dict_round_trip():
         torch.testing.assert_close(p, q)
     # a state dict of another kind is refused before anything changes
     before = copy.deepcopy(opt2.state_dict())
-    with pytest.raises(ValueError, match="state_dict must be of a 'adam' optimiser, got 'sgd'"):
+    with pytest.raises(ValueError, match="state_dict must be of an 'adam' optimiser, got 'sgd'"):
         opt2.load_state_dict(dict(saved_opt, kind="sgd"))
     bad = copy.deepcopy(saved_opt)
     bad["tables"]["dec"]["exp_avg"] = torch.zeros(2, 2)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .._forms import SparseBatch, as_device, as_sparse_batch, move_structure, refuse_meta, trust
+from .._forms import SparseBatch, _a, as_device, as_sparse_batch, move_structure, refuse_meta, trust
 from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 
 __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_rows"]
@@ -211,8 +211,8 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
                 refuse_meta(part, f"rows[{k}] {what}")
         if isinstance(index, Tensor) and (index.dim() != 0 or index.dtype.is_floating_point
                                           or index.dtype.is_complex or index.dtype == torch.bool):
-            raise TypeError(f"rows[{k}] row_index must be an int or a 0-d integer tensor, got a "
-                            f"{index.dtype} tensor of shape {tuple(index.shape)}")
+            raise TypeError(f"rows[{k}] row_index must be an int or a 0-d integer tensor, got "
+                            f"{_a(str(index.dtype))} tensor of shape {tuple(index.shape)}")
         if isinstance(index, bool) or not isinstance(index, (numbers.Integral, Tensor)):
             raise TypeError(f"rows[{k}] row_index must be an int, got {type(index).__name__}")
         if not 0 <= int(index) < 2 ** 63:  # a matrix row: negative would pick one from the end

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._forms import refuse_meta
+from .._forms import _a, refuse_meta
 
 __all__ = ["Ratings", "read_ratings", "read_split", "read_item_features", "read_user_features",
            "FORMATS"]
@@ -344,7 +344,7 @@ def _check_titles(titles: Any, n_items: int) -> None:
     bad = [t for t in titles if not isinstance(t, str)]
     if bad:
         raise TypeError(f"Ratings.titles must be None or a list of str (one per item), "
-                        f"got a {type(titles).__name__} holding {type(bad[0]).__name__}")
+                        f"got {_a(type(titles).__name__)} holding {type(bad[0]).__name__}")
     if len(titles) > n_items:
         raise ValueError(f"Ratings.titles must hold at most one title per item of item_map "
                          f"({n_items}), got {len(titles)}")

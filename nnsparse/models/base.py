@@ -24,7 +24,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type,
 import torch
 from torch import Tensor, nn
 
-from .._forms import as_count, as_device, check_index_range, refuse_meta, refuse_meta_device, trust
+from .._forms import (_a, as_count, as_device, check_index_range, refuse_meta, refuse_meta_device,
+                      trust)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -697,7 +698,8 @@ class RatingModel(nn.Module):
             if user.dim() != 0 or user.dtype.is_floating_point or user.dtype.is_complex \
                     or user.dtype == torch.bool:
                 raise TypeError(f"user must be an original user id (a 0-d integer tensor at "
-                                f"most), got a {user.dtype} tensor of shape {tuple(user.shape)}")
+                                f"most), got {_a(str(user.dtype))} tensor of shape "
+                                f"{tuple(user.shape)}")
             refuse_meta(user, "user")
             user = int(user.item())
         try:
@@ -779,7 +781,7 @@ class RatingModel(nn.Module):
         if model_cls is None:
             raise ValueError(f"{path} holds an unknown model {blob['model']!r}")
         if cls is not RatingModel and not issubclass(model_cls, cls):
-            raise ValueError(f"{path} holds a {model_cls.__name__}, not a {cls.__name__}")
+            raise ValueError(f"{path} holds {_a(model_cls.__name__)}, not {_a(cls.__name__)}")
         model = model_cls(**blob["hparams"])
         users, items = blob["user_ids"], blob["item_ids"]
         train = Ratings(blob["train"]["user"], blob["train"]["item"], blob["train"]["rating"],
