@@ -296,6 +296,21 @@ def test_a_pair_rated_twice_is_refused_with_its_lines(tmp_path, fmt, text, examp
     assert users == {1: 0} and items == {10: 0}  # the refused read changed no map
 
 
+def test_a_read_record_is_known_unique(tmp_path, monkeypatch):
+    # the reader checked the file's pairs: a split of the record does not sort them again
+    from nnsparse.data import readers, split_ratings
+    path = tmp_path / "once.dat"
+    path.write_text("1::10::4::0\n2::10::1::0\n2::11::2::0\n3::11::5::0\n")
+    r = read_ratings(path, "ml-1m")
+    assert r._known_unique()
+    calls = []
+    monkeypatch.setattr(readers, "_sorted_pair_keys", lambda *parts: calls.append(parts))
+    rest, part = split_ratings(r, 0.5, seed=0)
+    assert calls == [] and rest._known_unique() and part._known_unique()
+    r.user[0] = 1  # an edit in place forgets it
+    assert not r._known_unique()
+
+
 def test_repeated_pair_lines_after_dropping_unseen(tmp_path):
     path = tmp_path / "u.test"
     path.write_text("9\t10\t1\t0\n1\t10\t4\t0\n1\t10\t5\t0\n")  # user 9 is dropped

@@ -130,3 +130,22 @@ def test_seeds_in_torch_range_draw_as_before(ratings):
 def test_bad_seed(ratings, seed, error):
     with pytest.raises(error, match=r"seed must be an int, got "):
         split_ratings(ratings, 0.1, seed=seed)
+
+
+def test_a_split_checks_the_pairs_once(monkeypatch, ratings):
+    # the parts of a checked record are known unique: the normaliser and the matrix of a
+    # part do not sort the pair keys again (check_unique_pairs runs once per record)
+    from nnsparse.data import RatingNormalizer, rating_matrix, readers
+    calls = []
+    original = readers._sorted_pair_keys
+    monkeypatch.setattr(readers, "_sorted_pair_keys",
+                        lambda *parts: (calls.append(len(parts)), original(*parts))[1])
+    fresh = ratings.subset(torch.arange(len(ratings)))  # an int subset: not known unique
+    train, valid, test = random_split(fresh, 0.1, 0.1, seed=0)
+    assert calls == [1]
+    assert all(p._known_unique() for p in (fresh, train, valid, test))
+    norm = RatingNormalizer(train, "item")
+    assert rating_matrix(valid, "user")._nnz() == len(valid)
+    assert norm.matrix(test).values().shape == (len(test),)
+    holdout_split(train, test, seed=0)  # train and test together: checked, not known
+    assert calls == [1, 2]

@@ -250,6 +250,65 @@ def test_fit_refuses_a_pair_rated_twice_before_training(call, message, validatio
     assert all(torch.equal(state[k], v) for k, v in fitted.state_dict().items())
 
 
+def _count_pair_checks(monkeypatch):
+    """Count the sorts of (user, item) keys that check_unique_pairs does."""
+    from nnsparse.data import readers
+    calls = []
+    original = readers._sorted_pair_keys
+
+    def counting(*parts):
+        calls.append(sum(len(p) for p in parts))
+        return original(*parts)
+    monkeypatch.setattr(readers, "_sorted_pair_keys", counting)
+    return calls
+
+
+@pytest.mark.parametrize("how", ["no-validation", "drawn-validation", "given-validation"])
+def test_fit_checks_the_pairs_once(monkeypatch, how):
+    # fit checks the pairs; the normaliser, the training matrix and the refit's matrix
+    # reuse that knowledge instead of sorting the keys again
+    r = synthetic_ratings(0, 20, 15, 120)
+    kw = dict(validation=None)
+    if how == "given-validation":
+        r, kw["validation"] = split_ratings(r, 0.3, seed=1)
+    calls = _count_pair_checks(monkeypatch)
+    model = AutoRec(**{**SMALL, "validation_ratio": 0.3 if how == "drawn-validation" else 0.0,
+                       "refit": True})
+    model.fit(r, verbose=False, progress=False, **kw)
+    assert model._built
+    total = len(r) + (len(kw["validation"]) if kw["validation"] is not None else 0)
+    assert calls == [total]
+
+
+@pytest.mark.parametrize("validation_ratio", [0.0, 0.3])
+def test_fit_checks_again_a_record_edited_in_place(monkeypatch, validation_ratio):
+    # a record checked once is checked again after its indices change in place (the
+    # knowledge follows the tensors' versions), so a pair made twice is still refused
+    r = Ratings.from_triples([1, 2, 3, 4, 5, 6], [10, 20, 30, 10, 20, 30],
+                             [1.0, 2.0, 3.0, 4.0, 5.0, 2.0])
+    calls = _count_pair_checks(monkeypatch)
+    AutoRec(**SMALL).fit(r, verbose=False, progress=False)
+    r.item[2] = 1  # user 3 now rates item 20 ...
+    r.user[2] = 1  # ... as user 2 does
+    with pytest.raises(ValueError, match=re.escape(
+            "train: 1 (user, item) pair rated more than once, e.g. user 2 and item 20")):
+        AutoRec(**{**SMALL, "validation_ratio": validation_ratio}).fit(
+            r, verbose=False, progress=False)
+    assert calls == [6, 6]
+
+
+def test_fit_refuses_a_subset_that_repeats_an_entry():
+    # an integer subset may take one entry twice: it is not known unique as a mask subset is
+    r = synthetic_ratings(0, 20, 15, 120)
+    AutoRec(**SMALL).fit(r, verbose=False, progress=False)  # r is now known unique
+    twice = r.subset(torch.tensor([0, 1, 0]))
+    with pytest.raises(ValueError, match=r"train from synthetic_ratings\(seed=0\): 1 \(user, item\) pair "
+                                         r"rated more than once"):
+        AutoRec(**SMALL).fit(twice, verbose=False, progress=False)
+    assert r.subset(torch.arange(len(r)) % 2 == 0)._known_unique()
+    assert not twice._known_unique()
+
+
 def test_kfold_refuses_a_pair_rated_twice():
     with pytest.raises(ValueError, match=r"ratings: 1 \(user, item\) pair rated more than once, "
                                          r"e\.g\. user 2 and item 20 \(2 ratings\)"):

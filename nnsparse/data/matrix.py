@@ -167,7 +167,8 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
     def pair_of(k: int) -> Tuple[int, int]:  # (user, item) of a key
         row, col = divmod(k, width)
         return (col, row) if orientation == "item" else (row, col)
-    refuse_repeated_keys(f"ratings{source}", ratings, key, pair_of)
+    if not ratings._known_unique():  # else checked once already (check_unique_pairs)
+        refuse_repeated_keys(f"ratings{source}", ratings, key, pair_of)
     # checked above: the matrix is built trusted, its structure attached
     batch = SparseBatch(row[order], col[order], values[order], (rows, width), "coo",
                         row_sorted=True, coalesced=True, trusted=True)

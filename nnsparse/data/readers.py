@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._forms import _a, refuse_meta
+from .._forms import _a, _version, refuse_meta
 
 __all__ = ["Ratings", "read_ratings", "read_split", "read_item_features", "read_user_features",
            "FORMATS"]
@@ -88,6 +88,13 @@ class Ratings:
     titles: Optional[List[str]] = None
     source: str = ""
     _ids: Dict[str, List[Any]] = field(default_factory=dict, repr=False, compare=False)
+    # Set when no (user, item) pair is known to repeat (check_unique_pairs passed, the file
+    # reader checked it, or a bool-mask subset of such a record): the user and item
+    # tensors then checked and their versions, so that the O(n log n) check runs once
+    # per record, and again after either tensor is replaced or edited in place.  Not an
+    # __init__ argument: dataclasses.replace() gives a new record no such knowledge.
+    _unique: Optional[Tuple[Tensor, Tensor, int, int]] = field(
+        default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("user", "item", "rating"):
@@ -201,6 +208,18 @@ class Ratings:
             self._ids[key] = ids
         return ids
 
+    def _known_unique(self) -> bool:
+        """Whether this record's (user, item) pairs are known not to repeat (see ``_unique``)."""
+        known = self._unique
+        if known is not None and not (known[0] is self.user and known[1] is self.item and
+                                      known[2:] == (_version(self.user), _version(self.item))):
+            known = self._unique = None  # stale: the tensors changed (and need not stay alive)
+        return known is not None
+
+    def _mark_unique(self) -> None:
+        """Record that no (user, item) pair of this record repeats (checked by the caller)."""
+        self._unique = (self.user, self.item, _version(self.user), _version(self.item))
+
     def subset(self, index: Any) -> "Ratings":
         """The entries ``index``, sharing the maps and titles.
 
@@ -215,8 +234,11 @@ class Ratings:
             IndexError: an index outside ``[-n, n)``.
         """
         index = _entry_index(index, len(self))
-        return replace(self, user=self.user[index], item=self.item[index],
+        part = replace(self, user=self.user[index], item=self.item[index],
                        rating=self.rating[index], _ids=self._ids)
+        if index.dtype == torch.bool and self._known_unique():
+            part._mark_unique()  # a mask keeps each entry at most once (indices may repeat)
+        return part
 
 
 def refuse_uint8_index(index: Tensor, name: str, expected: str, fix: str) -> None:
@@ -264,13 +286,19 @@ def check_unique_pairs(name: str, *parts: Ratings) -> None:
     rate a (user, item) pair more than once.
 
     One sort of the ``n`` pair keys, O(n log n) (about 0.5 s for 10M ratings on
-    one CPU thread).  The message names ``name`` (and the source), the number
-    of repeated pairs and the original ids of the first.
+    one CPU thread), skipped for one part already known unique
+    (``Ratings._known_unique``); each part is marked unique once it passes.
+    The message names ``name`` (and the source), the number of repeated pairs
+    and the original ids of the first.
     """
     first = parts[0]
+    if len(parts) == 1 and first._known_unique():
+        return
     key, width = _sorted_pair_keys(*parts)
     refuse_repeated_keys(f"{name}{_from(first.source)}", first, key,
                          lambda k: divmod(k, width))
+    for part in parts:  # no pair repeats in all the parts together, nor in each one
+        part._mark_unique()
 
 
 def _sorted_pair_keys(*parts: Ratings) -> Tuple[Tensor, int]:
@@ -808,9 +836,11 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
     # Nothing can fail any more: extend the caller's maps (shared by a split).
     user_map = new_users if user_map is None else _commit(user_map, new_users)
     item_map = new_items if item_map is None else _commit(item_map, new_items)
-    return Ratings(torch.from_numpy(user_index), torch.from_numpy(item_index),
-                   torch.from_numpy(rating32), user_map, item_map,
-                   titles=title_list, source=name)
+    ratings = Ratings(torch.from_numpy(user_index), torch.from_numpy(item_index),
+                      torch.from_numpy(rating32), user_map, item_map,
+                      titles=title_list, source=name)
+    ratings._mark_unique()  # _check_file_pairs found no pair twice in the file
+    return ratings
 
 
 def _check_file_pairs(user_index: np.ndarray, item_index: np.ndarray, n_items: int,

@@ -78,10 +78,15 @@ def torch_seed(seed: Any, name: str = "seed") -> int:
     return (int(words[0]) | int(words[1]) << 32) & (2**63 - 1)
 
 
-def concat(a: Ratings, b: Ratings) -> Ratings:
-    """``a`` and ``b`` (sharing id maps) as one record."""
-    return replace(a, user=torch.cat([a.user, b.user]), item=torch.cat([a.item, b.item]),
+def concat(a: Ratings, b: Ratings, unique: bool = False) -> Ratings:
+    """``a`` and ``b`` (sharing id maps) as one record; ``unique``: the caller knows that
+    no (user, item) pair repeats in both together (checked, or disjoint parts of a record
+    known unique), and the record is marked so (not checked again)."""
+    both = replace(a, user=torch.cat([a.user, b.user]), item=torch.cat([a.item, b.item]),
                    rating=torch.cat([a.rating, b.rating]))
+    if unique:
+        both._mark_unique()
+    return both
 
 
 def draw(ratings: Ratings, ratio: float, seed: int) -> Tuple[Ratings, Ratings]:

@@ -473,7 +473,8 @@ class RatingModel(nn.Module):
                 print(f"refit on train + validation for {result.best_epoch} epochs "
                       f"(best validation RMSE {result.best_rmse:.4f})")
             assert validation is not None  # validate is set only with a validation set
-            self._prepare(concat(train_part, validation), scale, features)
+            # checked above: train and validation together rate no pair twice
+            self._prepare(concat(train_part, validation, unique=True), scale, features)
             self.to(device)
             self._trainer(device, progress).fit(self._input.to(device), None,
                                                 epochs=result.best_epoch)
