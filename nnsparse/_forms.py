@@ -33,7 +33,8 @@ import numbers
 import operator
 import string
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, overload
+from typing import (Any, Dict, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union,
+                    overload)
 
 import torch
 from torch import Tensor
@@ -408,10 +409,21 @@ def _key(x: Tensor) -> Optional[Tuple[Any, ...]]:
             x.is_coalesced(), x.requires_grad)
 
 
-def _attach(x: Tensor, found: _Attached) -> None:
-    """Attach ``found`` to ``x``, unless its key could not be read (then nothing is cached)."""
+class _Keyed(Protocol):
+    """A structure cached on a tensor: the :func:`_key` of the tensor it was built from."""
+
+    key: Optional[Tuple[Any, ...]]
+
+
+_K = TypeVar("_K", bound=_Keyed)
+
+
+def _attach(x: Tensor, found: _Keyed, attr: str = _ATTR) -> None:
+    """Attach ``found`` to ``x`` under ``attr``, unless its key could not be read (then
+    nothing is cached).  ``attr``: nnsparse's batch structure by default;
+    ``nnsparse.matmul`` caches a 3-D tensor's flat pattern under its own name."""
     if found.key is not None:
-        setattr(x, _ATTR, found)
+        setattr(x, attr, found)
 
 
 def attach(x: Tensor, batch: SparseBatch) -> Tensor:
@@ -434,9 +446,15 @@ def attach(x: Tensor, batch: SparseBatch) -> Tensor:
 
 
 def _attached(x: Tensor) -> Optional[_Attached]:
-    found = getattr(x, _ATTR, None)
+    return _cached(x, _ATTR, _Attached)
+
+
+def _cached(x: Tensor, attr: str, kind: Type[_K]) -> Optional[_K]:
+    """The ``kind`` structure :func:`_attach` left on ``x`` under ``attr``, if ``x`` has
+    not changed since (same :func:`_key`); else ``None``."""
+    found = getattr(x, attr, None)
     # (an attached key is never None: a key of None, inside a transform, matches none)
-    if found is None or found.key != _key(x):
+    if not isinstance(found, kind) or found.key != _key(x):
         return None
     return found
 

@@ -32,7 +32,8 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from . import _index
-from ._forms import _check_csr, _key, as_sparse_batch, is_sparse_form, refuse_meta
+from ._forms import (_attach, _cached, _check_csr, _key, as_sparse_batch, is_sparse_form,
+                     refuse_meta)
 from ._kernels import _csr_rows_mm, _gather_dot, _sampled_mm
 
 __all__ = ["sparse_mm"]
@@ -265,11 +266,10 @@ def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
         raise NotImplementedError(f"{name}: layout {a.layout} is not supported; convert with "
                                   ".to_sparse_coo() or .to_sparse_csr()")
     _check_hybrid(a, name)
-    flat = getattr(a, _ATTR, None)
-    if flat is None or flat.key != _key(a):  # (a stored key is never None)
+    flat = _cached(a, _ATTR, _Flat)
+    if flat is None:
         flat = _flat_coo(a, name) if a.layout == torch.sparse_coo else _flat_csr(a, name)
-        if flat.key is not None:  # None (inside a transform): not cached, as nnsparse._forms
-            setattr(a, _ATTR, flat)
+        _attach(a, flat, _ATTR)  # not cached where its key is None (inside a transform)
     return _Pattern(flat.values_of(a), flat.row, flat.col, flat.crow, flat.rows, flat.cols,
                     flat.transposed)
 

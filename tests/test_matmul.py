@@ -365,6 +365,25 @@ def test_a_changed_tensor_is_checked_again():
 
 
 
+def test_a_3d_structure_is_cached_by_the_forms_helpers():
+    """The flat pattern of a 3-D tensor is cached with nnsparse._forms' _attach/_cached under
+    matmul's own attribute: reused while the tensor is unchanged, never read as a 2-D batch's
+    structure, and forgotten once the indices change."""
+    from nnsparse import _forms
+    a = torch.stack([torch.eye(3)] * 2).to_sparse()
+    sparse_mm(a, torch.ones(2, 3, 1))
+    flat = _forms._cached(a, mm._ATTR, mm._Flat)
+    assert flat is not None and _forms._attached(a) is None
+    assert _forms._cached(a, mm._ATTR, _forms._Attached) is None
+    sparse_mm(a, torch.ones(2, 3, 1))
+    assert _forms._cached(a, mm._ATTR, mm._Flat) is flat
+    with torch.no_grad():
+        a._indices()[2, 0] = 1
+    assert _forms._cached(a, mm._ATTR, mm._Flat) is None
+    sparse_mm(a, torch.ones(2, 3, 1))
+    assert _forms._cached(a, mm._ATTR, mm._Flat) not in (None, flat)
+
+
 def _sparse_weight_layer():
     layer = nnsparse.SparseWeightLinear(torch.eye(4, 6).to_sparse())
     return layer  # it multiplies its weight by the input's transpose: a non-contiguous view
