@@ -807,10 +807,13 @@ def as_int(value: Any, name: str, must: str = "be an int") -> int:
 
 
 def as_count(name: str, value: Any, low: int) -> int:
-    """``value`` as a Python int ``>= low`` (numpy ints pass, not a bool or a float);
-    otherwise a ``ValueError`` "``name`` must be an int >= ``low``, got ...".  The check
-    of counts and hyperparameters such as batch sizes and epochs."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
+    """``value`` as a Python int ``>= low`` (numpy ints pass): "``name`` must be an int >=
+    ``low``, got ...", a ``TypeError`` for another kind (a bool, a float, even whole, a
+    str), a ``ValueError`` for an int below ``low`` or beyond int64.  The check of counts
+    and hyperparameters such as batch sizes and epochs."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
+    if value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     if int(value) > _INT64_MAX:  # torch, DataLoader and islice take no count beyond it
         raise ValueError(f"{name} must be an int in [{low}, 2**63), got {value!r}")

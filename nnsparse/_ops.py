@@ -319,9 +319,11 @@ def _check_parts(parts: SparseParts, width: Optional[int], name: str) -> None:
             raise ValueError(f"{name}.crow, .col and .values must be on one device, got "
                              f"{sorted(str(d) for d in devices)}")
         size = parts.size
-        if (not isinstance(size, (tuple, list, torch.Size)) or len(size) != 2
-                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
-                           for n in size)):
+        if not isinstance(size, (tuple, list, torch.Size)) or not all(
+                isinstance(n, int) and not isinstance(n, bool) for n in size):
+            raise TypeError(f"{name}.size must be (rows, width), two non-negative ints, "
+                            f"got {size!r}")
+        if len(size) != 2 or any(n < 0 for n in size):
             raise ValueError(f"{name}.size must be (rows, width), two non-negative ints, "
                              f"got {size!r}")
         if parts.values.shape[0] != parts.col.shape[0]:

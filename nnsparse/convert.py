@@ -94,7 +94,7 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
     Raises:
         TypeError: ``x`` is not a dense tensor, ``elem`` is not a number torch
             takes (a ``Fraction``, a ``Decimal``) or is complex for real ``x``,
-            or ``layout`` is not a sparse layout.
+            ``layout`` is not a sparse layout, or ``offset`` is not an int.
         ValueError: ``x`` has more than 2 dimensions or is on the meta device,
             an ``elem`` that ``x``'s dtype cannot hold (``0.5`` or ``nan`` for
             integers, ``1000`` for int8: it would equal no entry),
@@ -116,8 +116,7 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
     if x.dim() not in (1, 2):
         raise ValueError(f"x must be 1-D (a vector) or 2-D (rows, n), got {x.dim()} dimensions")
     refuse_meta(x, "x")
-    if not isinstance(offset, numbers.Integral) or isinstance(offset, bool) or offset < 0:
-        raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+    _check_offset(offset)
     offset = int(offset)
     size = (*x.shape[:-1], x.shape[-1] + offset)
     if math.prod(size) >= 2 ** 63:
@@ -139,6 +138,14 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
         crow = _index.crow_from_counts(mask.sum(1))
         return trust(_sparse_csr(crow, index[1], values, size))
     return trust(_sparse_coo(index, values, size, coalesced=True))
+
+
+def _check_offset(offset: Any) -> None:
+    """``sparsify``'s and ``Sparsify``'s ``offset``: a non-negative int (numpy ints pass)."""
+    if not isinstance(offset, numbers.Integral) or isinstance(offset, bool):
+        raise TypeError(f"offset must be a non-negative int, got {offset!r}")
+    if offset < 0:
+        raise ValueError(f"offset must be a non-negative int, got {offset!r}")
 
 
 def _batch_size(size: Optional[Size], batch: SparseBatch) -> Tuple[int, int]:

@@ -237,10 +237,12 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
 
     Raises:
         ValueError: ``batch_size`` is not positive.
-        TypeError: ``seed`` is not an int, or ``kwargs`` sets ``sampler`` or
+        TypeError: ``batch_size`` or ``seed`` is not an int, or ``kwargs`` sets ``sampler`` or
             ``batch_sampler`` (the loader's own).
     """
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool):
+        raise TypeError(f"batch_size must be a positive int, got {batch_size!r}")
+    if batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if batch_size > 2 ** 63 - 1:  # the sampler's islice takes no count beyond int64
         raise ValueError(f"batch_size must be a positive int below 2**63, got {batch_size!r}")

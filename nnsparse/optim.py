@@ -783,10 +783,12 @@ class InBackwardOptimizer:
         for name, u in self._updates.items():
             for key, t in u.state.items():
                 given = tables[name].get(key)
-                if not isinstance(given, Tensor) or given.shape != t.shape:
+                if not isinstance(given, Tensor):
+                    raise TypeError(f"state_dict['tables'][{name!r}][{key!r}] must be a tensor "
+                                    f"of shape {tuple(t.shape)}, got {given!r}")
+                if given.shape != t.shape:
                     raise ValueError(f"state_dict['tables'][{name!r}][{key!r}] must be a tensor "
-                                     f"of shape {tuple(t.shape)}, got "
-                                     f"{tuple(given.shape) if isinstance(given, Tensor) else given!r}")
+                                     f"of shape {tuple(t.shape)}, got {tuple(given.shape)}")
                 if key == "step":
                     _check_step(given, f"state_dict['tables'][{name!r}]['step']")
         if (state_dict.get("dense") is None) != (self.dense is None):
@@ -795,7 +797,10 @@ class InBackwardOptimizer:
         if self.dense is not None:
             _check_state_entries(state_dict["dense"], self.dense, "state_dict['dense']")
         rates = state_dict.get("lr", {})  # absent from older state dicts: the rates are kept
-        if not isinstance(rates, dict) or not set(rates) <= set(self._updates):
+        if not isinstance(rates, dict):
+            raise TypeError(f"state_dict['lr'] must be a dict of layer name -> learning rate "
+                            f"for the layers {sorted(self._updates)}, got {rates!r}")
+        if not set(rates) <= set(self._updates):
             raise ValueError(f"state_dict['lr'] must be a dict of layer name -> learning rate "
                              f"for the layers {sorted(self._updates)}, got {rates!r}")
         for name, lr in rates.items():
@@ -1023,8 +1028,10 @@ def _closure_loss(closure: Any) -> Optional[float]:
 
 
 def _check_betas(betas: Any) -> None:
-    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+    if not isinstance(betas, (tuple, list)):
         raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+    if len(betas) != 2:
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
     for value in betas:
         _check_real("betas", value)
     if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):

@@ -388,7 +388,7 @@ CASES += [
          ValueError, r"dense must be one of .*got 'sgd'"),
     Case("make_optimizer-betas", lambda: nnsparse.make_optimizer(
         nnsparse.SparseLinearBatch(3, 2, sparse_grad=True), betas=(0.9,)),
-         TypeError, r"betas must be a pair \(beta1, beta2\), got \(0.9,\)"),
+         ValueError, r"betas must be a pair \(beta1, beta2\), got \(0.9,\)"),
     Case("make_optimizer-weight_decay-neg", lambda: nnsparse.make_optimizer(
         nnsparse.SparseLinearBatch(3, 2, sparse_grad=True), weight_decay=-1.0),
          ValueError, r"weight_decay must be non-negative"),
@@ -608,7 +608,7 @@ for _name, _cls in MODELS:
         Case(f"{_name}-l2-inf", lambda c=_cls: c(l2=float("inf")), ValueError, r"l2 must be finite, got inf"),
         Case(f"{_name}-weight_decay-nan", lambda c=_cls: c(weight_decay=float("nan")), ValueError,
              r"weight_decay must be non-negative, got nan"),
-        Case(f"{_name}-batch_size-float", lambda c=_cls: c(batch_size=16.0), ValueError,
+        Case(f"{_name}-batch_size-float", lambda c=_cls: c(batch_size=16.0), TypeError,
              r"batch_size must be an int >= 1, got 16.0"),
     ]
 
@@ -628,7 +628,7 @@ CASES += [
          r"ratings holds no ratings; there is nothing to evaluate"),
     Case("recommend-shrinkage-inf", lambda: fitted().recommend(0, shrinkage=float("inf"), by_index=True),
          ValueError, r"shrinkage must be finite, got inf"),
-    Case("recommend-k-float", lambda: fitted().recommend(0, k=2.0, by_index=True), ValueError,
+    Case("recommend-k-float", lambda: fitted().recommend(0, k=2.0, by_index=True), TypeError,
          r"k must be a non-negative int, got 2.0"),
     Case("recommend-unhashable-user", lambda: fitted().recommend([1]), TypeError,
          r"user must be an original user id \(hashable\), got list"),
@@ -977,7 +977,8 @@ def test_distributed_trainer_batch_size(batch_size):
     model = fitted()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        with pytest.raises(ValueError, match=r"batch_size must be an int >= 1, got "):
+        error = ValueError if batch_size == 0 else TypeError  # an int too small, or no int
+        with pytest.raises(error, match=r"batch_size must be an int >= 1, got "):
             DistributedTrainer(model, epochs=1, batch_size=batch_size, lr=1e-3)
     finally:
         dist.destroy_process_group()

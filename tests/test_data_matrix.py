@@ -1,4 +1,6 @@
 """Tests of nnsparse.data.matrix: orientation, normalisation, centring, errors, baseline."""
+import re
+
 import pytest
 import torch
 
@@ -51,6 +53,27 @@ def test_rating_matrix_errors():
         rating_matrix(small(), shape=(2, 3))
     with pytest.raises(ValueError, match=r"values must have shape \(6,\), got \(5,\)"):
         rating_matrix(small(), values=torch.ones(5))
+
+
+@pytest.mark.parametrize("shape, error", [
+    ("ab", TypeError), (5, TypeError), ((2.0, 3), TypeError), ((True, 3), TypeError),
+    ((2, 3, 4), ValueError), ((2,), ValueError), ((-1, 3), ValueError),
+])
+def test_rating_matrix_shape_errors(shape, error):
+    # another kind than a sequence of ints is a TypeError, a wrong length or sign a ValueError
+    with pytest.raises(error, match=r"^shape must be two non-negative ints \(rows, width\), "
+                                    r"got " + re.escape(repr(shape)) + "$"):
+        rating_matrix(small(), shape=shape)
+
+
+@pytest.mark.parametrize("scale, error", [
+    ("ab", TypeError), (5, TypeError), ((1, "5"), TypeError), ((1, 3, 5), ValueError),
+    ((1,), ValueError),
+])
+def test_normalizer_scale_errors(scale, error):
+    with pytest.raises(error, match=r"^scale must be a pair of numbers \(min, max\), got "
+                                    + re.escape(repr(scale)) + "$"):
+        RatingNormalizer(small(), scale=scale)
 
 
 @pytest.mark.parametrize("orientation", ["item", "user"])

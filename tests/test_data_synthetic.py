@@ -58,14 +58,17 @@ def test_small_and_options():
     assert (r.user * 8 + r.item).unique().numel() == 80
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(n_users=0), "n_users must be a positive int, got 0"),
-    (dict(n_items=2.5), "n_items must be a positive int, got 2.5"),
-    (dict(n_users=3, n_items=3, n_ratings=10), "n_ratings must be at most n_users \\* n_items = 9"),
-    (dict(noise=-1.0), "noise must be non-negative"),
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(n_users=0), ValueError, "n_users must be a positive int, got 0"),
+    (dict(n_items=2.5), TypeError, "n_items must be a positive int, got 2.5"),
+    (dict(n_ratings="9"), TypeError, "n_ratings must be a positive int, got '9'"),
+    (dict(n_users=True), TypeError, "n_users must be a positive int, got True"),
+    (dict(n_users=3, n_items=3, n_ratings=10), ValueError,
+     "n_ratings must be at most n_users \\* n_items = 9"),
+    (dict(noise=-1.0), ValueError, "noise must be non-negative"),
 ])
-def test_errors(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
         synthetic_ratings(**kwargs)
 
 

@@ -179,9 +179,12 @@ def test_save_writes_a_file(tmp_path):
     assert torch.equal(torch.load(tmp_path / "x.pt")["a"], torch.ones(2))
 
 
-def test_loader_errors():
-    with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
-        nd.loader(SparseRowDataset(_data()), 0)
+@pytest.mark.parametrize("batch_size, error", [
+    (0, ValueError), (-3, ValueError), ("2", TypeError), (2.0, TypeError), (True, TypeError),
+])
+def test_loader_errors(batch_size, error):
+    with pytest.raises(error, match=f"^batch_size must be a positive int, got {batch_size!r}$"):
+        nd.loader(SparseRowDataset(_data()), batch_size)
 
 
 @pytest.mark.parametrize("seed", [0, -2 ** 63, 2 ** 63, 2 ** 64 - 2, 2 ** 64, -2 ** 70,

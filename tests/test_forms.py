@@ -220,3 +220,24 @@ def test_csr_with_int32_indices():
 ])
 def test_article(word, expected):
     assert _a(word) == expected
+
+
+# as_count: another kind than an int is a TypeError, an int out of range a ValueError
+@pytest.mark.parametrize("value, error, message", [
+    ("a", TypeError, "batch_size must be an int >= 1, got 'a'"),
+    (2.0, TypeError, "batch_size must be an int >= 1, got 2.0"),
+    (True, TypeError, "batch_size must be an int >= 1, got True"),
+    (None, TypeError, "batch_size must be an int >= 1, got None"),
+    (0, ValueError, "batch_size must be an int >= 1, got 0"),
+    (2 ** 63, ValueError, r"batch_size must be an int in \[1, 2\*\*63\), got 9223372036854775808"),
+])
+def test_as_count_errors(value, error, message):
+    from nnsparse._forms import as_count
+    with pytest.raises(error, match=f"^{message}$"):
+        as_count("batch_size", value, 1)
+
+
+def test_as_count_takes_numpy_ints():
+    import numpy as np
+    from nnsparse._forms import as_count
+    assert as_count("k", np.int64(3), 0) == 3 and type(as_count("k", np.int64(3), 0)) is int

@@ -212,3 +212,12 @@ def test_sparsify_errors():
         nnsparse.Sparsify()(torch.eye(2).to_sparse())
     with pytest.raises(ValueError, match=r"layout torch.sparse_csr needs a 2-D x, got a vector"):
         nnsparse.Sparsify(layout=torch.sparse_csr)(torch.ones(3))
+
+
+@pytest.mark.parametrize("offset, error", [
+    (-1, ValueError), ("1", TypeError), (1.0, TypeError), (True, TypeError), (None, TypeError),
+])
+def test_sparsify_offset_errors(offset, error):
+    # another kind than an int is a TypeError, a negative int a ValueError (as sparsify)
+    with pytest.raises(error, match=f"^offset must be a non-negative int, got {offset!r}$"):
+        nnsparse.Sparsify(offset=offset)

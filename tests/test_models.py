@@ -309,6 +309,26 @@ def test_fit_refuses_a_subset_that_repeats_an_entry():
     assert not twice._known_unique()
 
 
+@pytest.mark.parametrize("call, error, message", [
+    (lambda r: kfold(r, k="3"), TypeError, "k must be an int >= 2, got '3'"),
+    (lambda r: kfold(r, k=3.0), TypeError, "k must be an int >= 2, got 3.0"),
+    (lambda r: kfold(r, k=1), ValueError, "k must be an int >= 2, got 1"),
+    (lambda r: cross_validate(lambda: AutoRec(**SMALL), [r]), TypeError,
+     "folds must yield (train, test) pairs, got Ratings at fold 1"),
+    (lambda r: cross_validate(lambda: AutoRec(**SMALL), [(r, r, r)]), ValueError,
+     "folds must yield (train, test) pairs, got a tuple of 3 at fold 1"),
+    (lambda r: AutoRec(**SMALL).fit(r, verbose=False, progress=False).recommend(
+        0, k=2.0, by_index=True), TypeError, "k must be a non-negative int, got 2.0"),
+    (lambda r: AutoRec(**SMALL).fit(r, verbose=False, progress=False).recommend(
+        0, k=-1, by_index=True), ValueError, "k must be a non-negative int, got -1"),
+], ids=["kfold-k-str", "kfold-k-float", "kfold-k-1", "folds-not-a-pair", "folds-triple",
+        "recommend-k-float", "recommend-k-negative"])
+def test_count_and_pair_arguments(call, error, message):
+    # another kind is a TypeError; the right kind with a wrong value or length a ValueError
+    with pytest.raises(error, match="^" + re.escape(message) + "$"):
+        call(synthetic_ratings(0, 20, 15, 120))
+
+
 def test_kfold_refuses_a_pair_rated_twice():
     with pytest.raises(ValueError, match=r"ratings: 1 \(user, item\) pair rated more than once, "
                                          r"e\.g\. user 2 and item 20 \(2 ratings\)"):
@@ -366,9 +386,14 @@ def _trainer(**kw):
     (lambda: _NoTraining(torch.nn.Linear(1, 1), epochs=1, batch_size=1, lr=0.1, log=None,
                          progress=False).fit(torch.eye(2).to_sparse_csr(), validate=lambda: "x"),
      TypeError, r"validate must return a number \(the validation RMSE\), got str 'x'"),
-    (lambda: _trainer(epochs=np.float64(1)), ValueError, r"epochs must be an int >= 1"),
+    (lambda: _trainer(epochs=np.float64(1)), TypeError, r"epochs must be an int >= 1"),
     (lambda: _trainer(seed="1"), TypeError, r"seed must be an int, got str"),
-], ids=["no-rows", "validate-str", "epochs-float", "seed-str"])
+    (lambda: _trainer().fit(torch.eye(2).to_sparse_csr(), epochs=1.0), TypeError,
+     r"^epochs must be None or an int >= 1, got 1.0$"),
+    (lambda: _trainer().fit(torch.eye(2).to_sparse_csr(), epochs=0), ValueError,
+     r"^epochs must be None or an int >= 1, got 0$"),
+], ids=["no-rows", "validate-str", "epochs-float", "seed-str", "fit-epochs-float",
+        "fit-epochs-0"])
 def test_trainer_bad_inputs(call, error, match):
     with pytest.raises(error, match=match):
         call()

@@ -171,3 +171,16 @@ def test_half_types(device, dtype):
     out = ops.sparse_mm(p.crow, p.col, p.values.to(dtype), w.to(dtype), None)
     assert out.dtype == dtype
     torch.testing.assert_close(out.float(), dense @ w, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("size, error", [
+    ("ab", TypeError), (None, TypeError), ((2.0, 3), TypeError), ((True, 3), TypeError),
+    ((2, 3, 4), ValueError), ((2,), ValueError), ((-1, 3), ValueError),
+])
+def test_sparse_parts_size_errors(size, error):
+    # another kind than a sequence of ints is a TypeError, a wrong length or sign a ValueError
+    import re
+    parts = nnsparse.sparse_parts(torch.eye(2, 3).to_sparse_csr())._replace(size=size)
+    with pytest.raises(error, match=r"^parts.size must be \(rows, width\), two non-negative ints, "
+                                    r"got " + re.escape(repr(size)) + "$"):
+        parts.to_sparse_csr()

@@ -264,7 +264,8 @@ def test_lazy_adam_hyperparameters_of_the_wrong_kind(kwargs, exc, message):
 
 @pytest.mark.parametrize("kwargs,exc,message", [
     (dict(lr="x"), TypeError, "lr must be a number, got str"),
-    (dict(betas=(0.9,)), TypeError, r"betas must be a pair"),
+    (dict(betas=(0.9,)), ValueError, r"betas must be a pair \(beta1, beta2\), got \(0.9,\)"),
+    (dict(betas=0.9), TypeError, r"betas must be a pair \(beta1, beta2\), got 0.9"),
     (dict(weight_decay=-1.0), ValueError, "weight_decay must be non-negative, got -1.0"),
 ])
 def test_in_backward_hyperparameters_of_the_wrong_kind(kwargs, exc, message):

@@ -215,6 +215,20 @@ def test_state_dict_round_trip():
     before = copy.deepcopy(opt2.state_dict())
     with pytest.raises(ValueError, match="state_dict must be of an 'adam' optimiser, got 'sgd'"):
         opt2.load_state_dict(dict(saved_opt, kind="sgd"))
+    for broken, error, message in [  # another kind: TypeError; a wrong shape or key: ValueError
+            (("tables", "dec", "exp_avg", [0.0]), TypeError,
+             r"\['dec'\]\['exp_avg'\] must be a tensor of shape \(\d+, \d+\), got \[0.0\]$"),
+            (("lr", 0.1), TypeError, r"state_dict\['lr'\] must be a dict .* got 0.1$"),
+            (("lr", {"nope": 0.1}), ValueError,
+             r"state_dict\['lr'\] must be a dict .* got \{'nope'")]:
+        bad = copy.deepcopy(saved_opt)
+        *where, last, value = broken
+        target = bad
+        for key in where:
+            target = target[key]
+        target[last] = value
+        with pytest.raises(error, match=message):
+            opt2.load_state_dict(bad)
     bad = copy.deepcopy(saved_opt)
     bad["tables"]["dec"]["exp_avg"] = torch.zeros(2, 2)
     with pytest.raises(ValueError, match=r"\['dec'\]\['exp_avg'\] must be a tensor of shape"):

@@ -98,8 +98,10 @@ def _check_values_arg(values: Any, name: str) -> None:
 def _matrix_shape(shape: Any) -> Tuple[int, int]:
     """A ``(rows, width)`` given for a rating matrix: two non-negative ints (numpy ints
     pass) whose product stays within int64 elements, as torch's sparse tensors need."""
-    if not isinstance(shape, (tuple, list, torch.Size)) or len(shape) != 2 or any(
-            isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0 for s in shape):
+    if not isinstance(shape, (tuple, list, torch.Size)) or any(
+            isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in shape):
+        raise TypeError(f"shape must be two non-negative ints (rows, width), got {shape!r}")
+    if len(shape) != 2 or any(s < 0 for s in shape):
         raise ValueError(f"shape must be two non-negative ints (rows, width), got {shape!r}")
     rows, width = int(shape[0]), int(shape[1])
     if rows * width > torch.iinfo(torch.int64).max:
@@ -233,9 +235,11 @@ class RatingNormalizer:
         if scale is None:
             lo, hi = data_lo, data_hi
         else:
-            if not isinstance(scale, (tuple, list)) or len(scale) != 2 or any(
+            if not isinstance(scale, (tuple, list)) or any(
                     isinstance(v, bool) or not isinstance(v, numbers.Real) for v in scale):
                 raise TypeError(f"scale must be a pair of numbers (min, max), got {scale!r}")
+            if len(scale) != 2:
+                raise ValueError(f"scale must be a pair of numbers (min, max), got {scale!r}")
             lo, hi = float(scale[0]), float(scale[1])
             if not (math.isfinite(lo) and math.isfinite(hi)):
                 raise ValueError(f"scale must be finite, got ({lo}, {hi})")

@@ -38,7 +38,9 @@ _ALIGNMENT = 0.4
 
 
 def _check_positive(value: int, name: str) -> None:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a positive int, got {value!r}")
+    if value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
@@ -224,9 +226,9 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
         ids agree and every user and item has an index, rated or not.
 
     Raises:
-        TypeError: a ``seed`` that is not an int; ``noise``, ``user_sigma`` or
-            ``item_sigma`` not a real number; ``titles`` not a bool.
-        ValueError: a negative ``seed``; a size that is not a positive int;
+        TypeError: a ``seed`` or a size that is not an int; ``noise``, ``user_sigma``
+            or ``item_sigma`` not a real number; ``titles`` not a bool.
+        ValueError: a negative ``seed``; a size that is not positive;
             more ratings than cells; a negative or non-finite ``noise``,
             ``user_sigma`` or ``item_sigma``.
 

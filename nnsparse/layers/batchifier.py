@@ -328,11 +328,12 @@ class Batchifier:
             tensor.
 
         Raises:
-            TypeError: ``data`` is not one of the accepted kinds.
+            TypeError: ``data`` is not one of the accepted kinds, ``batch_size``
+                not an int.
             ValueError: ``data`` is a single vector, the network returns
                 something other than a dense ``(b, output_size)`` tensor with
                 data (or another dtype than for the first batch), or
-                ``batch_size`` is not an int >= 1.
+                ``batch_size`` is below 1.
         """
         if batch_size is None:
             batch_size = self.batch_size
@@ -388,14 +389,16 @@ class Batchifier:
             ValueError: ``k`` out of range; ``exclude`` with another number of
                 rows or wider than ``output_size``; ``exclude=True`` on data
                 wider than ``output_size``.
-            TypeError: ``exclude`` of a wrong kind, or ``exclude=True`` on
+            TypeError: ``k`` not an int; ``exclude`` of a wrong kind, or ``exclude=True`` on
                 dense batches; ``candidates`` not a dense bool tensor; a network
                 whose scores are bool or complex (they have no order) or
                 uint16/32/64 (``torch.topk`` lacks them).
             ValueError: ``candidates`` not of shape ``(output_size,)``; the
                 network's output as for :meth:`forward`.
         """
-        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 0:
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool):
+            raise TypeError(f"k must be a non-negative int, got {k!r}")
+        if k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
         k = int(k)
         if candidates is not None:

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .._forms import SparseLike, as_sparse_batch
-from ..convert import _check_elem, _densify, sparsify
+from ..convert import _check_elem, _check_offset, _densify, sparsify
 
 __all__ = ["Densify", "Sparsify"]
 
@@ -93,7 +93,8 @@ class Sparsify(nn.Module):
     entries equal to ``elem`` get zero.
 
     Raises:
-        TypeError: the input is not a dense tensor, or ``layout`` is not COO or CSR.
+        TypeError: the input is not a dense tensor, ``layout`` is not COO or CSR,
+            or ``offset`` is not an int.
         ValueError: ``offset`` is negative, the input has more than two
             dimensions, or CSR is asked for a vector.
 
@@ -111,8 +112,7 @@ class Sparsify(nn.Module):
                  layout: torch.layout = torch.sparse_coo) -> None:
         super().__init__()
         # Checked here so that a bad layer fails when built, not at its first batch.
-        if not isinstance(offset, numbers.Integral) or isinstance(offset, bool) or offset < 0:
-            raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+        _check_offset(offset)
         if layout not in (torch.sparse_coo, torch.sparse_csr):
             raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
         self.elem: float = _check_elem(elem)

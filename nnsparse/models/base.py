@@ -636,13 +636,15 @@ class RatingModel(nn.Module):
 
         Raises:
             KeyError: unknown user.
-            TypeError: a non-int ``min_support`` or index, a non-number
+            TypeError: a non-int ``k``, ``min_support`` or index, a non-number
                 ``shrinkage``, non-bool flags.
             ValueError: negative ``k``, ``min_support`` or ``shrinkage``; an
                 index outside ``[0, n_users)`` with ``by_index``.
         """
         self._check_built()
-        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 0:
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool):
+            raise TypeError(f"k must be a non-negative int, got {k!r}")
+        if k < 0:
             raise ValueError(f"k must be a non-negative int, got {k!r}")
         k = int(k)
         if not isinstance(min_support, numbers.Integral) or isinstance(min_support, bool):

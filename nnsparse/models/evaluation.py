@@ -32,7 +32,7 @@ def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[Fold]:
         ValueError: ``k`` below 2 or above ``len(ratings)``; a (user, item)
             pair rated more than once (its ratings could be trained on and
             tested).
-        TypeError: ``seed`` is not an int (any int is a seed).
+        TypeError: ``k`` or ``seed`` is not an int (any int is a seed).
 
     Example::
 
@@ -41,7 +41,9 @@ def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[Fold]:
         [(8, 2), (8, 2), (8, 2), (8, 2), (8, 2)]
     """
     check_ratings(ratings, "ratings")
-    if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 2:
+    if not isinstance(k, numbers.Integral) or isinstance(k, bool):
+        raise TypeError(f"k must be an int >= 2, got {k!r}")
+    if k < 2:
         raise ValueError(f"k must be an int >= 2, got {k!r}")
     k, seed = int(k), torch_seed(seed)
     if len(ratings) < k:
@@ -182,9 +184,12 @@ def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[Fold],
                         f"{type(folds).__name__}") from None
     result = CrossValidation()
     for number, fold in enumerate(folds, start=1):
-        if not isinstance(fold, (tuple, list)) or len(fold) != 2:
+        if not isinstance(fold, (tuple, list)):
             raise TypeError(f"folds must yield (train, test) pairs, got "
                             f"{type(fold).__name__} at fold {number}")
+        if len(fold) != 2:
+            raise ValueError(f"folds must yield (train, test) pairs, got a {type(fold).__name__} "
+                             f"of {len(fold)} at fold {number}")
         train, test = fold
         check_ratings(train, f"fold {number}'s train")
         check_ratings(test, f"fold {number}'s test")

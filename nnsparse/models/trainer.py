@@ -220,7 +220,9 @@ class Trainer:
         if validate is not None and not callable(validate):
             raise TypeError(f"validate must be callable or None, got {type(validate).__name__}")
         if epochs is not None and (not isinstance(epochs, numbers.Integral)
-                                   or isinstance(epochs, bool) or epochs < 1):
+                                   or isinstance(epochs, bool)):
+            raise TypeError(f"epochs must be None or an int >= 1, got {epochs!r}")
+        if epochs is not None and epochs < 1:
             raise ValueError(f"epochs must be None or an int >= 1, got {epochs!r}")
         shape = getattr(self.model, "_shape", None)  # a built RatingModel's matrix shape
         if shape is not None and tuple(x_train.shape) != tuple(shape):
