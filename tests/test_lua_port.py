@@ -1066,6 +1066,13 @@ def test_sparsifier_offset_is_a_keyword():
      r"no Lua attribute 'hideRatio'; nnsparse calls it hide_ratio"),
     (lambda: SparseCriterion(nn.MSELoss()).fullSizeAverage, AttributeError,
      r"nnsparse calls it full_size_average"),
+    # SDAESparseCriterionTester.WithNoise reads criterion.masks[k].alpha
+    (lambda: SDAESparseCriterion(nn.MSELoss()).masks, AttributeError,
+     r"SDAESparseCriterion has no Lua attribute 'masks'; nnsparse calls it mask_alpha"),
+    (lambda: SDAESparseCriterion(nn.MSELoss()).SetAlpha(0.5), AttributeError,
+     r"no Lua attribute 'SetAlpha'; nnsparse calls it alpha"),
+    (lambda: nnsparse.MaskCriterion(nn.MSELoss()).SetBeta(0.5), AttributeError,
+     r"MaskCriterion has no Lua attribute 'SetBeta'; nnsparse calls it beta"),
 ])
 def test_lua_names_of_criteria_settings_are_named_in_the_error(call, error, match):
     # a port reaching for Lua's names learns nnsparse's from the message
