@@ -45,6 +45,31 @@ def test_append_builds_the_vector(n, dtype, device):
     torch.testing.assert_close(x._indices(), reference._indices())  # order of appends kept
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.int64,
+                                   torch.int16])
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 1025, 4096, 4097, 9000])
+def test_build_pairs_equals_build_across_the_host_buffers(n, dtype, device):
+    # build_pairs reads appends still in the host buffers (which start at 256 entries and
+    # grow to 4096) without the storage; the same pairs as build() once they are flushed
+    index, values = _entries(n, 2000, seed=n)
+    if not dtype.is_floating_point:
+        values = [int(v * 100) for v in values]
+    builder = DynamicSparseTensor(dtype=dtype, device=device)
+    for i, v in zip(index, values):
+        builder.append(i, v)
+    pairs = builder.build_pairs()
+    x = builder.build()
+    expected = torch.stack([x._indices()[0].to(dtype), x._values()], dim=1)
+    assert pairs.dtype == dtype and pairs.device == x.device and pairs.shape == (n, 2)
+    assert torch.equal(pairs, expected)
+    assert torch.equal(builder.build_pairs(), expected)  # nothing consumed
+    pairs[0, 1] = 7  # a tensor of its own: resizable, not a view of the builder's buffers
+    pairs.resize_(n + 1, 2)
+    builder.append(3, 1)
+    assert torch.equal(builder.build_pairs()[:n], expected) and len(builder) == n + 1
+
+
 def test_default_size_and_pairs():
     builder = DynamicSparseTensor(dtype=torch.float64)
     for i, v in [(4, 1.5), (0, -2.0), (4, 0.5)]:

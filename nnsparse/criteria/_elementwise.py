@@ -215,6 +215,9 @@ _LUA_SETTINGS = {"noiseRatio": "noise_ratio", "noiseMean": "noise_mean", "noiseS
 # nothing), and named in the error when read or passed to a constructor.
 _LUA_NAMES = {"sizeAverage": "size_average", "fullSizeAverage": "full_size_average",
               "maskAlpha": "mask_alpha", "maskBeta": "mask_beta",
+              # SDAESparseCriterion's per-row masks[k].alpha: mask_alpha[k] at row k's entries
+              "masks": "mask_alpha",
+              "SetAlpha": "alpha", "SetBeta": "beta",
               "prepareInput": "prepare_input", **_LUA_SETTINGS}
 
 
