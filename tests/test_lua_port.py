@@ -11,7 +11,6 @@ generators, the Lua tolerances and, where Lua compared only sums, the whole
 tensors.  The Lua README's examples come last, then the Lua-to-Python name map.
 """
 import math
-import time
 
 import numpy as np
 import pytest
@@ -113,37 +112,20 @@ def test_dynamic_sparse_tensor():
     assert len(dyn) == 287 and dyn.capacity < 2 * 287
 
 
-def _best_ms(fn, repeat=5):
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * min(times)
-
-
-def test_dynamic_sparse_tensor_is_faster_than_torch_cat():
-    # toolsTester.dynamicSparseTensor's timing: the builder (append each row of the
-    # (287, 2) tensor, then build) against a pair tensor grown by torch.cat per row.
-    # Best of 5 of each, so that one slow run on a shared machine does not decide
-    # (measured on 2 shared cores, one thread: 0.6 ms against 0.9 ms).
+def test_dynamic_sparse_tensor_against_torch_cat():
+    # toolsTester.dynamicSparseTensor's second half: the builder (append each row of the
+    # (287, 2) tensor, then build) and a pair tensor grown by torch.cat per row give the
+    # same tensor.  Lua's test also asserts the builder is faster; a wall-clock
+    # comparison is no test on a shared machine, so the timing is measured by
+    # benchmarks/bench_builder.py (the `cat/append` column) instead.
     input = torch.arange(1, 575, dtype=torch.float64).reshape(287, 2)
-
-    def dynamic():
-        dyn = DynamicSparseTensor(dtype=torch.float64)
-        for i in range(input.shape[0]):
-            dyn.append(input[i])
-        return dyn.build_pairs()
-
-    def static():
-        tensor = input[0].view(1, -1).clone()
-        for i in range(1, input.shape[0]):
-            tensor = torch.cat([tensor, input[i].view(1, -1)], 0)
-        return tensor
-
-    assert torch.equal(dynamic(), input) and torch.equal(static(), input)
-    t_dynamic, t_static = _best_ms(dynamic), _best_ms(static)
-    assert t_dynamic < t_static, f"builder {t_dynamic:.2f} ms, torch.cat {t_static:.2f} ms"
+    dyn = DynamicSparseTensor(dtype=torch.float64)
+    for i in range(input.shape[0]):
+        dyn.append(input[i])
+    tensor = input[0].view(1, -1).clone()
+    for i in range(1, input.shape[0]):
+        tensor = torch.cat([tensor, input[i].view(1, -1)], 0)
+    assert torch.equal(dyn.build_pairs(), input) and torch.equal(tensor, input)
 
 
 # == testSparseLinearBatch.lua ==============================================================
