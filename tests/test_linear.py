@@ -478,3 +478,17 @@ def test_which_prune_methods_take_the_column_major_weight(method, works):
     else:
         with pytest.raises(RuntimeError, match="view size is not compatible"):
             method(layer)
+
+
+@pytest.mark.parametrize("value", [nn.Parameter(torch.zeros(3, 5)), torch.zeros(3, 5), None])
+def test_sparse_grad_weight_cannot_be_assigned(value):
+    """With sparse_grad the parameter is weight_t: assigning weight is refused by name, and
+    the layer is unchanged (torch's KeyError named neither; a plain tensor would shadow)."""
+    layer = nnsparse.SparseLinearBatch(5, 3, sparse_grad=True)
+    before = layer.weight_t.detach().clone()
+    with pytest.raises(AttributeError, match=r"keeps its weight as the parameter weight_t of "
+                       r"shape \(in_features, out_features\) = \(5, 3\).*layer.weight_t = "):
+        layer.weight = value
+    assert "weight" not in layer.__dict__ and torch.equal(layer.weight, before.t())
+    layer.weight_t = nn.Parameter(torch.ones(5, 3))  # the documented way
+    assert torch.equal(layer.weight, torch.ones(3, 5))

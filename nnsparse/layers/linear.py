@@ -491,6 +491,19 @@ class SparseLinearBatch(nn.Module):
                 return table.t()
         return super().__getattr__(name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # With sparse_grad, weight is a view of the parameter weight_t: torch's own error
+        # ("KeyError: attribute 'weight' already exists") named neither, and a plain
+        # tensor would have shadowed the view while the layer kept computing with weight_t.
+        if name == "weight" and self.__dict__.get("sparse_grad"):
+            raise AttributeError(
+                f"SparseLinearBatch(sparse_grad=True) keeps its weight as the parameter "
+                f"weight_t of shape (in_features, out_features) = ({self.in_features}, "
+                f"{self.out_features}); layer.weight is its transposed view and cannot be "
+                f"assigned: assign layer.weight_t = nn.Parameter(w.t().contiguous()) or "
+                f"load it with layer.load_state_dict({{'weight': w, ...}})")
+        super().__setattr__(name, value)
+
     def _check_parameters(self) -> None:
         if self.sparse_grad:
             _check_parameters(self, "weight_t", self.weight_t,
