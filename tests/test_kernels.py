@@ -314,3 +314,24 @@ def test_a_layer_step_in_the_backward_sorts_each_pattern_once():
     _index.COUNTS.clear()
     dec(torch.tanh(enc(x)), y).values().square().sum().backward()
     assert _index.COUNTS["column_major_all"] == 2
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_bag_rows_blocks_equal_the_whole_product(prefetch):
+    """The block products of the in-backward update (with the offsets prefetch makes for
+    every block at once, or a block's own) are the whole product's rows, empty bags too."""
+    gen = torch.Generator().manual_seed(3)
+    table = torch.randn(6, 5, generator=gen, dtype=torch.float64)
+    counts = torch.tensor([2, 0, 3, 1, 0, 0, 4, 2])
+    crow = _index.crow_from_counts(counts)
+    index = torch.randint(0, 6, (int(crow[-1]),), generator=gen)
+    weights = torch.randn(index.shape[0], generator=gen, dtype=torch.float64)
+    whole = _kernels._csr_rows_mm(index, table, crow, weights)
+    rows = _kernels._bag_rows(index, table, crow, weights)
+    points = [1, 3, 4, 8]
+    if prefetch:
+        rows.prefetch(points)
+    for a, b in zip(points[:-1], points[1:]):
+        torch.testing.assert_close(rows(a, b), whole[a:b], rtol=0, atol=1e-12)
+    torch.testing.assert_close(rows(2, 7), whole[2:7], rtol=0, atol=1e-12)  # not a block
+    torch.testing.assert_close(rows(0, 8), whole)
