@@ -93,6 +93,8 @@ class Ratings:
     # tensors then checked and their versions, so that the O(n log n) check runs once
     # per record, and again after either tensor is replaced or edited in place.  Not an
     # __init__ argument: dataclasses.replace() gives a new record no such knowledge.
+    # Never set for inference tensors, which count no versions; an edit that bypasses
+    # torch's version counter (through .data or a numpy view) is not seen either.
     _unique: Optional[Tuple[Tensor, Tensor, int, int]] = field(
         default=None, init=False, repr=False, compare=False)
 
@@ -218,6 +220,8 @@ class Ratings:
 
     def _mark_unique(self) -> None:
         """Record that no (user, item) pair of this record repeats (checked by the caller)."""
+        if self.user.is_inference() or self.item.is_inference():
+            return  # no version counter (torch.inference_mode): an edit would go unseen
         self._unique = (self.user, self.item, _version(self.user), _version(self.item))
 
     def subset(self, index: Any) -> "Ratings":
