@@ -309,6 +309,10 @@ def test_fit_refuses_a_subset_that_repeats_an_entry():
     assert not twice._known_unique()
 
 
+class EntryTuple(tuple):
+    """A tuple of a vowel-named type (the message's article follows the name)."""
+
+
 @pytest.mark.parametrize("call, error, message", [
     (lambda r: kfold(r, k="3"), TypeError, "k must be an int >= 2, got '3'"),
     (lambda r: kfold(r, k=3.0), TypeError, "k must be an int >= 2, got 3.0"),
@@ -317,11 +321,14 @@ def test_fit_refuses_a_subset_that_repeats_an_entry():
      "folds must yield (train, test) pairs, got Ratings at fold 1"),
     (lambda r: cross_validate(lambda: AutoRec(**SMALL), [(r, r, r)]), ValueError,
      "folds must yield (train, test) pairs, got a tuple of 3 at fold 1"),
+    (lambda r: cross_validate(lambda: AutoRec(**SMALL), [EntryTuple((r,))]), ValueError,
+     "folds must yield (train, test) pairs, got an EntryTuple of 1 at fold 1"),
     (lambda r: AutoRec(**SMALL).fit(r, verbose=False, progress=False).recommend(
         0, k=2.0, by_index=True), TypeError, "k must be a non-negative int, got 2.0"),
     (lambda r: AutoRec(**SMALL).fit(r, verbose=False, progress=False).recommend(
         0, k=-1, by_index=True), ValueError, "k must be a non-negative int, got -1"),
 ], ids=["kfold-k-str", "kfold-k-float", "kfold-k-1", "folds-not-a-pair", "folds-triple",
+        "folds-single",
         "recommend-k-float", "recommend-k-negative"])
 def test_count_and_pair_arguments(call, error, message):
     # another kind is a TypeError; the right kind with a wrong value or length a ValueError

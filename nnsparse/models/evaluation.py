@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import torch
 
+from .._forms import _a
 from ..data import Ratings, mean_prediction, read_split, rmse
 from ..data.readers import FORMATS, check_ratings, check_unique_pairs
 from ..data.split import torch_seed
@@ -188,8 +189,8 @@ def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[Fold],
             raise TypeError(f"folds must yield (train, test) pairs, got "
                             f"{type(fold).__name__} at fold {number}")
         if len(fold) != 2:
-            raise ValueError(f"folds must yield (train, test) pairs, got a {type(fold).__name__} "
-                             f"of {len(fold)} at fold {number}")
+            raise ValueError(f"folds must yield (train, test) pairs, got "
+                             f"{_a(type(fold).__name__)} of {len(fold)} at fold {number}")
         train, test = fold
         check_ratings(train, f"fold {number}'s train")
         check_ratings(test, f"fold {number}'s test")
