@@ -335,3 +335,41 @@ def test_bag_rows_blocks_equal_the_whole_product(prefetch):
         torch.testing.assert_close(rows(a, b), whole[a:b], rtol=0, atol=1e-12)
     torch.testing.assert_close(rows(2, 7), whole[2:7], rtol=0, atol=1e-12)  # not a block
     torch.testing.assert_close(rows(0, 8), whole)
+
+
+@pytest.mark.parametrize("dense_above", [None, 0.0], ids=["lazy", "dense-step"])
+@pytest.mark.parametrize("kind, extra", [
+    ("sgd", {}), ("sgd", dict(momentum=0.9)), ("adam", {}), ("adamw", {}), ("adagrad", {}),
+    ("rowwise_adagrad", {})], ids=["sgd", "sgd-momentum", "adam", "adamw", "adagrad",
+                                   "rowwise_adagrad"])
+def test_an_update_in_blocks_is_one_step(kind, extra, dense_above, monkeypatch):
+    """Each block's kernel is handed the step (a copy for the kinds whose torch kernel
+    advances it, the state's own for SGD and row-wise Adagrad, which never read it): an
+    update in blocks of two rows equals the one-block update and the GPU's masked update,
+    update after update, and ``step`` counts the updates."""
+    hp = noptim._in_backward_hp(kind, lr=0.1, betas=(0.9, 0.999), eps=None, weight_decay=None,
+                                dense_above=dense_above, **extra)
+    gen = torch.Generator().manual_seed(8)
+    table = torch.randn(12, 3, generator=gen, dtype=torch.float64)
+    rows = torch.tensor([0, 2, 3, 5, 6, 7, 9, 11])
+    touched = torch.zeros(12, dtype=torch.bool).index_fill_(0, rows, True)
+    grads = [torch.randn(8, 3, generator=gen, dtype=torch.float64) for _ in range(3)]
+    results = []
+    for how in ("blocks", "one-block", "masked"):
+        monkeypatch.setattr(_rowopt, "_CHUNK", 6 if how == "blocks" else 1 << 20)
+        t = table.clone()
+        state = _rowopt.new_state(kind, t)
+        for count, g in enumerate(grads, 1):
+            full = torch.zeros(12, 3, dtype=torch.float64).index_copy_(0, rows, g)
+            if how == "masked":
+                _rowopt.update_masked(kind, hp, t, touched, full, state)
+            else:
+                _rowopt.update_rows(kind, hp, t, rows, g, state, lambda a, b: full[a:b])
+            assert state["step"].item() == count, how
+        results.append((t, state))
+    (t0, s0), *others = results
+    assert not torch.equal(t0, table)
+    for t, state in others:
+        torch.testing.assert_close(t, t0)
+        for key in s0:
+            torch.testing.assert_close(state[key], s0[key])
