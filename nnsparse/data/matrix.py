@@ -129,9 +129,11 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
         specified entry, whatever its value.
 
     Raises:
-        ValueError: bad ``orientation``, an index outside ``shape``, or a
-            (user, item) pair rated twice.
-        TypeError: ``layout`` is not one of the two sparse layouts.
+        ValueError: bad ``orientation``, an index outside ``shape``, a ``shape``
+            of another length than two or with a negative size, or a (user,
+            item) pair rated twice.
+        TypeError: ``layout`` is not one of the two sparse layouts, ``shape``
+            not a sequence of ints.
 
     Example::
 
@@ -206,7 +208,10 @@ class RatingNormalizer:
 
     Raises:
         ValueError: empty ``train``, a (user, item) pair rated twice in ``train``,
-            ``lo >= hi``, bad ``orientation``.
+            ``lo >= hi``, bad ``orientation``, a ``scale`` of another length
+            than two, not finite or narrower than the training ratings.
+        TypeError: ``scale`` not a tuple or list of real numbers, ``center``
+            not a bool.
 
     Example::
 
