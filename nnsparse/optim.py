@@ -782,7 +782,10 @@ class InBackwardOptimizer:
                              f"got {sorted(tables)}")
         for name, u in self._updates.items():
             for key, t in u.state.items():
-                given = tables[name].get(key)
+                if key not in tables[name]:  # incomplete, as a missing layer: a ValueError
+                    raise ValueError(f"state_dict['tables'][{name!r}][{key!r}] must be a tensor "
+                                     f"of shape {tuple(t.shape)}, got no such entry")
+                given = tables[name][key]
                 if not isinstance(given, Tensor):
                     raise TypeError(f"state_dict['tables'][{name!r}][{key!r}] must be a tensor "
                                     f"of shape {tuple(t.shape)}, got {given!r}")

@@ -233,6 +233,10 @@ def test_state_dict_round_trip():
     bad["tables"]["dec"]["exp_avg"] = torch.zeros(2, 2)
     with pytest.raises(ValueError, match=r"\['dec'\]\['exp_avg'\] must be a tensor of shape"):
         opt2.load_state_dict(bad)
+    del bad["tables"]["dec"]["exp_avg"]  # a missing entry: a ValueError, as a missing layer
+    with pytest.raises(ValueError, match=r"\['dec'\]\['exp_avg'\] must be a tensor of shape "
+                                         r"\(\d+, \d+\), got no such entry$"):
+        opt2.load_state_dict(bad)
     torch.testing.assert_close(opt2.state_dict()["tables"], before["tables"])
 
 
