@@ -1055,6 +1055,15 @@ def test_sparsifier_offset_is_a_keyword():
      r"no Lua attribute 'SetAlpha'; nnsparse calls it alpha"),
     (lambda: nnsparse.MaskCriterion(nn.MSELoss()).SetBeta(0.5), AttributeError,
      r"MaskCriterion has no Lua attribute 'SetBeta'; nnsparse calls it beta"),
+    # a Lua name whose nnsparse name is no constructor argument is not offered as a keyword
+    (lambda: SDAESparseCriterion(nn.MSELoss(), masks=None), TypeError,
+     r"^SDAESparseCriterion\(\) got Lua's keyword 'masks'; nnsparse calls it mask_alpha, an "
+     r"attribute, not a constructor argument$"),
+    (lambda: SDAECriterion(nn.MSELoss(), maskBeta=None), TypeError,
+     r"^SDAECriterion\(\) got Lua's keyword 'maskBeta'; nnsparse calls it mask_beta, an "
+     r"attribute, not a constructor argument$"),
+    (lambda: SDAECriterion(nn.MSELoss(), SetAlpha=0.5), TypeError,
+     r"^SDAECriterion\(\) got Lua's keyword 'SetAlpha'; nnsparse calls it alpha=$"),
 ])
 def test_lua_names_of_criteria_settings_are_named_in_the_error(call, error, match):
     # a port reaching for Lua's names learns nnsparse's from the message

@@ -243,8 +243,11 @@ class RefuseLuaNames:
             key, ours = lua[0]
             mapping = (" (Lua's names are taken in a settings mapping, the SDAEconf form)"
                        if key in _LUA_SETTINGS else "")
+            # (masks, maskAlpha, prepareInput: an attribute or method, never a keyword)
+            named = (f"{ours}=" if ours in inspect.signature(cls).parameters
+                     else f"{ours}, an attribute, not a constructor argument")
             raise TypeError(f"{cls.__name__}() got Lua's keyword {key!r}; nnsparse calls it "
-                            f"{ours}={mapping}")
+                            f"{named}{mapping}")
         return super().__new__(cls)
 
     def __setattr__(self, name: str, value: object) -> None:
