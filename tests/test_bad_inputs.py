@@ -1648,6 +1648,126 @@ PROBE5 = [
 ]
 
 
+# -- the sixth probe -----------------------------------------------------------------------
+
+def _parts(crow, col, values, size=(1, 4)):
+    """A SparseParts built by hand (not by sparse_parts): checked at its first use."""
+    return nnsparse.SparseParts(torch.tensor(crow), torch.tensor(col),
+                                torch.tensor(values, dtype=F32), size)
+
+
+_PARTS_ENTRIES = {
+    "SparseLinearBatch": (lambda p: nnsparse.SparseLinearBatch(4, 3)(p), "input"),
+    "SparseOutputLinear": (lambda p: nnsparse.SparseOutputLinear(3, 4)(torch.ones(1, 3), p),
+                           "pattern"),
+    "to_sparse_csr": (lambda p: p.to_sparse_csr(), "parts"),
+}
+# hand-built parts whose pattern the kernels would read out of bounds (a segfault before)
+_BAD_PARTS = {
+    "crow-past-nnz": (([0, 5], [0], [1.0]), r"crow_indices must end at nnz = 1 \(the number of "
+                                            r"column indices\), got 5"),
+    "column-beyond-width": (([0, 1], [10 ** 8], [1.0]),
+                            r"column indices must be in \[0, 4\), got max 100000000"),
+    "column-negative": (([0, 1], [-5], [1.0]), r"column indices must be non-negative, got min -5"),
+    "crow-start": (([3, 1], [0], [1.0]), r"crow_indices must start at 0, got 3"),
+    "columns-unsorted": (([0, 2], [3, 1], [1.0, 1.0]),
+                         r"column indices must increase within each row"),
+}
+
+
+def _parts_cases() -> List[Case]:
+    cases = []
+    for entry, (call, name) in _PARTS_ENTRIES.items():
+        for kind, (args, match) in _BAD_PARTS.items():
+            cases.append(Case(f"SparseParts-hand-built-{kind}-{entry}",
+                              (lambda c=call, a=args: c(_parts(*a))), ValueError,
+                              rf"{name} {match}"))
+        cases.append(Case(f"SparseParts-hand-built-valid-{entry}-works",
+                          (lambda c=call: c(_parts([0, 2], [0, 2], [1.0, 2.0]))), None,
+                          check=lambda out: out is not None))
+    return cases
+
+
+def _load_refused(module, entry, make):
+    """Load a state whose ``entry`` is ``make``(it) and whose bias is 9: refused, and the
+    module keeps its bias (torch copied the entries before the one it failed on)."""
+    state = module.state_dict()
+    bias = state["bias"].clone()
+    bad = {**state, entry: make(state[entry]), "bias": torch.full_like(bias, 9.0)}
+    try:
+        module.load_state_dict(bad)
+    finally:
+        assert torch.equal(module.bias.detach(), bias), "a refused load changed the bias"
+
+
+_LAYERS = {
+    "SparseLinearBatch": (lambda: nnsparse.SparseLinearBatch(4, 3), "weight"),
+    "SparseOutputLinear": (lambda: nnsparse.SparseOutputLinear(3, 4), "weight"),
+    "SparseWeightLinear": (lambda: nnsparse.SparseWeightLinear.random(4, 3, 0.5, seed=0), "values"),
+}
+_BAD_ENTRIES = {
+    "sparse": (lambda t: t.to_sparse(), r"expected a tensor of layout torch.strided from "
+                                        r"checkpoint, got torch.sparse_coo"),
+    "meta": (lambda t: t.to("meta"), r"expected a tensor that holds data from checkpoint, got a "
+                                     r"tensor on the meta device"),
+    "complex": (lambda t: t.to(torch.complex64) + 1j,
+                r"expected a real tensor \(torch.float32\) from checkpoint, got torch.complex64"),
+}
+
+
+def _load_cases() -> List[Case]:
+    cases = []
+    for layer, (make_layer, entry) in _LAYERS.items():
+        for kind, (make, match) in _BAD_ENTRIES.items():
+            cases.append(Case(f"{layer}.load_state_dict-{entry}-{kind}-keeps-the-layer",
+                              (lambda m=make_layer, e=entry, k=make: _load_refused(m(), e, k)),
+                              RuntimeError, rf'"{entry}", {match}\n\(nothing was loaded\)'))
+    for entry in ("crow", "col"):
+        cases.append(Case(f"SparseWeightLinear.load_state_dict-{entry}-sparse",
+                          (lambda e=entry: _load_refused(nnsparse.SparseWeightLinear.random(
+                              4, 3, 0.5, seed=0), e, lambda t: t.to_sparse())), RuntimeError,
+                          rf'"{entry}", expected a tensor of layout torch.strided'))
+    return cases
+
+
+PROBE6 = _parts_cases() + _load_cases() + [
+    Case("SparseParts-hand-built-to-works", lambda: nnsparse.SparseLinearBatch(4, 3)(
+        _parts([0, 1], [3], [1.0]).to("cpu")).shape, None, check=lambda shape: shape == (1, 3)),
+    Case("sampled_linear-int64-input-with-pattern", lambda: nnsparse.sampled_linear(
+        torch.ones(2, 3, dtype=torch.long), torch.ones(4, 3, dtype=torch.long),
+        pattern=X.long().to_sparse_csr()), TypeError,
+         r"input must be floating-point for a sparse pattern, got torch.int64"),
+    Case("sampled_linear-int64-dense-output-works", lambda: nnsparse.sampled_linear(
+        torch.ones(2, 3, dtype=torch.long), torch.ones(4, 3, dtype=torch.long)), None,
+         check=lambda out: out.tolist() == [[3] * 4] * 2),
+    Case("SDAECriterion-mask-sparse", lambda: nnsparse.SDAECriterion(nn.MSELoss(), hide_ratio=0.5)(
+        torch.zeros(2, 4), X, mask=torch.zeros(2, 4, dtype=torch.bool).to_sparse()), TypeError,
+         r"mask must be a bool tensor of layout torch.strided \(dense\), got a tensor with layout "
+         r"torch.sparse_coo"),
+    Case("SparseCriterion-estimate-complex", lambda: nnsparse.SparseCriterion(nn.MSELoss())(
+        torch.zeros(2, 4, dtype=torch.complex64), S), TypeError,
+         r"estimate values must be real numbers for MSELoss, got dtype torch.complex64"),
+    Case("SDAESparseCriterion-estimate-complex", lambda: nnsparse.SDAESparseCriterion(
+        nn.L1Loss())(torch.zeros(2, 4, dtype=torch.complex128), S,
+                     mask=torch.zeros(2, 4, dtype=torch.bool)), TypeError,
+         r"estimate values must be real numbers for L1Loss, got dtype torch.complex128"),
+    Case("make_optimizer-unknown-dense-keyword", lambda: nnsparse.make_optimizer(
+        nn.Linear(2, 2), foo=1), TypeError,
+         r"dense_kwargs: torch.optim.Adam takes no keyword\(s\) \['foo'\]; it takes \['amsgrad'"),
+    Case("make_optimizer-adamw-unknown-keyword", lambda: nnsparse.make_optimizer(
+        nn.Linear(2, 2), dense="adamw", momentum=0.9), TypeError,
+         r"torch.optim.AdamW takes no keyword\(s\) \['momentum'\]"),
+    Case("make_optimizer-foreach-keyword-works", lambda: nnsparse.make_optimizer(
+        nn.Linear(2, 2), foreach=False), None,
+         check=lambda opt: opt.param_groups[0]["foreach"] is False),
+    Case("AutoRec-positional-hyperparameter", lambda: nnsparse.models.AutoRec(3), TypeError,
+         r"AutoRec takes its hyperparameters as keywords \(hidden=...\), got 1 positional "
+         r"argument\(s\) \(3,\)"),
+    Case("KernelNet-positional-hyperparameter", lambda: nnsparse.models.KernelNet(3, 4),
+         TypeError, r"KernelNet takes its hyperparameters as keywords"),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):
@@ -1702,7 +1822,7 @@ def _load_lazy_step(step):
 
 
 CASES = (_sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3 + META + PROBE4 + PROBE5
-         + OPTIM_FROZEN)
+         + OPTIM_FROZEN + PROBE6)
 
 
 def run_case(case: Case) -> str:

@@ -167,7 +167,8 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     Raises:
         TypeError: ``input``, ``weight`` or ``bias`` is not a dense tensor,
             ``sparse_grad`` is not a bool, or ``pattern`` is not a sparse form
-            (a dense pattern is refused: it names :func:`nnsparse.sparsify`).
+            (a dense pattern is refused: it names :func:`nnsparse.sparsify`), or
+            ``input`` is not floating-point while a ``pattern`` is given.
         ValueError: shapes, dtypes or devices disagree, or pattern indices are
             out of range.
 
@@ -217,6 +218,11 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
                 f"backward would give the weight a dense gradient that no optimiser applies; "
                 f"pass the target's pattern, or run under torch.no_grad() for inference")
         return F.linear(input, weight, bias)
+    if not input.is_floating_point():
+        # torch's sampled product (sparse_sampled_addmm) has floating kernels only
+        raise TypeError(f"input must be floating-point for a sparse pattern, got {input.dtype}; "
+                        f"convert input and weight (.float()), or compute the dense output "
+                        f"(pattern=None)")
     if input.dim() not in (1, 2):
         raise ValueError(f"input must have shape (rows, in_features) or (in_features,), "
                          f"got {tuple(input.shape)}")

@@ -156,9 +156,13 @@ class RatingModel(nn.Module):
     #: below every star, as in AutoRec
     raw_input = True
 
-    def __init__(self, **hparams: Any) -> None:
-        super().__init__()
+    def __init__(self, *args: Any, **hparams: Any) -> None:
         known = {**_COMMON, **self.DEFAULTS}
+        if args:  # Python's own message names __init__'s positional count only
+            raise TypeError(f"{type(self).__name__} takes its hyperparameters as keywords "
+                            f"(hidden=...), got {len(args)} positional argument(s) {args!r}; "
+                            f"it takes {sorted(known)}")
+        super().__init__()
         unknown = sorted(set(hparams) - set(known))
         if unknown:
             raise TypeError(f"{type(self).__name__} got unknown hyperparameters {unknown}; "
