@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from .optim import _check_flag, _closure_loss
+from .optim import _check_flag, _check_state_entries, _closure_loss, _state_keys
 
 __all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
 
@@ -190,6 +190,10 @@ class SplitOptimizer(Optimizer):
             if not isinstance(part, dict):
                 raise TypeError(f"state_dict[{name!r}] must be an optimiser state dict, "
                                 f"got {type(part).__name__}")
+        # every part checked before any is loaded (torch's own load checks no entry)
+        for name, opt in self.optimizers.items():
+            _check_state_entries(state_dict[name], opt, f"state_dict[{name!r}]",
+                                 _state_keys(opt))
         before = {name: copy.deepcopy(opt.state_dict()) for name, opt in self.optimizers.items()}
         try:
             for name, opt in self.optimizers.items():
@@ -229,8 +233,8 @@ def _sparse_part(name: str, params: List[Tensor], lr: float, betas: Tuple[float,
 def _check_dense_kwargs(cls: type, dense_kwargs: Dict[str, Any]) -> None:
     """The extra keywords against the dense optimiser's own (before anything is built)."""
     taken = {"lr", "betas", "eps", "weight_decay"}
-    accepted = [name for name in inspect.signature(cls.__init__).parameters
-                if name not in ("self", "params") and name not in taken]
+    accepted = [name for name in inspect.signature(cls).parameters
+                if name != "params" and name not in taken]
     unknown = sorted(set(dense_kwargs) - set(accepted))
     if unknown:
         raise TypeError(f"dense_kwargs: torch.optim.{cls.__name__} takes no keyword(s) {unknown}; "

@@ -1768,6 +1768,109 @@ PROBE6 = _parts_cases() + _load_cases() + [
 ]
 
 
+def _trained_optimizer(kind):
+    """An optimiser of a small sparse model after two steps: make_optimizer's split
+    ("split"), LazyAdam ("lazy"), or apply_optimizer_in_backward of ``kind``."""
+    torch.manual_seed(0)
+    sparse_grad = kind in ("split", "lazy")
+    model = nn.Sequential(nnsparse.SparseLinearBatch(4, 3, sparse_grad=sparse_grad),
+                          nn.Linear(3, 2))
+    if kind == "split":
+        opt = nnsparse.make_optimizer(model, lr=0.1)
+    elif kind == "lazy":
+        opt = LazyAdam(model.parameters(), lr=0.1)
+    else:
+        opt = nnsparse.optim.apply_optimizer_in_backward(
+            model, kind, lr=0.1, **({"momentum": 0.9} if kind == "sgd" else {}))
+    for _ in range(2):
+        model(X.to_sparse_csr()).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return opt
+
+
+def _tensors(tree, path=()):
+    """Every tensor of a nested state dict, by path."""
+    if isinstance(tree, dict):
+        return {p: t for k, v in tree.items() for p, t in _tensors(v, path + (k,)).items()}
+    if isinstance(tree, (list, tuple)):
+        return {p: t for i, v in enumerate(tree) for p, t in _tensors(v, path + (i,)).items()}
+    return {path: tree.clone()} if isinstance(tree, torch.Tensor) else {}
+
+
+def _refused_state_load(kind, path, make):
+    """Load a state whose entry at ``path`` is ``make``(it): refused before any part is
+    loaded (torch's own load checks no entry: the step then failed deep inside torch)."""
+    import copy
+    opt = _trained_optimizer(kind)
+    state = copy.deepcopy(opt.state_dict())
+    entry = state
+    for key in path[:-1]:
+        entry = entry[key]
+    entry[path[-1]] = make(entry[path[-1]])
+    before = _tensors(opt.state_dict())
+    try:
+        opt.load_state_dict(state)
+    finally:
+        after = _tensors(opt.state_dict())
+        assert before.keys() == after.keys() and all(
+            torch.equal(before[k], after[k]) for k in before), "a refused load changed the state"
+
+
+_STATE_LOADS = [
+    ("SplitOptimizer-dense-exp_avg-shape", "split", ("dense", "state", 0, "exp_avg"),
+     lambda t: torch.zeros(9), ValueError,
+     r"state_dict\['dense'\]\['state'\]\[0\]\['exp_avg'\] must have its parameter's shape "
+     r"\(2, 3\), got \(9,\)"),
+    ("SplitOptimizer-dense-step-sparse", "split", ("dense", "state", 0, "step"),
+     lambda t: t.reshape(1).to_sparse(), TypeError,
+     r"state_dict\['dense'\]\['state'\]\[0\]\['step'\] must be a number or a dense one-element "
+     r"tensor, got a tensor of layout torch.sparse_coo"),
+    ("SplitOptimizer-dense-exp_avg-None", "split", ("dense", "state", 1, "exp_avg"),
+     lambda t: None, TypeError, r"state_dict\['dense'\]\['state'\]\[1\]\['exp_avg'\] must be a "
+                                r"dense tensor of its parameter's shape \(2,\), got NoneType"),
+    ("SplitOptimizer-sparse-exp_avg-meta", "split", ("sparse", "state", 0, "exp_avg"),
+     lambda t: t.to("meta"), ValueError, r"state_dict\['sparse'\]\['state'\]\[0\]\['exp_avg'\] "
+                                         r"must hold data, got a tensor on the meta device"),
+    ("LazyAdam-exp_avg_sq-complex", "lazy", ("state", 1, "exp_avg_sq"),
+     lambda t: t.to(torch.complex64), TypeError,
+     r"state_dict\['state'\]\[1\]\['exp_avg_sq'\] must be a real tensor, got torch.complex64"),
+    ("InBackwardOptimizer-adam-table-exp_avg-sparse", "adam", ("tables", "0", "exp_avg"),
+     lambda t: t.to_sparse(), TypeError,
+     r"state_dict\['tables'\]\['0'\]\['exp_avg'\] must be a dense tensor, got layout "
+     r"torch.sparse_coo"),
+    ("InBackwardOptimizer-adam-table-step-meta", "adam", ("tables", "0", "step"),
+     lambda t: t.to("meta"), TypeError, r"state_dict\['tables'\]\['0'\]\['step'\] must be a "
+                                        r"number or a dense one-element tensor, got a tensor on "
+                                        r"the meta device"),
+    ("InBackwardOptimizer-sgd-dense-momentum-None", "sgd",
+     ("dense", "state", 0, "momentum_buffer"), lambda t: None, TypeError,
+     r"state_dict\['dense'\]\['state'\]\[0\]\['momentum_buffer'\] must be a dense tensor of its "
+     r"parameter's shape \(3,\), got NoneType"),
+    ("InBackwardOptimizer-adagrad-dense-sum-str", "adagrad", ("dense", "state", 1, "sum"),
+     lambda t: "x", TypeError, r"state_dict\['dense'\]\['state'\]\[1\]\['sum'\] must be a dense "
+                               r"tensor of its parameter's shape \(2, 3\), got str"),
+    ("InBackwardOptimizer-adagrad-dense-step-meta", "adagrad", ("dense", "state", 1, "step"),
+     lambda t: t.to("meta"), TypeError, r"\['step'\] must be a number or a dense one-element "
+                                        r"tensor, got a tensor on the meta device"),
+]
+PROBE6 += [Case(f"{name}.load_state_dict-keeps-the-state",
+                (lambda k=kind, p=path, m=make: _refused_state_load(k, p, m)), error, match)
+           for name, kind, path, make, error, match in _STATE_LOADS]
+PROBE6 += [
+    Case("SplitOptimizer.load_state_dict-own-state-works", lambda: _refused_state_load(
+        "split", ("dense", "state", 0, "exp_avg"), lambda t: t), None, check=lambda out: True),
+    Case("SparseCriterion-BCEWithLogitsLoss-weight-meta", lambda: nnsparse.SparseCriterion(
+        nn.BCEWithLogitsLoss(weight=torch.ones(4, device="meta")))(
+            torch.zeros(2, 4), (X > 0).float().to_sparse_csr()), ValueError,
+         r"BCEWithLogitsLoss.weight must be on the estimate's device cpu, got meta"),
+    Case("SparseCriterion-BCELoss-weight-meta-vector", lambda: nnsparse.SparseCriterion(
+        nn.BCELoss(weight=torch.ones(4, device="meta")))(
+            torch.full((4,), 0.5), (X[0] > 0).float().to_sparse()), ValueError,
+         r"BCELoss.weight must be on the estimate's device cpu, got meta"),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):
