@@ -1871,6 +1871,47 @@ PROBE6 += [
 ]
 
 
+def _crafted_load(edit):
+    """The fitted AutoRec saved, its file's dict changed by ``edit``, saved and loaded."""
+    import io
+    buffer = io.BytesIO()
+    _fitted_autorec().save(buffer)
+    buffer.seek(0)
+    blob = torch.load(buffer, weights_only=True)
+    edit(blob)
+    buffer = io.BytesIO()
+    torch.save(blob, buffer)
+    buffer.seek(0)
+    return nnsparse.models.AutoRec.load(buffer)
+
+
+_DAMAGED = r"is a damaged model file \(RatingModel.save wrote something else\): "
+PROBE6 += [
+    # a file missing a weight loaded with the fresh layer's random one (strict=False)
+    Case("RatingModel.load-state-lacks-a-weight", lambda: _crafted_load(
+        lambda b: b["state"].pop("decoder.weight")), ValueError,
+         _DAMAGED + r"its state lacks \['decoder.weight'\]"),
+    Case("RatingModel.load-row_mean-shape", lambda: _crafted_load(
+        lambda b: b["normalizer"].__setitem__("row_mean", torch.zeros(3))), ValueError,
+         _DAMAGED + r"normalizer row_mean must be a floating tensor of shape \(\d+,\), got "
+                    r"torch.float32 of shape \(3,\)"),
+    Case("RatingModel.load-row_mean-str", lambda: _crafted_load(
+        lambda b: b["normalizer"].__setitem__("row_mean", "x")), ValueError,
+         _DAMAGED + r"normalizer row_mean must be a floating tensor of shape \(\d+,\), got str"),
+    Case("RatingModel.load-global_mean-nan", lambda: _crafted_load(
+        lambda b: b["normalizer"].__setitem__("global_mean", float("nan"))), ValueError,
+         _DAMAGED + r"normalizer global_mean must be a finite number, got nan"),
+    Case("RatingModel.load-global_mean-str", lambda: _crafted_load(
+        lambda b: b["normalizer"].__setitem__("global_mean", "3.5")), ValueError,
+         _DAMAGED + r"normalizer global_mean must be a finite number, got '3.5'"),
+    Case("RatingModel.load-best_epoch-str", lambda: _crafted_load(
+        lambda b: b.__setitem__("best_epoch", "x")), ValueError,
+         _DAMAGED + r"best_epoch must be an int >= 0, got 'x'"),
+    Case("RatingModel.load-untouched-works", lambda: _crafted_load(lambda b: None).predict(_R),
+         None, check=lambda pred: torch.equal(pred, _fitted_autorec().predict(_R))),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):

@@ -792,12 +792,36 @@ class RatingModel(nn.Module):
         n = blob["normalizer"]
         feats = blob["state"].get("row_features")
         model._prepare(train, tuple(n["scale"]), feats)
+        _check_blob(blob, model, path)
         model._norm.row_mean = n["row_mean"]
         model._norm.global_mean = n["global_mean"]
         model.load_state_dict(blob["state"], strict=False)
         model.best_epoch = blob["best_epoch"]
         model.to(device).eval()
         return model
+
+
+def _check_blob(blob: Dict[str, Any], model: "RatingModel", path: Any) -> None:
+    """The parts of a model file that a load would take without looking (a file missing a
+    weight loaded with the fresh layer's random one): ``ValueError`` naming the part."""
+    damaged = f"{path} is a damaged model file (RatingModel.save wrote something else)"
+    missing = sorted(set(model.state_dict()) - set(blob["state"]))
+    if missing:
+        raise ValueError(f"{damaged}: its state lacks {missing}")
+    row_mean, expected = blob["normalizer"]["row_mean"], model._norm.row_mean
+    if (not isinstance(row_mean, Tensor) or not row_mean.is_floating_point()
+            or row_mean.shape != expected.shape):
+        got = (f"{row_mean.dtype} of shape {tuple(row_mean.shape)}"
+               if isinstance(row_mean, Tensor) else type(row_mean).__name__)
+        raise ValueError(f"{damaged}: normalizer row_mean must be a floating tensor of shape "
+                         f"{tuple(expected.shape)}, got {got}")
+    mean = blob["normalizer"]["global_mean"]
+    if isinstance(mean, bool) or not isinstance(mean, numbers.Real) or not math.isfinite(mean):
+        raise ValueError(f"{damaged}: normalizer global_mean must be a finite number, "
+                         f"got {mean!r}")
+    epoch = blob["best_epoch"]
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"{damaged}: best_epoch must be an int >= 0, got {epoch!r}")
 
 
 class _CsrParts(NamedTuple):
