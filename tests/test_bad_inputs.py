@@ -1912,6 +1912,19 @@ PROBE6 += [
 ]
 
 
+PROBE6 += [
+    Case(f"{cls.__name__}.{method}-before-fit", (lambda c=cls, m=method: getattr(c(hidden=3), m)()),
+         RuntimeError, rf"{cls.__name__} is not fitted; call fit\(\) or load\(\)")
+    for cls in (nnsparse.models.AutoRec, nnsparse.models.CFN, nnsparse.models.KernelNet)
+    for method in ("penalty", "output_bias") if (cls, method) != (nnsparse.models.CFN, "output_bias")
+] + [
+    Case(f"{cls.__name__}.network-before-fit", (lambda c=cls: c(hidden=3).network(
+        torch.eye(3).to_sparse(), torch.tensor([0, 1, 2]))), RuntimeError,
+         rf"{cls.__name__} is not fitted; call fit\(\) or load\(\)")
+    for cls in (nnsparse.models.AutoRec, nnsparse.models.CFN, nnsparse.models.KernelNet)
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):

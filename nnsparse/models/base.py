@@ -489,6 +489,14 @@ class RatingModel(nn.Module):
         if not self._built:
             raise RuntimeError(f"{type(self).__name__} is not fitted; call fit() or load()")
 
+    def _check_layers(self, name: str) -> None:
+        """The layers :meth:`build` makes exist (``fit`` calls :meth:`output_bias` between
+        ``build`` and the end of its preparation): else the state error of
+        :meth:`_check_built`, not Python's ``AttributeError`` of a missing layer."""
+        if name not in self._modules:
+            self._check_built()
+            raise RuntimeError(f"{type(self).__name__}.build() made no {name!r} layer")
+
     @property
     def device(self) -> torch.device:
         self._check_built()
