@@ -159,6 +159,7 @@ class LazyAdam(Optimizer):
                 if p.grad is not None]
         for p, grad, _ in work:
             _check_grad(p, grad)
+            _check_moments_fit(p, self.state.get(p))
         return work
 
     @overload
@@ -319,6 +320,21 @@ def _state_keys(optimizer: Optimizer) -> Tuple[str, ...]:
     if isinstance(optimizer, LazyAdam):
         return ("step", "exp_avg", "exp_avg_sq")
     return _STATE_KEYS.get(type(optimizer), ())
+
+
+def _check_moments_fit(p: Tensor, state: Optional[Dict[str, Any]]) -> None:
+    """The moments of a stepped parameter still fit it (free: metadata only).  A
+    parameter resized, converted or moved since (``p.data = ...``) would make the
+    fused kernels read and write out of bounds or mix dtypes."""
+    for key in ("exp_avg", "exp_avg_sq"):
+        t = state.get(key) if state else None
+        if isinstance(t, Tensor) and (t.shape != p.shape or t.dtype != p.dtype
+                                      or t.device != p.device):
+            raise RuntimeError(
+                f"LazyAdam: the state of a parameter is {tuple(t.shape)} {t.dtype} on "
+                f"{t.device}, the parameter is now {tuple(p.shape)} {p.dtype} on {p.device} "
+                f"(changed after the optimiser's first step); resize, convert or move the "
+                f"model before building the optimiser, or build it again")
 
 
 def _check_grad(p: Tensor, grad: Tensor) -> None:

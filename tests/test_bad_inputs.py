@@ -1925,6 +1925,67 @@ PROBE6 += [
 ]
 
 
+def _lazy_changed_param(make, sparse=False):
+    """LazyAdam stepped once, its parameter's data then replaced by ``make``(it) and
+    stepped again (the fused kernels wrote out of bounds of a grown parameter: a crash)."""
+    p = nn.Parameter(torch.zeros(3, 2))
+    opt = LazyAdam([p])
+    p.grad = torch.ones(3, 2)
+    opt.step()
+    p.data = make(p.data)
+    p.grad = torch.ones_like(p.data).to_sparse(1) if sparse else torch.ones_like(p.data)
+    opt.step()
+
+
+def _slb_flag(built, value, mode=None):
+    layer = nnsparse.SparseLinearBatch(4, 3, sparse_grad=built)
+    layer.sparse_grad = value
+    if mode is not None:
+        layer.mode = mode
+    return layer(X.to_sparse_csr())
+
+
+def _sol_flag(value):
+    layer = nnsparse.SparseOutputLinear(3, 4)
+    layer.sparse_grad = value
+    return layer(torch.ones(2, 3), X.to_sparse_csr())
+
+
+_CHANGED = (r"LazyAdam: the state of a parameter is \(3, 2\) torch.float32 on cpu, the parameter "
+            r"is now {} on cpu \(changed after the optimiser's first step\)")
+PROBE6 += [
+    Case("LazyAdam.step-parameter-grown", lambda: _lazy_changed_param(lambda d: torch.zeros(5, 2)),
+         RuntimeError, _CHANGED.format(r"\(5, 2\) torch.float32")),
+    Case("LazyAdam.step-parameter-grown-sparse-grad", lambda: _lazy_changed_param(
+        lambda d: torch.zeros(5, 2), sparse=True), RuntimeError,
+         _CHANGED.format(r"\(5, 2\) torch.float32")),
+    Case("LazyAdam.step-parameter-shrunk", lambda: _lazy_changed_param(
+        lambda d: torch.zeros(2, 2)), RuntimeError, _CHANGED.format(r"\(2, 2\) torch.float32")),
+    Case("LazyAdam.step-parameter-converted", lambda: _lazy_changed_param(lambda d: d.double()),
+         RuntimeError, _CHANGED.format(r"\(3, 2\) torch.float64")),
+    Case("LazyAdam.step-parameter-same-works", lambda: _lazy_changed_param(lambda d: d * 2),
+         None, check=lambda out: out is None),
+    Case("SparseLinearBatch-sparse_grad-assigned-str", lambda: _slb_flag(False, "x"), TypeError,
+         r"sparse_grad must be a bool, got str 'x'"),
+    Case("SparseLinearBatch-sparse_grad-assigned-True", lambda: _slb_flag(False, True),
+         ValueError, r"sparse_grad=True needs the layer built with it \(it decides the weight "
+                     r"parameter: weight_t, \(in_features, out_features\)\), got a layer built "
+                     r"with sparse_grad=False"),
+    Case("SparseLinearBatch-sparse_grad-assigned-False-works", lambda: _slb_flag(True, False).shape,
+         None, check=lambda shape: shape == (2, 3)),
+    Case("SparseLinearBatch-sparse_grad-mode-dense-assigned", lambda: _slb_flag(
+        True, True, mode="dense"), ValueError,
+         r"sparse_grad=True needs the sparse kernels, got mode='dense'"),
+    Case("SparseLinearBatch-sparse_grad-reassigned-same-works", lambda: _slb_flag(
+        True, True).shape, None, check=lambda shape: shape == (2, 3)),
+    Case("SparseOutputLinear-sparse_grad-assigned-int", lambda: _sol_flag(1), TypeError,
+         r"sparse_grad must be a bool, got int 1"),
+    Case("SparseWeightLinear.from_dense-empty-linear", lambda: nnsparse.SparseWeightLinear.from_dense(
+        nn.Linear(3, 0), 0.5), ValueError,
+         r"linear must have in_features and out_features >= 1, got Linear\(3, 0\)"),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):

@@ -492,6 +492,20 @@ class SparseLinearBatch(nn.Module):
         return super().__getattr__(name)
 
     def _check_parameters(self) -> None:
+        # the flags may have been assigned since __init__ checked them
+        if not isinstance(self.sparse_grad, bool):
+            raise TypeError(f"sparse_grad must be a bool, got "
+                            f"{type(self.sparse_grad).__name__} {self.sparse_grad!r}")
+        # (False on a layer built with True is fine: weight_t then gets dense gradients)
+        if self.sparse_grad and not ("weight_t" in self._parameters
+                                     or "weight_t" in self.__dict__):
+            raise ValueError(
+                "sparse_grad=True needs the layer built with it (it decides the weight "
+                "parameter: weight_t, (in_features, out_features)), got a layer built with "
+                "sparse_grad=False; build SparseLinearBatch(..., sparse_grad=True) and load "
+                "this layer's state_dict into it")
+        if self.sparse_grad and self.mode == "dense":
+            raise ValueError("sparse_grad=True needs the sparse kernels, got mode='dense'")
         if self.sparse_grad:
             _check_parameters(self, "weight_t", self.weight_t,
                               (self.in_features, self.out_features),

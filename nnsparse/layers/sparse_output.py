@@ -329,6 +329,9 @@ class SparseOutputLinear(nn.Linear):
                 ) -> Union[Tensor, SparseParts]:
         _check_parameters(self, "weight", self.weight, (self.out_features, self.in_features),
                           "(out_features, in_features)", self.bias)
+        if not isinstance(self.sparse_grad, bool):  # assigned since __init__ checked it
+            raise TypeError(f"sparse_grad must be a bool, got {type(self.sparse_grad).__name__} "
+                            f"{self.sparse_grad!r}")
         if isinstance(pattern, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): a custom operator
             # over plain tensors; returns a SparseParts with pattern's entries.

@@ -369,6 +369,9 @@ class SparseWeightLinear(nn.Module):
         density = _check_density(density)
         weight = linear.weight.detach()
         out_features, in_features = weight.shape
+        if weight.numel() == 0:  # (no entry to keep: topk would fail)
+            raise ValueError(f"linear must have in_features and out_features >= 1, got "
+                             f"Linear({in_features}, {out_features})")
         k = max(1, round(density * weight.numel()))
         keep = weight.abs().reshape(-1).topk(k).indices.sort().values
         row, col = keep // in_features, keep % in_features
