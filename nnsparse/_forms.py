@@ -60,6 +60,9 @@ def check_index_range(index: Tensor, bound: Optional[int], name: str) -> int:
     that holds the data.  ``bound=None`` only checks for negative entries.
     One host synchronisation.
     """
+    if index.layout != torch.strided:  # (torch's aminmax has no sparse kernel)
+        raise TypeError(f"{name} must be a dense tensor of indices, got layout {index.layout}")
+    refuse_meta(index, name)
     if index.numel() == 0:
         return 0
     lo, hi = torch.stack(list(torch.aminmax(index))).tolist()

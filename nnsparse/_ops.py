@@ -314,6 +314,9 @@ def _check_parts(parts: SparseParts, width: Optional[int], name: str) -> None:
             value = getattr(parts, field)
             if not isinstance(value, Tensor):
                 raise TypeError(f"{name}.{field} must be a Tensor, got {type(value).__name__}")
+            if value.layout != torch.strided:
+                raise TypeError(f"{name}.{field} must be a dense tensor, got layout "
+                                f"{value.layout}")
             if value.dim() != 1:
                 raise ValueError(f"{name}.{field} must be 1-D, got shape {tuple(value.shape)}")
         for field in ("crow", "col"):

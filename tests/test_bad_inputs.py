@@ -1986,6 +1986,31 @@ PROBE6 += [
 ]
 
 
+_SPARSE_INDEX = torch.tensor([1, 2]).to_sparse()  # a sparse tensor where indices are due
+PROBE6 += [
+    Case("Ratings.subset-sparse-index", lambda: _R.subset(_SPARSE_INDEX), TypeError,
+         r"index must be a dense integer or bool tensor, got layout torch.sparse_coo"),
+    Case("RatingNormalizer.denormalize-sparse-rows", lambda: RatingNormalizer(_R).denormalize(
+        torch.ones(2), _SPARSE_INDEX), TypeError,
+         r"row indices must be a dense tensor of indices, got layout torch.sparse_coo"),
+    Case("RatingNormalizer.normalize-sparse-rows", lambda: RatingNormalizer(_R).normalize(
+        torch.ones(2), _SPARSE_INDEX), TypeError,
+         r"row indices must be a dense tensor of indices, got layout torch.sparse_coo"),
+    Case("collate_sparse_rows-sparse-indices", lambda: collate_sparse_rows(
+        [(0, (_SPARSE_INDEX, torch.ones(2)))], 4), TypeError,
+         r"rows\[0\] indices must be a dense tensor, got layout torch.sparse_coo"),
+    Case("SparseRowBatch-sparse-row_index", lambda: nnsparse.data.SparseRowBatch(
+        X.to_sparse_csr(), None, _SPARSE_INDEX), TypeError,
+         r"row_index must be a dense tensor of matrix rows, got layout torch.sparse_coo"),
+    Case("SparseRowBatch-meta-row_index", lambda: nnsparse.data.SparseRowBatch(
+        X.to_sparse_csr(), None, torch.tensor([0, 1], device="meta")), ValueError,
+         r"row_index must hold data, got a tensor on the meta device"),
+    Case("SparseParts-sparse-col", lambda: nnsparse.SparseLinearBatch(4, 3)(nnsparse.SparseParts(
+        torch.tensor([0, 2]), _SPARSE_INDEX, torch.ones(2), (1, 4))), TypeError,
+         r"input.col must be a dense tensor, got layout torch.sparse_coo"),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):

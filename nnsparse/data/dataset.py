@@ -90,6 +90,10 @@ def _check_batch_shapes(input: Tensor, target: Optional[Tensor], row_index: Tens
     """One matrix row index per input row, a target of as many rows (shapes only: no sync)."""
     if input.dim() != 2:
         raise ValueError(f"input must be a 2-D (batch, width) batch, got shape {tuple(input.shape)}")
+    if row_index.layout != torch.strided:
+        raise TypeError(f"row_index must be a dense tensor of matrix rows, got layout "
+                        f"{row_index.layout}")
+    refuse_meta(row_index, "row_index")
     if row_index.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"row_index must be an int64 tensor of matrix rows, got {row_index.dtype}")
     if row_index.shape != (input.shape[0],):
@@ -209,6 +213,9 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
         for part, what in ((index, "row_index"), (col, "indices"), (val, "values")):
             if isinstance(part, Tensor):
                 refuse_meta(part, f"rows[{k}] {what}")
+                if part.layout != torch.strided:
+                    raise TypeError(f"rows[{k}] {what} must be a dense tensor, got layout "
+                                    f"{part.layout}")
         if isinstance(index, Tensor) and (index.dim() != 0 or index.dtype.is_floating_point
                                           or index.dtype.is_complex or index.dtype == torch.bool):
             raise TypeError(f"rows[{k}] row_index must be an int or a 0-d integer tensor, got a "

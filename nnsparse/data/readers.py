@@ -237,6 +237,9 @@ def _entry_index(index: Any, n: int) -> Tensor:
                             f"{type(index).__name__}") from None
         if index.numel() == 0:  # [] reads as float32: keep nothing
             index = index.long()
+    if index.layout != torch.strided:
+        raise TypeError(f"index must be a dense integer or bool tensor, got layout "
+                        f"{index.layout}")
     refuse_uint8_index(index, "index", "int64 indices or a bool mask",
                        ".long() (indices) or .bool() (a mask)")
     if index.dtype != torch.bool and (index.is_floating_point() or index.is_complex()):
