@@ -71,6 +71,8 @@ class SparseParts(NamedTuple):
         """The same pattern with other ``values`` ``(nnz,)`` (e.g. after an activation)."""
         if not isinstance(values, Tensor):
             raise TypeError(f"values must be a Tensor, got {type(values).__name__}")
+        if values.layout != torch.strided:
+            raise TypeError(f"values must be a dense (nnz,) tensor, got layout {values.layout}")
         if not torch.compiler.is_compiling() and tuple(values.shape) != tuple(self.col.shape):
             raise ValueError(f"values must have shape ({self.col.shape[0]},) (one per entry), "
                              f"got {tuple(values.shape)}")

@@ -1046,7 +1046,8 @@ def _check_real(name: str, value: Any) -> None:
     """A hyperparameter must be a real number (a 0-d tensor counts), not a bool or str."""
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, Tensor)) or (
             isinstance(value, Tensor) and (value.numel() != 1 or value.is_complex()
-                                           or value.dtype == torch.bool)):
+                                           or value.dtype == torch.bool
+                                           or value.layout != torch.strided)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
 
 

@@ -2011,6 +2011,37 @@ PROBE6 += [
 ]
 
 
+PROBE6 += [
+    Case("RatingModel.predict_entries-sparse-users", lambda: _fitted_autorec().predict_entries(
+        _SPARSE_INDEX, torch.tensor([0, 1])), TypeError,
+         r"users must be a dense integer tensor, got layout torch.sparse_coo"),
+    Case("Ratings-sparse-rating", lambda: Ratings(torch.tensor([0]), torch.tensor([0]),
+                                                  torch.tensor([1.0]).to_sparse(), {1: 0}, {1: 0}),
+         TypeError, r"Ratings.rating must be a dense 1-D tensor, got layout torch.sparse_coo"),
+    Case("Ratings-csr-user", lambda: Ratings(torch.tensor([[0]]).to_sparse_csr(), torch.tensor([0]),
+                                             torch.tensor([1.0]), {1: 0}, {1: 0}), TypeError,
+         r"Ratings.user must be a 1-D tensor, got shape \(1, 1\)"),
+    Case("Ratings-sparse-user", lambda: Ratings(torch.tensor([0]).to_sparse(), torch.tensor([0]),
+                                                torch.tensor([1.0]), {1: 0}, {1: 0}), TypeError,
+         r"Ratings.user must be a dense 1-D tensor, got layout torch.sparse_coo"),
+    Case("Ratings.from_triples-sparse-users", lambda: Ratings.from_triples(
+        _SPARSE_INDEX, [1, 2], [3.0, 4.0]), TypeError,
+         r"user must be a dense tensor or a sequence of ids, got layout torch.sparse_coo"),
+    Case("Ratings.from_triples-sparse-rating", lambda: Ratings.from_triples(
+        [1, 2], [1, 2], torch.tensor([3.0, 4.0]).to_sparse()), TypeError,
+         r"rating must be a dense tensor or a sequence of numbers, got layout torch.sparse_coo"),
+    Case("LazyAdam-lr-sparse-tensor", lambda: LazyAdam([nn.Parameter(torch.zeros(2))],
+                                                       lr=torch.tensor([0.1]).to_sparse()),
+         TypeError, r"lr must be a number, got Tensor"),
+    Case("make_optimizer-lr-sparse-tensor", lambda: nnsparse.make_optimizer(
+        nn.Linear(2, 2), lr=torch.tensor([0.1]).to_sparse()), TypeError,
+         r"lr must be a number, got Tensor"),
+    Case("SparseParts.with_values-sparse", lambda: nnsparse.sparse_parts(X.to_sparse()).with_values(
+        torch.ones(4).to_sparse()), TypeError,
+         r"values must be a dense \(nnz,\) tensor, got layout torch.sparse_coo"),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):

@@ -96,6 +96,9 @@ class Ratings:
                 got = (f"shape {tuple(value.shape)}" if isinstance(value, Tensor)
                        else type(value).__name__)
                 raise TypeError(f"Ratings.{name} must be a 1-D tensor, got {got}")
+            if value.layout != torch.strided:
+                raise TypeError(f"Ratings.{name} must be a dense 1-D tensor, got layout "
+                                f"{value.layout}")
             refuse_meta(value, f"Ratings.{name}")
         if not (self.user.shape == self.item.shape == self.rating.shape):
             raise ValueError("Ratings.user, .item and .rating must have one length, got "
@@ -143,6 +146,9 @@ class Ratings:
         ids = {name: _id_array(v, name) for name, v in (("user", user), ("item", item))}
         if isinstance(rating, Tensor):
             refuse_meta(rating, "rating")
+            if rating.layout != torch.strided:
+                raise TypeError(f"rating must be a dense tensor or a sequence of numbers, got "
+                                f"layout {rating.layout}")
         try:
             wide = np.asarray(rating.detach().cpu() if isinstance(rating, Tensor) else rating,
                               dtype=np.float64)
@@ -562,6 +568,9 @@ def _id_array(ids: Any, name: str = "ids") -> np.ndarray:
                         f"got {type(ids).__name__}")
     if isinstance(ids, Tensor):
         refuse_meta(ids, name)
+        if ids.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense tensor or a sequence of ids, got layout "
+                            f"{ids.layout}")
         ids = ids.detach().cpu().numpy()
     try:
         out = np.asarray(ids)

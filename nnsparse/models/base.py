@@ -864,6 +864,8 @@ def _index_tensor(value: Any, name: str) -> Tensor:
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"{name} must be an integer tensor (or a list of ints), got "
                         f"{type(value).__name__}") from None
+    if index.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense integer tensor, got layout {index.layout}")
     if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor, got {index.dtype}")
     refuse_meta(index, name)
