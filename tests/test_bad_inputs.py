@@ -2042,6 +2042,17 @@ PROBE6 += [
 ]
 
 
+PROBE6 += [
+    # a model registered under a non-str name made MODELS unsortable (and no file could name it)
+    Case("register-name-int", lambda: nnsparse.models.register(
+        type("IntNamed", (nnsparse.models.RatingModel,), {"name": 3})), TypeError,
+         r"IntNamed.name must be a str, got int 3"),
+    Case("register-name-empty", lambda: nnsparse.models.register(
+        type("EmptyNamed", (nnsparse.models.RatingModel,), {"name": ""})), ValueError,
+         r"EmptyNamed.name must be a non-empty str, got ''"),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):

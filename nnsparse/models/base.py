@@ -55,6 +55,11 @@ def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
     if "name" not in cls.__dict__:
         raise ValueError(f"{cls.__name__} must set its own name (the key load() reads), "
                          f"it inherits {cls.name!r}")
+    if not isinstance(cls.name, str):  # the key a saved file holds
+        raise TypeError(f"{cls.__name__}.name must be a str, got "
+                        f"{type(cls.name).__name__} {cls.name!r}")
+    if not cls.name:
+        raise ValueError(f"{cls.__name__}.name must be a non-empty str, got ''")
     known = MODELS.get(cls.name)
     if known is not None and known.__qualname__ != cls.__qualname__:
         raise ValueError(f"name {cls.name!r} is taken by {known.__name__}; give "
