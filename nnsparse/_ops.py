@@ -96,6 +96,10 @@ class SparseParts(NamedTuple):
         out = SparseParts(self.crow.to(device, non_blocking=non_blocking),
                           self.col.to(device, non_blocking=non_blocking),
                           self.values.to(device, non_blocking=non_blocking), self.size)
+        if not _is_checked(self) and self.col.device.type == "cpu":
+            # parts built or unpickled (a DataLoader worker's) on the CPU: checked there,
+            # at no device sync, rather than on the accelerator at their first use
+            _check_parts(self, None, "parts")
         if _is_checked(self):
             _mark_checked(out)  # a copy of checked parts
         _mark_dynamic(out)

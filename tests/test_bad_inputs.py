@@ -1731,6 +1731,8 @@ def _load_cases() -> List[Case]:
 
 
 PROBE6 = _parts_cases() + _load_cases() + [
+    Case("SparseParts-hand-built-to-checks-on-the-cpu", lambda: _parts([0, 5], [0], [1.0]).to("cpu"),
+         ValueError, r"parts crow_indices must end at nnz = 1"),
     Case("SparseParts-hand-built-to-works", lambda: nnsparse.SparseLinearBatch(4, 3)(
         _parts([0, 1], [3], [1.0]).to("cpu")).shape, None, check=lambda shape: shape == (1, 3)),
     Case("sampled_linear-int64-input-with-pattern", lambda: nnsparse.sampled_linear(
