@@ -2055,6 +2055,18 @@ PROBE6 += [
 ]
 
 
+PROBE6 += [
+    # the identity of a plain criterion returned a str; the denoising criteria refuse it
+    Case("SparseCriterion.prepare_input-str", lambda: nnsparse.SparseCriterion(
+        nn.MSELoss()).prepare_input("x"), TypeError,
+         r"input must be a sparse batch or a dense \(rows, n\) tensor, got str"),
+    Case("SparseCriterion.prepare_input-list-of-ints", lambda: nnsparse.SparseCriterion(
+        nn.MSELoss()).prepare_input([1, 2]), TypeError, r"input\[0\] must be a tensor, got int"),
+    Case("SparseCriterion.prepare_input-batch-works", lambda: nnsparse.SparseCriterion(
+        nn.MSELoss()).prepare_input(S), None, check=lambda out: out is S),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):
