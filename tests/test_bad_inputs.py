@@ -2067,6 +2067,18 @@ PROBE6 += [
 ]
 
 
+PROBE6 += [
+    Case("Trainer.fit-unbuilt-model", lambda: nnsparse.models.Trainer(
+        nnsparse.models.AutoRec(hidden=3), epochs=1, batch_size=2, lr=0.1, progress=False,
+        log=None).fit(S), ValueError,
+         r"model must have parameters that require grad, got none \(AutoRec is not built: "
+         r"RatingModel.fit\(\) builds its layers"),
+    Case("Trainer.make_optimizer-frozen-model", lambda: nnsparse.models.Trainer(
+        _frozen(nn.Linear(2, 2)), epochs=1, batch_size=2, lr=0.1).make_optimizer(), ValueError,
+         r"model must have parameters that require grad, got none$"),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):

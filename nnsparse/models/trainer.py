@@ -149,6 +149,12 @@ class Trainer:
         loss (:meth:`RatingModel.penalty`), on the weights only.
         """
         params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params:  # (torch's "optimizer got an empty parameter list" names no model)
+            built = getattr(self.model, "_built", True)
+            raise ValueError(f"model must have parameters that require grad, got none"
+                             + ("" if built else f" ({type(self.model).__name__} is not built: "
+                                                 f"RatingModel.fit() builds its layers, then "
+                                                 f"trains them with a Trainer)"))
         matrices = [p for p in params if p.dim() >= 2]
         others = [p for p in params if p.dim() < 2]
         groups = [dict(params=matrices, weight_decay=self.weight_decay),
