@@ -2079,6 +2079,21 @@ PROBE6 += [
 ]
 
 
+PROBE6 += [
+    # torch has no autocast state for the meta device: asking it raised a RuntimeError
+    Case("SparseOutputLinear-meta-dense-output-works", lambda: nnsparse.SparseOutputLinear(
+        3, 4, device="meta")(torch.ones(2, 3, device="meta")).shape, None,
+         check=lambda shape: shape == (2, 4)),
+    Case("SparseLinearBatch-meta-input-other-dtype", lambda: nnsparse.SparseLinearBatch(
+        4, 3, device="meta")(X.double().to_sparse().to("meta")), ValueError,
+         r"input must hold data, got a tensor on the meta device"),
+    Case("SparseOutputLinear-meta-input-other-dtype", lambda: nnsparse.SparseOutputLinear(
+        3, 4, device="meta")(torch.ones(2, 3, device="meta", dtype=torch.float64),
+                             X.to_sparse().to("meta")), ValueError,
+         r"weight must have input's dtype torch.float64, got torch.float32"),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):

@@ -175,7 +175,8 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         if input.device != table.device:
             raise ValueError(f"input must be on the weight's device {table.device}, "
                              f"got {input.device}")
-        if input.dtype != table.dtype and not torch.is_autocast_enabled(input.device.type):
+        if input.dtype != table.dtype and not (input.device.type != "meta"  # (no autocast state)
+                                               and torch.is_autocast_enabled(input.device.type)):
             raise ValueError(f"input must have the weight's dtype {table.dtype}, "
                              f"got {input.dtype}")
         if update is not None and torch.is_grad_enabled() and table.requires_grad:
@@ -524,6 +525,7 @@ class SparseLinearBatch(nn.Module):
             return linear_parts(input, self._table(), self.bias, self.mode, self.sparse_grad)
         if (isinstance(input, Tensor) and input.layout != torch.strided
                 and input.dtype != self._table().dtype and input.dtype.is_floating_point
+                and input.device.type != "meta"  # (torch has no autocast state for it)
                 and torch.is_autocast_enabled(input.device.type)):
             # AMP: a lower-precision sparse batch (e.g. Sparsify of an autocast
             # GEMM's output) is read in the weight's dtype, as the custom operator does.

@@ -205,7 +205,9 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
         got = input.shape[-1] if input.dim() else "a 0-d tensor"
         raise ValueError(f"input must have {weight.shape[1]} features (in_features), got {got}")
     # autocast: F.linear of a dense output (pattern=None) casts its operands itself
-    amp = pattern is None and torch.is_autocast_enabled(input.device.type)
+    # (torch has no autocast state for the meta device: it raises for the question)
+    amp = (pattern is None and input.device.type != "meta"
+           and torch.is_autocast_enabled(input.device.type))
     for arg, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != input.dtype and not amp:
             raise ValueError(f"{arg} must have input's dtype {input.dtype}, got {t.dtype}")
@@ -338,6 +340,7 @@ class SparseOutputLinear(nn.Linear):
             _refuse_update_on_parts(self._row_update)
             return sampled_parts(input, self.weight, self.bias, pattern, self.sparse_grad)
         if (pattern is not None and isinstance(input, Tensor) and input.dtype != self.weight.dtype
+                and input.device.type != "meta"  # (torch has no autocast state for it)
                 and torch.is_autocast_enabled(input.device.type)):
             # AMP: a lower-precision input (an autocast GEMM's output) meets the
             # sampled product in the weight's dtype, as the custom operator does.
