@@ -2094,6 +2094,29 @@ PROBE6 += [
 ]
 
 
+
+def _read_item_text(text: str):
+    """read_item_features of an ml-100k ``u.item`` text, for items 1 and 2."""
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "u.item").write_text(text)
+        return nnsparse.data.read_item_features(Path(d) / "u.item", "ml-100k", {1: 0, 2: 1})
+
+
+_FLAGS = "|".join(["0"] * 18)
+PROBE6 += [
+    Case("read_item_features-ml-100k-nan-flag", lambda: _read_item_text(
+        f"1|Toy|d||u|{_FLAGS}|nan\n"), ValueError,
+         r"u.item, line 1: the genre flags must be finite numbers, got nan"),
+    Case("read_item_features-ml-100k-inf-flag", lambda: _read_item_text(
+        f"1|Toy|d||u|{_FLAGS}|1\n2|Heat|d||u|inf|{_FLAGS}\n"), ValueError,
+         r"u.item, line 2: the genre flags must be finite numbers, got inf"),
+    Case("read_item_features-ml-100k-works", lambda: _read_item_text(
+        f"1|Toy|d||u|{_FLAGS}|1\n").sum(1).tolist(), None, check=lambda rows: rows == [1.0, 0.0]),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):

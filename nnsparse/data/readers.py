@@ -10,6 +10,7 @@ bad line for the error message.
 from __future__ import annotations
 
 import csv
+import math
 import os
 import re
 import warnings
@@ -1121,6 +1122,10 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
             except ValueError:
                 raise ValueError(f"{path}, line {number}: the id and the genre flags must be "
                                  f"numbers") from None
+            bad = [v for v in flags if not math.isfinite(v)]
+            if bad:  # ("nan" and "inf" parse as floats: features a fit then refuses)
+                raise ValueError(f"{path}, line {number}: the genre flags must be finite "
+                                 f"numbers, got {bad[0]}")
             _once(seen, key, path, number, "item")
             table[key] = flags
         width = max((len(v) for v in table.values()), default=0)
