@@ -2117,6 +2117,33 @@ PROBE6 += [
 ]
 
 
+
+def _trainer_and_batch():
+    model = _fitted_autorec()
+    trainer = nnsparse.models.Trainer(model, epochs=1, batch_size=2, lr=0.1, progress=False,
+                                      log=None)
+    dataset = SparseRowDataset(model._input)
+    return trainer, dataset
+
+
+PROBE6 += [
+    # the public hooks of the training loop, called by hand (AttributeError: 'str'.to before)
+    Case("Trainer.step-batch-str", lambda: (lambda t, d: t.step("b", t.make_optimizer()))(
+        *_trainer_and_batch()), TypeError,
+         r"batch must be a SparseRowBatch \(SparseRowDataset.collate\), got str"),
+    Case("Trainer.step-optimizer-str", lambda: (lambda t, d: t.step(d.collate([d[0]]), "o"))(
+        *_trainer_and_batch()), TypeError,
+         r"optimizer must be an optimiser with step\(\) and zero_grad\(\) \(make_optimizer\), "
+         r"got str"),
+    Case("Trainer.run_epoch-loader-list", lambda: (lambda t, d: t.run_epoch(
+        [d.collate([d[0]])], t.make_optimizer(), 1))(*_trainer_and_batch()), TypeError,
+         r"loader must be a DataLoader \(make_loader\), got list"),
+    Case("Trainer.run_epoch-epoch-0", lambda: (lambda t, d: t.run_epoch(
+        t.make_loader(d), t.make_optimizer(), 0))(*_trainer_and_batch()), ValueError,
+         r"epoch must be an int >= 1, got 0"),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):
