@@ -2144,6 +2144,12 @@ PROBE6 += [
 ]
 
 
+PROBE6 += [
+    Case("distributed.loader-dataset-str", lambda: nnsparse.distributed.loader("abc", 1), TypeError,
+         r"dataset must be a map-style dataset \(with __len__ and __getitem__\), got str"),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):
