@@ -2150,6 +2150,35 @@ PROBE6 += [
 ]
 
 
+
+def _swl_edited(edit):
+    """A SparseWeightLinear whose pattern buffers were edited by hand, then run (a crow
+    past nnz crashed the process; a zeroed crow gave a silently empty weight)."""
+    layer = nnsparse.SparseWeightLinear.random(4, 3, 0.5, seed=0)
+    with torch.no_grad():
+        edit(layer)
+    return layer(torch.ones(2, 4))
+
+
+_SWL_PATTERN = r"SparseWeightLinear crow/col "
+PROBE6 += [
+    Case("SparseWeightLinear-crow-edited-past-nnz", lambda: _swl_edited(
+        lambda l: l.crow.__setitem__(-1, 100)), ValueError,
+         _SWL_PATTERN + r"crow_indices must end at nnz = 6 \(the number of column indices\), "
+                        r"got 100"),
+    Case("SparseWeightLinear-crow-zeroed", lambda: _swl_edited(lambda l: l.crow.zero_()),
+         ValueError, _SWL_PATTERN + r"crow_indices must end at nnz = 6"),
+    Case("SparseWeightLinear-col-edited-negative", lambda: _swl_edited(
+        lambda l: l.col.__setitem__(0, -1)), ValueError,
+         _SWL_PATTERN + r"column indices must be non-negative, got min -1"),
+    Case("SparseWeightLinear-crow-replaced-float", lambda: _swl_edited(
+        lambda l: setattr(l, "crow", l.crow.float())), TypeError,
+         r"SparseWeightLinear.crow must be a 1-D int64 or int32 tensor, got torch.float32"),
+    Case("SparseWeightLinear-col-edited-in-range-works", lambda: _swl_edited(
+        lambda l: l.col.copy_(l.col)).shape, None, check=lambda shape: shape == (2, 3)),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):
