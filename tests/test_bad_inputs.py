@@ -2179,6 +2179,31 @@ PROBE6 += [
 ]
 
 
+
+def _collate_edited(edit):
+    """SparseRowDataset.collate of an item edited in place (its tensors are views of the
+    dataset's checked matrix, which collate trusted: the layer's kernel failed)."""
+    ds = SparseRowDataset(torch.eye(4).to_sparse_csr())
+    item = ds[0]
+    edit(item[1])
+    return ds.collate([item, ds[1]]).input.to_dense()
+
+
+PROBE6 += [
+    Case("SparseRowDataset.collate-item-index-edited", lambda: _collate_edited(
+        lambda row: row.indices.fill_(10 ** 6)), ValueError,
+         r"the dataset's input \(edited since it was built\) column indices must be in \[0, 4\), "
+         r"got max 1000000"),
+    Case("SparseRowDataset.collate-item-values-resized", lambda: _collate_edited(
+        lambda row: row.values.resize_(5)), ValueError,
+         r"rows\[0\] must have one value per index \(1-D, equal lengths\), got indices of shape "
+         r"\(1,\) and values of shape \(5,\)"),
+    Case("SparseRowDataset.collate-item-values-edited-works", lambda: _collate_edited(
+        lambda row: row.values.mul_(2)).tolist(), None,
+         check=lambda dense: dense == [[2.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .._forms import SparseBatch, as_device, as_sparse_batch, move_structure, refuse_meta, trust
+from .._forms import (SparseBatch, _check_csr, _version, as_device, as_sparse_batch,
+                      move_structure, refuse_meta, trust)
 from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 
 __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_rows"]
@@ -376,6 +377,30 @@ class SparseRowDataset(Dataset):
         self._bounds = [inputs[0].tolist()]
         if targets is not None:
             self._bounds.append(targets[0].tolist())
+        self._checked_versions = self._versions_now()
+
+    def _versions_now(self) -> Tuple[int, ...]:
+        """The version counters of the matrices' tensors (the items are views of them)."""
+        return tuple(_version(t) for parts in (self._input, self._target) if parts is not None
+                     for t in parts)
+
+    def _check_unedited(self) -> None:
+        """The matrices as checked, else checked again (one pass, once per edit): an item's
+        tensors are views of them, and an index edited in place would enter a trusted
+        batch (a kernel's out-of-range error, or worse)."""
+        now = self._versions_now()
+        if now == self.__dict__.get("_checked_versions"):
+            return
+        for name, parts, width in (("input", self._input, self.width),
+                                   ("target", self._target, self.target_width)):
+            if parts is not None:
+                crow, col, values = parts
+                _check_csr(crow, col, values, self.rows, cast(int, width),
+                           f"the dataset's {name} (edited since it was built)")
+        self._bounds = [self._input[0].tolist()]
+        if self._target is not None:
+            self._bounds.append(self._target[0].tolist())
+        self._checked_versions = now
 
     def __len__(self) -> int:
         return self.rows
@@ -412,7 +437,7 @@ class SparseRowDataset(Dataset):
                 break
             ind = row.indices
             if (ind.data_ptr() != pointer + bounds[i] * size
-                    or len(ind) != bounds[i + 1] - bounds[i]):
+                    or len(ind) != bounds[i + 1] - bounds[i] or len(row.values) != len(ind)):
                 break
         else:
             return
@@ -448,6 +473,7 @@ class SparseRowDataset(Dataset):
             kind = "(row, row_data)" if self._target is None else "(row, input, target)"
             raise TypeError(f"items must be a list of this dataset's items, {kind} tuples as "
                             f"dataset[i] returns, got {type(items).__name__}")
+        self._check_unedited()
         self._check_own(pairs, 0)
         if targets is not None:
             self._check_own(targets, 1)
