@@ -2204,6 +2204,28 @@ PROBE6 += [
 ]
 
 
+
+def _pickled_batch(input):
+    """A SparseRowBatch built by hand, through pickle (as a DataLoader worker sends it)."""
+    import pickle
+    batch = pickle.loads(pickle.dumps(nnsparse.data.SparseRowBatch(input, None,
+                                                                   torch.tensor([0, 1]))))
+    return nnsparse.SparseLinearBatch(4, 3)(batch.input)
+
+
+PROBE6 += [
+    # the rebuilt batch was trusted whatever it held: a crash of the process
+    Case("SparseRowBatch-hand-built-csr-through-pickle", lambda: _pickled_batch(
+        csr([0, 7, 2], [0, 1], [1, 2], (2, 4))), ValueError,
+         r"input crow_indices must be non-decreasing, got a step of -5"),
+    Case("SparseRowBatch-hand-built-coo-through-pickle", lambda: _pickled_batch(
+        coo([[0, 1], [0, 9]], [1, 2], (2, 4))), ValueError,
+         r"input column indices must be in \[0, 4\), got max 9"),
+    Case("SparseRowBatch-hand-built-valid-through-pickle-works", lambda: _pickled_batch(
+        X.to_sparse_csr()), None, check=lambda out: out.shape == (2, 3)),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .._forms import (SparseBatch, _check_csr, _version, as_device, as_sparse_batch,
+from .._forms import (SparseBatch, _attached, _check_csr, _version, as_device, as_sparse_batch,
                       move_structure, refuse_meta, trust)
 from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 
@@ -84,7 +84,8 @@ class SparseRow(metaclass=_RowType):
         return SparseRow, (self.indices, self.values)
 
 
-_Parts = Optional[Tuple[str, Tuple[Tensor, ...], Tuple[int, ...]]]
+# (layout, index and value tensors, shape, whether the tensor was checked or trusted)
+_Parts = Optional[Tuple[str, Tuple[Tensor, ...], Tuple[int, ...], bool]]
 
 
 def _check_batch_shapes(input: Tensor, target: Optional[Tensor], row_index: Tensor) -> None:
@@ -175,20 +176,26 @@ class SparseRowBatch:
 def _parts(x: Optional[Tensor]) -> _Parts:
     if x is None:
         return None
+    # a batch collate made is trusted; one built by hand from unchecked tensors is not, and
+    # must not become trusted by a trip through pickle (a DataLoader worker's)
+    checked = _attached(x) is not None
     if x.layout == torch.sparse_csr:
-        return "csr", (x.crow_indices(), x.col_indices(), x.values()), tuple(x.shape)
-    return "coo", (x._indices(), x._values()), tuple(x.shape)
+        return "csr", (x.crow_indices(), x.col_indices(), x.values()), tuple(x.shape), checked
+    return "coo", (x._indices(), x._values()), tuple(x.shape), checked
 
 
 def _build(parts: _Parts) -> Optional[Tensor]:
     if parts is None:
         return None
-    layout, tensors, shape = parts
+    layout, tensors, shape, checked = parts
     if layout == "csr":
         out = csr_tensor(tensors[0], tensors[1], tensors[2], shape)
-    else:
+    elif checked:  # (coalesced: collate built it so)
         out = coo_tensor(tensors[0], tensors[1], shape, coalesced=True)
-    return trust(out)  # the parts of a batch collate built (and checked) in a worker
+    else:
+        out = coo_tensor(tensors[0], tensors[1], shape, coalesced=False)
+    # the parts of a batch collate built (and checked) in a worker; others checked at use
+    return trust(out) if checked else out
 
 
 def _rebuild_batch(input: _Parts, target: _Parts, row_index: Tensor) -> SparseRowBatch:
