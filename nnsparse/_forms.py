@@ -62,6 +62,9 @@ def check_index_range(index: Tensor, bound: Optional[int], name: str) -> int:
     that holds the data.  ``bound=None`` only checks for negative entries.
     One host synchronisation.
     """
+    if index.layout != torch.strided:  # (torch's aminmax has no sparse kernel)
+        raise TypeError(f"{name} must be a dense tensor of indices, got layout {index.layout}")
+    refuse_meta(index, name)
     if index.numel() == 0:
         return 0
     lo, hi = torch.stack(list(torch.aminmax(index))).tolist()
@@ -476,7 +479,9 @@ def trust(x: Tensor) -> Tensor:
     0, non-decreasing, ending at nnz, columns in range and increasing within
     each row).  nnsparse then builds the tensor's index structure without
     reading the data back to the host.  An invalid trusted tensor gives wrong
-    results or a kernel error.  Batches nnsparse makes (the collate function,
+    results, a kernel error or, for CSR row pointers beyond nnz, a crash of
+    the process (torch's kernels read and write out of bounds): trust only
+    tensors built valid.  Batches nnsparse makes (the collate function,
     :func:`~nnsparse.sparsify`, ``prepare_input``, layer outputs) are trusted
     already.  A copy of the tensor (``x.to('cuda')``, ``x.coalesce()``) is a
     new tensor, checked again at its first use unless trusted again.

@@ -33,6 +33,19 @@ def entry_errors(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, Any],
             errors.append(f"size mismatch for {prefix}{key}: copying a param with shape "
                           f"{given.shape} from checkpoint, the shape in current model is "
                           f"{current.shape}.")
+        # torch's copy_ fails on these only once the entries before them are copied
+        elif given.layout != current.layout:
+            errors.append(f'While copying the parameter named "{prefix}{key}", expected a '
+                          f"tensor of layout {current.layout} from checkpoint, got "
+                          f"{given.layout}")
+        elif given.device.type == "meta" and current.device.type != "meta":
+            errors.append(f'While copying the parameter named "{prefix}{key}", expected a '
+                          f"tensor that holds data from checkpoint, got a tensor on the meta "
+                          f"device")
+        # (torch's copy_ drops the imaginary part with a warning only: a silent wrong load)
+        elif given.is_complex() and not current.is_complex():
+            errors.append(f'While copying the parameter named "{prefix}{key}", expected a '
+                          f"real tensor ({current.dtype}) from checkpoint, got {given.dtype}")
     return errors
 
 

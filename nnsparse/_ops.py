@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._forms import SparseBatch, as_device, as_sparse_batch, check_kernel_dtype
+from ._forms import SparseBatch, _check_csr, as_device, as_sparse_batch, check_kernel_dtype
 from ._kernels import _sampled_rows, _t_mm, _table_blocks, _table_mm
 
 __all__ = ["SparseParts", "sparse_parts"]
@@ -53,7 +53,10 @@ class SparseParts(NamedTuple):
         values (Tensor): ``(nnz,)`` values (may require grad).
         size (Tuple[int, int]): ``(rows, width)``.
 
-    Built, checked, by :func:`sparse_parts`; the layers trust it.  A layer
+    Built, checked, by :func:`sparse_parts`; the layers trust it.  Parts
+    built by hand are checked completely (one host sync) at their first eager
+    use, as a torch sparse tensor is: an invalid pattern would make the
+    kernels read out of bounds.  A layer
     that reads a :class:`SparseParts` returns dense tensors
     (:class:`~nnsparse.SparseLinearBatch`) or a :class:`SparseParts` with
     the same pattern (:class:`~nnsparse.SparseOutputLinear`).
@@ -68,13 +71,15 @@ class SparseParts(NamedTuple):
         """The same pattern with other ``values`` ``(nnz,)`` (e.g. after an activation)."""
         if not isinstance(values, Tensor):
             raise TypeError(f"values must be a Tensor, got {type(values).__name__}")
+        if values.layout != torch.strided:
+            raise TypeError(f"values must be a dense (nnz,) tensor, got layout {values.layout}")
         if not torch.compiler.is_compiling() and tuple(values.shape) != tuple(self.col.shape):
             raise ValueError(f"values must have shape ({self.col.shape[0]},) (one per entry), "
                              f"got {tuple(values.shape)}")
         if not torch.compiler.is_compiling() and values.device != self.col.device:
             raise ValueError(f"values must be on the pattern's device {self.col.device}, "
                              f"got {values.device}")
-        return self._replace(values=values)
+        return self._replace(values=values)  # same crow/col: still checked
 
     def to_sparse_csr(self) -> Tensor:
         """A torch sparse CSR tensor (trusted) for eager code, e.g. a criterion.
@@ -91,6 +96,12 @@ class SparseParts(NamedTuple):
         out = SparseParts(self.crow.to(device, non_blocking=non_blocking),
                           self.col.to(device, non_blocking=non_blocking),
                           self.values.to(device, non_blocking=non_blocking), self.size)
+        if not _is_checked(self) and self.col.device.type == "cpu":
+            # parts built or unpickled (a DataLoader worker's) on the CPU: checked there,
+            # at no device sync, rather than on the accelerator at their first use
+            _check_parts(self, None, "parts")
+        if _is_checked(self):
+            _mark_checked(out)  # a copy of checked parts
         _mark_dynamic(out)
         return out
 
@@ -135,6 +146,7 @@ def sparse_parts(x: Any, *, dynamic: bool = True) -> SparseParts:
     rows, width = batch.shape
     parts = SparseParts(_plain(batch.crow_indices()), _plain(batch.col), _plain(batch.values),
                         (rows, width))
+    _mark_checked(parts)  # as_sparse_batch checked it (or it was trusted)
     if dynamic:
         _mark_dynamic(parts)
     return parts
@@ -308,6 +320,9 @@ def _check_parts(parts: SparseParts, width: Optional[int], name: str) -> None:
             value = getattr(parts, field)
             if not isinstance(value, Tensor):
                 raise TypeError(f"{name}.{field} must be a Tensor, got {type(value).__name__}")
+            if value.layout != torch.strided:
+                raise TypeError(f"{name}.{field} must be a dense tensor, got layout "
+                                f"{value.layout}")
             if value.dim() != 1:
                 raise ValueError(f"{name}.{field} must be 1-D, got shape {tuple(value.shape)}")
         for field in ("crow", "col"):
@@ -334,6 +349,45 @@ def _check_parts(parts: SparseParts, width: Optional[int], name: str) -> None:
         if parts.crow.shape[0] != parts.size[0] + 1:
             raise ValueError(f"{name} crow must have rows + 1 = {parts.size[0] + 1} entries, "
                              f"got {parts.crow.shape[0]}")
+        _check_pattern(parts, name)
+
+
+# The attribute on ``parts.col`` that records a complete check of the parts' pattern
+_CHECKED_ATTR = "_nnsparse_parts_checked"
+
+
+def _checked_key(parts: SparseParts) -> Optional[Tuple[Any, ...]]:
+    """What must not change for a checked pattern to stay valid (free to read); None
+    where the index tensors have no storage (a ``torch.func`` transform)."""
+    crow_ptr, col_ptr = _index.data_ptr(parts.crow), _index.data_ptr(parts.col)
+    if crow_ptr is None or col_ptr is None:
+        return None
+    return (crow_ptr, col_ptr, parts.crow._version, parts.col._version,
+            tuple(parts.crow.shape), tuple(parts.col.shape), tuple(parts.size))
+
+
+def _is_checked(parts: SparseParts) -> bool:
+    key = _checked_key(parts)
+    return key is not None and getattr(parts.col, _CHECKED_ATTR, None) == key
+
+
+def _mark_checked(parts: SparseParts) -> None:
+    key = _checked_key(parts)
+    if key is not None:
+        setattr(parts.col, _CHECKED_ATTR, key)
+
+
+def _check_pattern(parts: SparseParts, name: str) -> None:
+    """Every CSR invariant of parts built by hand (the kernels index with them
+    unchecked: out-of-range pointers read and write out of bounds), once: parts
+    from :func:`sparse_parts`, ``with_values`` and ``to`` are marked checked."""
+    if parts.col.device.type == "meta":
+        return  # no data to read (and no kernel to run)
+    if _is_checked(parts):
+        return
+    rows, width = parts.size
+    _check_csr(parts.crow, parts.col, parts.values, rows, width, name)
+    _mark_checked(parts)
 
 
 def _refuse_in_transform(*tensors: Optional[Tensor]) -> None:

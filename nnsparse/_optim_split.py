@@ -12,6 +12,7 @@ and an LR scheduler use it as any optimiser.
 from __future__ import annotations
 
 import copy
+import inspect
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, overload
 
@@ -19,7 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from .optim import _check_flag, _closure_loss
+from .optim import _check_flag, _check_state_entries, _closure_loss, _state_keys
 
 __all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
 
@@ -189,6 +190,10 @@ class SplitOptimizer(Optimizer):
             if not isinstance(part, dict):
                 raise TypeError(f"state_dict[{name!r}] must be an optimiser state dict, "
                                 f"got {type(part).__name__}")
+        # every part checked before any is loaded (torch's own load checks no entry)
+        for name, opt in self.optimizers.items():
+            _check_state_entries(state_dict[name], opt, f"state_dict[{name!r}]",
+                                 _state_keys(opt))
         before = {name: copy.deepcopy(opt.state_dict()) for name, opt in self.optimizers.items()}
         try:
             for name, opt in self.optimizers.items():
@@ -223,6 +228,18 @@ def _sparse_part(name: str, params: List[Tensor], lr: float, betas: Tuple[float,
                                   f"SparseAdam), got weight_decay={weight_decay}; use "
                                   "sparse='lazy_adam'")
     return torch.optim.SparseAdam(params, lr=lr, betas=betas, eps=eps)
+
+
+def _check_dense_kwargs(cls: type, dense_kwargs: Dict[str, Any]) -> None:
+    """The extra keywords against the dense optimiser's own (before anything is built)."""
+    taken = {"lr", "betas", "eps", "weight_decay"}
+    accepted = [name for name in inspect.signature(cls).parameters
+                if name != "params" and name not in taken]
+    unknown = sorted(set(dense_kwargs) - set(accepted))
+    if unknown:
+        raise TypeError(f"dense_kwargs: torch.optim.{cls.__name__} takes no keyword(s) {unknown}; "
+                        f"it takes {sorted(accepted)} (lr, betas, eps and weight_decay are "
+                        f"make_optimizer's own)")
 
 
 def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, float] = (0.9, 0.999),
@@ -282,6 +299,8 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
         raise ValueError(f"dense must be one of {_DENSE}, got {dense!r}")
     if sparse not in _SPARSE:
         raise ValueError(f"sparse must be one of {_SPARSE}, got {sparse!r}")
+    _check_dense_kwargs(torch.optim.AdamW if dense == "adamw" else torch.optim.Adam,
+                        dense_kwargs)
     sparse_params = sparse_grad_parameters(model)
     sparse_ids = {id(p) for p in sparse_params}
     dense_params = [p for p in model.parameters() if p.requires_grad and id(p) not in sparse_ids]

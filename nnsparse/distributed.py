@@ -255,7 +255,8 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
     if taken:
         raise TypeError(f"kwargs must not set {' or '.join(taken)}: loader makes its own "
                         "DistributedSampler; use a DataLoader directly for another sampler")
-    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+    if isinstance(dataset, (str, bytes)) or not (hasattr(dataset, "__getitem__")
+                                                 and hasattr(dataset, "__len__")):
         raise TypeError(f"dataset must be a map-style dataset (with __len__ and "
                         f"__getitem__), got {type(dataset).__name__}")
     sampler: DistributedSampler[Any] = DistributedSampler(

@@ -160,6 +160,7 @@ class LazyAdam(Optimizer):
                 if p.grad is not None]
         for p, grad, _ in work:
             _check_grad(p, grad)
+            _check_moments_fit(p, self.state.get(p))
         return work
 
     @overload
@@ -240,6 +241,8 @@ def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
             elif isinstance(t, Tensor) and t.dim() > 0 and tuple(t.shape) != shape:
                 raise ValueError(f"{name}[{key!r}] must have its parameter's shape {shape}, "
                                  f"got {tuple(t.shape)}")
+            elif isinstance(t, Tensor):
+                _check_state_tensor(t, f"{name}[{key!r}]")
 
 
 def _check_optimizer_dict(state_dict: Any, where: str) -> None:
@@ -259,6 +262,10 @@ def _check_step(step: Any, name: str) -> None:
     one) holding a whole number >= 0 (a negative or fractional count gives a wrong bias
     correction, a NaN one NaN parameters)."""
     value = step
+    if isinstance(step, Tensor) and (step.layout != torch.strided or step.device.type == "meta"):
+        where = "on the meta device" if step.layout == torch.strided else f"of layout {step.layout}"
+        raise TypeError(f"{name} must be a number or a dense one-element tensor, got a tensor "
+                        f"{where}")
     if isinstance(step, Tensor) and step.numel() == 1 and not step.is_complex():
         value = step.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -283,6 +290,52 @@ def _check_moment(t: Any, shape: Tuple[int, ...], name: str) -> None:
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} must have its parameter's shape {shape}, "
                          f"got {tuple(t.shape)}")
+    _check_state_tensor(t, name)
+
+
+def _check_state_tensor(t: Tensor, name: str) -> None:
+    """A loaded state tensor holds real data: torch copies a meta tensor's "data" (it
+    fails half-way through a load) and casts complex values to the parameter's real
+    dtype, dropping the imaginary part with a warning only."""
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense tensor, got layout {t.layout}")
+    if t.device.type == "meta":
+        raise ValueError(f"{name} must hold data, got a tensor on the meta device")
+    if t.is_complex():
+        raise TypeError(f"{name} must be a real tensor, got {t.dtype}")
+
+
+# The state keys of torch's optimisers (and LazyAdam) that nnsparse builds: a non-empty
+# entry must hold them, the moments as dense tensors of the parameter's shape.
+_STATE_KEYS: Dict[type, Tuple[str, ...]] = {
+    torch.optim.Adam: ("step", "exp_avg", "exp_avg_sq"),
+    torch.optim.AdamW: ("step", "exp_avg", "exp_avg_sq"),
+    torch.optim.SparseAdam: ("step", "exp_avg", "exp_avg_sq"),
+    torch.optim.Adagrad: ("step", "sum"),
+    torch.optim.SGD: ("momentum_buffer",),
+}
+
+
+def _state_keys(optimizer: Optimizer) -> Tuple[str, ...]:
+    """The keys :func:`_check_state_entries` requires of ``optimizer``'s entries."""
+    if isinstance(optimizer, LazyAdam):
+        return ("step", "exp_avg", "exp_avg_sq")
+    return _STATE_KEYS.get(type(optimizer), ())
+
+
+def _check_moments_fit(p: Tensor, state: Optional[Dict[str, Any]]) -> None:
+    """The moments of a stepped parameter still fit it (free: metadata only).  A
+    parameter resized, converted or moved since (``p.data = ...``) would make the
+    fused kernels read and write out of bounds or mix dtypes."""
+    for key in ("exp_avg", "exp_avg_sq"):
+        t = state.get(key) if state else None
+        if isinstance(t, Tensor) and (t.shape != p.shape or t.dtype != p.dtype
+                                      or t.device != p.device):
+            raise RuntimeError(
+                f"LazyAdam: the state of a parameter is {tuple(t.shape)} {t.dtype} on "
+                f"{t.device}, the parameter is now {tuple(p.shape)} {p.dtype} on {p.device} "
+                f"(changed after the optimiser's first step); resize, convert or move the "
+                f"model before building the optimiser, or build it again")
 
 
 def _check_grad(p: Tensor, grad: Tensor) -> None:
@@ -794,11 +847,14 @@ class InBackwardOptimizer:
                                      f"of shape {tuple(t.shape)}, got {tuple(given.shape)}")
                 if key == "step":
                     _check_step(given, f"state_dict['tables'][{name!r}]['step']")
+                else:
+                    _check_state_tensor(given, f"state_dict['tables'][{name!r}][{key!r}]")
         if (state_dict.get("dense") is None) != (self.dense is None):
             raise ValueError("state_dict['dense'] must be given exactly when the model has "
                              "parameters outside the in-backward layers")
         if self.dense is not None:
-            _check_state_entries(state_dict["dense"], self.dense, "state_dict['dense']")
+            _check_state_entries(state_dict["dense"], self.dense, "state_dict['dense']",
+                                 _state_keys(self.dense))
         rates = state_dict.get("lr", {})  # absent from older state dicts: the rates are kept
         if not isinstance(rates, dict):
             raise TypeError(f"state_dict['lr'] must be a dict of layer name -> learning rate "
@@ -999,7 +1055,8 @@ def _check_real(name: str, value: Any) -> None:
     """A hyperparameter must be a real number (a 0-d tensor counts), not a bool or str."""
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, Tensor)) or (
             isinstance(value, Tensor) and (value.numel() != 1 or value.is_complex()
-                                           or value.dtype == torch.bool)):
+                                           or value.dtype == torch.bool
+                                           or value.layout != torch.strided)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
 
 

@@ -1648,6 +1648,584 @@ PROBE5 = [
 ]
 
 
+# -- the sixth probe -----------------------------------------------------------------------
+
+def _parts(crow, col, values, size=(1, 4)):
+    """A SparseParts built by hand (not by sparse_parts): checked at its first use."""
+    return nnsparse.SparseParts(torch.tensor(crow), torch.tensor(col),
+                                torch.tensor(values, dtype=F32), size)
+
+
+_PARTS_ENTRIES = {
+    "SparseLinearBatch": (lambda p: nnsparse.SparseLinearBatch(4, 3)(p), "input"),
+    "SparseOutputLinear": (lambda p: nnsparse.SparseOutputLinear(3, 4)(torch.ones(1, 3), p),
+                           "pattern"),
+    "to_sparse_csr": (lambda p: p.to_sparse_csr(), "parts"),
+}
+# hand-built parts whose pattern the kernels would read out of bounds (a segfault before)
+_BAD_PARTS = {
+    "crow-past-nnz": (([0, 5], [0], [1.0]), r"crow_indices must end at nnz = 1 \(the number of "
+                                            r"column indices\), got 5"),
+    "column-beyond-width": (([0, 1], [10 ** 8], [1.0]),
+                            r"column indices must be in \[0, 4\), got max 100000000"),
+    "column-negative": (([0, 1], [-5], [1.0]), r"column indices must be non-negative, got min -5"),
+    "crow-start": (([3, 1], [0], [1.0]), r"crow_indices must start at 0, got 3"),
+    "columns-unsorted": (([0, 2], [3, 1], [1.0, 1.0]),
+                         r"column indices must increase within each row"),
+}
+
+
+def _parts_cases() -> List[Case]:
+    cases = []
+    for entry, (call, name) in _PARTS_ENTRIES.items():
+        for kind, (args, match) in _BAD_PARTS.items():
+            cases.append(Case(f"SparseParts-hand-built-{kind}-{entry}",
+                              (lambda c=call, a=args: c(_parts(*a))), ValueError,
+                              rf"{name} {match}"))
+        cases.append(Case(f"SparseParts-hand-built-valid-{entry}-works",
+                          (lambda c=call: c(_parts([0, 2], [0, 2], [1.0, 2.0]))), None,
+                          check=lambda out: out is not None))
+    return cases
+
+
+def _load_refused(module, entry, make):
+    """Load a state whose ``entry`` is ``make``(it) and whose bias is 9: refused, and the
+    module keeps its bias (torch copied the entries before the one it failed on)."""
+    state = module.state_dict()
+    bias = state["bias"].clone()
+    bad = {**state, entry: make(state[entry]), "bias": torch.full_like(bias, 9.0)}
+    try:
+        module.load_state_dict(bad)
+    finally:
+        assert torch.equal(module.bias.detach(), bias), "a refused load changed the bias"
+
+
+_LAYERS = {
+    "SparseLinearBatch": (lambda: nnsparse.SparseLinearBatch(4, 3), "weight"),
+    "SparseOutputLinear": (lambda: nnsparse.SparseOutputLinear(3, 4), "weight"),
+    "SparseWeightLinear": (lambda: nnsparse.SparseWeightLinear.random(4, 3, 0.5, seed=0), "values"),
+}
+_BAD_ENTRIES = {
+    "sparse": (lambda t: t.to_sparse(), r"expected a tensor of layout torch.strided from "
+                                        r"checkpoint, got torch.sparse_coo"),
+    "meta": (lambda t: t.to("meta"), r"expected a tensor that holds data from checkpoint, got a "
+                                     r"tensor on the meta device"),
+    "complex": (lambda t: t.to(torch.complex64) + 1j,
+                r"expected a real tensor \(torch.float32\) from checkpoint, got torch.complex64"),
+}
+
+
+def _load_cases() -> List[Case]:
+    cases = []
+    for layer, (make_layer, entry) in _LAYERS.items():
+        for kind, (make, match) in _BAD_ENTRIES.items():
+            cases.append(Case(f"{layer}.load_state_dict-{entry}-{kind}-keeps-the-layer",
+                              (lambda m=make_layer, e=entry, k=make: _load_refused(m(), e, k)),
+                              RuntimeError, rf'"{entry}", {match}\n\(nothing was loaded\)'))
+    for entry in ("crow", "col"):
+        cases.append(Case(f"SparseWeightLinear.load_state_dict-{entry}-sparse",
+                          (lambda e=entry: _load_refused(nnsparse.SparseWeightLinear.random(
+                              4, 3, 0.5, seed=0), e, lambda t: t.to_sparse())), RuntimeError,
+                          rf'"{entry}", expected a tensor of layout torch.strided'))
+    return cases
+
+
+PROBE6 = _parts_cases() + _load_cases() + [
+    Case("SparseParts-hand-built-to-checks-on-the-cpu", lambda: _parts([0, 5], [0], [1.0]).to("cpu"),
+         ValueError, r"parts crow_indices must end at nnz = 1"),
+    Case("SparseParts-hand-built-to-works", lambda: nnsparse.SparseLinearBatch(4, 3)(
+        _parts([0, 1], [3], [1.0]).to("cpu")).shape, None, check=lambda shape: shape == (1, 3)),
+    Case("sampled_linear-int64-input-with-pattern", lambda: nnsparse.sampled_linear(
+        torch.ones(2, 3, dtype=torch.long), torch.ones(4, 3, dtype=torch.long),
+        pattern=X.long().to_sparse_csr()), TypeError,
+         r"input must be floating-point for a sparse pattern, got torch.int64"),
+    Case("sampled_linear-int64-dense-output-works", lambda: nnsparse.sampled_linear(
+        torch.ones(2, 3, dtype=torch.long), torch.ones(4, 3, dtype=torch.long)), None,
+         check=lambda out: out.tolist() == [[3] * 4] * 2),
+    Case("SDAECriterion-mask-sparse", lambda: nnsparse.SDAECriterion(nn.MSELoss(), hide_ratio=0.5)(
+        torch.zeros(2, 4), X, mask=torch.zeros(2, 4, dtype=torch.bool).to_sparse()), TypeError,
+         r"mask must be a bool tensor of layout torch.strided \(dense\), got a tensor with layout "
+         r"torch.sparse_coo"),
+    Case("SparseCriterion-estimate-complex", lambda: nnsparse.SparseCriterion(nn.MSELoss())(
+        torch.zeros(2, 4, dtype=torch.complex64), S), TypeError,
+         r"estimate values must be real numbers for MSELoss, got dtype torch.complex64"),
+    Case("SDAESparseCriterion-estimate-complex", lambda: nnsparse.SDAESparseCriterion(
+        nn.L1Loss())(torch.zeros(2, 4, dtype=torch.complex128), S,
+                     mask=torch.zeros(2, 4, dtype=torch.bool)), TypeError,
+         r"estimate values must be real numbers for L1Loss, got dtype torch.complex128"),
+    Case("make_optimizer-unknown-dense-keyword", lambda: nnsparse.make_optimizer(
+        nn.Linear(2, 2), foo=1), TypeError,
+         r"dense_kwargs: torch.optim.Adam takes no keyword\(s\) \['foo'\]; it takes \['amsgrad'"),
+    Case("make_optimizer-adamw-unknown-keyword", lambda: nnsparse.make_optimizer(
+        nn.Linear(2, 2), dense="adamw", momentum=0.9), TypeError,
+         r"torch.optim.AdamW takes no keyword\(s\) \['momentum'\]"),
+    Case("make_optimizer-foreach-keyword-works", lambda: nnsparse.make_optimizer(
+        nn.Linear(2, 2), foreach=False), None,
+         check=lambda opt: opt.param_groups[0]["foreach"] is False),
+    Case("AutoRec-positional-hyperparameter", lambda: nnsparse.models.AutoRec(3), TypeError,
+         r"AutoRec takes its hyperparameters as keywords \(hidden=...\), got 1 positional "
+         r"argument\(s\) \(3,\)"),
+    Case("KernelNet-positional-hyperparameter", lambda: nnsparse.models.KernelNet(3, 4),
+         TypeError, r"KernelNet takes its hyperparameters as keywords"),
+]
+
+
+def _trained_optimizer(kind):
+    """An optimiser of a small sparse model after two steps: make_optimizer's split
+    ("split"), LazyAdam ("lazy"), or apply_optimizer_in_backward of ``kind``."""
+    torch.manual_seed(0)
+    sparse_grad = kind in ("split", "lazy")
+    model = nn.Sequential(nnsparse.SparseLinearBatch(4, 3, sparse_grad=sparse_grad),
+                          nn.Linear(3, 2))
+    if kind == "split":
+        opt = nnsparse.make_optimizer(model, lr=0.1)
+    elif kind == "lazy":
+        opt = LazyAdam(model.parameters(), lr=0.1)
+    else:
+        opt = nnsparse.optim.apply_optimizer_in_backward(
+            model, kind, lr=0.1, **({"momentum": 0.9} if kind == "sgd" else {}))
+    for _ in range(2):
+        model(X.to_sparse_csr()).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return opt
+
+
+def _tensors(tree, path=()):
+    """Every tensor of a nested state dict, by path."""
+    if isinstance(tree, dict):
+        return {p: t for k, v in tree.items() for p, t in _tensors(v, path + (k,)).items()}
+    if isinstance(tree, (list, tuple)):
+        return {p: t for i, v in enumerate(tree) for p, t in _tensors(v, path + (i,)).items()}
+    return {path: tree.clone()} if isinstance(tree, torch.Tensor) else {}
+
+
+def _refused_state_load(kind, path, make):
+    """Load a state whose entry at ``path`` is ``make``(it): refused before any part is
+    loaded (torch's own load checks no entry: the step then failed deep inside torch)."""
+    import copy
+    opt = _trained_optimizer(kind)
+    state = copy.deepcopy(opt.state_dict())
+    entry = state
+    for key in path[:-1]:
+        entry = entry[key]
+    entry[path[-1]] = make(entry[path[-1]])
+    before = _tensors(opt.state_dict())
+    try:
+        opt.load_state_dict(state)
+    finally:
+        after = _tensors(opt.state_dict())
+        assert before.keys() == after.keys() and all(
+            torch.equal(before[k], after[k]) for k in before), "a refused load changed the state"
+
+
+_STATE_LOADS = [
+    ("SplitOptimizer-dense-exp_avg-shape", "split", ("dense", "state", 0, "exp_avg"),
+     lambda t: torch.zeros(9), ValueError,
+     r"state_dict\['dense'\]\['state'\]\[0\]\['exp_avg'\] must have its parameter's shape "
+     r"\(2, 3\), got \(9,\)"),
+    ("SplitOptimizer-dense-step-sparse", "split", ("dense", "state", 0, "step"),
+     lambda t: t.reshape(1).to_sparse(), TypeError,
+     r"state_dict\['dense'\]\['state'\]\[0\]\['step'\] must be a number or a dense one-element "
+     r"tensor, got a tensor of layout torch.sparse_coo"),
+    ("SplitOptimizer-dense-exp_avg-None", "split", ("dense", "state", 1, "exp_avg"),
+     lambda t: None, TypeError, r"state_dict\['dense'\]\['state'\]\[1\]\['exp_avg'\] must be a "
+                                r"dense tensor of its parameter's shape \(2,\), got NoneType"),
+    ("SplitOptimizer-sparse-exp_avg-meta", "split", ("sparse", "state", 0, "exp_avg"),
+     lambda t: t.to("meta"), ValueError, r"state_dict\['sparse'\]\['state'\]\[0\]\['exp_avg'\] "
+                                         r"must hold data, got a tensor on the meta device"),
+    ("LazyAdam-exp_avg_sq-complex", "lazy", ("state", 1, "exp_avg_sq"),
+     lambda t: t.to(torch.complex64), TypeError,
+     r"state_dict\['state'\]\[1\]\['exp_avg_sq'\] must be a real tensor, got torch.complex64"),
+    ("InBackwardOptimizer-adam-table-exp_avg-sparse", "adam", ("tables", "0", "exp_avg"),
+     lambda t: t.to_sparse(), TypeError,
+     r"state_dict\['tables'\]\['0'\]\['exp_avg'\] must be a dense tensor, got layout "
+     r"torch.sparse_coo"),
+    ("InBackwardOptimizer-adam-table-step-meta", "adam", ("tables", "0", "step"),
+     lambda t: t.to("meta"), TypeError, r"state_dict\['tables'\]\['0'\]\['step'\] must be a "
+                                        r"number or a dense one-element tensor, got a tensor on "
+                                        r"the meta device"),
+    ("InBackwardOptimizer-sgd-dense-momentum-None", "sgd",
+     ("dense", "state", 0, "momentum_buffer"), lambda t: None, TypeError,
+     r"state_dict\['dense'\]\['state'\]\[0\]\['momentum_buffer'\] must be a dense tensor of its "
+     r"parameter's shape \(3,\), got NoneType"),
+    ("InBackwardOptimizer-adagrad-dense-sum-str", "adagrad", ("dense", "state", 1, "sum"),
+     lambda t: "x", TypeError, r"state_dict\['dense'\]\['state'\]\[1\]\['sum'\] must be a dense "
+                               r"tensor of its parameter's shape \(2, 3\), got str"),
+    ("InBackwardOptimizer-adagrad-dense-step-meta", "adagrad", ("dense", "state", 1, "step"),
+     lambda t: t.to("meta"), TypeError, r"\['step'\] must be a number or a dense one-element "
+                                        r"tensor, got a tensor on the meta device"),
+]
+PROBE6 += [Case(f"{name}.load_state_dict-keeps-the-state",
+                (lambda k=kind, p=path, m=make: _refused_state_load(k, p, m)), error, match)
+           for name, kind, path, make, error, match in _STATE_LOADS]
+PROBE6 += [
+    Case("SplitOptimizer.load_state_dict-own-state-works", lambda: _refused_state_load(
+        "split", ("dense", "state", 0, "exp_avg"), lambda t: t), None, check=lambda out: True),
+    Case("SparseCriterion-BCEWithLogitsLoss-weight-meta", lambda: nnsparse.SparseCriterion(
+        nn.BCEWithLogitsLoss(weight=torch.ones(4, device="meta")))(
+            torch.zeros(2, 4), (X > 0).float().to_sparse_csr()), ValueError,
+         r"BCEWithLogitsLoss.weight must be on the estimate's device cpu, got meta"),
+    Case("SparseCriterion-BCELoss-weight-meta-vector", lambda: nnsparse.SparseCriterion(
+        nn.BCELoss(weight=torch.ones(4, device="meta")))(
+            torch.full((4,), 0.5), (X[0] > 0).float().to_sparse()), ValueError,
+         r"BCELoss.weight must be on the estimate's device cpu, got meta"),
+]
+
+
+def _crafted_load(edit):
+    """The fitted AutoRec saved, its file's dict changed by ``edit``, saved and loaded."""
+    import io
+    buffer = io.BytesIO()
+    _fitted_autorec().save(buffer)
+    buffer.seek(0)
+    blob = torch.load(buffer, weights_only=True)
+    edit(blob)
+    buffer = io.BytesIO()
+    torch.save(blob, buffer)
+    buffer.seek(0)
+    return nnsparse.models.AutoRec.load(buffer)
+
+
+_DAMAGED = r"is a damaged model file \(RatingModel.save wrote something else\): "
+PROBE6 += [
+    # a file missing a weight loaded with the fresh layer's random one (strict=False)
+    Case("RatingModel.load-state-lacks-a-weight", lambda: _crafted_load(
+        lambda b: b["state"].pop("decoder.weight")), ValueError,
+         _DAMAGED + r"its state lacks \['decoder.weight'\]"),
+    Case("RatingModel.load-row_mean-shape", lambda: _crafted_load(
+        lambda b: b["normalizer"].__setitem__("row_mean", torch.zeros(3))), ValueError,
+         _DAMAGED + r"normalizer row_mean must be a floating tensor of shape \(\d+,\), got "
+                    r"torch.float32 of shape \(3,\)"),
+    Case("RatingModel.load-row_mean-str", lambda: _crafted_load(
+        lambda b: b["normalizer"].__setitem__("row_mean", "x")), ValueError,
+         _DAMAGED + r"normalizer row_mean must be a floating tensor of shape \(\d+,\), got str"),
+    Case("RatingModel.load-global_mean-nan", lambda: _crafted_load(
+        lambda b: b["normalizer"].__setitem__("global_mean", float("nan"))), ValueError,
+         _DAMAGED + r"normalizer global_mean must be a finite number, got nan"),
+    Case("RatingModel.load-global_mean-str", lambda: _crafted_load(
+        lambda b: b["normalizer"].__setitem__("global_mean", "3.5")), ValueError,
+         _DAMAGED + r"normalizer global_mean must be a finite number, got '3.5'"),
+    Case("RatingModel.load-best_epoch-str", lambda: _crafted_load(
+        lambda b: b.__setitem__("best_epoch", "x")), ValueError,
+         _DAMAGED + r"best_epoch must be an int >= 0, got 'x'"),
+    Case("RatingModel.load-untouched-works", lambda: _crafted_load(lambda b: None).predict(_R),
+         None, check=lambda pred: torch.equal(pred, _fitted_autorec().predict(_R))),
+]
+
+
+PROBE6 += [
+    Case(f"{cls.__name__}.{method}-before-fit", (lambda c=cls, m=method: getattr(c(hidden=3), m)()),
+         RuntimeError, rf"{cls.__name__} is not fitted; call fit\(\) or load\(\)")
+    for cls in (nnsparse.models.AutoRec, nnsparse.models.CFN, nnsparse.models.KernelNet)
+    for method in ("penalty", "output_bias") if (cls, method) != (nnsparse.models.CFN, "output_bias")
+] + [
+    Case(f"{cls.__name__}.network-before-fit", (lambda c=cls: c(hidden=3).network(
+        torch.eye(3).to_sparse(), torch.tensor([0, 1, 2]))), RuntimeError,
+         rf"{cls.__name__} is not fitted; call fit\(\) or load\(\)")
+    for cls in (nnsparse.models.AutoRec, nnsparse.models.CFN, nnsparse.models.KernelNet)
+]
+
+
+def _lazy_changed_param(make, sparse=False):
+    """LazyAdam stepped once, its parameter's data then replaced by ``make``(it) and
+    stepped again (the fused kernels wrote out of bounds of a grown parameter: a crash)."""
+    p = nn.Parameter(torch.zeros(3, 2))
+    opt = LazyAdam([p])
+    p.grad = torch.ones(3, 2)
+    opt.step()
+    p.data = make(p.data)
+    p.grad = torch.ones_like(p.data).to_sparse(1) if sparse else torch.ones_like(p.data)
+    opt.step()
+
+
+def _slb_flag(built, value, mode=None):
+    layer = nnsparse.SparseLinearBatch(4, 3, sparse_grad=built)
+    layer.sparse_grad = value
+    if mode is not None:
+        layer.mode = mode
+    return layer(X.to_sparse_csr())
+
+
+def _sol_flag(value):
+    layer = nnsparse.SparseOutputLinear(3, 4)
+    layer.sparse_grad = value
+    return layer(torch.ones(2, 3), X.to_sparse_csr())
+
+
+_CHANGED = (r"LazyAdam: the state of a parameter is \(3, 2\) torch.float32 on cpu, the parameter "
+            r"is now {} on cpu \(changed after the optimiser's first step\)")
+PROBE6 += [
+    Case("LazyAdam.step-parameter-grown", lambda: _lazy_changed_param(lambda d: torch.zeros(5, 2)),
+         RuntimeError, _CHANGED.format(r"\(5, 2\) torch.float32")),
+    Case("LazyAdam.step-parameter-grown-sparse-grad", lambda: _lazy_changed_param(
+        lambda d: torch.zeros(5, 2), sparse=True), RuntimeError,
+         _CHANGED.format(r"\(5, 2\) torch.float32")),
+    Case("LazyAdam.step-parameter-shrunk", lambda: _lazy_changed_param(
+        lambda d: torch.zeros(2, 2)), RuntimeError, _CHANGED.format(r"\(2, 2\) torch.float32")),
+    Case("LazyAdam.step-parameter-converted", lambda: _lazy_changed_param(lambda d: d.double()),
+         RuntimeError, _CHANGED.format(r"\(3, 2\) torch.float64")),
+    Case("LazyAdam.step-parameter-same-works", lambda: _lazy_changed_param(lambda d: d * 2),
+         None, check=lambda out: out is None),
+    Case("SparseLinearBatch-sparse_grad-assigned-str", lambda: _slb_flag(False, "x"), TypeError,
+         r"sparse_grad must be a bool, got str 'x'"),
+    Case("SparseLinearBatch-sparse_grad-assigned-True", lambda: _slb_flag(False, True),
+         ValueError, r"sparse_grad=True needs the layer built with it \(it decides the weight "
+                     r"parameter: weight_t, \(in_features, out_features\)\), got a layer built "
+                     r"with sparse_grad=False"),
+    Case("SparseLinearBatch-sparse_grad-assigned-False-works", lambda: _slb_flag(True, False).shape,
+         None, check=lambda shape: shape == (2, 3)),
+    Case("SparseLinearBatch-sparse_grad-mode-dense-assigned", lambda: _slb_flag(
+        True, True, mode="dense"), ValueError,
+         r"sparse_grad=True needs the sparse kernels, got mode='dense'"),
+    Case("SparseLinearBatch-sparse_grad-reassigned-same-works", lambda: _slb_flag(
+        True, True).shape, None, check=lambda shape: shape == (2, 3)),
+    Case("SparseOutputLinear-sparse_grad-assigned-int", lambda: _sol_flag(1), TypeError,
+         r"sparse_grad must be a bool, got int 1"),
+    Case("SparseWeightLinear.from_dense-empty-linear", lambda: nnsparse.SparseWeightLinear.from_dense(
+        nn.Linear(3, 0), 0.5), ValueError,
+         r"linear must have in_features and out_features >= 1, got Linear\(3, 0\)"),
+]
+
+
+_SPARSE_INDEX = torch.tensor([1, 2]).to_sparse()  # a sparse tensor where indices are due
+PROBE6 += [
+    Case("Ratings.subset-sparse-index", lambda: _R.subset(_SPARSE_INDEX), TypeError,
+         r"index must be a dense integer or bool tensor, got layout torch.sparse_coo"),
+    Case("RatingNormalizer.denormalize-sparse-rows", lambda: RatingNormalizer(_R).denormalize(
+        torch.ones(2), _SPARSE_INDEX), TypeError,
+         r"row indices must be a dense tensor of indices, got layout torch.sparse_coo"),
+    Case("RatingNormalizer.normalize-sparse-rows", lambda: RatingNormalizer(_R).normalize(
+        torch.ones(2), _SPARSE_INDEX), TypeError,
+         r"row indices must be a dense tensor of indices, got layout torch.sparse_coo"),
+    Case("collate_sparse_rows-sparse-indices", lambda: collate_sparse_rows(
+        [(0, (_SPARSE_INDEX, torch.ones(2)))], 4), TypeError,
+         r"rows\[0\] indices must be a dense tensor, got layout torch.sparse_coo"),
+    Case("SparseRowBatch-sparse-row_index", lambda: nnsparse.data.SparseRowBatch(
+        X.to_sparse_csr(), None, _SPARSE_INDEX), TypeError,
+         r"row_index must be a dense tensor of matrix rows, got layout torch.sparse_coo"),
+    Case("SparseRowBatch-meta-row_index", lambda: nnsparse.data.SparseRowBatch(
+        X.to_sparse_csr(), None, torch.tensor([0, 1], device="meta")), ValueError,
+         r"row_index must hold data, got a tensor on the meta device"),
+    Case("SparseParts-sparse-col", lambda: nnsparse.SparseLinearBatch(4, 3)(nnsparse.SparseParts(
+        torch.tensor([0, 2]), _SPARSE_INDEX, torch.ones(2), (1, 4))), TypeError,
+         r"input.col must be a dense tensor, got layout torch.sparse_coo"),
+]
+
+
+PROBE6 += [
+    Case("RatingModel.predict_entries-sparse-users", lambda: _fitted_autorec().predict_entries(
+        _SPARSE_INDEX, torch.tensor([0, 1])), TypeError,
+         r"users must be a dense integer tensor, got layout torch.sparse_coo"),
+    Case("Ratings-sparse-rating", lambda: Ratings(torch.tensor([0]), torch.tensor([0]),
+                                                  torch.tensor([1.0]).to_sparse(), {1: 0}, {1: 0}),
+         TypeError, r"Ratings.rating must be a dense 1-D tensor, got layout torch.sparse_coo"),
+    Case("Ratings-csr-user", lambda: Ratings(torch.tensor([[0]]).to_sparse_csr(), torch.tensor([0]),
+                                             torch.tensor([1.0]), {1: 0}, {1: 0}), TypeError,
+         r"Ratings.user must be a 1-D tensor, got shape \(1, 1\)"),
+    Case("Ratings-sparse-user", lambda: Ratings(torch.tensor([0]).to_sparse(), torch.tensor([0]),
+                                                torch.tensor([1.0]), {1: 0}, {1: 0}), TypeError,
+         r"Ratings.user must be a dense 1-D tensor, got layout torch.sparse_coo"),
+    Case("Ratings.from_triples-sparse-users", lambda: Ratings.from_triples(
+        _SPARSE_INDEX, [1, 2], [3.0, 4.0]), TypeError,
+         r"user must be a dense tensor or a sequence of ids, got layout torch.sparse_coo"),
+    Case("Ratings.from_triples-sparse-rating", lambda: Ratings.from_triples(
+        [1, 2], [1, 2], torch.tensor([3.0, 4.0]).to_sparse()), TypeError,
+         r"rating must be a dense tensor or a sequence of numbers, got layout torch.sparse_coo"),
+    Case("LazyAdam-lr-sparse-tensor", lambda: LazyAdam([nn.Parameter(torch.zeros(2))],
+                                                       lr=torch.tensor([0.1]).to_sparse()),
+         TypeError, r"lr must be a number, got Tensor"),
+    Case("make_optimizer-lr-sparse-tensor", lambda: nnsparse.make_optimizer(
+        nn.Linear(2, 2), lr=torch.tensor([0.1]).to_sparse()), TypeError,
+         r"lr must be a number, got Tensor"),
+    Case("SparseParts.with_values-sparse", lambda: nnsparse.sparse_parts(X.to_sparse()).with_values(
+        torch.ones(4).to_sparse()), TypeError,
+         r"values must be a dense \(nnz,\) tensor, got layout torch.sparse_coo"),
+]
+
+
+PROBE6 += [
+    # a model registered under a non-str name made MODELS unsortable (and no file could name it)
+    Case("register-name-int", lambda: nnsparse.models.register(
+        type("IntNamed", (nnsparse.models.RatingModel,), {"name": 3})), TypeError,
+         r"IntNamed.name must be a str, got int 3"),
+    Case("register-name-empty", lambda: nnsparse.models.register(
+        type("EmptyNamed", (nnsparse.models.RatingModel,), {"name": ""})), ValueError,
+         r"EmptyNamed.name must be a non-empty str, got ''"),
+]
+
+
+PROBE6 += [
+    # the identity of a plain criterion returned a str; the denoising criteria refuse it
+    Case("SparseCriterion.prepare_input-str", lambda: nnsparse.SparseCriterion(
+        nn.MSELoss()).prepare_input("x"), TypeError,
+         r"input must be a sparse batch or a dense \(rows, n\) tensor, got str"),
+    Case("SparseCriterion.prepare_input-list-of-ints", lambda: nnsparse.SparseCriterion(
+        nn.MSELoss()).prepare_input([1, 2]), TypeError, r"input\[0\] must be a tensor, got int"),
+    Case("SparseCriterion.prepare_input-batch-works", lambda: nnsparse.SparseCriterion(
+        nn.MSELoss()).prepare_input(S), None, check=lambda out: out is S),
+]
+
+
+PROBE6 += [
+    Case("Trainer.fit-unbuilt-model", lambda: nnsparse.models.Trainer(
+        nnsparse.models.AutoRec(hidden=3), epochs=1, batch_size=2, lr=0.1, progress=False,
+        log=None).fit(S), ValueError,
+         r"model must have parameters that require grad, got none \(AutoRec is not built: "
+         r"RatingModel.fit\(\) builds its layers"),
+    Case("Trainer.make_optimizer-frozen-model", lambda: nnsparse.models.Trainer(
+        _frozen(nn.Linear(2, 2)), epochs=1, batch_size=2, lr=0.1).make_optimizer(), ValueError,
+         r"model must have parameters that require grad, got none$"),
+]
+
+
+PROBE6 += [
+    # torch has no autocast state for the meta device: asking it raised a RuntimeError
+    Case("SparseOutputLinear-meta-dense-output-works", lambda: nnsparse.SparseOutputLinear(
+        3, 4, device="meta")(torch.ones(2, 3, device="meta")).shape, None,
+         check=lambda shape: shape == (2, 4)),
+    Case("SparseLinearBatch-meta-input-other-dtype", lambda: nnsparse.SparseLinearBatch(
+        4, 3, device="meta")(X.double().to_sparse().to("meta")), ValueError,
+         r"input must hold data, got a tensor on the meta device"),
+    Case("SparseOutputLinear-meta-input-other-dtype", lambda: nnsparse.SparseOutputLinear(
+        3, 4, device="meta")(torch.ones(2, 3, device="meta", dtype=torch.float64),
+                             X.to_sparse().to("meta")), ValueError,
+         r"weight must have input's dtype torch.float64, got torch.float32"),
+]
+
+
+
+def _read_item_text(text: str):
+    """read_item_features of an ml-100k ``u.item`` text, for items 1 and 2."""
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "u.item").write_text(text)
+        return nnsparse.data.read_item_features(Path(d) / "u.item", "ml-100k", {1: 0, 2: 1})
+
+
+_FLAGS = "|".join(["0"] * 18)
+PROBE6 += [
+    Case("read_item_features-ml-100k-nan-flag", lambda: _read_item_text(
+        f"1|Toy|d||u|{_FLAGS}|nan\n"), ValueError,
+         r"u.item, line 1: the genre flags must be finite numbers, got nan"),
+    Case("read_item_features-ml-100k-inf-flag", lambda: _read_item_text(
+        f"1|Toy|d||u|{_FLAGS}|1\n2|Heat|d||u|inf|{_FLAGS}\n"), ValueError,
+         r"u.item, line 2: the genre flags must be finite numbers, got inf"),
+    Case("read_item_features-ml-100k-works", lambda: _read_item_text(
+        f"1|Toy|d||u|{_FLAGS}|1\n").sum(1).tolist(), None, check=lambda rows: rows == [1.0, 0.0]),
+]
+
+
+
+def _trainer_and_batch():
+    model = _fitted_autorec()
+    trainer = nnsparse.models.Trainer(model, epochs=1, batch_size=2, lr=0.1, progress=False,
+                                      log=None)
+    dataset = SparseRowDataset(model._input)
+    return trainer, dataset
+
+
+PROBE6 += [
+    # the public hooks of the training loop, called by hand (AttributeError: 'str'.to before)
+    Case("Trainer.step-batch-str", lambda: (lambda t, d: t.step("b", t.make_optimizer()))(
+        *_trainer_and_batch()), TypeError,
+         r"batch must be a SparseRowBatch \(SparseRowDataset.collate\), got str"),
+    Case("Trainer.step-optimizer-str", lambda: (lambda t, d: t.step(d.collate([d[0]]), "o"))(
+        *_trainer_and_batch()), TypeError,
+         r"optimizer must be an optimiser with step\(\) and zero_grad\(\) \(make_optimizer\), "
+         r"got str"),
+    Case("Trainer.run_epoch-loader-list", lambda: (lambda t, d: t.run_epoch(
+        [d.collate([d[0]])], t.make_optimizer(), 1))(*_trainer_and_batch()), TypeError,
+         r"loader must be a DataLoader \(make_loader\), got list"),
+    Case("Trainer.run_epoch-epoch-0", lambda: (lambda t, d: t.run_epoch(
+        t.make_loader(d), t.make_optimizer(), 0))(*_trainer_and_batch()), ValueError,
+         r"epoch must be an int >= 1, got 0"),
+]
+
+
+PROBE6 += [
+    Case("distributed.loader-dataset-str", lambda: nnsparse.distributed.loader("abc", 1), TypeError,
+         r"dataset must be a map-style dataset \(with __len__ and __getitem__\), got str"),
+]
+
+
+
+def _swl_edited(edit):
+    """A SparseWeightLinear whose pattern buffers were edited by hand, then run (a crow
+    past nnz crashed the process; a zeroed crow gave a silently empty weight)."""
+    layer = nnsparse.SparseWeightLinear.random(4, 3, 0.5, seed=0)
+    with torch.no_grad():
+        edit(layer)
+    return layer(torch.ones(2, 4))
+
+
+_SWL_PATTERN = r"SparseWeightLinear crow/col "
+PROBE6 += [
+    Case("SparseWeightLinear-crow-edited-past-nnz", lambda: _swl_edited(
+        lambda l: l.crow.__setitem__(-1, 100)), ValueError,
+         _SWL_PATTERN + r"crow_indices must end at nnz = 6 \(the number of column indices\), "
+                        r"got 100"),
+    Case("SparseWeightLinear-crow-zeroed", lambda: _swl_edited(lambda l: l.crow.zero_()),
+         ValueError, _SWL_PATTERN + r"crow_indices must end at nnz = 6"),
+    Case("SparseWeightLinear-col-edited-negative", lambda: _swl_edited(
+        lambda l: l.col.__setitem__(0, -1)), ValueError,
+         _SWL_PATTERN + r"column indices must be non-negative, got min -1"),
+    Case("SparseWeightLinear-crow-replaced-float", lambda: _swl_edited(
+        lambda l: setattr(l, "crow", l.crow.float())), TypeError,
+         r"SparseWeightLinear.crow must be a 1-D int64 or int32 tensor, got torch.float32"),
+    Case("SparseWeightLinear-col-edited-in-range-works", lambda: _swl_edited(
+        lambda l: l.col.copy_(l.col)).shape, None, check=lambda shape: shape == (2, 3)),
+]
+
+
+
+def _collate_edited(edit):
+    """SparseRowDataset.collate of an item edited in place (its tensors are views of the
+    dataset's checked matrix, which collate trusted: the layer's kernel failed)."""
+    ds = SparseRowDataset(torch.eye(4).to_sparse_csr())
+    item = ds[0]
+    edit(item[1])
+    return ds.collate([item, ds[1]]).input.to_dense()
+
+
+PROBE6 += [
+    Case("SparseRowDataset.collate-item-index-edited", lambda: _collate_edited(
+        lambda row: row.indices.fill_(10 ** 6)), ValueError,
+         r"the dataset's input \(edited since it was built\) column indices must be in \[0, 4\), "
+         r"got max 1000000"),
+    Case("SparseRowDataset.collate-item-values-resized", lambda: _collate_edited(
+        lambda row: row.values.resize_(5)), ValueError,
+         r"rows\[0\] must have one value per index \(1-D, equal lengths\), got indices of shape "
+         r"\(1,\) and values of shape \(5,\)"),
+    Case("SparseRowDataset.collate-item-values-edited-works", lambda: _collate_edited(
+        lambda row: row.values.mul_(2)).tolist(), None,
+         check=lambda dense: dense == [[2.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]),
+]
+
+
+
+def _pickled_batch(input):
+    """A SparseRowBatch built by hand, through pickle (as a DataLoader worker sends it)."""
+    import pickle
+    batch = pickle.loads(pickle.dumps(nnsparse.data.SparseRowBatch(input, None,
+                                                                   torch.tensor([0, 1]))))
+    return nnsparse.SparseLinearBatch(4, 3)(batch.input)
+
+
+PROBE6 += [
+    # the rebuilt batch was trusted whatever it held: a crash of the process
+    Case("SparseRowBatch-hand-built-csr-through-pickle", lambda: _pickled_batch(
+        csr([0, 7, 2], [0, 1], [1, 2], (2, 4))), ValueError,
+         r"input crow_indices must be non-decreasing, got a step of -5"),
+    Case("SparseRowBatch-hand-built-coo-through-pickle", lambda: _pickled_batch(
+        coo([[0, 1], [0, 9]], [1, 2], (2, 4))), ValueError,
+         r"input column indices must be in \[0, 4\), got max 9"),
+    Case("SparseRowBatch-hand-built-valid-through-pickle-works", lambda: _pickled_batch(
+        X.to_sparse_csr()), None, check=lambda out: out.shape == (2, 3)),
+]
+
+
 # -- optimisers of models with frozen or no sparse layers --------------------------------------
 
 def _frozen(model):
@@ -1702,7 +2280,7 @@ def _load_lazy_step(step):
 
 
 CASES = (_sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3 + META + PROBE4 + PROBE5
-         + OPTIM_FROZEN)
+         + OPTIM_FROZEN + PROBE6)
 
 
 def run_case(case: Case) -> str:

@@ -132,6 +132,9 @@ class Estimate:
     def gather(self, row: Tensor, col: Tensor):
         """A function reading tensors broadcastable to the dense shape at ``(row, col)``."""
         def read(w: Tensor, name: str) -> Tensor:
+            if w.device != row.device:  # (torch's index error names no module attribute)
+                raise ValueError(f"{name} must be on the estimate's device {row.device}, "
+                                 f"got {w.device}")
             try:
                 full = w.expand(self.shape)
             except RuntimeError:

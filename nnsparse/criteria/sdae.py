@@ -284,8 +284,9 @@ class SDAECriterion(_SDAEBase):
                     f"prepare_input was given a batch of shape {tuple(self._mask.shape)}, the "
                     f"estimate has shape {tuple(estimate.shape)}; call prepare_input on this batch")
             return self._mask
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            raise TypeError(f"mask must be a bool tensor, got {_kind(mask)}")
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.layout != torch.strided:
+            raise TypeError(f"mask must be a bool tensor of layout torch.strided (dense), "
+                            f"got {_kind(mask)}")
         if mask.shape != estimate.shape:
             raise ValueError(f"mask must have the estimate's shape {tuple(estimate.shape)}, "
                              f"got {tuple(mask.shape)}")

@@ -6,6 +6,7 @@ from typing import Any, Optional
 from torch import Tensor, nn
 
 from .._forms import SparseLike
+from .._ops import SparseParts
 
 from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
                            elementwise_loss, reduction_of, resolve_size_average)
@@ -114,8 +115,22 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         return loss
 
     def prepare_input(self, input: SparseLike) -> SparseLike:
-        """Return ``input`` unchanged (a plain criterion corrupts nothing)."""
-        return input
+        """Return ``input`` unchanged (a plain criterion corrupts nothing).
+
+        Raises:
+            TypeError: ``input`` is no batch at all (not a tensor, a
+                :class:`~nnsparse.SparseParts` or a list of tensors), as the
+                denoising criteria's ``prepare_input`` refuses it.
+        """
+        if isinstance(input, (Tensor, SparseParts)):
+            return input
+        if isinstance(input, (list, tuple)):
+            for i, row in enumerate(input):
+                if not isinstance(row, Tensor):
+                    raise TypeError(f"input[{i}] must be a tensor, got {type(row).__name__}")
+            return input
+        raise TypeError(f"input must be a sparse batch or a dense (rows, n) tensor, got "
+                        f"{type(input).__name__}")
 
     def forward(self, estimate: SparseLike, target: SparseLike) -> Tensor:
         elementwise = self._check_averaging()

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .._forms import SparseBatch, _a, as_device, as_sparse_batch, move_structure, refuse_meta, trust
+from .._forms import (SparseBatch, _a, _attached, _check_csr, _version, as_device,
+                      as_sparse_batch, move_structure, refuse_meta, trust)
 from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 
 __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_rows"]
@@ -83,13 +84,18 @@ class SparseRow(metaclass=_RowType):
         return SparseRow, (self.indices, self.values)
 
 
-_Parts = Optional[Tuple[str, Tuple[Tensor, ...], Tuple[int, ...]]]
+# (layout, index and value tensors, shape, whether the tensor was checked or trusted)
+_Parts = Optional[Tuple[str, Tuple[Tensor, ...], Tuple[int, ...], bool]]
 
 
 def _check_batch_shapes(input: Tensor, target: Optional[Tensor], row_index: Tensor) -> None:
     """One matrix row index per input row, a target of as many rows (shapes only: no sync)."""
     if input.dim() != 2:
         raise ValueError(f"input must be a 2-D (batch, width) batch, got shape {tuple(input.shape)}")
+    if row_index.layout != torch.strided:
+        raise TypeError(f"row_index must be a dense tensor of matrix rows, got layout "
+                        f"{row_index.layout}")
+    refuse_meta(row_index, "row_index")
     if row_index.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"row_index must be an int64 tensor of matrix rows, got {row_index.dtype}")
     if row_index.shape != (input.shape[0],):
@@ -170,20 +176,26 @@ class SparseRowBatch:
 def _parts(x: Optional[Tensor]) -> _Parts:
     if x is None:
         return None
+    # a batch collate made is trusted; one built by hand from unchecked tensors is not, and
+    # must not become trusted by a trip through pickle (a DataLoader worker's)
+    checked = _attached(x) is not None
     if x.layout == torch.sparse_csr:
-        return "csr", (x.crow_indices(), x.col_indices(), x.values()), tuple(x.shape)
-    return "coo", (x._indices(), x._values()), tuple(x.shape)
+        return "csr", (x.crow_indices(), x.col_indices(), x.values()), tuple(x.shape), checked
+    return "coo", (x._indices(), x._values()), tuple(x.shape), checked
 
 
 def _build(parts: _Parts) -> Optional[Tensor]:
     if parts is None:
         return None
-    layout, tensors, shape = parts
+    layout, tensors, shape, checked = parts
     if layout == "csr":
         out = csr_tensor(tensors[0], tensors[1], tensors[2], shape)
-    else:
+    elif checked:  # (coalesced: collate built it so)
         out = coo_tensor(tensors[0], tensors[1], shape, coalesced=True)
-    return trust(out)  # the parts of a batch collate built (and checked) in a worker
+    else:
+        out = coo_tensor(tensors[0], tensors[1], shape, coalesced=False)
+    # the parts of a batch collate built (and checked) in a worker; others checked at use
+    return trust(out) if checked else out
 
 
 def _rebuild_batch(input: _Parts, target: _Parts, row_index: Tensor) -> SparseRowBatch:
@@ -209,6 +221,9 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
         for part, what in ((index, "row_index"), (col, "indices"), (val, "values")):
             if isinstance(part, Tensor):
                 refuse_meta(part, f"rows[{k}] {what}")
+                if part.layout != torch.strided:
+                    raise TypeError(f"rows[{k}] {what} must be a dense tensor, got layout "
+                                    f"{part.layout}")
         if isinstance(index, Tensor) and (index.dim() != 0 or index.dtype.is_floating_point
                                           or index.dtype.is_complex or index.dtype == torch.bool):
             raise TypeError(f"rows[{k}] row_index must be an int or a 0-d integer tensor, got "
@@ -369,6 +384,30 @@ class SparseRowDataset(Dataset):
         self._bounds = [inputs[0].tolist()]
         if targets is not None:
             self._bounds.append(targets[0].tolist())
+        self._checked_versions = self._versions_now()
+
+    def _versions_now(self) -> Tuple[int, ...]:
+        """The version counters of the matrices' tensors (the items are views of them)."""
+        return tuple(_version(t) for parts in (self._input, self._target) if parts is not None
+                     for t in parts)
+
+    def _check_unedited(self) -> None:
+        """The matrices as checked, else checked again (one pass, once per edit): an item's
+        tensors are views of them, and an index edited in place would enter a trusted
+        batch (a kernel's out-of-range error, or worse)."""
+        now = self._versions_now()
+        if now == self.__dict__.get("_checked_versions"):
+            return
+        for name, parts, width in (("input", self._input, self.width),
+                                   ("target", self._target, self.target_width)):
+            if parts is not None:
+                crow, col, values = parts
+                _check_csr(crow, col, values, self.rows, cast(int, width),
+                           f"the dataset's {name} (edited since it was built)")
+        self._bounds = [self._input[0].tolist()]
+        if self._target is not None:
+            self._bounds.append(self._target[0].tolist())
+        self._checked_versions = now
 
     def __len__(self) -> int:
         return self.rows
@@ -405,7 +444,7 @@ class SparseRowDataset(Dataset):
                 break
             ind = row.indices
             if (ind.data_ptr() != pointer + bounds[i] * size
-                    or len(ind) != bounds[i + 1] - bounds[i]):
+                    or len(ind) != bounds[i + 1] - bounds[i] or len(row.values) != len(ind)):
                 break
         else:
             return
@@ -441,6 +480,7 @@ class SparseRowDataset(Dataset):
             kind = "(row, row_data)" if self._target is None else "(row, input, target)"
             raise TypeError(f"items must be a list of this dataset's items, {kind} tuples as "
                             f"dataset[i] returns, got {type(items).__name__}")
+        self._check_unedited()
         self._check_own(pairs, 0)
         if targets is not None:
             self._check_own(targets, 1)

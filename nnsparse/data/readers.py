@@ -10,6 +10,7 @@ bad line for the error message.
 from __future__ import annotations
 
 import csv
+import math
 import os
 import re
 import warnings
@@ -105,6 +106,9 @@ class Ratings:
                 got = (f"shape {tuple(value.shape)}" if isinstance(value, Tensor)
                        else type(value).__name__)
                 raise TypeError(f"Ratings.{name} must be a 1-D tensor, got {got}")
+            if value.layout != torch.strided:
+                raise TypeError(f"Ratings.{name} must be a dense 1-D tensor, got layout "
+                                f"{value.layout}")
             refuse_meta(value, f"Ratings.{name}")
         if not (self.user.shape == self.item.shape == self.rating.shape):
             raise ValueError("Ratings.user, .item and .rating must have one length, got "
@@ -152,6 +156,9 @@ class Ratings:
         ids = {name: _id_array(v, name) for name, v in (("user", user), ("item", item))}
         if isinstance(rating, Tensor):
             refuse_meta(rating, "rating")
+            if rating.layout != torch.strided:
+                raise TypeError(f"rating must be a dense tensor or a sequence of numbers, got "
+                                f"layout {rating.layout}")
         try:
             wide = np.asarray(rating.detach().cpu() if isinstance(rating, Tensor) else rating,
                               dtype=np.float64)
@@ -263,6 +270,9 @@ def _entry_index(index: Any, n: int) -> Tensor:
                             f"{type(index).__name__}") from None
         if index.numel() == 0:  # [] reads as float32: keep nothing
             index = index.long()
+    if index.layout != torch.strided:
+        raise TypeError(f"index must be a dense integer or bool tensor, got layout "
+                        f"{index.layout}")
     refuse_uint8_index(index, "index", "int64 indices or a bool mask",
                        ".long() (indices) or .bool() (a mask)")
     if index.dtype != torch.bool and (index.is_floating_point() or index.is_complex()):
@@ -591,6 +601,9 @@ def _id_array(ids: Any, name: str = "ids") -> np.ndarray:
                         f"got {type(ids).__name__}")
     if isinstance(ids, Tensor):
         refuse_meta(ids, name)
+        if ids.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense tensor or a sequence of ids, got layout "
+                            f"{ids.layout}")
         ids = ids.detach().cpu().numpy()
     try:
         out = np.asarray(ids)
@@ -1143,6 +1156,10 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
             except ValueError:
                 raise ValueError(f"{path}, line {number}: the id and the genre flags must be "
                                  f"numbers") from None
+            bad = [v for v in flags if not math.isfinite(v)]
+            if bad:  # ("nan" and "inf" parse as floats: features a fit then refuses)
+                raise ValueError(f"{path}, line {number}: the genre flags must be finite "
+                                 f"numbers, got {bad[0]}")
             _once(seen, key, path, number, "item")
             table[key] = flags
         width = max((len(v) for v in table.values()), default=0)

@@ -175,7 +175,8 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         if input.device != table.device:
             raise ValueError(f"input must be on the weight's device {table.device}, "
                              f"got {input.device}")
-        if input.dtype != table.dtype and not torch.is_autocast_enabled(input.device.type):
+        if input.dtype != table.dtype and not (input.device.type != "meta"  # (no autocast state)
+                                               and torch.is_autocast_enabled(input.device.type)):
             raise ValueError(f"input must have the weight's dtype {table.dtype}, "
                              f"got {input.dtype}")
         if update is not None and torch.is_grad_enabled() and table.requires_grad:
@@ -505,6 +506,20 @@ class SparseLinearBatch(nn.Module):
         super().__setattr__(name, value)
 
     def _check_parameters(self) -> None:
+        # the flags may have been assigned since __init__ checked them
+        if not isinstance(self.sparse_grad, bool):
+            raise TypeError(f"sparse_grad must be a bool, got "
+                            f"{type(self.sparse_grad).__name__} {self.sparse_grad!r}")
+        # (False on a layer built with True is fine: weight_t then gets dense gradients)
+        if self.sparse_grad and not ("weight_t" in self._parameters
+                                     or "weight_t" in self.__dict__):
+            raise ValueError(
+                "sparse_grad=True needs the layer built with it (it decides the weight "
+                "parameter: weight_t, (in_features, out_features)), got a layer built with "
+                "sparse_grad=False; build SparseLinearBatch(..., sparse_grad=True) and load "
+                "this layer's state_dict into it")
+        if self.sparse_grad and self.mode == "dense":
+            raise ValueError("sparse_grad=True needs the sparse kernels, got mode='dense'")
         if self.sparse_grad:
             _check_parameters(self, "weight_t", self.weight_t,
                               (self.in_features, self.out_features),
@@ -523,6 +538,7 @@ class SparseLinearBatch(nn.Module):
             return linear_parts(input, self._table(), self.bias, self.mode, self.sparse_grad)
         if (isinstance(input, Tensor) and input.layout != torch.strided
                 and input.dtype != self._table().dtype and input.dtype.is_floating_point
+                and input.device.type != "meta"  # (torch has no autocast state for it)
                 and torch.is_autocast_enabled(input.device.type)):
             # AMP: a lower-precision sparse batch (e.g. Sparsify of an autocast
             # GEMM's output) is read in the weight's dtype, as the custom operator does.

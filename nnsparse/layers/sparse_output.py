@@ -167,7 +167,8 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     Raises:
         TypeError: ``input``, ``weight`` or ``bias`` is not a dense tensor,
             ``sparse_grad`` is not a bool, or ``pattern`` is not a sparse form
-            (a dense pattern is refused: it names :func:`nnsparse.sparsify`).
+            (a dense pattern is refused: it names :func:`nnsparse.sparsify`), or
+            ``input`` is not floating-point while a ``pattern`` is given.
         ValueError: shapes, dtypes or devices disagree, or pattern indices are
             out of range.
 
@@ -204,7 +205,9 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
         got = input.shape[-1] if input.dim() else "a 0-d tensor"
         raise ValueError(f"input must have {weight.shape[1]} features (in_features), got {got}")
     # autocast: F.linear of a dense output (pattern=None) casts its operands itself
-    amp = pattern is None and torch.is_autocast_enabled(input.device.type)
+    # (torch has no autocast state for the meta device: it raises for the question)
+    amp = (pattern is None and input.device.type != "meta"
+           and torch.is_autocast_enabled(input.device.type))
     for arg, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != input.dtype and not amp:
             raise ValueError(f"{arg} must have input's dtype {input.dtype}, got {t.dtype}")
@@ -217,6 +220,11 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
                 f"backward would give the weight a dense gradient that no optimiser applies; "
                 f"pass the target's pattern, or run under torch.no_grad() for inference")
         return F.linear(input, weight, bias)
+    if not input.is_floating_point():
+        # torch's sampled product (sparse_sampled_addmm) has floating kernels only
+        raise TypeError(f"input must be floating-point for a sparse pattern, got {input.dtype}; "
+                        f"convert input and weight (.float()), or compute the dense output "
+                        f"(pattern=None)")
     if input.dim() not in (1, 2):
         raise ValueError(f"input must have shape (rows, in_features) or (in_features,), "
                          f"got {tuple(input.shape)}")
@@ -323,12 +331,16 @@ class SparseOutputLinear(nn.Linear):
                 ) -> Union[Tensor, SparseParts]:
         _check_parameters(self, "weight", self.weight, (self.out_features, self.in_features),
                           "(out_features, in_features)", self.bias)
+        if not isinstance(self.sparse_grad, bool):  # assigned since __init__ checked it
+            raise TypeError(f"sparse_grad must be a bool, got {type(self.sparse_grad).__name__} "
+                            f"{self.sparse_grad!r}")
         if isinstance(pattern, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): a custom operator
             # over plain tensors; returns a SparseParts with pattern's entries.
             _refuse_update_on_parts(self._row_update)
             return sampled_parts(input, self.weight, self.bias, pattern, self.sparse_grad)
         if (pattern is not None and isinstance(input, Tensor) and input.dtype != self.weight.dtype
+                and input.device.type != "meta"  # (torch has no autocast state for it)
                 and torch.is_autocast_enabled(input.device.type)):
             # AMP: a lower-precision input (an autocast GEMM's output) meets the
             # sampled product in the weight's dtype, as the custom operator does.

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .._forms import _check_csr, as_device, as_sparse_batch, is_sparse_form
+from .._forms import _check_csr, _version, as_device, as_sparse_batch, is_sparse_form
 from .._load import check_state_dict, entry_errors
 from .. import _index
 from ..matmul import _PatternMM, _transposed
@@ -270,6 +270,37 @@ class SparseWeightLinear(nn.Module):
         self.register_buffer("t_perm", perm.to(index), persistent=False)
         self.register_buffer("t_crow", crow_t.to(index), persistent=False)
         self.register_buffer("t_row", row_t.to(index), persistent=False)
+        self.__dict__["_pattern_key"] = self._pattern_key_now()
+
+    def _pattern_key_now(self) -> Optional[Tuple[int, ...]]:
+        """What identifies the checked ``crow``/``col`` (free to read); None where the
+        tensors have no storage (a ``torch.func`` transform's)."""
+        crow, col = self.crow, self.col
+        crow_ptr, col_ptr = _index.data_ptr(crow), _index.data_ptr(col)
+        if crow_ptr is None or col_ptr is None:
+            return None
+        return (id(crow), crow_ptr, _version(crow), id(col), col_ptr, _version(col))
+
+    def _check_pattern(self) -> None:
+        """``crow``/``col`` as last checked, else checked again (one host sync) and the
+        derived structure rebuilt: buffers edited in place or replaced (a pointer past
+        nnz made the kernels read and write out of bounds), or moved with the layer."""
+        if torch.compiler.is_compiling():
+            return
+        key = self._pattern_key_now()
+        if key is None or key == self.__dict__.get("_pattern_key"):
+            return
+        for name in ("crow", "col"):
+            t = getattr(self, name)
+            if not isinstance(t, Tensor) or t.layout != torch.strided or t.dim() != 1 or (
+                    t.dtype not in (torch.int32, torch.int64)):
+                got = (f"{t.dtype} {t.layout} tensor of shape {tuple(t.shape)}"
+                       if isinstance(t, Tensor) else type(t).__name__)
+                raise TypeError(f"SparseWeightLinear.{name} must be a 1-D int64 or int32 "
+                                f"tensor, got {got}")
+        _check_csr(self.crow.to(torch.int64), self.col.to(torch.int64), self.col,
+                   self.out_features, self.in_features, "SparseWeightLinear crow/col")
+        self._derive()
 
     def _transposed_structure(self) -> Tuple[Tensor, Tensor, Tensor]:
         return self.t_perm, self.t_crow, self.t_row
@@ -287,11 +318,13 @@ class SparseWeightLinear(nn.Module):
     def weight(self) -> Tensor:
         """``W`` as a sparse CSR tensor ``(out_features, in_features)``; its values are
         ``self.values`` (gradients flow to them)."""
+        self._check_pattern()
         return _csr_with_values(self.crow, self.col, self.values,
                                 (self.out_features, self.in_features))
 
     def reset_parameters(self) -> None:
         """``nn.Linear``'s uniform initialisation with each row's own fan-in."""
+        self._check_pattern()  # (repeat_interleave trusts output_size)
         fan_in = self.crow.diff().to(self.values.dtype)
         bound = torch.where(fan_in > 0, fan_in.clamp(min=1).rsqrt(), torch.zeros_like(fan_in))
         with torch.no_grad():
@@ -369,6 +402,9 @@ class SparseWeightLinear(nn.Module):
         density = _check_density(density)
         weight = linear.weight.detach()
         out_features, in_features = weight.shape
+        if weight.numel() == 0:  # (no entry to keep: topk would fail)
+            raise ValueError(f"linear must have in_features and out_features >= 1, got "
+                             f"Linear({in_features}, {out_features})")
         k = max(1, round(density * weight.numel()))
         keep = weight.abs().reshape(-1).topk(k).indices.sort().values
         row, col = keep // in_features, keep % in_features
@@ -387,6 +423,7 @@ class SparseWeightLinear(nn.Module):
     # -- forward ---------------------------------------------------------------
     def forward(self, input: Any) -> Tensor:
         _check_parameters(self, "values", self.values, (self.nnz,), "(nnz,)", self.bias)
+        self._check_pattern()
         if self.values.device != self.col.device:  # values assigned on another device
             raise ValueError(f"SparseWeightLinear.values must be on the device of the pattern "
                              f"(crow, col) {self.col.device}, got {self.values.device}; move "

@@ -54,11 +54,14 @@ class AutoRec(RatingModel):
         self.decoder = SparseOutputLinear(hidden, width)
 
     def output_bias(self) -> Tensor:
+        self._check_layers("decoder")
         return self.decoder.bias
 
     def network(self, x: Any, rows: Tensor, pattern: Any = None) -> Any:
+        self._check_layers("decoder")
         return self.decoder(torch.sigmoid(self.encoder(x)), pattern)
 
     def penalty(self) -> Tensor:
+        self._check_layers("decoder")
         return 0.5 * self.hparams["l2"] * (self.encoder.weight.square().sum()
                                            + self.decoder.weight.square().sum())

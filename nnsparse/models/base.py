@@ -56,6 +56,11 @@ def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
     if "name" not in cls.__dict__:
         raise ValueError(f"{cls.__name__} must set its own name (the key load() reads), "
                          f"it inherits {cls.name!r}")
+    if not isinstance(cls.name, str):  # the key a saved file holds
+        raise TypeError(f"{cls.__name__}.name must be a str, got "
+                        f"{type(cls.name).__name__} {cls.name!r}")
+    if not cls.name:
+        raise ValueError(f"{cls.__name__}.name must be a non-empty str, got ''")
     known = MODELS.get(cls.name)
     if known is not None and known.__qualname__ != cls.__qualname__:
         raise ValueError(f"name {cls.name!r} is taken by {known.__name__}; give "
@@ -157,9 +162,13 @@ class RatingModel(nn.Module):
     #: below every star, as in AutoRec
     raw_input = True
 
-    def __init__(self, **hparams: Any) -> None:
-        super().__init__()
+    def __init__(self, *args: Any, **hparams: Any) -> None:
         known = {**_COMMON, **self.DEFAULTS}
+        if args:  # Python's own message names __init__'s positional count only
+            raise TypeError(f"{type(self).__name__} takes its hyperparameters as keywords "
+                            f"(hidden=...), got {len(args)} positional argument(s) {args!r}; "
+                            f"it takes {sorted(known)}")
+        super().__init__()
         unknown = sorted(set(hparams) - set(known))
         if unknown:
             raise TypeError(f"{type(self).__name__} got unknown hyperparameters {unknown}; "
@@ -487,6 +496,14 @@ class RatingModel(nn.Module):
         if not self._built:
             raise RuntimeError(f"{type(self).__name__} is not fitted; call fit() or load()")
 
+    def _check_layers(self, name: str) -> None:
+        """The layers :meth:`build` makes exist (``fit`` calls :meth:`output_bias` between
+        ``build`` and the end of its preparation): else the state error of
+        :meth:`_check_built`, not Python's ``AttributeError`` of a missing layer."""
+        if name not in self._modules:
+            self._check_built()
+            raise RuntimeError(f"{type(self).__name__}.build() made no {name!r} layer")
+
     @property
     def device(self) -> torch.device:
         self._check_built()
@@ -793,12 +810,36 @@ class RatingModel(nn.Module):
         n = blob["normalizer"]
         feats = blob["state"].get("row_features")
         model._prepare(train, tuple(n["scale"]), feats)
+        _check_blob(blob, model, path)
         model._norm.row_mean = n["row_mean"]
         model._norm.global_mean = n["global_mean"]
         model.load_state_dict(blob["state"], strict=False)
         model.best_epoch = blob["best_epoch"]
         model.to(device).eval()
         return model
+
+
+def _check_blob(blob: Dict[str, Any], model: "RatingModel", path: Any) -> None:
+    """The parts of a model file that a load would take without looking (a file missing a
+    weight loaded with the fresh layer's random one): ``ValueError`` naming the part."""
+    damaged = f"{path} is a damaged model file (RatingModel.save wrote something else)"
+    missing = sorted(set(model.state_dict()) - set(blob["state"]))
+    if missing:
+        raise ValueError(f"{damaged}: its state lacks {missing}")
+    row_mean, expected = blob["normalizer"]["row_mean"], model._norm.row_mean
+    if (not isinstance(row_mean, Tensor) or not row_mean.is_floating_point()
+            or row_mean.shape != expected.shape):
+        got = (f"{row_mean.dtype} of shape {tuple(row_mean.shape)}"
+               if isinstance(row_mean, Tensor) else type(row_mean).__name__)
+        raise ValueError(f"{damaged}: normalizer row_mean must be a floating tensor of shape "
+                         f"{tuple(expected.shape)}, got {got}")
+    mean = blob["normalizer"]["global_mean"]
+    if isinstance(mean, bool) or not isinstance(mean, numbers.Real) or not math.isfinite(mean):
+        raise ValueError(f"{damaged}: normalizer global_mean must be a finite number, "
+                         f"got {mean!r}")
+    epoch = blob["best_epoch"]
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"{damaged}: best_epoch must be an int >= 0, got {epoch!r}")
 
 
 class _CsrParts(NamedTuple):
@@ -833,6 +874,8 @@ def _index_tensor(value: Any, name: str) -> Tensor:
     except (TypeError, ValueError, RuntimeError):
         raise TypeError(f"{name} must be an integer tensor (or a list of ints), got "
                         f"{type(value).__name__}") from None
+    if index.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense integer tensor, got layout {index.layout}")
     if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor, got {index.dtype}")
     refuse_meta(index, name)

@@ -64,6 +64,7 @@ class CFN(RatingModel):
                            hide_ratio=h["hide_ratio"], generator=generator, size_average=False)
 
     def network(self, x: Any, rows: Tensor, pattern: Any = None) -> Any:
+        self._check_layers("decoder")
         f = self._row_features(rows)
         z = self.encoder(x)
         if f is not None:
@@ -76,6 +77,7 @@ class CFN(RatingModel):
         return values_map(torch.tanh, out) if pattern is not None else torch.tanh(out)
 
     def penalty(self) -> Tensor:
+        self._check_layers("decoder")
         total = self.encoder.weight.square().sum() + self.decoder.weight.square().sum()
         if self.side_in is not None:
             total = total + self.side_in.weight.square().sum()

@@ -79,6 +79,7 @@ class KernelNet(RatingModel):
 
     def _layers(self) -> Sequence[_KernelWeight]:
         """``self.kernels`` typed: the ModuleList holds only _KernelWeight layers."""
+        self._check_layers("kernels")
         return cast(Sequence[_KernelWeight], self.kernels)
 
     def output_bias(self) -> Tensor:

@@ -149,6 +149,12 @@ class Trainer:
         loss (:meth:`RatingModel.penalty`), on the weights only.
         """
         params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params:  # (torch's "optimizer got an empty parameter list" names no model)
+            built = getattr(self.model, "_built", True)
+            raise ValueError(f"model must have parameters that require grad, got none"
+                             + ("" if built else f" ({type(self.model).__name__} is not built: "
+                                                 f"RatingModel.fit() builds its layers, then "
+                                                 f"trains them with a Trainer)"))
         matrices = [p for p in params if p.dim() >= 2]
         others = [p for p in params if p.dim() < 2]
         groups = [dict(params=matrices, weight_decay=self.weight_decay),
@@ -175,6 +181,7 @@ class Trainer:
 
     def step(self, batch: Any, optimizer: torch.optim.Optimizer) -> Tensor:
         """One optimisation step on one batch; returns the detached loss (no sync)."""
+        _check_step_args(batch, optimizer)
         batch = batch.to(self.device)
         loss = self.model.batch_loss(batch.row_index, batch.input)
         optimizer.zero_grad(set_to_none=True)
@@ -191,6 +198,12 @@ class Trainer:
 
     def run_epoch(self, loader: DataLoader, optimizer: torch.optim.Optimizer,
                   epoch: int) -> float:
+        if not isinstance(loader, DataLoader):
+            raise TypeError(f"loader must be a DataLoader (make_loader), got "
+                            f"{type(loader).__name__}")
+        _check_optimizer(optimizer)
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 1:
+            raise ValueError(f"epoch must be an int >= 1, got {epoch!r}")
         for group in optimizer.param_groups:
             group["lr"] = self._lr_at(epoch)
         set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
@@ -364,10 +377,13 @@ class DistributedTrainer(Trainer):
         return float(value)
 
     def step(self, batch: Any, optimizer: torch.optim.Optimizer) -> Tensor:
+        _check_step_args(batch, optimizer)
+        if self._ddp is None:
+            raise RuntimeError("DistributedTrainer.step runs inside fit(), which wraps the "
+                               "model in DistributedDataParallel first; call fit()")
         batch = batch.to(self.device)
         # times world: DDP's mean of the ranks' gradients is then their sum,
         # the gradient of the one-process loss over the global batch
-        assert self._ddp is not None, "fit() wraps the model before the first step"
         loss = self._ddp(batch.row_index, batch.input) * self.world
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -383,3 +399,20 @@ class DistributedTrainer(Trainer):
             return super().fit(x_train, validate, epochs)
         finally:
             self._ddp = None
+
+
+def _check_optimizer(optimizer: Any) -> None:
+    """An optimiser by its methods (an overridden make_optimizer may return any)."""
+    if not all(callable(getattr(optimizer, name, None)) for name in ("step", "zero_grad")):
+        raise TypeError(f"optimizer must be an optimiser with step() and zero_grad() "
+                        f"(make_optimizer), got {type(optimizer).__name__}")
+
+
+def _check_step_args(batch: Any, optimizer: Any) -> None:
+    """What :meth:`Trainer.step` reads: a collated batch and an optimiser (the hooks of a
+    subclass may call it by hand)."""
+    from ..data import SparseRowBatch
+    if not isinstance(batch, SparseRowBatch):
+        raise TypeError(f"batch must be a SparseRowBatch (SparseRowDataset.collate), got "
+                        f"{type(batch).__name__}")
+    _check_optimizer(optimizer)
