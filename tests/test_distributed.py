@@ -187,6 +187,12 @@ def test_loader_errors(batch_size, error):
         nd.loader(SparseRowDataset(_data()), batch_size)
 
 
+def test_loader_takes_a_numpy_int_batch_size():
+    np = pytest.importorskip("numpy")
+    batches = list(nd.loader(SparseRowDataset(_data()), np.int64(2), shuffle=False))
+    assert batches and all(b.shape[0] <= 2 for b, *_ in batches)
+
+
 @pytest.mark.parametrize("seed", [0, -2 ** 63, 2 ** 63, 2 ** 64 - 2, 2 ** 64, -2 ** 70,
                                   __import__("numpy").int64(5)])
 def test_loader_takes_any_int_seed(seed):
