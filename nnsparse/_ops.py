@@ -38,7 +38,8 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._forms import SparseBatch, _check_csr, as_device, as_sparse_batch, check_kernel_dtype
+from ._forms import (SparseBatch, _check_csr, _version, as_device, as_sparse_batch,
+                     check_kernel_dtype)
 from ._kernels import _sampled_rows, _t_mm, _table_blocks, _table_mm
 
 __all__ = ["SparseParts", "sparse_parts"]
@@ -362,7 +363,9 @@ def _checked_key(parts: SparseParts) -> Optional[Tuple[Any, ...]]:
     crow_ptr, col_ptr = _index.data_ptr(parts.crow), _index.data_ptr(parts.col)
     if crow_ptr is None or col_ptr is None:
         return None
-    return (crow_ptr, col_ptr, parts.crow._version, parts.col._version,
+    # (an inference tensor has no version counter: -1, its in-place edits unseen, as for
+    # the structures _forms caches)
+    return (crow_ptr, col_ptr, _version(parts.crow), _version(parts.col),
             tuple(parts.crow.shape), tuple(parts.col.shape), tuple(parts.size))
 
 

@@ -184,3 +184,19 @@ def test_sparse_parts_size_errors(size, error):
     with pytest.raises(error, match=r"^parts.size must be \(rows, width\), two non-negative ints, "
                                     r"got " + re.escape(repr(size)) + "$"):
         parts.to_sparse_csr()
+
+
+def test_parts_under_inference_mode():
+    """Parts made or built by hand under torch.inference_mode (tensors with no version
+    counter) are checked and used: the check's key reads no version of them."""
+    x = nnsparse.sparsify(torch.tensor([[0., 1., 2.], [3., 0., 0.]]))
+    lin, out = nnsparse.SparseLinearBatch(3, 2), nnsparse.SparseOutputLinear(2, 3)
+    with torch.inference_mode():
+        parts = nnsparse.sparse_parts(x)
+        by_hand = nnsparse.SparseParts(torch.tensor([0, 2, 3]), torch.tensor([1, 2, 0]),
+                                       torch.tensor([1., 2., 3.]), (2, 3))
+        torch.testing.assert_close(lin(by_hand), lin(parts))
+        assert out(lin(parts), parts).values.shape == (3,)
+        bad = by_hand._replace(crow=torch.tensor([0, 2, 4]))
+        with pytest.raises(ValueError):
+            lin(bad)
