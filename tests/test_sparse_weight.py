@@ -454,3 +454,14 @@ def test_zero_in_features_dense_input(shape):
     y.sum().backward()
     assert x.grad.shape == x.shape
     assert torch.equal(layer.bias.grad, torch.full((3,), float(y.numel() // 3)))
+
+
+def test_layer_moved_to_meta_still_runs():
+    # the edited-pattern re-check read a meta pattern's data ("Cannot copy out of meta
+    # tensor") when the layer was moved (or deep-copied) on the meta device: shapes only there
+    torch.manual_seed(0)
+    layer = SparseWeightLinear.from_dense(nn.Linear(20, 6), density=0.3).to("meta")
+    assert layer(torch.rand(4, 20, device="meta")).shape == (4, 6)
+    clone = copy.deepcopy(layer)
+    assert clone(torch.rand(4, 20, device="meta")).shape == (4, 6)
+    assert clone.weight.shape == (6, 20)

@@ -287,6 +287,8 @@ class SparseWeightLinear(nn.Module):
         nnz made the kernels read and write out of bounds), or moved with the layer."""
         if torch.compiler.is_compiling():
             return
+        if isinstance(self.col, Tensor) and self.col.device.type == "meta":
+            return  # no data to read (and no kernel to run), as for SparseParts
         key = self._pattern_key_now()
         if key is None or key == self.__dict__.get("_pattern_key"):
             return
