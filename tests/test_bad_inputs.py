@@ -2130,17 +2130,30 @@ PROBE6 += [
     # the public hooks of the training loop, called by hand (AttributeError: 'str'.to before)
     Case("Trainer.step-batch-str", lambda: (lambda t, d: t.step("b", t.make_optimizer()))(
         *_trainer_and_batch()), TypeError,
-         r"batch must be a SparseRowBatch \(SparseRowDataset.collate\), got str"),
+         r"batch must be a SparseRowBatch \(SparseRowDataset.collate\) or another batch with "
+         r"to\(\), row_index and input, got str"),
     Case("Trainer.step-optimizer-str", lambda: (lambda t, d: t.step(d.collate([d[0]]), "o"))(
         *_trainer_and_batch()), TypeError,
          r"optimizer must be an optimiser with step\(\) and zero_grad\(\) \(make_optimizer\), "
          r"got str"),
+    Case("Trainer.run_epoch-loader-str", lambda: (lambda t, d: t.run_epoch(
+        "batches", t.make_optimizer(), 1))(*_trainer_and_batch()), TypeError,
+         r"loader must be a DataLoader or another sized iterable of batches \(make_loader\), "
+         r"got str"),
+    Case("Trainer.run_epoch-loader-int", lambda: (lambda t, d: t.run_epoch(
+        3, t.make_optimizer(), 1))(*_trainer_and_batch()), TypeError,
+         r"loader must be a DataLoader or another sized iterable of batches \(make_loader\), "
+         r"got int"),
+    # an overridden make_loader may return a list of collated batches: it trains
     Case("Trainer.run_epoch-loader-list", lambda: (lambda t, d: t.run_epoch(
-        [d.collate([d[0]])], t.make_optimizer(), 1))(*_trainer_and_batch()), TypeError,
-         r"loader must be a DataLoader \(make_loader\), got list"),
+        [d.collate([d[0]]), d.collate([d[1], d[2]])], t.make_optimizer(), 1))(
+        *_trainer_and_batch()), None, check=lambda loss: loss > 0),
     Case("Trainer.run_epoch-epoch-0", lambda: (lambda t, d: t.run_epoch(
         t.make_loader(d), t.make_optimizer(), 0))(*_trainer_and_batch()), ValueError,
          r"epoch must be an int >= 1, got 0"),
+    Case("Trainer.run_epoch-epoch-float", lambda: (lambda t, d: t.run_epoch(
+        t.make_loader(d), t.make_optimizer(), 1.0))(*_trainer_and_batch()), TypeError,
+         r"epoch must be an int >= 1, got 1.0"),
 ]
 
 

@@ -198,11 +198,15 @@ class Trainer:
 
     def run_epoch(self, loader: DataLoader, optimizer: torch.optim.Optimizer,
                   epoch: int) -> float:
-        if not isinstance(loader, DataLoader):
-            raise TypeError(f"loader must be a DataLoader (make_loader), got "
-                            f"{type(loader).__name__}")
+        # any sized iterable of batches (an overridden make_loader may return a list)
+        if isinstance(loader, (str, bytes)) or not (hasattr(loader, "__iter__")
+                                                    and hasattr(loader, "__len__")):
+            raise TypeError(f"loader must be a DataLoader or another sized iterable of "
+                            f"batches (make_loader), got {type(loader).__name__}")
         _check_optimizer(optimizer)
-        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 1:
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral):
+            raise TypeError(f"epoch must be an int >= 1, got {epoch!r}")
+        if epoch < 1:
             raise ValueError(f"epoch must be an int >= 1, got {epoch!r}")
         for group in optimizer.param_groups:
             group["lr"] = self._lr_at(epoch)
@@ -411,8 +415,9 @@ def _check_optimizer(optimizer: Any) -> None:
 def _check_step_args(batch: Any, optimizer: Any) -> None:
     """What :meth:`Trainer.step` reads: a collated batch and an optimiser (the hooks of a
     subclass may call it by hand)."""
-    from ..data import SparseRowBatch
-    if not isinstance(batch, SparseRowBatch):
-        raise TypeError(f"batch must be a SparseRowBatch (SparseRowDataset.collate), got "
+    # by what step reads: a SparseRowBatch, or a batch of an overridden make_loader's own
+    if not all(hasattr(batch, name) for name in ("to", "row_index", "input")):
+        raise TypeError(f"batch must be a SparseRowBatch (SparseRowDataset.collate) or "
+                        f"another batch with to(), row_index and input, got "
                         f"{type(batch).__name__}")
     _check_optimizer(optimizer)
