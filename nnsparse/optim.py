@@ -135,7 +135,7 @@ class LazyAdam(Optimizer):
         in (an int, a whole float, a one-element tensor such as torch's float32
         one), as :meth:`step` keeps it; ``torch.optim.Adam`` loads such a state
         too (it makes its own tensor of the count)."""
-        _check_state_entries(state_dict, self, "state_dict", ("step", "exp_avg", "exp_avg_sq"))
+        _check_state_entries(state_dict, self, "state_dict", _state_keys(self))
         groups = state_dict["param_groups"]
         for i, group in enumerate(groups if isinstance(groups, list) else []):
             if isinstance(group, dict):

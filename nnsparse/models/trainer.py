@@ -204,10 +204,7 @@ class Trainer:
             raise TypeError(f"loader must be a DataLoader or another sized iterable of "
                             f"batches (make_loader), got {type(loader).__name__}")
         _check_optimizer(optimizer)
-        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral):
-            raise TypeError(f"epoch must be an int >= 1, got {epoch!r}")
-        if epoch < 1:
-            raise ValueError(f"epoch must be an int >= 1, got {epoch!r}")
+        epoch = as_count("epoch", epoch, 1)
         for group in optimizer.param_groups:
             group["lr"] = self._lr_at(epoch)
         set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
