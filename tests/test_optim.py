@@ -410,3 +410,80 @@ def test_lazy_adam_loads_any_whole_step_count(step):
     p.grad, q.grad = torch.full((3, 2), 0.5), torch.full((3, 2), 0.5)
     opt.step(), other.step()
     torch.testing.assert_close(q, p)
+
+
+# A hand-set sparse gradient (torch.sparse_coo_tensor checks no index by default) is checked
+# at step(), before anything changes: out-of-range or negative indices, a sparse_dim it
+# cannot apply, a size, dtype or device its parameter has not (the parameter changed since).
+def _hand_grad(index, values, size=(4, 3)):
+    return lambda p: torch.sparse_coo_tensor(torch.tensor(index), torch.tensor(values), size)
+
+
+def _refit(data):
+    def set_grad(p):
+        p.grad = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, 3), (4, 3))
+        p.data = data
+    return set_grad
+
+
+_WHERE = r"the sparse gradient of param_groups\[0\]\['params'\]\[1\] must have indices in "
+
+
+@pytest.mark.parametrize("set_grad, error, message", [
+    (_hand_grad([[4]], [[1.0, 2.0, 3.0]]), ValueError,
+     _WHERE + r"\[0, 4\) in dimension 0 \(its shape \(4, 3\)\), got max 4$"),
+    (_hand_grad([[2, -1]], [[1.0] * 3, [2.0] * 3]), ValueError,
+     _WHERE + r"\[0, 4\) in dimension 0 \(its shape \(4, 3\)\), got min -1$"),
+    (_hand_grad([[1], [3]], [1.0]), ValueError,  # (1, 3) would update the entry (2, 0)
+     _WHERE + r"\[0, 3\) in dimension 1 \(its shape \(4, 3\)\), got max 3$"),
+    (_hand_grad([[1, 0], [-1, 0]], [1.0, 2.0]), ValueError,
+     _WHERE + r"\[0, 3\) in dimension 1 \(its shape \(4, 3\)\), got min -1$"),
+    (_hand_grad([[0, 1, 2, 3], [5, 5, 5, 5]], [1.0] * 4), ValueError,  # whole columns
+     _WHERE + r"\[0, 3\) in dimension 1 \(its shape \(4, 3\)\), got max 5$"),
+    (_hand_grad([[7, 1]], [[1.0] * 3, [2.0] * 3]), ValueError,  # uncoalesced
+     _WHERE + r"\[0, 4\) in dimension 0 \(its shape \(4, 3\)\), got max 7$"),
+    (lambda p: torch.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.long), torch.ones(1, 4, 3),
+                                       (4, 3)), NotImplementedError,
+     r"got sparse_dim 0 for a 2-D parameter$"),
+    (_refit(torch.zeros(5, 3)), ValueError,
+     r"the gradient of a parameter of shape \(5, 3\) must have its shape, got \(4, 3\)$"),
+    (_refit(torch.zeros(4, 3, dtype=torch.float64)), ValueError,
+     r"the gradient must have its parameter's dtype and device \(torch.float64, cpu\), "
+     r"got \(torch.float32, cpu\)$"),
+], ids=["row-beyond", "row-negative", "entry-beyond", "entry-negative", "columns-beyond",
+        "uncoalesced-beyond", "sparse_dim-0", "size", "dtype"])
+def test_hand_set_sparse_gradient_is_refused_before_any_change(set_grad, error, message):
+    gen = torch.Generator().manual_seed(5)
+    good = torch.randn(4, 3, generator=gen).requires_grad_()
+    bad = torch.randn(4, 3, generator=gen).requires_grad_()
+    opt = noptim.LazyAdam([good, bad], lr=0.1)
+    good.grad = _row_grad([0, 2], (4, 3), gen, torch.float32)
+    opt.step()  # one good step first: state to keep
+    state = copy.deepcopy(opt.state[good])
+    before = good.detach().clone()
+    good.grad = _row_grad([1, 3], (4, 3), gen, torch.float32)
+    out = set_grad(bad)
+    if out is not None:
+        bad.grad = out
+    bad_before = bad.detach().clone()
+    with pytest.raises(error, match=message):
+        opt.step()
+    assert torch.equal(good, before) and torch.equal(bad, bad_before)
+    assert opt.state[good]["step"] == state["step"] and bad not in opt.state
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(opt.state[good][key], state[key])
+
+
+def test_gradients_of_nnsparse_layers_pass_the_index_check():
+    """The layers' own sparse gradients (rows of a table, a sparse bias) step as before."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(nnsparse.SparseLinearBatch(7, 3, sparse_grad=True))
+    x = torch.tensor([[0.0, 1.0, 0, 0, 0, 0, 2.0], [0, 0, 0, 3.0, 0, 0, 0]]).to_sparse()
+    opt = noptim.LazyAdam(model.parameters(), lr=0.1)
+    table = model[0].weight_t  # (in, out): the rows the batch touched get a gradient
+    before = table.detach().clone()
+    model(x).sum().backward()
+    assert table.grad.layout == model[0].bias.grad.layout == torch.sparse_coo
+    opt.step()
+    changed = (table.detach() != before).any(1).nonzero().flatten().tolist()
+    assert changed == [1, 3, 6]
