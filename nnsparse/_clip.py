@@ -9,7 +9,7 @@ of their coalesced values, scaled in place without densifying.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Iterable, List, Optional, Union
+from typing import Any, Iterable, List, Optional, Union, cast
 
 import torch
 from torch import Tensor
@@ -80,17 +80,19 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
     if foreach is not None and not isinstance(foreach, bool):
         raise TypeError(f"foreach must be a bool or None, got {type(foreach).__name__}")
     with_grad = [p for p in parameters if p.grad is not None]
-    for p in with_grad:
-        if p.grad.layout not in (torch.strided, torch.sparse_coo):
+    grads: List[Tensor] = [cast(Tensor, p.grad) for p in with_grad]
+    for g in grads:
+        if g.layout not in (torch.strided, torch.sparse_coo):
             raise NotImplementedError(f"clip_grad_norm_ takes strided and sparse COO "
-                                      f"gradients, got layout {p.grad.layout}")
-    if not with_grad:
+                                      f"gradients, got layout {g.layout}")
+    if not grads:
         return torch.tensor(0.0)
-    dense = [p for p in with_grad if p.grad.layout == torch.strided]
-    sparse = [p.grad for p in with_grad if p.grad.layout == torch.sparse_coo]
-    norms = _dense_norms([p.grad for p in dense], norm_type, foreach)
+    dense = [p for p, g in zip(with_grad, grads) if g.layout == torch.strided]
+    dense_grads = [g for g in grads if g.layout == torch.strided]
+    sparse = [g for g in grads if g.layout == torch.sparse_coo]
+    norms = _dense_norms(dense_grads, norm_type, foreach)
     norms += [_sparse_norm(g, norm_type) for g in sparse]
-    first = with_grad[0].grad.device  # torch's: the total on the first gradient's device
+    first = grads[0].device  # torch's: the total on the first gradient's device
     total = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), norm_type)
     if error_if_nonfinite and bool(total.isnan() | total.isinf()):
         raise RuntimeError(
@@ -105,8 +107,8 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
     if dense and clip_dense is not None:
         clip_dense(dense, max_norm, total, foreach)
     else:
-        for p in dense:
-            p.grad.mul_(scale.to(p.grad.device))
+        for g in dense_grads:
+            g.mul_(scale.to(g.device))
     return total
 
 
