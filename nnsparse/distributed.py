@@ -237,7 +237,7 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
         **kwargs: passed to ``DataLoader`` (``num_workers``, ``pin_memory``, ...).
 
     Raises:
-        ValueError: ``batch_size`` is not positive.
+        ValueError: ``batch_size`` is not positive, or is beyond int64.
         TypeError: ``batch_size`` or ``seed`` is not an int, or ``kwargs`` sets ``sampler`` or
             ``batch_sampler`` (the loader's own).
     """
