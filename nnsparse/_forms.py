@@ -811,19 +811,33 @@ def as_int(value: Any, name: str, must: str = "be an int") -> int:
     raise TypeError(f"{name} must {must}, got {type(value).__name__} {value!r}")
 
 
-def as_count(name: str, value: Any, low: int) -> int:
+def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None) -> int:
     """``value`` as a Python int ``>= low`` (numpy ints pass): "``name`` must be an int >=
     ``low``, got ...", a ``TypeError`` for another kind (a bool, a float, even whole, a
     str), a ``ValueError`` for an int below ``low`` or beyond int64.  The check of counts
-    and hyperparameters such as batch sizes and epochs."""
+    and hyperparameters such as batch sizes and epochs.
+
+    ``must`` words the bound instead: ``"positive"`` (``low`` 1) or ``"non-negative"``
+    (``low`` 0) give "``name`` must be a positive int, got ...", the wording of the
+    arguments that said so before they came here (offsets, ``k``, sizes of data)."""
+    if must is None:
+        kind, top = f"an int >= {low}", f"an int in [{low}, 2**63)"
+    elif _BOUND_WORDS.get(must) == low:
+        kind = f"a {must} int"
+        top = f"{kind} below 2**63"
+    else:  # a caller's slip, not a user's: the words would misstate the bound
+        raise ValueError(f"must={must!r} does not word the bound low={low}")
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int >= {low}, got {value!r}")
+        raise TypeError(f"{name} must be {kind}, got {value!r}")
     if value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
     if int(value) > _INT64_MAX:  # torch, DataLoader and islice take no count beyond it
-        raise ValueError(f"{name} must be an int in [{low}, 2**63), got {value!r}")
+        raise ValueError(f"{name} must be {top}, got {value!r}")
     return int(value)
 
+
+# as_count's bounds in words, with the low each one means
+_BOUND_WORDS = {"positive": 1, "non-negative": 0}
 
 _INT64_MAX = 2 ** 63 - 1
 

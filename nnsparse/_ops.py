@@ -12,14 +12,17 @@ dynamic number of specified entries (nnz).
 Operators (all functional; ``crow``/``col`` int64, ``values`` of the dense
 operands' dtype; the pattern's positions are distinct and grouped by row):
 
-- ``nnsparse::sparse_mm(crow, col, values, table, bias)``: ``S @ table + bias``,
-  ``(rows, d)``, for ``S`` the ``(rows, n)`` CSR matrix and ``table`` ``(n, d)``;
-- ``nnsparse::sampled_mm(h, table, bias, crow, col)``: ``(h @ table.T + bias)``
-  at the pattern's entries, ``(nnz,)``;
+- ``nnsparse::sparse_mm(crow, col, values, table, bias, check=False)``:
+  ``S @ table + bias``, ``(rows, d)``, for ``S`` the ``(rows, n)`` CSR matrix and
+  ``table`` ``(n, d)``;
+- ``nnsparse::sampled_mm(h, table, bias, crow, col, check=False)``:
+  ``(h @ table.T + bias)`` at the pattern's entries, ``(nnz,)``;
 - ``nnsparse::sparse_t_mm(crow, col, values, dense, n)``: ``S.T @ dense``,
   ``(n, d)``, the weight gradients of both.
 
-Each is the other's gradient: the backward of ``sparse_mm`` is a
+``check=True`` (the layers' forward calls) checks a pattern not marked checked
+(parts built by hand), once, on the real tensors: the one check that runs in a
+compiled model, whose tracing skips the layers' own.  Each is the other's gradient: the backward of ``sparse_mm`` is a
 ``sampled_mm`` (values) and a ``sparse_t_mm`` (table), the backward of
 ``sampled_mm`` a ``sparse_mm`` (h) and a ``sparse_t_mm`` (table), so second
 passes through the compiler meet the same three nodes.  Gradients are dense
@@ -55,9 +58,10 @@ class SparseParts(NamedTuple):
         size (Tuple[int, int]): ``(rows, width)``.
 
     Built, checked, by :func:`sparse_parts`; the layers trust it.  Parts
-    built by hand are checked completely (one host sync) at their first eager
-    use, as a torch sparse tensor is: an invalid pattern would make the
-    kernels read out of bounds.  A layer
+    built by hand are checked completely (one host sync) at their first use,
+    eager or in a ``torch.compile``d model (by the forward operators, on the
+    real tensors), as a torch sparse tensor is: an invalid pattern would make
+    the kernels read out of bounds.  A layer
     that reads a :class:`SparseParts` returns dense tensors
     (:class:`~nnsparse.SparseLinearBatch`) or a :class:`SparseParts` with
     the same pattern (:class:`~nnsparse.SparseOutputLinear`).
@@ -201,7 +205,9 @@ def _large_table_batch(crow: Tensor, col: Tensor, table: Tensor,
 
 @torch.library.custom_op("nnsparse::sparse_mm", mutates_args=())
 def _sparse_mm(crow: Tensor, col: Tensor, values: Tensor, table: Tensor,
-               bias: Optional[Tensor]) -> Tensor:
+               bias: Optional[Tensor], check: bool = False) -> Tensor:
+    if check:  # the forward path's call: parts that reached it unchecked, under the compiler
+        _check_pattern_of(crow, col, values, (crow.shape[0] - 1, table.shape[0]), "input")
     table = table.contiguous()
     out = _table_mm(_large_table_batch(crow, col, table, values), col, table, crow, values)
     if bias is not None:
@@ -210,13 +216,15 @@ def _sparse_mm(crow: Tensor, col: Tensor, values: Tensor, table: Tensor,
 
 
 @_sparse_mm.register_fake
-def _(crow, col, values, table, bias):
+def _(crow, col, values, table, bias, check=False):
     return table.new_empty(crow.shape[0] - 1, table.shape[1])
 
 
 @torch.library.custom_op("nnsparse::sampled_mm", mutates_args=())
 def _sampled(h: Tensor, table: Tensor, bias: Optional[Tensor], crow: Tensor,
-             col: Tensor) -> Tensor:
+             col: Tensor, check: bool = False) -> Tensor:
+    if check:  # as _sparse_mm's; the pattern's values are not read: h stands in for them
+        _check_pattern_of(crow, col, col, (crow.shape[0] - 1, table.shape[0]), "pattern")
     dtype = h.dtype
     h, table = _float_up(h).contiguous(), _float_up(table).contiguous()
     out = _sampled_rows(_large_table_batch(crow, col, table), h, table, crow, col)
@@ -226,7 +234,7 @@ def _sampled(h: Tensor, table: Tensor, bias: Optional[Tensor], crow: Tensor,
 
 
 @_sampled.register_fake
-def _(h, table, bias, crow, col):
+def _(h, table, bias, crow, col, check=False):
     return h.new_empty(col.shape[0])
 
 
@@ -244,7 +252,7 @@ def _(crow, col, values, dense, n):
 
 
 def _setup_sparse_mm(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
-    crow, col, values, table, bias = inputs
+    crow, col, values, table, bias, _ = inputs
     ctx.save_for_backward(crow, col, values, table)
     ctx.has_bias = bias is not None
 
@@ -259,11 +267,11 @@ def _backward_sparse_mm(ctx: Any, grad: Tensor):
         grad_table = _sparse_t_mm(crow, col, values, grad, table.shape[0])
     if ctx.has_bias and need[4]:
         grad_bias = grad.sum(0)
-    return None, None, grad_values, grad_table, grad_bias
+    return None, None, grad_values, grad_table, grad_bias, None
 
 
 def _setup_sampled(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
-    h, table, bias, crow, col = inputs
+    h, table, bias, crow, col, _ = inputs
     ctx.save_for_backward(h, table, crow, col)
     ctx.has_bias = bias is not None
 
@@ -278,7 +286,7 @@ def _backward_sampled(ctx: Any, grad: Tensor):
         grad_table = _sparse_t_mm(crow, col, grad, h, table.shape[0])
     if ctx.has_bias and need[2]:
         grad_bias = grad.new_zeros(table.shape[0]).index_add(0, col, grad)
-    return grad_h, grad_table, grad_bias, None, None
+    return grad_h, grad_table, grad_bias, None, None, None
 
 
 def _setup_sparse_t_mm(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
@@ -384,12 +392,23 @@ def _check_pattern(parts: SparseParts, name: str) -> None:
     """Every CSR invariant of parts built by hand (the kernels index with them
     unchecked: out-of-range pointers read and write out of bounds), once: parts
     from :func:`sparse_parts`, ``with_values`` and ``to`` are marked checked."""
-    if parts.col.device.type == "meta":
+    _check_pattern_of(parts.crow, parts.col, parts.values, parts.size, name)
+
+
+def _check_pattern_of(crow: Tensor, col: Tensor, values: Tensor, size: Tuple[int, int],
+                      name: str) -> None:
+    """:func:`_check_pattern` of the parts' tensors.  The forward operators call it too
+    (``check=True``), with real tensors even in a compiled graph, whose tracing skips
+    the layers' checks: there the user's own ``col`` reaches the operator, so parts
+    that :func:`sparse_parts` marked cost an attribute read (no host sync), and parts
+    built by hand are checked at their first compiled call, as at their first eager
+    one.  The backward's calls do not check: the forward checked the same pattern."""
+    if col.device.type == "meta":
         return  # no data to read (and no kernel to run)
+    parts = SparseParts(crow, col, values, (int(size[0]), int(size[1])))
     if _is_checked(parts):
         return
-    rows, width = parts.size
-    _check_csr(parts.crow, parts.col, parts.values, rows, width, name)
+    _check_csr(crow, col, values, parts.size[0], parts.size[1], name)
     _mark_checked(parts)
 
 
@@ -453,7 +472,8 @@ def linear_parts(parts: SparseParts, table: Tensor, bias: Optional[Tensor],
                                                              accumulate=True)
         return torch.nn.functional.linear(dense, table.t(), bias)
     _refuse_in_transform(parts.values, table, bias)
-    return _sparse_mm(parts.crow, parts.col, parts.values, table, bias)
+    # check: the pattern's check, skipped above while compiling, runs in the operator
+    return _sparse_mm(parts.crow, parts.col, parts.values, table, bias, True)
 
 
 def sampled_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor], pattern: SparseParts,
@@ -466,5 +486,5 @@ def sampled_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor], pattern: Sp
     _check_parts(pattern, weight.shape[0], "pattern")
     _check_input(h, weight, pattern)
     _refuse_in_transform(h, weight, bias)
-    values = _sampled(h, weight, bias, pattern.crow, pattern.col)
+    values = _sampled(h, weight, bias, pattern.crow, pattern.col, True)  # check: as linear_parts'
     return pattern.with_values(values)

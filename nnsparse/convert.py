@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._forms import (SparseBatch, SparseLike, _a, _as_pairs, _sparse_coo, _sparse_csr, as_int,
+from ._forms import (SparseBatch, SparseLike, _a, _as_pairs, _sparse_coo, _sparse_csr, as_count,
+                     as_int,
                      as_sparse_batch, check_kernel_dtype, holds_exactly, refuse_meta,
                      resolve_size, trust)
 
@@ -116,12 +117,14 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
     if x.dim() not in (1, 2):
         raise ValueError(f"x must be 1-D (a vector) or 2-D (rows, n), got {x.dim()} dimensions")
     refuse_meta(x, "x")
-    _check_offset(offset)
-    offset = int(offset)
+    if isinstance(offset, numbers.Integral) and not isinstance(offset, bool) and offset > 0:
+        # the result's size bounds offset, tighter than as_count's int64: said first
+        size = (*x.shape[:-1], x.shape[-1] + int(offset))
+        if math.prod(size) >= 2 ** 63:
+            raise ValueError(f"offset must keep the result's size {size} within int64 elements, "
+                             f"got {offset}")
+    offset = as_count("offset", offset, 0, must="non-negative")
     size = (*x.shape[:-1], x.shape[-1] + offset)
-    if math.prod(size) >= 2 ** 63:
-        raise ValueError(f"offset must keep the result's size {size} within int64 elements, "
-                         f"got {offset}")
     elem = _check_elem(elem)
     # an elem x's dtype cannot hold equals no entry: every entry would be kept, silently
     _check_elem_fits(elem, x.dtype)
@@ -138,14 +141,6 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
         crow = _index.crow_from_counts(mask.sum(1))
         return trust(_sparse_csr(crow, index[1], values, size))
     return trust(_sparse_coo(index, values, size, coalesced=True))
-
-
-def _check_offset(offset: Any) -> None:
-    """``sparsify``'s and ``Sparsify``'s ``offset``: a non-negative int (numpy ints pass)."""
-    if not isinstance(offset, numbers.Integral) or isinstance(offset, bool):
-        raise TypeError(f"offset must be a non-negative int, got {offset!r}")
-    if offset < 0:
-        raise ValueError(f"offset must be a non-negative int, got {offset!r}")
 
 
 def _batch_size(size: Optional[Size], batch: SparseBatch) -> Tuple[int, int]:

@@ -30,7 +30,6 @@ each sparse gradient (dense buckets are all-reduced as usual).
 """
 import datetime
 import inspect
-import numbers
 import os
 from typing import Any, Dict, Iterable, Optional, cast
 
@@ -40,6 +39,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from ._forms import as_count
 from ._optim_split import sparse_grad_parameters
 from .data.split import torch_seed
 
@@ -237,18 +237,12 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
         **kwargs: passed to ``DataLoader`` (``num_workers``, ``pin_memory``, ...).
 
     Raises:
-        ValueError: ``batch_size`` is not positive.
+        ValueError: ``batch_size`` is not positive, or is beyond int64.
         TypeError: ``batch_size`` or ``seed`` is not an int, or ``kwargs`` sets ``sampler`` or
             ``batch_sampler`` (the loader's own).
     """
-    # numpy ints pass, as for the models' counts (as_count)
-    if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool):
-        raise TypeError(f"batch_size must be a positive int, got {batch_size!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if batch_size > 2 ** 63 - 1:  # the sampler's islice takes no count beyond int64
-        raise ValueError(f"batch_size must be a positive int below 2**63, got {batch_size!r}")
-    batch_size = int(batch_size)
+    # numpy ints pass; none beyond int64 (the sampler's islice takes none)
+    batch_size = as_count("batch_size", batch_size, 1, must="positive")
     for flag, value in (("shuffle", shuffle), ("drop_last", drop_last)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")

@@ -432,6 +432,7 @@ def test_errors():
     for k in ("2", 2.0, True):  # another kind than an int
         with pytest.raises(TypeError, match=f"k must be a non-negative int, got {k!r}"):
             run.topk(data, k)
+    assert run.topk(data, __import__("numpy").int16(2)).indices.shape == (ROWS, 2)  # numpy ints pass
     with pytest.raises(ValueError, match=r"exclude must have the data's 23 rows, got 3 rows"):
         run.topk(data, 2, exclude=torch.eye(3, OUT).to_sparse())
     with pytest.raises(ValueError, match=r"exclude has width 9, larger than the size asked for, 4"):

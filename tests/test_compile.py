@@ -249,3 +249,53 @@ def test_pattern_sequential_passes_the_pattern_to_a_compiled_module(how):
         torch.testing.assert_close(grads[name], p.grad, msg=name)
     # without a pattern, the dense output as before
     torch.testing.assert_close(run(x.to_dense()), model(x.to_dense()))
+
+
+# -- parts built by hand, given straight to the compiled model -----------------------------
+def _hand_parts(crow, col, width=WIDTH):
+    return nnsparse.SparseParts(torch.tensor(crow), torch.tensor(col),
+                                torch.ones(len(col)), (len(crow) - 1, width))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: _hand_parts([0, 1, 2], [3, WIDTH + 5]),
+     rf"input column indices must be in \[0, {WIDTH}\), got max {WIDTH + 5}"),
+    (lambda: _hand_parts([0, 1, 2], [3, -1]), r"input column indices must be non-negative"),
+    (lambda: _hand_parts([0, 1, 9], [3, 4]), r"input crow_indices must end at nnz = 2"),
+    (lambda: _hand_parts([0, 2, 2], [4, 3]), r"input column indices must increase"),
+])
+def test_hand_built_parts_are_checked_in_the_compiled_model(model, make, message):
+    """The tracing skips the layers' checks (fake tensors); the forward operators check
+    the real tensors instead, so invalid parts are refused as in eager, not read out of
+    bounds.  (Reached the kernels unchecked before: a crash or a wrong result.)"""
+    parts = make()
+    with pytest.raises(ValueError, match=message):
+        model(parts, parts)  # eager
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with pytest.raises(ValueError, match=message):
+        compiled(parts, parts)
+
+
+def test_compiled_model_checks_hand_built_parts_once_and_sparse_parts_never(model, monkeypatch):
+    from nnsparse import _ops
+    checks = []
+    real = _ops._check_csr
+    monkeypatch.setattr(_ops, "_check_csr", lambda *a: checks.append(a[-1]) or real(*a))
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = _batch(6, 0.3, 0, "csr")
+    marked = nnsparse.sparse_parts(x)
+    compiled(marked, marked).values.sum().backward()  # traced and run
+    compiled(marked, marked).values.sum().backward()
+    assert checks == []  # checked by sparse_parts: an attribute read a call, no host sync
+    crow, col = x.crow_indices().clone(), x.col_indices().clone()
+    hand = nnsparse.SparseParts(crow, col, x.values().clone(), tuple(x.shape))
+    torch._dynamo.maybe_mark_dynamic(hand.col, 0)
+    torch._dynamo.maybe_mark_dynamic(hand.values, 0)
+    want = model(nnsparse.sparse_parts(x), nnsparse.sparse_parts(x)).values
+    for _ in range(2):
+        got = compiled(hand, hand)
+        got.values.sum().backward()
+        torch.testing.assert_close(got.values, want)
+    assert checks == ["input"]  # once, at the first compiled call; the decoder's pattern is
+    #                             the same parts, marked by then; the backward never checks

@@ -1,6 +1,7 @@
 """nnsparse.convert: sparsify, densify, to_pairs, from_pairs against dense references."""
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -385,3 +386,27 @@ def test_a_numpy_complex_elem_keeps_its_imaginary_part(elem):
     s = sparsify(x, elem=elem).coalesce()
     assert s.indices().tolist() == [[0, 0], [1, 2]]
     assert torch.equal(densify(s, elem=elem), x)
+
+
+@pytest.mark.parametrize("offset", [np.int64(2), np.uint8(2)], ids=["int64", "uint8"])
+def test_sparsify_and_Sparsify_take_a_numpy_int_offset(offset):
+    """The offset check is _forms.as_count's: numpy ints pass and are kept as Python ints."""
+    from nnsparse import Sparsify
+    layer = Sparsify(offset=offset)
+    assert type(layer.offset) is int and layer.offset == 2
+    assert sparsify(torch.ones(3), offset=offset).shape == (5,)
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: __import__("nnsparse").Sparsify(offset=-1), ValueError,
+     "offset must be a non-negative int, got -1"),
+    (lambda: __import__("nnsparse").Sparsify(offset=2.0), TypeError,
+     "offset must be a non-negative int, got 2.0"),
+    (lambda: __import__("nnsparse").Sparsify(offset=2 ** 63), ValueError,
+     r"offset must be a non-negative int below 2\*\*63, got 9223372036854775808"),
+    (lambda: sparsify(torch.ones(2), offset=2 ** 63), ValueError,
+     r"offset must keep the result's size \(9223372036854775810,\) within int64 elements"),
+])
+def test_offset_errors(make, error, message):
+    with pytest.raises(error, match=f"^{message}"):
+        make()

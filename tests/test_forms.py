@@ -241,3 +241,36 @@ def test_as_count_takes_numpy_ints():
     import numpy as np
     from nnsparse._forms import as_count
     assert as_count("k", np.int64(3), 0) == 3 and type(as_count("k", np.int64(3), 0)) is int
+
+
+# as_count(must=...): the bound in words, for the arguments that always said so
+@pytest.mark.parametrize("low, must, value, error, message", [
+    (1, "positive", 0, ValueError, "n must be a positive int, got 0"),
+    (1, "positive", "2", TypeError, "n must be a positive int, got '2'"),
+    (1, "positive", 2.0, TypeError, "n must be a positive int, got 2.0"),
+    (1, "positive", 2 ** 63, ValueError, r"n must be a positive int below 2\*\*63, got 9223372036854775808"),
+    (0, "non-negative", -1, ValueError, "n must be a non-negative int, got -1"),
+    (0, "non-negative", False, TypeError, "n must be a non-negative int, got False"),
+    (0, "non-negative", 2 ** 64, ValueError,
+     r"n must be a non-negative int below 2\*\*63, got 18446744073709551616"),
+])
+def test_as_count_worded_errors(low, must, value, error, message):
+    from nnsparse._forms import as_count
+    with pytest.raises(error, match=f"^{message}$"):
+        as_count("n", value, low, must=must)
+
+
+@pytest.mark.parametrize("low, must", [(0, "positive"), (1, "non-negative"), (2, "positive"),
+                                       (1, "big")])
+def test_as_count_refuses_words_that_misstate_the_bound(low, must):
+    from nnsparse._forms import as_count
+    with pytest.raises(ValueError, match=f"^must={must!r} does not word the bound low={low}$"):
+        as_count("n", 3, low, must=must)
+
+
+def test_as_count_worded_takes_the_bound_and_int64_max():
+    import numpy as np
+    from nnsparse._forms import as_count
+    assert as_count("n", 0, 0, must="non-negative") == 0
+    assert as_count("n", np.uint8(1), 1, must="positive") == 1
+    assert as_count("n", 2 ** 63 - 1, 1, must="positive") == 2 ** 63 - 1

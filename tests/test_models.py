@@ -327,9 +327,16 @@ class EntryTuple(tuple):
         0, k=2.0, by_index=True), TypeError, "k must be a non-negative int, got 2.0"),
     (lambda r: AutoRec(**SMALL).fit(r, verbose=False, progress=False).recommend(
         0, k=-1, by_index=True), ValueError, "k must be a non-negative int, got -1"),
+    (lambda r: AutoRec(**SMALL).fit(r, verbose=False, progress=False).recommend(
+        0, min_support=1.0, by_index=True), TypeError, "min_support must be a non-negative int, got 1.0"),
+    (lambda r: AutoRec(**SMALL).fit(r, verbose=False, progress=False).recommend(
+        0, k=2 ** 63, by_index=True), ValueError,
+     "k must be a non-negative int below 2**63, got 9223372036854775808"),
+    (lambda r: kfold(r, k=2 ** 64), ValueError, "k must be an int in [2, 2**63), got 18446744073709551616"),
 ], ids=["kfold-k-str", "kfold-k-float", "kfold-k-1", "folds-not-a-pair", "folds-triple",
         "folds-single",
-        "recommend-k-float", "recommend-k-negative"])
+        "recommend-k-float", "recommend-k-negative", "recommend-min_support-float",
+        "recommend-k-beyond-int64", "kfold-k-beyond-int64"])
 def test_count_and_pair_arguments(call, error, message):
     # another kind is a TypeError; the right kind with a wrong value or length a ValueError
     with pytest.raises(error, match="^" + re.escape(message) + "$"):

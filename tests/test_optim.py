@@ -410,3 +410,217 @@ def test_lazy_adam_loads_any_whole_step_count(step):
     p.grad, q.grad = torch.full((3, 2), 0.5), torch.full((3, 2), 0.5)
     opt.step(), other.step()
     torch.testing.assert_close(q, p)
+
+
+# A hand-set sparse gradient (torch.sparse_coo_tensor checks no index by default) is checked
+# at step(), before anything changes: out-of-range or negative indices, a sparse_dim it
+# cannot apply, a size, dtype or device its parameter has not (the parameter changed since).
+def _hand_grad(index, values, size=(4, 3)):
+    return lambda p: torch.sparse_coo_tensor(torch.tensor(index), torch.tensor(values), size)
+
+
+def _refit(data):
+    def set_grad(p):
+        p.grad = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.ones(1, 3), (4, 3))
+        p.data = data
+    return set_grad
+
+
+_WHERE = r"the sparse gradient of param_groups\[0\]\['params'\]\[1\] must have indices in "
+
+
+@pytest.mark.parametrize("set_grad, error, message", [
+    (_hand_grad([[4]], [[1.0, 2.0, 3.0]]), ValueError,
+     _WHERE + r"\[0, 4\) in dimension 0 \(its shape \(4, 3\)\), got max 4$"),
+    (_hand_grad([[2, -1]], [[1.0] * 3, [2.0] * 3]), ValueError,
+     _WHERE + r"\[0, 4\) in dimension 0 \(its shape \(4, 3\)\), got min -1$"),
+    (_hand_grad([[1], [3]], [1.0]), ValueError,  # (1, 3) would update the entry (2, 0)
+     _WHERE + r"\[0, 3\) in dimension 1 \(its shape \(4, 3\)\), got max 3$"),
+    (_hand_grad([[1, 0], [-1, 0]], [1.0, 2.0]), ValueError,
+     _WHERE + r"\[0, 3\) in dimension 1 \(its shape \(4, 3\)\), got min -1$"),
+    (_hand_grad([[0, 1, 2, 3], [5, 5, 5, 5]], [1.0] * 4), ValueError,  # whole columns
+     _WHERE + r"\[0, 3\) in dimension 1 \(its shape \(4, 3\)\), got max 5$"),
+    (_hand_grad([[7, 1]], [[1.0] * 3, [2.0] * 3]), ValueError,  # uncoalesced
+     _WHERE + r"\[0, 4\) in dimension 0 \(its shape \(4, 3\)\), got max 7$"),
+    (lambda p: torch.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.long), torch.ones(1, 4, 3),
+                                       (4, 3)), NotImplementedError,
+     r"got sparse_dim 0 for a 2-D parameter$"),
+    (_refit(torch.zeros(5, 3)), ValueError,
+     r"the gradient of a parameter of shape \(5, 3\) must have its shape, got \(4, 3\)$"),
+    (_refit(torch.zeros(4, 3, dtype=torch.float64)), ValueError,
+     r"the gradient must have its parameter's dtype and device \(torch.float64, cpu\), "
+     r"got \(torch.float32, cpu\)$"),
+], ids=["row-beyond", "row-negative", "entry-beyond", "entry-negative", "columns-beyond",
+        "uncoalesced-beyond", "sparse_dim-0", "size", "dtype"])
+def test_hand_set_sparse_gradient_is_refused_before_any_change(set_grad, error, message):
+    gen = torch.Generator().manual_seed(5)
+    good = torch.randn(4, 3, generator=gen).requires_grad_()
+    bad = torch.randn(4, 3, generator=gen).requires_grad_()
+    opt = noptim.LazyAdam([good, bad], lr=0.1)
+    good.grad = _row_grad([0, 2], (4, 3), gen, torch.float32)
+    opt.step()  # one good step first: state to keep
+    state = copy.deepcopy(opt.state[good])
+    before = good.detach().clone()
+    good.grad = _row_grad([1, 3], (4, 3), gen, torch.float32)
+    out = set_grad(bad)
+    if out is not None:
+        bad.grad = out
+    bad_before = bad.detach().clone()
+    with pytest.raises(error, match=message):
+        opt.step()
+    assert torch.equal(good, before) and torch.equal(bad, bad_before)
+    assert opt.state[good]["step"] == state["step"] and bad not in opt.state
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(opt.state[good][key], state[key])
+
+
+def test_gradients_of_nnsparse_layers_pass_the_index_check():
+    """The layers' own sparse gradients (rows of a table, a sparse bias) step as before."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(nnsparse.SparseLinearBatch(7, 3, sparse_grad=True))
+    x = torch.tensor([[0.0, 1.0, 0, 0, 0, 0, 2.0], [0, 0, 0, 3.0, 0, 0, 0]]).to_sparse()
+    opt = noptim.LazyAdam(model.parameters(), lr=0.1)
+    table = model[0].weight_t  # (in, out): the rows the batch touched get a gradient
+    before = table.detach().clone()
+    model(x).sum().backward()
+    assert table.grad.layout == model[0].bias.grad.layout == torch.sparse_coo
+    opt.step()
+    changed = (table.detach() != before).any(1).nonzero().flatten().tolist()
+    assert changed == [1, 3, 6]
+
+
+# -- clip_grad_norm_: torch's, with sparse COO gradients (torch 2.13 raises on them) -------
+def test_torch_clip_grad_norm_raises_on_sparse_gradients():
+    """Why nnsparse.optim.clip_grad_norm_ exists: if torch takes them one day, this fails."""
+    p = torch.zeros(4, 3, requires_grad=True)
+    p.grad = torch.ones(4, 3).to_sparse(1)
+    with pytest.raises(NotImplementedError, match="linalg_vector_norm"):
+        torch.nn.utils.clip_grad_norm_([p], 1.0)
+
+
+class _ClipAE(torch.nn.Module):
+    def __init__(self, sparse_grad, dtype):
+        super().__init__()
+        self.encoder = nnsparse.SparseLinearBatch(7, 4, sparse_grad=sparse_grad, dtype=dtype)
+        self.decoder = nnsparse.SparseOutputLinear(4, 7, sparse_grad=sparse_grad, dtype=dtype)
+
+    def forward(self, x):
+        return nnsparse.densify(self.decoder(torch.tanh(self.encoder(x)), x))
+
+
+def _uncoalesced(g):
+    """The same gradient with every entry split in two (duplicate indices, unsorted)."""
+    g = g.coalesce()
+    index, values = g.indices(), g.values()
+    return torch.sparse_coo_tensor(torch.cat([index.flip(1), index], 1),
+                                   torch.cat([0.25 * values.flip(0), 0.75 * values]), g.shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+@pytest.mark.parametrize("share", [0.5, 2.0], ids=["clipped", "under"])
+def test_clip_grad_norm_matches_the_dense_model(dtype, norm_type, share):
+    """sparse_grad=True layers (gradients made uncoalesced) against the same model with
+    sparse_grad=False and torch.nn.utils.clip_grad_norm_."""
+    torch.manual_seed(0)
+    ours, ref = _ClipAE(True, dtype), _ClipAE(False, dtype)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.tensor([[0.0, 1.0, 0, 0, 0, 0, 2.0], [0, 0, 0, 3.0, 0, 0, 0]], dtype=dtype)
+    for model in (ours, ref):
+        model(x.to_sparse_csr()).pow(2).sum().backward()
+    sparse = [p for p in ours.parameters() if p.grad.layout == torch.sparse_coo]
+    assert len(sparse) == 4  # both weights and both biases
+    for p in sparse:
+        p.grad = _uncoalesced(p.grad)
+        assert p.grad._nnz() == 2 * p.grad.coalesce()._nnz()
+    indices = [p.grad._indices().clone() for p in sparse]
+    dense_norm = torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(p.grad, norm_type) for p in ref.parameters()]),
+        norm_type)
+    max_norm = share * float(dense_norm)
+    expected = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm, norm_type)
+    total = noptim.clip_grad_norm_(ours.parameters(), max_norm, norm_type)
+    assert total.dtype == expected.dtype == dtype
+    torch.testing.assert_close(total, expected)
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        # the sparse encoder's parameter is its (in, out) table, the dense one's (out, in)
+        expected_grad = q.grad.t() if name == "encoder.weight_t" else q.grad
+        torch.testing.assert_close(p.grad.to_dense(), expected_grad, msg=name)
+    # scaled in place, not coalesced nor densified: the gradients keep their indices
+    assert all(torch.equal(p.grad._indices(), i) for p, i in zip(sparse, indices))
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 0.5, 0.0, -1.0, float("inf"), float("-inf")])
+def test_clip_grad_norm_of_hand_made_sparse_gradients(norm_type):
+    """Row, entry and 1-D gradients, uncoalesced, with a dense one beside: torch's result on
+    their dense equivalents, for every norm type (0 and negative ones count the zeros the
+    sparse gradients leave out)."""
+    gen = torch.Generator().manual_seed(3)
+    grads = [
+        torch.sparse_coo_tensor(torch.tensor([[3, 0, 3]]), torch.randn(3, 2, generator=gen), (5, 2)),
+        torch.sparse_coo_tensor(torch.tensor([[1, 1, 0], [2, 2, 0]]), torch.randn(3, generator=gen),
+                                (2, 3)),
+        torch.sparse_coo_tensor(torch.tensor([[0, 1, 2, 3]]), torch.randn(4, generator=gen), (4,)),
+        torch.randn(3, 2, generator=gen),
+    ]
+    ours = [torch.zeros(g.shape, requires_grad=True) for g in grads]
+    ref = [torch.zeros(g.shape, requires_grad=True) for g in grads]
+    for p, q, g in zip(ours, ref, grads):
+        p.grad, q.grad = g.clone(), g.to_dense()
+    expected = torch.nn.utils.clip_grad_norm_(ref, 0.5, norm_type)
+    total = noptim.clip_grad_norm_(ours, 0.5, norm_type)
+    torch.testing.assert_close(total, expected)
+    for p, q in zip(ours, ref):
+        torch.testing.assert_close(p.grad.to_dense(), q.grad)
+
+
+def test_clip_grad_norm_odds_and_ends():
+    assert torch.equal(noptim.clip_grad_norm_([torch.zeros(2, requires_grad=True)], 1.0),
+                       torch.tensor(0.0))  # no gradient: torch's 0
+    p = torch.zeros(4, requires_grad=True)
+    p.grad = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long), torch.zeros(0), (4,))
+    assert noptim.clip_grad_norm_(p, 1.0) == 0  # one tensor; an empty sparse gradient
+    p.grad = torch.tensor([3.0, 0, 0, 4.0]).to_sparse()
+    assert noptim.clip_grad_norm_((q for q in [p]), 1.0, foreach=False) == 5  # a generator
+    torch.testing.assert_close(p.grad.to_dense(), torch.tensor([0.6, 0, 0, 0.8]))
+
+
+def _csr_grad():
+    p = torch.eye(2).to_sparse_csr().requires_grad_()
+    p.grad = torch.eye(2).to_sparse_csr()
+    return p
+
+
+def _grad_of(g):
+    p = torch.zeros(g.shape, requires_grad=True)
+    p.grad = g
+    return [p]
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda ps: noptim.clip_grad_norm_(ps, "1"), TypeError, r"max_norm must be a number, got str '1'"),
+    (lambda ps: noptim.clip_grad_norm_(ps, 1.0, norm_type="inf"), TypeError,
+     r"norm_type must be a number, got str 'inf'"),
+    (lambda ps: noptim.clip_grad_norm_(ps, True), TypeError, r"max_norm must be a number, got bool"),
+    (lambda ps: noptim.clip_grad_norm_(ps, 1.0, error_if_nonfinite=1), TypeError,
+     r"error_if_nonfinite must be a bool, got int"),
+    (lambda ps: noptim.clip_grad_norm_(ps, 1.0, foreach="yes"), TypeError,
+     r"foreach must be a bool or None, got str"),
+    (lambda ps: noptim.clip_grad_norm_(3, 1.0), TypeError,
+     r"parameters must be a tensor or an iterable of tensors, got int"),
+    (lambda ps: noptim.clip_grad_norm_(ps + [None], 1.0), TypeError,
+     r"parameters must hold tensors, got NoneType at 2"),
+    (lambda ps: noptim.clip_grad_norm_(ps + [_csr_grad()], 1.0),
+     NotImplementedError, r"clip_grad_norm_ takes strided and sparse COO gradients, got layout "
+                          r"torch.sparse_csr"),
+    (lambda ps: noptim.clip_grad_norm_(ps + _grad_of(torch.tensor([float("inf")]).to_sparse()),
+                                       1.0, error_if_nonfinite=True), RuntimeError,
+     r"The total norm of order 2.0 for gradients from `parameters` is non-finite"),
+], ids=["max_norm-str", "norm_type-str", "max_norm-bool", "error_if_nonfinite-int", "foreach-str",
+        "parameters-int", "parameters-None", "csr-gradient", "nonfinite"])
+def test_clip_grad_norm_errors_change_nothing(call, error, message):
+    ps = _grad_of(torch.tensor([3.0, 4.0])) + _grad_of(torch.tensor([0.0, 12.0]).to_sparse())
+    with pytest.raises(error, match=message):
+        call(ps)
+    assert torch.equal(ps[0].grad, torch.tensor([3.0, 4.0]))
+    assert torch.equal(ps[1].grad.to_dense(), torch.tensor([0.0, 12.0]))

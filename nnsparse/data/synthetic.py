@@ -18,6 +18,7 @@ import numbers
 import numpy as np
 import torch
 
+from .._forms import as_count
 from .readers import Ratings
 
 __all__ = ["synthetic_ratings", "synthetic_item_features"]
@@ -35,13 +36,6 @@ _SELECTION = 3.5
 #: users choose items by the same traits they rate them by, but not by the
 #: same liking (what one watches is not only what one likes).
 _ALIGNMENT = 0.4
-
-
-def _check_positive(value: int, name: str) -> None:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a positive int, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 def _user_counts(rng: np.random.Generator, n_users: int, n_items: int, n_ratings: int,
@@ -119,7 +113,7 @@ def synthetic_item_features(seed: int = 0, n_items: int = 1682) -> torch.Tensor:
         (torch.Size([5, 19]), True)
     """
     _check_seed(seed)
-    _check_positive(n_items, "n_items")
+    as_count("n_items", n_items, 1, must="positive")
     return torch.from_numpy(_genres(seed, n_items))
 
 
@@ -246,7 +240,7 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
     _check_seed(seed)
     for value, name in ((n_users, "n_users"), (n_items, "n_items"), (n_ratings, "n_ratings"),
                         (rank, "rank")):
-        _check_positive(value, name)
+        as_count(name, value, 1, must="positive")
     if n_ratings > n_users * n_items:
         raise ValueError(f"n_ratings must be at most n_users * n_items = {n_users * n_items}, "
                          f"got {n_ratings}")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import numbers
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -396,11 +395,7 @@ class Batchifier:
             ValueError: ``candidates`` not of shape ``(output_size,)``; the
                 network's output as for :meth:`forward`.
         """
-        if not isinstance(k, numbers.Integral) or isinstance(k, bool):
-            raise TypeError(f"k must be a non-negative int, got {k!r}")
-        if k < 0:
-            raise ValueError(f"k must be a non-negative int, got {k!r}")
-        k = int(k)
+        k = as_count("k", k, 0, must="non-negative")
         if candidates is not None:
             if not isinstance(candidates, Tensor) or candidates.dtype != torch.bool:
                 raise TypeError(f"candidates must be a bool tensor, got "

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._forms import SparseLike, as_sparse_batch
-from ..convert import _check_elem, _check_offset, _densify, sparsify
+from .._forms import SparseLike, as_count, as_sparse_batch
+from ..convert import _check_elem, _densify, sparsify
 
 __all__ = ["Densify", "Sparsify"]
 
@@ -112,11 +112,11 @@ class Sparsify(nn.Module):
                  layout: torch.layout = torch.sparse_coo) -> None:
         super().__init__()
         # Checked here so that a bad layer fails when built, not at its first batch.
-        _check_offset(offset)
+        offset = as_count("offset", offset, 0, must="non-negative")  # numpy ints pass
         if layout not in (torch.sparse_coo, torch.sparse_csr):
             raise TypeError(f"layout must be torch.sparse_coo or torch.sparse_csr, got {layout}")
         self.elem: float = _check_elem(elem)
-        self.offset: int = int(offset)  # a numpy int is stored as an int
+        self.offset: int = offset
         self.layout: torch.layout = layout
 
     def forward(self, input: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .._forms import _check_csr, _version, as_device, as_sparse_batch, is_sparse_form
+from .._forms import _check_csr, _version, as_count, as_device, as_sparse_batch, is_sparse_form
 from .._load import check_state_dict, entry_errors
 from .. import _index
 from ..matmul import _PatternMM, _transposed
@@ -357,11 +357,8 @@ class SparseWeightLinear(nn.Module):
             >>> layer.nnz, layer.crow.diff().unique().tolist()
             (100, [5])
         """
-        for name, v in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-            if v <= 0:
-                raise ValueError(f"{name} must be positive, got {v}")
+        in_features = as_count("in_features", in_features, 1, must="positive")
+        out_features = as_count("out_features", out_features, 1, must="positive")
         density = _check_density(density)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")

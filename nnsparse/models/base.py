@@ -659,19 +659,12 @@ class RatingModel(nn.Module):
                 index outside ``[0, n_users)`` with ``by_index``.
         """
         self._check_built()
-        if not isinstance(k, numbers.Integral) or isinstance(k, bool):
-            raise TypeError(f"k must be a non-negative int, got {k!r}")
-        if k < 0:
-            raise ValueError(f"k must be a non-negative int, got {k!r}")
-        k = int(k)
-        if not isinstance(min_support, numbers.Integral) or isinstance(min_support, bool):
-            raise TypeError(f"min_support must be an int, got {type(min_support).__name__}")
+        k = as_count("k", k, 0, must="non-negative")
+        min_support = as_count("min_support", min_support, 0, must="non-negative")
         _check_number("shrinkage", shrinkage)
         for flag, value in (("exclude_rated", exclude_rated), ("by_index", by_index)):
             if not isinstance(value, bool):
                 raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
-        if min_support < 0:
-            raise ValueError(f"min_support must be non-negative, got {min_support}")
         if not shrinkage >= 0:
             raise ValueError(f"shrinkage must be non-negative, got {shrinkage}")
         if shrinkage == math.inf:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import re
 from dataclasses import dataclass, field
@@ -11,7 +10,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import torch
 
-from .._forms import _a
+from .._forms import _a, as_count
 from ..data import Ratings, mean_prediction, read_split, rmse
 from ..data.readers import FORMATS, check_ratings, check_unique_pairs
 from ..data.split import torch_seed
@@ -42,11 +41,7 @@ def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[Fold]:
         [(8, 2), (8, 2), (8, 2), (8, 2), (8, 2)]
     """
     check_ratings(ratings, "ratings")
-    if not isinstance(k, numbers.Integral) or isinstance(k, bool):
-        raise TypeError(f"k must be an int >= 2, got {k!r}")
-    if k < 2:
-        raise ValueError(f"k must be an int >= 2, got {k!r}")
-    k, seed = int(k), torch_seed(seed)
+    k, seed = as_count("k", k, 2), torch_seed(seed)
     if len(ratings) < k:
         raise ValueError(f"k-fold needs at least k={k} ratings, got {len(ratings)}")
     check_unique_pairs("ratings", ratings)

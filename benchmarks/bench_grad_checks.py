@@ -1,0 +1,105 @@
+"""What LazyAdam's check of the sparse gradients' indices costs in a training step.
+
+The model of ``examples/movielens_autoencoder.py`` with ``sparse_grad=True``
+(``SparseLinearBatch`` encoder, ``SparseOutputLinear`` decoder sampled at the
+batch's pattern, ``values_map(tanh)``, ``SDAESparseCriterion`` with
+``prepare_input``) and :class:`nnsparse.optim.LazyAdam`
+(``dense_above=DENSE_ABOVE``), on item rows shaped like MovieLens-1M
+(``--width`` users, about ``--per-row`` ratings per item row), batches from
+``SparseRowDataset.collate``.  The step (forward, backward, ``step()``) is
+timed, median of ``--repeat``; the check (``optim._check_grad_indices``: one
+``aminmax`` per sparse gradient, one read back) is timed alone on the step's
+own gradients, median of 50, and given as a share of the step.  Target: < 2 %.
+
+Run:  python benchmarks/bench_grad_checks.py [--repeat 30] [--threads 1 2]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import torch
+from torch import nn
+
+import nnsparse
+from nnsparse import optim as noptim
+from nnsparse.data import SparseRowDataset
+
+
+class Autoencoder(nn.Module):
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.encoder = nnsparse.SparseLinearBatch(width, hidden, sparse_grad=True)
+        self.decoder = nnsparse.SparseOutputLinear(hidden, width, sparse_grad=True)
+
+    def forward(self, x, pattern=None):
+        return nnsparse.values_map(torch.tanh, self.decoder(torch.tanh(self.encoder(x)), pattern))
+
+
+def _matrix(rows: int, width: int, per_row: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.rand(rows, width, generator=g) < per_row / width
+    values = torch.randn(rows, width, generator=g).clamp(-1, 1) * keep
+    return values.to_sparse_csr()
+
+
+def _sparse_grads(optimiser: torch.optim.Optimizer):
+    return [(f"param_groups[{i}]['params'][{j}]", p.grad)
+            for i, group in enumerate(optimiser.param_groups)
+            for j, p in enumerate(group["params"])
+            if p.grad is not None and p.grad.layout == torch.sparse_coo]
+
+
+def run(threads: int, args: argparse.Namespace) -> None:
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    ds = SparseRowDataset(_matrix(args.rows, args.width, args.per_row))
+    model = Autoencoder(args.width, args.hidden)
+    criterion = nnsparse.SDAESparseCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.25,
+                                             generator=torch.Generator().manual_seed(0))
+    optimiser = noptim.LazyAdam(model.parameters(), lr=1e-4, dense_above=noptim.DENSE_ABOVE)
+    n_batches = args.rows // args.batch
+    steps, checks = [], []
+    for i in range(args.warmup + args.repeat):
+        k = i % n_batches
+        batch = ds.collate([ds[r] for r in range(k * args.batch, (k + 1) * args.batch)]).input
+        start = time.perf_counter()
+        loss = criterion(model(criterion.prepare_input(batch), batch), batch)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        grads = _sparse_grads(optimiser)  # before step(): the same gradients it checks
+        optimiser.step()
+        if i >= args.warmup:
+            steps.append(time.perf_counter() - start)
+            for _ in range(5):
+                start = time.perf_counter()
+                noptim._check_grad_indices(grads)
+                checks.append(time.perf_counter() - start)
+    step, check = statistics.median(steps) * 1e3, statistics.median(checks) * 1e3
+    print(f"threads={threads}  step {step:8.2f} ms  check {check:.3f} ms "
+          f"= {100 * check / step:.2f} % of the step (target < 2 %); "
+          f"{len(grads)} sparse gradients, {sum(g._nnz() for _, g in grads)} indices")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=1024, help="item rows in the data")
+    p.add_argument("--width", type=int, default=6040, help="users (columns)")
+    p.add_argument("--per-row", type=int, default=270, help="ratings per item row, on average")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--hidden", type=int, default=500)
+    p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    args = p.parse_args()
+    warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+    print(f"LazyAdam step, batch {args.batch} x {args.width}, ~{args.per_row} entries/row, "
+          f"hidden {args.hidden}, median of {args.repeat}")
+    for threads in args.threads:
+        run(threads, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Gradient clipping by the total norm for models whose gradients may be sparse.
+
+``torch.nn.utils.clip_grad_norm_`` fails on a sparse COO gradient (torch
+2.13: ``aten::linalg_vector_norm`` has no SparseCPU/SparseCUDA kernel), which
+``sparse_grad=True`` layers and ``nn.Embedding(sparse=True)`` give.  This is
+its drop-in: dense gradients take torch's own functions, sparse ones the norm
+of their coalesced values, scaled in place without densifying.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Iterable, List, Optional, Union, cast
+
+import torch
+from torch import Tensor
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float,
+                    norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach: Optional[bool] = None) -> Tensor:
+    r"""``torch.nn.utils.clip_grad_norm_`` that also takes sparse COO gradients.
+
+    The total norm is that of all gradients together, as if concatenated into
+    one vector (torch's: the ``norm_type`` norm of the gradients' norms); when
+    it exceeds ``max_norm`` every gradient is multiplied in place by
+    ``max_norm / (total_norm + 1e-6)``.  Dense (strided) gradients go through
+    torch's own ``get_total_norm`` and ``clip_grads_with_norm_``.  The norm of
+    a sparse COO gradient (any ``sparse_dim``, hybrid or not) is the norm of
+    its dense equivalent: of its coalesced values, duplicate indices summed
+    first (an uncoalesced gradient, such as autograd makes by adding two
+    sparse gradients, is coalesced for the norm only, in a copy), an implicit
+    zero counted where the values leave entries out (it matters for
+    ``norm_type`` 0 and negative ones).  It is scaled by multiplying its
+    values in place: neither densified nor coalesced, so ``p.grad`` keeps its
+    indices.
+
+    Args:
+        parameters (Tensor or iterable of Tensors): the parameters whose
+            ``.grad`` (strided, or sparse COO) are clipped; those without a
+            gradient are skipped.
+        max_norm (float): the largest total norm allowed.
+        norm_type (float): the p of the p-norm; ``inf`` for the largest
+            absolute entry.  Default: ``2.0``.
+        error_if_nonfinite (bool): raise, before scaling anything, when the
+            total norm is ``nan`` or infinite.  Default: ``False``.
+        foreach (bool, optional): passed to torch's functions for the dense
+            gradients.  Default: ``None``.
+
+    Returns:
+        Tensor: the total norm before clipping, a 0-d tensor on the first
+        gradient's device (``tensor(0.)`` when no parameter has a gradient).
+
+    Raises:
+        TypeError: ``max_norm`` or ``norm_type`` not a number,
+            ``error_if_nonfinite`` not a bool, ``foreach`` neither a bool nor
+            ``None``, or a parameter that is not a tensor.
+        NotImplementedError: a gradient of another layout than strided or
+            sparse COO (nothing is scaled).
+        RuntimeError: with ``error_if_nonfinite``, a non-finite total norm
+            (torch's message; nothing is scaled).
+
+    Example::
+
+        >>> emb = torch.nn.Embedding(10, 2, sparse=True)
+        >>> emb(torch.tensor([1, 1, 4])).sum().backward()  # rows 1, 1 and 4: uncoalesced
+        >>> dense = emb.weight.grad.to_dense()
+        >>> total = nnsparse.optim.clip_grad_norm_(emb.parameters(), max_norm=1.0)
+        >>> total  # of the dense gradient: rows 1 (2, 2) and 4 (1, 1)
+        tensor(3.1623)
+        >>> torch.allclose(emb.weight.grad.to_dense(), dense / 3.1623, atol=1e-4)
+        True
+    """
+    parameters = _parameter_list(parameters)
+    max_norm = _as_float("max_norm", max_norm)
+    norm_type = _as_float("norm_type", norm_type)
+    if not isinstance(error_if_nonfinite, bool):
+        raise TypeError(f"error_if_nonfinite must be a bool, got "
+                        f"{type(error_if_nonfinite).__name__}")
+    if foreach is not None and not isinstance(foreach, bool):
+        raise TypeError(f"foreach must be a bool or None, got {type(foreach).__name__}")
+    with_grad = [p for p in parameters if p.grad is not None]
+    grads: List[Tensor] = [cast(Tensor, p.grad) for p in with_grad]
+    for g in grads:
+        if g.layout not in (torch.strided, torch.sparse_coo):
+            raise NotImplementedError(f"clip_grad_norm_ takes strided and sparse COO "
+                                      f"gradients, got layout {g.layout}")
+    if not grads:
+        return torch.tensor(0.0)
+    dense = [p for p, g in zip(with_grad, grads) if g.layout == torch.strided]
+    dense_grads = [g for g in grads if g.layout == torch.strided]
+    sparse = [g for g in grads if g.layout == torch.sparse_coo]
+    norms = _dense_norms(dense_grads, norm_type, foreach)
+    norms += [_sparse_norm(g, norm_type) for g in sparse]
+    first = grads[0].device  # torch's: the total on the first gradient's device
+    total = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), norm_type)
+    if error_if_nonfinite and bool(total.isnan() | total.isinf()):
+        raise RuntimeError(
+            f"The total norm of order {norm_type} for gradients from `parameters` is "
+            "non-finite, so it cannot be clipped. To disable this error and scale the "
+            "gradients by the non-finite norm anyway, set `error_if_nonfinite=False`")
+    # torch's factor, never above 1 (no host read: a multiply by 1 when under)
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for g in sparse:
+        g._values().mul_(scale.to(g.device))
+    clip_dense = getattr(torch.nn.utils, "clip_grads_with_norm_", None)  # torch >= 2.6
+    if dense and clip_dense is not None:
+        clip_dense(dense, max_norm, total, foreach)
+    else:
+        for g in dense_grads:
+            g.mul_(scale.to(g.device))
+    return total
+
+
+def _parameter_list(parameters: Any) -> List[Tensor]:
+    """The parameters as torch takes them: one tensor or an iterable (a generator read once)."""
+    if isinstance(parameters, Tensor):
+        return [parameters]
+    if isinstance(parameters, (str, bytes)) or not hasattr(parameters, "__iter__"):
+        raise TypeError(f"parameters must be a tensor or an iterable of tensors, got "
+                        f"{type(parameters).__name__}")
+    found = list(parameters)
+    for i, p in enumerate(found):
+        if not isinstance(p, Tensor):
+            raise TypeError(f"parameters must hold tensors, got {type(p).__name__} at {i}")
+    return found
+
+
+def _as_float(name: str, value: Any) -> float:
+    """``float(value)`` as torch takes ``max_norm`` and ``norm_type``: a real number or a
+    one-element real tensor (``'inf'``, a str, is refused: the name says what is wanted)."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, Tensor)) or (
+            isinstance(value, Tensor) and (value.numel() != 1 or value.is_complex()
+                                           or value.dtype == torch.bool)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _dense_norms(grads: List[Tensor], norm_type: float, foreach: Optional[bool]) -> List[Tensor]:
+    """The dense gradients' part of the norms torch combines: their total, by torch's own
+    ``get_total_norm``; each one's norm for ``norm_type`` 0, where a norm of norms counts
+    tensors, not entries, and the total of a group would be counted once."""
+    if not grads:
+        return []
+    total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
+    if norm_type == 0 or total_norm is None:
+        return [torch.linalg.vector_norm(g, norm_type) for g in grads]
+    return [total_norm(grads, norm_type, False, foreach)]
+
+
+def _sparse_norm(grad: Tensor, norm_type: float) -> Tensor:
+    """The ``norm_type`` norm of the dense equivalent of the sparse COO ``grad``."""
+    from .optim import _coalesced  # the optimiser's coalescing: a sort only when needed
+
+    _, values = _coalesced(grad)
+    values = values.reshape(-1)
+    if values.numel() < grad.numel():  # entries left out are zeros of the dense gradient
+        values = torch.cat([values, values.new_zeros(1)])
+    return torch.linalg.vector_norm(values, norm_type)
+
