@@ -48,6 +48,9 @@ def _rows_of(row: Optional[Tensor], crow: Tensor, col: Tensor) -> Tensor:
 class _MM(torch.autograd.Function):
     """``S @ table``; see the module docstring."""
 
+    # jacrev/vmap over a backward that calls it: vmap runs forward on batched tensors
+    generate_vmap_rule = True
+
     # forward and setup_context apart: the form torch.func's transforms require
     @staticmethod
     def forward(values: Tensor, table: Tensor, row: Tensor, col: Tensor, crow: Tensor,
@@ -77,6 +80,9 @@ class _MM(torch.autograd.Function):
 class _Sampled(torch.autograd.Function):
     """``(h @ table.T)[row, col]``; see the module docstring."""
 
+    # jacrev/vmap over a backward that calls it: vmap runs forward on batched tensors
+    generate_vmap_rule = True
+
     @staticmethod
     def forward(h: Tensor, table: Tensor, row: Tensor, col: Tensor, crow: Tensor,
                 pattern: Optional["SparseBatch"]) -> Tensor:
@@ -102,6 +108,9 @@ class _Sampled(torch.autograd.Function):
 
 class _TMM(torch.autograd.Function):
     """``S.T @ dense`` over ``width`` columns; see the module docstring."""
+
+    # jacrev/vmap over a backward that calls it: vmap runs forward on batched tensors
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(values: Tensor, dense: Tensor, row: Tensor, col: Tensor, crow: Tensor,
