@@ -54,16 +54,16 @@ class _MM(torch.autograd.Function):
     # forward and setup_context apart: the form torch.func's transforms require
     @staticmethod
     def forward(values: Tensor, table: Tensor, row: Tensor, col: Tensor, crow: Tensor,
-                pattern: Optional["SparseBatch"]) -> Tensor:
+                pattern: Optional["SparseBatch"], sparse_grad: bool) -> Tensor:
         if col.shape[0] == 0 or table.shape[1] == 0:  # (embedding_bag takes neither)
             return table.new_zeros(crow.shape[0] - 1, table.shape[1])
         return _table_mm(pattern, col, table.contiguous(), crow, values)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
-        values, table, row, col, crow, pattern = inputs
+        values, table, row, col, crow, pattern, sparse_grad = inputs
         ctx.save_for_backward(values, table, row, col, crow)
-        ctx.pattern = pattern
+        ctx.pattern, ctx.sparse_grad = pattern, sparse_grad
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor):
@@ -73,8 +73,8 @@ class _MM(torch.autograd.Function):
         if need[0]:  # (G @ table.T) at the specified entries only
             grad_values = sampled(grad, table, row, col, crow, ctx.pattern)
         if need[1]:
-            grad_table = t_mm(values, grad, row, col, crow, table.shape[0], ctx.pattern)
-        return grad_values, grad_table, None, None, None, None
+            grad_table = _table_grad(values, grad, row, col, crow, table.shape[0], ctx)
+        return grad_values, grad_table, None, None, None, None, None
 
 
 class _Sampled(torch.autograd.Function):
@@ -85,14 +85,14 @@ class _Sampled(torch.autograd.Function):
 
     @staticmethod
     def forward(h: Tensor, table: Tensor, row: Tensor, col: Tensor, crow: Tensor,
-                pattern: Optional["SparseBatch"]) -> Tensor:
+                pattern: Optional["SparseBatch"], sparse_grad: bool) -> Tensor:
         return _sampled_rows(pattern, h.contiguous(), table.contiguous(), crow, col)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
-        h, table, row, col, crow, pattern = inputs
+        h, table, row, col, crow, pattern, sparse_grad = inputs
         ctx.save_for_backward(h, table, row, col, crow)
-        ctx.pattern = pattern
+        ctx.pattern, ctx.sparse_grad = pattern, sparse_grad
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor):
@@ -102,8 +102,8 @@ class _Sampled(torch.autograd.Function):
         if need[0]:  # S @ table, S the incoming gradient at the positions
             grad_h = mm(grad, table, row, col, crow, ctx.pattern)
         if need[1]:  # S.T @ h
-            grad_table = t_mm(grad, h, row, col, crow, table.shape[0], ctx.pattern)
-        return grad_h, grad_table, None, None, None, None
+            grad_table = _table_grad(grad, h, row, col, crow, table.shape[0], ctx)
+        return grad_h, grad_table, None, None, None, None, None
 
 
 class _TMM(torch.autograd.Function):
@@ -138,19 +138,31 @@ class _TMM(torch.autograd.Function):
         return grad_values, grad_dense, None, None, None, None, None
 
 
+def _table_grad(values: Tensor, dense: Tensor, row: Tensor, col: Tensor, crow: Tensor,
+                width: int, ctx: Any) -> Tensor:
+    """``S.T @ dense``, the table's gradient in :class:`_MM` and :class:`_Sampled`:
+    sparse over the touched rows for a ``sparse_grad`` layer's table."""
+    if ctx.sparse_grad:
+        return touched_t_mm(values, dense, ctx.pattern, width)
+    return t_mm(values, dense, row, col, crow, width, ctx.pattern)
+
+
 def mm(values: Tensor, table: Tensor, row: Optional[Tensor], col: Tensor, crow: Tensor,
-       pattern: Optional["SparseBatch"] = None) -> Tensor:
+       pattern: Optional["SparseBatch"] = None, sparse_grad: bool = False) -> Tensor:
     """``S @ table`` ``(rows, d)``, differentiable to any order in ``values`` and ``table``.
 
-    ``row`` may be None (derived from ``crow``).
+    ``row`` may be None (derived from ``crow``).  ``sparse_grad``: ``table``'s gradient
+    is a hybrid COO tensor over the rows ``S`` touches (``pattern`` needed), as a
+    ``sparse_grad`` layer's weight gets.
     """
-    return _MM.apply(values, table, _rows_of(row, crow, col), col, crow, pattern)
+    return _MM.apply(values, table, _rows_of(row, crow, col), col, crow, pattern, sparse_grad)
 
 
 def sampled(h: Tensor, table: Tensor, row: Optional[Tensor], col: Tensor, crow: Tensor,
-            pattern: Optional["SparseBatch"] = None) -> Tensor:
-    """``(h @ table.T)`` at ``S``'s positions ``(nnz,)``, differentiable to any order."""
-    return _Sampled.apply(h, table, _rows_of(row, crow, col), col, crow, pattern)
+            pattern: Optional["SparseBatch"] = None, sparse_grad: bool = False) -> Tensor:
+    """``(h @ table.T)`` at ``S``'s positions ``(nnz,)``, differentiable to any order
+    (``sparse_grad``: as in :func:`mm`)."""
+    return _Sampled.apply(h, table, _rows_of(row, crow, col), col, crow, pattern, sparse_grad)
 
 
 def t_mm(values: Tensor, dense: Tensor, row: Optional[Tensor], col: Tensor, crow: Tensor,

@@ -107,7 +107,8 @@ def _linear_backward_graph(ctx: Any, grad: Tensor):
     need, pattern = ctx.needs_input_grad, ctx.pattern
     grad_values = grad_table = grad_bias = None
     if need[0]:  # (G @ W)[row, col], at the specified entries only
-        grad_values = _double.sampled(grad, table, row, col, crow, pattern)
+        grad_values = _double.sampled(grad, table, row, col, crow, pattern,
+                                      ctx.sparse_grad and ctx.update is None)
     if ctx.has_bias and need[2]:
         grad_bias = grad.sum(0)
         if ctx.sparse_grad and ctx.update is None:  # as the fast path

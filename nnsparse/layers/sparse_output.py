@@ -117,7 +117,7 @@ def _sampled_backward_graph(ctx: Any, grad: Tensor):
     need, pattern, out_features = ctx.needs_input_grad, ctx.pattern, weight.shape[0]
     grad_h = grad_w = grad_b = None
     if need[0]:  # S @ W, S the (rows, out) CSR of the incoming values
-        grad_h = _double.mm(grad, weight, row, col, crow, pattern)
+        grad_h = _double.mm(grad, weight, row, col, crow, pattern, ctx.sparse_grad)
     if need[1] and ctx.sparse_grad:  # the touched rows of W, as nn.Embedding's
         grad_w = _double.touched_t_mm(grad, h, pattern, out_features)
     elif need[1]:  # S.T @ h
