@@ -285,6 +285,34 @@ def test_hessian_of_an_input_gradient_penalty():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("form", ["coo", "csr"])
+def test_torch_func_grad_of_grad_is_the_autograd_hessian_vector_product(form):
+    # reverse over reverse inside torch.func (forward mode, jvp / torch.func.hessian,
+    # needs a jvp rule the autograd Functions do not have)
+    enc, dec = _autoencoder(False)
+    clean = _dense()
+    x = make_form(clean, form)
+    crit = nnsparse.SparseCriterion(nn.MSELoss())
+    model = nn.ModuleDict({"enc": enc, "dec": dec})
+    params = {k: p.detach() for k, p in model.named_parameters()}
+    vs = {k: _leaf(*p.shape, seed=50 + i).detach() for i, (k, p) in enumerate(params.items())}
+
+    def loss(p):
+        def call(name, *args):
+            own = {k.split(".", 1)[1]: t for k, t in p.items() if k.startswith(name + ".")}
+            return torch.func.functional_call(model[name], own, args)
+        return crit(call("dec", torch.tanh(call("enc", x)), x), x)
+
+    def grad_dot_v(p):
+        g = torch.func.grad(loss)(p)
+        return sum((g[k] * vs[k]).sum() for k in p)
+    got = torch.func.grad(grad_dot_v)(params)
+    want = _hvp(lambda: crit(dec(torch.tanh(enc(x)), x), x),
+                [model.get_parameter(k) for k in params], list(vs.values()))
+    for k, w in zip(params, want):
+        torch.testing.assert_close(got[k], w, rtol=1e-10, atol=1e-10)
+
+
 # -- sparse_grad: nn.Embedding(sparse=True)'s double backward --------------------------------
 
 
