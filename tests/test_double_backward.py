@@ -286,6 +286,34 @@ def test_hessian_of_an_input_gradient_penalty():
 
 
 @pytest.mark.parametrize("form", ["coo", "csr"])
+@pytest.mark.parametrize("how", ["hvp", "vhp", "hessian"])
+def test_autograd_functional_against_dense_model(form, how):
+    # torch.autograd.functional.hvp differentiates the double backward once more (the
+    # "double backward trick"): a third derivative through the criterion's reading of
+    # the output's values, which torch's own values() backward would cut
+    clean = _dense()
+    x, mask = make_form(clean, form), clean != 0
+    crit = nnsparse.SparseCriterion(nn.MSELoss())
+    w1, w2 = _leaf(HID, IN, seed=60).detach(), _leaf(IN, HID, seed=61).detach()
+
+    def loss(w1, w2):
+        return crit(nnsparse.values_map(torch.tanh, nnsparse.sampled_linear(
+            torch.tanh(nnsparse.sparse_linear(x, w1, mode="sparse")), w2, None, x)), x)
+
+    def loss_ref(w1, w2):
+        out = torch.tanh(torch.tanh(clean @ w1.t()) @ w2.t())
+        return (out - clean)[mask].square().mean()
+
+    vs = (_leaf(HID, IN, seed=62).detach(), _leaf(IN, HID, seed=63).detach())
+    fn = getattr(torch.autograd.functional, how)
+    args = ((w1, w2),) if how == "hessian" else ((w1, w2), vs)
+    got, want = fn(loss, *args), fn(loss_ref, *args)
+    flat = lambda r: [t for part in r for t in (part if isinstance(part, tuple) else (part,))]  # noqa
+    for a, b in zip(flat(got), flat(want)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("form", ["coo", "csr"])
 def test_torch_func_grad_of_grad_is_the_autograd_hessian_vector_product(form):
     # reverse over reverse inside torch.func (forward mode, jvp / torch.func.hessian,
     # needs a jvp rule the autograd Functions do not have)
