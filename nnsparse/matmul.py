@@ -402,7 +402,8 @@ def sparse_mm(A: Any, B: Any) -> Tensor:
     CSR gradient on its ``crow``/``col``, a tensor built from a values
     tensor passes them on to it.  Unspecified entries get nothing, as in
     ``torch.sparse.mm``'s masked semantics.  The dense operand's gradient
-    is dense.  Each is computed only when it is required.
+    is dense.  Each is computed only when it is required, and is
+    differentiable again (``create_graph=True``; ``docs/ecosystem.md``).
 
     A torch sparse operand is checked at its first use (one host
     synchronisation) and remembers its checked structure: a sparse parameter

@@ -162,7 +162,9 @@ def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = No
 
     The input's values get a gradient, when they require one, at their
     specified entries only: ``(G @ weight)[row, col]``.  When they do not,
-    that product is skipped.
+    that product is skipped.  The gradients are differentiable again
+    (``create_graph=True``: gradient penalties, Hessian-vector products),
+    except with the optimiser in the backward: see ``docs/ecosystem.md``.
 
     Returns:
         A dense tensor ``(rows, out_features)``, or ``(out_features,)`` for a vector.

@@ -189,7 +189,9 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         ``pattern``, built on ``pattern``'s own index tensors, so a criterion
         given ``pattern`` as the target pairs the entries for free.  Gradients
         flow to ``input``, ``weight`` and ``bias`` from its values only, in
-        O(nnz): no ``(rows, out_features)`` tensor, forward or backward.
+        O(nnz): no ``(rows, out_features)`` tensor, forward or backward; they
+        are differentiable again (``create_graph=True``), see
+        ``docs/ecosystem.md``.
 
     Raises:
         TypeError: ``input``, ``weight`` or ``bias`` is not a dense tensor,
