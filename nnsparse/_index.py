@@ -154,10 +154,10 @@ class _Values(torch.autograd.Function):
         saved = ctx.saved_tensors
         if torch.is_grad_enabled() and not ctx.torch_made:
             from .values import _coo_with_values, _csr_with_values  # (values imports us)
-            return (_csr_with_values(*saved, grad, ctx.size) if ctx.csr
+            return (_csr_with_values(saved[0], saved[1], grad, ctx.size) if ctx.csr
                     else _coo_with_values(saved[0], grad, ctx.size))
         if ctx.csr:
-            return csr_tensor(*saved, grad, ctx.size)
+            return csr_tensor(saved[0], saved[1], grad, ctx.size)
         return coo_tensor(saved[0], grad, ctx.size, True)
 
 
