@@ -308,7 +308,8 @@ def test_autograd_functional_against_dense_model(form, how):
     fn = getattr(torch.autograd.functional, how)
     args = ((w1, w2),) if how == "hessian" else ((w1, w2), vs)
     got, want = fn(loss, *args), fn(loss_ref, *args)
-    flat = lambda r: [t for part in r for t in (part if isinstance(part, tuple) else (part,))]  # noqa
+    def flat(r):
+        return [t for part in r for t in (part if isinstance(part, tuple) else (part,))]
     for a, b in zip(flat(got), flat(want)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 

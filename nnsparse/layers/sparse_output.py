@@ -28,8 +28,8 @@ from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_ro
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import (_check_layer_args, _check_not_narrower, _check_parameters,
-                     _check_weight_bias, _double_backward_refused, _refuse_update_in_transform, _refuse_update_on_parts,
-                     _state_without_update)
+                     _check_weight_bias, _double_backward_refused, _refuse_update_in_transform,
+                     _refuse_update_on_parts, _state_without_update)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
