@@ -260,6 +260,35 @@ def test_hessian_vector_product_matches_dense_model(device, form, sparse_grad):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
+def test_hessian_vector_product_with_a_large_table():
+    # a table above _kernels' cache bound is read in blocks (blocked_order,
+    # column_major_all): the double backward's products take the same paths
+    from nnsparse import _kernels
+    rows, width = 8, 70000
+    g = torch.Generator().manual_seed(0)
+    clean = torch.zeros(rows, width, dtype=F64).scatter_(
+        1, torch.randint(0, width, (rows, 40), generator=g),
+        torch.rand(rows, 40, generator=g, dtype=F64) + 0.5)
+    x = clean.to_sparse()
+    torch.manual_seed(0)
+    enc = nnsparse.SparseLinearBatch(width, 64, mode="sparse").double()
+    dec = nnsparse.SparseOutputLinear(64, width).double()
+    assert _kernels._table_blocks(enc.weight.t()) > 1 and _kernels._table_blocks(dec.weight) > 1
+    crit = nnsparse.SparseCriterion(nn.MSELoss())
+    params = [enc.weight, enc.bias, dec.weight, dec.bias]
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    mask = clean != 0
+
+    def loss_ref():
+        out = torch.tanh(clean @ ref[0].t() + ref[1]) @ ref[2].t() + ref[3]
+        return (out - clean)[mask].square().mean()
+
+    vs = [_leaf(*p.shape, seed=70 + i).detach() for i, p in enumerate(params)]
+    got = _hvp(lambda: crit(dec(torch.tanh(enc(x)), x), x), params, vs)
+    for a, b in zip(got, _hvp(loss_ref, ref, vs)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 def test_hessian_of_an_input_gradient_penalty():
     # a gradient penalty on the input's specified values: d/dW of |d loss / d x|^2
     enc, dec = _autoencoder(False)
