@@ -468,7 +468,7 @@ def _values_of(x: Tensor, found: _Attached) -> Tensor:
         return _index.csr_values(x)
     if found.recoalesce:
         return x.coalesce().values()
-    return _index.coo_values(x) if (x.requires_grad and x.is_coalesced()) else x._values()
+    return x.values() if (x.requires_grad and x.is_coalesced()) else x._values()
 
 
 def trust(x: Tensor) -> Tensor:

@@ -98,42 +98,32 @@ def csr_indices(x: Tensor) -> Tuple[Tensor, Tensor]:
 def csr_values(x: Tensor) -> Tensor:
     """``x.values()`` of a CSR tensor, also inside a ``torch.func`` transform.
 
-    Values that require grad are read through :class:`_Values`, whose
+    Values that require grad are read through :class:`_CsrValues`, whose
     backward can be differentiated again (torch's own, 2.13, cannot).
     """
     if x.requires_grad and torch.is_grad_enabled() and not in_transform():
-        return _Values.apply(x)
+        return _CsrValues.apply(x)
     return csr_read(x.values)
 
 
-def coo_values(x: Tensor) -> Tensor:
-    """``x.values()`` of a coalesced COO tensor whose values require grad, through
-    :class:`_Values` (outside ``torch.func`` transforms and ``no_grad``)."""
-    if torch.is_grad_enabled() and not in_transform():
-        return _Values.apply(x)
-    return x.values()
+class _CsrValues(torch.autograd.Function):
+    """``x.values()`` of a CSR ``x``, with a backward that records its graph when asked.
 
-
-# The autograd nodes of torch's sparse constructors (once differentiable, torch 2.13)
-_TORCH_CONSTRUCTORS = ("SparseCompressedTensorBackward", "SparseCooTensorWithDimsAndTensors")
-
-
-class _Values(torch.autograd.Function):
-    """``x.values()`` of a CSR or coalesced COO ``x``, with a backward that records its
-    graph when asked.
-
-    torch's ``values()`` backward builds the sparse gradient with an operator
-    whose own backward records nothing (torch 2.13; for CSR it records nothing
-    itself), so a derivative through it of one more order than the backward
-    is silently zero: the second for CSR, the third (the double backward
-    trick of ``torch.autograd.functional.hvp``) for COO.  The ordinary
-    backward here is torch's (the gradient values on ``x``'s pattern, one
-    constructor); with ``create_graph=True`` it is
-    :func:`nnsparse.values._csr_with_values` / ``_coo_with_values``,
+    torch's ``values()`` of a CSR tensor is once differentiable (torch 2.13:
+    its backward builds the CSR gradient with an operator autograd does not
+    record, so a second derivative through it is silently zero).  The
+    ordinary backward here builds the same gradient (the gradient values on
+    ``x``'s pattern, one constructor: fewer operators than torch's); with
+    ``create_graph=True`` it is :func:`nnsparse.values._csr_with_values`,
     differentiable to any order in O(nnz), for a tensor nnsparse made (a
     layer's output, :func:`nnsparse.values_map`, ``SparseParts.to_sparse_csr``).
     A tensor torch's constructor made from values that require grad keeps
     torch's behaviour (the constructor's own backward is once differentiable).
+
+    COO tensors are read by torch's ``values()``, whose backward is twice
+    differentiable (exact second derivatives; the third, which the double
+    backward trick of ``torch.autograd.functional.hvp`` takes, torch cuts)
+    and adds no Python autograd node to a training step.
     """
 
     @staticmethod
@@ -143,22 +133,17 @@ class _Values(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         x, = inputs
-        ctx.csr = x.layout == torch.sparse_csr
-        ctx.save_for_backward(*((x.crow_indices(), x.col_indices()) if ctx.csr
-                                else (x._indices(),)))
+        ctx.save_for_backward(x.crow_indices(), x.col_indices())
         ctx.size = tuple(x.shape)
-        ctx.torch_made = type(x.grad_fn).__name__.startswith(_TORCH_CONSTRUCTORS)
+        ctx.torch_made = type(x.grad_fn).__name__.startswith("SparseCompressedTensorBackward")
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
-        saved = ctx.saved_tensors
+        crow, col = ctx.saved_tensors
         if torch.is_grad_enabled() and not ctx.torch_made:
-            from .values import _coo_with_values, _csr_with_values  # (values imports us)
-            return (_csr_with_values(saved[0], saved[1], grad, ctx.size) if ctx.csr
-                    else _coo_with_values(saved[0], grad, ctx.size))
-        if ctx.csr:
-            return csr_tensor(saved[0], saved[1], grad, ctx.size)
-        return coo_tensor(saved[0], grad, ctx.size, True)
+            from .values import _csr_with_values  # (values imports this module)
+            return _csr_with_values(crow, col, grad, ctx.size)
+        return csr_tensor(crow, col, grad, ctx.size)
 
 
 def coo_tensor(indices: Tensor, values: Tensor, size: Sequence[int], coalesced: bool) -> Tensor:

@@ -315,12 +315,18 @@ def test_hessian_of_an_input_gradient_penalty():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("form", ["coo", "csr"])
-@pytest.mark.parametrize("how", ["hvp", "vhp", "hessian"])
+_TORCH_CUTS_COO = pytest.mark.xfail(
+    strict=True, reason="hvp's double backward trick takes a third derivative through "
+    "torch's COO values(), whose backward's backward records no graph (torch 2.13)")
+
+
+@pytest.mark.parametrize("form, how", [
+    ("coo", "vhp"), ("coo", "hessian"), pytest.param("coo", "hvp", marks=_TORCH_CUTS_COO),
+    ("csr", "vhp"), ("csr", "hessian"), ("csr", "hvp")])
 def test_autograd_functional_against_dense_model(form, how):
     # torch.autograd.functional.hvp differentiates the double backward once more (the
     # "double backward trick"): a third derivative through the criterion's reading of
-    # the output's values, which torch's own values() backward would cut
+    # the output's values; nnsparse reads a CSR output's through its own function
     clean = _dense()
     x, mask = make_form(clean, form), clean != 0
     crit = nnsparse.SparseCriterion(nn.MSELoss())

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .._forms import SparseBatch, as_sparse_batch, is_sparse_form
-from .._index import coo_values, csr_indices, csr_values, same_view
+from .._index import csr_indices, csr_values, same_view
 
 __all__: list = []
 
@@ -165,11 +165,9 @@ def _shares_pattern(estimate: Any, target: Any) -> bool:
 
 
 def _values(estimate: Tensor) -> Tensor:
-    """A sparse estimate's values (CSR, or coalesced COO), differentiable to any order
-    for an estimate nnsparse made (see ``nnsparse._index._Values``)."""
-    if estimate.layout == torch.sparse_csr:
-        return csr_values(estimate)
-    return coo_values(estimate) if estimate.requires_grad else estimate.values()
+    """A sparse estimate's values (CSR, or coalesced COO), differentiable twice (see
+    ``nnsparse._index._CsrValues``)."""
+    return csr_values(estimate) if estimate.layout == torch.sparse_csr else estimate.values()
 
 
 def as_estimate(estimate: Any, target: Any = None) -> Estimate:
