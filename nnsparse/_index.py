@@ -96,8 +96,54 @@ def csr_indices(x: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 def csr_values(x: Tensor) -> Tensor:
-    """``x.values()`` of a CSR tensor, also inside a ``torch.func`` transform."""
+    """``x.values()`` of a CSR tensor, also inside a ``torch.func`` transform.
+
+    Values that require grad are read through :class:`_CsrValues`, whose
+    backward can be differentiated again (torch's own, 2.13, cannot).
+    """
+    if x.requires_grad and torch.is_grad_enabled() and not in_transform():
+        return _CsrValues.apply(x)
     return csr_read(x.values)
+
+
+class _CsrValues(torch.autograd.Function):
+    """``x.values()`` of a CSR ``x``, with a backward that records its graph when asked.
+
+    torch's ``values()`` of a CSR tensor is once differentiable (torch 2.13:
+    its backward builds the CSR gradient with an operator autograd does not
+    record, so a second derivative through it is silently zero).  The
+    ordinary backward here builds the same gradient (the gradient values on
+    ``x``'s pattern, one constructor: fewer operators than torch's); with
+    ``create_graph=True`` it is :func:`nnsparse.values._csr_with_values`,
+    differentiable to any order in O(nnz), for a tensor nnsparse made (a
+    layer's output, :func:`nnsparse.values_map`, ``SparseParts.to_sparse_csr``).
+    A tensor torch's constructor made from values that require grad keeps
+    torch's behaviour (the constructor's own backward is once differentiable).
+
+    COO tensors are read by torch's ``values()``, whose backward is twice
+    differentiable (exact second derivatives; the third, which the double
+    backward trick of ``torch.autograd.functional.hvp`` takes, torch cuts)
+    and adds no Python autograd node to a training step.
+    """
+
+    @staticmethod
+    def forward(x: Tensor) -> Tensor:
+        return x.values()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, = inputs
+        ctx.save_for_backward(x.crow_indices(), x.col_indices())
+        ctx.size = tuple(x.shape)
+        ctx.torch_made = type(x.grad_fn).__name__.startswith("SparseCompressedTensorBackward")
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        crow, col = ctx.saved_tensors
+        if torch.is_grad_enabled() and not ctx.torch_made:
+            from .values import _csr_with_values  # (values imports this module)
+            return _csr_with_values(crow, col, grad, ctx.size)
+        return csr_tensor(crow, col, grad, ctx.size)
 
 
 def coo_tensor(indices: Tensor, values: Tensor, size: Sequence[int], coalesced: bool) -> Tensor:

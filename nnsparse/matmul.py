@@ -29,9 +29,8 @@ from typing import Any, Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from . import _index
+from . import _double, _index
 from ._forms import (_attach, _cached, _check_csr, _key, as_sparse_batch, is_sparse_form,
                      refuse_meta)
 from ._kernels import _csr_rows_mm, _gather_dot, _sampled_mm
@@ -126,9 +125,14 @@ class _PatternMM(torch.autograd.Function):
         ctx.transposed = transposed
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, grad: Tensor):
         values, b, row, col, crow = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph=True (or torch.func): products whose own backward is exact
+            need = ctx.needs_input_grad
+            return (_double.sampled(grad, b, row, col, crow) if need[0] else None,
+                    _double.t_mm(values, grad, row, col, crow, b.shape[0]) if need[1] else None,
+                    None, None, None, None)
         grad = grad.contiguous()
         grad_values = grad_b = None
         if row is None and ((ctx.needs_input_grad[0] and values.dtype not in _SAMPLED_DTYPES) or
@@ -398,7 +402,8 @@ def sparse_mm(A: Any, B: Any) -> Tensor:
     CSR gradient on its ``crow``/``col``, a tensor built from a values
     tensor passes them on to it.  Unspecified entries get nothing, as in
     ``torch.sparse.mm``'s masked semantics.  The dense operand's gradient
-    is dense.  Each is computed only when it is required.
+    is dense.  Each is computed only when it is required, and is
+    differentiable again (``create_graph=True``; ``docs/ecosystem.md``).
 
     A torch sparse operand is checked at its first use (one host
     synchronisation) and remembers its checked structure: a sparse parameter

@@ -722,6 +722,12 @@ class InBackwardOptimizer:
       ``acc[r] += mean(g[r]**2)``, ``p[r] -= lr * g[r] / (sqrt(acc[r]) + eps)``:
       FBGEMM's ``EXACT_ROWWISE_ADAGRAD``, the usual choice for large tables
       (state of one value per row instead of one per weight).
+    * **No double backward.**  A backward that records its graph
+      (``create_graph=True``: gradient penalties, Hessian-vector products)
+      through an attached layer raises ``RuntimeError`` naming the layer,
+      before anything is updated: the weight is updated in place and gets no
+      gradient to differentiate again.  ``remove()`` this optimiser and use
+      ``torch.optim`` or :class:`LazyAdam` there (``docs/ecosystem.md``).
     * A dense input to a ``SparseLinearBatch``, or no pattern for a
       ``SparseOutputLinear``, while gradients are enabled, raises
       ``NotImplementedError`` (the weight would get a gradient no optimiser

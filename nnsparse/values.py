@@ -22,7 +22,6 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from . import _index
 from ._forms import SparseBatch, SparseLike, _sparse_coo, _sparse_csr, as_sparse_batch, attach
@@ -88,12 +87,47 @@ class _SparseWithValues(torch.autograd.Function):
         ctx.size = size
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, grad: Tensor):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
         indices, crow, col = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True (or torch.func): differentiable
+            return _ValuesAt.apply(grad, indices, crow, col, ctx.size), None, None, None, None
         return _values_at(grad, indices, crow, col, ctx.size), None, None, None, None
+
+
+class _ValuesAt(torch.autograd.Function):
+    """:func:`_values_at` as a differentiable function of ``grad``: the backward of
+    :class:`_SparseWithValues` when it records its graph (``create_graph=True``).
+
+    Its own gradient puts the incoming ``(nnz,)`` values back on the pattern
+    (:class:`_SparseWithValues` again, so every order is exact), in ``grad``'s
+    layout: a dense ``grad`` gets a dense gradient (``grad`` was one already),
+    a sparse one a sparse gradient on the pattern, O(nnz).
+    """
+
+    @staticmethod
+    def forward(grad: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
+                col: Optional[Tensor], size: Tuple[int, ...]) -> Tensor:
+        return _values_at(grad, indices, crow, col, size)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+        grad, indices, crow, col, size = inputs
+        ctx.save_for_backward(indices, crow, col)
+        ctx.size, ctx.layout = size, grad.layout
+
+    @staticmethod
+    def backward(ctx: Any, values_grad: Tensor):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        indices, crow, col = ctx.saved_tensors
+        out = _SparseWithValues.apply(values_grad, indices, crow, col, ctx.size)
+        if ctx.layout == torch.strided:
+            out = out.to_dense()
+        elif ctx.layout != out.layout:  # (a CSR pattern's COO gradient, or the reverse)
+            out = out.to_sparse_csr() if ctx.layout == torch.sparse_csr else out.to_sparse_coo()
+        return out, None, None, None, None
 
 
 def _values_at(grad: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],

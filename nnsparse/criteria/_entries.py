@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .._forms import SparseBatch, as_sparse_batch, is_sparse_form
-from .._index import csr_indices, same_view
+from .._index import csr_indices, csr_values, same_view
 
 __all__: list = []
 
@@ -164,6 +164,12 @@ def _shares_pattern(estimate: Any, target: Any) -> bool:
     return False
 
 
+def _values(estimate: Tensor) -> Tensor:
+    """A sparse estimate's values (CSR, or coalesced COO), differentiable twice (see
+    ``nnsparse._index._CsrValues``)."""
+    return csr_values(estimate) if estimate.layout == torch.sparse_csr else estimate.values()
+
+
 def as_estimate(estimate: Any, target: Any = None) -> Estimate:
     """Normalise a dense or sparse estimate.
 
@@ -177,7 +183,7 @@ def as_estimate(estimate: Any, target: Any = None) -> Estimate:
     if target is not None and _shares_pattern(estimate, target):
         shape = tuple(estimate.shape)
         rows, width = (1, shape[0]) if len(shape) == 1 else shape
-        return Estimate(None, None, rows, width, len(shape) == 1, shared=estimate.values())
+        return Estimate(None, None, rows, width, len(shape) == 1, shared=_values(estimate))
     if isinstance(estimate, SparseBatch):
         batch = estimate
     elif is_sparse_form(estimate):

@@ -7,9 +7,8 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
-from .. import _index
+from .. import _double, _index
 from .._forms import (SparseBatch, SparseLike, _sparse_coo, as_device, as_int,
                       as_sparse_batch, move_structure)
 from .._load import check_state_dict
@@ -74,11 +73,12 @@ class _SparseLinear(torch.autograd.Function):
         ctx.updates = update.updates if update is not None else 0
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, grad: Tensor):
         update = ctx.update
         if update is not None and ctx.needs_input_grad[1] and update.updates != ctx.updates:
             raise RuntimeError(update.stale_message())
+        if torch.is_grad_enabled():  # create_graph=True (or torch.func): differentiable
+            return _linear_backward_graph(ctx, grad)
         values, table, row, col, crow = ctx.saved_tensors
         grad = grad.contiguous()
         grad_values = grad_table = grad_bias = None
@@ -95,6 +95,39 @@ class _SparseLinear(torch.autograd.Function):
             grad_table = _table_grad(row, col, values, grad, table.shape[0], ctx.sparse_grad,
                                      ctx.pattern)
         return grad_values, grad_table, grad_bias, None, None, None, None, None, None
+
+
+def _linear_backward_graph(ctx: Any, grad: Tensor):
+    """:class:`_SparseLinear`'s gradients as differentiable products (:mod:`nnsparse._double`),
+    for a backward that records its graph (``create_graph=True``, ``torch.func``):
+    a second derivative through them is exact."""
+    if ctx.update is not None and ctx.needs_input_grad[1]:
+        raise RuntimeError(_double_backward_refused(ctx.update.name))
+    values, table, row, col, crow = ctx.saved_tensors
+    need, pattern = ctx.needs_input_grad, ctx.pattern
+    grad_values = grad_table = grad_bias = None
+    if need[0]:  # (G @ W)[row, col], at the specified entries only
+        grad_values = _double.sampled(grad, table, row, col, crow, pattern,
+                                      ctx.sparse_grad and ctx.update is None)
+    if ctx.has_bias and need[2]:
+        grad_bias = grad.sum(0)
+        if ctx.sparse_grad and ctx.update is None:  # as the fast path
+            grad_bias = grad_bias.to_sparse()
+    if need[1] and ctx.sparse_grad:  # the touched rows of the table, as nn.Embedding's
+        grad_table = _double.touched_t_mm(values, grad, pattern, table.shape[0])
+    elif need[1]:
+        grad_table = _double.t_mm(values, grad, row, col, crow, table.shape[0], pattern)
+    return grad_values, grad_table, grad_bias, None, None, None, None, None, None
+
+
+def _double_backward_refused(name: str) -> str:
+    """Why a layer with the optimiser in the backward has no second derivative."""
+    return (f"{name}: a backward that records its graph (create_graph=True: a gradient "
+            f"penalty, a Hessian-vector product, torch.autograd.functional.hessian) cannot "
+            f"run with the optimiser in the backward (nnsparse.optim."
+            f"apply_optimizer_in_backward), which updates the weight in place during the "
+            f"backward and gives it no gradient to differentiate again; call remove() on the "
+            f"in-backward optimiser and train with torch.optim or nnsparse.optim.LazyAdam")
 
 
 def _density(batch: SparseBatch) -> float:
@@ -129,7 +162,9 @@ def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = No
 
     The input's values get a gradient, when they require one, at their
     specified entries only: ``(G @ weight)[row, col]``.  When they do not,
-    that product is skipped.
+    that product is skipped.  The gradients are differentiable again
+    (``create_graph=True``: gradient penalties, Hessian-vector products),
+    except with the optimiser in the backward: see ``docs/ecosystem.md``.
 
     Returns:
         A dense tensor ``(rows, out_features)``, or ``(out_features,)`` for a vector.

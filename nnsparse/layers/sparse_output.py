@@ -21,15 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _index
+from .. import _double, _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
 from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import (_check_layer_args, _check_not_narrower, _check_parameters,
-                     _check_weight_bias, _refuse_update_in_transform, _refuse_update_on_parts,
-                     _state_without_update)
+                     _check_weight_bias, _double_backward_refused, _refuse_update_in_transform,
+                     _refuse_update_on_parts, _state_without_update)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
@@ -70,6 +70,8 @@ class _SampledLinear(torch.autograd.Function):
         update = ctx.update
         if update is not None and ctx.needs_input_grad[1] and update.updates != ctx.updates:
             raise RuntimeError(update.stale_message())
+        if torch.is_grad_enabled():  # create_graph=True (or torch.func): differentiable
+            return _sampled_backward_graph(ctx, grad)
         h, weight, row, col, crow = ctx.saved_tensors
         grad = grad.contiguous()
         out_features = weight.shape[0]
@@ -103,6 +105,31 @@ class _SampledLinear(torch.autograd.Function):
             touched = _csr_rows_mm(row_t, h, crow_t, grad_t)
             grad_w = _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True)
         return grad_h, grad_w, grad_b, None, None, None, None, None, None
+
+
+def _sampled_backward_graph(ctx: Any, grad: Tensor):
+    """:class:`_SampledLinear`'s gradients as differentiable products
+    (:mod:`nnsparse._double`), for a backward that records its graph
+    (``create_graph=True``, ``torch.func``): a second derivative through them is exact."""
+    if ctx.update is not None and ctx.needs_input_grad[1]:
+        raise RuntimeError(_double_backward_refused(ctx.update.name))
+    h, weight, row, col, crow = ctx.saved_tensors
+    need, pattern, out_features = ctx.needs_input_grad, ctx.pattern, weight.shape[0]
+    grad_h = grad_w = grad_b = None
+    if need[0]:  # S @ W, S the (rows, out) CSR of the incoming values
+        grad_h = _double.mm(grad, weight, row, col, crow, pattern, ctx.sparse_grad)
+    if need[1] and ctx.sparse_grad:  # the touched rows of W, as nn.Embedding's
+        grad_w = _double.touched_t_mm(grad, h, pattern, out_features)
+    elif need[1]:  # S.T @ h
+        grad_w = _double.t_mm(grad, h, row, col, crow, out_features, pattern)
+    if ctx.has_bias and need[2] and ctx.sparse_grad:
+        perm, cols, crow_t, _ = pattern.column_major()
+        segment = _index.rows_from_crow(crow_t, grad.shape[0])
+        summed = grad.new_zeros(cols.shape[0]).index_add(0, segment, grad.index_select(0, perm))
+        grad_b = _sparse_coo(cols.unsqueeze(0), summed, (out_features,), True)
+    elif ctx.has_bias and need[2]:
+        grad_b = grad.new_zeros(out_features).index_add(0, col, grad)
+    return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
 def _pattern_structure(pattern: SparseLike, input: Tensor, out_features: int):
@@ -162,7 +189,9 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         ``pattern``, built on ``pattern``'s own index tensors, so a criterion
         given ``pattern`` as the target pairs the entries for free.  Gradients
         flow to ``input``, ``weight`` and ``bias`` from its values only, in
-        O(nnz): no ``(rows, out_features)`` tensor, forward or backward.
+        O(nnz): no ``(rows, out_features)`` tensor, forward or backward; they
+        are differentiable again (``create_graph=True``), see
+        ``docs/ecosystem.md``.
 
     Raises:
         TypeError: ``input``, ``weight`` or ``bias`` is not a dense tensor,

@@ -15,7 +15,6 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from .._forms import _check_csr, _version, as_count, as_device, as_sparse_batch, is_sparse_form
 from .._load import check_state_dict, entry_errors
@@ -66,8 +65,9 @@ class _SparseInputMM(torch.autograd.Function):
         ctx.save_for_backward(w, x, key, w_id, x_id)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, grad: Tensor):
+        # torch operators only: with create_graph=True (grad mode on) autograd records
+        # them, and the second derivative is exact
         w, x, key, w_id, x_id = ctx.saved_tensors
         g = grad.reshape(-1)[key]
         grad_w = grad_x = None

@@ -1,0 +1,497 @@
+"""Double backward (create_graph=True) through the eager layers, functions and criteria.
+
+Second derivatives by ``torch.autograd.gradgradcheck`` (float64), Hessian-vector
+products of a sparse autoencoder against the dense masked model with the same
+weights, the refusal of the optimiser in the backward, ``sparse_grad`` layers
+(``nn.Embedding(sparse=True)``'s behaviour), and the ordinary backward's fast path
+(no graph recorded, no differentiable product called, the same gradients).
+"""
+import pytest
+import torch
+from torch import nn
+from torch.autograd import gradgradcheck
+
+import nnsparse
+from nnsparse import _double
+from matrix import BATCH_FORMS, DEVICES, make_form, random_sparse_dense
+
+F64 = torch.float64
+ROWS, IN, HID = 4, 7, 3
+
+
+def _dense(rows=ROWS, width=IN, density=0.45, seed=0, device="cpu"):
+    return random_sparse_dense(rows, width, density, dtype=F64, device=device,
+                               generator=torch.Generator().manual_seed(seed), empty_rows=1)
+
+
+def _leaf(*shape, seed, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, dtype=F64, generator=g).to(device).requires_grad_()
+
+
+def _on(values, like):
+    """A sparse tensor of ``like``'s layout and pattern holding ``values``, built by
+    nnsparse (differentiable to any order: torch's sparse constructors are once
+    differentiable, their second derivative in the values is 0)."""
+    return nnsparse.values_map(lambda _: values, like)
+
+
+def _torch_on(values, like):
+    """The same, by torch's constructors (3-D tensors, which ``values_map`` does not take)."""
+    if like.layout == torch.sparse_csr:
+        return torch.sparse_csr_tensor(like.crow_indices(), like.col_indices(), values,
+                                       like.shape)
+    return torch.sparse_coo_tensor(like.indices(), values, like.shape, is_coalesced=True)
+
+
+def _values(out):
+    """The values of a sparse output, differentiable to any order: torch's ``.values()``
+    of a CSR tensor is once differentiable (its backward records no graph)."""
+    return out.to_sparse_coo().values() if out.layout == torch.sparse_csr else out.values()
+
+
+def _check(fn, inputs):
+    """gradgradcheck, after checking that every first derivative is itself differentiable
+    (gradgradcheck alone passes over a first derivative that records no graph)."""
+    out = fn(*inputs)
+    probe = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(9))
+    grads = torch.autograd.grad(out, inputs, probe.to(out.device), create_graph=True)
+    assert all(g.requires_grad for g in grads), [g.requires_grad for g in grads]
+    return gradgradcheck(fn, inputs)
+
+
+def _sparse_values(dense, layout):
+    like = dense.to_sparse_csr() if layout == "csr" else dense.to_sparse().coalesce()
+    return like, like.values().detach().clone().requires_grad_()
+
+
+# -- second derivatives, gradgradcheck ------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", BATCH_FORMS)
+@pytest.mark.parametrize("mode", ["sparse", "dense"])
+def test_sparse_linear_weight_and_bias(device, form, mode):
+    x = make_form(_dense(device=device), form)
+    w, b = _leaf(HID, IN, seed=1, device=device), _leaf(HID, seed=2, device=device)
+    fn = lambda w, b: nnsparse.sparse_linear(x, w, b, mode=mode).square()  # noqa: E731
+    assert _check(fn, (w, b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_sparse_linear_input_values(device, layout):
+    like, v = _sparse_values(_dense(device=device), layout)
+    w, b = _leaf(HID, IN, seed=1, device=device), _leaf(HID, seed=2, device=device)
+
+    def fn(v, w, b):
+        return torch.tanh(nnsparse.sparse_linear(_on(v, like), w, b, mode="sparse"))
+    assert _check(fn, (v, w, b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", BATCH_FORMS)
+def test_sampled_linear(device, form):
+    pattern = make_form(_dense(rows=ROWS, width=IN, device=device), form)
+    h, w, b = (_leaf(ROWS, HID, seed=3, device=device), _leaf(IN, HID, seed=4, device=device),
+               _leaf(IN, seed=5, device=device))
+    fn = lambda h, w, b: _values(nnsparse.sampled_linear(h, w, b, pattern)).square()  # noqa
+    assert _check(fn, (h, w, b))
+
+
+def test_sparse_output_linear_reported_case():
+    # the issue: the second backward raised "trying to differentiate twice a function
+    # that was marked with @once_differentiable" (values.py's _SparseWithValues)
+    torch.manual_seed(0)
+    dec = nnsparse.SparseOutputLinear(HID, IN).double()
+    x = _dense().to_sparse()
+    h = _leaf(ROWS, HID, seed=6)
+    g, = torch.autograd.grad(dec(h, x).values().square().sum(), h, create_graph=True)
+    g.sum().backward()
+    # the dense masked reference
+    w = dec.weight.detach().clone().requires_grad_()
+    b = dec.bias.detach().clone().requires_grad_()
+    h_ref = h.detach().clone().requires_grad_()
+    out = (h_ref @ w.t() + b) * (x.to_dense() != 0)
+    g_ref, = torch.autograd.grad(out.square().sum(), h_ref, create_graph=True)
+    g_ref.sum().backward()
+    torch.testing.assert_close(g, g_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(dec.weight.grad, w.grad, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(dec.bias.grad, b.grad, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(h.grad, h_ref.grad, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("batched", [False, True], ids=["2d", "3d"])
+@pytest.mark.parametrize("side", ["sparse_dense", "dense_sparse"])
+def test_sparse_mm(device, layout, batched, side):
+    dense = torch.stack([_dense(seed=s, device=device) for s in (0, 1)]) if batched else (
+        _dense(device=device))
+    if batched and layout == "csr":  # torch's batched CSR: the same nnz in every matrix
+        dense = torch.stack([dense[0], dense[0].roll(1, 1)])
+    like, v = _sparse_values(dense, layout)
+    # 3-D: torch's constructor, its values fixed (the dense operand's second derivative)
+    make = (lambda v: _torch_on(v.detach(), like)) if batched else (lambda v: _on(v, like))
+    if side == "sparse_dense":
+        other = _leaf(*dense.shape[:-2], IN, 2, seed=7, device=device)
+        fn = lambda v, d: nnsparse.sparse_mm(make(v), d).square()  # noqa: E731
+    else:
+        other = _leaf(*dense.shape[:-2], 2, ROWS, seed=7, device=device)
+        fn = lambda v, d: nnsparse.sparse_mm(d, make(v)).square()  # noqa: E731
+    if batched:
+        assert _check(lambda d: fn(v, d), (other,))
+    else:
+        assert _check(fn, (v, other))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("input_kind", ["dense", "sparse", "sparse_dense_path"])
+def test_sparse_weight_linear(device, input_kind):
+    torch.manual_seed(0)
+    layer = nnsparse.SparseWeightLinear(_dense(rows=HID, width=IN, seed=8).to_sparse(),
+                                        dtype=F64, device=device)
+    values, bias = (layer.values.detach().clone().requires_grad_(),
+                    layer.bias.detach().clone().requires_grad_())
+    if input_kind == "dense":
+        x, make_x = _leaf(ROWS, IN, seed=9, device=device), (lambda x: x)
+    else:
+        # a dense-enough input makes the layer densify it (its other path, _PatternMM)
+        density = 0.45 if input_kind == "sparse" else 1.0
+        like, x = _sparse_values(_dense(density=density, device=device), "coo")
+        make_x = lambda x: _on(x, like)  # noqa: E731
+
+    def fn(values, bias, x):
+        params = {"values": values, "bias": bias}
+        return torch.func.functional_call(layer, params, (make_x(x),)).square()
+    assert _check(fn, (values, bias, x))
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_values_map(layout):
+    like, v = _sparse_values(_dense(), layout)
+    probe = _leaf(ROWS, IN, seed=10)
+    assert _check(lambda v: _values(nnsparse.values_map(torch.sigmoid, _on(v, like))), (v,))
+    # a gradient arriving in another form (to_dense's backward)
+    assert _check(
+        lambda v, p: (nnsparse.values_map(torch.tanh, _on(v, like)).to_dense() * p).square(),
+        (v, probe))
+
+
+def _criteria():
+    g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    return {
+        "sparse_mse": lambda: nnsparse.SparseCriterion(nn.MSELoss()),
+        "sparse_bce_logits": lambda: nnsparse.SparseCriterion(nn.BCEWithLogitsLoss()),
+        "sparse_huber_sum": lambda: nnsparse.SparseCriterion(nn.HuberLoss(delta=0.3),
+                                                             size_average=False),
+        "sdae_sparse": lambda: nnsparse.SDAESparseCriterion(
+            nn.MSELoss(), alpha=0.7, beta=0.2, hide_ratio=0.4, generator=g()),
+    }
+
+
+@pytest.mark.parametrize("name", list(_criteria()))
+@pytest.mark.parametrize("form", ["coo", "csr"])
+def test_criteria_on_a_sparse_output(name, form):
+    clean = _dense().abs() / 1.6  # in (0, 1): the BCE targets too
+    target = make_form(clean, form)
+    crit = _criteria()[name]()
+    if hasattr(crit, "prepare_input"):
+        crit.prepare_input(target)  # draws the corruption the loss weighs
+    h, w, b = _leaf(ROWS, HID, seed=11), _leaf(IN, HID, seed=12), _leaf(IN, seed=13)
+    fn = lambda h, w, b: crit(nnsparse.sampled_linear(h, w, b, target), target)  # noqa: E731
+    assert _check(fn, (h, w, b))
+
+
+# -- Hessian-vector products against the dense masked model ----------------------------------
+
+
+def _autoencoder(sparse_grad, seed=0):
+    torch.manual_seed(seed)
+    enc = nnsparse.SparseLinearBatch(IN, HID, sparse_grad=sparse_grad, mode="sparse").double()
+    dec = nnsparse.SparseOutputLinear(HID, IN, sparse_grad=sparse_grad).double()
+    return enc, dec
+
+
+def _flat(g):
+    """A gradient as a dense tensor (a sparse_grad layer's is sparse COO)."""
+    return g.to_dense() if g.layout != torch.strided else g
+
+
+def _dot(g, v):
+    """``sum(g * v)``, differentiable, for a dense or sparse COO ``g``."""
+    if g.layout == torch.strided:
+        return (g * v).sum()
+    g = g.coalesce()
+    return (g.values() * v[tuple(g.indices())]).sum()
+
+
+def _hvp(loss_fn, params, vs):
+    grads = torch.autograd.grad(loss_fn(), params, create_graph=True)
+    assert all(g.grad_fn is not None for g in grads)
+    return [_flat(h) for h in torch.autograd.grad(sum(_dot(g, v) for g, v in zip(grads, vs)),
+                                                  params)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", BATCH_FORMS)
+@pytest.mark.parametrize("sparse_grad", [False, True], ids=["dense_grad", "sparse_grad"])
+def test_hessian_vector_product_matches_dense_model(device, form, sparse_grad):
+    enc, dec = (m.to(device) for m in _autoencoder(sparse_grad))
+    clean = _dense(device=device)
+    x = make_form(clean, form)
+    crit = nnsparse.SparseCriterion(nn.MSELoss())
+    params = [enc.weight_t if sparse_grad else enc.weight, enc.bias, dec.weight, dec.bias]
+    # the dense reference: the same weights, nn.Linear computations, the loss masked
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    mask = clean != 0
+
+    def loss():
+        return crit(dec(torch.tanh(enc(x)), x), x)
+
+    def loss_ref():
+        w1, b1, w2, b2 = ref
+        out = torch.tanh(clean @ (w1 if sparse_grad else w1.t()) + b1) @ w2.t() + b2
+        return ((out - clean)[mask]).square().sum() / mask.sum()
+
+    torch.testing.assert_close(loss(), loss_ref(), rtol=1e-12, atol=1e-12)
+    vs = [_leaf(*p.shape, seed=20 + i, device=device).detach() for i, p in enumerate(params)]
+    for got, want in zip(_hvp(loss, params, vs), _hvp(loss_ref, ref, vs)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_hessian_vector_product_with_a_large_table():
+    # a table above _kernels' cache bound is read in blocks (blocked_order,
+    # column_major_all): the double backward's products take the same paths
+    from nnsparse import _kernels
+    rows, width = 8, 70000
+    g = torch.Generator().manual_seed(0)
+    clean = torch.zeros(rows, width, dtype=F64).scatter_(
+        1, torch.randint(0, width, (rows, 40), generator=g),
+        torch.rand(rows, 40, generator=g, dtype=F64) + 0.5)
+    x = clean.to_sparse()
+    torch.manual_seed(0)
+    enc = nnsparse.SparseLinearBatch(width, 64, mode="sparse").double()
+    dec = nnsparse.SparseOutputLinear(64, width).double()
+    assert _kernels._table_blocks(enc.weight.t()) > 1 and _kernels._table_blocks(dec.weight) > 1
+    crit = nnsparse.SparseCriterion(nn.MSELoss())
+    params = [enc.weight, enc.bias, dec.weight, dec.bias]
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    mask = clean != 0
+
+    def loss_ref():
+        out = torch.tanh(clean @ ref[0].t() + ref[1]) @ ref[2].t() + ref[3]
+        return (out - clean)[mask].square().mean()
+
+    vs = [_leaf(*p.shape, seed=70 + i).detach() for i, p in enumerate(params)]
+    got = _hvp(lambda: crit(dec(torch.tanh(enc(x)), x), x), params, vs)
+    for a, b in zip(got, _hvp(loss_ref, ref, vs)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_hessian_of_an_input_gradient_penalty():
+    # a gradient penalty on the input's specified values: d/dW of |d loss / d x|^2
+    enc, dec = _autoencoder(False)
+    clean = _dense()
+    like, v = _sparse_values(clean, "coo")
+    mask = clean != 0
+
+    def penalty(v, t1, b1, w2, b2, sparse):
+        if sparse:
+            x = _on(v, like)
+            out = nnsparse.sampled_linear(torch.tanh(nnsparse.sparse_linear(x, t1.t(), b1)),
+                                          w2, b2, like).values()
+        else:
+            x = torch.zeros_like(clean).index_put(tuple(like.indices()), v)
+            out = (torch.tanh(x @ t1 + b1) @ w2.t() + b2)[mask]
+        g, = torch.autograd.grad(out.square().sum(), v, create_graph=True)
+        return g.square().sum()
+
+    params = [enc.weight.t(), enc.bias, dec.weight, dec.bias]  # (the table: a view, as used)
+    got = torch.autograd.grad(penalty(v, *params, True), params)
+    ref = [p.detach().clone().requires_grad_() for p in params]
+    want = torch.autograd.grad(penalty(v, *ref, False), ref)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+_TORCH_CUTS_COO = pytest.mark.xfail(
+    strict=True, reason="hvp's double backward trick takes a third derivative through "
+    "torch's COO values(), whose backward's backward records no graph (torch 2.13)")
+
+
+@pytest.mark.parametrize("form, how", [
+    ("coo", "vhp"), ("coo", "hessian"), pytest.param("coo", "hvp", marks=_TORCH_CUTS_COO),
+    ("csr", "vhp"), ("csr", "hessian"), ("csr", "hvp")])
+def test_autograd_functional_against_dense_model(form, how):
+    # torch.autograd.functional.hvp differentiates the double backward once more (the
+    # "double backward trick"): a third derivative through the criterion's reading of
+    # the output's values; nnsparse reads a CSR output's through its own function
+    clean = _dense()
+    x, mask = make_form(clean, form), clean != 0
+    crit = nnsparse.SparseCriterion(nn.MSELoss())
+    w1, w2 = _leaf(HID, IN, seed=60).detach(), _leaf(IN, HID, seed=61).detach()
+
+    def loss(w1, w2):
+        return crit(nnsparse.values_map(torch.tanh, nnsparse.sampled_linear(
+            torch.tanh(nnsparse.sparse_linear(x, w1, mode="sparse")), w2, None, x)), x)
+
+    def loss_ref(w1, w2):
+        out = torch.tanh(torch.tanh(clean @ w1.t()) @ w2.t())
+        return (out - clean)[mask].square().mean()
+
+    vs = (_leaf(HID, IN, seed=62).detach(), _leaf(IN, HID, seed=63).detach())
+    fn = getattr(torch.autograd.functional, how)
+    args = ((w1, w2),) if how == "hessian" else ((w1, w2), vs)
+    got, want = fn(loss, *args), fn(loss_ref, *args)
+    def flat(r):
+        return [t for part in r for t in (part if isinstance(part, tuple) else (part,))]
+    for a, b in zip(flat(got), flat(want)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("form", ["coo", "csr"])
+def test_torch_func_grad_of_grad_is_the_autograd_hessian_vector_product(form):
+    # reverse over reverse inside torch.func (forward mode, jvp / torch.func.hessian,
+    # needs a jvp rule the autograd Functions do not have)
+    enc, dec = _autoencoder(False)
+    clean = _dense()
+    x = make_form(clean, form)
+    crit = nnsparse.SparseCriterion(nn.MSELoss())
+    model = nn.ModuleDict({"enc": enc, "dec": dec})
+    params = {k: p.detach() for k, p in model.named_parameters()}
+    vs = {k: _leaf(*p.shape, seed=50 + i).detach() for i, (k, p) in enumerate(params.items())}
+
+    def loss(p):
+        def call(name, *args):
+            own = {k.split(".", 1)[1]: t for k, t in p.items() if k.startswith(name + ".")}
+            return torch.func.functional_call(model[name], own, args)
+        return crit(call("dec", torch.tanh(call("enc", x)), x), x)
+
+    def grad_dot_v(p):
+        g = torch.func.grad(loss)(p)
+        return sum((g[k] * vs[k]).sum() for k in p)
+    got = torch.func.grad(grad_dot_v)(params)
+    want = _hvp(lambda: crit(dec(torch.tanh(enc(x)), x), x),
+                [model.get_parameter(k) for k in params], list(vs.values()))
+    for k, w in zip(params, want):
+        torch.testing.assert_close(got[k], w, rtol=1e-10, atol=1e-10)
+
+
+# -- sparse_grad: nn.Embedding(sparse=True)'s double backward --------------------------------
+
+
+def test_sparse_grad_behaves_as_sparse_embedding():
+    # torch 2.13: nn.Embedding(sparse=True)'s create_graph gradient is a sparse COO tensor
+    # with a grad_fn, and a second backward gives the weight a sparse gradient again
+    emb = nn.Embedding(IN, HID, sparse=True).double()
+    g_emb, = torch.autograd.grad(emb(torch.tensor([0, 2, 2])).square().sum(), emb.weight,
+                                 create_graph=True)
+    assert g_emb.layout == torch.sparse_coo and g_emb.grad_fn is not None
+    enc, dec = _autoencoder(True)
+    x = _dense().to_sparse()
+    loss = dec(torch.tanh(enc(x)), x).values().square().sum() + enc(x).square().sum()
+    g_enc, g_dec = torch.autograd.grad(loss, [enc.weight_t, dec.weight], create_graph=True)
+    for g in (g_enc, g_dec):
+        assert g.layout == torch.sparse_coo and g.grad_fn is not None and g.is_coalesced()
+    # only the touched rows are held, as nn.Embedding's
+    assert g_enc._nnz() == int((x.to_dense() != 0).any(0).sum())
+    (g_enc.coalesce().values().square().sum() + g_dec.coalesce().values().sum()).backward()
+    assert enc.weight_t.grad.layout == torch.sparse_coo
+    assert dec.weight.grad.layout == torch.sparse_coo
+
+
+# -- the optimiser in the backward refuses -------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["encoder", "decoder"])
+def test_optimizer_in_backward_refuses_create_graph(which):
+    from nnsparse.optim import apply_optimizer_in_backward
+    enc, dec = _autoencoder(False)
+    model = nn.ModuleDict({"enc": enc, "dec": dec})
+    opt = apply_optimizer_in_backward(model, "adam", lr=0.01)
+    if which == "encoder":
+        dec.requires_grad_(False)  # the decoder's own refusal comes first otherwise
+    x = _dense().to_sparse()
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = dec(torch.tanh(enc(x)), x).values().square().sum()
+    name = "SparseLinearBatch 'enc'" if which == "encoder" else "SparseOutputLinear 'dec'"
+    with pytest.raises(RuntimeError, match=f"^{name}: a backward that records its graph "
+                       r"\(create_graph=True.*torch.optim or nnsparse.optim.LazyAdam"):
+        torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad],
+                            create_graph=True)
+    # nothing was updated by the refused backward
+    for p, q in zip(model.parameters(), before):
+        assert torch.equal(p, q)
+    opt.remove()
+    # without it, the same double backward runs
+    g = torch.autograd.grad(dec(torch.tanh(enc(x)), x).values().square().sum(), enc.weight,
+                            create_graph=True)[0]
+    assert g.grad_fn is not None
+
+
+# -- the ordinary backward keeps its fast path ----------------------------------------------
+
+
+def _spy(monkeypatch):
+    calls = []
+    for name in ("mm", "sampled", "t_mm", "touched_t_mm"):
+        real = getattr(_double, name)
+        monkeypatch.setattr(_double, name,
+                            lambda *a, _real=real, _name=name, **k: calls.append(_name) or
+                            _real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True], ids=["dense_grad", "sparse_grad"])
+def test_ordinary_backward_records_nothing(monkeypatch, sparse_grad):
+    calls = _spy(monkeypatch)
+    enc, dec = _autoencoder(sparse_grad)
+    x = _dense().to_sparse()
+    like, v = _sparse_values(_dense(), "coo")
+    weight_layer = nnsparse.SparseWeightLinear(_dense(rows=HID, seed=8).to_sparse(),
+                                               dtype=F64)
+    b = _leaf(IN, 2, seed=40)
+
+    def loss():
+        h = torch.tanh(enc(_on(v, like))) + weight_layer(x)
+        out = nnsparse.values_map(torch.sigmoid, dec(h, x))
+        return out.values().square().sum() + nnsparse.sparse_mm(_on(v, like), b).sum()
+
+    params = [p for m in (enc, dec, weight_layer) for p in m.parameters()] + [v, b]
+    plain = torch.autograd.grad(loss(), params)
+    assert calls == []  # the fast kernels only
+    assert all(g.grad_fn is None and not g.requires_grad for g in plain)
+    graph = torch.autograd.grad(loss(), params, create_graph=True)
+    assert set(calls) >= {"mm", "sampled", "t_mm"} and all(g.requires_grad for g in graph)
+    # both give the same gradients
+    for a, c in zip(plain, graph):
+        assert a.layout == c.layout
+        torch.testing.assert_close(_flat(a), _flat(c).detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_ordinary_backward_is_the_fast_path_bit_for_bit():
+    # the same forward twice: ordinary backwards give identical gradients, with the
+    # fast kernels' forward-only bag sums (no bag bookkeeping for a backward)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    enc, dec = _autoencoder(False)
+    x = _dense().to_sparse()
+    grads = []
+    for _ in range(2):
+        loss = dec(torch.tanh(enc(x)), x).values().square().sum()
+        with Ops() as ops:
+            grads.append(torch.autograd.grad(loss, list(enc.parameters()) + [dec.weight]))
+        assert "aten.embedding_bag.default" not in ops.seen
+        assert "aten._embedding_bag_forward_only.default" in ops.seen
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
