@@ -72,6 +72,9 @@ def check_index_range(index: Tensor, bound: Optional[int], name: str) -> int:
         raise ValueError(f"{name} must be non-negative, got min {lo}")
     if bound is not None and hi >= bound:
         raise ValueError(f"{name} must be in [0, {bound}), got max {hi}")
+    if hi >= _INT64_MAX:  # the size that holds it, max + 1, is beyond int64 (torch's overflow)
+        raise ValueError(f"{name} must be below 2**63 - 1 (the size max + 1 must fit int64), "
+                         f"got max {hi}")
     return int(hi) + 1
 
 
@@ -809,6 +812,14 @@ def as_int(value: Any, name: str, must: str = "be an int") -> int:
         except TypeError:
             pass
     raise TypeError(f"{name} must {must}, got {type(value).__name__} {value!r}")
+
+
+def check_int64(value: int, name: str) -> int:
+    """``value`` (an int already checked) unless it is beyond int64, which no torch size
+    holds (torch's "Overflow when unpacking long long"): "``name`` must be below 2**63"."""
+    if value > _INT64_MAX:
+        raise ValueError(f"{name} must be below 2**63 (int64), got {value}")
+    return value
 
 
 def as_count(name: str, value: Any, low: int) -> int:

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch,
-                     check_index_range, KERNEL_DTYPES, refuse_meta_device)
+                     check_index_range, check_int64, KERNEL_DTYPES, refuse_meta_device)
 
 __all__ = ["DynamicSparseTensor"]
 
@@ -514,7 +514,7 @@ class DynamicSparseTensor:
                             f"{type(size).__name__} {size!r}")
         if len(size) != self._ndim:
             raise ValueError(f"size must be {self._ndim} ints, got {size!r}")
-        sizes = tuple(as_int(s, "size") for s in cast(Sequence[int], size))
+        sizes = tuple(check_int64(as_int(s, "size"), "size") for s in cast(Sequence[int], size))
         if any(s < need for s, need in zip(sizes, needed)):
             raise ValueError(f"size must be at least {needed} to hold the entries, got {sizes}")
         return sizes

@@ -123,6 +123,7 @@ class LazyAdam(Optimizer):
                 raise ValueError(f"param_group must have 'params', got the keys "
                                  f"{sorted(map(str, param_group))}")
             _check_lazy_group({**self.defaults, **param_group}, "param_group")
+            param_group = {**param_group, "params": _unique_params(param_group["params"])}
         super().add_param_group(param_group)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -185,6 +186,22 @@ class LazyAdam(Optimizer):
             state["step"] += 1
             _update(p, grad, state, group)
         return loss
+
+
+def _unique_params(params: Any) -> Any:
+    """``params`` (a group's) as a list, refused if it names one parameter twice: torch
+    only warns, and each step would then update that parameter twice.  A tensor or a
+    set is left for torch's own checks."""
+    if isinstance(params, (Tensor, set)) or not hasattr(params, "__iter__"):
+        return params
+    params = list(params)
+    seen: Dict[int, int] = {}
+    for i, p in enumerate(params):
+        if id(p) in seen:
+            raise ValueError(f"params must name each parameter once, got the same tensor at "
+                             f"positions {seen[id(p)]} and {i} (each step would update it twice)")
+        seen[id(p)] = i
+    return params
 
 
 # torch.optim.Adam's switches that LazyAdam does not implement: refused when on
@@ -509,6 +526,11 @@ _DEFAULTS = {"sgd": dict(lr=1e-3, eps=0.0, weight_decay=0.0),
              "rowwise_adagrad": dict(lr=1e-2, eps=1e-10, weight_decay=0.0)}
 
 
+# the hyperparameters an InBackwardOptimizer reads (what _in_backward_hp makes)
+_HP_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "nesterov",
+            "initial_accumulator_value", "dense_above")
+
+
 # the layers an optimiser in the backward attaches to
 _SparseLayer = Union["SparseLinearBatch", "SparseOutputLinear"]
 
@@ -717,6 +739,13 @@ class InBackwardOptimizer:
                              f"with apply_optimizer_in_backward(model, kind, ...)")
         if not isinstance(hp, dict):
             raise TypeError(f"hp must be a dict of hyperparameters, got {type(hp).__name__}")
+        # built by hand, not by apply_optimizer_in_backward: torch's KeyError or message
+        missing = [key for key in _HP_KEYS if key not in hp]
+        if missing:
+            raise ValueError(f"hp must hold {list(_HP_KEYS)}, got no {missing}; build the "
+                             f"optimiser with apply_optimizer_in_backward(model, kind, ...)")
+        _check_hyper(kind, hp)
+        _check_share(hp["dense_above"])
         layers = _sparse_layers(model)
         for name, layer, _, _ in layers:
             if layer._row_update is not None:

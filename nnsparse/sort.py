@@ -8,7 +8,8 @@ from typing import Any, List, NamedTuple, Union
 import torch
 from torch import Tensor
 
-from ._forms import SparseBatch, SparseLike, as_sparse_batch, check_kernel_dtype, refuse_meta
+from ._forms import (SparseBatch, SparseLike, as_sparse_batch, check_int64, check_kernel_dtype,
+                     refuse_meta)
 
 __all__ = ["ssort", "ssort_by_index", "stopk"]
 
@@ -303,6 +304,7 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
         raise TypeError(f"k must be an int, got {type(k).__name__}") from None
     if k < 0:
         raise ValueError(f"k must be non-negative, got {k}")
+    check_int64(k, "k")
     batch = as_sparse_batch(x, name="x")
     _check_values(batch, "x")
     batch = batch.coalesce()

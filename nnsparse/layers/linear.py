@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from .. import _index
-from .._forms import (SparseBatch, SparseLike, _sparse_coo, as_device, as_int,
+from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_device, as_int, check_int64,
                       as_sparse_batch, move_structure)
 from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_rows_of
@@ -287,7 +287,11 @@ def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_gra
         value = as_int(value, arg)
         if value < 0:
             raise ValueError(f"{arg} must be non-negative, got {value}")
-        sizes.append(value)
+        sizes.append(check_int64(value, arg))
+    itemsize = (dtype if isinstance(dtype, torch.dtype) else torch.get_default_dtype()).itemsize
+    if sizes[0] * sizes[1] * itemsize > _INT64_MAX:  # torch: "Storage size ... overflowed"
+        raise ValueError(f"in_features * out_features (the weight's elements, {itemsize} bytes "
+                         f"each) must take fewer than 2**63 bytes, got {sizes[0]} * {sizes[1]}")
     for arg, flag in (("bias", bias), ("sparse_grad", sparse_grad)):
         if not isinstance(flag, bool):
             raise TypeError(f"{arg} must be a bool, got {type(flag).__name__} {flag!r}")
