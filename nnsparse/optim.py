@@ -189,14 +189,18 @@ class LazyAdam(Optimizer):
 
 
 def _unique_params(params: Any) -> Any:
-    """``params`` (a group's) as a list, refused if it names one parameter twice: torch
-    only warns, and each step would then update that parameter twice.  A tensor or a
-    set is left for torch's own checks."""
+    """``params`` (a group's) as a list, refused if it names one parameter twice (torch
+    only warns, and each step would then update that parameter twice) or holds an
+    integer or bool tensor.  A tensor or a set is left for torch's own checks."""
     if isinstance(params, (Tensor, set)) or not hasattr(params, "__iter__"):
         return params
     params = list(params)
     seen: Dict[int, int] = {}
     for i, p in enumerate(params):
+        if isinstance(p, Tensor) and not (p.is_floating_point() or p.is_complex()):
+            # torch takes it, and its first step fails in a kernel ("lerp ... 'Long'")
+            raise TypeError(f"params must be floating-point tensors (Adam's moments), got "
+                            f"{p.dtype} at position {i}")
         if id(p) in seen:
             raise ValueError(f"params must name each parameter once, got the same tensor at "
                              f"positions {seen[id(p)]} and {i} (each step would update it twice)")

@@ -50,6 +50,16 @@ def _move(x: Any, device: Optional[torch.device]) -> Any:
     return x
 
 
+def _input_width(network: nn.Module) -> Optional[int]:
+    """The ``in_features`` of the first module of ``network`` that has one (the layer that
+    reads the data), or None."""
+    for module in network.modules():
+        width = getattr(module, "in_features", None)
+        if isinstance(width, int):
+            return width
+    return None
+
+
 class _SparseRows:
     """Row ranges of a sparse matrix cut at its CSR row pointers: each batch is
     a slice of the column and value arrays, never a gather over the whole nnz."""
@@ -107,6 +117,8 @@ class _SparseSource(_Source):
                              "call the network on it directly")
         self.cut = _SparseRows(batch, coalesce=True) if batch.rows else None
         self.rows, self.device, self.width = batch.rows, batch.device, batch.width
+        if batch.form == "pair_list":  # Lua's rows tell no width: the one the network reads
+            self.width = max(self.width, _input_width(runner.network) or 0)
         self.dtype = batch.dtype if batch.dtype.is_floating_point else torch.get_default_dtype()
 
     def batch(self, start: int, stop: int) -> Tensor:
