@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import (Any, Dict, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union,
                     overload)
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -820,6 +821,15 @@ def check_int64(value: int, name: str) -> int:
     if value > _INT64_MAX:
         raise ValueError(f"{name} must be below 2**63 (int64), got {value}")
     return value
+
+
+def as_flag(value: Any, name: str, what: str = "a bool") -> bool:
+    """``value`` as a Python bool: ``True``/``False`` and numpy bools (``np.True_``, which
+    torch's own flags take) pass; anything else, an int 0/1 or a 0-d tensor included, is
+    a ``TypeError`` "``name`` must be ``what``, got ...".  The one check of flags."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
 
 
 def as_count(name: str, value: Any, low: int) -> int:

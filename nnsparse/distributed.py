@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from ._forms import as_flag
 from ._optim_split import sparse_grad_parameters
 from .data.split import torch_seed
 
@@ -249,9 +250,7 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
     if batch_size > 2 ** 63 - 1:  # the sampler's islice takes no count beyond int64
         raise ValueError(f"batch_size must be a positive int below 2**63, got {batch_size!r}")
     batch_size = int(batch_size)
-    for flag, value in (("shuffle", shuffle), ("drop_last", drop_last)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
+    shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
     seed = torch_seed(seed)  # any int, as the models' seeds (torch.Generator's range as is)
     taken = [k for k in ("sampler", "batch_sampler")
              if k in kwargs and (k == "sampler" or kwargs[k] is not None)]

@@ -21,7 +21,7 @@ from torch.optim import Optimizer
 
 
 from . import _rowopt
-from ._forms import _a
+from ._forms import _a, as_flag
 
 if TYPE_CHECKING:  # at run time _sparse_layers imports them itself
     from .layers.linear import SparseLinearBatch
@@ -107,7 +107,7 @@ class LazyAdam(Optimizer):
             _check_non_negative(name, value)
         _check_betas(betas)
         _check_share(dense_above)
-        _check_flag("decoupled_weight_decay", decoupled_weight_decay)
+        decoupled_weight_decay = _check_flag("decoupled_weight_decay", decoupled_weight_decay)
         if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
             raise TypeError(f"params must be an iterable of parameters or of param-group "
                             f"dicts, got {type(params).__name__}")
@@ -1019,6 +1019,7 @@ def _in_backward_hp(kind: str, *, lr: Optional[float], betas: Any, eps: Optional
     hp: Dict[str, Any] = dict(_DEFAULTS[kind])
     hp.update({k: v for k, v in dict(lr=lr, eps=eps, weight_decay=weight_decay).items()
                if v is not None})
+    nesterov = _check_flag("nesterov", nesterov)  # stored a bool (a numpy bool passes)
     hp.update(betas=tuple(betas), momentum=momentum, nesterov=nesterov,
               initial_accumulator_value=initial_accumulator_value, dense_above=dense_above)
     _check_hyper(kind, hp)
@@ -1101,9 +1102,8 @@ def _check_non_negative(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be finite, got inf")
 
 
-def _check_flag(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+def _check_flag(name: str, value: Any) -> bool:
+    return as_flag(value, name)  # a numpy bool passes, as a bool
 
 
 def _check_closure(closure: Any) -> None:

@@ -20,8 +20,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._forms import (SparseBatch, as_device, as_sparse_batch, check_index_range, refuse_meta,
-                      refuse_meta_device)
+from .._forms import (SparseBatch, as_device, as_flag, as_sparse_batch, check_index_range,
+                      refuse_meta, refuse_meta_device)
 from .readers import (Ratings, check_ratings, check_unique_pairs, refuse_repeated_keys,
                       refuse_uint8_index)
 
@@ -234,8 +234,7 @@ class RatingNormalizer:
             raise ValueError("train holds no ratings; the normaliser needs some to fit")
         # a pair rated twice would weigh twice in its row mean (and matrix() refuses it)
         check_unique_pairs("train", train)
-        if not isinstance(center, bool):
-            raise TypeError(f"center must be a bool, got {type(center).__name__} {center!r}")
+        center = as_flag(center, "center")
         data_lo, data_hi = train.scale
         if scale is None:
             lo, hi = data_lo, data_hi
@@ -326,8 +325,7 @@ class RatingNormalizer:
         :func:`rating_matrix`.
         """
         check_ratings(ratings, "ratings")
-        if not isinstance(normalize, bool):
-            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+        normalize = as_flag(normalize, "normalize")
         values = ratings.rating
         if normalize:
             row, _ = self.index(ratings)

@@ -18,6 +18,7 @@ import numbers
 import numpy as np
 import torch
 
+from .._forms import as_flag
 from .readers import Ratings
 
 __all__ = ["synthetic_ratings", "synthetic_item_features"]
@@ -255,8 +256,7 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
             raise TypeError(f"{name} must be a real number, got {type(number).__name__} {number!r}")
         if not 0 <= number < math.inf:  # also refuses NaN
             raise ValueError(f"{name} must be non-negative and finite, got {number}")
-    if not isinstance(titles, bool):
-        raise TypeError(f"titles must be a bool, got {type(titles).__name__} {titles!r}")
+    titles = as_flag(titles, "titles")
     user, item, score = _scores(seed, n_users, n_items, n_ratings, rank, noise,
                                 user_sigma, item_sigma)
     record = Ratings(torch.from_numpy(user.astype(np.int64)),

@@ -5,12 +5,13 @@ import contextlib
 import numbers
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from .. import _index
-from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_count, as_device,
+from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_count, as_device, as_flag,
                       as_sparse_batch, check_kernel_dtype, refuse_meta, trust)
 from ..data.dataset import SparseRowDataset
 
@@ -302,8 +303,8 @@ class Batchifier:
             raise TypeError(f"network must be an nn.Module, got {type(network).__name__}")
         output_size = as_count("output_size", output_size, 0)
         batch_size = as_count("batch_size", batch_size, 1)
-        if progress is not None and not isinstance(progress, bool):
-            raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
+        if progress is not None:
+            progress = as_flag(progress, "progress")
         device = as_device(device, none=True)
         if layout not in (torch.sparse_csr, torch.sparse_coo):
             raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
@@ -482,6 +483,8 @@ class Batchifier:
     def _exclusion(self, exclude: Any, source: _Source
                    ) -> Optional[Callable[[int, int, Any], Pattern]]:
         """The pattern to leave out of each batch, as ``(start, stop, batch) -> (row, col)``."""
+        if isinstance(exclude, np.bool_):  # a numpy bool is a flag, as elsewhere (as_flag)
+            exclude = bool(exclude)
         if exclude is None or exclude is False:
             return None
         if exclude is True:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .._forms import _check_csr, _version, as_device, as_sparse_batch, is_sparse_form
+from .._forms import _check_csr, _version, as_device, as_flag, as_sparse_batch, is_sparse_form
 from .._load import check_state_dict, entry_errors
 from .. import _index
 from ..matmul import _PatternMM, _transposed
@@ -161,8 +161,7 @@ class SparseWeightLinear(nn.Module):
 
     def __init__(self, pattern: Any, bias: bool = True, *, device=None, dtype=None) -> None:
         super().__init__()
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
+        bias = as_flag(bias, "bias")
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
         as_device(device, none=True)  # before the pattern is read

@@ -24,8 +24,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type,
 import torch
 from torch import Tensor, nn
 
-from .._forms import (_a, as_count, as_device, check_index_range, refuse_meta, refuse_meta_device,
-                      trust)
+from .._forms import (_a, as_count, as_device, as_flag, check_index_range, refuse_meta,
+                      refuse_meta_device, trust)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -200,8 +200,7 @@ class RatingModel(nn.Module):
             raise TypeError(f"seed must be an int, got {type(h['seed']).__name__}")
         h["seed"] = int(h["seed"])  # a numpy int too; any size (see torch_seed)
         for key in ("refit", "dense_decoder"):
-            if not isinstance(h[key], bool):
-                raise TypeError(f"{key} must be a bool, got {type(h[key]).__name__}")
+            h[key] = as_flag(h[key], key)  # saved as a bool: a numpy bool passes
         for key, value in h.items():
             if key in ("lr", "weight_decay", "validation_ratio", "min_lr_ratio") or \
                     key.startswith("l2") or key in ("alpha", "beta", "hide_ratio"):
@@ -435,10 +434,9 @@ class RatingModel(nn.Module):
                                  "validation_ratio of train instead")
         if len(train) == 0:
             raise ValueError("train holds no ratings")
-        if progress is not None and not isinstance(progress, bool):
-            raise TypeError(f"progress must be None or a bool, got {type(progress).__name__}")
-        if not isinstance(verbose, bool):
-            raise TypeError(f"verbose must be a bool, got {type(verbose).__name__}")
+        if progress is not None:
+            progress = as_flag(progress, "progress", "None or a bool")
+        verbose = as_flag(verbose, "verbose")
         h, device = self.hparams, _as_device(device)
         rows = train.n_items if h["orientation"] == "item" else train.n_users
         features = _check_features(features, rows, "features")
@@ -553,8 +551,7 @@ class RatingModel(nn.Module):
             ``return_counts``, ``(prediction, counts)``.
         """
         self._check_built()
-        if not isinstance(return_counts, bool):
-            raise TypeError(f"return_counts must be a bool, got {type(return_counts).__name__}")
+        return_counts = as_flag(return_counts, "return_counts")
         users, items = _index_tensor(users, "users"), _index_tensor(items, "items")
         if users.shape != items.shape or users.dim() != 1:
             raise ValueError(f"users and items must be 1-D of one length, got "
@@ -667,9 +664,8 @@ class RatingModel(nn.Module):
         if not isinstance(min_support, numbers.Integral) or isinstance(min_support, bool):
             raise TypeError(f"min_support must be an int, got {type(min_support).__name__}")
         _check_number("shrinkage", shrinkage)
-        for flag, value in (("exclude_rated", exclude_rated), ("by_index", by_index)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
+        exclude_rated = as_flag(exclude_rated, "exclude_rated")
+        by_index = as_flag(by_index, "by_index")
         if min_support < 0:
             raise ValueError(f"min_support must be non-negative, got {min_support}")
         if not shrinkage >= 0:
