@@ -808,6 +808,7 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
     title_file = _title_file(path, format, titles)
     sep, fields, header, _ = _FORMATS[format]
     raw = path.read_bytes()
+    _refuse_binary(raw[:4096], path)
     if raw.startswith(_BOM):  # before the header check: the BOM is no part of the first line
         raw = raw[len(_BOM):]
     if header:
@@ -1037,7 +1038,29 @@ _USER_FILES = {"ml-100k": "u.user", "ml-1m": "users.dat"}
 _AGES = (1, 18, 25, 35, 45, 50, 56)
 
 
+def _refuse_binary(head: bytes, path: Path) -> None:
+    """A compressed or binary file, read as text, failed on its first line with its bytes
+    quoted ("expected 4 fields, got 2: '\\x8b\\x08...'"): named here from its first bytes."""
+    for magic, kind, fix in _ARCHIVES:
+        if head.startswith(magic) and (magic != b"BZh" or head[4:10] == b"1AY&SY"):
+            raise ValueError(f"path: {path} is {kind} (it starts with {magic!r}), not a text "
+                             f"file; {fix}")
+    if b"\x00" in head:
+        raise ValueError(f"path: {path} holds NUL bytes: a binary file or UTF-16 text, not "
+                         f"ASCII/UTF-8/latin-1 text; save it as UTF-8")
+
+
+# (first bytes, what the file is, what to do) for the archives a rating file comes in
+_ARCHIVES = ((b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip)"),
+             (b"PK\x03\x04", "a zip archive", "extract it and give the rating file in it "
+                                            "(e.g. ml-1m/ratings.dat)"),
+             (b"BZh", "bzip2-compressed", "decompress it first (bunzip2)"),
+             (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (unxz)"))
+
+
 def _lines(path: Path, sep: str) -> List[Tuple[int, List[str]]]:
+    with open(path, "rb") as raw:
+        _refuse_binary(raw.read(4096), path)
     with open(path, encoding="latin-1") as f:
         return [(n, _without_bom(line, n).rstrip("\r\n").split(sep))
                 for n, line in enumerate(f, start=1) if line.strip()]
@@ -1244,7 +1267,8 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
         try:
             key, age = _strict_int(parts[0]), _strict_int(parts[a_at])
         except ValueError:
-            raise ValueError(f"{path}, line {number}: the id and the age must be integers") from None
+            raise ValueError(f"{path}, line {number}: the id and the age must be integers, got "
+                             f"{parts[0]!r} and {parts[a_at]!r}") from None
         if age < 0:
             raise ValueError(f"{path}, line {number}: the age must be non-negative, got {age}")
         gender = parts[g_at].strip().upper()
