@@ -24,8 +24,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type,
 import torch
 from torch import Tensor, nn
 
-from .._forms import (_a, as_count, as_device, as_flag, check_index_range, refuse_meta,
-                      refuse_meta_device, trust)
+from .._forms import (_a, as_count, as_device, as_flag, check_index_range, check_int64,
+                      refuse_meta, refuse_meta_device, trust)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -574,6 +574,9 @@ class RatingModel(nn.Module):
         was_training = self.training
         self.eval()
         device, width = self.device, self._shape[1]
+        # the parameters' dtype: a model converted since fit (model.double()) is fed its own
+        # (the layer refused the float32 matrix: "input must have the weight's dtype")
+        dtype = next(self.parameters()).dtype
         dataset = SparseRowDataset(self._input)
         out = torch.empty(row.shape[0])
         order = torch.argsort(row, stable=True)
@@ -591,10 +594,11 @@ class RatingModel(nn.Module):
             pattern = coo_tensor(torch.stack([ukey // width, ukey % width]),
                                  torch.ones(ukey.shape[0]), (chunk.shape[0], width),
                                  coalesced=True).to(device)
-            est = self(batch.input, batch.row_index, pattern).to_sparse_coo().coalesce()
+            x = batch.input if batch.input.dtype == dtype else batch.input.to(dtype)
+            est = self(x, batch.row_index, pattern).to_sparse_coo().coalesce()
             values = self._norm.denormalize(
                 est.values(), batch.row_index[est.indices()[0]]).cpu()
-            out[order[take]] = values[where]
+            out[order[take]] = values[where].to(out.dtype)  # float32 predictions, as the fallback's
         self.train(was_training)
         return out
 
@@ -668,6 +672,8 @@ class RatingModel(nn.Module):
         by_index = as_flag(by_index, "by_index")
         if min_support < 0:
             raise ValueError(f"min_support must be non-negative, got {min_support}")
+        check_int64(int(min_support), "min_support")  # compared with int64 counts
+        check_int64(k, "k")
         if not shrinkage >= 0:
             raise ValueError(f"shrinkage must be non-negative, got {shrinkage}")
         if shrinkage == math.inf:
