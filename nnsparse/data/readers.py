@@ -159,6 +159,10 @@ class Ratings:
             if rating.layout != torch.strided:
                 raise TypeError(f"rating must be a dense tensor or a sequence of numbers, got "
                                 f"layout {rating.layout}")
+            if rating.dtype == torch.bool:
+                raise TypeError("rating must be a sequence of real numbers, got a bool tensor")
+        else:
+            _refuse_non_numbers(rating, "rating")
         try:
             wide = np.asarray(rating.detach().cpu() if isinstance(rating, Tensor) else rating,
                               dtype=np.float64)
@@ -610,10 +614,39 @@ def _id_array(ids: Any, name: str = "ids") -> np.ndarray:
     except OverflowError:
         out = np.empty(len(ids), dtype=object)
         out[:] = list(ids)
+    except ValueError:  # ragged: numpy's "inhomogeneous shape"
+        raise ValueError(f"{name} must be 1-D, one id per rating, got nested sequences of "
+                         f"different lengths") from None
     if out.ndim != 1:
+        if isinstance(ids, (dict, set, frozenset)):  # numpy makes a 0-d object array of it
+            raise TypeError(f"{name} must be a sequence of ids (a list, array or tensor), "
+                            f"got {type(ids).__name__}")
         raise ValueError(f"{name} must be 1-D, one id per rating, got shape {out.shape}")
     _check_missing(out, ids, name)
+    if out.dtype.kind in "US" and not isinstance(ids, np.ndarray):
+        # numpy made str of every id: 1 and "1" would be one user, 8 would become "8"
+        other = next((v for v in ids if not isinstance(v, (str, bytes))), None)
+        if other is not None:
+            first = next(v for v in ids if isinstance(v, (str, bytes)))
+            raise TypeError(f"{name} must hold ids of one kind (all str or all numbers), got "
+                            f"{type(first).__name__} {first!r} and {type(other).__name__} "
+                            f"{other!r}")
     return out
+
+
+def _refuse_non_numbers(values: Any, name: str) -> None:
+    """``TypeError`` for str or bool entries, which ``np.asarray(..., float64)`` would
+    read as numbers ("3" as 3.0, True as 1.0)."""
+    try:
+        probe = np.asarray(values) if not isinstance(values, np.ndarray) else values
+    except (TypeError, ValueError):  # ragged: the float64 conversion after says so
+        return
+    if probe.dtype.kind in "USb" or probe.dtype == object:
+        flat = probe.reshape(-1) if probe.dtype != object else probe.ravel()
+        bad = next((v for v in flat.tolist() if isinstance(v, (str, bytes, bool))), None)
+        if bad is not None:
+            raise TypeError(f"{name} must be a sequence of real numbers, got "
+                            f"{type(bad).__name__} {bad!r}")
 
 
 def _check_missing(ids: np.ndarray, given: Any, name: str) -> None:
