@@ -100,7 +100,7 @@ class DynamicSparseTensor:
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
                  dtype: Optional[torch.dtype] = None,
                  device: Optional[Union[str, torch.device]] = None):
-        reserve = as_int(reserve, "reserve")
+        reserve = check_int64(as_int(reserve, "reserve"), "reserve")
         if dtype is None:  # as torch's factories (and Lua's default tensor type)
             dtype = torch.get_default_dtype()
         ndim = as_int(ndim, "ndim")
@@ -228,6 +228,8 @@ class DynamicSparseTensor:
                 items = row.tolist()
             except (RuntimeError, NotImplementedError):  # a tensor without data (meta)
                 raise self._row_error(row) from None
+            if row.dtype in (torch.float16, torch.bfloat16, torch.float32) and items:
+                _check_exact_indices(items[:-1], row.dtype)
         elif isinstance(row, (tuple, list)):
             items = row
         else:
@@ -545,6 +547,18 @@ def _value_range(dtype: torch.dtype) -> Optional[Tuple[float, float]]:
         return None
     info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
     return (info.min, info.max)
+
+
+def _check_exact_indices(indices: Sequence[Any], dtype: torch.dtype) -> None:
+    """The indices of a float row (Lua's ``[index, value]``) beyond the whole numbers its
+    dtype holds exactly: the index the caller meant may already have been rounded to a
+    neighbour (``from_pairs`` refuses them too)."""
+    exact = 2.0 / torch.finfo(dtype).eps  # 2 ** (mantissa bits + 1)
+    for i in indices:
+        if isinstance(i, float) and abs(i) > exact:
+            raise ValueError(f"the index of an [index, value] row stored as {dtype} is exact "
+                             f"only up to {int(exact)}, got {i:g}; build the row as float64 "
+                             f"or int64")
 
 
 def _check_pair_index(top: int, dtype: torch.dtype) -> None:
