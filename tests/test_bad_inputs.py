@@ -2522,6 +2522,12 @@ PROBE7 = [
          ValueError, r"model.batch_loss must return a scalar loss tensor, got shape \(2,\)"),
     Case("Trainer-batch_loss-float", lambda: _trainer_fit(_LossNet(lambda y: 1.0)), TypeError,
          r"model.batch_loss must return a scalar loss tensor, got float"),
+    Case("Batchifier.forward-lua-nFrame", lambda: nnsparse.Batchifier(
+        nnsparse.Densify(4), 4, progress=False)(S, 2, 5), TypeError,
+         r"Batchifier.forward takes \(data, batch_size\), got 1 more positional argument\(s\) "
+         r"\(5,\); Lua's nFrame has no equivalent"),
+    Case("Batchifier.forward-lua-batchSize-works", lambda: nnsparse.Batchifier(
+        nnsparse.Densify(4), 4, progress=False)(S, 1), None, check=lambda out: torch.equal(out, X)),
     Case("Trainer-batch_loss-scalar-works", lambda: _trainer_fit(_LossNet(
         lambda y: (y ** 2).mean())).best_epoch, None, check=lambda epoch: epoch == 1),
 ]

@@ -323,7 +323,7 @@ class Batchifier:
                 f"batch_size={self.batch_size}, device={self.device}, "
                 f"network={type(self.network).__name__})")
 
-    def forward(self, data: Data, batch_size: Optional[int] = None) -> Tensor:
+    def forward(self, data: Data, batch_size: Optional[int] = None, *args: Any) -> Tensor:
         r"""The network's output for every row of ``data``.
 
         Args:
@@ -342,12 +342,16 @@ class Batchifier:
 
         Raises:
             TypeError: ``data`` is not one of the accepted kinds, ``batch_size``
-                not an int.
+                not an int, a third positional argument (Lua's ``nFrame``).
             ValueError: ``data`` is a single vector, the network returns
                 something other than a dense ``(b, output_size)`` tensor with
                 data (or another dtype than for the first batch), or
                 ``batch_size`` is below 1.
         """
+        if args:  # Lua's forward(data, batchSize, nFrame): Python's "takes from 2 to 3 ..."
+            raise TypeError(f"Batchifier.forward takes (data, batch_size), got {len(args)} more "
+                            f"positional argument(s) {args!r}; Lua's nFrame has no equivalent "
+                            f"(the number of rows is the data's)")
         if batch_size is None:
             batch_size = self.batch_size
         batch_size = as_count("batch_size", batch_size, 1)
