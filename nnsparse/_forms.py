@@ -886,8 +886,9 @@ def as_device(device: Any, none: bool = False) -> Optional[torch.device]:
     """``device`` as a ``torch.device`` (``None`` passes through when ``none``).
 
     A ``TypeError`` for another kind than a name, an index or a ``torch.device``;
-    a ``ValueError`` for a name torch does not know.  The one device check of
-    nnsparse's arguments (whether the device exists is left to the first tensor).
+    a ``ValueError`` for a name torch does not know, or a device this machine lacks
+    (``'cuda'`` on a torch built without CUDA: torch's ``AssertionError`` at the first
+    tensor).  The one device check of nnsparse's arguments.
     """
     if device is None and none:
         return None
@@ -895,10 +896,31 @@ def as_device(device: Any, none: bool = False) -> Optional[torch.device]:
         raise TypeError(f"device must be {'None, ' if none else ''}a torch.device or a name "
                         f"such as 'cpu' or 'cuda:0', got {type(device).__name__}")
     try:
-        return torch.device(device)
+        out = torch.device(device)
     except (RuntimeError, ValueError):
         raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
                          f"'cuda:0', got {device!r}") from None
+    if out.type not in ("cpu", "meta"):
+        missing = _device_missing(out)
+        if missing is not None:
+            raise ValueError(f"device must be one this machine has, got {str(out)!r} "
+                             f"({missing})")
+    return out
+
+
+# device -> None (it works) or why not: one tiny allocation per device and process, so a
+# batch's to(device) at every step costs a dict lookup
+_DEVICES: Dict[torch.device, Optional[str]] = {}
+
+
+def _device_missing(device: torch.device) -> Optional[str]:
+    if device not in _DEVICES:
+        try:
+            torch.empty(0, device=device)
+            _DEVICES[device] = None
+        except (RuntimeError, AssertionError, NotImplementedError) as e:
+            _DEVICES[device] = str(e).split("\n")[0][:200]
+    return _DEVICES[device]
 
 
 def resolve_size(given: Optional[Sequence[int]], batch: SparseBatch, name: str = "size") -> Tuple[int, int]:

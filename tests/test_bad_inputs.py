@@ -2361,6 +2361,19 @@ def _converted_predictions(convert):
 
 
 _PAIRS7 = [torch.tensor([[0.0, 1.0]]), torch.zeros(0, 2)]
+
+
+def _missing_device():
+    """A device type torch names that this machine lacks (xpu or mps here; cuda without a GPU)."""
+    for name in ("xpu", "mps", "cuda"):
+        try:
+            torch.empty(0, device=name)
+        except (RuntimeError, AssertionError, NotImplementedError):
+            return name
+    return "xpu:99"  # an index past the devices of a machine that has all three
+
+
+_MISSING_DEVICE = _missing_device()
 _NET7 = nn.Sequential(nnsparse.SparseLinearBatch(4, 3), nn.Linear(3, 4))
 
 PROBE7 = [
@@ -2528,6 +2541,34 @@ PROBE7 = [
          r"\(5,\); Lua's nFrame has no equivalent"),
     Case("Batchifier.forward-lua-batchSize-works", lambda: nnsparse.Batchifier(
         nnsparse.Densify(4), 4, progress=False)(S, 1), None, check=lambda out: torch.equal(out, X)),
+    # integer ratings: the difference wrapped before the cast (uint8 0 - 255 is 1)
+    Case("rmse-uint8-no-wrap-works", lambda: rmse(torch.tensor([0], dtype=torch.uint8),
+                                                  torch.tensor([255], dtype=torch.uint8)),
+         None, check=lambda out: out.item() == 255.0 and out.dtype == torch.float32),
+    Case("mae-int8-no-wrap-works", lambda: mae(torch.tensor([-128], dtype=torch.int8),
+                                               torch.tensor([127], dtype=torch.int8)),
+         None, check=lambda out: out.item() == 255.0),
+    Case("RatingErrors-uint8-no-wrap-works", lambda: (lambda e: (e.update(
+        torch.tensor([0], dtype=torch.uint8), torch.tensor([255], dtype=torch.uint8)),
+        e.compute()))(nnsparse.data.RatingErrors())[1], None,
+         check=lambda out: out["rmse"] == 255.0 and out["mae"] == 255.0),
+    # a device torch names but this machine lacks: torch's AssertionError ("Torch not
+    # compiled with XPU enabled") at the first tensor
+    Case("SparseLinearBatch-device-missing", lambda: nnsparse.SparseLinearBatch(
+        4, 3, device=_MISSING_DEVICE), ValueError, r"device must be one this machine has, got "),
+    Case("SparseRowBatch.to-device-missing", lambda: SparseRowDataset(S).collate(
+        [SparseRowDataset(S)[0]]).to(_MISSING_DEVICE), ValueError,
+         r"device must be one this machine has, got "),
+    Case("SparseParts.to-device-missing", lambda: nnsparse.sparse_parts(S).to(_MISSING_DEVICE),
+         ValueError, r"device must be one this machine has, got "),
+    Case("RatingNormalizer.to-device-missing", lambda: RatingNormalizer(_R).to(_MISSING_DEVICE),
+         ValueError, r"device must be one this machine has, got "),
+    Case("Batchifier-device-missing", lambda: nnsparse.Batchifier(
+        nnsparse.Densify(4), 4, device=_MISSING_DEVICE, progress=False), ValueError,
+         r"device must be one this machine has, got "),
+    Case("Trainer-device-missing", lambda: nnsparse.models.Trainer(
+        nn.Linear(2, 2), epochs=1, batch_size=1, lr=0.1, device=_MISSING_DEVICE), ValueError,
+         r"device must be one this machine has, got "),
     Case("Trainer-batch_loss-scalar-works", lambda: _trainer_fit(_LossNet(
         lambda y: (y ** 2).mean())).best_epoch, None, check=lambda epoch: epoch == 1),
 ]

@@ -385,8 +385,10 @@ def _errors(prediction: Tensor, target: Tensor) -> Tensor:
     _check_pair(prediction, target)
     if prediction.numel() == 0:
         raise ValueError("prediction and target are empty; an error needs at least one entry")
-    error = prediction - target
-    return error if error.is_floating_point() else error.to(torch.get_default_dtype())
+    dtype = torch.promote_types(prediction.dtype, target.dtype)
+    if not dtype.is_floating_point:  # cast first: uint8 0 - 255 wrapped to 1, int8 too
+        dtype = torch.get_default_dtype()
+    return prediction.to(dtype) - target.to(dtype)
 
 
 def rmse(prediction: Tensor, target: Tensor) -> Tensor:
@@ -442,7 +444,8 @@ class RatingErrors:
         if self._sums is not None and self._sums.device != prediction.device:
             raise ValueError(f"prediction must be on the device of the earlier updates, "
                              f"{self._sums.device}, got {prediction.device}")
-        error = (prediction.detach() - target.detach()).to(torch.float64)
+        # float64 first: an integer difference wraps (uint8 0 - 255 is 1)
+        error = prediction.detach().to(torch.float64) - target.detach().to(torch.float64)
         sums = torch.stack([error.square().sum(), error.abs().sum(),
                             error.new_tensor(float(error.numel()))])
         self._sums = sums if self._sums is None else self._sums + sums
