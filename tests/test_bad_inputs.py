@@ -2569,6 +2569,14 @@ PROBE7 = [
     Case("Trainer-device-missing", lambda: nnsparse.models.Trainer(
         nn.Linear(2, 2), epochs=1, batch_size=1, lr=0.1, device=_MISSING_DEVICE), ValueError,
          r"device must be one this machine has, got "),
+    # Lua pair rows times a dense B: as wide as their largest index + 1, refused as too narrow
+    Case("sparse_mm-pair-rows-works", lambda: nnsparse.sparse_mm(
+        _PAIRS7, torch.arange(12.0).view(4, 3)), None,
+         check=lambda out: torch.equal(out, nnsparse.densify(_PAIRS7, size=(2, 4))
+                                       @ torch.arange(12.0).view(4, 3))),
+    Case("sparse_mm-pair-rows-past-B", lambda: nnsparse.sparse_mm(
+        [torch.tensor([[3.0, 1.0]])], torch.ones(3, 2)), ValueError,
+         r"A\[0\] indices must be in \[0, 3\), got max 3"),
     Case("Trainer-batch_loss-scalar-works", lambda: _trainer_fit(_LossNet(
         lambda y: (y ** 2).mean())).best_epoch, None, check=lambda epoch: epoch == 1),
 ]
