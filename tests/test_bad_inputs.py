@@ -2577,6 +2577,9 @@ PROBE7 = [
     Case("sparse_mm-pair-rows-past-B", lambda: nnsparse.sparse_mm(
         [torch.tensor([[3.0, 1.0]])], torch.ones(3, 2)), ValueError,
          r"A\[0\] indices must be in \[0, 3\), got max 3"),
+    Case("register-RatingModel-itself", lambda: nnsparse.models.register(
+        nnsparse.models.RatingModel), TypeError,
+         r"register takes a RatingModel subclass, got RatingModel itself"),
     Case("Trainer-batch_loss-scalar-works", lambda: _trainer_fit(_LossNet(
         lambda y: (y ** 2).mean())).best_epoch, None, check=lambda epoch: epoch == 1),
 ]

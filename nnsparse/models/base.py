@@ -53,6 +53,8 @@ def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
     if not (isinstance(cls, type) and issubclass(cls, RatingModel)):
         raise TypeError(f"register takes a RatingModel subclass, got "
                         f"{cls.__name__ if isinstance(cls, type) else type(cls).__name__}")
+    if cls is RatingModel:  # the abstract base: a file naming it would load no network
+        raise TypeError("register takes a RatingModel subclass, got RatingModel itself")
     if "name" not in cls.__dict__:
         raise ValueError(f"{cls.__name__} must set its own name (the key load() reads), "
                          f"it inherits {cls.name!r}")
