@@ -2580,6 +2580,16 @@ PROBE7 = [
     Case("register-RatingModel-itself", lambda: nnsparse.models.register(
         nnsparse.models.RatingModel), TypeError,
          r"register takes a RatingModel subclass, got RatingModel itself"),
+    # load_state_dict flags: torch took strict="no" as true
+    Case("SparseLinearBatch.load_state_dict-strict-str", lambda: nnsparse.SparseLinearBatch(
+        4, 3).load_state_dict(nnsparse.SparseLinearBatch(4, 3).state_dict(), strict="no"),
+         TypeError, r"strict must be a bool, got str 'no'"),
+    Case("RatingModel.load_state_dict-assign-int", lambda: _fitted_autorec().load_state_dict(
+        _fitted_autorec().state_dict(), assign=1), TypeError, r"assign must be a bool, got int 1"),
+    Case("SparseWeightLinear.load_state_dict-strict-numpy-bool-works", lambda: (lambda w: (
+        w.load_state_dict(w.state_dict(), strict=_NP.False_)))(
+            nnsparse.SparseWeightLinear.random(4, 3, 0.5)), None,
+         check=lambda out: not out.missing_keys and not out.unexpected_keys),
     Case("Trainer-batch_loss-scalar-works", lambda: _trainer_fit(_LossNet(
         lambda y: (y ** 2).mean())).best_epoch, None, check=lambda epoch: epoch == 1),
 ]

@@ -209,7 +209,7 @@ class SparseWeightLinear(nn.Module):
             if refusals:
                 raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:"
                                    "\n\t" + "\n\t".join(refusals) + "\n(nothing was loaded)")
-        check_state_dict(self, state_dict, strict)
+        strict, assign = check_state_dict(self, state_dict, strict, assign)
         # _load_from_state_dict reads these same entries (its pre-hooks run after its
         # check): they were checked just above, so it does not compute the refusals again
         self._refusals_checked = True

@@ -234,7 +234,7 @@ class RatingModel(nn.Module):
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
-        check_state_dict(self, state_dict, strict)
+        strict, assign = check_state_dict(self, state_dict, strict, assign)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def __getstate__(self) -> Dict[str, Any]:
