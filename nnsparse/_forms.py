@@ -807,7 +807,8 @@ def as_int(value: Any, name: str, must: str = "be an int") -> int:
     """``value`` as a Python int: ints, numpy ints and 0-d integer tensors pass
     (``operator.index``); a bool, a float (even whole) or anything else is a
     ``TypeError`` "``name`` must ``must``, got ...". The one int check of nnsparse's sizes."""
-    if not isinstance(value, bool):
+    # (a tensor of one element but more dimensions has __index__ too: a (1, 1) tensor is no int)
+    if not isinstance(value, bool) and not (isinstance(value, Tensor) and value.dim() != 0):
         try:
             return operator.index(value)
         except TypeError:

@@ -24,6 +24,7 @@ _CHUNK = 4096
 # The host buffers start this small and grow (x4) to _CHUNK: a builder of a few
 # hundred entries (Lua's test: 287) neither zero-fills 64 KB nor calls torch before build.
 _FIRST_CHUNK = 256
+_MAX_NDIM = 64  # sparse dimensions of a builder: far beyond any use, bounded memory
 
 
 class DynamicSparseTensor:
@@ -58,7 +59,7 @@ class DynamicSparseTensor:
     Raises:
         TypeError: non-integer ``reserve`` or ``ndim``, a boolean or complex ``dtype``,
             or one torch's sparse kernels lack (uint16/32/64, float8, quantized).
-        ValueError: negative ``reserve``, ``mult_coef <= 1``, ``ndim < 1``; a
+        ValueError: negative ``reserve``, ``mult_coef <= 1``, ``ndim`` outside ``[1, 64]``; a
             ``device`` on which tensors hold no data (meta) or that this machine lacks.
 
     Example::
@@ -114,6 +115,9 @@ class DynamicSparseTensor:
             raise ValueError("mult_coef must be finite, got inf")
         if ndim < 1:
             raise ValueError(f"ndim must be at least 1, got {ndim}")
+        if ndim > _MAX_NDIM:  # one index buffer per dimension: 2**64 of them filled the memory
+            raise ValueError(f"ndim must be at most {_MAX_NDIM} (one index buffer is kept per "
+                             f"dimension), got {ndim}")
         if not isinstance(dtype, torch.dtype) or dtype == torch.bool or dtype.is_complex:
             raise TypeError(f"dtype must be a floating or integer torch.dtype, got {dtype}")
         if dtype not in KERNEL_DTYPES:  # the built tensor could not be coalesced nor densified

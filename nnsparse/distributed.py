@@ -261,6 +261,9 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
                                                  and hasattr(dataset, "__len__")):
         raise TypeError(f"dataset must be a map-style dataset (with __len__ and "
                         f"__getitem__), got {type(dataset).__name__}")
+    if isinstance(dataset, Tensor) and dataset.dim() == 0:  # torch: "len() of a 0-d tensor"
+        raise TypeError("dataset must be a map-style dataset (with __len__ and __getitem__), "
+                        "got a 0-d tensor")
     sampler: DistributedSampler[Any] = DistributedSampler(
         dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed,
         drop_last=drop_last)

@@ -2590,6 +2590,30 @@ PROBE7 = [
         w.load_state_dict(w.state_dict(), strict=_NP.False_)))(
             nnsparse.SparseWeightLinear.random(4, 3, 0.5)), None,
          check=lambda out: not out.missing_keys and not out.unexpected_keys),
+    # the generic fuzz: 2**64, -0.0, a (1, 1) tensor, a 0-d tensor where a size or data goes
+    Case("DynamicSparseTensor-ndim-2**64", lambda: nnsparse.DynamicSparseTensor(ndim=2 ** 64),
+         ValueError, r"ndim must be at most 64 \(one index buffer is kept per dimension\), got "
+                     r"18446744073709551616"),
+    Case("DynamicSparseTensor-ndim-64-works", lambda: nnsparse.DynamicSparseTensor(ndim=64).ndim,
+         None, check=lambda ndim: ndim == 64),
+    Case("SparseWeightLinear.random-in_features-2**64", lambda: (
+        nnsparse.SparseWeightLinear.random(2 ** 64, 3, 0.5)), ValueError,
+         r"in_features must be below 2\*\*63 \(int64\), got 18446744073709551616"),
+    Case("synthetic_ratings-n_users-2**64", lambda: synthetic_ratings(n_users=2 ** 64),
+         ValueError, r"n_users must be below 2\*\*63 \(int64\)"),
+    Case("synthetic_ratings-rank-2**64", lambda: synthetic_ratings(
+        n_users=5, n_items=5, n_ratings=5, rank=2 ** 64), ValueError,
+         r"rank must be below 2\*\*63 \(int64\)"),
+    Case("synthetic_ratings-noise-negative-zero-works", lambda: synthetic_ratings(
+        n_users=5, n_items=5, n_ratings=5, noise=-0.0, user_sigma=-0.0, item_sigma=-0.0), None,
+         check=lambda r: len(r) == 5),
+    Case("SparseLinearBatch-in_features-1x1-tensor", lambda: nnsparse.SparseLinearBatch(
+        torch.ones(1, 1, dtype=torch.long), 3), TypeError,
+         r"in_features must be an int, got Tensor tensor\(\[\[1\]\]\)"),
+    Case("SparseLinearBatch-in_features-0d-tensor-works", lambda: nnsparse.SparseLinearBatch(
+        torch.tensor(4), 3).in_features, None, check=lambda n: n == 4 and type(n) is int),
+    Case("distributed.loader-0d-tensor", lambda: nnsparse.distributed.loader(
+        torch.tensor(1.0), 2), TypeError, r"dataset must be a map-style dataset .* got a 0-d tensor"),
     Case("Trainer-batch_loss-scalar-works", lambda: _trainer_fit(_LossNet(
         lambda y: (y ** 2).mean())).best_epoch, None, check=lambda epoch: epoch == 1),
 ]

@@ -18,7 +18,7 @@ import numbers
 import numpy as np
 import torch
 
-from .._forms import as_flag
+from .._forms import as_flag, check_int64
 from .readers import Ratings
 
 __all__ = ["synthetic_ratings", "synthetic_item_features"]
@@ -43,6 +43,7 @@ def _check_positive(value: int, name: str) -> None:
         raise TypeError(f"{name} must be a positive int, got {value!r}")
     if value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+    check_int64(int(value), name)  # numpy's "Maximum allowed dimension exceeded"
 
 
 def _user_counts(rng: np.random.Generator, n_users: int, n_items: int, n_ratings: int,
@@ -256,6 +257,8 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
             raise TypeError(f"{name} must be a real number, got {type(number).__name__} {number!r}")
         if not 0 <= number < math.inf:  # also refuses NaN
             raise ValueError(f"{name} must be non-negative and finite, got {number}")
+    # -0.0 passes the check above, and numpy refused it ("scale < 0"): + 0.0 makes it 0.0
+    noise, user_sigma, item_sigma = (float(v) + 0.0 for v in (noise, user_sigma, item_sigma))
     titles = as_flag(titles, "titles")
     user, item, score = _scores(seed, n_users, n_items, n_ratings, rank, noise,
                                 user_sigma, item_sigma)

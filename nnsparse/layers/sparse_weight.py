@@ -17,7 +17,8 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .._forms import _check_csr, _version, as_device, as_flag, as_sparse_batch, is_sparse_form
+from .._forms import (_check_csr, _version, as_device, as_flag, as_sparse_batch, check_int64,
+                      is_sparse_form)
 from .._load import check_state_dict, entry_errors
 from .. import _index
 from ..matmul import _PatternMM, _transposed
@@ -361,6 +362,7 @@ class SparseWeightLinear(nn.Module):
                 raise TypeError(f"{name} must be an int, got {type(v).__name__}")
             if v <= 0:
                 raise ValueError(f"{name} must be positive, got {v}")
+            check_int64(int(v), name)  # torch's "Overflow when unpacking long long"
         density = _check_density(density)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
