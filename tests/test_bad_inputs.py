@@ -2361,6 +2361,9 @@ def _converted_predictions(convert):
 
 
 _PAIRS7 = [torch.tensor([[0.0, 1.0]]), torch.zeros(0, 2)]
+# pair rows covering X's entries, and X as a sparse target 6 columns wide
+_EST7 = [torch.tensor([[0.0, 0.5], [2.0, 2.0]]), torch.tensor([[1.0, 3.0], [3.0, 1.0]])]
+_WIDE7 = torch.cat([X, torch.zeros(2, 2)], 1).to_sparse()
 
 
 def _missing_device():
@@ -2614,6 +2617,11 @@ PROBE7 = [
         torch.tensor(4), 3).in_features, None, check=lambda n: n == 4 and type(n) is int),
     Case("distributed.loader-0d-tensor", lambda: nnsparse.distributed.loader(
         torch.tensor(1.0), 2), TypeError, r"dataset must be a map-style dataset .* got a 0-d tensor"),
+    # an estimate of Lua pair rows took their largest index + 1 as its width
+    Case("SparseCriterion-pair-rows-estimate-works", lambda: nnsparse.SparseCriterion(
+        nn.MSELoss())(_EST7, _WIDE7), None, check=lambda loss: torch.allclose(
+            loss, nnsparse.SparseCriterion(nn.MSELoss())(
+                nnsparse.densify(_EST7, size=(2, 6)), _WIDE7))),
     Case("Trainer-batch_loss-scalar-works", lambda: _trainer_fit(_LossNet(
         lambda y: (y ** 2).mean())).best_epoch, None, check=lambda epoch: epoch == 1),
 ]
