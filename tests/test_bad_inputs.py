@@ -2622,6 +2622,22 @@ PROBE7 = [
         nn.MSELoss())(_EST7, _WIDE7), None, check=lambda loss: torch.allclose(
             loss, nnsparse.SparseCriterion(nn.MSELoss())(
                 nnsparse.densify(_EST7, size=(2, 6)), _WIDE7))),
+    # a CrossValidation built by hand: "argument of type 'int' is not iterable", KeyError
+    Case("CrossValidation.mean-folds-of-ints", lambda: nnsparse.models.CrossValidation(
+        [1, 2]).mean(), TypeError,
+         r"CrossValidation.folds must be a list of dicts, got int at folds\[0\]"),
+    Case("CrossValidation.mean-value-str", lambda: nnsparse.models.CrossValidation(
+        [{"rmse": "x"}]).mean(), TypeError, r"folds\[0\]\['rmse'\] must be a number, got str 'x'"),
+    Case("CrossValidation.mean-key-missing-in-a-fold", lambda: nnsparse.models.CrossValidation(
+        [{"rmse": 1.0}, {"mae": 1.0}]).mean(), ValueError,
+         r"folds\[1\] lacks 'rmse', which folds\[0\] holds"),
+    Case("CrossValidation.table-fold-lacks-keys", lambda: nnsparse.models.CrossValidation(
+        [{"fold": 1, "rmse": 1.0}]).table(), ValueError,
+         r"table needs the keys \['fold', 'rmse', 'mae', .*\] in every fold \(cross_validate's\), "
+         r"folds\[0\] lacks \['mae', "),
+    Case("CrossValidation.mean-numpy-values-works", lambda: nnsparse.models.CrossValidation(
+        [{"rmse": _NP.float32(1.0)}, {"rmse": 2.0}]).mean(), None,
+         check=lambda m: type(m) is float and m == 1.5),
     Case("Trainer-batch_loss-scalar-works", lambda: _trainer_fit(_LossNet(
         lambda y: (y ** 2).mean())).best_epoch, None, check=lambda epoch: epoch == 1),
 ]
