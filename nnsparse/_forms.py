@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import (Any, Dict, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union,
                     overload)
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -72,6 +73,9 @@ def check_index_range(index: Tensor, bound: Optional[int], name: str) -> int:
         raise ValueError(f"{name} must be non-negative, got min {lo}")
     if bound is not None and hi >= bound:
         raise ValueError(f"{name} must be in [0, {bound}), got max {hi}")
+    if hi >= _INT64_MAX:  # the size that holds it, max + 1, is beyond int64 (torch's overflow)
+        raise ValueError(f"{name} must be below 2**63 - 1 (the size max + 1 must fit int64), "
+                         f"got max {hi}")
     return int(hi) + 1
 
 
@@ -803,12 +807,30 @@ def as_int(value: Any, name: str, must: str = "be an int") -> int:
     """``value`` as a Python int: ints, numpy ints and 0-d integer tensors pass
     (``operator.index``); a bool, a float (even whole) or anything else is a
     ``TypeError`` "``name`` must ``must``, got ...". The one int check of nnsparse's sizes."""
-    if not isinstance(value, bool):
+    # (a tensor of one element but more dimensions has __index__ too: a (1, 1) tensor is no int)
+    if not isinstance(value, bool) and not (isinstance(value, Tensor) and value.dim() != 0):
         try:
             return operator.index(value)
         except TypeError:
             pass
     raise TypeError(f"{name} must {must}, got {type(value).__name__} {value!r}")
+
+
+def check_int64(value: int, name: str) -> int:
+    """``value`` (an int already checked) unless it is beyond int64, which no torch size
+    holds (torch's "Overflow when unpacking long long"): "``name`` must be below 2**63"."""
+    if value > _INT64_MAX:
+        raise ValueError(f"{name} must be below 2**63 (int64), got {value}")
+    return value
+
+
+def as_flag(value: Any, name: str, what: str = "a bool") -> bool:
+    """``value`` as a Python bool: ``True``/``False`` and numpy bools (``np.True_``, which
+    torch's own flags take) pass; anything else, an int 0/1 or a 0-d tensor included, is
+    a ``TypeError`` "``name`` must be ``what``, got ...".  The one check of flags."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
 
 
 def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None) -> int:
@@ -879,8 +901,9 @@ def as_device(device: Any, none: bool = False) -> Optional[torch.device]:
     """``device`` as a ``torch.device`` (``None`` passes through when ``none``).
 
     A ``TypeError`` for another kind than a name, an index or a ``torch.device``;
-    a ``ValueError`` for a name torch does not know.  The one device check of
-    nnsparse's arguments (whether the device exists is left to the first tensor).
+    a ``ValueError`` for a name torch does not know, or a device this machine lacks
+    (``'cuda'`` on a torch built without CUDA: torch's ``AssertionError`` at the first
+    tensor).  The one device check of nnsparse's arguments.
     """
     if device is None and none:
         return None
@@ -888,10 +911,31 @@ def as_device(device: Any, none: bool = False) -> Optional[torch.device]:
         raise TypeError(f"device must be {'None, ' if none else ''}a torch.device or a name "
                         f"such as 'cpu' or 'cuda:0', got {type(device).__name__}")
     try:
-        return torch.device(device)
+        out = torch.device(device)
     except (RuntimeError, ValueError):
         raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
                          f"'cuda:0', got {device!r}") from None
+    if out.type not in ("cpu", "meta"):
+        missing = _device_missing(out)
+        if missing is not None:
+            raise ValueError(f"device must be one this machine has, got {str(out)!r} "
+                             f"({missing})")
+    return out
+
+
+# device -> None (it works) or why not: one tiny allocation per device and process, so a
+# batch's to(device) at every step costs a dict lookup
+_DEVICES: Dict[torch.device, Optional[str]] = {}
+
+
+def _device_missing(device: torch.device) -> Optional[str]:
+    if device not in _DEVICES:
+        try:
+            torch.empty(0, device=device)
+            _DEVICES[device] = None
+        except (RuntimeError, AssertionError, NotImplementedError) as e:
+            _DEVICES[device] = str(e).split("\n")[0][:200]
+    return _DEVICES[device]
 
 
 def resolve_size(given: Optional[Sequence[int]], batch: SparseBatch, name: str = "size") -> Tuple[int, int]:

@@ -8,10 +8,12 @@ and raise torch's ``RuntimeError`` before any copy.
 """
 from __future__ import annotations
 
-from typing import Any, List, Mapping
+from typing import Any, List, Mapping, Tuple
 
 import torch
 from torch import nn
+
+from ._forms import as_flag
 
 __all__ = ["check_state_dict", "entry_errors"]
 
@@ -49,9 +51,12 @@ def entry_errors(own: Mapping[str, torch.Tensor], state_dict: Mapping[str, Any],
     return errors
 
 
-def check_state_dict(module: nn.Module, state_dict: Any, strict: bool) -> None:
+def check_state_dict(module: nn.Module, state_dict: Any, strict: Any,
+                     assign: Any = False) -> Tuple[bool, bool]:
     """Raise ``RuntimeError`` (torch's type and wording) if loading would fail; ``TypeError``
-    when ``state_dict`` is no mapping."""
+    when ``state_dict`` is no mapping or a flag no bool (torch took ``strict="no"`` as
+    true).  Returns ``(strict, assign)`` as bools."""
+    strict, assign = as_flag(strict, "strict"), as_flag(assign, "assign")
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a mapping of name -> tensor, got "
                         f"{type(state_dict).__name__}")
@@ -69,3 +74,4 @@ def check_state_dict(module: nn.Module, state_dict: Any, strict: bool) -> None:
     if errors:
         raise RuntimeError(f"Error(s) in loading state_dict for {type(module).__name__}:\n\t"
                            + "\n\t".join(errors) + "\n(nothing was loaded)")
+    return strict, assign

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._forms import (SparseBatch, _check_csr, _version, as_device, as_sparse_batch,
+from ._forms import (SparseBatch, _check_csr, _version, as_device, as_flag, as_sparse_batch,
                      check_kernel_dtype)
 from ._kernels import _sampled_rows, _t_mm, _table_blocks, _table_mm
 
@@ -140,8 +140,7 @@ def sparse_parts(x: Any, *, dynamic: bool = True) -> SparseParts:
         SparseParts(crow=tensor([0, 1, 2]), col=tensor([1, 0]), values=tensor([2., 3.]),
                     size=(2, 2))
     """
-    if not isinstance(dynamic, bool):
-        raise TypeError(f"dynamic must be a bool, got {type(dynamic).__name__}")
+    dynamic = as_flag(dynamic, "dynamic")
     batch = as_sparse_batch(x, name="x", pairs=False)
     check_kernel_dtype(batch.dtype, "x values")
     if batch.is_vector:

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch,
-                     check_index_range, KERNEL_DTYPES, refuse_meta_device)
+                     check_index_range, check_int64, KERNEL_DTYPES, refuse_meta_device)
 
 __all__ = ["DynamicSparseTensor"]
 
@@ -24,6 +24,7 @@ _CHUNK = 4096
 # The host buffers start this small and grow (x4) to _CHUNK: a builder of a few
 # hundred entries (Lua's test: 287) neither zero-fills 64 KB nor calls torch before build.
 _FIRST_CHUNK = 256
+_MAX_NDIM = 64  # sparse dimensions of a builder: far beyond any use, bounded memory
 
 
 class DynamicSparseTensor:
@@ -58,7 +59,7 @@ class DynamicSparseTensor:
     Raises:
         TypeError: non-integer ``reserve`` or ``ndim``, a boolean or complex ``dtype``,
             or one torch's sparse kernels lack (uint16/32/64, float8, quantized).
-        ValueError: negative ``reserve``, ``mult_coef <= 1``, ``ndim < 1``; a
+        ValueError: negative ``reserve``, ``mult_coef <= 1``, ``ndim`` outside ``[1, 64]``; a
             ``device`` on which tensors hold no data (meta) or that this machine lacks.
 
     Example::
@@ -100,7 +101,7 @@ class DynamicSparseTensor:
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
                  dtype: Optional[torch.dtype] = None,
                  device: Optional[Union[str, torch.device]] = None):
-        reserve = as_int(reserve, "reserve")
+        reserve = check_int64(as_int(reserve, "reserve"), "reserve")
         if dtype is None:  # as torch's factories (and Lua's default tensor type)
             dtype = torch.get_default_dtype()
         ndim = as_int(ndim, "ndim")
@@ -114,6 +115,9 @@ class DynamicSparseTensor:
             raise ValueError("mult_coef must be finite, got inf")
         if ndim < 1:
             raise ValueError(f"ndim must be at least 1, got {ndim}")
+        if ndim > _MAX_NDIM:  # one index buffer per dimension: 2**64 of them filled the memory
+            raise ValueError(f"ndim must be at most {_MAX_NDIM} (one index buffer is kept per "
+                             f"dimension), got {ndim}")
         if not isinstance(dtype, torch.dtype) or dtype == torch.bool or dtype.is_complex:
             raise TypeError(f"dtype must be a floating or integer torch.dtype, got {dtype}")
         if dtype not in KERNEL_DTYPES:  # the built tensor could not be coalesced nor densified
@@ -228,6 +232,8 @@ class DynamicSparseTensor:
                 items = row.tolist()
             except (RuntimeError, NotImplementedError):  # a tensor without data (meta)
                 raise self._row_error(row) from None
+            if row.dtype in (torch.float16, torch.bfloat16, torch.float32) and items:
+                _check_exact_indices(items[:-1], row.dtype)
         elif isinstance(row, (tuple, list)):
             items = row
         else:
@@ -514,7 +520,7 @@ class DynamicSparseTensor:
                             f"{type(size).__name__} {size!r}")
         if len(size) != self._ndim:
             raise ValueError(f"size must be {self._ndim} ints, got {size!r}")
-        sizes = tuple(as_int(s, "size") for s in cast(Sequence[int], size))
+        sizes = tuple(check_int64(as_int(s, "size"), "size") for s in cast(Sequence[int], size))
         if any(s < need for s, need in zip(sizes, needed)):
             raise ValueError(f"size must be at least {needed} to hold the entries, got {sizes}")
         return sizes
@@ -545,6 +551,18 @@ def _value_range(dtype: torch.dtype) -> Optional[Tuple[float, float]]:
         return None
     info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
     return (info.min, info.max)
+
+
+def _check_exact_indices(indices: Sequence[Any], dtype: torch.dtype) -> None:
+    """The indices of a float row (Lua's ``[index, value]``) beyond the whole numbers its
+    dtype holds exactly: the index the caller meant may already have been rounded to a
+    neighbour (``from_pairs`` refuses them too)."""
+    exact = 2.0 / torch.finfo(dtype).eps  # 2 ** (mantissa bits + 1)
+    for i in indices:
+        if isinstance(i, float) and abs(i) > exact:
+            raise ValueError(f"the index of an [index, value] row stored as {dtype} is exact "
+                             f"only up to {int(exact)}, got {i:g}; build the row as float64 "
+                             f"or int64")
 
 
 def _check_pair_index(top: int, dtype: torch.dtype) -> None:

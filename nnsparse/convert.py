@@ -13,7 +13,7 @@ from . import _index
 from ._forms import (SparseBatch, SparseLike, _a, _as_pairs, _sparse_coo, _sparse_csr, as_count,
                      as_int,
                      as_sparse_batch, check_kernel_dtype, holds_exactly, refuse_meta,
-                     resolve_size, trust)
+                     check_int64, resolve_size, trust)
 
 __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
 
@@ -308,4 +308,6 @@ def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = Non
         raise TypeError(f"size must be an int, got {type(size).__name__} {size!r}")
     if size is not None and size < 0:
         raise ValueError(f"size must be non-negative, got {size}")
+    if size is not None:
+        check_int64(int(size), "size")
     return as_sparse_batch(pairs, name="pairs", width=None if size is None else int(size)).to_coo()

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from ._forms import as_count
+from ._forms import as_count, as_flag
 from ._optim_split import sparse_grad_parameters
 from .data.split import torch_seed
 
@@ -243,9 +243,7 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
     """
     # numpy ints pass; none beyond int64 (the sampler's islice takes none)
     batch_size = as_count("batch_size", batch_size, 1, must="positive")
-    for flag, value in (("shuffle", shuffle), ("drop_last", drop_last)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
+    shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
     seed = torch_seed(seed)  # any int, as the models' seeds (torch.Generator's range as is)
     taken = [k for k in ("sampler", "batch_sampler")
              if k in kwargs and (k == "sampler" or kwargs[k] is not None)]
@@ -256,6 +254,9 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
                                                  and hasattr(dataset, "__len__")):
         raise TypeError(f"dataset must be a map-style dataset (with __len__ and "
                         f"__getitem__), got {type(dataset).__name__}")
+    if isinstance(dataset, Tensor) and dataset.dim() == 0:  # torch: "len() of a 0-d tensor"
+        raise TypeError("dataset must be a map-style dataset (with __len__ and __getitem__), "
+                        "got a 0-d tensor")
     sampler: DistributedSampler[Any] = DistributedSampler(
         dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed,
         drop_last=drop_last)

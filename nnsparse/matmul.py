@@ -278,8 +278,9 @@ def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
                     flat.transposed)
 
 
-def _pattern_2d(a: Any, name: str) -> Tuple[_Pattern, Tuple[int, int]]:
-    batch = as_sparse_batch(a, name=name, pairs=False)
+def _pattern_2d(a: Any, name: str, width: Optional[int] = None
+                ) -> Tuple[_Pattern, Tuple[int, int]]:
+    batch = as_sparse_batch(a, name=name, pairs=False, width=width)
     if batch.is_vector:
         raise ValueError(f"{name} must be a 2-D or 3-D sparse matrix, got a sparse vector")
     # the batch caches its row order, row pointers and column-major order per
@@ -327,8 +328,10 @@ def _holds_no_tensor(x: Any) -> bool:
     return isinstance(x, (list, tuple)) and bool(x) and not any(isinstance(r, Tensor) for r in x)
 
 
-def _sparse_operand(a: Any, name: str) -> Tuple[_Pattern, Tuple[int, ...]]:
-    """The flat pattern of ``a`` and its shape ``(n, m)`` or ``(b, n, m)``."""
+def _sparse_operand(a: Any, name: str, width: Optional[int] = None
+                    ) -> Tuple[_Pattern, Tuple[int, ...]]:
+    """The flat pattern of ``a`` and its shape ``(n, m)`` or ``(b, n, m)``; ``width`` the
+    columns of a list of Lua pair rows, which tell none."""
     if isinstance(a, (list, tuple)) and not a:
         raise ValueError(f"{name} is an empty list of sparse rows, which has no width; pass a "
                          f"torch sparse tensor of shape (0, m)")
@@ -340,19 +343,28 @@ def _sparse_operand(a: Any, name: str) -> Tuple[_Pattern, Tuple[int, ...]]:
         if a.dim() != 2:
             raise ValueError(f"{name} must be a 2-D or 3-D sparse matrix, got shape "
                              f"{tuple(a.shape)}")
-    p, shape = _pattern_2d(a, name)
+    p, shape = _pattern_2d(a, name, width)
     return p, shape
 
 
-def _checked_operand(a: Any, name: str) -> Tuple[_Pattern, Tuple[int, ...]]:
-    p, shape = _sparse_operand(a, name)
+def _checked_operand(a: Any, name: str, width: Optional[int] = None
+                     ) -> Tuple[_Pattern, Tuple[int, ...]]:
+    p, shape = _sparse_operand(a, name, width)
     if not p.values.is_floating_point():
         raise TypeError(f"{name} must be a floating-point sparse matrix, got {p.values.dtype}")
     return p, shape
 
 
+def _pair_rows(a: Any) -> bool:
+    """A list of Lua ``(k, 2)`` pair rows: a batch whose width only the product tells."""
+    return isinstance(a, (list, tuple)) and bool(a) and all(
+        isinstance(r, Tensor) and r.layout == torch.strided for r in a)
+
+
 def _sparse_dense(a: Any, b: Any) -> Tensor:
-    p, shape = _checked_operand(a, "A")
+    # pair rows are as wide as B is tall (their largest index + 1 was refused as too narrow)
+    width = b.shape[-2] if _pair_rows(a) and isinstance(b, Tensor) and b.dim() == 2 else None
+    p, shape = _checked_operand(a, "A", width)
     _check_dense(b, "B", len(shape), p.values.dtype, p.values.device)
     if len(shape) == 3 and b.shape[0] != shape[0]:
         raise ValueError(f"A and B must have the same batch size, got {shape[0]} and {b.shape[0]}")

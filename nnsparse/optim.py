@@ -23,7 +23,7 @@ from torch.optim import Optimizer
 
 from . import _rowopt
 from ._clip import clip_grad_norm_
-from ._forms import _a
+from ._forms import _a, as_flag
 
 if TYPE_CHECKING:  # at run time _sparse_layers imports them itself
     from .layers.linear import SparseLinearBatch
@@ -109,7 +109,7 @@ class LazyAdam(Optimizer):
             _check_non_negative(name, value)
         _check_betas(betas)
         _check_share(dense_above)
-        _check_flag("decoupled_weight_decay", decoupled_weight_decay)
+        decoupled_weight_decay = _check_flag("decoupled_weight_decay", decoupled_weight_decay)
         if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
             raise TypeError(f"params must be an iterable of parameters or of param-group "
                             f"dicts, got {type(params).__name__}")
@@ -125,6 +125,7 @@ class LazyAdam(Optimizer):
                 raise ValueError(f"param_group must have 'params', got the keys "
                                  f"{sorted(map(str, param_group))}")
             _check_lazy_group({**self.defaults, **param_group}, "param_group")
+            param_group = {**param_group, "params": _unique_params(param_group["params"])}
         super().add_param_group(param_group)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -204,6 +205,26 @@ class LazyAdam(Optimizer):
             state["step"] += 1
             _update(p, grad, state, group)
         return loss
+
+
+def _unique_params(params: Any) -> Any:
+    """``params`` (a group's) as a list, refused if it names one parameter twice (torch
+    only warns, and each step would then update that parameter twice) or holds an
+    integer or bool tensor.  A tensor or a set is left for torch's own checks."""
+    if isinstance(params, (Tensor, set)) or not hasattr(params, "__iter__"):
+        return params
+    params = list(params)
+    seen: Dict[int, int] = {}
+    for i, p in enumerate(params):
+        if isinstance(p, Tensor) and not (p.is_floating_point() or p.is_complex()):
+            # torch takes it, and its first step fails in a kernel ("lerp ... 'Long'")
+            raise TypeError(f"params must be floating-point tensors (Adam's moments), got "
+                            f"{p.dtype} at position {i}")
+        if id(p) in seen:
+            raise ValueError(f"params must name each parameter once, got the same tensor at "
+                             f"positions {seen[id(p)]} and {i} (each step would update it twice)")
+        seen[id(p)] = i
+    return params
 
 
 # torch.optim.Adam's switches that LazyAdam does not implement: refused when on
@@ -557,6 +578,11 @@ _DEFAULTS = {"sgd": dict(lr=1e-3, eps=0.0, weight_decay=0.0),
              "rowwise_adagrad": dict(lr=1e-2, eps=1e-10, weight_decay=0.0)}
 
 
+# the hyperparameters an InBackwardOptimizer reads (what _in_backward_hp makes)
+_HP_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "nesterov",
+            "initial_accumulator_value", "dense_above")
+
+
 # the layers an optimiser in the backward attaches to
 _SparseLayer = Union["SparseLinearBatch", "SparseOutputLinear"]
 
@@ -771,6 +797,13 @@ class InBackwardOptimizer:
                              f"with apply_optimizer_in_backward(model, kind, ...)")
         if not isinstance(hp, dict):
             raise TypeError(f"hp must be a dict of hyperparameters, got {type(hp).__name__}")
+        # built by hand, not by apply_optimizer_in_backward: torch's KeyError or message
+        missing = [key for key in _HP_KEYS if key not in hp]
+        if missing:
+            raise ValueError(f"hp must hold {list(_HP_KEYS)}, got no {missing}; build the "
+                             f"optimiser with apply_optimizer_in_backward(model, kind, ...)")
+        _check_hyper(kind, hp)
+        _check_share(hp["dense_above"])
         layers = _sparse_layers(model)
         for name, layer, _, _ in layers:
             if layer._row_update is not None:
@@ -1040,6 +1073,7 @@ def _in_backward_hp(kind: str, *, lr: Optional[float], betas: Any, eps: Optional
     hp: Dict[str, Any] = dict(_DEFAULTS[kind])
     hp.update({k: v for k, v in dict(lr=lr, eps=eps, weight_decay=weight_decay).items()
                if v is not None})
+    nesterov = _check_flag("nesterov", nesterov)  # stored a bool (a numpy bool passes)
     hp.update(betas=tuple(betas), momentum=momentum, nesterov=nesterov,
               initial_accumulator_value=initial_accumulator_value, dense_above=dense_above)
     _check_hyper(kind, hp)
@@ -1122,9 +1156,8 @@ def _check_non_negative(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be finite, got inf")
 
 
-def _check_flag(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+def _check_flag(name: str, value: Any) -> bool:
+    return as_flag(value, name)  # a numpy bool passes, as a bool
 
 
 def _check_closure(closure: Any) -> None:

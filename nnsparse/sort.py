@@ -8,7 +8,8 @@ from typing import Any, List, NamedTuple, Union
 import torch
 from torch import Tensor
 
-from ._forms import SparseBatch, SparseLike, as_sparse_batch, check_kernel_dtype, refuse_meta
+from ._forms import (SparseBatch, SparseLike, as_flag, as_sparse_batch, check_int64,
+                     check_kernel_dtype, refuse_meta)
 
 __all__ = ["ssort", "ssort_by_index", "stopk"]
 
@@ -95,9 +96,7 @@ def _check_writable(rows: List[Tensor], name: str, listed: bool) -> None:
 
 def _sort(x: Any, by_index: bool, descending: bool, inplace: bool,
           name: str) -> Union[SortResult, Tensor, List[Tensor]]:
-    for flag, value in (("descending", descending), ("inplace", inplace)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{flag} must be a bool, got {type(value).__name__} {value!r}")
+    descending, inplace = as_flag(descending, "descending"), as_flag(inplace, "inplace")
     batch = as_sparse_batch(x, name=name)
     _check_values(batch, name)
     if inplace and batch.form in ("pairs", "pair_list"):
@@ -303,6 +302,7 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
         raise TypeError(f"k must be an int, got {type(k).__name__}") from None
     if k < 0:
         raise ValueError(f"k must be non-negative, got {k}")
+    check_int64(k, "k")
     batch = as_sparse_batch(x, name="x")
     _check_values(batch, "x")
     batch = batch.coalesce()

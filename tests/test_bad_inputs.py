@@ -995,8 +995,11 @@ PROBE3 = [
     Case("ssort-inplace-list-row-named", lambda: nnsparse.ssort(
         [torch.tensor([[3.0, 5.0]]), torch.tensor([[2.0, 9.0]]).expand(2, 2)], inplace=True),
          RuntimeError, r"an expanded tensor at x\[1\]"),
-    Case("ssort-descending-numpy-bool", lambda: nnsparse.ssort(S, descending=_NP.bool_(True)),
-         TypeError, r"descending must be a bool, got bool (np\.)?True"),
+    # a numpy bool is a flag (the seventh probe: "must be a bool, got bool np.True_" was
+    # refused with a message contradicting itself)
+    Case("ssort-descending-numpy-bool-works", lambda: nnsparse.ssort(S, descending=_NP.bool_(True)),
+         None, check=lambda out: torch.equal(out.values, nnsparse.ssort(S, descending=True).values)
+         and torch.equal(out.indices, nnsparse.ssort(S, descending=True).indices)),
     # DynamicSparseTensor
     Case("DynamicSparseTensor-dtype-qint8", lambda: nnsparse.DynamicSparseTensor(dtype=torch.qint8),
          TypeError, r"dtype must be one of the dtypes torch's sparse kernels take \(torch.float16, .*\), "
@@ -1080,10 +1083,10 @@ PROBE3 = [
     Case("Batchifier.topk-uint16-scores", lambda: _batchifier(_Scores(
         first=lambda y: y.long().to(torch.uint16))).topk(S, 1), TypeError,
          r"topk ranks scores of a dtype torch.topk takes, the network returned dtype torch.uint16"),
-    Case("Batchifier.topk-exclude-numpy-bool", lambda: _batchifier(_Scores()).topk(
-        S, 1, exclude=_NP.bool_(True)), TypeError,
-         r"exclude must be None, a bool or a sparse matrix \(rows, output_size\), "
-         r"got bool (np\.)?True"),
+    Case("Batchifier.topk-exclude-numpy-bool-works", lambda: _batchifier(_Scores()).topk(
+        S, 1, exclude=_NP.bool_(True)), None,
+         check=lambda out: torch.equal(out.indices, _batchifier(_Scores()).topk(
+             S, 1, exclude=True).indices)),
     # PatternSequential
     Case("PatternSequential-None-item", lambda: nnsparse.PatternSequential(None), TypeError,
          r"PatternSequential takes nn.Module items, got NoneType None for item '0'"),
@@ -2292,8 +2295,356 @@ def _load_lazy_step(step):
     return opt.state[p]["step"]
 
 
+# -- the seventh probe ---------------------------------------------------------------------
+
+def _probe7_file(name, data):
+    """``data`` (bytes) written to a fresh temporary file ``name``; its path."""
+    import os
+    import tempfile
+    path = os.path.join(tempfile.mkdtemp(prefix="nnsparse-probe7-"), name)
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+_ML1M = b"1::10::5::978300760\n1::20::3::978300760\n2::10::4::978300760\n"
+
+
+def _probe7_gzip():
+    import gzip
+    return _probe7_file("ratings.dat", gzip.compress(_ML1M))
+
+
+def _probe7_zip():
+    import io
+    import zipfile
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("ml-1m/ratings.dat", _ML1M)
+    return _probe7_file("ml-1m.zip", buffer.getvalue())
+
+
+def _refused_in_backward_hp():
+    """A hand-built InBackwardOptimizer refused for its hp: the layer is left without one."""
+    layer = nnsparse.SparseLinearBatch(4, 3)
+    try:
+        nnsparse.optim.InBackwardOptimizer(layer, "adam", dict(_HP7, lr=-1.0))
+    except ValueError:
+        return layer._row_update
+    return "not refused"
+
+
+_HP7 = dict(lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, momentum=0.0,
+            nesterov=False, initial_accumulator_value=0.0, dense_above=None)
+
+
+class _LossNet(nn.Module):
+    """A model for Trainer whose batch_loss returns ``result(x)``."""
+
+    def __init__(self, result):
+        super().__init__()
+        self.layer, self.result = nnsparse.SparseLinearBatch(4, 3), result
+
+    def batch_loss(self, rows, x):
+        return self.result(self.layer(x))
+
+
+def _trainer_fit(model):
+    return nnsparse.models.Trainer(model, epochs=1, batch_size=2, lr=0.01, progress=False,
+                                   log=None).fit(S)
+
+
+def _converted_predictions(convert):
+    """The fitted AutoRec's predictions on _R after ``convert`` (e.g. ``.double()``) of a copy."""
+    import copy
+    return convert(copy.deepcopy(_fitted_autorec())).predict(_R)
+
+
+_PAIRS7 = [torch.tensor([[0.0, 1.0]]), torch.zeros(0, 2)]
+# pair rows covering X's entries, and X as a sparse target 6 columns wide
+_EST7 = [torch.tensor([[0.0, 0.5], [2.0, 2.0]]), torch.tensor([[1.0, 3.0], [3.0, 1.0]])]
+_WIDE7 = torch.cat([X, torch.zeros(2, 2)], 1).to_sparse()
+
+
+def _missing_device():
+    """A device type torch names that this machine lacks (xpu or mps here; cuda without a GPU)."""
+    for name in ("xpu", "mps", "cuda"):
+        try:
+            torch.empty(0, device=name)
+        except (RuntimeError, AssertionError, NotImplementedError):
+            return name
+    return "xpu:99"  # an index past the devices of a machine that has all three
+
+
+_MISSING_DEVICE = _missing_device()
+_NET7 = nn.Sequential(nnsparse.SparseLinearBatch(4, 3), nn.Linear(3, 4))
+
+PROBE7 = [
+    # sizes beyond int64: torch's "Overflow when unpacking long long" / "Storage size
+    # calculation overflowed"
+    Case("SparseLinearBatch-in_features-2**64", lambda: nnsparse.SparseLinearBatch(2 ** 64, 1),
+         ValueError, r"in_features must be below 2\*\*63 \(int64\), got 18446744073709551616"),
+    Case("SparseLinearBatch-weight-bytes-overflow", lambda: nnsparse.SparseLinearBatch(
+        2 ** 63 - 1, 1, device="meta"), ValueError,
+         r"in_features \* out_features \(the weight's elements, 4 bytes each\) must take fewer "
+         r"than 2\*\*63 bytes, got 9223372036854775807 \* 1"),
+    Case("SparseOutputLinear-weight-bytes-overflow", lambda: nnsparse.SparseOutputLinear(
+        2 ** 62, 4, device="meta"), ValueError,
+         r"in_features \* out_features \(the weight's elements, 4 bytes each\) must take fewer "
+         r"than 2\*\*63 bytes, got 4611686018427387904 \* 4"),
+    Case("SparseLinearBatch-2**31-inputs-meta-works", lambda: nnsparse.SparseLinearBatch(
+        2 ** 31, 2, device="meta").weight.shape, None,
+         check=lambda shape: shape == (2, 2 ** 31)),
+    Case("Densify-in_features-2**64", lambda: nnsparse.Densify(2 ** 64), ValueError,
+         r"in_features must be below 2\*\*63 \(int64\), got 18446744073709551616"),
+    Case("from_pairs-size-2**63", lambda: nnsparse.from_pairs(torch.tensor([[0.0, 1.0]]), 2 ** 63),
+         ValueError, r"size must be below 2\*\*63 \(int64\), got 9223372036854775808"),
+    Case("from_pairs-index-int64-max", lambda: nnsparse.from_pairs(
+        torch.tensor([[2 ** 63 - 1, 1]])), ValueError,
+         r"pairs indices must be below 2\*\*63 - 1 \(the size max \+ 1 must fit int64\), "
+         r"got max 9223372036854775807"),
+    Case("from_pairs-index-2**62-works", lambda: nnsparse.from_pairs(
+        torch.tensor([[2 ** 62, 1]])).shape, None, check=lambda shape: shape == (2 ** 62 + 1,)),
+    Case("stopk-k-2**63", lambda: nnsparse.stopk(S, 2 ** 63), ValueError,
+         r"k must be below 2\*\*63 \(int64\), got 9223372036854775808"),
+    Case("DynamicSparseTensor-index-int64-max-build", lambda: (lambda d: (
+        d.append(2 ** 63 - 1, 1.0), d.build()))(nnsparse.DynamicSparseTensor()), ValueError,
+         r"indices must be below 2\*\*63 - 1 \(the size max \+ 1 must fit int64\)"),
+    Case("DynamicSparseTensor.build-size-2**63", lambda: (lambda d: (
+        d.append(5, 1.0), d.build(2 ** 63)))(nnsparse.DynamicSparseTensor()), ValueError,
+         r"size must be below 2\*\*63 \(int64\), got 9223372036854775808"),
+    Case("DynamicSparseTensor-reserve-2**63", lambda: nnsparse.DynamicSparseTensor(
+        reserve=2 ** 63), ValueError, r"reserve must be below 2\*\*63 \(int64\)"),
+    Case("recommend-min_support-2**70", lambda: _fitted_autorec().recommend(
+        _R.user_ids()[0], min_support=2 ** 70), ValueError,
+         r"min_support must be a non-negative int below 2\*\*63, got 1180591620717411303424"),
+    # a float [index, value] row whose index its dtype no longer holds exactly
+    Case("DynamicSparseTensor.append-float32-row-index-rounded", lambda: (
+        nnsparse.DynamicSparseTensor().append(torch.tensor([2.0 ** 25 + 2, 1.0]))), ValueError,
+         r"the index of an \[index, value\] row stored as torch.float32 is exact only up to "
+         r"16777216, got 3.35544e\+07; build the row as float64 or int64"),
+    Case("DynamicSparseTensor.append-float16-row-2048-works", lambda: (lambda d: (
+        d.append(torch.tensor([2048.0, 1.0], dtype=torch.float16)), d.build()))(
+            nnsparse.DynamicSparseTensor())[1].shape, None,
+         check=lambda shape: shape == (2049,)),
+    # LazyAdam: a parameter named twice was updated twice a step (torch only warns)
+    Case("LazyAdam-parameter-twice", lambda: (lambda p: LazyAdam([p, p]))(
+        nn.Parameter(torch.zeros(2))), ValueError,
+         r"params must name each parameter once, got the same tensor at positions 0 and 1 "
+         r"\(each step would update it twice\)"),
+    Case("LazyAdam-parameter-twice-generator", lambda: (lambda p: LazyAdam(
+        q for q in [p, p]))(nn.Parameter(torch.zeros(2))), ValueError,
+         r"params must name each parameter once"),
+    Case("LazyAdam-generator-of-parameters-works", lambda: LazyAdam(
+        p for p in nn.Linear(2, 2).parameters()).param_groups[0]["params"], None,
+         check=lambda params: len(params) == 2),
+    Case("LazyAdam-integer-tensor", lambda: LazyAdam([torch.zeros(2, dtype=torch.long)]),
+         TypeError, r"params must be floating-point tensors \(Adam's moments\), got torch.int64 "
+                    r"at position 0"),
+    Case("LazyAdam-bool-tensor-in-group", lambda: LazyAdam([
+        {"params": [nn.Parameter(torch.zeros(2)), torch.zeros(2, dtype=torch.bool)]}]),
+         TypeError, r"got torch.bool at position 1"),
+    # InBackwardOptimizer built by hand: KeyError 'lr', torch's "Invalid learning rate"
+    Case("InBackwardOptimizer-hp-empty", lambda: nnsparse.optim.InBackwardOptimizer(
+        nnsparse.SparseLinearBatch(4, 3), "adam", {}), ValueError,
+         r"hp must hold \['lr', 'betas', 'eps', 'weight_decay', 'momentum', 'nesterov', "
+         r"'initial_accumulator_value', 'dense_above'\], got no \['lr',.*apply_optimizer_in_backward"),
+    Case("InBackwardOptimizer-hp-lr-nan", lambda: nnsparse.optim.InBackwardOptimizer(
+        nnsparse.SparseLinearBatch(4, 3), "adam", dict(_HP7, lr=float("nan"))), ValueError,
+         r"lr must be non-negative, got nan"),
+    Case("InBackwardOptimizer-hp-refused-leaves-the-layer", _refused_in_backward_hp, None,
+         check=lambda update: update is None),
+    Case("InBackwardOptimizer-hp-complete-works", lambda: nnsparse.optim.InBackwardOptimizer(
+        nnsparse.SparseLinearBatch(4, 3), "adam", dict(_HP7)).kind, None,
+         check=lambda kind: kind == "adam"),
+    # Lua pair rows through a Batchifier were cut as wide as their largest index + 1
+    Case("Batchifier-pair-rows-works", lambda: nnsparse.Batchifier(
+        _NET7, 4, batch_size=1, progress=False)(_PAIRS7), None,
+         check=lambda out: torch.allclose(out, _NET7(_PAIRS7))),
+    Case("Batchifier.topk-pair-rows-exclude-works", lambda: nnsparse.Batchifier(
+        _NET7, 4, batch_size=1, progress=False).topk(_PAIRS7, 4, exclude=True).values[0],
+         None, check=lambda top: bool(torch.isinf(top[-1])) and bool(torch.isfinite(top[:3]).all())),
+    # PatternSequential dropped a pattern no module takes: a dense output of every column
+    Case("PatternSequential-pattern-no-module-takes", lambda: nnsparse.PatternSequential(
+        nnsparse.SparseLinearBatch(4, 3), nn.Linear(3, 4))(S, S), ValueError,
+         r"pattern was given, but no module of this PatternSequential takes one .* its modules "
+         r"are \['SparseLinearBatch', 'Linear'\]"),
+    Case("PatternSequential-pattern-taken-works", lambda: nnsparse.PatternSequential(
+        nnsparse.SparseLinearBatch(4, 3), nnsparse.SparseOutputLinear(3, 4))(S, S), None,
+         check=lambda out: out.layout == torch.sparse_csr and out._nnz() == 4),
+    # flags: a numpy bool was refused as "must be a bool, got bool np.True_"
+    Case("SparseCriterion-full_size_average-numpy-bool-works", lambda: nnsparse.SparseCriterion(
+        nn.MSELoss(), full_size_average=_NP.True_).full_size_average, None,
+         check=lambda flag: flag is True),
+    Case("SparseLinearBatch-numpy-bool-flags-works", lambda: nnsparse.SparseLinearBatch(
+        4, 3, bias=_NP.False_, sparse_grad=_NP.True_), None,
+         check=lambda layer: layer.bias is None and layer.sparse_grad is True
+         and layer(S).shape == (2, 3)),
+    Case("LazyAdam-decoupled-numpy-bool-works", lambda: LazyAdam(
+        [nn.Parameter(torch.zeros(2))], decoupled_weight_decay=_NP.True_).defaults[
+            "decoupled_weight_decay"], None, check=lambda flag: flag is True),
+    Case("AutoRec-refit-numpy-bool-works", lambda: nnsparse.models.AutoRec(
+        refit=_NP.True_).hparams["refit"], None, check=lambda flag: flag is True),
+    Case("ssort-descending-int-still-refused", lambda: nnsparse.ssort(S, descending=1),
+         TypeError, r"descending must be a bool, got int 1"),
+    Case("SparseLinearBatch-bias-bool-tensor-still-refused", lambda: nnsparse.SparseLinearBatch(
+        4, 3, bias=torch.tensor(True)), TypeError, r"bias must be a bool, got Tensor"),
+    # readers: a compressed or binary file failed on its first line, its bytes quoted
+    Case("read_ratings-gzip-without-gz-name", lambda: read_ratings(
+        _probe7_gzip(), "ml-1m", titles=False), ValueError,
+         r"ratings.dat is gzip-compressed \(it starts with b'\\x1f\\x8b'\), not a text file; "
+         r"decompress it first \(gunzip\)"),
+    Case("read_ratings-zip-archive", lambda: read_ratings(_probe7_zip(), "ml-1m", titles=False),
+         ValueError, r"ml-1m.zip is a zip archive .* extract it and give the rating file in it"),
+    Case("read_ratings-utf16", lambda: read_ratings(_probe7_file(
+        "ratings.dat", _ML1M.decode().encode("utf-16")), "ml-1m", titles=False), ValueError,
+         r"holds NUL bytes: a binary file or UTF-16 text"),
+    Case("read_ratings-text-starting-BZh-works", lambda: read_ratings(_probe7_file(
+        "r.txt", b"BZh 10 5\nx 10 4\n"), "text", titles=False).user_ids(), None,
+         check=lambda ids: ids == ["BZh", "x"]),
+    Case("read_user_features-age-says-what-came", lambda: nnsparse.data.read_user_features(
+        _probe7_file("users.dat", b"1::M::x::10::48067\n"), "ml-1m", {1: 0}), ValueError,
+         r"line 1: the id and the age must be integers, got '1' and 'x'"),
+    # Ratings.from_triples: numpy made str of every id of a mixed list, read '3' as 3.0
+    Case("Ratings.from_triples-mixed-id-kinds", lambda: Ratings.from_triples(
+        [1, "1"], [2, 2], [1.0, 2.0]), TypeError,
+         r"user must hold ids of one kind \(all str or all numbers\), got str '1' and int 1"),
+    Case("Ratings.from_triples-numeric-str-rating", lambda: Ratings.from_triples(
+        [1], [2], ["3"]), TypeError, r"rating must be a sequence of real numbers, got str '3'"),
+    Case("Ratings.from_triples-bool-rating-list", lambda: Ratings.from_triples(
+        [1], [2], [True]), TypeError, r"rating must be a sequence of real numbers, got bool True"),
+    Case("Ratings.from_triples-bool-rating-tensor", lambda: Ratings.from_triples(
+        [1], [2], torch.tensor([True])), TypeError,
+         r"rating must be a sequence of real numbers, got a bool tensor"),
+    Case("Ratings.from_triples-ids-dict", lambda: Ratings.from_triples({1: 0}, [2], [1.0]),
+         TypeError, r"user must be a sequence of ids \(a list, array or tensor\), got dict"),
+    Case("Ratings.from_triples-ids-ragged", lambda: Ratings.from_triples(
+        [[1], [2, 3]], [2, 3], [1.0, 2.0]), ValueError,
+         r"user must be 1-D, one id per rating, got nested sequences of different lengths"),
+    Case("Ratings.from_triples-int-and-float-ids-works", lambda: Ratings.from_triples(
+        [1, 2.5], [2, 2], [1.0, 2.0]).user_ids(), None, check=lambda ids: ids == [1.0, 2.5]),
+    # a model converted since fit: "input must have the weight's dtype torch.float64"
+    Case("RatingModel.predict-after-double-works", lambda: _converted_predictions(
+        lambda m: m.double()), None, check=lambda pred: pred.dtype == torch.float32
+         and torch.allclose(pred, _fitted_autorec().predict(_R), atol=1e-5)),
+    Case("RatingModel.predict-after-half-works", lambda: _converted_predictions(
+        lambda m: m.half()), None, check=lambda pred: pred.dtype == torch.float32
+         and torch.allclose(pred, _fitted_autorec().predict(_R), atol=0.05)),
+    # Trainer: AttributeError, torch's "grad can be implicitly created only for scalar outputs"
+    Case("Trainer-model-without-batch_loss", lambda: _trainer_fit(nn.Linear(4, 4)), TypeError,
+         r"model must have a batch_loss\(rows, x\) method for Trainer's step \(a RatingModel has "
+         r"one\), got Linear without one"),
+    Case("Trainer-batch_loss-vector", lambda: _trainer_fit(_LossNet(lambda y: y.sum(1))),
+         ValueError, r"model.batch_loss must return a scalar loss tensor, got shape \(2,\)"),
+    Case("Trainer-batch_loss-float", lambda: _trainer_fit(_LossNet(lambda y: 1.0)), TypeError,
+         r"model.batch_loss must return a scalar loss tensor, got float"),
+    Case("Batchifier.forward-lua-nFrame", lambda: nnsparse.Batchifier(
+        nnsparse.Densify(4), 4, progress=False)(S, 2, 5), TypeError,
+         r"Batchifier.forward takes \(data, batch_size\), got 1 more positional argument\(s\) "
+         r"\(5,\); Lua's nFrame has no equivalent"),
+    Case("Batchifier.forward-lua-batchSize-works", lambda: nnsparse.Batchifier(
+        nnsparse.Densify(4), 4, progress=False)(S, 1), None, check=lambda out: torch.equal(out, X)),
+    # integer ratings: the difference wrapped before the cast (uint8 0 - 255 is 1)
+    Case("rmse-uint8-no-wrap-works", lambda: rmse(torch.tensor([0], dtype=torch.uint8),
+                                                  torch.tensor([255], dtype=torch.uint8)),
+         None, check=lambda out: out.item() == 255.0 and out.dtype == torch.float32),
+    Case("mae-int8-no-wrap-works", lambda: mae(torch.tensor([-128], dtype=torch.int8),
+                                               torch.tensor([127], dtype=torch.int8)),
+         None, check=lambda out: out.item() == 255.0),
+    Case("RatingErrors-uint8-no-wrap-works", lambda: (lambda e: (e.update(
+        torch.tensor([0], dtype=torch.uint8), torch.tensor([255], dtype=torch.uint8)),
+        e.compute()))(nnsparse.data.RatingErrors())[1], None,
+         check=lambda out: out["rmse"] == 255.0 and out["mae"] == 255.0),
+    # a device torch names but this machine lacks: torch's AssertionError ("Torch not
+    # compiled with XPU enabled") at the first tensor
+    Case("SparseLinearBatch-device-missing", lambda: nnsparse.SparseLinearBatch(
+        4, 3, device=_MISSING_DEVICE), ValueError, r"device must be one this machine has, got "),
+    Case("SparseRowBatch.to-device-missing", lambda: SparseRowDataset(S).collate(
+        [SparseRowDataset(S)[0]]).to(_MISSING_DEVICE), ValueError,
+         r"device must be one this machine has, got "),
+    Case("SparseParts.to-device-missing", lambda: nnsparse.sparse_parts(S).to(_MISSING_DEVICE),
+         ValueError, r"device must be one this machine has, got "),
+    Case("RatingNormalizer.to-device-missing", lambda: RatingNormalizer(_R).to(_MISSING_DEVICE),
+         ValueError, r"device must be one this machine has, got "),
+    Case("Batchifier-device-missing", lambda: nnsparse.Batchifier(
+        nnsparse.Densify(4), 4, device=_MISSING_DEVICE, progress=False), ValueError,
+         r"device must be one this machine has, got "),
+    Case("Trainer-device-missing", lambda: nnsparse.models.Trainer(
+        nn.Linear(2, 2), epochs=1, batch_size=1, lr=0.1, device=_MISSING_DEVICE), ValueError,
+         r"device must be one this machine has, got "),
+    # Lua pair rows times a dense B: as wide as their largest index + 1, refused as too narrow
+    Case("sparse_mm-pair-rows-works", lambda: nnsparse.sparse_mm(
+        _PAIRS7, torch.arange(12.0).view(4, 3)), None,
+         check=lambda out: torch.equal(out, nnsparse.densify(_PAIRS7, size=(2, 4))
+                                       @ torch.arange(12.0).view(4, 3))),
+    Case("sparse_mm-pair-rows-past-B", lambda: nnsparse.sparse_mm(
+        [torch.tensor([[3.0, 1.0]])], torch.ones(3, 2)), ValueError,
+         r"A\[0\] indices must be in \[0, 3\), got max 3"),
+    Case("register-RatingModel-itself", lambda: nnsparse.models.register(
+        nnsparse.models.RatingModel), TypeError,
+         r"register takes a RatingModel subclass, got RatingModel itself"),
+    # load_state_dict flags: torch took strict="no" as true
+    Case("SparseLinearBatch.load_state_dict-strict-str", lambda: nnsparse.SparseLinearBatch(
+        4, 3).load_state_dict(nnsparse.SparseLinearBatch(4, 3).state_dict(), strict="no"),
+         TypeError, r"strict must be a bool, got str 'no'"),
+    Case("RatingModel.load_state_dict-assign-int", lambda: _fitted_autorec().load_state_dict(
+        _fitted_autorec().state_dict(), assign=1), TypeError, r"assign must be a bool, got int 1"),
+    Case("SparseWeightLinear.load_state_dict-strict-numpy-bool-works", lambda: (lambda w: (
+        w.load_state_dict(w.state_dict(), strict=_NP.False_)))(
+            nnsparse.SparseWeightLinear.random(4, 3, 0.5)), None,
+         check=lambda out: not out.missing_keys and not out.unexpected_keys),
+    # the generic fuzz: 2**64, -0.0, a (1, 1) tensor, a 0-d tensor where a size or data goes
+    Case("DynamicSparseTensor-ndim-2**64", lambda: nnsparse.DynamicSparseTensor(ndim=2 ** 64),
+         ValueError, r"ndim must be at most 64 \(one index buffer is kept per dimension\), got "
+                     r"18446744073709551616"),
+    Case("DynamicSparseTensor-ndim-64-works", lambda: nnsparse.DynamicSparseTensor(ndim=64).ndim,
+         None, check=lambda ndim: ndim == 64),
+    Case("SparseWeightLinear.random-in_features-2**64", lambda: (
+        nnsparse.SparseWeightLinear.random(2 ** 64, 3, 0.5)), ValueError,
+         r"in_features must be a positive int below 2\*\*63, got 18446744073709551616"),
+    Case("synthetic_ratings-n_users-2**64", lambda: synthetic_ratings(n_users=2 ** 64),
+         ValueError, r"n_users must be a positive int below 2\*\*63"),
+    Case("synthetic_ratings-rank-2**64", lambda: synthetic_ratings(
+        n_users=5, n_items=5, n_ratings=5, rank=2 ** 64), ValueError,
+         r"rank must be a positive int below 2\*\*63"),
+    Case("synthetic_ratings-noise-negative-zero-works", lambda: synthetic_ratings(
+        n_users=5, n_items=5, n_ratings=5, noise=-0.0, user_sigma=-0.0, item_sigma=-0.0), None,
+         check=lambda r: len(r) == 5),
+    Case("SparseLinearBatch-in_features-1x1-tensor", lambda: nnsparse.SparseLinearBatch(
+        torch.ones(1, 1, dtype=torch.long), 3), TypeError,
+         r"in_features must be an int, got Tensor tensor\(\[\[1\]\]\)"),
+    Case("SparseLinearBatch-in_features-0d-tensor-works", lambda: nnsparse.SparseLinearBatch(
+        torch.tensor(4), 3).in_features, None, check=lambda n: n == 4 and type(n) is int),
+    Case("distributed.loader-0d-tensor", lambda: nnsparse.distributed.loader(
+        torch.tensor(1.0), 2), TypeError, r"dataset must be a map-style dataset .* got a 0-d tensor"),
+    # an estimate of Lua pair rows took their largest index + 1 as its width
+    Case("SparseCriterion-pair-rows-estimate-works", lambda: nnsparse.SparseCriterion(
+        nn.MSELoss())(_EST7, _WIDE7), None, check=lambda loss: torch.allclose(
+            loss, nnsparse.SparseCriterion(nn.MSELoss())(
+                nnsparse.densify(_EST7, size=(2, 6)), _WIDE7))),
+    # a CrossValidation built by hand: "argument of type 'int' is not iterable", KeyError
+    Case("CrossValidation.mean-folds-of-ints", lambda: nnsparse.models.CrossValidation(
+        [1, 2]).mean(), TypeError,
+         r"CrossValidation.folds must be a list of dicts, got int at folds\[0\]"),
+    Case("CrossValidation.mean-value-str", lambda: nnsparse.models.CrossValidation(
+        [{"rmse": "x"}]).mean(), TypeError, r"folds\[0\]\['rmse'\] must be a number, got str 'x'"),
+    Case("CrossValidation.mean-key-missing-in-a-fold", lambda: nnsparse.models.CrossValidation(
+        [{"rmse": 1.0}, {"mae": 1.0}]).mean(), ValueError,
+         r"folds\[1\] lacks 'rmse', which folds\[0\] holds"),
+    Case("CrossValidation.table-fold-lacks-keys", lambda: nnsparse.models.CrossValidation(
+        [{"fold": 1, "rmse": 1.0}]).table(), ValueError,
+         r"table needs the keys \['fold', 'rmse', 'mae', .*\] in every fold \(cross_validate's\), "
+         r"folds\[0\] lacks \['mae', "),
+    Case("CrossValidation.mean-numpy-values-works", lambda: nnsparse.models.CrossValidation(
+        [{"rmse": _NP.float32(1.0)}, {"rmse": 2.0}]).mean(), None,
+         check=lambda m: type(m) is float and m == 1.5),
+    Case("Trainer-batch_loss-scalar-works", lambda: _trainer_fit(_LossNet(
+        lambda y: (y ** 2).mean())).best_epoch, None, check=lambda epoch: epoch == 1),
+]
+
+
 CASES = (_sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3 + META + PROBE4 + PROBE5
-         + OPTIM_FROZEN + PROBE6)
+         + OPTIM_FROZEN + PROBE6 + PROBE7)
 
 
 def run_case(case: Case) -> str:

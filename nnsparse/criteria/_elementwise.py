@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._forms import as_flag
+
 __all__ = ["elementwise_loss", "ElementwiseLoss", "Setting"]
 
 # ``gather(w)`` reads a tensor broadcastable to the estimate's dense shape at
@@ -187,7 +189,7 @@ def resolve_size_average(criterion: nn.Module, size_average: Optional[bool],
     """
     reduction = reduction_of(criterion)
     if size_average is not None:
-        bool_arg(size_average, "size_average")
+        size_average = bool_arg(size_average, "size_average")
     if reduction == "mean":
         return True if size_average is None else size_average
     if reduction == "sum":
@@ -300,9 +302,7 @@ def ratio_arg(value: Any, name: str) -> float:
 
 
 def bool_arg(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return value
+    return as_flag(value, name)  # a numpy bool passes, as a bool
 
 
 def pair_arg(value: Any, name: str) -> Tuple[float, float]:

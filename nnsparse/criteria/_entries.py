@@ -170,6 +170,12 @@ def _values(estimate: Tensor) -> Tensor:
     return csr_values(estimate) if estimate.layout == torch.sparse_csr else estimate.values()
 
 
+def _pair_rows(x: Any) -> bool:
+    """A list of Lua ``(k, 2)`` pair rows (strided tensors)."""
+    return isinstance(x, (list, tuple)) and bool(x) and all(
+        isinstance(r, Tensor) and r.layout == torch.strided for r in x)
+
+
 def as_estimate(estimate: Any, target: Any = None) -> Estimate:
     """Normalise a dense or sparse estimate.
 
@@ -187,7 +193,11 @@ def as_estimate(estimate: Any, target: Any = None) -> Estimate:
     if isinstance(estimate, SparseBatch):
         batch = estimate
     elif is_sparse_form(estimate):
-        batch = as_sparse_batch(estimate, name="estimate", pairs=False)
+        # Lua pair rows tell no width (their largest index + 1 is no width): a sparse
+        # tensor target's, when there is one
+        width = (target.shape[-1] if _pair_rows(estimate) and isinstance(target, Tensor)
+                 and target.layout in (torch.sparse_coo, torch.sparse_csr) else None)
+        batch = as_sparse_batch(estimate, name="estimate", pairs=False, width=width)
     elif isinstance(estimate, Tensor):
         if estimate.dim() not in (1, 2):
             raise ValueError(f"estimate must be 1-D (n,) or 2-D (rows, n), "

@@ -91,7 +91,7 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         super().__init__()
         elementwise_loss(criterion)  # checked now; read again at each call
         self.criterion = criterion
-        bool_arg(full_size_average, "full_size_average")
+        full_size_average = bool_arg(full_size_average, "full_size_average")
         if (full_size_average and size_average is None
                 and reduction_of(criterion) == "mean"):
             size_average = False  # full_size_average asks for the other averaging

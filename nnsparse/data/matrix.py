@@ -20,8 +20,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._forms import (SparseBatch, as_device, as_sparse_batch, check_index_range, refuse_meta,
-                      refuse_meta_device)
+from .._forms import (SparseBatch, as_device, as_flag, as_sparse_batch, check_index_range,
+                      refuse_meta, refuse_meta_device)
 from .readers import (Ratings, check_ratings, check_unique_pairs, refuse_repeated_keys,
                       refuse_uint8_index)
 
@@ -234,8 +234,7 @@ class RatingNormalizer:
             raise ValueError("train holds no ratings; the normaliser needs some to fit")
         # a pair rated twice would weigh twice in its row mean (and matrix() refuses it)
         check_unique_pairs("train", train)
-        if not isinstance(center, bool):
-            raise TypeError(f"center must be a bool, got {type(center).__name__} {center!r}")
+        center = as_flag(center, "center")
         data_lo, data_hi = train.scale
         if scale is None:
             lo, hi = data_lo, data_hi
@@ -326,8 +325,7 @@ class RatingNormalizer:
         :func:`rating_matrix`.
         """
         check_ratings(ratings, "ratings")
-        if not isinstance(normalize, bool):
-            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+        normalize = as_flag(normalize, "normalize")
         values = ratings.rating
         if normalize:
             row, _ = self.index(ratings)
@@ -387,8 +385,10 @@ def _errors(prediction: Tensor, target: Tensor) -> Tensor:
     _check_pair(prediction, target)
     if prediction.numel() == 0:
         raise ValueError("prediction and target are empty; an error needs at least one entry")
-    error = prediction - target
-    return error if error.is_floating_point() else error.to(torch.get_default_dtype())
+    dtype = torch.promote_types(prediction.dtype, target.dtype)
+    if not dtype.is_floating_point:  # cast first: uint8 0 - 255 wrapped to 1, int8 too
+        dtype = torch.get_default_dtype()
+    return prediction.to(dtype) - target.to(dtype)
 
 
 def rmse(prediction: Tensor, target: Tensor) -> Tensor:
@@ -444,7 +444,8 @@ class RatingErrors:
         if self._sums is not None and self._sums.device != prediction.device:
             raise ValueError(f"prediction must be on the device of the earlier updates, "
                              f"{self._sums.device}, got {prediction.device}")
-        error = (prediction.detach() - target.detach()).to(torch.float64)
+        # float64 first: an integer difference wraps (uint8 0 - 255 is 1)
+        error = prediction.detach().to(torch.float64) - target.detach().to(torch.float64)
         sums = torch.stack([error.square().sum(), error.abs().sum(),
                             error.new_tensor(float(error.numel()))])
         self._sums = sums if self._sums is None else self._sums + sums

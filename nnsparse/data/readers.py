@@ -159,6 +159,10 @@ class Ratings:
             if rating.layout != torch.strided:
                 raise TypeError(f"rating must be a dense tensor or a sequence of numbers, got "
                                 f"layout {rating.layout}")
+            if rating.dtype == torch.bool:
+                raise TypeError("rating must be a sequence of real numbers, got a bool tensor")
+        else:
+            _refuse_non_numbers(rating, "rating")
         try:
             wide = np.asarray(rating.detach().cpu() if isinstance(rating, Tensor) else rating,
                               dtype=np.float64)
@@ -610,10 +614,39 @@ def _id_array(ids: Any, name: str = "ids") -> np.ndarray:
     except OverflowError:
         out = np.empty(len(ids), dtype=object)
         out[:] = list(ids)
+    except ValueError:  # ragged: numpy's "inhomogeneous shape"
+        raise ValueError(f"{name} must be 1-D, one id per rating, got nested sequences of "
+                         f"different lengths") from None
     if out.ndim != 1:
+        if isinstance(ids, (dict, set, frozenset)):  # numpy makes a 0-d object array of it
+            raise TypeError(f"{name} must be a sequence of ids (a list, array or tensor), "
+                            f"got {type(ids).__name__}")
         raise ValueError(f"{name} must be 1-D, one id per rating, got shape {out.shape}")
     _check_missing(out, ids, name)
+    if out.dtype.kind in "US" and not isinstance(ids, np.ndarray):
+        # numpy made str of every id: 1 and "1" would be one user, 8 would become "8"
+        other = next((v for v in ids if not isinstance(v, (str, bytes))), None)
+        if other is not None:
+            first = next(v for v in ids if isinstance(v, (str, bytes)))
+            raise TypeError(f"{name} must hold ids of one kind (all str or all numbers), got "
+                            f"{type(first).__name__} {first!r} and {type(other).__name__} "
+                            f"{other!r}")
     return out
+
+
+def _refuse_non_numbers(values: Any, name: str) -> None:
+    """``TypeError`` for str or bool entries, which ``np.asarray(..., float64)`` would
+    read as numbers ("3" as 3.0, True as 1.0)."""
+    try:
+        probe = np.asarray(values) if not isinstance(values, np.ndarray) else values
+    except (TypeError, ValueError):  # ragged: the float64 conversion after says so
+        return
+    if probe.dtype.kind in "USb" or probe.dtype == object:
+        flat = probe.reshape(-1) if probe.dtype != object else probe.ravel()
+        bad = next((v for v in flat.tolist() if isinstance(v, (str, bytes, bool))), None)
+        if bad is not None:
+            raise TypeError(f"{name} must be a sequence of real numbers, got "
+                            f"{type(bad).__name__} {bad!r}")
 
 
 def _check_missing(ids: np.ndarray, given: Any, name: str) -> None:
@@ -808,6 +841,7 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
     title_file = _title_file(path, format, titles)
     sep, fields, header, _ = _FORMATS[format]
     raw = path.read_bytes()
+    _refuse_binary(raw[:4096], path)
     if raw.startswith(_BOM):  # before the header check: the BOM is no part of the first line
         raw = raw[len(_BOM):]
     if header:
@@ -1037,7 +1071,29 @@ _USER_FILES = {"ml-100k": "u.user", "ml-1m": "users.dat"}
 _AGES = (1, 18, 25, 35, 45, 50, 56)
 
 
+def _refuse_binary(head: bytes, path: Path) -> None:
+    """A compressed or binary file, read as text, failed on its first line with its bytes
+    quoted ("expected 4 fields, got 2: '\\x8b\\x08...'"): named here from its first bytes."""
+    for magic, kind, fix in _ARCHIVES:
+        if head.startswith(magic) and (magic != b"BZh" or head[4:10] == b"1AY&SY"):
+            raise ValueError(f"path: {path} is {kind} (it starts with {magic!r}), not a text "
+                             f"file; {fix}")
+    if b"\x00" in head:
+        raise ValueError(f"path: {path} holds NUL bytes: a binary file or UTF-16 text, not "
+                         f"ASCII/UTF-8/latin-1 text; save it as UTF-8")
+
+
+# (first bytes, what the file is, what to do) for the archives a rating file comes in
+_ARCHIVES = ((b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip)"),
+             (b"PK\x03\x04", "a zip archive", "extract it and give the rating file in it "
+                                            "(e.g. ml-1m/ratings.dat)"),
+             (b"BZh", "bzip2-compressed", "decompress it first (bunzip2)"),
+             (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (unxz)"))
+
+
 def _lines(path: Path, sep: str) -> List[Tuple[int, List[str]]]:
+    with open(path, "rb") as raw:
+        _refuse_binary(raw.read(4096), path)
     with open(path, encoding="latin-1") as f:
         return [(n, _without_bom(line, n).rstrip("\r\n").split(sep))
                 for n, line in enumerate(f, start=1) if line.strip()]
@@ -1244,7 +1300,8 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
         try:
             key, age = _strict_int(parts[0]), _strict_int(parts[a_at])
         except ValueError:
-            raise ValueError(f"{path}, line {number}: the id and the age must be integers") from None
+            raise ValueError(f"{path}, line {number}: the id and the age must be integers, got "
+                             f"{parts[0]!r} and {parts[a_at]!r}") from None
         if age < 0:
             raise ValueError(f"{path}, line {number}: the age must be non-negative, got {age}")
         gender = parts[g_at].strip().upper()

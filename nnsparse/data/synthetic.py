@@ -18,7 +18,7 @@ import numbers
 import numpy as np
 import torch
 
-from .._forms import as_count
+from .._forms import as_count, as_flag
 from .readers import Ratings
 
 __all__ = ["synthetic_ratings", "synthetic_item_features"]
@@ -249,8 +249,9 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
             raise TypeError(f"{name} must be a real number, got {type(number).__name__} {number!r}")
         if not 0 <= number < math.inf:  # also refuses NaN
             raise ValueError(f"{name} must be non-negative and finite, got {number}")
-    if not isinstance(titles, bool):
-        raise TypeError(f"titles must be a bool, got {type(titles).__name__} {titles!r}")
+    # -0.0 passes the check above, and numpy refused it ("scale < 0"): + 0.0 makes it 0.0
+    noise, user_sigma, item_sigma = (float(v) + 0.0 for v in (noise, user_sigma, item_sigma))
+    titles = as_flag(titles, "titles")
     user, item, score = _scores(seed, n_users, n_items, n_ratings, rank, noise,
                                 user_sigma, item_sigma)
     record = Ratings(torch.from_numpy(user.astype(np.int64)),

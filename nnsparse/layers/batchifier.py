@@ -4,12 +4,13 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from .. import _index
-from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_count, as_device,
+from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_count, as_device, as_flag,
                       as_sparse_batch, check_kernel_dtype, refuse_meta, trust)
 from ..data.dataset import SparseRowDataset
 
@@ -47,6 +48,16 @@ def _move(x: Any, device: Optional[torch.device]) -> Any:
     if isinstance(x, (list, tuple)):
         return type(x)(_move(v, device) for v in x)
     return x
+
+
+def _input_width(network: nn.Module) -> Optional[int]:
+    """The ``in_features`` of the first module of ``network`` that has one (the layer that
+    reads the data), or None."""
+    for module in network.modules():
+        width = getattr(module, "in_features", None)
+        if isinstance(width, int):
+            return width
+    return None
 
 
 class _SparseRows:
@@ -106,6 +117,8 @@ class _SparseSource(_Source):
                              "call the network on it directly")
         self.cut = _SparseRows(batch, coalesce=True) if batch.rows else None
         self.rows, self.device, self.width = batch.rows, batch.device, batch.width
+        if batch.form == "pair_list":  # Lua's rows tell no width: the one the network reads
+            self.width = max(self.width, _input_width(runner.network) or 0)
         self.dtype = batch.dtype if batch.dtype.is_floating_point else torch.get_default_dtype()
 
     def batch(self, start: int, stop: int) -> Tensor:
@@ -289,8 +302,8 @@ class Batchifier:
             raise TypeError(f"network must be an nn.Module, got {type(network).__name__}")
         output_size = as_count("output_size", output_size, 0)
         batch_size = as_count("batch_size", batch_size, 1)
-        if progress is not None and not isinstance(progress, bool):
-            raise TypeError(f"progress must be a bool, got {type(progress).__name__}")
+        if progress is not None:
+            progress = as_flag(progress, "progress")
         device = as_device(device, none=True)
         if layout not in (torch.sparse_csr, torch.sparse_coo):
             raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
@@ -309,7 +322,7 @@ class Batchifier:
                 f"batch_size={self.batch_size}, device={self.device}, "
                 f"network={type(self.network).__name__})")
 
-    def forward(self, data: Data, batch_size: Optional[int] = None) -> Tensor:
+    def forward(self, data: Data, batch_size: Optional[int] = None, *args: Any) -> Tensor:
         r"""The network's output for every row of ``data``.
 
         Args:
@@ -328,12 +341,16 @@ class Batchifier:
 
         Raises:
             TypeError: ``data`` is not one of the accepted kinds, ``batch_size``
-                not an int.
+                not an int, a third positional argument (Lua's ``nFrame``).
             ValueError: ``data`` is a single vector, the network returns
                 something other than a dense ``(b, output_size)`` tensor with
                 data (or another dtype than for the first batch), or
                 ``batch_size`` is below 1.
         """
+        if args:  # Lua's forward(data, batchSize, nFrame): Python's "takes from 2 to 3 ..."
+            raise TypeError(f"Batchifier.forward takes (data, batch_size), got {len(args)} more "
+                            f"positional argument(s) {args!r}; Lua's nFrame has no equivalent "
+                            f"(the number of rows is the data's)")
         if batch_size is None:
             batch_size = self.batch_size
         batch_size = as_count("batch_size", batch_size, 1)
@@ -465,6 +482,8 @@ class Batchifier:
     def _exclusion(self, exclude: Any, source: _Source
                    ) -> Optional[Callable[[int, int, Any], Pattern]]:
         """The pattern to leave out of each batch, as ``(start, stop, batch) -> (row, col)``."""
+        if isinstance(exclude, np.bool_):  # a numpy bool is a flag, as elsewhere (as_flag)
+            exclude = bool(exclude)
         if exclude is None or exclude is False:
             return None
         if exclude is True:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._forms import SparseLike, as_count, as_sparse_batch
+from .._forms import SparseLike, as_count, as_sparse_batch, check_int64
 from ..convert import _check_elem, _densify, sparsify
 
 __all__ = ["Densify", "Sparsify"]
@@ -59,6 +59,7 @@ class Densify(nn.Module):
                             f"{type(in_features).__name__} {in_features!r}")
         if in_features < 0:
             raise ValueError(f"in_features must be a non-negative int, got {in_features!r}")
+        check_int64(int(in_features), "in_features")  # the width of every output it makes
         self.in_features: int = int(in_features)  # a numpy int is stored as an int
         self.elem: float = _check_elem(elem)
 

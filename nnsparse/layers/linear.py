@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import _double, _index
-from .._forms import (SparseBatch, SparseLike, _sparse_coo, as_device, as_int,
+from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_device, as_flag, as_int,
+                      check_int64,
                       as_sparse_batch, move_structure)
 from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_rows_of
@@ -322,10 +323,12 @@ def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_gra
         value = as_int(value, arg)
         if value < 0:
             raise ValueError(f"{arg} must be non-negative, got {value}")
-        sizes.append(value)
-    for arg, flag in (("bias", bias), ("sparse_grad", sparse_grad)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{arg} must be a bool, got {type(flag).__name__} {flag!r}")
+        sizes.append(check_int64(value, arg))
+    itemsize = (dtype if isinstance(dtype, torch.dtype) else torch.get_default_dtype()).itemsize
+    if sizes[0] * sizes[1] * itemsize > _INT64_MAX:  # torch: "Storage size ... overflowed"
+        raise ValueError(f"in_features * out_features (the weight's elements, {itemsize} bytes "
+                         f"each) must take fewer than 2**63 bytes, got {sizes[0]} * {sizes[1]}")
+    as_flag(bias, "bias"), as_flag(sparse_grad, "sparse_grad")  # the callers keep bool(...)
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype (the parameters learn), "
                         f"got {dtype}")
@@ -483,6 +486,7 @@ class SparseLinearBatch(nn.Module):
                 "ignoreAccGrad has no equivalent (gradients accumulate as in torch)")
         in_features, out_features = _check_layer_args(in_features, out_features, bias,
                                                       sparse_grad, dtype, device)
+        bias, sparse_grad = bool(bias), bool(sparse_grad)  # a numpy bool, checked, as a bool
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         if sparse_grad and mode == "dense":
@@ -592,7 +596,7 @@ class SparseLinearBatch(nn.Module):
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
-        check_state_dict(self, state_dict, strict)
+        strict, assign = check_state_dict(self, state_dict, strict, assign)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict,

@@ -89,6 +89,9 @@ class PatternSequential(nn.Sequential):
           form, or ``None`` (then this is ``nn.Sequential``).
         - output: what the last module returns.
 
+    Raises:
+        ValueError: a ``pattern`` that no module takes (it would be dropped).
+
     Example::
 
         >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
@@ -123,6 +126,15 @@ class PatternSequential(nn.Sequential):
         return super().insert(int(index), module)  # type: ignore[return-value]
 
     def forward(self, input: Any, pattern: Any = None) -> Any:  # type: ignore[override]
+        if pattern is not None and not any(
+                module is not None and _takes_pattern(_forward_class(module))
+                for module in self._modules.values()):
+            # it would be dropped: a dense output of every column where the caller asked
+            # for the pattern's entries alone
+            raise ValueError(f"pattern was given, but no module of this PatternSequential "
+                             f"takes one (a SparseOutputLinear, or a module with "
+                             f"forward(x, pattern=None)); its modules are "
+                             f"{[type(m).__name__ for m in self._modules.values()]}")
         for name, module in self._modules.items():
             if module is None:  # set by item assignment, which add_module does not see
                 raise TypeError(f"PatternSequential item {name!r} is None; give it an "

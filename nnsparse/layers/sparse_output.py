@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import _double, _index
-from .._forms import SparseBatch, SparseLike, _sparse_coo, as_sparse_batch
+from .._forms import SparseBatch, SparseLike, _sparse_coo, as_flag, as_sparse_batch
 from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, sampled_parts
@@ -215,9 +215,7 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         (tensor([[0, 1, 1],
                 [1, 0, 2]]), tensor([2., 3., 7.]))
     """
-    if not isinstance(sparse_grad, bool):
-        raise TypeError(f"sparse_grad must be a bool, got {type(sparse_grad).__name__} "
-                        f"{sparse_grad!r}")
+    sparse_grad = as_flag(sparse_grad, "sparse_grad")
     _check_weight_bias(weight, bias)  # (the layer checks its own parameters in forward)
     return _sampled_linear(input, weight, bias, pattern, sparse_grad)
 
@@ -342,6 +340,7 @@ class SparseOutputLinear(nn.Linear):
                  sparse_grad: bool = False, device=None, dtype=None) -> None:
         in_features, out_features = _check_layer_args(in_features, out_features, bias,
                                                       sparse_grad, dtype, device)
+        bias, sparse_grad = bool(bias), bool(sparse_grad)  # a numpy bool, checked, as a bool
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.sparse_grad = sparse_grad
         # the optimiser in the backward, set by nnsparse.optim.apply_optimizer_in_backward
@@ -386,5 +385,5 @@ class SparseOutputLinear(nn.Linear):
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
-        check_state_dict(self, state_dict, strict)
+        strict, assign = check_state_dict(self, state_dict, strict, assign)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)

@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
 import torch
 from torch import Tensor, nn
 
-from .._forms import _check_csr, _version, as_count, as_device, as_sparse_batch, is_sparse_form
+from .._forms import (_check_csr, _version, as_count, as_device, as_flag, as_sparse_batch,
+                      is_sparse_form)
 from .._load import check_state_dict, entry_errors
 from .. import _index
 from ..matmul import _PatternMM, _transposed
@@ -161,8 +162,7 @@ class SparseWeightLinear(nn.Module):
 
     def __init__(self, pattern: Any, bias: bool = True, *, device=None, dtype=None) -> None:
         super().__init__()
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias must be a bool, got {type(bias).__name__}")
+        bias = as_flag(bias, "bias")
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
         as_device(device, none=True)  # before the pattern is read
@@ -210,7 +210,7 @@ class SparseWeightLinear(nn.Module):
             if refusals:
                 raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:"
                                    "\n\t" + "\n\t".join(refusals) + "\n(nothing was loaded)")
-        check_state_dict(self, state_dict, strict)
+        strict, assign = check_state_dict(self, state_dict, strict, assign)
         # _load_from_state_dict reads these same entries (its pre-hooks run after its
         # check): they were checked just above, so it does not compute the refusals again
         self._refusals_checked = True

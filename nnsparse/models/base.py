@@ -24,8 +24,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type,
 import torch
 from torch import Tensor, nn
 
-from .._forms import (_a, as_count, as_device, check_index_range, refuse_meta, refuse_meta_device,
-                      trust)
+from .._forms import (_a, as_count, as_device, as_flag, check_index_range,
+                      refuse_meta, refuse_meta_device, trust)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -53,6 +53,8 @@ def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
     if not (isinstance(cls, type) and issubclass(cls, RatingModel)):
         raise TypeError(f"register takes a RatingModel subclass, got "
                         f"{cls.__name__ if isinstance(cls, type) else type(cls).__name__}")
+    if cls is RatingModel:  # the abstract base: a file naming it would load no network
+        raise TypeError("register takes a RatingModel subclass, got RatingModel itself")
     if "name" not in cls.__dict__:
         raise ValueError(f"{cls.__name__} must set its own name (the key load() reads), "
                          f"it inherits {cls.name!r}")
@@ -200,8 +202,7 @@ class RatingModel(nn.Module):
             raise TypeError(f"seed must be an int, got {type(h['seed']).__name__}")
         h["seed"] = int(h["seed"])  # a numpy int too; any size (see torch_seed)
         for key in ("refit", "dense_decoder"):
-            if not isinstance(h[key], bool):
-                raise TypeError(f"{key} must be a bool, got {type(h[key]).__name__}")
+            h[key] = as_flag(h[key], key)  # saved as a bool: a numpy bool passes
         for key, value in h.items():
             if key in ("lr", "weight_decay", "validation_ratio", "min_lr_ratio") or \
                     key.startswith("l2") or key in ("alpha", "beta", "hide_ratio"):
@@ -233,7 +234,7 @@ class RatingModel(nn.Module):
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
-        check_state_dict(self, state_dict, strict)
+        strict, assign = check_state_dict(self, state_dict, strict, assign)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -435,10 +436,9 @@ class RatingModel(nn.Module):
                                  "validation_ratio of train instead")
         if len(train) == 0:
             raise ValueError("train holds no ratings")
-        if progress is not None and not isinstance(progress, bool):
-            raise TypeError(f"progress must be None or a bool, got {type(progress).__name__}")
-        if not isinstance(verbose, bool):
-            raise TypeError(f"verbose must be a bool, got {type(verbose).__name__}")
+        if progress is not None:
+            progress = as_flag(progress, "progress", "None or a bool")
+        verbose = as_flag(verbose, "verbose")
         h, device = self.hparams, _as_device(device)
         rows = train.n_items if h["orientation"] == "item" else train.n_users
         features = _check_features(features, rows, "features")
@@ -553,8 +553,7 @@ class RatingModel(nn.Module):
             ``return_counts``, ``(prediction, counts)``.
         """
         self._check_built()
-        if not isinstance(return_counts, bool):
-            raise TypeError(f"return_counts must be a bool, got {type(return_counts).__name__}")
+        return_counts = as_flag(return_counts, "return_counts")
         users, items = _index_tensor(users, "users"), _index_tensor(items, "items")
         if users.shape != items.shape or users.dim() != 1:
             raise ValueError(f"users and items must be 1-D of one length, got "
@@ -577,6 +576,9 @@ class RatingModel(nn.Module):
         was_training = self.training
         self.eval()
         device, width = self.device, self._shape[1]
+        # the parameters' dtype: a model converted since fit (model.double()) is fed its own
+        # (the layer refused the float32 matrix: "input must have the weight's dtype")
+        dtype = next(self.parameters()).dtype
         dataset = SparseRowDataset(self._input)
         out = torch.empty(row.shape[0])
         order = torch.argsort(row, stable=True)
@@ -594,10 +596,11 @@ class RatingModel(nn.Module):
             pattern = coo_tensor(torch.stack([ukey // width, ukey % width]),
                                  torch.ones(ukey.shape[0]), (chunk.shape[0], width),
                                  coalesced=True).to(device)
-            est = self(batch.input, batch.row_index, pattern).to_sparse_coo().coalesce()
+            x = batch.input if batch.input.dtype == dtype else batch.input.to(dtype)
+            est = self(x, batch.row_index, pattern).to_sparse_coo().coalesce()
             values = self._norm.denormalize(
                 est.values(), batch.row_index[est.indices()[0]]).cpu()
-            out[order[take]] = values[where]
+            out[order[take]] = values[where].to(out.dtype)  # float32 predictions, as the fallback's
         self.train(was_training)
         return out
 
@@ -662,9 +665,8 @@ class RatingModel(nn.Module):
         k = as_count("k", k, 0, must="non-negative")
         min_support = as_count("min_support", min_support, 0, must="non-negative")
         _check_number("shrinkage", shrinkage)
-        for flag, value in (("exclude_rated", exclude_rated), ("by_index", by_index)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{flag} must be a bool, got {type(value).__name__}")
+        exclude_rated = as_flag(exclude_rated, "exclude_rated")
+        by_index = as_flag(by_index, "by_index")
         if not shrinkage >= 0:
             raise ValueError(f"shrinkage must be non-negative, got {shrinkage}")
         if shrinkage == math.inf:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from dataclasses import dataclass, field
@@ -93,6 +94,10 @@ def _fold_pairs(directory: Path) -> List[Tuple[Path, Path]]:
     return [(b, t) for _, b, t in sorted(found)]
 
 
+# the keys of a fold that CrossValidation.table prints (what cross_validate records)
+_TABLE_KEYS = ("fold", "rmse", "mae", "item_mean_rmse", "fallback", "epochs", "seconds")
+
+
 @dataclass
 class CrossValidation:
     """Per-fold results and their summary.
@@ -108,9 +113,28 @@ class CrossValidation:
         """Mean over the folds of ``key`` (``"rmse"``, ``"mae"``, ...)."""
         if not self.folds:
             raise ValueError("CrossValidation holds no folds; run cross_validate first")
+        self._check_folds()
         if not isinstance(key, str) or key not in self.folds[0]:
             raise KeyError(f"key must be one of {sorted(self.folds[0])}, got {key!r}")
-        return sum(f[key] for f in self.folds) / len(self.folds)
+        for i, f in enumerate(self.folds):  # built by hand: "unsupported operand", KeyError
+            if key not in f:
+                raise ValueError(f"folds[{i}] lacks {key!r}, which folds[0] holds")
+            value = f[key]
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"folds[{i}][{key!r}] must be a number, got "
+                                f"{type(value).__name__} {value!r}")
+        return float(sum(f[key] for f in self.folds) / len(self.folds))
+
+    def _check_folds(self) -> None:
+        """``folds`` a list of dicts (a hand-built one gave "argument of type 'int' is not
+        iterable")."""
+        if not isinstance(self.folds, list):
+            raise TypeError(f"CrossValidation.folds must be a list of dicts, got "
+                            f"{type(self.folds).__name__}")
+        for i, f in enumerate(self.folds):
+            if not isinstance(f, dict):
+                raise TypeError(f"CrossValidation.folds must be a list of dicts, got "
+                                f"{type(f).__name__} at folds[{i}]")
 
     def std(self, key: str = "rmse") -> float:
         """Sample standard deviation over the folds (0 for one fold)."""
@@ -121,6 +145,13 @@ class CrossValidation:
 
     def table(self) -> str:
         """A Markdown table: one line per fold, then mean ± std."""
+        if self.folds:  # (no folds: mean() below says so)
+            self._check_folds()
+            for i, f in enumerate(self.folds):
+                lacks = [k for k in _TABLE_KEYS if k not in f]
+                if lacks:
+                    raise ValueError(f"table needs the keys {list(_TABLE_KEYS)} in every fold "
+                                     f"(cross_validate's), folds[{i}] lacks {lacks}")
         lines = ["| fold | RMSE | MAE | item mean RMSE | fallback | epochs | seconds |",
                  "|---|---|---|---|---|---|---|"]
         for f in self.folds:

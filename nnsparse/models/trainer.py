@@ -182,8 +182,13 @@ class Trainer:
     def step(self, batch: Any, optimizer: torch.optim.Optimizer) -> Tensor:
         """One optimisation step on one batch; returns the detached loss (no sync)."""
         _check_step_args(batch, optimizer)
+        batch_loss = getattr(self.model, "batch_loss", None)
+        if not callable(batch_loss):  # (a subclass overriding step may train another model)
+            raise TypeError(f"model must have a batch_loss(rows, x) method for Trainer's "
+                            f"step (a RatingModel has one), got {type(self.model).__name__} "
+                            f"without one; add it or override Trainer.step")
         batch = batch.to(self.device)
-        loss = self.model.batch_loss(batch.row_index, batch.input)
+        loss = _checked_loss(batch_loss(batch.row_index, batch.input))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -385,7 +390,7 @@ class DistributedTrainer(Trainer):
         batch = batch.to(self.device)
         # times world: DDP's mean of the ranks' gradients is then their sum,
         # the gradient of the one-process loss over the global batch
-        loss = self._ddp(batch.row_index, batch.input) * self.world
+        loss = _checked_loss(self._ddp(batch.row_index, batch.input)) * self.world
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -407,6 +412,19 @@ def _check_optimizer(optimizer: Any) -> None:
     if not all(callable(getattr(optimizer, name, None)) for name in ("step", "zero_grad")):
         raise TypeError(f"optimizer must be an optimiser with step() and zero_grad() "
                         f"(make_optimizer), got {type(optimizer).__name__}")
+
+
+def _checked_loss(loss: Any) -> Tensor:
+    """``model.batch_loss``'s result, a one-element tensor that backward takes (metadata
+    only, no sync): torch said "grad can be implicitly created only for scalar outputs",
+    Python "'float' object has no attribute 'backward'"."""
+    if not isinstance(loss, Tensor):
+        raise TypeError(f"model.batch_loss must return a scalar loss tensor, got "
+                        f"{type(loss).__name__}")
+    if loss.numel() != 1:
+        raise ValueError(f"model.batch_loss must return a scalar loss tensor, got shape "
+                         f"{tuple(loss.shape)}")
+    return loss
 
 
 def _check_step_args(batch: Any, optimizer: Any) -> None:
