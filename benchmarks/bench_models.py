@@ -11,6 +11,11 @@ then a refit on all of it; the test part is only scored).
 Run:  python benchmarks/bench_models.py                 # every row, 2 threads
       python benchmarks/bench_models.py --quick         # small data, few epochs (a smoke run)
       python benchmarks/bench_models.py --models autorec cfn++
+      python benchmarks/bench_models.py --train ml-100k/u1.base --test ml-100k/u1.test \
+          --format ml-100k                              # the same rows on real files
+
+With ``--train``/``--test`` the rows are measured on those files instead (CFN++
+reads the item genres next to the training file: ``u.item``, ``movies.dat``).
 """
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _baselines import biased_mf, dense_autorec  # noqa: E402
 
-from nnsparse.data import Ratings, mean_prediction, rmse, split_ratings  # noqa: E402
+from nnsparse.data import (FORMATS, Ratings, mean_prediction, read_item_features,  # noqa: E402
+                           read_split, rmse, split_ratings)
 from nnsparse.data import synthetic_item_features, synthetic_ratings  # noqa: E402
 from nnsparse.models import CFN, AutoRec, KernelNet  # noqa: E402
 
@@ -47,20 +53,24 @@ def main(argv: List[str] = None) -> Dict[str, Tuple[float, float]]:
                    help="300 users x 400 items, 15k ratings, few epochs: checks the script runs")
     p.add_argument("--models", nargs="*", default=sorted(ZOO), choices=sorted(ZOO))
     p.add_argument("--no-baselines", action="store_true")
+    p.add_argument("--train", help="a training rating file (with --test): real data")
+    p.add_argument("--test", help="its test file")
+    p.add_argument("--format", choices=FORMATS, default="ml-100k", help="the files' format")
     p.add_argument("--recommend", type=int, default=42,
                    help="print this user's top 10 by the best nnsparse model (-1: none)")
     args = p.parse_args(argv)
+    if (args.train is None) != (args.test is None):
+        p.error("--train and --test go together")
     torch.set_num_threads(args.threads)
-    if args.quick:
-        ratings = synthetic_ratings(args.seed, n_users=300, n_items=400, n_ratings=15_000)
-        mf, dense, zoo = dict(epochs=5), dict(epochs=10), dict(epochs=5, patience=5)
+    if args.train is not None:
+        train, test = read_split(args.train, args.test, args.format)
+        print(f"{args.train} -> {args.test}: {len(train)} / {len(test)} ratings, "
+              f"{train.n_users} users x {train.n_items} items; {args.threads} threads")
     else:
-        ratings = synthetic_ratings(args.seed)
-        mf, dense, zoo = {}, {}, {}
-    train, test = split_ratings(ratings, 0.2, seed=args.seed)
+        train, test = _synthetic(args)
+    mf, dense, zoo = (dict(epochs=5), dict(epochs=10), dict(epochs=5, patience=5)) \
+        if args.quick else ({}, {}, {})
     rows: Dict[str, Tuple[float, float]] = {}
-    print(f"synthetic_ratings(seed={args.seed}): {len(ratings)} ratings, {ratings.n_users} users "
-          f"x {ratings.n_items} items; 80/20 split; {args.threads} threads")
     print("| model | test RMSE | seconds |\n|---|---|---|")
 
     def show(name: str, result: Tuple[float, float]) -> None:
@@ -75,15 +85,38 @@ def main(argv: List[str] = None) -> Dict[str, Tuple[float, float]]:
     fitted = {}
     for name in args.models:
         cls, uses_features = ZOO[name]
-        features = synthetic_item_features(args.seed, train.n_items) if uses_features else None
+        features = _features(args, train) if uses_features else None
         model = fitted[name] = cls(**zoo)
         show(f"nnsparse.models {name}", _timed(
             lambda: model.fit(train, features=features, verbose=False,
                               progress=False).predict(test), test))
-    if fitted and args.recommend >= 0:
+    if fitted and args.recommend >= 0 and args.train is None:
         best = min(fitted, key=lambda n: rows[f"nnsparse.models {n}"][0])
         _show_recommendations(fitted[best], best, args.recommend)
     return rows
+
+
+def _synthetic(args: argparse.Namespace) -> Tuple[Ratings, Ratings]:
+    if args.quick:
+        ratings = synthetic_ratings(args.seed, n_users=300, n_items=400, n_ratings=15_000)
+    else:
+        ratings = synthetic_ratings(args.seed)
+    print(f"synthetic_ratings(seed={args.seed}): {len(ratings)} ratings, {ratings.n_users} users "
+          f"x {ratings.n_items} items; 80/20 split; {args.threads} threads")
+    train, test = split_ratings(ratings, 0.2, seed=args.seed)
+    return train, test
+
+
+def _features(args: argparse.Namespace, train: Ratings) -> torch.Tensor:
+    """The item side features CFN++ reads: the synthetic genres, or the item file next to
+    ``--train`` (for item rows; the models' default orientation)."""
+    if args.train is None:
+        return synthetic_item_features(args.seed, train.n_items)
+    names = {"ml-100k": "u.item", "ml-1m": "movies.dat", "csv": "movies.csv"}
+    if args.format not in names:
+        raise SystemExit(f"cfn++ needs item genres, which the {args.format!r} format has none of")
+    path = os.path.join(os.path.dirname(os.path.abspath(args.train)), names[args.format])
+    return read_item_features(path, args.format, train.item_map)
 
 
 def _show_recommendations(model, name: str, user: int) -> None:

@@ -49,3 +49,70 @@ def test_bench_optimisers_runs():
     names = [line.split()[0] for line in done.stdout.splitlines()[2:] if line.split()]
     assert names == ["adam-0.001", "in-backward-adam-0.001", "rowwise-adagrad-0.003"], \
         done.stdout
+
+
+def test_bench_models_runs_on_rating_files(tmp_path):
+    """--train/--test: the ladder on real-format files (ML-100K's u1.base/u1.test and the
+    u.item genres CFN++ reads), written here from generated ratings."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    users, items = 40, 25
+    pairs = [(u, i) for u in range(1, users + 1) for i in range(1, items + 1)
+             if rng.random() < 0.5]
+    lines = [f"{u}\t{i}\t{rng.integers(1, 6)}\t8800000{k:02d}" for k, (u, i) in enumerate(pairs)]
+    (tmp_path / "u1.base").write_text("\n".join(x for j, x in enumerate(lines) if j % 5) + "\n")
+    (tmp_path / "u1.test").write_text("\n".join(lines[::5]) + "\n")
+    (tmp_path / "u.item").write_text("".join(
+        f"{i}|Film {i} (1995)|01-Jan-1995||http://x|" + "|".join(
+            "1" if g == i % 19 else "0" for g in range(19)) + "\n" for i in range(1, items + 1)))
+    script = os.path.join(ROOT, "benchmarks", "bench_models.py")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, script, "--quick", "--threads", "1",
+                           "--train", str(tmp_path / "u1.base"), "--test", str(tmp_path / "u1.test"),
+                           "--format", "ml-100k", "--models", "autorec", "cfn++"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1].strip() for line in done.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| model")]
+    assert rows == ["item mean", "biased MF (_baselines.py)", "dense I-AutoRec (_baselines.py)",
+                    "nnsparse.models autorec", "nnsparse.models cfn++"], done.stdout
+    rmses = [float(line.split("|")[2]) for line in done.stdout.splitlines()
+             if line.startswith("| ") and not line.startswith("| model")]
+    assert all(0 < r < 5 for r in rmses), done.stdout
+
+
+def test_ml100k_from_recbole_rebuilds_the_canonical_folds(tmp_path):
+    """The u1..u5 rule of MovieLens's mku.sh on a small wheel of the same layout (40,000
+    generated ratings: two folds), and the u.item genre flags the readers take."""
+    import zipfile
+    import numpy as np
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import ml100k_from_recbole as conv
+    from nnsparse.data import read_item_features, read_split
+    rng = np.random.default_rng(0)
+    keys = rng.choice(400 * 300, size=40_000, replace=False)
+    inter = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"] + [
+        f"{k // 300 + 1}\t{k % 300 + 1}\t{rng.integers(1, 6)}\t{880000000 + j}"
+        for j, k in enumerate(keys)]
+    items = ["item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq"] + [
+        f"{i}\tFilm {i}\t1995\t{'Action Sci-Fi' if i % 2 else 'Drama'}" for i in range(1, 301)]
+    users = ["user_id:token\tage:token\tgender:token\toccupation:token\tzip_code:token"] + [
+        f"{u}\t{20 + u % 40}\t{'MF'[u % 2]}\tother\t0{u:04d}" for u in range(1, 401)]
+    wheel = tmp_path / "recbole-0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for kind, lines in (("inter", inter), ("item", items), ("user", users)):
+            z.writestr(conv._PREFIX + kind, "\n".join(lines) + "\n")
+    out = tmp_path / "ml-100k"
+    assert conv.convert(str(wheel), str(out)) == 40_000
+    data = (out / "u.data").read_text().splitlines()
+    assert data == [line for line in inter[1:]]
+    test1 = (out / "u1.test").read_text().splitlines()
+    assert test1 == sorted(data[:20_000], key=conv._key)
+    assert sorted((out / "u2.base").read_text().splitlines(), key=conv._key) == test1
+    assert not (out / "u3.test").exists()
+    train, test = read_split(out / "u1.base", out / "u1.test", "ml-100k")
+    assert len(train) == len(test) == 20_000
+    genres = read_item_features(out / "u.item", "ml-100k", train.item_map)
+    first = train.item_map[1]  # item 1: Action and Sci-Fi
+    assert genres[first].nonzero().flatten().tolist() == [
+        conv.GENRES.index("Action"), conv.GENRES.index("Sci-Fi")]
