@@ -30,8 +30,8 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
     its dense equivalent: of its coalesced values, duplicate indices summed
     first (an uncoalesced gradient, such as autograd makes by adding two
     sparse gradients, is coalesced for the norm only, in a copy), an implicit
-    zero counted where the values leave entries out (it matters for
-    ``norm_type`` 0 and negative ones).  It is scaled by multiplying its
+    zero counted where the values leave entries out (it matters for a
+    negative ``norm_type``, ``-inf`` included).  It is scaled by multiplying its
     values in place: neither densified nor coalesced, so ``p.grad`` keeps its
     indices.
 

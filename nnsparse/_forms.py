@@ -44,8 +44,9 @@ from . import _index
 from ._index import coo_tensor as _sparse_coo
 from ._index import csr_tensor as _sparse_csr
 
-__all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "check_index_range",
-           "resolve_size", "trust", "as_int", "as_count", "as_device", "holds_exactly",
+__all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is_pair_list",
+           "check_index_range", "resolve_size", "trust", "as_int", "as_count", "as_flag",
+           "check_int64", "as_device", "holds_exactly",
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
@@ -366,6 +367,13 @@ def is_sparse_form(x: Any) -> bool:
     if isinstance(x, Tensor):
         return x.layout != torch.strided
     return isinstance(x, (list, tuple))
+
+
+def is_pair_list(x: Any) -> bool:
+    """True for a non-empty list/tuple of strided tensors: Lua ``(k, 2)`` pair rows, whose
+    width only the caller knows (their largest index + 1 is no width)."""
+    return isinstance(x, (list, tuple)) and bool(x) and all(
+        isinstance(r, Tensor) and r.layout == torch.strided for r in x)
 
 
 # -- the structure a torch tensor carries ------------------------------------------

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from . import _double, _index
-from ._forms import (_attach, _cached, _check_csr, _key, as_sparse_batch, is_sparse_form,
-                     refuse_meta)
+from ._forms import (_attach, _cached, _check_csr, _key, as_sparse_batch, is_pair_list,
+                     is_sparse_form, refuse_meta)
 from ._kernels import _csr_rows_mm, _gather_dot, _sampled_mm
 
 __all__ = ["sparse_mm"]
@@ -355,15 +355,9 @@ def _checked_operand(a: Any, name: str, width: Optional[int] = None
     return p, shape
 
 
-def _pair_rows(a: Any) -> bool:
-    """A list of Lua ``(k, 2)`` pair rows: a batch whose width only the product tells."""
-    return isinstance(a, (list, tuple)) and bool(a) and all(
-        isinstance(r, Tensor) and r.layout == torch.strided for r in a)
-
-
 def _sparse_dense(a: Any, b: Any) -> Tensor:
     # pair rows are as wide as B is tall (their largest index + 1 was refused as too narrow)
-    width = b.shape[-2] if _pair_rows(a) and isinstance(b, Tensor) and b.dim() == 2 else None
+    width = b.shape[-2] if is_pair_list(a) and isinstance(b, Tensor) and b.dim() == 2 else None
     p, shape = _checked_operand(a, "A", width)
     _check_dense(b, "B", len(shape), p.values.dtype, p.values.device)
     if len(shape) == 3 and b.shape[0] != shape[0]:

@@ -73,6 +73,17 @@ def test_errors(kwargs, error, match):
         synthetic_ratings(**kwargs)
 
 
+def test_numpy_int_sizes_are_python_ints():
+    # int8 100 * 100 wrapped to 16: "n_ratings must be at most n_users * n_items = 16, got 50"
+    import numpy as np
+    r = synthetic_ratings(n_users=np.int8(100), n_items=np.int8(100), n_ratings=50)
+    same = synthetic_ratings(n_users=100, n_items=100, n_ratings=50)
+    assert (len(r), r.n_users, r.n_items) == (50, 100, 100)
+    assert torch.equal(r.rating, same.rating) and torch.equal(r.item, same.item)
+    with pytest.raises(ValueError, match=r"n_users \* n_items = 16, got 17"):
+        synthetic_ratings(n_users=np.int8(4), n_items=np.int8(4), n_ratings=np.int8(17))
+
+
 def test_movielens_100k_shape(default):
     per_user = torch.bincount(default.user, minlength=default.n_users)
     assert int(per_user.min()) >= 20

@@ -495,3 +495,16 @@ def test_ordinary_backward_is_the_fast_path_bit_for_bit():
         assert "aten._embedding_bag_forward_only.default" in ops.seen
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+def test_torch_csr_constructor_cuts_the_second_derivative_with_an_error():
+    # docs/ecosystem.md: through torch.sparse_csr_tensor's values torch 2.13 raises at the
+    # second derivative, with or without nnsparse (when torch fixes it, the page can say so)
+    like, v = _sparse_values(_dense(), "csr")
+    b = _leaf(IN, 2, seed=41)
+    for product in (lambda a: a.to_dense() @ b, lambda a: nnsparse.sparse_mm(a, b)):
+        a = torch.sparse_csr_tensor(like.crow_indices(), like.col_indices(), v, like.shape)
+        g, = torch.autograd.grad(product(a).pow(3).sum(), v, create_graph=True)
+        assert g.requires_grad  # through b
+        with pytest.raises(RuntimeError, match="is_coalesced expected sparse coordinate"):
+            torch.autograd.grad(g.square().sum(), b)

@@ -274,3 +274,18 @@ def test_as_count_worded_takes_the_bound_and_int64_max():
     assert as_count("n", 0, 0, must="non-negative") == 0
     assert as_count("n", np.uint8(1), 1, must="positive") == 1
     assert as_count("n", 2 ** 63 - 1, 1, must="positive") == 2 ** 63 - 1
+
+
+@pytest.mark.parametrize("x, expected", [
+    ([torch.tensor([[0.0, 1.0]]), torch.zeros(0, 2)], True),  # Lua pair rows
+    ((torch.tensor([[2.0, 1.0]]),), True),
+    ([], False),  # no row: no form at all
+    ([torch.tensor([[0.0, 1.0]]), torch.tensor([1.0, 0.0]).to_sparse()], False),  # mixed
+    ([torch.tensor([1.0, 0.0]).to_sparse()], False),  # sparse vectors
+    (torch.tensor([[0.0, 1.0]]), False),  # one pair tensor, not a list
+    ([[0.0, 1.0]], False),  # numbers, not tensors
+])
+def test_is_pair_list(x, expected):
+    # the one test of Lua pair rows that sparse_mm and the criteria read a width for
+    from nnsparse._forms import is_pair_list
+    assert is_pair_list(x) is expected

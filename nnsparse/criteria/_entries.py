@@ -15,7 +15,7 @@ from typing import Any, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .._forms import SparseBatch, as_sparse_batch, is_sparse_form
+from .._forms import SparseBatch, as_sparse_batch, is_pair_list, is_sparse_form
 from .._index import csr_indices, csr_values, same_view
 
 __all__: list = []
@@ -170,12 +170,6 @@ def _values(estimate: Tensor) -> Tensor:
     return csr_values(estimate) if estimate.layout == torch.sparse_csr else estimate.values()
 
 
-def _pair_rows(x: Any) -> bool:
-    """A list of Lua ``(k, 2)`` pair rows (strided tensors)."""
-    return isinstance(x, (list, tuple)) and bool(x) and all(
-        isinstance(r, Tensor) and r.layout == torch.strided for r in x)
-
-
 def as_estimate(estimate: Any, target: Any = None) -> Estimate:
     """Normalise a dense or sparse estimate.
 
@@ -195,7 +189,7 @@ def as_estimate(estimate: Any, target: Any = None) -> Estimate:
     elif is_sparse_form(estimate):
         # Lua pair rows tell no width (their largest index + 1 is no width): a sparse
         # tensor target's, when there is one
-        width = (target.shape[-1] if _pair_rows(estimate) and isinstance(target, Tensor)
+        width = (target.shape[-1] if is_pair_list(estimate) and isinstance(target, Tensor)
                  and target.layout in (torch.sparse_coo, torch.sparse_csr) else None)
         batch = as_sparse_batch(estimate, name="estimate", pairs=False, width=width)
     elif isinstance(estimate, Tensor):

@@ -238,9 +238,12 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
         'Item 7'
     """
     _check_seed(seed)
-    for value, name in ((n_users, "n_users"), (n_items, "n_items"), (n_ratings, "n_ratings"),
-                        (rank, "rank")):
+    # Python ints from here: numpy ints' n_users * n_items overflowed (an int32 product
+    # went negative: "n_ratings must be at most n_users * n_items = -1794967296")
+    n_users, n_items, n_ratings, rank = (
         as_count(name, value, 1, must="positive")
+        for value, name in ((n_users, "n_users"), (n_items, "n_items"),
+                            (n_ratings, "n_ratings"), (rank, "rank")))
     if n_ratings > n_users * n_items:
         raise ValueError(f"n_ratings must be at most n_users * n_items = {n_users * n_items}, "
                          f"got {n_ratings}")
