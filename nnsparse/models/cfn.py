@@ -30,8 +30,9 @@ class CFN(RatingModel):
     ratings it does not see, which is the task.  Penalty ``l2 / 2`` times the
     squared norms of the weight matrices (not the biases).
 
-    Hyperparameters: ``hidden`` (500), ``l2`` (60), ``alpha`` (1.0), ``beta``
-    (0.5), ``hide_ratio`` (0.25), plus the common ones.
+    Hyperparameters: ``hidden`` (500), ``l2`` (200), ``lr`` (3e-4; both chosen on
+    real MovieLens-100K, see docs/models.md), ``alpha`` (1.0), ``beta`` (0.5),
+    ``hide_ratio`` (0.25), plus the common ones.
 
     Example::
 
@@ -44,7 +45,7 @@ class CFN(RatingModel):
     """
 
     name = "cfn"
-    DEFAULTS = dict(hidden=500, l2=60.0, alpha=1.0, beta=0.5, hide_ratio=0.25)
+    DEFAULTS = dict(hidden=500, l2=200.0, lr=3e-4, alpha=1.0, beta=0.5, hide_ratio=0.25)
     raw_input = False
     center = False
     uses_features = True
