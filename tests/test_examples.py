@@ -100,6 +100,9 @@ def test_composition_example(capsys):
     (["--lr", "inf"], "--lr must be finite, got inf"),
     (["--lr", "nan"], "--lr must be positive, got nan"),
     (["--l2", "nan"], "--l2 must be non-negative and finite, got nan"),
+    (["--l2-kernel", "-1"], "--l2-kernel must be non-negative and finite, got -1.0"),
+    (["--model", "autorec", "--l2-kernel", "0.01"],
+     "--l2-kernel is the kernels' penalty of --model sparsefc, got --model autorec"),
     (["--shrinkage", "inf"], "--min-support and --shrinkage must be non-negative (and finite)"),
     (["--seed", "-1"], "--seed must be non-negative, got -1"),
     (["--device", "meta"], "--device must be cpu or cuda[:N], got 'meta'"),
@@ -131,3 +134,13 @@ def test_movielens_autoencoder_folds_table(capsys, model):
     assert out.count("\n| 1 |") == 1 and "\n| 3 |" in out and "| mean ± std |" in out
     assert len(result["folds"]) == 3 and math.isfinite(result["test_rmse_std"])
     assert result["test_rmse"] == pytest.approx(sum(f["rmse"] for f in result["folds"]) / 3)
+
+
+def test_movielens_autoencoder_l2_kernel_reaches_sparse_fc():
+    example = _load("movielens_autoencoder")
+    parser = example.build_parser()
+    args = parser.parse_args(["--l2", "70", "--l2-kernel", "0.018"])
+    assert example.hparams(args)["l2"] == 70.0 and example.hparams(args)["l2_kernel"] == 0.018
+    assert "l2_kernel" not in example.hparams(parser.parse_args([]))  # the model's default
+    assert example.KernelNet(**{k: v for k, v in example.hparams(args).items()}).hparams[
+        "l2_kernel"] == 0.018

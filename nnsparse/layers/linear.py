@@ -9,9 +9,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import _double, _index
-from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_device, as_flag, as_int,
-                      check_int64,
-                      as_sparse_batch, move_structure)
+from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_device, as_flag,
+                      as_int, as_sparse_batch, check_int64, move_structure)
 from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, linear_parts
