@@ -755,7 +755,7 @@ CASES += [
          r"module must be an nn.Module, got str"),
     # Batchifier
     Case("Batchifier-progress-str", lambda: nnsparse.Batchifier(nn.Linear(3, 4), 4, progress="y"), TypeError,
-         r"progress must be a bool, got str"),
+         r"progress must be a bool or None, got str"),
     Case("Batchifier-device-bad", lambda: nnsparse.Batchifier(nn.Linear(3, 4), 4, device="gpu0"), ValueError,
          r"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got 'gpu0'"),
     Case("Batchifier-device-list", lambda: nnsparse.Batchifier(nn.Linear(3, 4), 4, device=[0]), TypeError,

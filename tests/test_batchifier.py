@@ -452,3 +452,11 @@ def test_errors():
         dense_batches.topk(Rows(make_form(_dense(), "list")), 2, exclude=True)
     with pytest.raises(ValueError, match=r"a batch of width 9 is larger than output_size 4"):
         run.topk(Rows(make_form(_dense(), "list")), 2, exclude=True)
+
+
+@pytest.mark.parametrize("progress, shown", [(True, True), (False, False), (None, False)])
+def test_progress_none_follows_tqdm_terminal_rule(capsys, progress, shown):
+    """progress=None: a bar only when stderr is a terminal (it is captured here)."""
+    dense = torch.rand(6, WIDTH, dtype=torch.float64)
+    nnsparse.Batchifier(_net(), OUT, batch_size=2, progress=progress)(dense.to_sparse())
+    assert ("Batchifier" in capsys.readouterr().err) == shown

@@ -243,8 +243,8 @@ class Batchifier:
         device (torch.device or str, optional): the network's device; each
             batch is moved there before the forward.  Default: none, batches
             stay on the data's device.
-        progress (bool): show a tqdm bar on stderr, counting rows.
-            Default: ``True``.
+        progress (bool or None): show a tqdm bar on stderr, counting rows;
+            ``None``: only when stderr is a terminal (tqdm's rule).  Default: ``True``.
         layout (torch.layout): the layout of the batches cut from sparse
             data: ``torch.sparse_csr`` (default) or ``torch.sparse_coo``
             (coalesced).  Every nnsparse layer accepts both.
@@ -303,7 +303,7 @@ class Batchifier:
         output_size = as_count("output_size", output_size, 0)
         batch_size = as_count("batch_size", batch_size, 1)
         if progress is not None:
-            progress = as_flag(progress, "progress")
+            progress = as_flag(progress, "progress", "a bool or None")
         device = as_device(device, none=True)
         if layout not in (torch.sparse_csr, torch.sparse_coo):
             raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
@@ -472,7 +472,9 @@ class Batchifier:
         from tqdm import tqdm  # imported where the bar is made
 
         step = self.batch_size if batch_size is None else batch_size
-        with tqdm(total=rows, disable=not self.progress, unit="row",
+        # None: tqdm's own rule, a bar only when stderr is a terminal
+        disable = None if self.progress is None else not self.progress
+        with tqdm(total=rows, disable=disable, unit="row",
                   desc=f"{type(self).__name__}.{what}") as bar:
             for start in range(0, rows, step):
                 stop = min(start + step, rows)
