@@ -27,22 +27,7 @@ import nnsparse
 from nnsparse import optim as noptim
 from nnsparse.data import SparseRowDataset
 
-
-class Autoencoder(nn.Module):
-    def __init__(self, width: int, hidden: int) -> None:
-        super().__init__()
-        self.encoder = nnsparse.SparseLinearBatch(width, hidden, sparse_grad=True)
-        self.decoder = nnsparse.SparseOutputLinear(hidden, width, sparse_grad=True)
-
-    def forward(self, x, pattern=None):
-        return nnsparse.values_map(torch.tanh, self.decoder(torch.tanh(self.encoder(x)), pattern))
-
-
-def _matrix(rows: int, width: int, per_row: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    keep = torch.rand(rows, width, generator=g) < per_row / width
-    values = torch.randn(rows, width, generator=g).clamp(-1, 1) * keep
-    return values.to_sparse_csr()
+from _step_model import Autoencoder, matrix, parser  # this script's folder, on sys.path
 
 
 def _sparse_grads(optimiser: torch.optim.Optimizer):
@@ -55,8 +40,8 @@ def _sparse_grads(optimiser: torch.optim.Optimizer):
 def run(threads: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    ds = SparseRowDataset(_matrix(args.rows, args.width, args.per_row))
-    model = Autoencoder(args.width, args.hidden)
+    ds = SparseRowDataset(matrix(args.rows, args.width, args.per_row))
+    model = Autoencoder(args.width, args.hidden, sparse_grad=True)
     criterion = nnsparse.SDAESparseCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.25,
                                              generator=torch.Generator().manual_seed(0))
     optimiser = noptim.LazyAdam(model.parameters(), lr=1e-4, dense_above=noptim.DENSE_ABOVE)
@@ -84,16 +69,7 @@ def run(threads: int, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=1024, help="item rows in the data")
-    p.add_argument("--width", type=int, default=6040, help="users (columns)")
-    p.add_argument("--per-row", type=int, default=270, help="ratings per item row, on average")
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--hidden", type=int, default=500)
-    p.add_argument("--repeat", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=4)
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    args = p.parse_args()
+    args = parser(__doc__).parse_args()
     warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
     print(f"LazyAdam step, batch {args.batch} x {args.width}, ~{args.per_row} entries/row, "
           f"hidden {args.hidden}, median of {args.repeat}")

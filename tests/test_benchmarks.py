@@ -116,3 +116,16 @@ def test_ml100k_from_recbole_rebuilds_the_canonical_folds(tmp_path):
     first = train.item_map[1]  # item 1: Action and Sci-Fi
     assert genres[first].nonzero().flatten().tolist() == [
         conv.GENRES.index("Action"), conv.GENRES.index("Sci-Fi")]
+
+
+def test_step_cost_benchmarks_run():
+    """bench_step_checks and bench_grad_checks (their model and options in _step_model.py)."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    small = ["--rows", "64", "--width", "300", "--per-row", "20", "--batch", "16",
+             "--hidden", "16", "--repeat", "2", "--warmup", "1", "--threads", "1"]
+    for name, shown in (("bench_step_checks.py", "the check alone"),
+                        ("bench_grad_checks.py", "sparse gradients")):
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", name), *small],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "threads=1" in done.stdout and shown in done.stdout, done.stdout
