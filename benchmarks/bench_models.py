@@ -23,6 +23,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
 import torch
@@ -33,6 +34,7 @@ from _baselines import biased_mf, dense_autorec  # noqa: E402
 from nnsparse.data import (FORMATS, Ratings, mean_prediction, read_item_features,  # noqa: E402
                            read_split, rmse, split_ratings)
 from nnsparse.data import synthetic_item_features, synthetic_ratings  # noqa: E402
+from nnsparse.data.readers import _title_file  # noqa: E402
 from nnsparse.models import CFN, AutoRec, KernelNet  # noqa: E402
 
 ZOO = {"autorec": (AutoRec, False), "cfn": (CFN, False), "cfn++": (CFN, True),
@@ -112,10 +114,11 @@ def _features(args: argparse.Namespace, train: Ratings) -> torch.Tensor:
     ``--train`` (for item rows; the models' default orientation)."""
     if args.train is None:
         return synthetic_item_features(args.seed, train.n_items)
-    names = {"ml-100k": "u.item", "ml-1m": "movies.dat", "csv": "movies.csv"}
-    if args.format not in names:
-        raise SystemExit(f"cfn++ needs item genres, which the {args.format!r} format has none of")
-    path = os.path.join(os.path.dirname(os.path.abspath(args.train)), names[args.format])
+    # the item file read_ratings reads titles from, next to the ratings
+    path = _title_file(Path(args.train), args.format, True)
+    if path is None:
+        raise SystemExit(f"cfn++ needs the item genres of --format {args.format} next to "
+                         f"{args.train}; none found")
     return read_item_features(path, args.format, train.item_map)
 
 

@@ -164,14 +164,12 @@ def parse_args(argv: Optional[List[str]] = None):
     for name in ("test_ratio", "validation_ratio"):
         if not 0 <= getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(args, name)}")
-    if args.l2 is not None and not 0 <= args.l2 < math.inf:
-        p.error(f"--l2 must be non-negative and finite, got {args.l2}")
-    if args.l2_kernel is not None:
-        if not 0 <= args.l2_kernel < math.inf:
-            p.error(f"--l2-kernel must be non-negative and finite, got {args.l2_kernel}")
-        if args.model != "sparsefc":
-            p.error(f"--l2-kernel is the kernels' penalty of --model sparsefc, "
-                    f"got --model {args.model}")
+    for name in ("l2", "l2_kernel"):
+        value = getattr(args, name)
+        if value is not None and not 0 <= value < math.inf:
+            p.error(f"--{name.replace('_', '-')} must be non-negative and finite, got {value}")
+    if args.l2_kernel is not None and args.model != "sparsefc":
+        p.error(f"--l2-kernel is the kernels' penalty of --model sparsefc, got --model {args.model}")
     if args.min_support < 0 or not 0 <= args.shrinkage < math.inf:
         p.error(f"--min-support and --shrinkage must be non-negative (and finite), got "
                 f"{args.min_support} and {args.shrinkage}")

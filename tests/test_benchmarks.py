@@ -105,7 +105,7 @@ def test_ml100k_from_recbole_rebuilds_the_canonical_folds(tmp_path):
     out = tmp_path / "ml-100k"
     assert conv.convert(str(wheel), str(out)) == 40_000
     data = (out / "u.data").read_text().splitlines()
-    assert data == [line for line in inter[1:]]
+    assert data == inter[1:]
     test1 = (out / "u1.test").read_text().splitlines()
     assert test1 == sorted(data[:20_000], key=conv._key)
     assert sorted((out / "u2.base").read_text().splitlines(), key=conv._key) == test1
