@@ -94,12 +94,8 @@ class _SampledLinear(torch.autograd.Function):
             perm, cols, crow_t, row_t = ctx.pattern.column_major()
             grad_t = grad.index_select(0, perm)
         if need_b:
-            if ctx.sparse_grad:
-                segment = _index.rows_from_crow(crow_t, grad.shape[0])
-                summed = grad.new_zeros(cols.shape[0]).index_add_(0, segment, grad_t)
-                grad_b = _sparse_coo(cols.unsqueeze(0), summed, (out_features,), True)
-            else:
-                grad_b = grad.new_zeros(out_features).index_add_(0, col, grad)
+            grad_b = _bias_grad(grad, col, ctx.pattern, out_features, ctx.sparse_grad,
+                                grad_t if ctx.sparse_grad else None)
         if need_w:
             # grad_W = S^T @ h, computed only for the columns the pattern touches.
             touched = _csr_rows_mm(row_t, h, crow_t, grad_t)
@@ -122,14 +118,26 @@ def _sampled_backward_graph(ctx: Any, grad: Tensor):
         grad_w = _double.touched_t_mm(grad, h, pattern, out_features)
     elif need[1]:  # S.T @ h
         grad_w = _double.t_mm(grad, h, row, col, crow, out_features, pattern)
-    if ctx.has_bias and need[2] and ctx.sparse_grad:
-        perm, cols, crow_t, _ = pattern.column_major()
-        segment = _index.rows_from_crow(crow_t, grad.shape[0])
-        summed = grad.new_zeros(cols.shape[0]).index_add(0, segment, grad.index_select(0, perm))
-        grad_b = _sparse_coo(cols.unsqueeze(0), summed, (out_features,), True)
-    elif ctx.has_bias and need[2]:
-        grad_b = grad.new_zeros(out_features).index_add(0, col, grad)
+    if ctx.has_bias and need[2]:
+        grad_b = _bias_grad(grad, col, pattern, out_features, ctx.sparse_grad)
     return grad_h, grad_w, grad_b, None, None, None, None, None, None
+
+
+def _bias_grad(grad: Tensor, col: Tensor, pattern: SparseBatch, out_features: int,
+               sparse_grad: bool, grad_t: Optional[Tensor] = None) -> Tensor:
+    """The bias gradient: the incoming values summed by output column, dense
+    ``(out_features,)``, or with ``sparse_grad`` a COO vector over the touched
+    columns only.  ``grad_t``: ``grad`` already in ``pattern``'s column-major
+    order, when the caller made it.  Differentiable when grad mode is on (the
+    in-place additions are into fresh zeros)."""
+    if not sparse_grad:
+        return grad.new_zeros(out_features).index_add_(0, col, grad)
+    perm, cols, crow_t, _ = pattern.column_major()
+    if grad_t is None:
+        grad_t = grad.index_select(0, perm)
+    segment = _index.rows_from_crow(crow_t, grad.shape[0])
+    summed = grad.new_zeros(cols.shape[0]).index_add_(0, segment, grad_t)
+    return _sparse_coo(cols.unsqueeze(0), summed, (out_features,), True)
 
 
 def _pattern_structure(pattern: SparseLike, input: Tensor, out_features: int):
