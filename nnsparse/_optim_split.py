@@ -20,7 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from .optim import _check_flag, _check_state_entries, _closure_loss, _state_keys
+from ._forms import as_flag
+from .optim import _check_state_entries, _closure_loss, _state_keys
 
 __all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
 
@@ -172,7 +173,7 @@ class SplitOptimizer(Optimizer):
                             f"their own part (no parameter was changed)")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        _check_flag("set_to_none", set_to_none)
+        as_flag(set_to_none, "set_to_none")
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=set_to_none)
 

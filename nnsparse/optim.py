@@ -109,7 +109,7 @@ class LazyAdam(Optimizer):
             _check_non_negative(name, value)
         _check_betas(betas)
         _check_share(dense_above)
-        decoupled_weight_decay = _check_flag("decoupled_weight_decay", decoupled_weight_decay)
+        decoupled_weight_decay = as_flag(decoupled_weight_decay, "decoupled_weight_decay")
         if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
             raise TypeError(f"params must be an iterable of parameters or of param-group "
                             f"dicts, got {type(params).__name__}")
@@ -249,7 +249,7 @@ def _check_lazy_group(group: Dict[str, Any], where: str, values: bool = True) ->
             _check_real(f"{where}[{key!r}]", value)
     _check_betas(group.get("betas"))
     _check_share(group.get("dense_above"))
-    _check_flag(f"{where}['decoupled_weight_decay']", group.get("decoupled_weight_decay"))
+    as_flag(group.get("decoupled_weight_decay"), f"{where}['decoupled_weight_decay']")
 
 
 def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
@@ -878,7 +878,7 @@ class InBackwardOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero :attr:`dense`'s gradients (the in-backward weights have none)."""
-        _check_flag("set_to_none", set_to_none)
+        as_flag(set_to_none, "set_to_none")
         if self.dense is not None:
             self.dense.zero_grad(set_to_none)
 
@@ -1073,7 +1073,7 @@ def _in_backward_hp(kind: str, *, lr: Optional[float], betas: Any, eps: Optional
     hp: Dict[str, Any] = dict(_DEFAULTS[kind])
     hp.update({k: v for k, v in dict(lr=lr, eps=eps, weight_decay=weight_decay).items()
                if v is not None})
-    nesterov = _check_flag("nesterov", nesterov)  # stored a bool (a numpy bool passes)
+    nesterov = as_flag(nesterov, "nesterov")  # stored a bool (a numpy bool passes)
     hp.update(betas=tuple(betas), momentum=momentum, nesterov=nesterov,
               initial_accumulator_value=initial_accumulator_value, dense_above=dense_above)
     _check_hyper(kind, hp)
@@ -1156,10 +1156,6 @@ def _check_non_negative(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be finite, got inf")
 
 
-def _check_flag(name: str, value: Any) -> bool:
-    return as_flag(value, name)  # a numpy bool passes, as a bool
-
-
 def _check_closure(closure: Any) -> None:
     if closure is not None and not callable(closure):
         raise TypeError(f"closure must be None or a callable, got {type(closure).__name__}")
@@ -1197,7 +1193,7 @@ def _check_hyper(kind: str, hp: dict) -> None:
     for key in ("lr", "eps", "weight_decay", "momentum", "initial_accumulator_value"):
         _check_non_negative(key, hp[key])
     _check_betas(hp["betas"])
-    _check_flag("nesterov", hp["nesterov"])
+    as_flag(hp["nesterov"], "nesterov")
     if kind != "sgd" and (hp["momentum"] or hp["nesterov"]):
         raise ValueError(f"momentum and nesterov are SGD's, got momentum={hp['momentum']}, "
                          f"nesterov={hp['nesterov']} for optimizer={kind!r}")
