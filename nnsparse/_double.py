@@ -140,7 +140,8 @@ class _TMM(torch.autograd.Function):
 
 def _table_grad(values: Tensor, dense: Tensor, row: Tensor, col: Tensor, crow: Tensor,
                 width: int, ctx: Any) -> Tensor:
-    """``S.T @ dense``, the table's gradient in :class:`_MM` and :class:`_Sampled`:
+    """``S.T @ dense``, the table's gradient in :class:`_MM` and :class:`_Sampled` and in
+    the layers' recorded backwards (``ctx`` holds ``sparse_grad`` and ``pattern``):
     sparse over the touched rows for a ``sparse_grad`` layer's table."""
     if ctx.sparse_grad:
         return touched_t_mm(values, dense, ctx.pattern, width)

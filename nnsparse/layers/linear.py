@@ -113,10 +113,8 @@ def _linear_backward_graph(ctx: Any, grad: Tensor):
         grad_bias = grad.sum(0)
         if ctx.sparse_grad and ctx.update is None:  # as the fast path
             grad_bias = grad_bias.to_sparse()
-    if need[1] and ctx.sparse_grad:  # the touched rows of the table, as nn.Embedding's
-        grad_table = _double.touched_t_mm(values, grad, pattern, table.shape[0])
-    elif need[1]:
-        grad_table = _double.t_mm(values, grad, row, col, crow, table.shape[0], pattern)
+    if need[1]:  # S.T @ G; the touched rows only with sparse_grad, as nn.Embedding's
+        grad_table = _double._table_grad(values, grad, row, col, crow, table.shape[0], ctx)
     return grad_values, grad_table, grad_bias, None, None, None, None, None, None
 
 

@@ -114,10 +114,8 @@ def _sampled_backward_graph(ctx: Any, grad: Tensor):
     grad_h = grad_w = grad_b = None
     if need[0]:  # S @ W, S the (rows, out) CSR of the incoming values
         grad_h = _double.mm(grad, weight, row, col, crow, pattern, ctx.sparse_grad)
-    if need[1] and ctx.sparse_grad:  # the touched rows of W, as nn.Embedding's
-        grad_w = _double.touched_t_mm(grad, h, pattern, out_features)
-    elif need[1]:  # S.T @ h
-        grad_w = _double.t_mm(grad, h, row, col, crow, out_features, pattern)
+    if need[1]:  # S.T @ h; the touched rows only with sparse_grad, as nn.Embedding's
+        grad_w = _double._table_grad(grad, h, row, col, crow, out_features, ctx)
     if ctx.has_bias and need[2]:
         grad_b = _bias_grad(grad, col, pattern, out_features, ctx.sparse_grad)
     return grad_h, grad_w, grad_b, None, None, None, None, None, None
