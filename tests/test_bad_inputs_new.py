@@ -101,7 +101,7 @@ for _name, _cls in MODELS:
         Case(f"{_name}-l2-negative", lambda c=_cls: c(l2=-1.0), ValueError,
              r"l2 must be non-negative, got -1.0"),
         Case(f"{_name}-l2-str", lambda c=_cls: c(l2="x"), TypeError,
-             r"l2 must be a (real )?number, got str"),
+             r"l2 must be a (real )?number( or 'auto')?, got str"),
         Case(f"{_name}-l2-nan", lambda c=_cls: c(l2=float("nan")), ValueError,
              r"l2 must be non-negative, got nan"),
         Case(f"{_name}-epochs-0", lambda c=_cls: c(epochs=0), ValueError,

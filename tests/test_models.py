@@ -151,6 +151,53 @@ def test_bad_hyperparameters(kwargs, error, match):
         AutoRec(**kwargs)
 
 
+@pytest.mark.parametrize("cls, kwargs, error, match", [
+    (AutoRec, dict(l2="auto"), TypeError, "l2 must be a real number, got str 'auto'"),
+    (CFN, dict(l2="auto"), TypeError, "l2 must be a real number, got str 'auto'"),
+    (KernelNet, dict(l2="Auto"), TypeError, "l2 must be a real number or 'auto', got str 'Auto'"),
+    (KernelNet, dict(l2_kernel=None), TypeError,
+     "l2_kernel must be a real number or 'auto', got NoneType None"),
+    (KernelNet, dict(hidden="auto"), TypeError, "hidden must be an int"),
+])
+def test_auto_only_where_a_model_sets_it(cls, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        cls(**kwargs)
+
+
+def test_auto_penalties_follow_the_ratings_fit_was_given(data, tmp_path):
+    """KernelNet's "auto" l2 / l2_kernel: set from len(train) as given to fit (not the part
+    left once validation is held out), equal to passing those numbers, kept by save/load."""
+    train, _ = data
+    kw = dict(hidden=8, layers=1, epochs=3, batch_size=16, validation_ratio=0.2)
+    auto = KernelNet(**kw)
+    assert auto.effective_hparams()["l2"] == "auto"
+    auto.fit(train, verbose=False, progress=False)
+    grow = (len(train) / 80_000) ** 0.4
+    eff = auto.effective_hparams()
+    assert eff["l2"] == pytest.approx(20.0 * grow) and eff["l2_kernel"] == pytest.approx(0.006 * grow)
+    assert auto.hparams["l2"] == "auto"  # the setting stays; only its value is derived
+    fixed = KernelNet(**kw, l2=eff["l2"], l2_kernel=eff["l2_kernel"]).fit(
+        train, verbose=False, progress=False)
+    for a, b in zip(auto.state_dict().values(), fixed.state_dict().values()):
+        assert torch.equal(a, b)
+    # a penalty 10x larger trains other weights: the value really is the one used
+    other = KernelNet(**kw, l2=10 * eff["l2"], l2_kernel=eff["l2_kernel"]).fit(
+        train, verbose=False, progress=False)
+    assert not torch.equal(other.state_dict()["kernels.0.weight"],
+                           auto.state_dict()["kernels.0.weight"])
+    path = tmp_path / "k.pt"
+    auto.save(path)
+    assert KernelNet.load(path).effective_hparams() == eff
+    blob = torch.load(path, weights_only=True)
+    del blob["penalty_ratings"]  # a file written before the count was saved
+    torch.save(blob, path)
+    assert KernelNet.load(path).effective_hparams()["l2"] == pytest.approx(20.0 * grow)
+    blob["penalty_ratings"] = 0
+    torch.save(blob, path)
+    with pytest.raises(ValueError, match="penalty_ratings must be an int >= 1, got 0"):
+        KernelNet.load(path)
+
+
 def test_features_need_cfn(data):
     train, _ = data
     with pytest.raises(ValueError, match="reads no side features"):

@@ -153,10 +153,23 @@ class RatingModel(nn.Module):
     rating scale + penalty``; a batch carries its share of the penalty
     (``batch rows / rows``), so the penalty's weight relative to the data term
     is the same whatever the batch size, and falls as the data grows.
+
+    A hyperparameter named in the class's ``AUTO`` may be ``"auto"``: ``fit``
+    then sets it from the number ``n`` of training ratings it is given, as
+    ``AUTO[key] * (n / AUTO_RATINGS) ** AUTO_EXPONENT`` (the value at
+    MovieLens-100K's 80,000 training ratings, grown with the data);
+    :meth:`effective_hparams` gives the values training uses.
     """
 
     name = "base"
     DEFAULTS: Dict[str, Any] = {}
+    #: hyperparameters that may be ``"auto"``: their value at ``AUTO_RATINGS`` ratings
+    AUTO: Dict[str, float] = {}
+    #: the training ratings at which an ``"auto"`` hyperparameter is ``AUTO[key]``
+    #: (MovieLens-100K's u1.base .. u5.base)
+    AUTO_RATINGS = 80_000
+    #: how an ``"auto"`` hyperparameter grows with the training ratings
+    AUTO_EXPONENT = 0.4
     #: whether the normaliser subtracts row means
     center = False
     #: whether the network reads and predicts raw ratings (``lo..hi``) rather
@@ -204,9 +217,11 @@ class RatingModel(nn.Module):
         for key in ("refit", "dense_decoder"):
             h[key] = as_flag(h[key], key)  # saved as a bool: a numpy bool passes
         for key, value in h.items():
+            if _is_auto(value) and key in self.AUTO:
+                continue  # set by fit() from the training ratings
             if key in ("lr", "weight_decay", "validation_ratio", "min_lr_ratio") or \
                     key.startswith("l2") or key in ("alpha", "beta", "hide_ratio"):
-                _check_number(key, value)
+                _check_number(key, value, " or 'auto'" if key in self.AUTO else "")
                 if not math.isfinite(value) and not math.isnan(value):  # NaN: the range checks
                     raise ValueError(f"{key} must be finite, got {value!r}")
                 # a numpy float would be pickled as one: save()'s file, read with
@@ -223,10 +238,37 @@ class RatingModel(nn.Module):
         for key, value in h.items():
             if key in ("hidden", "layers", "dim"):
                 h[key] = as_count(key, value, 1)
-            if (key.startswith("l2") or key in ("alpha", "beta")) and not value >= 0:
+            if (key.startswith("l2") or key in ("alpha", "beta")) and not _is_auto(value) \
+                    and not value >= 0:
                 raise ValueError(f"{key} must be non-negative, got {value!r}")
             if key == "hide_ratio" and not 0 <= value < 1:
                 raise ValueError(f"hide_ratio must be in [0, 1), got {value!r}")
+
+    def effective_hparams(self) -> Dict[str, Any]:
+        """The hyperparameters training uses: ``hparams`` with each ``"auto"`` set.
+
+        An ``"auto"`` value (see ``AUTO``) is set from the number of training
+        ratings the last :meth:`fit` was given (or the loaded model's); before
+        any fit it stays ``"auto"``.
+
+        Example::
+
+            >>> from nnsparse.data import synthetic_ratings
+            >>> from nnsparse.models import KernelNet
+            >>> model = KernelNet(hidden=4, epochs=1, validation_ratio=0.0)
+            >>> model.effective_hparams()["l2"]
+            'auto'
+            >>> r = synthetic_ratings(0, 60, 50, 1200)
+            >>> l2 = model.fit(r, verbose=False, progress=False).effective_hparams()["l2"]
+            >>> l2 == 20.0 * (1200 / 80_000) ** 0.4     # KernelNet.AUTO["l2"] at 1,200 ratings
+            True
+        """
+        out = dict(self.hparams)
+        n = getattr(self, "penalty_ratings", None)
+        for key, value in out.items():
+            if _is_auto(value) and key in self.AUTO and n is not None:
+                out[key] = self.AUTO[key] * (n / self.AUTO_RATINGS) ** self.AUTO_EXPONENT
+        return out
 
     def extra_repr(self) -> str:
         own = {k: v for k, v in self.hparams.items() if k in self.DEFAULTS}
@@ -329,9 +371,15 @@ class RatingModel(nn.Module):
         return (data + share * self.penalty()) / self._per_batch
 
     def _prepare(self, train: Ratings, scale: Tuple[float, float],
-                 features: Optional[Tensor]) -> Tensor:
-        """Normaliser, statistics and fresh layers for ``train``; the training matrix."""
+                 features: Optional[Tensor], penalty_ratings: Optional[int] = None) -> Tensor:
+        """Normaliser, statistics and fresh layers for ``train``; the training matrix.
+
+        ``penalty_ratings`` (default ``len(train)``) sets the ``"auto"``
+        hyperparameters: ``fit`` passes the ratings it was given, so the run on
+        train less validation and the refit on all of it use the same values.
+        """
         h = self.hparams
+        self.penalty_ratings = int(len(train) if penalty_ratings is None else penalty_ratings)
         torch.manual_seed(torch_seed(h["seed"]))
         self.normalizer = RatingNormalizer(train, h["orientation"], center=self.center,
                                            scale=scale)
@@ -470,7 +518,11 @@ class RatingModel(nn.Module):
                              f"scale (min, max) of the ratings, which needs two distinct values")
         self.verbose = verbose  # every check passed: the model changes from here
         start = time.perf_counter()
-        self._prepare(train_part, scale, features)
+        self._prepare(train_part, scale, features, len(train))
+        auto = {k: v for k, v in self.effective_hparams().items() if _is_auto(h[k])}
+        if auto and verbose and nd.is_main():
+            print(", ".join(f"{k} {v:.4g}" for k, v in auto.items())
+                  + f" ('auto': set for {len(train):,} training ratings)")
         self.to(device)
         validate = None
         if validation is not None and len(validation):
@@ -483,7 +535,8 @@ class RatingModel(nn.Module):
                       f"(best validation RMSE {result.best_rmse:.4f})")
             assert validation is not None  # validate is set only with a validation set
             # checked above: train and validation together rate no pair twice
-            self._prepare(concat(train_part, validation, unique=True), scale, features)
+            self._prepare(concat(train_part, validation, unique=True), scale, features,
+                          len(train))
             self.to(device)
             self._trainer(device, progress).fit(self._input.to(device), None,
                                                 epochs=result.best_epoch)
@@ -752,7 +805,8 @@ class RatingModel(nn.Module):
             user_ids=[_plain(u) for u in self.user_ids_],
             item_ids=[_plain(i) for i in self.item_ids_],
             titles=None if self.titles_ is None else [_plain(t) for t in self.titles_],
-            state=state, best_epoch=self.best_epoch), path)
+            state=state, best_epoch=self.best_epoch,
+            penalty_ratings=self.penalty_ratings), path)
 
     @classmethod
     def load(cls, path: Any, device: Union[str, torch.device] = "cpu") -> "RatingModel":
@@ -804,7 +858,7 @@ class RatingModel(nn.Module):
                         titles=blob["titles"], source=str(path))
         n = blob["normalizer"]
         feats = blob["state"].get("row_features")
-        model._prepare(train, tuple(n["scale"]), feats)
+        model._prepare(train, tuple(n["scale"]), feats, _penalty_ratings(blob, path))
         _check_blob(blob, model, path)
         model._norm.row_mean = n["row_mean"]
         model._norm.global_mean = n["global_mean"]
@@ -886,10 +940,25 @@ def _as_device(device: Any) -> torch.device:
     return out
 
 
-def _check_number(name: str, value: Any) -> None:
+def _check_number(name: str, value: Any, alternative: str = "") -> None:
     """``TypeError`` unless ``value`` is a real number (not a bool, str or tensor)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be a real number{alternative}, got "
+                        f"{type(value).__name__} {value!r}")
+
+
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value == "auto"
+
+
+def _penalty_ratings(blob: Dict[str, Any], path: Any) -> Optional[int]:
+    """The training ratings a saved model's ``"auto"`` hyperparameters were set for
+    (files written before they were saved: ``None``, the saved ratings' count)."""
+    n = blob.get("penalty_ratings")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"{path} is a damaged model file (RatingModel.save wrote something "
+                         f"else): penalty_ratings must be an int >= 1, got {n!r}")
+    return n
 
 
 def _path_to_write(path: Any) -> None:
