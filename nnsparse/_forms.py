@@ -522,11 +522,19 @@ def trust(x: Tensor) -> Tensor:
 
 
 def _structure(x: Tensor, name: str, check: bool) -> _Attached:
-    """Build (checking it unless ``check`` is False) and attach ``x``'s structure."""
+    """Build (checking it unless ``check`` is False) and attach ``x``'s structure.
+
+    An inference tensor used outside ``torch.inference_mode()`` gets its
+    structure from a copy (once: it is attached), whose index tensors a
+    layer's backward can save.
+    """
+    source = _index.outside_inference(x)
     if x.layout == torch.sparse_csr:
-        found = _csr_structure(x, name, check)
+        found = _csr_structure(source, name, check)
     else:
-        found = _coo_structure(x, name, check)
+        found = _coo_structure(source, name, check)
+    if source is not x:
+        found.key = _key(x)
     _attach(x, found)
     return found
 
@@ -640,7 +648,11 @@ def _from_tensor(x: Tensor, name: str) -> SparseBatch:
     found = _attached(x)
     if found is None:
         found = _structure(x, name, check=True)
-    return found.pattern.with_pattern_values(_values_of(x, found))
+    elif found.pattern.col.is_inference() and not torch.is_inference_mode_enabled():
+        # attached under torch.inference_mode(), now used outside it: copy the structure
+        found = _structure(x, name, check=False)
+    # (an inference tensor's values are copied for autograd, as its structure is)
+    return found.pattern.with_pattern_values(_index.outside_inference(_values_of(x, found)))
 
 
 def _from_coo(x: Tensor, name: str) -> SparseBatch:
