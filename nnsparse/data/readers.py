@@ -161,10 +161,13 @@ class Ratings:
                                 f"layout {rating.layout}")
             if rating.dtype == torch.bool:
                 raise TypeError("rating must be a sequence of real numbers, got a bool tensor")
+            if rating.is_complex():  # numpy would drop the imaginary parts
+                raise TypeError(f"rating must be a sequence of real numbers, got a "
+                                f"{rating.dtype} tensor")
         else:
             _refuse_non_numbers(rating, "rating")
         try:
-            wide = np.asarray(rating.detach().cpu() if isinstance(rating, Tensor) else rating,
+            wide = np.asarray(_host(rating) if isinstance(rating, Tensor) else rating,
                               dtype=np.float64)
         except (TypeError, ValueError) as e:
             raise TypeError(f"rating must be a sequence of real numbers ({e})") from None
@@ -608,7 +611,7 @@ def _id_array(ids: Any, name: str = "ids") -> np.ndarray:
         if ids.layout != torch.strided:
             raise TypeError(f"{name} must be a dense tensor or a sequence of ids, got layout "
                             f"{ids.layout}")
-        ids = ids.detach().cpu().numpy()
+        ids = _host(ids).numpy()
     try:
         out = np.asarray(ids)
     except OverflowError:
@@ -634,13 +637,23 @@ def _id_array(ids: Any, name: str = "ids") -> np.ndarray:
     return out
 
 
+def _host(t: Tensor) -> Tensor:
+    """``t`` on the CPU, detached, with its conjugate and negative bits resolved: what
+    ``.numpy()`` reads (it refuses a tensor with either bit set, e.g. ``z.conj().imag``)."""
+    return t.detach().cpu().resolve_conj().resolve_neg()
+
+
 def _refuse_non_numbers(values: Any, name: str) -> None:
     """``TypeError`` for str or bool entries, which ``np.asarray(..., float64)`` would
-    read as numbers ("3" as 3.0, True as 1.0)."""
+    read as numbers ("3" as 3.0, True as 1.0), and for complex ones, whose imaginary
+    part it would drop (with a warning only)."""
     try:
         probe = np.asarray(values) if not isinstance(values, np.ndarray) else values
     except (TypeError, ValueError):  # ragged: the float64 conversion after says so
         return
+    if probe.dtype.kind == "c":
+        raise TypeError(f"{name} must be a sequence of real numbers, got complex values "
+                        f"(numpy {probe.dtype})")
     if probe.dtype.kind in "USb" or probe.dtype == object:
         flat = probe.reshape(-1) if probe.dtype != object else probe.ravel()
         bad = next((v for v in flat.tolist() if isinstance(v, (str, bytes, bool))), None)
