@@ -113,6 +113,10 @@ class LazyAdam(Optimizer):
         if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
             raise TypeError(f"params must be an iterable of parameters or of param-group "
                             f"dicts, got {type(params).__name__}")
+        if isinstance(params, Tensor):  # torch's own message fails on a sparse tensor's type
+            raise TypeError(f"params must be an iterable of parameters or of param-group "
+                            f"dicts, got a tensor ({params.layout}, shape "
+                            f"{tuple(params.shape)}); pass [tensor]")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         decoupled_weight_decay=decoupled_weight_decay, dense_above=dense_above)
         super().__init__(params, defaults)

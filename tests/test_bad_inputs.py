@@ -2802,6 +2802,18 @@ PROBE8 = [
     Case("LazyAdam-complex-parameter-matches-Adam-works", lambda: _lazy_adam_vs_adam(
         lambda: nn.Parameter(torch.ones(3, dtype=torch.complex64))), None,
          check=lambda diff: diff < 1e-6),
+    # a lone sparse tensor as params: torch's "Unimplemented backend SparseCsrCPU" (its
+    # message's torch.typename fails); a dense one had torch's own message
+    Case("LazyAdam-params-sparse-csr-tensor-not-a-list", lambda: LazyAdam(S), TypeError,
+         r"params must be an iterable of parameters or of param-group dicts, got a tensor "
+         r"\(torch.sparse_csr, shape \(2, 4\)\); pass \[tensor\]"),
+    Case("LazyAdam-params-dense-tensor-not-a-list", lambda: LazyAdam(nn.Parameter(X)), TypeError,
+         r"params must be an iterable of parameters or of param-group dicts, got a tensor "
+         r"\(torch.strided, shape \(2, 4\)\)"),
+    # rating_matrix of sparse values: "values must be a dense tensor, got Tensor"
+    Case("rating_matrix-values-sparse-says-the-layout", lambda: rating_matrix(
+        _R, values=_R.rating.to_sparse()), TypeError,
+         r"values must be a dense tensor, got layout torch.sparse_coo"),
     # collate_sparse_rows refused a numpy int width ("width must be an int, got int64")
     Case("collate_sparse_rows-width-numpy-int-works", lambda: collate_sparse_rows(
         [(0, (torch.tensor([0, 3]), torch.ones(2)))], _NP.int64(4))[1].shape, None,

@@ -150,7 +150,8 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
     rows, width = default if shape is None else _matrix_shape(shape)
     values = ratings.rating if values is None else values
     if not isinstance(values, Tensor) or values.layout != torch.strided:
-        raise TypeError(f"values must be a dense tensor, got {type(values).__name__}")
+        got = f"layout {values.layout}" if isinstance(values, Tensor) else type(values).__name__
+        raise TypeError(f"values must be a dense tensor, got {got}")
     if values.shape != row.shape:
         raise ValueError(f"values must have shape {tuple(row.shape)}, got {tuple(values.shape)}")
     if values.dtype == torch.bool or values.is_complex():
