@@ -2740,6 +2740,11 @@ PROBE8 = [
          lambda: _trains_on_inference(lambda: nnsparse.SparseLinearBatch(4, 3, sparse_grad=True),
                                       lambda m, x: m(x), lambda: X.to_sparse(), first_in_mode=True),
          None, check=lambda same: same is True),
+    Case("sparse_parts-of-inference-batch-trains-SparseLinearBatch-works",
+         lambda: _trains_on_inference(lambda: nnsparse.SparseLinearBatch(4, 3),
+                                      lambda m, x: m(nnsparse.sparse_parts(x)),
+                                      lambda: X.to_sparse_csr()), None,
+         check=lambda same: same is True),
     Case("SparseLinearBatch-inference-input-trains-works",  # the default path worked: kept
          lambda: _trains_on_inference(lambda: nnsparse.SparseLinearBatch(4, 3),
                                       lambda m, x: m(x), lambda: X.to_sparse_csr()),
