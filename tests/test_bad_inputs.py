@@ -2706,6 +2706,29 @@ def _lazy_adam_vs_adam(make):
     return float((a - b).detach().abs().max())
 
 
+def _probe8_dir(files):
+    """``files`` (name -> bytes) written to a fresh temporary directory; its path."""
+    import os
+    import tempfile
+    path = tempfile.mkdtemp(prefix="nnsparse-probe8-")
+    for name, data in files.items():
+        with open(os.path.join(path, name), "wb") as f:
+            f.write(data)
+    return path
+
+
+# a movies.dat whose first title holds the separator '::'
+_MOVIES8 = b"10::A::B (1995)::Animation|Children's\n20::GoldenEye (1995)::Action\n"
+_U_ITEM8 = (b"10|A|B (1995)|01-Jan-1995||http://x|" + b"|".join([b"0"] * 3 + [b"1"] * 3 + [b"0"] * 13)
+            + b"\n20|Heat (1995)|01-Jan-1995||http://x|" + b"|".join([b"1"] + [b"0"] * 18) + b"\n")
+
+
+def _probe8_titles():
+    import os
+    d = _probe8_dir({"ratings.dat": b"1::10::5::1\n2::20::3::1\n", "movies.dat": _MOVIES8})
+    return read_ratings(os.path.join(d, "ratings.dat"), "ml-1m").titles
+
+
 _H8 = torch.randn(2, 3)
 _SOL8 = lambda layer, x: layer(_H8, x)  # noqa: E731
 _PATTERN8 = nn.Linear(3, 4)  # sampled_linear's weight and bias, as a module for the helper
@@ -2782,6 +2805,19 @@ PROBE8 = [
     Case("Ratings.from_triples-float64-numpy-rating-works", lambda: Ratings.from_triples(
         [1, 2], [1, 2], _NP.array([3.0, 4.0])).rating, None,
          check=lambda rating: rating.tolist() == [3.0, 4.0] and rating.dtype == torch.float32),
+    # item files whose title holds the separator: ml-1m took the title's second half as
+    # the genres (a genre "B (1995)"), and cut the title; ml-100k refused the flags
+    Case("read_item_features-ml-1m-title-holding-separator-works", lambda: (
+        nnsparse.data.read_item_features(_probe7_file("movies.dat", _MOVIES8), "ml-1m",
+                                         {10: 0, 20: 1})), None,
+         check=lambda f: f.tolist() == [[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]),
+    Case("read_ratings-ml-1m-title-holding-separator-works", _probe8_titles, None,
+         check=lambda titles: titles == ["A::B (1995)", "GoldenEye (1995)"]),
+    Case("read_item_features-ml-100k-title-holding-bar-works", lambda: (
+        nnsparse.data.read_item_features(_probe7_file("u.item", _U_ITEM8), "ml-100k",
+                                         {10: 0, 20: 1})), None,
+         check=lambda f: f.shape == (2, 19) and f[0, 3:6].tolist() == [1.0] * 3
+         and f[0].sum() == 3 and f[1, 0] == 1 and f[1].sum() == 1),
     # rmse / mae of float16: the square (or the difference) overflowed to inf
     Case("rmse-float16-error-300-works", lambda: rmse(
         torch.full((3,), 300.0, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)),

@@ -717,8 +717,21 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
             if len(parts) < 2:
                 raise ValueError(f"{path}, line {number}: expected 'id{sep}title{sep}...', "
                                  f"got {line.strip()[:200]!r}")
-            titles[_int_id(parts[0], path, number)] = parts[1]
+            titles[_int_id(parts[0], path, number)] = sep.join(parts[1:_title_end(parts, fmt)])
     return titles
+
+
+# u.item (ml-100k): id|title|release date|video release date|url|19 genre flags
+_ML100K_ITEM_FIELDS = 24
+
+
+def _title_end(parts: List[str], fmt: str) -> int:
+    """The index after the last field of the title in a split item line: a title holding
+    the separator ("A::B" in movies.dat) spans several fields, which the fields after it
+    (ml-1m's genres, ml-100k's dates, url and 19 flags) tell apart."""
+    if fmt == "ml-1m":
+        return max(2, len(parts) - 1)
+    return max(2, len(parts) - (_ML100K_ITEM_FIELDS - 2))
 
 
 def _without_bom(line: str, number: int) -> str:
@@ -1220,8 +1233,10 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
             if len(parts) < 6:
                 raise ValueError(f"{path}, line {number}: expected 'id|title|...|19 genre "
                                  f"flags', got {len(parts)} fields")
+            # (a title holding '|' spans more fields: the flags are the last 19 then)
+            first = 5 + max(0, len(parts) - _ML100K_ITEM_FIELDS)
             try:
-                key, flags = int(parts[0]), [float(v) for v in parts[5:]]
+                key, flags = int(parts[0]), [float(v) for v in parts[first:]]
             except ValueError:
                 raise ValueError(f"{path}, line {number}: the id and the genre flags must be "
                                  f"numbers") from None
@@ -1256,7 +1271,7 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
                 raise ValueError(f"{path}, line {number}: expected 'id::title::genres'")
             key = _int_id(parts[0], path, number)
             _once(seen, key, path, number, "item")
-            named[key] = parts[2].split("|")
+            named[key] = parts[-1].split("|")  # (the last field: a title may hold '::')
     vocab = sorted({g for gs in named.values() for g in gs if g})
     column = {g: j for j, g in enumerate(vocab)}
     for key, gs in named.items():
