@@ -2729,6 +2729,23 @@ def _probe8_titles():
     return read_ratings(os.path.join(d, "ratings.dat"), "ml-1m").titles
 
 
+class _SparseGradNet(nn.Module):
+    """An autoencoder for Trainer whose layers give sparse gradients (sparse_grad=True)."""
+
+    def __init__(self, sparse_grad=True):
+        super().__init__()
+        self.enc = nnsparse.SparseLinearBatch(4, 3, sparse_grad=sparse_grad)
+        self.dec = nnsparse.SparseOutputLinear(3, 4, sparse_grad=sparse_grad)
+
+    def batch_loss(self, rows, x):
+        return nnsparse.SparseCriterion(nn.MSELoss())(self.dec(torch.sigmoid(self.enc(x)), x), x)
+
+
+def _trainer8(model, weight_decay=0.0):
+    return nnsparse.models.Trainer(model, epochs=2, batch_size=1, lr=0.05, progress=False,
+                                   log=None, weight_decay=weight_decay)
+
+
 _H8 = torch.randn(2, 3)
 _SOL8 = lambda layer, x: layer(_H8, x)  # noqa: E731
 _PATTERN8 = nn.Linear(3, 4)  # sampled_linear's weight and bias, as a module for the helper
@@ -2818,6 +2835,16 @@ PROBE8 = [
                                          {10: 0, 20: 1})), None,
          check=lambda f: f.shape == (2, 19) and f[0, 3:6].tolist() == [1.0] * 3
          and f[0].sum() == 3 and f[1, 0] == 1 and f[1].sum() == 1),
+    # Trainer of a model with sparse_grad=True layers: torch's "Adam does not support
+    # sparse gradients" at the first step (its optimiser was AdamW for every parameter)
+    Case("Trainer-model-with-sparse_grad-layers-works", lambda: (lambda t: (
+        t.fit(S).history, t.make_optimizer()))(_trainer8(_SparseGradNet(), 0.01)), None,
+         check=lambda out: len(out[0]) == 2 and all(math.isfinite(h["train_loss"]) for h in out[0])
+         and type(out[1]).__name__ == "SplitOptimizer"
+         and sorted(type(o).__name__ for o in out[1].optimizers.values()) == ["LazyAdam"]),
+    Case("Trainer-model-without-sparse-gradients-keeps-AdamW-works", lambda: _trainer8(
+        _SparseGradNet(sparse_grad=False)).make_optimizer(), None,
+         check=lambda opt: type(opt) is torch.optim.AdamW),
     # rmse / mae of float16: the square (or the difference) overflowed to inf
     Case("rmse-float16-error-300-works", lambda: rmse(
         torch.full((3,), 300.0, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)),
