@@ -32,6 +32,7 @@ import math
 import numbers
 import operator
 import string
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import (Any, Dict, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union,
                     overload)
@@ -53,8 +54,16 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
 SparseLike = Union[Tensor, Sequence[Tensor]]
 
-# The attribute under which a torch tensor carries its checked structure.
+# The name under which a torch tensor's checked structure is kept (see _attach).
 _ATTR = "_nnsparse_structure"
+
+# The structures attached to tensors: (id(tensor), name) -> (a weak reference to the
+# tensor, the structure).  Kept beside the tensors rather than in their __dict__,
+# which pickling copies: torch.save of a tensor nnsparse had read then wrote
+# nnsparse's classes into the file, which torch.load(weights_only=True), torch's
+# default, refused ("Weights only load failed"), and the pattern's index tensors
+# with them.  An entry goes when its tensor does.
+_STRUCTURES: Dict[Tuple[int, str], Tuple["weakref.ref[Tensor]", Any]] = {}
 
 
 def check_index_range(index: Tensor, bound: Optional[int], name: str) -> int:
@@ -437,8 +446,14 @@ def _attach(x: Tensor, found: _Keyed, attr: str = _ATTR) -> None:
     """Attach ``found`` to ``x`` under ``attr``, unless its key could not be read (then
     nothing is cached).  ``attr``: nnsparse's batch structure by default;
     ``nnsparse.matmul`` caches a 3-D tensor's flat pattern under its own name."""
-    if found.key is not None:
-        setattr(x, attr, found)
+    if found.key is None:
+        return
+    slot = (id(x), attr)
+
+    def forget(ref: "weakref.ref[Tensor]") -> None:  # x is gone: so is its entry
+        if _STRUCTURES.get(slot, (None,))[0] is ref:
+            del _STRUCTURES[slot]
+    _STRUCTURES[slot] = (weakref.ref(x, forget), found)
 
 
 def attach(x: Tensor, batch: SparseBatch) -> Tensor:
@@ -467,7 +482,9 @@ def _attached(x: Tensor) -> Optional[_Attached]:
 def _cached(x: Tensor, attr: str, kind: Type[_K]) -> Optional[_K]:
     """The ``kind`` structure :func:`_attach` left on ``x`` under ``attr``, if ``x`` has
     not changed since (same :func:`_key`); else ``None``."""
-    found = getattr(x, attr, None)
+    entry = _STRUCTURES.get((id(x), attr))
+    # (the id of a dead tensor may be a new one's: the weak reference tells them apart)
+    found = entry[1] if entry is not None and entry[0]() is x else None
     # (an attached key is never None: a key of None, inside a transform, matches none)
     if not isinstance(found, kind) or found.key != _key(x):
         return None

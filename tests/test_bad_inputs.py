@@ -2746,6 +2746,43 @@ def _trainer8(model, weight_decay=0.0):
                                    log=None, weight_decay=weight_decay)
 
 
+def _save_load(x):
+    """``x`` through torch.save and torch.load(weights_only=True), torch's default."""
+    import io
+    buffer = io.BytesIO()
+    torch.save(x, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def _read_by_a_layer(x):
+    """``x`` after a layer read it (its checked structure attached)."""
+    nnsparse.SparseLinearBatch(4, 3)(x)
+    return x
+
+
+def _validations_of_two_reads():
+    """How many times nnsparse validated a batch read twice by a layer (once: cached)."""
+    from nnsparse import _index
+    x, before = X.to_sparse_csr(), _index.COUNTS["validate"]
+    layer = nnsparse.SparseLinearBatch(4, 3)
+    layer(x)
+    layer(x)
+    return _index.COUNTS["validate"] - before
+
+
+def _structure_outlives_its_tensor():
+    """Whether the structure attached to a tensor stays once the tensor is gone."""
+    import gc
+    from nnsparse import _forms
+    x = _read_by_a_layer(X.to_sparse_csr())
+    slot = (id(x), _forms._ATTR)
+    assert slot in _forms._STRUCTURES
+    del x
+    gc.collect()
+    return slot in _forms._STRUCTURES
+
+
 _H8 = torch.randn(2, 3)
 _SOL8 = lambda layer, x: layer(_H8, x)  # noqa: E731
 _PATTERN8 = nn.Linear(3, 4)  # sampled_linear's weight and bias, as a module for the helper
@@ -2845,6 +2882,22 @@ PROBE8 = [
     Case("Trainer-model-without-sparse-gradients-keeps-AdamW-works", lambda: _trainer8(
         _SparseGradNet(sparse_grad=False)).make_optimizer(), None,
          check=lambda opt: type(opt) is torch.optim.AdamW),
+    # torch.save of a batch nnsparse had read (or made) wrote nnsparse's cached structure
+    # into the file: torch.load's default (weights_only=True) refused it
+    Case("torch.load-weights_only-of-a-csr-batch-a-layer-read-works", lambda: _save_load(
+        _read_by_a_layer(X.to_sparse_csr())), None, check=lambda x: torch.equal(x.to_dense(), X)),
+    Case("torch.load-weights_only-of-a-coo-batch-a-layer-read-works", lambda: _save_load(
+        _read_by_a_layer(X.to_sparse())), None, check=lambda x: torch.equal(x.to_dense(), X)),
+    Case("torch.load-weights_only-of-sparsify-output-works", lambda: _save_load(
+        nnsparse.sparsify(X, layout=torch.sparse_csr)), None,
+         check=lambda x: torch.equal(x.to_dense(), X)),
+    Case("torch.load-weights_only-of-rating_matrix-works", lambda: (lambda m: (
+        m, _save_load(m)))(rating_matrix(_R)), None,
+         check=lambda pair: torch.equal(pair[0].to_dense(), pair[1].to_dense())),
+    Case("SparseLinearBatch-validates-a-batch-read-twice-once-works", _validations_of_two_reads,
+         None, check=lambda n: n == 1),
+    Case("attached-structure-goes-with-its-tensor-works", _structure_outlives_its_tensor, None,
+         check=lambda stays: stays is False),
     # rmse / mae of float16: the square (or the difference) overflowed to inf
     Case("rmse-float16-error-300-works", lambda: rmse(
         torch.full((3,), 300.0, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)),
