@@ -16,11 +16,12 @@ parses user input.  The accepted forms (see ``docs/naming.md``):
 **Validate once** (``docs/sparse_batch.md``).  The first nnsparse call that receives
 a torch sparse tensor checks it completely, with one host synchronisation,
 and attaches the resulting index structure (int64 rows and columns, CSR row
-pointers, the column-major order: built lazily, at most once) to the tensor
-as a Python attribute.  Later calls on the same tensor reuse it: no parse, no
-check.  The values are always read from the tensor itself.  Tensors nnsparse
-builds carry their structure from the start and are *trusted*;
-:func:`trust` marks a user's tensor the same way without checking it.
+pointers, the column-major order: built lazily, at most once) to the tensor,
+in a table beside it (see ``_attach``; pickling the tensor writes it alone).
+Later calls on the same tensor reuse it: no parse, no check.  The values are
+always read from the tensor itself.  Tensors nnsparse builds carry their
+structure from the start and are *trusted*; :func:`trust` marks a user's
+tensor the same way without checking it.
 
 The batch keeps the caller's device and dtype and keeps the autograd link to
 the caller's values wherever torch allows it.
