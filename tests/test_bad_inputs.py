@@ -2719,7 +2719,8 @@ def _probe8_dir(files):
 
 # a movies.dat whose first title holds the separator '::'
 _MOVIES8 = b"10::A::B (1995)::Animation|Children's\n20::GoldenEye (1995)::Action\n"
-_U_ITEM8 = (b"10|A|B (1995)|01-Jan-1995||http://x|" + b"|".join([b"0"] * 3 + [b"1"] * 3 + [b"0"] * 13)
+_U_ITEM8 = (b"10|A|B (1995)|01-Jan-1995||http://x|"
+            + b"|".join([b"0"] * 3 + [b"1"] * 3 + [b"0"] * 13)
             + b"\n20|Heat (1995)|01-Jan-1995||http://x|" + b"|".join([b"1"] + [b"0"] * 18) + b"\n")
 
 
@@ -2796,7 +2797,8 @@ PROBE8 = [
          None, check=lambda same: same is True),
     Case("SparseOutputLinear-inference-csr-pattern-trains-works",
          lambda: _trains_on_inference(lambda: nnsparse.SparseOutputLinear(3, 4), _SOL8,
-                                      lambda: X.to_sparse_csr()), None, check=lambda same: same is True),
+                                      lambda: X.to_sparse_csr()), None,
+         check=lambda same: same is True),
     Case("SparseOutputLinear-sparse_grad-inference-coo-pattern-trains-works",
          lambda: _trains_on_inference(lambda: nnsparse.SparseOutputLinear(3, 4, sparse_grad=True),
                                       _SOL8, lambda: X.to_sparse()), None,
@@ -2908,7 +2910,8 @@ PROBE8 = [
          None, check=lambda out: out.dtype == torch.float16 and out.item() == 40000.0),
     Case("rmse-float64-stays-float64-works", lambda: rmse(
         torch.tensor([1.0, 2.0], dtype=torch.float64), torch.zeros(2, dtype=torch.float64)),
-         None, check=lambda out: out.dtype == torch.float64 and abs(out.item() - 2.5 ** 0.5) < 1e-12),
+         None, check=lambda out: out.dtype == torch.float64
+         and abs(out.item() - 2.5 ** 0.5) < 1e-12),
     Case("RatingErrors-float16-error-300-works", lambda: (lambda e: (e.update(
         torch.full((3,), 300.0, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)),
         e.compute()))(nnsparse.data.RatingErrors())[1], None,
