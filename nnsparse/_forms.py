@@ -16,11 +16,12 @@ parses user input.  The accepted forms (see ``docs/naming.md``):
 **Validate once** (``docs/sparse_batch.md``).  The first nnsparse call that receives
 a torch sparse tensor checks it completely, with one host synchronisation,
 and attaches the resulting index structure (int64 rows and columns, CSR row
-pointers, the column-major order: built lazily, at most once) to the tensor
-as a Python attribute.  Later calls on the same tensor reuse it: no parse, no
-check.  The values are always read from the tensor itself.  Tensors nnsparse
-builds carry their structure from the start and are *trusted*;
-:func:`trust` marks a user's tensor the same way without checking it.
+pointers, the column-major order: built lazily, at most once) to the tensor,
+in a table beside it (see ``_attach``; pickling the tensor writes it alone).
+Later calls on the same tensor reuse it: no parse, no check.  The values are
+always read from the tensor itself.  Tensors nnsparse builds carry their
+structure from the start and are *trusted*; :func:`trust` marks a user's
+tensor the same way without checking it.
 
 The batch keeps the caller's device and dtype and keeps the autograd link to
 the caller's values wherever torch allows it.
@@ -32,6 +33,7 @@ import math
 import numbers
 import operator
 import string
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import (Any, Dict, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union,
                     overload)
@@ -53,8 +55,16 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
 SparseLike = Union[Tensor, Sequence[Tensor]]
 
-# The attribute under which a torch tensor carries its checked structure.
+# The name under which a torch tensor's checked structure is kept (see _attach).
 _ATTR = "_nnsparse_structure"
+
+# The structures attached to tensors: (id(tensor), name) -> (a weak reference to the
+# tensor, the structure).  Kept beside the tensors rather than in their __dict__,
+# which pickling copies: torch.save of a tensor nnsparse had read then wrote
+# nnsparse's classes into the file, which torch.load(weights_only=True), torch's
+# default, refused ("Weights only load failed"), and the pattern's index tensors
+# with them.  An entry goes when its tensor does.
+_STRUCTURES: Dict[Tuple[int, str], Tuple["weakref.ref[Tensor]", Any]] = {}
 
 
 def check_index_range(index: Tensor, bound: Optional[int], name: str) -> int:
@@ -437,8 +447,14 @@ def _attach(x: Tensor, found: _Keyed, attr: str = _ATTR) -> None:
     """Attach ``found`` to ``x`` under ``attr``, unless its key could not be read (then
     nothing is cached).  ``attr``: nnsparse's batch structure by default;
     ``nnsparse.matmul`` caches a 3-D tensor's flat pattern under its own name."""
-    if found.key is not None:
-        setattr(x, attr, found)
+    if found.key is None:
+        return
+    slot = (id(x), attr)
+
+    def forget(ref: "weakref.ref[Tensor]") -> None:  # x is gone: so is its entry
+        if _STRUCTURES.get(slot, (None,))[0] is ref:
+            del _STRUCTURES[slot]
+    _STRUCTURES[slot] = (weakref.ref(x, forget), found)
 
 
 def attach(x: Tensor, batch: SparseBatch) -> Tensor:
@@ -467,7 +483,9 @@ def _attached(x: Tensor) -> Optional[_Attached]:
 def _cached(x: Tensor, attr: str, kind: Type[_K]) -> Optional[_K]:
     """The ``kind`` structure :func:`_attach` left on ``x`` under ``attr``, if ``x`` has
     not changed since (same :func:`_key`); else ``None``."""
-    found = getattr(x, attr, None)
+    entry = _STRUCTURES.get((id(x), attr))
+    # (the id of a dead tensor may be a new one's: the weak reference tells them apart)
+    found = entry[1] if entry is not None and entry[0]() is x else None
     # (an attached key is never None: a key of None, inside a transform, matches none)
     if not isinstance(found, kind) or found.key != _key(x):
         return None
@@ -522,11 +540,19 @@ def trust(x: Tensor) -> Tensor:
 
 
 def _structure(x: Tensor, name: str, check: bool) -> _Attached:
-    """Build (checking it unless ``check`` is False) and attach ``x``'s structure."""
+    """Build (checking it unless ``check`` is False) and attach ``x``'s structure.
+
+    An inference tensor used outside ``torch.inference_mode()`` gets its
+    structure from a copy (once: it is attached), whose index tensors a
+    layer's backward can save.
+    """
+    source = _index.outside_inference(x)
     if x.layout == torch.sparse_csr:
-        found = _csr_structure(x, name, check)
+        found = _csr_structure(source, name, check)
     else:
-        found = _coo_structure(x, name, check)
+        found = _coo_structure(source, name, check)
+    if source is not x:
+        found.key = _key(x)
     _attach(x, found)
     return found
 
@@ -640,7 +666,11 @@ def _from_tensor(x: Tensor, name: str) -> SparseBatch:
     found = _attached(x)
     if found is None:
         found = _structure(x, name, check=True)
-    return found.pattern.with_pattern_values(_values_of(x, found))
+    elif found.pattern.col.is_inference() and not torch.is_inference_mode_enabled():
+        # attached under torch.inference_mode(), now used outside it: copy the structure
+        found = _structure(x, name, check=False)
+    # (an inference tensor's values are copied for autograd, as its structure is)
+    return found.pattern.with_pattern_values(_index.outside_inference(_values_of(x, found)))
 
 
 def _from_coo(x: Tensor, name: str) -> SparseBatch:

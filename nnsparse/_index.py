@@ -59,6 +59,20 @@ def same_view(a: Optional[Tensor], b: Optional[Tensor]) -> bool:
             and a.stride() == b.stride() and a.dtype == b.dtype and a.device == b.device)
 
 
+def outside_inference(t: Tensor) -> Tensor:
+    """``t``, or a copy of it when ``t`` is an inference tensor (made under
+    ``torch.inference_mode()``) used outside that mode.
+
+    Such a tensor is valid data, but autograd cannot save it for backward
+    ("Inference tensors cannot be saved for backward") and torch cannot read
+    the values of a sparse tensor built on its views ("Cannot set
+    version_counter for inference tensor").  Free for any other tensor.
+    """
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        return t.clone()
+    return t
+
+
 def in_transform() -> bool:
     """Whether a ``torch.func`` transform (grad, vjp, jacrev, vmap...) is running.
 

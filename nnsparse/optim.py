@@ -113,6 +113,10 @@ class LazyAdam(Optimizer):
         if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
             raise TypeError(f"params must be an iterable of parameters or of param-group "
                             f"dicts, got {type(params).__name__}")
+        if isinstance(params, Tensor):  # torch's own message fails on a sparse tensor's type
+            raise TypeError(f"params must be an iterable of parameters or of param-group "
+                            f"dicts, got a tensor ({params.layout}, shape "
+                            f"{tuple(params.shape)}); pass [tensor]")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         decoupled_weight_decay=decoupled_weight_decay, dense_above=dense_above)
         super().__init__(params, defaults)
@@ -210,12 +214,16 @@ class LazyAdam(Optimizer):
 def _unique_params(params: Any) -> Any:
     """``params`` (a group's) as a list, refused if it names one parameter twice (torch
     only warns, and each step would then update that parameter twice) or holds an
-    integer or bool tensor.  A tensor or a set is left for torch's own checks."""
+    integer, bool or sparse tensor.  A tensor or a set is left for torch's own checks."""
     if isinstance(params, (Tensor, set)) or not hasattr(params, "__iter__"):
         return params
     params = list(params)
     seen: Dict[int, int] = {}
     for i, p in enumerate(params):
+        if isinstance(p, Tensor) and p.layout != torch.strided:
+            # torch takes it, and the first step fails on its strides (or writes nothing)
+            raise TypeError(f"params must be dense (strided) tensors, got layout {p.layout} at "
+                            f"position {i}; LazyAdam takes sparse gradients of dense parameters")
         if isinstance(p, Tensor) and not (p.is_floating_point() or p.is_complex()):
             # torch takes it, and its first step fails in a kernel ("lerp ... 'Long'")
             raise TypeError(f"params must be floating-point tensors (Adam's moments), got "

@@ -159,7 +159,9 @@ def _coo_with_values(indices: Tensor, values: Tensor, size: Sequence[int],
     ``pattern``, the checked batch of exactly these indices, is attached to
     the result (trusted, its cached structures shared).
     """
-    out = _SparseWithValues.apply(values, indices, None, None, tuple(size))
+    # (an inference tensor's indices are copied: the backward saves them)
+    out = _SparseWithValues.apply(values, _index.outside_inference(indices), None, None,
+                                  tuple(size))
     return out if pattern is None else attach(out, pattern)
 
 
@@ -170,6 +172,7 @@ def _csr_with_values(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[i
     Inside a ``torch.func`` transform, where torch can hold no CSR tensor, a
     coalesced COO tensor of the same entries (same values, same order).
     """
+    crow, col = _index.outside_inference(crow), _index.outside_inference(col)
     try:
         out = _SparseWithValues.apply(values, None, crow, col, tuple(size))
     except RuntimeError:

@@ -2643,8 +2643,315 @@ PROBE7 = [
 ]
 
 
+
+# -- the eighth probe ----------------------------------------------------------------------
+
+def _inference(make):
+    """``make()`` run under ``torch.inference_mode()``: an inference tensor."""
+    with torch.inference_mode():
+        return make()
+
+
+def _output_and_grads(layer, call, x):
+    """``call(layer, x)`` densified, and the gradients of its sum for ``layer``'s parameters."""
+    out = call(layer, x)
+    dense = nnsparse.densify(out) if out.layout != torch.strided else out
+    dense.sum().backward()
+    return [dense.detach()] + [q.grad.to_dense() for q in layer.parameters()]
+
+
+def _trains_on_inference(make_layer, call, make_x, first_in_mode=False):
+    """Whether an inference-mode copy of ``make_x()`` trains ``make_layer()`` as the
+    ordinary tensor does (same output, same gradients).  ``first_in_mode``: the tensor
+    is read once under ``torch.inference_mode()`` first (its structure attached there)."""
+    import copy
+    torch.manual_seed(0)
+    layer = make_layer()
+    twin = copy.deepcopy(layer)
+    x = _inference(make_x)
+    if first_in_mode:
+        with torch.inference_mode():
+            call(twin, x)
+    ours, want = _output_and_grads(twin, call, x), _output_and_grads(layer, call, make_x())
+    return all(torch.allclose(a, b) for a, b in zip(ours, want))
+
+
+def _neg_bit(t):
+    """``t``'s values in a tensor with the negative bit set, made by public API (the
+    imaginary part of a conjugate view)."""
+    out = torch.complex(torch.zeros_like(t), -t).conj().imag
+    assert out.is_neg()
+    return out
+
+
+def _lazy_adam_refused_group():
+    """LazyAdam.add_param_group of a sparse parameter: refused, the groups left as they were."""
+    opt = LazyAdam([nn.Parameter(torch.zeros(2))])
+    try:
+        opt.add_param_group({"params": [nn.Parameter(torch.zeros(2, 2).to_sparse_csr())]})
+    except TypeError:
+        return [len(g["params"]) for g in opt.param_groups]
+    return "not refused"
+
+
+def _lazy_adam_vs_adam(make):
+    """The largest difference of three LazyAdam and torch.optim.Adam steps on ``make()``."""
+    a, b = make(), make()
+    ours, theirs = LazyAdam([a], lr=0.1), torch.optim.Adam([b], lr=0.1)
+    for k in range(3):
+        a.grad = torch.full_like(a, k + 1.0) * (1 + 2j)
+        b.grad = a.grad.clone()
+        ours.step()
+        theirs.step()
+    return float((a - b).detach().abs().max())
+
+
+def _probe8_dir(files):
+    """``files`` (name -> bytes) written to a fresh temporary directory; its path."""
+    import os
+    import tempfile
+    path = tempfile.mkdtemp(prefix="nnsparse-probe8-")
+    for name, data in files.items():
+        with open(os.path.join(path, name), "wb") as f:
+            f.write(data)
+    return path
+
+
+# a movies.dat whose first title holds the separator '::'
+_MOVIES8 = b"10::A::B (1995)::Animation|Children's\n20::GoldenEye (1995)::Action\n"
+_U_ITEM8 = (b"10|A|B (1995)|01-Jan-1995||http://x|"
+            + b"|".join([b"0"] * 3 + [b"1"] * 3 + [b"0"] * 13)
+            + b"\n20|Heat (1995)|01-Jan-1995||http://x|" + b"|".join([b"1"] + [b"0"] * 18) + b"\n")
+
+
+def _probe8_titles():
+    import os
+    d = _probe8_dir({"ratings.dat": b"1::10::5::1\n2::20::3::1\n", "movies.dat": _MOVIES8})
+    return read_ratings(os.path.join(d, "ratings.dat"), "ml-1m").titles
+
+
+class _SparseGradNet(nn.Module):
+    """An autoencoder for Trainer whose layers give sparse gradients (sparse_grad=True)."""
+
+    def __init__(self, sparse_grad=True):
+        super().__init__()
+        self.enc = nnsparse.SparseLinearBatch(4, 3, sparse_grad=sparse_grad)
+        self.dec = nnsparse.SparseOutputLinear(3, 4, sparse_grad=sparse_grad)
+
+    def batch_loss(self, rows, x):
+        return nnsparse.SparseCriterion(nn.MSELoss())(self.dec(torch.sigmoid(self.enc(x)), x), x)
+
+
+def _trainer8(model, weight_decay=0.0):
+    return nnsparse.models.Trainer(model, epochs=2, batch_size=1, lr=0.05, progress=False,
+                                   log=None, weight_decay=weight_decay)
+
+
+def _save_load(x):
+    """``x`` through torch.save and torch.load(weights_only=True), torch's default."""
+    import io
+    buffer = io.BytesIO()
+    torch.save(x, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def _read_by_a_layer(x):
+    """``x`` after a layer read it (its checked structure attached)."""
+    nnsparse.SparseLinearBatch(4, 3)(x)
+    return x
+
+
+def _validations_of_two_reads():
+    """How many times nnsparse validated a batch read twice by a layer (once: cached)."""
+    from nnsparse import _index
+    x, before = X.to_sparse_csr(), _index.COUNTS["validate"]
+    layer = nnsparse.SparseLinearBatch(4, 3)
+    layer(x)
+    layer(x)
+    return _index.COUNTS["validate"] - before
+
+
+def _structure_outlives_its_tensor():
+    """Whether the structure attached to a tensor stays once the tensor is gone."""
+    import gc
+    from nnsparse import _forms
+    x = _read_by_a_layer(X.to_sparse_csr())
+    slot = (id(x), _forms._ATTR)
+    assert slot in _forms._STRUCTURES
+    del x
+    gc.collect()
+    return slot in _forms._STRUCTURES
+
+
+_H8 = torch.randn(2, 3)
+_SOL8 = lambda layer, x: layer(_H8, x)  # noqa: E731
+_PATTERN8 = nn.Linear(3, 4)  # sampled_linear's weight and bias, as a module for the helper
+
+PROBE8 = [
+    # an inference tensor (torch.inference_mode) as training data: torch's "Inference
+    # tensors cannot be saved for backward" from the layers that save the input's indices
+    Case("SparseLinearBatch-sparse_grad-inference-input-trains-works",
+         lambda: _trains_on_inference(lambda: nnsparse.SparseLinearBatch(4, 3, sparse_grad=True),
+                                      lambda m, x: m(x), lambda: X.to_sparse_csr()),
+         None, check=lambda same: same is True),
+    Case("SparseOutputLinear-inference-csr-pattern-trains-works",
+         lambda: _trains_on_inference(lambda: nnsparse.SparseOutputLinear(3, 4), _SOL8,
+                                      lambda: X.to_sparse_csr()), None,
+         check=lambda same: same is True),
+    Case("SparseOutputLinear-sparse_grad-inference-coo-pattern-trains-works",
+         lambda: _trains_on_inference(lambda: nnsparse.SparseOutputLinear(3, 4, sparse_grad=True),
+                                      _SOL8, lambda: X.to_sparse()), None,
+         check=lambda same: same is True),
+    Case("sampled_linear-inference-pattern-trains-works",
+         lambda: _trains_on_inference(lambda: nn.Linear(3, 4), lambda m, x: nnsparse.sampled_linear(
+             _H8, m.weight, m.bias, x), lambda: X.to_sparse_csr()), None,
+         check=lambda same: same is True),
+    Case("SparseWeightLinear-inference-input-trains-works",
+         lambda: _trains_on_inference(lambda: nnsparse.SparseWeightLinear.random(4, 3, 0.5),
+                                      lambda m, x: m(x), lambda: X.to_sparse()), None,
+         check=lambda same: same is True),
+    Case("SparseOutputLinear-pattern-read-in-inference-mode-then-trains-works",
+         lambda: _trains_on_inference(lambda: nnsparse.SparseOutputLinear(3, 4), _SOL8,
+                                      lambda: X.to_sparse_csr(), first_in_mode=True), None,
+         check=lambda same: same is True),
+    Case("SparseLinearBatch-sparse_grad-input-read-in-inference-mode-then-trains-works",
+         lambda: _trains_on_inference(lambda: nnsparse.SparseLinearBatch(4, 3, sparse_grad=True),
+                                      lambda m, x: m(x), lambda: X.to_sparse(), first_in_mode=True),
+         None, check=lambda same: same is True),
+    Case("sparse_parts-of-inference-batch-trains-SparseLinearBatch-works",
+         lambda: _trains_on_inference(lambda: nnsparse.SparseLinearBatch(4, 3),
+                                      lambda m, x: m(nnsparse.sparse_parts(x)),
+                                      lambda: X.to_sparse_csr()), None,
+         check=lambda same: same is True),
+    Case("SparseLinearBatch-inference-input-trains-works",  # the default path worked: kept
+         lambda: _trains_on_inference(lambda: nnsparse.SparseLinearBatch(4, 3),
+                                      lambda m, x: m(x), lambda: X.to_sparse_csr()),
+         None, check=lambda same: same is True),
+    Case("SparseOutputLinear-ordinary-pattern-output-shares-its-indices-works",
+         lambda: (lambda out: out.col_indices().data_ptr() == S.col_indices().data_ptr())(
+             nnsparse.SparseOutputLinear(3, 4)(_H8, S)), None, check=lambda shared: shared is True),
+    # Batchifier over inference data: torch's "Cannot set version_counter for inference tensor"
+    Case("Batchifier-inference-csr-data-works", lambda: nnsparse.Batchifier(
+        nnsparse.Densify(4), 4, batch_size=1, progress=False)(_inference(X.to_sparse_csr)),
+         None, check=lambda out: torch.equal(out, X)),
+    Case("Batchifier-inference-coo-data-works", lambda: nnsparse.Batchifier(
+        nnsparse.Densify(4), 4, batch_size=1, progress=False)(_inference(X.to_sparse)),
+         None, check=lambda out: torch.equal(out, X)),
+    Case("Batchifier-inference-data-inside-inference-mode-works", lambda: _inference(
+        lambda: nnsparse.Batchifier(nnsparse.Densify(4), 4, batch_size=1, progress=False)(
+            X.to_sparse_csr())), None, check=lambda out: torch.equal(out, X)),
+    # Ratings.from_triples: numpy dropped complex ratings' imaginary parts (a warning only);
+    # a tensor with the negative or conjugate bit failed in .numpy()
+    Case("Ratings.from_triples-complex-rating-tensor", lambda: Ratings.from_triples(
+        [1, 2], [1, 2], torch.tensor([1 + 2j, 2])), TypeError,
+         r"rating must be a sequence of real numbers, got a torch.complex64 tensor"),
+    Case("Ratings.from_triples-complex-rating-numpy", lambda: Ratings.from_triples(
+        [1, 2], [1, 2], _NP.array([1 + 2j, 2])), TypeError,
+         r"rating must be a sequence of real numbers, got complex values \(numpy complex128\)"),
+    Case("Ratings.from_triples-complex-rating-list", lambda: Ratings.from_triples(
+        [1, 2], [1, 2], [1 + 2j, 2.0]), TypeError,
+         r"rating must be a sequence of real numbers, got complex values"),
+    Case("Ratings.from_triples-neg-bit-rating-works", lambda: Ratings.from_triples(
+        [1, 2], [1, 2], _neg_bit(torch.tensor([3.0, 4.0]))).rating, None,
+         check=lambda rating: rating.tolist() == [3.0, 4.0]),
+    Case("Ratings.from_triples-neg-bit-ids-works", lambda: Ratings.from_triples(
+        _neg_bit(torch.tensor([1.0, 2.0])), [1, 2], [3.0, 4.0]).user_ids(), None,
+         check=lambda ids: ids == [1.0, 2.0]),
+    Case("Ratings.from_triples-float64-numpy-rating-works", lambda: Ratings.from_triples(
+        [1, 2], [1, 2], _NP.array([3.0, 4.0])).rating, None,
+         check=lambda rating: rating.tolist() == [3.0, 4.0] and rating.dtype == torch.float32),
+    # item files whose title holds the separator: ml-1m took the title's second half as
+    # the genres (a genre "B (1995)"), and cut the title; ml-100k refused the flags
+    Case("read_item_features-ml-1m-title-holding-separator-works", lambda: (
+        nnsparse.data.read_item_features(_probe7_file("movies.dat", _MOVIES8), "ml-1m",
+                                         {10: 0, 20: 1})), None,
+         check=lambda f: f.tolist() == [[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]),
+    Case("read_ratings-ml-1m-title-holding-separator-works", _probe8_titles, None,
+         check=lambda titles: titles == ["A::B (1995)", "GoldenEye (1995)"]),
+    Case("read_item_features-ml-100k-title-holding-bar-works", lambda: (
+        nnsparse.data.read_item_features(_probe7_file("u.item", _U_ITEM8), "ml-100k",
+                                         {10: 0, 20: 1})), None,
+         check=lambda f: f.shape == (2, 19) and f[0, 3:6].tolist() == [1.0] * 3
+         and f[0].sum() == 3 and f[1, 0] == 1 and f[1].sum() == 1),
+    # Trainer of a model with sparse_grad=True layers: torch's "Adam does not support
+    # sparse gradients" at the first step (its optimiser was AdamW for every parameter)
+    Case("Trainer-model-with-sparse_grad-layers-works", lambda: (lambda t: (
+        t.fit(S).history, t.make_optimizer()))(_trainer8(_SparseGradNet(), 0.01)), None,
+         check=lambda out: len(out[0]) == 2 and all(math.isfinite(h["train_loss"]) for h in out[0])
+         and type(out[1]).__name__ == "SplitOptimizer"
+         and sorted(type(o).__name__ for o in out[1].optimizers.values()) == ["LazyAdam"]),
+    Case("Trainer-model-without-sparse-gradients-keeps-AdamW-works", lambda: _trainer8(
+        _SparseGradNet(sparse_grad=False)).make_optimizer(), None,
+         check=lambda opt: type(opt) is torch.optim.AdamW),
+    # torch.save of a batch nnsparse had read (or made) wrote nnsparse's cached structure
+    # into the file: torch.load's default (weights_only=True) refused it
+    Case("torch.load-weights_only-of-a-csr-batch-a-layer-read-works", lambda: _save_load(
+        _read_by_a_layer(X.to_sparse_csr())), None, check=lambda x: torch.equal(x.to_dense(), X)),
+    Case("torch.load-weights_only-of-a-coo-batch-a-layer-read-works", lambda: _save_load(
+        _read_by_a_layer(X.to_sparse())), None, check=lambda x: torch.equal(x.to_dense(), X)),
+    Case("torch.load-weights_only-of-sparsify-output-works", lambda: _save_load(
+        nnsparse.sparsify(X, layout=torch.sparse_csr)), None,
+         check=lambda x: torch.equal(x.to_dense(), X)),
+    Case("torch.load-weights_only-of-rating_matrix-works", lambda: (lambda m: (
+        m, _save_load(m)))(rating_matrix(_R)), None,
+         check=lambda pair: torch.equal(pair[0].to_dense(), pair[1].to_dense())),
+    Case("SparseLinearBatch-validates-a-batch-read-twice-once-works", _validations_of_two_reads,
+         None, check=lambda n: n == 1),
+    Case("attached-structure-goes-with-its-tensor-works", _structure_outlives_its_tensor, None,
+         check=lambda stays: stays is False),
+    # rmse / mae of float16: the square (or the difference) overflowed to inf
+    Case("rmse-float16-error-300-works", lambda: rmse(
+        torch.full((3,), 300.0, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)),
+         None, check=lambda out: out.dtype == torch.float16 and out.item() == 300.0),
+    Case("mae-float16-difference-beyond-float16-works", lambda: mae(
+        torch.tensor([40000.0, 0.0], dtype=torch.float16),
+        torch.tensor([-40000.0, 0.0], dtype=torch.float16)),
+         None, check=lambda out: out.dtype == torch.float16 and out.item() == 40000.0),
+    Case("rmse-float64-stays-float64-works", lambda: rmse(
+        torch.tensor([1.0, 2.0], dtype=torch.float64), torch.zeros(2, dtype=torch.float64)),
+         None, check=lambda out: out.dtype == torch.float64
+         and abs(out.item() - 2.5 ** 0.5) < 1e-12),
+    Case("RatingErrors-float16-error-300-works", lambda: (lambda e: (e.update(
+        torch.full((3,), 300.0, dtype=torch.float16), torch.zeros(3, dtype=torch.float16)),
+        e.compute()))(nnsparse.data.RatingErrors())[1], None,
+         check=lambda out: out["rmse"] == 300.0 and out["mae"] == 300.0),
+    # LazyAdam of a sparse parameter: its first step failed on the strides
+    Case("LazyAdam-sparse-coo-parameter", lambda: LazyAdam(
+        [nn.Parameter(torch.zeros(3).to_sparse())]), TypeError,
+         r"params must be dense \(strided\) tensors, got layout torch.sparse_coo at position 0; "
+         r"LazyAdam takes sparse gradients of dense parameters"),
+    Case("LazyAdam.add_param_group-sparse-csr-parameter-keeps-the-groups",
+         _lazy_adam_refused_group, None, check=lambda sizes: sizes == [1]),
+    Case("LazyAdam-complex-parameter-matches-Adam-works", lambda: _lazy_adam_vs_adam(
+        lambda: nn.Parameter(torch.ones(3, dtype=torch.complex64))), None,
+         check=lambda diff: diff < 1e-6),
+    # a lone sparse tensor as params: torch's "Unimplemented backend SparseCsrCPU" (its
+    # message's torch.typename fails); a dense one had torch's own message
+    Case("LazyAdam-params-sparse-csr-tensor-not-a-list", lambda: LazyAdam(S), TypeError,
+         r"params must be an iterable of parameters or of param-group dicts, got a tensor "
+         r"\(torch.sparse_csr, shape \(2, 4\)\); pass \[tensor\]"),
+    Case("LazyAdam-params-dense-tensor-not-a-list", lambda: LazyAdam(nn.Parameter(X)), TypeError,
+         r"params must be an iterable of parameters or of param-group dicts, got a tensor "
+         r"\(torch.strided, shape \(2, 4\)\)"),
+    # rating_matrix of sparse values: "values must be a dense tensor, got Tensor"
+    Case("rating_matrix-values-sparse-says-the-layout", lambda: rating_matrix(
+        _R, values=_R.rating.to_sparse()), TypeError,
+         r"values must be a dense tensor, got layout torch.sparse_coo"),
+    # collate_sparse_rows refused a numpy int width ("width must be an int, got int64")
+    Case("collate_sparse_rows-width-numpy-int-works", lambda: collate_sparse_rows(
+        [(0, (torch.tensor([0, 3]), torch.ones(2)))], _NP.int64(4))[1].shape, None,
+         check=lambda shape: shape == (1, 4)),
+    Case("collate_sparse_rows-width-0d-tensor-works", lambda: collate_sparse_rows(
+        [(0, (torch.tensor([0, 3]), torch.ones(2)))], torch.tensor(4))[1].shape, None,
+         check=lambda shape: shape == (1, 4)),
+    Case("collate_sparse_rows-width-float-still-refused", lambda: collate_sparse_rows(
+        [(0, (torch.tensor([0, 3]), torch.ones(2)))], 4.0), TypeError,
+         r"width must be an int, got float 4.0"),
+]
+
 CASES = (_sparse_cases() + _good_cases() + OTHER + PROBE2 + PROBE3 + META + PROBE4 + PROBE5
-         + OPTIM_FROZEN + PROBE6 + PROBE7)
+         + OPTIM_FROZEN + PROBE6 + PROBE7 + PROBE8)
 
 
 def run_case(case: Case) -> str:

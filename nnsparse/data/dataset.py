@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from .._forms import (SparseBatch, _a, _attached, _check_csr, _version, as_device,
+from .._forms import (SparseBatch, _a, _attached, _check_csr, _version, as_device, as_int,
                       as_sparse_batch, move_structure, refuse_meta, trust)
 from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 
@@ -306,8 +306,7 @@ def collate_sparse_rows(rows: Sequence[Tuple[int, Row]], width: int,
     """
     if layout not in (torch.sparse_csr, torch.sparse_coo):
         raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
-    if isinstance(width, bool) or not isinstance(width, int):
-        raise TypeError(f"width must be an int, got {type(width).__name__}")
+    width = as_int(width, "width")  # numpy ints and 0-d integer tensors pass, as for sizes
     if width < 0:
         raise ValueError(f"width must be non-negative, got {width}")
     if not isinstance(rows, (list, tuple)):

@@ -150,7 +150,8 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
     rows, width = default if shape is None else _matrix_shape(shape)
     values = ratings.rating if values is None else values
     if not isinstance(values, Tensor) or values.layout != torch.strided:
-        raise TypeError(f"values must be a dense tensor, got {type(values).__name__}")
+        got = f"layout {values.layout}" if isinstance(values, Tensor) else type(values).__name__
+        raise TypeError(f"values must be a dense tensor, got {got}")
     if values.shape != row.shape:
         raise ValueError(f"values must have shape {tuple(row.shape)}, got {tuple(values.shape)}")
     if values.dtype == torch.bool or values.is_complex():
@@ -380,19 +381,30 @@ def _check_pair(prediction: Tensor, target: Tensor) -> None:
                          f"{prediction.device} and {target.device}")
 
 
-def _errors(prediction: Tensor, target: Tensor) -> Tensor:
-    """``prediction - target`` in a floating dtype (integer ratings pass), never empty."""
+def _errors(prediction: Tensor, target: Tensor) -> Tuple[Tensor, torch.dtype]:
+    """``prediction - target`` in a floating dtype (integer ratings pass), never empty, and
+    the dtype of the result to return.
+
+    The difference and what is summed of it are computed in at least float32:
+    in float16 the square of an error of 300 (90000) is inf, and so was the
+    RMSE; in bfloat16 a sum of many squares stops growing.  The result is cast
+    back to the inputs' (floating) dtype.
+    """
     _check_pair(prediction, target)
     if prediction.numel() == 0:
         raise ValueError("prediction and target are empty; an error needs at least one entry")
     dtype = torch.promote_types(prediction.dtype, target.dtype)
     if not dtype.is_floating_point:  # cast first: uint8 0 - 255 wrapped to 1, int8 too
         dtype = torch.get_default_dtype()
-    return prediction.to(dtype) - target.to(dtype)
+    work = torch.promote_types(dtype, torch.float32)
+    return prediction.to(work) - target.to(work), dtype
 
 
 def rmse(prediction: Tensor, target: Tensor) -> Tensor:
     """Root mean squared error of two ``(n,)`` tensors, as a 0-dim tensor.
+
+    Computed in at least float32 (a float16 error of 300 squares beyond float16),
+    returned in the inputs' floating dtype (the default dtype for integer ones).
 
     Raises:
         TypeError: a tensor that is not dense, or holds bool or complex values.
@@ -403,11 +415,15 @@ def rmse(prediction: Tensor, target: Tensor) -> Tensor:
         >>> rmse(torch.tensor([3., 4.]), torch.tensor([4., 4.]))
         tensor(0.7071)
     """
-    return _errors(prediction, target).square().mean().sqrt()
+    errors, dtype = _errors(prediction, target)
+    return errors.square().mean().sqrt().to(dtype)
 
 
 def mae(prediction: Tensor, target: Tensor) -> Tensor:
     """Mean absolute error of two ``(n,)`` tensors, as a 0-dim tensor.
+
+    Computed in at least float32 (in float16, 40000 - (-40000) overflows to inf),
+    returned in the inputs' floating dtype (the default dtype for integer ones).
 
     Raises:
         TypeError: a tensor that is not dense, or holds bool or complex values.
@@ -418,7 +434,8 @@ def mae(prediction: Tensor, target: Tensor) -> Tensor:
         >>> mae(torch.tensor([3., 4.]), torch.tensor([4., 4.]))
         tensor(0.5000)
     """
-    return _errors(prediction, target).abs().mean()
+    errors, dtype = _errors(prediction, target)
+    return errors.abs().mean().to(dtype)
 
 
 class RatingErrors:

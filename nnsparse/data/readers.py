@@ -161,10 +161,13 @@ class Ratings:
                                 f"layout {rating.layout}")
             if rating.dtype == torch.bool:
                 raise TypeError("rating must be a sequence of real numbers, got a bool tensor")
+            if rating.is_complex():  # numpy would drop the imaginary parts
+                raise TypeError(f"rating must be a sequence of real numbers, got a "
+                                f"{rating.dtype} tensor")
         else:
             _refuse_non_numbers(rating, "rating")
         try:
-            wide = np.asarray(rating.detach().cpu() if isinstance(rating, Tensor) else rating,
+            wide = np.asarray(_host(rating) if isinstance(rating, Tensor) else rating,
                               dtype=np.float64)
         except (TypeError, ValueError) as e:
             raise TypeError(f"rating must be a sequence of real numbers ({e})") from None
@@ -608,7 +611,7 @@ def _id_array(ids: Any, name: str = "ids") -> np.ndarray:
         if ids.layout != torch.strided:
             raise TypeError(f"{name} must be a dense tensor or a sequence of ids, got layout "
                             f"{ids.layout}")
-        ids = ids.detach().cpu().numpy()
+        ids = _host(ids).numpy()
     try:
         out = np.asarray(ids)
     except OverflowError:
@@ -634,13 +637,23 @@ def _id_array(ids: Any, name: str = "ids") -> np.ndarray:
     return out
 
 
+def _host(t: Tensor) -> Tensor:
+    """``t`` on the CPU, detached, with its conjugate and negative bits resolved: what
+    ``.numpy()`` reads (it refuses a tensor with either bit set, e.g. ``z.conj().imag``)."""
+    return t.detach().cpu().resolve_conj().resolve_neg()
+
+
 def _refuse_non_numbers(values: Any, name: str) -> None:
     """``TypeError`` for str or bool entries, which ``np.asarray(..., float64)`` would
-    read as numbers ("3" as 3.0, True as 1.0)."""
+    read as numbers ("3" as 3.0, True as 1.0), and for complex ones, whose imaginary
+    part it would drop (with a warning only)."""
     try:
         probe = np.asarray(values) if not isinstance(values, np.ndarray) else values
     except (TypeError, ValueError):  # ragged: the float64 conversion after says so
         return
+    if probe.dtype.kind == "c":
+        raise TypeError(f"{name} must be a sequence of real numbers, got complex values "
+                        f"(numpy {probe.dtype})")
     if probe.dtype.kind in "USb" or probe.dtype == object:
         flat = probe.reshape(-1) if probe.dtype != object else probe.ravel()
         bad = next((v for v in flat.tolist() if isinstance(v, (str, bytes, bool))), None)
@@ -704,8 +717,21 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
             if len(parts) < 2:
                 raise ValueError(f"{path}, line {number}: expected 'id{sep}title{sep}...', "
                                  f"got {line.strip()[:200]!r}")
-            titles[_int_id(parts[0], path, number)] = parts[1]
+            titles[_int_id(parts[0], path, number)] = sep.join(parts[1:_title_end(parts, fmt)])
     return titles
+
+
+# u.item (ml-100k): id|title|release date|video release date|url|19 genre flags
+_ML100K_ITEM_FIELDS = 24
+
+
+def _title_end(parts: List[str], fmt: str) -> int:
+    """The index after the last field of the title in a split item line: a title holding
+    the separator ("A::B" in movies.dat) spans several fields, which the fields after it
+    (ml-1m's genres, ml-100k's dates, url and 19 flags) tell apart."""
+    if fmt == "ml-1m":
+        return max(2, len(parts) - 1)
+    return max(2, len(parts) - (_ML100K_ITEM_FIELDS - 2))
 
 
 def _without_bom(line: str, number: int) -> str:
@@ -1207,8 +1233,10 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
             if len(parts) < 6:
                 raise ValueError(f"{path}, line {number}: expected 'id|title|...|19 genre "
                                  f"flags', got {len(parts)} fields")
+            # (a title holding '|' spans more fields: the flags are the last 19 then)
+            first = 5 + max(0, len(parts) - _ML100K_ITEM_FIELDS)
             try:
-                key, flags = int(parts[0]), [float(v) for v in parts[5:]]
+                key, flags = int(parts[0]), [float(v) for v in parts[first:]]
             except ValueError:
                 raise ValueError(f"{path}, line {number}: the id and the genre flags must be "
                                  f"numbers") from None
@@ -1243,7 +1271,7 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
                 raise ValueError(f"{path}, line {number}: expected 'id::title::genres'")
             key = _int_id(parts[0], path, number)
             _once(seen, key, path, number, "item")
-            named[key] = parts[2].split("|")
+            named[key] = parts[-1].split("|")  # (the last field: a title may hold '::')
     vocab = sorted({g for gs in named.values() for g in gs if g})
     column = {g: j for j, g in enumerate(vocab)}
     for key, gs in named.items():

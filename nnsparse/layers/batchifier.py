@@ -77,7 +77,9 @@ class _SparseRows:
         """``(crow, col, values)`` of rows ``[start, stop)``, rows renumbered from 0."""
         lo, hi = int(self.crow_host[start]), int(self.crow_host[stop])
         crow = self.crow[start:stop + 1] - lo
-        col, values = self.batch.col[lo:hi], self.batch.values[lo:hi]
+        # (slices of inference data are copied: torch cannot build a batch on them)
+        col = _index.outside_inference(self.batch.col[lo:hi])
+        values = _index.outside_inference(self.batch.values[lo:hi])
         return _move(crow, device), _move(col, device), _move(values, device)
 
     def pattern(self, start: int, stop: int, device: Optional[torch.device]) -> Pattern:

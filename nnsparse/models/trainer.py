@@ -24,6 +24,8 @@ from tqdm import tqdm
 
 from .. import distributed as nd
 from .._forms import as_count, as_device
+from .._optim_split import SplitOptimizer, sparse_grad_parameters
+from ..optim import LazyAdam
 from ..data import SparseRowDataset
 from ..data.split import torch_seed
 
@@ -146,7 +148,11 @@ class Trainer:
         """AdamW: decoupled decay of the matrices (``dim >= 2``), none on biases.
 
         With ``weight_decay=0`` this is Adam; the papers' penalties are in the
-        loss (:meth:`RatingModel.penalty`), on the weights only.
+        loss (:meth:`RatingModel.penalty`), on the weights only.  Parameters
+        whose gradients are sparse (layers built with ``sparse_grad=True``, see
+        :func:`~nnsparse.sparse_grad_parameters`), which AdamW cannot apply,
+        get :class:`~nnsparse.optim.LazyAdam` with the same decoupled decay,
+        the two joined in a :class:`~nnsparse.SplitOptimizer`.
         """
         params = [p for p in self.model.parameters() if p.requires_grad]
         if not params:  # (torch's "optimizer got an empty parameter list" names no model)
@@ -155,11 +161,25 @@ class Trainer:
                              + ("" if built else f" ({type(self.model).__name__} is not built: "
                                                  f"RatingModel.fit() builds its layers, then "
                                                  f"trains them with a Trainer)"))
-        matrices = [p for p in params if p.dim() >= 2]
-        others = [p for p in params if p.dim() < 2]
-        groups = [dict(params=matrices, weight_decay=self.weight_decay),
-                  dict(params=others, weight_decay=0.0)]
-        return torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr)
+        sparse = {id(p) for p in sparse_grad_parameters(self.model)}
+        dense_params = [p for p in params if id(p) not in sparse]
+        sparse_params = [p for p in params if id(p) in sparse]
+        dense = (torch.optim.AdamW(self._decay_groups(dense_params), lr=self.lr)
+                 if dense_params else None)
+        if not sparse_params:  # (torch's AdamW: "does not support sparse gradients")
+            assert dense is not None
+            return dense
+        parts: Dict[str, torch.optim.Optimizer] = {"sparse": LazyAdam(
+            self._decay_groups(sparse_params), lr=self.lr, decoupled_weight_decay=True)}
+        if dense is not None:
+            parts["dense"] = dense
+        return SplitOptimizer(parts)
+
+    def _decay_groups(self, params: List[Tensor]) -> List[Dict[str, Any]]:
+        """``params`` in param groups: weight decay on the matrices, none on the rest."""
+        groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=self.weight_decay),
+                  dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
+        return [g for g in groups if g["params"]]
 
     def is_main(self) -> bool:
         """Whether this process prints (rank 0 in a distributed run)."""
