@@ -198,6 +198,19 @@ def test_auto_penalties_follow_the_ratings_fit_was_given(data, tmp_path):
         KernelNet.load(path)
 
 
+def test_a_numpy_str_auto_is_saved_as_a_str(tmp_path):
+    """np.str_("auto") (read from a numpy array of settings) is kept as the plain str: a
+    numpy str in the saved hparams made the file unreadable with weights_only=True."""
+    r = synthetic_ratings(0, 60, 50, 1200)
+    model = KernelNet(hidden=4, layers=1, epochs=1, validation_ratio=0.0, l2=np.str_("auto"))
+    assert type(model.hparams["l2"]) is str
+    model.hparams["l2_kernel"] = np.str_("auto")  # edited after construction: fit checks again
+    model.fit(r, verbose=False, progress=False)
+    assert type(model.hparams["l2_kernel"]) is str
+    model.save(tmp_path / "k.pt")
+    assert KernelNet.load(tmp_path / "k.pt").effective_hparams() == model.effective_hparams()
+
+
 def test_features_need_cfn(data):
     train, _ = data
     with pytest.raises(ValueError, match="reads no side features"):

@@ -218,7 +218,8 @@ class RatingModel(nn.Module):
             h[key] = as_flag(h[key], key)  # saved as a bool: a numpy bool passes
         for key, value in h.items():
             if _is_auto(value) and key in self.AUTO:
-                continue  # set by fit() from the training ratings
+                h[key] = "auto"  # not a numpy str: save() pickles it; fit() sets the value
+                continue
             if key in ("lr", "weight_decay", "validation_ratio", "min_lr_ratio") or \
                     key.startswith("l2") or key in ("alpha", "beta", "hide_ratio"):
                 _check_number(key, value, " or 'auto'" if key in self.AUTO else "")
