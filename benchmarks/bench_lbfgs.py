@@ -55,11 +55,12 @@ def train_lbfgs(model: KernelNet, train: Ratings, test: Ratings, rounds: int, it
             loss.backward()
             return loss
 
-        loss = opt.step(closure)
+        opt.step(closure)  # (returns the loss of its first evaluation: the round's start)
         if r % every == 0 or r == rounds:
-            model.eval()
             with torch.no_grad():
-                out.append((r, float(loss.detach()), model.evaluate(test)["rmse"],
+                loss = model.batch_loss(rows, x)  # the objective this round reached
+                model.eval()
+                out.append((r, float(loss), model.evaluate(test)["rmse"],
                             time.perf_counter() - start))
     return out
 

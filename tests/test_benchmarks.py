@@ -7,6 +7,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -65,6 +68,27 @@ def test_bench_lbfgs_lowers_the_models_objective():
     losses = [loss for _, loss, _, _ in rows]
     assert losses[0] > losses[1] > losses[2], losses
     assert all(0 < rmse < 4 for _, _, rmse, _ in rows), rows
+
+
+def test_bench_lbfgs_reports_the_objective_after_each_round():
+    """The objective printed for round r is the one its iterations reached, not the one
+    the round started from (torch's LBFGS.step returns the loss of its first evaluation)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_lbfgs
+    from nnsparse.data import split_ratings, synthetic_ratings
+    from nnsparse.models import KernelNet
+    train, test = split_ratings(synthetic_ratings(0, 60, 80, 1_500), 0.2, seed=0)
+    fresh = KernelNet(hidden=8, l2=1.0, l2_kernel=0.001)
+    x = fresh._prepare(train, train.scale, None)  # the initialisation train_lbfgs starts from
+    with torch.no_grad():
+        start = float(fresh.batch_loss(torch.arange(x.shape[0]), x))
+    model = KernelNet(hidden=8, l2=1.0, l2_kernel=0.001)
+    rows = bench_lbfgs.train_lbfgs(model, train, test, rounds=2, iters=4, every=1)
+    assert rows[0][1] < start, (rows, start)
+    model.train()
+    with torch.no_grad():
+        end = float(model.batch_loss(torch.arange(x.shape[0]), model._input))
+    assert rows[-1][1] == pytest.approx(end, rel=1e-6), (rows, end)
 
 
 def test_bench_models_runs_on_rating_files(tmp_path):
