@@ -91,6 +91,20 @@ def test_bench_lbfgs_reports_the_objective_after_each_round():
     assert rows[-1][1] == pytest.approx(end, rel=1e-6), (rows, end)
 
 
+def test_bench_lbfgs_defaults_to_the_models_penalties(capsys):
+    """Without --l2 / --l2-kernel the L-BFGS run has KernelNet's default ("auto")
+    penalties, as the Adam training it is compared with; given, they are used."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_lbfgs
+    from nnsparse.data import split_ratings, synthetic_ratings
+    train, _ = split_ratings(synthetic_ratings(0, 200, 300, 8_000), 0.2, seed=0)  # --quick's
+    grow = (len(train) / 80_000) ** 0.4
+    bench_lbfgs.main(["--quick", "--rounds", "1", "--iters", "1"])
+    assert f"l2 {20 * grow:.4g}, l2_kernel {0.006 * grow:.4g}" in capsys.readouterr().out
+    bench_lbfgs.main(["--quick", "--rounds", "1", "--iters", "1", "--l2", "3"])
+    assert f"l2 3, l2_kernel {0.006 * grow:.4g}" in capsys.readouterr().out
+
+
 def test_bench_models_runs_on_rating_files(tmp_path):
     """--train/--test: the ladder on real-format files (ML-100K's u1.base/u1.test and the
     u.item genres CFN++ reads), written here from generated ratings."""
