@@ -142,3 +142,35 @@ def test_requires_grad_set_after_a_first_call_is_seen():
     assert x.grad is not None
     torch.testing.assert_close(x.grad.coalesce().values(),
                                layer.weight.sum(0)[[1]].detach())
+
+
+def test_many_steps_validate_each_batch_once_and_leave_no_structure_behind():
+    """Steps over fresh batches (a DataLoader's collated ones, a user's CSR ones): the table
+    of checked structures (``nnsparse._forms._STRUCTURES``, an entry per tensor nnsparse
+    read) ends as it started, as each entry goes with its tensor; a collated batch is
+    never validated, a user's once however many steps read it."""
+    import gc
+
+    from torch.utils.data import DataLoader
+
+    from nnsparse import _forms
+    x, model, criterion, optimiser = _setup()
+    ds = SparseRowDataset(x)
+    loader = DataLoader(ds, batch_size=4, shuffle=True, collate_fn=ds.collate,
+                        generator=torch.Generator().manual_seed(0))
+    dense = nnsparse.densify(x)
+    gc.collect()
+    before = len(_forms._STRUCTURES)
+    for _ in range(2):
+        for k, (batch, _target) in enumerate(loader):
+            _reset_counts()
+            step(model, criterion, optimiser, batch)
+            assert _counts().get("validate", 0) == 0, _counts()
+            user = dense[4 * k:4 * k + 4].to_sparse_csr()
+            _reset_counts()
+            step(model, criterion, optimiser, user)
+            step(model, criterion, optimiser, user)
+            assert _counts().get("validate", 0) == 1, _counts()
+    del batch, user
+    gc.collect()
+    assert len(_forms._STRUCTURES) == before
