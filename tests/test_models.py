@@ -198,6 +198,21 @@ def test_auto_penalties_follow_the_ratings_fit_was_given(data, tmp_path):
         KernelNet.load(path)
 
 
+def test_auto_penalties_count_a_validation_set_passed_to_fit(data):
+    """fit(train) holding out validation_ratio and fit(part, validation) of the same split
+    train the same model: "auto" counts the validation ratings given either way (the
+    refit trains on them), as fixed penalties give equal weights on both paths."""
+    train, _ = data
+    kw = dict(hidden=8, layers=1, epochs=2, batch_size=16, validation_ratio=0.2)
+    whole = KernelNet(**kw).fit(train, verbose=False, progress=False)
+    part, validation = split_ratings(train, 0.2, seed=0)  # the split fit draws (seed 0)
+    apart = KernelNet(**kw).fit(part, validation, verbose=False, progress=False)
+    assert apart.effective_hparams() == whole.effective_hparams()
+    assert apart.penalty_ratings == len(train)
+    for a, b in zip(whole.state_dict().values(), apart.state_dict().values()):
+        assert torch.equal(a, b)
+
+
 def test_a_numpy_str_auto_is_saved_as_a_str(tmp_path):
     """np.str_("auto") (read from a numpy array of settings) is kept as the plain str: a
     numpy str in the saved hparams made the file unreadable with weights_only=True."""

@@ -155,7 +155,8 @@ class RatingModel(nn.Module):
     is the same whatever the batch size, and falls as the data grows.
 
     A hyperparameter named in the class's ``AUTO`` may be ``"auto"``: ``fit``
-    then sets it from the number ``n`` of training ratings it is given, as
+    then sets it from the number ``n`` of ratings it is given (``train``, and
+    ``validation`` when one is passed: the refit trains on both), as
     ``AUTO[key] * (n / AUTO_RATINGS) ** AUTO_EXPONENT`` (the value at
     MovieLens-100K's 80,000 training ratings, grown with the data);
     :meth:`effective_hparams` gives the values training uses.
@@ -248,9 +249,9 @@ class RatingModel(nn.Module):
     def effective_hparams(self) -> Dict[str, Any]:
         """The hyperparameters training uses: ``hparams`` with each ``"auto"`` set.
 
-        An ``"auto"`` value (see ``AUTO``) is set from the number of training
-        ratings the last :meth:`fit` was given (or the loaded model's); before
-        any fit it stays ``"auto"``.
+        An ``"auto"`` value (see ``AUTO``) is set from the number of ratings
+        the last :meth:`fit` was given, a ``validation`` set included (or the
+        loaded model's); before any fit it stays ``"auto"``.
 
         Example::
 
@@ -376,8 +377,9 @@ class RatingModel(nn.Module):
         """Normaliser, statistics and fresh layers for ``train``; the training matrix.
 
         ``penalty_ratings`` (default ``len(train)``) sets the ``"auto"``
-        hyperparameters: ``fit`` passes the ratings it was given, so the run on
-        train less validation and the refit on all of it use the same values.
+        hyperparameters: ``fit`` passes the ratings it was given (train, and
+        validation when passed), so the run on train less validation and the
+        refit on all of it use the same values.
         """
         h = self.hparams
         self.penalty_ratings = int(len(train) if penalty_ratings is None else penalty_ratings)
@@ -503,6 +505,9 @@ class RatingModel(nn.Module):
         else:
             check_unique_pairs_apart("train", train, "train and validation together",
                                      validation)
+        # the ratings fit is given, validation included: what "auto" values are set for, the
+        # same whether validation is passed or drawn from train (the refit trains on both)
+        given = len(train) + (0 if validation is None else len(validation))
         if validation is None and h["validation_ratio"] > 0:
             train_part, validation = draw(train, h["validation_ratio"], h["seed"])
         else:
@@ -519,11 +524,11 @@ class RatingModel(nn.Module):
                              f"scale (min, max) of the ratings, which needs two distinct values")
         self.verbose = verbose  # every check passed: the model changes from here
         start = time.perf_counter()
-        self._prepare(train_part, scale, features, len(train))
+        self._prepare(train_part, scale, features, given)
         auto = {k: v for k, v in self.effective_hparams().items() if _is_auto(h[k])}
         if auto and verbose and nd.is_main():
             print(", ".join(f"{k} {v:.4g}" for k, v in auto.items())
-                  + f" ('auto': set for {len(train):,} training ratings)")
+                  + f" ('auto': set for {given:,} training ratings)")
         self.to(device)
         validate = None
         if validation is not None and len(validation):
@@ -537,7 +542,7 @@ class RatingModel(nn.Module):
             assert validation is not None  # validate is set only with a validation set
             # checked above: train and validation together rate no pair twice
             self._prepare(concat(train_part, validation, unique=True), scale, features,
-                          len(train))
+                          given)
             self.to(device)
             self._trainer(device, progress).fit(self._input.to(device), None,
                                                 epochs=result.best_epoch)
