@@ -151,8 +151,10 @@ class Trainer:
         loss (:meth:`RatingModel.penalty`), on the weights only.  Parameters
         whose gradients are sparse (layers built with ``sparse_grad=True``, see
         :func:`~nnsparse.sparse_grad_parameters`), which AdamW cannot apply,
-        get :class:`~nnsparse.optim.LazyAdam` with the same decoupled decay,
-        the two joined in a :class:`~nnsparse.SplitOptimizer`.
+        get :class:`~nnsparse.optim.LazyAdam` with the same decoupled decay
+        rate, applied lazily (to the rows a batch's gradient touches, at that
+        step; AdamW decays every row at every step), the two joined in a
+        :class:`~nnsparse.SplitOptimizer`.
         """
         params = [p for p in self.model.parameters() if p.requires_grad]
         if not params:  # (torch's "optimizer got an empty parameter list" names no model)
