@@ -132,6 +132,9 @@ class _Cache:
     blocked: Dict[int, Tuple[Tensor, Tensor]] = field(default_factory=dict)
     # width -> (perm, crow_t, row_t) of _index.column_major_all
     column_major_all: Dict[int, Tuple[Tensor, Tensor, Tensor]] = field(default_factory=dict)
+    # read or attached under torch.inference_mode(): what was built since may be inference
+    # tensors, which a backward cannot save (see _from_tensor)
+    inference: bool = False
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "_Cache":
         """The plain tensors moved to ``device``; the nested patterns are dropped."""
@@ -141,8 +144,9 @@ class _Cache:
             if isinstance(t, tuple):
                 return tuple(move(u) for u in t)
             return t.to(device, non_blocking=non_blocking)
+        # (moved to its own device, an inference tensor stays one: the mark goes with it)
         return _Cache(move(self.crow), move(self.column_major), move(self.coo_indices),
-                      move(self.col_index))
+                      move(self.col_index), inference=self.inference)
 
 
 @dataclass
@@ -449,6 +453,8 @@ def _attach(x: Tensor, found: _Keyed, attr: str = _ATTR) -> None:
     ``nnsparse.matmul`` caches a 3-D tensor's flat pattern under its own name."""
     if found.key is None:
         return
+    if isinstance(found, _Attached) and torch.is_inference_mode_enabled():
+        found.pattern.cache.inference = True
     slot = (id(x), attr)
 
     def forget(ref: "weakref.ref[Tensor]") -> None:  # x is gone: so is its entry
@@ -661,14 +667,38 @@ def _check_csr(crow: Tensor, col: Tensor, values: Tensor, rows: int, width: int,
                          "COO and convert with .coalesce().to_sparse_csr()")
 
 
+def _holds_inference(pattern: SparseBatch) -> bool:
+    """Whether ``pattern``'s indices or a structure cached on it is an inference tensor:
+    made under ``torch.inference_mode()``, for an inference tensor or an ordinary one
+    read in that mode (an evaluation pass), which autograd cannot save for a backward."""
+    def holds(item: Any) -> bool:
+        if isinstance(item, Tensor):
+            return item.is_inference()
+        if isinstance(item, SparseBatch):  # the row-sorted and coalesced patterns
+            return _holds_inference(item)
+        return isinstance(item, tuple) and any(holds(t) for t in item)
+    cache = pattern.cache
+    return (pattern.row.is_inference() or pattern.col.is_inference()
+            or any(holds(t) for t in (cache.crow, cache.column_major, cache.coo_indices,
+                                      cache.col_index, cache.by_row, cache.coalesced))
+            or any(holds(t) for t in cache.blocked.values())
+            or any(holds(t) for t in cache.column_major_all.values()))
+
+
 def _from_tensor(x: Tensor, name: str) -> SparseBatch:
     """The batch of a torch sparse tensor: checked and attached at the first call only."""
     found = _attached(x)
     if found is None:
         found = _structure(x, name, check=True)
-    elif found.pattern.col.is_inference() and not torch.is_inference_mode_enabled():
-        # attached under torch.inference_mode(), now used outside it: copy the structure
-        found = _structure(x, name, check=False)
+    elif torch.is_inference_mode_enabled():
+        found.pattern.cache.inference = True  # the structures built from here on are so
+    elif found.pattern.cache.inference:
+        # read under torch.inference_mode() before, now outside it, where a layer's backward
+        # saves the structure: built again (unchecked) if it holds an inference tensor
+        if _holds_inference(found.pattern):
+            found = _structure(x, name, check=False)
+        else:
+            found.pattern.cache.inference = False
     # (an inference tensor's values are copied for autograd, as its structure is)
     return found.pattern.with_pattern_values(_index.outside_inference(_values_of(x, found)))
 

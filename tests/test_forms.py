@@ -289,3 +289,56 @@ def test_is_pair_list(x, expected):
     # the one test of Lua pair rows that sparse_mm and the criteria read a width for
     from nnsparse._forms import is_pair_list
     assert is_pair_list(x) is expected
+
+
+def _layers_in_inference_mode():
+    """(name, make, call) of layers whose backward saves the input's or pattern's indices."""
+    import nnsparse
+    h = torch.randn(3, 3)
+    return [
+        ("SparseLinearBatch-sparse_grad", lambda: nnsparse.SparseLinearBatch(4, 3, sparse_grad=True),
+         lambda m, x: m(x)),
+        ("SparseOutputLinear", lambda: nnsparse.SparseOutputLinear(3, 4), lambda m, x: m(h, x)),
+        ("SparseOutputLinear-sparse_grad", lambda: nnsparse.SparseOutputLinear(3, 4, sparse_grad=True),
+         lambda m, x: m(h, x)),
+    ]
+
+
+@pytest.mark.parametrize("first", ["whole", "lazy"])
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_coo], ids=["csr", "coo"])
+@pytest.mark.parametrize("case", _layers_in_inference_mode(), ids=lambda c: c[0])
+def test_an_ordinary_tensor_read_under_inference_mode_then_trains(case, layout, first):
+    """A user's ordinary tensor read by a layer under ``torch.inference_mode()`` (an
+    evaluation pass), then trained on, gives the outputs and gradients of a tensor never
+    read in that mode: the structures nnsparse built there (inference tensors, which
+    autograd cannot save: "Inference tensors cannot be saved for backward") are built
+    again outside it.  ``first``: the whole structure was built in the mode ("whole"), or
+    only the cached ones a layer built lazily there ("lazy", the structure attached by a
+    training step before)."""
+    import copy
+
+    import nnsparse
+    _, make, call = case
+    dense = torch.tensor([[0., 1., 0., 2.], [3., 0., 0., 0.], [0., 0., 4., 5.]])
+
+    def form():
+        return dense.to_sparse_csr() if layout == torch.sparse_csr else dense.to_sparse()
+
+    torch.manual_seed(0)
+    layer = make()
+    twin = copy.deepcopy(layer)
+    x = form()
+    if first == "lazy":
+        nnsparse.SparseLinearBatch(4, 3)(x).sum().backward()
+    with torch.inference_mode():
+        call(twin, x)
+    results = []
+    for module, data in ((twin, x), (layer, form())):
+        out = call(module, data)
+        total = nnsparse.densify(out) if out.layout != torch.strided else out
+        grads = torch.autograd.grad(total.square().sum(), list(module.parameters()))
+        # (a sparse_grad layer's weight gradient is row-sparse, a hybrid COO tensor)
+        results.append([g.to_dense() if g.layout != torch.strided else g
+                        for g in (total, *grads)])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want)
