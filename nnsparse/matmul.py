@@ -184,6 +184,12 @@ class _Flat:
     recoalesce: bool = False
     _transposed: Optional[Transposed] = None
 
+    def holds_inference(self) -> bool:
+        """Whether an index tensor was made under ``torch.inference_mode()`` (built there,
+        or the tensor was made there): autograd cannot save it for a backward."""
+        tensors = (self.row, self.col, self.crow, self.order, *(self._transposed or ()))
+        return any(t is not None and t.is_inference() for t in tensors)
+
     def transposed(self) -> Transposed:
         if self._transposed is None:
             self._transposed = _transposed(self.row, self.col, self.cols)
@@ -271,11 +277,19 @@ def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
                                   ".to_sparse_coo() or .to_sparse_csr()")
     _check_hybrid(a, name)
     flat = _cached(a, _ATTR, _Flat)
+    if flat is not None and not torch.is_inference_mode_enabled() and flat.holds_inference():
+        flat = None  # cached under torch.inference_mode(), now used outside it: built again
     if flat is None:
-        flat = _flat_coo(a, name) if a.layout == torch.sparse_coo else _flat_csr(a, name)
+        # (an inference tensor's structure is built from a copy, as in nnsparse._forms)
+        source = _index.outside_inference(a)
+        flat = (_flat_coo(source, name) if a.layout == torch.sparse_coo
+                else _flat_csr(source, name))
+        if source is not a:
+            flat.key = _key(a)
         _attach(a, flat, _ATTR)  # not cached where its key is None (inside a transform)
-    return _Pattern(flat.values_of(a), flat.row, flat.col, flat.crow, flat.rows, flat.cols,
-                    flat.transposed)
+    # (an inference tensor's values are copied for autograd, as its structure is)
+    return _Pattern(_index.outside_inference(flat.values_of(a)), flat.row, flat.col, flat.crow,
+                    flat.rows, flat.cols, flat.transposed)
 
 
 def _pattern_2d(a: Any, name: str, width: Optional[int] = None

@@ -410,3 +410,33 @@ def test_a_non_contiguous_operand_changed_after_the_forward(make, shape):
     reference = start.clone().requires_grad_()
     (product(reference) * weights).sum().backward()
     assert torch.allclose(t.grad, reference.grad)
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("how", ["made-in-inference-mode", "read-in-inference-mode"])
+def test_a_3d_tensor_of_inference_mode_then_trains(layout, how):
+    """A batched (3-D) sparse operand made under ``torch.inference_mode()``, or an ordinary
+    one first multiplied in that mode (an evaluation pass), then multiplied in training:
+    B's gradient as for a tensor never seen in that mode (the flat structure cached there
+    held inference tensors: "Inference tensors cannot be saved for backward")."""
+    dense, csr = _batched_csr(2, 3, 4, 2, torch.float32, "cpu")
+
+    def make():
+        return csr.clone() if layout == "csr" else dense.to_sparse()
+
+    b = torch.randn(2, 4, 5)
+    if how == "made-in-inference-mode":
+        with torch.inference_mode():
+            a = make()
+    else:
+        a = make()
+        with torch.inference_mode():
+            sparse_mm(a, b)
+    grads = []
+    for operand in (a, make()):
+        leaf = b.clone().requires_grad_()
+        out = sparse_mm(operand, leaf)
+        out.square().sum().backward()
+        grads.append((out.detach(), leaf.grad))
+    torch.testing.assert_close(grads[0], grads[1])
+    torch.testing.assert_close(grads[1][0], torch.bmm(dense, b))
