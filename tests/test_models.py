@@ -224,6 +224,10 @@ def test_a_numpy_str_auto_is_saved_as_a_str(tmp_path):
     assert type(model.hparams["l2_kernel"]) is str
     model.save(tmp_path / "k.pt")
     assert KernelNet.load(tmp_path / "k.pt").effective_hparams() == model.effective_hparams()
+    # a copy (the best model's snapshot) and a pickle keep the count the values come from
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert twin.effective_hparams() == model.effective_hparams()
+        assert float(twin.penalty().detach()) == pytest.approx(float(model.penalty().detach()))
 
 
 def test_features_need_cfn(data):
