@@ -256,6 +256,47 @@ def test_a_diverged_validation_epoch_is_never_the_best():
     assert (result.best_epoch, result.best_rmse) == (3, 0.5)
 
 
+class _DivergesAt(Trainer):
+    """A trainer whose epoch losses are given (no training), so divergence is scripted."""
+
+    def __init__(self, losses, **kw):
+        super().__init__(torch.nn.Linear(1, 1), batch_size=1, lr=0.1, log=None, **kw)
+        self.losses = iter(losses)
+
+    def run_epoch(self, loader, optimizer, epoch):
+        return next(self.losses)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_diverged_epoch_stops_training_and_keeps_the_best_validated(bad):
+    t = _DivergesAt([1.0, 0.8, bad, 0.5, 0.4], epochs=5)
+    rmses = iter([1.0, 0.9, 0.8, 0.7])
+    result = t.fit(torch.eye(2).to_sparse_csr(), validate=lambda: next(rmses))
+    assert [e["epoch"] for e in result.history] == [1, 2, 3]  # stopped at the diverged one
+    assert math.isnan(result.history[-1]["train_loss"]) or math.isinf(
+        result.history[-1]["train_loss"])
+    assert "valid_rmse" not in result.history[-1]  # its weights are not validated
+    assert (result.best_epoch, result.best_rmse) == (2, 0.9)
+
+
+@pytest.mark.parametrize("validate", [None, "first"])
+def test_a_diverged_epoch_with_nothing_to_keep_raises(validate):
+    t = _DivergesAt([float("nan"), 0.5], epochs=2)
+    with pytest.raises(FloatingPointError,
+                       match=r"training diverged: the mean training loss of epoch 1 is nan, "
+                             r"and no earlier epoch was validated .*learning rate was 0\.1"):
+        t.fit(torch.eye(2).to_sparse_csr(),
+              validate=None if validate is None else (lambda: 1.0))
+
+
+def test_a_model_trained_with_a_huge_lr_says_it_diverged(data):
+    """End to end: a real model whose Adam steps blow its outputs past float32."""
+    train, _ = data
+    model = AutoRec(hidden=8, epochs=3, batch_size=32, lr=1e30, validation_ratio=0.0)
+    with pytest.raises(FloatingPointError, match="training diverged"):
+        model.fit(train, verbose=False, progress=False)
+
+
 def test_batchifier_topk_candidates():
     net = torch.nn.Sequential(torch.nn.Identity())
     data = torch.tensor([[5., 1., 3., 4.], [1., 2., 3., 0.]])

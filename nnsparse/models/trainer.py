@@ -252,6 +252,16 @@ class Trainer:
         ``validate`` returns the validation RMSE after an epoch; with it the
         best epoch's weights are restored at the end and training stops after
         ``patience`` epochs without improvement.
+
+        An epoch whose mean training loss is NaN or infinite has diverged (the
+        weights are no longer finite, and every later epoch would be too):
+        training stops there.  With a validated epoch before it, that epoch's
+        weights are kept (the diverged epoch is in ``history``); without one,
+        nothing usable is left and ``FloatingPointError`` is raised.
+
+        Raises:
+            FloatingPointError: the training loss became NaN or infinite before
+                any validated epoch (e.g. too large an ``lr``).
         """
         if not isinstance(x_train, Tensor) or x_train.layout not in (torch.sparse_csr,
                                                                      torch.sparse_coo):
@@ -283,6 +293,11 @@ class Trainer:
             start = time.perf_counter()
             loss = self.run_epoch(loader, optimizer, epoch)
             entry: Dict[str, float] = dict(epoch=epoch, train_loss=loss)
+            if not math.isfinite(loss):  # (the epoch's loss is read anyway: no extra sync)
+                self._diverged(epoch, loss, best_state is not None, result)
+                entry["seconds"] = time.perf_counter() - start
+                result.history.append(entry)
+                break
             if validate is not None:
                 entry["valid_rmse"] = self.validation_rmse(validate)
                 rmse = entry["valid_rmse"]
@@ -302,6 +317,18 @@ class Trainer:
         else:
             result.best_epoch = len(result.history)
         return result
+
+
+    def _diverged(self, epoch: int, loss: float, kept: bool, result: TrainResult) -> None:
+        """Stop on a non-finite epoch loss: say so, or raise when no epoch can be kept."""
+        hint = (f"the learning rate was {self._lr_at(epoch):.3g} this epoch; a smaller lr, "
+                f"or finite data and penalties, avoid it")
+        if not kept:
+            raise FloatingPointError(f"training diverged: the mean training loss of epoch "
+                                     f"{epoch} is {loss}, and no earlier epoch was validated "
+                                     f"to fall back on; {hint}")
+        self.log(f"epoch {epoch}: train loss {loss}: training diverged and stopped; the "
+                 f"weights of epoch {result.best_epoch} (the best validated) are kept; {hint}")
 
 
 class _BatchLoss(torch.nn.Module):
