@@ -338,10 +338,11 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, Any
     first, test, ratings = read_data(p, args)
     nd.main_print(f"{len(ratings)} ratings, {ratings.n_users} users x {ratings.n_items} items; "
           f"model {args.model if not args.load else 'from ' + args.load}")
-    if test is None:
-        result = run_folds(p, args, first)
-    else:
-        result = run_one(p, args, first, test)
+    try:
+        result = run_folds(p, args, first) if test is None else run_one(p, args, first, test)
+    except FloatingPointError as error:  # training diverged (Trainer.fit): no traceback
+        p.exit(1, f"{p.prog}: error: {error}\n")
+    if test is not None:
         baseline = mean_prediction(first, test, by="item")
         result.update(item_mean_rmse=float(rmse(baseline, test.rating)),
                       item_mean_mae=float(mae(baseline, test.rating)))

@@ -119,6 +119,17 @@ def test_movielens_autoencoder_bad_flags_fail_before_training(tmp_path, capsys, 
     assert "epoch 1" not in captured.out  # nothing was trained
 
 
+def test_movielens_autoencoder_says_when_training_diverged(capsys):
+    """A learning rate that blows the weights up: one error line, exit status 1."""
+    main = _load("movielens_autoencoder").main
+    with pytest.raises(SystemExit) as exit:
+        main(TINY + ["--model", "autorec", "--lr", "1e30", "--validation-ratio", "0"])
+    assert exit.value.code == 1
+    err = capsys.readouterr().err
+    assert "error: training diverged: the mean training loss of epoch 1 is" in err
+    assert "Traceback" not in err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
 def test_movielens_autoencoder_cuda_without_gpu(capsys):
     with pytest.raises(SystemExit):
