@@ -297,6 +297,42 @@ def test_a_model_trained_with_a_huge_lr_says_it_diverged(data):
         model.fit(train, verbose=False, progress=False)
 
 
+def _kernelised_reference(weight, u, v):
+    kernel = torch.clamp(1 - ((v[:, None] - u[None]) ** 2).sum(-1), min=0)
+    return weight * kernel, kernel, weight.square().sum(), kernel.square().sum()
+
+
+@pytest.mark.parametrize("outputs", [(0, 1, 2, 3), (0,), (1,), (2,), (3,), (0, 3), (1, 2)])
+def test_kernelised_weight_matches_the_composed_operators(outputs):
+    """KernelNet's fused (W * K, K, sum W^2, sum K^2): values, gradients (any subset of the
+    outputs used, the others' gradients None) and second derivatives, in float64, with
+    part of the kernel clamped to 0."""
+    from nnsparse.models.kernel import _Kernelised
+    torch.manual_seed(0)
+    weight = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
+    u = (torch.randn(7, 3, dtype=torch.float64) * 0.4).requires_grad_()
+    v = (torch.randn(5, 3, dtype=torch.float64) * 0.4).requires_grad_()
+    fused = _Kernelised.apply(weight, u, v)
+    ref = _kernelised_reference(weight, u, v)
+    assert 0.1 < float((ref[1] == 0).double().mean()) < 0.9  # both sides of the clamp
+    for a, b in zip(fused, ref):
+        torch.testing.assert_close(a, b)
+    picked = lambda w, a, b: tuple(_Kernelised.apply(w, a, b)[i] for i in outputs)  # noqa: E731
+    assert torch.autograd.gradcheck(picked, (weight, u, v))
+    assert torch.autograd.gradgradcheck(picked, (weight, u, v))
+
+
+def test_kernelised_weight_honours_needs_input_grad():
+    from nnsparse.models.kernel import _Kernelised
+    weight = torch.randn(3, 4, requires_grad=True)
+    u, v = torch.randn(4, 2) * 0.3, (torch.randn(3, 2) * 0.3).requires_grad_()
+    out, kernel, w_sq, k_sq = _Kernelised.apply(weight, u, v)
+    (out.sum() + k_sq).backward()
+    assert u.grad is None and weight.grad is not None and v.grad is not None
+    expected = _kernelised_reference(weight, u, v)
+    torch.testing.assert_close(weight.grad, expected[1].detach())
+
+
 def test_batchifier_topk_candidates():
     net = torch.nn.Sequential(torch.nn.Identity())
     data = torch.tensor([[5., 1., 3., 4.], [1., 2., 3., 0.]])
