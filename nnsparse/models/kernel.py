@@ -62,9 +62,13 @@ def _kernel(u: Tensor, v: Tensor) -> Tensor:
 
 
 def _square_sum(x: Tensor) -> Tensor:
-    """``sum x^2`` in one read of ``x`` (no squared copy)."""
+    """``sum x^2`` in one read of ``x`` (no squared copy), summed in at least float32
+    (millions of squares overflow float16), autocast or not."""
     flat = x.reshape(-1)
-    return torch.dot(flat, flat)
+    if flat.dtype in (torch.float16, torch.bfloat16):
+        flat = flat.float()
+    with torch.autocast(flat.device.type, enabled=False):
+        return torch.dot(flat, flat)
 
 
 class _Kernelised(torch.autograd.Function):
