@@ -322,6 +322,15 @@ def test_kernelised_weight_matches_the_composed_operators(outputs):
     assert torch.autograd.gradgradcheck(picked, (weight, u, v))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kernel_penalty_sums_do_not_overflow_half_precision(dtype):
+    from nnsparse.models.kernel import _square_sum
+    total = _square_sum(torch.ones(2000, 2000, dtype=dtype))  # 4e6 > float16's 65504
+    assert total.dtype == torch.float32 and float(total) == 4e6
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert float(_square_sum(torch.full((3, 3), 1.5))) == 9 * 2.25
+
+
 def test_kernelised_weight_honours_needs_input_grad():
     from nnsparse.models.kernel import _Kernelised
     weight = torch.randn(3, 4, requires_grad=True)
