@@ -329,6 +329,7 @@ def test_kernel_penalty_sums_do_not_overflow_half_precision(dtype):
     assert total.dtype == torch.float32 and float(total) == 4e6
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert float(_square_sum(torch.full((3, 3), 1.5))) == 9 * 2.25
+    assert _square_sum(torch.ones(3, 3, device="meta")).shape == ()  # no autocast there
 
 
 def test_kernelised_weight_honours_needs_input_grad():

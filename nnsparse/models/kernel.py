@@ -67,6 +67,8 @@ def _square_sum(x: Tensor) -> Tensor:
     flat = x.reshape(-1)
     if flat.dtype in (torch.float16, torch.bfloat16):
         flat = flat.float()
+    if not torch.amp.is_autocast_available(flat.device.type):  # (the meta device)
+        return torch.dot(flat, flat)
     with torch.autocast(flat.device.type, enabled=False):
         return torch.dot(flat, flat)
 
