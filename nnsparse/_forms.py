@@ -35,8 +35,8 @@ import operator
 import string
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import (Any, Dict, List, Optional, Protocol, Sequence, Tuple, Type, TypeVar, Union,
-                    overload)
+from typing import (Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Type,
+                    TypeVar, Union, overload)
 
 import numpy as np
 import torch
@@ -552,14 +552,22 @@ def _structure(x: Tensor, name: str, check: bool) -> _Attached:
     structure from a copy (once: it is attached), whose index tensors a
     layer's backward can save.
     """
+    build = _csr_structure if x.layout == torch.sparse_csr else _coo_structure
+    return _attach_built(x, lambda source: build(source, name, check))
+
+
+def _attach_built(x: Tensor, build: Callable[[Tensor], _K], attr: str = _ATTR) -> _K:
+    """``build(x)``, attached to ``x`` under ``attr`` (see :func:`_attach`).
+
+    An inference tensor used outside ``torch.inference_mode()`` is built from
+    a copy, whose index tensors a layer's backward can save; the structure is
+    keyed by ``x`` itself.
+    """
     source = _index.outside_inference(x)
-    if x.layout == torch.sparse_csr:
-        found = _csr_structure(source, name, check)
-    else:
-        found = _coo_structure(source, name, check)
+    found = build(source)
     if source is not x:
         found.key = _key(x)
-    _attach(x, found)
+    _attach(x, found, attr)
     return found
 
 

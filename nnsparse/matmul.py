@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from . import _double, _index
-from ._forms import (_attach, _cached, _check_csr, _key, as_sparse_batch, is_pair_list,
+from ._forms import (_attach_built, _cached, _check_csr, _key, as_sparse_batch, is_pair_list,
                      is_sparse_form, refuse_meta)
 from ._kernels import _csr_rows_mm, _gather_dot, _sampled_mm
 
@@ -279,14 +279,9 @@ def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
     flat = _cached(a, _ATTR, _Flat)
     if flat is not None and not torch.is_inference_mode_enabled() and flat.holds_inference():
         flat = None  # cached under torch.inference_mode(), now used outside it: built again
-    if flat is None:
-        # (an inference tensor's structure is built from a copy, as in nnsparse._forms)
-        source = _index.outside_inference(a)
-        flat = (_flat_coo(source, name) if a.layout == torch.sparse_coo
-                else _flat_csr(source, name))
-        if source is not a:
-            flat.key = _key(a)
-        _attach(a, flat, _ATTR)  # not cached where its key is None (inside a transform)
+    if flat is None:  # (not cached where its key is None: inside a transform)
+        build = _flat_coo if a.layout == torch.sparse_coo else _flat_csr
+        flat = _attach_built(a, lambda source: build(source, name), _ATTR)
     # (an inference tensor's values are copied for autograd, as its structure is)
     return _Pattern(_index.outside_inference(flat.values_of(a)), flat.row, flat.col, flat.crow,
                     flat.rows, flat.cols, flat.transposed)
