@@ -332,6 +332,25 @@ def test_kernel_penalty_sums_do_not_overflow_half_precision(dtype):
     assert _square_sum(torch.ones(3, 3, device="meta")).shape == ()  # no autocast there
 
 
+def test_kernelnet_penalty_is_of_the_current_weights():
+    """The penalty reuses a training forward's kernelised parts once: never after the
+    weights changed, nor after a forward without grad."""
+    r = synthetic_ratings(0, 60, 50, 1200)
+    model = KernelNet(hidden=4, layers=1, epochs=1, validation_ratio=0.0)
+    model.fit(r, verbose=False, progress=False)
+    h = model.effective_hparams()
+    fresh = lambda: float(sum(h["l2"] * p.weight_sq + h["l2_kernel"] * p.kernel_sq  # noqa: E731
+                              for p in (k.weighted() for k in model.kernels)))
+    x, rows = model._input, torch.arange(model._input.shape[0])
+    model.train()
+    model(x, rows, x)  # a forward with grad leaves its parts...
+    with torch.no_grad():
+        for k in model.kernels:
+            k.weight.mul_(2.0)  # ...then the weights change...
+        model(x, rows, x)  # ...and a forward without grad drops them
+    assert float(model.penalty()) == pytest.approx(fresh())
+
+
 def test_kernelised_weight_honours_needs_input_grad():
     from nnsparse.models.kernel import _Kernelised
     weight = torch.randn(3, 4, requires_grad=True)

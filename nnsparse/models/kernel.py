@@ -34,10 +34,6 @@ class _KernelWeight(nn.Module):
         self.v = nn.Parameter(torch.randn(out_features, dim).clamp_(-2, 2) * 1e-3)
         self.bias = nn.Parameter(torch.zeros(out_features))
 
-    def kernel(self) -> Tensor:
-        """``max(0, 1 - ||v_i - u_j||^2)``, ``(out, in)``, differentiable in ``u`` and ``v``."""
-        return self.weighted().kernel
-
     def weighted(self) -> "_Parts":
         """``W * K``, ``K`` and the penalty's ``sum W^2`` and ``sum K^2``, all differentiable."""
         return _Parts(*_Kernelised.apply(self.weight, self.u, self.v))
@@ -187,10 +183,13 @@ class KernelNet(RatingModel):
     def network(self, x: Any, rows: Tensor, pattern: Any = None) -> Any:
         # the kernels are computed once per forward and reused by penalty()
         parts = [layer.weighted() for layer in self._layers()]
+        # a training forward's parts serve the penalty() of the same loss (batch_loss
+        # calls it next), once: after an optimiser step they would be stale; a forward
+        # without grad drops any left (its own have no graph for a penalty to backward)
         if torch.is_grad_enabled():
-            # a training forward's parts serve the penalty() of the same loss (batch_loss
-            # calls it next), once: after an optimiser step they would be stale
             self._parts = parts
+        else:
+            self.__dict__.pop("_parts", None)
         (first, *middle, last), (w_first, *w_middle, w_last) = \
             self._layers(), [part.weighted for part in parts]
         h = torch.sigmoid(sparse_linear(x, w_first, first.bias))
