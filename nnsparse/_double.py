@@ -45,25 +45,30 @@ def _rows_of(row: Optional[Tensor], crow: Tensor, col: Tensor) -> Tensor:
     return row if row is not None else _index.rows_from_crow(crow, col.shape[0])
 
 
-class _MM(torch.autograd.Function):
-    """``S @ table``; see the module docstring."""
+class _TableProduct(torch.autograd.Function):
+    """What :class:`_MM` and :class:`_Sampled` share: inputs ``(operand, table, row,
+    col, crow, pattern, sparse_grad)``, saved alike; each has its own products."""
 
     # jacrev/vmap over a backward that calls it: vmap runs forward on batched tensors
     generate_vmap_rule = True
 
     # forward and setup_context apart: the form torch.func's transforms require
     @staticmethod
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+        operand, table, row, col, crow, pattern, sparse_grad = inputs
+        ctx.save_for_backward(operand, table, row, col, crow)
+        ctx.pattern, ctx.sparse_grad = pattern, sparse_grad
+
+
+class _MM(_TableProduct):
+    """``S @ table``; see the module docstring."""
+
+    @staticmethod
     def forward(values: Tensor, table: Tensor, row: Tensor, col: Tensor, crow: Tensor,
                 pattern: Optional["SparseBatch"], sparse_grad: bool) -> Tensor:
         if col.shape[0] == 0 or table.shape[1] == 0:  # (embedding_bag takes neither)
             return table.new_zeros(crow.shape[0] - 1, table.shape[1])
         return _table_mm(pattern, col, table.contiguous(), crow, values)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
-        values, table, row, col, crow, pattern, sparse_grad = inputs
-        ctx.save_for_backward(values, table, row, col, crow)
-        ctx.pattern, ctx.sparse_grad = pattern, sparse_grad
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor):
@@ -77,22 +82,13 @@ class _MM(torch.autograd.Function):
         return grad_values, grad_table, None, None, None, None, None
 
 
-class _Sampled(torch.autograd.Function):
+class _Sampled(_TableProduct):
     """``(h @ table.T)[row, col]``; see the module docstring."""
-
-    # jacrev/vmap over a backward that calls it: vmap runs forward on batched tensors
-    generate_vmap_rule = True
 
     @staticmethod
     def forward(h: Tensor, table: Tensor, row: Tensor, col: Tensor, crow: Tensor,
                 pattern: Optional["SparseBatch"], sparse_grad: bool) -> Tensor:
         return _sampled_rows(pattern, h.contiguous(), table.contiguous(), crow, col)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
-        h, table, row, col, crow, pattern, sparse_grad = inputs
-        ctx.save_for_backward(h, table, row, col, crow)
-        ctx.pattern, ctx.sparse_grad = pattern, sparse_grad
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor):
