@@ -14,7 +14,8 @@ from __future__ import annotations
 import copy
 import inspect
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, overload
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple,
+                    overload)
 
 import torch
 from torch import Tensor, nn
@@ -218,7 +219,17 @@ class SplitOptimizer(Optimizer):
         return f"SplitOptimizer({parts})"
 
 
-def _sparse_part(name: str, params: List[Tensor], lr: float, betas: Tuple[float, float],
+def _decay_groups(params: Sequence[Tensor], weight_decay: float, matrices_only: bool) -> Any:
+    """``params`` as they are, or (``matrices_only``) in two param groups: ``weight_decay``
+    on the matrices (``dim >= 2``), none on the rest (an empty group left out)."""
+    if not matrices_only:
+        return params
+    groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=weight_decay),
+              dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
+    return [g for g in groups if g["params"]]
+
+
+def _sparse_part(name: str, params: Any, lr: float, betas: Tuple[float, float],
                  eps: float, weight_decay: float, decoupled: bool) -> Optimizer:
     if name == "lazy_adam":
         from .optim import LazyAdam
@@ -245,7 +256,8 @@ def _check_dense_kwargs(cls: type, dense_kwargs: Dict[str, Any]) -> None:
 
 def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, float] = (0.9, 0.999),
                    eps: float = 1e-8, weight_decay: float = 0.0, dense: str = "adam",
-                   sparse: str = "lazy_adam", **dense_kwargs: Any) -> Optimizer:
+                   sparse: str = "lazy_adam", decay_matrices_only: bool = False,
+                   **dense_kwargs: Any) -> Optimizer:
     r"""Adam for a model mixing sparse and dense gradients, as one optimiser.
 
     The parameters that get sparse gradients (:func:`sparse_grad_parameters`:
@@ -267,6 +279,10 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
         sparse (str): ``"lazy_adam"`` (:class:`nnsparse.optim.LazyAdam`, with
             weight decay) or ``"sparse_adam"`` (``torch.optim.SparseAdam``,
             without).
+        decay_matrices_only (bool): ``weight_decay`` on the parameters with
+            ``dim >= 2`` only, none on biases and other vectors (each part then
+            has two param groups), as :class:`nnsparse.models.Trainer` trains.
+            Default: on every parameter.
         **dense_kwargs: passed to the dense optimiser (``foreach``, ``fused``,
             ``amsgrad``, ...).
 
@@ -296,6 +312,7 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
     for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
         _check_non_negative(name, value)
     _check_betas(betas)
+    decay_matrices_only = as_flag(decay_matrices_only, "decay_matrices_only")
     if dense not in _DENSE:
         raise ValueError(f"dense must be one of {_DENSE}, got {dense!r}")
     if sparse not in _SPARSE:
@@ -311,9 +328,11 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
     parts: Dict[str, Optimizer] = {}
     if dense_params:
         cls = torch.optim.AdamW if decoupled else torch.optim.Adam
-        parts["dense"] = cls(dense_params, lr=lr, betas=betas, eps=eps,
-                             weight_decay=weight_decay, **dense_kwargs)
+        parts["dense"] = cls(_decay_groups(dense_params, weight_decay, decay_matrices_only),
+                             lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                             **dense_kwargs)
     if sparse_params:
-        parts["sparse"] = _sparse_part(sparse, sparse_params, lr, betas, eps, weight_decay,
-                                       decoupled)
+        parts["sparse"] = _sparse_part(
+            sparse, _decay_groups(sparse_params, weight_decay, decay_matrices_only), lr, betas,
+            eps, weight_decay, decoupled)
     return next(iter(parts.values())) if len(parts) == 1 else SplitOptimizer(parts)

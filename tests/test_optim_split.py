@@ -118,6 +118,39 @@ def test_state_dict_round_trip_and_scheduler():
     assert len(opt.param_groups) == 2 and len(opt.state) == 6
 
 
+@pytest.mark.parametrize("dense", ["adam", "adamw"])
+def test_decay_matrices_only(dense):
+    """Each part in two groups: the decay on the matrices, none on the biases; the steps
+    those of the two optimisers built by hand with the same groups."""
+    torch.manual_seed(0)
+    model = _Mixed()
+    torch.manual_seed(0)
+    ref = _Mixed()
+    opt = make_optimizer(model, lr=0.05, weight_decay=0.1, dense=dense, decay_matrices_only=True)
+    for part in opt.optimizers.values():
+        assert [g["weight_decay"] for g in part.param_groups] == [0.1, 0.0]
+        assert all(p.dim() >= 2 for p in part.param_groups[0]["params"])
+        assert all(p.dim() < 2 for p in part.param_groups[1]["params"])
+
+    def groups(params):
+        params = list(params)
+        return [dict(params=[p for p in params if p.dim() >= 2], weight_decay=0.1),
+                dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
+    cls = torch.optim.AdamW if dense == "adamw" else torch.optim.Adam
+    by_hand = [cls(groups(ref.middle.parameters()), lr=0.05),
+               LazyAdam(groups(sparse_grad_parameters(ref)), lr=0.05,
+                        decoupled_weight_decay=dense == "adamw")]
+    _steps(model, opt)
+    for _ in range(3):
+        for o in by_hand:
+            o.zero_grad()
+        ref(_x()).values().pow(2).sum().backward()
+        for o in by_hand:
+            o.step()
+    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
 def test_torch_adam_refuses_sparse_gradients():
     # What a user meets without the helper (README/docs name make_optimizer for it).
     model = _Mixed()
@@ -132,6 +165,7 @@ def test_torch_adam_refuses_sparse_gradients():
     (dict(sparse="adagrad"), ValueError, "sparse must be one of"),
     (dict(sparse="sparse_adam", weight_decay=0.1), NotImplementedError,
      "SparseAdam.*got weight_decay=0.1; use sparse='lazy_adam'"),
+    (dict(decay_matrices_only="yes"), TypeError, "decay_matrices_only must be a bool"),
 ])
 def test_make_optimizer_errors(kwargs, error, match):
     with pytest.raises(error, match=match):

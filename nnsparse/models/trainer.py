@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from .. import distributed as nd
 from .._forms import as_count, as_device
-from .._optim_split import SplitOptimizer, sparse_grad_parameters
+from .._optim_split import SplitOptimizer, make_optimizer
 from ..optim import LazyAdam
 from ..data import SparseRowDataset
 from ..data.split import torch_seed
@@ -153,35 +153,22 @@ class Trainer:
         :func:`~nnsparse.sparse_grad_parameters`), which AdamW cannot apply,
         get :class:`~nnsparse.optim.LazyAdam` with the same decoupled decay
         rate, applied lazily (to the rows a batch's gradient touches, at that
-        step; AdamW decays every row at every step), the two joined in a
-        :class:`~nnsparse.SplitOptimizer`.
+        step; AdamW decays every row at every step): this is
+        :func:`~nnsparse.make_optimizer` with ``dense="adamw"`` and
+        ``decay_matrices_only=True``.
         """
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if not params:  # (torch's "optimizer got an empty parameter list" names no model)
+        # (make_optimizer's own refusal cannot say that a RatingModel is not built yet)
+        if not any(p.requires_grad for p in self.model.parameters()):
             built = getattr(self.model, "_built", True)
             raise ValueError(f"model must have parameters that require grad, got none"
                              + ("" if built else f" ({type(self.model).__name__} is not built: "
                                                  f"RatingModel.fit() builds its layers, then "
                                                  f"trains them with a Trainer)"))
-        sparse = {id(p) for p in sparse_grad_parameters(self.model)}
-        dense_params = [p for p in params if id(p) not in sparse]
-        sparse_params = [p for p in params if id(p) in sparse]
-        dense = (torch.optim.AdamW(self._decay_groups(dense_params), lr=self.lr)
-                 if dense_params else None)
-        if not sparse_params:  # (torch's AdamW: "does not support sparse gradients")
-            assert dense is not None
-            return dense
-        parts: Dict[str, torch.optim.Optimizer] = {"sparse": LazyAdam(
-            self._decay_groups(sparse_params), lr=self.lr, decoupled_weight_decay=True)}
-        if dense is not None:
-            parts["dense"] = dense
-        return SplitOptimizer(parts)
-
-    def _decay_groups(self, params: List[Tensor]) -> List[Dict[str, Any]]:
-        """``params`` in param groups: weight decay on the matrices, none on the rest."""
-        groups = [dict(params=[p for p in params if p.dim() >= 2], weight_decay=self.weight_decay),
-                  dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
-        return [g for g in groups if g["params"]]
+        opt = make_optimizer(self.model, lr=self.lr, weight_decay=self.weight_decay,
+                             dense="adamw", decay_matrices_only=True)
+        # AdamW alone, else a SplitOptimizer: also when every parameter gets sparse
+        # gradients (make_optimizer then returns its one LazyAdam bare)
+        return SplitOptimizer({"sparse": opt}) if isinstance(opt, LazyAdam) else opt
 
     def is_main(self) -> bool:
         """Whether this process prints (rank 0 in a distributed run)."""
