@@ -840,6 +840,35 @@ def test_readme_sparse_linear_batch_equals_densify_linear():
     torch.testing.assert_close(out_sparse.sum(), out_dense.sum(), rtol=0, atol=1e-10)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_readme_densify_example_with_get_parameters(dtype):
+    # The Densify README example as written: w1, dw1 = denseNetwork:getParameters();
+    # w2, dw2 = sparseNetwork:getParameters(); w1:copy(w2); then the two outputs agree
+    # (Lua asserted outDense:sum() == outSparse:sum(); here to rounding, as the two
+    # products add in other orders: float64 differs in the last bits).
+    g = torch.Generator().manual_seed(68)
+    x = sparsify(_lua_data((10, 100), g).to(dtype))
+    dense_net = nn.Sequential(Densify(100), nn.Linear(100, 20, dtype=dtype))
+    sparse_net = nn.Sequential(SparseLinearBatch(100, 20, dtype=dtype))
+    with torch.no_grad():  # w1:copy(w2), parameter by parameter (same order, same shapes)
+        for w1, w2 in zip(dense_net.parameters(), sparse_net.parameters()):
+            w1.copy_(w2)
+    for inp in (x, to_pairs(x)):  # a torch sparse batch, and Lua's table of pair tensors
+        out_dense, out_sparse = dense_net(inp), sparse_net(inp)
+        torch.testing.assert_close(out_sparse, out_dense)
+        torch.testing.assert_close(out_sparse.sum(), out_dense.sum())
+    # getParameters' flat vector: torch's parameters_to_vector views each parameter
+    # flat, which SparseLinearBatch's column-major weight refuses (docs/lua_port.md);
+    # reshape reads it, and vector_to_parameters writes it.
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        torch.nn.utils.parameters_to_vector(sparse_net.parameters())
+    w2 = torch.cat([p.reshape(-1) for p in sparse_net.parameters()])
+    w1 = torch.nn.utils.parameters_to_vector(dense_net.parameters())
+    assert torch.equal(w1, w2)
+    torch.nn.utils.vector_to_parameters(w2 * 2, sparse_net.parameters())
+    torch.testing.assert_close(sparse_net(x), 2 * dense_net(x))  # weight and bias doubled
+
 def test_readme_batchifier():
     # nnsparse.Batchifier(network, outputSize, batchSize); batchifier:forward(data, 20)
     g = torch.Generator().manual_seed(62)
@@ -969,6 +998,44 @@ def test_mask_criterion_takes_a_shared_sdae_conf():
     assert SDAECriterion(nn.MSELoss(), conf).flip_range == (0.0, 5.0)
 
 
+
+@pytest.mark.parametrize("size_average", [True, False])
+@pytest.mark.parametrize("form", ["dense", "pair_list", "coo"])
+def test_mask_criterion_lua_update_grad_input(form, size_average):
+    # MaskCriterion.lua (no Lua test file): prepareInput hides floor(n * hideRatio)
+    # entries of each dense row (randperm), or each specified entry of a sparse row with
+    # probability hideRatio; updateGradInput is the sum-mode criterion's gradient against
+    # the (densified) target, times the mask (alpha hidden, beta kept, 0 unspecified),
+    # divided by estimate:nElement() under sizeAverage.  Lua's updateOutput returned 0:
+    # here the loss is the one whose gradient that is.  Lua kept hidden sparse entries
+    # at 0, nnsparse removes them: densified, the two noisy inputs are the same.
+    g = torch.Generator().manual_seed(72)
+    alpha, beta = 0.7, 0.2
+    clean = (torch.rand(10, 100, generator=g, dtype=torch.float64) + 0.5 if form == "dense"
+             else _lua_data((10, 100), g))
+    x = {"dense": clean, "pair_list": to_pairs(sparsify(clean)), "coo": sparsify(clean)}[form]
+    crit = nnsparse.MaskCriterion(nn.MSELoss(), {"alpha": alpha, "beta": beta, "hideRatio": 0.35},
+                                  generator=g)
+    crit.size_average = size_average  # Lua's criterion.sizeAverage
+    noisy = crit.prepare_input(x)
+    noisy = noisy if form == "dense" else densify(noisy, size=(10, 100))
+    observed = clean != 0
+    hidden = observed & (noisy == 0)
+    if form == "dense":
+        assert torch.equal(hidden.sum(1), torch.full((10,), 35))  # floor(100 * 0.35) per row
+    else:
+        _assert_bw(float(hidden.sum()) / float(observed.sum()), 0.35, 0.2)
+    assert torch.equal(noisy[~hidden], clean[~hidden])
+    mask = torch.zeros(10, 100, dtype=torch.float64)
+    mask[observed], mask[hidden] = beta, alpha
+    estimate = torch.rand(10, 100, generator=g, dtype=torch.float64)
+    divisor = estimate.numel() if size_average else 1
+    lua_dloss = 2 * (estimate - clean) * mask / divisor  # the target is the clean input
+    loss, out_grad = _loss_and_grad(crit, estimate, x)
+    torch.testing.assert_close(out_grad, lua_dloss, rtol=0, atol=1e-12)
+    torch.testing.assert_close(loss, (mask * (estimate - clean) ** 2).sum() / divisor,
+                               rtol=0, atol=1e-12)
+
 @pytest.mark.parametrize("pair", [torch.tensor([-2., 2.]), np.array([-2., 2.]), [-2, 2]])
 def test_flip_range_as_a_tensor_or_array(pair):
     # Lua's flipRange is indexed as flipRange[1], flipRange[2]: a table or a tensor
@@ -1088,8 +1155,8 @@ def test_densify_takes_lua_size_tensor():
 
 
 @pytest.mark.parametrize("size, match", [
-    (torch.tensor([2.0, 8.0]), r"size given as a tensor must be a 0-D or 1-D integer tensor, got "
-                               r"a 1-D torch.float32"),
+    (torch.tensor([2.0, 8.0], dtype=torch.float32),
+     r"size given as a tensor must be a 0-D or 1-D integer tensor, got a 1-D torch.float32"),
     (torch.tensor([[2, 8]]), r"got a 2-D torch.int64"),
     (torch.tensor([True, True]), r"got a 1-D torch.bool"),
     (torch.zeros((1,) * 8, dtype=torch.int64), r"got an 8-D torch.int64"),
