@@ -1131,11 +1131,41 @@ def test_sparsifier_offset_is_a_keyword():
      r"attribute, not a constructor argument$"),
     (lambda: SDAECriterion(nn.MSELoss(), SetAlpha=0.5), TypeError,
      r"^SDAECriterion\(\) got Lua's keyword 'SetAlpha'; nnsparse calls it alpha=$"),
+    # the settings mapping given as a keyword (the docs write SDAECriterion(criterion, conf))
+    (lambda: SDAECriterion(nn.MSELoss(), conf={"hideRatio": 0.2}), TypeError,
+     r"^SDAECriterion\(\) got the keyword 'conf'; the settings mapping \(Lua's SDAEconf\) is "
+     r"the second positional argument, SDAECriterion\(criterion, \{'hideRatio': ...\}\), or "
+     r"pass the settings as keywords \(hide_ratio=...\)$"),
+    (lambda: SDAESparseCriterion(nn.MSELoss(), SDAEconf={"hideRatio": 0.2}), TypeError,
+     r"^SDAESparseCriterion\(\) got the keyword 'SDAEconf'; the settings mapping"),
+    (lambda: nnsparse.MaskCriterion(nn.MSELoss(), conf={"hideRatio": 0.2}), TypeError,
+     r"^MaskCriterion\(\) got the keyword 'conf'; the settings mapping"),
+    # any other unknown keyword names the class, not its private base (_SDAEBase)
+    (lambda: SDAESparseCriterion(nn.MSELoss(), hide=0.2), TypeError,
+     r"^SDAESparseCriterion\(\) got an unexpected keyword argument 'hide'$"),
+    (lambda: SparseCriterion(nn.MSELoss(), conf={}), TypeError,
+     r"^SparseCriterion\(\) got an unexpected keyword argument 'conf'$"),
+    # Lua's MaskCriterion(criterion, SDAEconf, inputSize): the third argument is beta here
+    (lambda: nnsparse.MaskCriterion(nn.MSELoss(), {"hideRatio": 0.2}, 100), TypeError,
+     r"^MaskCriterion\(criterion, SDAEconf\) takes no input size \(Lua's third argument, "
+     r"inputSize\): got a mapping and beta=100; drop the third argument, or put beta in the "
+     r"mapping$"),
 ])
 def test_lua_names_of_criteria_settings_are_named_in_the_error(call, error, match):
     # a port reaching for Lua's names learns nnsparse's from the message
     with pytest.raises(error, match=match):
         call()
+
+
+def test_a_subclass_taking_any_keyword_gets_them():
+    # the unknown-keyword check reads the class's signature: **kwargs passes everything on
+    class Wrapped(SDAECriterion):
+        def __init__(self, *args, extra=0, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.extra = extra
+
+    crit = Wrapped(nn.MSELoss(), extra=3, hide_ratio=0.2)
+    assert (crit.extra, crit.hide_ratio) == (3, 0.2)
 
 
 def test_python_names_of_criteria_still_read_and_unknown_names_raise_as_usual():

@@ -227,6 +227,11 @@ _LUA_NAMES = {"sizeAverage": "size_average", "fullSizeAverage": "full_size_avera
               "prepareInput": "prepare_input", **_LUA_SETTINGS}
 
 
+# What a port may call the settings mapping when passing it as a keyword
+# (docs/lua_port.md writes SDAECriterion(criterion, conf)).
+_CONF_KEYWORDS = ("conf", "sdaeconf", "sdae_conf")
+
+
 def _ours(cls: type, lua: str) -> Optional[str]:
     """nnsparse's name of the Lua setting ``lua`` if criteria of class ``cls`` have
     it (an attribute, a method, or a constructor argument), else None."""
@@ -254,6 +259,18 @@ class RefuseLuaNames:
                      else f"{ours}, an attribute, not a constructor argument")
             raise TypeError(f"{cls.__name__}() got Lua's keyword {key!r}; nnsparse calls it "
                             f"{named}{mapping}")
+        parameters = inspect.signature(cls).parameters if kwargs else {}
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        unknown = [] if takes_any else sorted(k for k in kwargs if k not in parameters)
+        if unknown:
+            # torch's own error names the private base class (_SDAEBase.__init__())
+            key = unknown[0]
+            if key.lower() in _CONF_KEYWORDS and "alpha" in parameters:
+                raise TypeError(
+                    f"{cls.__name__}() got the keyword {key!r}; the settings mapping (Lua's "
+                    f"SDAEconf) is the second positional argument, {cls.__name__}(criterion, "
+                    f"{{'hideRatio': ...}}), or pass the settings as keywords (hide_ratio=...)")
+            raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {key!r}")
         return super().__new__(cls)
 
     def __setattr__(self, name: str, value: object) -> None:

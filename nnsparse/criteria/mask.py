@@ -1,6 +1,7 @@
 """MaskCriterion: hide observed entries of each row and weight a loss by a mask."""
 from __future__ import annotations
 
+import numbers
 from typing import Any, Mapping, Optional, Union
 
 import torch
@@ -113,6 +114,13 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
                  size_average: Optional[bool] = None) -> None:
         super().__init__()
         if isinstance(alpha, Mapping):  # Lua's MaskCriterion(criterion, SDAEconf)
+            if isinstance(beta, numbers.Integral) and not isinstance(beta, bool) and beta != 0:
+                # Lua's MaskCriterion(criterion, SDAEconf, inputSize): the third argument
+                # lands on beta here, where the generic clash message would puzzle
+                raise TypeError(
+                    f"MaskCriterion(criterion, SDAEconf) takes no input size (Lua's third "
+                    f"argument, inputSize): got a mapping and beta={beta!r}; drop the third "
+                    f"argument, or put beta in the mapping")
             conf = conf_settings(alpha, dict(beta=beta, hide_ratio=hide_ratio),
                                  _MASK_DEFAULTS, "MaskCriterion", _SDAE_ONLY)
             alpha, beta, hide_ratio = (conf[k] for k in _MASK_DEFAULTS)
