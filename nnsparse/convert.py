@@ -309,5 +309,5 @@ def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = Non
     if size is not None and size < 0:
         raise ValueError(f"size must be non-negative, got {size}")
     if size is not None:
-        check_int64(int(size), "size")
+        check_int64(int(size), "size", "a non-negative int")
     return as_sparse_batch(pairs, name="pairs", width=None if size is None else int(size)).to_coo()

@@ -310,7 +310,7 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
         raise TypeError(f"k must be an int, got {type(k).__name__}") from None
     if k < 0:
         raise ValueError(f"k must be non-negative, got {k}")
-    check_int64(k, "k")
+    check_int64(k, "k", "a non-negative int")
     batch = as_sparse_batch(x, name="x")
     _check_values(batch, "x")
     batch = batch.coalesce()

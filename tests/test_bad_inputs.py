@@ -2388,7 +2388,7 @@ PROBE7 = [
     # sizes beyond int64: torch's "Overflow when unpacking long long" / "Storage size
     # calculation overflowed"
     Case("SparseLinearBatch-in_features-2**64", lambda: nnsparse.SparseLinearBatch(2 ** 64, 1),
-         ValueError, r"in_features must be an int "
+         ValueError, r"in_features must be a non-negative int "
                      r"within int64 \(below 2\*\*63\), got 18446744073709551616"),
     Case("SparseLinearBatch-weight-bytes-overflow", lambda: nnsparse.SparseLinearBatch(
         2 ** 63 - 1, 1, device="meta"), ValueError,
@@ -2402,9 +2402,10 @@ PROBE7 = [
         2 ** 31, 2, device="meta").weight.shape, None,
          check=lambda shape: shape == (2, 2 ** 31)),
     Case("Densify-in_features-2**64", lambda: nnsparse.Densify(2 ** 64), ValueError,
-         r"in_features must be an int within int64 \(below 2\*\*63\), got 18446744073709551616"),
+         r"in_features must be a non-negative int "
+         r"within int64 \(below 2\*\*63\), got 18446744073709551616"),
     Case("from_pairs-size-2**63", lambda: nnsparse.from_pairs(torch.tensor([[0.0, 1.0]]), 2 ** 63),
-         ValueError, r"size must be an int "
+         ValueError, r"size must be a non-negative int "
                      r"within int64 \(below 2\*\*63\), got 9223372036854775808"),
     Case("from_pairs-index-int64-max", lambda: nnsparse.from_pairs(
         torch.tensor([[2 ** 63 - 1, 1]])), ValueError,
@@ -2413,7 +2414,7 @@ PROBE7 = [
     Case("from_pairs-index-2**62-works", lambda: nnsparse.from_pairs(
         torch.tensor([[2 ** 62, 1]])).shape, None, check=lambda shape: shape == (2 ** 62 + 1,)),
     Case("stopk-k-2**63", lambda: nnsparse.stopk(S, 2 ** 63), ValueError,
-         r"k must be an int within int64 \(below 2\*\*63\), got 9223372036854775808"),
+         r"k must be a non-negative int within int64 \(below 2\*\*63\), got 9223372036854775808"),
     Case("DynamicSparseTensor-index-int64-max-build", lambda: (lambda d: (
         d.append(2 ** 63 - 1, 1.0), d.build()))(nnsparse.DynamicSparseTensor()), ValueError,
          r"indices must be below 2\*\*63 - 1 \(the size max \+ 1 must fit int64\)"),
@@ -2421,7 +2422,8 @@ PROBE7 = [
         d.append(5, 1.0), d.build(2 ** 63)))(nnsparse.DynamicSparseTensor()), ValueError,
          r"size must be an int within int64 \(below 2\*\*63\), got 9223372036854775808"),
     Case("DynamicSparseTensor-reserve-2**63", lambda: nnsparse.DynamicSparseTensor(
-        reserve=2 ** 63), ValueError, r"reserve must be an int within int64 \(below 2\*\*63\)"),
+        reserve=2 ** 63), ValueError,
+         r"reserve must be a non-negative int within int64 \(below 2\*\*63\)"),
     Case("recommend-min_support-2**70", lambda: _fitted_autorec().recommend(
         _R.user_ids()[0], min_support=2 ** 70), ValueError,
          r"min_support must be a non-negative int "

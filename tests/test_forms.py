@@ -1,5 +1,6 @@
 """nnsparse._forms: the one normalisation of every accepted sparse form."""
 import math
+import re
 
 import pytest
 import torch
@@ -344,3 +345,30 @@ def test_an_ordinary_tensor_read_under_inference_mode_then_trains(case, layout, 
                         for g in (total, *grads)])
     for got, want in zip(*results):
         torch.testing.assert_close(got, want)
+
+
+# int64_message: the one wording of an integer beyond int64 (check_int64 and as_count raise it)
+@pytest.mark.parametrize("args, message", [
+    (("k", 2 ** 63), "k must be an int within int64 (below 2**63), got 9223372036854775808"),
+    (("elem", -2 ** 63 - 1, "an int"),
+     "elem must be an int within int64 (at least -2**63), got -9223372036854775809"),
+    (("size", 2 ** 64, "a non-negative int"),
+     "size must be a non-negative int within int64 (below 2**63), got 18446744073709551616"),
+    (("indices", 2 ** 63, "ints", "a uint64 entry >= 2**63"),
+     "indices must be ints within int64 (below 2**63), got a uint64 entry >= 2**63"),
+])
+def test_int64_message(args, message):
+    from nnsparse._forms import int64_message
+    assert int64_message(*args) == message
+
+
+@pytest.mark.parametrize("value, expected, message", [
+    (2 ** 63, (), "k must be an int within int64 (below 2**63), got 9223372036854775808"),
+    (2 ** 70, ("a non-negative int",),
+     "k must be a non-negative int within int64 (below 2**63), got 1180591620717411303424"),
+])
+def test_check_int64(value, expected, message):
+    from nnsparse._forms import check_int64
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        check_int64(value, "k", *expected)
+    assert check_int64(2 ** 63 - 1, "k", *expected) == 2 ** 63 - 1
