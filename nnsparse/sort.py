@@ -270,18 +270,18 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
             below ``2**63``.
 
     Returns:
-        A named tuple ``(values, indices)``, as :func:`torch.topk`, of shape
-        ``(min(k, nnz),)`` for a vector (sparse COO vector or pair tensor) or
-        ``(rows, min(k, max_nnz))`` for a batch, ``max_nnz`` the largest number
-        of specified entries in a row: a ``k`` beyond every row's entries gives
-        all of them, and memory in proportion to the entries, not to ``k``.
-        A row with fewer entries than that width is padded at its end with
-        index ``-1`` and value ``-inf`` (the dtype's minimum for integer
-        values): each row is what ``torch.topk`` gives on the dense row with
-        its unspecified entries set to ``-inf``, cut to that width, except
-        for the padding's index.  It is also ``ssort(x, descending=True)``
-        cut to ``k`` columns.  Values keep ``x``'s dtype and device; gradients
-        flow back to the selected specified values only.
+        A named tuple ``(values, indices)`` of shape ``(k,)`` for a vector
+        (sparse COO vector or pair tensor) or ``(rows, k)`` for a batch, as
+        :func:`torch.topk`, whatever the rows hold, so that the results of
+        several batches concatenate.  A ``k`` above the width ``n`` is taken
+        as ``n`` (no row holds more entries; ``torch.topk`` would refuse it):
+        ``stopk(x, 2**62)`` is every entry, in memory bounded by ``rows * n``,
+        never by ``k``.  A row with fewer than ``k`` specified entries is
+        padded at its end with index ``-1`` and value ``-inf`` (the dtype's
+        minimum for integer values): what ``torch.topk`` gives on the dense
+        rows with their unspecified entries set to ``-inf``, except for the
+        index.  Values keep ``x``'s dtype and device; gradients flow back to
+        the selected specified values only.
 
     Raises:
         TypeError: ``x`` is not an accepted form, ``k`` is not an int, or the
@@ -296,9 +296,9 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
         TopkResult(values=tensor([[0.9000, 0.5000],
                 [0.7000,   -inf]]), indices=tensor([[ 2,  3],
                 [ 1, -1]]))
-        >>> stopk(scores, 2**62).indices  # every entry: 3 in the longest row
-        tensor([[ 2,  3,  0],
-                [ 1, -1, -1]])
+        >>> stopk(scores, 2**62).indices  # k above the width 4: every entry
+        tensor([[ 2,  3,  0, -1],
+                [ 1, -1, -1, -1]])
     """
     if isinstance(k, bool):
         raise TypeError("k must be an int, got bool")
@@ -314,8 +314,8 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
     batch = as_sparse_batch(x, name="x")
     _check_values(batch, "x")
     batch = batch.coalesce()
-    # the width is bounded by the entries: a k of 2**62 must not size the result
-    width = min(k, _longest_row(batch)) if k else 0
+    # no row holds more than the width: a k of 2**62 must not size the result
+    width = min(k, batch.width)
     order = _row_order(batch.row, batch.values, descending=True)
     values, indices = _pad(batch, order, width, _extreme(batch.dtype, high=False))
     if batch.is_vector:
