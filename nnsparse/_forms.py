@@ -48,7 +48,7 @@ from ._index import csr_tensor as _sparse_csr
 
 __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is_pair_list",
            "check_index_range", "resolve_size", "trust", "as_int", "as_count", "as_flag",
-           "check_int64", "as_device", "holds_exactly",
+           "check_int64", "int64_message", "as_device", "holds_exactly",
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
@@ -892,12 +892,21 @@ def as_int(value: Any, name: str, must: str = "be an int") -> int:
     raise TypeError(f"{name} must {must}, got {type(value).__name__} {value!r}")
 
 
-def check_int64(value: int, name: str) -> int:
+def check_int64(value: int, name: str, expected: str = "an int") -> int:
     """``value`` (an int already checked) unless it is beyond int64, which no torch size
-    holds (torch's "Overflow when unpacking long long"): "``name`` must be below 2**63"."""
+    holds (torch's "Overflow when unpacking long long"): :func:`int64_message`'s error."""
     if value > _INT64_MAX:
-        raise ValueError(f"{name} must be below 2**63 (int64), got {value}")
+        raise ValueError(int64_message(name, value, expected))
     return value
+
+
+def int64_message(name: str, value: int, expected: str = "an int",
+                  got: Optional[str] = None) -> str:
+    """The one wording of an integer argument beyond int64: "``name`` must be ``expected``
+    within int64 (below 2**63), got ``value``" ("at least -2**63" for a ``value`` below
+    it); ``got`` words what came instead of ``value`` (an entry of a tensor)."""
+    bound = "at least -2**63" if value < 0 else "below 2**63"
+    return f"{name} must be {expected} within int64 ({bound}), got {value if got is None else got}"
 
 
 def as_flag(value: Any, name: str, what: str = "a bool") -> bool:
@@ -919,19 +928,17 @@ def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None) -> 
     (``low`` 0) give "``name`` must be a positive int, got ...", the wording of the
     arguments that said so before they came here (offsets, ``k``, sizes of data)."""
     if must is None:
-        kind, top = f"an int >= {low}", f"an int in [{low}, 2**63)"
+        kind = f"an int >= {low}"
     elif _BOUND_WORDS.get(must) == low:
         kind = f"a {must} int"
-        top = f"{kind} below 2**63"
     else:  # a caller's slip, not a user's: the words would misstate the bound
         raise ValueError(f"must={must!r} does not word the bound low={low}")
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise TypeError(f"{name} must be {kind}, got {value!r}")
     if value < low:
         raise ValueError(f"{name} must be {kind}, got {value!r}")
-    if int(value) > _INT64_MAX:  # torch, DataLoader and islice take no count beyond it
-        raise ValueError(f"{name} must be {top}, got {value!r}")
-    return int(value)
+    # torch, DataLoader and islice take no count beyond int64
+    return check_int64(int(value), name, kind)
 
 
 # as_count's bounds in words, with the low each one means

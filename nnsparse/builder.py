@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch,
-                     check_index_range, check_int64, KERNEL_DTYPES, refuse_meta_device)
+                     check_index_range, check_int64, int64_message, KERNEL_DTYPES, refuse_meta_device)
 
 __all__ = ["DynamicSparseTensor"]
 
@@ -101,7 +101,7 @@ class DynamicSparseTensor:
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
                  dtype: Optional[torch.dtype] = None,
                  device: Optional[Union[str, torch.device]] = None):
-        reserve = check_int64(as_int(reserve, "reserve"), "reserve")
+        reserve = check_int64(as_int(reserve, "reserve"), "reserve", "a non-negative int")
         if dtype is None:  # as torch's factories (and Lua's default tensor type)
             dtype = torch.get_default_dtype()
         ndim = as_int(ndim, "ndim")
@@ -299,8 +299,8 @@ class DynamicSparseTensor:
                 i = operator.index(i)
             except TypeError:
                 return TypeError(f"index must be an int, got {type(i).__name__} {i!r}")
-            if not -2 ** 63 <= i < 2 ** 63:
-                return ValueError(f"index must fit in int64, got {i}")
+            if i >= 2 ** 63:  # (one below int64 is refused as negative, next)
+                return ValueError(int64_message("index", i, "a non-negative int"))
             if i < 0:
                 shown = index[0] if len(index) == 1 else tuple(index)
                 return ValueError(f"index must be non-negative, got {shown}")
@@ -591,7 +591,7 @@ def _unsigned_as_int64(t: Tensor, name: str) -> Tensor:
         return t
     wide = t.to(torch.int64)
     if t.dtype == torch.uint64 and wide.numel() and bool((wide < 0).any()):
-        raise ValueError(f"{name} must fit in int64, got a uint64 entry >= 2**63")
+        raise ValueError(int64_message(name, 2 ** 63, "ints", got="a uint64 entry >= 2**63"))
     return wide
 
 

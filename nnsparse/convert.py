@@ -13,7 +13,7 @@ from . import _index
 from ._forms import (SparseBatch, SparseLike, _a, _as_pairs, _sparse_coo, _sparse_csr, as_count,
                      as_int,
                      as_sparse_batch, check_kernel_dtype, holds_exactly, refuse_meta,
-                     check_int64, resolve_size, trust)
+                     check_int64, int64_message, resolve_size, trust)
 
 __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
 
@@ -26,7 +26,7 @@ def _check_elem(elem: Any) -> Any:
     if isinstance(elem, bool) or not isinstance(elem, numbers.Number):
         raise TypeError(f"elem must be a number, got {type(elem).__name__} {elem!r}")
     if isinstance(elem, numbers.Integral) and not -2 ** 63 <= int(elem) < 2 ** 63:
-        raise ValueError(f"elem must fit in int64, got {elem}")
+        raise ValueError(int64_message("elem", int(elem)))
     if not isinstance(elem, (int, float, complex)):  # numpy scalars pass, as torch takes them
         try:
             torch.tensor(elem)
@@ -309,5 +309,5 @@ def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = Non
     if size is not None and size < 0:
         raise ValueError(f"size must be non-negative, got {size}")
     if size is not None:
-        check_int64(int(size), "size")
+        check_int64(int(size), "size", "a non-negative int")
     return as_sparse_batch(pairs, name="pairs", width=None if size is None else int(size)).to_coo()

@@ -266,12 +266,17 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
         x: a sparse COO vector ``(n,)`` or batch ``(rows, n)``, a sparse CSR
             batch, a list of sparse vectors, a ``(k, 2)`` pair tensor or a
             list of pair tensors.
-        k (int): how many entries to keep per row, ``k >= 0``.
+        k (int): how many entries to keep per row, ``k >= 0``; any such int
+            below ``2**63``.
 
     Returns:
         A named tuple ``(values, indices)`` of shape ``(k,)`` for a vector
         (sparse COO vector or pair tensor) or ``(rows, k)`` for a batch, as
-        :func:`torch.topk`.  A row with fewer than ``k`` specified entries is
+        :func:`torch.topk`, whatever the rows hold, so that the results of
+        several batches concatenate.  A ``k`` above the width ``n`` is taken
+        as ``n`` (no row holds more entries; ``torch.topk`` would refuse it):
+        ``stopk(x, 2**62)`` is every entry, in memory bounded by ``rows * n``,
+        never by ``k``.  A row with fewer than ``k`` specified entries is
         padded at its end with index ``-1`` and value ``-inf`` (the dtype's
         minimum for integer values): what ``torch.topk`` gives on the dense
         rows with their unspecified entries set to ``-inf``, except for the
@@ -291,6 +296,9 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
         TopkResult(values=tensor([[0.9000, 0.5000],
                 [0.7000,   -inf]]), indices=tensor([[ 2,  3],
                 [ 1, -1]]))
+        >>> stopk(scores, 2**62).indices  # k above the width 4: every entry
+        tensor([[ 2,  3,  0, -1],
+                [ 1, -1, -1, -1]])
     """
     if isinstance(k, bool):
         raise TypeError("k must be an int, got bool")
@@ -302,12 +310,14 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
         raise TypeError(f"k must be an int, got {type(k).__name__}") from None
     if k < 0:
         raise ValueError(f"k must be non-negative, got {k}")
-    check_int64(k, "k")
+    check_int64(k, "k", "a non-negative int")
     batch = as_sparse_batch(x, name="x")
     _check_values(batch, "x")
     batch = batch.coalesce()
+    # no row holds more than the width: a k of 2**62 must not size the result
+    width = min(k, batch.width)
     order = _row_order(batch.row, batch.values, descending=True)
-    values, indices = _pad(batch, order, k, _extreme(batch.dtype, high=False))
+    values, indices = _pad(batch, order, width, _extreme(batch.dtype, high=False))
     if batch.is_vector:
         return TopkResult(values[0], indices[0])
     return TopkResult(values, indices)

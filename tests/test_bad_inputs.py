@@ -1037,9 +1037,9 @@ PROBE3 = [
          TypeError, r"elem must be an int, float or complex number \(or a numpy scalar\), "
                     r"got Decimal"),
     Case("densify-elem-beyond-int64", lambda: nnsparse.densify(S, elem=2 ** 70), ValueError,
-         r"elem must fit in int64, got 1180591620717411303424"),
+         r"elem must be an int within int64 \(below 2\*\*63\), got 1180591620717411303424"),
     Case("sparsify-elem-beyond-int64", lambda: nnsparse.sparsify(X, elem=-2 ** 70), ValueError,
-         r"elem must fit in int64, got -1180591620717411303424"),
+         r"elem must be an int within int64 \(at least -2\*\*63\), got -1180591620717411303424"),
     Case("densify-elem-numpy-complex", lambda: nnsparse.densify(S, elem=_NP.complex64(1j)), TypeError,
          r"elem must be a real number for values of dtype torch.float32"),
     Case("sparsify-meta", lambda: nnsparse.sparsify(torch.ones(2, 2, device="meta")), ValueError,
@@ -1463,7 +1463,7 @@ PROBE5 = [
     # collate_sparse_rows: the row index of each row
     Case("collate_sparse_rows-negative-row_index", lambda: collate_sparse_rows(
         [(-1, _row())], 4), ValueError,
-         r"rows\[0\] row_index must be a matrix row in \[0, 2\*\*63\), got -1"),
+         r"rows\[0\] row_index must be a non-negative matrix row, got -1"),
     Case("collate_sparse_rows-float-tensor-row_index", lambda: collate_sparse_rows(
         [(torch.tensor(1.5), _row())], 4), TypeError,
          r"rows\[0\] row_index must be an int or a 0-d integer tensor, got a torch.float32"),
@@ -1472,7 +1472,9 @@ PROBE5 = [
          r"row_index must be an int or a 0-d integer tensor, got a torch.int64 tensor of "
          r"shape \(1,\)"),
     Case("collate_sparse_rows-row_index-beyond-int64", lambda: collate_sparse_rows(
-        [(2 ** 63, _row())], 4), ValueError, r"row_index must be a matrix row in \[0, 2\*\*63\)"),
+        [(2 ** 63, _row())], 4), ValueError,
+         r"rows\[0\] row_index must be a matrix row within int64 \(below 2\*\*63\), "
+         r"got 9223372036854775808"),
     Case("collate_sparse_rows-tensor-row_index-works", lambda: collate_sparse_rows(
         [(torch.tensor(3), _row())], 4)[0], None, check=lambda index: index.tolist() == [3]),
     # prepare_input: a criterion that is not one
@@ -1522,10 +1524,12 @@ PROBE5 = [
             torch.utils.data.TensorDataset(X)).shape, None, check=lambda s: s == (2, 4)),
     # counts beyond int64: refused where given, not by itertools.islice inside fit
     Case("AutoRec-batch_size-beyond-int64", lambda: nnsparse.models.AutoRec(batch_size=10 ** 20),
-         ValueError, r"batch_size must be an int in \[1, 2\*\*63\), got 100000000000000000000"),
+         ValueError, r"batch_size must be an int >= 1 "
+                     r"within int64 \(below 2\*\*63\), got 100000000000000000000"),
     Case("Batchifier-batch_size-beyond-int64", lambda: nnsparse.Batchifier(
         nn.Linear(4, 4), 4, batch_size=2 ** 64), ValueError,
-         r"batch_size must be an int in \[1, 2\*\*63\), got 18446744073709551616"),
+         r"batch_size must be an int >= 1 "
+         r"within int64 \(below 2\*\*63\), got 18446744073709551616"),
     Case("AutoRec-batch_size-int64-max-works", lambda: nnsparse.models.AutoRec(
         batch_size=2 ** 63 - 1).hparams["batch_size"], None, check=lambda b: b == 2 ** 63 - 1),
     # a user id given as a 0-d tensor (hashed by identity, it found nobody)
@@ -1538,7 +1542,8 @@ PROBE5 = [
          TypeError, r"got a torch.float32 tensor of shape \(\)"),
     Case("distributed.loader-batch_size-beyond-int64", lambda: nnsparse.distributed.loader(
         list(range(4)), batch_size=2 ** 64), ValueError,
-         r"batch_size must be a positive int below 2\*\*63, got 18446744073709551616"),
+         r"batch_size must be a positive int "
+         r"within int64 \(below 2\*\*63\), got 18446744073709551616"),
     # the normaliser moved to the meta device lost its means: refused; meta tensors named
     Case("RatingNormalizer.to-meta", lambda: RatingNormalizer(_R).to("meta"), ValueError,
          r"device must hold data, got 'meta'; use 'cpu' or 'cuda'"),
@@ -2383,7 +2388,8 @@ PROBE7 = [
     # sizes beyond int64: torch's "Overflow when unpacking long long" / "Storage size
     # calculation overflowed"
     Case("SparseLinearBatch-in_features-2**64", lambda: nnsparse.SparseLinearBatch(2 ** 64, 1),
-         ValueError, r"in_features must be below 2\*\*63 \(int64\), got 18446744073709551616"),
+         ValueError, r"in_features must be a non-negative int "
+                     r"within int64 \(below 2\*\*63\), got 18446744073709551616"),
     Case("SparseLinearBatch-weight-bytes-overflow", lambda: nnsparse.SparseLinearBatch(
         2 ** 63 - 1, 1, device="meta"), ValueError,
          r"in_features \* out_features \(the weight's elements, 4 bytes each\) must take fewer "
@@ -2396,9 +2402,11 @@ PROBE7 = [
         2 ** 31, 2, device="meta").weight.shape, None,
          check=lambda shape: shape == (2, 2 ** 31)),
     Case("Densify-in_features-2**64", lambda: nnsparse.Densify(2 ** 64), ValueError,
-         r"in_features must be below 2\*\*63 \(int64\), got 18446744073709551616"),
+         r"in_features must be a non-negative int "
+         r"within int64 \(below 2\*\*63\), got 18446744073709551616"),
     Case("from_pairs-size-2**63", lambda: nnsparse.from_pairs(torch.tensor([[0.0, 1.0]]), 2 ** 63),
-         ValueError, r"size must be below 2\*\*63 \(int64\), got 9223372036854775808"),
+         ValueError, r"size must be a non-negative int "
+                     r"within int64 \(below 2\*\*63\), got 9223372036854775808"),
     Case("from_pairs-index-int64-max", lambda: nnsparse.from_pairs(
         torch.tensor([[2 ** 63 - 1, 1]])), ValueError,
          r"pairs indices must be below 2\*\*63 - 1 \(the size max \+ 1 must fit int64\), "
@@ -2406,18 +2414,20 @@ PROBE7 = [
     Case("from_pairs-index-2**62-works", lambda: nnsparse.from_pairs(
         torch.tensor([[2 ** 62, 1]])).shape, None, check=lambda shape: shape == (2 ** 62 + 1,)),
     Case("stopk-k-2**63", lambda: nnsparse.stopk(S, 2 ** 63), ValueError,
-         r"k must be below 2\*\*63 \(int64\), got 9223372036854775808"),
+         r"k must be a non-negative int within int64 \(below 2\*\*63\), got 9223372036854775808"),
     Case("DynamicSparseTensor-index-int64-max-build", lambda: (lambda d: (
         d.append(2 ** 63 - 1, 1.0), d.build()))(nnsparse.DynamicSparseTensor()), ValueError,
          r"indices must be below 2\*\*63 - 1 \(the size max \+ 1 must fit int64\)"),
     Case("DynamicSparseTensor.build-size-2**63", lambda: (lambda d: (
         d.append(5, 1.0), d.build(2 ** 63)))(nnsparse.DynamicSparseTensor()), ValueError,
-         r"size must be below 2\*\*63 \(int64\), got 9223372036854775808"),
+         r"size must be an int within int64 \(below 2\*\*63\), got 9223372036854775808"),
     Case("DynamicSparseTensor-reserve-2**63", lambda: nnsparse.DynamicSparseTensor(
-        reserve=2 ** 63), ValueError, r"reserve must be below 2\*\*63 \(int64\)"),
+        reserve=2 ** 63), ValueError,
+         r"reserve must be a non-negative int within int64 \(below 2\*\*63\)"),
     Case("recommend-min_support-2**70", lambda: _fitted_autorec().recommend(
         _R.user_ids()[0], min_support=2 ** 70), ValueError,
-         r"min_support must be a non-negative int below 2\*\*63, got 1180591620717411303424"),
+         r"min_support must be a non-negative int "
+         r"within int64 \(below 2\*\*63\), got 1180591620717411303424"),
     # a float [index, value] row whose index its dtype no longer holds exactly
     Case("DynamicSparseTensor.append-float32-row-index-rounded", lambda: (
         nnsparse.DynamicSparseTensor().append(torch.tensor([2.0 ** 25 + 2, 1.0]))), ValueError,
@@ -2601,12 +2611,13 @@ PROBE7 = [
          None, check=lambda ndim: ndim == 64),
     Case("SparseWeightLinear.random-in_features-2**64", lambda: (
         nnsparse.SparseWeightLinear.random(2 ** 64, 3, 0.5)), ValueError,
-         r"in_features must be a positive int below 2\*\*63, got 18446744073709551616"),
+         r"in_features must be a positive int "
+         r"within int64 \(below 2\*\*63\), got 18446744073709551616"),
     Case("synthetic_ratings-n_users-2**64", lambda: synthetic_ratings(n_users=2 ** 64),
-         ValueError, r"n_users must be a positive int below 2\*\*63"),
+         ValueError, r"n_users must be a positive int within int64 \(below 2\*\*63\)"),
     Case("synthetic_ratings-rank-2**64", lambda: synthetic_ratings(
         n_users=5, n_items=5, n_ratings=5, rank=2 ** 64), ValueError,
-         r"rank must be a positive int below 2\*\*63"),
+         r"rank must be a positive int within int64 \(below 2\*\*63\)"),
     Case("synthetic_ratings-noise-negative-zero-works", lambda: synthetic_ratings(
         n_users=5, n_items=5, n_ratings=5, noise=-0.0, user_sigma=-0.0, item_sigma=-0.0), None,
          check=lambda r: len(r) == 5),

@@ -212,7 +212,9 @@ def test_constructor_errors(make, error, message):
     (1, math.nan, 1.0, TypeError, "index must be an int, got float nan"),
     (1, "3", 1.0, TypeError, "index must be an int, got str '3'"),
     (1, torch.tensor(1.0), 1.0, TypeError, "index must be an int, got Tensor"),
-    (1, 2 ** 64, 1.0, ValueError, "index must fit in int64"),
+    (1, 2 ** 64, 1.0, ValueError,
+     r"index must be a non-negative int within int64 \(below 2\*\*63\), got 18446744073709551616"),
+    (1, -2 ** 64, 1.0, ValueError, "index must be non-negative, got -18446744073709551616"),
     (1, 1, "a", TypeError, "value must be a real number, got str"),
     (1, (1, 2), 1.0, TypeError, "index must be an int, got tuple"),
     (2, 1, 1.0, TypeError, "index must be a tuple of 2 ints, got int"),
@@ -333,8 +335,8 @@ def test_extend_with_unsigned_tensors(unsigned):
 
 def test_extend_refuses_uint64_beyond_int64():
     builder = DynamicSparseTensor()
-    with pytest.raises(ValueError, match=re.escape("indices must fit in int64, got a uint64 "
-                                                   "entry >= 2**63")):
+    with pytest.raises(ValueError, match=re.escape("indices must be ints within int64 (below 2**63), "
+                                                   "got a uint64 entry >= 2**63")):
         builder.extend(torch.tensor([2 ** 64 - 1], dtype=torch.uint64), [1.0])
     assert len(builder) == 0
 

@@ -403,7 +403,7 @@ def test_sparsify_and_Sparsify_take_a_numpy_int_offset(offset):
     (lambda: __import__("nnsparse").Sparsify(offset=2.0), TypeError,
      "offset must be a non-negative int, got 2.0"),
     (lambda: __import__("nnsparse").Sparsify(offset=2 ** 63), ValueError,
-     r"offset must be a non-negative int below 2\*\*63, got 9223372036854775808"),
+     r"offset must be a non-negative int within int64 \(below 2\*\*63\), got 9223372036854775808"),
     (lambda: sparsify(torch.ones(2), offset=2 ** 63), ValueError,
      r"offset must keep the result's size \(9223372036854775810,\) within int64 elements"),
 ])

@@ -111,6 +111,9 @@ def test_titles_latin1_and_missing(tmp_path):
     ("text", "a b 1\nc d 2 3 4\n", 2, "expected 3 to 4 fields, got 5"),
     ("text", "a b 1\nc d 2.5.1\n", 2, "finite number, got '2.5.1'"),
     ("ml-100k", "1.5\t2\t3\t0\n", 1, "the user id must be an integer, got '1.5'"),
+    # an id beyond int64 is a valid one: the culprit is the later non-integer
+    ("ml-100k", "1\t2\t3\t0\n99999999999999999999\t2\t3\t0\nx\t2\t3\t0\n", 3,
+     "the user id must be an integer, got 'x'"),
 ])
 def test_malformed_line(tmp_path, fmt, text, line, what):
     path = tmp_path / "bad_file.txt"

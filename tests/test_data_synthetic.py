@@ -63,7 +63,7 @@ def test_small_and_options():
     (dict(n_items=2.5), TypeError, "n_items must be a positive int, got 2.5"),
     (dict(n_ratings="9"), TypeError, "n_ratings must be a positive int, got '9'"),
     (dict(n_users=True), TypeError, "n_users must be a positive int, got True"),
-    (dict(rank=2 ** 63), ValueError, r"rank must be a positive int below 2\*\*63"),
+    (dict(rank=2 ** 63), ValueError, r"rank must be a positive int within int64 \(below 2\*\*63\)"),
     (dict(n_users=3, n_items=3, n_ratings=10), ValueError,
      "n_ratings must be at most n_users \\* n_items = 9"),
     (dict(noise=-1.0), ValueError, "noise must be non-negative"),

@@ -1,5 +1,6 @@
 """nnsparse._forms: the one normalisation of every accepted sparse form."""
 import math
+import re
 
 import pytest
 import torch
@@ -229,7 +230,8 @@ def test_article(word, expected):
     (True, TypeError, "batch_size must be an int >= 1, got True"),
     (None, TypeError, "batch_size must be an int >= 1, got None"),
     (0, ValueError, "batch_size must be an int >= 1, got 0"),
-    (2 ** 63, ValueError, r"batch_size must be an int in \[1, 2\*\*63\), got 9223372036854775808"),
+    (2 ** 63, ValueError, r"batch_size must be an int >= 1 "
+                          r"within int64 \(below 2\*\*63\), got 9223372036854775808"),
 ])
 def test_as_count_errors(value, error, message):
     from nnsparse._forms import as_count
@@ -248,11 +250,12 @@ def test_as_count_takes_numpy_ints():
     (1, "positive", 0, ValueError, "n must be a positive int, got 0"),
     (1, "positive", "2", TypeError, "n must be a positive int, got '2'"),
     (1, "positive", 2.0, TypeError, "n must be a positive int, got 2.0"),
-    (1, "positive", 2 ** 63, ValueError, r"n must be a positive int below 2\*\*63, got 9223372036854775808"),
+    (1, "positive", 2 ** 63, ValueError,
+     r"n must be a positive int within int64 \(below 2\*\*63\), got 9223372036854775808"),
     (0, "non-negative", -1, ValueError, "n must be a non-negative int, got -1"),
     (0, "non-negative", False, TypeError, "n must be a non-negative int, got False"),
     (0, "non-negative", 2 ** 64, ValueError,
-     r"n must be a non-negative int below 2\*\*63, got 18446744073709551616"),
+     r"n must be a non-negative int within int64 \(below 2\*\*63\), got 18446744073709551616"),
 ])
 def test_as_count_worded_errors(low, must, value, error, message):
     from nnsparse._forms import as_count
@@ -342,3 +345,30 @@ def test_an_ordinary_tensor_read_under_inference_mode_then_trains(case, layout, 
                         for g in (total, *grads)])
     for got, want in zip(*results):
         torch.testing.assert_close(got, want)
+
+
+# int64_message: the one wording of an integer beyond int64 (check_int64 and as_count raise it)
+@pytest.mark.parametrize("args, message", [
+    (("k", 2 ** 63), "k must be an int within int64 (below 2**63), got 9223372036854775808"),
+    (("elem", -2 ** 63 - 1, "an int"),
+     "elem must be an int within int64 (at least -2**63), got -9223372036854775809"),
+    (("size", 2 ** 64, "a non-negative int"),
+     "size must be a non-negative int within int64 (below 2**63), got 18446744073709551616"),
+    (("indices", 2 ** 63, "ints", "a uint64 entry >= 2**63"),
+     "indices must be ints within int64 (below 2**63), got a uint64 entry >= 2**63"),
+])
+def test_int64_message(args, message):
+    from nnsparse._forms import int64_message
+    assert int64_message(*args) == message
+
+
+@pytest.mark.parametrize("value, expected, message", [
+    (2 ** 63, (), "k must be an int within int64 (below 2**63), got 9223372036854775808"),
+    (2 ** 70, ("a non-negative int",),
+     "k must be a non-negative int within int64 (below 2**63), got 1180591620717411303424"),
+])
+def test_check_int64(value, expected, message):
+    from nnsparse._forms import check_int64
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        check_int64(value, "k", *expected)
+    assert check_int64(2 ** 63 - 1, "k", *expected) == 2 ** 63 - 1

@@ -516,8 +516,9 @@ class EntryTuple(tuple):
         0, min_support=1.0, by_index=True), TypeError, "min_support must be a non-negative int, got 1.0"),
     (lambda r: AutoRec(**SMALL).fit(r, verbose=False, progress=False).recommend(
         0, k=2 ** 63, by_index=True), ValueError,
-     "k must be a non-negative int below 2**63, got 9223372036854775808"),
-    (lambda r: kfold(r, k=2 ** 64), ValueError, "k must be an int in [2, 2**63), got 18446744073709551616"),
+     "k must be a non-negative int within int64 (below 2**63), got 9223372036854775808"),
+    (lambda r: kfold(r, k=2 ** 64), ValueError,
+     "k must be an int >= 2 within int64 (below 2**63), got 18446744073709551616"),
 ], ids=["kfold-k-str", "kfold-k-float", "kfold-k-1", "folds-not-a-pair", "folds-triple",
         "folds-single",
         "recommend-k-float", "recommend-k-negative", "recommend-min_support-float",

@@ -43,10 +43,11 @@ def _reference_sort_by_index(dense, descending):
 
 
 def _reference_topk(dense, k):
+    """torch.topk of the rows, unspecified entries -inf, k taken at most as the width."""
     specified = dense != 0
     top = min(k, dense.shape[1])
     values, indices = dense.masked_fill(~specified, -INF).topk(top, dim=1)
-    return _padded(values, indices, specified, k, -INF)
+    return _padded(values, indices, specified, top, -INF)
 
 
 def _batch(dtype, device, rows=6, width=8):
@@ -181,7 +182,7 @@ def test_empty_inputs():
     assert ssort(torch.zeros(0, 2)).shape == (0, 2)
     assert ssort([torch.zeros(0, 2)])[0].shape == (0, 2)
     values, indices = stopk(torch.zeros(0, 2), 3)
-    assert indices.tolist() == [-1, -1, -1]
+    assert values.shape == indices.shape == (0,)
 
 
 # -- stopk ------------------------------------------------------------------------------------
@@ -195,7 +196,7 @@ def test_stopk_batch(k, form, dtype, device):
     dense[-1, -1] = 1.0  # pair forms infer the width
     values, indices = stopk(make_form(dense, form), k)
     ref_values, ref_indices = _reference_topk(dense, k)
-    assert values.shape == indices.shape == (dense.shape[0], k)
+    assert values.shape == indices.shape == (dense.shape[0], min(k, dense.shape[1]))
     assert values.dtype == dtype and values.device == dense.device
     torch.testing.assert_close(indices, ref_indices)
     torch.testing.assert_close(values, ref_values, **TOL[dtype])
@@ -215,6 +216,35 @@ def test_stopk_sums_duplicate_pairs():
     pairs = torch.tensor([[1.0, 2.0], [0.0, 3.0], [1.0, 2.0]])
     assert stopk(pairs, 1).indices.tolist() == [1]
     assert stopk(pairs, 1).values.tolist() == [4.0]
+
+
+# k far beyond the width: every entry, in memory bounded by rows * width (a (rows, k) result
+# of k = 2**40 would need terabytes; 2**62 and 2**63 - 1 overflow torch's storage size)
+HUGE_K = [2 ** 31, 2 ** 40, 2 ** 62, 2 ** 63 - 1]
+
+
+@pytest.mark.parametrize("form", TORCH_BATCH_FORMS + ["pair_list"])
+@pytest.mark.parametrize("k", [2, 3, 4, 8, 9] + HUGE_K)
+def test_stopk_k_beyond_the_entries(k, form):
+    dense = _batch(torch.float64, "cpu")
+    dense[-1, -1] = 1.0  # pair forms infer the width
+    longest = int((dense != 0).sum(1).max())
+    assert 2 < longest < dense.shape[1]  # k below, at and above it, and above the width
+    values, indices = stopk(make_form(dense, form), k)
+    ref_values, ref_indices = _reference_topk(dense, k)
+    assert values.shape == indices.shape == (dense.shape[0], min(k, dense.shape[1]))
+    torch.testing.assert_close(indices, ref_indices)
+    torch.testing.assert_close(values, ref_values)
+
+
+@pytest.mark.parametrize("form", ["coo", "coo_uncoalesced", "pairs"])
+@pytest.mark.parametrize("k", HUGE_K)
+def test_stopk_vector_huge_k(k, form):
+    dense = torch.tensor([0.0, 0.5, -2.0, 0.0, 3.0, 1.0], dtype=torch.float64)
+    values, indices = stopk(make_form(dense, form), k)
+    ref = dense.masked_fill(dense == 0, -INF).topk(dense.shape[0])
+    assert indices.tolist() == ref.indices[:4].tolist() + [-1, -1] == [4, 5, 1, 2, -1, -1]
+    assert values.tolist() == ref.values.tolist()
 
 
 # -- gradients -----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from .._forms import (SparseBatch, _a, _attached, _check_csr, _version, as_device, as_int,
-                      as_sparse_batch, move_structure, refuse_meta, trust)
+                      as_sparse_batch, check_int64, move_structure, refuse_meta, trust)
 from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 
 __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_rows"]
@@ -230,9 +230,10 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
                             f"{_a(str(index.dtype))} tensor of shape {tuple(index.shape)}")
         if isinstance(index, bool) or not isinstance(index, (numbers.Integral, Tensor)):
             raise TypeError(f"rows[{k}] row_index must be an int, got {type(index).__name__}")
-        if not 0 <= int(index) < 2 ** 63:  # a matrix row: negative would pick one from the end
-            raise ValueError(f"rows[{k}] row_index must be a matrix row in [0, 2**63), "
+        if int(index) < 0:  # a matrix row: negative would pick one from the end
+            raise ValueError(f"rows[{k}] row_index must be a non-negative matrix row, "
                              f"got {int(index)}")
+        check_int64(int(index), f"rows[{k}] row_index", "a matrix row")
         if not isinstance(col, Tensor) or not isinstance(val, Tensor):
             raise TypeError(f"rows[{k}] indices and values must be tensors, got "
                             f"{type(col).__name__} and {type(val).__name__}")

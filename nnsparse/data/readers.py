@@ -480,7 +480,8 @@ def _column(tokens: List[bytes], index: np.ndarray, dtype: Any, path: str,
             value = convert(token)
         except (ValueError, OverflowError):
             value = None
-        if value is None or not np.isfinite(value) or (convert is int and abs(value) >= 2**63):
+        # (an int id beyond int64 is kept exact by _big_ints: never the culprit here)
+        if value is None or (convert is float and not np.isfinite(value)):
             raise ValueError(f"{path}, line {line[k]}: {what} must be {kind}, "
                              f"got {token.decode('latin-1')!r}")
     raise AssertionError("unreachable: conversion failed without a bad token")

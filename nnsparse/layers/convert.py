@@ -59,7 +59,8 @@ class Densify(nn.Module):
                             f"{type(in_features).__name__} {in_features!r}")
         if in_features < 0:
             raise ValueError(f"in_features must be a non-negative int, got {in_features!r}")
-        check_int64(int(in_features), "in_features")  # the width of every output it makes
+        # the width of every output it makes
+        check_int64(int(in_features), "in_features", "a non-negative int")
         self.in_features: int = int(in_features)  # a numpy int is stored as an int
         self.elem: float = _check_elem(elem)
 

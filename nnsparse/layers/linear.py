@@ -320,7 +320,7 @@ def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_gra
         value = as_int(value, arg)
         if value < 0:
             raise ValueError(f"{arg} must be non-negative, got {value}")
-        sizes.append(check_int64(value, arg))
+        sizes.append(check_int64(value, arg, "a non-negative int"))
     itemsize = (dtype if isinstance(dtype, torch.dtype) else torch.get_default_dtype()).itemsize
     if sizes[0] * sizes[1] * itemsize > _INT64_MAX:  # torch: "Storage size ... overflowed"
         raise ValueError(f"in_features * out_features (the weight's elements, {itemsize} bytes "
