@@ -208,6 +208,25 @@ def test_sparse_criterion_one_sample():
     torch.testing.assert_close(out_grad, expected_grad, rtol=0, atol=1e-12)
 
 
+def test_sparse_criterion_one_sample_with_a_lua_pair_target():
+    # Lua's oneSample passed the (k, 2) pair tensor sparsify gave: a lone strided (k, 2)
+    # target of a vector estimate is taken as that pair vector (a target is never dense)
+    g = torch.Generator().manual_seed(30)
+    input, output = _lua_data(100, g), _lua_data(100, g, sparse=False)
+    pairs = to_pairs(sparsify(input))
+    assert pairs.layout == torch.strided and pairs.shape[1] == 2
+    crit = SparseCriterion(nn.MSELoss())
+    loss, out_grad = _loss_and_grad(crit, output, pairs)
+    ref_loss, ref_grad = _loss_and_grad(crit, output, sparsify(input))
+    torch.testing.assert_close(loss, ref_loss, rtol=0, atol=0)
+    torch.testing.assert_close(out_grad, ref_grad, rtol=0, atol=0)
+    bad = torch.tensor([[3.0, 1.0], [100.0, 2.0]])  # index 100 of a 100-wide estimate
+    with pytest.raises(ValueError, match=r"target.*100"):
+        SparseCriterion(nn.MSELoss())(output, bad)
+    with pytest.raises(TypeError, match=r"target must be sparse.*from_pairs"):
+        SparseCriterion(nn.MSELoss())(output.unsqueeze(0), pairs)  # a batch: dense
+
+
 @pytest.mark.parametrize("form", ["pair_list", "coo"])
 def test_sparse_criterion_mini_batch(form):
     # sparseCriterionTester.miniBatch: the target is a table of pair tensors in Lua.

@@ -221,7 +221,12 @@ def as_target(target: Any, est: Estimate, name: str = "target") -> SparseBatch:
     """
     if isinstance(target, Tensor) and target.device != est.device:  # before reading its indices
         check_device(target.device, est, name)
-    batch = as_sparse_batch(target, name=name, pairs=False)
+    # A lone strided (k, 2) target of a vector estimate can only be Lua's pair
+    # vector (a criterion's target is never dense): Lua's one-sample call.
+    lua_pairs = (est.is_vector and isinstance(target, Tensor) and target.layout == torch.strided
+                 and target.dim() == 2 and target.shape[1] == 2)
+    batch = as_sparse_batch(target, name=name, pairs=lua_pairs,
+                            width=est.width if lua_pairs else None)
     if batch.dtype.is_complex:  # a cast to the estimate's dtype would drop the imaginary part
         raise TypeError(f"{name} values must be real numbers, got dtype {batch.dtype}")
     if batch.rows != est.rows:

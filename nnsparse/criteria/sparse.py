@@ -55,7 +55,9 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
           of vectors...) of that shape whose pattern equals or contains the
           target's, e.g. a sparse-output decoder's output.
         - target: any accepted sparse form, ``(rows, n)`` or a vector of width
-          ``n`` (a pair tensor's indices must be below ``n``).
+          ``n`` (a pair tensor's indices must be below ``n``).  A strided
+          tensor is dense and refused, except a lone ``(k, 2)`` target of a
+          1-D estimate: Lua's one-sample call, taken as its pair vector.
         - output: a scalar, of the estimate's floating dtype; an integer or
           bool estimate is promoted to the target's floating dtype, or to the
           default dtype for an integer target.
