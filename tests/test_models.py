@@ -12,6 +12,7 @@ from nnsparse import Batchifier
 from nnsparse.data import (Ratings, mean_prediction, rmse, split_ratings, synthetic_item_features,
                            synthetic_ratings)
 from nnsparse.models import (AutoRec, CFN, KernelNet, RatingModel, Trainer, cross_validate, kfold)
+from nnsparse.models.base import _COMMON
 
 TINY = dict(hidden=16, epochs=8, batch_size=16, lr=1e-2, validation_ratio=0.0)
 MODELS = [(AutoRec, dict(l2=10.0)), (CFN, dict(l2=60.0)), (KernelNet, dict(l2=10.0, layers=1))]
@@ -151,17 +152,131 @@ def test_bad_hyperparameters(kwargs, error, match):
         AutoRec(**kwargs)
 
 
-@pytest.mark.parametrize("cls, kwargs, error, match", [
-    (AutoRec, dict(l2="auto"), TypeError, "l2 must be a real number, got str 'auto'"),
-    (CFN, dict(l2="auto"), TypeError, "l2 must be a real number, got str 'auto'"),
-    (KernelNet, dict(l2="Auto"), TypeError, "l2 must be a real number or 'auto', got str 'Auto'"),
-    (KernelNet, dict(l2_kernel=None), TypeError,
-     "l2_kernel must be a real number or 'auto', got NoneType None"),
-    (KernelNet, dict(hidden="auto"), TypeError, "hidden must be an int"),
-])
-def test_auto_only_where_a_model_sets_it(cls, kwargs, error, match):
+_NO_AUTO = (r"takes 'auto' for none of its hyperparameters \('auto' is for penalties that fit "
+            r"sets from the number of training ratings, such as KernelNet's l2, l2_kernel\); "
+            r"give {key} a value$")
+_ONLY_PENALTIES = (r"KernelNet takes 'auto' only for its penalties l2, l2_kernel, which fit sets "
+                   r"from the number of training ratings; give {key} a value$")
+
+
+def _auto_case(cls, key):
+    """(cls, kwargs, error, match) of "auto" given to a hyperparameter that refuses it."""
+    if key == "orientation":  # a str hyperparameter: "auto" is a wrong value of it
+        return cls, {key: "auto"}, ValueError, r"orientation must be 'item' or 'user', got 'auto'"
+    words = _ONLY_PENALTIES if cls.AUTO else cls.__name__ + " " + _NO_AUTO
+    return cls, {key: "auto"}, TypeError, f"^{key} cannot be 'auto': " + words.format(key=key)
+
+
+_REFUSES_AUTO = [_auto_case(cls, key) for cls in (AutoRec, CFN, KernelNet)
+                 for key in {**_COMMON, **cls.DEFAULTS} if key not in cls.AUTO]
+
+
+@pytest.mark.parametrize("as_", [str, np.str_], ids=["str", "np.str_"])
+@pytest.mark.parametrize("cls, kwargs, error, match", _REFUSES_AUTO,
+                         ids=lambda v: v.__name__ if isinstance(v, type) else
+                         str(v) if isinstance(v, dict) else "")
+def test_auto_only_where_a_model_sets_it(cls, kwargs, error, match, as_):
+    """"auto" is for the penalties a model lists in AUTO (KernelNet's l2, l2_kernel); any
+    other hyperparameter refuses it, a numpy str too, naming the key and the ones that
+    take it: an "auto" lr or size would reach the Trainer or build() as a str."""
+    kwargs = {k: as_(v) for k, v in kwargs.items()}
     with pytest.raises(error, match=match):
         cls(**kwargs)
+    model = cls(hidden=4, epochs=1, validation_ratio=0.0)  # an edit after __init__: fit checks
+    before = dict(model.hparams)
+    model.hparams.update(kwargs)
+    with pytest.raises(error, match=match):
+        model.fit(synthetic_ratings(0, 20, 15, 120), verbose=False, progress=False)
+    assert not model._built and {k: model.hparams[k] for k in before if k not in kwargs} == \
+        {k: v for k, v in before.items() if k not in kwargs}
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(l2="Auto"), "l2 must be a real number or 'auto', got str 'Auto'"),
+    (dict(l2_kernel=" auto"), "l2_kernel must be a real number or 'auto', got str ' auto'"),
+    (dict(l2_kernel=None), "l2_kernel must be a real number or 'auto', got NoneType None"),
+])
+def test_an_auto_penalty_takes_a_number_or_auto(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        KernelNet(**kwargs)
+
+
+def test_auto_penalties_pass_as_str_and_numpy_str():
+    model = KernelNet(l2=np.str_("auto"), l2_kernel="auto")
+    assert model.hparams["l2"] == model.hparams["l2_kernel"] == "auto"
+    assert type(model.hparams["l2"]) is str
+    with pytest.raises(TypeError, match=r"^l2 cannot be 'auto': CFN takes 'auto' for none"):
+        CFN(l2=np.str_("auto"))
+
+
+def _subclass(**attrs):
+    """An AutoRec subclass with class attributes ``attrs`` (not registered)."""
+    return type("Custom", (AutoRec,), {"name": "custom-test", **attrs})
+
+
+@pytest.mark.parametrize("attrs, error, match", [
+    (dict(AUTO=dict(lr=1e-3)), ValueError,
+     r"Custom.AUTO may name only Custom's own penalty hyperparameters \(DEFAULTS keys starting "
+     r"with 'l2'\), got 'lr'"),
+    (dict(AUTO=dict(hidden=500)), ValueError, r"Custom.AUTO may name only .*got 'hidden'"),
+    (dict(AUTO=dict(l2_other=1.0)), ValueError, r"Custom.AUTO may name only .*got 'l2_other'"),
+    (dict(AUTO=dict(l2=0.0)), ValueError,
+     r"Custom.AUTO\['l2'\] must be a positive finite number, got 0.0"),
+    (dict(AUTO=dict(l2="auto")), ValueError,
+     r"Custom.AUTO\['l2'\] must be a positive finite number, got 'auto'"),
+    (dict(AUTO=dict(l2=math.inf)), ValueError,
+     r"Custom.AUTO\['l2'\] must be a positive finite number, got inf"),
+    (dict(AUTO=["l2"]), TypeError, r"Custom.AUTO must be a dict .*got list"),
+    (dict(AUTO=dict(l2=1.0), AUTO_RATINGS=0), ValueError,
+     r"Custom.AUTO_RATINGS must be an int >= 1, got 0"),
+    (dict(AUTO=dict(l2=1.0), AUTO_EXPONENT=math.nan), ValueError,
+     r"Custom.AUTO_EXPONENT must be a finite number, got nan"),
+], ids=["lr", "hidden", "not-a-default", "zero", "str", "inf", "list", "ratings", "exponent"])
+def test_auto_table_names_penalties_only(attrs, error, match):
+    """A subclass whose AUTO names a learning rate or a size (which would reach the Trainer
+    as 'auto') is refused by register and at construction; MODELS is left as it was."""
+    from nnsparse.models import MODELS, register
+    cls = _subclass(**attrs)
+    with pytest.raises(error, match=match):
+        register(cls)
+    assert "custom-test" not in MODELS
+    with pytest.raises(error, match=match):
+        cls()
+
+
+def test_a_subclass_auto_penalty_is_set_by_fit():
+    cls = _subclass(AUTO=dict(l2=200.0))
+    model = cls(l2="auto", hidden=4, epochs=1, validation_ratio=0.0)
+    with pytest.raises(TypeError, match=r"^hidden cannot be 'auto': Custom takes 'auto' only "
+                                        r"for its penalties l2, which fit"):
+        cls(hidden="auto")
+    model.fit(synthetic_ratings(0, 20, 15, 120), verbose=False, progress=False)
+    assert model.effective_hparams()["l2"] == pytest.approx(200.0 * (120 / 80_000) ** 0.4)
+
+
+@pytest.mark.parametrize("value, expected", [
+    (np.float32(0.5), 0.5), (np.int64(3), 3), (np.bool_(True), True), (np.str_("tanh"), "tanh"),
+    ((np.int64(1), 2.0), (1, 2.0)), ([np.float64(0.25)], [0.25]), ({"a": np.int32(1)}, {"a": 1}),
+    (None, None),
+], ids=["float32", "int64", "bool_", "str_", "tuple", "list", "dict", "None"])
+def test_a_subclass_hyperparameter_is_kept_as_a_plain_value(value, expected):
+    """A subclass's own hyperparameters (which no built-in check knows) are normalised as the
+    built-in ones: a numpy scalar in a saved file made it unreadable with weights_only."""
+    cls = _subclass(DEFAULTS={**AutoRec.DEFAULTS, "act": "sigmoid"})
+    got = cls(act=value).hparams["act"]
+    assert got == expected and type(got) is type(expected)
+    for a, b in zip(got if isinstance(got, (list, tuple)) else [], expected or []):
+        assert type(a) is type(b)
+
+
+@pytest.mark.parametrize("value, name", [(torch.nn.Tanh(), "Tanh"), (torch.tensor(1.0), "Tensor"),
+                                         (1 + 2j, "complex"), ([object()], "object")])
+def test_a_subclass_hyperparameter_a_file_cannot_hold_is_refused(value, name):
+    cls = _subclass(DEFAULTS={**AutoRec.DEFAULTS, "act": "sigmoid"})
+    with pytest.raises(TypeError, match=rf"^hyperparameter act must be None, a bool, a number, a "
+                                        rf"str, or a list, tuple or dict of them \(what a model "
+                                        rf"file holds\), got {name}"):
+        cls(act=value)
 
 
 def test_auto_penalties_follow_the_ratings_fit_was_given(data, tmp_path):
