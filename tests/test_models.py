@@ -265,8 +265,9 @@ def test_a_subclass_hyperparameter_is_kept_as_a_plain_value(value, expected):
     cls = _subclass(DEFAULTS={**AutoRec.DEFAULTS, "act": "sigmoid"})
     got = cls(act=value).hparams["act"]
     assert got == expected and type(got) is type(expected)
-    for a, b in zip(got if isinstance(got, (list, tuple)) else [], expected or []):
-        assert type(a) is type(b)
+    items = (zip(got, expected) if isinstance(expected, (list, tuple))
+             else zip(got.values(), expected.values()) if isinstance(expected, dict) else [])
+    assert all(type(a) is type(b) for a, b in items)
 
 
 @pytest.mark.parametrize("value, name", [(torch.nn.Tanh(), "Tanh"), (torch.tensor(1.0), "Tensor"),
