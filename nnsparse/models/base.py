@@ -716,7 +716,8 @@ class RatingModel(nn.Module):
         u_ok, i_ok = self._known(users, items)
         known = u_ok & i_ok
         if bool(known.any()):
-            row, col = ((items, users) if self.hparams["orientation"] == "item"
+            # the fitted orientation: hparams may have been edited since (for a next fit)
+            row, col = ((items, users) if self._norm.orientation == "item"
                         else (users, items))
             pred[known] = self._network_predict(row[known], col[known])
         return (pred, counts) if return_counts else pred
@@ -735,7 +736,8 @@ class RatingModel(nn.Module):
         order = torch.argsort(row, stable=True)
         row_s, col_s = row[order], col[order]
         unique, inverse = torch.unique_consecutive(row_s, return_inverse=True)
-        step = max(self.hparams["batch_size"], 256)
+        # the fitted batch size (checked): hparams may have been edited since
+        step = max(getattr(self, "_fit_hparams", self.hparams)["batch_size"], 256)
         for start in range(0, unique.shape[0], step):
             chunk = unique[start:start + step]
             take = (inverse >= start) & (inverse < start + chunk.shape[0])
