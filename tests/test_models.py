@@ -1011,3 +1011,61 @@ def test_a_loaded_model_saves_again_the_same_file_contents(tmp_path):
     loaded.hparams["epochs"] = np.int64(9)
     loaded.save(tmp_path / "c.pt")
     assert KernelNet.load(tmp_path / "c.pt").hparams["epochs"] == 9
+
+
+class _Unregistered(AutoRec):
+    """A subclass that changes the network but inherits AutoRec's name: its file said
+    "autorec", and load() rebuilt an AutoRec with its weights (other predictions)."""
+
+    def network(self, x, rows, pattern=None):
+        return super().network(x, rows, pattern) * 2.0
+
+
+@pytest.mark.parametrize("cls, match", [
+    (_Unregistered, r"^_Unregistered is not registered under its name 'autorec' \(the name a "
+                    r"model file holds, which load\(\) would rebuild as an AutoRec\); give the "
+                    r"class its own name and decorate it with nnsparse.models.register$"),
+    (_subclass(), r"^Custom is not registered under its name 'custom-test' \(the name a model "
+                  r"file holds\); give the class its own name"),
+], ids=["inherited-name", "own-name"])
+def test_save_refuses_a_class_load_would_not_rebuild(tmp_path, cls, match):
+    model = _tiny(cls)
+    with pytest.raises(TypeError, match=match):
+        model.save(tmp_path / "m.pt")
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_save_checks_a_build_the_meta_device_cannot_run(tmp_path):
+    """A registered subclass whose build reads a value back (no meta-device run): save
+    checks its hparams on a CPU build instead, drawing no random number of the caller's."""
+    from nnsparse.models import MODELS, register
+
+    class ReadsBack(AutoRec):
+        name = "reads-back-test"
+
+        def build(self, rows, width, features):
+            self.scale = float(torch.ones(1).sum())  # a meta tensor has no value
+            super().build(rows, width, features)
+
+    register(ReadsBack)
+    try:
+        model = _tiny(ReadsBack)
+        rng = torch.get_rng_state()
+        model.save(tmp_path / "m.pt")
+        assert torch.equal(rng, torch.get_rng_state())
+        assert torch.equal(RatingModel.load(tmp_path / "m.pt").predict(_TINY_R),
+                           model.predict(_TINY_R))
+        model.hparams["hidden"] = 5
+        with pytest.raises(ValueError, match=r"they build encoder.weight of shape \(5, 20\), "
+                                             r"the model has \(4, 20\)"):
+            model.save(tmp_path / "m.pt")
+    finally:
+        MODELS.pop("reads-back-test", None)
+
+
+def test_load_of_an_unregistered_name_says_what_to_import(tmp_path):
+    path = _old_file(tmp_path, AutoRec, lambda blob: blob.update(model="mine"))
+    with pytest.raises(ValueError, match=r"old.pt holds an unknown model 'mine' \(registered: "
+                                         r"\[.*'autorec'.*\]; import the module that registers "
+                                         r"it first\)$"):
+        RatingModel.load(path)

@@ -898,7 +898,9 @@ class RatingModel(nn.Module):
 
         Raises:
             RuntimeError: the model is not fitted (or its last fit failed).
-            TypeError: a ``path`` of the wrong kind; ``hparams`` of the wrong kind.
+            TypeError: a ``path`` of the wrong kind; ``hparams`` of the wrong kind;
+                a class not registered under its ``name`` (the file would load as
+                another class).
             ValueError: ``path`` is a directory or has no parent directory;
                 ``hparams`` out of range or no longer matching the fitted
                 network; weights that are not finite.
@@ -906,6 +908,7 @@ class RatingModel(nn.Module):
         """
         self._check_built()
         _path_to_write(path)
+        self._check_registered()
         hparams = self._checked_hparams()
         self._check_network_hparams(hparams)
         state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
@@ -931,6 +934,19 @@ class RatingModel(nn.Module):
             state=state, best_epoch=self.best_epoch,
             penalty_ratings=self.penalty_ratings), path)
 
+    def _check_registered(self) -> None:
+        """``TypeError`` unless ``MODELS[self.name]`` is this class: a file names its model,
+        and load() would rebuild an unregistered subclass as the class it inherits the name
+        of (other code, the same weights: other predictions)."""
+        cls, known = type(self), MODELS.get(self.name)
+        if known is None or (known.__module__, known.__qualname__) != (cls.__module__,
+                                                                       cls.__qualname__):
+            rebuilt = ("" if known is None else
+                       f", which load() would rebuild as {_a(known.__name__)}")
+            raise TypeError(f"{cls.__name__} is not registered under its name {self.name!r} "
+                            f"(the name a model file holds{rebuilt}); give the class its own "
+                            f"name and decorate it with nnsparse.models.register")
+
     def _check_network_hparams(self, hparams: Dict[str, Any]) -> None:
         """``ValueError`` unless ``hparams`` (checked) still describe the fitted network:
         the normaliser's orientation, and the state :meth:`build` makes from them, shape
@@ -946,8 +962,14 @@ class RatingModel(nn.Module):
                              f"{self._norm.orientation!r} rows{since}{advice}")
         fresh = type(self)(**hparams)
         features = getattr(self, "row_features", None)
-        with torch.device("meta"):
-            fresh.build(*self._shape, 0 if features is None else features.shape[1])
+        sizes = (*self._shape, 0 if features is None else features.shape[1])
+        try:
+            with torch.device("meta"):
+                fresh.build(*sizes)
+        except (NotImplementedError, RuntimeError):  # a build that reads a value back
+            fresh = type(self)(**hparams)
+            with torch.random.fork_rng(devices=[]):  # (no random number drawn for the caller)
+                fresh.build(*sizes)
         own = self.state_dict()
         for key, value in fresh.state_dict().items():
             if key not in own or own[key].shape != value.shape:
@@ -996,7 +1018,8 @@ class RatingModel(nn.Module):
     def _from_blob(cls, blob: Dict[str, Any], path: Any, device: torch.device) -> "RatingModel":
         model_cls = MODELS.get(blob["model"])
         if model_cls is None:
-            raise ValueError(f"{path} holds an unknown model {blob['model']!r}")
+            raise ValueError(f"{path} holds an unknown model {blob['model']!r} (registered: "
+                             f"{sorted(MODELS)}; import the module that registers it first)")
         if cls is not RatingModel and not issubclass(model_cls, cls):
             raise ValueError(f"{path} holds {_a(model_cls.__name__)}, not {_a(cls.__name__)}")
         hparams = blob["hparams"]
