@@ -163,7 +163,12 @@ class RatingModel(nn.Module):
     ``validation`` when one is passed: the refit trains on both), as
     ``AUTO[key] * (n / AUTO_RATINGS) ** AUTO_EXPONENT`` (the value at
     MovieLens-100K's 80,000 training ratings, grown with the data);
-    :meth:`effective_hparams` gives the values training uses.
+    :meth:`effective_hparams` gives the values training uses.  ``AUTO`` names
+    penalty weights only (``l2``, ``l2_kernel``: :func:`register` and the
+    constructor refuse a class listing another), and every other
+    hyperparameter refuses ``"auto"`` (a numpy str too), at construction and
+    wherever ``hparams`` edited since are checked again (:meth:`fit`,
+    :meth:`save`).
     """
 
     name = "base"
@@ -606,8 +611,8 @@ class RatingModel(nn.Module):
             raise ValueError(f"train: every rating is {scale[0]}; the model learns on the "
                              f"scale (min, max) of the ratings, which needs two distinct values")
         self.verbose = verbose  # every check passed: the model changes from here
+        start = time.perf_counter()
         try:
-            start = time.perf_counter()
             self._prepare(train_part, scale, features, given)
             auto = {k: v for k, v in self.effective_hparams().items() if _is_auto(h[k])}
             if auto and verbose and nd.is_main():
@@ -1211,8 +1216,9 @@ def _save_whole(blob: Dict[str, Any], path: Any) -> None:
         return
     target = Path(os.path.realpath(path))  # through a link, as torch.save wrote
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+    f = open(tmp, "xb")  # the umask's mode, as a plain open; (outside the try: ours only)
     try:
-        with open(tmp, "xb") as f:  # the umask's mode, as a plain open
+        with f:
             torch.save(blob, f)
         if target.exists():
             os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
