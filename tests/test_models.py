@@ -876,6 +876,20 @@ def test_save_writes_through_a_link_and_keeps_the_mode(tmp_path):
     assert torch.equal(AutoRec.load(target).predict(_TINY_R), model.predict(_TINY_R))
 
 
+def test_a_refused_save_writes_nothing_to_a_file_object():
+    import io
+    model = _fitted_copy(AutoRec)
+    model.hparams["lr"] = np.str_("auto")
+    buffer = io.BytesIO()
+    with pytest.raises(TypeError, match=r"^lr cannot be 'auto'"):
+        model.save(buffer)
+    assert buffer.getvalue() == b""
+    model.hparams["lr"] = np.float32(0.5)
+    model.save(buffer)
+    buffer.seek(0)
+    assert AutoRec.load(buffer).hparams["lr"] == 0.5
+
+
 def test_save_before_fit_writes_nothing(tmp_path):
     with pytest.raises(RuntimeError, match=r"^AutoRec is not fitted; call fit\(\) or load\(\)$"):
         AutoRec(hidden=4).save(tmp_path / "m.pt")
