@@ -12,6 +12,7 @@ from nnsparse import Batchifier
 from nnsparse.data import (Ratings, mean_prediction, rmse, split_ratings, synthetic_item_features,
                            synthetic_ratings)
 from nnsparse.models import (AutoRec, CFN, KernelNet, RatingModel, Trainer, cross_validate, kfold)
+from nnsparse.models.base import _COMMON
 
 TINY = dict(hidden=16, epochs=8, batch_size=16, lr=1e-2, validation_ratio=0.0)
 MODELS = [(AutoRec, dict(l2=10.0)), (CFN, dict(l2=60.0)), (KernelNet, dict(l2=10.0, layers=1))]
@@ -151,17 +152,132 @@ def test_bad_hyperparameters(kwargs, error, match):
         AutoRec(**kwargs)
 
 
-@pytest.mark.parametrize("cls, kwargs, error, match", [
-    (AutoRec, dict(l2="auto"), TypeError, "l2 must be a real number, got str 'auto'"),
-    (CFN, dict(l2="auto"), TypeError, "l2 must be a real number, got str 'auto'"),
-    (KernelNet, dict(l2="Auto"), TypeError, "l2 must be a real number or 'auto', got str 'Auto'"),
-    (KernelNet, dict(l2_kernel=None), TypeError,
-     "l2_kernel must be a real number or 'auto', got NoneType None"),
-    (KernelNet, dict(hidden="auto"), TypeError, "hidden must be an int"),
-])
-def test_auto_only_where_a_model_sets_it(cls, kwargs, error, match):
+_NO_AUTO = (r"takes 'auto' for none of its hyperparameters \('auto' is for penalties that fit "
+            r"sets from the number of training ratings, such as KernelNet's l2, l2_kernel\); "
+            r"give {key} a value$")
+_ONLY_PENALTIES = (r"KernelNet takes 'auto' only for its penalties l2, l2_kernel, which fit sets "
+                   r"from the number of training ratings; give {key} a value$")
+
+
+def _auto_case(cls, key):
+    """(cls, kwargs, error, match) of "auto" given to a hyperparameter that refuses it."""
+    if key == "orientation":  # a str hyperparameter: "auto" is a wrong value of it
+        return cls, {key: "auto"}, ValueError, r"orientation must be 'item' or 'user', got 'auto'"
+    words = _ONLY_PENALTIES if cls.AUTO else cls.__name__ + " " + _NO_AUTO
+    return cls, {key: "auto"}, TypeError, f"^{key} cannot be 'auto': " + words.format(key=key)
+
+
+_REFUSES_AUTO = [_auto_case(cls, key) for cls in (AutoRec, CFN, KernelNet)
+                 for key in {**_COMMON, **cls.DEFAULTS} if key not in cls.AUTO]
+
+
+@pytest.mark.parametrize("as_", [str, np.str_], ids=["str", "np.str_"])
+@pytest.mark.parametrize("cls, kwargs, error, match", _REFUSES_AUTO,
+                         ids=lambda v: v.__name__ if isinstance(v, type) else
+                         str(v) if isinstance(v, dict) else "")
+def test_auto_only_where_a_model_sets_it(cls, kwargs, error, match, as_):
+    """"auto" is for the penalties a model lists in AUTO (KernelNet's l2, l2_kernel); any
+    other hyperparameter refuses it, a numpy str too, naming the key and the ones that
+    take it: an "auto" lr or size would reach the Trainer or build() as a str."""
+    kwargs = {k: as_(v) for k, v in kwargs.items()}
     with pytest.raises(error, match=match):
         cls(**kwargs)
+    model = cls(hidden=4, epochs=1, validation_ratio=0.0)  # an edit after __init__: fit checks
+    before = dict(model.hparams)
+    model.hparams.update(kwargs)
+    with pytest.raises(error, match=match):
+        model.fit(synthetic_ratings(0, 20, 15, 120), verbose=False, progress=False)
+    assert not model._built  # refused before training: hparams as edited, not normalised
+    assert all(model.hparams[k] is v for k, v in {**before, **kwargs}.items())
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(l2="Auto"), "l2 must be a real number or 'auto', got str 'Auto'"),
+    (dict(l2_kernel=" auto"), "l2_kernel must be a real number or 'auto', got str ' auto'"),
+    (dict(l2_kernel=None), "l2_kernel must be a real number or 'auto', got NoneType None"),
+])
+def test_an_auto_penalty_takes_a_number_or_auto(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        KernelNet(**kwargs)
+
+
+def test_auto_penalties_pass_as_str_and_numpy_str():
+    model = KernelNet(l2=np.str_("auto"), l2_kernel="auto")
+    assert model.hparams["l2"] == model.hparams["l2_kernel"] == "auto"
+    assert type(model.hparams["l2"]) is str
+    with pytest.raises(TypeError, match=r"^l2 cannot be 'auto': CFN takes 'auto' for none"):
+        CFN(l2=np.str_("auto"))
+
+
+def _subclass(**attrs):
+    """An AutoRec subclass with class attributes ``attrs`` (not registered)."""
+    return type("Custom", (AutoRec,), {"name": "custom-test", **attrs})
+
+
+@pytest.mark.parametrize("attrs, error, match", [
+    (dict(AUTO=dict(lr=1e-3)), ValueError,
+     r"Custom.AUTO may name only Custom's own penalty hyperparameters \(DEFAULTS keys starting "
+     r"with 'l2'\), got 'lr'"),
+    (dict(AUTO=dict(hidden=500)), ValueError, r"Custom.AUTO may name only .*got 'hidden'"),
+    (dict(AUTO=dict(l2_other=1.0)), ValueError, r"Custom.AUTO may name only .*got 'l2_other'"),
+    (dict(AUTO=dict(l2=0.0)), ValueError,
+     r"Custom.AUTO\['l2'\] must be a positive finite number, got 0.0"),
+    (dict(AUTO=dict(l2="auto")), ValueError,
+     r"Custom.AUTO\['l2'\] must be a positive finite number, got 'auto'"),
+    (dict(AUTO=dict(l2=math.inf)), ValueError,
+     r"Custom.AUTO\['l2'\] must be a positive finite number, got inf"),
+    (dict(AUTO=["l2"]), TypeError, r"Custom.AUTO must be a dict .*got list"),
+    (dict(AUTO=dict(l2=1.0), AUTO_RATINGS=0), ValueError,
+     r"Custom.AUTO_RATINGS must be an int >= 1, got 0"),
+    (dict(AUTO=dict(l2=1.0), AUTO_EXPONENT=math.nan), ValueError,
+     r"Custom.AUTO_EXPONENT must be a finite number, got nan"),
+], ids=["lr", "hidden", "not-a-default", "zero", "str", "inf", "list", "ratings", "exponent"])
+def test_auto_table_names_penalties_only(attrs, error, match):
+    """A subclass whose AUTO names a learning rate or a size (which would reach the Trainer
+    as 'auto') is refused by register and at construction; MODELS is left as it was."""
+    from nnsparse.models import MODELS, register
+    cls = _subclass(**attrs)
+    with pytest.raises(error, match=match):
+        register(cls)
+    assert "custom-test" not in MODELS
+    with pytest.raises(error, match=match):
+        cls()
+
+
+def test_a_subclass_auto_penalty_is_set_by_fit():
+    cls = _subclass(AUTO=dict(l2=200.0))
+    model = cls(l2="auto", hidden=4, epochs=1, validation_ratio=0.0)
+    with pytest.raises(TypeError, match=r"^hidden cannot be 'auto': Custom takes 'auto' only "
+                                        r"for its penalties l2, which fit"):
+        cls(hidden="auto")
+    model.fit(synthetic_ratings(0, 20, 15, 120), verbose=False, progress=False)
+    assert model.effective_hparams()["l2"] == pytest.approx(200.0 * (120 / 80_000) ** 0.4)
+
+
+@pytest.mark.parametrize("value, expected", [
+    (np.float32(0.5), 0.5), (np.int64(3), 3), (np.bool_(True), True), (np.str_("tanh"), "tanh"),
+    ((np.int64(1), 2.0), (1, 2.0)), ([np.float64(0.25)], [0.25]), ({"a": np.int32(1)}, {"a": 1}),
+    (None, None),
+], ids=["float32", "int64", "bool_", "str_", "tuple", "list", "dict", "None"])
+def test_a_subclass_hyperparameter_is_kept_as_a_plain_value(value, expected):
+    """A subclass's own hyperparameters (which no built-in check knows) are normalised as the
+    built-in ones: a numpy scalar in a saved file made it unreadable with weights_only."""
+    cls = _subclass(DEFAULTS={**AutoRec.DEFAULTS, "act": "sigmoid"})
+    got = cls(act=value).hparams["act"]
+    assert got == expected and type(got) is type(expected)
+    items = (zip(got, expected) if isinstance(expected, (list, tuple))
+             else zip(got.values(), expected.values()) if isinstance(expected, dict) else [])
+    assert all(type(a) is type(b) for a, b in items)
+
+
+@pytest.mark.parametrize("value, name", [(torch.nn.Tanh(), "Tanh"), (torch.tensor(1.0), "Tensor"),
+                                         (1 + 2j, "complex"), ([object()], "object")])
+def test_a_subclass_hyperparameter_a_file_cannot_hold_is_refused(value, name):
+    cls = _subclass(DEFAULTS={**AutoRec.DEFAULTS, "act": "sigmoid"})
+    with pytest.raises(TypeError, match=rf"^hyperparameter act must be None, a bool, a number, a "
+                                        rf"str, or a list, tuple or dict of them \(what a model "
+                                        rf"file holds\), got {name}"):
+        cls(act=value)
 
 
 def test_auto_penalties_follow_the_ratings_fit_was_given(data, tmp_path):
@@ -614,3 +730,357 @@ def test_trainer_takes_numpy_ints_as_the_models_do():
     t = _NoTraining(torch.nn.Linear(1, 1), epochs=np.int64(3), batch_size=1, lr=0.1, log=None,
                     seed=2**64)
     assert len(t.fit(torch.eye(2).to_sparse_csr(), epochs=np.int64(2)).history) == 2
+
+
+# -- save() checks hparams edited since fit; load() refuses files that would load wrong ------
+_TINY_R = synthetic_ratings(0, 20, 15, 120)  # 20 users x 15 items: not square
+
+
+def _tiny(cls=AutoRec, r=_TINY_R, **kw):
+    torch.manual_seed(0)
+    hp = {**dict(hidden=4, epochs=1, batch_size=8, validation_ratio=0.0), **kw}
+    return cls(**hp).fit(r, verbose=False, progress=False)
+
+
+_FITTED_TINY = {}
+
+
+def _fitted_copy(cls):
+    """A fitted tiny model of ``cls``, a fresh copy each time (the cases edit its hparams)."""
+    if cls not in _FITTED_TINY:
+        _FITTED_TINY[cls] = _tiny(cls, layers=1) if cls is KernelNet else _tiny(cls)
+    return copy.deepcopy(_FITTED_TINY[cls])
+
+
+def _delete(key):
+    return lambda h: h.pop(key)
+
+
+_SHAPES = r"hparams no longer describe the fitted network: they build "
+_BACK = r"; set them back, or fit again, before saving \(the file would not load\)$"
+_BAD_EDITS = [
+    (AutoRec, dict(lr="auto"), TypeError, r"^lr cannot be 'auto': AutoRec takes 'auto' for none"),
+    (AutoRec, dict(lr=np.str_("auto")), TypeError, r"^lr cannot be 'auto'"),
+    (KernelNet, dict(lr="auto"), TypeError,
+     r"^lr cannot be 'auto': KernelNet takes 'auto' only for its penalties l2, l2_kernel"),
+    (KernelNet, dict(epochs="auto"), TypeError, r"^epochs cannot be 'auto'"),
+    (CFN, dict(hide_ratio="auto"), TypeError, r"^hide_ratio cannot be 'auto'"),
+    (AutoRec, dict(lr=float("nan")), ValueError, r"^lr must be positive, got nan$"),
+    (AutoRec, dict(lr=float("inf")), ValueError, r"^lr must be finite, got inf$"),
+    (KernelNet, dict(l2=-np.float32(1)), ValueError, r"^l2 must be non-negative, got -1.0$"),
+    (AutoRec, dict(l2=None), TypeError, r"^l2 must be a real number, got NoneType None$"),
+    (AutoRec, dict(lr="0.1"), TypeError, r"^lr must be a real number, got str '0.1'$"),
+    (AutoRec, dict(epochs=2.5), TypeError, r"^epochs must be an int >= 1, got 2.5$"),
+    (AutoRec, dict(refit=1), TypeError, r"^refit must be a bool, got int 1$"),
+    (CFN, dict(hide_ratio=1.0), ValueError, r"^hide_ratio must be in \[0, 1\), got 1.0$"),
+    (AutoRec, dict(hiden=4), TypeError, r"^AutoRec got unknown hyperparameters \['hiden'\]"),
+    (AutoRec, _delete("lr"), TypeError,
+     r"^AutoRec.hparams lacks \['lr'\]; every hyperparameter needs a value \(defaults: "
+     r"\{'lr': 0.001\}\)$"),
+    (AutoRec, dict(hidden=8), ValueError,
+     _SHAPES + r"encoder.weight of shape \(8, 20\), the model has \(4, 20\); changed since fit: "
+     r"hidden 4 -> 8" + _BACK),
+    (KernelNet, dict(layers=2), ValueError,
+     _SHAPES + r"kernels.1.weight of shape \(4, 4\), the model has \(20, 4\); changed since "
+     r"fit: layers 1 -> 2" + _BACK),
+    (KernelNet, dict(dim=np.int64(3)), ValueError,
+     _SHAPES + r"kernels.0.u of shape \(20, 3\), the model has \(20, 5\); changed since fit: "
+     r"dim 5 -> 3" + _BACK),
+    (CFN, dict(orientation="user"), ValueError,
+     r"^hparams no longer describe the fitted network: orientation is 'user', the model was "
+     r"fitted with 'item' rows; changed since fit: orientation 'item' -> 'user'" + _BACK),
+]
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new-path", "existing-file"])
+@pytest.mark.parametrize("cls, edit, error, match", _BAD_EDITS,
+                         ids=lambda v: v.__name__ if isinstance(v, type) else
+                         str(v) if isinstance(v, dict) else "")
+def test_save_checks_hparams_edited_after_fit(tmp_path, cls, edit, error, match, existing):
+    """An edit fit would refuse, or one that no longer describes the fitted network, is
+    refused by save before anything is written (the file load then refused, or loaded with
+    other weights): no file, or the existing one byte for byte; the model as it was."""
+    model = _fitted_copy(cls)
+    path = tmp_path / "m.pt"
+    if existing:
+        path.write_bytes(b"an older file")
+    predictions = model.predict(_TINY_R)
+    edit(model.hparams) if callable(edit) else model.hparams.update(edit)
+    before = dict(model.hparams)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(error, match=match):
+        model.save(path)
+    assert (path.read_bytes() == b"an older file") if existing else not path.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["m.pt"] if existing else [])
+    assert model.hparams.keys() == before.keys()
+    assert all(model.hparams[k] is before[k] for k in before)  # not even normalised
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    # still fitted, predicting as fitted (an edited orientation read the other matrix's rows)
+    assert torch.equal(model.predict(_TINY_R), predictions)
+
+
+@pytest.mark.parametrize("cls, edit", [
+    (AutoRec, dict(lr=np.float32(1e-3))),
+    (AutoRec, dict(epochs=np.int64(3), patience=np.int32(2), refit=np.bool_(False),
+                   orientation=np.str_("item"), seed=np.uint8(5))),
+    (CFN, dict(l2=np.float64(3.5), alpha=np.float16(2), hide_ratio=np.float32(0.5))),
+    (KernelNet, dict(l2=np.float32(7), l2_kernel=np.str_("auto"), hidden=np.int16(4))),
+], ids=["lr-float32", "ints-bool-str", "cfn-floats", "kernelnet-penalties"])
+def test_save_after_a_numpy_edit_round_trips(tmp_path, cls, edit):
+    """Settings edited after fit (for the next one) as numpy scalars: saved as the Python
+    values construction makes of them, so torch.load(weights_only=True) reads the file and
+    load rebuilds the same model (a numpy float32 lr made the file unreadable)."""
+    model = _fitted_copy(cls)
+    model.hparams.update(edit)
+    path = tmp_path / "m.pt"
+    model.save(path)
+    saved = torch.load(path, weights_only=True)["hparams"]
+    loaded = cls.load(path)
+    for k, v in edit.items():
+        expected = "auto" if isinstance(v, str) and v == "auto" else v.item()
+        assert saved[k] == expected and type(saved[k]) is type(expected), k
+        assert loaded.hparams[k] == expected and type(loaded.hparams[k]) is type(expected), k
+    assert loaded.hparams == model._checked_hparams()
+    assert torch.equal(loaded.predict(_TINY_R), model.predict(_TINY_R))
+    assert model.hparams["lr"] is (edit.get("lr", model.hparams["lr"]))  # save changed nothing
+
+
+def test_a_failed_write_leaves_the_existing_file(tmp_path, monkeypatch):
+    """The file is written through a temporary one renamed over it: a save failing half-way
+    (a full disk) leaves the previous file whole and no temporary file behind."""
+    model = _fitted_copy(AutoRec)
+    path = tmp_path / "m.pt"
+    model.save(path)
+    good = path.read_bytes()
+    real_save = torch.save
+
+    def half_then_fail(obj, f, *a, **kw):
+        f.write(b"half a model")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", half_then_fail)
+    with pytest.raises(OSError, match="No space left on device"):
+        model.save(path)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert path.read_bytes() == good and [p.name for p in tmp_path.iterdir()] == ["m.pt"]
+    assert torch.equal(AutoRec.load(path).predict(_TINY_R), model.predict(_TINY_R))
+
+
+def test_save_writes_through_a_link_and_keeps_the_mode(tmp_path):
+    model = _fitted_copy(AutoRec)
+    target, link = tmp_path / "target.pt", tmp_path / "link.pt"
+    target.write_bytes(b"old")
+    target.chmod(0o640)
+    link.symlink_to(target)
+    model.save(link)
+    assert link.is_symlink() and (target.stat().st_mode & 0o777) == 0o640
+    assert torch.equal(AutoRec.load(target).predict(_TINY_R), model.predict(_TINY_R))
+
+
+def test_a_refused_save_writes_nothing_to_a_file_object():
+    import io
+    model = _fitted_copy(AutoRec)
+    model.hparams["lr"] = np.str_("auto")
+    buffer = io.BytesIO()
+    with pytest.raises(TypeError, match=r"^lr cannot be 'auto'"):
+        model.save(buffer)
+    assert buffer.getvalue() == b""
+    model.hparams["lr"] = np.float32(0.5)
+    model.save(buffer)
+    buffer.seek(0)
+    assert AutoRec.load(buffer).hparams["lr"] == 0.5
+
+
+def test_save_before_fit_writes_nothing(tmp_path):
+    with pytest.raises(RuntimeError, match=r"^AutoRec is not fitted; call fit\(\) or load\(\)$"):
+        AutoRec(hidden=4).save(tmp_path / "m.pt")
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_a_diverged_fit_leaves_the_model_not_fitted(tmp_path):
+    """A fit that raised FloatingPointError left NaN weights that predict returned and save
+    wrote (a file whose model predicted NaN): the model is now not fitted until a fit
+    succeeds, a fitted one too (its earlier weights are gone)."""
+    model = _fitted_copy(AutoRec)
+    model.hparams["lr"] = 1e30
+    with pytest.raises(FloatingPointError, match="training diverged"):
+        model.fit(_TINY_R, verbose=False, progress=False)
+    why = (r"^AutoRec is not fitted \(its last fit\(\) raised FloatingPointError\); "
+           r"call fit\(\) or load\(\)$")
+    for call in (lambda: model.save(tmp_path / "m.pt"), lambda: model.predict(_TINY_R),
+                 lambda: model.recommend(0)):
+        with pytest.raises(RuntimeError, match=why):
+            call()
+    assert not (tmp_path / "m.pt").exists()
+    model.hparams["lr"] = 1e-2
+    model.fit(_TINY_R, verbose=False, progress=False).save(tmp_path / "m.pt")
+    assert torch.isfinite(AutoRec.load(tmp_path / "m.pt").predict(_TINY_R)).all()
+
+
+def test_save_refuses_weights_that_are_not_finite(tmp_path):
+    model = _fitted_copy(KernelNet)
+    with torch.no_grad():
+        model.kernels[0].u[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"^KernelNet holds weights that are not finite "
+                                         r"\(\['kernels.0.u'\]\): its training diverged; fit it "
+                                         r"again \(a smaller lr\) before saving$"):
+        model.save(tmp_path / "m.pt")
+    assert not (tmp_path / "m.pt").exists()
+
+
+def _old_file(tmp_path, cls, change):
+    """A file as the save before these checks wrote it: ``change(blob)`` edits the blob of a
+    fitted tiny ``cls`` model (what an edit of its hparams after fit made save write)."""
+    path = tmp_path / "old.pt"
+    _fitted_copy(cls).save(path)
+    blob = torch.load(path, weights_only=True)
+    change(blob)
+    torch.save(blob, path)
+    return path
+
+
+def _set(part, **values):
+    return lambda blob: blob[part].update(values)
+
+
+def _nan_weight(blob):
+    blob["state"]["encoder.weight"][0, 0] = float("nan")
+
+
+@pytest.mark.parametrize("cls, change, match", [
+    (AutoRec, _set("hparams", lr="auto"),
+     r"old.pt holds hyperparameters AutoRec refuses \(edited after fit, then saved\?\): lr "
+     r"cannot be 'auto'"),
+    (AutoRec, _set("hparams", lr=float("nan")),
+     r"old.pt holds hyperparameters AutoRec refuses .*: lr must be positive, got nan$"),
+    (AutoRec, _set("hparams", hidden=8),
+     r"old.pt is a damaged model file \(RatingModel.save wrote something else\): size mismatch "
+     r"for encoder.weight: its hparams build \(8, 20\), its state holds \(4, 20\) \(hparams "
+     r"edited after fit, then saved\?\)$"),
+    (KernelNet, _set("hparams", layers=2),
+     r"old.pt is a damaged model file .*: its state lacks \['kernels.2.bias', "),
+    (CFN, _set("hparams", orientation="user"),
+     r"old.pt holds hparams with orientation 'user', but its normaliser was fitted with 'item' "
+     r"rows \(edited after fit, then saved\?\)$"),
+    (AutoRec, _nan_weight,
+     r"old.pt holds weights that are not finite \(encoder.weight\): the model it saved had "
+     r"diverged; fit it again$"),
+    (AutoRec, lambda blob: blob.update(hparams=[("hidden", 4)]),
+     r"old.pt is a damaged model file .*: hparams must be a dict, got list$"),
+], ids=["auto-lr", "nan-lr", "hidden", "layers", "orientation", "nan-weight", "hparams-list"])
+def test_load_refuses_a_file_that_would_load_wrong(tmp_path, cls, change, match):
+    """Files the previous save wrote after an edit of hparams, or after a diverged fit: each
+    refused with its cause, not loaded with other weights or NaN predictions."""
+    path = _old_file(tmp_path, cls, change)
+    for load in (cls.load, RatingModel.load):
+        with pytest.raises(ValueError, match=match):
+            load(path)
+
+
+def test_load_refuses_an_edited_orientation_of_a_square_matrix(tmp_path):
+    """With as many users as items, the swapped orientation built layers of the same shapes:
+    the old file loaded without complaint and predicted with the other matrix's rows."""
+    square = synthetic_ratings(1, 15, 15, 120)
+    model = _tiny(AutoRec, square)
+    path = tmp_path / "m.pt"
+    model.hparams["orientation"] = "user"
+    with pytest.raises(ValueError, match=r"orientation is 'user', the model was fitted with "
+                                         r"'item' rows"):
+        model.save(path)
+    model.hparams["orientation"] = "item"
+    model.save(path)
+    blob = torch.load(path, weights_only=True)
+    blob["hparams"]["orientation"] = "user"  # what the unchecked save wrote
+    torch.save(blob, path)
+    with pytest.raises(ValueError, match=r"holds hparams with orientation 'user', but its "
+                                         r"normaliser was fitted with 'item' rows"):
+        AutoRec.load(path)
+
+
+@pytest.mark.parametrize("saved", [AutoRec, CFN, KernelNet])
+@pytest.mark.parametrize("loader", [AutoRec, CFN, KernelNet])
+def test_a_file_loads_with_its_own_class_or_the_base(tmp_path, saved, loader):
+    path = tmp_path / "m.pt"
+    model = _fitted_copy(saved)
+    model.save(path)
+    assert type(RatingModel.load(path)) is saved
+    if loader is saved:
+        assert torch.equal(loader.load(path).predict(_TINY_R), model.predict(_TINY_R))
+        return
+    article = lambda name: ("an " if name[0] in "AEIOU" else "a ") + name  # noqa: E731
+    with pytest.raises(ValueError, match=rf"m.pt holds {article(saved.__name__)}, not "
+                                         rf"{article(loader.__name__)}$"):
+        loader.load(path)
+
+
+def test_a_loaded_model_saves_again_the_same_file_contents(tmp_path):
+    """The file format is unchanged: a loaded model saves the same parts, and an edit of
+    the next fit's settings on a loaded model is saved like one on a fitted model."""
+    model = _fitted_copy(KernelNet)
+    model.save(tmp_path / "a.pt")
+    loaded = KernelNet.load(tmp_path / "a.pt")
+    loaded.save(tmp_path / "b.pt")
+    a, b = (torch.load(tmp_path / n, weights_only=True) for n in ("a.pt", "b.pt"))
+    assert a.keys() == b.keys() and a["hparams"] == b["hparams"]
+    assert all(torch.equal(a["state"][k], b["state"][k]) for k in a["state"])
+    loaded.hparams["epochs"] = np.int64(9)
+    loaded.save(tmp_path / "c.pt")
+    assert KernelNet.load(tmp_path / "c.pt").hparams["epochs"] == 9
+
+
+class _Unregistered(AutoRec):
+    """A subclass that changes the network but inherits AutoRec's name: its file said
+    "autorec", and load() rebuilt an AutoRec with its weights (other predictions)."""
+
+    def network(self, x, rows, pattern=None):
+        return super().network(x, rows, pattern) * 2.0
+
+
+@pytest.mark.parametrize("cls, match", [
+    (_Unregistered, r"^_Unregistered is not registered under its name 'autorec' \(the name a "
+                    r"model file holds, which load\(\) would rebuild as an AutoRec\); give the "
+                    r"class its own name and decorate it with nnsparse.models.register$"),
+    (_subclass(), r"^Custom is not registered under its name 'custom-test' \(the name a model "
+                  r"file holds\); give the class its own name"),
+], ids=["inherited-name", "own-name"])
+def test_save_refuses_a_class_load_would_not_rebuild(tmp_path, cls, match):
+    model = _tiny(cls)
+    with pytest.raises(TypeError, match=match):
+        model.save(tmp_path / "m.pt")
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_save_checks_a_build_the_meta_device_cannot_run(tmp_path):
+    """A registered subclass whose build reads a value back (no meta-device run): save
+    checks its hparams on a CPU build instead, drawing no random number of the caller's."""
+    from nnsparse.models import MODELS, register
+
+    class ReadsBack(AutoRec):
+        name = "reads-back-test"
+
+        def build(self, rows, width, features):
+            self.scale = float(torch.ones(1).sum())  # a meta tensor has no value
+            super().build(rows, width, features)
+
+    register(ReadsBack)
+    try:
+        model = _tiny(ReadsBack)
+        rng = torch.get_rng_state()
+        model.save(tmp_path / "m.pt")
+        assert torch.equal(rng, torch.get_rng_state())
+        assert torch.equal(RatingModel.load(tmp_path / "m.pt").predict(_TINY_R),
+                           model.predict(_TINY_R))
+        model.hparams["hidden"] = 5
+        with pytest.raises(ValueError, match=r"they build encoder.weight of shape \(5, 20\), "
+                                             r"the model has \(4, 20\)"):
+            model.save(tmp_path / "m.pt")
+    finally:
+        MODELS.pop("reads-back-test", None)
+
+
+def test_load_of_an_unregistered_name_says_what_to_import(tmp_path):
+    path = _old_file(tmp_path, AutoRec, lambda blob: blob.update(model="mine"))
+    with pytest.raises(ValueError, match=r"old.pt holds an unknown model 'mine' \(registered: "
+                                         r"\[.*'autorec'.*\]; import the module that registers "
+                                         r"it first\)$"):
+        RatingModel.load(path)

@@ -65,5 +65,6 @@ class AutoRec(RatingModel):
 
     def penalty(self) -> Tensor:
         self._check_layers("decoder")
-        return 0.5 * self.hparams["l2"] * (self.encoder.weight.square().sum()
-                                           + self.decoder.weight.square().sum())
+        # the effective value: a subclass may list l2 in AUTO
+        return 0.5 * self.effective_hparams()["l2"] * (self.encoder.weight.square().sum()
+                                                       + self.decoder.weight.square().sum())

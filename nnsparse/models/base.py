@@ -15,12 +15,15 @@ import numbers
 import operator
 import os
 import pickle
+import stat
 import struct
 import time
+import uuid
 import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type, Union, cast
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -67,6 +70,7 @@ def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
     if known is not None and known.__qualname__ != cls.__qualname__:
         raise ValueError(f"name {cls.name!r} is taken by {known.__name__}; give "
                          f"{cls.__name__} another name")
+    cls._check_auto_table()
     MODELS[cls.name] = cls
     return cls
 
@@ -159,7 +163,12 @@ class RatingModel(nn.Module):
     ``validation`` when one is passed: the refit trains on both), as
     ``AUTO[key] * (n / AUTO_RATINGS) ** AUTO_EXPONENT`` (the value at
     MovieLens-100K's 80,000 training ratings, grown with the data);
-    :meth:`effective_hparams` gives the values training uses.
+    :meth:`effective_hparams` gives the values training uses.  ``AUTO`` names
+    penalty weights only (``l2``, ``l2_kernel``: :func:`register` and the
+    constructor refuse a class listing another), and every other
+    hyperparameter refuses ``"auto"`` (a numpy str too), at construction and
+    wherever ``hparams`` edited since are checked again (:meth:`fit`,
+    :meth:`save`).
     """
 
     name = "base"
@@ -179,6 +188,7 @@ class RatingModel(nn.Module):
     raw_input = True
 
     def __init__(self, *args: Any, **hparams: Any) -> None:
+        type(self)._check_auto_table()  # (a subclass used unregistered: register checks it too)
         known = {**_COMMON, **self.DEFAULTS}
         if args:  # Python's own message names __init__'s positional count only
             raise TypeError(f"{type(self).__name__} takes its hyperparameters as keywords "
@@ -197,18 +207,86 @@ class RatingModel(nn.Module):
         self.fit_seconds: float = 0.0
         self.verbose = True
         self._built = False
+        self._unfit_reason: Optional[str] = None  # why a fitted model is no longer (fit)
         self._user_lookup: Optional[Dict[Any, int]] = None  # original id -> index, built on use
 
     # -- hyperparameters ----------------------------------------------------------
+    @classmethod
+    def _check_auto_table(cls) -> None:
+        """``ValueError`` unless ``AUTO`` names only the class's own penalty hyperparameters
+        (``l2``, ``l2_kernel``, ...) with positive values, and the growth rule is a number:
+        an ``"auto"`` learning rate or size would reach the Trainer or ``build`` as a str."""
+        where = f"{cls.__name__}.AUTO"
+        if not isinstance(cls.AUTO, dict):
+            raise TypeError(f"{where} must be a dict (penalty hyperparameter -> its value at "
+                            f"AUTO_RATINGS ratings), got {type(cls.AUTO).__name__}")
+        for key, value in cls.AUTO.items():
+            if not (isinstance(key, str) and key in cls.DEFAULTS and _is_penalty(key)):
+                raise ValueError(f"{where} may name only {cls.__name__}'s own penalty "
+                                 f"hyperparameters (DEFAULTS keys starting with 'l2'), got "
+                                 f"{key!r}")
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                    or not 0 < value < math.inf:
+                raise ValueError(f"{where}[{key!r}] must be a positive finite number, got "
+                                 f"{value!r}")
+        n, e = cls.AUTO_RATINGS, cls.AUTO_EXPONENT
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"{cls.__name__}.AUTO_RATINGS must be an int >= 1, got {n!r}")
+        if isinstance(e, bool) or not isinstance(e, numbers.Real) or not math.isfinite(e):
+            raise ValueError(f"{cls.__name__}.AUTO_EXPONENT must be a finite number, "
+                             f"got {e!r}")
+
+    def _refuse_auto(self, key: str) -> TypeError:
+        """The error of an ``"auto"`` given to ``key``, which is not in ``AUTO``."""
+        name = type(self).__name__
+        if self.AUTO:
+            takes = (f"{name} takes 'auto' only for its penalties "
+                     f"{', '.join(sorted(self.AUTO))}, which fit sets from the number of "
+                     f"training ratings")
+        else:
+            others = "; ".join(f"{c.__name__}'s {', '.join(sorted(c.AUTO))}"
+                               for c in MODELS.values() if c.AUTO)
+            takes = (f"{name} takes 'auto' for none of its hyperparameters ('auto' is for "
+                     f"penalties that fit sets from the number of training ratings"
+                     + (f", such as {others}" if others else "") + ")")
+        return TypeError(f"{key} cannot be 'auto': {takes}; give {key} a value")
+
     def _check_hparams(self) -> None:
-        h = self.hparams
-        unknown = sorted(set(h) - set(_COMMON) - set(self.DEFAULTS))
+        """Check ``self.hparams`` and normalise it in place (numpy scalars as Python ones);
+        a refused dict is left as it was."""
+        checked = self._checked_hparams()
+        self.hparams.update(checked)
+
+    def _checked_hparams(self) -> Dict[str, Any]:
+        """``self.hparams`` checked, as a new dict of plain Python values (what a model file
+        holds and ``torch.load(weights_only=True)`` reads); ``self`` is not changed.
+
+        Raises:
+            TypeError: hparams not a dict; unknown or missing keys; a value of the wrong
+                kind, ``"auto"`` among them for a key not in ``AUTO``.
+            ValueError: a value out of its range, or not finite.
+        """
+        if not isinstance(self.hparams, dict):
+            raise TypeError(f"{type(self).__name__}.hparams must be a dict of hyperparameters, "
+                            f"got {type(self.hparams).__name__}")
+        h = dict(self.hparams)
+        known = {**_COMMON, **self.DEFAULTS}
+        unknown = sorted(set(h) - set(known), key=str)
         if unknown:
             raise TypeError(f"{type(self).__name__} got unknown hyperparameters {unknown}; "
-                            f"it takes {sorted({**_COMMON, **self.DEFAULTS})}")
+                            f"it takes {sorted(known)}")
+        missing = sorted(set(known) - set(h))
+        if missing:  # a key deleted from model.hparams: fit would fail on a KeyError
+            raise TypeError(f"{type(self).__name__}.hparams lacks {missing}; every "
+                            f"hyperparameter needs a value (defaults: "
+                            f"{ {k: known[k] for k in missing} })")
         if not isinstance(h["orientation"], str) or h["orientation"] not in ("item", "user"):
-            raise ValueError(f"orientation must be 'item' or 'user', got {h['orientation']!r}")
+            raise ValueError(f"orientation must be 'item' or 'user', got "
+                             f"{_plain(h['orientation'])!r}")
         h["orientation"] = str(h["orientation"])  # not a numpy str: save() pickles it
+        for key, value in h.items():  # before the checks of kinds, whose words omit it
+            if _is_auto(value) and key not in self.AUTO:
+                raise self._refuse_auto(key)
         for key in ("epochs", "batch_size"):
             h[key] = as_count(key, h[key], 1)
         h["patience"] = as_count("patience", h["patience"], 0)
@@ -218,11 +296,11 @@ class RatingModel(nn.Module):
         for key in ("refit", "dense_decoder"):
             h[key] = as_flag(h[key], key)  # saved as a bool: a numpy bool passes
         for key, value in h.items():
-            if _is_auto(value) and key in self.AUTO:
+            if _is_auto(value):  # in AUTO (checked above)
                 h[key] = "auto"  # not a numpy str: save() pickles it; fit() sets the value
                 continue
             if key in ("lr", "weight_decay", "validation_ratio", "min_lr_ratio") or \
-                    key.startswith("l2") or key in ("alpha", "beta", "hide_ratio"):
+                    _is_penalty(key) or key in ("alpha", "beta", "hide_ratio"):
                 _check_number(key, value, " or 'auto'" if key in self.AUTO else "")
                 if not math.isfinite(value) and not math.isnan(value):  # NaN: the range checks
                     raise ValueError(f"{key} must be finite, got {value!r}")
@@ -240,11 +318,13 @@ class RatingModel(nn.Module):
         for key, value in h.items():
             if key in ("hidden", "layers", "dim"):
                 h[key] = as_count(key, value, 1)
-            if (key.startswith("l2") or key in ("alpha", "beta")) and not _is_auto(value) \
+            if (_is_penalty(key) or key in ("alpha", "beta")) and not _is_auto(value) \
                     and not value >= 0:
                 raise ValueError(f"{key} must be non-negative, got {value!r}")
             if key == "hide_ratio" and not 0 <= value < 1:
                 raise ValueError(f"hide_ratio must be in [0, 1), got {value!r}")
+        # a subclass's own hyperparameters, which no check above knows: plain values too
+        return {key: _plain_hparam(key, value) for key, value in h.items()}
 
     def effective_hparams(self) -> Dict[str, Any]:
         """The hyperparameters training uses: ``hparams`` with each ``"auto"`` set.
@@ -400,6 +480,9 @@ class RatingModel(nn.Module):
         if features is not None:
             self.register_buffer("row_features", features.clone())
         self._built = True
+        self._unfit_reason = None
+        # what build() read: save() names the ones edited since (_check_network_hparams)
+        self._fit_hparams = dict(h)
         # a criterion module with prepare_input (SparseCriterion, SDAESparseCriterion, ...)
         self._criterion = cast(_Criterion, self.make_criterion())
         x = self.normalizer.matrix(train)
@@ -476,7 +559,12 @@ class RatingModel(nn.Module):
                 in ``train``, or in ``train`` and ``validation`` together;
                 ``features`` not ``(rows, f >= 1)`` or not finite; an unknown
                 ``device``.
-            A refused call leaves the model as it was.
+            FloatingPointError: training diverged before any validated epoch
+                (:meth:`Trainer.fit`; e.g. too large an ``lr``).
+            A refused call leaves the model as it was.  A call that fails once
+            training started (a divergence, any exception but an interrupt)
+            leaves the model not fitted: ``predict`` and ``save`` refuse its
+            weights until a ``fit`` succeeds.
         """
         check_ratings(train, "train")
         self._check_hparams()  # again: model.hparams may have been edited since __init__
@@ -524,28 +612,35 @@ class RatingModel(nn.Module):
                              f"scale (min, max) of the ratings, which needs two distinct values")
         self.verbose = verbose  # every check passed: the model changes from here
         start = time.perf_counter()
-        self._prepare(train_part, scale, features, given)
-        auto = {k: v for k, v in self.effective_hparams().items() if _is_auto(h[k])}
-        if auto and verbose and nd.is_main():
-            print(", ".join(f"{k} {v:.4g}" for k, v in auto.items())
-                  + f" ('auto': set for {given:,} training ratings)")
-        self.to(device)
-        validate = None
-        if validation is not None and len(validation):
-            validate = lambda: self.evaluate(validation)["rmse"]  # noqa: E731
-        result = self._trainer(device, progress).fit(self._input.to(device), validate)
-        self.history, self.best_epoch = result.history, result.best_epoch
-        if validate is not None and h["refit"]:
-            if verbose and nd.is_main():
-                print(f"refit on train + validation for {result.best_epoch} epochs "
-                      f"(best validation RMSE {result.best_rmse:.4f})")
-            assert validation is not None  # validate is set only with a validation set
-            # checked above: train and validation together rate no pair twice
-            self._prepare(concat(train_part, validation, unique=True), scale, features,
-                          given)
+        try:
+            self._prepare(train_part, scale, features, given)
+            auto = {k: v for k, v in self.effective_hparams().items() if _is_auto(h[k])}
+            if auto and verbose and nd.is_main():
+                print(", ".join(f"{k} {v:.4g}" for k, v in auto.items())
+                      + f" ('auto': set for {given:,} training ratings)")
             self.to(device)
-            self._trainer(device, progress).fit(self._input.to(device), None,
-                                                epochs=result.best_epoch)
+            validate = None
+            if validation is not None and len(validation):
+                validate = lambda: self.evaluate(validation)["rmse"]  # noqa: E731
+            result = self._trainer(device, progress).fit(self._input.to(device), validate)
+            self.history, self.best_epoch = result.history, result.best_epoch
+            if validate is not None and h["refit"]:
+                if verbose and nd.is_main():
+                    print(f"refit on train + validation for {result.best_epoch} epochs "
+                          f"(best validation RMSE {result.best_rmse:.4f})")
+                assert validation is not None  # validate is set only with a validation set
+                # checked above: train and validation together rate no pair twice
+                self._prepare(concat(train_part, validation, unique=True), scale, features,
+                              given)
+                self.to(device)
+                self._trainer(device, progress).fit(self._input.to(device), None,
+                                                    epochs=result.best_epoch)
+        except Exception as e:
+            # the layers hold a failed run's weights (NaN after a divergence): predict
+            # and save refuse them until a fit succeeds.  (An interrupt keeps them.)
+            self._built = False
+            self._unfit_reason = f"its last fit() raised {type(e).__name__}"
+            raise
         self.fit_seconds = time.perf_counter() - start
         self.eval()
         return self
@@ -553,7 +648,9 @@ class RatingModel(nn.Module):
     # -- prediction -------------------------------------------------------------------
     def _check_built(self) -> None:
         if not self._built:
-            raise RuntimeError(f"{type(self).__name__} is not fitted; call fit() or load()")
+            why = getattr(self, "_unfit_reason", None)
+            raise RuntimeError(f"{type(self).__name__} is not fitted"
+                               + (f" ({why})" if why else "") + "; call fit() or load()")
 
     def _check_layers(self, name: str) -> None:
         """The layers :meth:`build` makes exist (``fit`` calls :meth:`output_bias` between
@@ -624,7 +721,8 @@ class RatingModel(nn.Module):
         u_ok, i_ok = self._known(users, items)
         known = u_ok & i_ok
         if bool(known.any()):
-            row, col = ((items, users) if self.hparams["orientation"] == "item"
+            # the fitted orientation: hparams may have been edited since (for a next fit)
+            row, col = ((items, users) if self._norm.orientation == "item"
                         else (users, items))
             pred[known] = self._network_predict(row[known], col[known])
         return (pred, counts) if return_counts else pred
@@ -643,7 +741,8 @@ class RatingModel(nn.Module):
         order = torch.argsort(row, stable=True)
         row_s, col_s = row[order], col[order]
         unique, inverse = torch.unique_consecutive(row_s, return_inverse=True)
-        step = max(self.hparams["batch_size"], 256)
+        # the fitted batch size (checked): hparams may have been edited since
+        step = max(getattr(self, "_fit_hparams", self.hparams)["batch_size"], 256)
         for start in range(0, unique.shape[0], step):
             chunk = unique[start:start + step]
             take = (inverse >= start) & (inverse < start + chunk.shape[0])
@@ -794,14 +893,40 @@ class RatingModel(nn.Module):
 
         ``RatingModel.load(path)`` (or the subclass's) rebuilds the model with
         no other argument, and ``torch.load(path, weights_only=True)`` reads the file.
+        ``hparams`` edited since :meth:`fit` are checked again, as ``fit`` would,
+        and saved as plain Python values (a numpy scalar as its number); edits
+        of the settings of the next fit (``lr``, ``epochs``, a penalty) are
+        saved, while an edit that no longer describes the fitted network
+        (``orientation``, or a size such as ``hidden``) is refused: the file
+        would not load.  A path is written whole or not at all (through a
+        temporary file in its directory).
+
+        Raises:
+            RuntimeError: the model is not fitted (or its last fit failed).
+            TypeError: a ``path`` of the wrong kind; ``hparams`` of the wrong kind;
+                a class not registered under its ``name`` (the file would load as
+                another class).
+            ValueError: ``path`` is a directory or has no parent directory;
+                ``hparams`` out of range or no longer matching the fitted
+                network; weights that are not finite.
+            A refused save writes nothing and leaves the model as it was.
         """
         self._check_built()
         _path_to_write(path)
+        self._check_registered()
+        hparams = self._checked_hparams()
+        self._check_network_hparams(hparams)
+        state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
+        diverged = [k for k, v in state.items() if (v.is_floating_point() or v.is_complex())
+                    and not bool(torch.isfinite(v).all())]
+        if diverged:
+            raise ValueError(f"{type(self).__name__} holds weights that are not finite "
+                             f"({diverged}): its training diverged; fit it again (a smaller "
+                             f"lr) before saving")
         norm = self._norm
         t = self._train
-        state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
-        torch.save(dict(
-            format=_FILE_FORMAT, model=self.name, hparams=dict(self.hparams),
+        _save_whole(dict(
+            format=_FILE_FORMAT, model=self.name, hparams=hparams,
             normalizer=dict(orientation=norm.orientation, center=norm.center,
                             scale=list(norm.scale), row_mean=norm.row_mean.cpu(),
                             global_mean=norm.global_mean, shape=list(norm.shape)),
@@ -813,6 +938,50 @@ class RatingModel(nn.Module):
             titles=None if self.titles_ is None else [_plain(t) for t in self.titles_],
             state=state, best_epoch=self.best_epoch,
             penalty_ratings=self.penalty_ratings), path)
+
+    def _check_registered(self) -> None:
+        """``TypeError`` unless ``MODELS[self.name]`` is this class: a file names its model,
+        and load() would rebuild an unregistered subclass as the class it inherits the name
+        of (other code, the same weights: other predictions)."""
+        cls, known = type(self), MODELS.get(self.name)
+        if known is None or (known.__module__, known.__qualname__) != (cls.__module__,
+                                                                       cls.__qualname__):
+            rebuilt = ("" if known is None else
+                       f", which load() would rebuild as {_a(known.__name__)}")
+            raise TypeError(f"{cls.__name__} is not registered under its name {self.name!r} "
+                            f"(the name a model file holds{rebuilt}); give the class its own "
+                            f"name and decorate it with nnsparse.models.register")
+
+    def _check_network_hparams(self, hparams: Dict[str, Any]) -> None:
+        """``ValueError`` unless ``hparams`` (checked) still describe the fitted network:
+        the normaliser's orientation, and the state :meth:`build` makes from them, shape
+        for shape (built on the meta device: nothing allocated, no random number drawn)."""
+        fitted = getattr(self, "_fit_hparams", None) or {}
+        changed = [k for k in hparams if k in fitted and hparams[k] != fitted[k]]
+        since = ("; changed since fit: " + ", ".join(f"{k} {fitted[k]!r} -> {hparams[k]!r}"
+                                                       for k in changed)) if changed else ""
+        advice = "; set them back, or fit again, before saving (the file would not load)"
+        if hparams["orientation"] != self._norm.orientation:
+            raise ValueError(f"hparams no longer describe the fitted network: orientation is "
+                             f"{hparams['orientation']!r}, the model was fitted with "
+                             f"{self._norm.orientation!r} rows{since}{advice}")
+        fresh = type(self)(**hparams)
+        features = getattr(self, "row_features", None)
+        sizes = (*self._shape, 0 if features is None else features.shape[1])
+        try:
+            with torch.device("meta"):
+                fresh.build(*sizes)
+        except (NotImplementedError, RuntimeError):  # a build that reads a value back
+            fresh = type(self)(**hparams)
+            with torch.random.fork_rng(devices=[]):  # (no random number drawn for the caller)
+                fresh.build(*sizes)
+        own = self.state_dict()
+        for key, value in fresh.state_dict().items():
+            if key not in own or own[key].shape != value.shape:
+                has = f"{tuple(own[key].shape)}" if key in own else "no such entry"
+                raise ValueError(f"hparams no longer describe the fitted network: they build "
+                                 f"{key} of shape {tuple(value.shape)}, the model has "
+                                 f"{has}{since}{advice}")
 
     @classmethod
     def load(cls, path: Any, device: Union[str, torch.device] = "cpu") -> "RatingModel":
@@ -854,10 +1023,24 @@ class RatingModel(nn.Module):
     def _from_blob(cls, blob: Dict[str, Any], path: Any, device: torch.device) -> "RatingModel":
         model_cls = MODELS.get(blob["model"])
         if model_cls is None:
-            raise ValueError(f"{path} holds an unknown model {blob['model']!r}")
+            raise ValueError(f"{path} holds an unknown model {blob['model']!r} (registered: "
+                             f"{sorted(MODELS)}; import the module that registers it first)")
         if cls is not RatingModel and not issubclass(model_cls, cls):
             raise ValueError(f"{path} holds {_a(model_cls.__name__)}, not {_a(cls.__name__)}")
-        model = model_cls(**blob["hparams"])
+        hparams = blob["hparams"]
+        if not isinstance(hparams, dict):
+            raise ValueError(f"{path} is a damaged model file (RatingModel.save wrote something "
+                             f"else): hparams must be a dict, got {type(hparams).__name__}")
+        try:
+            model = model_cls(**hparams)
+        except (TypeError, ValueError) as e:  # (saved after an edit, before save checked them)
+            raise ValueError(f"{path} holds hyperparameters {model_cls.__name__} refuses "
+                             f"(edited after fit, then saved?): {e}") from e
+        fitted = blob["normalizer"].get("orientation", model.hparams["orientation"])
+        if fitted != model.hparams["orientation"]:  # square data would load wrong, silently
+            raise ValueError(f"{path} holds hparams with orientation "
+                             f"{model.hparams['orientation']!r}, but its normaliser was fitted "
+                             f"with {fitted!r} rows (edited after fit, then saved?)")
         users, items = blob["user_ids"], blob["item_ids"]
         train = Ratings(blob["train"]["user"], blob["train"]["item"], blob["train"]["rating"],
                         {u: i for i, u in enumerate(users)}, {v: i for i, v in enumerate(items)},
@@ -881,6 +1064,18 @@ def _check_blob(blob: Dict[str, Any], model: "RatingModel", path: Any) -> None:
     missing = sorted(set(model.state_dict()) - set(blob["state"]))
     if missing:
         raise ValueError(f"{damaged}: its state lacks {missing}")
+    for key, built in model.state_dict().items():
+        saved = blob["state"][key]
+        if not isinstance(saved, Tensor):
+            continue  # load_state_dict names it
+        if saved.shape != built.shape:  # before load_state_dict's long report
+            raise ValueError(f"{damaged}: size mismatch for {key}: its hparams build "
+                             f"{tuple(built.shape)}, its state holds {tuple(saved.shape)} "
+                             f"(hparams edited after fit, then saved?)")
+        if (saved.is_floating_point() or saved.is_complex()) \
+                and not bool(torch.isfinite(saved).all()):
+            raise ValueError(f"{path} holds weights that are not finite ({key}): the model it "
+                             f"saved had diverged; fit it again")
     row_mean, expected = blob["normalizer"]["row_mean"], model._norm.row_mean
     if (not isinstance(row_mean, Tensor) or not row_mean.is_floating_point()
             or row_mean.shape != expected.shape):
@@ -954,7 +1149,39 @@ def _check_number(name: str, value: Any, alternative: str = "") -> None:
 
 
 def _is_auto(value: Any) -> bool:
-    return isinstance(value, str) and value == "auto"
+    return isinstance(value, str) and value == "auto"  # np.str_("auto") too
+
+
+def _is_penalty(key: str) -> bool:
+    """Whether a hyperparameter is a penalty weight (``l2``, ``l2_kernel``): the only kind
+    that may be ``"auto"`` (see ``RatingModel.AUTO``)."""
+    return key.startswith("l2")
+
+
+def _plain_hparam(key: str, value: Any) -> Any:
+    """``value`` as a plain Python value a model file holds (``torch.load(weights_only=True)``
+    reads no numpy scalar, no arbitrary object): numpy scalars and number subclasses as
+    ``bool`` / ``int`` / ``float`` / ``str``; lists, tuples and dicts of them, element-wise."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        items = [_plain_hparam(key, v) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, dict):
+        return {_plain_hparam(key, k): _plain_hparam(key, v) for k, v in value.items()}
+    raise TypeError(f"hyperparameter {key} must be None, a bool, a number, a str, or a list, "
+                    f"tuple or dict of them (what a model file holds), got "
+                    f"{type(value).__name__} {value!r}")
 
 
 def _penalty_ratings(blob: Dict[str, Any], path: Any) -> Optional[int]:
@@ -978,6 +1205,27 @@ def _path_to_write(path: Any) -> None:
             raise ValueError(f"path must be a file to write, got {p}, which is a directory")
         if not p.parent.is_dir():
             raise ValueError(f"path: no directory {p.parent} to write {p.name} in")
+
+
+def _save_whole(blob: Dict[str, Any], path: Any) -> None:
+    """``torch.save(blob, path)``; a path is written through a temporary file in its
+    directory, renamed over it once whole: a failed save leaves no partial file, and
+    an existing file as it was.  (A file object is written as given.)"""
+    if not isinstance(path, (str, os.PathLike)):
+        torch.save(blob, path)
+        return
+    target = Path(os.path.realpath(path))  # through a link, as torch.save wrote
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+    f = open(tmp, "xb")  # the umask's mode, as a plain open; (outside the try: ours only)
+    try:
+        with f:
+            torch.save(blob, f)
+        if target.exists():
+            os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _as_int(text: Any) -> Any:

@@ -82,7 +82,7 @@ class CFN(RatingModel):
         total = self.encoder.weight.square().sum() + self.decoder.weight.square().sum()
         if self.side_in is not None:
             total = total + self.side_in.weight.square().sum()
-        return 0.5 * self.hparams["l2"] * total
+        return 0.5 * self.effective_hparams()["l2"] * total  # (a subclass may list l2 in AUTO)
 
 
 class _DeviceSDAE(SDAESparseCriterion):
