@@ -97,6 +97,16 @@ def test_save_load_round_trip(tmp_path, data):
         AutoRec.load(path)
 
 
+def test_load_leaves_the_global_rng_alone(tmp_path, data):
+    model = AutoRec(**{**TINY, "epochs": 1}).fit(data[0], verbose=False, progress=False)
+    model.save(tmp_path / "m.pt")
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
+    RatingModel.load(tmp_path / "m.pt")
+    assert torch.equal(torch.rand(4), expected)
+
+
 
 @pytest.mark.parametrize("copy_", ["deepcopy", "pickle"])
 @pytest.mark.parametrize("cls, extra", MODELS, ids=lambda v: getattr(v, "name", ""))

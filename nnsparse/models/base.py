@@ -1047,7 +1047,9 @@ class RatingModel(nn.Module):
                         titles=blob["titles"], source=str(path))
         n = blob["normalizer"]
         feats = blob["state"].get("row_features")
-        model._prepare(train, tuple(n["scale"]), feats, _penalty_ratings(blob, path))
+        # _prepare seeds torch for fit's sake: loading leaves the caller's CPU RNG as it was
+        with torch.random.fork_rng(devices=[]):
+            model._prepare(train, tuple(n["scale"]), feats, _penalty_ratings(blob, path))
         _check_blob(blob, model, path)
         model._norm.row_mean = n["row_mean"]
         model._norm.global_mean = n["global_mean"]
