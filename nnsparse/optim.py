@@ -255,29 +255,47 @@ def _check_lazy_group(group: Dict[str, Any], where: str, values: bool = True) ->
             _check_non_negative(f"{where}[{key!r}]", value)
         else:
             _check_real(f"{where}[{key!r}]", value)
-    _check_betas(group.get("betas"))
-    _check_share(group.get("dense_above"))
+    _check_betas(group.get("betas"), f"{where}: betas")
+    _check_share(group.get("dense_above"), f"{where}: dense_above")
     as_flag(group.get("decoupled_weight_decay"), f"{where}['decoupled_weight_decay']")
 
 
 def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
                          required: Tuple[str, ...] = ()) -> None:
     """The per-parameter entries of an ``Optimizer.state_dict()`` against the parameters
-    of ``optimizer`` (torch's order): each tensor of more than 0 dimensions must have its
-    parameter's shape (torch loads any, and a fused step then writes out of
-    bounds), a ``step`` must be a whole number >= 0, and a non-empty entry must hold
-    the ``required`` keys, its moments (the required keys but ``step``) as dense tensors
-    of the parameter's shape."""
+    of ``optimizer``, each entry found through the saved groups' parameter ids as torch
+    maps them: each tensor of more than 0 dimensions must have its parameter's shape
+    (torch loads any, and a fused step then writes out of bounds), a ``step`` must be a
+    whole number >= 0, and a non-empty entry must hold the ``required`` keys, its
+    moments (the required keys but ``step``) as dense tensors of the parameter's shape,
+    and no key of another optimiser's state.  An entry for no saved id, a saved id
+    named twice and an entry that is not a dict are refused (torch keeps the first as
+    it is, maps the second to the wrong parameter and fails at the step on the third)."""
     _check_optimizer_dict(state_dict, where)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    params = _saved_ids(state_dict, optimizer, where)
+    if params is None:
+        return  # the groups do not match: torch's own checks (group sizes) answer
     state = state_dict["state"]
-    for index, entry in (state.items() if isinstance(state, dict) else ()):
-        if not (isinstance(index, int) and 0 <= index < len(params) and isinstance(entry, dict)):
-            continue  # torch's own checks (group sizes, ids) answer those
-        name = f"{where}['state'][{index}]"
+    if not isinstance(state, dict):
+        raise TypeError(f"{where}['state'] must be a dict of parameter id -> state, got "
+                        f"{type(state).__name__}")
+    allowed = _allowed_keys(optimizer, required)
+    for index, entry in state.items():
+        name = f"{where}['state'][{index!r}]"
+        if index not in params:
+            raise ValueError(f"{where}['state'] has an entry {index!r} for no parameter: the "
+                             f"ids of {where}['param_groups'] are {_ids_text(params)}")
+        if not isinstance(entry, dict):
+            raise TypeError(f"{name} must be a dict of state name -> value, got "
+                            f"{type(entry).__name__}")
         missing = [key for key in required if key not in entry]
         if entry and missing:
             raise ValueError(f"{name} must hold {list(required)}, got the keys {sorted(entry)}")
+        foreign = sorted(str(key) for key in entry if key not in allowed) if allowed else []
+        if foreign:
+            raise ValueError(f"{name} holds {foreign}, which {type(optimizer).__name__} does "
+                             f"not keep (it keeps {sorted(allowed)}): the state of another "
+                             f"optimiser")
         if "step" in entry:
             _check_step(entry["step"], f"{name}['step']")
         shape = tuple(params[index].shape)
@@ -291,6 +309,55 @@ def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
                                  f"got {tuple(t.shape)}")
             elif isinstance(t, Tensor):
                 _check_state_tensor(t, f"{name}[{key!r}]")
+            if key in _SQUARES and isinstance(t, Tensor):
+                _check_squares(t, f"{name}[{key!r}]")
+
+
+def _saved_ids(state_dict: Dict[str, Any], optimizer: Optimizer, where: str
+               ) -> Optional[Dict[Any, Tensor]]:
+    """torch's map of the saved parameter ids to ``optimizer``'s parameters (group by
+    group, in order), or ``None`` when the saved groups do not match in number or size."""
+    groups = state_dict["param_groups"]
+    if not isinstance(groups, (list, tuple)) or len(groups) != len(optimizer.param_groups):
+        return None
+    found: Dict[Any, Tensor] = {}
+    for i, (saved, own) in enumerate(zip(groups, optimizer.param_groups)):
+        ids = saved.get("params") if isinstance(saved, dict) else None
+        if not isinstance(ids, (list, tuple)):
+            raise TypeError(f"{where}['param_groups'][{i}]['params'] must be a list of "
+                            f"parameter ids (from Optimizer.state_dict()), got "
+                            f"{type(ids).__name__}")
+        if len(ids) != len(own["params"]):
+            return None
+        for k, (pid, p) in enumerate(zip(ids, own["params"])):
+            try:
+                seen = pid in found
+            except TypeError:  # unhashable
+                raise TypeError(f"{where}['param_groups'][{i}]['params'][{k}] must be a "
+                                f"parameter id (an int), got {type(pid).__name__}") from None
+            if seen:
+                raise ValueError(f"{where}['param_groups'] must name each parameter id once, "
+                                 f"got {pid!r} twice (torch would load one entry into two "
+                                 f"parameters)")
+            found[pid] = p
+    return found
+
+
+def _ids_text(ids: Dict[Any, Tensor]) -> str:
+    keys = [repr(k) for k in ids]
+    return "[" + ", ".join(keys[:8]) + (", ...]" if len(keys) > 8 else "]")
+
+
+# State keys that hold sums of squares (never negative)
+_SQUARES = ("exp_avg_sq", "max_exp_avg_sq", "sum")
+
+
+def _check_squares(t: Tensor, name: str) -> None:
+    """A loaded sum of squared gradients is non-negative: torch loads a negative one, and
+    the next step's square root makes the parameter NaN (one pass at load time)."""
+    if t.numel() and not t.is_complex() and bool((t < 0).any()):
+        raise ValueError(f"{name} must be non-negative (a sum of squared gradients), "
+                         f"got min {t.min().item()}")
 
 
 def _check_optimizer_dict(state_dict: Any, where: str) -> None:
@@ -362,6 +429,21 @@ _STATE_KEYS: Dict[type, Tuple[str, ...]] = {
     torch.optim.Adagrad: ("step", "sum"),
     torch.optim.SGD: ("momentum_buffer",),
 }
+
+
+# The keys the state of these optimisers may hold besides the required ones
+_OPTIONAL_KEYS: Dict[type, Tuple[str, ...]] = {
+    torch.optim.Adam: ("max_exp_avg_sq",),
+    torch.optim.AdamW: ("max_exp_avg_sq",),
+}
+
+
+def _allowed_keys(optimizer: Optimizer, required: Tuple[str, ...]) -> Tuple[str, ...]:
+    """The keys an entry of ``optimizer``'s state may hold; ``()``: any (an optimiser
+    nnsparse does not know)."""
+    if not required:
+        return ()
+    return required + _OPTIONAL_KEYS.get(type(optimizer), ())
 
 
 def _state_keys(optimizer: Optimizer) -> Tuple[str, ...]:
@@ -944,6 +1026,8 @@ class InBackwardOptimizer:
                     _check_step(given, f"state_dict['tables'][{name!r}]['step']")
                 else:
                     _check_state_tensor(given, f"state_dict['tables'][{name!r}][{key!r}]")
+                    if key in _SQUARES:
+                        _check_squares(given, f"state_dict['tables'][{name!r}][{key!r}]")
         if (state_dict.get("dense") is None) != (self.dense is None):
             raise ValueError("state_dict['dense'] must be given exactly when the model has "
                              "parameters outside the in-backward layers")
@@ -1178,23 +1262,23 @@ def _closure_loss(closure: Any) -> Optional[float]:
         return closure()
 
 
-def _check_betas(betas: Any) -> None:
+def _check_betas(betas: Any, name: str = "betas") -> None:
     if not isinstance(betas, (tuple, list)):
-        raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        raise TypeError(f"{name} must be a pair (beta1, beta2), got {betas!r}")
     if len(betas) != 2:
-        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        raise ValueError(f"{name} must be a pair (beta1, beta2), got {betas!r}")
     for value in betas:
-        _check_real("betas", value)
+        _check_real(name, value)
     if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-        raise ValueError(f"betas must be in [0, 1), got {betas}")
+        raise ValueError(f"{name} must be in [0, 1), got {betas}")
 
 
-def _check_share(dense_above: Optional[float]) -> None:
+def _check_share(dense_above: Optional[float], name: str = "dense_above") -> None:
     if dense_above is None:
         return
-    _check_real("dense_above", dense_above)
+    _check_real(name, dense_above)
     if not 0.0 <= dense_above <= 1.0:
-        raise ValueError(f"dense_above must be None or in [0, 1], got {dense_above}")
+        raise ValueError(f"{name} must be None or in [0, 1], got {dense_above}")
 
 
 def _check_hyper(kind: str, hp: dict) -> None:
