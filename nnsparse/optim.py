@@ -163,6 +163,11 @@ class LazyAdam(Optimizer):
         :class:`~nnsparse.SplitOptimizer`, the other parts)."""
         for i, group in enumerate(self.param_groups):  # e.g. an lr set to -1 since
             _check_lazy_group(group, f"param_groups[{i}]", values=False)
+            for j, p in enumerate(group["params"]):  # e.g. replaced since by hand
+                if not isinstance(p, Tensor) or not (p.is_floating_point() or p.is_complex()):
+                    got = p.dtype if isinstance(p, Tensor) else type(p).__name__
+                    raise TypeError(f"param_groups[{i}]['params'][{j}] must be a "
+                                    f"floating-point tensor, got {got}")
         work = [(p, p.grad, group) for group in self.param_groups for p in group["params"]
                 if p.grad is not None]
         for p, grad, _ in work:
@@ -335,7 +340,7 @@ def _saved_ids(state_dict: Dict[str, Any], optimizer: Optimizer, where: str
             except TypeError:  # unhashable
                 raise TypeError(f"{where}['param_groups'][{i}]['params'][{k}] must be a "
                                 f"parameter id (an int), got {type(pid).__name__}") from None
-            if seen:
+            if seen and found[pid] is not p:  # torch saves a repeated parameter's id twice
                 raise ValueError(f"{where}['param_groups'] must name each parameter id once, "
                                  f"got {pid!r} twice (torch would load one entry into two "
                                  f"parameters)")
@@ -1104,7 +1109,7 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
         InBackwardOptimizer: call its ``zero_grad()`` and ``step()`` as a torch optimiser's.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``.
+        TypeError: ``model`` is not an ``nn.Module``, or ``optimizer`` is not a str.
         ValueError: unknown ``optimizer``, an invalid hyperparameter, one not
             used by ``optimizer`` (``momentum`` for Adam), no
             ``SparseLinearBatch`` or ``SparseOutputLinear`` in ``model`` (frozen
@@ -1130,6 +1135,9 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
         tensor([1, 4])
     """
     _check_model(model)
+    if not isinstance(optimizer, str):
+        raise TypeError(f"optimizer must be a str, one of {_rowopt.KINDS}, got "
+                        f"{type(optimizer).__name__} {optimizer!r}")
     if optimizer not in _rowopt.KINDS:
         raise ValueError(f"optimizer must be one of {_rowopt.KINDS}, got {optimizer!r}")
     hp = _in_backward_hp(optimizer, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
