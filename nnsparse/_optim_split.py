@@ -357,12 +357,12 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
         _check_non_negative(name, value)
     _check_betas(betas)
     decay_matrices_only = as_flag(decay_matrices_only, "decay_matrices_only")
-    for name, value, kinds in (("dense", dense, _DENSE), ("sparse", sparse, _SPARSE)):
-        if not isinstance(value, str):
-            raise TypeError(f"{name} must be a str, one of {kinds}, got "
-                            f"{type(value).__name__} {value!r}")
-        if value not in kinds:
-            raise ValueError(f"{name} must be one of {kinds}, got {value!r}")
+    for part, kind, kinds in (("dense", dense, _DENSE), ("sparse", sparse, _SPARSE)):
+        if not isinstance(kind, str):
+            raise TypeError(f"{part} must be a str, one of {kinds}, got "
+                            f"{type(kind).__name__} {kind!r}")
+        if kind not in kinds:
+            raise ValueError(f"{part} must be one of {kinds}, got {kind!r}")
     _check_dense_kwargs(torch.optim.AdamW if dense == "adamw" else torch.optim.Adam,
                         dense_kwargs)
     sparse_params = sparse_grad_parameters(model)

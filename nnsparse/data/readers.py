@@ -1172,7 +1172,7 @@ def _rows(mapping: Dict[Any, int], table: Dict[Any, List[float]], width: int,
     features would train silently.
     """
     if not table:
-        raise ValueError(f"{path}: holds no entries (an empty file)")
+        raise ValueError(f"{path}: holds no entries (an empty file, or a header line only)")
     out = torch.zeros(len(mapping), width)
     found = 0
     for original, index in mapping.items():
