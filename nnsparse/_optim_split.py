@@ -156,7 +156,13 @@ class SplitOptimizer(Optimizer):
     def step(self, closure: Callable[[], float]) -> float: ...
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        """One step of every part; ``closure`` (if given) is evaluated once, first."""
+        """One step of every part; ``closure`` (if given) is evaluated once, first.
+
+        Raises:
+            RuntimeError: before any parameter changes, when a part would fail
+                half-way (a gradient of a layout it does not take) or two parts
+                now share a parameter (one's ``add_param_group`` took another's).
+        """
         loss = _closure_loss(closure)
         self._check_gradients()  # every part's, before any parameter changes
         for pre in list(self._optimizer_step_pre_hooks.values()):
@@ -170,6 +176,17 @@ class SplitOptimizer(Optimizer):
     def _check_gradients(self) -> None:
         """Refuse a step that a part would fail half-way (after others have stepped)."""
         from .optim import LazyAdam
+        owner: Dict[int, str] = {}  # a part's add_param_group may have taken another's
+        for name, opt in self.optimizers.items():
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    other = owner.setdefault(id(p), name)
+                    if other != name:
+                        raise RuntimeError(
+                            f"optimizers[{other!r}] and optimizers[{name!r}] share a parameter "
+                            f"of shape {tuple(p.shape)} (added to one since the SplitOptimizer "
+                            f"was built): each step would update it twice; remove it from one "
+                            f"part (no parameter was changed)")
         for name, opt in self.optimizers.items():
             if isinstance(opt, LazyAdam):
                 opt._checked_work()  # its own checks: groups, gradient layouts

@@ -226,6 +226,21 @@ def _replaced_param(value: Any):
     return call
 
 
+def _split_shared_after_add_param_group():
+    torch.manual_seed(0)
+    model = nn.Sequential(nnsparse.SparseLinearBatch(6, 3), nn.Linear(3, 2))
+    first, second = torch.optim.Adam(model[0].parameters()), torch.optim.Adam(model[1].parameters())
+    opt = nnsparse.SplitOptimizer({"first": first, "second": second})
+    second.add_param_group({"params": list(model[0].parameters())})
+    model(_X).sum().backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    try:
+        opt.step()
+    finally:
+        assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+
 OPTIM_CASES = [
     Case("make_optimizer-maximize-with-sparse-part",
          lambda: nnsparse.make_optimizer(_split_model(), maximize=True), NotImplementedError,
@@ -261,6 +276,10 @@ OPTIM_CASES = [
          check=lambda ok: ok),
     Case("split-state-dict-hooks", _split_hooks, None,
          check=lambda seen: seen == ["pre", "post", "load-pre", "load-post"]),
+    Case("split-parameter-shared-after-add_param_group", _split_shared_after_add_param_group,
+         RuntimeError, r"optimizers\['first'\] and optimizers\['second'\] share a parameter "
+                       r"of shape \(3, 6\) \(added to one since the SplitOptimizer was built\): "
+                       r"each step would update it twice"),
     Case("split-amsgrad-part-state-loads", _split_with_amsgrad_part, None, check=lambda ok: ok),
     Case("lazy-step-param-replaced-by-str", _replaced_param("weight"), TypeError,
          r"param_groups\[0\]\['params'\]\[0\] must be a floating-point tensor, got str"),
@@ -374,3 +393,4 @@ def test_probe9_optim(case: Case) -> None:
 @pytest.mark.parametrize("case", DATA_CASES, ids=lambda c: c.id)
 def test_probe9_data(case: Case, tmp_path: Any) -> None:
     _run(case, tmp_path)
+
