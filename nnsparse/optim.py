@@ -224,7 +224,10 @@ def _unique_params(params: Any) -> Any:
         return params
     params = list(params)
     seen: Dict[int, int] = {}
-    for i, p in enumerate(params):
+    for i, item in enumerate(params):
+        # torch's named form, (name, parameter) pairs (model.named_parameters()), too
+        named = isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+        p = item[1] if named else item
         if isinstance(p, Tensor) and p.layout != torch.strided:
             # torch takes it, and the first step fails on its strides (or writes nothing)
             raise TypeError(f"params must be dense (strided) tensors, got layout {p.layout} at "

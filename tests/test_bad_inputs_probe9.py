@@ -149,6 +149,7 @@ def _split_model():
 
 
 _X = torch.eye(6)[:2].to_sparse()
+_W = nn.Parameter(torch.zeros(2, 3))
 
 
 def _stepped_split():
@@ -281,6 +282,20 @@ OPTIM_CASES = [
                        r"of shape \(3, 6\) \(added to one since the SplitOptimizer was built\): "
                        r"each step would update it twice"),
     Case("split-amsgrad-part-state-loads", _split_with_amsgrad_part, None, check=lambda ok: ok),
+    # torch's named form, (name, parameter) pairs, passed LazyAdam's own checks by
+    Case("lazy-named-params-twice", lambda: LazyAdam([("a", _W), ("b", _W)]), ValueError,
+         r"params must name each parameter once, got the same tensor at positions 0 and 1 "
+         r"\(each step would update it twice\)"),
+    Case("lazy-named-params-int", lambda: LazyAdam([("a", torch.zeros(2, dtype=torch.long))]),
+         TypeError, r"params must be floating-point tensors \(Adam's moments\), got torch.int64 "
+                    r"at position 0"),
+    Case("lazy-named-params-sparse", lambda: LazyAdam([("a", torch.zeros(2, 2).to_sparse())]),
+         TypeError, r"params must be dense \(strided\) tensors, got layout torch.sparse_coo at "
+                    r"position 0"),
+    Case("lazy-named-params-in-group-twice", lambda: LazyAdam(
+        [{"params": [("a", _W), ("b", _W)]}]), ValueError, r"params must name each parameter once"),
+    Case("lazy-named-params-work", lambda: LazyAdam(nn.Linear(3, 2).named_parameters()), None,
+         check=lambda opt: opt.param_groups[0]["param_names"] == ["weight", "bias"]),
     Case("lazy-step-param-replaced-by-str", _replaced_param("weight"), TypeError,
          r"param_groups\[0\]\['params'\]\[0\] must be a floating-point tensor, got str"),
     Case("lazy-step-param-replaced-by-int-tensor",
