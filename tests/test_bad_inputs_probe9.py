@@ -306,15 +306,18 @@ OPTIM_CASES = [
 
 # -- clip_grad_norm_ -------------------------------------------------------------------------
 
-def _clip(max_norm: Any):
+def _clip(max_norm: Any, **kw: Any):
     def call():
         model = nn.Linear(3, 2)
         model(torch.ones(1, 3)).sum().backward()
         grad = model.weight.grad.clone()
+        done = False
         try:
-            return clip_grad_norm_(model.parameters(), max_norm), model.weight.grad
+            out = clip_grad_norm_(model.parameters(), max_norm, **kw), model.weight.grad
+            done = True
+            return out
         finally:
-            if not (isinstance(max_norm, float) and max_norm >= 0):
+            if not done:
                 assert torch.equal(model.weight.grad, grad), "a refused clip scaled a gradient"
     return call
 
@@ -324,6 +327,8 @@ CLIP_CASES = [
          r"max_norm must be non-negative, got nan"),
     Case("clip-max-norm-negative", _clip(-1.0), ValueError,
          r"max_norm must be non-negative, got -1.0"),
+    Case("clip-norm-type-nan", lambda: _clip(1.0, norm_type=float("nan"))(), ValueError,
+         r"norm_type must be a number or inf, got nan"),
     Case("clip-max-norm-zero", _clip(0.0), None,
          check=lambda out: bool((out[1] == 0).all())),
 ]
