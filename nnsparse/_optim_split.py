@@ -376,7 +376,7 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
     decay_matrices_only = as_flag(decay_matrices_only, "decay_matrices_only")
     for part, kind, kinds in (("dense", dense, _DENSE), ("sparse", sparse, _SPARSE)):
         if not isinstance(kind, str):
-            raise TypeError(f"{part} must be a str, one of {kinds}, got "
+            raise TypeError(f"{part} must be one of {kinds} (a str), got "
                             f"{type(kind).__name__} {kind!r}")
         if kind not in kinds:
             raise ValueError(f"{part} must be one of {kinds}, got {kind!r}")

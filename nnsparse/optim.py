@@ -1139,7 +1139,7 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
     """
     _check_model(model)
     if not isinstance(optimizer, str):
-        raise TypeError(f"optimizer must be a str, one of {_rowopt.KINDS}, got "
+        raise TypeError(f"optimizer must be one of {_rowopt.KINDS} (a str), got "
                         f"{type(optimizer).__name__} {optimizer!r}")
     if optimizer not in _rowopt.KINDS:
         raise ValueError(f"optimizer must be one of {_rowopt.KINDS}, got {optimizer!r}")

@@ -1248,8 +1248,12 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
             except ValueError:
                 raise ValueError(f"{path}, line {number}: the id and the genre flags must be "
                                  f"numbers") from None
+            bad = [v for v in flags if not math.isfinite(v)]
+            if bad:  # ("nan" and "inf" parse as floats: features a fit then refuses)
+                raise ValueError(f"{path}, line {number}: the genre flags must be finite "
+                                 f"numbers, got {bad[0]}")
             bad = [v for v in flags if v not in (0.0, 1.0)]
-            if bad:  # ("nan", "inf", "2", "-1" and "0.5" parse as floats too)
+            if bad:  # ("2", "-1" and "0.5" parse too: a flag is 0 or 1)
                 raise ValueError(f"{path}, line {number}: the genre flags must be 0 or 1, "
                                  f"got {parts[first + flags.index(bad[0])]!r}")
             _once(seen, key, path, number, "item")
