@@ -157,6 +157,12 @@ class LazyAdam(Optimizer):
             if "step" in entry:
                 entry["step"] = _step_count(entry["step"])
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """``Optimizer.zero_grad``, ``set_to_none`` checked to be a bool (torch's takes any
+        value by its truth: ``"no"`` or a one-element tensor set the gradients to None,
+        a larger tensor failed with "Boolean value of Tensor ... is ambiguous")."""
+        super().zero_grad(as_flag(set_to_none, "set_to_none"))
+
     def _checked_work(self) -> List[Tuple[Tensor, Tensor, Dict[str, Any]]]:
         """The ``(parameter, gradient, group)`` a step updates, every group and gradient
         checked first: a refused step changes nothing (nor, in a

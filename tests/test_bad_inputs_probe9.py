@@ -296,6 +296,12 @@ OPTIM_CASES = [
         [{"params": [("a", _W), ("b", _W)]}]), ValueError, r"params must name each parameter once"),
     Case("lazy-named-params-work", lambda: LazyAdam(nn.Linear(3, 2).named_parameters()), None,
          check=lambda opt: opt.param_groups[0]["param_names"] == ["weight", "bias"]),
+    Case("lazy-zero_grad-str", lambda: _stepped()[1].zero_grad("no"), TypeError,
+         r"set_to_none must be a bool, got str 'no'"),
+    Case("lazy-zero_grad-tensor", lambda: _stepped()[1].zero_grad(torch.ones(2, 3)), TypeError,
+         r"set_to_none must be a bool, got Tensor"),
+    Case("lazy-zero_grad-false", lambda: (lambda mo: (mo[1].zero_grad(False), mo[0].weight.grad)[1])(
+        _stepped()), None, check=lambda grad: grad is not None and not grad.any()),
     Case("lazy-step-param-replaced-by-str", _replaced_param("weight"), TypeError,
          r"param_groups\[0\]\['params'\]\[0\] must be a floating-point tensor, got str"),
     Case("lazy-step-param-replaced-by-int-tensor",
