@@ -141,7 +141,13 @@ class LazyAdam(Optimizer):
         defaults.  The step count is kept as a Python int whatever form it comes
         in (an int, a whole float, a one-element tensor such as torch's float32
         one), as :meth:`step` keeps it; ``torch.optim.Adam`` loads such a state
-        too (it makes its own tensor of the count)."""
+        too (it makes its own tensor of the count).
+
+        Entries are matched to parameters through the saved groups' ids, as
+        torch matches them.  Refused, before anything is loaded, where torch
+        would load them: an entry for an id no saved group names, an id named
+        twice, an entry holding another optimiser's keys (NAdam's
+        ``mu_product``), a negative ``exp_avg_sq``, moments of another shape."""
         _check_state_entries(state_dict, self, "state_dict", _state_keys(self))
         groups = state_dict["param_groups"]
         for i, group in enumerate(groups if isinstance(groups, list) else []):
