@@ -178,8 +178,11 @@ class SplitOptimizer(Optimizer):
         from .optim import LazyAdam
         owner: Dict[int, str] = {}  # a part's add_param_group may have taken another's
         for name, opt in self.optimizers.items():
-            for group in opt.param_groups:
-                for p in group["params"]:
+            for i, group in enumerate(opt.param_groups):
+                for j, p in enumerate(group["params"]):
+                    if not isinstance(p, Tensor):  # replaced by hand since
+                        raise TypeError(f"optimizers[{name!r}].param_groups[{i}]['params'][{j}] "
+                                        f"must be a tensor, got {type(p).__name__}")
                     other = owner.setdefault(id(p), name)
                     if other != name:
                         raise RuntimeError(

@@ -243,6 +243,17 @@ def _split_shared_after_add_param_group():
 
 
 
+def _split_replaced():
+    model, opt = _stepped_split()
+    opt.optimizers["dense"].param_groups[0]["params"][0] = "weight"
+    model(_X).sum().backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    try:
+        opt.step()
+    finally:
+        assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
 OPTIM_CASES = [
     Case("make_optimizer-maximize-with-sparse-part",
          lambda: nnsparse.make_optimizer(_split_model(), maximize=True), NotImplementedError,
@@ -282,6 +293,9 @@ OPTIM_CASES = [
          RuntimeError, r"optimizers\['first'\] and optimizers\['second'\] share a parameter "
                        r"of shape \(3, 6\) \(added to one since the SplitOptimizer was built\): "
                        r"each step would update it twice"),
+    Case("split-step-param-replaced-by-str", _split_replaced, TypeError,
+         r"optimizers\['dense'\].param_groups\[0\]\['params'\]\[0\] must be a tensor, "
+         r"got str"),
     Case("split-amsgrad-part-state-loads", _split_with_amsgrad_part, None, check=lambda ok: ok),
     # torch's named form, (name, parameter) pairs, passed LazyAdam's own checks by
     Case("lazy-named-params-twice", lambda: LazyAdam([("a", _W), ("b", _W)]), ValueError,
