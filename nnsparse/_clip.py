@@ -55,6 +55,8 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
         TypeError: ``max_norm`` or ``norm_type`` not a number,
             ``error_if_nonfinite`` not a bool, ``foreach`` neither a bool nor
             ``None``, or a parameter that is not a tensor.
+        ValueError: ``max_norm`` negative or NaN, or ``norm_type`` NaN (torch's
+            would reverse the gradients or make them NaN).
         NotImplementedError: a gradient of another layout than strided or
             sparse COO (nothing is scaled).
         RuntimeError: with ``error_if_nonfinite``, a non-finite total norm
@@ -73,7 +75,12 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
     """
     parameters = _parameter_list(parameters)
     max_norm = _as_float("max_norm", max_norm)
+    if not max_norm >= 0.0:
+        # torch scales by max_norm / total: NaN gradients for NaN, reversed ones below 0
+        raise ValueError(f"max_norm must be non-negative, got {max_norm}")
     norm_type = _as_float("norm_type", norm_type)
+    if norm_type != norm_type:  # torch's total norm is then NaN, and so is every gradient
+        raise ValueError(f"norm_type must be a number or inf, got {norm_type}")
     if not isinstance(error_if_nonfinite, bool):
         raise TypeError(f"error_if_nonfinite must be a bool, got "
                         f"{type(error_if_nonfinite).__name__}")

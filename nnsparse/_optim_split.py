@@ -27,7 +27,13 @@ from .optim import _check_state_entries, _closure_loss, _state_keys
 __all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
 
 _SPARSE = ("lazy_adam", "sparse_adam")
+# the hook tables of torch.optim.Optimizer (its register_*_hook methods write them)
+_HOOK_TABLES = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
+                "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
+                "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
 _DENSE = ("adam", "adamw")
+# Adam switches that change what the step computes and that the sparse part lacks
+_SPARSE_LACKS = ("maximize", "amsgrad", "differentiable")
 
 
 def _gives_sparse_grad(module: nn.Module) -> bool:
@@ -118,9 +124,22 @@ class SplitOptimizer(Optimizer):
         parts = list(self.optimizers.values())
         self.defaults: Dict[str, Any] = {k: v for k, v in parts[0].defaults.items()
                                          if all(k in o.defaults for o in parts[1:])}
-        # OrderedDicts: torch's RemovableHandle keeps a weak reference to them
-        self._optimizer_step_pre_hooks: Dict[int, Callable] = OrderedDict()
-        self._optimizer_step_post_hooks: Dict[int, Callable] = OrderedDict()
+        self._init_hooks()
+
+    def _init_hooks(self) -> None:
+        # Optimizer.__init__'s hook tables, which its register_*_hook methods fill
+        # (OrderedDicts: torch's RemovableHandle keeps a weak reference to them)
+        for name in _HOOK_TABLES:
+            if name not in self.__dict__:
+                setattr(self, name, OrderedDict())
+
+    def __getstate__(self) -> Dict[str, Any]:  # type: ignore[override]
+        # Optimizer's keeps defaults, state and param_groups: the parts are the state
+        return {k: v for k, v in self.__dict__.items() if k not in _HOOK_TABLES}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_hooks()
 
     @property
     def param_groups(self) -> List[dict]:  # type: ignore[override]
@@ -137,7 +156,13 @@ class SplitOptimizer(Optimizer):
     def step(self, closure: Callable[[], float]) -> float: ...
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        """One step of every part; ``closure`` (if given) is evaluated once, first."""
+        """One step of every part; ``closure`` (if given) is evaluated once, first.
+
+        Raises:
+            RuntimeError: before any parameter changes, when a part would fail
+                half-way (a gradient of a layout it does not take) or two parts
+                now share a parameter (one's ``add_param_group`` took another's).
+        """
         loss = _closure_loss(closure)
         self._check_gradients()  # every part's, before any parameter changes
         for pre in list(self._optimizer_step_pre_hooks.values()):
@@ -151,6 +176,20 @@ class SplitOptimizer(Optimizer):
     def _check_gradients(self) -> None:
         """Refuse a step that a part would fail half-way (after others have stepped)."""
         from .optim import LazyAdam
+        owner: Dict[int, str] = {}  # a part's add_param_group may have taken another's
+        for name, opt in self.optimizers.items():
+            for i, group in enumerate(opt.param_groups):
+                for j, p in enumerate(group["params"]):
+                    if not isinstance(p, Tensor):  # replaced by hand since
+                        raise TypeError(f"optimizers[{name!r}].param_groups[{i}]['params'][{j}] "
+                                        f"must be a tensor, got {type(p).__name__}")
+                    other = owner.setdefault(id(p), name)
+                    if other != name:
+                        raise RuntimeError(
+                            f"optimizers[{other!r}] and optimizers[{name!r}] share a parameter "
+                            f"of shape {tuple(p.shape)} (added to one since the SplitOptimizer "
+                            f"was built): each step would update it twice; remove it from one "
+                            f"part (no parameter was changed)")
         for name, opt in self.optimizers.items():
             if isinstance(opt, LazyAdam):
                 opt._checked_work()  # its own checks: groups, gradient layouts
@@ -179,9 +218,28 @@ class SplitOptimizer(Optimizer):
             opt.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
+        """``{part name: part.state_dict()}``, through the hooks registered with
+        ``register_state_dict_pre_hook`` / ``_post_hook`` as torch's optimisers call them."""
+        for pre in list(self._optimizer_state_dict_pre_hooks.values()):
+            pre(self)
+        state: Dict[str, Any] = {name: opt.state_dict() for name, opt in self.optimizers.items()}
+        for post in list(self._optimizer_state_dict_post_hooks.values()):
+            result = post(self, state)
+            state = state if result is None else result
+        return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Load a :meth:`state_dict`: every part's state checked before any is loaded;
+        the ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks are called as
+        torch's optimisers call them."""
+        for pre in list(self._optimizer_load_state_dict_pre_hooks.values()):
+            result = pre(self, state_dict)
+            state_dict = state_dict if result is None else result
+        self._load_parts(state_dict)
+        for post in list(self._optimizer_load_state_dict_post_hooks.values()):
+            post(self)
+
+    def _load_parts(self, state_dict: Dict[str, Any]) -> None:
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict must be a dict of part name -> state, got "
                             f"{type(state_dict).__name__}")
@@ -284,16 +342,22 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
             has two param groups), as :class:`nnsparse.models.Trainer` trains.
             Default: on every parameter.
         **dense_kwargs: passed to the dense optimiser (``foreach``, ``fused``,
-            ``amsgrad``, ...).
+            ``amsgrad``, ...); those that change the step (``maximize``,
+            ``amsgrad``, ``differentiable``) only when no parameter gets sparse
+            gradients.
 
     Returns:
         ``torch.optim.Adam``/``AdamW``, the sparse optimiser, or a
         :class:`SplitOptimizer` of both.
 
     Raises:
-        ValueError: an unknown ``dense`` or ``sparse``, or a model without
-            trainable parameters.
-        NotImplementedError: ``sparse="sparse_adam"`` with ``weight_decay``.
+        TypeError: ``model`` not an ``nn.Module``, ``dense`` or ``sparse`` not a
+            str, a keyword the dense optimiser does not take.
+        ValueError: an unknown ``dense`` or ``sparse``, an invalid
+            hyperparameter, or a model without trainable parameters.
+        NotImplementedError: ``sparse="sparse_adam"`` with ``weight_decay``;
+            ``maximize``, ``amsgrad`` or ``differentiable`` in ``dense_kwargs`` when
+            some parameters get sparse gradients (the sparse part has none of them).
 
     Example::
 
@@ -313,13 +377,23 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
         _check_non_negative(name, value)
     _check_betas(betas)
     decay_matrices_only = as_flag(decay_matrices_only, "decay_matrices_only")
-    if dense not in _DENSE:
-        raise ValueError(f"dense must be one of {_DENSE}, got {dense!r}")
-    if sparse not in _SPARSE:
-        raise ValueError(f"sparse must be one of {_SPARSE}, got {sparse!r}")
+    for part, kind, kinds in (("dense", dense, _DENSE), ("sparse", sparse, _SPARSE)):
+        if not isinstance(kind, str):
+            raise TypeError(f"{part} must be one of {kinds} (a str), got "
+                            f"{type(kind).__name__} {kind!r}")
+        if kind not in kinds:
+            raise ValueError(f"{part} must be one of {kinds}, got {kind!r}")
     _check_dense_kwargs(torch.optim.AdamW if dense == "adamw" else torch.optim.Adam,
                         dense_kwargs)
     sparse_params = sparse_grad_parameters(model)
+    lacking = [key for key in _SPARSE_LACKS if dense_kwargs.get(key)]
+    if sparse_params and lacking:
+        # the dense part alone would take them: half the model maximised, or with AMSGrad
+        raise NotImplementedError(
+            f"dense_kwargs: {', '.join(f'{k}={dense_kwargs[k]!r}' for k in lacking)} would "
+            f"apply to the dense parameters only: the sparse-gradient parameters' optimiser "
+            f"({sparse!r}) has no {' nor '.join(lacking)}; use torch.optim.Adam with "
+            f"sparse_grad=False layers")
     sparse_ids = {id(p) for p in sparse_params}
     dense_params = [p for p in model.parameters() if p.requires_grad and id(p) not in sparse_ids]
     if not sparse_params and not dense_params:

@@ -141,7 +141,13 @@ class LazyAdam(Optimizer):
         defaults.  The step count is kept as a Python int whatever form it comes
         in (an int, a whole float, a one-element tensor such as torch's float32
         one), as :meth:`step` keeps it; ``torch.optim.Adam`` loads such a state
-        too (it makes its own tensor of the count)."""
+        too (it makes its own tensor of the count).
+
+        Entries are matched to parameters through the saved groups' ids, as
+        torch matches them.  Refused, before anything is loaded, where torch
+        would load them: an entry for an id no saved group names, an id named
+        twice, an entry holding another optimiser's keys (NAdam's
+        ``mu_product``), a negative ``exp_avg_sq``, moments of another shape."""
         _check_state_entries(state_dict, self, "state_dict", _state_keys(self))
         groups = state_dict["param_groups"]
         for i, group in enumerate(groups if isinstance(groups, list) else []):
@@ -157,12 +163,23 @@ class LazyAdam(Optimizer):
             if "step" in entry:
                 entry["step"] = _step_count(entry["step"])
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """``Optimizer.zero_grad``, ``set_to_none`` checked to be a bool (torch's takes any
+        value by its truth: ``"no"`` or a one-element tensor set the gradients to None,
+        a larger tensor failed with "Boolean value of Tensor ... is ambiguous")."""
+        super().zero_grad(as_flag(set_to_none, "set_to_none"))
+
     def _checked_work(self) -> List[Tuple[Tensor, Tensor, Dict[str, Any]]]:
         """The ``(parameter, gradient, group)`` a step updates, every group and gradient
         checked first: a refused step changes nothing (nor, in a
         :class:`~nnsparse.SplitOptimizer`, the other parts)."""
         for i, group in enumerate(self.param_groups):  # e.g. an lr set to -1 since
             _check_lazy_group(group, f"param_groups[{i}]", values=False)
+            for j, p in enumerate(group["params"]):  # e.g. replaced since by hand
+                if not isinstance(p, Tensor) or not (p.is_floating_point() or p.is_complex()):
+                    got = p.dtype if isinstance(p, Tensor) else type(p).__name__
+                    raise TypeError(f"param_groups[{i}]['params'][{j}] must be a "
+                                    f"floating-point tensor, got {got}")
         work = [(p, p.grad, group) for group in self.param_groups for p in group["params"]
                 if p.grad is not None]
         for p, grad, _ in work:
@@ -219,7 +236,10 @@ def _unique_params(params: Any) -> Any:
         return params
     params = list(params)
     seen: Dict[int, int] = {}
-    for i, p in enumerate(params):
+    for i, item in enumerate(params):
+        # torch's named form, (name, parameter) pairs (model.named_parameters()), too
+        named = isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+        p = item[1] if named else item
         if isinstance(p, Tensor) and p.layout != torch.strided:
             # torch takes it, and the first step fails on its strides (or writes nothing)
             raise TypeError(f"params must be dense (strided) tensors, got layout {p.layout} at "
@@ -255,29 +275,47 @@ def _check_lazy_group(group: Dict[str, Any], where: str, values: bool = True) ->
             _check_non_negative(f"{where}[{key!r}]", value)
         else:
             _check_real(f"{where}[{key!r}]", value)
-    _check_betas(group.get("betas"))
-    _check_share(group.get("dense_above"))
+    _check_betas(group.get("betas"), f"{where}: betas")
+    _check_share(group.get("dense_above"), f"{where}: dense_above")
     as_flag(group.get("decoupled_weight_decay"), f"{where}['decoupled_weight_decay']")
 
 
 def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
                          required: Tuple[str, ...] = ()) -> None:
     """The per-parameter entries of an ``Optimizer.state_dict()`` against the parameters
-    of ``optimizer`` (torch's order): each tensor of more than 0 dimensions must have its
-    parameter's shape (torch loads any, and a fused step then writes out of
-    bounds), a ``step`` must be a whole number >= 0, and a non-empty entry must hold
-    the ``required`` keys, its moments (the required keys but ``step``) as dense tensors
-    of the parameter's shape."""
+    of ``optimizer``, each entry found through the saved groups' parameter ids as torch
+    maps them: each tensor of more than 0 dimensions must have its parameter's shape
+    (torch loads any, and a fused step then writes out of bounds), a ``step`` must be a
+    whole number >= 0, and a non-empty entry must hold the ``required`` keys, its
+    moments (the required keys but ``step``) as dense tensors of the parameter's shape,
+    and no key of another optimiser's state.  An entry for no saved id, a saved id
+    named twice and an entry that is not a dict are refused (torch keeps the first as
+    it is, maps the second to the wrong parameter and fails at the step on the third)."""
     _check_optimizer_dict(state_dict, where)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    params = _saved_ids(state_dict, optimizer, where)
+    if params is None:
+        return  # the groups do not match: torch's own checks (group sizes) answer
     state = state_dict["state"]
-    for index, entry in (state.items() if isinstance(state, dict) else ()):
-        if not (isinstance(index, int) and 0 <= index < len(params) and isinstance(entry, dict)):
-            continue  # torch's own checks (group sizes, ids) answer those
-        name = f"{where}['state'][{index}]"
+    if not isinstance(state, dict):
+        raise TypeError(f"{where}['state'] must be a dict of parameter id -> state, got "
+                        f"{type(state).__name__}")
+    allowed = _allowed_keys(optimizer, required)
+    for index, entry in state.items():
+        name = f"{where}['state'][{index!r}]"
+        if index not in params:
+            raise ValueError(f"{where}['state'] has an entry {index!r} for no parameter: the "
+                             f"ids of {where}['param_groups'] are {_ids_text(params)}")
+        if not isinstance(entry, dict):
+            raise TypeError(f"{name} must be a dict of state name -> value, got "
+                            f"{type(entry).__name__}")
         missing = [key for key in required if key not in entry]
         if entry and missing:
             raise ValueError(f"{name} must hold {list(required)}, got the keys {sorted(entry)}")
+        foreign = sorted(str(key) for key in entry if key not in allowed) if allowed else []
+        if foreign:
+            raise ValueError(f"{name} holds {foreign}, which {type(optimizer).__name__} does "
+                             f"not keep (it keeps {sorted(allowed)}): the state of another "
+                             f"optimiser")
         if "step" in entry:
             _check_step(entry["step"], f"{name}['step']")
         shape = tuple(params[index].shape)
@@ -291,6 +329,55 @@ def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
                                  f"got {tuple(t.shape)}")
             elif isinstance(t, Tensor):
                 _check_state_tensor(t, f"{name}[{key!r}]")
+            if key in _SQUARES and isinstance(t, Tensor):
+                _check_squares(t, f"{name}[{key!r}]")
+
+
+def _saved_ids(state_dict: Dict[str, Any], optimizer: Optimizer, where: str
+               ) -> Optional[Dict[Any, Tensor]]:
+    """torch's map of the saved parameter ids to ``optimizer``'s parameters (group by
+    group, in order), or ``None`` when the saved groups do not match in number or size."""
+    groups = state_dict["param_groups"]
+    if not isinstance(groups, (list, tuple)) or len(groups) != len(optimizer.param_groups):
+        return None
+    found: Dict[Any, Tensor] = {}
+    for i, (saved, own) in enumerate(zip(groups, optimizer.param_groups)):
+        ids = saved.get("params") if isinstance(saved, dict) else None
+        if not isinstance(ids, (list, tuple)):
+            raise TypeError(f"{where}['param_groups'][{i}]['params'] must be a list of "
+                            f"parameter ids (from Optimizer.state_dict()), got "
+                            f"{type(ids).__name__}")
+        if len(ids) != len(own["params"]):
+            return None
+        for k, (pid, p) in enumerate(zip(ids, own["params"])):
+            try:
+                seen = pid in found
+            except TypeError:  # unhashable
+                raise TypeError(f"{where}['param_groups'][{i}]['params'][{k}] must be a "
+                                f"parameter id (an int), got {type(pid).__name__}") from None
+            if seen and found[pid] is not p:  # torch saves a repeated parameter's id twice
+                raise ValueError(f"{where}['param_groups'] must name each parameter id once, "
+                                 f"got {pid!r} twice (torch would load one entry into two "
+                                 f"parameters)")
+            found[pid] = p
+    return found
+
+
+def _ids_text(ids: Dict[Any, Tensor]) -> str:
+    keys = [repr(k) for k in ids]
+    return "[" + ", ".join(keys[:8]) + (", ...]" if len(keys) > 8 else "]")
+
+
+# State keys that hold sums of squares (never negative)
+_SQUARES = ("exp_avg_sq", "max_exp_avg_sq", "sum")
+
+
+def _check_squares(t: Tensor, name: str) -> None:
+    """A loaded sum of squared gradients is non-negative: torch loads a negative one, and
+    the next step's square root makes the parameter NaN (one pass at load time)."""
+    if t.numel() and not t.is_complex() and bool((t < 0).any()):
+        raise ValueError(f"{name} must be non-negative (a sum of squared gradients), "
+                         f"got min {t.min().item()}")
 
 
 def _check_optimizer_dict(state_dict: Any, where: str) -> None:
@@ -362,6 +449,21 @@ _STATE_KEYS: Dict[type, Tuple[str, ...]] = {
     torch.optim.Adagrad: ("step", "sum"),
     torch.optim.SGD: ("momentum_buffer",),
 }
+
+
+# The keys the state of these optimisers may hold besides the required ones
+_OPTIONAL_KEYS: Dict[type, Tuple[str, ...]] = {
+    torch.optim.Adam: ("max_exp_avg_sq",),
+    torch.optim.AdamW: ("max_exp_avg_sq",),
+}
+
+
+def _allowed_keys(optimizer: Optimizer, required: Tuple[str, ...]) -> Tuple[str, ...]:
+    """The keys an entry of ``optimizer``'s state may hold; ``()``: any (an optimiser
+    nnsparse does not know)."""
+    if not required:
+        return ()
+    return required + _OPTIONAL_KEYS.get(type(optimizer), ())
 
 
 def _state_keys(optimizer: Optimizer) -> Tuple[str, ...]:
@@ -944,6 +1046,8 @@ class InBackwardOptimizer:
                     _check_step(given, f"state_dict['tables'][{name!r}]['step']")
                 else:
                     _check_state_tensor(given, f"state_dict['tables'][{name!r}][{key!r}]")
+                    if key in _SQUARES:
+                        _check_squares(given, f"state_dict['tables'][{name!r}][{key!r}]")
         if (state_dict.get("dense") is None) != (self.dense is None):
             raise ValueError("state_dict['dense'] must be given exactly when the model has "
                              "parameters outside the in-backward layers")
@@ -1020,7 +1124,7 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
         InBackwardOptimizer: call its ``zero_grad()`` and ``step()`` as a torch optimiser's.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``.
+        TypeError: ``model`` is not an ``nn.Module``, or ``optimizer`` is not a str.
         ValueError: unknown ``optimizer``, an invalid hyperparameter, one not
             used by ``optimizer`` (``momentum`` for Adam), no
             ``SparseLinearBatch`` or ``SparseOutputLinear`` in ``model`` (frozen
@@ -1046,6 +1150,9 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
         tensor([1, 4])
     """
     _check_model(model)
+    if not isinstance(optimizer, str):
+        raise TypeError(f"optimizer must be one of {_rowopt.KINDS} (a str), got "
+                        f"{type(optimizer).__name__} {optimizer!r}")
     if optimizer not in _rowopt.KINDS:
         raise ValueError(f"optimizer must be one of {_rowopt.KINDS}, got {optimizer!r}")
     hp = _in_backward_hp(optimizer, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
@@ -1178,23 +1285,23 @@ def _closure_loss(closure: Any) -> Optional[float]:
         return closure()
 
 
-def _check_betas(betas: Any) -> None:
+def _check_betas(betas: Any, name: str = "betas") -> None:
     if not isinstance(betas, (tuple, list)):
-        raise TypeError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        raise TypeError(f"{name} must be a pair (beta1, beta2), got {betas!r}")
     if len(betas) != 2:
-        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        raise ValueError(f"{name} must be a pair (beta1, beta2), got {betas!r}")
     for value in betas:
-        _check_real("betas", value)
+        _check_real(name, value)
     if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-        raise ValueError(f"betas must be in [0, 1), got {betas}")
+        raise ValueError(f"{name} must be in [0, 1), got {betas}")
 
 
-def _check_share(dense_above: Optional[float]) -> None:
+def _check_share(dense_above: Optional[float], name: str = "dense_above") -> None:
     if dense_above is None:
         return
-    _check_real("dense_above", dense_above)
+    _check_real(name, dense_above)
     if not 0.0 <= dense_above <= 1.0:
-        raise ValueError(f"dense_above must be None or in [0, 1], got {dense_above}")
+        raise ValueError(f"{name} must be None or in [0, 1], got {dense_above}")
 
 
 def _check_hyper(kind: str, hp: dict) -> None:

@@ -16,7 +16,7 @@ import re
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -694,19 +694,27 @@ def _read_titles(path: Path, fmt: str) -> Dict[Any, str]:
                          "or pass titles=False") from None
 
 
+def _csv_item_rows(path: Path) -> Iterator[Tuple[int, List[str]]]:
+    """``(line number, fields)`` of a ``movies.csv``, its first line skipped only when it
+    is a header (``movieId,title,genres``), not an item line: a file without a header
+    lost its first item."""
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        for number, row in enumerate(csv.reader(f), start=1):
+            if number == 1 and row and not _INT_TOKEN.fullmatch(row[0].strip()):
+                continue  # the header
+            yield number, row
+
+
 def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
     titles: Dict[Any, str] = {}
     if fmt == "csv":
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            rows = csv.reader(f)
-            next(rows, None)  # header: movieId,title,genres
-            for number, row in enumerate(rows, start=2):
-                if not row:
-                    continue
-                if len(row) < 2:
-                    raise ValueError(f"{path}, line {number}: expected movieId,title,..., "
-                                     f"got {row!r}")
-                titles[_int_id(row[0], path, number)] = row[1]
+        for number, row in _csv_item_rows(path):
+            if not row:
+                continue
+            if len(row) < 2:
+                raise ValueError(f"{path}, line {number}: expected movieId,title,..., "
+                                 f"got {row!r}")
+            titles[_int_id(row[0], path, number)] = row[1]
         return titles
     sep = "|" if fmt == "ml-100k" else "::"
     with open(path, encoding="latin-1") as f:  # the MovieLens item files are latin-1
@@ -1165,7 +1173,7 @@ def _rows(mapping: Dict[Any, int], table: Dict[Any, List[float]], width: int,
     features would train silently.
     """
     if not table:
-        raise ValueError(f"{path}: holds no entries (an empty file)")
+        raise ValueError(f"{path}: holds no entries (an empty file, or a header line only)")
     out = torch.zeros(len(mapping), width)
     found = 0
     for original, index in mapping.items():
@@ -1245,6 +1253,10 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
             if bad:  # ("nan" and "inf" parse as floats: features a fit then refuses)
                 raise ValueError(f"{path}, line {number}: the genre flags must be finite "
                                  f"numbers, got {bad[0]}")
+            bad = [v for v in flags if v not in (0.0, 1.0)]
+            if bad:  # ("2", "-1" and "0.5" parse too: a flag is 0 or 1)
+                raise ValueError(f"{path}, line {number}: the genre flags must be 0 or 1, "
+                                 f"got {parts[first + flags.index(bad[0])]!r}")
             _once(seen, key, path, number, "item")
             table[key] = flags
         width = max((len(v) for v in table.values()), default=0)
@@ -1256,16 +1268,13 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
                          f"got {format!r}")
     named: Dict[Any, List[str]] = {}
     if format == "csv":
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            rows = csv.reader(f)
-            next(rows, None)
-            for number, row in enumerate(rows, start=2):
-                if row:
-                    if len(row) < 3:
-                        raise ValueError(f"{path}, line {number}: expected movieId,title,genres")
-                    key = _int_id(row[0], path, number)
-                    _once(seen, key, path, number, "item")
-                    named[key] = row[2].split("|")
+        for number, row in _csv_item_rows(path):
+            if row:
+                if len(row) < 3:
+                    raise ValueError(f"{path}, line {number}: expected movieId,title,genres")
+                key = _int_id(row[0], path, number)
+                _once(seen, key, path, number, "item")
+                named[key] = row[2].split("|")
     else:
         for number, parts in _lines(path, "::"):
             if len(parts) < 3:

@@ -15,6 +15,7 @@ from typing import Any, Tuple
 
 import math
 import numbers
+import os
 import numpy as np
 import torch
 
@@ -93,6 +94,32 @@ def _genres(seed: int, n_items: int) -> np.ndarray:
     return flags
 
 
+# The generator is dense: its peak memory, measured with tracemalloc (1000-2000 users,
+# 1000-200,000 items, rank 10 and 200), is about 49 bytes a (user, item) cell (float64
+# tastes, sort keys and their argsort order) and 100 bytes an item for the genres;
+# the factors are float64 (user and item, rating and selection).
+_BYTES_PER_CELL, _BYTES_PER_ITEM = 50, 100
+
+
+def _check_memory(n_users: int, n_items: int, rank: int) -> None:
+    """Refuse sizes whose dense generation needs more than this machine's memory (numpy
+    would raise MemoryError for some, and swap or be killed for others).
+    ``n_users = rank = 0``: the genres alone (:func:`synthetic_item_features`)."""
+    need = (_BYTES_PER_CELL * n_users * n_items + _BYTES_PER_ITEM * n_items
+            + 8 * 3 * rank * (n_users + n_items))
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: nothing to compare
+        return
+    if need > have:
+        sizes, rate = ((f"n_items={n_items}", f"{_BYTES_PER_ITEM} bytes an item") if not n_users
+                       else (f"n_users={n_users}, n_items={n_items}, rank={rank}",
+                             f"{_BYTES_PER_CELL} bytes a (user, item) cell"))
+        raise ValueError(f"{sizes} need about {need / 2**30:.3g} GiB to generate (the "
+                         f"generator is dense: about {rate}), more than this machine's "
+                         f"{have / 2**30:.3g} GiB of memory; choose smaller sizes")
+
+
 def _check_seed(seed: Any) -> None:
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
@@ -106,6 +133,11 @@ def synthetic_item_features(seed: int = 0, n_items: int = 1682) -> torch.Tensor:
     The side information of CFN++ on the synthetic set (MovieLens-100K's
     ``u.item`` has 19 genre flags too).
 
+    Raises:
+        TypeError: ``seed`` or ``n_items`` not an int.
+        ValueError: a negative ``seed``, ``n_items`` not positive or needing more
+            than the machine's memory (about 100 bytes an item).
+
     Example::
 
         >>> g = synthetic_item_features(0, n_items=5)
@@ -113,7 +145,8 @@ def synthetic_item_features(seed: int = 0, n_items: int = 1682) -> torch.Tensor:
         (torch.Size([5, 19]), True)
     """
     _check_seed(seed)
-    as_count("n_items", n_items, 1, must="positive")
+    n_items = as_count("n_items", n_items, 1, must="positive")
+    _check_memory(0, n_items, 0)
     return torch.from_numpy(_genres(seed, n_items))
 
 
@@ -224,7 +257,9 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
             or ``item_sigma`` not a real number; ``titles`` not a bool.
         ValueError: a negative ``seed``; a size that is not positive;
             more ratings than cells; a negative or non-finite ``noise``,
-            ``user_sigma`` or ``item_sigma``.
+            ``user_sigma`` or ``item_sigma``; sizes whose generation needs more
+            than the machine's memory (the generator is dense: about 50 bytes
+            a (user, item) cell).
 
     Example::
 
@@ -247,6 +282,7 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
     if n_ratings > n_users * n_items:
         raise ValueError(f"n_ratings must be at most n_users * n_items = {n_users * n_items}, "
                          f"got {n_ratings}")
+    _check_memory(n_users, n_items, rank)
     for number, name in ((noise, "noise"), (user_sigma, "user_sigma"), (item_sigma, "item_sigma")):
         if isinstance(number, bool) or not isinstance(number, numbers.Real):
             raise TypeError(f"{name} must be a real number, got {type(number).__name__} {number!r}")
