@@ -267,8 +267,11 @@ def test_a_subclass_auto_penalty_is_set_by_fit():
 @pytest.mark.parametrize("value, expected", [
     (np.float32(0.5), 0.5), (np.int64(3), 3), (np.bool_(True), True), (np.str_("tanh"), "tanh"),
     ((np.int64(1), 2.0), (1, 2.0)), ([np.float64(0.25)], [0.25]), ({"a": np.int32(1)}, {"a": 1}),
-    (None, None),
-], ids=["float32", "int64", "bool_", "str_", "tuple", "list", "dict", "None"])
+    (None, None), (1 + 2j, 1 + 2j), (np.complex64(1 + 2j), 1 + 2j),
+    (torch.float64, torch.float64), (torch.device("cpu"), torch.device("cpu")),
+    ("auto", "auto"), (np.str_("auto"), "auto"),
+], ids=["float32", "int64", "bool_", "str_", "tuple", "list", "dict", "None", "complex",
+        "complex64", "dtype", "device", "auto", "np-auto"])
 def test_a_subclass_hyperparameter_is_kept_as_a_plain_value(value, expected):
     """A subclass's own hyperparameters (which no built-in check knows) are normalised as the
     built-in ones: a numpy scalar in a saved file made it unreadable with weights_only."""
@@ -281,13 +284,32 @@ def test_a_subclass_hyperparameter_is_kept_as_a_plain_value(value, expected):
 
 
 @pytest.mark.parametrize("value, name", [(torch.nn.Tanh(), "Tanh"), (torch.tensor(1.0), "Tensor"),
-                                         (1 + 2j, "complex"), ([object()], "object")])
+                                         ([object()], "object")])
 def test_a_subclass_hyperparameter_a_file_cannot_hold_is_refused(value, name):
     cls = _subclass(DEFAULTS={**AutoRec.DEFAULTS, "act": "sigmoid"})
     with pytest.raises(TypeError, match=rf"^hyperparameter act must be None, a bool, a number, a "
-                                        rf"str, or a list, tuple or dict of them \(what a model "
-                                        rf"file holds\), got {name}"):
+                                        rf"str, a torch.dtype or torch.device, or a list, tuple "
+                                        rf"or dict of them \(what a model file holds\), got {name}"):
         cls(act=value)
+
+
+def test_a_subclass_hyperparameter_of_its_own_may_be_auto_and_saved(tmp_path):
+    """Only the hyperparameters nnsparse checks refuse "auto": a subclass's own one (an
+    init scheme, a dtype) keeps any value weights_only loading reads, through save/load."""
+    from nnsparse.models import MODELS, register
+    cls = type("OwnAuto", (AutoRec,), {"name": "own-auto-test",
+                                       "DEFAULTS": {**AutoRec.DEFAULTS, "init": "auto",
+                                                    "dtype": torch.float64, "c": 1 + 2j}})
+    register(cls)
+    try:
+        model = cls(hidden=4, epochs=1, validation_ratio=0.0)
+        assert model.hparams["init"] == "auto" and model.hparams["dtype"] is torch.float64
+        model.fit(synthetic_ratings(0, 20, 15, 120), verbose=False, progress=False)
+        model.save(tmp_path / "m.pt")
+        loaded = RatingModel.load(tmp_path / "m.pt")
+        assert type(loaded) is cls and loaded.hparams == model.hparams
+    finally:
+        MODELS.pop("own-auto-test", None)
 
 
 def test_auto_penalties_follow_the_ratings_fit_was_given(data, tmp_path):
