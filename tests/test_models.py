@@ -1,8 +1,11 @@
 """Tests of nnsparse.models: fit, predict, fallback, recommend, save/load, cross-validation."""
 import copy
+import io
 import math
+import os
 import pickle
 import re
+import stat
 
 import numpy as np
 import pytest
@@ -907,6 +910,30 @@ def test_save_writes_through_a_link_and_keeps_the_mode(tmp_path):
     model.save(link)
     assert link.is_symlink() and (target.stat().st_mode & 0o777) == 0o640
     assert torch.equal(AutoRec.load(target).predict(_TINY_R), model.predict(_TINY_R))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this system")
+def test_save_writes_into_a_named_pipe_not_over_it(tmp_path):
+    """A path that is not a regular file (a named pipe, a device such as /dev/null) is
+    written as torch.save writes it: renamed over, a pipe's reader got nothing and the
+    pipe (or, for root, /dev/null itself) became a regular file."""
+    import threading
+    model = _fitted_copy(AutoRec)
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(pipe.read_bytes()), daemon=True)
+    reader.start()
+    try:
+        model.save(pipe)
+    finally:
+        if reader.is_alive() and stat.S_ISFIFO(os.stat(pipe).st_mode):
+            with open(pipe, "wb"):  # (unblock a reader that was never written to)
+                pass
+        reader.join(10)
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
+    assert torch.equal(AutoRec.load(io.BytesIO(got[0])).predict(_TINY_R), model.predict(_TINY_R))
 
 
 def test_a_refused_save_writes_nothing_to_a_file_object():

@@ -902,7 +902,8 @@ class RatingModel(nn.Module):
         saved, while an edit that no longer describes the fitted network
         (``orientation``, or a size such as ``hidden``) is refused: the file
         would not load.  A path is written whole or not at all (through a
-        temporary file in its directory).
+        temporary file in its directory; a named pipe or a device, which is
+        no regular file, is written directly).
 
         Raises:
             RuntimeError: the model is not fitted (or its last fit failed).
@@ -1231,8 +1232,11 @@ def _path_to_write(path: Any) -> None:
 def _save_whole(blob: Dict[str, Any], path: Any) -> None:
     """``torch.save(blob, path)``; a path is written through a temporary file in its
     directory, renamed over it once whole: a failed save leaves no partial file, and
-    an existing file as it was.  (A file object is written as given.)"""
-    if not isinstance(path, (str, os.PathLike)):
+    an existing file as it was.  (A file object, and a path that is not a regular file, a
+    named pipe or a device such as /dev/null, are written as given: renamed over, the
+    pipe's reader would get nothing, and the device node would become a file.)"""
+    if not isinstance(path, (str, os.PathLike)) or (os.path.exists(path)
+                                                     and not os.path.isfile(path)):
         torch.save(blob, path)
         return
     target = Path(os.path.realpath(path))  # through a link, as torch.save wrote
