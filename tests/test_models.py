@@ -1137,6 +1137,33 @@ def test_save_checks_a_build_the_meta_device_cannot_run(tmp_path):
         MODELS.pop("reads-back-test", None)
 
 
+def test_save_checks_a_build_that_reads_the_fitted_statistics(tmp_path):
+    """A registered subclass whose build reads what fit set before it (the mean rating, the
+    normaliser): save's check of hparams builds with them too (it failed on AttributeError)."""
+    from nnsparse.models import MODELS, register
+
+    class Prior(AutoRec):
+        name = "prior-test"
+
+        def build(self, rows, width, features):
+            super().build(rows, width, features)
+            assert self.normalizer.shape == (rows, width)
+            self.register_buffer("prior", torch.full((width,), self.global_mean))
+
+    register(Prior)
+    try:
+        model = _tiny(Prior)
+        model.save(tmp_path / "m.pt")
+        loaded = RatingModel.load(tmp_path / "m.pt")
+        assert torch.equal(loaded.prior, model.prior)
+        assert torch.equal(loaded.predict(_TINY_R), model.predict(_TINY_R))
+        model.hparams["hidden"] = 5
+        with pytest.raises(ValueError, match=r"they build encoder.weight of shape \(5, 20\)"):
+            model.save(tmp_path / "m.pt")
+    finally:
+        MODELS.pop("prior-test", None)
+
+
 def test_load_of_an_unregistered_name_says_what_to_import(tmp_path):
     path = _old_file(tmp_path, AutoRec, lambda blob: blob.update(model="mine"))
     with pytest.raises(ValueError, match=r"old.pt holds an unknown model 'mine' \(registered: "

@@ -969,14 +969,22 @@ class RatingModel(nn.Module):
             raise ValueError(f"hparams no longer describe the fitted network: orientation is "
                              f"{hparams['orientation']!r}, the model was fitted with "
                              f"{self._norm.orientation!r} rows{since}{advice}")
-        fresh = type(self)(**hparams)
+        def unbuilt() -> "RatingModel":
+            fresh = type(self)(**hparams)
+            # what fit set before build (normaliser, statistics), which a build may read;
+            # not the edited hparams, nor nn.Module's own tables (layers, hooks)
+            internal = _MODULE_KEYS | {"hparams"}
+            fresh.__dict__.update({k: v for k, v in self.__dict__.items() if k not in internal})
+            return fresh
+
+        fresh = unbuilt()
         features = getattr(self, "row_features", None)
         sizes = (*self._shape, 0 if features is None else features.shape[1])
         try:
             with torch.device("meta"):
                 fresh.build(*sizes)
         except (NotImplementedError, RuntimeError):  # a build that reads a value back
-            fresh = type(self)(**hparams)
+            fresh = unbuilt()
             with torch.random.fork_rng(devices=[]):  # (no random number drawn for the caller)
                 fresh.build(*sizes)
         own = self.state_dict()
@@ -1162,6 +1170,10 @@ def _is_penalty(key: str) -> bool:
     """Whether a hyperparameter is a penalty weight (``l2``, ``l2_kernel``): the only kind
     that may be ``"auto"`` (see ``RatingModel.AUTO``)."""
     return key.startswith("l2")
+
+
+# The attributes nn.Module.__init__ sets (its tables of layers, parameters and hooks)
+_MODULE_KEYS = frozenset(nn.Module().__dict__)
 
 
 def _is_checked(key: str) -> bool:
