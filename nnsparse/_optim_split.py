@@ -159,6 +159,9 @@ class SplitOptimizer(Optimizer):
         """One step of every part; ``closure`` (if given) is evaluated once, first.
 
         Raises:
+            TypeError: before any parameter changes, when a part's
+                ``param_groups`` hold something else than a tensor (replaced by
+                hand since).
             RuntimeError: before any parameter changes, when a part would fail
                 half-way (a gradient of a layout it does not take) or two parts
                 now share a parameter (one's ``add_param_group`` took another's).

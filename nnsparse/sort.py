@@ -273,10 +273,12 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
         A named tuple ``(values, indices)`` of shape ``(k,)`` for a vector
         (sparse COO vector or pair tensor) or ``(rows, k)`` for a batch, as
         :func:`torch.topk`, whatever the rows hold, so that the results of
-        several batches concatenate.  A ``k`` above the width ``n`` is taken
-        as ``n`` (no row holds more entries; ``torch.topk`` would refuse it):
-        ``stopk(x, 2**62)`` is every entry, in memory bounded by ``rows * n``,
-        never by ``k``.  A row with fewer than ``k`` specified entries is
+        several batches concatenate.  A ``k`` above the width ``n`` of a
+        torch sparse tensor (or list of them) is taken as ``n`` (no row holds
+        more entries; ``torch.topk`` would refuse it): ``stopk(x, 2**62)`` is
+        every entry, in memory bounded by ``rows * n``, never by ``k``.  Pair
+        tensors declare no width (their largest index + 1 varies with the
+        data): their result keeps ``k`` columns, allocated as asked.  A row with fewer than ``k`` specified entries is
         padded at its end with index ``-1`` and value ``-inf`` (the dtype's
         minimum for integer values): what ``torch.topk`` gives on the dense
         rows with their unspecified entries set to ``-inf``, except for the
@@ -313,9 +315,12 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
     check_int64(k, "k", "a non-negative int")
     batch = as_sparse_batch(x, name="x")
     _check_values(batch, "x")
+    # no row holds more than a declared width (a torch tensor's size): a k of 2**62 must
+    # not size the result.  A pair form's width is its largest index + 1, which varies
+    # with the data: its result keeps k columns, so that results concatenate.
+    declared = batch.form not in ("pairs", "pair_list")
     batch = batch.coalesce()
-    # no row holds more than the width: a k of 2**62 must not size the result
-    width = min(k, batch.width)
+    width = min(k, batch.width) if declared else k
     order = _row_order(batch.row, batch.values, descending=True)
     values, indices = _pad(batch, order, width, _extreme(batch.dtype, high=False))
     if batch.is_vector:

@@ -1,8 +1,11 @@
 """Tests of nnsparse.models: fit, predict, fallback, recommend, save/load, cross-validation."""
 import copy
+import io
 import math
+import os
 import pickle
 import re
+import stat
 
 import numpy as np
 import pytest
@@ -267,8 +270,11 @@ def test_a_subclass_auto_penalty_is_set_by_fit():
 @pytest.mark.parametrize("value, expected", [
     (np.float32(0.5), 0.5), (np.int64(3), 3), (np.bool_(True), True), (np.str_("tanh"), "tanh"),
     ((np.int64(1), 2.0), (1, 2.0)), ([np.float64(0.25)], [0.25]), ({"a": np.int32(1)}, {"a": 1}),
-    (None, None),
-], ids=["float32", "int64", "bool_", "str_", "tuple", "list", "dict", "None"])
+    (None, None), (1 + 2j, 1 + 2j), (np.complex64(1 + 2j), 1 + 2j),
+    (torch.float64, torch.float64), (torch.device("cpu"), torch.device("cpu")),
+    ("auto", "auto"), (np.str_("auto"), "auto"),
+], ids=["float32", "int64", "bool_", "str_", "tuple", "list", "dict", "None", "complex",
+        "complex64", "dtype", "device", "auto", "np-auto"])
 def test_a_subclass_hyperparameter_is_kept_as_a_plain_value(value, expected):
     """A subclass's own hyperparameters (which no built-in check knows) are normalised as the
     built-in ones: a numpy scalar in a saved file made it unreadable with weights_only."""
@@ -281,13 +287,32 @@ def test_a_subclass_hyperparameter_is_kept_as_a_plain_value(value, expected):
 
 
 @pytest.mark.parametrize("value, name", [(torch.nn.Tanh(), "Tanh"), (torch.tensor(1.0), "Tensor"),
-                                         (1 + 2j, "complex"), ([object()], "object")])
+                                         ([object()], "object")])
 def test_a_subclass_hyperparameter_a_file_cannot_hold_is_refused(value, name):
     cls = _subclass(DEFAULTS={**AutoRec.DEFAULTS, "act": "sigmoid"})
     with pytest.raises(TypeError, match=rf"^hyperparameter act must be None, a bool, a number, a "
-                                        rf"str, or a list, tuple or dict of them \(what a model "
-                                        rf"file holds\), got {name}"):
+                                        rf"str, a torch.dtype or torch.device, or a list, tuple "
+                                        rf"or dict of them \(what a model file holds\), got {name}"):
         cls(act=value)
+
+
+def test_a_subclass_hyperparameter_of_its_own_may_be_auto_and_saved(tmp_path):
+    """Only the hyperparameters nnsparse checks refuse "auto": a subclass's own one (an
+    init scheme, a dtype) keeps any value weights_only loading reads, through save/load."""
+    from nnsparse.models import MODELS, register
+    cls = type("OwnAuto", (AutoRec,), {"name": "own-auto-test",
+                                       "DEFAULTS": {**AutoRec.DEFAULTS, "init": "auto",
+                                                    "dtype": torch.float64, "c": 1 + 2j}})
+    register(cls)
+    try:
+        model = cls(hidden=4, epochs=1, validation_ratio=0.0)
+        assert model.hparams["init"] == "auto" and model.hparams["dtype"] is torch.float64
+        model.fit(synthetic_ratings(0, 20, 15, 120), verbose=False, progress=False)
+        model.save(tmp_path / "m.pt")
+        loaded = RatingModel.load(tmp_path / "m.pt")
+        assert type(loaded) is cls and loaded.hparams == model.hparams
+    finally:
+        MODELS.pop("own-auto-test", None)
 
 
 def test_auto_penalties_follow_the_ratings_fit_was_given(data, tmp_path):
@@ -887,6 +912,30 @@ def test_save_writes_through_a_link_and_keeps_the_mode(tmp_path):
     assert torch.equal(AutoRec.load(target).predict(_TINY_R), model.predict(_TINY_R))
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this system")
+def test_save_writes_into_a_named_pipe_not_over_it(tmp_path):
+    """A path that is not a regular file (a named pipe, a device such as /dev/null) is
+    written as torch.save writes it: renamed over, a pipe's reader got nothing and the
+    pipe (or, for root, /dev/null itself) became a regular file."""
+    import threading
+    model = _fitted_copy(AutoRec)
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(pipe.read_bytes()), daemon=True)
+    reader.start()
+    try:
+        model.save(pipe)
+    finally:
+        if reader.is_alive() and stat.S_ISFIFO(os.stat(pipe).st_mode):
+            with open(pipe, "wb"):  # (unblock a reader that was never written to)
+                pass
+        reader.join(10)
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
+    assert torch.equal(AutoRec.load(io.BytesIO(got[0])).predict(_TINY_R), model.predict(_TINY_R))
+
+
 def test_a_refused_save_writes_nothing_to_a_file_object():
     import io
     model = _fitted_copy(AutoRec)
@@ -1086,6 +1135,33 @@ def test_save_checks_a_build_the_meta_device_cannot_run(tmp_path):
             model.save(tmp_path / "m.pt")
     finally:
         MODELS.pop("reads-back-test", None)
+
+
+def test_save_checks_a_build_that_reads_the_fitted_statistics(tmp_path):
+    """A registered subclass whose build reads what fit set before it (the mean rating, the
+    normaliser): save's check of hparams builds with them too (it failed on AttributeError)."""
+    from nnsparse.models import MODELS, register
+
+    class Prior(AutoRec):
+        name = "prior-test"
+
+        def build(self, rows, width, features):
+            super().build(rows, width, features)
+            assert self.normalizer.shape == (rows, width)
+            self.register_buffer("prior", torch.full((width,), self.global_mean))
+
+    register(Prior)
+    try:
+        model = _tiny(Prior)
+        model.save(tmp_path / "m.pt")
+        loaded = RatingModel.load(tmp_path / "m.pt")
+        assert torch.equal(loaded.prior, model.prior)
+        assert torch.equal(loaded.predict(_TINY_R), model.predict(_TINY_R))
+        model.hparams["hidden"] = 5
+        with pytest.raises(ValueError, match=r"they build encoder.weight of shape \(5, 20\)"):
+            model.save(tmp_path / "m.pt")
+    finally:
+        MODELS.pop("prior-test", None)
 
 
 def test_load_of_an_unregistered_name_says_what_to_import(tmp_path):

@@ -181,8 +181,8 @@ def test_empty_inputs():
     assert values.tolist() == [[-INF, -INF]] * 3 and indices.tolist() == [[-1, -1]] * 3
     assert ssort(torch.zeros(0, 2)).shape == (0, 2)
     assert ssort([torch.zeros(0, 2)])[0].shape == (0, 2)
-    values, indices = stopk(torch.zeros(0, 2), 3)
-    assert values.shape == indices.shape == (0,)
+    values, indices = stopk(torch.zeros(0, 2), 3)  # a pair vector declares no width
+    assert indices.tolist() == [-1, -1, -1] and values.tolist() == [-INF] * 3
 
 
 # -- stopk ------------------------------------------------------------------------------------
@@ -196,8 +196,13 @@ def test_stopk_batch(k, form, dtype, device):
     dense[-1, -1] = 1.0  # pair forms infer the width
     values, indices = stopk(make_form(dense, form), k)
     ref_values, ref_indices = _reference_topk(dense, k)
-    assert values.shape == indices.shape == (dense.shape[0], min(k, dense.shape[1]))
+    declared = form != "pair_list"  # a pair form's result keeps k columns
+    assert values.shape == indices.shape == (dense.shape[0],
+                                             min(k, dense.shape[1]) if declared else k)
     assert values.dtype == dtype and values.device == dense.device
+    if not declared:  # its columns beyond the width are padding
+        assert (indices[:, dense.shape[1]:] == -1).all()
+        values, indices = values[:, :dense.shape[1]], indices[:, :dense.shape[1]]
     torch.testing.assert_close(indices, ref_indices)
     torch.testing.assert_close(values, ref_values, **TOL[dtype])
 
@@ -223,7 +228,8 @@ def test_stopk_sums_duplicate_pairs():
 HUGE_K = [2 ** 31, 2 ** 40, 2 ** 62, 2 ** 63 - 1]
 
 
-@pytest.mark.parametrize("form", TORCH_BATCH_FORMS + ["pair_list"])
+# (pair forms declare no width: their result keeps k columns, test_stopk_pairs_give_k_columns)
+@pytest.mark.parametrize("form", TORCH_BATCH_FORMS)
 @pytest.mark.parametrize("k", [2, 3, 4, 8, 9] + HUGE_K)
 def test_stopk_k_beyond_the_entries(k, form):
     dense = _batch(torch.float64, "cpu")
@@ -237,7 +243,7 @@ def test_stopk_k_beyond_the_entries(k, form):
     torch.testing.assert_close(values, ref_values)
 
 
-@pytest.mark.parametrize("form", ["coo", "coo_uncoalesced", "pairs"])
+@pytest.mark.parametrize("form", ["coo", "coo_uncoalesced"])
 @pytest.mark.parametrize("k", HUGE_K)
 def test_stopk_vector_huge_k(k, form):
     dense = torch.tensor([0.0, 0.5, -2.0, 0.0, 3.0, 1.0], dtype=torch.float64)
@@ -245,6 +251,22 @@ def test_stopk_vector_huge_k(k, form):
     ref = dense.masked_fill(dense == 0, -INF).topk(dense.shape[0])
     assert indices.tolist() == ref.indices[:4].tolist() + [-1, -1] == [4, 5, 1, 2, -1, -1]
     assert values.tolist() == ref.values.tolist()
+
+
+@pytest.mark.parametrize("k", [3, 5, 9])
+def test_stopk_pairs_give_k_columns_whatever_their_indices(k):
+    """A pair tensor declares no width (its largest index + 1 is no width): its result has
+    k columns whatever indices it holds, so that the results of several concatenate."""
+    low = torch.tensor([[2.0, 0.5], [0.0, 0.25]])  # indices up to 2
+    high = torch.tensor([[7.0, 0.5], [0.0, 0.25]])  # indices up to 7
+    for pairs in (low, high):
+        values, indices = stopk(pairs, k)
+        assert values.shape == indices.shape == (k,)
+        assert indices.tolist() == [int(pairs[0, 0]), 0] + [-1] * (k - 2)
+        assert values.tolist() == [0.5, 0.25] + [-INF] * (k - 2)
+    values, indices = stopk([low, high[:1]], k)
+    assert values.shape == indices.shape == (2, k)
+    assert indices.tolist() == [[2, 0] + [-1] * (k - 2), [7] + [-1] * (k - 1)]
 
 
 # -- gradients -----------------------------------------------------------------------------

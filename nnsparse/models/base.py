@@ -166,9 +166,11 @@ class RatingModel(nn.Module):
     :meth:`effective_hparams` gives the values training uses.  ``AUTO`` names
     penalty weights only (``l2``, ``l2_kernel``: :func:`register` and the
     constructor refuse a class listing another), and every other
-    hyperparameter refuses ``"auto"`` (a numpy str too), at construction and
+    hyperparameter nnsparse checks (the common ones above, sizes, rates,
+    penalties) refuses ``"auto"`` (a numpy str too), at construction and
     wherever ``hparams`` edited since are checked again (:meth:`fit`,
-    :meth:`save`).
+    :meth:`save`); a subclass's own hyperparameter may take any value a
+    model file holds, ``"auto"`` included.
     """
 
     name = "base"
@@ -285,7 +287,8 @@ class RatingModel(nn.Module):
                              f"{_plain(h['orientation'])!r}")
         h["orientation"] = str(h["orientation"])  # not a numpy str: save() pickles it
         for key, value in h.items():  # before the checks of kinds, whose words omit it
-            if _is_auto(value) and key not in self.AUTO:
+            # (a subclass's own hyperparameter, which no check here reads, may mean "auto")
+            if _is_auto(value) and key not in self.AUTO and _is_checked(key):
                 raise self._refuse_auto(key)
         for key in ("epochs", "batch_size"):
             h[key] = as_count(key, h[key], 1)
@@ -296,7 +299,7 @@ class RatingModel(nn.Module):
         for key in ("refit", "dense_decoder"):
             h[key] = as_flag(h[key], key)  # saved as a bool: a numpy bool passes
         for key, value in h.items():
-            if _is_auto(value):  # in AUTO (checked above)
+            if _is_auto(value):  # in AUTO, or a subclass's own (checked above)
                 h[key] = "auto"  # not a numpy str: save() pickles it; fit() sets the value
                 continue
             if key in ("lr", "weight_decay", "validation_ratio", "min_lr_ratio") or \
@@ -899,7 +902,8 @@ class RatingModel(nn.Module):
         saved, while an edit that no longer describes the fitted network
         (``orientation``, or a size such as ``hidden``) is refused: the file
         would not load.  A path is written whole or not at all (through a
-        temporary file in its directory).
+        temporary file in its directory; a named pipe or a device, which is
+        no regular file, is written directly).
 
         Raises:
             RuntimeError: the model is not fitted (or its last fit failed).
@@ -965,14 +969,22 @@ class RatingModel(nn.Module):
             raise ValueError(f"hparams no longer describe the fitted network: orientation is "
                              f"{hparams['orientation']!r}, the model was fitted with "
                              f"{self._norm.orientation!r} rows{since}{advice}")
-        fresh = type(self)(**hparams)
+        def unbuilt() -> "RatingModel":
+            fresh = type(self)(**hparams)
+            # what fit set before build (normaliser, statistics), which a build may read;
+            # not the edited hparams, nor nn.Module's own tables (layers, hooks)
+            internal = _MODULE_KEYS | {"hparams"}
+            fresh.__dict__.update({k: v for k, v in self.__dict__.items() if k not in internal})
+            return fresh
+
+        fresh = unbuilt()
         features = getattr(self, "row_features", None)
         sizes = (*self._shape, 0 if features is None else features.shape[1])
         try:
             with torch.device("meta"):
                 fresh.build(*sizes)
         except (NotImplementedError, RuntimeError):  # a build that reads a value back
-            fresh = type(self)(**hparams)
+            fresh = unbuilt()
             with torch.random.fork_rng(devices=[]):  # (no random number drawn for the caller)
                 fresh.build(*sizes)
         own = self.state_dict()
@@ -1160,13 +1172,30 @@ def _is_penalty(key: str) -> bool:
     return key.startswith("l2")
 
 
+# The attributes nn.Module.__init__ sets (its tables of layers, parameters and hooks)
+_MODULE_KEYS = frozenset(nn.Module().__dict__)
+
+
+def _is_checked(key: str) -> bool:
+    """Whether :meth:`RatingModel._checked_hparams` checks ``key``'s kind (the common
+    hyperparameters, the sizes, rates and penalties), for which ``"auto"`` is refused
+    unless the class lists it in ``AUTO``; a subclass's own key is the subclass's."""
+    return key in _COMMON or _is_penalty(key) or key in _CHECKED
+
+
+# The hyperparameters of the built-in models that _checked_hparams checks, beside _COMMON
+_CHECKED = ("alpha", "beta", "hide_ratio", "hidden", "layers", "dim")
+
+
 def _plain_hparam(key: str, value: Any) -> Any:
     """``value`` as a plain Python value a model file holds (``torch.load(weights_only=True)``
     reads no numpy scalar, no arbitrary object): numpy scalars and number subclasses as
-    ``bool`` / ``int`` / ``float`` / ``str``; lists, tuples and dicts of them, element-wise."""
+    ``bool`` / ``int`` / ``float`` / ``complex`` / ``str``; a ``torch.dtype`` or
+    ``torch.device`` as it is; lists, tuples and dicts of them, element-wise."""
     if isinstance(value, np.generic):
         value = value.item()
-    if value is None or type(value) in (bool, int, float, str):
+    if value is None or type(value) in (bool, int, float, complex, str) \
+            or isinstance(value, (torch.dtype, torch.device)):
         return value
     if isinstance(value, bool):
         return bool(value)
@@ -1174,6 +1203,8 @@ def _plain_hparam(key: str, value: Any) -> Any:
         return int(value)
     if isinstance(value, numbers.Real):
         return float(value)
+    if isinstance(value, numbers.Complex):
+        return complex(value)
     if isinstance(value, str):
         return str(value)
     if isinstance(value, (list, tuple)):
@@ -1181,8 +1212,9 @@ def _plain_hparam(key: str, value: Any) -> Any:
         return items if isinstance(value, list) else tuple(items)
     if isinstance(value, dict):
         return {_plain_hparam(key, k): _plain_hparam(key, v) for k, v in value.items()}
-    raise TypeError(f"hyperparameter {key} must be None, a bool, a number, a str, or a list, "
-                    f"tuple or dict of them (what a model file holds), got "
+    raise TypeError(f"hyperparameter {key} must be None, a bool, a number, a str, a "
+                    f"torch.dtype or torch.device, or a list, tuple or dict of them (what a "
+                    f"model file holds), got "
                     f"{type(value).__name__} {value!r}")
 
 
@@ -1212,8 +1244,11 @@ def _path_to_write(path: Any) -> None:
 def _save_whole(blob: Dict[str, Any], path: Any) -> None:
     """``torch.save(blob, path)``; a path is written through a temporary file in its
     directory, renamed over it once whole: a failed save leaves no partial file, and
-    an existing file as it was.  (A file object is written as given.)"""
-    if not isinstance(path, (str, os.PathLike)):
+    an existing file as it was.  (A file object, and a path that is not a regular file, a
+    named pipe or a device such as /dev/null, are written as given: renamed over, the
+    pipe's reader would get nothing, and the device node would become a file.)"""
+    if not isinstance(path, (str, os.PathLike)) or (os.path.exists(path)
+                                                     and not os.path.isfile(path)):
         torch.save(blob, path)
         return
     target = Path(os.path.realpath(path))  # through a link, as torch.save wrote
