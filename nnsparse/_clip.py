@@ -40,8 +40,8 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
             ``.grad`` (strided, or sparse COO) are clipped; those without a
             gradient are skipped.
         max_norm (float): the largest total norm allowed.
-        norm_type (float): the p of the p-norm; ``inf`` for the largest
-            absolute entry.  Default: ``2.0``.
+        norm_type (float or str): the p of the p-norm; ``inf`` (or ``'inf'``, as
+            torch takes it) for the largest absolute entry.  Default: ``2.0``.
         error_if_nonfinite (bool): raise, before scaling anything, when the
             total norm is ``nan`` or infinite.  Default: ``False``.
         foreach (bool, optional): passed to torch's functions for the dense
@@ -56,7 +56,8 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
             ``error_if_nonfinite`` not a bool, ``foreach`` neither a bool nor
             ``None``, or a parameter that is not a tensor.
         ValueError: ``max_norm`` negative or NaN, or ``norm_type`` NaN (torch's
-            would reverse the gradients or make them NaN).
+            would reverse the gradients or make them NaN) or a str that is no
+            number.
         NotImplementedError: a gradient of another layout than strided or
             sparse COO (nothing is scaled).
         RuntimeError: with ``error_if_nonfinite``, a non-finite total norm
@@ -78,6 +79,11 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
     if not max_norm >= 0.0:
         # torch scales by max_norm / total: NaN gradients for NaN, reversed ones below 0
         raise ValueError(f"max_norm must be non-negative, got {max_norm}")
+    if isinstance(norm_type, str):  # torch documents 'inf' (and float()s any str)
+        try:
+            norm_type = float(norm_type)
+        except ValueError:
+            raise ValueError(f"norm_type must be a number or 'inf', got {norm_type!r}") from None
     norm_type = _as_float("norm_type", norm_type)
     if norm_type != norm_type:  # torch's total norm is then NaN, and so is every gradient
         raise ValueError(f"norm_type must be a number or inf, got {norm_type}")
