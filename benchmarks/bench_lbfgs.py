@@ -134,6 +134,11 @@ def main(argv: Optional[List[str]] = None) -> List[Tuple[int, float, float, floa
         p.error("--train and --test go together")
     if min(args.rounds, args.iters, args.every) < 1:
         p.error("--rounds, --iters and --every must be at least 1")
+    if args.scipy:
+        try:
+            import scipy  # noqa: F401
+        except ImportError:
+            p.error("--scipy needs scipy (pip install scipy)")
     torch.set_num_threads(args.threads)
     if args.train is not None:
         train, test = read_split(args.train, args.test, args.format)
@@ -146,18 +151,13 @@ def main(argv: Optional[List[str]] = None) -> List[Tuple[int, float, float, floa
                  if v is not None}
     model = KernelNet(**penalties, **hidden, seed=args.seed)
     model.verbose = False
-    if args.scipy:
-        try:
-            import scipy  # noqa: F401
-        except ImportError:
-            p.error("--scipy needs scipy (pip install scipy)")
     rows = train_lbfgs(model, train, test, args.rounds, args.iters, args.every, args.scipy)
     h = model.effective_hparams()  # ("auto" set for len(train) by train_lbfgs)
     how = "scipy L-BFGS-B" if args.scipy else "torch LBFGS"
     print(f"{len(train)} / {len(test)} ratings; full-batch {how}, seed {args.seed}, "
-          f"{args.rounds} rounds of {args.iters} iterations; l2 {h['l2']:.4g}, l2_kernel {h['l2_kernel']:.4g}; "
-          f"{args.threads} thread(s)\n| round | objective | test RMSE | seconds |\n"
-          "|---|---|---|---|")
+          f"{args.rounds} rounds of {args.iters} iterations; l2 {h['l2']:.4g}, "
+          f"l2_kernel {h['l2_kernel']:.4g}; {args.threads} thread(s)\n"
+          "| round | objective | test RMSE | seconds |\n|---|---|---|---|")
     for r, loss, rmse, seconds in rows:
         print(f"| {r} | {loss:.4f} | {rmse:.4f} | {seconds:.0f} |")
     return rows
