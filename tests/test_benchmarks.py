@@ -91,6 +91,30 @@ def test_bench_lbfgs_reports_the_objective_after_each_round():
     assert rows[-1][1] == pytest.approx(end, rel=1e-6), (rows, end)
 
 
+def test_bench_lbfgs_scipy_lowers_the_same_objective():
+    """--scipy: each round is one call of scipy's L-BFGS-B (the papers' optimiser) on the
+    same objective; it falls round after round, and the weights it leaves are the model's."""
+    pytest.importorskip("scipy")
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_lbfgs
+    from nnsparse.data import split_ratings, synthetic_ratings
+    from nnsparse.models import KernelNet
+    train, test = split_ratings(synthetic_ratings(0, 60, 80, 1_500), 0.2, seed=0)
+    fresh = KernelNet(hidden=8, l2=1.0, l2_kernel=0.001)
+    x = fresh._prepare(train, train.scale, None)
+    with torch.no_grad():
+        start = float(fresh.batch_loss(torch.arange(x.shape[0]), x))
+    model = KernelNet(hidden=8, l2=1.0, l2_kernel=0.001)
+    rows = bench_lbfgs.train_lbfgs(model, train, test, rounds=3, iters=4, every=1, scipy=True)
+    losses = [loss for _, loss, _, _ in rows]
+    assert start > losses[0] > losses[1] > losses[2], (start, losses)
+    model.train()
+    with torch.no_grad():
+        end = float(model.batch_loss(torch.arange(x.shape[0]), model._input))
+    assert losses[-1] == pytest.approx(end, rel=1e-6)
+    assert all(0 < rmse < 4 for _, _, rmse, _ in rows), rows
+
+
 def test_bench_lbfgs_defaults_to_the_models_penalties(capsys):
     """Without --l2 / --l2-kernel the L-BFGS run has KernelNet's default ("auto")
     penalties, as the Adam training it is compared with; given, they are used."""

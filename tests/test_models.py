@@ -513,6 +513,52 @@ def test_kernelised_weight_honours_needs_input_grad():
     torch.testing.assert_close(weight.grad, expected[1].detach())
 
 
+def _reference_pretraining_graph(model, r):
+    """GLocal-K's pre-training graph (its notebook, ``kernel_layer`` and ``loss_p``),
+    transcribed densely: ``W`` (in, out), ``u`` (in, 1, d), ``v`` (1, out, d),
+    ``tf.nn.l2_loss`` halves on the error and on both ``l2_regularizer`` terms.
+    ``r`` is the dense (items, users) training matrix, 0 where missing."""
+    h = model.effective_hparams()
+    y, reg, last = r, 0.0, len(model.kernels) - 1
+    for i, layer in enumerate(model.kernels):
+        w, b = layer.weight.t(), layer.bias
+        u, v = layer.u[:, None, :], layer.v[None, :, :]
+        w_hat = torch.clamp(1.0 - torch.linalg.norm(u - v, ord=2, dim=2) ** 2, min=0.0)
+        reg = reg + h["l2_kernel"] * (w_hat ** 2).sum() / 2 + h["l2"] * (w ** 2).sum() / 2
+        y = y @ (w * w_hat) + b
+        y = torch.sigmoid(y) if i < last else y
+    mask = (r > 0).to(r.dtype)
+    return ((mask * (r - y)) ** 2).sum() / 2 + reg, y
+
+
+def test_kernelnet_is_the_reference_pretraining_network():
+    """KernelNet's objective over every row is the reference's ``loss_p`` times the constant
+    2 / per_batch, and its predictions are the reference's, at the same parameters (float64;
+    items as rows, raw stars in, 0 for missing)."""
+    train = synthetic_ratings(0, 30, 24, 300)
+    model = KernelNet(hidden=6, layers=2, dim=3, l2=2.0, l2_kernel=0.05, seed=3)
+    x = model._prepare(train, train.scale, None)
+    model.double()
+    with torch.no_grad():  # a kernel with both sides of the clamp, a bias per unit
+        for layer in model.kernels:
+            layer.u.normal_(0, 0.4), layer.v.normal_(0, 0.4), layer.bias.normal_(0, 0.1)
+    x = x.to(torch.float64)
+    r = torch.zeros(x.shape, dtype=torch.float64)  # the reference's train_r: rows are items
+    r[train.item, train.user] = train.rating.to(torch.float64)
+    assert x.shape == (train.n_items, train.n_users) and r.count_nonzero() == len(train)
+    loss_ref, pred_ref = _reference_pretraining_graph(model, r)
+    kernel = model.kernels[0].weighted().kernel
+    assert 0.05 < float((kernel == 0).double().mean()) < 0.95
+    rows = torch.arange(x.shape[0])
+    model.train()
+    ours = model.batch_loss(rows, x) * model._per_batch / 2
+    torch.testing.assert_close(ours, loss_ref, rtol=1e-12, atol=0)
+    model.eval()
+    with torch.no_grad():
+        pred = model._to_model(model(x, rows))  # dense (items, users), stars
+    torch.testing.assert_close(pred, pred_ref.detach(), rtol=1e-12, atol=1e-12)
+
+
 def test_batchifier_topk_candidates():
     net = torch.nn.Sequential(torch.nn.Identity())
     data = torch.tensor([[5., 1., 3., 4.], [1., 2., 3., 0.]])
