@@ -278,11 +278,11 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
         more entries; ``torch.topk`` would refuse it): ``stopk(x, 2**62)`` is
         every entry, in memory bounded by ``rows * n``, never by ``k``.  Pair
         tensors declare no width (their largest index + 1 varies with the
-        data): their result keeps ``k`` columns, allocated as asked.  A row with fewer than ``k`` specified entries is
-        padded at its end with index ``-1`` and value ``-inf`` (the dtype's
-        minimum for integer values): what ``torch.topk`` gives on the dense
-        rows with their unspecified entries set to ``-inf``, except for the
-        index.  Values keep ``x``'s dtype and device; gradients flow back to
+        data): their result keeps ``k`` columns, allocated as asked.  A row
+        with fewer than ``k`` specified entries is padded at its end with
+        index ``-1`` and value ``-inf`` (the dtype's minimum for integer
+        values): what ``torch.topk`` gives on the dense rows with their
+        unspecified entries set to ``-inf``, except for the index.  Values keep ``x``'s dtype and device; gradients flow back to
         the selected specified values only.
 
     Raises:
