@@ -95,7 +95,20 @@ def _free_port() -> int:
 
 
 def _spawn(out: str, world: int, device: str, worker: Any = None) -> list:
-    """Run ``worker`` (default: every case) in ``world`` processes; each rank's results."""
+    """Run ``worker`` (default: every case) in ``world`` processes; each rank's results.
+
+    The port is free when drawn but may be taken before rank 0 listens on it (another
+    process on a shared machine): the run is retried on a new port, twice at most."""
+    for attempt in range(3):
+        try:
+            return _spawn_once(out, world, device, worker)
+        except mp.ProcessRaisedException as e:
+            if attempt == 2 or "EADDRINUSE" not in str(e):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _spawn_once(out: str, world: int, device: str, worker: Any) -> list:
     ctx = mp.start_processes(worker or _worker, args=(_free_port(), out, world, device),
                              nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
