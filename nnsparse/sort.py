@@ -282,8 +282,9 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
         with fewer than ``k`` specified entries is padded at its end with
         index ``-1`` and value ``-inf`` (the dtype's minimum for integer
         values): what ``torch.topk`` gives on the dense rows with their
-        unspecified entries set to ``-inf``, except for the index.  Values keep ``x``'s dtype and device; gradients flow back to
-        the selected specified values only.
+        unspecified entries set to ``-inf``, except for the index.  Values
+        keep ``x``'s dtype and device; gradients flow back to the selected
+        specified values only.
 
     Raises:
         TypeError: ``x`` is not an accepted form, ``k`` is not an int, or the
