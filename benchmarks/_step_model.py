@@ -9,6 +9,8 @@ options both scripts take.
 from __future__ import annotations
 
 import argparse
+import warnings
+from typing import Callable
 
 import torch
 from torch import nn
@@ -46,3 +48,14 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     return p
+
+
+def main(doc: str, title: str, run: Callable[[int, argparse.Namespace], None]) -> None:
+    """Parse the common options, print the setting and ``run(threads, args)`` per thread count."""
+    args = parser(doc).parse_args()
+    warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+    warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+    print(f"{title}, batch {args.batch} x {args.width}, ~{args.per_row} entries/row, "
+          f"hidden {args.hidden}, median of {args.repeat}")
+    for threads in args.threads:
+        run(threads, args)

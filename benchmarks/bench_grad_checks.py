@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import warnings
 
 import torch
 from torch import nn
@@ -27,7 +26,8 @@ import nnsparse
 from nnsparse import optim as noptim
 from nnsparse.data import SparseRowDataset
 
-from _step_model import Autoencoder, matrix, parser  # this script's folder, on sys.path
+import _step_model as step_model  # this script's folder, on sys.path
+from _step_model import Autoencoder, matrix
 
 
 def _sparse_grads(optimiser: torch.optim.Optimizer):
@@ -68,14 +68,5 @@ def run(threads: int, args: argparse.Namespace) -> None:
           f"{len(grads)} sparse gradients, {sum(g._nnz() for _, g in grads)} indices")
 
 
-def main() -> None:
-    args = parser(__doc__).parse_args()
-    warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-    print(f"LazyAdam step, batch {args.batch} x {args.width}, ~{args.per_row} entries/row, "
-          f"hidden {args.hidden}, median of {args.repeat}")
-    for threads in args.threads:
-        run(threads, args)
-
-
 if __name__ == "__main__":
-    main()
+    step_model.main(__doc__, "LazyAdam step", run)

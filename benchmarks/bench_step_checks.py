@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import warnings
 
 import torch
 from torch import nn
@@ -33,7 +32,8 @@ import nnsparse
 from nnsparse._forms import _structure
 from nnsparse.data import SparseRowDataset
 
-from _step_model import Autoencoder, matrix, parser  # this script's folder, on sys.path
+import _step_model as step_model  # this script's folder, on sys.path
+from _step_model import Autoencoder, matrix
 
 
 def _fresh_user_batch(batch: torch.Tensor) -> torch.Tensor:
@@ -95,15 +95,5 @@ def run(threads: int, args: argparse.Namespace) -> None:
           f"= {alone:.2f} % (target <= 5 %)")
 
 
-def main() -> None:
-    args = parser(__doc__).parse_args()
-    warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-    warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
-    print(f"main example step, batch {args.batch} x {args.width}, ~{args.per_row} entries/row, "
-          f"hidden {args.hidden}, median of {args.repeat}")
-    for threads in args.threads:
-        run(threads, args)
-
-
 if __name__ == "__main__":
-    main()
+    step_model.main(__doc__, "main example step", run)
