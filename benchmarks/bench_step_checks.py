@@ -61,7 +61,7 @@ def run(threads: int, args: argparse.Namespace) -> None:
         optimiser.step()
         return time.perf_counter() - start
 
-    times = {"checked": [], "trusted": []}
+    times: dict = {"checked": [], "trusted": []}
     n_batches = args.rows // args.batch
     for i in range(args.warmup + args.repeat):
         k = i % n_batches
