@@ -97,6 +97,10 @@ class SparseParts(NamedTuple):
 
     def to(self, device: Any, non_blocking: bool = False) -> "SparseParts":
         """The parts on ``device`` (nnz still marked dynamic)."""
+        if isinstance(device, torch.dtype):  # as Tensor.to(dtype) would take it
+            raise TypeError(f"device must be a torch.device or a name such as 'cpu', got "
+                            f"the dtype {device}: SparseParts.to moves the parts; cast the "
+                            f"values with parts.with_values(parts.values.to({device}))")
         device = as_device(device)
         out = SparseParts(self.crow.to(device, non_blocking=non_blocking),
                           self.col.to(device, non_blocking=non_blocking),

@@ -526,6 +526,8 @@ class SparseLinearBatch(nn.Module):
                                       self.__dict__.get("_parameters", {}).get("weight_t"))
             if isinstance(table, Tensor):
                 return table.t()
+            if _parametrized_table(self):  # weight_t is then a property of the class
+                return self.weight_t.t()
         return super().__getattr__(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -547,6 +549,12 @@ class SparseLinearBatch(nn.Module):
             raise TypeError(f"sparse_grad must be a bool, got "
                             f"{type(self.sparse_grad).__name__} {self.sparse_grad!r}")
         # (False on a layer built with True is fine: weight_t then gets dense gradients)
+        if self.sparse_grad and _parametrized_table(self):
+            raise NotImplementedError(
+                "SparseLinearBatch(sparse_grad=True): weight_t is parametrized "
+                "(torch.nn.utils.parametrize), and a parametrization's backward takes dense "
+                "gradients only (weight_norm and orthogonal refuse a sparse one); set "
+                "layer.sparse_grad = False to train it with dense gradients")
         if self.sparse_grad and not ("weight_t" in self._parameters
                                      or "weight_t" in self.__dict__):
             raise ValueError(
@@ -610,8 +618,19 @@ class SparseLinearBatch(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
 
 
+def _parametrized_table(layer: nn.Module) -> bool:
+    """``weight_t`` holds a parametrization (``torch.nn.utils.parametrize``): it is then
+    neither a parameter nor in ``__dict__``, but a property of the parametrized class."""
+    parametrizations = layer.__dict__.get("_modules", {}).get("parametrizations")
+    return parametrizations is not None and "weight_t" in parametrizations
+
+
 def _weight_to_state_dict(module: nn.Module, state_dict: dict, prefix: str, local_metadata):
     """State dicts hold ``weight`` in ``nn.Linear``'s ``(out, in)`` shape."""
+    if prefix + "weight_t" not in state_dict:
+        # a parametrized weight_t (torch.nn.utils.parametrize) is saved as its
+        # parametrization's originals, under their own keys, as torch saves them
+        return
     table = state_dict.pop(prefix + "weight_t")
     state_dict[prefix + "weight"] = table.t()
 

@@ -1,0 +1,174 @@
+"""The tenth bad-input probe, layers side (docs/bad_inputs_probe10a.md): module-level
+operations a PyTorch user does on nnsparse's layers (``+`` / ``*`` of containers,
+``torch.nn.utils.parametrize`` on the weights, state dicts of parametrized layers) and
+``SparseParts.to``'s arguments.
+
+Each row pairs a call with the exception and a regex of its message (``error=None``: the
+call must work, and ``check`` its result, against a dense reference where there is one).
+"""
+from typing import Any, Callable, NamedTuple, Optional
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize
+
+from nnsparse import PatternSequential, SparseLinearBatch, SparseOutputLinear, sparse_parts
+
+
+class Case(NamedTuple):
+    id: str
+    call: Callable[[], Any]
+    error: Optional[type]
+    match: str = ""
+    check: Optional[Callable[[Any], bool]] = None
+
+
+def _x() -> torch.Tensor:
+    return torch.tensor([[1., 0., 2., 0.], [0., 3., 0., 0.], [0., 0., 0., 4.]])
+
+
+# -- PatternSequential's + and * -------------------------------------------------------------
+
+def _encoder_decoder():
+    torch.manual_seed(0)
+    return (PatternSequential(SparseLinearBatch(4, 3), nn.Tanh()),
+            PatternSequential(SparseOutputLinear(3, 4)))
+
+
+def _added():
+    """``(a + b)(x, x)`` against ``b(a(x), x)``: + keeps the pattern path."""
+    a, b = _encoder_decoder()
+    x = _x().to_sparse()
+    both = a + b
+    out, ref = both(x, x), b(a(x), x)
+    return type(both), out.to_dense(), ref.to_dense()
+
+
+class _Masked(nn.Module):
+    """A user module that takes the pattern: keeps the input at its entries."""
+
+    def forward(self, x: torch.Tensor, pattern: Any = None) -> torch.Tensor:
+        return x if pattern is None else x * (pattern.to_dense() != 0)
+
+
+def _multiplied(left: bool):
+    """``n * s`` and ``s * n``: the pattern reaches both copies of the pattern module."""
+    torch.manual_seed(0)
+    linear, masked = nn.Linear(4, 4), _Masked()
+    s = PatternSequential(linear, masked)
+    x, pattern = _x(), _x().to_sparse()
+    twice = 2 * s if left else s * 2
+    out = twice(x, pattern)
+    ref = masked(linear(masked(linear(x), pattern)), pattern)
+    return type(twice), len(twice), out, ref
+
+
+SEQUENTIAL_CASES = [
+    Case("pattern-sequential-add-keeps-class", _added, None,
+         check=lambda r: r[0] is PatternSequential and torch.allclose(r[1], r[2])),
+    Case("pattern-sequential-mul-keeps-class", lambda: _multiplied(False), None,
+         check=lambda r: r[0] is PatternSequential and r[1] == 4 and torch.allclose(r[2], r[3])),
+    Case("pattern-sequential-rmul-keeps-class", lambda: _multiplied(True), None,
+         check=lambda r: r[0] is PatternSequential and r[1] == 4 and torch.allclose(r[2], r[3])),
+    Case("pattern-sequential-add-plain-sequential", lambda: type(
+        PatternSequential(nn.Tanh()) + nn.Sequential(nn.ReLU())), None,
+         check=lambda r: r is PatternSequential),
+    Case("pattern-sequential-mul-zero", lambda: PatternSequential(nn.Tanh()) * 0, ValueError,
+         "Non-positive multiplication factor 0"),
+    Case("pattern-sequential-add-not-sequential", lambda: PatternSequential(nn.Tanh()) + 3,
+         ValueError, "add operator supports only objects of Sequential class"),
+]
+
+
+# -- torch.nn.utils.parametrize on SparseLinearBatch(sparse_grad=True)'s weight_t ---------------
+
+def _weight_normed(sparse_grad: bool = True) -> SparseLinearBatch:
+    torch.manual_seed(0)
+    layer = nn.utils.parametrizations.weight_norm(SparseLinearBatch(4, 3, sparse_grad=True),
+                                                  name="weight_t")
+    layer.sparse_grad = sparse_grad
+    return layer
+
+
+def _parametrized_dense_grads():
+    """Output and gradients of the originals against F.linear on the dense batch."""
+    layer = _weight_normed(sparse_grad=False)
+    x = _x()
+    out = layer(x.to_sparse())
+    out.sum().backward()
+    got = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    ref = F.linear(x, layer.weight, layer.bias)
+    ref.sum().backward()
+    want = [p.grad for p in layer.parameters()]
+    return out, ref, got, want
+
+
+def _parametrized_state_round_trip():
+    source, target = _weight_normed(False), _weight_normed(False)
+    with torch.no_grad():
+        target.parametrizations.weight_t.original1.mul_(2)
+    keys = sorted(source.state_dict())
+    target.load_state_dict(source.state_dict())
+    x = _x().to_sparse()
+    return keys, torch.equal(source(x), target(x))
+
+
+def _double_weight() -> SparseLinearBatch:
+    class Double(nn.Module):
+        def forward(self, w: torch.Tensor) -> torch.Tensor:
+            return 2 * w
+
+    layer = SparseLinearBatch(4, 3, sparse_grad=True)
+    parametrize.register_parametrization(layer, "weight_t", Double())
+    return layer
+
+
+PARAMETRIZE_CASES = [
+    Case("sparse-grad-parametrized-weight-t-forward", lambda: _weight_normed()(_x().to_sparse()),
+         NotImplementedError, r"sparse_grad=True\): weight_t is parametrized .*dense gradients "
+         r"only.*layer\.sparse_grad = False"),
+    Case("sparse-grad-parametrized-custom-forward", lambda: _double_weight()(_x().to_sparse()),
+         NotImplementedError, r"weight_t is parametrized"),
+    Case("parametrized-weight-t-weight-view", lambda: _weight_normed().weight, None,
+         check=lambda w: tuple(w.shape) == (3, 4)),
+    Case("parametrized-weight-t-state-dict", _parametrized_state_round_trip, None,
+         check=lambda r: r[0] == ["bias", "parametrizations.weight_t.original0",
+                                  "parametrizations.weight_t.original1"] and r[1]),
+    Case("parametrized-weight-t-dense-grads-match-reference", _parametrized_dense_grads, None,
+         check=lambda r: torch.allclose(r[0], r[1]) and len(r[2]) == 3
+         and all(torch.allclose(a, b) for a, b in zip(r[2], r[3]))),
+]
+
+
+# -- SparseParts.to ----------------------------------------------------------------------------
+
+PARTS_CASES = [
+    Case("parts-to-dtype", lambda: sparse_parts(_x().to_sparse()).to(torch.float64), TypeError,
+         r"device must be .*got the dtype torch\.float64.*"
+         r"with_values\(parts\.values\.to\(torch\.float64\)\)"),
+    Case("parts-to-device-still-works", lambda: sparse_parts(_x().to_sparse()).to("cpu"), None,
+         check=lambda p: torch.equal(p.to_sparse_csr().to_dense(), _x())),
+]
+
+
+def _run(case: Case) -> None:
+    if case.error is None:
+        out = case.call()
+        assert case.check is not None and case.check(out), f"{case.id}: wrong result {out!r}"
+        return
+    with pytest.raises(case.error, match=case.match):
+        case.call()
+
+
+@pytest.mark.parametrize("case", SEQUENTIAL_CASES + PARAMETRIZE_CASES + PARTS_CASES,
+                         ids=lambda c: c.id)
+def test_probe10a(case: Case) -> None:
+    _run(case)
+
+
+def test_probe10a_module_ids_are_unique() -> None:
+    ids = [c.id for c in SEQUENTIAL_CASES + PARAMETRIZE_CASES + PARTS_CASES]
+    assert len(ids) == len(set(ids))
