@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
+import nnsparse
 from nnsparse import PatternSequential, SparseLinearBatch, SparseOutputLinear, sparse_parts
 
 
@@ -143,6 +144,35 @@ PARAMETRIZE_CASES = [
 ]
 
 
+# -- SparseWeightLinear after nn.Module.to_empty ------------------------------------------------
+
+def _emptied(load: bool):
+    """A SparseWeightLinear after ``to_empty`` (buffers uninitialised: zeros here, what fresh
+    memory holds), then ``reset_parameters`` (values only), and its forward; with ``load``,
+    the saved state of the original loaded first (the meta-device initialisation flow)."""
+    torch.manual_seed(0)
+    source = nnsparse.SparseWeightLinear.random(4, 3, 0.5, seed=0)
+    layer = nnsparse.SparseWeightLinear.random(4, 3, 0.5, seed=1)
+    layer.to_empty(device="cpu")
+    with torch.no_grad():
+        layer.crow.zero_()
+        layer.col.zero_()
+    if load:
+        layer.load_state_dict(source.state_dict())
+    else:
+        layer.reset_parameters()
+    x = _x()
+    return layer(x), F.linear(x, source.weight.to_dense(), source.bias)
+
+
+EMPTY_CASES = [
+    Case("sparse-weight-to-empty-names-the-pattern", lambda: _emptied(False), ValueError,
+         r"SparseWeightLinear crow/col .*left uninitialised by to_empty\(\).*load a state_dict"),
+    Case("sparse-weight-to-empty-then-load", lambda: _emptied(True), None,
+         check=lambda r: torch.allclose(r[0], r[1])),
+]
+
+
 # -- SparseParts.to ----------------------------------------------------------------------------
 
 PARTS_CASES = [
@@ -163,12 +193,12 @@ def _run(case: Case) -> None:
         case.call()
 
 
-@pytest.mark.parametrize("case", SEQUENTIAL_CASES + PARAMETRIZE_CASES + PARTS_CASES,
+@pytest.mark.parametrize("case", SEQUENTIAL_CASES + PARAMETRIZE_CASES + EMPTY_CASES + PARTS_CASES,
                          ids=lambda c: c.id)
 def test_probe10a(case: Case) -> None:
     _run(case)
 
 
 def test_probe10a_module_ids_are_unique() -> None:
-    ids = [c.id for c in SEQUENTIAL_CASES + PARAMETRIZE_CASES + PARTS_CASES]
+    ids = [c.id for c in SEQUENTIAL_CASES + PARAMETRIZE_CASES + EMPTY_CASES + PARTS_CASES]
     assert len(ids) == len(set(ids))
