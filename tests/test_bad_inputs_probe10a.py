@@ -175,7 +175,50 @@ EMPTY_CASES = [
 
 # -- SparseParts.to ----------------------------------------------------------------------------
 
+def _sparse_grad_parts(layer_kind: str, context: str):
+    """A sparse_grad=True layer on SparseParts under ``context`` against the eager batch."""
+    torch.manual_seed(0)
+    x = _x().to_sparse()
+    parts = sparse_parts(x)
+    if layer_kind == "linear":
+        layer: nn.Module = SparseLinearBatch(4, 3, sparse_grad=True)
+        call = lambda inp: layer(inp)  # noqa: E731
+    else:
+        layer = SparseOutputLinear(5, 4, sparse_grad=True)
+        h = torch.randn(3, 5)
+        call = lambda inp: layer(h, inp)  # noqa: E731
+    want = call(x)
+    if context == "frozen":
+        layer.requires_grad_(False)
+        got = call(parts)
+    else:
+        with (torch.no_grad() if context == "no_grad" else torch.inference_mode()):
+            got = call(parts)
+    got = got if isinstance(got, torch.Tensor) else got.to_sparse_csr()
+    return got.to_dense(), want.detach().to_dense()
+
+
 PARTS_CASES = [
+    Case("sparse-grad-parts-linear-no-grad", lambda: _sparse_grad_parts("linear", "no_grad"),
+         None, check=lambda r: torch.allclose(r[0], r[1])),
+    Case("sparse-grad-parts-linear-inference-mode",
+         lambda: _sparse_grad_parts("linear", "inference"), None,
+         check=lambda r: torch.allclose(r[0], r[1])),
+    Case("sparse-grad-parts-linear-frozen", lambda: _sparse_grad_parts("linear", "frozen"),
+         None, check=lambda r: torch.allclose(r[0], r[1])),
+    Case("sparse-grad-parts-output-no-grad", lambda: _sparse_grad_parts("output", "no_grad"),
+         None, check=lambda r: torch.allclose(r[0], r[1])),
+    Case("sparse-grad-parts-output-frozen", lambda: _sparse_grad_parts("output", "frozen"),
+         None, check=lambda r: torch.allclose(r[0], r[1])),
+    Case("sparse-grad-parts-linear-training-still-refused",
+         lambda: SparseLinearBatch(4, 3, sparse_grad=True)(sparse_parts(_x().to_sparse())),
+         NotImplementedError, r"SparseParts input \(torch.compile\) in training: .*"
+         r"under torch\.no_grad\(\), or with the weight and bias frozen, it runs"),
+    Case("sparse-grad-parts-output-training-still-refused",
+         lambda: SparseOutputLinear(5, 4, sparse_grad=True)(torch.randn(3, 5),
+                                                            sparse_parts(_x().to_sparse())),
+         NotImplementedError, r"SparseParts pattern \(torch.compile\) in training"),
+
     Case("parts-to-dtype", lambda: sparse_parts(_x().to_sparse()).to(torch.float64), TypeError,
          r"device must be .*got the dtype torch\.float64.*"
          r"with_values\(parts\.values\.to\(torch\.float64\)\)"),
