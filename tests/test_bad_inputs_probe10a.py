@@ -127,10 +127,56 @@ def _double_weight() -> SparseLinearBatch:
     return layer
 
 
+def _output_weight_normed(sparse_grad: bool = True) -> SparseOutputLinear:
+    torch.manual_seed(0)
+    layer = nn.utils.parametrizations.weight_norm(SparseOutputLinear(5, 4, sparse_grad=True))
+    layer.sparse_grad = sparse_grad
+    return layer
+
+
+def _output_parametrized(context: str):
+    """SparseOutputLinear with a weight-normed weight: its output (and, trained with
+    sparse_grad=False, its gradients) against the dense masked reference."""
+    layer = _output_weight_normed(sparse_grad=context != "dense-grads")
+    h, x = torch.randn(3, 5), _x()
+    mask = x != 0
+    if context == "no_grad":
+        with torch.no_grad():
+            return layer(h, x.to_sparse()).to_dense(), F.linear(h, layer.weight, layer.bias) * mask
+    out = layer(h, x.to_sparse())
+    out.values().sum().backward()
+    got = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    (F.linear(h, layer.weight, layer.bias) * mask).sum().backward()
+    want = [p.grad for p in layer.parameters()]
+    return (out.to_dense(), (F.linear(h, layer.weight, layer.bias) * mask).detach(), got, want)
+
+
+def _no_grad_forward(layer: nn.Module, *args: Any):
+    with torch.no_grad():
+        return layer(*args)
+
+
 PARAMETRIZE_CASES = [
     Case("sparse-grad-parametrized-weight-t-forward", lambda: _weight_normed()(_x().to_sparse()),
-         NotImplementedError, r"sparse_grad=True\): weight_t is parametrized .*dense gradients "
-         r"only.*layer\.sparse_grad = False"),
+         NotImplementedError, r"SparseLinearBatch\(sparse_grad=True\): weight_t is parametrized "
+         r".*refuse the sparse gradient.*layer\.sparse_grad = False"),
+    Case("sparse-grad-parametrized-weight-t-no-grad",
+         lambda: (_no_grad_forward(_weight_normed(), _x().to_sparse()), _weight_normed()), None,
+         check=lambda r: torch.allclose(r[0], F.linear(_x(), r[1].weight, r[1].bias))),
+    Case("sparse-grad-parametrized-weight-t-dense-input",
+         lambda: (_weight_normed()(_x()), _weight_normed()), None,
+         check=lambda r: torch.allclose(r[0], F.linear(_x(), r[1].weight, r[1].bias))),
+    Case("sparse-grad-output-parametrized-weight-forward",
+         lambda: _output_weight_normed()(torch.randn(3, 5), _x().to_sparse()),
+         NotImplementedError, r"SparseOutputLinear\(sparse_grad=True\): weight is parametrized "
+         r".*layer\.sparse_grad = False"),
+    Case("sparse-grad-output-parametrized-weight-no-grad",
+         lambda: _output_parametrized("no_grad"), None,
+         check=lambda r: torch.allclose(r[0], r[1])),
+    Case("output-parametrized-weight-dense-grads", lambda: _output_parametrized("dense-grads"),
+         None, check=lambda r: torch.allclose(r[0], r[1]) and len(r[2]) == 3
+         and all(torch.allclose(a, b) for a, b in zip(r[2], r[3]))),
     Case("sparse-grad-parametrized-custom-forward", lambda: _double_weight()(_x().to_sparse()),
          NotImplementedError, r"weight_t is parametrized"),
     Case("parametrized-weight-t-weight-view", lambda: _weight_normed().weight, None,

@@ -550,13 +550,9 @@ class SparseLinearBatch(nn.Module):
                             f"{type(self.sparse_grad).__name__} {self.sparse_grad!r}")
         # (False on a layer built with True is fine: weight_t then gets dense gradients)
         if self.sparse_grad and _parametrized_table(self):
-            raise NotImplementedError(
-                "SparseLinearBatch(sparse_grad=True): weight_t is parametrized "
-                "(torch.nn.utils.parametrize), and a parametrization's backward takes dense "
-                "gradients only (weight_norm and orthogonal refuse a sparse one); set "
-                "layer.sparse_grad = False to train it with dense gradients")
-        if self.sparse_grad and not ("weight_t" in self._parameters
-                                     or "weight_t" in self.__dict__):
+            pass  # weight_t is a property (the parametrization's output): forward checks it
+        elif self.sparse_grad and not ("weight_t" in self._parameters
+                                       or "weight_t" in self.__dict__):
             raise ValueError(
                 "sparse_grad=True needs the layer built with it (it decides the weight "
                 "parameter: weight_t, (in_features, out_features)), got a layer built with "
@@ -575,6 +571,8 @@ class SparseLinearBatch(nn.Module):
 
     def forward(self, input: SparseLike) -> Tensor:
         self._check_parameters()
+        if not (isinstance(input, Tensor) and input.layout == torch.strided):  # (F.linear's: dense)
+            _refuse_sparse_grad_parametrized(self, "weight_t")
         if isinstance(input, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): plain tensors
             # through the custom operators of nnsparse/_ops.py, no validation.
@@ -618,11 +616,26 @@ class SparseLinearBatch(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
 
 
-def _parametrized_table(layer: nn.Module) -> bool:
-    """``weight_t`` holds a parametrization (``torch.nn.utils.parametrize``): it is then
+def _parametrized_table(layer: nn.Module, name: str = "weight_t") -> bool:
+    """``name`` holds a parametrization (``torch.nn.utils.parametrize``): it is then
     neither a parameter nor in ``__dict__``, but a property of the parametrized class."""
     parametrizations = layer.__dict__.get("_modules", {}).get("parametrizations")
-    return parametrizations is not None and "weight_t" in parametrizations
+    return parametrizations is not None and name in parametrizations
+
+
+def _refuse_sparse_grad_parametrized(layer: nn.Module, name: str) -> None:
+    """``NotImplementedError`` for a training call of a ``sparse_grad=True`` layer whose
+    weight ``name`` is parametrized: the sparse gradient the kernels give would go into the
+    parametrization's backward, which torch's own refuse with errors that name neither
+    (weight_norm: "unsupported memory format option Contiguous")."""
+    if (getattr(layer, "sparse_grad", False) is True and torch.is_grad_enabled()
+            and _parametrized_table(layer, name)):
+        raise NotImplementedError(
+            f"{type(layer).__name__}(sparse_grad=True): {name} is parametrized "
+            f"(torch.nn.utils.parametrize), and torch's parametrizations (weight_norm, "
+            f"orthogonal, spectral_norm) refuse the sparse gradient sparse_grad gives them in "
+            f"their backward; set layer.sparse_grad = False to train it with dense "
+            f"gradients (under torch.no_grad() it runs as it is)")
 
 
 def _weight_to_state_dict(module: nn.Module, state_dict: dict, prefix: str, local_metadata):
