@@ -219,6 +219,53 @@ EMPTY_CASES = [
 ]
 
 
+# -- settings assigned after construction (checked at the call, as the constructor checks) ------
+
+def _assigned(make: Callable[[], Any], name: str, value: Any, call: Callable[[Any], Any]):
+    obj = make()
+    setattr(obj, name, value)
+    return call(obj)
+
+
+def _batchifier():
+    torch.manual_seed(0)
+    return nnsparse.Batchifier(nn.Sequential(nnsparse.Densify(4), nn.Linear(4, 2)),
+                               output_size=2, batch_size=2, progress=False)
+
+
+_DENSIFY = lambda: nnsparse.Densify(4)  # noqa: E731
+_RUN = lambda b: b(_x().to_sparse())  # noqa: E731
+_TOPK = lambda b: b.topk(_x().to_sparse(), k=1)  # noqa: E731
+
+ASSIGNED_CASES = [
+    Case("densify-in-features-str", lambda: _assigned(_DENSIFY, "in_features", "4",
+                                                       lambda d: d(_x().to_sparse())),
+         TypeError, r"in_features must be a non-negative int, got str '4'"),
+    Case("densify-in-features-negative", lambda: _assigned(_DENSIFY, "in_features", -1,
+                                                            lambda d: d(_x().to_sparse())),
+         ValueError, r"in_features must be a non-negative int, got -1"),
+    Case("densify-elem-str", lambda: _assigned(_DENSIFY, "elem", "a",
+                                                lambda d: d(_x().to_sparse())),
+         TypeError, r"elem must be a number, got str 'a'"),
+    Case("densify-in-features-wider-assigned", lambda: _assigned(_DENSIFY, "in_features", 6,
+                                                                  lambda d: d(_x().to_sparse())),
+         None, check=lambda y: torch.equal(y, F.pad(_x(), (0, 2)))),
+    Case("batchifier-network-none", lambda: _assigned(_batchifier, "network", None, _RUN),
+         TypeError, r"network must be an nn\.Module, got NoneType"),
+    Case("batchifier-network-none-topk", lambda: _assigned(_batchifier, "network", None, _TOPK),
+         TypeError, r"network must be an nn\.Module, got NoneType"),
+    Case("batchifier-output-size-str", lambda: _assigned(_batchifier, "output_size", "2", _RUN),
+         TypeError, r"output_size must be an int >= 0, got '2'"),
+    Case("batchifier-layout-csc", lambda: _assigned(_batchifier, "layout", torch.sparse_csc,
+                                                     _RUN),
+         TypeError, r"layout must be torch\.sparse_csr or torch\.sparse_coo, got "
+         r"torch\.sparse_csc"),
+    Case("batchifier-layout-coo-assigned", lambda: (
+        _assigned(_batchifier, "layout", torch.sparse_coo, _RUN), _batchifier().network[1]),
+         None, check=lambda r: torch.allclose(r[0], r[1](_x()).detach())),
+]
+
+
 # -- SparseParts.to ----------------------------------------------------------------------------
 
 def _sparse_grad_parts(layer_kind: str, context: str):
@@ -282,12 +329,12 @@ def _run(case: Case) -> None:
         case.call()
 
 
-@pytest.mark.parametrize("case", SEQUENTIAL_CASES + PARAMETRIZE_CASES + EMPTY_CASES + PARTS_CASES,
+@pytest.mark.parametrize("case", SEQUENTIAL_CASES + PARAMETRIZE_CASES + EMPTY_CASES + ASSIGNED_CASES + PARTS_CASES,
                          ids=lambda c: c.id)
 def test_probe10a(case: Case) -> None:
     _run(case)
 
 
 def test_probe10a_module_ids_are_unique() -> None:
-    ids = [c.id for c in SEQUENTIAL_CASES + PARAMETRIZE_CASES + EMPTY_CASES + PARTS_CASES]
+    ids = [c.id for c in SEQUENTIAL_CASES + PARAMETRIZE_CASES + EMPTY_CASES + ASSIGNED_CASES + PARTS_CASES]
     assert len(ids) == len(set(ids))
