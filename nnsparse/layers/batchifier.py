@@ -364,6 +364,10 @@ class Batchifier:
                 something other than a dense ``(b, output_size)`` tensor with
                 data (or another dtype than for the first batch), or
                 ``batch_size`` is below 1.
+
+        The settings (``network``, ``output_size``, ``layout``...) are checked
+        again at each call, with the constructor's messages: they may have been
+        assigned since.
         """
         if args:  # Lua's forward(data, batchSize, nFrame): Python's "takes from 2 to 3 ..."
             raise TypeError(f"Batchifier.forward takes (data, batch_size), got {len(args)} more "

@@ -51,8 +51,10 @@ class Densify(nn.Module):
     uncoalesced COO input gets the gradient of its position).
 
     Raises:
-        TypeError: the input is not an accepted sparse form.
-        ValueError: the input is wider than ``in_features``, or has bad indices.
+        TypeError: the input is not an accepted sparse form; ``in_features`` or
+            ``elem`` (checked again at each call) is not a number.
+        ValueError: the input is wider than ``in_features``, or has bad indices;
+            ``in_features`` is negative.
 
     Example::
 

@@ -455,6 +455,11 @@ class SparseLinearBatch(nn.Module):
             in_features)`` (``weight_t``: ``(in_features, out_features)``) or
             ``(out_features,)``, or the bias differs from the weight in dtype
             or device.
+        NotImplementedError: ``sparse_grad=True`` with ``weight_t``
+            parametrized (``torch.nn.utils.parametrize``, e.g. ``weight_norm(layer,
+            name="weight_t")``) in a training call on a sparse batch: torch's
+            parametrizations refuse sparse gradients; set ``sparse_grad = False``
+            (a ``no_grad`` call, or a dense input, runs).
 
     Example::
 

@@ -329,6 +329,10 @@ class SparseOutputLinear(nn.Linear):
         ValueError: it was replaced by one of another shape than
             ``(out_features, in_features)`` or ``(out_features,)``, or the bias
             differs from the weight in dtype or device.
+        NotImplementedError: ``sparse_grad=True`` with a parametrized weight
+            (``torch.nn.utils.parametrize``, e.g. ``weight_norm``) in a training
+            call with a pattern: torch's parametrizations refuse sparse gradients;
+            set ``sparse_grad = False`` (a ``no_grad`` call runs).
 
     Example::
 
