@@ -97,6 +97,10 @@ class SparseParts(NamedTuple):
 
     def to(self, device: Any, non_blocking: bool = False) -> "SparseParts":
         """The parts on ``device`` (nnz still marked dynamic)."""
+        if isinstance(device, torch.dtype):  # as Tensor.to(dtype) would take it
+            raise TypeError(f"device must be a torch.device or a name such as 'cpu', got "
+                            f"the dtype {device}: SparseParts.to moves the parts; cast the "
+                            f"values with parts.with_values(parts.values.to({device}))")
         device = as_device(device)
         out = SparseParts(self.crow.to(device, non_blocking=non_blocking),
                           self.col.to(device, non_blocking=non_blocking),
@@ -450,12 +454,21 @@ def _check_input(h: Any, weight: Tensor, pattern: SparseParts) -> None:
         raise ValueError(f"weight must have input's dtype {h.dtype}, got {weight.dtype}")
 
 
+def _gives_grad(weight: Tensor, bias: Optional[Tensor]) -> bool:
+    """The call would give the weight or the bias a gradient (which sparse_grad shapes):
+    an inference forward (no_grad, inference_mode, frozen parameters) gives none."""
+    return torch.is_grad_enabled() and (
+        weight.requires_grad or (bias is not None and bias.requires_grad))
+
+
 def linear_parts(parts: SparseParts, table: Tensor, bias: Optional[Tensor],
                  mode: str, sparse_grad: bool) -> Tensor:
     """``S @ table + bias`` for a :class:`SparseParts` ``S``: dense ``(rows, out)``."""
-    if sparse_grad:
+    if sparse_grad and _gives_grad(table, bias):
         raise NotImplementedError("sparse_grad=True is not supported with SparseParts input "
-                                  "(torch.compile): the compiled path gives dense gradients")
+                                  "(torch.compile) in training: the compiled path gives dense "
+                                  "gradients (under torch.no_grad(), or with the weight and "
+                                  "bias frozen, it runs)")
     _check_parts(parts, table.shape[0], "input")
     if not torch.compiler.is_compiling():
         if parts.values.dtype != table.dtype and not torch.is_autocast_enabled(
@@ -478,10 +491,11 @@ def linear_parts(parts: SparseParts, table: Tensor, bias: Optional[Tensor],
 def sampled_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor], pattern: SparseParts,
                   sparse_grad: bool) -> SparseParts:
     """``h @ weight.T + bias`` at ``pattern``'s entries, as a :class:`SparseParts`."""
-    if sparse_grad:
+    if sparse_grad and _gives_grad(weight, bias):
         raise NotImplementedError("sparse_grad=True is not supported with a SparseParts "
-                                  "pattern (torch.compile): the compiled path gives dense "
-                                  "gradients")
+                                  "pattern (torch.compile) in training: the compiled path gives "
+                                  "dense gradients (under torch.no_grad(), or with the weight "
+                                  "and bias frozen, it runs)")
     _check_parts(pattern, weight.shape[0], "pattern")
     _check_input(h, weight, pattern)
     _refuse_in_transform(h, weight, bias)

@@ -226,6 +226,24 @@ def _allocate(shape: Tuple[int, int], dtype: torch.dtype, device: torch.device) 
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def _checked_settings(network: Any, output_size: Any, batch_size: Any, device: Any,
+                      progress: Any, layout: Any, collate_fn: Any) -> Tuple[int, int, Any, Any]:
+    """A Batchifier's settings checked; ``(output_size, batch_size, device, progress)``
+    as stored (numpy ints as ints, a device name as a ``torch.device``)."""
+    if not isinstance(network, nn.Module):
+        raise TypeError(f"network must be an nn.Module, got {type(network).__name__}")
+    output_size = as_count("output_size", output_size, 0)
+    batch_size = as_count("batch_size", batch_size, 1)
+    if progress is not None:
+        progress = as_flag(progress, "progress", "a bool or None")
+    device = as_device(device, none=True)
+    if layout not in (torch.sparse_csr, torch.sparse_coo):
+        raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
+    if collate_fn is not None and not callable(collate_fn):
+        raise TypeError(f"collate_fn must be callable, got {type(collate_fn).__name__}")
+    return output_size, batch_size, device, progress
+
+
 class Batchifier:
     r"""Run a network over a data set too large to push through at once.
 
@@ -300,17 +318,8 @@ class Batchifier:
                  device: Device = None, progress: bool = True,
                  layout: torch.layout = torch.sparse_csr,
                  collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> None:
-        if not isinstance(network, nn.Module):
-            raise TypeError(f"network must be an nn.Module, got {type(network).__name__}")
-        output_size = as_count("output_size", output_size, 0)
-        batch_size = as_count("batch_size", batch_size, 1)
-        if progress is not None:
-            progress = as_flag(progress, "progress", "a bool or None")
-        device = as_device(device, none=True)
-        if layout not in (torch.sparse_csr, torch.sparse_coo):
-            raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
-        if collate_fn is not None and not callable(collate_fn):
-            raise TypeError(f"collate_fn must be callable, got {type(collate_fn).__name__}")
+        output_size, batch_size, device, progress = _checked_settings(
+            network, output_size, batch_size, device, progress, layout, collate_fn)
         self.network = network
         self.output_size = output_size
         self.batch_size = batch_size
@@ -318,6 +327,13 @@ class Batchifier:
         self.progress = progress
         self.layout = layout
         self.collate_fn = collate_fn
+
+    def _check_settings(self) -> None:
+        """The settings again, as the constructor checked them: they may have been assigned
+        since (``network = None`` failed with "'NoneType' object has no attribute
+        'modules'", a str ``output_size`` with a shape message quoting it)."""
+        _checked_settings(self.network, self.output_size, self.batch_size, self.device,
+                          self.progress, self.layout, self.collate_fn)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(output_size={self.output_size}, "
@@ -348,11 +364,16 @@ class Batchifier:
                 something other than a dense ``(b, output_size)`` tensor with
                 data (or another dtype than for the first batch), or
                 ``batch_size`` is below 1.
+
+        The settings (``network``, ``output_size``, ``layout``...) are checked
+        again at each call, with the constructor's messages: they may have been
+        assigned since.
         """
         if args:  # Lua's forward(data, batchSize, nFrame): Python's "takes from 2 to 3 ..."
             raise TypeError(f"Batchifier.forward takes (data, batch_size), got {len(args)} more "
                             f"positional argument(s) {args!r}; Lua's nFrame has no equivalent "
                             f"(the number of rows is the data's)")
+        self._check_settings()
         if batch_size is None:
             batch_size = self.batch_size
         batch_size = as_count("batch_size", batch_size, 1)
@@ -414,6 +435,7 @@ class Batchifier:
             ValueError: ``candidates`` not of shape ``(output_size,)``; the
                 network's output as for :meth:`forward`.
         """
+        self._check_settings()
         k = as_count("k", k, 0, must="non-negative")
         if candidates is not None:
             if not isinstance(candidates, Tensor) or candidates.dtype != torch.bool:

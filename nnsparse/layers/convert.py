@@ -14,6 +14,18 @@ from ..convert import _check_elem, _densify, sparsify
 __all__ = ["Densify", "Sparsify"]
 
 
+def _check_in_features(in_features: Any) -> int:
+    """``Densify``'s width: a non-negative int (numpy ints pass), as an int."""
+    if not isinstance(in_features, numbers.Integral) or isinstance(in_features, bool):
+        raise TypeError(f"in_features must be a non-negative int, got "
+                        f"{type(in_features).__name__} {in_features!r}")
+    if in_features < 0:
+        raise ValueError(f"in_features must be a non-negative int, got {in_features!r}")
+    # the width of every output it makes
+    check_int64(int(in_features), "in_features", "a non-negative int")
+    return int(in_features)
+
+
 class Densify(nn.Module):
     r"""Turn a sparse batch into a dense ``(rows, in_features)`` one (the Lua ``nnsparse.Densify``).
 
@@ -39,8 +51,10 @@ class Densify(nn.Module):
     uncoalesced COO input gets the gradient of its position).
 
     Raises:
-        TypeError: the input is not an accepted sparse form.
-        ValueError: the input is wider than ``in_features``, or has bad indices.
+        TypeError: the input is not an accepted sparse form; ``in_features`` or
+            ``elem`` (checked again at each call) is not a number.
+        ValueError: the input is wider than ``in_features``, or has bad indices;
+            ``in_features`` is negative.
 
     Example::
 
@@ -54,19 +68,15 @@ class Densify(nn.Module):
 
     def __init__(self, in_features: int, elem: float = 0) -> None:
         super().__init__()
-        if not isinstance(in_features, numbers.Integral) or isinstance(in_features, bool):
-            raise TypeError(f"in_features must be a non-negative int, got "
-                            f"{type(in_features).__name__} {in_features!r}")
-        if in_features < 0:
-            raise ValueError(f"in_features must be a non-negative int, got {in_features!r}")
-        # the width of every output it makes
-        check_int64(int(in_features), "in_features", "a non-negative int")
-        self.in_features: int = int(in_features)  # a numpy int is stored as an int
+        self.in_features: int = _check_in_features(in_features)  # a numpy int as an int
         self.elem: float = _check_elem(elem)
 
     def forward(self, input: SparseLike) -> Tensor:
-        batch = as_sparse_batch(input, name="input", width=self.in_features)
-        return _densify(batch, self.elem, batch.rows, self.in_features, "input")
+        # the settings again, as Sparsify's: they may have been assigned since __init__
+        # (a str width failed with "'<' not supported between instances of 'str' and 'int'")
+        in_features, elem = _check_in_features(self.in_features), _check_elem(self.elem)
+        batch = as_sparse_batch(input, name="input", width=in_features)
+        return _densify(batch, elem, batch.rows, in_features, "input")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}" + (f", elem={self.elem}" if self.elem != 0 else "")

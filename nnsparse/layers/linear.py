@@ -455,6 +455,11 @@ class SparseLinearBatch(nn.Module):
             in_features)`` (``weight_t``: ``(in_features, out_features)``) or
             ``(out_features,)``, or the bias differs from the weight in dtype
             or device.
+        NotImplementedError: ``sparse_grad=True`` with ``weight_t``
+            parametrized (``torch.nn.utils.parametrize``, e.g. ``weight_norm(layer,
+            name="weight_t")``) in a training call on a sparse batch: torch's
+            parametrizations refuse sparse gradients; set ``sparse_grad = False``
+            (a ``no_grad`` call, or a dense input, runs).
 
     Example::
 
@@ -526,6 +531,8 @@ class SparseLinearBatch(nn.Module):
                                       self.__dict__.get("_parameters", {}).get("weight_t"))
             if isinstance(table, Tensor):
                 return table.t()
+            if _parametrized_table(self):  # weight_t is then a property of the class
+                return self.weight_t.t()
         return super().__getattr__(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -547,8 +554,10 @@ class SparseLinearBatch(nn.Module):
             raise TypeError(f"sparse_grad must be a bool, got "
                             f"{type(self.sparse_grad).__name__} {self.sparse_grad!r}")
         # (False on a layer built with True is fine: weight_t then gets dense gradients)
-        if self.sparse_grad and not ("weight_t" in self._parameters
-                                     or "weight_t" in self.__dict__):
+        if self.sparse_grad and _parametrized_table(self):
+            pass  # weight_t is a property (the parametrization's output): forward checks it
+        elif self.sparse_grad and not ("weight_t" in self._parameters
+                                       or "weight_t" in self.__dict__):
             raise ValueError(
                 "sparse_grad=True needs the layer built with it (it decides the weight "
                 "parameter: weight_t, (in_features, out_features)), got a layer built with "
@@ -567,6 +576,8 @@ class SparseLinearBatch(nn.Module):
 
     def forward(self, input: SparseLike) -> Tensor:
         self._check_parameters()
+        if not (isinstance(input, Tensor) and input.layout == torch.strided):  # (F.linear's: dense)
+            _refuse_sparse_grad_parametrized(self, "weight_t")
         if isinstance(input, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): plain tensors
             # through the custom operators of nnsparse/_ops.py, no validation.
@@ -610,8 +621,34 @@ class SparseLinearBatch(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
 
 
+def _parametrized_table(layer: nn.Module, name: str = "weight_t") -> bool:
+    """``name`` holds a parametrization (``torch.nn.utils.parametrize``): it is then
+    neither a parameter nor in ``__dict__``, but a property of the parametrized class."""
+    parametrizations = layer.__dict__.get("_modules", {}).get("parametrizations")
+    return parametrizations is not None and name in parametrizations
+
+
+def _refuse_sparse_grad_parametrized(layer: nn.Module, name: str) -> None:
+    """``NotImplementedError`` for a training call of a ``sparse_grad=True`` layer whose
+    weight ``name`` is parametrized: the sparse gradient the kernels give would go into the
+    parametrization's backward, which torch's own refuse with errors that name neither
+    (weight_norm: "unsupported memory format option Contiguous")."""
+    if (getattr(layer, "sparse_grad", False) is True and torch.is_grad_enabled()
+            and _parametrized_table(layer, name)):
+        raise NotImplementedError(
+            f"{type(layer).__name__}(sparse_grad=True): {name} is parametrized "
+            f"(torch.nn.utils.parametrize), and torch's parametrizations (weight_norm, "
+            f"orthogonal, spectral_norm) refuse the sparse gradient sparse_grad gives them in "
+            f"their backward; set layer.sparse_grad = False to train it with dense "
+            f"gradients (under torch.no_grad() it runs as it is)")
+
+
 def _weight_to_state_dict(module: nn.Module, state_dict: dict, prefix: str, local_metadata):
     """State dicts hold ``weight`` in ``nn.Linear``'s ``(out, in)`` shape."""
+    if prefix + "weight_t" not in state_dict:
+        # a parametrized weight_t (torch.nn.utils.parametrize) is saved as its
+        # parametrization's originals, under their own keys, as torch saves them
+        return
     table = state_dict.pop(prefix + "weight_t")
     state_dict[prefix + "weight"] = table.t()
 

@@ -125,6 +125,18 @@ class PatternSequential(nn.Sequential):
             raise IndexError(f"index must be in [{-len(self)}, {len(self)}], got {index}")
         return super().insert(int(index), module)  # type: ignore[return-value]
 
+    # nn.Sequential's + and * build a plain nn.Sequential, whose forward takes no
+    # pattern: (a + b)(x, pattern) failed with "forward() takes 2 positional arguments".
+    # The result keeps this class, as slicing does (+= and *= extend self already).
+    def __add__(self, other: Any) -> "PatternSequential":
+        return type(self)(*super().__add__(other))
+
+    def __mul__(self, other: int) -> "PatternSequential":
+        return type(self)(*super().__mul__(other))
+
+    def __rmul__(self, other: int) -> "PatternSequential":
+        return self.__mul__(other)
+
     def forward(self, input: Any, pattern: Any = None) -> Any:  # type: ignore[override]
         if pattern is not None and not any(
                 module is not None and _takes_pattern(_forward_class(module))

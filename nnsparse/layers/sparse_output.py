@@ -28,7 +28,8 @@ from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_ro
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import (_check_layer_args, _check_not_narrower, _check_parameters,
-                     _check_weight_bias, _double_backward_refused, _refuse_update_in_transform,
+                     _check_weight_bias, _double_backward_refused,
+                     _refuse_sparse_grad_parametrized, _refuse_update_in_transform,
                      _refuse_update_on_parts, _state_without_update)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
@@ -328,6 +329,10 @@ class SparseOutputLinear(nn.Linear):
         ValueError: it was replaced by one of another shape than
             ``(out_features, in_features)`` or ``(out_features,)``, or the bias
             differs from the weight in dtype or device.
+        NotImplementedError: ``sparse_grad=True`` with a parametrized weight
+            (``torch.nn.utils.parametrize``, e.g. ``weight_norm``) in a training
+            call with a pattern: torch's parametrizations refuse sparse gradients;
+            set ``sparse_grad = False`` (a ``no_grad`` call runs).
 
     Example::
 
@@ -368,6 +373,8 @@ class SparseOutputLinear(nn.Linear):
         if not isinstance(self.sparse_grad, bool):  # assigned since __init__ checked it
             raise TypeError(f"sparse_grad must be a bool, got {type(self.sparse_grad).__name__} "
                             f"{self.sparse_grad!r}")
+        if pattern is not None:  # (without a pattern: F.linear, dense gradients)
+            _refuse_sparse_grad_parametrized(self, "weight")
         if isinstance(pattern, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): a custom operator
             # over plain tensors; returns a SparseParts with pattern's entries.

@@ -300,8 +300,17 @@ class SparseWeightLinear(nn.Module):
                        if isinstance(t, Tensor) else type(t).__name__)
                 raise TypeError(f"SparseWeightLinear.{name} must be a 1-D int64 or int32 "
                                 f"tensor, got {got}")
-        _check_csr(self.crow.to(torch.int64), self.col.to(torch.int64), self.col,
-                   self.out_features, self.in_features, "SparseWeightLinear crow/col")
+        try:
+            _check_csr(self.crow.to(torch.int64), self.col.to(torch.int64), self.col,
+                       self.out_features, self.in_features, "SparseWeightLinear crow/col")
+        except ValueError as error:
+            # the likely causes: a user's edit, or nn.Module.to_empty(), which leaves every
+            # buffer uninitialised (the pattern is data, not a parameter to reset)
+            raise ValueError(
+                f"{error}; the pattern buffers crow/col were edited, replaced, or left "
+                f"uninitialised by to_empty() (reset_parameters() resets the values, not the "
+                f"pattern): load a state_dict holding the pattern, or build the layer again"
+            ) from None
         self._derive()
 
     def _transposed_structure(self) -> Tuple[Tensor, Tensor, Tensor]:
