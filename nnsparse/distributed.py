@@ -180,9 +180,8 @@ def progress(iterable: Iterable, disable: Optional[bool] = None, **kwargs: Any) 
             ``file=``) is a terminal, none in a log file or pipe.
         **kwargs: passed to ``tqdm`` (``desc``, ``leave``, ``file``, ...).
     """
-    if disable is not None and not isinstance(disable, bool):
-        raise TypeError(f"disable must be None or a bool, got {type(disable).__name__} "
-                        f"{disable!r}")
+    if disable is not None:  # numpy bools pass, as loader's flags (they said "got bool")
+        disable = as_flag(disable, "disable", "None or a bool")
     if not hasattr(iterable, "__iter__"):
         raise TypeError(f"iterable must be iterable, got {type(iterable).__name__}")
     if disable or not is_main():
@@ -407,9 +406,8 @@ def wrap(model: nn.Module, *, sparse_allgather: Optional[bool] = None,
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if sparse_allgather is not None and not isinstance(sparse_allgather, bool):
-        raise TypeError(f"sparse_allgather must be None or a bool, got "
-                        f"{type(sparse_allgather).__name__}")
+    if sparse_allgather is not None:  # numpy bools pass (they said "got bool")
+        sparse_allgather = as_flag(sparse_allgather, "sparse_allgather", "None or a bool")
     unknown = sorted(set(ddp_kwargs) - set(inspect.signature(_TORCH_DDP.__init__).parameters))
     if unknown:  # checked without a process group too: a typo would only fail under torchrun
         raise TypeError(f"ddp_kwargs must be DistributedDataParallel's arguments, got unknown "

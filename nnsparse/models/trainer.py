@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from .. import distributed as nd
-from .._forms import as_count, as_device
+from .._forms import as_count, as_device, as_flag, refuse_meta_device
 from .._optim_split import SplitOptimizer, make_optimizer
 from ..optim import LazyAdam
 from ..data import SparseRowDataset
@@ -122,9 +122,10 @@ class Trainer:
         if not weight_decay >= 0:
             raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
         seed = torch_seed(seed)  # any int, as the models' seed
-        if progress is not None and not isinstance(progress, bool):
-            raise TypeError(f"progress must be None or a bool, got {type(progress).__name__}")
+        if progress is not None:  # numpy bools pass, as in fit (they said "got bool")
+            progress = as_flag(progress, "progress", "None or a bool")
         device = as_device(device)
+        refuse_meta_device(device)  # (fit said "row_index must hold data" at the first batch)
         if log is not None and not callable(log):
             raise TypeError(f"log must be callable or None, got {type(log).__name__}")
         self.model: Any = model  # a RatingModel, or any module with batch_loss
