@@ -119,6 +119,14 @@ TRAINER_CASES = [
     # Trainer(device="meta") was taken, and fit failed with "row_index must hold data"
     Case("trainer-device-meta", lambda f: _trainer(f, device="meta"), ValueError,
          r"device must hold data, got 'meta'; use 'cpu' or 'cuda'"),
+    # an int device said "must be a torch.device or a name", an index being one too: the
+    # message now gives torch's reason (a negative index; no accelerator for index 0)
+    Case("trainer-device-negative-index", lambda f: _trainer(f, device=-1), ValueError,
+         r"device must be a torch.device or a name such as 'cpu' or 'cuda:0', got -1 "
+         r"\(Device index must not be negative\)"),
+    Case("fit-device-negative-index", lambda f: AutoRec(**TINY).fit(
+        f[1], device=-1, verbose=False, progress=False), ValueError,
+         r"got -1 \(Device index must not be negative\)"),
     Case("trainer-device-meta-torch", lambda f: _trainer(f, device=torch.device("meta")),
          ValueError, r"device must hold data, got 'meta'"),
 ]
@@ -231,6 +239,13 @@ def test_probe10b(case: Case, fitted: Any) -> None:
 def test_probe10b_meta_model_save(fitted: Any, tmp_path: Any) -> None:
     with pytest.raises(ValueError, match=_META):
         _meta_save(fitted, tmp_path)
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(),
+                    reason="device index 0 is this machine's accelerator")
+def test_probe10b_device_index_without_accelerator(fitted: Any) -> None:
+    with pytest.raises(ValueError, match=r"got 0 \(Cannot access accelerator device"):
+        _trainer(fitted, device=0)
 
 
 @pytest.mark.parametrize("cls", [CFN, KernelNet], ids=lambda c: c.__name__)
