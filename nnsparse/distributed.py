@@ -310,6 +310,13 @@ class DistributedDataParallel(_TORCH_DDP):
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+        group = inspect.signature(_TORCH_DDP.__init__).bind(self, module, *args, **kwargs)
+        if group.arguments.get("process_group") is None and not is_distributed():
+            # torch said "Default process group has not been initialized" without the way out
+            raise RuntimeError("DistributedDataParallel needs a process group; call "
+                               "nnsparse.distributed.init_from_env() under torchrun, or use "
+                               "nnsparse.distributed.wrap(model), which returns the model "
+                               "itself in one process")
         _refuse_in_backward(module)
         if sparse_grad_parameters(module) and not hasattr(_TORCH_DDP, "_build_params_for_reducer"):
             # torch has no public way to declare a sparse gradient; this is the one place

@@ -147,6 +147,15 @@ DISTRIBUTED_CASES = [
     Case("loader-shuffle-numpy-bool", lambda f: nd.loader(list(range(6)), 2,
                                                           shuffle=np.bool_(False)),
          None, check=lambda loader: [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]),
+    # torch's "Default process group has not been initialized, please make sure to call
+    # init_process_group" named neither nnsparse's init_from_env nor wrap
+    Case("ddp-without-process-group", lambda f: nd.DistributedDataParallel(
+        torch.nn.Linear(2, 2)), RuntimeError,
+         r"DistributedDataParallel needs a process group; call "
+         r"nnsparse.distributed.init_from_env\(\) under torchrun, or use "
+         r"nnsparse.distributed.wrap\(model\)"),
+    Case("ddp-unknown-argument", lambda f: nd.DistributedDataParallel(
+        torch.nn.Linear(2, 2), bucket_size=3), TypeError, r"unexpected keyword argument"),
     Case("helpers-without-process-group", lambda f: (
         nd.is_distributed(), nd.rank(), nd.world_size(), nd.is_main()), None,
          check=lambda out: out == (False, 0, 1, True)),
