@@ -16,7 +16,8 @@ import torch
 
 import nnsparse.distributed as nd
 from nnsparse.data import Ratings, synthetic_ratings, split_ratings
-from nnsparse.models import AutoRec, CFN, KernelNet, Trainer, cross_validate, kfold
+from nnsparse.models import AutoRec, CFN, KernelNet, Trainer, cross_validate, fold_files, \
+    kfold
 
 TINY = dict(hidden=8, epochs=1, batch_size=8, lr=1e-2, validation_ratio=0.0)
 
@@ -228,6 +229,31 @@ CV_CASES = [
     Case("cv-split-works", _cv(lambda r: [_split(r)]), None,
          check=lambda cv: len(cv.folds) == 1 and cv.folds[0]["rmse"] > 0),
 ]
+
+
+def _fold_dir(tmp_path: Any, base_is_dir: bool) -> Any:
+    """u1.base/u1.test and u2.base/u2.test (ml-100k lines), u2.base a folder when asked."""
+    lines = [f"{u}\t{i}\t{1 + (u * i) % 5}\t0\n" for u in range(1, 9) for i in range(1, 6)]
+    (tmp_path / "u1.base").write_text("".join(lines[:30]))
+    (tmp_path / "u1.test").write_text("".join(lines[30:]))
+    (tmp_path / "u2.test").write_text("".join(lines[:10]))
+    if base_is_dir:
+        (tmp_path / "u2.base").mkdir()
+    else:
+        (tmp_path / "u2.base").write_text("".join(lines[10:]))
+    return tmp_path
+
+
+def test_probe10b_fold_files_base_directory(tmp_path: Any) -> None:
+    """A u<N>.base folder was paired and failed at its fold, after the earlier folds' fits."""
+    with pytest.raises(ValueError, match=r"folds: .*u2.base must be a rating file, got a "
+                                         r"directory"):
+        fold_files(_fold_dir(tmp_path, True))
+
+
+def test_probe10b_fold_files_pairs(tmp_path: Any) -> None:
+    sizes = [(len(a), len(b)) for a, b in fold_files(_fold_dir(tmp_path, False))]
+    assert sizes == [(30, 10), (30, 10)]
 
 
 def _run(case: Case, *args: Any) -> None:

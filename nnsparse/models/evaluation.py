@@ -90,6 +90,9 @@ def _fold_pairs(directory: Path) -> List[Tuple[Path, Path]]:
     for base in directory.iterdir():
         match = re.fullmatch(r"u(\d+)\.base", base.name)
         if match and (directory / f"u{match.group(1)}.test").is_file():
+            if not base.is_file():  # (read lazily, it failed at its fold, after the fits)
+                raise ValueError(f"folds: {base} must be a rating file, got a "
+                                 f"{'directory' if base.is_dir() else 'special file'}")
             found.append((int(match.group(1)), base, directory / f"u{match.group(1)}.test"))
     if not found:
         raise ValueError(f"folds: {directory} holds no u<N>.base / u<N>.test pair")
