@@ -256,6 +256,35 @@ def test_probe10b_fold_files_pairs(tmp_path: Any) -> None:
     assert sizes == [(30, 10), (30, 10)]
 
 
+def _builder(*index: int) -> Any:
+    from nnsparse import DynamicSparseTensor
+    builder = DynamicSparseTensor(ndim=2)
+    builder.append(index, 1.0)
+    return builder
+
+
+BUILDER_CASES = [
+    # torch's sparse constructor said "numel: integer multiplication overflow"
+    Case("builder-size-beyond-int64-elements", lambda: _builder(0, 1).build(
+        size=(2 ** 62, 2 ** 62)), ValueError,
+         r"size must have at most 2\*\*63 - 1 elements \(torch counts them in int64\), got "
+         r"\(4611686018427387904, 4611686018427387904\)$"),
+    Case("builder-indices-beyond-int64-elements", lambda: _builder(2 ** 62, 2 ** 62).build(),
+         ValueError, r"size must have at most 2\*\*63 - 1 elements .*got "
+                     r"\(4611686018427387905, 4611686018427387905\) \(the largest indices \+ 1: "
+                     r"no size was given\)"),
+    Case("builder-indices-beyond-int64-elements-csr", lambda: _builder(2 ** 62, 2 ** 62).build(
+        layout=torch.sparse_csr), ValueError, r"size must have at most 2\*\*63 - 1 elements"),
+    Case("builder-large-size-within-int64", lambda: _builder(0, 1).build(size=(2 ** 31, 2 ** 31)),
+         None, check=lambda t: t.shape == (2 ** 31, 2 ** 31) and t._nnz() == 1),
+]
+
+
+@pytest.mark.parametrize("case", BUILDER_CASES, ids=lambda c: c.id)
+def test_probe10b_builder(case: Case) -> None:
+    _run(case)
+
+
 def _run(case: Case, *args: Any) -> None:
     if case.error is None:
         out = case.call(*args)
