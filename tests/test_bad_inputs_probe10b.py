@@ -256,6 +256,11 @@ def test_probe10b_fold_files_pairs(tmp_path: Any) -> None:
     assert sizes == [(30, 10), (30, 10)]
 
 
+def _from_pairs(*args: Any, **kw: Any) -> Any:
+    from nnsparse import from_pairs
+    return from_pairs(*args, **kw)
+
+
 def _builder(*index: int) -> Any:
     from nnsparse import DynamicSparseTensor
     builder = DynamicSparseTensor(ndim=2)
@@ -275,6 +280,16 @@ BUILDER_CASES = [
                      r"no size was given\)"),
     Case("builder-indices-beyond-int64-elements-csr", lambda: _builder(2 ** 62, 2 ** 62).build(
         layout=torch.sparse_csr), ValueError, r"size must have at most 2\*\*63 - 1 elements"),
+    Case("from-pairs-batch-beyond-int64-elements", lambda: _from_pairs(
+        [torch.tensor([[1., 2.]], dtype=torch.float64)] * 4, size=2 ** 62), ValueError,
+         r"pairs make a batch of size \(4, 4611686018427387904\), beyond int64 elements "
+         r"\(rows x width must stay below 2\*\*63\)$"),
+    Case("from-pairs-batch-beyond-int64-elements-by-index", lambda: _from_pairs(
+        [torch.tensor([[2 ** 62, 1]])] * 4), ValueError,
+         r"beyond int64 elements .*; its width is the largest index \+ 1"),
+    Case("from-pairs-large-batch-within-int64", lambda: _from_pairs(
+        [torch.tensor([[1., 2.]], dtype=torch.float64)] * 4, size=2 ** 60), None,
+         check=lambda t: t.shape == (4, 2 ** 60) and t._nnz() == 4),
     Case("builder-large-size-within-int64", lambda: _builder(0, 1).build(size=(2 ** 31, 2 ** 31)),
          None, check=lambda t: t.shape == (2 ** 31, 2 ** 31) and t._nnz() == 1),
 ]
