@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import nnsparse.distributed as nd
+from nnsparse import DynamicSparseTensor, from_pairs
 from nnsparse.data import Ratings, synthetic_ratings, split_ratings
 from nnsparse.models import AutoRec, CFN, KernelNet, Trainer, cross_validate, fold_files, \
     kfold
@@ -120,6 +121,15 @@ TRAINER_CASES = [
     # Trainer(device="meta") was taken, and fit failed with "row_index must hold data"
     Case("trainer-device-meta", lambda f: _trainer(f, device="meta"), ValueError,
          r"device must hold data, got 'meta'; use 'cpu' or 'cuda'"),
+    # fit(epochs=) beyond the Trainer's epochs ran on past the cosine schedule, whose
+    # learning rate then rose again (back to the full lr at epoch 2 * epochs - 1)
+    Case("trainer-fit-epochs-beyond-schedule", lambda f: _trainer(f, progress=False).fit(
+        f[0]._input, epochs=3), ValueError,
+         r"epochs must be at most the schedule's length \(this Trainer's epochs=1\), got 3: "
+         r"the cosine learning rate would rise again past it; make a Trainer with epochs=3"),
+    Case("trainer-fit-epochs-within-schedule", lambda f: Trainer(
+        copy.deepcopy(f[0]), epochs=3, batch_size=8, lr=1e-3, log=None, progress=False).fit(
+        f[0]._input, epochs=2), None, check=lambda result: len(result.history) == 2),
     # an int device said "must be a torch.device or a name", an index being one too: the
     # message now gives torch's reason (a negative index; no accelerator for index 0)
     Case("trainer-device-negative-index", lambda f: _trainer(f, device=-1), ValueError,
@@ -256,13 +266,7 @@ def test_probe10b_fold_files_pairs(tmp_path: Any) -> None:
     assert sizes == [(30, 10), (30, 10)]
 
 
-def _from_pairs(*args: Any, **kw: Any) -> Any:
-    from nnsparse import from_pairs
-    return from_pairs(*args, **kw)
-
-
-def _builder(*index: int) -> Any:
-    from nnsparse import DynamicSparseTensor
+def _builder(*index: int) -> DynamicSparseTensor:
     builder = DynamicSparseTensor(ndim=2)
     builder.append(index, 1.0)
     return builder
@@ -280,14 +284,14 @@ BUILDER_CASES = [
                      r"no size was given\)"),
     Case("builder-indices-beyond-int64-elements-csr", lambda: _builder(2 ** 62, 2 ** 62).build(
         layout=torch.sparse_csr), ValueError, r"size must have at most 2\*\*63 - 1 elements"),
-    Case("from-pairs-batch-beyond-int64-elements", lambda: _from_pairs(
+    Case("from-pairs-batch-beyond-int64-elements", lambda: from_pairs(
         [torch.tensor([[1., 2.]], dtype=torch.float64)] * 4, size=2 ** 62), ValueError,
          r"pairs make a batch of size \(4, 4611686018427387904\), beyond int64 elements "
          r"\(rows x width must stay below 2\*\*63\)$"),
-    Case("from-pairs-batch-beyond-int64-elements-by-index", lambda: _from_pairs(
+    Case("from-pairs-batch-beyond-int64-elements-by-index", lambda: from_pairs(
         [torch.tensor([[2 ** 62, 1]])] * 4), ValueError,
          r"beyond int64 elements .*; its width is the largest index \+ 1"),
-    Case("from-pairs-large-batch-within-int64", lambda: _from_pairs(
+    Case("from-pairs-large-batch-within-int64", lambda: from_pairs(
         [torch.tensor([[1., 2.]], dtype=torch.float64)] * 4, size=2 ** 60), None,
          check=lambda t: t.shape == (4, 2 ** 60) and t._nnz() == 4),
     Case("builder-large-size-within-int64", lambda: _builder(0, 1).build(size=(2 ** 31, 2 ** 31)),
