@@ -1,7 +1,8 @@
 """The tenth bad-input probe, part b (docs/bad_inputs_probe10b.md): the model zoo's use
 after fit (fallback, predict_entries, recommend, evaluate, save of a moved model), the
-Trainer's and nnsparse.distributed's flags without a process group, and cross_validate's
-folds.
+Trainer's devices, flags and epochs, nnsparse.distributed without a process group,
+cross_validate's folds and fold_files, and sizes beyond int64 elements in
+DynamicSparseTensor.build and from_pairs.
 
 Each row pairs a call with the exception and a regex of its message (``error=None``: the
 call must work, and ``check`` its result).  The cross_validate rows count the models made:
