@@ -9,6 +9,7 @@ call must work, and ``check`` its result).  The cross_validate rows count the mo
 a refused fold is refused before any model is fitted.
 """
 import copy
+import io
 from typing import Any, Callable, List, NamedTuple, Optional
 
 import numpy as np
@@ -148,6 +149,17 @@ DISTRIBUTED_CASES = [
     # loader's flags took numpy bools already
     Case("progress-disable-numpy-bool", lambda f: nd.progress([1, 2], disable=np.bool_(True)),
          None, check=lambda it: list(it) == [1, 2]),
+    # a keyword tqdm does not take failed on rank 0 with a bar only (TqdmKeyError, a
+    # KeyError), and was ignored without a bar or on the other ranks
+    Case("progress-unknown-keyword-without-bar", lambda f: nd.progress(
+        [1], disable=True, nope=1), TypeError,
+         r"kwargs must be tqdm's arguments, got unknown \['nope'\]"),
+    Case("progress-unknown-keyword-with-bar", lambda f: nd.progress(
+        [1], disable=False, desk="typo"), TypeError,
+         r"kwargs must be tqdm's arguments, got unknown \['desk'\]"),
+    Case("progress-tqdm-keywords", lambda f: nd.progress(
+        [1, 2], disable=False, desc="d", leave=False, file=io.StringIO()), None,
+         check=lambda bar: list(bar) == [1, 2]),
     Case("progress-disable-str", lambda f: nd.progress([1], disable="yes"), TypeError,
          r"disable must be None or a bool, got str 'yes'"),
     Case("wrap-sparse-allgather-numpy-bool", lambda f: nd.wrap(
