@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import nnsparse.distributed as nd
-from nnsparse import DynamicSparseTensor, from_pairs
+from nnsparse import DynamicSparseTensor, from_pairs, ssort, ssort_by_index
 from nnsparse.data import Ratings, synthetic_ratings, split_ratings
 from nnsparse.models import AutoRec, CFN, KernelNet, Trainer, cross_validate, fold_files, \
     kfold
@@ -285,7 +285,37 @@ def _builder(*index: int) -> DynamicSparseTensor:
     return builder
 
 
+def _pairs() -> torch.Tensor:
+    return torch.tensor([[3., 1.], [1., 5.], [2., 2.], [4., 0.]])
+
+
+def _sort_views(sort: Callable[..., Any], views: Callable[[torch.Tensor], List[Any]]) -> Any:
+    """``sort(views(p), inplace=True)``; a refused call must leave ``p`` as it was."""
+    p = _pairs()
+    try:
+        return sort(views(p), inplace=True), p
+    except RuntimeError:
+        assert torch.equal(p, _pairs()), "a refused in-place sort changed the tensor"
+        raise
+
+
 BUILDER_CASES = [
+    # overlapping views in one list were each written with their own sorted entries: the
+    # shared row took the other view's entry and the entry [1, 5] was lost from p
+    Case("ssort-inplace-overlapping-views", lambda: _sort_views(
+        ssort, lambda p: [p[:3], p[1:]]), RuntimeError,
+         r"inplace=True cannot reorder x: x\[0\] and x\[1\] share elements \(overlapping "
+         r"views of one tensor\)"),
+    Case("ssort-by-index-inplace-overlapping-views", lambda: _sort_views(
+        ssort_by_index, lambda p: [p[:2], torch.ones(1, 2), p[1:3]]), RuntimeError,
+         r"x\[0\] and x\[2\] share elements"),
+    Case("ssort-inplace-disjoint-views", lambda: _sort_views(
+        ssort, lambda p: [p[::2], p[1::2]]), None,
+         check=lambda out: out[1].tolist() == [[3., 1.], [4., 0.], [2., 2.], [1., 5.]]),
+    Case("ssort-inplace-same-view-twice", lambda: _sort_views(
+        ssort, lambda p: [p, p]), None,
+         check=lambda out: out[1].tolist() == [[4., 0.], [3., 1.], [2., 2.], [1., 5.]]),
+
     # torch's sparse constructor said "numel: integer multiplication overflow"
     Case("builder-size-beyond-int64-elements", lambda: _builder(0, 1).build(
         size=(2 ** 62, 2 ** 62)), ValueError,
