@@ -995,9 +995,11 @@ def as_device(device: Any, none: bool = False) -> Optional[torch.device]:
                         f"such as 'cpu' or 'cuda:0', got {type(device).__name__}")
     try:
         out = torch.device(device)
-    except (RuntimeError, ValueError):
+    except (RuntimeError, ValueError) as e:
+        # an index is an accelerator's: torch refuses it on a machine without one
+        why = f" ({str(e).splitlines()[0]})" if isinstance(device, int) else ""
         raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
-                         f"'cuda:0', got {device!r}") from None
+                         f"'cuda:0', got {device!r}{why}") from None
     if out.type not in ("cpu", "meta"):
         missing = _device_missing(out)
         if missing is not None:

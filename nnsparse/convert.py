@@ -310,4 +310,10 @@ def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = Non
         raise ValueError(f"size must be non-negative, got {size}")
     if size is not None:
         check_int64(int(size), "size", "a non-negative int")
-    return as_sparse_batch(pairs, name="pairs", width=None if size is None else int(size)).to_coo()
+    batch = as_sparse_batch(pairs, name="pairs", width=None if size is None else int(size))
+    if not batch.is_vector and math.prod(batch.shape) >= 2 ** 63:
+        # torch's sparse constructor said "numel: integer multiplication overflow"
+        raise ValueError(f"pairs make a batch of size {tuple(batch.shape)}, beyond int64 "
+                         f"elements (rows x width must stay below 2**63)"
+                         + ("" if size is not None else "; its width is the largest index + 1"))
+    return batch.to_coo()

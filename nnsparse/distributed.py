@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
+from tqdm import tqdm as _tqdm
 
 from ._forms import as_count, as_flag
 from ._optim_split import sparse_grad_parameters
@@ -170,6 +171,14 @@ def main_print(*args: Any, **kwargs: Any) -> None:
         print(*args, **kwargs)
 
 
+# tqdm's keyword arguments (its own **kwargs takes gui-only ones and refuses the rest);
+# iterable and disable are progress's own
+_TQDM_ARGUMENTS = frozenset(
+    name for name, p in inspect.signature(_tqdm.__init__).parameters.items()
+    if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD) - {"self", "iterable",
+                                                                          "disable"}
+
+
 def progress(iterable: Iterable, disable: Optional[bool] = None, **kwargs: Any) -> Iterable:
     """A tqdm bar over ``iterable`` on rank 0; the bare iterable on other ranks.
 
@@ -179,16 +188,21 @@ def progress(iterable: Iterable, disable: Optional[bool] = None, **kwargs: Any) 
             ``None`` (default): a bar on rank 0 when its output (stderr, or
             ``file=``) is a terminal, none in a log file or pipe.
         **kwargs: passed to ``tqdm`` (``desc``, ``leave``, ``file``, ...).
+
+    Raises:
+        TypeError: ``disable`` not None or a bool, ``iterable`` not iterable, a
+            keyword tqdm does not take (checked on every rank, bar or not).
     """
-    if disable is not None and not isinstance(disable, bool):
-        raise TypeError(f"disable must be None or a bool, got {type(disable).__name__} "
-                        f"{disable!r}")
+    if disable is not None:  # numpy bools pass, as loader's flags (they said "got bool")
+        disable = as_flag(disable, "disable", "None or a bool")
     if not hasattr(iterable, "__iter__"):
         raise TypeError(f"iterable must be iterable, got {type(iterable).__name__}")
+    unknown = sorted(set(kwargs) - _TQDM_ARGUMENTS)
+    if unknown:  # checked on every rank and without a bar: a typo failed on rank 0 only
+        raise TypeError(f"kwargs must be tqdm's arguments, got unknown {unknown}")
     if disable or not is_main():
         return iterable
-    from tqdm import tqdm
-    return tqdm(iterable, disable=disable, **kwargs)  # tqdm's None: off unless a terminal
+    return _tqdm(iterable, disable=disable, **kwargs)  # tqdm's None: off unless a terminal
 
 
 def save(obj: Any, path: str) -> None:
@@ -311,6 +325,13 @@ class DistributedDataParallel(_TORCH_DDP):
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+        group = inspect.signature(_TORCH_DDP.__init__).bind(self, module, *args, **kwargs)
+        if group.arguments.get("process_group") is None and not is_distributed():
+            # torch said "Default process group has not been initialized" without the way out
+            raise RuntimeError("DistributedDataParallel needs a process group; call "
+                               "nnsparse.distributed.init_from_env() under torchrun, or use "
+                               "nnsparse.distributed.wrap(model), which returns the model "
+                               "itself in one process")
         _refuse_in_backward(module)
         if sparse_grad_parameters(module) and not hasattr(_TORCH_DDP, "_build_params_for_reducer"):
             # torch has no public way to declare a sparse gradient; this is the one place
@@ -407,9 +428,8 @@ def wrap(model: nn.Module, *, sparse_allgather: Optional[bool] = None,
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if sparse_allgather is not None and not isinstance(sparse_allgather, bool):
-        raise TypeError(f"sparse_allgather must be None or a bool, got "
-                        f"{type(sparse_allgather).__name__}")
+    if sparse_allgather is not None:  # numpy bools pass (they said "got bool")
+        sparse_allgather = as_flag(sparse_allgather, "sparse_allgather", "None or a bool")
     unknown = sorted(set(ddp_kwargs) - set(inspect.signature(_TORCH_DDP.__init__).parameters))
     if unknown:  # checked without a process group too: a typo would only fail under torchrun
         raise TypeError(f"ddp_kwargs must be DistributedDataParallel's arguments, got unknown "

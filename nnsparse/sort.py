@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, List, NamedTuple, Union
+from typing import Any, Dict, List, NamedTuple, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -94,6 +94,44 @@ def _check_writable(rows: List[Tensor], name: str, listed: bool) -> None:
                                "whose elements share memory; sort a copy (.clone())")
 
 
+def _element_offsets(p: Tensor) -> Tensor:
+    """The storage offsets (in elements) of every element of ``p``, int64 on the CPU
+    (from its shape and strides: no data is read)."""
+    off = torch.tensor([p.storage_offset()], dtype=torch.int64)
+    for n, stride in zip(p.shape, p.stride()):
+        off = (off[:, None] + torch.arange(n, dtype=torch.int64) * stride).reshape(-1)
+    return off
+
+
+def _check_disjoint(rows: List[Tensor], name: str) -> None:
+    """Refuse a list whose pair tensors share elements (overlapping views of one tensor):
+    each row is written with its own sorted entries, so a shared element would end up
+    holding another row's entry and an entry of the tensor would be lost.  The same view
+    listed twice is allowed (both writes are alike)."""
+    by_storage: Dict[Tuple[torch.device, int], List[int]] = {}
+    for i, p in enumerate(rows):
+        if p.numel():
+            by_storage.setdefault((p.device, p.untyped_storage().data_ptr()), []).append(i)
+    for listed in by_storage.values():
+        views: Dict[Tuple[Any, ...], int] = {}
+        for i in listed:  # one of each distinct view
+            views.setdefault((rows[i].storage_offset(), rows[i].shape, rows[i].stride()), i)
+        if len(views) < 2:
+            continue
+        owners = list(views.values())
+        offsets = [_element_offsets(rows[i]) for i in owners]
+        owner = torch.cat([torch.full((o.numel(),), j) for j, o in enumerate(offsets)])
+        key, order = torch.sort(torch.cat(offsets), stable=True)
+        shared = (key[1:] == key[:-1]) & (owner[order][1:] != owner[order][:-1])
+        if bool(shared.any()):
+            at = int(shared.nonzero()[0])
+            i, j = sorted((owners[int(owner[order][at])], owners[int(owner[order][at + 1])]))
+            raise RuntimeError(f"inplace=True cannot reorder {name}: {name}[{i}] and "
+                               f"{name}[{j}] share elements (overlapping views of one "
+                               f"tensor), and each is written with its own sorted entries; "
+                               f"sort copies (.clone())")
+
+
 def _sort(x: Any, by_index: bool, descending: bool, inplace: bool,
           name: str) -> Union[SortResult, Tensor, List[Tensor]]:
     descending, inplace = as_flag(descending, "descending"), as_flag(inplace, "inplace")
@@ -101,6 +139,8 @@ def _sort(x: Any, by_index: bool, descending: bool, inplace: bool,
     _check_values(batch, name)
     if inplace and batch.form in ("pairs", "pair_list"):
         _check_writable([x] if batch.form == "pairs" else x, name, batch.form == "pair_list")
+        if batch.form == "pair_list":
+            _check_disjoint(x, name)
     if batch.form in ("pairs", "pair_list"):
         # Lua parity: the pair tensors are reordered as they are, duplicates kept.
         order = _row_order(batch.row, batch.col if by_index else batch.values, descending)

@@ -663,6 +663,15 @@ class RatingModel(nn.Module):
             self._check_built()
             raise RuntimeError(f"{type(self).__name__}.build() made no {name!r} layer")
 
+    def _check_data(self) -> None:
+        """``ValueError`` for a fitted model moved to the meta device (``model.to("meta")``):
+        its weights hold no numbers to predict with or save (torch failed deep inside, on
+        a batch tensor the caller never passed, or with "Cannot copy out of meta tensor")."""
+        if self.device.type == "meta":
+            raise ValueError(f"{type(self).__name__}'s parameters must hold data, got them on "
+                             f"the meta device (after .to('meta')); load weights into a model "
+                             f"on a real device, e.g. {type(self).__name__}.load(path)")
+
     @property
     def device(self) -> torch.device:
         self._check_built()
@@ -688,6 +697,7 @@ class RatingModel(nn.Module):
         if users.shape != items.shape:
             raise ValueError(f"users and items must have one shape, got {tuple(users.shape)} "
                              f"and {tuple(items.shape)}")
+        _check_non_negative(users, items)  # -1 read the last user's mean and counted as known
         u_ok, i_ok = self._known(users, items)
         pred = torch.full(users.shape, self.global_mean)
         pred = torch.where(u_ok & ~i_ok, self.user_mean[users.clamp(max=len(self.user_mean) - 1)], pred)
@@ -717,9 +727,8 @@ class RatingModel(nn.Module):
         if users.shape != items.shape or users.dim() != 1:
             raise ValueError(f"users and items must be 1-D of one length, got "
                              f"{tuple(users.shape)} and {tuple(items.shape)}")
-        for name, index in (("users", users), ("items", items)):
-            if index.numel() and int(index.min()) < 0:
-                raise ValueError(f"{name} must be non-negative, got min {int(index.min())}")
+        _check_non_negative(users, items)
+        self._check_data()
         pred, counts = self.fallback(users, items)
         u_ok, i_ok = self._known(users, items)
         known = u_ok & i_ok
@@ -834,8 +843,9 @@ class RatingModel(nn.Module):
             raise ValueError("shrinkage must be finite, got inf")
         if by_index:
             try:
-                if isinstance(user, bool):
-                    raise TypeError
+                if isinstance(user, bool) or (isinstance(user, (Tensor, np.ndarray))
+                                              and user.ndim != 0):
+                    raise TypeError  # tensor([3]) passed operator.index; the id path refuses it
                 user = operator.index(user)
             except TypeError:
                 raise TypeError(f"user must be an int index with by_index=True, got "
@@ -916,6 +926,7 @@ class RatingModel(nn.Module):
             A refused save writes nothing and leaves the model as it was.
         """
         self._check_built()
+        self._check_data()
         _path_to_write(path)
         self._check_registered()
         hparams = self._checked_hparams()
@@ -1129,6 +1140,13 @@ def _check_rows(rows: Any, x: Any, bound: int) -> None:
                          f"got shape {tuple(rows.shape)}")
     if rows.device.type == "cpu":
         check_index_range(rows, bound, "rows")
+
+
+def _check_non_negative(users: Tensor, items: Tensor) -> None:
+    """``ValueError`` for a negative index (torch would read it from the end)."""
+    for name, index in (("users", users), ("items", items)):
+        if index.numel() and int(index.min()) < 0:
+            raise ValueError(f"{name} must be non-negative, got min {int(index.min())}")
 
 
 def _index_tensor(value: Any, name: str) -> Tensor:

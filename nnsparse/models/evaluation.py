@@ -13,7 +13,9 @@ import torch
 
 from .._forms import _a, as_count
 from ..data import Ratings, mean_prediction, read_split, rmse
-from ..data.readers import FORMATS, check_ratings, check_unique_pairs
+from ..data.matrix import check_same_maps
+from ..data.readers import FORMATS, check_ratings, check_unique_pairs, \
+    check_unique_pairs_apart
 from ..data.split import torch_seed
 from .base import RatingModel
 
@@ -88,6 +90,9 @@ def _fold_pairs(directory: Path) -> List[Tuple[Path, Path]]:
     for base in directory.iterdir():
         match = re.fullmatch(r"u(\d+)\.base", base.name)
         if match and (directory / f"u{match.group(1)}.test").is_file():
+            if not base.is_file():  # (read lazily, it failed at its fold, after the fits)
+                raise ValueError(f"folds: {base} must be a rating file, got a "
+                                 f"{'directory' if base.is_dir() else 'special file'}")
             found.append((int(match.group(1)), base, directory / f"u{match.group(1)}.test"))
     if not found:
         raise ValueError(f"folds: {directory} holds no u<N>.base / u<N>.test pair")
@@ -164,6 +169,19 @@ class CrossValidation:
         return "\n".join(lines)
 
 
+def _check_fold(number: int, train: Ratings, test: Ratings) -> None:
+    """A fold's test part: not empty, indexed as its train part, and sharing no
+    (user, item) pair with it (a pair in both is scored on a rating it trained on)."""
+    if len(test) == 0:
+        raise ValueError(f"fold {number}'s test holds no ratings; there is nothing to score")
+    check_same_maps(test, train, f"fold {number}'s test", f"fold {number}'s train")
+    # the test part alone first: a repeat of its own is named with its maps (it may
+    # hold ids the train part's maps lack)
+    check_unique_pairs(f"fold {number}'s test", test)
+    check_unique_pairs_apart(f"fold {number}'s train", train,
+                             f"fold {number}'s train and test together", test)
+
+
 def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[Fold], *,
                    features: Optional[Callable[[Ratings], Optional[torch.Tensor]]] = None,
                    device: Union[str, torch.device] = "cpu", progress: Optional[bool] = None,
@@ -220,6 +238,7 @@ def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[Fold],
         train, test = fold
         check_ratings(train, f"fold {number}'s train")
         check_ratings(test, f"fold {number}'s test")
+        _check_fold(number, train, test)  # before the fit, not after it (or never)
         model = make_model()
         if not isinstance(model, RatingModel):
             raise TypeError(f"make_model must return a RatingModel, got {type(model).__name__}")

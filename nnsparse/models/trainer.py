@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from .. import distributed as nd
-from .._forms import as_count, as_device
+from .._forms import as_count, as_device, as_flag, refuse_meta_device
 from .._optim_split import SplitOptimizer, make_optimizer
 from ..optim import LazyAdam
 from ..data import SparseRowDataset
@@ -122,9 +122,10 @@ class Trainer:
         if not weight_decay >= 0:
             raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
         seed = torch_seed(seed)  # any int, as the models' seed
-        if progress is not None and not isinstance(progress, bool):
-            raise TypeError(f"progress must be None or a bool, got {type(progress).__name__}")
+        if progress is not None:  # numpy bools pass, as in fit (they said "got bool")
+            progress = as_flag(progress, "progress", "None or a bool")
         device = as_device(device)
+        refuse_meta_device(device)  # (fit said "row_index must hold data" at the first batch)
         if log is not None and not callable(log):
             raise TypeError(f"log must be callable or None, got {type(log).__name__}")
         self.model: Any = model  # a RatingModel, or any module with batch_loss
@@ -234,7 +235,8 @@ class Trainer:
 
     def fit(self, x_train: Tensor, validate: Optional[Callable[[], float]] = None,
             epochs: Optional[int] = None) -> TrainResult:
-        """Train for ``epochs`` (default ``self.epochs``) epochs on the rows of ``x_train``.
+        """Train for ``epochs`` (default ``self.epochs``, at most that) epochs on the rows of
+        ``x_train``.
 
         ``validate`` returns the validation RMSE after an epoch; with it the
         best epoch's weights are restored at the end and training stops after
@@ -249,6 +251,8 @@ class Trainer:
         Raises:
             FloatingPointError: the training loss became NaN or infinite before
                 any validated epoch (e.g. too large an ``lr``).
+            ValueError: ``epochs`` beyond ``self.epochs`` (the learning rate's
+                schedule ends there); a matrix of the wrong shape, empty or not finite.
         """
         if not isinstance(x_train, Tensor) or x_train.layout not in (torch.sparse_csr,
                                                                      torch.sparse_coo):
@@ -262,6 +266,11 @@ class Trainer:
             raise TypeError(f"epochs must be None or an int >= 1, got {epochs!r}")
         if epochs is not None and epochs < 1:
             raise ValueError(f"epochs must be None or an int >= 1, got {epochs!r}")
+        if epochs is not None and epochs > self.epochs:
+            # past the schedule the cosine rose again: epoch 2 * epochs - 1 ran at the full lr
+            raise ValueError(f"epochs must be at most the schedule's length (this Trainer's "
+                             f"epochs={self.epochs}), got {epochs!r}: the cosine learning rate "
+                             f"would rise again past it; make a Trainer with epochs={epochs!r}")
         shape = getattr(self.model, "_shape", None)  # a built RatingModel's matrix shape
         if shape is not None and tuple(x_train.shape) != tuple(shape):
             raise ValueError(f"x_train must have the model's matrix shape {tuple(shape)}, "
