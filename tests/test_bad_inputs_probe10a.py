@@ -6,7 +6,7 @@ operations a PyTorch user does on nnsparse's layers (``+`` / ``*`` of containers
 Each row pairs a call with the exception and a regex of its message (``error=None``: the
 call must work, and ``check`` its result, against a dense reference where there is one).
 """
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -14,16 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 
+from probe_cases import Case, run_case
 import nnsparse
 from nnsparse import PatternSequential, SparseLinearBatch, SparseOutputLinear, sparse_parts
 
-
-class Case(NamedTuple):
-    id: str
-    call: Callable[[], Any]
-    error: Optional[type]
-    match: str = ""
-    check: Optional[Callable[[Any], bool]] = None
 
 
 def _x() -> torch.Tensor:
@@ -320,19 +314,11 @@ PARTS_CASES = [
 ]
 
 
-def _run(case: Case) -> None:
-    if case.error is None:
-        out = case.call()
-        assert case.check is not None and case.check(out), f"{case.id}: wrong result {out!r}"
-        return
-    with pytest.raises(case.error, match=case.match):
-        case.call()
-
 
 @pytest.mark.parametrize("case", SEQUENTIAL_CASES + PARAMETRIZE_CASES + EMPTY_CASES + ASSIGNED_CASES + PARTS_CASES,
                          ids=lambda c: c.id)
 def test_probe10a(case: Case) -> None:
-    _run(case)
+    run_case(case)
 
 
 def test_probe10a_module_ids_are_unique() -> None:

@@ -10,12 +10,13 @@ a refused fold is refused before any model is fitted.
 """
 import copy
 import io
-from typing import Any, Callable, List, NamedTuple, Optional
+from typing import Any, Callable, List
 
 import numpy as np
 import pytest
 import torch
 
+from probe_cases import Case, run_case
 import nnsparse.distributed as nd
 from nnsparse import DynamicSparseTensor, from_pairs, ssort, ssort_by_index
 from nnsparse.data import Ratings, synthetic_ratings, split_ratings
@@ -24,13 +25,6 @@ from nnsparse.models import AutoRec, CFN, KernelNet, Trainer, cross_validate, fo
 
 TINY = dict(hidden=8, epochs=1, batch_size=8, lr=1e-2, validation_ratio=0.0)
 
-
-class Case(NamedTuple):
-    id: str
-    call: Callable[..., Any]
-    error: Optional[type]
-    match: str = ""
-    check: Optional[Callable[[Any], bool]] = None
 
 
 @pytest.fixture(scope="module")
@@ -344,22 +338,14 @@ BUILDER_CASES = [
 
 @pytest.mark.parametrize("case", BUILDER_CASES, ids=lambda c: c.id)
 def test_probe10b_builder(case: Case) -> None:
-    _run(case)
+    run_case(case)
 
-
-def _run(case: Case, *args: Any) -> None:
-    if case.error is None:
-        out = case.call(*args)
-        assert case.check is not None and case.check(out), f"{case.id}: wrong result {out!r}"
-        return
-    with pytest.raises(case.error, match=case.match):
-        case.call(*args)
 
 
 @pytest.mark.parametrize("case", MODEL_CASES + TRAINER_CASES + DISTRIBUTED_CASES + CV_CASES,
                          ids=lambda c: c.id)
 def test_probe10b(case: Case, fitted: Any) -> None:
-    _run(case, fitted)
+    run_case(case, fitted)
 
 
 def test_probe10b_meta_model_save(fitted: Any, tmp_path: Any) -> None:

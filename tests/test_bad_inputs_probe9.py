@@ -9,24 +9,18 @@ a refused load changed nothing (validate before mutate).
 import copy
 import os
 import pickle
-from typing import Any, Callable, List, NamedTuple, Optional
+from typing import Any, Callable, List, Optional
 
 import pytest
 import torch
 from torch import nn
 
+from probe_cases import Case, run_case
 import nnsparse
 from nnsparse.data import read_item_features, read_ratings, synthetic_item_features, \
     synthetic_ratings
 from nnsparse.optim import LazyAdam, apply_optimizer_in_backward, clip_grad_norm_
 
-
-class Case(NamedTuple):
-    id: str
-    call: Callable[[], Any]
-    error: Optional[type]
-    match: str = ""
-    check: Optional[Callable[[Any], bool]] = None
 
 
 # -- LazyAdam.load_state_dict ----------------------------------------------------------------
@@ -413,23 +407,15 @@ DATA_CASES = [
 ]
 
 
-def _run(case: Case, *args: Any) -> None:
-    if case.error is None:
-        out = case.call(*args)
-        assert case.check is not None and case.check(out), f"{case.id}: wrong result {out!r}"
-        return
-    with pytest.raises(case.error, match=case.match):
-        case.call(*args)
-
 
 @pytest.mark.parametrize("case", LOAD_CASES + OPTIM_CASES + CLIP_CASES, ids=lambda c: c.id)
 def test_probe9_optim(case: Case) -> None:
-    _run(case)
+    run_case(case)
 
 
 @pytest.mark.parametrize("case", DATA_CASES, ids=lambda c: c.id)
 def test_probe9_data(case: Case, tmp_path: Any) -> None:
     if "beyond-memory" in case.id and not hasattr(os, "sysconf"):
         pytest.skip("the memory check reads the POSIX sysconf; this system has none")
-    _run(case, tmp_path)
+    run_case(case, tmp_path)
 
