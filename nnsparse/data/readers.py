@@ -1242,8 +1242,9 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
             if len(parts) < 6:
                 raise ValueError(f"{path}, line {number}: expected 'id|title|...|19 genre "
                                  f"flags', got {len(parts)} fields")
-            # (a title holding '|' spans more fields: the flags are the last 19 then)
-            first = 5 + max(0, len(parts) - _ML100K_ITEM_FIELDS)
+            # after the title (which may hold '|': _title_end finds its end), the release
+            # date, the video release date and the url, then the flags
+            first = _title_end(parts, "ml-100k") + 3
             try:
                 key, flags = int(parts[0]), [float(v) for v in parts[first:]]
             except ValueError:
