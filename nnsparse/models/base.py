@@ -698,13 +698,19 @@ class RatingModel(nn.Module):
             raise ValueError(f"users and items must have one shape, got {tuple(users.shape)} "
                              f"and {tuple(items.shape)}")
         _check_non_negative(users, items)  # -1 read the last user's mean and counted as known
+        pred, counts, _ = self._means(users, items)
+        return pred, counts
+
+    def _means(self, users: Tensor, items: Tensor) -> Tuple[Tensor, Dict[str, int], Tensor]:
+        """:meth:`fallback`'s means and counts of checked indices, and which entries have
+        both a known user and a known item (the network predicts those)."""
         u_ok, i_ok = self._known(users, items)
         pred = torch.full(users.shape, self.global_mean)
         pred = torch.where(u_ok & ~i_ok, self.user_mean[users.clamp(max=len(self.user_mean) - 1)], pred)
         pred = torch.where(i_ok & ~u_ok, self.item_mean[items.clamp(max=len(self.item_mean) - 1)], pred)
         counts = dict(item_mean=int((i_ok & ~u_ok).sum()), user_mean=int((u_ok & ~i_ok).sum()),
                       global_mean=int((~u_ok & ~i_ok).sum()))
-        return pred, counts
+        return pred, counts, u_ok & i_ok
 
     def predict_entries(self, users: Tensor, items: Tensor,
                         return_counts: bool = False) -> Any:
@@ -729,9 +735,7 @@ class RatingModel(nn.Module):
                              f"{tuple(users.shape)} and {tuple(items.shape)}")
         _check_non_negative(users, items)
         self._check_data()
-        pred, counts = self.fallback(users, items)
-        u_ok, i_ok = self._known(users, items)
-        known = u_ok & i_ok
+        pred, counts, known = self._means(users, items)  # (indices checked: not fallback's)
         if bool(known.any()):
             # the fitted orientation: hparams may have been edited since (for a next fit)
             row, col = ((items, users) if self._norm.orientation == "item"
@@ -1214,9 +1218,7 @@ def _plain_hparam(key: str, value: Any) -> Any:
         value = value.item()
     if value is None or type(value) in (bool, int, float, complex, str) \
             or isinstance(value, (torch.dtype, torch.device)):
-        return value
-    if isinstance(value, bool):
-        return bool(value)
+        return value  # (bool has no subclasses: every bool is returned here)
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
