@@ -314,7 +314,6 @@ class Trainer:
             result.best_epoch = len(result.history)
         return result
 
-
     def _diverged(self, epoch: int, loss: float, kept: bool, result: TrainResult) -> None:
         """Stop on a non-finite epoch loss: say so, or raise when no epoch can be kept."""
         hint = (f"the learning rate was {self._lr_at(epoch):.3g} this epoch; a smaller lr, "
