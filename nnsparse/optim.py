@@ -53,9 +53,9 @@ class LazyAdam(Optimizer):
     For a dense gradient this is Adam (``torch.optim.Adam`` with the same
     arguments, ``decoupled_weight_decay=True`` being AdamW).  For a sparse COO
     gradient (a hybrid one with one sparse dimension over a weight's rows, as
-    ``nn.Embedding`` and :class:`nnsparse.SparseOutputLinear` give, or a
-    2-D COO one over single entries or whole columns, as
-    ``SparseLinearBatch`` gives) only the specified entries are read and
+    ``nn.Embedding``, :class:`nnsparse.SparseOutputLinear` and
+    ``SparseLinearBatch`` (over the rows of its ``weight_t``) give, or a 2-D
+    COO one over single entries) only the specified entries are read and
     written, as ``torch.optim.SparseAdam`` does: their moments decay and are
     updated, the others keep theirs unchanged (not decayed).  The bias
     correction uses the parameter's own step count, and ``eps`` is added
