@@ -137,7 +137,9 @@ class _Cache:
     inference: bool = False
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "_Cache":
-        """The plain tensors moved to ``device``; the nested patterns are dropped."""
+        """``crow``, ``column_major`` and the index tensors moved to ``device``; the
+        nested patterns and the ``blocked`` / ``column_major_all`` orders are dropped
+        (built again where they are needed, with no host sync)."""
         def move(t: Any) -> Any:
             if t is None:
                 return None
@@ -161,8 +163,9 @@ class SparseBatch:
     repeats and columns increase within a row.  ``trusted`` says nnsparse
     built or checked the indices (or the user vouched for them, :func:`trust`).
 
-    Derived structures (:meth:`crow_indices`, :meth:`column_major`, the
-    orders of :meth:`sorted_by_row` and :meth:`coalesce`) are built lazily,
+    Derived structures (:meth:`crow_indices`, :meth:`column_major_all`,
+    :meth:`column_major`, :meth:`blocked_order`, the orders of
+    :meth:`sorted_by_row` and :meth:`coalesce`) are built lazily,
     once, in a cache shared by the batches of one pattern: a copy made by
     :meth:`with_values` or :meth:`with_pattern_values` shares it, a
     ``dataclasses.replace`` gets a fresh one.
