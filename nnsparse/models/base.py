@@ -790,7 +790,10 @@ class RatingModel(nn.Module):
         return self.predict_entries(ratings.user, ratings.item)
 
     def evaluate(self, ratings: Ratings) -> Dict[str, float]:
-        """``{"rmse", "mae", "count", "fallback"}`` of the predictions of ``ratings``."""
+        """``{"rmse", "mae", "count", "fallback", "fallback_counts"}`` of the predictions of
+        ``ratings``: ``fallback`` the ratings predicted by a mean fallback,
+        ``fallback_counts`` those per fallback (``item_mean``, ``user_mean``,
+        ``global_mean``)."""
         check_ratings(ratings, "ratings")
         self._check_built()
         self._check_maps(ratings, "ratings")
