@@ -560,7 +560,8 @@ class RatingModel(nn.Module):
             ValueError: empty ``train``, or every rating equal; ``validation``
                 with other id maps; a (user, item) pair rated more than once
                 in ``train``, or in ``train`` and ``validation`` together;
-                ``features`` not ``(rows, f >= 1)`` or not finite; an unknown
+                ``features`` not ``(rows, f >= 1)`` or not finite, or given to a
+                model that reads none (``AutoRec``, ``KernelNet``); an unknown
                 ``device``.
             FloatingPointError: training diverged before any validated epoch
                 (:meth:`Trainer.fit`; e.g. too large an ``lr``).
