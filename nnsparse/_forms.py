@@ -2,7 +2,11 @@
 
 Every public function, layer and criterion calls :func:`as_sparse_batch` and
 works on the :class:`SparseBatch` it returns; nothing else in the package
-parses user input.  The accepted forms (see ``docs/naming.md``):
+parses user input but for the two inputs a :class:`SparseBatch` does not
+hold, which have their own checks: a batched 3-D operand of
+:func:`nnsparse.sparse_mm` (:mod:`nnsparse.matmul`, into one flat pattern) and
+the plain tensors of a :class:`~nnsparse.SparseParts` (:mod:`nnsparse._ops`).
+The accepted forms (see ``docs/naming.md``):
 
 * ``"coo"``: a torch sparse COO tensor, 1-D (a vector) or 2-D (a batch),
   coalesced or not (duplicates mean a sum, as torch defines);
