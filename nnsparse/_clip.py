@@ -25,7 +25,9 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
     one vector (torch's: the ``norm_type`` norm of the gradients' norms); when
     it exceeds ``max_norm`` every gradient is multiplied in place by
     ``max_norm / (total_norm + 1e-6)``.  Dense (strided) gradients go through
-    torch's own ``get_total_norm`` and ``clip_grads_with_norm_``.  The norm of
+    torch's own ``get_total_norm`` and ``clip_grads_with_norm_`` (torch >= 2.6;
+    with torch 2.5, which lacks them, each gradient's ``vector_norm`` and an
+    in-place multiply, the same arithmetic).  The norm of
     a sparse COO gradient (any ``sparse_dim``, hybrid or not) is the norm of
     its dense equivalent: of its coalesced values, duplicate indices summed
     first (an uncoalesced gradient, such as autograd makes by adding two

@@ -2,7 +2,11 @@
 
 Every public function, layer and criterion calls :func:`as_sparse_batch` and
 works on the :class:`SparseBatch` it returns; nothing else in the package
-parses user input.  The accepted forms (see ``docs/naming.md``):
+parses user input but for the two inputs a :class:`SparseBatch` does not
+hold, which have their own checks: a batched 3-D operand of
+:func:`nnsparse.sparse_mm` (:mod:`nnsparse.matmul`, into one flat pattern) and
+the plain tensors of a :class:`~nnsparse.SparseParts` (:mod:`nnsparse._ops`).
+The accepted forms (see ``docs/naming.md``):
 
 * ``"coo"``: a torch sparse COO tensor, 1-D (a vector) or 2-D (a batch),
   coalesced or not (duplicates mean a sum, as torch defines);
@@ -137,7 +141,9 @@ class _Cache:
     inference: bool = False
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "_Cache":
-        """The plain tensors moved to ``device``; the nested patterns are dropped."""
+        """``crow``, ``column_major`` and the index tensors moved to ``device``; the
+        nested patterns and the ``blocked`` / ``column_major_all`` orders are dropped
+        (built again where they are needed, with no host sync)."""
         def move(t: Any) -> Any:
             if t is None:
                 return None
@@ -161,8 +167,9 @@ class SparseBatch:
     repeats and columns increase within a row.  ``trusted`` says nnsparse
     built or checked the indices (or the user vouched for them, :func:`trust`).
 
-    Derived structures (:meth:`crow_indices`, :meth:`column_major`, the
-    orders of :meth:`sorted_by_row` and :meth:`coalesce`) are built lazily,
+    Derived structures (:meth:`crow_indices`, :meth:`column_major_all`,
+    :meth:`column_major`, :meth:`blocked_order`, the orders of
+    :meth:`sorted_by_row` and :meth:`coalesce`) are built lazily,
     once, in a cache shared by the batches of one pattern: a copy made by
     :meth:`with_values` or :meth:`with_pattern_values` shares it, a
     ``dataclasses.replace`` gets a fresh one.

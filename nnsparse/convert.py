@@ -256,6 +256,7 @@ def to_pairs(x: SparseLike) -> Union[Tensor, List[Tensor]]:
         row, empty rows as ``(0, 2)``) for a batch.  Values stay differentiable.
 
     Raises:
+        TypeError: ``x`` is not an accepted form (a dense tensor, a number...).
         ValueError: float32/float16 values whose indices are too large to be
             stored exactly in that dtype.
 

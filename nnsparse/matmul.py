@@ -71,7 +71,7 @@ class _Pattern:
 def _transposed(row: Tensor, col: Tensor, cols: int) -> Transposed:
     """``perm``, CSR pointers over all ``cols`` and rows of the transposed pattern.
 
-    Unlike :func:`nnsparse._index.column_major` (distinct columns only, a
+    Unlike ``SparseBatch.column_major`` (distinct columns only, a
     data-dependent size) every column gets a pointer, so ``S.T @ G`` is one
     product with no scatter and no host sync.
     """

@@ -53,9 +53,9 @@ class LazyAdam(Optimizer):
     For a dense gradient this is Adam (``torch.optim.Adam`` with the same
     arguments, ``decoupled_weight_decay=True`` being AdamW).  For a sparse COO
     gradient (a hybrid one with one sparse dimension over a weight's rows, as
-    ``nn.Embedding`` and :class:`nnsparse.SparseOutputLinear` give, or a
-    2-D COO one over single entries or whole columns, as
-    ``SparseLinearBatch`` gives) only the specified entries are read and
+    ``nn.Embedding``, :class:`nnsparse.SparseOutputLinear` and
+    ``SparseLinearBatch`` (over the rows of its ``weight_t``) give, or a 2-D
+    COO one over single entries) only the specified entries are read and
     written, as ``torch.optim.SparseAdam`` does: their moments decay and are
     updated, the others keep theirs unchanged (not decayed).  The bias
     correction uses the parameter's own step count, and ``eps`` is added
@@ -854,6 +854,11 @@ class InBackwardOptimizer:
       (untouched rows get a zero gradient: their moments decay, Adam moves
       them, weight decay shrinks them), made block by block from the
       backward's gradient rows; it costs less than gathering most rows.
+      For the kinds a zero gradient leaves unchanged (``sgd`` without
+      momentum, ``adagrad``, ``rowwise_adagrad``, all without weight decay)
+      the dense step *is* the lazy one: it is taken above 25 % of touched
+      rows whatever ``dense_above`` says (a larger share is lowered to it),
+      with the lazy step's result.
     * **Row-wise Adagrad** (``"rowwise_adagrad"``): one accumulator per row,
       ``acc[r] += mean(g[r]**2)``, ``p[r] -= lr * g[r] / (sqrt(acc[r]) + eps)``:
       FBGEMM's ``EXACT_ROWWISE_ADAGRAD``, the usual choice for large tables
@@ -1118,7 +1123,9 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
             ``optimizer`` (untouched rows get a zero gradient: their state
             decays and, for Adam, they move; weight decay applies to every
             row), in blocks, instead of the lazy one.  ``None``: always lazy.
-            Default: ``None``.
+            (``sgd`` without momentum and the Adagrads, without weight decay,
+            take their dense step above 25 % of the rows whatever this says:
+            for them it equals the lazy step.)  Default: ``None``.
 
     Returns:
         InBackwardOptimizer: call its ``zero_grad()`` and ``step()`` as a torch optimiser's.

@@ -58,9 +58,10 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
           ``n`` (a pair tensor's indices must be below ``n``).  A strided
           tensor is dense and refused, except a lone ``(k, 2)`` target of a
           1-D estimate: Lua's one-sample call, taken as its pair vector.
-        - output: a scalar, of the estimate's floating dtype; an integer or
-          bool estimate is promoted to the target's floating dtype, or to the
-          default dtype for an integer target.
+        - output: a scalar, of the estimate's floating dtype (float32 for a
+          float16 or bfloat16 estimate: the loss is computed in float32); an
+          integer or bool estimate is promoted to the target's floating dtype,
+          or to the default dtype for an integer target.
 
     Gradients reach the estimate only at the target's specified entries (for a
     sparse estimate: its values there), and the target's values.

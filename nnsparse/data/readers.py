@@ -830,8 +830,11 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
             number), a rating that is not a finite number or overflows
             float32, a number written with ``_`` (``1_000``), a (user, item)
             pair rated more than once (the message gives its lines), ids or
-            an item file that are not UTF-8.  A failed call leaves
-            ``user_map`` and ``item_map`` unchanged.
+            an item file that are not UTF-8, a compressed file (gzip, bzip2,
+            xz: decompress it first), map indices out of range.  A failed call
+            leaves ``user_map`` and ``item_map`` unchanged.
+        TypeError: ``path`` not a str or ``os.PathLike``, ``titles`` neither a
+            bool nor a path, a map that is not a dict of ids to int indices.
 
     Ids: integers when every id is one (exact beyond int64 too, as Python
     ints); for ``"text"`` otherwise UTF-8 strings (an id with ``_`` is a

@@ -1,4 +1,8 @@
-"""Sparse-input layers."""
+"""The layers: sparse input (:class:`SparseLinearBatch`), sparse output
+(:class:`SparseOutputLinear`), a fixed-pattern sparse weight
+(:class:`SparseWeightLinear`), the dense/sparse switches (:class:`Densify`,
+:class:`Sparsify`), a container that hands the pattern on
+(:class:`PatternSequential`) and batched inference (:class:`Batchifier`)."""
 __all__: list = []
 from .sparse_output import SparseOutputLinear, sampled_linear  # noqa: E402
 __all__ += ["SparseOutputLinear", "sampled_linear"]

@@ -49,8 +49,8 @@ class _SparseLinear(torch.autograd.Function):
     ``update`` (a ``_rowopt.TableUpdate`` or None): the optimiser in the
     backward; the touched rows of ``table`` are then updated in place from
     their gradient rows and ``table`` gets no gradient.  ``pattern``: the
-    batch whose cached structures (``column_major``, ``blocked_order``) are
-    read.
+    batch whose cached structures (``column_major_all``, ``column_major``,
+    ``blocked_order``) are read.
     """
 
     # forward and setup_context apart: the form torch.func's transforms require

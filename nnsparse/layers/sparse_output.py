@@ -42,7 +42,7 @@ class _SampledLinear(torch.autograd.Function):
     backward; the touched rows of ``weight`` are then updated in place from
     their gradient rows and ``weight`` gets no gradient (the bias a dense
     one).  ``pattern``: the distinct-position batch whose cached structures
-    (``column_major``, ``blocked_order``) are read.
+    (``column_major_all``, ``column_major``, ``blocked_order``) are read.
     """
 
     # forward and setup_context apart: the form torch.func's transforms require

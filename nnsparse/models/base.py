@@ -560,7 +560,8 @@ class RatingModel(nn.Module):
             ValueError: empty ``train``, or every rating equal; ``validation``
                 with other id maps; a (user, item) pair rated more than once
                 in ``train``, or in ``train`` and ``validation`` together;
-                ``features`` not ``(rows, f >= 1)`` or not finite; an unknown
+                ``features`` not ``(rows, f >= 1)`` or not finite, or given to a
+                model that reads none (``AutoRec``, ``KernelNet``); an unknown
                 ``device``.
             FloatingPointError: training diverged before any validated epoch
                 (:meth:`Trainer.fit`; e.g. too large an ``lr``).
@@ -790,7 +791,10 @@ class RatingModel(nn.Module):
         return self.predict_entries(ratings.user, ratings.item)
 
     def evaluate(self, ratings: Ratings) -> Dict[str, float]:
-        """``{"rmse", "mae", "count", "fallback"}`` of the predictions of ``ratings``."""
+        """``{"rmse", "mae", "count", "fallback", "fallback_counts"}`` of the predictions of
+        ``ratings``: ``fallback`` the ratings predicted by a mean fallback,
+        ``fallback_counts`` those per fallback (``item_mean``, ``user_mean``,
+        ``global_mean``)."""
         check_ratings(ratings, "ratings")
         self._check_built()
         self._check_maps(ratings, "ratings")
