@@ -74,6 +74,23 @@ def test_a_user_batch_is_validated_once_and_each_structure_built_once(layout):
     assert _counts().get("validate", 0) == 0 and _counts().get("crow", 0) == 0, _counts()
 
 
+@pytest.mark.parametrize("layout", [torch.sparse_csr, torch.sparse_coo])
+def test_sparse_gradients_build_nothing_again_on_a_known_batch(layout):
+    """Both layers with ``sparse_grad=True`` (the bias gradients sparse too): the
+    second step on the same batch builds no index structure at all."""
+    x, model, criterion, _ = _setup()
+    model.encoder = nnsparse.SparseLinearBatch(x.shape[1], 8, sparse_grad=True)
+    model.decoder = nnsparse.SparseOutputLinear(8, x.shape[1], sparse_grad=True)
+    optimiser = nnsparse.optim.LazyAdam(model.parameters(), lr=1e-3)
+    dense = nnsparse.densify(x)[:16]
+    batch = dense.to_sparse_csr() if layout == torch.sparse_csr else dense.to_sparse()
+    step(model, criterion, optimiser, batch)
+    assert model.decoder.bias.grad is not None and model.decoder.bias.grad.is_sparse
+    _reset_counts()
+    step(model, criterion, optimiser, batch)
+    assert _counts() == {}, _counts()
+
+
 def test_a_collated_batch_is_never_validated():
     x, model, criterion, optimiser = _setup()
     ds = SparseRowDataset(x)

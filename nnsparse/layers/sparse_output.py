@@ -91,15 +91,12 @@ class _SampledLinear(torch.autograd.Function):
             # distinct columns to count: no host synchronisation on a GPU)
             grad_w = _t_mm(row, col, grad, h, out_features, ctx.pattern)
             need_w = False
-        if need_w or (need_b and ctx.sparse_grad):
-            perm, cols, crow_t, row_t = ctx.pattern.column_major()
-            grad_t = grad.index_select(0, perm)
         if need_b:
-            grad_b = _bias_grad(grad, col, ctx.pattern, out_features, ctx.sparse_grad,
-                                grad_t if ctx.sparse_grad else None)
+            grad_b = _bias_grad(grad, col, ctx.pattern, out_features, ctx.sparse_grad)
         if need_w:
             # grad_W = S^T @ h, computed only for the columns the pattern touches.
-            touched = _csr_rows_mm(row_t, h, crow_t, grad_t)
+            perm, cols, crow_t, row_t = ctx.pattern.column_major()
+            touched = _csr_rows_mm(row_t, h, crow_t, grad.index_select(0, perm))
             grad_w = _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True)
         return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
@@ -123,20 +120,19 @@ def _sampled_backward_graph(ctx: Any, grad: Tensor):
 
 
 def _bias_grad(grad: Tensor, col: Tensor, pattern: SparseBatch, out_features: int,
-               sparse_grad: bool, grad_t: Optional[Tensor] = None) -> Tensor:
+               sparse_grad: bool) -> Tensor:
     """The bias gradient: the incoming values summed by output column, dense
     ``(out_features,)``, or with ``sparse_grad`` a COO vector over the touched
-    columns only.  ``grad_t``: ``grad`` already in ``pattern``'s column-major
-    order, when the caller made it.  Differentiable when grad mode is on (the
-    in-place additions are into fresh zeros)."""
+    columns only (``pattern``'s cached distinct columns).  Summed into an
+    ``(out_features,)`` vector either way, an O(out_features) pass that needs no
+    per-entry structure beyond ``col`` (a segment index over the column-major
+    entries would be an O(nnz) tensor made again at every backward).
+    Differentiable when grad mode is on (the in-place addition is into fresh zeros)."""
+    summed = grad.new_zeros(out_features).index_add_(0, col, grad)
     if not sparse_grad:
-        return grad.new_zeros(out_features).index_add_(0, col, grad)
-    perm, cols, crow_t, _ = pattern.column_major()
-    if grad_t is None:
-        grad_t = grad.index_select(0, perm)
-    segment = _index.rows_from_crow(crow_t, grad.shape[0])
-    summed = grad.new_zeros(cols.shape[0]).index_add_(0, segment, grad_t)
-    return _sparse_coo(cols.unsqueeze(0), summed, (out_features,), True)
+        return summed
+    cols = pattern.column_major()[1]
+    return _sparse_coo(cols.unsqueeze(0), summed.index_select(0, cols), (out_features,), True)
 
 
 def _pattern_structure(pattern: SparseLike, input: Tensor, out_features: int):
