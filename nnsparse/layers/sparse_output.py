@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _double, _index
+from .. import _double, _grad_origin, _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_flag, as_sparse_batch
 from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_rows_of
@@ -100,7 +100,8 @@ class _SampledLinear(torch.autograd.Function):
         if need_w:
             # grad_W = S^T @ h, computed only for the columns the pattern touches.
             touched = _csr_rows_mm(row_t, h, crow_t, grad_t)
-            grad_w = _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True)
+            grad_w = _grad_origin.mark_made(  # in range by construction
+                _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True))
         return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
@@ -136,7 +137,7 @@ def _bias_grad(grad: Tensor, col: Tensor, pattern: SparseBatch, out_features: in
         grad_t = grad.index_select(0, perm)
     segment = _index.rows_from_crow(crow_t, grad.shape[0])
     summed = grad.new_zeros(cols.shape[0]).index_add_(0, segment, grad_t)
-    return _sparse_coo(cols.unsqueeze(0), summed, (out_features,), True)
+    return _grad_origin.mark_made(_sparse_coo(cols.unsqueeze(0), summed, (out_features,), True))
 
 
 def _pattern_structure(pattern: SparseLike, input: Tensor, out_features: int):
@@ -386,6 +387,9 @@ class SparseOutputLinear(nn.Linear):
             # AMP: a lower-precision input (an autocast GEMM's output) meets the
             # sampled product in the weight's dtype, as the custom operator does.
             input = input.to(self.weight.dtype)
+        if self.sparse_grad and pattern is not None:  # LazyAdam then trusts their gradients
+            _grad_origin.watch(self.weight)
+            _grad_origin.watch(self.bias)
         return _sampled_linear(input, self.weight, self.bias, pattern, self.sparse_grad,
                                self._row_update)
 
