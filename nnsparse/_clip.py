@@ -14,6 +14,8 @@ from typing import Any, Iterable, List, Optional, Union, cast
 import torch
 from torch import Tensor
 
+from . import _grad_origin
+
 
 @torch.no_grad()
 def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float,
@@ -117,7 +119,9 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
     # torch's factor, never above 1 (no host read: a multiply by 1 when under)
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
     for g in sparse:
+        mark = _grad_origin.origin(g)  # a layer's gradient stays known in range
         g._values().mul_(scale.to(g.device))
+        _grad_origin.keep_mark(g, mark)
     clip_dense = getattr(torch.nn.utils, "clip_grads_with_norm_", None)  # torch >= 2.6
     if dense and clip_dense is not None:
         clip_dense(dense, max_norm, total, foreach)

@@ -52,7 +52,7 @@ from ._index import csr_tensor as _sparse_csr
 
 __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is_pair_list",
            "check_index_range", "resolve_size", "trust", "as_int", "as_count", "as_flag",
-           "check_int64", "int64_message", "as_device", "holds_exactly",
+           "check_int64", "int64_message", "check_numel", "as_device", "holds_exactly",
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
@@ -914,6 +914,18 @@ def int64_message(name: str, value: int, expected: str = "an int",
     it); ``got`` words what came instead of ``value`` (an entry of a tensor)."""
     bound = "at least -2**63" if value < 0 else "below 2**63"
     return f"{name} must be {expected} within int64 ({bound}), got {value if got is None else got}"
+
+
+def check_numel(sizes: Sequence[int], name: str, got: Optional[str] = None) -> Tuple[int, ...]:
+    """``sizes`` as a tuple unless their product, a tensor's element count, passes int64
+    (torch's sparse constructors: "numel: integer multiplication overflow").  The one
+    wording: "``name`` must have at most 2**63 - 1 elements (torch counts them in int64),
+    got ``sizes``"; ``got`` words what came instead (with the sizes in it)."""
+    sizes = tuple(int(n) for n in sizes)
+    if math.prod(sizes) > _INT64_MAX:
+        raise ValueError(f"{name} must have at most 2**63 - 1 elements (torch counts them in "
+                         f"int64), got {sizes if got is None else got}")
+    return sizes
 
 
 def as_flag(value: Any, name: str, what: str = "a bool") -> bool:

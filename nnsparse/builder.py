@@ -11,7 +11,8 @@ import torch
 from torch import Tensor
 
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch,
-                     check_index_range, check_int64, int64_message, KERNEL_DTYPES, refuse_meta_device)
+                     check_index_range, check_int64, check_numel, int64_message, KERNEL_DTYPES,
+                     refuse_meta_device)
 
 __all__ = ["DynamicSparseTensor"]
 
@@ -512,7 +513,8 @@ class DynamicSparseTensor:
     def _size(self, size: Optional[Union[int, Sequence[int]]], index: Tensor) -> Tuple[int, ...]:
         needed = tuple(check_index_range(i, None, "indices") for i in index)
         if size is None:
-            return _within_int64(needed, " (the largest indices + 1: no size was given)")
+            return check_numel(needed, "size", f"{needed} (the largest indices + 1: no size was "
+                                               f"given)")
         if isinstance(size, numbers.Integral) and self._ndim == 1:
             size = (cast(int, size),)  # a bool is refused by as_int below
         if not isinstance(size, (tuple, list, torch.Size)):
@@ -523,7 +525,7 @@ class DynamicSparseTensor:
         sizes = tuple(check_int64(as_int(s, "size"), "size") for s in cast(Sequence[int], size))
         if any(s < need for s, need in zip(sizes, needed)):
             raise ValueError(f"size must be at least {needed} to hold the entries, got {sizes}")
-        return _within_int64(sizes, "")
+        return check_numel(sizes, "size")
 
     def _as_tensor(self, x: Any, name: str) -> Tensor:
         if isinstance(x, Tensor):
@@ -543,15 +545,6 @@ class DynamicSparseTensor:
     def _check_device(self, x: Tensor, name: str) -> None:
         if x.device != self._device:
             raise ValueError(f"{name} must be on the builder's device {self._device}, got {x.device}")
-
-
-def _within_int64(sizes: Tuple[int, ...], why: str) -> Tuple[int, ...]:
-    """``sizes`` unless their product, the tensor's element count, passes int64 (torch's
-    sparse constructor said "numel: integer multiplication overflow")."""
-    if math.prod(sizes) > 2 ** 63 - 1:
-        raise ValueError(f"size must have at most 2**63 - 1 elements (torch counts them in "
-                         f"int64), got {sizes}{why}")
-    return sizes
 
 
 def _value_range(dtype: torch.dtype) -> Optional[Tuple[float, float]]:

@@ -13,7 +13,7 @@ from . import _index
 from ._forms import (SparseBatch, SparseLike, _a, _as_pairs, _sparse_coo, _sparse_csr, as_count,
                      as_int,
                      as_sparse_batch, check_kernel_dtype, holds_exactly, refuse_meta,
-                     check_int64, int64_message, resolve_size, trust)
+                     check_int64, check_numel, int64_message, resolve_size, trust)
 
 __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
 
@@ -312,9 +312,7 @@ def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = Non
     if size is not None:
         check_int64(int(size), "size", "a non-negative int")
     batch = as_sparse_batch(pairs, name="pairs", width=None if size is None else int(size))
-    if not batch.is_vector and math.prod(batch.shape) >= 2 ** 63:
-        # torch's sparse constructor said "numel: integer multiplication overflow"
-        raise ValueError(f"pairs make a batch of size {tuple(batch.shape)}, beyond int64 "
-                         f"elements (rows x width must stay below 2**63)"
-                         + ("" if size is not None else "; its width is the largest index + 1"))
+    if not batch.is_vector:
+        check_numel(batch.shape, "pairs", f"a batch of size {tuple(batch.shape)}"
+                    + ("" if size is not None else " (its width is the largest index + 1)"))
     return batch.to_coo()

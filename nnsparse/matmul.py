@@ -183,6 +183,9 @@ class _Flat:
     order: Optional[Tensor] = None
     recoalesce: bool = False
     _transposed: Optional[Transposed] = None
+    # used under torch.inference_mode(): what was built there may be inference tensors
+    # (the rule of a batch's cache, nnsparse._forms._Cache.inference)
+    inference: bool = False
 
     def holds_inference(self) -> bool:
         """Whether an index tensor was made under ``torch.inference_mode()`` (built there,
@@ -277,11 +280,19 @@ def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
                                   ".to_sparse_coo() or .to_sparse_csr()")
     _check_hybrid(a, name)
     flat = _cached(a, _ATTR, _Flat)
-    if flat is not None and not torch.is_inference_mode_enabled() and flat.holds_inference():
-        flat = None  # cached under torch.inference_mode(), now used outside it: built again
+    if flat is not None and flat.inference and not torch.is_inference_mode_enabled():
+        # used under torch.inference_mode() before, now outside it, where a backward saves
+        # the structure: built again if it holds an inference tensor (walked only then,
+        # as nnsparse._forms walks a batch's cache)
+        if flat.holds_inference():
+            flat = None
+        else:
+            flat.inference = False
     if flat is None:  # (not cached where its key is None: inside a transform)
         build = _flat_coo if a.layout == torch.sparse_coo else _flat_csr
         flat = _attach_built(a, lambda source: build(source, name), _ATTR)
+    if torch.is_inference_mode_enabled():
+        flat.inference = True  # what is built from here on (the transposed pattern) may be
     # (an inference tensor's values are copied for autograd, as its structure is)
     return _Pattern(_index.outside_inference(flat.values_of(a)), flat.row, flat.col, flat.crow,
                     flat.rows, flat.cols, flat.transposed)

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 
-from . import _rowopt
+from . import _grad_origin, _rowopt
 from ._clip import clip_grad_norm_
 from ._forms import _a, as_flag
 
@@ -185,10 +185,13 @@ class LazyAdam(Optimizer):
         for p, grad, _ in work:
             _check_grad(p, grad)
             _check_moments_fit(p, self.state.get(p))
+        # the gradients nnsparse's layers made are in range by construction: checking
+        # them would read back to the host (a GPU synchronisation) at every step
         _check_grad_indices([(f"param_groups[{i}]['params'][{j}]", p.grad)
                              for i, group in enumerate(self.param_groups)
                              for j, p in enumerate(group["params"])
-                             if p.grad is not None and p.grad.layout == torch.sparse_coo])
+                             if p.grad is not None and p.grad.layout == torch.sparse_coo
+                             and not _grad_origin.known_in_range(p.grad)])
         return work
 
     @overload
@@ -208,7 +211,10 @@ class LazyAdam(Optimizer):
             ValueError: a gradient of another shape, dtype or device than its
                 parameter (the parameter changed since), or a sparse gradient
                 with an index outside the parameter's shape (a hand-set one:
-                ``torch.sparse_coo_tensor`` checks none by default).
+                ``torch.sparse_coo_tensor`` checks none by default; the gradients
+                nnsparse's sparse-gradient layers make are in range by
+                construction and not read: their step reads nothing back to the
+                host, on a GPU no synchronisation).
             NotImplementedError: a gradient of another layout than strided or
                 sparse COO, or a sparse one with a ``sparse_dim`` other than 1
                 (or 2 for a 2-D parameter).
@@ -514,9 +520,10 @@ def _check_grad_indices(grads: List[Tuple[str, Tensor]]) -> None:
     shape: a hand-set ``p.grad`` (``torch.sparse_coo_tensor`` checks no index by
     default) would otherwise update other entries, or write out of bounds.
 
-    One ``aminmax`` per gradient and one read back per device and step for them all
-    (the step reads back its coalescing checks anyway); measured at under 2% of a
-    ``LazyAdam`` step of the MovieLens-1M autoencoder (docs/optim_checks.md).
+    One ``aminmax`` per gradient and one read back per device and step for them all;
+    measured at under 2% of a ``LazyAdam`` step of the MovieLens-1M autoencoder
+    (docs/optim_checks.md).  The caller leaves out the gradients nnsparse's layers
+    made (:mod:`nnsparse._grad_origin`), so a step of theirs reads nothing back.
     """
     found = [(where, g._indices(), tuple(g.shape)) for where, g in grads if g._nnz() > 0]
     by_device: Dict[torch.device, List[int]] = {}
@@ -571,9 +578,11 @@ def _coalesced(grad: Tensor) -> Tuple[Tensor, Tensor]:
     """Indices and values with distinct positions in row-major order.
 
     Autograd hands over a sparse gradient without its "coalesced" flag even
-    when a layer built it coalesced; an O(nnz) check spares the sort then.
+    when a layer built it coalesced; an O(nnz) check spares the sort then, and
+    a gradient marked as one of nnsparse's layers made it (coalesced) needs
+    neither (:mod:`nnsparse._grad_origin`: the check reads back to the host).
     """
-    if not grad.is_coalesced():
+    if not (grad.is_coalesced() or _grad_origin.known_coalesced(grad)):
         index = grad._indices()
         key = index[0]
         for d in range(1, index.shape[0]):
@@ -638,7 +647,10 @@ def _rows(p: Tensor, rows: Tensor, values: Tensor, m: Tensor, v: Tensor, step: i
     state = {"step": _step_before(step, p.device), "exp_avg": m, "exp_avg_sq": v}
 
     def dense_grad(lo: int, hi: int) -> Tensor:  # the gradient of rows lo:hi, zero-filled
-        a, b = torch.searchsorted(rows, torch.tensor([lo, hi], device=rows.device)).tolist()
+        if lo == 0 and hi == p.shape[0]:  # every row (a GPU's one block): nothing to read
+            a, b = 0, rows.shape[0]
+        else:
+            a, b = torch.searchsorted(rows, torch.tensor([lo, hi], device=rows.device)).tolist()
         return values.new_zeros((hi - lo,) + values.shape[1:]).index_copy_(
             0, rows[a:b] - lo, values[a:b])
     _rowopt.update_rows(kind, hp, p, rows, values, state, dense_grad)

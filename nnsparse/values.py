@@ -18,13 +18,14 @@ tensors, so a criterion sees that an estimate shares its target's pattern
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple, Union, overload
 
 import torch
 from torch import Tensor, nn
 
 from . import _index
 from ._forms import SparseBatch, SparseLike, _sparse_coo, _sparse_csr, as_sparse_batch, attach
+from ._ops import SparseParts
 
 __all__ = ["values_map", "ValuesMap"]
 
@@ -185,15 +186,30 @@ def _csr_with_values(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[i
     return out if pattern is None else attach(out, pattern)
 
 
-def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike:
+# a SparseParts is no Sequence[Tensor] (its size is a pair of ints), but mypy deems
+# the two input types overlapping (as for SparseOutputLinear.forward's pattern)
+@overload
+def values_map(  # type: ignore[overload-overlap]
+        fn: Callable[[Tensor], Tensor], input: SparseParts) -> SparseParts: ...
+
+
+@overload
+def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike: ...
+
+
+def values_map(fn: Callable[[Tensor], Tensor], input: Union[SparseLike, SparseParts]
+               ) -> Union[SparseLike, SparseParts]:
     r"""Apply an element-wise function to the specified values of a sparse batch.
 
     Args:
         fn: a function mapping a 1-D tensor of values to one of the same shape
             (``torch.tanh``, ``torch.sigmoid``, ``nn.ReLU()``, a lambda...).
         input: a sparse batch or vector (torch COO or CSR, a list of sparse
-            vectors or of pair tensors), or a dense tensor (then ``fn(input)``
-            is returned; a lone pair tensor counts as dense: wrap it in a list).
+            vectors or of pair tensors), a :class:`~nnsparse.SparseParts`
+            (the ``torch.compile`` input form, e.g. a compiled
+            :class:`~nnsparse.SparseOutputLinear`'s output), or a dense tensor
+            (then ``fn(input)`` is returned; a lone pair tensor counts as
+            dense: wrap it in a list).
 
     Returns:
         ``input`` with ``fn`` applied to its values, with the same positions:
@@ -201,7 +217,9 @@ def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike:
         ``fn`` of a sum of duplicates is not the sum of ``fn``), a CSR tensor
         stays CSR with the same indices, a list or pair form keeps its form
         (its repeated positions summed first, row by row in column order, as
-        for COO; entries in their order when none repeats).
+        for COO; entries in their order when none repeats), a
+        :class:`~nnsparse.SparseParts` stays one on the same ``crow``/``col``
+        (its positions are distinct), which a compiled graph traces.
         Gradients flow to ``input``'s values only.
 
     Raises:
@@ -223,6 +241,8 @@ def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike:
         # dense data (a dense decoder's output at inference); a lone (k, 2)
         # pair tensor cannot be told from a dense (rows, 2) batch: wrap it in a list
         return fn(input)
+    if isinstance(input, SparseParts):  # the compile path: plain tensors, distinct positions
+        return input.with_values(_mapped(fn, input.values))
     batch = as_sparse_batch(input, name="input")
     if isinstance(input, Tensor) and input.layout == torch.sparse_csr:
         crow, col = _index.csr_indices(input)
@@ -270,7 +290,9 @@ class ValuesMap(nn.Module):
     Lets element-wise modules (``nn.Tanh``, ``nn.Sigmoid``, ``nn.Dropout``...)
     sit after a layer whose output is sparse, e.g. inside ``nn.Sequential``;
     a dense input is passed to ``fn`` unchanged, so the same network serves
-    sparse (training) and dense (inference) outputs.  See :func:`values_map`.
+    sparse (training) and dense (inference) outputs, and a
+    :class:`~nnsparse.SparseParts` (a compiled decoder's output) gives a
+    :class:`~nnsparse.SparseParts`.  See :func:`values_map`.
 
     Args:
         fn: an element-wise ``nn.Module`` (registered as a submodule) or callable.
@@ -294,5 +316,5 @@ class ValuesMap(nn.Module):
             raise TypeError(f"fn must be callable (a module or function), got {type(fn).__name__}")
         self.fn = fn
 
-    def forward(self, input: SparseLike) -> SparseLike:
+    def forward(self, input: Union[SparseLike, SparseParts]) -> Union[SparseLike, SparseParts]:
         return values_map(self.fn, input)

@@ -1302,8 +1302,8 @@ PROBE4 = [
         _R, shape=(_NP.int64(9), _NP.int64(11))).shape, None, check=lambda s: s == (9, 11)),
     Case("rating_matrix-shape-beyond-int64", lambda: rating_matrix(
         _R, shape=(10 ** 12, 10 ** 12), layout=torch.sparse_coo), ValueError,
-         r"shape must keep rows \* width within int64 elements, got \(1000000000000, "
-         r"1000000000000\)"),
+         r"shape must have at most 2\*\*63 - 1 elements \(torch counts them in int64\), got "
+         r"\(1000000000000, 1000000000000\)$"),
     # Ratings.titles and .source: checked where they enter, not where a recommendation reads them
     Case("Ratings-titles-str", lambda: Ratings(_R.user, _R.item, _R.rating, _R.user_map,
                                                _R.item_map, titles="abc"), TypeError,

@@ -323,11 +323,12 @@ BUILDER_CASES = [
         layout=torch.sparse_csr), ValueError, r"size must have at most 2\*\*63 - 1 elements"),
     Case("from-pairs-batch-beyond-int64-elements", lambda: from_pairs(
         [torch.tensor([[1., 2.]], dtype=torch.float64)] * 4, size=2 ** 62), ValueError,
-         r"pairs make a batch of size \(4, 4611686018427387904\), beyond int64 elements "
-         r"\(rows x width must stay below 2\*\*63\)$"),
+         r"pairs must have at most 2\*\*63 - 1 elements \(torch counts them in int64\), got a "
+         r"batch of size \(4, 4611686018427387904\)$"),
     Case("from-pairs-batch-beyond-int64-elements-by-index", lambda: from_pairs(
         [torch.tensor([[2 ** 62, 1]])] * 4), ValueError,
-         r"beyond int64 elements .*; its width is the largest index \+ 1"),
+         r"pairs must have at most 2\*\*63 - 1 elements .*got a batch of size "
+         r"\(4, 4611686018427387905\) \(its width is the largest index \+ 1\)$"),
     Case("from-pairs-large-batch-within-int64", lambda: from_pairs(
         [torch.tensor([[1., 2.]], dtype=torch.float64)] * 4, size=2 ** 60), None,
          check=lambda t: t.shape == (4, 2 ** 60) and t._nnz() == 4),

@@ -130,6 +130,35 @@ def test_compiled_model_feeds_a_criterion(model):
         torch.testing.assert_close(b.grad, a.grad, msg=name)
 
 
+class _MappedAutoencoder(Autoencoder):
+    """The main example's model with its last activation a ValuesMap on either form."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = nnsparse.ValuesMap(nn.Tanh())
+
+    def forward(self, x, pattern):
+        return self.act(self.decoder(torch.tanh(self.encoder(x)), pattern))
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_values_map_compiles_without_a_break_and_equals_eager(layout):
+    torch.manual_seed(0)
+    model = _MappedAutoencoder()
+    twin = copy.deepcopy(model)
+    x = _batch(7, 0.3, 0, layout)
+    parts = nnsparse.sparse_parts(x)
+    report = torch._dynamo.explain(twin)(parts, parts)
+    assert report.graph_break_count == 0, report.break_reasons
+    torch._dynamo.reset()
+    compiled = torch.compile(twin, backend="aot_eager", fullgraph=True)
+    want, want_grads = _eager_step(model, x)
+    got, got_grads = _compiled_step(compiled, twin, x)
+    torch.testing.assert_close(got, want)
+    for name in want_grads:
+        torch.testing.assert_close(got_grads[name], want_grads[name], msg=name)
+
+
 @pytest.mark.skipif(os.environ.get("NNSPARSE_SLOW_TESTS") != "1",
                     reason="inductor's cold C++ build takes 30-45 s on a 2-core machine, over "
                            "the suite's budget; set NNSPARSE_SLOW_TESTS=1 to run it")

@@ -362,6 +362,24 @@ def test_int64_message(args, message):
     assert int64_message(*args) == message
 
 
+# check_numel: the one wording of an element count beyond int64 (the builder, from_pairs,
+# rating_matrix)
+@pytest.mark.parametrize("args, message", [
+    (((2 ** 62, 2), "size"), "size must have at most 2**63 - 1 elements (torch counts them in "
+                             "int64), got (4611686018427387904, 2)"),
+    (((3, 2 ** 62), "pairs", "a batch of size (3, 4611686018427387904)"),
+     "pairs must have at most 2**63 - 1 elements (torch counts them in int64), got a batch of "
+     "size (3, 4611686018427387904)"),
+])
+def test_check_numel(args, message):
+    from nnsparse._forms import check_numel
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        check_numel(*args)
+    assert check_numel([2 ** 62, 1], "size") == (2 ** 62, 1)  # a list: a tuple of ints
+    assert check_numel((2 ** 31, 2 ** 31, 2 ** 0), "size") == (2 ** 31, 2 ** 31, 1)  # 2**62
+    assert check_numel((), "size") == ()
+
+
 @pytest.mark.parametrize("value, expected, message", [
     (2 ** 63, (), "k must be an int within int64 (below 2**63), got 9223372036854775808"),
     (2 ** 70, ("a non-negative int",),

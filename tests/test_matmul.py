@@ -413,6 +413,30 @@ def test_a_non_contiguous_operand_changed_after_the_forward(make, shape):
 
 
 @pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_a_3d_structure_is_walked_for_inference_tensors_only_after_inference_mode(
+        layout, monkeypatch):
+    """A cached flat pattern is looked through for inference tensors only when it was
+    used under ``torch.inference_mode()`` since (the batch cache's rule, nnsparse._forms),
+    not at every call."""
+    from nnsparse import matmul
+    walks = []
+    original = matmul._Flat.holds_inference
+    monkeypatch.setattr(matmul._Flat, "holds_inference",
+                        lambda self: walks.append(1) or original(self))
+    dense, csr = _batched_csr(2, 3, 4, 2, torch.float32, "cpu")
+    a = csr if layout == "csr" else dense.to_sparse()
+    b = torch.randn(2, 4, 5, requires_grad=True)
+    for _ in range(3):
+        sparse_mm(a, b).sum().backward()
+    assert walks == []
+    with torch.inference_mode():
+        sparse_mm(a, b.detach())
+    sparse_mm(a, b).sum().backward()  # after the evaluation pass: one walk, then none
+    sparse_mm(a, b).sum().backward()
+    assert walks == [1]
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
 @pytest.mark.parametrize("how", ["made-in-inference-mode", "read-in-inference-mode"])
 def test_a_3d_tensor_of_inference_mode_then_trains(layout, how):
     """A batched (3-D) sparse operand made under ``torch.inference_mode()``, or an ordinary

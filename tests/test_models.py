@@ -958,6 +958,50 @@ def test_save_writes_through_a_link_and_keeps_the_mode(tmp_path):
     assert torch.equal(AutoRec.load(target).predict(_TINY_R), model.predict(_TINY_R))
 
 
+@pytest.mark.skipif(not hasattr(os, "link"), reason="no hard links on this system")
+def test_save_over_a_hard_linked_file_updates_every_link(tmp_path):
+    """Renamed over, the saved name got a new file and the other link kept the old model;
+    now the file is written in place (once the temporary file is whole): one inode, its
+    mode kept, no temporary file left."""
+    old, new = _fitted_copy(AutoRec), _tiny(AutoRec, hidden=8, lr=0.5)  # a larger file
+    target, other = tmp_path / "m.pt", tmp_path / "also.pt"
+    old.save(target)
+    target.chmod(0o640)
+    os.link(target, other)
+    inode = target.stat().st_ino
+    new.save(target)
+    assert target.stat().st_ino == other.stat().st_ino == inode
+    assert target.stat().st_nlink == 2 and (target.stat().st_mode & 0o777) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["also.pt", "m.pt"]
+    for path in (target, other):
+        assert AutoRec.load(path).hparams["lr"] == 0.5
+        assert torch.equal(AutoRec.load(path).predict(_TINY_R), new.predict(_TINY_R))
+    old.save(other)  # a shorter file: the rest of the longer one does not remain
+    assert target.read_bytes() == other.read_bytes()
+    assert torch.equal(AutoRec.load(target).predict(_TINY_R), old.predict(_TINY_R))
+
+
+@pytest.mark.skipif(not hasattr(os, "link"), reason="no hard links on this system")
+def test_a_failed_save_over_a_hard_linked_file_leaves_it(tmp_path, monkeypatch):
+    model = _fitted_copy(AutoRec)
+    target, other = tmp_path / "m.pt", tmp_path / "also.pt"
+    model.save(target)
+    os.link(target, other)
+    good = target.read_bytes()
+    real_save = torch.save
+
+    def half_then_fail(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", half_then_fail)
+    with pytest.raises(OSError, match="No space left on device"):
+        _tiny(AutoRec, lr=0.5).save(target)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert target.read_bytes() == other.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["also.pt", "m.pt"]
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this system")
 def test_save_writes_into_a_named_pipe_not_over_it(tmp_path):
     """A path that is not a regular file (a named pipe, a device such as /dev/null) is

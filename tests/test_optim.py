@@ -489,6 +489,122 @@ def test_gradients_of_nnsparse_layers_pass_the_index_check():
     assert changed == [1, 3, 6]
 
 
+# -- the step of nnsparse's own sparse gradients reads nothing back (no GPU sync) ----------
+# The CPU proxy of torch.cuda.set_sync_debug_mode("error"): every Python-level read of a
+# tensor to the host (item, tolist, bool, int, float, index), with the nnsparse function
+# that made it.  (tests/test_optim_backward.py counts aten::item in the profiler; tolist
+# makes none, hence the spy here.)
+_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+
+def _nnsparse_reads(run, monkeypatch):
+    """``(file, function)`` of the nnsparse frame nearest each host read ``run()`` makes,
+    but for ``_rowopt._block``'s, which reads a block's bounds on CPU only (cheap there)."""
+    import sys
+    reads = []
+    with monkeypatch.context() as m:
+        for name in _READS:
+            def spy(t, *args, __orig=getattr(torch.Tensor, name), **kwargs):
+                f = sys._getframe(1)
+                while f is not None and "/nnsparse/" not in f.f_code.co_filename.replace("\\", "/"):
+                    f = f.f_back
+                if f is not None:
+                    reads.append((f.f_code.co_filename.rsplit("/", 1)[-1], f.f_code.co_name))
+                return __orig(t, *args, **kwargs)
+            m.setattr(torch.Tensor, name, spy)
+        run()
+    return [r for r in reads if r != ("_rowopt.py", "_block")]
+
+
+def _sparse_grad_model():
+    torch.manual_seed(0)
+    return torch.nn.ModuleDict(dict(enc=nnsparse.SparseLinearBatch(9, 4, sparse_grad=True),
+                                    dec=nnsparse.SparseOutputLinear(4, 8, sparse_grad=True)))
+
+
+def _backward(model, x, y):
+    out = model["dec"](torch.sigmoid(model["enc"](x)), y)
+    (out.values() - y.values()).square().sum().backward()
+
+
+def _sparse_batches():
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.rand(3, 9, generator=gen) < 0.3) * torch.rand(3, 9, generator=gen)
+    y = (torch.rand(3, 8, generator=gen) < 0.5) * torch.rand(3, 8, generator=gen)
+    return nnsparse.trust(x.to_sparse().coalesce()), nnsparse.trust(y.to_sparse().coalesce())
+
+
+@pytest.mark.parametrize("dense_above", [None, 0.0])  # 0.0: the dense step of every row
+def test_lazy_adam_step_of_nnsparse_gradients_reads_nothing_back(dense_above, monkeypatch):
+    """The layers' sparse gradients on a trusted batch are in range and coalesced by
+    construction: LazyAdam's step neither checks their indices nor their order (each a
+    read back, a host synchronisation on a GPU), and steps as with the checks."""
+    x, y = _sparse_batches()
+    ours, ref = _sparse_grad_model(), _sparse_grad_model()
+    opt = noptim.LazyAdam(ours.parameters(), lr=0.1, dense_above=dense_above)
+    ref_opt = noptim.LazyAdam(ref.parameters(), lr=0.1, dense_above=dense_above)
+    for step in range(2):
+        for model in (ours, ref):
+            model.zero_grad()
+            _backward(model, x, y)
+        assert all(p.grad.layout == torch.sparse_coo for p in ours.parameters())
+        for p in ref.parameters():  # the same gradients, not made by a layer: checked
+            p.grad = torch.sparse_coo_tensor(p.grad._indices(), p.grad._values(), p.shape)
+        assert _nnsparse_reads(opt.step, monkeypatch) == [], step
+        assert _nnsparse_reads(ref_opt.step, monkeypatch) != [], step  # the spy sees reads
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_clipping_keeps_the_layers_gradients_known(monkeypatch):
+    """nnsparse's clip_grad_norm_ scales the values in place, the indices stay: no check."""
+    x, y = _sparse_batches()
+    model = _sparse_grad_model()
+    opt = noptim.LazyAdam(model.parameters(), lr=0.1)
+    _backward(model, x, y)
+    noptim.clip_grad_norm_(model.parameters(), 1e-3)
+    assert _nnsparse_reads(opt.step, monkeypatch) == []
+
+
+def _bad_row(p):
+    return torch.sparse_coo_tensor(torch.tensor([[p.shape[0]]]),
+                                   torch.ones((1,) + p.shape[1:]), p.shape)
+
+
+def _set_by_hand(p):
+    p.grad = _bad_row(p)
+
+
+def _added_in_place(p):
+    p.grad.add_(_bad_row(p))
+
+
+def _indices_changed(p):
+    p.grad._indices()[0, 0] = p.shape[0]
+
+
+@pytest.mark.parametrize("change, backward_after", [
+    (_set_by_hand, False),  # a layer's gradient replaced by a hand-made one
+    (_set_by_hand, True),  # a hand-made gradient, then a layer's accumulated into it
+    (_added_in_place, False),  # a layer's gradient changed in place
+    (_indices_changed, False),
+], ids=["replaced", "accumulated-into", "added-in-place", "indices-written"])
+def test_a_layers_gradient_changed_by_hand_is_checked_again(change, backward_after):
+    x, y = _sparse_batches()
+    model = _sparse_grad_model()
+    opt = noptim.LazyAdam(model.parameters(), lr=0.1)
+    table = model["enc"].weight_t
+    _backward(model, x, y)
+    change(table)
+    if backward_after:
+        _backward(model, x, y)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"must have indices in \[0, 9\) in dimension 0 "
+                                         r"\(its shape \(9, 4\)\), got max 9$"):
+        opt.step()
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
 # -- clip_grad_norm_: torch's, with sparse COO gradients (torch 2.13 raises on them) -------
 def test_torch_clip_grad_norm_raises_on_sparse_gradients():
     """Why nnsparse.optim.clip_grad_norm_ exists: if torch takes them one day, this fails."""

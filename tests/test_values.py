@@ -82,6 +82,42 @@ def test_after_sparse_output_linear():
     torch.testing.assert_close(values, torch.tanh(decoder(h))[row, col])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_sparse_parts_give_sparse_parts_as_the_tensor_forms(layout, device):
+    """The compile input form: the same pattern tensors, the values (and their gradients)
+    of the COO/CSR result."""
+    dense = random_sparse_dense(5, 7, 0.4, empty_rows=1, dtype=torch.float64, device=device)
+    x = dense.to_sparse_csr() if layout == "csr" else dense.to_sparse()
+    parts = nnsparse.sparse_parts(x)
+    leaf = parts.values.clone().requires_grad_()
+    act = nnsparse.ValuesMap(nn.Tanh())
+    y = act(parts.with_values(leaf))
+    assert isinstance(y, nnsparse.SparseParts) and y.size == parts.size
+    assert y.crow is parts.crow and y.col is parts.col
+    want = nnsparse.values_map(torch.tanh, x)
+    row, col, values = _entries(want)
+    torch.testing.assert_close(y.values, values)  # both in row-major order
+    torch.testing.assert_close(y.to_sparse_csr().to_dense(), want.to_dense())
+    y.values.sum().backward()
+    torch.testing.assert_close(leaf.grad, 1 - torch.tanh(leaf.detach()) ** 2)
+    with pytest.raises(ValueError, match=r"fn must keep the values' shape \(\d+,\), got \(1,\)"):
+        nnsparse.values_map(lambda v: v.sum().reshape(1), parts)
+
+
+def test_sparse_parts_through_a_pattern_sequential():
+    """PatternSequential(..., SparseOutputLinear, ValuesMap) runs on the compile input path."""
+    torch.manual_seed(0)
+    model = nnsparse.PatternSequential(nnsparse.SparseLinearBatch(6, 3), nn.Tanh(),
+                                       nnsparse.SparseOutputLinear(3, 6),
+                                       nnsparse.ValuesMap(torch.sigmoid))
+    x = random_sparse_dense(4, 6, 0.5, empty_rows=1, dtype=torch.float32).to_sparse_csr()
+    parts = nnsparse.sparse_parts(x)
+    got = model(parts, parts)
+    assert isinstance(got, nnsparse.SparseParts)
+    torch.testing.assert_close(got.values, model(x, x).values())
+
+
 def test_bad_arguments():
     x = torch.zeros(2, 3).to_sparse()
     with pytest.raises(ValueError, match=r"fn must keep the values' shape \(0,\), got \(1,\)"):

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .._forms import (SparseBatch, as_device, as_flag, as_sparse_batch, check_index_range,
-                      refuse_meta, refuse_meta_device)
+                      check_numel, refuse_meta, refuse_meta_device)
 from .readers import (Ratings, check_ratings, check_unique_pairs, refuse_repeated_keys,
                       refuse_uint8_index)
 
@@ -103,9 +103,7 @@ def _matrix_shape(shape: Any) -> Tuple[int, int]:
         raise TypeError(f"shape must be two non-negative ints (rows, width), got {shape!r}")
     if len(shape) != 2 or any(s < 0 for s in shape):
         raise ValueError(f"shape must be two non-negative ints (rows, width), got {shape!r}")
-    rows, width = int(shape[0]), int(shape[1])
-    if rows * width > torch.iinfo(torch.int64).max:
-        raise ValueError(f"shape must keep rows * width within int64 elements, got {shape!r}")
+    rows, width = check_numel(shape, "shape")
     return rows, width
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _double, _index
+from .. import _double, _grad_origin, _index
 from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_device, as_flag,
                       as_int, as_sparse_batch, check_int64, move_structure)
 from .._load import check_state_dict
@@ -39,7 +39,9 @@ def _table_grad(row: Tensor, col: Tensor, values: Tensor, grad: Tensor, in_featu
         return _t_mm(row, col, values, grad, in_features, pattern)
     perm, cols, crow_t, row_t = pattern.column_major()
     touched = _csr_rows_mm(row_t, grad, crow_t, values.index_select(0, perm))
-    return _sparse_coo(cols.unsqueeze(0), touched, (in_features, grad.shape[1]), True)
+    # in range by construction: LazyAdam need not check it (nnsparse/_grad_origin.py)
+    return _grad_origin.mark_made(
+        _sparse_coo(cols.unsqueeze(0), touched, (in_features, grad.shape[1]), True))
 
 
 class _SparseLinear(torch.autograd.Function):
@@ -88,7 +90,7 @@ class _SparseLinear(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
             if ctx.sparse_grad and update is None:  # SparseAdam wants sparse
-                grad_bias = grad_bias.to_sparse()
+                grad_bias = _grad_origin.mark_made(grad_bias.to_sparse())
         if ctx.needs_input_grad[1] and update is not None:
             _update_rows_of(update, table.detach(), ctx.pattern, grad, values)
         elif ctx.needs_input_grad[1]:
@@ -592,6 +594,9 @@ class SparseLinearBatch(nn.Module):
             # check the user's tensor once, then the cast keeps its checked structure
             as_sparse_batch(input, name="input", width=self.in_features)
             input = move_structure(input, input.to(self._table().dtype))
+        if self.sparse_grad:  # LazyAdam then trusts the sparse gradients these layers make
+            _grad_origin.watch(self.weight_t)
+            _grad_origin.watch(self.bias)
         return _linear_table(input, self._table(), self.bias, self.mode, self.sparse_grad,
                              self._row_update)
 

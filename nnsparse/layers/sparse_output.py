@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import _double, _index
+from .. import _double, _grad_origin, _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_flag, as_sparse_batch
 from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_rows_of
@@ -97,7 +97,8 @@ class _SampledLinear(torch.autograd.Function):
             # grad_W = S^T @ h, computed only for the columns the pattern touches.
             perm, cols, crow_t, row_t = ctx.pattern.column_major()
             touched = _csr_rows_mm(row_t, h, crow_t, grad.index_select(0, perm))
-            grad_w = _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True)
+            grad_w = _grad_origin.mark_made(  # in range by construction
+                _sparse_coo(cols.unsqueeze(0), touched, weight.shape, True))
         return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
@@ -132,7 +133,8 @@ def _bias_grad(grad: Tensor, col: Tensor, pattern: SparseBatch, out_features: in
     if not sparse_grad:
         return summed
     cols = pattern.column_major()[1]
-    return _sparse_coo(cols.unsqueeze(0), summed.index_select(0, cols), (out_features,), True)
+    return _grad_origin.mark_made(
+        _sparse_coo(cols.unsqueeze(0), summed.index_select(0, cols), (out_features,), True))
 
 
 def _pattern_structure(pattern: SparseLike, input: Tensor, out_features: int):
@@ -382,6 +384,9 @@ class SparseOutputLinear(nn.Linear):
             # AMP: a lower-precision input (an autocast GEMM's output) meets the
             # sampled product in the weight's dtype, as the custom operator does.
             input = input.to(self.weight.dtype)
+        if self.sparse_grad and pattern is not None:  # LazyAdam then trusts their gradients
+            _grad_origin.watch(self.weight)
+            _grad_origin.watch(self.bias)
         return _sampled_linear(input, self.weight, self.bias, pattern, self.sparse_grad,
                                self._row_update)
 

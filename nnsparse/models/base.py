@@ -15,6 +15,7 @@ import numbers
 import operator
 import os
 import pickle
+import shutil
 import stat
 import struct
 import time
@@ -921,7 +922,9 @@ class RatingModel(nn.Module):
         (``orientation``, or a size such as ``hidden``) is refused: the file
         would not load.  A path is written whole or not at all (through a
         temporary file in its directory; a named pipe or a device, which is
-        no regular file, is written directly).
+        no regular file, is written directly; an existing file with other hard
+        links is overwritten in place from the whole temporary file, so that
+        every link holds the new model).
 
         Raises:
             RuntimeError: the model is not fitted (or its last fit failed).
@@ -1270,7 +1273,12 @@ def _save_whole(blob: Dict[str, Any], path: Any) -> None:
     directory, renamed over it once whole: a failed save leaves no partial file, and
     an existing file as it was.  (A file object, and a path that is not a regular file, a
     named pipe or a device such as /dev/null, are written as given: renamed over, the
-    pipe's reader would get nothing, and the device node would become a file.)"""
+    pipe's reader would get nothing, and the device node would become a file.)
+
+    An existing file with other hard links is written in place, from the whole
+    temporary file: renamed over, this name would get a new file and the other
+    names keep the old model.  A failed save still leaves it as it was; only an
+    I/O error during the copy (a full disk) could leave it partly written."""
     if not isinstance(path, (str, os.PathLike)) or (os.path.exists(path)
                                                      and not os.path.isfile(path)):
         torch.save(blob, path)
@@ -1281,12 +1289,23 @@ def _save_whole(blob: Dict[str, Any], path: Any) -> None:
     try:
         with f:
             torch.save(blob, f)
+        if target.exists() and target.stat().st_nlink > 1:
+            _copy_into(tmp, target)  # the same file for every link, its mode and owner kept
+            tmp.unlink()
+            return
         if target.exists():
             os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _copy_into(source: Path, target: Path) -> None:
+    """Overwrite ``target``'s contents in place with ``source``'s (same inode)."""
+    with open(source, "rb") as src, open(target, "r+b") as dst:
+        shutil.copyfileobj(src, dst)
+        dst.truncate()
 
 
 def _as_int(text: Any) -> Any:
