@@ -22,15 +22,12 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from ._forms import as_flag
-from .optim import _check_state_entries, _closure_loss, _state_keys
+from .optim import _HOOK_TABLES, _check_state_entries, _closure_loss, _state_keys
 
 __all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
 
 _SPARSE = ("lazy_adam", "sparse_adam")
 # the hook tables of torch.optim.Optimizer (its register_*_hook methods write them)
-_HOOK_TABLES = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
-                "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
-                "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
 _DENSE = ("adam", "adamw")
 # Adam switches that change what the step computes and that the sparse part lacks
 _SPARSE_LACKS = ("maximize", "amsgrad", "differentiable")
