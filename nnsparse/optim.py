@@ -7,7 +7,8 @@ decoder's; :class:`LazyAdam` updates those entries and their moment estimates
 only, so the step costs in proportion to the touched entries, not to the
 catalogue.  Dense gradients (a bias, or a layer in dense mode) get the plain
 Adam update, so one optimiser serves the whole model.  :func:`clip_grad_norm_`
-is torch's gradient clipping, taking sparse gradients too.
+and :func:`clip_grad_value_` are torch's gradient clipping, taking sparse
+gradients too.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from torch.optim import Optimizer
 
 
 from . import _rowopt
-from ._clip import clip_grad_norm_
+from ._clip import clip_grad_norm_, clip_grad_value_
 from ._forms import _a, as_flag
 
 if TYPE_CHECKING:  # at run time _sparse_layers imports them itself
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # at run time _sparse_layers imports them itself
     from .layers.sparse_output import SparseOutputLinear
 
 __all__ = ["LazyAdam", "InBackwardOptimizer", "apply_optimizer_in_backward",
-           "fused_step_optimizer", "clip_grad_norm_", "DENSE_ABOVE"]
+           "fused_step_optimizer", "clip_grad_norm_", "clip_grad_value_", "DENSE_ABOVE"]
 
 # The touched share of a table's rows above which fused_step_optimizer takes
 # the dense step: measured on CPU (1 thread, a 20,000 x 500 float32 Adam table,
