@@ -11,7 +11,9 @@ and criteria pickle, and nothing else:
   ... the list nnsparse's criteria compute entry by entry) and
   ``torch.Generator`` (a criterion's noise stream);
 - ``SparseLinearBatch(sparse_grad=True)``'s ``state_dict`` hooks, with
-  torch's ``_WrappedHook`` that holds them.
+  torch's ``_WrappedHook`` that holds them;
+- ``DynamicSparseTensor``, whose pickled state is its storage tensors and
+  plain settings (a builder saved half-way is read back and extended).
 
 What a user's model adds (its own class, ``nn.Sequential``, activations, the
 function of a ``ValuesMap``) the user allows, as for any torch model:
@@ -48,6 +50,8 @@ def _safe_globals() -> List[Any]:
     out += list(_elementwise._KNOWN) + list(_elementwise._KNOWN.values())
     out += [linear._weight_to_state_dict, linear._weight_from_state_dict]
     out.append(sparse_weight._after_load)  # SparseWeightLinear's load_state_dict post-hook
+    from .builder import DynamicSparseTensor  # pickles tensors and plain values only
+    out.append(DynamicSparseTensor)
     wrapped = getattr(nn.modules.module, "_WrappedHook", None)  # holds a module's hooks
     if wrapped is not None:
         out.append(wrapped)
