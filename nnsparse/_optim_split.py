@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from ._forms import as_flag
-from .optim import _HOOK_TABLES, _check_state_entries, _closure_loss, _state_keys
+from .optim import _HOOK_TABLES, _NOT_PICKLED, _check_state_entries, _closure_loss, _state_keys
 
 __all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
 
@@ -132,7 +132,7 @@ class SplitOptimizer(Optimizer):
 
     def __getstate__(self) -> Dict[str, Any]:  # type: ignore[override]
         # Optimizer's keeps defaults, state and param_groups: the parts are the state
-        return {k: v for k, v in self.__dict__.items() if k not in _HOOK_TABLES}
+        return {k: v for k, v in self.__dict__.items() if k not in _NOT_PICKLED}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)

@@ -706,6 +706,10 @@ _KIND_KEYS = {"sgd": ("lr", "momentum", "nesterov", "weight_decay", "dense_above
 _HOOK_TABLES = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
                 "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
                 "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
+# what __getstate__ leaves out: the hooks, and an LR scheduler's wrapper of ``step`` (an
+# instance attribute calling this object: a copy would step the original), as
+# torch.optim.Optimizer.__getstate__ leaves them out
+_NOT_PICKLED = _HOOK_TABLES + ("step",)
 
 
 # the layers an optimiser in the backward attaches to
@@ -1001,7 +1005,7 @@ class InBackwardOptimizer(Optimizer):
     def __getstate__(self) -> Dict[str, Any]:  # type: ignore[override]
         # the layers it is still attached to (not after remove(), nor where another
         # optimiser took its place), for __setstate__; not the hooks (callables)
-        state = {k: v for k, v in self.__dict__.items() if k not in _HOOK_TABLES}
+        state = {k: v for k, v in self.__dict__.items() if k not in _NOT_PICKLED}
         state["_attached"] = [name for name, layer in self._layers
                               if layer._row_update is self._updates[name]]
         return state

@@ -7,6 +7,7 @@ is a number to compare.  What was found and fixed: docs/ecosystem_probe.md.
 """
 import copy
 import io
+import pickle
 
 import pytest
 import torch
@@ -204,6 +205,39 @@ def test_in_backward_optimizer_is_a_torch_optimizer():
     _train_step(copied_model, copied)
     assert not torch.equal(copied_model[0].weight, before)
     assert copied.param_groups[0]["params"][0] is copied_model[0].weight
+
+
+def _mixed(sparse_grad):
+    """SparseLinearBatch with sparse gradients beside a dense nn.Linear: make_optimizer
+    then gives a SplitOptimizer."""
+    torch.manual_seed(0)
+    return nnsparse.PatternSequential(
+        nnsparse.SparseLinearBatch(6, 4, sparse_grad=sparse_grad), nn.Tanh(), nn.Linear(4, 4),
+        nn.Tanh(), nnsparse.SparseOutputLinear(4, 6))
+
+
+COPIED_WITH_A_SCHEDULER = {
+    "in-backward": lambda m: fused_step_optimizer(m, lr=0.01),
+    "split": lambda m: nnsparse.make_optimizer(m, lr=0.01),
+    "lazy-adam": lambda m: LazyAdam(m.parameters(), lr=0.01),
+}
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("name", list(COPIED_WITH_A_SCHEDULER))
+def test_optimiser_copied_after_a_scheduler_steps_the_copy(name, how):
+    model = _mixed(sparse_grad=name == "split")
+    opt = COPIED_WITH_A_SCHEDULER[name](model)
+    assert type(opt).__name__ == {"in-backward": "InBackwardOptimizer", "split": "SplitOptimizer",
+                                  "lazy-adam": "LazyAdam"}[name]
+    S.StepLR(opt, step_size=1)  # wraps opt.step, bound to opt
+    copied_model, copied = (copy.deepcopy((model, opt)) if how == "deepcopy" else
+                            pickle.loads(pickle.dumps((model, opt))))
+    before = [p.detach().clone() for p in model.parameters()]
+    copied_before = [p.detach().clone() for p in copied_model.parameters()]
+    _train_step(copied_model, copied)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(not torch.equal(a, b) for a, b in zip(copied_before, copied_model.parameters()))
 
 
 def test_swalr_and_averaged_model_with_the_in_backward_optimizer():
