@@ -22,7 +22,8 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from ._forms import as_flag
-from .optim import _HOOK_TABLES, _NOT_PICKLED, _check_state_entries, _closure_loss, _state_keys
+from .optim import (_HOOK_TABLES, _NOT_PICKLED, InBackwardOptimizer, _check_state_entries,
+                     _closure_loss, _state_keys)
 
 __all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
 
@@ -110,6 +111,12 @@ class SplitOptimizer(Optimizer):
             if not isinstance(opt, Optimizer):
                 raise TypeError(f"optimizers[{name!r}] must be a torch.optim.Optimizer, "
                                 f"got {type(opt).__name__}")
+            if isinstance(opt, InBackwardOptimizer):
+                # an Optimizer (so LR schedulers drive it), but one for a whole model
+                # already, its dense part included, with a state dict of its own form
+                raise TypeError(f"optimizers[{name!r}] is an InBackwardOptimizer, which "
+                                f"trains a whole model (its other parameters by its dense "
+                                f"part): use it alone, not as a part of a SplitOptimizer")
             ids = {id(p) for g in opt.param_groups for p in g["params"]}
             if ids & seen:
                 raise ValueError(f"optimizers[{name!r}] shares parameters with another part")

@@ -286,6 +286,10 @@ REFUSALS = [
          r"inside backward\(\) from the scaled gradient.*LazyAdam / torch.optim with the scaler"),
     Case("in-backward-add-param-group", _add_group, NotImplementedError,
          r"add the group to its dense part: optimizer\.dense\.add_param_group"),
+    Case("in-backward-as-a-split-part", lambda: nnsparse.SplitOptimizer(
+        {"model": fused_step_optimizer(_autoencoder(), lr=0.01)}), TypeError,
+         r"optimizers\['model'\] is an InBackwardOptimizer, which trains a whole model .*"
+         r"use it alone, not as a part of a SplitOptimizer"),
     Case("export-a-csr-batch", _export_csr, NotImplementedError,
          r"input: a torch sparse CSR tensor cannot enter a graph of torch.compile or "
          r"torch.export; give the compiled or exported model nnsparse.sparse_parts\(input\)"),
