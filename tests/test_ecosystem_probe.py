@@ -332,6 +332,18 @@ def test_parameters_to_vector_workaround_equals_nn_linear():
     assert torch.equal(layer.weight, 2 * linear.weight)
 
 
+@pytest.mark.parametrize("sparse_grad", [False, True])
+def test_custom_init_copied_in_gives_nn_linear_s_values(sparse_grad):
+    layer, linear = nnsparse.SparseLinearBatch(6, 4, sparse_grad=sparse_grad), nn.Linear(6, 4)
+    for module in (layer, linear):
+        torch.manual_seed(1)
+        w = torch.empty(4, 6)  # docs/ecosystem_probe.md: drawn row-major, then copied in
+        nn.init.xavier_uniform_(w)
+        module.weight.data.copy_(w)
+    assert torch.equal(layer.weight, linear.weight)
+    assert layer._table().is_contiguous()
+
+
 # -- clip_grad_value_ on sparse gradients --------------------------------------------------------
 
 @pytest.mark.parametrize("clip", [0.0, 0.05, 0.3, 10.0])
