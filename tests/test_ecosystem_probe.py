@@ -184,8 +184,8 @@ def test_in_backward_optimizer_is_a_torch_optimizer():
     opt = fused_step_optimizer(model, lr=0.01)
     assert isinstance(opt, torch.optim.Optimizer)
     # one group per in-backward layer (the dict its backward reads), then the dense part's
-    assert [g["params"][0] is p for g, p in zip(opt.param_groups, (model[0].weight,
-                                                                     model[4].weight))] == [True] * 2
+    assert opt.param_groups[0]["params"][0] is model[0].weight
+    assert opt.param_groups[1]["params"][0] is model[4].weight
     assert len(opt.param_groups) == 2 + len(opt.dense.param_groups)
     assert opt.defaults == dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                                 dense_above=nnsparse.optim.DENSE_ABOVE)
