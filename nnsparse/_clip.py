@@ -1,10 +1,11 @@
-"""Gradient clipping by the total norm for models whose gradients may be sparse.
+"""Gradient clipping for models whose gradients may be sparse.
 
 ``torch.nn.utils.clip_grad_norm_`` fails on a sparse COO gradient (torch
 2.13: ``aten::linalg_vector_norm`` has no SparseCPU/SparseCUDA kernel), which
-``sparse_grad=True`` layers and ``nn.Embedding(sparse=True)`` give.  This is
-its drop-in: dense gradients take torch's own functions, sparse ones the norm
-of their coalesced values, scaled in place without densifying.
+``sparse_grad=True`` layers and ``nn.Embedding(sparse=True)`` give, and so does
+``clip_grad_value_`` (``aten::clamp_min_``).  These are their drop-ins: dense
+gradients take torch's own functions, sparse ones work on their values,
+in place, without densifying.
 """
 from __future__ import annotations
 
@@ -177,3 +178,65 @@ def _sparse_norm(grad: Tensor, norm_type: float) -> Tensor:
         values = torch.cat([values, values.new_zeros(1)])
     return torch.linalg.vector_norm(values, norm_type)
 
+
+
+@torch.no_grad()
+def clip_grad_value_(parameters: Union[Tensor, Iterable[Tensor]], clip_value: float,
+                     foreach: Optional[bool] = None) -> None:
+    r"""``torch.nn.utils.clip_grad_value_`` that also takes sparse COO gradients.
+
+    Every gradient entry is clamped to ``[-clip_value, clip_value]`` in place.
+    Dense (strided) gradients go through torch's own function.  A sparse COO
+    gradient is clamped as its dense equivalent: its values, duplicate indices
+    summed first (an uncoalesced gradient is replaced by its coalesced copy in
+    ``p.grad``; a coalesced one, such as the layers' ``sparse_grad=True``
+    gradients, is clamped in place), never densified.
+
+    Args:
+        parameters (Tensor or iterable of Tensors): the parameters whose
+            ``.grad`` (strided, or sparse COO) are clipped; those without a
+            gradient are skipped.
+        clip_value (float): the largest absolute value allowed.
+        foreach (bool, optional): passed to torch's function for the dense
+            gradients.  Default: ``None``.
+
+    Raises:
+        TypeError: ``clip_value`` not a number, ``foreach`` neither a bool nor
+            ``None``, or a parameter that is not a tensor.
+        ValueError: ``clip_value`` negative or NaN (torch's would set every
+            entry to ``-clip_value``, or NaN).
+        NotImplementedError: a gradient of another layout than strided or
+            sparse COO (nothing is clipped).
+
+    Example::
+
+        >>> emb = torch.nn.Embedding(10, 2, sparse=True)
+        >>> emb(torch.tensor([1, 1, 4])).sum().backward()  # rows 1, 1 and 4: uncoalesced
+        >>> nnsparse.optim.clip_grad_value_(emb.parameters(), clip_value=1.5)
+        >>> emb.weight.grad.to_dense()[[1, 4]]  # row 1's 2 (two 1s summed) clamped to 1.5
+        tensor([[1.5000, 1.5000],
+                [1.0000, 1.0000]])
+    """
+    parameters = _parameter_list(parameters)
+    clip_value = _as_float("clip_value", clip_value)
+    if not clip_value >= 0.0:
+        raise ValueError(f"clip_value must be non-negative, got {clip_value}")
+    if foreach is not None and not isinstance(foreach, bool):
+        raise TypeError(f"foreach must be a bool or None, got {type(foreach).__name__}")
+    with_grad = [p for p in parameters if p.grad is not None]
+    for p in with_grad:
+        layout = cast(Tensor, p.grad).layout
+        if layout not in (torch.strided, torch.sparse_coo):
+            raise NotImplementedError(f"clip_grad_value_ takes strided and sparse COO "
+                                      f"gradients, got layout {layout}")
+    dense = [p for p in with_grad if cast(Tensor, p.grad).layout == torch.strided]
+    if dense:
+        torch.nn.utils.clip_grad_value_(dense, clip_value, foreach=foreach)
+    for p in with_grad:
+        g = cast(Tensor, p.grad)
+        if g.layout != torch.sparse_coo:
+            continue
+        if not g.is_coalesced():  # clamping each duplicate is not clamping their sum
+            g = g.coalesce()
+            p.grad = g
+        g._values().clamp_(-clip_value, clip_value)

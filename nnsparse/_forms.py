@@ -837,6 +837,12 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
     """
     if isinstance(x, Tensor):
         refuse_meta(x, name)
+        if x.layout == torch.sparse_csr and torch.compiler.is_compiling():
+            # dynamo and export fail on it deep in the check ("tuple index out of range")
+            raise NotImplementedError(
+                f"{name}: a torch sparse CSR tensor cannot enter a graph of torch.compile or "
+                f"torch.export; give the compiled or exported model nnsparse.sparse_parts("
+                f"{name}) instead (docs/compile_amp.md)")
         if x.layout == torch.sparse_coo or x.layout == torch.sparse_csr:
             batch = _from_tensor(x, name)
         elif x.layout == torch.strided:

@@ -22,15 +22,13 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from ._forms import as_flag
-from .optim import _check_state_entries, _closure_loss, _state_keys
+from .optim import (_HOOK_TABLES, _NOT_PICKLED, InBackwardOptimizer, _check_state_entries,
+                     _closure_loss, _state_keys)
 
 __all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
 
 _SPARSE = ("lazy_adam", "sparse_adam")
 # the hook tables of torch.optim.Optimizer (its register_*_hook methods write them)
-_HOOK_TABLES = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
-                "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
-                "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
 _DENSE = ("adam", "adamw")
 # Adam switches that change what the step computes and that the sparse part lacks
 _SPARSE_LACKS = ("maximize", "amsgrad", "differentiable")
@@ -113,6 +111,12 @@ class SplitOptimizer(Optimizer):
             if not isinstance(opt, Optimizer):
                 raise TypeError(f"optimizers[{name!r}] must be a torch.optim.Optimizer, "
                                 f"got {type(opt).__name__}")
+            if isinstance(opt, InBackwardOptimizer):
+                # an Optimizer (so LR schedulers drive it), but one for a whole model
+                # already, its dense part included, with a state dict of its own form
+                raise TypeError(f"optimizers[{name!r}] is an InBackwardOptimizer, which "
+                                f"trains a whole model (its other parameters by its dense "
+                                f"part): use it alone, not as a part of a SplitOptimizer")
             ids = {id(p) for g in opt.param_groups for p in g["params"]}
             if ids & seen:
                 raise ValueError(f"optimizers[{name!r}] shares parameters with another part")
@@ -135,7 +139,7 @@ class SplitOptimizer(Optimizer):
 
     def __getstate__(self) -> Dict[str, Any]:  # type: ignore[override]
         # Optimizer's keeps defaults, state and param_groups: the parts are the state
-        return {k: v for k, v in self.__dict__.items() if k not in _HOOK_TABLES}
+        return {k: v for k, v in self.__dict__.items() if k not in _NOT_PICKLED}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)

@@ -11,7 +11,16 @@ and criteria pickle, and nothing else:
   ... the list nnsparse's criteria compute entry by entry) and
   ``torch.Generator`` (a criterion's noise stream);
 - ``SparseLinearBatch(sparse_grad=True)``'s ``state_dict`` hooks, with
-  torch's ``_WrappedHook`` that holds them.
+  torch's ``_WrappedHook`` that holds them;
+- ``DynamicSparseTensor``, whose pickled state is its storage tensors and
+  plain settings (a builder saved half-way is read back and extended);
+- what a fitted model of ``nnsparse.models`` holds besides its layers: its
+  ``RatingNormalizer``, the training ``Ratings`` and the input matrix's parts,
+  so ``torch.save(model)`` loads whole too (``model.save(path)``, the zoo's
+  own format, needs none of this), with ``nn.ModuleList`` that holds
+  ``KernelNet``'s layers;
+- the corruption mask a denoising criterion keeps from its last
+  ``prepare_input``.
 
 What a user's model adds (its own class, ``nn.Sequential``, activations, the
 function of a ``ValuesMap``) the user allows, as for any torch model:
@@ -48,6 +57,15 @@ def _safe_globals() -> List[Any]:
     out += list(_elementwise._KNOWN) + list(_elementwise._KNOWN.values())
     out += [linear._weight_to_state_dict, linear._weight_from_state_dict]
     out.append(sparse_weight._after_load)  # SparseWeightLinear's load_state_dict post-hook
+    from .builder import DynamicSparseTensor  # pickles tensors and plain values only
+    out.append(DynamicSparseTensor)
+    # what a model of the zoo holds besides its layers (torch.save(model) of a fitted one)
+    from .data.matrix import RatingNormalizer
+    from .data.readers import Ratings
+    from .models.base import _CsrParts
+    out += [RatingNormalizer, Ratings, _CsrParts]
+    from .criteria.sdae import EntryMask  # a denoising criterion's last corruption
+    out += [EntryMask, nn.ModuleList]  # ModuleList: KernelNet's layers
     wrapped = getattr(nn.modules.module, "_WrappedHook", None)  # holds a module's hooks
     if wrapped is not None:
         out.append(wrapped)

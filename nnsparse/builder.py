@@ -5,7 +5,7 @@ import math
 import numbers
 import operator
 from array import array
-from typing import Any, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -183,6 +183,25 @@ class DynamicSparseTensor:
         new._vbuf = array(self._vbuf.typecode, bytes(8 * _FIRST_CHUNK))
         new._index, new._values = self._index.clone(), self._values.clone()
         return new
+
+    # Pickling (torch.save, DataLoader workers) keeps tensors and plain values only, so
+    # torch.load(weights_only=True) reads a saved builder (nnsparse allow-lists the class).
+    _BUFFERS = ("_ibuf", "_ibuf0", "_vbuf")
+
+    def __getstate__(self) -> Dict[str, Any]:
+        self._flush()  # the entries in the storage tensors; the host buffers start afresh
+        state = {name: getattr(self, name) for name in DynamicSparseTensor.__slots__
+                 if name not in self._BUFFERS}
+        state.update(getattr(self, "__dict__", {}))  # a subclass's own attributes
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._ibuf = [array("q", bytes(8 * _FIRST_CHUNK)) for _ in range(self._ndim)]
+        self._ibuf0 = self._ibuf[0]
+        self._vbuf = array("d" if self._float else "q", bytes(8 * _FIRST_CHUNK))
+        self._j = 0
 
     # -- adding entries -------------------------------------------------------------
     def append(self, index: Union[int, Sequence[int]], value: float = _NO_VALUE) -> None:

@@ -7,12 +7,14 @@ decoder's; :class:`LazyAdam` updates those entries and their moment estimates
 only, so the step costs in proportion to the touched entries, not to the
 catalogue.  Dense gradients (a bias, or a layer in dense mode) get the plain
 Adam update, so one optimiser serves the whole model.  :func:`clip_grad_norm_`
-is torch's gradient clipping, taking sparse gradients too.
+and :func:`clip_grad_value_` are torch's gradient clipping, taking sparse
+gradients too.
 """
 from __future__ import annotations
 
 import math
 import numbers
+from collections import OrderedDict
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple,
                     Union, overload)
 
@@ -22,7 +24,7 @@ from torch.optim import Optimizer
 
 
 from . import _grad_origin, _rowopt
-from ._clip import clip_grad_norm_
+from ._clip import clip_grad_norm_, clip_grad_value_
 from ._forms import _a, as_flag
 
 if TYPE_CHECKING:  # at run time _sparse_layers imports them itself
@@ -30,7 +32,7 @@ if TYPE_CHECKING:  # at run time _sparse_layers imports them itself
     from .layers.sparse_output import SparseOutputLinear
 
 __all__ = ["LazyAdam", "InBackwardOptimizer", "apply_optimizer_in_backward",
-           "fused_step_optimizer", "clip_grad_norm_", "DENSE_ABOVE"]
+           "fused_step_optimizer", "clip_grad_norm_", "clip_grad_value_", "DENSE_ABOVE"]
 
 # The touched share of a table's rows above which fused_step_optimizer takes
 # the dense step: measured on CPU (1 thread, a 20,000 x 500 float32 Adam table,
@@ -703,6 +705,23 @@ _DEFAULTS = {"sgd": dict(lr=1e-3, eps=0.0, weight_decay=0.0),
 # the hyperparameters an InBackwardOptimizer reads (what _in_backward_hp makes)
 _HP_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "nesterov",
             "initial_accumulator_value", "dense_above")
+# those of each kind (its ``defaults``): what LR schedulers read, e.g. OneCycleLR
+# cycles "betas" where they are present, else "momentum"
+_KIND_KEYS = {"sgd": ("lr", "momentum", "nesterov", "weight_decay", "dense_above"),
+              "adam": ("lr", "betas", "eps", "weight_decay", "dense_above"),
+              "adamw": ("lr", "betas", "eps", "weight_decay", "dense_above"),
+              "adagrad": ("lr", "eps", "weight_decay", "initial_accumulator_value", "dense_above"),
+              "rowwise_adagrad": ("lr", "eps", "weight_decay", "initial_accumulator_value",
+                                  "dense_above")}
+# torch.optim.Optimizer's hook tables, which its register_*_hook methods fill
+# (OrderedDicts: torch's RemovableHandle keeps a weak reference to them)
+_HOOK_TABLES = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
+                "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
+                "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
+# what __getstate__ leaves out: the hooks, and an LR scheduler's wrapper of ``step`` (an
+# instance attribute calling this object: a copy would step the original), as
+# torch.optim.Optimizer.__getstate__ leaves them out
+_NOT_PICKLED = _HOOK_TABLES + ("step",)
 
 
 # the layers an optimiser in the backward attaches to
@@ -818,7 +837,7 @@ def _dense_optimizer(kind: str, params: List[Tensor], hp: dict,
                                **common)
 
 
-class InBackwardOptimizer:
+class InBackwardOptimizer(Optimizer):
     r"""The optimiser applied inside the backward of nnsparse's sparse layers, plus
     ``torch.optim`` for every other parameter.  Built by :func:`apply_optimizer_in_backward`.
 
@@ -887,8 +906,19 @@ class InBackwardOptimizer:
       applies); under ``torch.no_grad()`` they work for inference.
     * Not combinable with ``DistributedDataParallel`` (the in-backward rows
       are updated from each process's local gradient, never all-reduced):
-      refused for a DDP-wrapped model.  Learning-rate schedulers are not
-      supported; use :meth:`set_lr`.
+      refused for a DDP-wrapped model.
+    * **Learning-rate schedulers** (``torch.optim.lr_scheduler``, ``SWALR``) work:
+      it is a ``torch.optim.Optimizer`` whose :attr:`param_groups` are one group per
+      in-backward layer (model order; the dict the layer's backward reads its
+      ``lr``, ``betas``, ``momentum`` from), then :attr:`dense`'s groups.  A
+      scheduler built fresh and given its ``load_state_dict`` resumes; the
+      optimiser's own :meth:`state_dict` keeps the layers' ``lr`` only.
+      :meth:`set_lr` sets every group.
+    * **Not with** ``torch.amp.GradScaler``: the rows are updated inside the
+      backward from the *scaled* gradient, before a scaler could unscale it or
+      skip a step holding inf/NaN.  ``scaler.step(optimizer)`` raises
+      ``NotImplementedError``; use bfloat16 autocast without a scaler, or
+      :class:`LazyAdam` / ``torch.optim`` with the scaler.
     * Tied weights (a sparse layer's weight shared with another sparse layer or
       any other module) are refused with a ``NotImplementedError``: each layer
       would take its own step with its own state, another module's gradient
@@ -916,7 +946,13 @@ class InBackwardOptimizer:
     Attributes:
         dense (torch.optim.Optimizer or None): the optimiser of the other parameters.
         kind (str): ``"sgd"``, ``"adam"``, ``"adamw"``, ``"adagrad"`` or ``"rowwise_adagrad"``.
+        defaults (dict): the kind's hyperparameters as given (``lr``, and ``betas``,
+            ``momentum`` ... as the kind has them).
     """
+
+    # GradScaler.step hands such an optimiser its scale (grad_scale, found_inf)
+    # instead of unscaling: step() refuses it (the rows were stepped in the backward)
+    _step_supports_amp_scaling = True
 
     def __init__(self, model: nn.Module, kind: str, hp: dict) -> None:
         if kind not in _rowopt.KINDS:
@@ -939,9 +975,11 @@ class InBackwardOptimizer:
         self.kind, self._hp = kind, hp
         self._layers = [(name, layer) for name, layer, _, _ in layers]
         self._updates: Dict[str, _rowopt.TableUpdate] = {}
-        for name, layer, table, _ in layers:
+        for name, layer, table, param in layers:
             self._updates[name] = _rowopt.TableUpdate(
                 kind, hp, table, f"{type(layer).__name__} {name!r}")
+            # the table's hyperparameters are its param group (what schedulers edit)
+            self._updates[name].hp["params"] = [param]
         fused_ids = {id(param) for _, _, _, param in layers}
         rest: List[Tensor] = [p for p in model.parameters()
                               if p.requires_grad and id(p) not in fused_ids]
@@ -953,13 +991,38 @@ class InBackwardOptimizer:
         self.dense = _dense_optimizer(kind, rest, hp, _gets_sparse_grads(model, layers, rest))
         # frozen now, so trained by neither part: step() refuses once one is unfrozen
         self._frozen = [(name, p) for name, p in model.named_parameters() if not p.requires_grad]
+        # No Optimizer.__init__: the tables and dense own the parameters and their state.
+        self.defaults: Dict[str, Any] = {k: hp[k] for k in _KIND_KEYS[kind]}
+        self._init_hooks()
         for name, layer in self._layers:  # attach last: nothing is changed on a failure above
             layer._row_update = self._updates[name]
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def _init_hooks(self) -> None:
+        for name in _HOOK_TABLES:
+            if name not in self.__dict__:
+                setattr(self, name, OrderedDict())
+
+    @property
+    def param_groups(self) -> List[Dict[str, Any]]:  # type: ignore[override]
+        """One group per in-backward layer (its ``lr`` and kind's settings, read by
+        its backward at each step), then :attr:`dense`'s groups."""
+        groups = [u.hp for u in self._updates.values()]
+        return groups + (self.dense.param_groups if self.dense is not None else [])
+
+    @property
+    def state(self) -> Dict[Tensor, Any]:  # type: ignore[override]
+        """:attr:`dense`'s per-parameter state (the tables' is :attr:`tables`)."""
+        return dict(self.dense.state) if self.dense is not None else {}
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        raise NotImplementedError("an InBackwardOptimizer trains what it was built with; add "
+                                  "the group to its dense part: optimizer.dense.add_param_group"
+                                  "(...)")
+
+    def __getstate__(self) -> Dict[str, Any]:  # type: ignore[override]
         # the layers it is still attached to (not after remove(), nor where another
-        # optimiser took its place), for __setstate__
-        state = dict(self.__dict__)
+        # optimiser took its place), for __setstate__; not the hooks (callables)
+        state = {k: v for k, v in self.__dict__.items() if k not in _NOT_PICKLED}
         state["_attached"] = [name for name, layer in self._layers
                               if layer._row_update is self._updates[name]]
         return state
@@ -971,6 +1034,7 @@ class InBackwardOptimizer:
         state = dict(state)
         attached = set(state.pop("_attached", [name for name, _ in state["_layers"]]))
         self.__dict__.update(state)
+        self._init_hooks()
         for name, layer in self._layers:
             if name in attached:
                 layer._row_update = self._updates[name]
@@ -985,23 +1049,42 @@ class InBackwardOptimizer:
         """Each in-backward layer's optimiser state (``step`` and the kind's tensors), by name."""
         return {name: u.state for name, u in self._updates.items()}
 
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Step :attr:`dense` (the in-backward weights were updated by the backward).
+        The hooks of ``register_step_pre_hook`` / ``_post_hook`` run around it.
 
         Raises:
             RuntimeError: a parameter frozen when the optimiser was built now
                 requires grad (neither part would ever train it: build the
                 optimiser again after unfreezing).
+            NotImplementedError: called by ``torch.amp.GradScaler.step``.
         """
+        if "found_inf" in self.__dict__:  # set by GradScaler.step just before this call
+            self.__dict__.pop("found_inf")
+            self.__dict__.pop("grad_scale", None)
+            raise NotImplementedError(
+                "torch.amp.GradScaler cannot drive an InBackwardOptimizer: its layers' rows "
+                "were updated inside backward() from the scaled gradient, before the scaler "
+                "could unscale it or skip a step holding inf/NaN; use bfloat16 autocast "
+                "without a scaler, or nnsparse.optim.LazyAdam / torch.optim with the scaler")
         _check_closure(closure)
         thawed = [name for name, p in getattr(self, "_frozen", ()) if p.requires_grad]
         if thawed:
             raise RuntimeError(f"parameters {thawed} were frozen when this optimiser was built "
                                f"and now require grad: it would never train them; build the "
                                f"optimiser again after unfreezing")
-        if self.dense is not None:
-            return self.dense.step(closure)
-        return _closure_loss(closure)
+        for pre in list(self._optimizer_step_pre_hooks.values()):
+            pre(self, (), {})
+        loss = self.dense.step(closure) if self.dense is not None else _closure_loss(closure)
+        for post in list(self._optimizer_step_post_hooks.values()):
+            post(self, (), {})
+        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero :attr:`dense`'s gradients (the in-backward weights have none)."""
@@ -1010,7 +1093,7 @@ class InBackwardOptimizer:
             self.dense.zero_grad(set_to_none)
 
     def set_lr(self, lr: float) -> None:
-        """Set the learning rate of the in-backward weights and of :attr:`dense`."""
+        """Set the learning rate of every group: the in-backward weights' and :attr:`dense`'s."""
         _check_non_negative("lr", lr)
         for u in self._updates.values():
             u.hp["lr"] = lr
@@ -1027,14 +1110,33 @@ class InBackwardOptimizer:
     def state_dict(self) -> Dict[str, Any]:
         """``{"kind", "tables": {layer name: state}, "lr": {layer name: lr},
         "dense": dense.state_dict() or None}`` (``lr``: the tables' learning
-        rates, as :meth:`set_lr` left them)."""
+        rates, as :meth:`set_lr` or a scheduler left them), through the hooks of
+        ``register_state_dict_pre_hook`` / ``_post_hook`` as torch's optimisers call them."""
+        for pre in list(self._optimizer_state_dict_pre_hooks.values()):
+            pre(self)
+        state = self._own_state_dict()
+        for post in list(self._optimizer_state_dict_post_hooks.values()):
+            result = post(self, state)
+            state = state if result is None else result
+        return state
+
+    def _own_state_dict(self) -> Dict[str, Any]:
         return {"kind": self.kind,
                 "tables": {n: {k: t for k, t in u.state.items()} for n, u in self._updates.items()},
                 "lr": {n: u.hp["lr"] for n, u in self._updates.items()},
                 "dense": self.dense.state_dict() if self.dense is not None else None}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Load a :meth:`state_dict`; everything is checked before anything is changed."""
+        """Load a :meth:`state_dict`; everything is checked before anything is changed.
+        The ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks run around it."""
+        for pre in list(self._optimizer_load_state_dict_pre_hooks.values()):
+            result = pre(self, state_dict)
+            state_dict = state_dict if result is None else result
+        self._load_own(state_dict)
+        for post in list(self._optimizer_load_state_dict_post_hooks.values()):
+            post(self)
+
+    def _load_own(self, state_dict: Dict[str, Any]) -> None:
         if not isinstance(state_dict, dict):
             raise TypeError(f"state_dict must be a dict (from state_dict()), "
                             f"got {type(state_dict).__name__}")

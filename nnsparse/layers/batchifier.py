@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Uni
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 
 from .. import _index
 from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_count, as_device, as_flag,
@@ -177,9 +177,15 @@ class _DatasetSource(_Source):
 def _default_collate(data: Dataset, layout: torch.layout) -> Callable[[List[Any]], Any]:
     """The collation of ``data``'s items when no ``collate_fn`` is given: a
     :class:`~nnsparse.data.SparseRowDataset`'s own (the input rows, as wide as
-    its matrix), otherwise sparse vectors or pair tensors stacked (:func:`_collate`)."""
-    if isinstance(data, SparseRowDataset):
-        return lambda items: _relayout(data.collate(items).input, layout)
+    its matrix), also for a ``Subset`` of one (``torch.utils.data.random_split``'s
+    parts hand out its items), otherwise sparse vectors or pair tensors stacked
+    (:func:`_collate`)."""
+    base = data
+    while isinstance(base, Subset):
+        base = base.dataset
+    if isinstance(base, SparseRowDataset):
+        rows = base
+        return lambda items: _relayout(rows.collate(items).input, layout)
     return lambda items: _collate(items, layout)
 
 
@@ -271,7 +277,8 @@ class Batchifier:
         collate_fn (callable, optional): for a :class:`~torch.utils.data.Dataset`
             only: turns a list of items into the batch the network takes.
             Default: a :class:`~nnsparse.data.SparseRowDataset`'s input rows
-            (its own ``collate``, in ``layout``); for another dataset, the
+            (its own ``collate``, in ``layout``), also for a ``Subset`` of one
+            (a part of ``torch.utils.data.random_split``); for another dataset, the
             items are sparse vectors ``(width,)`` or ``(k, 2)`` pair tensors,
             stacked into a sparse batch of ``layout``.
 
