@@ -236,7 +236,11 @@ def clip_grad_value_(parameters: Union[Tensor, Iterable[Tensor]], clip_value: fl
         g = cast(Tensor, p.grad)
         if g.layout != torch.sparse_coo:
             continue
-        if not g.is_coalesced():  # clamping each duplicate is not clamping their sum
+        mark = _grad_origin.origin(g)  # a layer's gradient: in range, coalesced
+        if not (g.is_coalesced() or _grad_origin.known_coalesced(g)):
+            # clamping each duplicate is not clamping their sum
             g = g.coalesce()
             p.grad = g
+            mark = None
         g._values().clamp_(-clip_value, clip_value)
+        _grad_origin.keep_mark(g, mark)

@@ -556,13 +556,19 @@ def test_lazy_adam_step_of_nnsparse_gradients_reads_nothing_back(dense_above, mo
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
-def test_clipping_keeps_the_layers_gradients_known(monkeypatch):
-    """nnsparse's clip_grad_norm_ scales the values in place, the indices stay: no check."""
+@pytest.mark.parametrize("clip", [lambda ps: noptim.clip_grad_norm_(ps, 1e-3),
+                                  lambda ps: noptim.clip_grad_value_(ps, 1e-4)],
+                         ids=["norm", "value"])
+def test_clipping_keeps_the_layers_gradients_known(clip, monkeypatch):
+    """nnsparse's clip_grad_norm_ and clip_grad_value_ change the values in place, the
+    indices stay (no coalescing of a layer's gradient): the step checks nothing."""
     x, y = _sparse_batches()
     model = _sparse_grad_model()
     opt = noptim.LazyAdam(model.parameters(), lr=0.1)
     _backward(model, x, y)
-    noptim.clip_grad_norm_(model.parameters(), 1e-3)
+    grads = [p.grad for p in model.parameters()]
+    clip(model.parameters())
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads))
     assert _nnsparse_reads(opt.step, monkeypatch) == []
 
 
