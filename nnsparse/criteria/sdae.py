@@ -283,6 +283,10 @@ class SDAECriterion(_SDAEBase):
                 raise ValueError(
                     f"prepare_input was given a batch of shape {tuple(self._mask.shape)}, the "
                     f"estimate has shape {tuple(estimate.shape)}; call prepare_input on this batch")
+            if self._mask.device != estimate.device:
+                raise ValueError(
+                    f"prepare_input was given a batch on {self._mask.device}, the estimate is "
+                    f"on {estimate.device}; call prepare_input on this batch, on that device")
             return self._mask
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.layout != torch.strided:
             raise TypeError(f"mask must be a bool tensor of layout torch.strided (dense), "
@@ -335,6 +339,10 @@ class EntryMask:
             raise ValueError(
                 f"{owner}.prepare_input was given a batch of shape ({self.rows}, {self.width}), "
                 f"the {est.describe()} does not match; call prepare_input on this batch")
+        if self.flag.device != est.device:  # (the lookups would fail inside torch)
+            raise ValueError(
+                f"{owner}.prepare_input was given a batch on {self.flag.device}, the estimate "
+                f"is on {est.device}; call prepare_input on this batch, on that device")
 
     def keys(self, width: int) -> Tensor:
         return self.row * width + self.col  # sorted: the batch was coalesced
