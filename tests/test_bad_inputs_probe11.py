@@ -76,3 +76,89 @@ CRITERION_CASES = [
 @pytest.mark.parametrize("case", CRITERION_CASES, ids=lambda c: c.id)
 def test_probe11_criteria(case: Case) -> None:
     run_case(case)
+
+
+# -- the optimiser in the backward: one-element tensors, meta tensors as hyperparameters ----
+
+def _in_backward(kind: str, **hp: Any) -> Tuple[nn.Module, Any]:
+    from nnsparse import SparseLinearBatch
+    from nnsparse.optim import apply_optimizer_in_backward
+    torch.manual_seed(0)
+    model = nn.Sequential(SparseLinearBatch(4, 3), nn.Tanh(), nn.Linear(3, 2))
+    return model, apply_optimizer_in_backward(model, kind, **hp)
+
+
+def _step(kind: str, set_lr: Any = None, **hp: Any) -> torch.Tensor:
+    """One training step of the in-backward optimiser built with ``hp`` (and ``set_lr``
+    applied before it): the sparse layer's weight after it."""
+    model, opt = _in_backward(kind, **hp)
+    if set_lr is not None:
+        opt.set_lr(set_lr)
+    model(_x().to_sparse()).sum().backward()
+    opt.step()
+    return model[0].weight.detach().clone()
+
+
+def _f32(v: float) -> float:
+    """``v`` as a float32 tensor holds it (the float a tensor hyperparameter becomes)."""
+    return float(torch.tensor(v))
+
+
+def _same_step(kind: str, given: dict, plain: dict, set_lr: Any = None,
+               plain_lr: Any = None) -> bool:
+    """The step with tensor hyperparameters equals the step with their float values."""
+    return torch.equal(_step(kind, set_lr, **given), _step(kind, plain_lr, **plain))
+
+
+def _set_lr_refused(lr: Any) -> Any:
+    """``set_lr(lr)`` refused: the learning rates stay as they were (checked before the raise
+    reaches the caller)."""
+    _, opt = _in_backward("adam", lr=0.1)
+    try:
+        opt.set_lr(lr)
+    finally:
+        assert opt.state_dict()["lr"] == {"0": 0.1}
+        assert opt.dense.param_groups[0]["lr"] == 0.1
+
+
+OPTIM_CASES = [
+    # a (1,) tensor passed the "one element" check and SGD's kernel failed at the backward
+    # ("add_(): argument 'alpha' must be Number, not Tensor"), after the forward
+    Case("in_backward_sgd_lr_1_element_tensor",
+         lambda: _same_step("sgd", dict(lr=torch.tensor([0.1])), dict(lr=_f32(0.1))), None,
+         check=bool),
+    Case("in_backward_sgd_weight_decay_1_element_tensor",
+         lambda: _same_step("sgd", dict(lr=0.1, weight_decay=torch.tensor([0.01])),
+                            dict(lr=0.1, weight_decay=_f32(0.01))), None, check=bool),
+    # torch's Adam (the dense part) takes no tensor eps: "_fused_adam_() received an invalid
+    # combination of arguments" at the first step()
+    Case("in_backward_adam_eps_1_element_tensor",
+         lambda: _same_step("adam", dict(lr=0.1, eps=torch.tensor([1e-6])),
+                            dict(lr=0.1, eps=_f32(1e-6))), None, check=bool),
+    Case("in_backward_set_lr_1_element_tensor",
+         lambda: _same_step("sgd", dict(lr=1.0), dict(lr=1.0), set_lr=torch.tensor([[0.05]]),
+                            plain_lr=_f32(0.05)), None, check=bool),
+    Case("in_backward_set_lr_stored_as_float",
+         lambda: (lambda o: (o.set_lr(torch.tensor(0.5, requires_grad=True)),
+                             o.state_dict()["lr"])[1])(_in_backward("adagrad")[1]),
+         None, check=lambda lr: lr == {"0": 0.5} and type(lr["0"]) is float),
+    Case("in_backward_adam_betas_tensors",
+         lambda: _same_step("adam", dict(lr=0.1, betas=(torch.tensor(0.8), torch.tensor([0.9]))),
+                            dict(lr=0.1, betas=(_f32(0.8), _f32(0.9)))), None, check=bool),
+    # a meta tensor: torch's "Tensor.item() cannot be called on meta tensors" from the check
+    Case("in_backward_lr_meta", lambda: _in_backward("adam", lr=torch.tensor(0.1, device="meta")),
+         ValueError, r"lr must hold data, got a tensor on the meta device"),
+    Case("in_backward_set_lr_meta", lambda: _set_lr_refused(torch.tensor(0.1, device="meta")),
+         ValueError, r"lr must hold data, got a tensor on the meta device"),
+    Case("in_backward_set_lr_two_elements", lambda: _set_lr_refused(torch.tensor([0.1, 0.2])),
+         TypeError, r"lr must be a number, got Tensor"),
+    Case("lazy_adam_lr_meta",
+         lambda: __import__("nnsparse").optim.LazyAdam(
+             [torch.zeros(2, requires_grad=True)], lr=torch.tensor(0.1, device="meta")),
+         ValueError, r"lr must hold data, got a tensor on the meta device"),
+]
+
+
+@pytest.mark.parametrize("case", OPTIM_CASES, ids=lambda c: c.id)
+def test_probe11_optim(case: Case) -> None:
+    run_case(case)
