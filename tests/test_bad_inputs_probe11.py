@@ -162,3 +162,49 @@ OPTIM_CASES = [
 @pytest.mark.parametrize("case", OPTIM_CASES, ids=lambda c: c.id)
 def test_probe11_optim(case: Case) -> None:
     run_case(case)
+
+
+# -- results of ssort / stopk / torch.sort fed back where a sparse batch is due -------------
+
+def _sorted() -> Any:
+    from nnsparse import ssort
+    return ssort(_x().to_sparse())
+
+
+def _top() -> Any:
+    from nnsparse import stopk
+    return stopk(_x().to_sparse(), 1)
+
+
+_SORT_RESULT = r"is a {} \(values, indices\), the dense result of a sort or top-k, not a " \
+               r"sparse batch nor a list of rows; pass the sparse batch it was computed from"
+
+CHAINED_CASES = [
+    # each was read as a list of two rows: "x rows must share one dtype, got ['torch.float32',
+    # 'torch.int64']" (values and indices), or "x[0] must be a pair tensor of shape (k, 2)"
+    Case("densify_of_ssort", lambda: __import__("nnsparse").densify(_sorted(), size=(3, 4)),
+         TypeError, "x " + _SORT_RESULT.format("SortResult")),
+    Case("stopk_of_stopk", lambda: __import__("nnsparse").stopk(_top(), 1),
+         TypeError, "x " + _SORT_RESULT.format("TopkResult")),
+    Case("to_pairs_of_ssort_by_index",
+         lambda: __import__("nnsparse").to_pairs(__import__("nnsparse").ssort_by_index(
+             _x().to_sparse())), TypeError, "x " + _SORT_RESULT.format("SortResult")),
+    Case("layer_of_torch_topk",
+         lambda: __import__("nnsparse").SparseLinearBatch(4, 2)(torch.topk(_x(), 2)),
+         TypeError, "input " + _SORT_RESULT.format("topk")),
+    Case("sparse_mm_of_torch_sort",
+         lambda: __import__("nnsparse").sparse_mm(torch.sort(_x()), torch.ones(4, 2)),
+         TypeError, "A " + _SORT_RESULT.format("sort")),
+    Case("criterion_target_of_stopk",
+         lambda: SparseCriterion(nn.MSELoss())(torch.zeros(3, 4), _top()),
+         TypeError, "target " + _SORT_RESULT.format("TopkResult")),
+    # a list of pair rows still works
+    Case("stopk_of_pair_rows_works",
+         lambda: __import__("nnsparse").stopk([torch.tensor([[0., 1.], [2., 5.]])], 1).indices,
+         None, check=lambda i: i.tolist() == [[2]]),
+]
+
+
+@pytest.mark.parametrize("case", CHAINED_CASES, ids=lambda c: c.id)
+def test_probe11_chained(case: Case) -> None:
+    run_case(case)
