@@ -208,3 +208,67 @@ CHAINED_CASES = [
 @pytest.mark.parametrize("case", CHAINED_CASES, ids=lambda c: c.id)
 def test_probe11_chained(case: Case) -> None:
     run_case(case)
+
+
+# -- rows of different dtypes collated into one batch ----------------------------------------
+
+def _row(col: list, values: list, dtype: torch.dtype = torch.float32) -> Any:
+    return torch.tensor(col, dtype=torch.int64), torch.tensor(values, dtype=dtype)
+
+
+def _collate(rows: list) -> Any:
+    from nnsparse.data import collate_sparse_rows
+    return collate_sparse_rows(rows, 4)[1]
+
+
+def _datasets() -> Tuple[Any, Any]:
+    from nnsparse.data import SparseRowDataset
+    return SparseRowDataset(_x().to_sparse_csr()), SparseRowDataset(_x().double().to_sparse_csr())
+
+
+def _foreign_collate(mixed: bool) -> Any:
+    """``float32_dataset.collate`` of the float64 dataset's items (with one of its own)."""
+    ours, theirs = _datasets()
+    items = [ours[0], theirs[1]] if mixed else [theirs[0], theirs[1]]
+    before = ours.collate([ours[0]]).input.values().clone()
+    try:
+        return ours.collate(items)
+    finally:  # the dataset still collates its own items as before
+        assert torch.equal(ours.collate([ours[0]]).input.values(), before)
+
+
+COLLATE_CASES = [
+    # torch.cat promoted the rows' values: a float32 row and a float64 row made a float64
+    # batch, an int64 row and a float32 one a float32 batch (the docstring asks for one dtype)
+    Case("collate_rows_float32_float64",
+         lambda: _collate([(0, _row([0], [1.])), (1, _row([1], [2.], torch.float64))]),
+         TypeError, r"rows values must share one dtype, got \['torch.float32', 'torch.float64'\]"),
+    Case("collate_rows_int64_float32",
+         lambda: _collate([(0, _row([0], [1], torch.int64)), (1, _row([1], [2.]))]),
+         TypeError, r"rows values must share one dtype, got \['torch.float32', 'torch.int64'\]"),
+    # an empty row (torch.tensor([]) is float32) keeps the data's dtype: it was promoted
+    Case("collate_rows_empty_row_keeps_dtype",
+         lambda: _collate([(0, _row([0, 2], [1., 2.], torch.float16)),
+                           (1, (torch.tensor([], dtype=torch.int64), torch.tensor([])))]),
+         None, check=lambda b: b.dtype == torch.float16 and b.values().tolist() == [1., 2.]),
+    Case("collate_rows_empty_row_int_values",
+         lambda: _collate([(0, (torch.tensor([], dtype=torch.int64), torch.tensor([]))),
+                           (1, _row([3], [7], torch.int64))]),
+         None, check=lambda b: b.dtype == torch.int64 and b.to_dense().tolist()
+         == [[0, 0, 0, 0], [0, 0, 0, 7]]),
+    # a float32 dataset collating another dataset's float64 items gave a float64 batch,
+    # which its float32 model then refused
+    Case("dataset_collate_foreign_items_of_other_dtype", lambda: _foreign_collate(False),
+         TypeError, r"items\[0\] holds values of dtype torch.float64 on cpu, this dataset's "
+                    r"are torch.float32 on cpu; collate each dataset's items with its own collate"),
+    Case("dataset_collate_own_and_foreign_items", lambda: _foreign_collate(True),
+         TypeError, r"rows values must share one dtype"),
+    Case("dataset_collate_foreign_items_of_its_dtype_work",
+         lambda: _datasets()[0].collate([_datasets()[0][2]]).input.to_dense(), None,
+         check=lambda d: d.tolist() == [[0., 0., 0., 4.]]),
+]
+
+
+@pytest.mark.parametrize("case", COLLATE_CASES, ids=lambda c: c.id)
+def test_probe11_collate(case: Case) -> None:
+    run_case(case)
