@@ -64,8 +64,8 @@ CRITERION_CASES = [
          lambda: _prepared(MaskCriterion, False)(torch.zeros(3, 4), _x().to(torch.complex64)),
          TypeError, r"target values must be real numbers for MSELoss, got dtype torch.complex64"),
     Case("sdae_dense_real_target_of_other_dtype_works",
-         lambda: SDAECriterion(nn.MSELoss(), beta=1.0)(torch.zeros(3, 4, dtype=torch.float64),
-                                                       _x(), mask=torch.zeros(3, 4, dtype=torch.bool)),
+         lambda: SDAECriterion(nn.MSELoss(), beta=1.0)(
+             torch.zeros(3, 4, dtype=torch.float64), _x(), mask=torch.zeros(3, 4, dtype=torch.bool)),
          None, check=lambda loss: loss.dtype == torch.float64 and float(loss) == 30 / 12),
     Case("sparse_criterion_sparse_prepared_same_device_works",
          lambda: _prepared(SDAESparseCriterion, True)(torch.zeros(3, 4), _x().to_sparse()),
@@ -272,3 +272,43 @@ COLLATE_CASES = [
 @pytest.mark.parametrize("case", COLLATE_CASES, ids=lambda c: c.id)
 def test_probe11_collate(case: Case) -> None:
     run_case(case)
+
+
+# -- a model zoo state into a model never fitted --------------------------------------------
+
+@pytest.fixture(scope="module")
+def fitted() -> Any:
+    """A tiny AutoRec fitted on 30 users x 20 items (one epoch)."""
+    from nnsparse.data import split_ratings, synthetic_ratings
+    from nnsparse.models import AutoRec
+    train, _ = split_ratings(synthetic_ratings(seed=3, n_users=30, n_items=20, n_ratings=300),
+                             0.2, seed=0)
+    torch.manual_seed(0)
+    return AutoRec(hidden=8, epochs=1, batch_size=8, lr=1e-2, validation_ratio=0.0).fit(
+        train, verbose=False, progress=False)
+
+
+def _into_unfitted(model: Any) -> Any:
+    from nnsparse.models import AutoRec
+    fresh = AutoRec(hidden=8)
+    try:
+        return fresh.load_state_dict(model.state_dict())
+    finally:
+        assert not fresh.state_dict()
+
+
+MODEL_CASES = [
+    # torch's "Unexpected key(s) in state_dict: encoder.weight, ..." named no reason
+    Case("load_state_dict_into_unfitted", _into_unfitted, RuntimeError,
+         r"AutoRec is not fitted, so it has no layers to load weights into \(fit\(\) builds them "
+         r"for its data's shape\); load a saved model with AutoRec.load\(path\), or fit it "
+         r"first \(nothing was loaded\)"),
+    Case("load_state_dict_into_fitted_works",
+         lambda m: str(__import__("copy").deepcopy(m).load_state_dict(m.state_dict())), None,
+         check=lambda r: "All keys matched" in r),
+]
+
+
+@pytest.mark.parametrize("case", MODEL_CASES, ids=lambda c: c.id)
+def test_probe11_models(case: Case, fitted: Any) -> None:
+    run_case(case, fitted)

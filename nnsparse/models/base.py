@@ -21,7 +21,8 @@ import time
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type, Union, cast
+from typing import (Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple, Type,
+                    Union, cast)
 
 import numpy as np
 import torch
@@ -360,7 +361,19 @@ class RatingModel(nn.Module):
         return ", ".join(f"{k}={v!r}" for k, v in own.items())
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
-        """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
+        """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing.
+
+        Raises:
+            RuntimeError: torch's errors (keys, shapes), before anything is copied; a
+                non-empty state for a model never fitted (``fit`` makes its layers).
+        """
+        if (not self._built and isinstance(state_dict, Mapping) and len(state_dict)
+                and not self.state_dict()):
+            # (torch's message listed every key as unexpected, without the reason)
+            raise RuntimeError(f"{type(self).__name__} is not fitted, so it has no layers to "
+                               f"load weights into (fit() builds them for its data's shape); "
+                               f"load a saved model with {type(self).__name__}.load(path), or "
+                               f"fit it first (nothing was loaded)")
         strict, assign = check_state_dict(self, state_dict, strict, assign)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
