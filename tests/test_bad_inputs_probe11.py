@@ -297,12 +297,43 @@ def _into_unfitted(model: Any) -> Any:
         assert not fresh.state_dict()
 
 
+def _tiny_fit(cls_name: str, grad_features: bool = False, grad_ratings: bool = False) -> Any:
+    """A tiny model fitted on data given as tensors that require grad: ``(model, the caller's
+    tensor)``; the model must deep-copy (a graph in a buffer refused it)."""
+    import copy
+    from nnsparse import models
+    from nnsparse.data import Ratings, split_ratings, synthetic_ratings
+    train, _ = split_ratings(synthetic_ratings(seed=3, n_users=30, n_items=20, n_ratings=300),
+                             0.2, seed=0)
+    given = None
+    if grad_ratings:
+        given = train.rating.clone().requires_grad_()
+        train = Ratings(train.user, train.item, given, train.user_map, train.item_map)
+    features = None
+    if grad_features:
+        features = given = torch.rand(train.n_items, 3, requires_grad=True)
+    torch.manual_seed(0)
+    model = getattr(models, cls_name)(hidden=8, epochs=2, batch_size=8, lr=1e-2,
+                                      validation_ratio=0.2)
+    model.fit(train, features=features, verbose=False, progress=False)
+    return copy.deepcopy(model), given
+
+
 MODEL_CASES = [
     # torch's "Unexpected key(s) in state_dict: encoder.weight, ..." named no reason
     Case("load_state_dict_into_unfitted", _into_unfitted, RuntimeError,
          r"AutoRec is not fitted, so it has no layers to load weights into \(fit\(\) builds them "
          r"for its data's shape\); load a saved model with AutoRec.load\(path\), or fit it "
          r"first \(nothing was loaded\)"),
+    # features that require grad: the model's row_features buffer kept their graph, every
+    # training step wrote into the caller's .grad, and copy.deepcopy(model) failed ("Only
+    # Tensors created explicitly by the user (graph leaves) support the deepcopy protocol")
+    Case("fit_features_requiring_grad", lambda _: _tiny_fit("CFN", grad_features=True), None,
+         check=lambda r: r[1].grad is None and not r[0].row_features.requires_grad),
+    # ratings that require grad: the training matrix and the normaliser's means kept a graph
+    # (deepcopy refused the model; the Trainer's snapshots copy the state only)
+    Case("fit_ratings_requiring_grad", lambda _: _tiny_fit("AutoRec", grad_ratings=True), None,
+         check=lambda r: r[1].grad is None and not r[0].normalizer.row_mean.requires_grad),
     Case("load_state_dict_into_fitted_works",
          lambda m: str(__import__("copy").deepcopy(m).load_state_dict(m.state_dict())), None,
          check=lambda r: "All keys matched" in r),

@@ -104,6 +104,10 @@ def _check_batch_shapes(input: Tensor, target: Optional[Tensor], row_index: Tens
     if target is not None and (target.dim() != 2 or target.shape[0] != input.shape[0]):
         raise ValueError(f"target must be a 2-D batch of the input's {input.shape[0]} rows, "
                          f"got shape {tuple(target.shape)}")
+    for name, t in (("row_index", row_index), ("target", target)):
+        if t is not None and t.device != input.device:  # (.to() moves the three together)
+            raise ValueError(f"{name} must be on the input's device {input.device}, "
+                             f"got {t.device}")
 
 
 class SparseRowBatch:
@@ -128,7 +132,7 @@ class SparseRowBatch:
     Raises:
         TypeError: a field that is not a tensor, a float ``row_index``.
         ValueError: an input that is not 2-D, a ``row_index`` or ``target``
-            whose rows are not the input's.
+            whose rows or device are not the input's.
     """
 
     __slots__ = ("input", "target", "row_index")

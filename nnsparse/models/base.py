@@ -10,6 +10,7 @@ a mean fallback (counted), never from the network's output on an empty row.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import operator
@@ -97,6 +98,14 @@ class Recommendations(NamedTuple):
     titles: List[str]
 
 
+def _as_data(ratings: Ratings) -> Ratings:
+    """``ratings`` with ratings that do not require grad: data for ``fit``, not a parameter
+    (a graph from them reached the model's matrix and normaliser, which deepcopy refused)."""
+    if not ratings.rating.requires_grad:
+        return ratings
+    return dataclasses.replace(ratings, rating=ratings.rating.detach())
+
+
 def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optional[Tensor]:
     if features is None:
         return None
@@ -116,7 +125,9 @@ def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optiona
                          f"{tuple(features.shape)}")
     if features.is_complex():
         raise TypeError(f"{name} must be real, got {features.dtype}")
-    features = features.to(torch.float32)
+    # data, not a parameter: a tensor that requires grad kept its graph in the model's
+    # buffer (each step's backward wrote into the caller's .grad; deepcopy refused the model)
+    features = features.detach().to(torch.float32)
     if not bool(torch.isfinite(features).all()):
         raise ValueError(f"{name} must be finite, got NaN or infinite values")
     return features
@@ -583,9 +594,11 @@ class RatingModel(nn.Module):
             weights until a ``fit`` succeeds.
         """
         check_ratings(train, "train")
+        train = _as_data(train)
         self._check_hparams()  # again: model.hparams may have been edited since __init__
         if validation is not None:
             check_ratings(validation, "validation")
+            validation = _as_data(validation)
             if len(validation) == 0:
                 raise ValueError("validation holds no ratings; pass None to hold out "
                                  "validation_ratio of train instead")
