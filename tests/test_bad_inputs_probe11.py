@@ -343,3 +343,44 @@ MODEL_CASES = [
 @pytest.mark.parametrize("case", MODEL_CASES, ids=lambda c: c.id)
 def test_probe11_models(case: Case, fitted: Any) -> None:
     run_case(case, fitted)
+
+
+# -- data: a batch's parts on several devices, statistics of ratings that require grad -------
+
+def _normalizer_of_grad_ratings() -> Any:
+    import copy
+    from nnsparse.data import Ratings, RatingNormalizer
+    rating = torch.tensor([1., 5., 3.], requires_grad=True)
+    train = Ratings(torch.tensor([0, 1, 0]), torch.tensor([0, 0, 1]), rating, {0: 0, 1: 1},
+                    {0: 0, 1: 1})
+    return copy.deepcopy(RatingNormalizer(train, "item")).row_mean
+
+
+def _row_batch(**moved: str) -> Any:
+    from nnsparse.data import SparseRowBatch
+    parts = dict(input=_x().to_sparse_csr(), target=_x().to_sparse_csr(),
+                 row_index=torch.arange(3))
+    for name, device in moved.items():
+        parts[name] = parts[name].to(device)
+    return SparseRowBatch(parts["input"], parts["target"], parts["row_index"])
+
+
+DATA_CASES = [
+    # a hand-built batch took a target on another device than its input (the criterion's
+    # device error came later, or torch's inside a layer)
+    Case("sparse_row_batch_target_device", lambda: _row_batch(target="meta"), ValueError,
+         r"target must be on the input's device cpu, got meta"),
+    Case("sparse_row_batch_input_device", lambda: _row_batch(input="meta"), ValueError,
+         r"row_index must be on the input's device meta, got cpu"),
+    Case("sparse_row_batch_moved_together_works",
+         lambda: _row_batch().to("cpu").target.to_dense(), None,
+         check=lambda t: torch.equal(t, _x())),
+    # the row means kept the ratings' graph: deepcopy refused the normaliser
+    Case("normalizer_of_ratings_requiring_grad", _normalizer_of_grad_ratings, None,
+         check=lambda m: not m.requires_grad and m.tolist() == [0.0, 0.0]),
+]
+
+
+@pytest.mark.parametrize("case", DATA_CASES, ids=lambda c: c.id)
+def test_probe11_data(case: Case) -> None:
+    run_case(case)

@@ -203,7 +203,7 @@ class Ratings:
         """``(min, max)`` of the ratings (reads the data: a sync on CUDA)."""
         if len(self) == 0:
             raise ValueError(f"ratings{_from(self.source)} are empty; they have no scale")
-        lo, hi = torch.aminmax(self.rating)
+        lo, hi = torch.aminmax(self.rating.detach())
         return float(lo), float(hi)
 
     def user_ids(self) -> List[Any]:
