@@ -384,3 +384,34 @@ DATA_CASES = [
 @pytest.mark.parametrize("case", DATA_CASES, ids=lambda c: c.id)
 def test_probe11_data(case: Case) -> None:
     run_case(case)
+
+
+def _read(tmp_path: Any, name: str, text: str, format: str) -> Any:
+    from nnsparse.data import read_ratings
+    path = tmp_path / name
+    path.write_text(text)
+    return read_ratings(path, format, titles=False)
+
+
+READER_CASES = [
+    # a file of another format than declared said "expected 4 fields, got 1" only (the
+    # whitespace-separated case named format= already)
+    Case("ml100k_given_a_csv_line",
+         lambda tmp: _read(tmp, "u1.base", "1,1,5,0\n", "ml-100k"), ValueError,
+         r"u1.base, line 1: expected 4 fields, got 1: '1,1,5,0'; its fields are separated by "
+         r"',', as in format 'csv': check format= \(one of \['ml-100k', 'ml-1m', 'csv', 'text'\]\)"),
+    Case("ml100k_given_an_ml1m_line",
+         lambda tmp: _read(tmp, "u1.base", "1::1::5::0\n", "ml-100k"), ValueError,
+         r"expected 4 fields, got 1: '1::1::5::0'; its fields are separated by '::', as in "
+         r"format 'ml-1m'"),
+    Case("csv_given_semicolons_no_hint",
+         lambda tmp: _read(tmp, "r.csv", "userId;movieId;rating;timestamp\n1;1;5;0\n", "csv"),
+         ValueError, r"expected 4 fields, got 1: 'userId;movieId;rating;timestamp'$"),
+    Case("text_given_three_commas_no_hint", lambda tmp: _read(tmp, "r.txt", "1,1,5\n", "text"),
+         ValueError, r"expected 3 to 4 fields, got 1: '1,1,5'$"),
+]
+
+
+@pytest.mark.parametrize("case", READER_CASES, ids=lambda c: c.id)
+def test_probe11_readers(case: Case, tmp_path: Any) -> None:
+    run_case(case, tmp_path)
