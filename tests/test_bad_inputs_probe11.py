@@ -334,6 +334,12 @@ MODEL_CASES = [
     # (deepcopy refused the model; the Trainer's snapshots copy the state only)
     Case("fit_ratings_requiring_grad", lambda _: _tiny_fit("AutoRec", grad_ratings=True), None,
          check=lambda r: r[1].grad is None and not r[0].normalizer.row_mean.requires_grad),
+    # the finite check read the values: torch's "Tensor.item() cannot be called on meta tensors"
+    Case("trainer_fit_meta_matrix",
+         lambda m: __import__("nnsparse").models.Trainer(
+             m, epochs=1, batch_size=8, lr=1e-2, progress=False, log=lambda s: None).fit(
+                 m._input.to("meta")),
+         ValueError, r"x_train must hold data, got a tensor on the meta device"),
     Case("load_state_dict_into_fitted_works",
          lambda m: str(__import__("copy").deepcopy(m).load_state_dict(m.state_dict())), None,
          check=lambda r: "All keys matched" in r),

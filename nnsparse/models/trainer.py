@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from .. import distributed as nd
-from .._forms import as_count, as_device, as_flag, refuse_meta_device
+from .._forms import as_count, as_device, as_flag, refuse_meta, refuse_meta_device
 from .._optim_split import SplitOptimizer, make_optimizer
 from ..optim import LazyAdam
 from ..data import SparseRowDataset
@@ -259,6 +259,7 @@ class Trainer:
             got = x_train.layout if isinstance(x_train, Tensor) else type(x_train).__name__
             raise TypeError(f"x_train must be a sparse CSR or COO tensor (rows, width), "
                             f"got {got}")
+        refuse_meta(x_train, "x_train")  # (the finite check read it: torch's .item() error)
         if validate is not None and not callable(validate):
             raise TypeError(f"validate must be callable or None, got {type(validate).__name__}")
         if epochs is not None and (not isinstance(epochs, numbers.Integral)
