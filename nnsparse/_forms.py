@@ -873,10 +873,8 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
 
 def _field_names(x: Any) -> List[str]:
     """The field names of a NamedTuple or of a ``torch.return_types`` structseq."""
-    fields = getattr(x, "_fields", None)
-    if fields is None:  # a structseq names its fields in its type's __match_args__
-        fields = getattr(type(x), "__match_args__", ())
-    return list(fields)
+    fields: Sequence[str] = getattr(x, "_fields", None) or getattr(type(x), "__match_args__", ())
+    return list(fields)  # (a structseq names its fields in its type's __match_args__)
 
 
 def holds_exactly(dtype: torch.dtype, value: float) -> bool:
