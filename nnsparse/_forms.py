@@ -873,8 +873,9 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
 
 def _field_names(x: Any) -> List[str]:
     """The field names of a NamedTuple or of a ``torch.return_types`` structseq."""
-    # (a structseq names its fields in its type's __match_args__)
-    fields = getattr(x, "_fields", None) or getattr(type(x), "__match_args__", ())
+    fields: Any = getattr(x, "_fields", None)
+    if fields is None:  # a structseq names its fields in its type's __match_args__
+        fields = getattr(type(x), "__match_args__", ())
     return [str(f) for f in fields]
 
 
