@@ -319,6 +319,21 @@ def _tiny_fit(cls_name: str, grad_features: bool = False, grad_ratings: bool = F
     return copy.deepcopy(model), given
 
 
+def _trainer_fit_refused(model: Any) -> Any:
+    """``Trainer.fit`` of a float64 matrix for the float32 model (refused by its first layer
+    at the first step): the model keeps its eval mode and its weights."""
+    import copy
+    from nnsparse.models import Trainer
+    model = copy.deepcopy(model).eval()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = Trainer(model, epochs=1, batch_size=8, lr=1e-2, progress=False, log=lambda s: None)
+    try:
+        return trainer.fit(model._input.double())
+    finally:
+        assert not any(m.training for m in model.modules())
+        assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+
+
 MODEL_CASES = [
     # torch's "Unexpected key(s) in state_dict: encoder.weight, ..." named no reason
     Case("load_state_dict_into_unfitted", _into_unfitted, RuntimeError,
@@ -340,6 +355,9 @@ MODEL_CASES = [
              m, epochs=1, batch_size=8, lr=1e-2, progress=False, log=lambda s: None).fit(
                  m._input.to("meta")),
          ValueError, r"x_train must hold data, got a tensor on the meta device"),
+    # run_epoch's model.train() stayed: an evaluated model was left in train mode
+    Case("trainer_fit_refused_keeps_mode", _trainer_fit_refused, ValueError,
+         r"input must have the weight's dtype torch.float32, got torch.float64"),
     Case("load_state_dict_into_fitted_works",
          lambda m: str(__import__("copy").deepcopy(m).load_state_dict(m.state_dict())), None,
          check=lambda r: "All keys matched" in r),

@@ -286,6 +286,20 @@ class Trainer:
         loader = self.make_loader(SparseRowDataset(x_train))
         optimizer = self.make_optimizer()
         result, best_state = TrainResult(), None
+        # each module's mode, put back if training raises (run_epoch sets train mode: a batch
+        # the model refused at the first step left an evaluated model in train mode)
+        modes = [(m, m.training) for m in self.model.modules()]
+        try:
+            return self._epochs(run_for, loader, optimizer, validate, result, best_state)
+        except BaseException:
+            for module, training in modes:
+                module.training = training
+            raise
+
+    def _epochs(self, run_for: int, loader: Any, optimizer: Any,
+                validate: Optional[Callable[[], float]], result: TrainResult,
+                best_state: Optional[Dict[str, Tensor]]) -> TrainResult:
+        """The epochs of :meth:`fit`, its arguments checked."""
         for epoch in range(1, run_for + 1):
             start = time.perf_counter()
             loss = self.run_epoch(loader, optimizer, epoch)
