@@ -65,8 +65,27 @@ CRITERION_CASES = [
          TypeError, r"target values must be real numbers for MSELoss, got dtype torch.complex64"),
     Case("sdae_dense_real_target_of_other_dtype_works",
          lambda: SDAECriterion(nn.MSELoss(), beta=1.0)(
-             torch.zeros(3, 4, dtype=torch.float64), _x(), mask=torch.zeros(3, 4, dtype=torch.bool)),
+             torch.zeros(3, 4, dtype=torch.float64), _x(),
+             mask=torch.zeros(3, 4, dtype=torch.bool)),
          None, check=lambda loss: loss.dtype == torch.float64 and float(loss) == 30 / 12),
+    # a noise the input's dtype cannot hold (the flip values were checked, the noise not):
+    # every noised entry became inf
+    Case("sdae_noise_mean_beyond_float32",
+         lambda: SDAECriterion(nn.MSELoss(), noise_ratio=1.0, noise_mean=1e39).prepare_input(_x()),
+         ValueError, r"noise_mean must be a value the input's dtype torch.float32 can hold "
+                     r"\(in \[-3.40\d+e\+38, 3.40\d+e\+38\]\), got 1e\+39: the noised "
+                     r"entries would be inf"),
+    Case("sdae_sparse_noise_std_beyond_float16",
+         lambda: SDAESparseCriterion(nn.MSELoss(), noise_ratio=1.0, noise_std=1e5).prepare_input(
+             _x().half().to_sparse()),
+         ValueError, r"noise_std must be a value the input's dtype torch.float16 can hold "
+                     r"\(in \[-65504.0, 65504.0\]\), got 100000.0"),
+    Case("sdae_sparse_same_noise_on_float32_works",
+         lambda: SDAESparseCriterion(nn.MSELoss(), noise_ratio=1.0, noise_std=1e5).prepare_input(
+             _x().to_sparse()).values(), None, check=lambda v: bool(v.isfinite().all())),
+    Case("sdae_noise_unused_is_not_checked",
+         lambda: SDAECriterion(nn.MSELoss(), hide_ratio=0.5, noise_mean=1e39).prepare_input(
+             _x().half()), None, check=lambda out: out.dtype == torch.float16),
     Case("sparse_criterion_sparse_prepared_same_device_works",
          lambda: _prepared(SDAESparseCriterion, True)(torch.zeros(3, 4), _x().to_sparse()),
          None, check=lambda loss: bool(torch.isfinite(loss))),
@@ -423,7 +442,8 @@ READER_CASES = [
     Case("ml100k_given_a_csv_line",
          lambda tmp: _read(tmp, "u1.base", "1,1,5,0\n", "ml-100k"), ValueError,
          r"u1.base, line 1: expected 4 fields, got 1: '1,1,5,0'; its fields are separated by "
-         r"',', as in format 'csv': check format= \(one of \['ml-100k', 'ml-1m', 'csv', 'text'\]\)"),
+         r"',', as in format 'csv': check format= "
+         r"\(one of \['ml-100k', 'ml-1m', 'csv', 'text'\]\)"),
     Case("ml100k_given_an_ml1m_line",
          lambda tmp: _read(tmp, "u1.base", "1::1::5::0\n", "ml-100k"), ValueError,
          r"expected 4 fields, got 1: '1::1::5::0'; its fields are separated by '::', as in "
