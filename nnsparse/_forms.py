@@ -863,6 +863,13 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
             raise TypeError(f"{name} is a SparseParts (the torch.compile input form), which the "
                             f"layers read; pass {name}.to_sparse_csr() to eager nnsparse "
                             f"functions and criteria")
+        if hasattr(x, "_fields") or hasattr(x, "n_fields"):  # a NamedTuple or torch.return_types
+            fields = _field_names(x)
+            what = ("the dense result of a sort or top-k, " if fields == ["values", "indices"]
+                    else "")
+            raise TypeError(f"{name} is a {type(x).__name__} ({', '.join(fields)}), {what}not "
+                            f"a sparse batch nor a list of rows; pass the sparse batch it was "
+                            f"computed from")
         batch = _from_list(x, name, width)
     else:
         raise TypeError(f"{name} must be a sparse tensor, a pair tensor or a list of sparse "
@@ -875,6 +882,14 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
         batch = replace(batch, shape=(batch.rows, width))
         batch.cache = cache  # the pattern is the same; only the declared width grew
     return batch
+
+
+def _field_names(x: Any) -> List[str]:
+    """The field names of a NamedTuple or of a ``torch.return_types`` structseq."""
+    fields: Any = getattr(x, "_fields", None)
+    if fields is None:  # a structseq names its fields in its type's __match_args__
+        fields = getattr(type(x), "__match_args__", ())
+    return [str(f) for f in fields]
 
 
 def holds_exactly(dtype: torch.dtype, value: float) -> bool:

@@ -967,6 +967,7 @@ class InBackwardOptimizer(Optimizer):
                              f"optimiser with apply_optimizer_in_backward(model, kind, ...)")
         _check_hyper(kind, hp)
         _check_share(hp["dense_above"])
+        hp = _numbers(hp)
         layers = _sparse_layers(model)
         for name, layer, _, _ in layers:
             if layer._row_update is not None:
@@ -1093,8 +1094,12 @@ class InBackwardOptimizer(Optimizer):
             self.dense.zero_grad(set_to_none)
 
     def set_lr(self, lr: float) -> None:
-        """Set the learning rate of every group: the in-backward weights' and :attr:`dense`'s."""
+        """Set the learning rate of every group: the in-backward weights' and :attr:`dense`'s.
+
+        A one-element tensor is read once here, as a float (as the hyperparameters given
+        to :func:`apply_optimizer_in_backward` are)."""
         _check_non_negative("lr", lr)
+        lr = _number(lr)
         for u in self._updates.values():
             u.hp["lr"] = lr
         if self.dense is not None:
@@ -1182,6 +1187,7 @@ class InBackwardOptimizer(Optimizer):
                              f"for the layers {sorted(self._updates)}, got {rates!r}")
         for name, lr in rates.items():
             _check_non_negative(f"state_dict['lr'][{name!r}]", lr)
+        rates = {name: _number(lr) for name, lr in rates.items()}
         if self.dense is not None:
             self.dense.load_state_dict(state_dict["dense"])
         for name, u in self._updates.items():
@@ -1314,7 +1320,7 @@ def _in_backward_hp(kind: str, *, lr: Optional[float], betas: Any, eps: Optional
               initial_accumulator_value=initial_accumulator_value, dense_above=dense_above)
     _check_hyper(kind, hp)
     _check_share(dense_above)
-    return hp
+    return _numbers(hp)
 
 
 def fused_step_optimizer(model: nn.Module, lr: float = 1e-3, *,
@@ -1382,6 +1388,22 @@ def _check_real(name: str, value: Any) -> None:
                                            or value.dtype == torch.bool
                                            or value.layout != torch.strided)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if isinstance(value, Tensor) and value.is_meta:  # (the range checks read it: torch's .item())
+        raise ValueError(f"{name} must hold data, got a tensor on the meta device")
+
+
+def _number(value: Any) -> Any:
+    """A checked one-element tensor hyperparameter as a Python float (read once, where it is
+    given): the in-backward kernels and torch's optimisers take some as numbers only (SGD's
+    ``add_(alpha=lr)``, Adam's ``eps``), and a ``(1,)`` tensor failed at the first backward."""
+    return float(value.detach()) if isinstance(value, Tensor) else value
+
+
+def _numbers(hp: Dict[str, Any]) -> Dict[str, Any]:
+    """``hp`` (checked) with its tensor numbers as floats (:func:`_number`), betas included."""
+    out = {k: _number(v) for k, v in hp.items()}
+    out["betas"] = tuple(_number(b) for b in hp["betas"])
+    return out
 
 
 def _check_non_negative(name: str, value: Any) -> None:

@@ -112,10 +112,11 @@ class ElementwiseLoss:
         self._fn = _KNOWN.get(type(module))
 
     def __call__(self, input: Tensor, target: Tensor, gather: Gather = None) -> Tensor:
-        if input.is_complex() and self._fn is not None:
-            # (a complex target is refused too: the known losses are real functions)
-            raise TypeError(f"estimate values must be real numbers for "
-                            f"{type(self.module).__name__}, got dtype {input.dtype}")
+        if self._fn is not None:  # the known losses are real functions
+            for name, t in (("estimate", input), ("target", target)):
+                if t.is_complex():  # (a cast would drop a complex target's imaginary part)
+                    raise TypeError(f"{name} values must be real numbers for "
+                                    f"{type(self.module).__name__}, got dtype {t.dtype}")
         if not (input.is_floating_point() or input.is_complex()):
             # An integer (or bool) estimate is promoted, as int / int is in torch: to the
             # target's floating dtype, else the default dtype (torch's losses refuse

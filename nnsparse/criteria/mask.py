@@ -183,6 +183,8 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         mask = self._sparse_mask
         assert mask is not None  # forward calls this with a sparse mask only
         est = as_estimate(estimate)
+        if isinstance(target, Tensor):  # the target's device named first, as as_target does
+            check_device(target.device, est, "target")
         mask.check(est, type(self).__name__)
         keys = mask.keys(est.width)
         values = est.at(mask.row, mask.col)
@@ -210,6 +212,10 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
             raise ValueError(f"MaskCriterion.prepare_input was given a batch of shape "
                              f"{tuple(hide.shape)}, the estimate has shape "
                              f"{tuple(estimate.shape)}; call prepare_input on this batch")
+        if estimate.device != hide.device:
+            raise ValueError(f"MaskCriterion.prepare_input was given a batch on {hide.device}, "
+                             f"the estimate is on {estimate.device}; call prepare_input on this "
+                             f"batch, on that device")
         if is_sparse_form(target):
             target = densify(target, size=tuple(estimate.shape) if estimate.dim() == 2
                              else estimate.shape[0])

@@ -63,6 +63,17 @@ def corrupt(values: Tensor, noise_ratio: float, noise_mean: float, noise_std: fl
     return out, fate < corrupted_bound, hidden
 
 
+def _check_noise(mean: float, std: float, dtype: torch.dtype) -> None:
+    """The noise's mean and standard deviation must lie within the input's floating dtype:
+    beyond it every noised entry became inf (a float16 batch with ``noise_mean=1e5``)."""
+    for name, value in (("noise_mean", mean), ("noise_std", std)):
+        if not holds_exactly(dtype, value):
+            top = torch.finfo(dtype).max
+            raise ValueError(f"{name} must be a value the input's dtype {dtype} can hold "
+                             f"(in [{-top}, {top}]), got {value}: the noised entries would "
+                             f"be inf")
+
+
 def _check_flip_range(flip_range: Tuple[float, float], dtype: torch.dtype) -> None:
     """The flip values must be stored exactly in the input values' dtype (a float's
     within its range): a cast would change them silently or fail in torch."""
@@ -141,6 +152,8 @@ class _SDAEBase(RefuseLuaNames, nn.Module):
         if self.noise_ratio > 0 and not values.is_floating_point():
             raise TypeError(f"input values must be floating point for noise_ratio > 0 "
                             f"(Gaussian noise), got dtype {values.dtype}")
+        if self.noise_ratio > 0:
+            _check_noise(self.noise_mean, self.noise_std, values.dtype)
         if self.flip_ratio > 0:
             _check_flip_range(self.flip_range, values.dtype)
         return corrupt(values, self.noise_ratio, self.noise_mean, self.noise_std,
@@ -170,7 +183,8 @@ _SDAE_ARGS = r"""
         beta (float): weight of the other entries. Default: 0.
         noise_ratio (float): probability that an entry gets Gaussian noise. Default: 0.
         noise_mean (float): mean of the noise. Default: 0.
-        noise_std (float): standard deviation of the noise. Default: 0.2.
+        noise_std (float): standard deviation of the noise. Default: 0.2.  Both
+            within the input's floating dtype (checked by :meth:`prepare_input`).
         flip_ratio (float): probability that an entry is set to ``flip_range[0]``
             or ``flip_range[1]``, each with probability 1/2 (salt and pepper). Default: 0.
         flip_range (pair of float): the two flip values (a tuple, a list or a 1-D
@@ -218,7 +232,8 @@ class SDAECriterion(_SDAEBase):
         TypeError: a sparse input or target (use :class:`SDAESparseCriterion`);
             integer input values with ``noise_ratio > 0``.
         ValueError: ratios outside [0, 1] or summing above 1; negative
-            ``alpha`` or ``beta``; estimate, target
+            ``alpha`` or ``beta``; a noise or flip value the input's dtype cannot
+            hold; estimate, target
             or mask of different shapes or devices; :meth:`prepare_input` was
             given a batch of another shape, or never called.
 
@@ -283,6 +298,10 @@ class SDAECriterion(_SDAEBase):
                 raise ValueError(
                     f"prepare_input was given a batch of shape {tuple(self._mask.shape)}, the "
                     f"estimate has shape {tuple(estimate.shape)}; call prepare_input on this batch")
+            if self._mask.device != estimate.device:
+                raise ValueError(
+                    f"prepare_input was given a batch on {self._mask.device}, the estimate is "
+                    f"on {estimate.device}; call prepare_input on this batch, on that device")
             return self._mask
         if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.layout != torch.strided:
             raise TypeError(f"mask must be a bool tensor of layout torch.strided (dense), "
@@ -335,6 +354,10 @@ class EntryMask:
             raise ValueError(
                 f"{owner}.prepare_input was given a batch of shape ({self.rows}, {self.width}), "
                 f"the {est.describe()} does not match; call prepare_input on this batch")
+        if self.flag.device != est.device:  # (the lookups would fail inside torch)
+            raise ValueError(
+                f"{owner}.prepare_input was given a batch on {self.flag.device}, the estimate "
+                f"is on {est.device}; call prepare_input on this batch, on that device")
 
     def keys(self, width: int) -> Tensor:
         return self.row * width + self.col  # sorted: the batch was coalesced
@@ -384,7 +407,8 @@ class SDAESparseCriterion(_SDAEBase):
     Raises:
         TypeError: integer input values with ``noise_ratio > 0``, complex target values.
         ValueError: ratios outside [0, 1] or summing above 1; negative
-            ``alpha`` or ``beta``; rows or width of estimate and target
+            ``alpha`` or ``beta``; a noise or flip value the input's dtype cannot
+            hold; rows or width of estimate and target
             differ; a target index beyond the estimate; a target on another
             device; a mask of the wrong shape;
             :meth:`prepare_input` was given a batch of another shape, or never called.

@@ -104,6 +104,10 @@ def _check_batch_shapes(input: Tensor, target: Optional[Tensor], row_index: Tens
     if target is not None and (target.dim() != 2 or target.shape[0] != input.shape[0]):
         raise ValueError(f"target must be a 2-D batch of the input's {input.shape[0]} rows, "
                          f"got shape {tuple(target.shape)}")
+    for name, t in (("row_index", row_index), ("target", target)):
+        if t is not None and t.device != input.device:  # (.to() moves the three together)
+            raise ValueError(f"{name} must be on the input's device {input.device}, "
+                             f"got {t.device}")
 
 
 class SparseRowBatch:
@@ -128,7 +132,7 @@ class SparseRowBatch:
     Raises:
         TypeError: a field that is not a tensor, a float ``row_index``.
         ValueError: an input that is not 2-D, a ``row_index`` or ``target``
-            whose rows are not the input's.
+            whose rows or device are not the input's.
     """
 
     __slots__ = ("input", "target", "row_index")
@@ -245,6 +249,15 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
             raise TypeError(f"rows[{k}] indices must be an integer tensor, got {col.dtype}")
     if not rows:
         return
+    # one batch: torch.cat would promote mixed values (float32 and float64 rows made a float64
+    # batch), and fail on mixed devices; an empty row's dtype is not the data's
+    dtypes = {r[1][1].dtype for r in rows if r[1][1].numel()}
+    if len(dtypes) > 1:
+        raise TypeError(f"rows values must share one dtype, got {sorted(map(str, dtypes))}")
+    devices = {t.device for r in rows for t in r[1]}
+    if len(devices) > 1:
+        raise ValueError(f"rows indices and values must be on one device, got "
+                         f"{sorted(map(str, devices))}")
     col = torch.cat([r[1][0].to(torch.int64) for r in rows])
     if col.numel() == 0:
         return
@@ -267,7 +280,11 @@ def _collate(rows: Sequence[Tuple[int, Row]], width: int,
     index = torch.tensor([r[0] for r in rows], dtype=torch.int64)
     cols = [r[1][0] for r in rows]
     col = torch.cat(cols).to(torch.int64) if n else torch.zeros(0, dtype=torch.int64)
-    values = torch.cat([r[1][1] for r in rows]) if n else torch.zeros(0)
+    vals = [r[1][1] for r in rows]
+    values = torch.cat(vals) if n else torch.zeros(0)
+    # an empty row's dtype is not the data's (torch.tensor([]) is float32 whatever the rows),
+    # and torch.cat promotes to it: the batch keeps the dtype of the rows with entries
+    values = values.to(next((v.dtype for v in vals if v.numel()), values.dtype))
     crow = crow_from_counts(torch.tensor([c.shape[0] for c in cols], dtype=torch.int64))
     batch = SparseBatch(rows_from_crow(crow, col.shape[0]), col, values, (n, width), "csr",
                         row_sorted=True, coalesced=True, trusted=True)
@@ -293,9 +310,11 @@ def collate_sparse_rows(rows: Sequence[Tuple[int, Row]], width: int,
 
     Raises:
         TypeError: a bad ``layout``, a row that is not two tensors, float indices,
+            rows whose values (empty rows aside) differ in dtype,
             a ``row_index`` that is not an int (or a 0-d integer tensor).
-        ValueError: indices out of ``[0, width)``, unsorted or repeated within
-            a row, an index/value length mismatch, a negative ``row_index``.
+        ValueError: tensors on more than one device, indices out of ``[0, width)``,
+            unsorted or repeated within a row, an index/value length mismatch, a
+            negative ``row_index``.
 
     Example::
 
@@ -454,6 +473,16 @@ class SparseRowDataset(Dataset):
                 raise ValueError(f"items[{n}] row must be a row of this dataset, in "
                                  f"[0, {self.rows}), got {i!r}")
         _check_rows(pairs, self.width if k == 0 else cast(int, self.target_width))
+        # another dataset's rows of another dtype or device made a batch of that dtype (a
+        # float64 batch from a float32 dataset) or failed in torch.cat
+        values = parts[2]
+        for n, (_, row) in enumerate(pairs):
+            if row.values.numel() and (row.values.dtype != values.dtype
+                                       or row.values.device != values.device):
+                raise TypeError(f"items[{n}] holds values of dtype {row.values.dtype} on "
+                                f"{row.values.device}, this dataset's are {values.dtype} on "
+                                f"{values.device}; collate each dataset's items with its own "
+                                f"collate")
 
     def collate(self, items: List[Tuple[Any, ...]]) -> SparseRowBatch:
         """``collate_fn`` for a ``DataLoader``: a list of items -> one :class:`SparseRowBatch`.
@@ -464,7 +493,8 @@ class SparseRowDataset(Dataset):
         is recognised in O(1) and checked completely instead.
 
         Raises:
-            TypeError: items that are not ``dataset[i]`` tuples of rows.
+            TypeError: items that are not ``dataset[i]`` tuples of rows; a foreign row
+                whose values differ in dtype or device from this dataset's.
             ValueError: a foreign row outside this dataset's rows or width, or
                 with unsorted or repeated indices.
         """

@@ -255,7 +255,8 @@ class RatingNormalizer:
         self.orientation, self.center, self.scale = orientation, bool(center), (lo, hi)
         self._train = train  # its maps: the parts this normaliser reads must share them
         row, _, self.shape = _index(train, orientation)
-        mapped = self._map(train.rating.to(torch.float32))
+        # (statistics of data: a rating tensor that requires grad left its graph in row_mean)
+        mapped = self._map(train.rating.detach().to(torch.float32))
         self.global_mean = float(mapped.mean())
         counts = torch.bincount(row, minlength=self.shape[0]).to(mapped.dtype)
         sums = mapped.new_zeros(self.shape[0]).index_add_(0, row, mapped)

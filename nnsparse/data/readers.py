@@ -203,7 +203,7 @@ class Ratings:
         """``(min, max)`` of the ratings (reads the data: a sync on CUDA)."""
         if len(self) == 0:
             raise ValueError(f"ratings{_from(self.source)} are empty; they have no scale")
-        lo, hi = torch.aminmax(self.rating)
+        lo, hi = torch.aminmax(self.rating.detach())
         return float(lo), float(hi)
 
     def user_ids(self) -> List[Any]:
@@ -434,11 +434,22 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int],
     if len(bad):
         number = int(bad[0])
         want = f"{lo}" if lo == hi else f"{lo} to {hi}"
+        line = _line(raw, newlines, number)
         raise ValueError(f"{path}, line {number + 1}: expected {want} fields, got "
-                         f"{counts[number]}: {_line(raw, newlines, number)!r}")
+                         f"{counts[number]}: {line!r}{_other_format(line)}")
     if len(lines) == 0:
         raise ValueError(f"{path} holds no ratings (empty file)")
     return raw.split(), first[lines], lines + 1, _underscored(buf, starts)
+
+
+def _other_format(line: str) -> str:
+    """A hint when ``line`` is a rating line of another format (a csv file read as ml-100k:
+    its field count once split at that format's separator): ``format`` is the mistake."""
+    for fmt, (sep, (lo, hi), _, _) in _FORMATS.items():
+        if sep is not None and sep.decode() in line and lo <= len(line.split(sep.decode())) <= hi:
+            return (f"; its fields are separated by {sep.decode()!r}, as in format {fmt!r}: "
+                    f"check format= (one of {list(_FORMATS)})")
+    return ""
 
 
 def _underscored(buf: np.ndarray, starts: np.ndarray) -> Optional[np.ndarray]:

@@ -10,6 +10,7 @@ a mean fallback (counted), never from the network's output on an empty row.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import operator
@@ -22,7 +23,8 @@ import time
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Optional, Protocol, Tuple, Type, Union, cast
+from typing import (Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple, Type,
+                    Union, cast)
 
 import numpy as np
 import torch
@@ -97,6 +99,14 @@ class Recommendations(NamedTuple):
     titles: List[str]
 
 
+def _as_data(ratings: Ratings) -> Ratings:
+    """``ratings`` with ratings that do not require grad: data for ``fit``, not a parameter
+    (a graph from them reached the model's matrix and normaliser, which deepcopy refused)."""
+    if not ratings.rating.requires_grad:
+        return ratings
+    return dataclasses.replace(ratings, rating=ratings.rating.detach())
+
+
 def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optional[Tensor]:
     if features is None:
         return None
@@ -116,7 +126,9 @@ def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optiona
                          f"{tuple(features.shape)}")
     if features.is_complex():
         raise TypeError(f"{name} must be real, got {features.dtype}")
-    features = features.to(torch.float32)
+    # data, not a parameter: a tensor that requires grad kept its graph in the model's
+    # buffer (each step's backward wrote into the caller's .grad; deepcopy refused the model)
+    features = features.detach().to(torch.float32)
     if not bool(torch.isfinite(features).all()):
         raise ValueError(f"{name} must be finite, got NaN or infinite values")
     return features
@@ -361,7 +373,19 @@ class RatingModel(nn.Module):
         return ", ".join(f"{k}={v!r}" for k, v in own.items())
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
-        """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
+        """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing.
+
+        Raises:
+            RuntimeError: torch's errors (keys, shapes), before anything is copied; a
+                non-empty state for a model never fitted (``fit`` makes its layers).
+        """
+        if (not self._built and isinstance(state_dict, Mapping) and len(state_dict)
+                and not self.state_dict()):
+            # (torch's message listed every key as unexpected, without the reason)
+            raise RuntimeError(f"{type(self).__name__} is not fitted, so it has no layers to "
+                               f"load weights into (fit() builds them for its data's shape); "
+                               f"load a saved model with {type(self).__name__}.load(path), or "
+                               f"fit it first (nothing was loaded)")
         strict, assign = check_state_dict(self, state_dict, strict, assign)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
@@ -572,9 +596,11 @@ class RatingModel(nn.Module):
             weights until a ``fit`` succeeds.
         """
         check_ratings(train, "train")
+        train = _as_data(train)
         self._check_hparams()  # again: model.hparams may have been edited since __init__
         if validation is not None:
             check_ratings(validation, "validation")
+            validation = _as_data(validation)
             if len(validation) == 0:
                 raise ValueError("validation holds no ratings; pass None to hold out "
                                  "validation_ratio of train instead")

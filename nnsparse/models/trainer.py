@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from .. import distributed as nd
-from .._forms import as_count, as_device, as_flag, refuse_meta_device
+from .._forms import as_count, as_device, as_flag, refuse_meta, refuse_meta_device
 from .._optim_split import SplitOptimizer, make_optimizer
 from ..optim import LazyAdam
 from ..data import SparseRowDataset
@@ -259,6 +259,7 @@ class Trainer:
             got = x_train.layout if isinstance(x_train, Tensor) else type(x_train).__name__
             raise TypeError(f"x_train must be a sparse CSR or COO tensor (rows, width), "
                             f"got {got}")
+        refuse_meta(x_train, "x_train")  # (the finite check read it: torch's .item() error)
         if validate is not None and not callable(validate):
             raise TypeError(f"validate must be callable or None, got {type(validate).__name__}")
         if epochs is not None and (not isinstance(epochs, numbers.Integral)
@@ -285,6 +286,20 @@ class Trainer:
         loader = self.make_loader(SparseRowDataset(x_train))
         optimizer = self.make_optimizer()
         result, best_state = TrainResult(), None
+        # each module's mode, put back if training raises (run_epoch sets train mode: a batch
+        # the model refused at the first step left an evaluated model in train mode)
+        modes = [(m, m.training) for m in self.model.modules()]
+        try:
+            return self._epochs(run_for, loader, optimizer, validate, result, best_state)
+        except BaseException:
+            for module, training in modes:
+                module.training = training
+            raise
+
+    def _epochs(self, run_for: int, loader: Any, optimizer: Any,
+                validate: Optional[Callable[[], float]], result: TrainResult,
+                best_state: Optional[Dict[str, Tensor]]) -> TrainResult:
+        """The epochs of :meth:`fit`, its arguments checked."""
         for epoch in range(1, run_for + 1):
             start = time.perf_counter()
             loss = self.run_epoch(loader, optimizer, epoch)
