@@ -713,6 +713,13 @@ _KIND_KEYS = {"sgd": ("lr", "momentum", "nesterov", "weight_decay", "dense_above
               "adagrad": ("lr", "eps", "weight_decay", "initial_accumulator_value", "dense_above"),
               "rowwise_adagrad": ("lr", "eps", "weight_decay", "initial_accumulator_value",
                                   "dense_above")}
+def _scheduler_keys(group: Dict[str, Any]) -> Dict[str, Any]:
+    """What else than the kind's hyperparameters and ``params`` a table's group holds: the
+    keys an LR scheduler added (``initial_lr``, OneCycleLR's ``max_lr``...)."""
+    return {k: v for k, v in group.items()
+            if isinstance(k, str) and k not in _HP_KEYS and k != "params"}
+
+
 # torch.optim.Optimizer's hook tables, which its register_*_hook methods fill
 # (OrderedDicts: torch's RemovableHandle keeps a weak reference to them)
 _HOOK_TABLES = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
@@ -911,8 +918,10 @@ class InBackwardOptimizer(Optimizer):
       it is a ``torch.optim.Optimizer`` whose :attr:`param_groups` are one group per
       in-backward layer (model order; the dict the layer's backward reads its
       ``lr``, ``betas``, ``momentum`` from), then :attr:`dense`'s groups.  A
-      scheduler built fresh and given its ``load_state_dict`` resumes; the
-      optimiser's own :meth:`state_dict` keeps the layers' ``lr`` only.
+      scheduler built fresh and given its ``load_state_dict`` resumes, and so
+      does one built with ``last_epoch`` after the optimiser's
+      :meth:`load_state_dict` (its :meth:`state_dict` keeps the layers' ``lr``
+      and what a scheduler added to their groups, ``initial_lr``...).
       :meth:`set_lr` sets every group.
     * **Not with** ``torch.amp.GradScaler``: the rows are updated inside the
       backward from the *scaled* gradient, before a scaler could unscale it or
@@ -1109,9 +1118,12 @@ class InBackwardOptimizer(Optimizer):
 
     def state_dict(self) -> Dict[str, Any]:
         """``{"kind", "tables": {layer name: state}, "lr": {layer name: lr},
-        "dense": dense.state_dict() or None}`` (``lr``: the tables' learning
-        rates, as :meth:`set_lr` or a scheduler left them), through the hooks of
-        ``register_state_dict_pre_hook`` / ``_post_hook`` as torch's optimisers call them."""
+        "groups": {layer name: {key: value}}, "dense": dense.state_dict() or None}``
+        (``lr``: the tables' learning rates, as :meth:`set_lr` or a scheduler left
+        them; ``groups``: what else a scheduler put in a table's group, such as
+        ``initial_lr``, which a scheduler built with ``last_epoch`` reads), through
+        the hooks of ``register_state_dict_pre_hook`` / ``_post_hook`` as torch's
+        optimisers call them."""
         for pre in list(self._optimizer_state_dict_pre_hooks.values()):
             pre(self)
         state = self._own_state_dict()
@@ -1124,6 +1136,7 @@ class InBackwardOptimizer(Optimizer):
         return {"kind": self.kind,
                 "tables": {n: {k: t for k, t in u.state.items()} for n, u in self._updates.items()},
                 "lr": {n: u.hp["lr"] for n, u in self._updates.items()},
+                "groups": {n: _scheduler_keys(u.hp) for n, u in self._updates.items()},
                 "dense": self.dense.state_dict() if self.dense is not None else None}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -1182,12 +1195,22 @@ class InBackwardOptimizer(Optimizer):
                              f"for the layers {sorted(self._updates)}, got {rates!r}")
         for name, lr in rates.items():
             _check_non_negative(f"state_dict['lr'][{name!r}]", lr)
+        groups = state_dict.get("groups", {})  # absent from older state dicts
+        expected = (f"state_dict['groups'] must be a dict of layer name -> dict of the keys a "
+                    f"scheduler added (not {list(_HP_KEYS)} nor 'params') for the layers "
+                    f"{sorted(self._updates)}, got {groups!r}")
+        if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
+            raise TypeError(expected)
+        if not set(groups) <= set(self._updates) or any(g != _scheduler_keys(g)
+                                                         for g in groups.values()):
+            raise ValueError(expected)
         if self.dense is not None:
             self.dense.load_state_dict(state_dict["dense"])
         for name, u in self._updates.items():
             for key, t in u.state.items():
                 t.copy_(tables[name][key])
             u.hp["lr"] = rates.get(name, u.hp["lr"])
+            u.hp.update(groups.get(name, {}))
 
 
 def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,

@@ -179,6 +179,41 @@ def test_scheduler_reaches_the_in_backward_update(kind, scheduler):
     torch.testing.assert_close(ours.bias, reference.bias, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("scheduler", ["step", "one-cycle"])
+def test_scheduler_resumed_by_last_epoch_after_the_optimiser_loads(scheduler):
+    """torch's other resume: the optimiser's state dict keeps what a scheduler put in the
+    groups (``initial_lr``, OneCycleLR's ``max_lr``...), which a scheduler built with
+    ``last_epoch`` reads, into a fresh model and optimiser."""
+    make = {"step": lambda o, last: S.StepLR(o, step_size=1, gamma=0.5, last_epoch=last),
+            "one-cycle": lambda o, last: S.OneCycleLR(o, max_lr=0.05, total_steps=6,
+                                                      last_epoch=last)}[scheduler]
+    x = _full_batch()
+
+    def run(model, opt, sched, steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            opt.step()
+            sched.step()
+
+    torch.manual_seed(0)
+    ours, reference = nnsparse.SparseLinearBatch(6, 3), nnsparse.SparseLinearBatch(6, 3)
+    reference.load_state_dict(ours.state_dict())
+    fresh, fresh_ref = copy.deepcopy(ours), copy.deepcopy(reference)
+    opt, ref_opt = apply_optimizer_in_backward(ours, "adam", lr=1e-2), torch.optim.Adam(
+        reference.parameters(), lr=1e-2)
+    run(ours, opt, make(opt, -1), 2)
+    run(reference, ref_opt, make(ref_opt, -1), 2)
+    opt2 = apply_optimizer_in_backward(fresh, "adam", lr=1e-2)
+    opt2.load_state_dict(_round_trip(opt.state_dict()))
+    ref_opt2 = torch.optim.Adam(fresh_ref.parameters(), lr=1e-2)
+    ref_opt2.load_state_dict(ref_opt.state_dict())
+    run(fresh, opt2, make(opt2, 1), 2)
+    run(fresh_ref, ref_opt2, make(ref_opt2, 1), 2)
+    assert [g["lr"] for g in opt2.param_groups] == [g["lr"] for g in ref_opt2.param_groups] * 2
+    torch.testing.assert_close(fresh.weight, fresh_ref.weight, rtol=1e-5, atol=1e-6)
+
+
 def test_in_backward_optimizer_is_a_torch_optimizer():
     model = _autoencoder()
     opt = fused_step_optimizer(model, lr=0.01)
