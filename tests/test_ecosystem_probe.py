@@ -107,6 +107,21 @@ def test_builder_saved_half_way_loads_with_weights_only_and_goes_on():
     assert torch.equal(loaded.build((8, 8)).to_dense(), builder.build((8, 8)).to_dense())
 
 
+def test_a_builder_file_with_more_dimensions_than_a_builder_takes_is_refused(monkeypatch):
+    """A builder's state sets how many host buffers loading allocates (one per
+    dimension): a file claiming more than a builder can have is refused, not obeyed."""
+    saving = nnsparse.DynamicSparseTensor.__getstate__
+    with monkeypatch.context() as m:
+        m.setattr(nnsparse.DynamicSparseTensor, "__getstate__",
+                  lambda self: dict(saving(self), _ndim=1000))
+        buffer = io.BytesIO()
+        torch.save(nnsparse.DynamicSparseTensor(), buffer)
+    buffer.seek(0)
+    with pytest.raises(ValueError, match=r"a saved DynamicSparseTensor must have ndim an int "
+                                         r"in \[1, 64\], got 1000"):
+        torch.load(buffer, weights_only=True)
+
+
 def test_denoising_criterion_after_prepare_input_loads_with_weights_only():
     criterion = nnsparse.SDAESparseCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.5)
     x = _x()
