@@ -103,7 +103,7 @@ def _before_accumulation(key: int):
     def hook(grad: Tensor) -> None:
         if getattr(grad, _MADE, False) is True and grad.layout == torch.sparse_coo:
             index = grad._indices()
-            _SEEN[key] = (index.untyped_storage(), index.storage_offset(), grad._nnz(),
+            _SEEN[key] = (index.untyped_storage(), int(index.storage_offset()), grad._nnz(),
                           grad.is_coalesced())
         else:
             _SEEN.pop(key, None)

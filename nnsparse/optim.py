@@ -1064,9 +1064,13 @@ class InBackwardOptimizer(Optimizer):
     @overload
     def step(self, closure: Callable[[], float]) -> float: ...
 
+    # torch's wrapper (Optimizer.__init__ puts it on a subclass's step; no __init__ here):
+    # the step hooks, torch.optim.optimizer's global ones too, with torch's arguments
+    @Optimizer.profile_hook_step
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Step :attr:`dense` (the in-backward weights were updated by the backward).
-        The hooks of ``register_step_pre_hook`` / ``_post_hook`` run around it.
+        The hooks of ``register_step_pre_hook`` / ``_post_hook`` run around it, and the
+        global ones of ``torch.optim.optimizer``, as around a torch optimiser's step.
 
         Raises:
             RuntimeError: a parameter frozen when the optimiser was built now
@@ -1088,12 +1092,7 @@ class InBackwardOptimizer(Optimizer):
             raise RuntimeError(f"parameters {thawed} were frozen when this optimiser was built "
                                f"and now require grad: it would never train them; build the "
                                f"optimiser again after unfreezing")
-        for pre in list(self._optimizer_step_pre_hooks.values()):
-            pre(self, (), {})
-        loss = self.dense.step(closure) if self.dense is not None else _closure_loss(closure)
-        for post in list(self._optimizer_step_post_hooks.values()):
-            post(self, (), {})
-        return loss
+        return self.dense.step(closure) if self.dense is not None else _closure_loss(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero :attr:`dense`'s gradients (the in-backward weights have none)."""

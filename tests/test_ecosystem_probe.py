@@ -257,6 +257,28 @@ def test_in_backward_optimizer_is_a_torch_optimizer():
     assert copied.param_groups[0]["params"][0] is copied_model[0].weight
 
 
+def test_in_backward_step_hooks_as_torch_calls_them():
+    """The step hooks get torch's arguments (the step's args, the optimiser first, and
+    kwargs), a pre-hook's (args, kwargs) replace them, and the global hooks of
+    torch.optim.optimizer run too, as around a torch optimiser's step."""
+    from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                       register_optimizer_step_pre_hook)
+    model = _autoencoder()
+    opt = fused_step_optimizer(model, lr=0.01)
+    seen = []
+    handles = [register_optimizer_step_pre_hook(lambda o, a, k: seen.append(("global", o))),
+               register_optimizer_step_post_hook(lambda o, a, k: seen.append(("global-post", o)))]
+    try:
+        opt.register_step_pre_hook(lambda o, a, k: ((o,), {"closure": lambda: 2.0}))
+        opt.register_step_post_hook(lambda o, a, k: seen.append(("post", a, sorted(k))))
+        assert opt.step(lambda: 1.0) == 2.0  # the pre-hook's closure ran
+    finally:
+        for h in handles:
+            h.remove()
+    assert ("global", opt) in seen and ("global-post", opt) in seen
+    assert ("post", (opt,), ["closure"]) in seen
+
+
 def _mixed(sparse_grad):
     """SparseLinearBatch with sparse gradients beside a dense nn.Linear: make_optimizer
     then gives a SplitOptimizer."""
