@@ -941,11 +941,17 @@ def check_numel(sizes: Sequence[int], name: str, got: Optional[str] = None) -> T
     """``sizes`` as a tuple unless their product, a tensor's element count, passes int64
     (torch's sparse constructors: "numel: integer multiplication overflow").  The one
     wording: "``name`` must have at most 2**63 - 1 elements (torch counts them in int64),
-    got ``sizes``"; ``got`` words what came instead (with the sizes in it)."""
+    got ``sizes``"; ``got`` words what came instead (with the sizes in it).  Sizes whose
+    running product passes 2**64 before a 0 are refused too, as torch refuses them."""
     sizes = tuple(int(n) for n in sizes)
     if math.prod(sizes) > _INT64_MAX:
         raise ValueError(f"{name} must have at most 2**63 - 1 elements (torch counts them in "
                          f"int64), got {sizes if got is None else got}")
+    if any(math.prod(sizes[:i]) >= 2 ** 64 for i in range(2, len(sizes))):
+        # torch multiplies in turn in uint64 and keeps an overflow: a 0 after does not undo it
+        raise ValueError(f"{name} must keep the product of its first sizes below 2**64 (torch "
+                         f"multiplies them in turn, a 0 after them included), got "
+                         f"{sizes if got is None else got}")
     return sizes
 
 

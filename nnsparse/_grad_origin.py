@@ -12,14 +12,19 @@ tensor, though, so the layer's word is carried over by hooks:
 * the layer's backward marks each sparse gradient it returns
   (:func:`mark_made`: an attribute on the tensor, metadata only);
 * the layer's forward puts two hooks on its parameters (:func:`watch`, once
-  per parameter).  The tensor hook sees the incoming gradient before autograd
-  accumulates it: it is the layer's own tensor (gradients of several uses are
-  summed into a new, unmarked tensor) and ``p.grad`` before was none, empty or
-  itself marked.  The post-accumulate hook then marks ``p.grad``, with its
-  version counter: any in-place change since (which could write other indices)
-  voids the mark, and the optimiser checks that gradient as any other.
+  per parameter of a layer).  The tensor hook sees the incoming gradient and,
+  when it is the layer's own tensor (gradients of several uses are summed
+  into a new, unmarked tensor), notes its indices' storage.  Hooks registered
+  later, or none, may still hand autograd another gradient, so the
+  post-accumulate hook marks ``p.grad`` only when its indices are that very
+  storage (``p.grad`` was none before: autograd made it from the layer's
+  tensor), with its version counter: any in-place change since (which could
+  write other indices) voids the mark, and the optimiser checks that gradient
+  as any other.  A gradient accumulated into an earlier one is not marked.
 
-Nothing here reads a tensor's values.
+No weak reference to a parameter is kept (``torch.utils.swap_tensors``, which
+``Module.to`` uses under ``torch.__future__.set_swap_module_params_on_conversion``,
+refuses such a tensor).  Nothing here reads a tensor's values.
 """
 from __future__ import annotations
 
@@ -33,11 +38,13 @@ __all__: list = []
 
 _MADE = "_nnsparse_made"  # on a gradient a layer's backward returned
 _ORIGIN = "_nnsparse_origin"  # on p.grad: (its version when marked, known coalesced)
-# id(param) -> a weak reference to it, for the parameters that have the hooks
-_WATCHED: Dict[int, "weakref.ReferenceType[Tensor]"] = {}
-# id(param) -> whether the gradient being accumulated is known coalesced: set by
-# the tensor hook, read by the post-accumulate hook of the same parameter
-_EXPECTED: Dict[int, bool] = {}
+# id(param) -> the storage of the indices of the layer's gradient seen by the tensor hook,
+# their offset and count, and whether it is coalesced; read (and dropped) by the
+# post-accumulate hook of the same parameter.  Holding the storage keeps its address
+# from being reused before the comparison.
+_SEEN: Dict[int, Tuple[torch.UntypedStorage, int, int, bool]] = {}
+# a layer -> {parameter name: id of the parameter given the hooks}: entries die with the layer
+_WATCHED: "weakref.WeakKeyDictionary[nn.Module, Dict[str, int]]" = weakref.WeakKeyDictionary()
 
 
 def mark_made(grad: Tensor) -> Tensor:
@@ -46,22 +53,23 @@ def mark_made(grad: Tensor) -> Tensor:
     return grad
 
 
-def watch(param: Optional[Tensor]) -> None:
-    """Put the hooks that carry the mark onto ``param.grad`` (once per parameter).
+def watch(layer: nn.Module, name: str) -> None:
+    """Put the hooks that carry the mark onto ``layer``'s parameter ``name`` (once).
 
     Only a leaf ``nn.Parameter`` that requires a gradient, outside a compiled
     region: elsewhere the optimiser simply checks the gradient."""
+    param = layer._parameters.get(name)
     if (not isinstance(param, nn.Parameter) or not param.requires_grad or not param.is_leaf
             or torch.compiler.is_compiling()):
         return
-    key = id(param)
-    ref = _WATCHED.get(key)
-    if ref is not None and ref() is param:
+    watched = _WATCHED.setdefault(layer, {})
+    # the layer holds param, so an equal id is param's (or, for a parameter replaced since,
+    # the dead one's id reused: then no marks, only the optimiser's check)
+    if watched.get(name) == id(param):
         return
-    ref = weakref.ref(param, lambda _: _WATCHED.pop(key, None))
-    param.register_hook(_before_accumulation(ref))
+    param.register_hook(_before_accumulation(id(param)))
     param.register_post_accumulate_grad_hook(_after_accumulation)
-    _WATCHED[key] = ref
+    watched[name] = id(param)
 
 
 def origin(grad: Optional[Tensor]) -> Optional[Tuple[int, bool]]:
@@ -90,24 +98,27 @@ def keep_mark(grad: Tensor, mark: Optional[Tuple[int, bool]]) -> None:
         setattr(grad, _ORIGIN, (grad._version, mark[1]))
 
 
-def _before_accumulation(ref: "weakref.ReferenceType[Tensor]"):
+def _before_accumulation(key: int):
+    # key: id(param), alive while this hook (which it owns) runs
     def hook(grad: Tensor) -> None:
-        param = ref()
-        if param is None:
-            return
-        prior = param.grad
-        ours = getattr(grad, _MADE, False) is True and grad.layout == torch.sparse_coo
-        empty = prior is not None and prior.layout == torch.sparse_coo and prior._nnz() == 0
-        if ours and (prior is None or empty or origin(prior) is not None):
-            # a sum with an earlier gradient is not known coalesced
-            _EXPECTED[id(param)] = prior is None and grad.is_coalesced()
+        if getattr(grad, _MADE, False) is True and grad.layout == torch.sparse_coo:
+            index = grad._indices()
+            _SEEN[key] = (index.untyped_storage(), int(index.storage_offset()), grad._nnz(),
+                          grad.is_coalesced())
         else:
-            _EXPECTED.pop(id(param), None)
+            _SEEN.pop(key, None)
     return hook
 
 
 def _after_accumulation(param: Tensor) -> None:
-    coalesced = _EXPECTED.pop(id(param), None)
+    seen = _SEEN.pop(id(param), None)
     grad = param.grad
-    if coalesced is not None and grad is not None and grad.layout == torch.sparse_coo:
+    if seen is None or grad is None or grad.layout != torch.sparse_coo:
+        return
+    storage, offset, nnz, coalesced = seen
+    index = grad._indices()
+    # the very indices the layer made: not another hook's gradient, nor a sum with an
+    # earlier p.grad (written to new indices)
+    if (index.untyped_storage().data_ptr() == storage.data_ptr()
+            and index.storage_offset() == offset and grad._nnz() == nnz):
         setattr(grad, _ORIGIN, (grad._version, coalesced))

@@ -196,6 +196,12 @@ class DynamicSparseTensor:
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
+        # from a file (torch.load(weights_only=True) allows the class): ndim sets how many
+        # host buffers are allocated below, so a file cannot ask for more than a builder has
+        ndim = state.get("_ndim")
+        if not isinstance(ndim, int) or isinstance(ndim, bool) or not 1 <= ndim <= _MAX_NDIM:
+            raise ValueError(f"a saved DynamicSparseTensor must have ndim an int in "
+                             f"[1, {_MAX_NDIM}], got {ndim!r}")
         for name, value in state.items():
             setattr(self, name, value)
         self._ibuf = [array("q", bytes(8 * _FIRST_CHUNK)) for _ in range(self._ndim)]

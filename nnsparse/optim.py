@@ -713,6 +713,13 @@ _KIND_KEYS = {"sgd": ("lr", "momentum", "nesterov", "weight_decay", "dense_above
               "adagrad": ("lr", "eps", "weight_decay", "initial_accumulator_value", "dense_above"),
               "rowwise_adagrad": ("lr", "eps", "weight_decay", "initial_accumulator_value",
                                   "dense_above")}
+def _scheduler_keys(group: Dict[str, Any]) -> Dict[str, Any]:
+    """What else than the kind's hyperparameters and ``params`` a table's group holds: the
+    keys an LR scheduler added (``initial_lr``, OneCycleLR's ``max_lr``...)."""
+    return {k: v for k, v in group.items()
+            if isinstance(k, str) and k not in _HP_KEYS and k != "params"}
+
+
 # torch.optim.Optimizer's hook tables, which its register_*_hook methods fill
 # (OrderedDicts: torch's RemovableHandle keeps a weak reference to them)
 _HOOK_TABLES = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
@@ -911,8 +918,10 @@ class InBackwardOptimizer(Optimizer):
       it is a ``torch.optim.Optimizer`` whose :attr:`param_groups` are one group per
       in-backward layer (model order; the dict the layer's backward reads its
       ``lr``, ``betas``, ``momentum`` from), then :attr:`dense`'s groups.  A
-      scheduler built fresh and given its ``load_state_dict`` resumes; the
-      optimiser's own :meth:`state_dict` keeps the layers' ``lr`` only.
+      scheduler built fresh and given its ``load_state_dict`` resumes, and so
+      does one built with ``last_epoch`` after the optimiser's
+      :meth:`load_state_dict` (its :meth:`state_dict` keeps the layers' ``lr``
+      and what a scheduler added to their groups, ``initial_lr``...).
       :meth:`set_lr` sets every group.
     * **Not with** ``torch.amp.GradScaler``: the rows are updated inside the
       backward from the *scaled* gradient, before a scaler could unscale it or
@@ -1056,9 +1065,13 @@ class InBackwardOptimizer(Optimizer):
     @overload
     def step(self, closure: Callable[[], float]) -> float: ...
 
+    # torch's wrapper (Optimizer.__init__ puts it on a subclass's step; no __init__ here):
+    # the step hooks, torch.optim.optimizer's global ones too, with torch's arguments
+    @Optimizer.profile_hook_step
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Step :attr:`dense` (the in-backward weights were updated by the backward).
-        The hooks of ``register_step_pre_hook`` / ``_post_hook`` run around it.
+        The hooks of ``register_step_pre_hook`` / ``_post_hook`` run around it, and the
+        global ones of ``torch.optim.optimizer``, as around a torch optimiser's step.
 
         Raises:
             RuntimeError: a parameter frozen when the optimiser was built now
@@ -1080,12 +1093,7 @@ class InBackwardOptimizer(Optimizer):
             raise RuntimeError(f"parameters {thawed} were frozen when this optimiser was built "
                                f"and now require grad: it would never train them; build the "
                                f"optimiser again after unfreezing")
-        for pre in list(self._optimizer_step_pre_hooks.values()):
-            pre(self, (), {})
-        loss = self.dense.step(closure) if self.dense is not None else _closure_loss(closure)
-        for post in list(self._optimizer_step_post_hooks.values()):
-            post(self, (), {})
-        return loss
+        return self.dense.step(closure) if self.dense is not None else _closure_loss(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero :attr:`dense`'s gradients (the in-backward weights have none)."""
@@ -1114,9 +1122,12 @@ class InBackwardOptimizer(Optimizer):
 
     def state_dict(self) -> Dict[str, Any]:
         """``{"kind", "tables": {layer name: state}, "lr": {layer name: lr},
-        "dense": dense.state_dict() or None}`` (``lr``: the tables' learning
-        rates, as :meth:`set_lr` or a scheduler left them), through the hooks of
-        ``register_state_dict_pre_hook`` / ``_post_hook`` as torch's optimisers call them."""
+        "groups": {layer name: {key: value}}, "dense": dense.state_dict() or None}``
+        (``lr``: the tables' learning rates, as :meth:`set_lr` or a scheduler left
+        them; ``groups``: what else a scheduler put in a table's group, such as
+        ``initial_lr``, which a scheduler built with ``last_epoch`` reads), through
+        the hooks of ``register_state_dict_pre_hook`` / ``_post_hook`` as torch's
+        optimisers call them."""
         for pre in list(self._optimizer_state_dict_pre_hooks.values()):
             pre(self)
         state = self._own_state_dict()
@@ -1129,6 +1140,7 @@ class InBackwardOptimizer(Optimizer):
         return {"kind": self.kind,
                 "tables": {n: {k: t for k, t in u.state.items()} for n, u in self._updates.items()},
                 "lr": {n: u.hp["lr"] for n, u in self._updates.items()},
+                "groups": {n: _scheduler_keys(u.hp) for n, u in self._updates.items()},
                 "dense": self.dense.state_dict() if self.dense is not None else None}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -1188,12 +1200,22 @@ class InBackwardOptimizer(Optimizer):
         for name, lr in rates.items():
             _check_non_negative(f"state_dict['lr'][{name!r}]", lr)
         rates = {name: _number(lr) for name, lr in rates.items()}
+        groups = state_dict.get("groups", {})  # absent from older state dicts
+        expected = (f"state_dict['groups'] must be a dict of layer name -> dict of the keys a "
+                    f"scheduler added (not {list(_HP_KEYS)} nor 'params') for the layers "
+                    f"{sorted(self._updates)}, got {groups!r}")
+        if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
+            raise TypeError(expected)
+        if not set(groups) <= set(self._updates) or any(g != _scheduler_keys(g)
+                                                         for g in groups.values()):
+            raise ValueError(expected)
         if self.dense is not None:
             self.dense.load_state_dict(state_dict["dense"])
         for name, u in self._updates.items():
             for key, t in u.state.items():
                 t.copy_(tables[name][key])
             u.hp["lr"] = rates.get(name, u.hp["lr"])
+            u.hp.update(groups.get(name, {}))
 
 
 def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,

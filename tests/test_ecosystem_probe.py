@@ -107,6 +107,21 @@ def test_builder_saved_half_way_loads_with_weights_only_and_goes_on():
     assert torch.equal(loaded.build((8, 8)).to_dense(), builder.build((8, 8)).to_dense())
 
 
+def test_a_builder_file_with_more_dimensions_than_a_builder_takes_is_refused(monkeypatch):
+    """A builder's state sets how many host buffers loading allocates (one per
+    dimension): a file claiming more than a builder can have is refused, not obeyed."""
+    saving = nnsparse.DynamicSparseTensor.__getstate__
+    with monkeypatch.context() as m:
+        m.setattr(nnsparse.DynamicSparseTensor, "__getstate__",
+                  lambda self: dict(saving(self), _ndim=1000))
+        buffer = io.BytesIO()
+        torch.save(nnsparse.DynamicSparseTensor(), buffer)
+    buffer.seek(0)
+    with pytest.raises(ValueError, match=r"a saved DynamicSparseTensor must have ndim an int "
+                                         r"in \[1, 64\], got 1000"):
+        torch.load(buffer, weights_only=True)
+
+
 def test_denoising_criterion_after_prepare_input_loads_with_weights_only():
     criterion = nnsparse.SDAESparseCriterion(nn.MSELoss(), alpha=1.0, beta=0.5, hide_ratio=0.5)
     x = _x()
@@ -179,6 +194,41 @@ def test_scheduler_reaches_the_in_backward_update(kind, scheduler):
     torch.testing.assert_close(ours.bias, reference.bias, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("scheduler", ["step", "one-cycle"])
+def test_scheduler_resumed_by_last_epoch_after_the_optimiser_loads(scheduler):
+    """torch's other resume: the optimiser's state dict keeps what a scheduler put in the
+    groups (``initial_lr``, OneCycleLR's ``max_lr``...), which a scheduler built with
+    ``last_epoch`` reads, into a fresh model and optimiser."""
+    make = {"step": lambda o, last: S.StepLR(o, step_size=1, gamma=0.5, last_epoch=last),
+            "one-cycle": lambda o, last: S.OneCycleLR(o, max_lr=0.05, total_steps=6,
+                                                      last_epoch=last)}[scheduler]
+    x = _full_batch()
+
+    def run(model, opt, sched, steps):
+        for _ in range(steps):
+            opt.zero_grad()
+            model(x).pow(2).sum().backward()
+            opt.step()
+            sched.step()
+
+    torch.manual_seed(0)
+    ours, reference = nnsparse.SparseLinearBatch(6, 3), nnsparse.SparseLinearBatch(6, 3)
+    reference.load_state_dict(ours.state_dict())
+    fresh, fresh_ref = copy.deepcopy(ours), copy.deepcopy(reference)
+    opt, ref_opt = apply_optimizer_in_backward(ours, "adam", lr=1e-2), torch.optim.Adam(
+        reference.parameters(), lr=1e-2)
+    run(ours, opt, make(opt, -1), 2)
+    run(reference, ref_opt, make(ref_opt, -1), 2)
+    opt2 = apply_optimizer_in_backward(fresh, "adam", lr=1e-2)
+    opt2.load_state_dict(_round_trip(opt.state_dict()))
+    ref_opt2 = torch.optim.Adam(fresh_ref.parameters(), lr=1e-2)
+    ref_opt2.load_state_dict(ref_opt.state_dict())
+    run(fresh, opt2, make(opt2, 1), 2)
+    run(fresh_ref, ref_opt2, make(ref_opt2, 1), 2)
+    assert [g["lr"] for g in opt2.param_groups] == [g["lr"] for g in ref_opt2.param_groups] * 2
+    torch.testing.assert_close(fresh.weight, fresh_ref.weight, rtol=1e-5, atol=1e-6)
+
+
 def test_in_backward_optimizer_is_a_torch_optimizer():
     model = _autoencoder()
     opt = fused_step_optimizer(model, lr=0.01)
@@ -205,6 +255,28 @@ def test_in_backward_optimizer_is_a_torch_optimizer():
     _train_step(copied_model, copied)
     assert not torch.equal(copied_model[0].weight, before)
     assert copied.param_groups[0]["params"][0] is copied_model[0].weight
+
+
+def test_in_backward_step_hooks_as_torch_calls_them():
+    """The step hooks get torch's arguments (the step's args, the optimiser first, and
+    kwargs), a pre-hook's (args, kwargs) replace them, and the global hooks of
+    torch.optim.optimizer run too, as around a torch optimiser's step."""
+    from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                       register_optimizer_step_pre_hook)
+    model = _autoencoder()
+    opt = fused_step_optimizer(model, lr=0.01)
+    seen = []
+    handles = [register_optimizer_step_pre_hook(lambda o, a, k: seen.append(("global", o))),
+               register_optimizer_step_post_hook(lambda o, a, k: seen.append(("global-post", o)))]
+    try:
+        opt.register_step_pre_hook(lambda o, a, k: ((o,), {"closure": lambda: 2.0}))
+        opt.register_step_post_hook(lambda o, a, k: seen.append(("post", a, sorted(k))))
+        assert opt.step(lambda: 1.0) == 2.0  # the pre-hook's closure ran
+    finally:
+        for h in handles:
+            h.remove()
+    assert ("global", opt) in seen and ("global-post", opt) in seen
+    assert ("post", (opt,), ["closure"]) in seen
 
 
 def _mixed(sparse_grad):

@@ -378,6 +378,16 @@ def test_check_numel(args, message):
     assert check_numel([2 ** 62, 1], "size") == (2 ** 62, 1)  # a list: a tuple of ints
     assert check_numel((2 ** 31, 2 ** 31, 2 ** 0), "size") == (2 ** 31, 2 ** 31, 1)  # 2**62
     assert check_numel((), "size") == ()
+    # torch multiplies the sizes in turn in uint64: past 2**64 it overflows, a 0 after too
+    big = (2 ** 40, 2 ** 40, 0)
+    with pytest.raises(RuntimeError, match="numel: integer multiplication overflow"):
+        torch.sparse_coo_tensor(torch.zeros(3, 0, dtype=torch.long), torch.zeros(0), big)
+    with pytest.raises(ValueError, match=re.escape(
+            "size must keep the product of its first sizes below 2**64 (torch multiplies them "
+            "in turn, a 0 after them included), got (1099511627776, 1099511627776, 0)")):
+        check_numel(big, "size")
+    assert check_numel((0, 2 ** 40, 2 ** 40), "size") == (0, 2 ** 40, 2 ** 40)  # torch's too
+    torch.sparse_coo_tensor(torch.zeros(3, 0, dtype=torch.long), torch.zeros(0), (0, 2 ** 40, 2 ** 40))
 
 
 @pytest.mark.parametrize("value, expected, message", [

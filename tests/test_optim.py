@@ -611,6 +611,55 @@ def test_a_layers_gradient_changed_by_hand_is_checked_again(change, backward_aft
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 
+def _split_in_two(g):
+    """The same gradient with each entry split in two halves: duplicate indices, unsorted."""
+    g = g.coalesce()
+    index, values = g.indices(), g.values()
+    return torch.sparse_coo_tensor(torch.cat([index.flip(1), index], 1),
+                                   torch.cat([0.5 * values.flip(0), 0.5 * values]), g.shape)
+
+
+def test_a_gradient_hook_registered_after_the_first_forward_is_not_trusted():
+    """A hook on the parameter that runs after nnsparse's (registered after the forward
+    that put them) may return another gradient: its duplicates are summed by the step,
+    as for the same hook on a model whose gradients nobody marked."""
+    x, y = _sparse_batches()
+    ours, ref = _sparse_grad_model(), _sparse_grad_model()
+    _backward(ours, x, y)  # the layers' first forward: their hooks go on first
+    ours.zero_grad()
+    for model in (ours, ref):
+        for p in model.parameters():
+            p.register_hook(_split_in_two)
+    for model in (ours, ref):
+        opt = noptim.LazyAdam(model.parameters(), lr=0.1)
+        _backward(model, x, y)
+        if model is ref:  # the same gradients, not made by a layer
+            for p in model.parameters():
+                p.grad = torch.sparse_coo_tensor(p.grad._indices(), p.grad._values(), p.shape)
+        opt.step()
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+
+
+def test_a_trained_layer_converts_with_swapped_parameters():
+    """torch.__future__.set_swap_module_params_on_conversion(True) makes Module.to swap
+    each parameter (torch.utils.swap_tensors), which refuses one with a weak reference:
+    nnsparse keeps none to the parameters whose gradients it marks."""
+    x, y = _sparse_batches()
+    model = _sparse_grad_model()
+    _backward(model, x, y)
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        model.to(torch.float64)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(before)
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    model.zero_grad()
+    _backward(model, x.double(), y.double())  # the swapped parameters train on
+    assert all(p.grad.dtype == torch.float64 for p in model.parameters())
+
+
 # -- clip_grad_norm_: torch's, with sparse COO gradients (torch 2.13 raises on them) -------
 def test_torch_clip_grad_norm_raises_on_sparse_gradients():
     """Why nnsparse.optim.clip_grad_norm_ exists: if torch takes them one day, this fails."""

@@ -220,7 +220,12 @@ def test_state_dict_round_trip():
              r"\['dec'\]\['exp_avg'\] must be a tensor of shape \(\d+, \d+\), got \[0.0\]$"),
             (("lr", 0.1), TypeError, r"state_dict\['lr'\] must be a dict .* got 0.1$"),
             (("lr", {"nope": 0.1}), ValueError,
-             r"state_dict\['lr'\] must be a dict .* got \{'nope'")]:
+             r"state_dict\['lr'\] must be a dict .* got \{'nope'"),
+            (("groups", [0.1]), TypeError, r"state_dict\['groups'\] must be a dict .* got \[0.1\]$"),
+            (("groups", {"dec": {"lr": 9.0}}), ValueError,  # lr has its own, checked entry
+             r"state_dict\['groups'\] must be a dict .* \(not \['lr', .* got \{'dec'"),
+            (("groups", {"nope": {}}), ValueError,
+             r"state_dict\['groups'\] must be a dict .* got \{'nope'")]:
         bad = copy.deepcopy(saved_opt)
         *where, last, value = broken
         target = bad

@@ -595,8 +595,8 @@ class SparseLinearBatch(nn.Module):
             as_sparse_batch(input, name="input", width=self.in_features)
             input = move_structure(input, input.to(self._table().dtype))
         if self.sparse_grad:  # LazyAdam then trusts the sparse gradients these layers make
-            _grad_origin.watch(self.weight_t)
-            _grad_origin.watch(self.bias)
+            _grad_origin.watch(self, "weight_t")
+            _grad_origin.watch(self, "bias")
         return _linear_table(input, self._table(), self.bias, self.mode, self.sparse_grad,
                              self._row_update)
 

@@ -385,8 +385,8 @@ class SparseOutputLinear(nn.Linear):
             # sampled product in the weight's dtype, as the custom operator does.
             input = input.to(self.weight.dtype)
         if self.sparse_grad and pattern is not None:  # LazyAdam then trusts their gradients
-            _grad_origin.watch(self.weight)
-            _grad_origin.watch(self.bias)
+            _grad_origin.watch(self, "weight")
+            _grad_origin.watch(self, "bias")
         return _sampled_linear(input, self.weight, self.bias, pattern, self.sparse_grad,
                                self._row_update)
 
