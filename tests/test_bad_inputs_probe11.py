@@ -459,3 +459,69 @@ READER_CASES = [
 @pytest.mark.parametrize("case", READER_CASES, ids=lambda c: c.id)
 def test_probe11_readers(case: Case, tmp_path: Any) -> None:
     run_case(case, tmp_path)
+
+
+# -- review of round 11: valid inputs beside the new checks, and the checks' gaps ------------
+
+class _SubclassedMSE(nn.MSELoss):
+    """A loss nnsparse does not know by type (exact types only): its own forward is run."""
+
+
+def _complex_target() -> torch.Tensor:
+    return _x().to(torch.complex64) * (1 + 2j)
+
+
+REVIEW_CASES = [
+    # a subclassed loss goes the generic way, where the target was cast to the real estimate's
+    # dtype: its imaginary part dropped (torch's warning only), as the known losses refused
+    Case("sdae_dense_complex_target_subclassed_loss",
+         lambda: SDAECriterion(_SubclassedMSE(), beta=1.0)(
+             torch.zeros(3, 4), _complex_target(), mask=torch.zeros(3, 4, dtype=torch.bool)),
+         TypeError, r"target values must be real numbers for a real estimate "
+                    r"\(_SubclassedMSE\), got dtype torch.complex64"),
+    Case("mask_dense_complex_target_subclassed_loss_prepared",
+         lambda: (lambda c: (c.prepare_input(_x()), c(torch.zeros(3, 4), _complex_target()))[1])(
+             MaskCriterion(_SubclassedMSE(), hide_ratio=0.5,
+                           generator=torch.Generator().manual_seed(0))),
+         TypeError, r"target values must be real numbers for a real estimate "
+                    r"\(_SubclassedMSE\), got dtype torch.complex64"),
+    # beside them, what works: a real target of another dtype is cast, for both kinds of loss
+    Case("sdae_dense_float64_target_subclassed_loss_works",
+         lambda: SDAECriterion(_SubclassedMSE(), beta=1.0)(
+             torch.zeros(3, 4), _x().double(), mask=torch.zeros(3, 4, dtype=torch.bool)),
+         None, check=lambda loss: loss.dtype == torch.float32 and float(loss) == 30 / 12),
+    # an empty row's float dtype joined to int64 rows: the batch was int64 but its values went
+    # through float64 (torch.cat promoted them), and 2**60 + 1 came back as 2**60
+    Case("collate_rows_empty_float64_row_int64_values_exact",
+         lambda: _collate([(0, (torch.tensor([], dtype=torch.int64),
+                                torch.tensor([], dtype=torch.float64))),
+                           (1, _row([3], [2 ** 60 + 1], torch.int64))]),
+         None, check=lambda b: b.dtype == torch.int64 and b.values().tolist() == [2 ** 60 + 1]),
+    Case("collate_rows_only_empty_rows_work",
+         lambda: _collate([(0, (torch.tensor([], dtype=torch.int64),
+                                torch.tensor([], dtype=torch.float64)))]),
+         None, check=lambda b: b.dtype == torch.float64 and b._nnz() == 0),
+    # torch.max / median / mode / kthvalue give (values, indices) too: not "a sort or top-k"
+    Case("layer_of_torch_max",
+         lambda: __import__("nnsparse").SparseLinearBatch(4, 2)(torch.max(_x(), 1)),
+         TypeError, r"input is a max \(values, indices\), the dense \(values, indices\) result "
+                    r"of a reduction, not a sparse batch nor a list of rows; pass the sparse "
+                    r"batch it was computed from"),
+    # another NamedTuple was computed from no sparse batch: its fields are not rows
+    Case("densify_of_a_namedtuple",
+         lambda: __import__("nnsparse").densify(
+             __import__("collections").namedtuple("Pair", "a b")(_x().to_sparse()[0],
+                                                                 _x().to_sparse()[1]),
+             size=(2, 4)),
+         TypeError, r"x is a Pair \(a, b\), not a sparse batch nor a list of rows; pass a "
+                    r"sparse tensor, or the rows as a list"),
+    Case("densify_of_a_tuple_of_rows_works",
+         lambda: __import__("nnsparse").densify((_x().to_sparse()[0], _x().to_sparse()[1]),
+                                                size=(2, 4)),
+         None, check=lambda d: torch.equal(d, _x()[:2])),
+]
+
+
+@pytest.mark.parametrize("case", REVIEW_CASES, ids=lambda c: c.id)
+def test_probe11_review(case: Case) -> None:
+    run_case(case)
