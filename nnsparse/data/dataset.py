@@ -281,10 +281,11 @@ def _collate(rows: Sequence[Tuple[int, Row]], width: int,
     cols = [r[1][0] for r in rows]
     col = torch.cat(cols).to(torch.int64) if n else torch.zeros(0, dtype=torch.int64)
     vals = [r[1][1] for r in rows]
-    values = torch.cat(vals) if n else torch.zeros(0)
     # an empty row's dtype is not the data's (torch.tensor([]) is float32 whatever the rows),
-    # and torch.cat promotes to it: the batch keeps the dtype of the rows with entries
-    values = values.to(next((v.dtype for v in vals if v.numel()), values.dtype))
+    # and torch.cat promotes to it: joined without the empty rows, the batch keeps the dtype
+    # and the exact values of the rows with entries (an int64 2**60 + 1 went through float64)
+    full = [v for v in vals if v.numel()]
+    values = torch.cat(full or vals) if n else torch.zeros(0)
     crow = crow_from_counts(torch.tensor([c.shape[0] for c in cols], dtype=torch.int64))
     batch = SparseBatch(rows_from_crow(crow, col.shape[0]), col, values, (n, width), "csr",
                         row_sorted=True, coalesced=True, trusted=True)
