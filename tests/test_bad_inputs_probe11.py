@@ -453,6 +453,14 @@ READER_CASES = [
          ValueError, r"expected 4 fields, got 1: 'userId;movieId;rating;timestamp'$"),
     Case("text_given_three_commas_no_hint", lambda tmp: _read(tmp, "r.txt", "1,1,5\n", "text"),
          ValueError, r"expected 3 to 4 fields, got 1: '1,1,5'$"),
+    # a comment or a sentence holding commas is no csv line: its fields are not single tokens
+    Case("ml100k_given_a_comment_with_commas_no_hint",
+         lambda tmp: _read(tmp, "u1.base", "# users, items, ratings, times\n1\t1\t5\t0\n",
+                           "ml-100k"),
+         ValueError, r"line 1: expected 4 fields, got 5: '# users, items, ratings, times'$"),
+    Case("text_given_a_csv_line_with_spaces_after_commas_hint",
+         lambda tmp: _read(tmp, "r.txt", "1,1, 5,0\n", "text"), ValueError,
+         r"got 2: '1,1, 5,0'; its fields are separated by ',', as in format 'csv'"),
 ]
 
 
