@@ -533,3 +533,16 @@ REVIEW_CASES = [
 @pytest.mark.parametrize("case", REVIEW_CASES, ids=lambda c: c.id)
 def test_probe11_review(case: Case) -> None:
     run_case(case)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_probe11_review_collate_foreign_rows_on_another_device() -> None:
+    """A device is a wrong value (ValueError), as ``collate_sparse_rows`` and
+    ``SparseRowBatch`` say it; the dtype a wrong kind (TypeError)."""
+    from nnsparse.data import SparseRow
+    ours, _ = _datasets()
+    row = ours[0][1]
+    moved = (0, SparseRow(row.indices.cuda(), row.values.cuda()))
+    with pytest.raises(ValueError, match=r"items\[0\] holds values of dtype torch.float32 on "
+                                         r"cuda:0, this dataset's are torch.float32 on cpu"):
+        ours.collate([moved])

@@ -480,7 +480,9 @@ class SparseRowDataset(Dataset):
         for n, (_, row) in enumerate(pairs):
             if row.values.numel() and (row.values.dtype != values.dtype
                                        or row.values.device != values.device):
-                raise TypeError(f"items[{n}] holds values of dtype {row.values.dtype} on "
+                # (a device is a wrong value, as _check_rows and SparseRowBatch say it)
+                error = ValueError if row.values.device != values.device else TypeError
+                raise error(f"items[{n}] holds values of dtype {row.values.dtype} on "
                                 f"{row.values.device}, this dataset's are {values.dtype} on "
                                 f"{values.device}; collate each dataset's items with its own "
                                 f"collate")
@@ -495,9 +497,9 @@ class SparseRowDataset(Dataset):
 
         Raises:
             TypeError: items that are not ``dataset[i]`` tuples of rows; a foreign row
-                whose values differ in dtype or device from this dataset's.
-            ValueError: a foreign row outside this dataset's rows or width, or
-                with unsorted or repeated indices.
+                whose values differ in dtype from this dataset's.
+            ValueError: a foreign row outside this dataset's rows or width, on another
+                device, or with unsorted or repeated indices.
         """
         # The rows are trusted (they come from the checked matrices): only their kind is checked.
         try:
