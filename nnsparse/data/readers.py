@@ -447,7 +447,9 @@ def _other_format(line: str) -> str:
     its field count once split at that format's separator, each field one token; a comment
     with commas is none): ``format`` is the mistake."""
     for fmt, (sep, (lo, hi), _, _) in _FORMATS.items():
-        fields = line.split(sep.decode()) if sep is not None else []
+        if sep is None:
+            continue
+        fields = line.split(sep.decode())
         if lo <= len(fields) <= hi and all(len(f.split()) == 1 for f in fields):
             return (f"; its fields are separated by {sep.decode()!r}, as in format {fmt!r}: "
                     f"check format= (one of {list(_FORMATS)})")
