@@ -546,3 +546,18 @@ def test_probe11_review_collate_foreign_rows_on_another_device() -> None:
     with pytest.raises(ValueError, match=r"items\[0\] holds values of dtype torch.float32 on "
                                          r"cuda:0, this dataset's are torch.float32 on cpu"):
         ours.collate([moved])
+
+
+def test_probe11_review_normalizer_of_computed_ratings_deep_copies() -> None:
+    """Ratings computed in a graph (a non-leaf that requires grad): the normaliser kept the
+    record, so deepcopy still refused it ("Only Tensors created explicitly by the user"),
+    though its row means were detached; the caller's ratings keep their graph."""
+    import copy
+    from nnsparse.data import Ratings, RatingNormalizer
+    weight = torch.tensor(2., requires_grad=True)
+    rating = torch.tensor([1., 5., 3.]) * weight
+    train = Ratings(torch.tensor([0, 1, 0]), torch.tensor([0, 0, 1]), rating, {0: 0, 1: 1},
+                    {0: 0, 1: 1})
+    copied = copy.deepcopy(RatingNormalizer(train, "item"))
+    assert not copied.row_mean.requires_grad and copied.row_mean.tolist() == [0.0, 0.0]
+    assert train.rating is rating and rating.grad_fn is not None
