@@ -37,6 +37,7 @@ import math
 import numbers
 import operator
 import string
+import types
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import (Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Type,
@@ -893,8 +894,11 @@ _SORTS = ("sort", "topk", "SortResult", "TopkResult")
 def _field_names(x: Any) -> List[str]:
     """The field names of a NamedTuple or of a ``torch.return_types`` structseq."""
     fields: Any = getattr(x, "_fields", None)
-    if fields is None:  # a structseq names its fields in its type's __match_args__
-        fields = getattr(type(x), "__match_args__", ())
+    if fields is None:  # a structseq: its member descriptors, in field order (not its
+        # __match_args__, which Python 3.9 lacks: a sort result was "a sort ()" there)
+        kind = type(x)
+        named = [k for k, v in vars(kind).items() if isinstance(v, types.MemberDescriptorType)]
+        fields = named[:getattr(kind, "n_sequence_fields", 0)]
     return [str(f) for f in fields]
 
 

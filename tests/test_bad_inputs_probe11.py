@@ -561,3 +561,16 @@ def test_probe11_review_normalizer_of_computed_ratings_deep_copies() -> None:
     copied = copy.deepcopy(RatingNormalizer(train, "item"))
     assert not copied.row_mean.requires_grad and copied.row_mean.tolist() == [0.0, 0.0]
     assert train.rating is rating and rating.grad_fn is not None
+
+
+def test_probe11_review_structseq_field_names_without_match_args() -> None:
+    """The field names of a structseq (torch.return_types, os.stat_result) come from its
+    member descriptors, in order: ``__match_args__`` (read before) is Python >= 3.10's,
+    and setup.cfg allows 3.9, where a sort result was named "a sort ()" without them."""
+    import time
+    from nnsparse._forms import _field_names
+    assert _field_names(time.localtime()) == ["tm_year", "tm_mon", "tm_mday", "tm_hour",
+                                              "tm_min", "tm_sec", "tm_wday", "tm_yday",
+                                              "tm_isdst"]
+    assert _field_names(torch.sort(torch.rand(3))) == ["values", "indices"]
+    assert _field_names(torch.rand(3).aminmax()) == ["min", "max"]
