@@ -37,6 +37,7 @@ import math
 import numbers
 import operator
 import string
+import types
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import (Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Type,
@@ -864,12 +865,14 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
                             f"layers read; pass {name}.to_sparse_csr() to eager nnsparse "
                             f"functions and criteria")
         if hasattr(x, "_fields") or hasattr(x, "n_fields"):  # a NamedTuple or torch.return_types
-            fields = _field_names(x)
-            what = ("the dense result of a sort or top-k, " if fields == ["values", "indices"]
-                    else "")
-            raise TypeError(f"{name} is a {type(x).__name__} ({', '.join(fields)}), {what}not "
-                            f"a sparse batch nor a list of rows; pass the sparse batch it was "
-                            f"computed from")
+            fields, kind = _field_names(x), type(x).__name__
+            what, advice = "", "a sparse tensor, or the rows as a list"
+            if fields == ["values", "indices"]:  # (torch.max, median, mode... give them too)
+                what = ("the dense result of a sort or top-k, " if kind in _SORTS
+                        else "the dense (values, indices) result of a reduction, ")
+                advice = "the sparse batch it was computed from"
+            raise TypeError(f"{name} is a {kind} ({', '.join(fields)}), {what}not a sparse "
+                            f"batch nor a list of rows; pass {advice}")
         batch = _from_list(x, name, width)
     else:
         raise TypeError(f"{name} must be a sparse tensor, a pair tensor or a list of sparse "
@@ -884,11 +887,18 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
     return batch
 
 
+# the (values, indices) results of sorts: torch.sort's and torch.topk's, nnsparse.sort's
+_SORTS = ("sort", "topk", "SortResult", "TopkResult")
+
+
 def _field_names(x: Any) -> List[str]:
     """The field names of a NamedTuple or of a ``torch.return_types`` structseq."""
     fields: Any = getattr(x, "_fields", None)
-    if fields is None:  # a structseq names its fields in its type's __match_args__
-        fields = getattr(type(x), "__match_args__", ())
+    if fields is None:  # a structseq: its member descriptors, in field order (not its
+        # __match_args__, which Python 3.9 lacks: a sort result was "a sort ()" there)
+        kind = type(x)
+        named = [k for k, v in vars(kind).items() if isinstance(v, types.MemberDescriptorType)]
+        fields = named[:getattr(kind, "n_sequence_fields", 0)]
     return [str(f) for f in fields]
 
 

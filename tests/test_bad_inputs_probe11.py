@@ -453,9 +453,124 @@ READER_CASES = [
          ValueError, r"expected 4 fields, got 1: 'userId;movieId;rating;timestamp'$"),
     Case("text_given_three_commas_no_hint", lambda tmp: _read(tmp, "r.txt", "1,1,5\n", "text"),
          ValueError, r"expected 3 to 4 fields, got 1: '1,1,5'$"),
+    # a comment or a sentence holding commas is no csv line: its fields are not single tokens
+    Case("ml100k_given_a_comment_with_commas_no_hint",
+         lambda tmp: _read(tmp, "u1.base", "# users, items, ratings, times\n1\t1\t5\t0\n",
+                           "ml-100k"),
+         ValueError, r"line 1: expected 4 fields, got 5: '# users, items, ratings, times'$"),
+    Case("text_given_a_csv_line_with_spaces_after_commas_hint",
+         lambda tmp: _read(tmp, "r.txt", "1,1, 5,0\n", "text"), ValueError,
+         r"got 2: '1,1, 5,0'; its fields are separated by ',', as in format 'csv'"),
 ]
 
 
 @pytest.mark.parametrize("case", READER_CASES, ids=lambda c: c.id)
 def test_probe11_readers(case: Case, tmp_path: Any) -> None:
     run_case(case, tmp_path)
+
+
+# -- review of round 11: valid inputs beside the new checks, and the checks' gaps ------------
+
+class _SubclassedMSE(nn.MSELoss):
+    """A loss nnsparse does not know by type (exact types only): its own forward is run."""
+
+
+def _complex_target() -> torch.Tensor:
+    return _x().to(torch.complex64) * (1 + 2j)
+
+
+REVIEW_CASES = [
+    # a subclassed loss goes the generic way, where the target was cast to the real estimate's
+    # dtype: its imaginary part dropped (torch's warning only), as the known losses refused
+    Case("sdae_dense_complex_target_subclassed_loss",
+         lambda: SDAECriterion(_SubclassedMSE(), beta=1.0)(
+             torch.zeros(3, 4), _complex_target(), mask=torch.zeros(3, 4, dtype=torch.bool)),
+         TypeError, r"target values must be real numbers for a real estimate "
+                    r"\(_SubclassedMSE\), got dtype torch.complex64"),
+    Case("mask_dense_complex_target_subclassed_loss_prepared",
+         lambda: (lambda c: (c.prepare_input(_x()), c(torch.zeros(3, 4), _complex_target()))[1])(
+             MaskCriterion(_SubclassedMSE(), hide_ratio=0.5,
+                           generator=torch.Generator().manual_seed(0))),
+         TypeError, r"target values must be real numbers for a real estimate "
+                    r"\(_SubclassedMSE\), got dtype torch.complex64"),
+    # beside them, what works: a real target of another dtype is cast, for both kinds of loss
+    Case("sdae_dense_float64_target_subclassed_loss_works",
+         lambda: SDAECriterion(_SubclassedMSE(), beta=1.0)(
+             torch.zeros(3, 4), _x().double(), mask=torch.zeros(3, 4, dtype=torch.bool)),
+         None, check=lambda loss: loss.dtype == torch.float32 and float(loss) == 30 / 12),
+    # an empty row's float dtype joined to int64 rows: the batch was int64 but its values went
+    # through float64 (torch.cat promoted them), and 2**60 + 1 came back as 2**60
+    Case("collate_rows_empty_float64_row_int64_values_exact",
+         lambda: _collate([(0, (torch.tensor([], dtype=torch.int64),
+                                torch.tensor([], dtype=torch.float64))),
+                           (1, _row([3], [2 ** 60 + 1], torch.int64))]),
+         None, check=lambda b: b.dtype == torch.int64 and b.values().tolist() == [2 ** 60 + 1]),
+    Case("collate_rows_only_empty_rows_work",
+         lambda: _collate([(0, (torch.tensor([], dtype=torch.int64),
+                                torch.tensor([], dtype=torch.float64)))]),
+         None, check=lambda b: b.dtype == torch.float64 and b._nnz() == 0),
+    # torch.max / median / mode / kthvalue give (values, indices) too: not "a sort or top-k"
+    Case("layer_of_torch_max",
+         lambda: __import__("nnsparse").SparseLinearBatch(4, 2)(torch.max(_x(), 1)),
+         TypeError, r"input is a max \(values, indices\), the dense \(values, indices\) result "
+                    r"of a reduction, not a sparse batch nor a list of rows; pass the sparse "
+                    r"batch it was computed from"),
+    # another NamedTuple was computed from no sparse batch: its fields are not rows
+    Case("densify_of_a_namedtuple",
+         lambda: __import__("nnsparse").densify(
+             __import__("collections").namedtuple("Pair", "a b")(_x().to_sparse()[0],
+                                                                 _x().to_sparse()[1]),
+             size=(2, 4)),
+         TypeError, r"x is a Pair \(a, b\), not a sparse batch nor a list of rows; pass a "
+                    r"sparse tensor, or the rows as a list"),
+    Case("densify_of_a_tuple_of_rows_works",
+         lambda: __import__("nnsparse").densify((_x().to_sparse()[0], _x().to_sparse()[1]),
+                                                size=(2, 4)),
+         None, check=lambda d: torch.equal(d, _x()[:2])),
+]
+
+
+@pytest.mark.parametrize("case", REVIEW_CASES, ids=lambda c: c.id)
+def test_probe11_review(case: Case) -> None:
+    run_case(case)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_probe11_review_collate_foreign_rows_on_another_device() -> None:
+    """A device is a wrong value (ValueError), as ``collate_sparse_rows`` and
+    ``SparseRowBatch`` say it; the dtype a wrong kind (TypeError)."""
+    from nnsparse.data import SparseRow
+    ours, _ = _datasets()
+    row = ours[0][1]
+    moved = (0, SparseRow(row.indices.cuda(), row.values.cuda()))
+    with pytest.raises(ValueError, match=r"items\[0\] holds values of dtype torch.float32 on "
+                                         r"cuda:0, this dataset's are torch.float32 on cpu"):
+        ours.collate([moved])
+
+
+def test_probe11_review_normalizer_of_computed_ratings_deep_copies() -> None:
+    """Ratings computed in a graph (a non-leaf that requires grad): the normaliser kept the
+    record, so deepcopy still refused it ("Only Tensors created explicitly by the user"),
+    though its row means were detached; the caller's ratings keep their graph."""
+    import copy
+    from nnsparse.data import Ratings, RatingNormalizer
+    weight = torch.tensor(2., requires_grad=True)
+    rating = torch.tensor([1., 5., 3.]) * weight
+    train = Ratings(torch.tensor([0, 1, 0]), torch.tensor([0, 0, 1]), rating, {0: 0, 1: 1},
+                    {0: 0, 1: 1})
+    copied = copy.deepcopy(RatingNormalizer(train, "item"))
+    assert not copied.row_mean.requires_grad and copied.row_mean.tolist() == [0.0, 0.0]
+    assert train.rating is rating and rating.grad_fn is not None
+
+
+def test_probe11_review_structseq_field_names_without_match_args() -> None:
+    """The field names of a structseq (torch.return_types, os.stat_result) come from its
+    member descriptors, in order: ``__match_args__`` (read before) is Python >= 3.10's,
+    and setup.cfg allows 3.9, where a sort result was named "a sort ()" without them."""
+    import time
+    from nnsparse._forms import _field_names
+    assert _field_names(time.localtime()) == ["tm_year", "tm_mon", "tm_mday", "tm_hour",
+                                              "tm_min", "tm_sec", "tm_wday", "tm_yday",
+                                              "tm_isdst"]
+    assert _field_names(torch.sort(torch.rand(3))) == ["values", "indices"]
+    assert _field_names(torch.rand(3).aminmax()) == ["min", "max"]

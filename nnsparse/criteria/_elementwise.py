@@ -127,6 +127,9 @@ class ElementwiseLoss:
             # AMP: every criterion computes in float32 (the cast carries the gradient back).
             input = input.float()
         if target.dtype != input.dtype and input.is_floating_point():
+            if target.is_complex():  # (the cast would drop its imaginary part)
+                raise TypeError(f"target values must be real numbers for a real estimate "
+                                f"({type(self.module).__name__}), got dtype {target.dtype}")
             # Ratings often come as float64 (numpy) for a float32 network.
             target = target.to(input.dtype)
         if self._fn is not None:

@@ -281,10 +281,11 @@ def _collate(rows: Sequence[Tuple[int, Row]], width: int,
     cols = [r[1][0] for r in rows]
     col = torch.cat(cols).to(torch.int64) if n else torch.zeros(0, dtype=torch.int64)
     vals = [r[1][1] for r in rows]
-    values = torch.cat(vals) if n else torch.zeros(0)
     # an empty row's dtype is not the data's (torch.tensor([]) is float32 whatever the rows),
-    # and torch.cat promotes to it: the batch keeps the dtype of the rows with entries
-    values = values.to(next((v.dtype for v in vals if v.numel()), values.dtype))
+    # and torch.cat promotes to it: joined without the empty rows, the batch keeps the dtype
+    # and the exact values of the rows with entries (an int64 2**60 + 1 went through float64)
+    full = [v for v in vals if v.numel()]
+    values = torch.cat(full or vals) if n else torch.zeros(0)
     crow = crow_from_counts(torch.tensor([c.shape[0] for c in cols], dtype=torch.int64))
     batch = SparseBatch(rows_from_crow(crow, col.shape[0]), col, values, (n, width), "csr",
                         row_sorted=True, coalesced=True, trusted=True)
@@ -479,7 +480,9 @@ class SparseRowDataset(Dataset):
         for n, (_, row) in enumerate(pairs):
             if row.values.numel() and (row.values.dtype != values.dtype
                                        or row.values.device != values.device):
-                raise TypeError(f"items[{n}] holds values of dtype {row.values.dtype} on "
+                # (a device is a wrong value, as _check_rows and SparseRowBatch say it)
+                error = ValueError if row.values.device != values.device else TypeError
+                raise error(f"items[{n}] holds values of dtype {row.values.dtype} on "
                                 f"{row.values.device}, this dataset's are {values.dtype} on "
                                 f"{values.device}; collate each dataset's items with its own "
                                 f"collate")
@@ -494,9 +497,9 @@ class SparseRowDataset(Dataset):
 
         Raises:
             TypeError: items that are not ``dataset[i]`` tuples of rows; a foreign row
-                whose values differ in dtype or device from this dataset's.
-            ValueError: a foreign row outside this dataset's rows or width, or
-                with unsorted or repeated indices.
+                whose values differ in dtype from this dataset's.
+            ValueError: a foreign row outside this dataset's rows or width, on another
+                device, or with unsorted or repeated indices.
         """
         # The rows are trusted (they come from the checked matrices): only their kind is checked.
         try:

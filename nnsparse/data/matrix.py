@@ -13,6 +13,7 @@ centring and stays a specified entry.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from typing import Any, Dict, Optional, Tuple, Union
@@ -253,10 +254,12 @@ class RatingNormalizer:
             raise ValueError(f"scale must have min < max, got ({lo}, {hi}); "
                              "pass scale= when every rating is equal")
         self.orientation, self.center, self.scale = orientation, bool(center), (lo, hi)
+        if train.rating.requires_grad:  # data: a graph kept here refused deepcopy, and
+            # the row means held it (a rating tensor computed in a graph, a leaf's too)
+            train = dataclasses.replace(train, rating=train.rating.detach())
         self._train = train  # its maps: the parts this normaliser reads must share them
         row, _, self.shape = _index(train, orientation)
-        # (statistics of data: a rating tensor that requires grad left its graph in row_mean)
-        mapped = self._map(train.rating.detach().to(torch.float32))
+        mapped = self._map(train.rating.to(torch.float32))
         self.global_mean = float(mapped.mean())
         counts = torch.bincount(row, minlength=self.shape[0]).to(mapped.dtype)
         sums = mapped.new_zeros(self.shape[0]).index_add_(0, row, mapped)

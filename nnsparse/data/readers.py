@@ -444,9 +444,13 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int],
 
 def _other_format(line: str) -> str:
     """A hint when ``line`` is a rating line of another format (a csv file read as ml-100k:
-    its field count once split at that format's separator): ``format`` is the mistake."""
+    its field count once split at that format's separator, each field one token; a comment
+    with commas is none): ``format`` is the mistake."""
     for fmt, (sep, (lo, hi), _, _) in _FORMATS.items():
-        if sep is not None and sep.decode() in line and lo <= len(line.split(sep.decode())) <= hi:
+        if sep is None:
+            continue
+        fields = line.split(sep.decode())
+        if lo <= len(fields) <= hi and all(len(f.split()) == 1 for f in fields):
             return (f"; its fields are separated by {sep.decode()!r}, as in format {fmt!r}: "
                     f"check format= (one of {list(_FORMATS)})")
     return ""
