@@ -640,6 +640,17 @@ CASES += [
          r"is not a model saved by nnsparse.models"),
     Case("load-random-bytes", lambda: RatingModel.load(_raw_file("noise.pt", bytes(range(256)) * 3)),
          ValueError, r"is not a model saved by nnsparse.models"),
+    # text files reach torch's weights-only unpickler, which failed with its own IndexError
+    # ("Unsupported operand" in the message) or another stack error
+    Case("load-passwd-like", lambda: RatingModel.load(_raw_file(
+        "passwd", b"root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/usr/sbin:/bin/sh\n")),
+         ValueError, r"is not a model saved by nnsparse.models"),
+    Case("load-garbage-line", lambda: RatingModel.load(_raw_file("garbage.pt", b"garbage\n")),
+         ValueError, r"is not a model saved by nnsparse.models"),
+    Case("load-json", lambda: RatingModel.load(_raw_file("m.json", b'{"model": "KernelNet"}')),
+         ValueError, r"is not a model saved by nnsparse.models"),
+    Case("load-u-data", lambda: RatingModel.load(_raw_file("u.data", b"196\t242\t3\t881250949\n")),
+         ValueError, r"is not a model saved by nnsparse.models"),
     Case("load-missing-keys", lambda: RatingModel.load(_torch_file(
         "tag-only.pt", {"format": torch.load(_saved(), weights_only=True)["format"]})), ValueError,
          r"is a damaged model file .*KeyError: 'model'"),

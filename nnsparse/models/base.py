@@ -15,13 +15,10 @@ import math
 import numbers
 import operator
 import os
-import pickle
 import shutil
 import stat
-import struct
 import time
 import uuid
-import zipfile
 from pathlib import Path
 from typing import (Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple, Type,
                     Union, cast)
@@ -1064,9 +1061,13 @@ class RatingModel(nn.Module):
                 raise FileNotFoundError(f"path: no file at {path}")
         try:
             blob = torch.load(path, map_location="cpu", weights_only=True)
-        # (junk shorter than a zip header: struct.error; a damaged zip: BadZipFile)
-        except (KeyError, RuntimeError, EOFError, pickle.UnpicklingError, struct.error,
-                zipfile.BadZipFile, UnicodeDecodeError) as e:
+        except OSError:  # the file could not be read (permissions, I/O): torch's own error
+            raise
+        # Anything else means the bytes are not a torch file this loader reads.  Junk
+        # reaches torch's weights-only unpickler, which fails in many ways: struct.error
+        # (shorter than a zip header), BadZipFile, UnpicklingError, and an IndexError
+        # or ValueError from its stack for a text file such as /etc/passwd.
+        except Exception as e:
             raise ValueError(f"{path} is not a model saved by nnsparse.models "
                              f"(RatingModel.save): {type(e).__name__}: {e}") from e
         if not isinstance(blob, dict) or blob.get("format") != _FILE_FORMAT:
