@@ -188,3 +188,34 @@ def test_probe_cases_stay_small_in_a_capped_process():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("ok ") == 2, done.stdout
+
+
+def test_mask_criterion_on_a_huge_row_count_is_o_nnz():
+    """prepare_input keeps an entry in each row from per-run counts of the row-sorted
+    entries, not from ``(rows,)`` counts: a (2**24, 8) batch of 100 entries."""
+    crit = nnsparse.MaskCriterion(torch.nn.MSELoss(), hide_ratio=0.5,
+                                  generator=torch.Generator().manual_seed(0))
+    t = _coo((2**24, 8), 100, 6)
+    est = torch.sparse_coo_tensor(t.indices(), torch.rand(100, dtype=torch.float64),
+                                  t.shape).coalesce().requires_grad_()
+    with LargestNewTensor() as seen:
+        crit.prepare_input(t)
+        crit(est, t).backward()
+    assert seen.numel < 10_000, seen.op
+
+
+@pytest.mark.parametrize("hide_ratio", [0.3, 0.7, 1.0])
+def test_mask_criterion_hides_as_the_per_row_count_rule(hide_ratio):
+    """The same entries hidden as the rule "a row whose entries are all drawn keeps
+    them all", computed with dense per-row counts, for the same generator."""
+    x = _coo((40, 6), 90, 7)
+    crit = nnsparse.MaskCriterion(torch.nn.MSELoss(), hide_ratio=hide_ratio,
+                                  generator=torch.Generator().manual_seed(3))
+    out = crit.prepare_input(x)
+    drawn = torch.rand(x._nnz(), generator=torch.Generator().manual_seed(3)) < hide_ratio
+    row = x.indices()[0]
+    per_row = torch.zeros(40, dtype=torch.int64).index_add_(0, row, drawn.long())
+    counts = torch.bincount(row, minlength=40)
+    want = drawn & ~(per_row == counts)[row]
+    assert torch.equal(crit._sparse_mask.flag, want)
+    assert out._nnz() == x._nnz() - int(want.sum())
