@@ -1,18 +1,21 @@
 """No-hidden-densification probe: peak memory of every public entry point on huge, nearly empty inputs.
 
-Each case builds its inputs (a batch of logical shape ``(8, 2**31)`` or
-``(2**20, 2**24)`` with about 100 specified entries, or a layer whose own dense
+Each case builds its inputs (a batch of logical shape ``(8, 2**31)``,
+``(2**20, 2**24)`` or ``(2**31, 8)`` with about 100 specified entries, or a layer whose own dense
 weight fits), then runs the call (forward and, where it has one, backward).
 The case runs in this process after resetting the kernel's peak-RSS mark
 (``/proc/self/clear_refs``); the figure is ``VmHWM`` after the call minus
 ``VmRSS`` before it: the resident memory the call added at its peak.  An
 address-space cap (``RLIMIT_AS``, current size + 1.5 GiB) turns a real
 densification (gigabytes) into a quick ``RuntimeError`` instead of a swapped
-machine: such a case reports ``ALLOC-FAIL``.
+machine: such a case reports ``ALLOC-FAIL``.  Each case runs once first on inputs
+of its own (set up again after), so that the code pages of torch's kernels, read
+in on their first use, are not counted as the call's memory.
 
 Linux only.  Run:  ``OMP_NUM_THREADS=1 python benchmarks/no_densify_probe.py [name ...]``
 (``--markdown`` prints the table rows of docs/no_densify_probe.md).
 """
+import gc
 import os
 import resource
 import sys
@@ -32,6 +35,7 @@ BUDGET_MB = 200
 NNZ = 100
 WIDE = (8, 2**31)          # a few rows, a 2**31-wide vocabulary
 TALL = (2**20, 2**24)      # a million rows, 16 M columns
+ROWS = (2**31, 8)          # 2**31 rows (a transposed WIDE batch)
 g = torch.Generator().manual_seed(0)
 
 
@@ -481,7 +485,73 @@ def _():
     return lambda: collate_sparse_rows(items, 2**31)
 
 
-def run_case(name: str) -> Tuple[str, float, str]:
+# ---------------------------------------------------------------- 2**31 rows
+@case("ROWS: values_map(exp, (2**31, 8) coo) fwd+bwd")
+def _():
+    x = coo(ROWS, grad=True)
+    return lambda: _backward(nnsparse.values_map(torch.exp, x))
+
+
+@case("ROWS: ssort((2**31, 8) coo)", "output (rows, longest row) by documentation")
+def _():
+    x = coo(ROWS)
+    return lambda: nnsparse.ssort(x)
+
+
+@case("ROWS: to_pairs((2**31, 8) coo)", "a list of one pair tensor per row by documentation")
+def _():
+    x = coo(ROWS, dtype=torch.float64)
+    return lambda: nnsparse.to_pairs(x)
+
+
+@case("ROWS: sparse_parts((2**31, 8) coo)", "CSR parts: (rows + 1,) pointers by design")
+def _():
+    x = coo(ROWS)
+    return lambda: nnsparse.sparse_parts(x)
+
+
+@case("ROWS: sparse_mm((2**31, 8) coo, dense (8, 2))", "output (rows, 2) dense by design")
+def _():
+    x = coo(ROWS)
+    d = torch.rand(8, 2)
+    return lambda: nnsparse.sparse_mm(x, d)
+
+
+def _rows_criterion(crit, prepare: bool):
+    t = coo(ROWS)
+    est = torch.sparse_coo_tensor(t.indices(), torch.rand(NNZ), ROWS).coalesce().requires_grad_()
+
+    def run():
+        if prepare:
+            crit.prepare_input(t)
+        crit(est, t).backward()
+    return run
+
+
+@case("ROWS: SparseCriterion(MSE) sparse est/target fwd+bwd")
+def _():
+    return _rows_criterion(nnsparse.SparseCriterion(nn.MSELoss()), False)
+
+
+@case("ROWS: SDAESparseCriterion prepare_input + fwd+bwd")
+def _():
+    return _rows_criterion(nnsparse.SDAESparseCriterion(nn.MSELoss(), noise_ratio=0.3,
+                                                        hide_ratio=0.2, flip_ratio=0.1), True)
+
+
+@case("ROWS: MaskCriterion prepare_input + fwd+bwd")
+def _():
+    return _rows_criterion(nnsparse.MaskCriterion(nn.MSELoss(), hide_ratio=0.5), True)
+
+
+@case("ROWS: SparseWeightLinear(pattern (2**31, 8))",
+      "out_features = 2**31: its output (rows, out) and pointers are O(out) by design")
+def _():
+    p = coo(ROWS)
+    return lambda: nnsparse.SparseWeightLinear(p, bias=False)
+
+
+def run_case(name: str, warm: bool = True) -> Tuple[str, float, str]:
     note, setup = CASES[name]
     torch.manual_seed(0)
     # the cap covers the set-up too (a layer built on a huge pattern allocates there)
@@ -494,6 +564,17 @@ def run_case(name: str) -> Tuple[str, float, str]:
             return "ALLOC-FAIL", float("nan"), "in set-up: " + str(e).splitlines()[0][:100]
         if call is None:
             return "not run", float("nan"), note
+        if warm:
+            # a first run on inputs of its own: the kernels' code pages, faulted in on
+            # first use, would count as the call's memory
+            try:
+                call()
+            except (RuntimeError, MemoryError) as e:
+                return "ALLOC-FAIL", float("nan"), (note + " " if note else "") + str(
+                    e).splitlines()[0][:100]
+            del call
+            gc.collect()
+            call = setup()
         before = _status("VmRSS")
         _reset_peak()
         try:
