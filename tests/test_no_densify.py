@@ -219,3 +219,21 @@ def test_mask_criterion_hides_as_the_per_row_count_rule(hide_ratio):
     want = drawn & ~(per_row == counts)[row]
     assert torch.equal(crit._sparse_mask.flag, want)
     assert out._nnz() == x._nnz() - int(want.sum())
+
+
+@pytest.mark.parametrize("nnz,every_column", [(30, True), (4, False), (0, False)])
+def test_sparse_weight_linear_both_pointer_forms_agree_with_the_dense_input(nnz, every_column):
+    """Pointers over every input column (fewer than 2 x nnz of them) or over the used
+    columns only: a sparse input gives what its dense equal gives, values and gradients."""
+    pattern = _coo((4, 20), nnz, 8) if nnz else torch.sparse_coo_tensor(
+        torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0), (4, 20))
+    layer = SparseWeightLinear(pattern).double()
+    assert layer._every_column() is every_column
+    xs = _coo((5, 20), 25, 9).requires_grad_()
+    xd = xs.detach().to_dense().requires_grad_()
+    ys, yd = layer(xs), layer(xd)
+    torch.testing.assert_close(ys, yd)
+    gs = torch.autograd.grad(ys.square().sum(), (xs, layer.values))
+    gd = torch.autograd.grad(yd.square().sum(), (xd, layer.values))
+    torch.testing.assert_close(gs[0].to_dense(), gd[0] * (xd != 0))
+    torch.testing.assert_close(gs[1], gd[1])

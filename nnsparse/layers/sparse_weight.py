@@ -267,16 +267,24 @@ class SparseWeightLinear(nn.Module):
         """Each position's row and the transposed structure (not saved): rebuilt on load."""
         index, col = self.col.dtype, self.col.to(torch.int64)
         row = _index.rows_from_crow(self.crow, col.shape[0])
-        # over the pattern's distinct columns only (t_cols): O(nnz) whatever in_features
-        # (pointers over every input column would be an (in_features + 1,) buffer)
         perm = _index.stable_order(col, self.in_features)
-        cols, counts = torch.unique_consecutive(col.index_select(0, perm), return_counts=True)
+        if self.in_features < 2 * col.shape[0]:
+            # a pointer for every input column (fewer than 2 x nnz): a sparse input's
+            # columns index them directly; t_cols is then empty
+            cols, counts = col[:0], _index.counts_of(col, self.in_features)
+        else:  # pointers over the distinct columns t_cols only: O(nnz) whatever in_features
+            cols, counts = torch.unique_consecutive(col.index_select(0, perm),
+                                                    return_counts=True)
         self.register_buffer("t_perm", perm.to(index), persistent=False)
         self.register_buffer("t_cols", cols.to(index), persistent=False)
         self.register_buffer("t_crow", _index.crow_from_counts(counts).to(index),
                              persistent=False)
         self.register_buffer("t_row", row.index_select(0, perm).to(index), persistent=False)
         self.__dict__["_pattern_key"] = self._pattern_key_now()
+
+    def _every_column(self) -> bool:
+        """Whether ``t_crow`` holds a pointer for every input column (else for ``t_cols``)."""
+        return self.t_crow.shape[0] == self.in_features + 1
 
     def _pattern_key_now(self) -> Optional[Tuple[int, ...]]:
         """What identifies the checked ``crow``/``col`` (free to read); None where the
@@ -322,6 +330,8 @@ class SparseWeightLinear(nn.Module):
     def _transposed_structure(self) -> Tuple[Tensor, Tensor, Tensor]:
         """``(perm, pointers over all in_features columns, rows)`` of ``W.T``: for the
         gradient of a dense input, itself ``(rows, in_features)``."""
+        if self._every_column():
+            return self.t_perm, self.t_crow, self.t_row
         counts = self.t_crow.new_zeros(self.in_features).index_put_(
             (self.t_cols.to(torch.int64),), self.t_crow.diff())
         return self.t_perm, _index.crow_from_counts(counts).to(self.t_row.dtype), self.t_row
@@ -506,7 +516,10 @@ class SparseWeightLinear(nn.Module):
         ``None`` when there are more than ``rows x in_features`` of them.
         """
         t_cols, t_crow = self.t_cols.to(torch.int64), self.t_crow.to(torch.int64)
-        if t_cols.shape[0] == 0:  # an empty pattern: no pairs
+        if self._every_column():
+            start = t_crow[col]
+            counts = t_crow[col + 1] - start
+        elif t_cols.shape[0] == 0:  # an empty pattern: no pairs
             start = counts = torch.zeros_like(col)
         else:  # each input column's span in the pattern's distinct columns (0 if absent)
             at = torch.searchsorted(t_cols, col).clamp_(max=t_cols.shape[0] - 1)
