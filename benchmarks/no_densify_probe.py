@@ -485,6 +485,28 @@ def _():
     return lambda: collate_sparse_rows(items, 2**31)
 
 
+def _ratings():
+    from nnsparse.data import Ratings
+    users = torch.randint(0, 2**31, (NNZ,), generator=g).unique()
+    items = torch.randint(0, 2**31, (users.shape[0],), generator=g)
+    return Ratings.from_triples(users.tolist(), items.tolist(),
+                                torch.rand(users.shape[0], generator=g).tolist())
+
+
+@case("rating_matrix(100 ratings, COO, shape (2**31, 2**31))")
+def _():
+    from nnsparse.data import rating_matrix
+    r = _ratings()
+    return lambda: rating_matrix(r, "user", layout=torch.sparse_coo, shape=(2**31, 2**31))
+
+
+@case("rating_matrix(100 ratings of ids up to 2**31, CSR)", "rows from the id maps: 100")
+def _():
+    from nnsparse.data import rating_matrix
+    r = _ratings()
+    return lambda: rating_matrix(r, "user")
+
+
 # ---------------------------------------------------------------- 2**31 rows
 @case("ROWS: values_map(exp, (2**31, 8) coo) fwd+bwd")
 def _():
