@@ -94,7 +94,9 @@ class SparseWeightLinear(nn.Module):
 
     Memory is proportional to nnz: ``values`` and its gradient, the CSR
     pattern (``crow``, ``col``, saved in the ``state_dict``) and its
-    transposed structure (derived, not saved), int32 where sizes allow.
+    transposed structure (derived, not saved; pointers over the used input
+    columns only when ``in_features`` is 2 x nnz or more), int32 where sizes
+    allow.  A sparse input of any width costs O(its nnz + the products).
     ``load_state_dict`` replaces the pattern by a saved one of the same nnz
     and refuses one of another nnz; a refused load changes nothing.
 
