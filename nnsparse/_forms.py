@@ -242,6 +242,7 @@ class SparseBatch:
                 cols = counts.nonzero().squeeze(1)
                 counts = counts[cols]
             else:  # no (width + 1,) pointers: a sparse gradient of a huge table stays O(nnz)
+                _index.count("column_sort")
                 perm = _index.stable_order(self.col, self.width)
                 cols, counts = torch.unique_consecutive(self.col.index_select(0, perm),
                                                         return_counts=True)
