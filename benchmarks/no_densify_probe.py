@@ -485,6 +485,55 @@ def _():
     return lambda: collate_sparse_rows(items, 2**31)
 
 
+# ---------------------------------------------------------------- double backward
+@case("create_graph: SparseLinearBatch(2**22, 4, sparse_grad), grad of grad")
+def _():
+    layer = nnsparse.SparseLinearBatch(2**22, 4, sparse_grad=True)
+    x = csr((8, 2**22))
+    weight_t = dict(layer.named_parameters())["weight_t"]
+
+    def run():
+        (g,) = torch.autograd.grad(layer(x).square().sum(), [weight_t], create_graph=True)
+        g.coalesce().values().sum().backward()
+    return run
+
+
+@case("create_graph: SparseOutputLinear(4, 2**22, sparse_grad), grad of grad",
+      "the forward's large-weight sampled product reads (out_features + 1,) pointers")
+def _():
+    layer = nnsparse.SparseOutputLinear(4, 2**22, sparse_grad=True)
+    h = torch.rand(8, 4, requires_grad=True)
+    pattern = csr((8, 2**22))
+
+    def run():
+        (g,) = torch.autograd.grad(layer(h, pattern).values().square().sum(), [h],
+                                   create_graph=True)
+        g.sum().backward()
+    return run
+
+
+@case("create_graph: values_map(exp, WIDE), grad of grad")
+def _():
+    x = coo(WIDE, grad=True)
+
+    def run():
+        y = nnsparse.values_map(torch.exp, x).coalesce().values().sum()
+        (g,) = torch.autograd.grad(y, [x], create_graph=True)
+        g.coalesce().values().sum().backward()
+    return run
+
+
+@case("create_graph: SparseWeightLinear(pattern (4, 2**31)), grad of grad")
+def _():
+    layer = nnsparse.SparseWeightLinear(coo((4, 2**31)))
+    x = coo(WIDE, grad=True)
+
+    def run():
+        (g,) = torch.autograd.grad(layer(x).square().sum(), [layer.values], create_graph=True)
+        g.sum().backward()
+    return run
+
+
 def _ratings():
     from nnsparse.data import Ratings
     users = torch.randint(0, 2**31, (NNZ,), generator=g).unique()
