@@ -264,3 +264,17 @@ def test_sparse_weight_linear_both_pointer_forms_agree_with_the_dense_input(nnz,
     gd = torch.autograd.grad(yd.square().sum(), (xd, layer.values))
     torch.testing.assert_close(gs[0].to_dense(), gd[0] * (xd != 0))
     torch.testing.assert_close(gs[1], gd[1])
+
+
+def test_sparse_weight_linear_on_the_meta_device_then_loaded():
+    """On the meta device (no data: every column gets a pointer), then ``to_empty`` and
+    a loaded state: the used-columns form again, and the real layer's results."""
+    pattern = _coo((4, 40), 4, 11)
+    real = SparseWeightLinear(pattern).double()
+    meta = SparseWeightLinear(pattern, device="meta", dtype=torch.float64)
+    assert meta.t_crow.shape == (41,) and meta.t_cols.shape == (0,)
+    loaded = meta.to_empty(device="cpu")
+    loaded.load_state_dict(real.state_dict())
+    assert not loaded._every_column() and loaded.t_cols.shape[0] == real.t_cols.shape[0]
+    x = _coo((3, 40), 12, 12)
+    torch.testing.assert_close(loaded(x), real(x))
