@@ -230,24 +230,41 @@ class SparseBatch:
         transposed pattern over ``cols``) and ``row_t`` (the rows of the
         entries in ``perm`` order), so ``S.T @ A`` restricted to ``cols`` is
         ``_csr_rows_mm(row_t, A, crow_t, values[perm])``.  Derived from
-        :meth:`column_major_all` (one sort of the entries per pattern,
-        whichever is asked first); ``cols`` has a data-dependent size: one
-        host sync on CUDA.
+        :meth:`column_major_all` when that is cached, else from the sort of the
+        entries alone, O(nnz) whatever the width (one sort of the entries per
+        pattern, whichever is asked first); ``cols`` has a data-dependent
+        size: one host sync on CUDA.
         """
         if self.cache.column_major is None:
             _index.count("column_major")
-            perm, crow_all, row_t = self.column_major_all(self.width)
-            counts = crow_all.diff()
-            cols = counts.nonzero().squeeze(1)
-            self.cache.column_major = (perm, cols, _index.crow_from_counts(counts[cols]), row_t)
+            if self.width in self.cache.column_major_all:
+                perm, crow_all, row_t = self.cache.column_major_all[self.width]
+                counts = crow_all.diff()
+                cols = counts.nonzero().squeeze(1)
+                counts = counts[cols]
+            else:  # no (width + 1,) pointers: a sparse gradient of a huge table stays O(nnz)
+                _index.count("column_sort")
+                perm = _index.stable_order(self.col, self.width)
+                cols, counts = torch.unique_consecutive(self.col.index_select(0, perm),
+                                                        return_counts=True)
+                row_t = self.row.index_select(0, perm)
+            self.cache.column_major = (perm, cols, _index.crow_from_counts(counts), row_t)
         return self.cache.column_major
 
     def column_major_all(self, width: int) -> Tuple[Tensor, Tensor, Tensor]:
         """``(perm, crow_t, row_t)`` of ``_index.column_major_all`` over ``width`` columns
         (no host sync).  Cached."""
         if width not in self.cache.column_major_all:
-            self.cache.column_major_all[width] = _index.column_major_all(self.row, self.col,
-                                                                         width)
+            known = self.cache.column_major
+            if known is not None and width >= self.width:  # its sort, not a second one
+                _index.count("column_major_all")
+                perm, cols, crow_t, row_t = known
+                counts = crow_t.new_zeros(width).index_put_((cols,), crow_t.diff())
+                self.cache.column_major_all[width] = (perm, _index.crow_from_counts(counts),
+                                                      row_t)
+            else:
+                self.cache.column_major_all[width] = _index.column_major_all(self.row,
+                                                                             self.col, width)
         return self.cache.column_major_all[width]
 
     def blocked_order(self, blocks: int) -> Tuple[Tensor, Tensor]:

@@ -232,6 +232,7 @@ def column_major_all(row: Tensor, col: Tensor, width: int) -> Tuple[Tensor, Tens
     advance: no host sync on CUDA.
     """
     count("column_major_all")
+    count("column_sort")
     perm = stable_order(col, width)
     return perm, crow_from_counts(counts_of(col, width)), row.index_select(0, perm)
 

@@ -21,7 +21,7 @@ arithmetic, bound the product.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -244,24 +244,52 @@ def _update_rows_of(update: "TableUpdate", table: Tensor, pattern: "SparseBatch"
     block (``update``'s ``__call__``); on a GPU, every row from a gradient with
     zero rows where untouched, and nothing is read back (``update.masked``).
 
-    One transposed structure serves both: ``pattern.column_major_all`` over the
-    pattern's own width (``column_major`` is derived from it, cached).  A
-    pattern narrower than the table (the layers widen theirs to the table; a
-    direct caller may not) gets the same pointers with the table's extra rows
-    appended, empty (``nnz`` each), instead of a second sort of its entries;
-    the sizes are known, so no host sync.
+    On CPU the touched rows come from ``pattern.column_major`` (O(nnz)); the
+    pointers over every table row (``pattern.column_major_all`` over the
+    pattern's own width, derived from the same sort) are made only if the step
+    is the dense one (more than ``dense_above`` of the rows touched), so a
+    lazy step on a huge table allocates nothing of the table's height.  A GPU
+    reads them always.  A pattern narrower than the table (the layers widen
+    theirs to the table; a direct caller may not) gets the same pointers with
+    the table's extra rows appended, empty (``nnz`` each), instead of a second
+    sort of its entries; the sizes are known, so no host sync.
     """
-    perm, crow_all, row_t = pattern.column_major_all(pattern.width)
     extra = table.shape[0] - pattern.width
     if extra < 0:
         raise ValueError(f"pattern has width {pattern.width}, more than the table's "
                          f"{table.shape[0]} rows")
-    if extra:
-        crow_all = torch.cat([crow_all, crow_all[-1:].expand(extra)])
-    weights = entry_values.index_select(0, perm)
+
+    def every_row() -> Tensor:  # (table rows + 1,) pointers
+        crow_all = pattern.column_major_all(pattern.width)[1]
+        return torch.cat([crow_all, crow_all[-1:].expand(extra)]) if extra else crow_all
     if table.device.type in _SYNC_FREE:
+        perm, _, row_t = pattern.column_major_all(pattern.width)
+        crow_all = every_row()
+        weights = entry_values.index_select(0, perm)
         update.masked(table, crow_all.diff() > 0, _csr_rows_mm(row_t, dense, crow_all, weights))
         return
-    _, cols, crow_t, _ = pattern.column_major()  # the same perm and row_t
+    perm, cols, crow_t, row_t = pattern.column_major()
+    weights = entry_values.index_select(0, perm)
     update(table, cols, _bag_rows(row_t, dense, crow_t, weights),
-           _bag_rows(row_t, dense, crow_all, weights))
+           _LazyBagRows(lambda: _bag_rows(row_t, dense, every_row(), weights)))
+
+
+class _LazyBagRows:
+    """A :class:`_BagRows` made on first use (a call or :meth:`prefetch`): the dense
+    step's product over every table row, whose pointers a lazy step never needs."""
+
+    def __init__(self, make: Callable[[], _BagRows]) -> None:
+        self._make: Optional[Callable[[], _BagRows]] = make
+        self._rows: Optional[_BagRows] = None
+
+    def _made(self) -> _BagRows:
+        if self._rows is None:
+            assert self._make is not None  # set until the first use
+            self._rows, self._make = self._make(), None
+        return self._rows
+
+    def prefetch(self, points: List[int]) -> None:
+        self._made().prefetch(points)
+
+    def __call__(self, a: int, b: int) -> Tensor:
+        return self._made()(a, b)

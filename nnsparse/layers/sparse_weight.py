@@ -20,7 +20,7 @@ from .._forms import (_check_csr, _version, as_count, as_device, as_flag, as_spa
                       is_sparse_form)
 from .._load import check_state_dict, entry_errors
 from .. import _index
-from ..matmul import _PatternMM, _transposed
+from ..matmul import _PatternMM
 from ..values import _csr_with_values
 from .linear import _check_not_narrower, _check_parameters
 
@@ -94,7 +94,9 @@ class SparseWeightLinear(nn.Module):
 
     Memory is proportional to nnz: ``values`` and its gradient, the CSR
     pattern (``crow``, ``col``, saved in the ``state_dict``) and its
-    transposed structure (derived, not saved), int32 where sizes allow.
+    transposed structure (derived, not saved; pointers over the used input
+    columns only when ``in_features`` is 2 x nnz or more), int32 where sizes
+    allow.  A sparse input of any width costs O(its nnz + the products).
     ``load_state_dict`` replaces the pattern by a saved one of the same nnz
     and refuses one of another nnz; a refused load changes nothing.
 
@@ -154,6 +156,7 @@ class SparseWeightLinear(nn.Module):
     crow: Tensor
     col: Tensor
     t_perm: Tensor
+    t_cols: Tensor
     t_crow: Tensor
     t_row: Tensor
     bias: Optional[nn.Parameter]
@@ -264,13 +267,27 @@ class SparseWeightLinear(nn.Module):
     # -- the pattern's structures ------------------------------------------------
     def _derive(self) -> None:
         """Each position's row and the transposed structure (not saved): rebuilt on load."""
-        index = self.col.dtype
-        row = _index.rows_from_crow(self.crow, self.col.shape[0])
-        perm, crow_t, row_t = _transposed(row, self.col.to(torch.int64), self.in_features)
+        index, col = self.col.dtype, self.col.to(torch.int64)
+        row = _index.rows_from_crow(self.crow, col.shape[0])
+        perm = _index.stable_order(col, self.in_features)
+        if self.in_features < 2 * col.shape[0] or col.device.type == "meta":
+            # a pointer for every input column (fewer than 2 x nnz; on the meta device,
+            # whose data-dependent sizes are unknown, always): a sparse input's columns
+            # index them directly; t_cols is then empty
+            cols, counts = col[:0], _index.counts_of(col, self.in_features)
+        else:  # pointers over the distinct columns t_cols only: O(nnz) whatever in_features
+            cols, counts = torch.unique_consecutive(col.index_select(0, perm),
+                                                    return_counts=True)
         self.register_buffer("t_perm", perm.to(index), persistent=False)
-        self.register_buffer("t_crow", crow_t.to(index), persistent=False)
-        self.register_buffer("t_row", row_t.to(index), persistent=False)
+        self.register_buffer("t_cols", cols.to(index), persistent=False)
+        self.register_buffer("t_crow", _index.crow_from_counts(counts).to(index),
+                             persistent=False)
+        self.register_buffer("t_row", row.index_select(0, perm).to(index), persistent=False)
         self.__dict__["_pattern_key"] = self._pattern_key_now()
+
+    def _every_column(self) -> bool:
+        """Whether ``t_crow`` holds a pointer for every input column (else for ``t_cols``)."""
+        return self.t_crow.shape[0] == self.in_features + 1
 
     def _pattern_key_now(self) -> Optional[Tuple[int, ...]]:
         """What identifies the checked ``crow``/``col`` (free to read); None where the
@@ -314,7 +331,13 @@ class SparseWeightLinear(nn.Module):
         self._derive()
 
     def _transposed_structure(self) -> Tuple[Tensor, Tensor, Tensor]:
-        return self.t_perm, self.t_crow, self.t_row
+        """``(perm, pointers over all in_features columns, rows)`` of ``W.T``: for the
+        gradient of a dense input, itself ``(rows, in_features)``."""
+        if self._every_column():
+            return self.t_perm, self.t_crow, self.t_row
+        counts = self.t_crow.new_zeros(self.in_features).index_put_(
+            (self.t_cols.to(torch.int64),), self.t_crow.diff())
+        return self.t_perm, _index.crow_from_counts(counts).to(self.t_row.dtype), self.t_row
 
     @property
     def row(self) -> Tensor:
@@ -495,8 +518,16 @@ class SparseWeightLinear(nn.Module):
 
         ``None`` when there are more than ``rows x in_features`` of them.
         """
-        t_crow = self.t_crow.to(torch.int64)
-        start, counts = t_crow[col], t_crow.diff()[col]
+        t_cols, t_crow = self.t_cols.to(torch.int64), self.t_crow.to(torch.int64)
+        if self._every_column():
+            start = t_crow[col]
+            counts = t_crow[col + 1] - start
+        elif t_cols.shape[0] == 0:  # an empty pattern: no pairs
+            start = counts = torch.zeros_like(col)
+        else:  # each input column's span in the pattern's distinct columns (0 if absent)
+            at = torch.searchsorted(t_cols, col).clamp_(max=t_cols.shape[0] - 1)
+            start = t_crow[at]
+            counts = torch.where(t_cols[at] == col, t_crow[at + 1] - start, 0)
         total = int(counts.sum())
         if total > rows * self.in_features:
             return None

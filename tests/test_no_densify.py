@@ -1,0 +1,280 @@
+"""No hidden densification: huge logical shapes with few entries stay O(nnz).
+
+The findings of docs/no_densify_probe.md, each pinned: ``LargestTensor`` (a
+dispatch mode that sees every op, forward and backward) bounds the largest
+tensor a call makes, and a subprocess runs the probe's cases under an
+address-space cap.  The widths are chosen so that the old code's O(width)
+buffers stay affordable (tens of MB) while failing the bounds.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import nnsparse
+from nnsparse import _index
+from nnsparse._forms import as_sparse_batch
+from nnsparse.layers import SparseLinearBatch, SparseWeightLinear
+
+from matrix import LargestTensor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class LargestNewTensor(LargestTensor):
+    """:class:`LargestTensor` that skips results sharing storage with an argument
+    (views, ``detach``, in-place results): only new allocations count."""
+
+    def __enter__(self) -> "LargestNewTensor":
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        outer = self
+
+        def storage(t):
+            try:
+                return t.untyped_storage().data_ptr() if t.layout == torch.strided else None
+            except (RuntimeError, NotImplementedError):
+                return None
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                given = {storage(a) for a in tree_leaves((args, kwargs))
+                         if isinstance(a, torch.Tensor)}
+                for t in tree_leaves(out):
+                    if not isinstance(t, torch.Tensor) or (
+                            t.layout == torch.strided and storage(t) in given):
+                        continue
+                    n = (t._values().numel() if t.layout == torch.sparse_coo else
+                         t.values().numel() if t.layout != torch.strided else t.numel())
+                    if n > outer.numel:
+                        outer.numel, outer.op = n, str(func)
+                return out
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+
+def _coo(shape, nnz, seed, dtype=torch.float64, cols=None):
+    g = torch.Generator().manual_seed(seed)
+    row = torch.randint(0, shape[0], (nnz,), generator=g)
+    col = cols if cols is not None else torch.randint(0, shape[1], (nnz,), generator=g)
+    values = torch.rand(nnz, generator=g, dtype=dtype) + 0.5
+    return torch.sparse_coo_tensor(torch.stack([row, col]), values, shape).coalesce()
+
+
+def test_sparse_weight_linear_on_a_huge_width_is_o_nnz():
+    """The transposed structure covers the pattern's distinct columns only: no
+    ``(in_features + 1,)`` pointers at construction, none in a sparse forward or backward."""
+    width = 2**24
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randint(0, width, (40,), generator=g)  # columns both the pattern and x use
+    with LargestTensor() as seen:
+        layer = SparseWeightLinear(_coo((5, width), 40, 1, cols=shared)).double()
+        x = _coo((6, width), 40, 2, cols=shared.flip(0)).requires_grad_()
+        y = layer(x)
+        y.square().sum().backward()
+    assert seen.numel < 10_000, seen.op
+    # the same product over the union of the columns, made dense there
+    union, inverse = torch.cat([layer.col.long(), x.indices()[1]]).unique(return_inverse=True)
+    w_small = torch.zeros(5, union.shape[0], dtype=torch.float64)
+    w_small[layer.row, inverse[:layer.nnz]] = layer.values.detach()
+    x_small = torch.zeros(6, union.shape[0], dtype=torch.float64)
+    x_small[x.indices()[0], inverse[layer.nnz:]] = x.values().detach()
+    x_small.requires_grad_()
+    want = x_small @ w_small.t() + layer.bias.detach()
+    torch.testing.assert_close(y, want)
+    want.square().sum().backward()
+    torch.testing.assert_close(x.grad.coalesce().values(),
+                               x_small.grad[x.indices()[0], inverse[layer.nnz:]])
+
+
+def test_sparse_weight_linear_dense_input_keeps_its_gradient():
+    """A dense input's gradient still reads pointers over every column (built on demand)."""
+    pattern = _coo((3, 7), 6, 3)
+    layer = SparseWeightLinear(pattern).double()
+    x = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)
+    layer(x).sum().backward()
+    w = layer.weight.to_dense().detach()
+    torch.testing.assert_close(x.grad, torch.ones(4, 3, dtype=torch.float64) @ w)
+
+
+def test_sparse_grad_backward_of_a_wide_layer_is_o_nnz():
+    """``sparse_grad=True``: the weight's gradient over the touched columns, made from
+    a sort of the entries, never ``(in_features,)`` pointers or counts."""
+    width = 2**20
+    torch.manual_seed(0)
+    layer = SparseLinearBatch(width, 4, sparse_grad=True).double()
+    dense = SparseLinearBatch(width, 4).double()
+    dense.load_state_dict(layer.state_dict())
+    x = _coo((8, width), 100, 4)
+    with LargestNewTensor() as seen:
+        layer(x).square().sum().backward()
+    assert seen.numel < width // 16, seen.op
+    dense(x).square().sum().backward()
+    grad = dict(layer.named_parameters())["weight_t"].grad  # (in_features, 4): touched rows
+    dense_grad = dense.weight.grad.t()  # (in_features, 4)
+    assert grad.layout == torch.sparse_coo
+    touched = grad._indices()[0]
+    assert torch.equal(touched, x.indices()[1].unique())
+    torch.testing.assert_close(grad._values(), dense_grad[touched])
+    assert torch.count_nonzero(dense_grad.abs().sum(1)) == touched.shape[0]
+
+
+@pytest.mark.parametrize("kind", ["adam", "rowwise_adagrad"])
+def test_a_lazy_in_backward_step_of_a_tall_table_is_o_nnz(kind):
+    """The in-backward optimiser's CPU row update takes the touched rows from the sort of
+    the entries; the pointers over every table row are made for the dense step only."""
+    width = 2**20
+    torch.manual_seed(0)
+    layer = SparseLinearBatch(width, 4).double()
+    reference = SparseLinearBatch(width, 4, sparse_grad=True).double()
+    reference.load_state_dict(layer.state_dict())
+    nnsparse.optim.apply_optimizer_in_backward(layer, kind, lr=0.1)
+    x = _coo((8, width), 100, 10)
+    with LargestNewTensor() as seen:
+        layer(x).square().sum().backward()
+    assert seen.numel < width // 16, seen.op
+    # the same step as the optimiser on materialised sparse gradients (lazy: touched rows)
+    opt = (nnsparse.optim.LazyAdam(reference.parameters(), lr=0.1) if kind == "adam"
+           else None)
+    if opt is not None:
+        reference(x).square().sum().backward()
+        opt.step()
+        torch.testing.assert_close(layer.weight.detach(), reference.weight.detach())
+    else:
+        moved = (layer.weight.detach() != reference.weight.detach()).any(0)
+        assert torch.equal(moved.nonzero().squeeze(1), x.indices()[1].unique())
+
+
+@pytest.mark.parametrize("form", ["coo", "coo_uncoalesced", "csr", "empty"])
+@pytest.mark.parametrize("first", ["column_major", "column_major_all"])
+def test_column_major_and_column_major_all_agree_whichever_comes_first(form, first):
+    """Both orders from one sort (the second derived from the first), equal to the
+    structure built from scratch; ``column_major_all`` also at a wider width."""
+    g = torch.Generator().manual_seed(5)
+    nnz = 0 if form == "empty" else 30
+    row, col = torch.randint(0, 6, (nnz,), generator=g), torch.randint(0, 50, (nnz,), generator=g)
+    x = torch.sparse_coo_tensor(torch.stack([row, col]), torch.rand(nnz, generator=g), (6, 50))
+    x = x.to_sparse_csr() if form == "csr" else x if form == "coo_uncoalesced" else x.coalesce()
+
+    def fresh():
+        return as_sparse_batch(x).sorted_by_row()
+    reference = fresh()
+    want_all = _index.column_major_all(reference.row, reference.col, 50)
+    counts = want_all[1].diff()
+    cols = counts.nonzero().squeeze(1)
+    want = (want_all[0], cols, _index.crow_from_counts(counts[cols]), want_all[2])
+    batch = fresh()
+    _index.COUNTS.clear()
+    if first == "column_major":
+        got = batch.column_major()
+        got_all = batch.column_major_all(50)
+    else:
+        got_all = batch.column_major_all(50)
+        got = batch.column_major()
+    assert _index.COUNTS["column_major_all"] == 1 and _index.COUNTS["column_major"] == 1
+    assert _index.COUNTS["column_sort"] == 1  # one sort of the entries, either order
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    for a, b in zip(got_all, want_all):
+        assert torch.equal(a, b)
+    wider = batch.column_major_all(64)
+    for a, b in zip(wider, _index.column_major_all(reference.row, reference.col, 64)):
+        assert torch.equal(a, b)
+
+
+_PROBE = """
+import sys
+sys.path.insert(0, {bench!r})
+import no_densify_probe as p
+for name in sys.argv[1:]:
+    verdict, peak, note = p.run_case(name)
+    print(verdict, round(peak, 1), name, note, flush=True)
+    assert verdict == "ok" and peak < 50, (name, verdict, peak, note)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"),
+                    reason="the probe reads Linux's /proc peak-RSS counters")
+def test_probe_cases_stay_small_in_a_capped_process():
+    """Two fixed cases of benchmarks/no_densify_probe.py in a subprocess whose address
+    space is capped (current size + 1.5 GiB): a 2**31-wide pattern or a sparse gradient
+    of a 2**22-row table each add under 50 MB of resident memory at their peak."""
+    cases = ["SparseWeightLinear(pattern (4, 2**31), 100 nnz) on (8, 2**31) coo fwd+bwd",
+             "SparseLinearBatch(2**22, 4, sparse_grad) on (8, 2**22) csr fwd+bwd"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CUDA_VISIBLE_DEVICES="")
+    script = _PROBE.format(bench=os.path.join(ROOT, "benchmarks"))
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", script, *cases], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("ok ") == 2, done.stdout
+
+
+def test_mask_criterion_on_a_huge_row_count_is_o_nnz():
+    """prepare_input keeps an entry in each row from per-run counts of the row-sorted
+    entries, not from ``(rows,)`` counts: a (2**24, 8) batch of 100 entries."""
+    crit = nnsparse.MaskCriterion(torch.nn.MSELoss(), hide_ratio=0.5,
+                                  generator=torch.Generator().manual_seed(0))
+    t = _coo((2**24, 8), 100, 6)
+    est = torch.sparse_coo_tensor(t.indices(), torch.rand(100, dtype=torch.float64),
+                                  t.shape).coalesce().requires_grad_()
+    with LargestNewTensor() as seen:
+        crit.prepare_input(t)
+        crit(est, t).backward()
+    assert seen.numel < 10_000, seen.op
+
+
+@pytest.mark.parametrize("hide_ratio", [0.3, 0.7, 1.0])
+def test_mask_criterion_hides_as_the_per_row_count_rule(hide_ratio):
+    """The same entries hidden as the rule "a row whose entries are all drawn keeps
+    them all", computed with dense per-row counts, for the same generator."""
+    x = _coo((40, 6), 90, 7)
+    crit = nnsparse.MaskCriterion(torch.nn.MSELoss(), hide_ratio=hide_ratio,
+                                  generator=torch.Generator().manual_seed(3))
+    out = crit.prepare_input(x)
+    drawn = torch.rand(x._nnz(), generator=torch.Generator().manual_seed(3)) < hide_ratio
+    row = x.indices()[0]
+    per_row = torch.zeros(40, dtype=torch.int64).index_add_(0, row, drawn.long())
+    counts = torch.bincount(row, minlength=40)
+    want = drawn & ~(per_row == counts)[row]
+    assert torch.equal(crit._sparse_mask.flag, want)
+    assert out._nnz() == x._nnz() - int(want.sum())
+
+
+@pytest.mark.parametrize("nnz,every_column", [(30, True), (4, False), (0, False)])
+def test_sparse_weight_linear_both_pointer_forms_agree_with_the_dense_input(nnz, every_column):
+    """Pointers over every input column (fewer than 2 x nnz of them) or over the used
+    columns only: a sparse input gives what its dense equal gives, values and gradients."""
+    pattern = _coo((4, 20), nnz, 8) if nnz else torch.sparse_coo_tensor(
+        torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0), (4, 20))
+    layer = SparseWeightLinear(pattern).double()
+    assert layer._every_column() is every_column
+    xs = _coo((5, 20), 25, 9).requires_grad_()
+    xd = xs.detach().to_dense().requires_grad_()
+    ys, yd = layer(xs), layer(xd)
+    torch.testing.assert_close(ys, yd)
+    gs = torch.autograd.grad(ys.square().sum(), (xs, layer.values))
+    gd = torch.autograd.grad(yd.square().sum(), (xd, layer.values))
+    torch.testing.assert_close(gs[0].to_dense(), gd[0] * (xd != 0))
+    torch.testing.assert_close(gs[1], gd[1])
+
+
+def test_sparse_weight_linear_on_the_meta_device_then_loaded():
+    """On the meta device (no data: every column gets a pointer), then ``to_empty`` and
+    a loaded state: the used-columns form again, and the real layer's results."""
+    pattern = _coo((4, 40), 4, 11)
+    real = SparseWeightLinear(pattern).double()
+    meta = SparseWeightLinear(pattern, device="meta", dtype=torch.float64)
+    assert meta.t_crow.shape == (41,) and meta.t_cols.shape == (0,)
+    loaded = meta.to_empty(device="cpu")
+    loaded.load_state_dict(real.state_dict())
+    assert not loaded._every_column() and loaded.t_cols.shape[0] == real.t_cols.shape[0]
+    x = _coo((3, 40), 12, 12)
+    torch.testing.assert_close(loaded(x), real(x))
