@@ -23,7 +23,7 @@ from torch.optim import Optimizer
 
 from ._forms import as_flag
 from .optim import (_HOOK_TABLES, _NOT_PICKLED, InBackwardOptimizer, _check_state_entries,
-                     _closure_loss, _state_keys)
+                     _closure_loss, _load_with_hooks, _state_dict_with_hooks, _state_keys)
 
 __all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
 
@@ -227,24 +227,14 @@ class SplitOptimizer(Optimizer):
     def state_dict(self) -> Dict[str, Any]:
         """``{part name: part.state_dict()}``, through the hooks registered with
         ``register_state_dict_pre_hook`` / ``_post_hook`` as torch's optimisers call them."""
-        for pre in list(self._optimizer_state_dict_pre_hooks.values()):
-            pre(self)
-        state: Dict[str, Any] = {name: opt.state_dict() for name, opt in self.optimizers.items()}
-        for post in list(self._optimizer_state_dict_post_hooks.values()):
-            result = post(self, state)
-            state = state if result is None else result
-        return state
+        return _state_dict_with_hooks(
+            self, lambda: {name: opt.state_dict() for name, opt in self.optimizers.items()})
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Load a :meth:`state_dict`: every part's state checked before any is loaded;
         the ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks are called as
         torch's optimisers call them."""
-        for pre in list(self._optimizer_load_state_dict_pre_hooks.values()):
-            result = pre(self, state_dict)
-            state_dict = state_dict if result is None else result
-        self._load_parts(state_dict)
-        for post in list(self._optimizer_load_state_dict_post_hooks.values()):
-            post(self)
+        _load_with_hooks(self, state_dict, self._load_parts)
 
     def _load_parts(self, state_dict: Dict[str, Any]) -> None:
         if not isinstance(state_dict, dict):

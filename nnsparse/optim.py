@@ -1128,13 +1128,7 @@ class InBackwardOptimizer(Optimizer):
         ``initial_lr``, which a scheduler built with ``last_epoch`` reads), through
         the hooks of ``register_state_dict_pre_hook`` / ``_post_hook`` as torch's
         optimisers call them."""
-        for pre in list(self._optimizer_state_dict_pre_hooks.values()):
-            pre(self)
-        state = self._own_state_dict()
-        for post in list(self._optimizer_state_dict_post_hooks.values()):
-            result = post(self, state)
-            state = state if result is None else result
-        return state
+        return _state_dict_with_hooks(self, self._own_state_dict)
 
     def _own_state_dict(self) -> Dict[str, Any]:
         return {"kind": self.kind,
@@ -1146,12 +1140,7 @@ class InBackwardOptimizer(Optimizer):
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Load a :meth:`state_dict`; everything is checked before anything is changed.
         The ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks run around it."""
-        for pre in list(self._optimizer_load_state_dict_pre_hooks.values()):
-            result = pre(self, state_dict)
-            state_dict = state_dict if result is None else result
-        self._load_own(state_dict)
-        for post in list(self._optimizer_load_state_dict_post_hooks.values()):
-            post(self)
+        _load_with_hooks(self, state_dict, self._load_own)
 
     def _load_own(self, state_dict: Dict[str, Any]) -> None:
         if not isinstance(state_dict, dict):
@@ -1216,6 +1205,30 @@ class InBackwardOptimizer(Optimizer):
                 t.copy_(tables[name][key])
             u.hp["lr"] = rates.get(name, u.hp["lr"])
             u.hp.update(groups.get(name, {}))
+
+
+def _state_dict_with_hooks(opt: Optimizer, make: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:
+    """``make()``, the state dict of an optimiser that keeps its own, between the hooks
+    of ``register_state_dict_pre_hook`` / ``_post_hook``, as ``torch.optim`` calls them."""
+    for pre in list(opt._optimizer_state_dict_pre_hooks.values()):
+        pre(opt)
+    state = make()
+    for post in list(opt._optimizer_state_dict_post_hooks.values()):
+        result = post(opt, state)
+        state = state if result is None else result
+    return state
+
+
+def _load_with_hooks(opt: Optimizer, state_dict: Dict[str, Any],
+                     load: Callable[[Dict[str, Any]], None]) -> None:
+    """``load(state_dict)`` between the hooks of ``register_load_state_dict_pre_hook`` /
+    ``_post_hook``, as ``torch.optim`` calls them (a pre-hook may replace the dict)."""
+    for pre in list(opt._optimizer_load_state_dict_pre_hooks.values()):
+        result = pre(opt, state_dict)
+        state_dict = state_dict if result is None else result
+    load(state_dict)
+    for post in list(opt._optimizer_load_state_dict_post_hooks.values()):
+        post(opt)
 
 
 def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,

@@ -80,27 +80,41 @@ class LargestTensor:
     A ``TorchDispatchMode`` sees every op autograd runs, forward and backward,
     so ``with LargestTensor() as seen: ...; assert seen.numel < rows * width``
     proves a code path never made a dense ``(rows, width)`` tensor.  Sparse
-    results count their values only.
+    results count their values only.  ``new_only=True`` skips strided results
+    sharing storage with an argument (views, ``detach``, in-place results): only
+    new allocations count.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, new_only: bool = False) -> None:
         self.numel = 0
         self.op = None
+        self.new_only = new_only
 
     def __enter__(self) -> "LargestTensor":
         from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
 
         outer = self
+
+        def storage(t):
+            try:
+                return t.untyped_storage().data_ptr() if t.layout == torch.strided else None
+            except (RuntimeError, NotImplementedError):
+                return None
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
-                for t in (out if isinstance(out, (tuple, list)) else (out,)):
-                    if isinstance(t, torch.Tensor):
-                        n = t._values().numel() if t.layout == torch.sparse_coo else (
-                            t.values().numel() if t.layout != torch.strided else t.numel())
-                        if n > outer.numel:
-                            outer.numel, outer.op = n, str(func)
+                given = ({storage(a) for a in tree_leaves((args, kwargs))
+                          if isinstance(a, torch.Tensor)} if outer.new_only else set())
+                for t in tree_leaves(out):
+                    if not isinstance(t, torch.Tensor) or (
+                            given and t.layout == torch.strided and storage(t) in given):
+                        continue
+                    n = t._values().numel() if t.layout == torch.sparse_coo else (
+                        t.values().numel() if t.layout != torch.strided else t.numel())
+                    if n > outer.numel:
+                        outer.numel, outer.op = n, str(func)
                 return out
 
         self._mode = _Mode()

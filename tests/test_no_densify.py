@@ -23,40 +23,9 @@ from matrix import LargestTensor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class LargestNewTensor(LargestTensor):
-    """:class:`LargestTensor` that skips results sharing storage with an argument
-    (views, ``detach``, in-place results): only new allocations count."""
-
-    def __enter__(self) -> "LargestNewTensor":
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_leaves
-
-        outer = self
-
-        def storage(t):
-            try:
-                return t.untyped_storage().data_ptr() if t.layout == torch.strided else None
-            except (RuntimeError, NotImplementedError):
-                return None
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                given = {storage(a) for a in tree_leaves((args, kwargs))
-                         if isinstance(a, torch.Tensor)}
-                for t in tree_leaves(out):
-                    if not isinstance(t, torch.Tensor) or (
-                            t.layout == torch.strided and storage(t) in given):
-                        continue
-                    n = (t._values().numel() if t.layout == torch.sparse_coo else
-                         t.values().numel() if t.layout != torch.strided else t.numel())
-                    if n > outer.numel:
-                        outer.numel, outer.op = n, str(func)
-                return out
-
-        self._mode = _Mode()
-        self._mode.__enter__()
-        return self
+def LargestNewTensor() -> LargestTensor:
+    """:class:`LargestTensor` counting new allocations only (not views of the arguments)."""
+    return LargestTensor(new_only=True)
 
 
 def _coo(shape, nnz, seed, dtype=torch.float64, cols=None):
