@@ -267,14 +267,35 @@ def test_sparse_weight_linear_both_pointer_forms_agree_with_the_dense_input(nnz,
 
 
 def test_sparse_weight_linear_on_the_meta_device_then_loaded():
-    """On the meta device (no data: every column gets a pointer), then ``to_empty`` and
-    a loaded state: the used-columns form again, and the real layer's results."""
+    """On the meta device (no data: a place for every position, the distinct columns being
+    unknown), then ``to_empty`` and a loaded state: the used-columns form again, and the
+    real layer's results."""
     pattern = _coo((4, 40), 4, 11)
     real = SparseWeightLinear(pattern).double()
     meta = SparseWeightLinear(pattern, device="meta", dtype=torch.float64)
-    assert meta.t_crow.shape == (41,) and meta.t_cols.shape == (0,)
+    assert meta.t_crow.shape == (5,) and meta.t_cols.shape == (4,)
+    assert not meta._every_column()
+    assert meta(torch.zeros(2, 40, dtype=torch.float64, device="meta")).shape == (2, 4)
     loaded = meta.to_empty(device="cpu")
     loaded.load_state_dict(real.state_dict())
     assert not loaded._every_column() and loaded.t_cols.shape[0] == real.t_cols.shape[0]
     x = _coo((3, 40), 12, 12)
+    torch.testing.assert_close(loaded(x), real(x))
+
+
+def test_sparse_weight_linear_of_a_huge_width_on_the_meta_device():
+    """Built on the meta device (the distinct columns unknown there), ``to_empty`` and a
+    loaded state: every buffer stays O(nnz) (pointers over 2**40 columns could not even
+    be described: torch's meta cumsum overflowed), and the result is the real layer's."""
+    width = 2**40
+    pattern = torch.sparse_coo_tensor(torch.tensor([[0, 1, 1], [width - 1, 7, 2**33]]),
+                                      torch.ones(3), (2, width))
+    real = SparseWeightLinear(pattern).double()
+    meta = SparseWeightLinear(pattern, device="meta", dtype=torch.float64)
+    assert max(b.numel() for b in meta.buffers()) <= real.nnz + 1
+    loaded = meta.to_empty(device="cpu")
+    loaded.load_state_dict(real.state_dict())
+    x = torch.sparse_coo_tensor(torch.tensor([[0, 0, 1, 2], [width - 1, 5, 2**33, 7]]),
+                                torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64),
+                                (3, width))
     torch.testing.assert_close(loaded(x), real(x))
