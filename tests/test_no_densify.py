@@ -11,6 +11,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 import nnsparse
@@ -299,3 +301,36 @@ def test_sparse_weight_linear_of_a_huge_width_on_the_meta_device():
                                 torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64),
                                 (3, width))
     torch.testing.assert_close(loaded(x), real(x))
+
+
+def _old_mask_rule(batch, hide):
+    """MaskCriterion's rule before the per-run counts (ff3c10e): dense per-row counts."""
+    hidden_per_row = torch.zeros_like(batch.row_counts()).index_add_(0, batch.row, hide.long())
+    return hide & ~(hidden_per_row == batch.row_counts())[batch.row]
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 6), width=st.integers(1, 5), nnz=st.integers(0, 25),
+       ratio=st.sampled_from([0.0, 0.3, 0.6, 1.0]), seed=st.integers(0, 2**16),
+       form=st.sampled_from(["coo", "unsorted_duplicates", "csr", "rows", "vector"]))
+def test_mask_criterion_flags_as_the_old_per_row_rule(rows, width, nnz, ratio, seed, form):
+    """Property: for any batch (duplicates, unsorted entries, empty rows, a vector) and the
+    same generator, prepare_input hides exactly what the old dense per-row rule hid."""
+    from nnsparse.criteria._entries import unique_entries
+
+    g = torch.Generator().manual_seed(seed)
+    rows = 1 if form == "vector" else rows
+    idx = torch.stack([torch.randint(0, rows, (nnz,), generator=g),
+                       torch.randint(0, width, (nnz,), generator=g)])
+    coo = torch.sparse_coo_tensor(idx, torch.rand(nnz, generator=g, dtype=torch.float64) + 1,
+                                  (rows, width))
+    x = {"coo": lambda: coo.coalesce(), "unsorted_duplicates": lambda: coo,
+         "csr": lambda: coo.coalesce().to_sparse_csr(),
+         "rows": lambda: [r.coalesce() for r in coo.coalesce().unbind(0)],
+         "vector": lambda: coo.coalesce()[0]}[form]()
+    crit = nnsparse.MaskCriterion(torch.nn.MSELoss(), hide_ratio=ratio,
+                                  generator=torch.Generator().manual_seed(seed))
+    crit.prepare_input(x)
+    batch = unique_entries(as_sparse_batch(x, name="input"))
+    drawn = torch.rand(batch.nnz, generator=torch.Generator().manual_seed(seed)) < ratio
+    assert torch.equal(crit._sparse_mask.flag, _old_mask_rule(batch, drawn))
