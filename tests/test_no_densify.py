@@ -334,3 +334,39 @@ def test_mask_criterion_flags_as_the_old_per_row_rule(rows, width, nnz, ratio, s
     batch = unique_entries(as_sparse_batch(x, name="input"))
     drawn = torch.rand(batch.nnz, generator=torch.Generator().manual_seed(seed)) < ratio
     assert torch.equal(crit._sparse_mask.flag, _old_mask_rule(batch, drawn))
+
+
+@settings(max_examples=40, deadline=None)
+@given(out=st.integers(1, 4), width=st.integers(1, 12), nnz=st.integers(0, 12),
+       rows=st.integers(0, 4), x_nnz=st.integers(0, 20), seed=st.integers(0, 2**16),
+       form=st.sampled_from(["coo", "unsorted_duplicates", "csr"]))
+def test_sparse_weight_linear_sparse_input_as_dense_property(out, width, nnz, rows, x_nnz,
+                                                             seed, form):
+    """Property: whichever pointer form the pattern gets (both sides of width == 2 x nnz,
+    a single column, every column used, an empty pattern) and whatever the sparse input
+    (duplicates, unsorted, empty rows or none), output and gradients are the dense input's."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.randint(0, out, (nnz,), generator=g),
+                       torch.randint(0, width, (nnz,), generator=g)])
+    layer = SparseWeightLinear(torch.sparse_coo_tensor(idx, torch.ones(nnz), (out, width)),
+                               dtype=torch.float64)
+    assert layer._every_column() is (width < 2 * layer.nnz or width == 0)
+    x_nnz = x_nnz if rows else 0
+    xi = torch.stack([torch.randint(0, max(rows, 1), (x_nnz,), generator=g),
+                      torch.randint(0, width, (x_nnz,), generator=g)])
+    xv = torch.randn(x_nnz, generator=g, dtype=torch.float64).requires_grad_()
+    coo = torch.sparse_coo_tensor(xi, xv, (rows, width))
+    x = {"coo": lambda: coo.coalesce(), "unsorted_duplicates": lambda: coo,
+         "csr": lambda: coo.coalesce().to_sparse_csr()}[form]()
+    dense = torch.zeros(rows, width, dtype=torch.float64).index_put((xi[0], xi[1]), xv,
+                                                                     accumulate=True)
+    y, want = layer(x), layer(dense)
+    torch.testing.assert_close(y, want)
+    w = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad((y * w).sum(), (xv, layer.values), allow_unused=True)
+    ref = torch.autograd.grad((want * w).sum(), (xv, layer.values), allow_unused=True)
+    for a, b in zip(got, ref):
+        if a is None or b is None:  # no entries: no path from the input's values
+            assert x_nnz == 0 or layer.nnz == 0
+            continue
+        torch.testing.assert_close(a, b)
