@@ -285,7 +285,11 @@ def test_update_rows_of_a_pattern_narrower_than_the_table(kind, dense_above, syn
     _index.COUNTS.clear()
     got = _row_update_of(narrow, table, dense, narrow.values, kind, dense_above, sync_free,
                          monkeypatch)
-    assert _index.COUNTS["column_sort"] == 1 and _index.COUNTS["column_major_all"] <= 1
+    assert _index.COUNTS["column_sort"] == 1
+    # the pointers over every table row: for the dense step (row-wise Adagrad takes it
+    # above a quarter of the rows touched) or a GPU's masked step only, never a lazy one
+    lazy = kind == "adam" and dense_above is None and not sync_free
+    assert _index.COUNTS["column_major_all"] == (0 if lazy else 1)
     want = _row_update_of(wide, table, dense, wide.values, kind, dense_above, sync_free,
                           monkeypatch)
     assert torch.equal(got[0], want[0])

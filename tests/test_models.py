@@ -1264,3 +1264,20 @@ def test_load_of_an_unregistered_name_says_what_to_import(tmp_path):
                                          r"\[.*'autorec'.*\]; import the module that registers "
                                          r"it first\)$"):
         RatingModel.load(path)
+
+
+@pytest.mark.parametrize("error", [MemoryError(), PermissionError(13, "Permission denied")],
+                         ids=["memory", "permission"])
+def test_load_lets_the_machine_s_errors_through(tmp_path, monkeypatch, error):
+    """Only a failure to read the bytes as a model file is 'not a model saved by
+    nnsparse.models': a file the process may not read, or memory running out while a
+    large model file loads, reaches the caller as the error it is."""
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"any")
+
+    def fail(*args, **kwargs):
+        raise error
+    monkeypatch.setattr(torch, "load", fail)
+    with pytest.raises(type(error)) as caught:
+        RatingModel.load(path)
+    assert caught.value is error

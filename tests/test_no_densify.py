@@ -11,6 +11,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 import nnsparse
@@ -236,14 +238,104 @@ def test_sparse_weight_linear_both_pointer_forms_agree_with_the_dense_input(nnz,
 
 
 def test_sparse_weight_linear_on_the_meta_device_then_loaded():
-    """On the meta device (no data: every column gets a pointer), then ``to_empty`` and
-    a loaded state: the used-columns form again, and the real layer's results."""
+    """On the meta device (no data: a place for every position, the distinct columns being
+    unknown), then ``to_empty`` and a loaded state: the used-columns form again, and the
+    real layer's results."""
     pattern = _coo((4, 40), 4, 11)
     real = SparseWeightLinear(pattern).double()
     meta = SparseWeightLinear(pattern, device="meta", dtype=torch.float64)
-    assert meta.t_crow.shape == (41,) and meta.t_cols.shape == (0,)
+    assert meta.t_crow.shape == (5,) and meta.t_cols.shape == (4,)
+    assert not meta._every_column()
+    assert meta(torch.zeros(2, 40, dtype=torch.float64, device="meta")).shape == (2, 4)
     loaded = meta.to_empty(device="cpu")
     loaded.load_state_dict(real.state_dict())
     assert not loaded._every_column() and loaded.t_cols.shape[0] == real.t_cols.shape[0]
     x = _coo((3, 40), 12, 12)
     torch.testing.assert_close(loaded(x), real(x))
+
+
+def test_sparse_weight_linear_of_a_huge_width_on_the_meta_device():
+    """Built on the meta device (the distinct columns unknown there), ``to_empty`` and a
+    loaded state: every buffer stays O(nnz) (pointers over 2**40 columns could not even
+    be described: torch's meta cumsum overflowed), and the result is the real layer's."""
+    width = 2**40
+    pattern = torch.sparse_coo_tensor(torch.tensor([[0, 1, 1], [width - 1, 7, 2**33]]),
+                                      torch.ones(3), (2, width))
+    real = SparseWeightLinear(pattern).double()
+    meta = SparseWeightLinear(pattern, device="meta", dtype=torch.float64)
+    assert max(b.numel() for b in meta.buffers()) <= real.nnz + 1
+    loaded = meta.to_empty(device="cpu")
+    loaded.load_state_dict(real.state_dict())
+    x = torch.sparse_coo_tensor(torch.tensor([[0, 0, 1, 2], [width - 1, 5, 2**33, 7]]),
+                                torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64),
+                                (3, width))
+    torch.testing.assert_close(loaded(x), real(x))
+
+
+def _old_mask_rule(batch, hide):
+    """MaskCriterion's rule before the per-run counts (ff3c10e): dense per-row counts."""
+    hidden_per_row = torch.zeros_like(batch.row_counts()).index_add_(0, batch.row, hide.long())
+    return hide & ~(hidden_per_row == batch.row_counts())[batch.row]
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 6), width=st.integers(1, 5), nnz=st.integers(0, 25),
+       ratio=st.sampled_from([0.0, 0.3, 0.6, 1.0]), seed=st.integers(0, 2**16),
+       form=st.sampled_from(["coo", "unsorted_duplicates", "csr", "rows", "vector"]))
+def test_mask_criterion_flags_as_the_old_per_row_rule(rows, width, nnz, ratio, seed, form):
+    """Property: for any batch (duplicates, unsorted entries, empty rows, a vector) and the
+    same generator, prepare_input hides exactly what the old dense per-row rule hid."""
+    from nnsparse.criteria._entries import unique_entries
+
+    g = torch.Generator().manual_seed(seed)
+    rows = 1 if form == "vector" else rows
+    idx = torch.stack([torch.randint(0, rows, (nnz,), generator=g),
+                       torch.randint(0, width, (nnz,), generator=g)])
+    coo = torch.sparse_coo_tensor(idx, torch.rand(nnz, generator=g, dtype=torch.float64) + 1,
+                                  (rows, width))
+    x = {"coo": lambda: coo.coalesce(), "unsorted_duplicates": lambda: coo,
+         "csr": lambda: coo.coalesce().to_sparse_csr(),
+         "rows": lambda: [r.coalesce() for r in coo.coalesce().unbind(0)],
+         "vector": lambda: coo.coalesce()[0]}[form]()
+    crit = nnsparse.MaskCriterion(torch.nn.MSELoss(), hide_ratio=ratio,
+                                  generator=torch.Generator().manual_seed(seed))
+    crit.prepare_input(x)
+    batch = unique_entries(as_sparse_batch(x, name="input"))
+    drawn = torch.rand(batch.nnz, generator=torch.Generator().manual_seed(seed)) < ratio
+    assert torch.equal(crit._sparse_mask.flag, _old_mask_rule(batch, drawn))
+
+
+@settings(max_examples=40, deadline=None)
+@given(out=st.integers(1, 4), width=st.integers(1, 12), nnz=st.integers(0, 12),
+       rows=st.integers(0, 4), x_nnz=st.integers(0, 20), seed=st.integers(0, 2**16),
+       form=st.sampled_from(["coo", "unsorted_duplicates", "csr"]))
+def test_sparse_weight_linear_sparse_input_as_dense_property(out, width, nnz, rows, x_nnz,
+                                                             seed, form):
+    """Property: whichever pointer form the pattern gets (both sides of width == 2 x nnz,
+    a single column, every column used, an empty pattern) and whatever the sparse input
+    (duplicates, unsorted, empty rows or none), output and gradients are the dense input's."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.randint(0, out, (nnz,), generator=g),
+                       torch.randint(0, width, (nnz,), generator=g)])
+    layer = SparseWeightLinear(torch.sparse_coo_tensor(idx, torch.ones(nnz), (out, width)),
+                               dtype=torch.float64)
+    assert layer._every_column() is (width < 2 * layer.nnz or width == 0)
+    x_nnz = x_nnz if rows else 0
+    xi = torch.stack([torch.randint(0, max(rows, 1), (x_nnz,), generator=g),
+                      torch.randint(0, width, (x_nnz,), generator=g)])
+    xv = torch.randn(x_nnz, generator=g, dtype=torch.float64).requires_grad_()
+    coo = torch.sparse_coo_tensor(xi, xv, (rows, width))
+    x = {"coo": lambda: coo.coalesce(), "unsorted_duplicates": lambda: coo,
+         "csr": lambda: coo.coalesce().to_sparse_csr()}[form]()
+    dense = torch.zeros(rows, width, dtype=torch.float64).index_put((xi[0], xi[1]), xv,
+                                                                     accumulate=True)
+    y, want = layer(x), layer(dense)
+    torch.testing.assert_close(y, want)
+    w = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad((y * w).sum(), (xv, layer.values), allow_unused=True)
+    ref = torch.autograd.grad((want * w).sum(), (xv, layer.values), allow_unused=True)
+    for a, b in zip(got, ref):
+        if a is None or b is None:  # no entries: no path from the input's values
+            assert x_nnz == 0 or layer.nnz == 0
+            continue
+        torch.testing.assert_close(a, b)

@@ -94,8 +94,12 @@ def test_sparse_vector_input():
     assert layer(x.to_sparse()).shape == (6,)
 
 
-def test_gradcheck_float64():
-    layer = _layer()
+@pytest.mark.parametrize("density,every_column", [(0.35, True), (0.08, False)])
+def test_gradcheck_float64(density, every_column):
+    """Both forms of the transposed structure: pointers over every input column, or over
+    the used columns only (in_features >= 2 x nnz)."""
+    layer = _layer(density=density)
+    assert layer.nnz > 0 and layer._every_column() is every_column
     x = torch.randn(3, 9, dtype=torch.float64, requires_grad=True)
     xs = _pattern(3, 9, 0.4, seed=5, empty_rows=0).to_sparse()
     idx = xs.indices()

@@ -270,11 +270,15 @@ class SparseWeightLinear(nn.Module):
         index, col = self.col.dtype, self.col.to(torch.int64)
         row = _index.rows_from_crow(self.crow, col.shape[0])
         perm = _index.stable_order(col, self.in_features)
-        if self.in_features < 2 * col.shape[0] or col.device.type == "meta":
-            # a pointer for every input column (fewer than 2 x nnz; on the meta device,
-            # whose data-dependent sizes are unknown, always): a sparse input's columns
-            # index them directly; t_cols is then empty
+        if self.in_features < 2 * col.shape[0]:
+            # a pointer for every input column (fewer than 2 x nnz): a sparse input's
+            # columns index them directly; t_cols is then empty
             cols, counts = col[:0], _index.counts_of(col, self.in_features)
+        elif col.device.type == "meta":
+            # no data, so the distinct columns are unknown: buffers of their largest size
+            # (one per position), O(nnz) as on a real device (to_empty allocates them;
+            # a loaded state derives the real ones)
+            cols, counts = col, torch.ones_like(col)
         else:  # pointers over the distinct columns t_cols only: O(nnz) whatever in_features
             cols, counts = torch.unique_consecutive(col.index_select(0, perm),
                                                     return_counts=True)

@@ -1048,6 +1048,8 @@ class RatingModel(nn.Module):
             FileNotFoundError: no file at ``path``.
             ValueError: ``path`` is a directory or not a file written by
                 :meth:`save`; it holds another model class; an unknown ``device``.
+            OSError, MemoryError: (torch's) the file could not be read, or not held
+                in memory.
         """
         device = _as_device(device)
         if not isinstance(path, (str, os.PathLike)) and not (
@@ -1061,8 +1063,8 @@ class RatingModel(nn.Module):
                 raise FileNotFoundError(f"path: no file at {path}")
         try:
             blob = torch.load(path, map_location="cpu", weights_only=True)
-        except OSError:  # the file could not be read (permissions, I/O): torch's own error
-            raise
+        except (OSError, MemoryError):  # the file could not be read (permissions, I/O) or
+            raise                         # held in memory: the machine's error, not the file's
         # Anything else means the bytes are not a torch file this loader reads.  Junk
         # reaches torch's weights-only unpickler, which fails in many ways: struct.error
         # (shorter than a zip header), BadZipFile, UnpicklingError, and an IndexError
