@@ -713,6 +713,8 @@ _KIND_KEYS = {"sgd": ("lr", "momentum", "nesterov", "weight_decay", "dense_above
               "adagrad": ("lr", "eps", "weight_decay", "initial_accumulator_value", "dense_above"),
               "rowwise_adagrad": ("lr", "eps", "weight_decay", "initial_accumulator_value",
                                   "dense_above")}
+
+
 def _scheduler_keys(group: Dict[str, Any]) -> Dict[str, Any]:
     """What else than the kind's hyperparameters and ``params`` a table's group holds: the
     keys an LR scheduler added (``initial_lr``, OneCycleLR's ``max_lr``...)."""
