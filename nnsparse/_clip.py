@@ -95,14 +95,8 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
     if not isinstance(error_if_nonfinite, bool):
         raise TypeError(f"error_if_nonfinite must be a bool, got "
                         f"{type(error_if_nonfinite).__name__}")
-    if foreach is not None and not isinstance(foreach, bool):
-        raise TypeError(f"foreach must be a bool or None, got {type(foreach).__name__}")
-    with_grad = [p for p in parameters if p.grad is not None]
+    with_grad = _with_grads(parameters, foreach, "clip_grad_norm_")
     grads: List[Tensor] = [cast(Tensor, p.grad) for p in with_grad]
-    for g in grads:
-        if g.layout not in (torch.strided, torch.sparse_coo):
-            raise NotImplementedError(f"clip_grad_norm_ takes strided and sparse COO "
-                                      f"gradients, got layout {g.layout}")
     if not grads:
         return torch.tensor(0.0)
     dense = [p for p, g in zip(with_grad, grads) if g.layout == torch.strided]
@@ -146,6 +140,21 @@ def _parameter_list(parameters: Any) -> List[Tensor]:
     return found
 
 
+def _with_grads(parameters: List[Tensor], foreach: Any, fn: str) -> List[Tensor]:
+    """The parameters holding a gradient, after checking ``foreach`` and that every
+    gradient is strided or sparse COO (else ``NotImplementedError`` naming ``fn``; nothing
+    is clipped)."""
+    if foreach is not None and not isinstance(foreach, bool):
+        raise TypeError(f"foreach must be a bool or None, got {type(foreach).__name__}")
+    with_grad = [p for p in parameters if p.grad is not None]
+    for p in with_grad:
+        layout = cast(Tensor, p.grad).layout
+        if layout not in (torch.strided, torch.sparse_coo):
+            raise NotImplementedError(f"{fn} takes strided and sparse COO gradients, got "
+                                      f"layout {layout}")
+    return with_grad
+
+
 def _as_float(name: str, value: Any) -> float:
     """``float(value)`` as torch takes ``max_norm`` and ``norm_type``: a real number or a
     one-element real tensor (``'inf'``, a str, is refused: the name says what is wanted)."""
@@ -177,7 +186,6 @@ def _sparse_norm(grad: Tensor, norm_type: float) -> Tensor:
     if values.numel() < grad.numel():  # entries left out are zeros of the dense gradient
         values = torch.cat([values, values.new_zeros(1)])
     return torch.linalg.vector_norm(values, norm_type)
-
 
 
 @torch.no_grad()
@@ -221,14 +229,7 @@ def clip_grad_value_(parameters: Union[Tensor, Iterable[Tensor]], clip_value: fl
     clip_value = _as_float("clip_value", clip_value)
     if not clip_value >= 0.0:
         raise ValueError(f"clip_value must be non-negative, got {clip_value}")
-    if foreach is not None and not isinstance(foreach, bool):
-        raise TypeError(f"foreach must be a bool or None, got {type(foreach).__name__}")
-    with_grad = [p for p in parameters if p.grad is not None]
-    for p in with_grad:
-        layout = cast(Tensor, p.grad).layout
-        if layout not in (torch.strided, torch.sparse_coo):
-            raise NotImplementedError(f"clip_grad_value_ takes strided and sparse COO "
-                                      f"gradients, got layout {layout}")
+    with_grad = _with_grads(parameters, foreach, "clip_grad_value_")
     dense = [p for p in with_grad if cast(Tensor, p.grad).layout == torch.strided]
     if dense:
         torch.nn.utils.clip_grad_value_(dense, clip_value, foreach=foreach)
