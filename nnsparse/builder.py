@@ -133,9 +133,7 @@ class DynamicSparseTensor:
                              f"({e})") from None
         self._reserve, self._mult, self._ndim, self._dtype = reserve, float(mult_coef), ndim, dtype
         self._float = dtype.is_floating_point
-        self._ibuf = [array("q", bytes(8 * _FIRST_CHUNK)) for _ in range(ndim)]
-        self._ibuf0 = self._ibuf[0]
-        self._vbuf = array("d" if self._float else "q", bytes(8 * _FIRST_CHUNK))
+        self._fresh_buffers()
         self._range = _value_range(dtype)
         self._allocate(reserve)
 
@@ -178,9 +176,7 @@ class DynamicSparseTensor:
             setattr(new, name, getattr(self, name))
         if hasattr(self, "__dict__"):  # a subclass's own attributes, shallow as copy.copy's
             new.__dict__.update(self.__dict__)
-        new._ibuf = [array("q", bytes(8 * _FIRST_CHUNK)) for _ in range(self._ndim)]
-        new._ibuf0 = new._ibuf[0]
-        new._vbuf = array(self._vbuf.typecode, bytes(8 * _FIRST_CHUNK))
+        new._fresh_buffers()
         new._index, new._values = self._index.clone(), self._values.clone()
         return new
 
@@ -204,10 +200,15 @@ class DynamicSparseTensor:
                              f"[1, {_MAX_NDIM}], got {ndim!r}")
         for name, value in state.items():
             setattr(self, name, value)
+        self._fresh_buffers()
+        self._j = 0
+
+    def _fresh_buffers(self) -> None:
+        """Empty host buffers (one per dimension, one for the values) of the first chunk's
+        size: for a new builder, a copy and a builder read back from a file."""
         self._ibuf = [array("q", bytes(8 * _FIRST_CHUNK)) for _ in range(self._ndim)]
         self._ibuf0 = self._ibuf[0]
         self._vbuf = array("d" if self._float else "q", bytes(8 * _FIRST_CHUNK))
-        self._j = 0
 
     # -- adding entries -------------------------------------------------------------
     def append(self, index: Union[int, Sequence[int]], value: float = _NO_VALUE) -> None:
