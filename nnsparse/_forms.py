@@ -33,6 +33,7 @@ the caller's values wherever torch allows it.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import numbers
 import operator
@@ -718,20 +719,34 @@ def _holds_inference(pattern: SparseBatch) -> bool:
             or any(holds(t) for t in cache.column_major_all.values()))
 
 
+def _reusable_after_inference(holder: Any, holds_inference: Callable[[], bool]) -> bool:
+    """The inference-mode rule of a cached structure whose ``holder`` keeps an
+    ``inference`` flag (a batch's :class:`_Cache`, ``matmul``'s flat 3-D pattern).
+
+    Used under ``torch.inference_mode()``, the holder is marked: what is built there from
+    then on may be inference tensors.  Used outside it once marked, where a layer's
+    backward saves the structure, it is reusable unless ``holds_inference()`` finds such a
+    tensor (the caller then builds it again); otherwise the mark is cleared.  Only a
+    marked holder is walked.
+    """
+    if torch.is_inference_mode_enabled():
+        holder.inference = True
+        return True
+    if holder.inference:
+        if holds_inference():
+            return False
+        holder.inference = False
+    return True
+
+
 def _from_tensor(x: Tensor, name: str) -> SparseBatch:
     """The batch of a torch sparse tensor: checked and attached at the first call only."""
     found = _attached(x)
     if found is None:
         found = _structure(x, name, check=True)
-    elif torch.is_inference_mode_enabled():
-        found.pattern.cache.inference = True  # the structures built from here on are so
-    elif found.pattern.cache.inference:
-        # read under torch.inference_mode() before, now outside it, where a layer's backward
-        # saves the structure: built again (unchecked) if it holds an inference tensor
-        if _holds_inference(found.pattern):
-            found = _structure(x, name, check=False)
-        else:
-            found.pattern.cache.inference = False
+    elif not _reusable_after_inference(found.pattern.cache,
+                                       functools.partial(_holds_inference, found.pattern)):
+        found = _structure(x, name, check=False)  # (checked at its first call)
     # (an inference tensor's values are copied for autograd, as its structure is)
     return found.pattern.with_pattern_values(_index.outside_inference(_values_of(x, found)))
 

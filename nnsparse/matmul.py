@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from . import _double, _index
-from ._forms import (_attach_built, _cached, _check_csr, _key, as_sparse_batch, is_pair_list,
-                     is_sparse_form, refuse_meta)
+from ._forms import (_attach_built, _cached, _check_csr, _key, _reusable_after_inference,
+                     as_sparse_batch, is_pair_list, is_sparse_form, refuse_meta)
 from ._kernels import _csr_rows_mm, _gather_dot, _sampled_mm
 
 __all__ = ["sparse_mm"]
@@ -280,19 +280,13 @@ def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
                                   ".to_sparse_coo() or .to_sparse_csr()")
     _check_hybrid(a, name)
     flat = _cached(a, _ATTR, _Flat)
-    if flat is not None and flat.inference and not torch.is_inference_mode_enabled():
-        # used under torch.inference_mode() before, now outside it, where a backward saves
-        # the structure: built again if it holds an inference tensor (walked only then,
-        # as nnsparse._forms walks a batch's cache)
-        if flat.holds_inference():
-            flat = None
-        else:
-            flat.inference = False
+    if flat is not None and not _reusable_after_inference(flat, flat.holds_inference):
+        flat = None  # it holds an inference tensor, now used outside inference mode
     if flat is None:  # (not cached where its key is None: inside a transform)
         build = _flat_coo if a.layout == torch.sparse_coo else _flat_csr
         flat = _attach_built(a, lambda source: build(source, name), _ATTR)
     if torch.is_inference_mode_enabled():
-        flat.inference = True  # what is built from here on (the transposed pattern) may be
+        flat.inference = True  # a new one too: what it builds later (the transposed pattern) may be
     # (an inference tensor's values are copied for autograd, as its structure is)
     return _Pattern(_index.outside_inference(flat.values_of(a)), flat.row, flat.col, flat.crow,
                     flat.rows, flat.cols, flat.transposed)
