@@ -286,7 +286,7 @@ def _flat_pattern_3d(a: Tensor, name: str) -> _Pattern:
         build = _flat_coo if a.layout == torch.sparse_coo else _flat_csr
         flat = _attach_built(a, lambda source: build(source, name), _ATTR)
     if torch.is_inference_mode_enabled():
-        flat.inference = True  # a new one too: what it builds later (the transposed pattern) may be
+        flat.inference = True  # a new one too: what it builds later may be inference tensors
     # (an inference tensor's values are copied for autograd, as its structure is)
     return _Pattern(_index.outside_inference(flat.values_of(a)), flat.row, flat.col, flat.crow,
                     flat.rows, flat.cols, flat.transposed)
