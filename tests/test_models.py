@@ -1,4 +1,5 @@
 """Tests of nnsparse.models: fit, predict, fallback, recommend, save/load, cross-validation."""
+import contextlib
 import copy
 import io
 import math
@@ -926,6 +927,24 @@ def test_save_after_a_numpy_edit_round_trips(tmp_path, cls, edit):
     assert model.hparams["lr"] is (edit.get("lr", model.hparams["lr"]))  # save changed nothing
 
 
+@contextlib.contextmanager
+def _disk_full_in_torch_save(monkeypatch):
+    """Inside the block torch.save writes part of a file, then fails as a full disk does;
+    the block must raise that error.  torch.save is itself again after it."""
+    real_save = torch.save
+
+    def half_then_fail(obj, f, *args, **kwargs):
+        f.write(b"half a model")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", half_then_fail)
+    try:
+        with pytest.raises(OSError, match="No space left on device"):
+            yield
+    finally:
+        monkeypatch.setattr(torch, "save", real_save)
+
+
 def test_a_failed_write_leaves_the_existing_file(tmp_path, monkeypatch):
     """The file is written through a temporary one renamed over it: a save failing half-way
     (a full disk) leaves the previous file whole and no temporary file behind."""
@@ -933,16 +952,8 @@ def test_a_failed_write_leaves_the_existing_file(tmp_path, monkeypatch):
     path = tmp_path / "m.pt"
     model.save(path)
     good = path.read_bytes()
-    real_save = torch.save
-
-    def half_then_fail(obj, f, *a, **kw):
-        f.write(b"half a model")
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(torch, "save", half_then_fail)
-    with pytest.raises(OSError, match="No space left on device"):
+    with _disk_full_in_torch_save(monkeypatch):
         model.save(path)
-    monkeypatch.setattr(torch, "save", real_save)
     assert path.read_bytes() == good and [p.name for p in tmp_path.iterdir()] == ["m.pt"]
     assert torch.equal(AutoRec.load(path).predict(_TINY_R), model.predict(_TINY_R))
 
@@ -988,16 +999,8 @@ def test_a_failed_save_over_a_hard_linked_file_leaves_it(tmp_path, monkeypatch):
     model.save(target)
     os.link(target, other)
     good = target.read_bytes()
-    real_save = torch.save
-
-    def half_then_fail(obj, f, *args, **kwargs):
-        f.write(b"partial")
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(torch, "save", half_then_fail)
-    with pytest.raises(OSError, match="No space left on device"):
+    with _disk_full_in_torch_save(monkeypatch):
         _tiny(AutoRec, lr=0.5).save(target)
-    monkeypatch.setattr(torch, "save", real_save)
     assert target.read_bytes() == other.read_bytes() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ["also.pt", "m.pt"]
 
