@@ -162,17 +162,28 @@ def _batch_size(size: Optional[Size], batch: SparseBatch) -> Tuple[int, int]:
 
 
 def _size_from_tensor(size: Any) -> Any:
-    """A ``size`` given as an integer tensor (Lua's ``torch.Tensor{2, 8}``) as ints;
-    any other ``size`` as it came."""
+    """A ``size`` given as a tensor (Lua's ``torch.Tensor{2, 8}``) as ints; any other
+    ``size`` as it came.
+
+    Lua's tensors are floating (``torch.Tensor{2, 8}`` is a DoubleTensor, and its
+    literal translation ``torch.Tensor([2, 8])`` a float32 one): a floating tensor
+    passes when it holds whole numbers, each then read as the int it equals."""
     if not isinstance(size, Tensor):
         return size
     refuse_meta(size, "size")  # its ints cannot be read
-    if size.layout != torch.strided or size.dtype == torch.bool or size.is_floating_point() \
-            or size.is_complex() or size.dim() > 1:
-        raise TypeError(f"size given as a tensor must be a 0-D or 1-D integer tensor, got "
-                        f"{_a(str(size.dim()))}-D {size.dtype} "
+    if size.layout != torch.strided or size.dtype == torch.bool or size.is_complex() \
+            or size.dim() > 1:
+        raise TypeError(f"size given as a tensor must be a 0-D or 1-D integer or floating "
+                        f"tensor, got {_a(str(size.dim()))}-D {size.dtype} "
                         f"{str(size.layout).split('.')[-1]} tensor")
-    return size.item() if size.dim() == 0 else tuple(size.tolist())
+    values = size.reshape(-1).tolist()
+    if size.is_floating_point():
+        bad = [v for v in values if not (math.isfinite(v) and v == int(v))]
+        if bad:
+            raise ValueError(f"size given as a floating tensor must hold whole numbers, "
+                             f"got {bad[0]} in {size.tolist()}")
+        values = [int(v) for v in values]
+    return values[0] if size.dim() == 0 else tuple(values)
 
 
 def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tensor:
@@ -183,7 +194,7 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tens
             tensor, or a list of sparse vectors or pair tensors (one per row).
         elem (float): the value of unspecified entries; may be ``nan``. Default: 0.
         size (int or tuple, optional): ``n`` for a vector, ``(rows, n)`` for a
-            batch (ints, or an integer tensor as Lua's ``torch.Tensor{rows, n}``);
+            batch (ints, or a tensor of whole numbers as Lua's ``torch.Tensor{rows, n}``);
             by default the tensor's own size, or for pairs the largest index + 1
             and the number of rows.
 
@@ -196,7 +207,8 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tens
         TypeError: ``x`` is not an accepted form, or its values have a dtype
             torch's sparse kernels lack (uint16, uint32, uint64, float8, ...), or
             ``elem`` is not a number torch takes (a ``Fraction``, a ``Decimal``).
-        ValueError: bad indices, a ``size`` smaller than the data, or an
+        ValueError: bad indices, a ``size`` smaller than the data (or a
+            floating ``size`` tensor holding a fraction, NaN or inf), or an
             ``elem`` the values' dtype cannot hold: NaN for integer values, a
             fraction or one beyond the range of an integer dtype, a finite one
             beyond a floating dtype's largest (``inf`` and ``nan`` pass), other

@@ -130,8 +130,8 @@ def test_dynamic_sparse_tensor_against_torch_cat():
 
 # == testSparseLinearBatch.lua ==============================================================
 
-def _linear_pair(in_features, out_features):
-    sparse_layer = SparseLinearBatch(in_features, out_features, dtype=torch.float64)
+def _linear_pair(in_features, out_features, mode="auto"):
+    sparse_layer = SparseLinearBatch(in_features, out_features, mode=mode, dtype=torch.float64)
     dense_layer = nn.Linear(in_features, out_features, dtype=torch.float64)
     with torch.no_grad():  # provide the same weights
         dense_layer.weight.copy_(sparse_layer.weight)
@@ -139,8 +139,11 @@ def _linear_pair(in_features, out_features):
     return sparse_layer, dense_layer
 
 
+# Lua's 40 % density runs mode="auto" as a dense GEMM on the CPU: "sparse" runs the same
+# cases through the sparse kernels
+@pytest.mark.parametrize("mode", ["auto", "sparse"])
 @pytest.mark.parametrize("form", ["sparsify", "pairs"])
-def test_sparse_linear_batch_one_sample(form):
+def test_sparse_linear_batch_one_sample(form, mode):
     # sparseLinearBatch.oneSample: a single sparse vector of 100, 50 outputs
     g = torch.Generator().manual_seed(20)
     input = _lua_data(100, g)
@@ -148,7 +151,7 @@ def test_sparse_linear_batch_one_sample(form):
     sparse_input = sparsify(input)
     if form == "pairs":  # a lone Lua pair vector enters a layer through from_pairs
         sparse_input = from_pairs(to_pairs(sparse_input), size=100)
-    sparse_layer, dense_layer = _linear_pair(100, 50)
+    sparse_layer, dense_layer = _linear_pair(100, 50, mode)
     expected, obtained = dense_layer(input), sparse_layer(sparse_input)
     assert obtained.shape == expected.shape == (50,)
     torch.testing.assert_close(obtained, expected, rtol=0, atol=1e-6)
@@ -158,8 +161,9 @@ def test_sparse_linear_batch_one_sample(form):
     torch.testing.assert_close(sparse_layer.bias.grad, dense_layer.bias.grad, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["auto", "sparse"])
 @pytest.mark.parametrize("form", ["pair_list", "coo", "csr"])
-def test_sparse_linear_batch_mini_batch(form):
+def test_sparse_linear_batch_mini_batch(form, mode):
     # sparseLinearBatch.miniBatch: input:sparsify() is a table of pair tensors in Lua
     g = torch.Generator().manual_seed(21)
     input = _lua_data((10, 100), g)
@@ -167,7 +171,7 @@ def test_sparse_linear_batch_mini_batch(form):
     sparse_input = {"pair_list": lambda: to_pairs(sparsify(input)),
                     "coo": lambda: sparsify(input),
                     "csr": lambda: sparsify(input, layout=torch.sparse_csr)}[form]()
-    sparse_layer, dense_layer = _linear_pair(100, 50)
+    sparse_layer, dense_layer = _linear_pair(100, 50, mode)
     expected, obtained = dense_layer(input), sparse_layer(sparse_input)
     torch.testing.assert_close(obtained, expected, rtol=0, atol=1e-6)
     expected.backward(dloss)
@@ -257,6 +261,22 @@ def test_sparse_criterion_mini_batch_with_no_size_average(how):
     torch.testing.assert_close(loss, expected_loss, rtol=0, atol=1e-6)
     torch.testing.assert_close(out_grad.sum(), expected_grad.sum(), rtol=0, atol=1e-6)
     torch.testing.assert_close(out_grad, expected_grad, rtol=0, atol=1e-12)
+
+
+def test_sparse_criterion_of_a_sum_criterion_sums():
+    # Lua's wrappers set the wrapped criterion's sizeAverage to false and averaged
+    # themselves, so SparseCriterion(nn.MSECriterion(false)) still averaged; nnsparse
+    # honours reduction='sum' (docs/lua_port.md): it sums, and size_average=True beside it
+    # is refused rather than silently chosen
+    target = [_pairs([0, 1], [2, 3])]
+    estimate = torch.zeros(1, 4, dtype=torch.float64)
+    assert SparseCriterion(nn.MSELoss(reduction="sum"))(estimate, target).item() == 10
+    assert SparseCriterion(nn.MSELoss())(estimate, target).item() == 5
+    for kind in (SparseCriterion, SDAESparseCriterion):
+        with pytest.raises(ValueError, match=r"reduction='sum' contradicts size_average=True"):
+            crit = kind(nn.MSELoss(reduction="sum"), size_average=True)
+            crit.prepare_input(target)
+            crit(estimate, target)
 
 
 @pytest.mark.parametrize("shape", [(100,), (10, 100)], ids=["one_sample", "mini_batch"])
@@ -423,8 +443,10 @@ def _sparse_ones(seed):
 
 
 def _noisy_rows(crit, pairs):
+    kept = [row.clone() for row in pairs]
     noisy = crit.prepare_input(pairs)
     assert isinstance(noisy, list) and len(noisy) == len(pairs)
+    assert all(torch.equal(row, k) for row, k in zip(pairs, kept))  # Lua's input:clone()
     for clean, row in zip(pairs, noisy):
         # the pattern is kept (hidden entries stay with the value 0, as in Lua)
         torch.testing.assert_close(row[:, 0], clean[:, 0], rtol=0, atol=0)
@@ -645,6 +667,28 @@ def test_sparse_linear_batch_accumulates_as_acc_grad_parameters():
     torch.testing.assert_close(sparse_layer.bias.grad, dlosses[1].sum(0), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", ["auto", "sparse", "dense"])
+def test_sparse_linear_batch_use_grad_input(mode):
+    # SparseLinearBatch(inputSize, outputSize, useGradInput): Lua's gradInput, here the
+    # gradient of pair tensors that require grad: (G W)[row, index] on the value column,
+    # 0 on the index column; an empty row (a (0, 2) pair tensor) gives the bias
+    g = torch.Generator().manual_seed(73)
+    sparse_layer, dense_layer = _linear_pair(6, 3, mode)
+    rows = [_pairs([0, 1], [2, 4], [5, 2]).requires_grad_(), torch.zeros(0, 2, dtype=torch.float64),
+            _pairs([3, 8]).requires_grad_()]
+    dense = densify([r.detach() for r in rows], 0, (3, 6)).requires_grad_()
+    dloss = torch.rand(3, 3, generator=g, dtype=torch.float64)
+    obtained, expected = sparse_layer(rows), dense_layer(dense)
+    torch.testing.assert_close(obtained, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(obtained[1], sparse_layer.bias.detach(), rtol=0, atol=0)
+    obtained.backward(dloss)
+    expected.backward(dloss)
+    for k in (0, 2):
+        index = rows[k].detach()[:, 0].long()
+        torch.testing.assert_close(rows[k].grad[:, 1], dense.grad[k, index], rtol=0, atol=1e-12)
+        assert not rows[k].grad[:, 0].any()
+
+
 def test_readme_averaging_set_as_attributes():
     # criterion.sizeAverage = false; criterion.fullSizeAverage = true, in that order, on a
     # built criterion; both left True is refused at the call, as Lua's error
@@ -820,10 +864,12 @@ def test_readme_dynamic_sparse_tensor():
     torch.testing.assert_close(dyn.build_pairs(), expected, rtol=0, atol=0)
     torch.testing.assert_close(dyn.build(size=800).to_dense(), densify(expected, 0, 800))
     # set(X) / reset(), and both calls of append side by side
-    dyn.set(_pairs([4, 1], [0, 2]))
+    given = _pairs([4, 1], [0, 2])
+    dyn.set(given)
     dyn.append(1, 3.0)
     dyn.append([7, 5.0])
     torch.testing.assert_close(dyn.build_pairs(), _pairs([4, 1], [0, 2], [1, 3], [7, 5]))
+    assert torch.equal(given, _pairs([4, 1], [0, 2]))  # appends never write into X
     dyn.reset()
     assert len(dyn) == 0 and dyn.build_pairs().shape == (0, 2)
 
@@ -992,6 +1038,9 @@ def test_prepare_input_is_the_identity_for_other_criteria():
     (lambda: nnsparse.MaskCriterion(nn.MSELoss(), {"hide": 0.5}), TypeError,
      r"MaskCriterion: unknown setting 'hide' in the mapping; expected some of alpha, "
      r"beta, hide_ratio"),
+    # an earlier prepareMixture's flipRange = {NaN, NaN}: refused (docs/lua_port.md)
+    (lambda: SDAESparseCriterion(nn.MSELoss(), {"flipRatio": 0.3, "flipRange": [NAN, NAN]}),
+     ValueError, r"flip_range must be finite, got nan"),
     # an array keyword next to a mapping: a clash, not numpy's "truth value is ambiguous"
     (lambda: SDAECriterion(nn.MSELoss(), {"hideRatio": 0.2}, flip_range=np.array([-2., 2.])),
      TypeError, r"got a mapping and flip_range="),
@@ -1194,24 +1243,40 @@ def test_python_names_of_criteria_still_read_and_unknown_names_raise_as_usual():
         crit.nothing
 
 
-def test_densify_takes_lua_size_tensor():
-    # the Lua README: torch.Tensor.densify(table, 0, torch.Tensor{2, 8})
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.float64])
+def test_densify_takes_lua_size_tensor(dtype):
+    # the Lua README: torch.Tensor.densify(table, 0, torch.Tensor{2, 8}); Lua's tensor is
+    # a DoubleTensor, and torch.Tensor([2, 8]), its literal translation, a float32 one
     y = [_pairs([0, 1], [3, 2]), _pairs([7, 5])]
     expected = torch.zeros(2, 8, dtype=torch.float64)
     expected[0, 0], expected[0, 3], expected[1, 7] = 1, 2, 5
-    torch.testing.assert_close(densify(y, 0, torch.tensor([2, 8])), expected, rtol=0, atol=0)
-    torch.testing.assert_close(densify(y[0], 0, torch.tensor(6)), expected[0, :6], rtol=0, atol=0)
+    size = torch.tensor([2, 8], dtype=dtype)
+    torch.testing.assert_close(densify(y, 0, size), expected, rtol=0, atol=0)
+    torch.testing.assert_close(densify(y[0], 0, torch.tensor(6, dtype=dtype)), expected[0, :6],
+                               rtol=0, atol=0)
+    torch.testing.assert_close(densify(y, 0, torch.Tensor([2, 8])), expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("size, match", [
-    (torch.tensor([2.0, 8.0], dtype=torch.float32),
-     r"size given as a tensor must be a 0-D or 1-D integer tensor, got a 1-D torch.float32"),
-    (torch.tensor([[2, 8]]), r"got a 2-D torch.int64"),
+    (torch.tensor([[2, 8]]),
+     r"size given as a tensor must be a 0-D or 1-D integer or floating tensor, got a 2-D torch.int64"),
     (torch.tensor([True, True]), r"got a 1-D torch.bool"),
+    (torch.tensor([2, 8], dtype=torch.complex64), r"got a 1-D torch.complex64"),
     (torch.zeros((1,) * 8, dtype=torch.int64), r"got an 8-D torch.int64"),
 ])
 def test_densify_refuses_other_size_tensors(size, match):
     with pytest.raises(TypeError, match=match):
+        densify([_pairs([0, 1])], 0, size)
+
+
+@pytest.mark.parametrize("size, match", [
+    (torch.Tensor([2, 8.5]), r"got 8.5 in \[2.0, 8.5\]"),
+    (torch.tensor([NAN, 8.0]), r"got nan in"),
+    (torch.tensor([2.0, math.inf], dtype=torch.float64), r"got inf in"),
+])
+def test_densify_refuses_a_size_tensor_of_fractions(size, match):
+    with pytest.raises(ValueError, match=r"size given as a floating tensor must hold whole numbers, "
+                       + match):
         densify([_pairs([0, 1])], 0, size)
 
 
