@@ -21,6 +21,10 @@ tensor, though, so the layer's word is carried over by hooks:
   tensor), with its version counter: any in-place change since (which could
   write other indices) voids the mark, and the optimiser checks that gradient
   as any other.  A gradient accumulated into an earlier one is not marked.
+  A note the post-accumulate hook does not read (``torch.autograd.grad``,
+  ``backward(inputs=...)`` without this parameter: nothing is accumulated) is
+  dropped when that backward ends (a callback queued on autograd's engine),
+  so that no index storage outlives its backward.
 
 No weak reference to a parameter is kept (``torch.utils.swap_tensors``, which
 ``Module.to`` uses under ``torch.__future__.set_swap_module_params_on_conversion``,
@@ -28,6 +32,7 @@ refuses such a tensor).  Nothing here reads a tensor's values.
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Dict, Optional, Tuple
 
@@ -40,9 +45,12 @@ _MADE = "_nnsparse_made"  # on a gradient a layer's backward returned
 _ORIGIN = "_nnsparse_origin"  # on p.grad: (its version when marked, known coalesced)
 # id(param) -> the storage of the indices of the layer's gradient seen by the tensor hook,
 # their offset and count, and whether it is coalesced; read (and dropped) by the
-# post-accumulate hook of the same parameter.  Holding the storage keeps its address
-# from being reused before the comparison.
+# post-accumulate hook of the same parameter, or at the end of the backward (nothing was
+# accumulated).  Holding the storage keeps its address from being reused before the
+# comparison.
 _SEEN: Dict[int, Tuple[torch.UntypedStorage, int, int, bool]] = {}
+# autograd's engine, whose queue_callback runs a function when the current backward ends
+_ENGINE = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
 # a layer -> {parameter name: id of the parameter given the hooks}: entries die with the layer
 _WATCHED: "weakref.WeakKeyDictionary[nn.Module, Dict[str, int]]" = weakref.WeakKeyDictionary()
 
@@ -101,13 +109,25 @@ def keep_mark(grad: Tensor, mark: Optional[Tuple[int, bool]]) -> None:
 def _before_accumulation(key: int):
     # key: id(param), alive while this hook (which it owns) runs
     def hook(grad: Tensor) -> None:
-        if getattr(grad, _MADE, False) is True and grad.layout == torch.sparse_coo:
-            index = grad._indices()
-            _SEEN[key] = (index.untyped_storage(), int(index.storage_offset()), grad._nnz(),
-                          grad.is_coalesced())
-        else:
-            _SEEN.pop(key, None)
+        _SEEN.pop(key, None)
+        if getattr(grad, _MADE, False) is not True or grad.layout != torch.sparse_coo:
+            return
+        index = grad._indices()
+        seen = (index.untyped_storage(), int(index.storage_offset()), grad._nnz(),
+                grad.is_coalesced())
+        try:  # runs after every node of this backward, the post-accumulate hooks too
+            _ENGINE.queue_callback(functools.partial(_forget, key, seen))
+        except RuntimeError:  # not in a backward autograd's engine runs: no note, no mark
+            return
+        _SEEN[key] = seen
     return hook
+
+
+def _forget(key: int, seen: Tuple[torch.UntypedStorage, int, int, bool]) -> None:
+    """End of a backward: drop the note of ``key`` unless it was read (``torch.autograd.grad``
+    accumulates nothing) or is a later backward's."""
+    if _SEEN.get(key) is seen:
+        del _SEEN[key]
 
 
 def _after_accumulation(param: Tensor) -> None:

@@ -23,7 +23,8 @@ from torch.optim import Optimizer
 
 from ._forms import as_flag
 from .optim import (_HOOK_TABLES, _NOT_PICKLED, InBackwardOptimizer, _check_state_entries,
-                     _closure_loss, _load_with_hooks, _state_dict_with_hooks, _state_keys)
+                     _closure_loss, _JoinedState, _load_with_hooks, _state_dict_with_hooks,
+                     _state_keys, _step_part)
 
 __all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
 
@@ -129,6 +130,7 @@ class SplitOptimizer(Optimizer):
         self.defaults: Dict[str, Any] = {k: v for k, v in parts[0].defaults.items()
                                          if all(k in o.defaults for o in parts[1:])}
         self._init_hooks()
+        self._state = _JoinedState({}, self.optimizers)
 
     def _init_hooks(self) -> None:
         # Optimizer.__init__'s hook tables, which its register_*_hook methods fill
@@ -144,14 +146,18 @@ class SplitOptimizer(Optimizer):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._init_hooks()
+        self._state = _JoinedState({}, self.optimizers)
 
     @property
     def param_groups(self) -> List[dict]:  # type: ignore[override]
         return [g for opt in self.optimizers.values() for g in opt.param_groups]
 
     @property
-    def state(self) -> Dict[Tensor, Any]:  # type: ignore[override]
-        return {p: s for opt in self.optimizers.values() for p, s in opt.state.items()}
+    def state(self) -> _JoinedState:  # type: ignore[override]
+        """Per-parameter state, as ``torch.optim.Optimizer.state``: one mapping for the
+        optimiser's life, parameter -> the state dict of the part training it (the very
+        dict that part steps with: the same at each access, keys written into it stay)."""
+        return self._state
 
     @overload
     def step(self, closure: None = None) -> None: ...
@@ -159,8 +165,15 @@ class SplitOptimizer(Optimizer):
     @overload
     def step(self, closure: Callable[[], float]) -> float: ...
 
+    # torch's wrapper (no Optimizer.__init__ here to put it on): the step hooks, and the
+    # global ones of torch.optim.optimizer once per step, with this optimiser
+    @Optimizer.profile_hook_step
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """One step of every part; ``closure`` (if given) is evaluated once, first.
+        The hooks of ``register_step_pre_hook`` / ``_post_hook`` run around it, with
+        torch's arguments, and the global ones of ``torch.optim.optimizer`` once (not
+        once per part), as around a torch optimiser's step; each part's own hooks run
+        around its step.
 
         Raises:
             TypeError: before any parameter changes, when a part's
@@ -172,12 +185,8 @@ class SplitOptimizer(Optimizer):
         """
         loss = _closure_loss(closure)
         self._check_gradients()  # every part's, before any parameter changes
-        for pre in list(self._optimizer_step_pre_hooks.values()):
-            pre(self, (), {})
         for opt in self.optimizers.values():
-            opt.step()
-        for post in list(self._optimizer_step_post_hooks.values()):
-            post(self, (), {})
+            _step_part(opt)
         return loss
 
     def _check_gradients(self) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Dict, List, Optional, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -44,6 +44,11 @@ _STEPPING = ("adam", "adamw", "adagrad")
 def fused_ok(t: Tensor) -> bool:
     """torch's fused optimiser kernels exist for floating tensors on CPU and CUDA."""
     return t.device.type in ("cpu", "cuda") and t.dtype in _FUSED_DTYPES
+
+
+def state_names(kind: str) -> Tuple[str, ...]:
+    """The keys of :func:`new_state`'s dict: what the update of ``kind`` reads and writes."""
+    return ("step",) + _STATE[kind]
 
 
 def new_state(kind: str, table: Tensor, init: float = 0.0) -> Dict[str, Tensor]:

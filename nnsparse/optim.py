@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections import OrderedDict
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple,
-                    Union, overload)
+from collections import OrderedDict, defaultdict
+from collections.abc import MutableMapping
+from typing import (TYPE_CHECKING, Any, Callable, DefaultDict, Dict, Iterable, Iterator, List,
+                    Optional, Tuple, Union, overload)
 
 import torch
 from torch import Tensor, nn
@@ -729,8 +730,9 @@ _HOOK_TABLES = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
                 "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
 # what __getstate__ leaves out: the hooks, and an LR scheduler's wrapper of ``step`` (an
 # instance attribute calling this object: a copy would step the original), as
-# torch.optim.Optimizer.__getstate__ leaves them out
-_NOT_PICKLED = _HOOK_TABLES + ("step",)
+# torch.optim.Optimizer.__getstate__ leaves them out; and the ``state`` mapping
+# (_JoinedState), which __setstate__ makes again over the copied parts
+_NOT_PICKLED = _HOOK_TABLES + ("step", "_state")
 
 
 # the layers an optimiser in the backward attaches to
@@ -952,7 +954,9 @@ class InBackwardOptimizer(Optimizer):
     State: :meth:`state_dict` / :meth:`load_state_dict` hold the tables'
     state (by layer name) and :attr:`dense`'s, as ``torch.optim`` does; the
     model's own ``state_dict`` is unchanged (it still loads into
-    ``nn.Linear``).  Move or convert the model before building the optimiser.
+    ``nn.Linear``).  :attr:`state` is ``torch.optim``'s per-parameter mapping
+    (an in-backward weight's entry: its table's state, the tensors its backward
+    updates).  Move or convert the model before building the optimiser.
 
     Attributes:
         dense (torch.optim.Optimizer or None): the optimiser of the other parameters.
@@ -1006,6 +1010,7 @@ class InBackwardOptimizer(Optimizer):
         # No Optimizer.__init__: the tables and dense own the parameters and their state.
         self.defaults: Dict[str, Any] = {k: hp[k] for k in _KIND_KEYS[kind]}
         self._init_hooks()
+        self._join_state()
         for name, layer in self._layers:  # attach last: nothing is changed on a failure above
             layer._row_update = self._updates[name]
 
@@ -1013,6 +1018,11 @@ class InBackwardOptimizer(Optimizer):
         for name in _HOOK_TABLES:
             if name not in self.__dict__:
                 setattr(self, name, OrderedDict())
+
+    def _join_state(self) -> None:
+        # each table's state dict (the one its backward updates) under its parameter
+        self._state = _JoinedState({u.hp["params"][0]: u.state for u in self._updates.values()},
+                                   {"dense": self.dense} if self.dense is not None else {})
 
     @property
     def param_groups(self) -> List[Dict[str, Any]]:  # type: ignore[override]
@@ -1022,9 +1032,18 @@ class InBackwardOptimizer(Optimizer):
         return groups + (self.dense.param_groups if self.dense is not None else [])
 
     @property
-    def state(self) -> Dict[Tensor, Any]:  # type: ignore[override]
-        """:attr:`dense`'s per-parameter state (the tables' is :attr:`tables`)."""
-        return dict(self.dense.state) if self.dense is not None else {}
+    def state(self) -> "_JoinedState":  # type: ignore[override]
+        """Per-parameter state, as ``torch.optim.Optimizer.state``: one mapping for the
+        optimiser's life, parameter -> state dict, the same dict at each access.  An
+        in-backward weight's is its table's state (:attr:`tables`): ``step`` and the
+        kind's tensors, the very ones its backward updates (in the table's layout: a
+        dense-gradient ``SparseLinearBatch``'s moments are ``(in_features,
+        out_features)``, its weight transposed; ``rowwise_adagrad``'s ``sum`` one value
+        per row); another parameter's is :attr:`dense`'s ``state[p]``.  Keys written
+        into an entry stay there and are saved by :meth:`state_dict`.  Replacing or
+        deleting a table's entry (``opt.state[weight] = {...}``) raises
+        ``NotImplementedError``: change its tensors in place, or :meth:`load_state_dict`."""
+        return self._state
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         raise NotImplementedError("an InBackwardOptimizer trains what it was built with; add "
@@ -1047,6 +1066,7 @@ class InBackwardOptimizer(Optimizer):
         attached = set(state.pop("_attached", [name for name, _ in state["_layers"]]))
         self.__dict__.update(state)
         self._init_hooks()
+        self._join_state()
         for name, layer in self._layers:
             if name in attached:
                 layer._row_update = self._updates[name]
@@ -1073,7 +1093,8 @@ class InBackwardOptimizer(Optimizer):
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         """Step :attr:`dense` (the in-backward weights were updated by the backward).
         The hooks of ``register_step_pre_hook`` / ``_post_hook`` run around it, and the
-        global ones of ``torch.optim.optimizer``, as around a torch optimiser's step.
+        global ones of ``torch.optim.optimizer`` once (not again for :attr:`dense`,
+        whose own hooks run around its step), as around a torch optimiser's step.
 
         Raises:
             RuntimeError: a parameter frozen when the optimiser was built now
@@ -1095,7 +1116,8 @@ class InBackwardOptimizer(Optimizer):
             raise RuntimeError(f"parameters {thawed} were frozen when this optimiser was built "
                                f"and now require grad: it would never train them; build the "
                                f"optimiser again after unfreezing")
-        return self.dense.step(closure) if self.dense is not None else _closure_loss(closure)
+        # the global hooks ran once around this step, with this optimiser: not again for dense
+        return _step_part(self.dense, closure) if self.dense is not None else _closure_loss(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero :attr:`dense`'s gradients (the in-backward weights have none)."""
@@ -1158,7 +1180,8 @@ class InBackwardOptimizer(Optimizer):
             raise ValueError(f"state_dict must hold the layers {sorted(self._updates)}, "
                              f"got {sorted(tables)}")
         for name, u in self._updates.items():
-            for key, t in u.state.items():
+            for key in _rowopt.state_names(self.kind):
+                t = u.state[key]
                 if key not in tables[name]:  # incomplete, as a missing layer: a ValueError
                     raise ValueError(f"state_dict['tables'][{name!r}][{key!r}] must be a tensor "
                                      f"of shape {tuple(t.shape)}, got no such entry")
@@ -1203,8 +1226,14 @@ class InBackwardOptimizer(Optimizer):
         if self.dense is not None:
             self.dense.load_state_dict(state_dict["dense"])
         for name, u in self._updates.items():
-            for key, t in u.state.items():
-                t.copy_(tables[name][key])
+            names = _rowopt.state_names(self.kind)
+            for key in names:  # into the tensors the backward updates
+                u.state[key].copy_(tables[name][key])
+            # what else the entry holds (keys a user wrote into opt.state[p]) is the loaded
+            # entry's, as torch's load replaces an entry
+            for key in [k for k in u.state if k not in names]:
+                del u.state[key]
+            u.state.update((k, v) for k, v in tables[name].items() if k not in names)
             u.hp["lr"] = rates.get(name, u.hp["lr"])
             u.hp.update(groups.get(name, {}))
 
@@ -1231,6 +1260,139 @@ def _load_with_hooks(opt: Optimizer, state_dict: Dict[str, Any],
     load(state_dict)
     for post in list(opt._optimizer_load_state_dict_post_hooks.values()):
         post(opt)
+
+
+def _step_part(part: Optimizer, closure: Optional[Callable[[], float]] = None) -> Any:
+    """``part.step(closure)``, ``part`` being a part of an optimiser made of several
+    (:attr:`InBackwardOptimizer.dense`, a ``SplitOptimizer``'s parts), as torch's wrapper
+    of ``step`` (``Optimizer.profile_hook_step``) runs it: under its profiler name,
+    between ``part``'s own step hooks, but without the global hooks of
+    ``torch.optim.optimizer``, which ran once around the step of the optimiser holding
+    ``part``, with that optimiser as their argument (as for one torch optimiser's step)."""
+    step = type(part).step
+    raw = getattr(step, "__wrapped__", None) if getattr(step, "hooked", False) else None
+    own = part.__dict__.get("step")  # an instance's step: an LR scheduler's wrapper of it
+    scheduled = getattr(own, "_wrapped_by_lr_sched", False)
+    if raw is None or (own is not None and not scheduled):
+        return part.step(closure)  # not torch's wrapper, or wrapped by another: called as is
+    if scheduled:
+        setattr(part, "_opt_called", True)  # what the scheduler's wrapper records
+    args: Tuple[Any, ...] = (part,) if closure is None else (part, closure)
+    kwargs: Dict[str, Any] = {}
+    with torch.autograd.profiler.record_function(f"Optimizer.step#{type(part).__name__}.step"):
+        for pre in list(part._optimizer_step_pre_hooks.values()):
+            result = pre(part, args, kwargs)
+            if result is not None:
+                if not (isinstance(result, tuple) and len(result) == 2):
+                    raise RuntimeError(f"{raw} must return None or a tuple of (new_args, "
+                                       f"new_kwargs), but got {result}.")  # torch's message
+                args, kwargs = result
+        out = raw(*args, **kwargs)
+        part._optimizer_step_code()
+        for post in list(part._optimizer_step_post_hooks.values()):
+            post(part, args, kwargs)
+    return out
+
+
+class _JoinedState(MutableMapping):
+    """``opt.state`` of an optimiser made of parts (:class:`InBackwardOptimizer`,
+    ``SplitOptimizer``), as ``torch.optim.Optimizer.state`` is to a user: one mapping for
+    the optimiser's life, parameter -> its state dict, the very dict its owner steps
+    with (an in-backward table's, whose tensors the backward updates, or a part's
+    ``state[p]``), so ``opt.state[p]`` is the same dict at each access and what is
+    written into it stays.  Nothing is copied: a part's ``load_state_dict``, which
+    replaces its ``state``, shows here at once.  A key held nowhere is made as a
+    ``defaultdict(dict)`` makes it, in the part whose groups hold that parameter (else
+    here, for a tensor of no part).  A table's entry cannot be replaced nor deleted
+    (its backward reads it): ``NotImplementedError``."""
+
+    def __init__(self, tables: Dict[Tensor, Dict[str, Any]], parts: Dict[str, Optimizer]
+                 ) -> None:
+        self._tables = tables
+        self._parts = parts  # the optimiser's own dict of parts: read at each access
+        self._other: DefaultDict[Any, Dict[str, Any]] = defaultdict(dict)
+
+    def _holder(self, key: Any) -> Optional[Dict[Any, Any]]:
+        """The mapping holding ``key``, without making it."""
+        if key in self._tables:
+            return self._tables
+        for part in self._parts.values():
+            if key in part.state:
+                return part.state
+        return self._other if key in self._other else None
+
+    def _maker(self, key: Any) -> Dict[Any, Any]:
+        """Where a new entry for ``key`` goes: the state of the part training it."""
+        for part in self._parts.values():
+            if any(p is key for group in part.param_groups for p in group["params"]):
+                return part.state
+        return self._other
+
+    def _refuse(self, key: Any, what: str) -> None:
+        if key in self._tables:
+            raise NotImplementedError(
+                f"optimizer.state: cannot {what} the entry of an in-backward weight of shape "
+                f"{tuple(key.shape)}: it is its table's state, which the layer's backward "
+                f"updates; change its tensors in place (optimizer.state[p]['step'].fill_(0)) "
+                f"or use load_state_dict")
+
+    def __getitem__(self, key: Any) -> Dict[str, Any]:
+        holder = self._holder(key)
+        return (self._maker(key) if holder is None else holder)[key]
+
+    def __setitem__(self, key: Any, value: Dict[str, Any]) -> None:
+        self._refuse(key, "replace")
+        holder = self._holder(key)
+        (self._maker(key) if holder is None else holder)[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        self._refuse(key, "delete")
+        holder = self._holder(key)
+        if holder is None:
+            raise KeyError(key)
+        del holder[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self._tables
+        for part in self._parts.values():
+            yield from part.state
+        yield from self._other
+
+    def __len__(self) -> int:
+        return (len(self._tables) + sum(len(part.state) for part in self._parts.values())
+                + len(self._other))
+
+    def __contains__(self, key: Any) -> bool:
+        return self._holder(key) is not None
+
+    # a defaultdict's: these make no entry
+    def get(self, key: Any, default: Any = None) -> Any:
+        holder = self._holder(key)
+        return default if holder is None else holder[key]
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        holder = self._holder(key)
+        if holder is None:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        self._refuse(key, "delete")
+        return holder.pop(key)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def clear(self) -> None:
+        for key in self._tables:  # refused before anything is deleted
+            self._refuse(key, "delete")
+        for part in self._parts.values():
+            part.state.clear()
+        self._other.clear()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self.items())!r})"
 
 
 def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,

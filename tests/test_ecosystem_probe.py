@@ -279,6 +279,92 @@ def test_in_backward_step_hooks_as_torch_calls_them():
     assert ("post", (opt,), ["closure"]) in seen
 
 
+def _sparse_only():
+    """An autoencoder whose every parameter is in the backward: no dense part."""
+    torch.manual_seed(0)
+    return nnsparse.PatternSequential(nnsparse.SparseLinearBatch(6, 4, bias=False), nn.Tanh(),
+                                      nnsparse.SparseOutputLinear(4, 6, bias=False))
+
+
+def _frozen_encoder():
+    """The encoder's weight frozen: its bias gets sparse gradients, so the in-backward
+    optimiser's dense part is a LazyAdam."""
+    model = _autoencoder(sparse_grad=True)
+    model[0].weight_t.requires_grad_(False)
+    return model
+
+
+STEPPED_ONCE = {  # name: (model, optimiser, its parts: the optimisers it steps inside)
+    "in-backward": (_autoencoder, lambda m: fused_step_optimizer(m, lr=0.01),
+                    lambda o: [o.dense]),
+    "in-backward-lazy-adam-dense": (_frozen_encoder, lambda m: fused_step_optimizer(m, lr=0.01),
+                                    lambda o: [o.dense]),
+    "in-backward-alone": (_sparse_only, lambda m: apply_optimizer_in_backward(m, "sgd", lr=0.1),
+                          lambda o: []),
+    "split": (lambda: _autoencoder(sparse_grad=True), lambda m: nnsparse.make_optimizer(m),
+              lambda o: list(o.optimizers.values())),
+    "lazy-adam": (_autoencoder, lambda m: LazyAdam(m.parameters()), lambda o: []),
+    "torch-adam": (_autoencoder, lambda m: torch.optim.Adam(m.parameters()), lambda o: []),
+}
+
+
+@pytest.mark.parametrize("name", list(STEPPED_ONCE))
+def test_global_step_hooks_run_once_per_step_with_the_optimiser_called(name):
+    """torch.optim.optimizer's global step hooks run once around one step() of one
+    optimiser, with that optimiser, as for torch's own (not again for the parts it steps
+    inside: the in-backward optimiser's dense part, a SplitOptimizer's parts); the
+    parts' own hooks still run around their step, the profiler still names each step."""
+    from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                       register_optimizer_step_pre_hook)
+    make_model, build, parts_of = STEPPED_ONCE[name]
+    model = make_model()
+    opt = build(model)
+    parts = parts_of(opt)
+    assert all(p is not None for p in parts)
+    if name == "in-backward-lazy-adam-dense":
+        assert isinstance(opt.dense, LazyAdam)
+    seen = []
+    handles = [register_optimizer_step_pre_hook(lambda o, a, k: seen.append(("global-pre", o))),
+               register_optimizer_step_post_hook(lambda o, a, k: seen.append(("global-post", o))),
+               opt.register_step_pre_hook(lambda o, a, k: seen.append(("pre", o))),
+               opt.register_step_post_hook(lambda o, a, k: seen.append(("post", o)))]
+    for part in parts:
+        handles += [part.register_step_pre_hook(lambda o, a, k: seen.append(("part-pre", o))),
+                    part.register_step_post_hook(lambda o, a, k: seen.append(("part-post", o)))]
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                _train_step(model, opt)
+    finally:
+        for h in handles:
+            h.remove()
+    one_step = ([("global-pre", opt), ("pre", opt)]
+                + [(kind, part) for part in parts for kind in ("part-pre", "part-post")]
+                + [("post", opt), ("global-post", opt)])
+    assert seen == one_step * 2
+    names = [e.name for e in prof.events() if e.name.startswith("Optimizer.step#")]
+    expected = [f"Optimizer.step#{type(o).__name__}.step" for o in [opt] + parts]
+    assert sorted(names) == sorted(expected * 2)
+
+
+@pytest.mark.parametrize("name", ["in-backward", "split"])
+def test_a_scheduler_on_a_part_sees_its_step(name):
+    """An LR scheduler driving a part (opt.dense, opt.optimizers[...]) sees that part's
+    step taken inside the whole optimiser's: no "lr_scheduler.step() before
+    optimizer.step()" warning, and the rate moves."""
+    import warnings
+    make_model, build, parts_of = STEPPED_ONCE[name]
+    model = make_model()
+    opt = build(model)
+    part = parts_of(opt)[0]
+    sched = S.StepLR(part, step_size=1, gamma=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _train_step(model, opt)
+        sched.step()
+    assert part.param_groups[0]["lr"] == 0.5 * part.defaults["lr"]
+
+
 def _mixed(sparse_grad):
     """SparseLinearBatch with sparse gradients beside a dense nn.Linear: make_optimizer
     then gives a SplitOptimizer."""

@@ -660,6 +660,64 @@ def test_a_trained_layer_converts_with_swapped_parameters():
     assert all(p.grad.dtype == torch.float64 for p in model.parameters())
 
 
+def _grad_of_all(model, loss):
+    return torch.autograd.grad(loss, list(model.parameters()))
+
+
+def _grad_of_encoder(model, loss):
+    return torch.autograd.grad(loss, [model["enc"].weight_t])
+
+
+def _grad_then_backward(model, loss):
+    grads = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)
+    loss.backward()
+    return grads
+
+
+def _backward_of_the_decoder(model, loss):
+    loss.backward(inputs=[model["dec"].weight])
+    return (model["dec"].weight.grad,)
+
+
+@pytest.mark.parametrize("run", [_grad_of_all, _grad_of_encoder, _grad_then_backward,
+                                 _backward_of_the_decoder],
+                         ids=["autograd.grad", "autograd.grad-one", "grad-then-backward",
+                              "backward-inputs"])
+def test_no_index_storage_outlives_its_backward(run):
+    """The hook noting a layer's gradient for the post-accumulate hook: a note nothing
+    reads (torch.autograd.grad accumulates nothing) is dropped when the backward ends,
+    so the gradient's index storage is freed with the gradient."""
+    import gc
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from nnsparse import _grad_origin
+    x, y = _sparse_batches()
+    model = _sparse_grad_model()
+    keys = {id(p) for p in model.parameters()}
+    grads = run(model, (model["dec"](torch.sigmoid(model["enc"](x)), y).values()
+                        - y.values()).square().sum())
+    assert all(g.layout == torch.sparse_coo for g in grads)
+    assert keys.isdisjoint(_grad_origin._SEEN)
+    held = [p.grad for p in model.parameters() if p.grad is not None]
+    assert all(_grad_origin.known_in_range(g) for g in held)  # backward(): still marked
+    storages = [StorageWeakRef(g._indices().untyped_storage()) for g in grads]
+    del grads, held, x, y
+    model.zero_grad()
+    gc.collect()
+    assert all(s.expired() for s in storages)
+
+
+def test_a_gradient_from_autograd_grad_set_by_hand_is_checked(monkeypatch):
+    """The gradient torch.autograd.grad returns is the layer's own tensor, but nothing
+    accumulated it: set as p.grad by hand, the step checks it as any hand-set one."""
+    x, y = _sparse_batches()
+    model = _sparse_grad_model()
+    opt = noptim.LazyAdam(model.parameters(), lr=0.1)
+    loss = (model["dec"](torch.sigmoid(model["enc"](x)), y).values() - y.values()).square().sum()
+    for p, g in zip(model.parameters(), torch.autograd.grad(loss, list(model.parameters()))):
+        p.grad = g
+    assert _nnsparse_reads(opt.step, monkeypatch) != []
+
+
 # -- clip_grad_norm_: torch's, with sparse COO gradients (torch 2.13 raises on them) -------
 def test_torch_clip_grad_norm_raises_on_sparse_gradients():
     """Why nnsparse.optim.clip_grad_norm_ exists: if torch takes them one day, this fails."""

@@ -901,3 +901,165 @@ def test_a_parameter_unfrozen_after_building_is_refused_at_step(build):
         opt.step()
     model[0].weight.requires_grad_(False)  # frozen again: steps as before
     opt.step()
+
+
+# -- opt.state: one mapping, as torch.optim.Optimizer.state ----------------------------------
+
+def _table_params(model):
+    """name -> the parameter an in-backward table trains (the layer's weight)."""
+    enc = model.enc.weight_t if model.enc.sparse_grad else model.enc.weight
+    return {"enc": enc, "dec": model.dec.weight}
+
+
+STATE_BUILDS = {  # name: (model, build); "no-dense": every parameter is in the backward
+    "fused-step": (lambda: _WithDense(), lambda m: noptim.fused_step_optimizer(m, lr=0.05)),
+    "sgd-momentum": (lambda: _WithDense(), lambda m: noptim.apply_optimizer_in_backward(
+        m, "sgd", lr=0.1, momentum=0.9)),
+    "adamw-sparse-grad": (lambda: _WithDense(sparse_grad=True),
+                          lambda m: noptim.apply_optimizer_in_backward(m, "adamw", lr=0.05)),
+    "adagrad": (lambda: _WithDense(), lambda m: noptim.apply_optimizer_in_backward(
+        m, "adagrad", lr=0.1)),
+    "rowwise-adagrad-no-dense": (lambda: _AE(bias=False), lambda m: noptim.
+                                 apply_optimizer_in_backward(m, "rowwise_adagrad", lr=0.1)),
+}
+
+
+def _state_case(name):
+    make_model, build = STATE_BUILDS[name]
+    torch.manual_seed(0)
+    model = make_model().double()
+    return model, build(model)
+
+
+def _state_step(model, opt, seed=7):
+    gen = torch.Generator().manual_seed(seed)
+    x, y = _batch(gen, 3, IN, 0.5, "cpu", full=True), _batch(gen, 3, OUT, 0.5, "cpu")
+    opt.zero_grad()
+    _loss(model, x, y).backward()
+    opt.step()
+
+
+@pytest.mark.parametrize("name", sorted(STATE_BUILDS))
+def test_state_is_one_mapping_of_the_tensors_the_step_updates(name):
+    """opt.state as torch.optim.Optimizer.state: the same mapping and the same entry dicts
+    at each access, keys written into them stay; a table's entry is its state, whose
+    tensors the backward updates, a dense parameter's is dense.state[p]."""
+    model, opt = _state_case(name)
+    assert opt.state is opt.state
+    tables = _table_params(model)
+    kind_key = [k for k in opt.tables["enc"] if k != "step"][0]
+    entries = {n: opt.state[p] for n, p in tables.items()}
+    for n, p in tables.items():
+        assert opt.state[p] is opt.tables[n] is entries[n]
+        opt.state[p]["note"] = torch.tensor(float(len(n)))  # a key of the user's
+    moment = opt.state[tables["enc"]][kind_key]
+    before = moment.clone()
+    _state_step(model, opt)
+    _state_step(model, opt, seed=8)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert set(map(id, opt.state)) == set(map(id, trained)) and len(opt.state) == len(trained)
+    for n, p in tables.items():
+        assert opt.state[p] is entries[n] and opt.state[p]["note"] == len(n)
+        assert opt.state[p]["step"] == 2
+    assert opt.state[tables["enc"]][kind_key] is moment and not torch.equal(moment, before)
+    dense = [p for p in trained if all(p is not t for t in tables.values())]
+    assert bool(dense) == (opt.dense is not None)
+    for p in dense:
+        entry = opt.state[p]
+        assert entry is opt.dense.state[p] and entry  # stepped: the dense optimiser's state
+        entry["note"] = 1
+        _state_step(model, opt)
+        assert opt.state[p] is entry and entry["note"] == 1
+    # reading does not make entries (a defaultdict's get / in)
+    stranger = torch.zeros(1)
+    assert stranger not in opt.state and opt.state.get(stranger, 5) == 5
+    assert len(opt.state) == len(trained)
+
+
+@pytest.mark.parametrize("name", sorted(STATE_BUILDS))
+def test_state_round_trips_and_copies_keep_the_mapping(name):
+    """state_dict / load_state_dict (through torch.load(weights_only=True)), deepcopy and
+    pickle carry the tables' state and keys written into it; after a load the backward
+    updates the loaded state (the same tensors opt.state shows)."""
+    model, opt = _state_case(name)
+    _state_step(model, opt)
+    tables = _table_params(model)
+    opt.state[tables["dec"]]["note"] = torch.tensor([1.0, 2.0])
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    fresh, other = _state_case(name)
+    fresh.load_state_dict(model.state_dict())
+    mapping, entries = other.state, {n: other.state[p] for n, p in _table_params(fresh).items()}
+    other.load_state_dict(saved)
+    assert other.state is mapping
+    for n, p in _table_params(fresh).items():
+        assert other.state[p] is entries[n] is other.tables[n]
+    assert torch.equal(other.state[_table_params(fresh)["dec"]]["note"], torch.tensor([1., 2.]))
+    assert "note" not in other.state[_table_params(fresh)["enc"]]
+    copies = [copy.deepcopy((model, opt)), pickle.loads(pickle.dumps((model, opt))),
+              (fresh, other)]
+    _state_step(model, opt, seed=9)
+    for m, o in copies:
+        assert o.state is not opt.state and o.state is o.state
+        for n, p in _table_params(m).items():
+            assert o.state[p] is o.tables[n]
+        assert torch.equal(o.state[_table_params(m)["dec"]]["note"], torch.tensor([1., 2.]))
+        _state_step(m, o, seed=9)
+        assert o.state[_table_params(m)["enc"]]["step"] == 2
+        for p, q in zip(model.parameters(), m.parameters()):
+            torch.testing.assert_close(p, q)
+
+
+def test_a_refused_load_leaves_the_state_mapping_as_it_was():
+    model, opt = _state_case("fused-step")
+    _state_step(model, opt)
+    table = _table_params(model)["enc"]
+    opt.state[table]["note"] = 3
+    good = copy.deepcopy(opt.state_dict())
+    entry, tensors = opt.state[table], dict(opt.state[table])
+    values = {k: v.clone() for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+    for where, value, error, message in [
+            (("tables", "dec", "exp_avg"), torch.zeros(2, 2), ValueError,
+             r"\['dec'\]\['exp_avg'\] must be a tensor of shape"),
+            (("dense", "state", 0, "exp_avg"), torch.zeros(2), ValueError,
+             r"state_dict\['dense'\]\['state'\]\[0\]\['exp_avg'\] must have its parameter's")]:
+        bad = copy.deepcopy(good)
+        bad["tables"]["enc"]["note"] = 4  # would be loaded, were the rest right
+        target = bad
+        for key in where[:-1]:
+            target = target[key]
+        target[where[-1]] = value
+        with pytest.raises(error, match=message):
+            opt.load_state_dict(bad)
+        assert opt.state[table] is entry and dict(entry) == tensors and entry["note"] == 3
+        assert all(torch.equal(entry[k], v) for k, v in values.items())
+    after = opt.state_dict()
+    torch.testing.assert_close(after["tables"], good["tables"])
+    torch.testing.assert_close(after["dense"]["state"], good["dense"]["state"])
+
+
+@pytest.mark.parametrize("change, what, shape", [
+    (lambda state, p: state.__setitem__(p, {}), "replace", (OUT, HIDDEN)),
+    (lambda state, p: state.__delitem__(p), "delete", (OUT, HIDDEN)),
+    (lambda state, p: state.pop(p), "delete", (OUT, HIDDEN)),
+    (lambda state, p: state.clear(), "delete", (HIDDEN, IN)),  # the first table's
+], ids=["set", "del", "pop", "clear"])
+def test_a_tables_entry_cannot_be_replaced(change, what, shape):
+    """The backward reads the table's state dict: replacing or deleting it is refused
+    (nothing changes, the dense entries neither); a dense parameter's entry is the
+    dense optimiser's to replace, as in torch."""
+    model, opt = _state_case("fused-step")
+    _state_step(model, opt)
+    table = _table_params(model)["dec"]
+    before = {id(p): opt.state[p] for p in opt.state}
+    with pytest.raises(NotImplementedError, match=rf"optimizer.state: cannot {what} the entry "
+                                                  rf"of an in-backward weight of shape "
+                                                  rf"\({shape[0]}, {shape[1]}\): it is its table's "
+                                                  rf"state, which the layer's backward updates"):
+        change(opt.state, table)
+    assert {id(p): opt.state[p] for p in opt.state} == before
+    bias = model.mid.bias
+    opt.state[bias] = {}  # a dense parameter: dense.state's entry, as torch's
+    assert opt.dense.state[bias] == {} and opt.state[bias] is opt.dense.state[bias]

@@ -264,3 +264,50 @@ def test_momentum_cycling_schedulers_drive_both_parts(make):
     lrs = {g["lr"] for g in opt.param_groups}
     betas = {g["betas"] for g in opt.param_groups}
     assert len(lrs) == 1 and len(betas) == 1 and lrs != {0.1}
+
+
+SPLITS = {
+    "lazy-adam": lambda m: make_optimizer(m, lr=0.1),
+    "sparse-adam": lambda m: make_optimizer(m, lr=0.1, sparse="sparse_adam"),
+    "by-hand-sgd": lambda m: SplitOptimizer({
+        "dense": torch.optim.SGD([m.middle.weight, m.middle.bias], lr=0.1, momentum=0.9),
+        "sparse": LazyAdam(sparse_grad_parameters(m), lr=0.1)}),
+}
+
+
+@pytest.mark.parametrize("copy_", [None, "deepcopy", "pickle"])
+@pytest.mark.parametrize("name", list(SPLITS))
+def test_state_is_one_mapping_of_the_parts_entries(name, copy_):
+    """opt.state as torch.optim.Optimizer.state: the same mapping at each access, each
+    entry the part's own dict (keys written into it stay, the part steps it), through a
+    load_state_dict (which replaces a part's state) and in a copy."""
+    import pickle
+    torch.manual_seed(0)
+    model = _Mixed()
+    opt = SPLITS[name](model)
+    _steps(model, opt, 1)
+    if copy_ is not None:
+        model, opt = (copy.deepcopy((model, opt)) if copy_ == "deepcopy"
+                      else pickle.loads(pickle.dumps((model, opt))))
+    assert opt.state is opt.state
+    trained = [p for p in model.parameters() if p.requires_grad]
+    assert set(map(id, opt.state)) == set(map(id, trained)) and len(opt.state) == len(trained)
+    owner = {id(p): part for part in opt.optimizers.values()
+             for g in part.param_groups for p in g["params"]}
+    for p in trained:
+        assert opt.state[p] is owner[id(p)].state[p]
+        opt.state[p]["note"] = 1
+    entries = {id(p): opt.state[p] for p in trained}
+    _steps(model, opt, 1)
+    assert all(opt.state[p] is entries[id(p)] and opt.state[p]["note"] == 1 for p in trained)
+    mapping = opt.state
+    state = copy.deepcopy(opt.state_dict())
+    for entry in (e for part in state.values() for e in part["state"].values()):
+        del entry["note"]  # the parts refuse another optimiser's keys
+    opt.load_state_dict(state)
+    assert opt.state is mapping
+    for p in trained:
+        assert opt.state[p] is owner[id(p)].state[p] and "note" not in opt.state[p]
+    stranger = torch.zeros(1)
+    assert stranger not in opt.state and opt.state.get(stranger) is None
+    assert len(opt.state) == len(trained)
