@@ -100,14 +100,18 @@ def test_blocked_order_groups_by_column_span_then_row():
     assert crow_b.tolist() == [0, 1, 2, 3, 5, 6, 6]
 
 
-@pytest.mark.parametrize("bound", [7, 2**31 - 1, 2**31])  # int32 keys, then int64 ones
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-def test_stable_order_is_torch_stable_argsort(bound, dtype):
+# int16 keys, int32 keys, then int64 ones (each side of each limit)
+@pytest.mark.parametrize("bound", [7, 2**15 - 1, 2**15, 2**31 - 1, 2**31])
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int32, torch.int64])
+# lengths each side of the span sorted padded to torch's radix-sort length (CPU, FBGEMM)
+@pytest.mark.parametrize("length", [500, _index._PAD_FROM, _index._RADIX_FROM - 1,
+                                    _index._RADIX_FROM])
+def test_stable_order_is_torch_stable_argsort(bound, dtype, length):
     gen = torch.Generator().manual_seed(0)
-    key = torch.randint(0, 7, (500,), generator=gen, dtype=dtype)  # many ties
-    key[::50] = min(bound, 2**31) - 1 if dtype == torch.int64 else 2**31 - 1
+    key = torch.randint(0, 7, (length,), generator=gen, dtype=dtype)  # many ties
+    key[::50] = min(bound, torch.iinfo(dtype).max + 1) - 1  # the largest key in range
     order = _index.stable_order(key, bound)
-    assert order.dtype == torch.int64
+    assert order.dtype == torch.int64 and order.shape == key.shape
     assert torch.equal(order, torch.argsort(key, stable=True))
 
 
