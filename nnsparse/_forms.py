@@ -231,15 +231,18 @@ class SparseBatch:
         transposed pattern over ``cols``) and ``row_t`` (the rows of the
         entries in ``perm`` order), so ``S.T @ A`` restricted to ``cols`` is
         ``_csr_rows_mm(row_t, A, crow_t, values[perm])``.  Derived from
-        :meth:`column_major_all` when that is cached, else from the sort of the
-        entries alone, O(nnz) whatever the width (one sort of the entries per
-        pattern, whichever is asked first); ``cols`` has a data-dependent
+        :meth:`column_major_all` when that is cached, at any width (the
+        narrowest: every entry's column lies below each, and the pointers past
+        the batch's width are those of empty columns), else from the sort of
+        the entries alone, O(nnz) whatever the width (one sort of the entries
+        per pattern, whichever is asked first); ``cols`` has a data-dependent
         size: one host sync on CUDA.
         """
         if self.cache.column_major is None:
             _index.count("column_major")
-            if self.width in self.cache.column_major_all:
-                perm, crow_all, row_t = self.cache.column_major_all[self.width]
+            if self.cache.column_major_all:
+                perm, crow_all, row_t = self.cache.column_major_all[
+                    min(self.cache.column_major_all)]
                 counts = crow_all.diff()
                 cols = counts.nonzero().squeeze(1)
                 counts = counts[cols]
