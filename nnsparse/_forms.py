@@ -850,7 +850,7 @@ def refuse_meta_device(device: Optional[torch.device]) -> None:
 
 
 def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
-                    pairs: bool = True) -> SparseBatch:
+                    pairs: bool = True, bound: Optional[str] = None) -> SparseBatch:
     """Normalise any accepted sparse form to a :class:`SparseBatch`.
 
     Args:
@@ -863,6 +863,9 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
         pairs: accept a lone strided ``(k, 2)`` tensor as a Lua pair vector
             (the toolkit functions); layers and criteria pass False, for
             which a strided tensor is dense, never sparse.
+        bound: what ``width`` is, by its argument's name (``"in_features"``),
+            for the message refusing a wider tensor; ``None``: "the size asked
+            for".
 
     Raises:
         TypeError: ``x`` is not one of the accepted forms.
@@ -914,7 +917,9 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
                         f"rows, got {type(x).__name__}")
     if width is not None and width != batch.width:
         if width < batch.width:
-            raise ValueError(f"{name} has width {batch.width}, larger than the size "
+            raise ValueError(f"{name} has width {batch.width}, larger than {bound} {width}"
+                             if bound is not None else
+                             f"{name} has width {batch.width}, larger than the size "
                              f"asked for, {width}")
         cache = batch.cache
         batch = replace(batch, shape=(batch.rows, width))

@@ -406,7 +406,7 @@ BAD_INPUT = [
     (torch.ones(2, 3, dtype=torch.float64), ValueError,
      "input must have the layer's dtype torch.float32, got torch.float64"),
     (torch.ones(2, 3, device="meta"), ValueError, "input must be on the layer's device cpu, got meta"),
-    (torch.ones(2, 5).to_sparse(), ValueError, "input has width 5, larger than the size asked for, 3"),
+    (torch.ones(2, 5).to_sparse(), ValueError, "input has width 5, larger than in_features 3"),
     (torch.ones(2, 3, dtype=torch.float64).to_sparse(), ValueError,
      "input must have the layer's dtype torch.float32, got torch.float64"),
     ("x", TypeError, "input must be a dense tensor or a sparse batch, got str"),
