@@ -251,7 +251,8 @@ def _():
     return lambda: _backward(layer(h, pattern))
 
 
-@case("sampled_linear(h (8, 4), w (2**22, 4), pattern (8, 2**22)) fwd+bwd")
+@case("sampled_linear(h (8, 4), w (2**22, 4), pattern (8, 2**22)) fwd+bwd",
+      "the large-weight sampled product over the used weight rows: O(nnz)")
 def _():
     w = torch.rand(2**22, 4, requires_grad=True)
     h = torch.rand(8, 4, requires_grad=True)
@@ -416,7 +417,7 @@ def _():
 
 
 @case("apply_optimizer_in_backward(rowwise_adagrad) SparseOutputLinear(4, 2**22) fwd+bwd",
-      "the forward's large-weight sampled product reads (out_features + 1,) pointers")
+      "the bias's dense gradient, bias-sized (16 MB)")
 def _():
     layer = nnsparse.SparseOutputLinear(4, 2**22)
     nsoptim.apply_optimizer_in_backward(layer, "rowwise_adagrad")
@@ -499,7 +500,7 @@ def _():
 
 
 @case("create_graph: SparseOutputLinear(4, 2**22, sparse_grad), grad of grad",
-      "the forward's large-weight sampled product reads (out_features + 1,) pointers")
+      "the bias gradient is summed into an (out_features,) vector, bias-sized (16 MB)")
 def _():
     layer = nnsparse.SparseOutputLinear(4, 2**22, sparse_grad=True)
     h = torch.rand(8, 4, requires_grad=True)

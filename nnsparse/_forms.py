@@ -231,15 +231,18 @@ class SparseBatch:
         transposed pattern over ``cols``) and ``row_t`` (the rows of the
         entries in ``perm`` order), so ``S.T @ A`` restricted to ``cols`` is
         ``_csr_rows_mm(row_t, A, crow_t, values[perm])``.  Derived from
-        :meth:`column_major_all` when that is cached, else from the sort of the
-        entries alone, O(nnz) whatever the width (one sort of the entries per
-        pattern, whichever is asked first); ``cols`` has a data-dependent
+        :meth:`column_major_all` when that is cached, at any width (the
+        narrowest: every entry's column lies below each, and the pointers past
+        the batch's width are those of empty columns), else from the sort of
+        the entries alone, O(nnz) whatever the width (one sort of the entries
+        per pattern, whichever is asked first); ``cols`` has a data-dependent
         size: one host sync on CUDA.
         """
         if self.cache.column_major is None:
             _index.count("column_major")
-            if self.width in self.cache.column_major_all:
-                perm, crow_all, row_t = self.cache.column_major_all[self.width]
+            if self.cache.column_major_all:
+                perm, crow_all, row_t = self.cache.column_major_all[
+                    min(self.cache.column_major_all)]
                 counts = crow_all.diff()
                 cols = counts.nonzero().squeeze(1)
                 counts = counts[cols]
@@ -847,7 +850,7 @@ def refuse_meta_device(device: Optional[torch.device]) -> None:
 
 
 def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
-                    pairs: bool = True) -> SparseBatch:
+                    pairs: bool = True, bound: Optional[str] = None) -> SparseBatch:
     """Normalise any accepted sparse form to a :class:`SparseBatch`.
 
     Args:
@@ -860,6 +863,9 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
         pairs: accept a lone strided ``(k, 2)`` tensor as a Lua pair vector
             (the toolkit functions); layers and criteria pass False, for
             which a strided tensor is dense, never sparse.
+        bound: what ``width`` is, by its argument's name (``"in_features"``),
+            for the message refusing a wider tensor; ``None``: "the size asked
+            for".
 
     Raises:
         TypeError: ``x`` is not one of the accepted forms.
@@ -911,7 +917,9 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
                         f"rows, got {type(x).__name__}")
     if width is not None and width != batch.width:
         if width < batch.width:
-            raise ValueError(f"{name} has width {batch.width}, larger than the size "
+            raise ValueError(f"{name} has width {batch.width}, larger than {bound} {width}"
+                             if bound is not None else
+                             f"{name} has width {batch.width}, larger than the size "
                              f"asked for, {width}")
         cache = batch.cache
         batch = replace(batch, shape=(batch.rows, width))

@@ -139,6 +139,10 @@ def _sampled_mm(a: Tensor, b: Tensor, crow: Tensor, col: Tensor) -> Tensor:
     """
     if col.shape[0] == 0:
         return a.new_zeros(0)
+    if a.device.type == "meta":
+        # torch has no meta kernel of the product for a CSR mask (2.13: "Could not run
+        # 'aten::sparse_sampled_addmm' ... 'SparseCsrMeta' backend"): the shape is known
+        return a.new_empty(col.shape[0])
     if a.dtype in (torch.float16, torch.bfloat16):
         # torch's sampled product has no half-type kernel (CPU nor CUDA, torch
         # 2.11-2.13): this one product runs in float32, returned in a's dtype
@@ -212,20 +216,60 @@ def _table_mm(pattern: Optional["SparseBatch"], col: Tensor, table: Tensor, crow
     return parts.view(blocks, rows, table.shape[1]).sum(0)
 
 
+# The large-weight sampled product takes pointers over every output row (weight
+# row) while there are at most _ALL_ROWS_PER_ENTRY of them per entry, and over the
+# used rows only beyond (their weight rows gathered, _BLOCK_BYTES at a time), so
+# that its index memory is O(nnz) whatever out_features.  Measured on 1 thread,
+# 128 rows, every row / used rows: at the ML-10M shape (69,878 x 500, 117,197
+# entries) 11.5 / 15.2 ms; at 2 rows per entry (69,878 x 500, 35,000 entries)
+# 7.3 / 7.4 ms; beyond, the used rows are faster (2**19 x 128, 100,000 entries:
+# 11.9 / 6.6 ms; 2**22 x 4, 100,000 entries: 59.0 / 6.3 ms).  Both give the
+# same values, bit for bit.
+_ALL_ROWS_PER_ENTRY = 2
+
+
 def _sampled_rows(pattern: Optional["SparseBatch"], h: Tensor, weight: Tensor, crow: Tensor,
                   col: Tensor) -> Tensor:
     """``(h @ weight.T)`` at the positions ``(crow, col)`` of ``pattern``, ``(nnz,)``.
 
     :func:`_sampled_mm`; for a large CPU ``weight``, the transposed product
-    ``weight @ h.T`` sampled in column-major order (``pattern.column_major_all``,
-    cached on the batch), so that each touched row of ``weight`` is read once,
-    in increasing order, and the values put back in the pattern's order.
+    ``weight @ h.T`` sampled in column-major order (cached on the batch), so
+    that each touched row of ``weight`` is read once, in increasing order, and
+    the values put back in the pattern's order.  The column-major pointers cover
+    every row of ``weight`` (``pattern.column_major_all``) while ``weight`` has
+    at most ``_ALL_ROWS_PER_ENTRY`` rows per entry, else the touched rows only
+    (``pattern.column_major``, :func:`_sampled_used_rows`): O(nnz) either way.
     """
     if _table_blocks(weight) == 1 or pattern is None or col.shape[0] == 0:
         return _sampled_mm(h, weight.t(), crow, col)
-    perm, crow_all, row_t = pattern.column_major_all(weight.shape[0])
-    values_t = _sampled_mm(weight, h.t(), crow_all, row_t)
+    if weight.shape[0] <= _ALL_ROWS_PER_ENTRY * col.shape[0]:
+        perm, crow_all, row_t = pattern.column_major_all(weight.shape[0])
+        values_t = _sampled_mm(weight, h.t(), crow_all, row_t)
+    else:
+        perm, cols, crow_t, row_t = pattern.column_major()
+        values_t = _sampled_used_rows(weight, h, cols, crow_t, row_t)
     return torch.empty_like(values_t).index_copy_(0, perm, values_t)
+
+
+def _sampled_used_rows(weight: Tensor, h: Tensor, cols: Tensor, crow_t: Tensor,
+                       row_t: Tensor) -> Tensor:
+    """``(weight @ h.T)`` at the transposed positions over the used rows ``cols`` of
+    ``weight`` (pointers ``crow_t``, rows of ``h`` ``row_t``), ``(nnz,)`` in that order.
+
+    The used rows of ``weight`` are gathered a block of about ``_BLOCK_BYTES`` at a
+    time, each block's product sampled from it: the same dot products as over every
+    row, in the same order.  CPU only (the block bounds are read on the host).
+    """
+    per = max(1, _BLOCK_BYTES // max(1, weight.shape[1] * weight.element_size()))
+    used = cols.shape[0]
+    if used <= per:
+        return _sampled_mm(weight.index_select(0, cols), h.t(), crow_t, row_t)
+    starts = list(range(0, used, per)) + [used]
+    bounds = crow_t.index_select(0, torch.tensor(starts, device=crow_t.device)).tolist()
+    return torch.cat([
+        _sampled_mm(weight.index_select(0, cols[a:b]), h.t(), crow_t[a:b + 1] - s,
+                    row_t[s:e])
+        for a, b, s, e in zip(starts[:-1], starts[1:], bounds[:-1], bounds[1:])])
 
 
 # Devices where the optimiser in the backward takes its synchronisation-free

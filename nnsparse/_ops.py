@@ -191,8 +191,8 @@ def _large_table_batch(crow: Tensor, col: Tensor, table: Tensor,
                        values: Optional[Tensor] = None) -> Optional[SparseBatch]:
     """The parts as a trusted batch over ``table``'s rows when the products read
     ``table`` in blocks (a large CPU table, :func:`nnsparse._kernels._table_blocks`):
-    its orders (``blocked_order``, ``column_major_all``) are what those products
-    read.  Built per call, as an operator keeps nothing between calls.  None for
+    its orders (``blocked_order``, ``column_major`` or ``column_major_all``) are what
+    those products read.  Built per call, as an operator keeps nothing between calls.  None for
     a table read in one pass.  Without ``values`` the batch's are left unset
     (``empty``): the orders read only the positions."""
     if _table_blocks(table) == 1:

@@ -264,11 +264,16 @@ OTHER = [
     Case("SparseLinearBatch-narrower-input", lambda: nnsparse.SparseLinearBatch(5, 3)(S),
          ValueError, r"input has width 4, smaller than in_features 5"),
     Case("SparseLinearBatch-wider-input", lambda: nnsparse.SparseLinearBatch(3, 3)(S),
-         ValueError, r"input has width 4, larger than the size asked for, 3"),
+         ValueError, r"input has width 4, larger than in_features 3$"),
+    Case("sparse_linear-wider-input", lambda: nnsparse.sparse_linear(S, torch.ones(2, 3)),
+         ValueError, r"input has width 4, larger than in_features 3$"),
+    Case("SparseWeightLinear-wider-input", lambda: nnsparse.SparseWeightLinear(
+        torch.eye(2, 3).to_sparse())(S), ValueError, r"input has width 4, larger than in_features 3$"),
     Case("SparseLinearBatch-dense-wrong-width", lambda: nnsparse.SparseLinearBatch(4, 3)(torch.ones(2, 5)),
          ValueError, r"input must have 4 features \(in_features\)"),
     Case("SparseOutputLinear-pattern-wider", lambda: nnsparse.SparseOutputLinear(3, 4)(
-        torch.ones(2, 3), torch.zeros(2, 5).to_sparse_csr()), ValueError, r"pattern has width 5"),
+        torch.ones(2, 3), torch.zeros(2, 5).to_sparse_csr()), ValueError,
+         r"pattern has width 5, larger than out_features 4$"),
     Case("SparseOutputLinear-pattern-narrower", lambda: nnsparse.SparseOutputLinear(3, 4)(
         torch.ones(2, 3), torch.zeros(2, 3).to_sparse_csr()), ValueError,
          r"pattern has width 3, smaller than out_features 4"),
@@ -277,7 +282,7 @@ OTHER = [
     Case("SparseOutputLinear-input-width", lambda: nnsparse.SparseOutputLinear(3, 4)(
         torch.ones(2, 2), S), ValueError, r"input must have 3 features \(in_features\), got 2"),
     Case("Densify-narrower-size", lambda: nnsparse.Densify(3)(S), ValueError,
-         r"input has width 4, larger than the size asked for, 3"),
+         r"input has width 4, larger than in_features 3$"),
     Case("densify-size-too-small", lambda: nnsparse.densify(S, size=(2, 3)), ValueError,
          r"size must have at least 4 columns, got 3"),
     Case("densify-size-negative-rows", lambda: nnsparse.densify(S, size=(-2, 4)), ValueError,

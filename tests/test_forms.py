@@ -95,8 +95,10 @@ def test_width_argument():
     assert as_sparse_batch(x, width=10).shape == (1, 10)
     with pytest.raises(ValueError, match=r"input indices must be in \[0, 3\), got max 3"):
         as_sparse_batch(x, width=3)
-    with pytest.raises(ValueError, match="x has width 6, larger than the size asked for, 4"):
+    with pytest.raises(ValueError, match="x has width 6, larger than the size asked for, 4$"):
         as_sparse_batch(torch.zeros(6).to_sparse(), name="x", width=4)
+    with pytest.raises(ValueError, match="x has width 6, larger than in_features 4$"):
+        as_sparse_batch(torch.zeros(2, 6).to_sparse_csr(), name="x", width=4, bound="in_features")
 
 
 def test_uncoalesced_with_grad_keeps_the_graph():

@@ -91,6 +91,64 @@ def test_the_operator_path_reads_a_large_table_in_blocks(small_blocks, monkeypat
         torch.testing.assert_close(a, b, **tol)
 
 
+def _sampled_case(rows, width, d, nnz, dtype, seed):
+    """A trusted row-sorted batch ``(rows, width)`` of ``nnz`` distinct positions, and
+    ``h`` ``(rows, d)``, ``weight`` ``(width, d)``: the arguments of ``_sampled_rows``."""
+    from nnsparse._forms import SparseBatch
+    gen = torch.Generator().manual_seed(seed)
+    key = torch.randperm(rows * width, generator=gen)[:nnz].sort().values
+    row, col = key // width, key % width
+    h = torch.randn(rows, d, generator=gen).to(dtype)
+    weight = torch.randn(width, d, generator=gen).to(dtype)
+    crow = _index.crow_from_rows(row, rows)
+
+    def pattern():
+        return SparseBatch(row, col, h.new_empty(nnz), (rows, width), "csr", row_sorted=True,
+                           coalesced=True, trusted=True)
+    return pattern, h, weight, crow, row, col
+
+
+@pytest.mark.parametrize("rows,width,d,nnz,dtype,block_bytes", [
+    (9, 1000, 7, 300, torch.float32, 1 << 10),  # used rows in several blocks
+    (9, 5000, 64, 100, torch.float64, 1 << 12),
+    (9, 300, 3, 2000, torch.float32, 64),  # most rows used, a block of 5 rows
+    (3, 50, 5, 10, torch.float16, 64),  # the product in float32, returned in float16
+    (4, 40, 3, 12, torch.float64, 512),  # the used rows (264 bytes) in one block
+    (2, 64, 2, 1, torch.float32, 8),  # one entry, a block of one row
+], ids=["f32-blocks", "f64-blocks", "f32-dense-pattern", "f16", "one-block", "one-entry"])
+def test_sampled_rows_over_the_used_rows_is_bitwise_the_every_row_product(
+        monkeypatch, rows, width, d, nnz, dtype, block_bytes):
+    """The large-weight sampled product over the used weight rows (gathered in blocks;
+    O(nnz) pointers, ``column_major``) gives the same bits as over every weight row
+    (``column_major_all``, the code before), and the dense product's values."""
+    pattern, h, weight, crow, row, col = _sampled_case(rows, width, d, nnz, dtype, 3)
+    monkeypatch.setattr(_kernels, "_BLOCK_ABOVE", 0)
+    monkeypatch.setattr(_kernels, "_BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(_kernels, "_ALL_ROWS_PER_ENTRY", 1 << 40)
+    every_row = _kernels._sampled_rows(pattern(), h, weight, crow, col)
+    monkeypatch.setattr(_kernels, "_ALL_ROWS_PER_ENTRY", 0)
+    used = pattern()
+    _index.COUNTS.clear()
+    got = _kernels._sampled_rows(used, h, weight, crow, col)
+    assert _index.COUNTS["column_major_all"] == 0 and _index.COUNTS["column_sort"] == 1
+    assert got.dtype == dtype and torch.equal(got, every_row)
+    want = (h.double() @ weight.double().t())[row, col].to(dtype)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.float16 else {}
+    torch.testing.assert_close(got, want, **tol)
+
+
+@pytest.mark.parametrize("width,form", [(24, "every row"), (25, "used rows")])
+def test_sampled_rows_takes_every_row_up_to_two_rows_per_entry(monkeypatch, width, form):
+    """Pointers over every weight row while the weight has at most 2 rows per entry."""
+    pattern, h, weight, crow, row, col = _sampled_case(4, width, 3, 12, torch.float64, 4)
+    monkeypatch.setattr(_kernels, "_BLOCK_ABOVE", 0)
+    monkeypatch.setattr(_kernels, "_BLOCK_BYTES", 64)
+    _index.COUNTS.clear()
+    _kernels._sampled_rows(pattern(), h, weight, crow, col)
+    assert _index.COUNTS["column_major_all"] == (form == "every row")
+    assert _index.COUNTS["column_major"] == (form == "used rows")
+
+
 def test_blocked_order_groups_by_column_span_then_row():
     row = torch.tensor([0, 0, 0, 1, 1, 2])
     col = torch.tensor([0, 5, 9, 1, 8, 4])

@@ -340,8 +340,11 @@ def test_sparse_grad_sgd_step_equals_dense_sgd():
 
 def test_errors():
     layer = nnsparse.SparseLinearBatch(5, 2)
-    with pytest.raises(ValueError, match=r"input has width 7, larger than the size asked for, 5"):
+    with pytest.raises(ValueError, match=r"input has width 7, larger than in_features 5$"):
         layer(torch.zeros(2, 7).to_sparse())
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(
+            ValueError, match=r"input has width 7, larger than in_features 5$"):
+        layer(torch.zeros(2, 7, dtype=torch.bfloat16).to_sparse())  # (the AMP cast's check)
     with pytest.raises(ValueError, match=r"input\[0\] indices must be in \[0, 5\), got max 9"):
         layer([torch.tensor([[9.0, 1.0]])])
     with pytest.raises(ValueError, match=r"5 features .*got shape \(1, 2\).*from_pairs"):

@@ -1,11 +1,14 @@
 """Tests of nnsparse.models: fit, predict, fallback, recommend, save/load, cross-validation."""
 import contextlib
 import copy
+import errno
 import io
 import math
 import os
 import pickle
 import re
+import shutil
+import signal
 import stat
 
 import numpy as np
@@ -1001,6 +1004,107 @@ def test_a_failed_save_over_a_hard_linked_file_leaves_it(tmp_path, monkeypatch):
     good = target.read_bytes()
     with _disk_full_in_torch_save(monkeypatch):
         _tiny(AutoRec, lr=0.5).save(target)
+    assert target.read_bytes() == other.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["also.pt", "m.pt"]
+
+
+def _read_only(monkeypatch, *paths):
+    """``paths`` made read-only (mode 0o444).  Root may write any file, so for root
+    ``os.open`` is also made to refuse writing them, as the kernel refuses others."""
+    for path in paths:
+        path.chmod(0o444)
+    if os.geteuid() != 0:
+        return
+    real_open, refused = os.open, {os.fspath(p) for p in paths}
+
+    def open_as_a_user(path, flags, *args, **kwargs):
+        if os.fspath(path) in refused and flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
+    monkeypatch.setattr(os, "open", open_as_a_user)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX permissions")
+@pytest.mark.parametrize("links,through", [(1, "name"), (2, "name"), (2, "symlink")],
+                         ids=["one-link", "hard-linked", "through-a-symlink"])
+def test_save_over_a_read_only_file_is_refused_before_writing(tmp_path, monkeypatch, links,
+                                                              through):
+    """A read-only file is refused as open() refuses it (PermissionError naming the path
+    given; torch.save refuses it too, with a RuntimeError), before anything is written:
+    not renamed over (one link), no failed in-place copy after the serialisation (hard
+    links)."""
+    target = tmp_path / "m.pt"
+    _fitted_copy(AutoRec).save(target)
+    names = [target] + [tmp_path / f"also{i}.pt" for i in range(1, links)]
+    for other in names[1:]:
+        os.link(target, other)
+    given = target
+    if through == "symlink":
+        given = tmp_path / "link.pt"
+        given.symlink_to(target)
+    good, listing = target.read_bytes(), sorted(p.name for p in tmp_path.iterdir())
+    _read_only(monkeypatch, *({target, given} if os.geteuid() == 0 else {target}))
+    saved = []
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda *a, **k: saved.append(a) or real_save(*a, **k))
+    with pytest.raises(PermissionError) as refused:
+        _tiny(AutoRec, hidden=8, lr=0.5).save(given)
+    assert refused.value.errno == errno.EACCES and refused.value.filename == os.fspath(given)
+    assert str(refused.value) == f"[Errno 13] Permission denied: {os.fspath(given)!r}"
+    if os.geteuid() != 0:  # open()'s error; torch.save's own is a RuntimeError naming no path
+        with pytest.raises(PermissionError) as open_refused:
+            open(given, "wb")
+        assert str(open_refused.value) == str(refused.value)
+        with pytest.raises(RuntimeError, match="Permission denied"):
+            real_save({}, given)
+    assert saved == []  # refused before the model was serialised
+    assert target.read_bytes() == good and stat.S_IMODE(target.stat().st_mode) == 0o444
+    assert target.stat().st_nlink == links
+    assert sorted(p.name for p in tmp_path.iterdir()) == listing  # no temporary file
+
+
+@pytest.mark.skipif(not hasattr(os, "link"), reason="no hard links on this system")
+def test_an_interrupt_during_the_in_place_copy_is_held_until_it_is_done(tmp_path,
+                                                                         monkeypatch):
+    """A KeyboardInterrupt (SIGINT) half-way through the copy into a hard-linked file is
+    raised once the copy is done: every link holds the whole new model, not half of it,
+    and the interrupt handler is the one before."""
+    target, other = tmp_path / "m.pt", tmp_path / "also.pt"
+    _fitted_copy(AutoRec).save(target)
+    os.link(target, other)
+    new = _tiny(AutoRec, hidden=8, lr=0.5)
+    real_copy, handler = shutil.copyfileobj, signal.getsignal(signal.SIGINT)
+
+    def interrupted_copy(src, dst, *args, **kwargs):
+        dst.write(src.read(100))
+        signal.raise_signal(signal.SIGINT)  # as a Ctrl-C here
+        real_copy(src, dst, *args, **kwargs)
+    monkeypatch.setattr(shutil, "copyfileobj", interrupted_copy)
+    with pytest.raises(KeyboardInterrupt):
+        new.save(target)
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert target.stat().st_ino == other.stat().st_ino and target.stat().st_nlink == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["also.pt", "m.pt"]
+    for path in (target, other):
+        assert torch.equal(AutoRec.load(path).predict(_TINY_R), new.predict(_TINY_R))
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fallocate"), reason="no posix_fallocate here")
+def test_a_hard_linked_file_without_room_for_the_new_model_is_left(tmp_path, monkeypatch):
+    """The copy into a hard-linked file reserves the new length first: a disk too full
+    for it fails before a byte is overwritten, and the file keeps its old length."""
+    target, other = tmp_path / "m.pt", tmp_path / "also.pt"
+    _fitted_copy(AutoRec).save(target)
+    os.link(target, other)
+    good = target.read_bytes()
+
+    def full_disk(fd, offset, length):
+        size = os.fstat(fd).st_size  # part of the room reserved (appended), then none left
+        os.ftruncate(fd, size + (offset + length - size) // 2)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "posix_fallocate", full_disk)
+    with pytest.raises(OSError, match="No space left on device"):
+        _tiny(AutoRec, hidden=8, lr=0.5).save(target)  # a larger file
     assert target.read_bytes() == other.read_bytes() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ["also.pt", "m.pt"]
 

@@ -122,11 +122,65 @@ def test_a_lazy_in_backward_step_of_a_tall_table_is_o_nnz(kind):
         assert torch.equal(moved.nonzero().squeeze(1), x.indices()[1].unique())
 
 
+def _sampled_wide(kind, h, w, x, layer=None):
+    """One call of the large-weight sampled product on a wide pattern ``x``: forward
+    only, forward and ``sparse_grad`` backward, or ``layer``'s with its in-backward step."""
+    if kind == "forward":
+        with torch.no_grad():
+            return nnsparse.sampled_linear(h, w, None, x)
+    out = (layer(h, x) if kind == "in_backward"
+           else nnsparse.sampled_linear(h, w, None, x, sparse_grad=True))
+    out.values().square().sum().backward()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["forward", "sparse_grad", "in_backward"])
+def test_large_weight_sampled_product_of_a_wide_layer_is_o_nnz(monkeypatch, kind):
+    """A CPU weight over ``_BLOCK_ABOVE`` is sampled in column-major order; with more than
+    2 weight rows per entry, over the used rows only: no ``(out_features + 1,)``
+    pointers in the forward, nor in a ``sparse_grad`` or in-backward-optimiser
+    backward.  The values and gradients are the dense product's."""
+    from nnsparse import _kernels
+    width = 2**20
+    monkeypatch.setattr(_kernels, "_BLOCK_ABOVE", 1 << 20)  # the 32 MB weight is large
+    x = _coo((8, width), 100, 13).to_sparse_csr()
+    g = torch.Generator().manual_seed(14)
+    h = torch.randn(8, 4, generator=g, dtype=torch.float64, requires_grad=kind == "sparse_grad")
+    w = torch.randn(width, 4, generator=g, dtype=torch.float64)
+    layer = None
+    if kind == "in_backward":
+        layer = nnsparse.SparseOutputLinear(4, width, bias=False).double()
+        with torch.no_grad():
+            layer.weight.copy_(w)
+        nnsparse.optim.apply_optimizer_in_backward(layer, "rowwise_adagrad", lr=0.1)
+        _sampled_wide(kind, h, w, _coo((8, width), 100, 15).to_sparse_csr(), layer)  # state
+        w = layer.weight.detach().clone()
+    w_ref = w.clone()
+    w.requires_grad_(kind == "sparse_grad")
+    with LargestNewTensor() as seen:
+        out = _sampled_wide(kind, h, w, x, layer)
+    assert seen.numel < width // 16, seen.op
+    row, col = x.to_sparse_coo().indices()
+    hd, wd = h.detach().clone().requires_grad_(), w_ref.clone().requires_grad_()
+    want = (hd @ wd.t())[row, col]
+    torch.testing.assert_close(out.values(), want)
+    if kind == "in_backward":  # the touched weight rows only moved
+        moved = (layer.weight.detach() != w_ref).any(1).nonzero().squeeze(1)
+        assert torch.equal(moved, col.unique())
+    elif kind == "sparse_grad":
+        want.square().sum().backward()
+        torch.testing.assert_close(h.grad, hd.grad)
+        grad = w.grad.coalesce()
+        assert torch.equal(grad.indices()[0], col.unique())
+        torch.testing.assert_close(grad.values(), wd.grad[col.unique()])
+
+
 @pytest.mark.parametrize("form", ["coo", "coo_uncoalesced", "csr", "empty"])
-@pytest.mark.parametrize("first", ["column_major", "column_major_all"])
+@pytest.mark.parametrize("first", ["column_major", "column_major_all", "wider_all"])
 def test_column_major_and_column_major_all_agree_whichever_comes_first(form, first):
     """Both orders from one sort (the second derived from the first), equal to the
-    structure built from scratch; ``column_major_all`` also at a wider width."""
+    structure built from scratch; ``column_major_all`` also at a wider width, and
+    ``column_major`` derived from it when only the wider one is cached."""
     g = torch.Generator().manual_seed(5)
     nnz = 0 if form == "empty" else 30
     row, col = torch.randint(0, 6, (nnz,), generator=g), torch.randint(0, 50, (nnz,), generator=g)
@@ -145,10 +199,15 @@ def test_column_major_and_column_major_all_agree_whichever_comes_first(form, fir
     if first == "column_major":
         got = batch.column_major()
         got_all = batch.column_major_all(50)
-    else:
+    elif first == "column_major_all":
         got_all = batch.column_major_all(50)
         got = batch.column_major()
-    assert _index.COUNTS["column_major_all"] == 1 and _index.COUNTS["column_major"] == 1
+    else:  # column_major_all cached at another width only: column_major derived from it
+        batch.column_major_all(64)
+        got = batch.column_major()
+        got_all = batch.column_major_all(50)
+    built = 2 if first == "wider_all" else 1
+    assert _index.COUNTS["column_major_all"] == built and _index.COUNTS["column_major"] == 1
     assert _index.COUNTS["column_sort"] == 1  # one sort of the entries, either order
     for a, b in zip(got, want):
         assert torch.equal(a, b)
@@ -173,11 +232,13 @@ for name in sys.argv[1:]:
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"),
                     reason="the probe reads Linux's /proc peak-RSS counters")
 def test_probe_cases_stay_small_in_a_capped_process():
-    """Two fixed cases of benchmarks/no_densify_probe.py in a subprocess whose address
-    space is capped (current size + 1.5 GiB): a 2**31-wide pattern or a sparse gradient
-    of a 2**22-row table each add under 50 MB of resident memory at their peak."""
+    """Three fixed cases of benchmarks/no_densify_probe.py in a subprocess whose address
+    space is capped (current size + 1.5 GiB): a 2**31-wide pattern, a sparse gradient
+    of a 2**22-row table or the sampled product of a 2**22-row weight each add under
+    50 MB of resident memory at their peak."""
     cases = ["SparseWeightLinear(pattern (4, 2**31), 100 nnz) on (8, 2**31) coo fwd+bwd",
-             "SparseLinearBatch(2**22, 4, sparse_grad) on (8, 2**22) csr fwd+bwd"]
+             "SparseLinearBatch(2**22, 4, sparse_grad) on (8, 2**22) csr fwd+bwd",
+             "sampled_linear(h (8, 4), w (2**22, 4), pattern (8, 2**22)) fwd+bwd"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="131072",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                CUDA_VISIBLE_DEVICES="")
@@ -185,7 +246,7 @@ def test_probe_cases_stay_small_in_a_capped_process():
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", script, *cases], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("ok ") == 2, done.stdout
+    assert done.stdout.count("ok ") == 3, done.stdout
 
 
 def test_mask_criterion_on_a_huge_row_count_is_o_nnz():

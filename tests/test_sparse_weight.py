@@ -406,7 +406,7 @@ BAD_INPUT = [
     (torch.ones(2, 3, dtype=torch.float64), ValueError,
      "input must have the layer's dtype torch.float32, got torch.float64"),
     (torch.ones(2, 3, device="meta"), ValueError, "input must be on the layer's device cpu, got meta"),
-    (torch.ones(2, 5).to_sparse(), ValueError, "input has width 5, larger than the size asked for, 3"),
+    (torch.ones(2, 5).to_sparse(), ValueError, "input has width 5, larger than in_features 3"),
     (torch.ones(2, 3, dtype=torch.float64).to_sparse(), ValueError,
      "input must have the layer's dtype torch.float32, got torch.float64"),
     ("x", TypeError, "input must be a dense tensor or a sparse batch, got str"),
@@ -459,6 +459,33 @@ def test_zero_in_features_dense_input(shape):
     y.sum().backward()
     assert x.grad.shape == x.shape
     assert torch.equal(layer.bias.grad, torch.full((3,), float(y.numel() // 3)))
+
+
+@pytest.mark.parametrize("width,nnz", [(20, 36), (4096, 4)], ids=["every-column", "used-columns"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_meta_backward_of_a_dense_input_gives_the_gradients_shapes(width, nnz, dtype,
+                                                                   create_graph):
+    """On the meta device the dense input's backward has no kernel to run (torch's
+    sampled product has none for a meta CSR mask, 2.13): the values' gradient is
+    given its shape, so every gradient comes with the shape, dtype and device it has
+    on the CPU, for both pointer forms and a backward that records its graph."""
+    g = torch.Generator().manual_seed(1)
+    idx = torch.stack([torch.randint(0, 6, (nnz,), generator=g),
+                       torch.randint(0, width, (nnz,), generator=g)])
+    pattern = torch.sparse_coo_tensor(idx, torch.ones(nnz), (6, width)).coalesce()
+    layer = SparseWeightLinear(pattern, device="meta", dtype=dtype)
+    x = torch.randn(2, 3, width, device="meta", dtype=dtype, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (2, 3, 6) and y.device.type == "meta" and y.dtype == dtype
+    if create_graph:
+        gx, gv = torch.autograd.grad(y.square().sum(), (x, layer.values), create_graph=True)
+        (gx.sum() + gv.sum()).backward()
+    else:
+        y.square().sum().backward()
+    for t, shape in ((x.grad, x.shape), (layer.values.grad, (layer.nnz,)),
+                     (layer.bias.grad, (6,))):
+        assert t.shape == shape and t.device.type == "meta" and t.dtype == dtype
 
 
 def test_layer_moved_to_meta_still_runs():

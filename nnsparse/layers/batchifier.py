@@ -536,7 +536,8 @@ class Batchifier:
             raise TypeError(f"exclude must be None, a bool or a sparse matrix "
                             f"(rows, output_size), got {type(exclude).__name__} {exclude!r}")
         with torch.no_grad():
-            batch = as_sparse_batch(exclude, name="exclude", width=self.output_size)
+            batch = as_sparse_batch(exclude, name="exclude", width=self.output_size,
+                                    bound="output_size")
         if batch.is_vector or batch.rows != source.rows:
             got = "a vector" if batch.is_vector else f"{batch.rows} rows"
             raise ValueError(f"exclude must have the data's {source.rows} rows, got {got}")

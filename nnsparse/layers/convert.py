@@ -75,7 +75,7 @@ class Densify(nn.Module):
         # the settings again, as Sparsify's: they may have been assigned since __init__
         # (a str width failed with "'<' not supported between instances of 'str' and 'int'")
         in_features, elem = _check_in_features(self.in_features), _check_elem(self.elem)
-        batch = as_sparse_batch(input, name="input", width=in_features)
+        batch = as_sparse_batch(input, name="input", width=in_features, bound="in_features")
         return _densify(batch, elem, batch.rows, in_features, "input")
 
     def extra_repr(self) -> str:

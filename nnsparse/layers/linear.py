@@ -229,7 +229,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         raise TypeError(f"weight must be floating-point for a sparse input, got "
                         f"{table.dtype}; convert it (weight.float()) or multiply "
                         f"nnsparse.densify(input) with F.linear")
-    batch = as_sparse_batch(input, name="input", width=table.shape[0])
+    batch = as_sparse_batch(input, name="input", width=table.shape[0], bound="in_features")
     if batch.device != table.device:
         raise ValueError(f"input must be on the weight's device {table.device}, "
                          f"got {batch.device}")
@@ -592,7 +592,7 @@ class SparseLinearBatch(nn.Module):
             # AMP: a lower-precision sparse batch (e.g. Sparsify of an autocast
             # GEMM's output) is read in the weight's dtype, as the custom operator does.
             # check the user's tensor once, then the cast keeps its checked structure
-            as_sparse_batch(input, name="input", width=self.in_features)
+            as_sparse_batch(input, name="input", width=self.in_features, bound="in_features")
             input = move_structure(input, input.to(self._table().dtype))
         if self.sparse_grad:  # LazyAdam then trusts the sparse gradients these layers make
             _grad_origin.watch(self, "weight_t")

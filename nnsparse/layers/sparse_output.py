@@ -148,7 +148,8 @@ def _pattern_structure(pattern: SparseLike, input: Tensor, out_features: int):
                         f"{tuple(pattern.shape)}; convert it with nnsparse.sparsify(pattern), "
                         "or a Lua (k, 2) pair vector with nnsparse.from_pairs(pattern)")
     _check_not_narrower(pattern, out_features, "pattern", "out_features")
-    batch = as_sparse_batch(pattern, name="pattern", width=out_features, pairs=False)
+    batch = as_sparse_batch(pattern, name="pattern", width=out_features, pairs=False,
+                            bound="out_features")
     if batch.is_vector != (input.dim() == 1):
         raise ValueError("pattern must be a sparse vector for a 1-D input and a batch for a "
                          f"2-D input, got a {'vector' if batch.is_vector else 'batch'} "

@@ -502,7 +502,8 @@ class SparseWeightLinear(nn.Module):
 
     def _sparse_forward(self, input: Any) -> Tensor:
         _check_not_narrower(input, self.in_features, "input", "in_features")
-        batch = as_sparse_batch(input, name="input", width=self.in_features, pairs=False)
+        batch = as_sparse_batch(input, name="input", width=self.in_features, pairs=False,
+                                 bound="in_features")
         self._check(batch.dtype, batch.device)
         joined = self._join(batch.col, batch.rows)
         if joined is None:  # denser input: the dense path is the smaller

@@ -10,18 +10,21 @@ a mean fallback (counted), never from the network's output on an empty row.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import math
 import numbers
 import operator
 import os
 import shutil
+import signal
 import stat
 import time
 import uuid
 from pathlib import Path
-from typing import (Any, Dict, List, Mapping, NamedTuple, Optional, Protocol, Tuple, Type,
-                    Union, cast)
+from typing import (Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Protocol,
+                    Tuple, Type, Union, cast)
 
 import numpy as np
 import torch
@@ -947,7 +950,9 @@ class RatingModel(nn.Module):
         temporary file in its directory; a named pipe or a device, which is
         no regular file, is written directly; an existing file with other hard
         links is overwritten in place from the whole temporary file, so that
-        every link holds the new model).
+        every link holds the new model, with its space reserved first and an
+        interrupt held until the copy is done).  A read-only file is refused,
+        as ``open()`` and ``torch.save`` refuse it, not replaced.
 
         Raises:
             RuntimeError: the model is not fitted (or its last fit failed).
@@ -957,6 +962,9 @@ class RatingModel(nn.Module):
             ValueError: ``path`` is a directory or has no parent directory;
                 ``hparams`` out of range or no longer matching the fitted
                 network; weights that are not finite.
+            PermissionError: ``path`` is an existing file the process may not
+                write (read-only), as ``open()`` refuses it (``torch.save``
+                refuses it too, with a ``RuntimeError``); nothing is written.
             A refused save writes nothing and leaves the model as it was.
         """
         self._check_built()
@@ -1304,37 +1312,95 @@ def _save_whole(blob: Dict[str, Any], path: Any) -> None:
     named pipe or a device such as /dev/null, are written as given: renamed over, the
     pipe's reader would get nothing, and the device node would become a file.)
 
-    An existing file with other hard links is written in place, from the whole
-    temporary file: renamed over, this name would get a new file and the other
-    names keep the old model.  A failed save still leaves it as it was; only an
-    I/O error during the copy (a full disk) could leave it partly written."""
+    An existing file is opened for writing first, before anything is written: one
+    the process may not write (read-only) is refused with the ``PermissionError``
+    that ``open()`` raises there, naming ``path`` (``torch.save`` refuses it too,
+    with a ``RuntimeError`` naming no path), rather than renamed over.  One with other hard links is written in place, from the whole
+    temporary file (renamed over, this name would get a new file and the other
+    names keep the old model), by :func:`_copy_into`: a failed serialisation leaves
+    it as it was, and the copy reserves its space first and holds an interrupt until
+    it is done."""
     if not isinstance(path, (str, os.PathLike)) or (os.path.exists(path)
                                                      and not os.path.isfile(path)):
         torch.save(blob, path)
         return
     target = Path(os.path.realpath(path))  # through a link, as torch.save wrote
-    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
-    f = open(tmp, "xb")  # the umask's mode, as a plain open; (outside the try: ours only)
+    linked = _open_to_write(path)  # (None: no file yet)
     try:
-        with f:
-            torch.save(blob, f)
-        if target.exists() and target.stat().st_nlink > 1:
-            _copy_into(tmp, target)  # the same file for every link, its mode and owner kept
-            tmp.unlink()
-            return
-        if target.exists():
-            os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        if linked is not None and os.fstat(linked).st_nlink == 1:
+            os.close(linked)  # renamed over: its writability was all to check
+            linked = None
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+        f = open(tmp, "xb")  # the umask's mode, as a plain open; (outside the try: ours only)
+        try:
+            with f:
+                torch.save(blob, f)
+            if linked is not None:
+                _copy_into(tmp, linked)  # the same file for every link, its mode and owner kept
+                tmp.unlink()
+                return
+            if target.exists():
+                os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    finally:
+        if linked is not None:
+            os.close(linked)
 
 
-def _copy_into(source: Path, target: Path) -> None:
-    """Overwrite ``target``'s contents in place with ``source``'s (same inode)."""
-    with open(source, "rb") as src, open(target, "r+b") as dst:
+def _open_to_write(path: Any) -> Optional[int]:
+    """A descriptor of the existing file at ``path`` opened to write (nothing written,
+    nothing truncated), or None where there is no file.  ``PermissionError`` naming
+    ``path`` where the process may not write it, as ``open(path, "wb")`` would."""
+    try:
+        return os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+
+
+def _copy_into(source: Path, fd: int) -> None:
+    """Overwrite the file open at ``fd`` in place (same inode) with ``source``'s bytes.
+
+    The new length is reserved first where the system can (``posix_fallocate``): a
+    disk too full for it fails before a byte is overwritten, and the file gets its
+    old length back.  An interrupt (``KeyboardInterrupt``) arriving during the copy
+    is held until the copy is done, then raised."""
+    size, old = source.stat().st_size, os.fstat(fd).st_size
+    if size > old and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as error:
+            os.ftruncate(fd, old)  # what a partial reservation appended
+            if error.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise  # (those: no reservation on this file system; the copy goes on)
+    with _interrupts_held(), open(source, "rb") as src, open(fd, "wb", closefd=False) as dst:
         shutil.copyfileobj(src, dst)
         dst.truncate()
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """SIGINT held during the block, then delivered again to the handler it had.
+
+    Only the main thread runs Python's signal handlers, so elsewhere (and where a
+    handler cannot be set) the block runs as it is."""
+    held: List[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        if previous is None:  # a handler set outside Python: it could not be put back
+            raise ValueError
+        signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    except ValueError:  # (or not the main thread of the main interpreter)
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)
 
 
 def _as_int(text: Any) -> Any:
