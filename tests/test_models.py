@@ -1109,6 +1109,30 @@ def test_a_hard_linked_file_without_room_for_the_new_model_is_left(tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["also.pt", "m.pt"]
 
 
+@pytest.mark.skipif(not hasattr(os, "posix_fallocate"), reason="no posix_fallocate here")
+def test_an_interrupt_during_the_reservation_is_held_until_the_copy_is_done(tmp_path,
+                                                                             monkeypatch):
+    """A SIGINT arriving while the hard-linked file's new length is reserved (the file
+    already longer, its tail zeros) is held as during the copy: every link gets the
+    whole new model, not the old one with zeros appended."""
+    target, other = tmp_path / "m.pt", tmp_path / "also.pt"
+    _fitted_copy(AutoRec).save(target)
+    os.link(target, other)
+    new = _tiny(AutoRec, hidden=8, lr=0.5)
+    real_fallocate, handler = os.posix_fallocate, signal.getsignal(signal.SIGINT)
+
+    def interrupted_fallocate(fd, offset, length):
+        real_fallocate(fd, offset, length)
+        signal.raise_signal(signal.SIGINT)  # as a Ctrl-C during the call
+    monkeypatch.setattr(os, "posix_fallocate", interrupted_fallocate)
+    with pytest.raises(KeyboardInterrupt):
+        new.save(target)
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert target.stat().st_ino == other.stat().st_ino and target.stat().st_nlink == 2
+    for path in (target, other):
+        assert torch.equal(AutoRec.load(path).predict(_TINY_R), new.predict(_TINY_R))
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this system")
 def test_save_writes_into_a_named_pipe_not_over_it(tmp_path):
     """A path that is not a regular file (a named pipe, a device such as /dev/null) is

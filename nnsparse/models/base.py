@@ -1365,19 +1365,21 @@ def _copy_into(source: Path, fd: int) -> None:
 
     The new length is reserved first where the system can (``posix_fallocate``): a
     disk too full for it fails before a byte is overwritten, and the file gets its
-    old length back.  An interrupt (``KeyboardInterrupt``) arriving during the copy
-    is held until the copy is done, then raised."""
+    old length back.  An interrupt (``KeyboardInterrupt``) arriving during the
+    reservation or the copy is held until the copy is done, then raised (raised
+    between the two, it would leave the old model with zeros appended)."""
     size, old = source.stat().st_size, os.fstat(fd).st_size
-    if size > old and hasattr(os, "posix_fallocate"):
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError as error:
-            os.ftruncate(fd, old)  # what a partial reservation appended
-            if error.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise  # (those: no reservation on this file system; the copy goes on)
-    with _interrupts_held(), open(source, "rb") as src, open(fd, "wb", closefd=False) as dst:
-        shutil.copyfileobj(src, dst)
-        dst.truncate()
+    with _interrupts_held():
+        if size > old and hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as error:
+                os.ftruncate(fd, old)  # what a partial reservation appended
+                if error.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
+                    raise  # (those: no reservation on this file system; the copy goes on)
+        with open(source, "rb") as src, open(fd, "wb", closefd=False) as dst:
+            shutil.copyfileobj(src, dst)
+            dst.truncate()
 
 
 @contextlib.contextmanager
