@@ -1230,12 +1230,25 @@ class InBackwardOptimizer(Optimizer):
             for key in names:  # into the tensors the backward updates
                 u.state[key].copy_(tables[name][key])
             # what else the entry holds (keys a user wrote into opt.state[p]) is the loaded
-            # entry's, as torch's load replaces an entry
+            # entry's, as torch's load replaces an entry (its tensors cast as torch casts
+            # them: to the weight's device and dtype)
             for key in [k for k in u.state if k not in names]:
                 del u.state[key]
-            u.state.update((k, v) for k, v in tables[name].items() if k not in names)
+            u.state.update((k, _cast_as_torch(v, u.hp["params"][0]))
+                           for k, v in tables[name].items() if k not in names)
             u.hp["lr"] = rates.get(name, u.hp["lr"])
             u.hp.update(groups.get(name, {}))
+
+
+def _cast_as_torch(value: Any, param: Tensor) -> Any:
+    """A loaded state value (not ``step``) as ``torch.optim.Optimizer.load_state_dict``
+    casts it: a tensor to ``param``'s device, and to its dtype if ``param`` is floating;
+    anything else as it came."""
+    if not isinstance(value, Tensor):
+        return value
+    if param.is_floating_point():
+        return value.to(dtype=param.dtype, device=param.device)
+    return value.to(device=param.device)
 
 
 def _state_dict_with_hooks(opt: Optimizer, make: Callable[[], Dict[str, Any]]) -> Dict[str, Any]:

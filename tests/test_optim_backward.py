@@ -1012,6 +1012,28 @@ def test_state_round_trips_and_copies_keep_the_mapping(name):
             torch.testing.assert_close(p, q)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_keys_loaded_into_a_tables_entry_follow_its_weight_as_torch_loads_them(device):
+    """A key of the user's loaded into a table's entry is cast as torch.optim's load
+    casts an entry's tensors: to the weight's device and, the weight being floating,
+    to its dtype (an integer tensor too, as torch does); a non-tensor as it came."""
+    model, opt = _state_case("fused-step")  # float64 weights
+    _state_step(model, opt)
+    table = _table_params(model)["enc"]
+    opt.state[table].update(note=torch.tensor([1.0, 2.0]), count=torch.tensor([3]), tag="x")
+    saved = opt.state_dict()
+    torch.manual_seed(0)
+    fresh = _WithDense().double().to(device)
+    other = noptim.fused_step_optimizer(fresh, lr=0.05)
+    other.load_state_dict(saved)
+    entry = other.state[_table_params(fresh)["enc"]]
+    assert entry["note"].dtype == torch.float64 and entry["note"].device.type == device
+    assert entry["count"].dtype == torch.float64 and entry["count"].device.type == device
+    assert entry["note"].tolist() == [1.0, 2.0] and entry["count"].tolist() == [3]
+    assert entry["tag"] == "x"
+    assert other.state[fresh.mid.bias]["exp_avg"].device.type == device  # the dense part's
+
+
 def test_a_refused_load_leaves_the_state_mapping_as_it_was():
     model, opt = _state_case("fused-step")
     _state_step(model, opt)
