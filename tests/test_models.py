@@ -1133,6 +1133,36 @@ def test_an_interrupt_during_the_reservation_is_held_until_the_copy_is_done(tmp_
         assert torch.equal(AutoRec.load(path).predict(_TINY_R), new.predict(_TINY_R))
 
 
+@pytest.mark.skipif(not hasattr(os, "link"), reason="no hard links on this system")
+def test_a_failed_in_place_copy_off_the_main_thread_raises_its_own_error(tmp_path,
+                                                                          monkeypatch):
+    """Off the main thread no interrupt is held (Python runs signal handlers on the main
+    thread only): a failed copy into a hard-linked file raises its own error, not one
+    chained to signal's refusal ("During handling of ... signal only works in main
+    thread")."""
+    import threading
+    target, other = tmp_path / "m.pt", tmp_path / "also.pt"
+    _fitted_copy(AutoRec).save(target)
+    os.link(target, other)
+    new = _tiny(AutoRec, hidden=8, lr=0.5)
+
+    def full_disk(src, dst, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(shutil, "copyfileobj", full_disk)
+    raised = []
+
+    def save():
+        try:
+            new.save(target)
+        except OSError as error:
+            raised.append(error)
+    thread = threading.Thread(target=save)
+    thread.start()
+    thread.join()
+    assert len(raised) == 1 and raised[0].errno == errno.ENOSPC
+    assert raised[0].__context__ is None and raised[0].__cause__ is None
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this system")
 def test_save_writes_into_a_named_pipe_not_over_it(tmp_path):
     """A path that is not a regular file (a named pipe, a device such as /dev/null) is

@@ -1391,10 +1391,11 @@ def _interrupts_held() -> Iterator[None]:
     held: List[int] = []
     previous = signal.getsignal(signal.SIGINT)
     try:
-        if previous is None:  # a handler set outside Python: it could not be put back
-            raise ValueError
-        signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    except ValueError:  # (or not the main thread of the main interpreter)
+        if previous is not None:  # None: a handler set outside Python, not to be put back
+            signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    except ValueError:  # not the main thread of the main interpreter
+        previous = None
+    if previous is None:  # (yielded outside the handler: the block's errors unchained)
         yield
         return
     try:
