@@ -242,7 +242,8 @@ def stable_order(key: Tensor, bound: int) -> Tensor:
     n = key.shape[0]
     if key.device.type == "cpu" and key.dim() == 1 and _PAD_FROM <= n < _RADIX_FROM \
             and _radix_sorts():
-        padded = torch.full((_RADIX_FROM,), torch.iinfo(narrow).max, dtype=narrow)
+        padded = torch.full((_RADIX_FROM,), torch.iinfo(narrow).max, dtype=narrow,
+                            device=key.device)  # not the default device
         padded[:n].copy_(key)
         return torch.sort(padded, stable=True).indices[:n]
     if key.dtype != narrow:

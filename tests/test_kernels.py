@@ -173,6 +173,33 @@ def test_stable_order_is_torch_stable_argsort(bound, dtype, length):
     assert torch.equal(order, torch.argsort(key, stable=True))
 
 
+@pytest.mark.parametrize("length", [500, _index._PAD_FROM, _index._RADIX_FROM - 1])
+def test_stable_order_keeps_the_keys_device_under_a_default_device(length):
+    """Under another default device (torch.set_default_device, a torch.device context, as
+    a model built on the meta device), a CPU key's order is made on the CPU: the padding
+    of a short key too (it was made on the default device, and a layer's forward read
+    garbage indices: "Index 0 of input takes value 140290811756692")."""
+    gen = torch.Generator().manual_seed(1)
+    key = torch.randint(0, 100, (length,), generator=gen)
+    with torch.device("meta"):
+        order = _index.stable_order(key, 100)
+    assert order.device.type == "cpu" and torch.equal(order, torch.argsort(key, stable=True))
+    g = torch.Generator().manual_seed(2)
+    x = torch.sparse_coo_tensor(torch.stack([torch.randint(0, 64, (length,), generator=g),
+                                             torch.randint(0, 2000, (length,), generator=g)]),
+                                torch.rand(length, generator=g), (64, 2000))
+    layer = nnsparse.SparseLinearBatch(2000, 3, sparse_grad=True)
+    want = layer(x)
+    want.square().sum().backward()
+    grads = [p.grad.to_dense() for p in layer.parameters()]
+    layer.zero_grad()
+    with torch.device("meta"):
+        got = layer(x)
+        got.square().sum().backward()
+    assert torch.equal(got, want)
+    assert all(torch.equal(p.grad.to_dense(), g) for p, g in zip(layer.parameters(), grads))
+
+
 def test_table_blocks():
     assert _kernels._table_blocks(torch.empty(10, 10)) == 1  # small: one pass
     big = torch.empty(0).new_empty((1 << 24) + 1, 1)  # just above 64 MB of float32
