@@ -164,8 +164,9 @@ class _CsrValues(torch.autograd.Function):
 
 def coo_tensor(indices: Tensor, values: Tensor, size: Sequence[int], coalesced: bool) -> Tensor:
     """A torch sparse COO tensor on ``indices``, without torch's invariant checks."""
-    return torch.sparse_coo_tensor(
-        indices, values, tuple(size), is_coalesced=coalesced, check_invariants=False)
+    return torch.sparse_coo_tensor(  # on values' device, not the default device
+        indices, values, tuple(size), is_coalesced=coalesced, check_invariants=False,
+        device=values.device)
 
 
 def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[int]) -> Tensor:
@@ -173,7 +174,8 @@ def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[int]) -
     with warnings.catch_warnings():
         # torch warns once per process that CSR is "beta"; the user chose CSR.
         warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")
-        return torch.sparse_csr_tensor(crow, col, values, tuple(size), check_invariants=False)
+        return torch.sparse_csr_tensor(crow, col, values, tuple(size), check_invariants=False,
+                                       device=values.device)  # not the default device
 
 
 def crow_from_rows(row: Tensor, rows: int) -> Tensor:

@@ -200,6 +200,34 @@ def test_stable_order_keeps_the_keys_device_under_a_default_device(length):
     assert all(torch.equal(p.grad.to_dense(), g) for p, g in zip(layer.parameters(), grads))
 
 
+@pytest.mark.parametrize("large", [False, True], ids=["one-pass", "used-rows"])
+def test_sampled_product_keeps_the_inputs_device_under_a_default_device(monkeypatch, large):
+    """SparseOutputLinear on CPU tensors under another default device (a torch.device
+    context): its sampled product's CSR mask is built on the tensors' device (torch's
+    sparse constructors take the default device unless told: "Could not run
+    'aten::sparse_sampled_addmm' with arguments from the 'SparseCsrMeta' backend"),
+    giving the plain call's values and gradients, whether the weight is read in one
+    pass or over its used rows in blocks."""
+    if large:
+        monkeypatch.setattr(_kernels, "_BLOCK_ABOVE", 0)
+        monkeypatch.setattr(_kernels, "_BLOCK_BYTES", 256)
+    g = torch.Generator().manual_seed(2)
+    x = torch.sparse_coo_tensor(torch.stack([torch.randint(0, 8, (300,), generator=g),
+                                             torch.randint(0, 3000, (300,), generator=g)]),
+                                torch.rand(300, generator=g), (8, 3000)).coalesce()
+    h = torch.randn(8, 4, generator=g, requires_grad=True)
+    layer = nnsparse.SparseOutputLinear(4, 3000, sparse_grad=True)
+    got = {}
+    for device in ("cpu", "meta"):
+        layer.zero_grad()
+        h.grad = None
+        with torch.device(device):
+            y = layer(h, x)
+            y.values().square().sum().backward()
+        got[device] = (y.to_dense(), h.grad, layer.weight.grad.to_dense())
+    assert all(torch.equal(a, b) for a, b in zip(got["cpu"], got["meta"]))
+
+
 def test_table_blocks():
     assert _kernels._table_blocks(torch.empty(10, 10)) == 1  # small: one pass
     big = torch.empty(0).new_empty((1 << 24) + 1, 1)  # just above 64 MB of float32
