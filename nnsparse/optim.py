@@ -1198,6 +1198,14 @@ class InBackwardOptimizer(Optimizer):
                     _check_state_tensor(given, f"state_dict['tables'][{name!r}][{key!r}]")
                     if key in _SQUARES:
                         _check_squares(given, f"state_dict['tables'][{name!r}][{key!r}]")
+        # what else an entry holds (keys a user wrote into opt.state[p]) is the loaded
+        # entry's, as torch's load replaces an entry: its tensors checked as the dense
+        # part's are, and cast as torch casts them (below, before anything is loaded)
+        names = _rowopt.state_names(self.kind)
+        for name in self._updates:
+            for key, value in tables[name].items():
+                if key not in names and isinstance(value, Tensor):
+                    _check_state_tensor(value, f"state_dict['tables'][{name!r}][{key!r}]")
         if (state_dict.get("dense") is None) != (self.dense is None):
             raise ValueError("state_dict['dense'] must be given exactly when the model has "
                              "parameters outside the in-backward layers")
@@ -1223,19 +1231,18 @@ class InBackwardOptimizer(Optimizer):
         if not set(groups) <= set(self._updates) or any(g != _scheduler_keys(g)
                                                          for g in groups.values()):
             raise ValueError(expected)
+        # to the weight's device and dtype (made before the first change)
+        extras = {name: {key: _cast_as_torch(value, u.hp["params"][0])
+                         for key, value in tables[name].items() if key not in names}
+                  for name, u in self._updates.items()}
         if self.dense is not None:
             self.dense.load_state_dict(state_dict["dense"])
         for name, u in self._updates.items():
-            names = _rowopt.state_names(self.kind)
             for key in names:  # into the tensors the backward updates
                 u.state[key].copy_(tables[name][key])
-            # what else the entry holds (keys a user wrote into opt.state[p]) is the loaded
-            # entry's, as torch's load replaces an entry (its tensors cast as torch casts
-            # them: to the weight's device and dtype)
             for key in [k for k in u.state if k not in names]:
                 del u.state[key]
-            u.state.update((k, _cast_as_torch(v, u.hp["params"][0]))
-                           for k, v in tables[name].items() if k not in names)
+            u.state.update(extras[name])
             u.hp["lr"] = rates.get(name, u.hp["lr"])
             u.hp.update(groups.get(name, {}))
 

@@ -1046,7 +1046,14 @@ def test_a_refused_load_leaves_the_state_mapping_as_it_was():
             (("tables", "dec", "exp_avg"), torch.zeros(2, 2), ValueError,
              r"\['dec'\]\['exp_avg'\] must be a tensor of shape"),
             (("dense", "state", 0, "exp_avg"), torch.zeros(2), ValueError,
-             r"state_dict\['dense'\]\['state'\]\[0\]\['exp_avg'\] must have its parameter's")]:
+             r"state_dict\['dense'\]\['state'\]\[0\]\['exp_avg'\] must have its parameter's"),
+            # a key of the user's, checked as the dense part's are (before the first
+            # table's note is loaded): no data to cast, or a complex one
+            (("tables", "dec", "note"), torch.zeros(2, device="meta"), ValueError,
+             r"state_dict\['tables'\]\['dec'\]\['note'\] must hold data, got a tensor on "
+             r"the meta device"),
+            (("tables", "dec", "note"), torch.zeros(2, dtype=torch.complex64), TypeError,
+             r"state_dict\['tables'\]\['dec'\]\['note'\] must be a real tensor")]:
         bad = copy.deepcopy(good)
         bad["tables"]["enc"]["note"] = 4  # would be loaded, were the rest right
         target = bad
