@@ -156,7 +156,10 @@ class SplitOptimizer(Optimizer):
     def state(self) -> _JoinedState:  # type: ignore[override]
         """Per-parameter state, as ``torch.optim.Optimizer.state``: one mapping for the
         optimiser's life, parameter -> the state dict of the part training it (the very
-        dict that part steps with: the same at each access, keys written into it stay)."""
+        dict that part steps with: the same at each access, keys written into it stay).
+        A key the part's optimiser does not keep is saved by :meth:`state_dict` but
+        refused by :meth:`load_state_dict` (``ValueError``, as the state of another
+        optimiser): delete it before saving."""
         return self._state
 
     @overload

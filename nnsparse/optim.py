@@ -1040,7 +1040,10 @@ class InBackwardOptimizer(Optimizer):
         dense-gradient ``SparseLinearBatch``'s moments are ``(in_features,
         out_features)``, its weight transposed; ``rowwise_adagrad``'s ``sum`` one value
         per row); another parameter's is :attr:`dense`'s ``state[p]``.  Keys written
-        into an entry stay there and are saved by :meth:`state_dict`.  Replacing or
+        into an entry stay there and are saved by :meth:`state_dict`; a table's are
+        loaded back by :meth:`load_state_dict`, while a :attr:`dense` entry holding a
+        key its optimiser does not keep is refused there (``ValueError``, as the state
+        of another optimiser: delete the key before saving).  Replacing or
         deleting a table's entry (``opt.state[weight] = {...}``) raises
         ``NotImplementedError``: change its tensors in place, or :meth:`load_state_dict`."""
         return self._state

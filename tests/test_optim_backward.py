@@ -1034,6 +1034,27 @@ def test_keys_loaded_into_a_tables_entry_follow_its_weight_as_torch_loads_them(d
     assert other.state[fresh.mid.bias]["exp_avg"].device.type == device  # the dense part's
 
 
+def test_a_key_of_the_users_round_trips_in_a_table_not_in_the_dense_part():
+    """As opt.state's docstring says: a key written into a table's entry is saved and
+    loaded back; one written into a dense entry is saved, and the dense part's load
+    refuses it as another optimiser's state (nothing loaded)."""
+    model, opt = _state_case("fused-step")
+    _state_step(model, opt)
+    table, bias = _table_params(model)["enc"], model.mid.bias
+    opt.state[table]["note"] = torch.tensor(1.0)
+    opt.load_state_dict(opt.state_dict())
+    assert opt.state[table]["note"] == 1
+    opt.state[bias]["note"] = torch.tensor(2.0)
+    saved = opt.state_dict()
+    with pytest.raises(ValueError, match=r"state_dict\['dense'\]\['state'\]\[\d+\] holds "
+                                         r"\['note'\], which Adam does not keep .*: the state of "
+                                         r"another optimiser"):
+        opt.load_state_dict(saved)
+    del opt.state[bias]["note"]
+    opt.load_state_dict(opt.state_dict())
+    assert opt.state[table]["note"] == 1 and "note" not in opt.state[bias]
+
+
 def test_a_refused_load_leaves_the_state_mapping_as_it_was():
     model, opt = _state_case("fused-step")
     _state_step(model, opt)
