@@ -720,8 +720,13 @@ def _csv_item_rows(path: Path) -> Iterator[Tuple[int, List[str]]]:
             yield number, row
 
 
+#: how a title file listing an item twice is fixed
+_ONE_TITLE = "an item file gives each item one title: fix the file, or pass titles=False"
+
+
 def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
     titles: Dict[Any, str] = {}
+    seen: Dict[Any, int] = {}  # id -> its line: which title an id listed twice gets is no guess
     if fmt == "csv":
         for number, row in _csv_item_rows(path):
             if not row:
@@ -729,7 +734,9 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
             if len(row) < 2:
                 raise ValueError(f"{path}, line {number}: expected movieId,title,..., "
                                  f"got {row!r}")
-            titles[_int_id(row[0], path, number)] = row[1]
+            key = _int_id(row[0], path, number)
+            _once(seen, key, path, number, "item", _ONE_TITLE)
+            titles[key] = row[1]
         return titles
     sep = "|" if fmt == "ml-100k" else "::"
     with open(path, encoding="latin-1") as f:  # the MovieLens item files are latin-1
@@ -741,7 +748,9 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
             if len(parts) < 2:
                 raise ValueError(f"{path}, line {number}: expected 'id{sep}title{sep}...', "
                                  f"got {line.strip()[:200]!r}")
-            titles[_int_id(parts[0], path, number)] = sep.join(parts[1:_title_end(parts, fmt)])
+            key = _int_id(parts[0], path, number)
+            _once(seen, key, path, number, "item", _ONE_TITLE)
+            titles[key] = sep.join(parts[1:_title_end(parts, fmt)])
     return titles
 
 
@@ -845,9 +854,10 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
             number), a rating that is not a finite number or overflows
             float32, a number written with ``_`` (``1_000``), a (user, item)
             pair rated more than once (the message gives its lines), ids or
-            an item file that are not UTF-8, a compressed file (gzip, bzip2,
-            xz: decompress it first), map indices out of range.  A failed call
-            leaves ``user_map`` and ``item_map`` unchanged.
+            an item file that are not UTF-8, an item file listing an item
+            twice (which title it has would be a guess), a compressed file
+            (gzip, bzip2, xz: decompress it first), map indices out of range.
+            A failed call leaves ``user_map`` and ``item_map`` unchanged.
         TypeError: ``path`` not a str or ``os.PathLike``, ``titles`` neither a
             bool nor a path, a map that is not a dict of ids to int indices.
 
@@ -1212,12 +1222,15 @@ def _maybe_int(text: Any) -> Any:
         return text
 
 
-def _once(seen: Dict[Any, int], key: Any, path: Any, number: int, what: str) -> None:
-    """``ValueError`` when a feature file lists the id ``key`` a second time: which of
-    its lines holds the features would otherwise be decided silently (the last)."""
+def _once(seen: Dict[Any, int], key: Any, path: Any, number: int, what: str,
+          rule: Optional[str] = None) -> None:
+    """``ValueError`` when a feature or title file lists the id ``key`` a second time: which
+    of its lines holds the features (or the title) would otherwise be decided silently (the
+    last).  ``rule`` ends the message (default: the feature files' rule)."""
     if key in seen:
+        rule = rule or f"a feature file gives each {what} one line"
         raise ValueError(f"{path}, line {number}: the {what} id {key!r} is listed again (first "
-                         f"on line {seen[key]}); a feature file gives each {what} one line")
+                         f"on line {seen[key]}); {rule}")
     seen[key] = number
 
 

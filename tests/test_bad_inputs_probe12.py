@@ -1,0 +1,204 @@
+"""The twelfth bad-input probe (docs/bad_inputs_probe12.md): item title files that list an
+item twice, ``make_optimizer``'s ``eps=0`` with ``sparse="sparse_adam"``, and the flags of
+``examples/movielens_autoencoder.py`` that passed its checks and failed later (a traceback,
+exit status 1, sometimes after training; ``--threads 100000000`` crashed the process).
+
+Each row pairs a call with the exception and a regex of its message (``error=None``: the
+call must work, and ``check`` its result).  The command-line rows expect argparse's exit
+status 2, the message on stderr and no epoch trained.
+"""
+import importlib.util
+import os
+import pathlib
+import re
+from typing import Any, Dict, List
+
+import pytest
+import torch
+from torch import nn
+
+from probe_cases import Case, run_case
+from nnsparse import SparseLinearBatch, make_optimizer
+from nnsparse.data import read_ratings
+
+# -- title files that list an item twice -----------------------------------------------------
+
+_RATINGS = {"ml-1m": ("ratings.dat", "1::1::5::0\n1::2::3::0\n"),
+            "ml-100k": ("u.data", "1\t1\t5\t0\n1\t2\t3\t0\n"),
+            "csv": ("ratings.csv", "userId,movieId,rating,timestamp\n1,1,5,0\n1,2,3,0\n")}
+_TITLES = {"ml-1m": ("movies.dat", "1::A (1995)::Drama\n2::B (1996)::Comedy\n"),
+           "ml-100k": ("u.item", "1|A (1995)|01-Jan-1995||\n2|B (1996)|01-Jan-1996||\n"),
+           "csv": ("movies.csv", "movieId,title,genres\n1,A (1995),Drama\n2,B (1996),Comedy\n")}
+_AGAIN = {"ml-1m": "1::C (1997)::Drama\n", "ml-100k": "1|C (1997)|01-Jan-1997||\n",
+          "csv": "1,C (1997),Drama\n"}
+
+
+def _read_titled(tmp_path: Any, format: str, twice: bool, **kwargs: Any) -> Any:
+    """``read_ratings`` of a two-item file whose title file lists item 1 a second time
+    (``twice``); a refused read leaves the given ``item_map`` as it was."""
+    name, text = _RATINGS[format]
+    (tmp_path / name).write_text(text)
+    title_name, titles = _TITLES[format]
+    (tmp_path / title_name).write_text(titles + (_AGAIN[format] if twice else ""),
+                                       encoding="latin-1")
+    item_map = {7: 0}
+    try:
+        return read_ratings(tmp_path / name, format, item_map=item_map, **kwargs)
+    except ValueError:
+        assert item_map == {7: 0}
+        raise
+
+
+READER_CASES = [
+    # the last line's title was kept without a word (the feature files refuse a second line)
+    Case("titles_item_twice_ml1m", lambda d: _read_titled(d, "ml-1m", True), ValueError,
+         r"movies.dat, line 3: the item id 1 is listed again \(first on line 1\); an item file "
+         r"gives each item one title: fix the file, or pass titles=False"),
+    Case("titles_item_twice_ml100k", lambda d: _read_titled(d, "ml-100k", True), ValueError,
+         r"u.item, line 3: the item id 1 is listed again \(first on line 1\)"),
+    Case("titles_item_twice_csv", lambda d: _read_titled(d, "csv", True), ValueError,
+         r"movies.csv, line 4: the item id 1 is listed again \(first on line 2\)"),
+    Case("titles_item_twice_titles_false_reads",
+         lambda d: _read_titled(d, "ml-1m", True, titles=False), None,
+         check=lambda r: r.titles is None and len(r) == 2),
+    Case("titles_each_item_once_works", lambda d: _read_titled(d, "csv", False), None,
+         check=lambda r: r.titles == ["item 7", "A (1995)", "B (1996)"]),
+]
+
+
+@pytest.mark.parametrize("case", READER_CASES, ids=lambda c: c.id)
+def test_probe12_readers(case: Case, tmp_path: Any) -> None:
+    run_case(case, tmp_path)
+
+
+# -- make_optimizer: eps=0 with torch.optim.SparseAdam ---------------------------------------
+
+def _model(sparse_grad: bool = True) -> nn.Module:
+    return nn.Sequential(SparseLinearBatch(4, 3, sparse_grad=sparse_grad), nn.Linear(3, 2))
+
+
+OPTIM_CASES = [
+    # torch's "Invalid epsilon value: 0.0", raised by SparseAdam built after the dense part
+    Case("make_optimizer_sparse_adam_eps_0",
+         lambda: make_optimizer(_model(), sparse="sparse_adam", eps=0.0), ValueError,
+         r"eps must be positive with sparse='sparse_adam' \(torch.optim.SparseAdam refuses "
+         r"0\), got 0.0; use sparse='lazy_adam' for eps=0"),
+    # torch's Adam and LazyAdam take eps=0, as before
+    Case("make_optimizer_lazy_adam_eps_0_works",
+         lambda: make_optimizer(_model(), eps=0.0), None,
+         check=lambda opt: opt.optimizers["sparse"].param_groups[0]["eps"] == 0.0),
+    Case("make_optimizer_sparse_adam_eps_0_no_sparse_part_works",
+         lambda: make_optimizer(_model(sparse_grad=False), sparse="sparse_adam", eps=0.0), None,
+         check=lambda opt: isinstance(opt, torch.optim.Adam)),
+    Case("make_optimizer_sparse_adam_positive_eps_works",
+         lambda: make_optimizer(_model(), sparse="sparse_adam", eps=1e-8), None,
+         check=lambda opt: isinstance(opt.optimizers["sparse"], torch.optim.SparseAdam)),
+]
+
+
+@pytest.mark.parametrize("case", OPTIM_CASES, ids=lambda c: c.id)
+def test_probe12_optim(case: Case) -> None:
+    run_case(case)
+
+
+# -- examples/movielens_autoencoder.py: flags refused before any training --------------------
+
+_EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "movielens_autoencoder.py"
+
+
+def _example() -> Any:
+    spec = importlib.util.spec_from_file_location("movielens_autoencoder_probe12", _EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_CORES = os.cpu_count() or 1
+#: six ratings of two users and three items
+_SMALL = "".join(f"{u}\t{i}\t{1 + (u + i) % 5}\t0\n" for u in (1, 2) for i in (1, 2, 3))
+_FAST = ["--model", "autorec", "--hidden", "2", "--epochs", "1", "--threads", "1",
+         "--no-progress"]
+
+# (id, flags, message); "{small}" is a six-rating ml-100k file
+CLI_CASES = [
+    # beyond int64: the model's ValueError (a traceback, exit status 1) after reading the data
+    ("epochs_beyond_int64", ["--epochs", str(2 ** 70)],
+     "argument --epochs: --epochs must be below 2**63 (int64), got 1180591620717411303424"),
+    ("batch_size_beyond_int64", ["--batch-size", str(2 ** 63)],
+     "--batch-size must be below 2**63 (int64), got 9223372036854775808"),
+    ("hidden_beyond_int64", ["--hidden", str(2 ** 63)],
+     "--hidden must be below 2**63 (int64), got 9223372036854775808"),
+    # -k and --min-support reached recommend() only after training
+    ("k_beyond_int64", ["--recommend", "1", "-k", str(2 ** 70)],
+     "argument -k: -k must be below 2**63 (int64)"),
+    ("min_support_beyond_int64", ["--recommend", "1", "--min-support", str(2 ** 63)],
+     "--min-support must be below 2**63 (int64), got 9223372036854775808"),
+    # torch.manual_seed's "Overflow when unpacking long long"
+    ("seed_beyond_uint64", ["--seed", str(2 ** 64)],
+     "--seed must be below 2**64 (torch.manual_seed's range), got 18446744073709551616"),
+    # torch.set_num_threads(100000000) crashed the process (SIGSEGV); 2**70 overflowed
+    ("threads_beyond_cores", ["--threads", str(10 ** 8)],
+     f"--threads must be at most {_CORES}, the CPUs this machine has, got 100000000"),
+    ("threads_beyond_int64", ["--threads", str(2 ** 70)],
+     "--threads must be below 2**63 (int64)"),
+    # kfold's ValueError, a traceback
+    ("folds_more_than_ratings", ["--ratings", "{small}", "--format", "ml-100k", "--folds", "7"],
+     "--folds 7: k-fold needs at least k=7 ratings, got 6"),
+    # an empty training part failed in fit; an empty test part in evaluate, after training
+    ("test_ratio_leaves_no_training",
+     ["--ratings", "{small}", "--format", "ml-100k", "--test-ratio", "0.99"],
+     "--test-ratio 0.99 of 6 ratings leaves no training ratings"),
+    ("test_ratio_leaves_no_test",
+     ["--ratings", "{small}", "--format", "ml-100k", "--test-ratio", "0"],
+     "--test-ratio 0.0 of 6 ratings leaves no test ratings"),
+    # fit's refusal (before its training), a traceback
+    ("validation_ratio_leaves_no_training",
+     ["--ratings", "{small}", "--format", "ml-100k", "--validation-ratio", "0.9999"],
+     "cannot train on these ratings: train: no ratings are left for training once "
+     "validation is held out"),
+    ("validation_ratio_leaves_no_training_in_a_fold",
+     ["--ratings", "{small}", "--format", "ml-100k", "--folds", "2",
+      "--validation-ratio", "0.9999"],
+     "cannot train on these folds: train: no ratings are left for training"),
+]
+
+
+@pytest.mark.parametrize("case_id, flags, message", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_probe12_cli(case_id: str, flags: List[str], message: str, tmp_path: Any,
+                     capsys: Any) -> None:
+    (tmp_path / "u.data").write_text(_SMALL)
+    argv = _FAST + [f.replace("{small}", str(tmp_path / "u.data")) for f in flags]
+    with pytest.raises(SystemExit) as exit:
+        _example().main(argv)
+    assert exit.value.code == 2
+    captured = capsys.readouterr()
+    assert message in captured.err, captured.err
+    assert "Traceback" not in captured.err
+    assert "epoch 1" not in captured.out  # nothing was trained
+
+
+def _parsed(flags: List[str]) -> Dict[str, Any]:
+    return vars(_example().parse_args(flags)[1])
+
+
+@pytest.mark.parametrize("flags, key, value", [
+    (["--seed", str(2 ** 64 - 1)], "seed", 2 ** 64 - 1),  # torch.manual_seed takes it
+    (["--threads", str(_CORES)], "threads", _CORES),
+    (["--recommend", "1", "-k", str(2 ** 63 - 1)], "k", 2 ** 63 - 1),
+    (["--min-support", str(2 ** 63 - 1)], "min_support", 2 ** 63 - 1),
+    (["--epochs", str(2 ** 63 - 1)], "epochs", 2 ** 63 - 1),
+], ids=["seed_uint64_max", "threads_all_cores", "k_int64_max", "min_support_int64_max",
+        "epochs_int64_max"])
+def test_probe12_cli_bounds_themselves_are_taken(flags: List[str], key: str, value: Any) -> None:
+    assert _parsed(flags)[key] == value
+
+
+def test_probe12_cli_small_file_still_trains(tmp_path: Any, capsys: Any) -> None:
+    """The six-rating file of the rows above trains and is evaluated with valid ratios."""
+    (tmp_path / "u.data").write_text(_SMALL)
+    result = _example().main(_FAST + ["--ratings", str(tmp_path / "u.data"), "--format",
+                                      "ml-100k", "--test-ratio", "0.3",
+                                      "--validation-ratio", "0"])
+    assert re.search(r"test RMSE: \d", capsys.readouterr().out)
+    assert result["test_rmse"] == result["test_rmse"]  # a number, not NaN
