@@ -71,6 +71,48 @@ def test_probe12_readers(case: Case, tmp_path: Any) -> None:
     run_case(case, tmp_path)
 
 
+# -- SparseRowDataset.collate: items of a dataset with a target, and back ------------------
+
+def _datasets() -> Any:
+    from nnsparse.data import SparseRowDataset
+    x = torch.tensor([[1., 0., 2., 0.], [0., 3., 0., 0.], [0., 0., 0., 4.]]).to_sparse_csr()
+    return SparseRowDataset(x), SparseRowDataset(x, x)
+
+
+DATASET_CASES = [
+    # the item's target was dropped without a word: a batch with target None
+    Case("collate_target_items_into_dataset_without_target",
+         lambda: (lambda plain, with_target: plain.collate([with_target[0]]))(*_datasets()),
+         TypeError, r"items must be a list of this dataset's items, \(row, row_data\) tuples as "
+                    r"dataset\[i\] returns, got items\[0\] = tuple \(int, SparseRow, SparseRow\): "
+                    r"an item with a target, which this dataset \(built without one\) would "
+                    r"drop; collate it with the dataset it came from"),
+    Case("collate_items_without_target_into_target_dataset",
+         lambda: (lambda plain, with_target: with_target.collate([with_target[0], plain[1]]))(
+             *_datasets()),
+         TypeError, r"got items\[1\] = tuple \(int, SparseRow\): an item without a target, "
+                    r"which this dataset's batches need"),
+    # the message named the list ("got list"), not the item at fault
+    Case("collate_item_with_a_number_for_target",
+         lambda: (lambda plain, with_target: with_target.collate([(0, plain[0][1], 1)]))(
+             *_datasets()),
+         TypeError, r"\(row, input, target\) tuples as dataset\[i\] returns, got items\[0\] = "
+                    r"tuple \(int, SparseRow, int\)$"),
+    Case("collate_own_items_work",
+         lambda: (lambda plain, with_target: with_target.collate([with_target[2], with_target[0]]))(
+             *_datasets()), None,
+         check=lambda b: b.row_index.tolist() == [2, 0] and b.target is not None),
+    Case("collate_items_as_lists_work",  # as a pickled item may come back
+         lambda: (lambda plain, with_target: plain.collate([list(plain[1])]))(*_datasets()), None,
+         check=lambda b: b.row_index.tolist() == [1] and b.target is None),
+]
+
+
+@pytest.mark.parametrize("case", DATASET_CASES, ids=lambda c: c.id)
+def test_probe12_dataset(case: Case) -> None:
+    run_case(case)
+
+
 # -- make_optimizer: eps=0 with torch.optim.SparseAdam ---------------------------------------
 
 def _model(sparse_grad: bool = True) -> nn.Module:
