@@ -113,6 +113,40 @@ def test_probe12_dataset(case: Case) -> None:
     run_case(case)
 
 
+# -- Trainer.fit: a validate() that returns a score, not an RMSE ---------------------------
+
+def _fit_validated(*scores: Any) -> Any:
+    """``Trainer.fit`` of a trainer that does not train, ``validate`` returning ``scores``."""
+    from nnsparse.models import Trainer
+
+    class NoTraining(Trainer):
+        def run_epoch(self, loader: Any, optimizer: Any, epoch: int) -> float:
+            return 0.0
+
+    left = iter(scores)
+    return NoTraining(nn.Linear(1, 1), epochs=len(scores), batch_size=1, lr=0.1,
+                      log=None).fit(torch.eye(2).to_sparse_csr(), validate=lambda: next(left))
+
+
+TRAINER_CASES = [
+    # -0.9, -0.5: the epoch of -0.9 (the worst score where higher is better) was kept
+    Case("validate_returns_negative_score", lambda: _fit_validated(-0.9, -0.5), ValueError,
+         r"validate must return the validation RMSE \(non-negative, lower is better\), got "
+         r"-0.9; a score where higher is better would make fit keep the worst epoch"),
+    Case("validate_returns_negative_tensor", lambda: _fit_validated(torch.tensor([-1.0])),
+         ValueError, r"validate must return the validation RMSE \(non-negative"),
+    Case("validate_returns_zero_works", lambda: _fit_validated(0.5, 0.0), None,
+         check=lambda r: (r.best_epoch, r.best_rmse) == (2, 0.0)),
+    Case("validate_returns_inf_is_a_diverged_epoch", lambda: _fit_validated(0.5, float("inf")),
+         None, check=lambda r: (r.best_epoch, r.best_rmse) == (1, 0.5)),
+]
+
+
+@pytest.mark.parametrize("case", TRAINER_CASES, ids=lambda c: c.id)
+def test_probe12_trainer(case: Case) -> None:
+    run_case(case)
+
+
 # -- make_optimizer: eps=0 with torch.optim.SparseAdam ---------------------------------------
 
 def _model(sparse_grad: bool = True) -> nn.Module:
