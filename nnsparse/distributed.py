@@ -311,6 +311,8 @@ class DistributedDataParallel(_TORCH_DDP):
     refuses for a parameter declared sparse).
 
     Raises:
+        TypeError: ``module`` not an ``nn.Module``; an argument torch's DDP does
+            not take (checked before the process group).
         NotImplementedError: a layer of ``module`` has an optimiser in the
             backward (:func:`nnsparse.optim.apply_optimizer_in_backward`):
             its rows are updated from this process's gradient during
@@ -325,7 +327,13 @@ class DistributedDataParallel(_TORCH_DDP):
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
-        group = inspect.signature(_TORCH_DDP.__init__).bind(self, module, *args, **kwargs)
+        signature = inspect.signature(_TORCH_DDP.__init__)
+        try:
+            group = signature.bind(self, module, *args, **kwargs)
+        except TypeError as error:  # inspect's "got an unexpected keyword argument 'x'"
+            known = [name for name in signature.parameters if name not in ("self", "module")]
+            raise TypeError(f"DistributedDataParallel takes torch's arguments (module, then "
+                            f"{', '.join(known)}): {error}") from None
         if group.arguments.get("process_group") is None and not is_distributed():
             # torch said "Default process group has not been initialized" without the way out
             raise RuntimeError("DistributedDataParallel needs a process group; call "

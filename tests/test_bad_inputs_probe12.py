@@ -147,6 +147,31 @@ def test_probe12_trainer(case: Case) -> None:
     run_case(case)
 
 
+# -- nnsparse.distributed.DistributedDataParallel: an argument torch's DDP lacks -------------
+
+def _ddp(*args: Any, **kwargs: Any) -> Any:
+    from nnsparse.distributed import DistributedDataParallel
+    return DistributedDataParallel(nn.Linear(2, 2), *args, **kwargs)
+
+
+DISTRIBUTED_CASES = [
+    # inspect's bare "got an unexpected keyword argument 'bogus'", from Signature.bind
+    Case("ddp_unknown_keyword", lambda: _ddp(bogus=1), TypeError,
+         r"DistributedDataParallel takes torch's arguments \(module, then device_ids, "
+         r"output_device, .*\): got an unexpected keyword argument 'bogus'"),
+    Case("ddp_too_many_positional", lambda: _ddp(*[None] * 40), TypeError,
+         r"DistributedDataParallel takes torch's arguments .*: too many positional arguments"),
+    # torch's arguments still reach the process-group check (none in this process)
+    Case("ddp_known_keyword_without_group", lambda: _ddp(device_ids=None), RuntimeError,
+         r"DistributedDataParallel needs a process group"),
+]
+
+
+@pytest.mark.parametrize("case", DISTRIBUTED_CASES, ids=lambda c: c.id)
+def test_probe12_distributed(case: Case) -> None:
+    run_case(case)
+
+
 # -- make_optimizer: eps=0 with torch.optim.SparseAdam ---------------------------------------
 
 def _model(sparse_grad: bool = True) -> nn.Module:
