@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import io
 import math
 import numbers
 import operator
@@ -995,6 +996,27 @@ def check_numel(sizes: Sequence[int], name: str, got: Optional[str] = None) -> T
                          f"multiplies them in turn, a 0 after them included), got "
                          f"{sizes if got is None else got}")
     return sizes
+
+
+def check_file_object(f: Any, name: str, use: str) -> None:
+    """Refuse a file object ``torch.save`` (``use="write"``) or ``torch.load``
+    (``use="read"``) cannot use, before it is given one: a closed file, a text file (torch
+    writes and reads bytes), one not open for ``use``.  torch's own errors came from deep
+    inside it ("write() argument must be str, not memoryview", "write to closed file",
+    a bare "write").  Objects without ``closed`` / ``writable`` / ``readable`` (a bare
+    object with ``write``) are left to torch."""
+    kind = type(f).__name__
+    if getattr(f, "closed", False) is True:
+        raise ValueError(f"{name} is a closed file object ({kind}); open it again to {use}")
+    mode = "'wb'" if use == "write" else "'rb'"
+    if isinstance(f, io.TextIOBase):
+        raise TypeError(f"{name} must be a binary file object (open(..., {mode}), io.BytesIO), "
+                        f"got a text one ({kind}): torch {use}s bytes")
+    able = getattr(f, "writable" if use == "write" else "readable", None)
+    if callable(able) and able() is False:
+        opened = getattr(f, "mode", None)
+        raise ValueError(f"{name} must be a file object open to {use} (open(..., {mode})), "
+                         f"got one that is not" + (f" (mode {opened!r})" if opened else ""))
 
 
 def as_flag(value: Any, name: str, what: str = "a bool") -> bool:

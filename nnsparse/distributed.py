@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm as _tqdm
 
-from ._forms import as_count, as_flag
+from ._forms import as_count, as_flag, check_file_object
 from ._optim_split import sparse_grad_parameters
 from .data.split import torch_seed
 
@@ -209,8 +209,9 @@ def save(obj: Any, path: str) -> None:
     """``torch.save`` on rank 0, then every rank waits (so no reader sees half a file).
 
     Raises:
-        TypeError: ``path`` is not a path or a file object.
-        ValueError: ``path`` is empty or a directory, or its directory does not exist.
+        TypeError: ``path`` is not a path or a binary file object.
+        ValueError: ``path`` is empty or a directory, or its directory does not exist;
+            a file object that is closed or not open for writing.
     """
     if not isinstance(path, (str, os.PathLike)) and not hasattr(path, "write"):
         raise TypeError(f"path must be a str or os.PathLike (or a file object), got "
@@ -224,6 +225,8 @@ def save(obj: Any, path: str) -> None:
         if not os.path.isdir(parent):
             raise ValueError(f"path must be a file in an existing directory, got {path}: no "
                              f"directory {parent} to write it in")
+    else:
+        check_file_object(path, "path", "write")
     if is_main():
         torch.save(obj, path)
     if is_distributed():

@@ -172,6 +172,97 @@ def test_probe12_distributed(case: Case) -> None:
     run_case(case)
 
 
+# -- file objects torch.save / torch.load cannot use ---------------------------------------
+
+_FITTED: Dict[str, Any] = {}
+
+
+def _fitted() -> Any:
+    """A small fitted AutoRec (one per test session)."""
+    if not _FITTED:
+        from nnsparse.data import synthetic_ratings
+        from nnsparse.models import AutoRec
+        ratings = synthetic_ratings(n_users=12, n_items=10, n_ratings=60, rank=2)
+        _FITTED["model"] = AutoRec(hidden=2, epochs=1, batch_size=8, patience=0).fit(
+            ratings, verbose=False, progress=False)
+    return _FITTED["model"]
+
+
+def _save_to(d: Any, mode: str, close: bool = False, saver: str = "model") -> Any:
+    """Save to ``d / 'm.pt'`` opened with ``mode`` (``close``: closed first); a refused
+    save leaves the file as it was (``mode`` 'rb' reads a file saved beforehand)."""
+    from nnsparse import distributed
+    path = d / "m.pt"
+    _fitted().save(path)
+    before = path.read_bytes()
+    f = open(path, mode)
+    try:
+        if close:
+            f.close()
+        if saver == "model":
+            _fitted().save(f)
+        else:
+            distributed.save({"a": 1}, f)
+    finally:
+        f.close()
+        if mode in ("rb", "r"):
+            assert path.read_bytes() == before
+    return path.read_bytes()
+
+
+def _load_from(d: Any, mode: str, close: bool = False) -> Any:
+    from nnsparse.models import RatingModel
+    path = d / "m.pt"
+    _fitted().save(path)
+    f = open(path, mode)
+    try:
+        if close:
+            f.close()
+        return RatingModel.load(f)
+    finally:
+        f.close()
+
+
+FILE_CASES = [
+    # torch.save's "write() argument must be str, not memoryview"
+    Case("save_to_text_file", lambda d: _save_to(d, "r"), TypeError,
+         r"path must be a binary file object \(open\(..., 'wb'\), io.BytesIO\), got a text one "
+         r"\(TextIOWrapper\): torch writes bytes"),
+    Case("save_to_string_io", lambda d: _fitted().save(__import__("io").StringIO()), TypeError,
+         r"path must be a binary file object .*got a text one \(StringIO\)"),
+    # torch.save's bare "write" (io.UnsupportedOperation)
+    Case("save_to_file_open_for_reading", lambda d: _save_to(d, "rb"), ValueError,
+         r"path must be a file object open to write \(open\(..., 'wb'\)\), got one that is not "
+         r"\(mode 'rb'\)"),
+    # torch.save's "write to closed file"
+    Case("save_to_closed_file", lambda d: _save_to(d, "wb", close=True), ValueError,
+         r"path is a closed file object \(BufferedWriter\); open it again to write"),
+    Case("distributed_save_to_text_file", lambda d: _save_to(d, "r", saver="distributed"),
+         TypeError, r"path must be a binary file object"),
+    Case("distributed_save_to_closed_file",
+         lambda d: _save_to(d, "wb", close=True, saver="distributed"), ValueError,
+         r"path is a closed file object \(BufferedWriter\)"),
+    # load: "... is not a model saved by nnsparse.models (RatingModel.save): UnicodeDecodeError",
+    # "... : ValueError: I/O operation on closed file", torch's bare "read"
+    Case("load_from_text_file", lambda d: _load_from(d, "r"), TypeError,
+         r"path must be a binary file object \(open\(..., 'rb'\), io.BytesIO\), got a text one "
+         r"\(TextIOWrapper\): torch reads bytes"),
+    Case("load_from_closed_file", lambda d: _load_from(d, "rb", close=True), ValueError,
+         r"path is a closed file object \(BufferedReader\); open it again to read"),
+    Case("load_from_file_open_for_writing", lambda d: _load_from(d, "ab"), ValueError,
+         r"path must be a file object open to read \(open\(..., 'rb'\)\), got one that is not "
+         r"\(mode 'ab'\)"),
+    Case("save_and_load_binary_file_objects_work",
+         lambda d: (_save_to(d, "wb"), _load_from(d, "rb"))[1], None,
+         check=lambda m: torch.equal(m.decoder.weight, _fitted().decoder.weight)),
+]
+
+
+@pytest.mark.parametrize("case", FILE_CASES, ids=lambda c: c.id)
+def test_probe12_file_objects(case: Case, tmp_path: Any) -> None:
+    run_case(case, tmp_path)
+
+
 # -- make_optimizer: eps=0 with torch.optim.SparseAdam ---------------------------------------
 
 def _model(sparse_grad: bool = True) -> nn.Module:

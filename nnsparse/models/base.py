@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._forms import (_a, as_count, as_device, as_flag, check_index_range,
+from .._forms import (_a, as_count, as_device, as_flag, check_file_object, check_index_range,
                       refuse_meta, refuse_meta_device, trust)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
@@ -951,10 +951,11 @@ class RatingModel(nn.Module):
 
         Raises:
             RuntimeError: the model is not fitted (or its last fit failed).
-            TypeError: a ``path`` of the wrong kind; ``hparams`` of the wrong kind;
-                a class not registered under its ``name`` (the file would load as
-                another class).
-            ValueError: ``path`` is a directory or has no parent directory;
+            TypeError: a ``path`` of the wrong kind (a text file object included);
+                ``hparams`` of the wrong kind; a class not registered under its
+                ``name`` (the file would load as another class).
+            ValueError: ``path`` is a directory or has no parent directory, or a
+                file object that is closed or not open for writing;
                 ``hparams`` out of range or no longer matching the fitted
                 network; weights that are not finite.
             A refused save writes nothing and leaves the model as it was.
@@ -1046,8 +1047,10 @@ class RatingModel(nn.Module):
 
         Raises:
             FileNotFoundError: no file at ``path``.
+            TypeError: ``path`` of the wrong kind (a text file object included).
             ValueError: ``path`` is a directory or not a file written by
-                :meth:`save`; it holds another model class; an unknown ``device``.
+                :meth:`save`, or a file object that is closed or not open for
+                reading; it holds another model class; an unknown ``device``.
             OSError, MemoryError: (torch's) the file could not be read, or not held
                 in memory.
         """
@@ -1061,6 +1064,8 @@ class RatingModel(nn.Module):
                 raise ValueError(f"path must be a model file, got {path}, which is a directory")
             if not Path(path).exists():
                 raise FileNotFoundError(f"path: no file at {path}")
+        else:
+            check_file_object(path, "path", "read")
         try:
             blob = torch.load(path, map_location="cpu", weights_only=True)
         except (OSError, MemoryError):  # the file could not be read (permissions, I/O) or
@@ -1295,6 +1300,8 @@ def _path_to_write(path: Any) -> None:
             raise ValueError(f"path must be a file to write, got {p}, which is a directory")
         if not p.parent.is_dir():
             raise ValueError(f"path: no directory {p.parent} to write {p.name} in")
+    else:
+        check_file_object(path, "path", "write")
 
 
 def _save_whole(blob: Dict[str, Any], path: Any) -> None:
