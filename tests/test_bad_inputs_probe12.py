@@ -263,6 +263,48 @@ def test_probe12_file_objects(case: Case, tmp_path: Any) -> None:
     run_case(case, tmp_path)
 
 
+# -- Batchifier: a network that returns something else than a tensor ------------------------
+
+class _Returns(nn.Module):
+    """A network whose output is ``make(rows)``."""
+
+    def __init__(self, make: Any) -> None:
+        super().__init__()
+        self.make, self.scale = make, nn.Parameter(torch.ones(1))
+
+    def forward(self, x: Any) -> Any:
+        return self.make(x.shape[0])
+
+
+def _batchified(make: Any, top: bool = False) -> Any:
+    from nnsparse import Batchifier
+    run = Batchifier(_Returns(make), 3, batch_size=2, progress=False)
+    x = torch.tensor([[1., 0., 2., 0.], [0., 3., 0., 0.], [0., 0., 0., 4.]]).to_sparse()
+    return run.topk(x, 2) if top else run(x)
+
+
+BATCHIFIER_CASES = [
+    # a ValueError for what is a wrong kind: a tuple, None, a numpy array, a sparse tensor
+    Case("network_returns_tuple", lambda: _batchified(lambda b: (torch.zeros(b, 3),)),
+         TypeError, r"network must return a dense tensor of shape \(2, 3\), got tuple"),
+    Case("network_returns_none_topk", lambda: _batchified(lambda b: None, top=True), TypeError,
+         r"network must return a dense tensor of shape \(2, 3\), got NoneType"),
+    Case("network_returns_sparse", lambda: _batchified(lambda b: torch.zeros(b, 3).to_sparse()),
+         TypeError, r"network must return a dense tensor of shape \(2, 3\), got shape \(2, 3\), "
+                    r"layout torch.sparse_coo"),
+    # another shape stays a ValueError
+    Case("network_returns_other_width", lambda: _batchified(lambda b: torch.zeros(b, 5)),
+         ValueError, r"network must return a dense tensor of shape \(2, 3\), got shape \(2, 5\)"),
+    Case("network_returns_scores_works", lambda: _batchified(lambda b: torch.zeros(b, 3)), None,
+         check=lambda y: y.shape == (3, 3)),
+]
+
+
+@pytest.mark.parametrize("case", BATCHIFIER_CASES, ids=lambda c: c.id)
+def test_probe12_batchifier(case: Case) -> None:
+    run_case(case)
+
+
 # -- make_optimizer: eps=0 with torch.optim.SparseAdam ---------------------------------------
 
 def _model(sparse_grad: bool = True) -> nn.Module:
