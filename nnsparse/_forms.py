@@ -998,6 +998,22 @@ def check_numel(sizes: Sequence[int], name: str, got: Optional[str] = None) -> T
     return sizes
 
 
+def as_choice(value: Any, name: str, choices: Sequence[str], listed: Optional[str] = None,
+              then: str = "") -> str:
+    """``value`` checked as one of the str ``choices``: a ``TypeError`` for another kind
+    (``None``, an int, a numpy str passes as the str it is), a ``ValueError`` for another
+    str: "``name`` must be ``listed`` (a str), got ...".  ``listed`` defaults to "one of
+    [...]"; ``then`` ends both messages.  The one check of choice arguments (a kind
+    wrong, or a value)."""
+    listed = listed or f"one of {list(choices)}"
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be {listed} (a str), got {type(value).__name__} "
+                        f"{value!r}{then}")
+    if value not in choices:
+        raise ValueError(f"{name} must be {listed}, got {value!r}{then}")
+    return str(value)
+
+
 def check_file_object(f: Any, name: str, use: str) -> None:
     """Refuse a file object ``torch.save`` (``use="write"``) or ``torch.load``
     (``use="read"``) cannot use, before it is given one: a closed file, a text file (torch

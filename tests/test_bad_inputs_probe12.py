@@ -305,6 +305,75 @@ def test_probe12_batchifier(case: Case) -> None:
     run_case(case)
 
 
+# -- choice arguments given another kind than a str: a TypeError, not a ValueError ----------
+
+def _ratings() -> Any:
+    from nnsparse.data import synthetic_ratings
+    return synthetic_ratings(n_users=5, n_items=5, n_ratings=10, rank=2)
+
+
+def _file(d: Any, text: str = "1::1::5::0\n") -> Any:
+    (d / "f.dat").write_text(text)
+    return d / "f.dat"
+
+
+def _choice_cases() -> List[Case]:
+    import numpy as np
+    from nnsparse import sparse_linear
+    from nnsparse.data import (mean_prediction, rating_matrix, read_item_features,
+                               read_user_features)
+    from nnsparse.models import AutoRec, fold_files
+    from nnsparse.optim import InBackwardOptimizer
+    eye = torch.eye(4)
+    return [
+        # each said ValueError "... must be one of [...], got None" (a wrong kind)
+        Case("layer_mode_none", lambda d: SparseLinearBatch(4, 3, mode=None), TypeError,
+             r"mode must be one of \['auto', 'sparse', 'dense'\] \(a str\), got NoneType None"),
+        Case("sparse_linear_mode_int",
+             lambda d: sparse_linear(eye.to_sparse(), torch.zeros(3, 4), mode=1), TypeError,
+             r"mode must be one of \['auto', 'sparse', 'dense'\] \(a str\), got int 1"),
+        Case("model_orientation_none", lambda d: AutoRec(orientation=None), TypeError,
+             r"orientation must be 'item' or 'user' \(a str\), got NoneType None"),
+        Case("rating_matrix_orientation_int", lambda d: rating_matrix(_ratings(), orientation=1),
+             TypeError, r"orientation must be 'item' or 'user' \(a str\), got int 1"),
+        Case("mean_prediction_by_none", lambda d: mean_prediction(_ratings(), _ratings(), by=None),
+             TypeError, r"by: orientation must be 'item' or 'user' \(a str\), got NoneType"),
+        Case("read_ratings_format_none", lambda d: read_ratings(_file(d), format=None), TypeError,
+             r"format must be one of \['ml-100k', 'ml-1m', 'csv', 'text'\] \(a str\), got "
+             r"NoneType None"),
+        Case("read_ratings_unseen_bool", lambda d: read_ratings(_file(d), "ml-1m", unseen=True),
+             TypeError, r"unseen must be 'keep' or 'drop' \(a str\), got bool True"),
+        Case("read_item_features_format_none",
+             lambda d: read_item_features(_file(d, "1::A::Drama\n"), None, {1: 0}), TypeError,
+             r"format must be 'ml-100k', 'ml-1m' or 'csv' \(a str\), got NoneType None for item "
+             r"features"),
+        Case("read_user_features_format_int",
+             lambda d: read_user_features(_file(d, "1::M::24::1::0\n"), 1, {1: 0}), TypeError,
+             r"format must be 'ml-100k' or 'ml-1m' \(a str\), got int 1 for user features"),
+        Case("fold_files_format_none", lambda d: fold_files(d, None), TypeError,
+             r"format must be one of \[.*\] \(a str\), got NoneType None"),
+        Case("in_backward_optimizer_kind_none",
+             lambda d: InBackwardOptimizer(nn.Linear(2, 2), None, {}), TypeError,
+             r"kind must be one of \['sgd', .*\] \(a str\), got NoneType None; build it with "
+             r"apply_optimizer_in_backward"),
+        # an unknown str stays a ValueError; a numpy str is the str it holds
+        Case("layer_mode_unknown_str", lambda d: SparseLinearBatch(4, 3, mode="fast"), ValueError,
+             r"mode must be one of \['auto', 'sparse', 'dense'\], got 'fast'"),
+        Case("read_ratings_format_unknown_str", lambda d: read_ratings(_file(d), format="ML-1M"),
+             ValueError, r"format must be one of \[.*\], got 'ML-1M'"),
+        Case("model_orientation_numpy_str_works",
+             lambda d: AutoRec(orientation=np.str_("user")).hparams["orientation"], None,
+             check=lambda o: o == "user" and type(o) is str),
+        Case("layer_mode_numpy_str_works", lambda d: SparseLinearBatch(4, 3, mode=np.str_("dense")),
+             None, check=lambda layer: layer.mode == "dense" and type(layer.mode) is str),
+    ]
+
+
+@pytest.mark.parametrize("case", _choice_cases(), ids=lambda c: c.id)
+def test_probe12_choices(case: Case, tmp_path: Any) -> None:
+    run_case(case, tmp_path)
+
+
 # -- make_optimizer: eps=0 with torch.optim.SparseAdam ---------------------------------------
 
 def _model(sparse_grad: bool = True) -> nn.Module:

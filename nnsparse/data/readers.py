@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._forms import _a, _version, refuse_meta
+from .._forms import _a, _version, as_choice, refuse_meta
 
 __all__ = ["Ratings", "read_ratings", "read_split", "read_item_features", "read_user_features",
            "FORMATS"]
@@ -880,10 +880,8 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
         >>> r.user_map, r.item_map
         ({186: 0, 196: 1}, {242: 0, 302: 1})
     """
-    if not isinstance(format, str) or format not in _FORMATS:
-        raise ValueError(f"format must be one of {list(_FORMATS)}, got {format!r}")
-    if unseen not in ("keep", "drop"):
-        raise ValueError(f"unseen must be 'keep' or 'drop', got {unseen!r}")
+    as_choice(format, "format", FORMATS)
+    as_choice(unseen, "unseen", ("keep", "drop"), "'keep' or 'drop'")
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     for name, given in (("user_map", user_map), ("item_map", item_map)):
@@ -1266,6 +1264,8 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
     """
     path = _feature_file(path, "item features")
     _check_map(item_map, "item_map")
+    as_choice(format, "format", ("ml-100k", "ml-1m", "csv"), "'ml-100k', 'ml-1m' or 'csv'",
+              " for item features")
     table: Dict[Any, List[float]] = {}
     seen: Dict[Any, int] = {}  # id -> its line: an id listed twice is refused
     if format == "ml-100k":
@@ -1295,9 +1295,6 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
         if any(len(v) != width for v in table.values()):
             raise ValueError(f"{path}: lines have different numbers of genre flags")
         return _rows(item_map, table, width, path, "item_map")
-    if format not in ("ml-1m", "csv"):
-        raise ValueError(f"format must be 'ml-100k', 'ml-1m' or 'csv' for item features, "
-                         f"got {format!r}")
     named: Dict[Any, List[str]] = {}
     if format == "csv":
         for number, row in _csv_item_rows(path):
@@ -1358,8 +1355,7 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
     """
     path = _feature_file(path, "user features")
     _check_map(user_map, "user_map")
-    if not isinstance(format, str) or format not in _USER_FILES:
-        raise ValueError(f"format must be 'ml-100k' or 'ml-1m' for user features, got {format!r}")
+    as_choice(format, "format", tuple(_USER_FILES), "'ml-100k' or 'ml-1m'", " for user features")
     sep, (g_at, a_at, o_at) = ("|", (2, 1, 3)) if format == "ml-100k" else ("::", (1, 2, 3))
     parsed = []
     seen: Dict[Any, int] = {}  # id -> its line: an id listed twice is refused

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._forms import (_a, as_count, as_device, as_flag, check_file_object, check_index_range,
-                      refuse_meta, refuse_meta_device, trust)
+from .._forms import (_a, as_choice, as_count, as_device, as_flag, check_file_object,
+                      check_index_range, refuse_meta, refuse_meta_device, trust)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -292,10 +292,9 @@ class RatingModel(nn.Module):
             raise TypeError(f"{type(self).__name__}.hparams lacks {missing}; every "
                             f"hyperparameter needs a value (defaults: "
                             f"{ {k: known[k] for k in missing} })")
-        if not isinstance(h["orientation"], str) or h["orientation"] not in ("item", "user"):
-            raise ValueError(f"orientation must be 'item' or 'user', got "
-                             f"{_plain(h['orientation'])!r}")
-        h["orientation"] = str(h["orientation"])  # not a numpy str: save() pickles it
+        # a str, not a numpy str: save() pickles it
+        h["orientation"] = as_choice(_plain(h["orientation"]), "orientation", ("item", "user"),
+                                     "'item' or 'user'")
         for key, value in h.items():  # before the checks of kinds, whose words omit it
             # (a subclass's own hyperparameter, which no check here reads, may mean "auto")
             if _is_auto(value) and key not in self.AUTO and _is_checked(key):
