@@ -505,3 +505,49 @@ def test_probe12_cli_small_file_still_trains(tmp_path: Any, capsys: Any) -> None
                                       "--validation-ratio", "0"])
     assert re.search(r"test RMSE: \d", capsys.readouterr().out)
     assert result["test_rmse"] == result["test_rmse"]  # a number, not NaN
+
+
+# -- examples/ddp_autoencoder.py: the same kinds of flags ------------------------------------
+
+def _ddp_example() -> Any:
+    path = _EXAMPLE.parent / "ddp_autoencoder.py"
+    spec = importlib.util.spec_from_file_location("ddp_autoencoder_probe12", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+DDP_CLI_CASES = [
+    # torch.set_num_threads(100000000): the process crashed
+    ("threads_beyond_cores", ["--threads", str(10 ** 8)],
+     f"--threads must be at most {_CORES}, the CPUs this machine has, got 100000000"),
+    # torch.manual_seed's "Overflow when unpacking long long"; synthetic_ratings' ValueError
+    ("seed_beyond_uint64", ["--seed", str(2 ** 64)], "--seed must be in [0, 2**64), got"),
+    ("seed_negative", ["--seed", "-1"], "--seed must be in [0, 2**64), got -1"),
+    ("epochs_beyond_int64", ["--epochs", str(2 ** 63)], "must be below 2**63 (int64)"),
+    # NaN passed "value <= 0"; inf was taken
+    ("lr_nan", ["--lr", "nan"], "argument --lr: must be positive, got nan"),
+    ("lr_inf", ["--lr", "inf"], "argument --lr: must be finite, got inf"),
+    # the library's ValueError after the data was made, a traceback
+    ("weight_decay_nan", ["--weight-decay", "nan"],
+     "--weight-decay must be non-negative and finite, got nan"),
+    ("hide_ratio_beyond_one", ["--hide-ratio", "2"],
+     "--alpha, --beta, --hide-ratio: hide_ratio must be in [0, 1], got 2.0"),
+    ("alpha_negative", ["--alpha", "-1"],
+     "--alpha, --beta, --hide-ratio: alpha must be non-negative, got -1.0"),
+]
+
+
+@pytest.mark.parametrize("case_id, flags, message", DDP_CLI_CASES,
+                         ids=[c[0] for c in DDP_CLI_CASES])
+def test_probe12_ddp_cli(case_id: str, flags: List[str], message: str, capsys: Any) -> None:
+    with pytest.raises(SystemExit) as exit:
+        _ddp_example().parse_args(flags)
+    assert exit.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_probe12_ddp_cli_defaults_parse() -> None:
+    args = _ddp_example().parse_args(["--seed", str(2 ** 64 - 1), "--threads", str(_CORES)])
+    assert (args.seed, args.threads) == (2 ** 64 - 1, _CORES)
