@@ -16,6 +16,7 @@ See ``docs/distributed.md``.
 """
 import argparse
 import math
+import os
 import time
 from typing import Any, Dict, List, Optional
 
@@ -44,8 +45,12 @@ class Autoencoder(nn.Module):
 def _positive(kind: type):
     def parse(text: str):
         value = kind(text)
-        if value <= 0:
+        if not value > 0:  # NaN too
             raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        if value == math.inf:
+            raise argparse.ArgumentTypeError(f"must be finite, got {text}")
+        if kind is int and value >= 2 ** 63:  # the counts torch and nnsparse take are int64
+            raise argparse.ArgumentTypeError(f"must be below 2**63 (int64), got {text}")
         return value
     return parse
 
@@ -71,7 +76,21 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--save", help="rank 0 saves the trained state_dict here")
     p.add_argument("--no-progress", action="store_true",
                    help="no tqdm bars (they are off anyway when stderr is not a terminal)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 0 <= args.seed < 2 ** 64:  # torch.manual_seed's range ("Overflow when unpacking")
+        p.error(f"--seed must be in [0, 2**64), got {args.seed}")
+    cores = os.cpu_count() or 1
+    if args.threads > cores:  # torch.set_num_threads(10**8) crashed the process
+        p.error(f"--threads must be at most {cores}, the CPUs this machine has, "
+                f"got {args.threads}")
+    if not 0 <= args.weight_decay < math.inf:
+        p.error(f"--weight-decay must be non-negative and finite, got {args.weight_decay}")
+    try:  # the criterion's own checks, before the data is made (they failed after it)
+        nnsparse.SDAESparseCriterion(nn.MSELoss(), alpha=args.alpha, beta=args.beta,
+                                     hide_ratio=args.hide_ratio)
+    except (TypeError, ValueError) as error:
+        p.error(f"--alpha, --beta, --hide-ratio: {error}")
+    return args
 
 
 def evaluate(model: nn.Module, norm: RatingNormalizer, inputs: torch.Tensor,

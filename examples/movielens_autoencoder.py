@@ -46,6 +46,12 @@ SIDE_FILES = {"ml-100k": ("u.item", "u.user"), "ml-1m": ("movies.dat", "users.da
               "csv": ("movies.csv", None)}
 
 
+#: one past the largest int64: the bound of the library's counts (epochs, k, min_support, ...)
+_INT64_END = 2 ** 63
+#: one past the largest seed torch.manual_seed takes (a uint64)
+_SEED_END = 2 ** 64
+
+
 def _positive(kind: type, name: str):
     def parse(text: str) -> Any:
         try:
@@ -57,6 +63,8 @@ def _positive(kind: type, name: str):
             raise argparse.ArgumentTypeError(f"{name} must be positive, got {text}")
         if value == math.inf:
             raise argparse.ArgumentTypeError(f"{name} must be finite, got {text}")
+        if kind is int and value >= _INT64_END:  # the library's counts are int64
+            raise argparse.ArgumentTypeError(f"{name} must be below 2**63 (int64), got {text}")
         return value
     return parse
 
@@ -176,8 +184,16 @@ def parse_args(argv: Optional[List[str]] = None):
     if args.min_support < 0 or not 0 <= args.shrinkage < math.inf:
         p.error(f"--min-support and --shrinkage must be non-negative (and finite), got "
                 f"{args.min_support} and {args.shrinkage}")
+    if args.min_support >= _INT64_END:
+        p.error(f"--min-support must be below 2**63 (int64), got {args.min_support}")
     if args.seed < 0:
         p.error(f"--seed must be non-negative, got {args.seed}")
+    if args.seed >= _SEED_END:
+        p.error(f"--seed must be below 2**64 (torch.manual_seed's range), got {args.seed}")
+    cores = os.cpu_count() or 1
+    if args.threads > cores:  # torch.set_num_threads(10**8) crashed the process
+        p.error(f"--threads must be at most {cores}, the CPUs this machine has, "
+                f"got {args.threads}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: no CUDA device is available")
     try:
@@ -186,6 +202,11 @@ def parse_args(argv: Optional[List[str]] = None):
         p.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
     if device.type not in ("cpu", "cuda"):
         p.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
+    if not args.load:  # the model's own checks of what the flags make of its hyperparameters
+        try:
+            CHOICES[args.model][0](**hparams(args))
+        except (TypeError, ValueError) as error:
+            p.error(f"--model {args.model}: {error}")
     return p, args
 
 
@@ -216,8 +237,14 @@ def read_data(p: argparse.ArgumentParser, args: argparse.Namespace):
     except ValueError as error:
         p.error(f"cannot read the ratings as --format {args.format}: {error}")
     if isinstance(args.folds, int):
-        return list(kfold(ratings, args.folds, seed=args.seed)), None, ratings
+        try:
+            return list(kfold(ratings, args.folds, seed=args.seed)), None, ratings
+        except ValueError as error:  # more folds than ratings
+            p.error(f"--folds {args.folds}: {error}")
     split = random_split(ratings, test=args.test_ratio, validation=0.0, seed=args.seed)
+    for part, what in ((split.train, "no training ratings"), (split.test, "no test ratings")):
+        if len(part) == 0:  # found before training, not by fit or by the evaluation after it
+            p.error(f"--test-ratio {args.test_ratio} of {len(ratings)} ratings leaves {what}")
     return split.train, split.test, ratings
 
 
@@ -258,9 +285,12 @@ def print_recommendations(model: RatingModel, args: argparse.Namespace) -> None:
 def run_folds(p, args, folds) -> Dict[str, Any]:
     cls, uses_features = CHOICES[args.model]
     features = (lambda train: side_features(p, args, train)) if uses_features else None
-    cv = cross_validate(lambda: cls(**hparams(args)), folds, features=features,
-                        device=args.device, progress=not args.no_progress and None,
-                        verbose=nd.is_main())
+    try:
+        cv = cross_validate(lambda: cls(**hparams(args)), folds, features=features,
+                            device=args.device, progress=not args.no_progress and None,
+                            verbose=nd.is_main())
+    except ValueError as error:  # a fold refused by fit before its training
+        p.error(f"cannot train on these folds: {error}")
     nd.main_print(cv.table())
     return dict(folds=cv.folds, test_rmse=cv.mean(), test_rmse_std=cv.std(),
                 test_mae=cv.mean("mae"), item_mean_rmse=cv.mean("item_mean_rmse"))
@@ -281,8 +311,11 @@ def run_one(p, args, train, test) -> Dict[str, Any]:
             p.error(f"--recommend: user {args.recommend!r} is not in the training data")
     if not args.load:
         feats = side_features(p, args, train) if CHOICES[args.model][1] else None
-        model.fit(train, features=feats, device=args.device,
-                  progress=False if args.no_progress else None)
+        try:
+            model.fit(train, features=feats, device=args.device,
+                      progress=False if args.no_progress else None)
+        except ValueError as error:  # fit's refusals come before any training
+            p.error(f"cannot train on these ratings: {error}")
         nd.main_print(f"trained {model.name} in {model.fit_seconds:.1f} s, "
                       f"{model.best_epoch} epochs")
     if args.save and nd.is_main():

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import io
 import math
 import numbers
 import operator
@@ -1003,6 +1004,43 @@ def check_numel(sizes: Sequence[int], name: str, got: Optional[str] = None) -> T
                          f"multiplies them in turn, a 0 after them included), got "
                          f"{sizes if got is None else got}")
     return sizes
+
+
+def as_choice(value: Any, name: str, choices: Sequence[str], listed: Optional[str] = None,
+              then: str = "") -> str:
+    """``value`` checked as one of the str ``choices``: a ``TypeError`` for another kind
+    (``None``, an int, a numpy str passes as the str it is), a ``ValueError`` for another
+    str: "``name`` must be ``listed`` (a str), got ...".  ``listed`` defaults to "one of
+    [...]"; ``then`` ends both messages.  The one check of choice arguments (a kind
+    wrong, or a value)."""
+    listed = listed or f"one of {list(choices)}"
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be {listed} (a str), got {type(value).__name__} "
+                        f"{value!r}{then}")
+    if value not in choices:
+        raise ValueError(f"{name} must be {listed}, got {value!r}{then}")
+    return str(value)
+
+
+def check_file_object(f: Any, name: str, use: str) -> None:
+    """Refuse a file object ``torch.save`` (``use="write"``) or ``torch.load``
+    (``use="read"``) cannot use, before it is given one: a closed file, a text file (torch
+    writes and reads bytes), one not open for ``use``.  torch's own errors came from deep
+    inside it ("write() argument must be str, not memoryview", "write to closed file",
+    a bare "write").  Objects without ``closed`` / ``writable`` / ``readable`` (a bare
+    object with ``write``) are left to torch."""
+    kind = type(f).__name__
+    if getattr(f, "closed", False) is True:
+        raise ValueError(f"{name} is a closed file object ({kind}); open it again to {use}")
+    mode = "'wb'" if use == "write" else "'rb'"
+    if isinstance(f, io.TextIOBase):
+        raise TypeError(f"{name} must be a binary file object (open(..., {mode}), io.BytesIO), "
+                        f"got a text one ({kind}): torch {use}s bytes")
+    able = getattr(f, "writable" if use == "write" else "readable", None)
+    if callable(able) and able() is False:
+        opened = getattr(f, "mode", None)
+        raise ValueError(f"{name} must be a file object open to {use} (open(..., {mode})), "
+                         f"got one that is not" + (f" (mode {opened!r})" if opened else ""))
 
 
 def as_flag(value: Any, name: str, what: str = "a bool") -> bool:

@@ -363,7 +363,9 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
         TypeError: ``model`` not an ``nn.Module``, ``dense`` or ``sparse`` not a
             str, a keyword the dense optimiser does not take.
         ValueError: an unknown ``dense`` or ``sparse``, an invalid
-            hyperparameter, or a model without trainable parameters.
+            hyperparameter (``eps=0`` too with ``sparse="sparse_adam"``, which
+            ``torch.optim.SparseAdam`` refuses), or a model without trainable
+            parameters.
         NotImplementedError: ``sparse="sparse_adam"`` with ``weight_decay``;
             ``maximize``, ``amsgrad`` or ``differentiable`` in ``dense_kwargs`` when
             some parameters get sparse gradients (the sparse part has none of them).
@@ -395,6 +397,11 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
     _check_dense_kwargs(torch.optim.AdamW if dense == "adamw" else torch.optim.Adam,
                         dense_kwargs)
     sparse_params = sparse_grad_parameters(model)
+    if sparse_params and sparse == "sparse_adam" and not eps > 0:
+        # torch.optim.Adam takes eps=0, SparseAdam not: its own "Invalid epsilon value: 0.0"
+        # came from the part built after the dense one
+        raise ValueError(f"eps must be positive with sparse='sparse_adam' (torch.optim."
+                         f"SparseAdam refuses 0), got {eps}; use sparse='lazy_adam' for eps=0")
     lacking = [key for key in _SPARSE_LACKS if dense_kwargs.get(key)]
     if sparse_params and lacking:
         # the dense part alone would take them: half the model maximised, or with AMSGrad

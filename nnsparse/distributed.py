@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm as _tqdm
 
-from ._forms import as_count, as_flag
+from ._forms import as_count, as_flag, check_file_object
 from ._optim_split import sparse_grad_parameters
 from .data.split import torch_seed
 
@@ -209,8 +209,9 @@ def save(obj: Any, path: str) -> None:
     """``torch.save`` on rank 0, then every rank waits (so no reader sees half a file).
 
     Raises:
-        TypeError: ``path`` is not a path or a file object.
-        ValueError: ``path`` is empty or a directory, or its directory does not exist.
+        TypeError: ``path`` is not a path or a binary file object.
+        ValueError: ``path`` is empty or a directory, or its directory does not exist;
+            a file object that is closed or not open for writing.
     """
     if not isinstance(path, (str, os.PathLike)) and not hasattr(path, "write"):
         raise TypeError(f"path must be a str or os.PathLike (or a file object), got "
@@ -224,6 +225,8 @@ def save(obj: Any, path: str) -> None:
         if not os.path.isdir(parent):
             raise ValueError(f"path must be a file in an existing directory, got {path}: no "
                              f"directory {parent} to write it in")
+    else:
+        check_file_object(path, "path", "write")
     if is_main():
         torch.save(obj, path)
     if is_distributed():
@@ -311,6 +314,8 @@ class DistributedDataParallel(_TORCH_DDP):
     refuses for a parameter declared sparse).
 
     Raises:
+        TypeError: ``module`` not an ``nn.Module``; an argument torch's DDP does
+            not take (checked before the process group).
         NotImplementedError: a layer of ``module`` has an optimiser in the
             backward (:func:`nnsparse.optim.apply_optimizer_in_backward`):
             its rows are updated from this process's gradient during
@@ -325,7 +330,13 @@ class DistributedDataParallel(_TORCH_DDP):
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
-        group = inspect.signature(_TORCH_DDP.__init__).bind(self, module, *args, **kwargs)
+        signature = inspect.signature(_TORCH_DDP.__init__)
+        try:
+            group = signature.bind(self, module, *args, **kwargs)
+        except TypeError as error:  # inspect's "got an unexpected keyword argument 'x'"
+            known = [name for name in signature.parameters if name not in ("self", "module")]
+            raise TypeError(f"DistributedDataParallel takes torch's arguments (module, then "
+                            f"{', '.join(known)}): {error}") from None
         if group.arguments.get("process_group") is None and not is_distributed():
             # torch said "Default process group has not been initialized" without the way out
             raise RuntimeError("DistributedDataParallel needs a process group; call "

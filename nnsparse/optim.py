@@ -26,7 +26,7 @@ from torch.optim import Optimizer
 
 from . import _grad_origin, _rowopt
 from ._clip import clip_grad_norm_, clip_grad_value_
-from ._forms import _a, as_flag
+from ._forms import _a, as_choice, as_flag
 
 if TYPE_CHECKING:  # at run time _sparse_layers imports them itself
     from .layers.linear import SparseLinearBatch
@@ -970,9 +970,8 @@ class InBackwardOptimizer(Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, model: nn.Module, kind: str, hp: dict) -> None:
-        if kind not in _rowopt.KINDS:
-            raise ValueError(f"kind must be one of {_rowopt.KINDS}, got {kind!r}; build it "
-                             f"with apply_optimizer_in_backward(model, kind, ...)")
+        as_choice(kind, "kind", _rowopt.KINDS,
+                  then="; build it with apply_optimizer_in_backward(model, kind, ...)")
         if not isinstance(hp, dict):
             raise TypeError(f"hp must be a dict of hyperparameters, got {type(hp).__name__}")
         # built by hand, not by apply_optimizer_in_backward: torch's KeyError or message

@@ -637,8 +637,9 @@ PROBE2 = [
          TypeError, r"weight must be a dense tensor, got NoneType"),
     Case("LazyAdam-params-none", lambda: LazyAdam(None), TypeError,
          r"params must be an iterable of parameters or of param-group dicts, got NoneType"),
-    Case("read_ratings-format-list", lambda: read_ratings("x", format=["csv"]), ValueError,
-         r"format must be one of \['ml-100k', 'ml-1m', 'csv', 'text'\], got \['csv'\]"),
+    Case("read_ratings-format-list", lambda: read_ratings("x", format=["csv"]), TypeError,
+         r"format must be one of \['ml-100k', 'ml-1m', 'csv', 'text'\] \(a str\), got list "
+         r"\['csv'\]"),  # a TypeError since probe 12 (a wrong kind)
     Case("collate_sparse_rows-rows-none", lambda: collate_sparse_rows(None, 4), TypeError,
          r"rows must be a list of \(row_index, \(indices, values\)\) pairs, got NoneType"),
     Case("mean_prediction-by-names-argument", lambda: mean_prediction(_R, _R, by="x"), ValueError,

@@ -754,8 +754,9 @@ CASES += [
         nnsparse.SparseLinearBatch(3, 2), "sgd", lr=0.1, nesterov="y"), TypeError,
          r"nesterov must be a bool, got str 'y'"),
     Case("read_user_features-format-list", lambda: read_user_features(
-        _text_file("fl.user", "1|24|M|tech|1\n"), ["ml-100k"], {1: 0}), ValueError,
-         r"format must be 'ml-100k' or 'ml-1m' for user features, got \['ml-100k'\]"),
+        _text_file("fl.user", "1|24|M|tech|1\n"), ["ml-100k"], {1: 0}), TypeError,
+         r"format must be 'ml-100k' or 'ml-1m' \(a str\), got list \['ml-100k'\] for user "
+         r"features"),  # a TypeError since probe 12 (a wrong kind)
     Case("progress-disable-str", lambda: nd.progress([1], disable="y"), TypeError,
          r"disable must be None or a bool, got str"),
     Case("progress-not-iterable", lambda: nd.progress(3), TypeError, r"iterable must be iterable, got int"),

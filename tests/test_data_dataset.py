@@ -136,7 +136,7 @@ def test_batch_unpacks_as_input_target(matrices):
     inp, tgt = batch
     assert inp is batch.input and tgt is batch.target and len(batch) == 2
     assert batch[0] is inp and batch[1] is tgt and batch.row_index.tolist() == [3, 1]
-    inp, tgt = SparseRowDataset(x).collate([ds[0]])
+    inp, tgt = SparseRowDataset(x).collate([SparseRowDataset(x)[0]])
     assert tgt is None
 
 

@@ -337,6 +337,27 @@ def collate_sparse_rows(rows: Sequence[Tuple[int, Row]], width: int,
     return _collate(rows, width, layout)
 
 
+def _rows_item(item: Any) -> bool:
+    """Whether ``item`` is a tuple (or list) of a row number and dataset rows, such as a
+    :class:`SparseRowDataset` item with or without a target."""
+    return isinstance(item, (tuple, list)) and len(item) in (2, 3) \
+        and all(type(r) is SparseRow for r in item[1:])
+
+
+def _item_kind(item: Any) -> str:
+    """What a collated item is, for a message: ``tuple (int, SparseRow, SparseRow)``."""
+    if isinstance(item, (tuple, list)):
+        return f"{type(item).__name__} ({', '.join(type(f).__name__ for f in item)})"
+    return type(item).__name__
+
+
+#: what an item of the other kind of dataset means, by the fields this dataset's items have
+_TARGET_HINT = {2: ": an item with a target, which this dataset (built without one) would "
+                   "drop; collate it with the dataset it came from",
+                3: ": an item without a target, which this dataset's batches need; collate "
+                   "it with the dataset it came from"}
+
+
 class SparseRowDataset(Dataset):
     r"""The rows of a sparse matrix (and, optionally, of a target matrix) as a dataset.
 
@@ -496,23 +517,36 @@ class SparseRowDataset(Dataset):
         is recognised in O(1) and checked completely instead.
 
         Raises:
-            TypeError: items that are not ``dataset[i]`` tuples of rows; a foreign row
-                whose values differ in dtype from this dataset's.
+            TypeError: items that are not ``dataset[i]`` tuples of rows (the message
+                names the first), among them the items of a dataset with a target given
+                to one without (their targets would be dropped), and back; a foreign
+                row whose values differ in dtype from this dataset's.
             ValueError: a foreign row outside this dataset's rows or width, on another
                 device, or with unsorted or repeated indices.
         """
         # The rows are trusted (they come from the checked matrices): only their kind is checked.
-        try:
-            pairs = [(it[0], it[1]) for it in items]
-            targets = None if self._target is None else [(it[0], it[2]) for it in items]
-        except (TypeError, IndexError, KeyError):
-            pairs = None
-        kinds = set() if pairs is None else {type(r) for _, r in pairs}
-        if pairs is None or not isinstance(items, (list, tuple)) or kinds - {SparseRow} or (
-                targets is not None and {type(r) for _, r in targets} - {SparseRow}):
-            kind = "(row, row_data)" if self._target is None else "(row, input, target)"
+        kind = "(row, row_data)" if self._target is None else "(row, input, target)"
+        if not isinstance(items, (list, tuple)):
             raise TypeError(f"items must be a list of this dataset's items, {kind} tuples as "
                             f"dataset[i] returns, got {type(items).__name__}")
+        fields = 2 if self._target is None else 3
+        # the items' length too: a target dataset's (row, input, target) given to a dataset
+        # without one lost its target without a word.  One set of (length, kinds) first (the
+        # loop below, which names the item, runs on a refusal only).
+        try:
+            kinds = {(len(it), type(it[1]), type(it[-1])) for it in items}
+        except (TypeError, IndexError, KeyError):
+            kinds = None
+        if kinds != {(fields, SparseRow, SparseRow)}:
+            for i, it in enumerate(items):
+                if not (_rows_item(it) and len(it) == fields):
+                    hint = _TARGET_HINT[fields] if _rows_item(it) and len(it) == 5 - fields \
+                        else ""
+                    raise TypeError(f"items must be a list of this dataset's items, {kind} "
+                                    f"tuples as dataset[i] returns, got items[{i}] = "
+                                    f"{_item_kind(it)}{hint}")
+        pairs = [(it[0], it[1]) for it in items]
+        targets = None if self._target is None else [(it[0], it[2]) for it in items]
         self._check_unedited()
         self._check_own(pairs, 0)
         if targets is not None:

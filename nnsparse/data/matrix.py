@@ -21,8 +21,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._forms import (SparseBatch, as_device, as_flag, as_sparse_batch, check_index_range,
-                      check_numel, refuse_meta, refuse_meta_device)
+from .._forms import (SparseBatch, as_choice, as_device, as_flag, as_sparse_batch,
+                      check_index_range, check_numel, refuse_meta, refuse_meta_device)
 from .readers import (Ratings, check_ratings, check_unique_pairs, refuse_repeated_keys,
                       refuse_uint8_index)
 
@@ -32,9 +32,8 @@ _ORIENTATIONS = ("item", "user")
 
 
 def _check_orientation(orientation: str, name: str = "orientation") -> None:
-    if not isinstance(orientation, str) or orientation not in _ORIENTATIONS:
-        prefix = "" if name == "orientation" else f"{name}: "  # the argument, then the rule
-        raise ValueError(f"{prefix}orientation must be 'item' or 'user', got {orientation!r}")
+    prefix = "" if name == "orientation" else f"{name}: "  # the argument, then the rule
+    as_choice(orientation, f"{prefix}orientation", _ORIENTATIONS, "'item' or 'user'")
 
 
 

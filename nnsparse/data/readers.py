@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._forms import _a, _version, refuse_meta
+from .._forms import _a, _version, as_choice, refuse_meta
 
 __all__ = ["Ratings", "read_ratings", "read_split", "read_item_features", "read_user_features",
            "FORMATS"]
@@ -720,8 +720,13 @@ def _csv_item_rows(path: Path) -> Iterator[Tuple[int, List[str]]]:
             yield number, row
 
 
+#: how a title file listing an item twice is fixed
+_ONE_TITLE = "an item file gives each item one title: fix the file, or pass titles=False"
+
+
 def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
     titles: Dict[Any, str] = {}
+    seen: Dict[Any, int] = {}  # id -> its line: which title an id listed twice gets is no guess
     if fmt == "csv":
         for number, row in _csv_item_rows(path):
             if not row:
@@ -729,7 +734,9 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
             if len(row) < 2:
                 raise ValueError(f"{path}, line {number}: expected movieId,title,..., "
                                  f"got {row!r}")
-            titles[_int_id(row[0], path, number)] = row[1]
+            key = _int_id(row[0], path, number)
+            _once(seen, key, path, number, "item", _ONE_TITLE)
+            titles[key] = row[1]
         return titles
     sep = "|" if fmt == "ml-100k" else "::"
     with open(path, encoding="latin-1") as f:  # the MovieLens item files are latin-1
@@ -741,7 +748,9 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
             if len(parts) < 2:
                 raise ValueError(f"{path}, line {number}: expected 'id{sep}title{sep}...', "
                                  f"got {line.strip()[:200]!r}")
-            titles[_int_id(parts[0], path, number)] = sep.join(parts[1:_title_end(parts, fmt)])
+            key = _int_id(parts[0], path, number)
+            _once(seen, key, path, number, "item", _ONE_TITLE)
+            titles[key] = sep.join(parts[1:_title_end(parts, fmt)])
     return titles
 
 
@@ -845,9 +854,10 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
             number), a rating that is not a finite number or overflows
             float32, a number written with ``_`` (``1_000``), a (user, item)
             pair rated more than once (the message gives its lines), ids or
-            an item file that are not UTF-8, a compressed file (gzip, bzip2,
-            xz: decompress it first), map indices out of range.  A failed call
-            leaves ``user_map`` and ``item_map`` unchanged.
+            an item file that are not UTF-8, an item file listing an item
+            twice (which title it has would be a guess), a compressed file
+            (gzip, bzip2, xz: decompress it first), map indices out of range.
+            A failed call leaves ``user_map`` and ``item_map`` unchanged.
         TypeError: ``path`` not a str or ``os.PathLike``, ``titles`` neither a
             bool nor a path, a map that is not a dict of ids to int indices.
 
@@ -870,10 +880,8 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
         >>> r.user_map, r.item_map
         ({186: 0, 196: 1}, {242: 0, 302: 1})
     """
-    if not isinstance(format, str) or format not in _FORMATS:
-        raise ValueError(f"format must be one of {list(_FORMATS)}, got {format!r}")
-    if unseen not in ("keep", "drop"):
-        raise ValueError(f"unseen must be 'keep' or 'drop', got {unseen!r}")
+    as_choice(format, "format", FORMATS)
+    as_choice(unseen, "unseen", ("keep", "drop"), "'keep' or 'drop'")
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     for name, given in (("user_map", user_map), ("item_map", item_map)):
@@ -1212,12 +1220,15 @@ def _maybe_int(text: Any) -> Any:
         return text
 
 
-def _once(seen: Dict[Any, int], key: Any, path: Any, number: int, what: str) -> None:
-    """``ValueError`` when a feature file lists the id ``key`` a second time: which of
-    its lines holds the features would otherwise be decided silently (the last)."""
+def _once(seen: Dict[Any, int], key: Any, path: Any, number: int, what: str,
+          rule: Optional[str] = None) -> None:
+    """``ValueError`` when a feature or title file lists the id ``key`` a second time: which
+    of its lines holds the features (or the title) would otherwise be decided silently (the
+    last).  ``rule`` ends the message (default: the feature files' rule)."""
     if key in seen:
+        rule = rule or f"a feature file gives each {what} one line"
         raise ValueError(f"{path}, line {number}: the {what} id {key!r} is listed again (first "
-                         f"on line {seen[key]}); a feature file gives each {what} one line")
+                         f"on line {seen[key]}); {rule}")
     seen[key] = number
 
 
@@ -1253,6 +1264,8 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
     """
     path = _feature_file(path, "item features")
     _check_map(item_map, "item_map")
+    as_choice(format, "format", ("ml-100k", "ml-1m", "csv"), "'ml-100k', 'ml-1m' or 'csv'",
+              " for item features")
     table: Dict[Any, List[float]] = {}
     seen: Dict[Any, int] = {}  # id -> its line: an id listed twice is refused
     if format == "ml-100k":
@@ -1282,9 +1295,6 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
         if any(len(v) != width for v in table.values()):
             raise ValueError(f"{path}: lines have different numbers of genre flags")
         return _rows(item_map, table, width, path, "item_map")
-    if format not in ("ml-1m", "csv"):
-        raise ValueError(f"format must be 'ml-100k', 'ml-1m' or 'csv' for item features, "
-                         f"got {format!r}")
     named: Dict[Any, List[str]] = {}
     if format == "csv":
         for number, row in _csv_item_rows(path):
@@ -1345,8 +1355,7 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
     """
     path = _feature_file(path, "user features")
     _check_map(user_map, "user_map")
-    if not isinstance(format, str) or format not in _USER_FILES:
-        raise ValueError(f"format must be 'ml-100k' or 'ml-1m' for user features, got {format!r}")
+    as_choice(format, "format", tuple(_USER_FILES), "'ml-100k' or 'ml-1m'", " for user features")
     sep, (g_at, a_at, o_at) = ("|", (2, 1, 3)) if format == "ml-100k" else ("::", (1, 2, 3))
     parsed = []
     seen: Dict[Any, int] = {}  # id -> its line: an id listed twice is refused

@@ -366,9 +366,11 @@ class Batchifier:
 
         Raises:
             TypeError: ``data`` is not one of the accepted kinds, ``batch_size``
-                not an int, a third positional argument (Lua's ``nFrame``).
-            ValueError: ``data`` is a single vector, the network returns
-                something other than a dense ``(b, output_size)`` tensor with
+                not an int, a third positional argument (Lua's ``nFrame``); the
+                network returns something else than a dense tensor (a tuple,
+                ``None``, a sparse tensor).
+            ValueError: ``data`` is a single vector, the network returns a
+                tensor of another shape than ``(b, output_size)``, one without
                 data (or another dtype than for the first batch), or
                 ``batch_size`` is below 1.
 
@@ -439,8 +441,9 @@ class Batchifier:
                 dense batches; ``candidates`` not a dense bool tensor; a network
                 whose scores are bool or complex (they have no order) or
                 uint16/32/64 (``torch.topk`` lacks them).
-            ValueError: ``candidates`` not of shape ``(output_size,)``; the
-                network's output as for :meth:`forward`.
+            ValueError: ``candidates`` not of shape ``(output_size,)``.
+            The network's output is checked as by :meth:`forward` (a TypeError
+            for another kind than a dense tensor, a ValueError for another shape).
         """
         self._check_settings()
         k = as_count("k", k, 0, must="non-negative")
@@ -555,10 +558,13 @@ class Batchifier:
         with torch.inference_mode():
             y = self.network(batch)
         expected = (stop - start, self.output_size)
-        if not isinstance(y, Tensor) or y.layout != torch.strided or tuple(y.shape) != expected:
+        if not isinstance(y, Tensor) or y.layout != torch.strided:  # a wrong kind, a TypeError
             got = (f"shape {tuple(y.shape)}, layout {y.layout}" if isinstance(y, Tensor)
                    else type(y).__name__)
-            raise ValueError(f"network must return a dense tensor of shape {expected}, got {got}")
+            raise TypeError(f"network must return a dense tensor of shape {expected}, got {got}")
+        if tuple(y.shape) != expected:
+            raise ValueError(f"network must return a dense tensor of shape {expected}, got "
+                             f"shape {tuple(y.shape)}, layout {y.layout}")
         if y.device.type == "meta":
             raise ValueError("network must return a tensor that holds data, got one on the meta "
                              "device")

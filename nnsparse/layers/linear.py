@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import _double, _grad_origin, _index
-from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_device, as_flag,
-                      as_int, as_sparse_batch, check_int64, move_structure)
+from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_choice, as_device,
+                      as_flag, as_int, as_sparse_batch, check_int64, move_structure)
 from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, linear_parts
@@ -197,8 +197,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
                   sparse_grad: bool, update: Any = None) -> Tensor:
     """:func:`sparse_linear` on the weight's transpose ``table`` ``(in, out)``;
     ``update``: the layer's in-backward optimiser (forces the sparse kernels)."""
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    as_choice(mode, "mode", _MODES)
     _refuse_update_in_transform(update, table)
     if isinstance(input, Tensor) and input.layout == torch.strided:
         # a strided tensor is always dense (nn.Linear's behaviour): the Lua pair
@@ -491,8 +490,7 @@ class SparseLinearBatch(nn.Module):
         in_features, out_features = _check_layer_args(in_features, out_features, bias,
                                                       sparse_grad, dtype, device)
         bias, sparse_grad = bool(bias), bool(sparse_grad)  # a numpy bool, checked, as a bool
-        if mode not in _MODES:
-            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        mode = as_choice(mode, "mode", _MODES)
         if sparse_grad and mode == "dense":
             raise ValueError("sparse_grad=True needs the sparse kernels, got mode='dense'")
         factory = {"device": device, "dtype": dtype}

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._forms import (_a, as_count, as_device, as_flag, check_index_range,
-                      refuse_meta, refuse_meta_device, trust)
+from .._forms import (_a, as_choice, as_count, as_device, as_flag, check_file_object,
+                      check_index_range, refuse_meta, refuse_meta_device, trust)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -295,10 +295,9 @@ class RatingModel(nn.Module):
             raise TypeError(f"{type(self).__name__}.hparams lacks {missing}; every "
                             f"hyperparameter needs a value (defaults: "
                             f"{ {k: known[k] for k in missing} })")
-        if not isinstance(h["orientation"], str) or h["orientation"] not in ("item", "user"):
-            raise ValueError(f"orientation must be 'item' or 'user', got "
-                             f"{_plain(h['orientation'])!r}")
-        h["orientation"] = str(h["orientation"])  # not a numpy str: save() pickles it
+        # a str, not a numpy str: save() pickles it
+        h["orientation"] = as_choice(_plain(h["orientation"]), "orientation", ("item", "user"),
+                                     "'item' or 'user'")
         for key, value in h.items():  # before the checks of kinds, whose words omit it
             # (a subclass's own hyperparameter, which no check here reads, may mean "auto")
             if _is_auto(value) and key not in self.AUTO and _is_checked(key):
@@ -956,10 +955,11 @@ class RatingModel(nn.Module):
 
         Raises:
             RuntimeError: the model is not fitted (or its last fit failed).
-            TypeError: a ``path`` of the wrong kind; ``hparams`` of the wrong kind;
-                a class not registered under its ``name`` (the file would load as
-                another class).
-            ValueError: ``path`` is a directory or has no parent directory;
+            TypeError: a ``path`` of the wrong kind (a text file object included);
+                ``hparams`` of the wrong kind; a class not registered under its
+                ``name`` (the file would load as another class).
+            ValueError: ``path`` is a directory or has no parent directory, or a
+                file object that is closed or not open for writing;
                 ``hparams`` out of range or no longer matching the fitted
                 network; weights that are not finite.
             PermissionError: ``path`` is an existing file the process may not
@@ -1054,8 +1054,10 @@ class RatingModel(nn.Module):
 
         Raises:
             FileNotFoundError: no file at ``path``.
+            TypeError: ``path`` of the wrong kind (a text file object included).
             ValueError: ``path`` is a directory or not a file written by
-                :meth:`save`; it holds another model class; an unknown ``device``.
+                :meth:`save`, or a file object that is closed or not open for
+                reading; it holds another model class; an unknown ``device``.
             OSError, MemoryError: (torch's) the file could not be read, or not held
                 in memory.
         """
@@ -1069,6 +1071,8 @@ class RatingModel(nn.Module):
                 raise ValueError(f"path must be a model file, got {path}, which is a directory")
             if not Path(path).exists():
                 raise FileNotFoundError(f"path: no file at {path}")
+        else:
+            check_file_object(path, "path", "read")
         try:
             blob = torch.load(path, map_location="cpu", weights_only=True)
         except (OSError, MemoryError):  # the file could not be read (permissions, I/O) or
@@ -1303,6 +1307,8 @@ def _path_to_write(path: Any) -> None:
             raise ValueError(f"path must be a file to write, got {p}, which is a directory")
         if not p.parent.is_dir():
             raise ValueError(f"path: no directory {p.parent} to write {p.name} in")
+    else:
+        check_file_object(path, "path", "write")
 
 
 def _save_whole(blob: Dict[str, Any], path: Any) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import torch
 
-from .._forms import _a, as_count
+from .._forms import _a, as_choice, as_count
 from ..data import Ratings, mean_prediction, read_split, rmse
 from ..data.matrix import check_same_maps
 from ..data.readers import FORMATS, check_ratings, check_unique_pairs, \
@@ -72,8 +72,7 @@ def fold_files(directory: Union[str, Path], format: str = "ml-100k") -> Iterator
     """
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    as_choice(format, "format", FORMATS)
     directory = Path(directory)
     if not directory.is_dir():
         raise ValueError(f"folds: no directory at {directory}")

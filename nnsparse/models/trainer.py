@@ -50,14 +50,21 @@ class TrainResult:
 
 
 def _as_rmse(value: Any) -> float:
-    """A ``validate()`` result (a number or a one-element tensor) as a float."""
+    """A ``validate()`` result (a number or a one-element tensor) as a float: an RMSE, so
+    never negative (NaN and inf are a diverged model's, which fit never keeps)."""
     if isinstance(value, Tensor) and value.numel() == 1 and not (
             value.dtype == torch.bool or value.is_complex()):
-        return float(value)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        rmse = float(value)
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"validate must return a number (the validation RMSE), got "
                         f"{type(value).__name__} {value!r}")
-    return float(value)
+    else:
+        rmse = float(value)
+    if rmse < 0:  # a score where higher is better (-loss): fit would keep the worst epoch
+        raise ValueError(f"validate must return the validation RMSE (non-negative, lower is "
+                         f"better), got {rmse}; a score where higher is better would make "
+                         f"fit keep the worst epoch: return an error instead")
+    return rmse
 
 
 def _show_progress(progress: Optional[bool]) -> bool:
@@ -252,7 +259,10 @@ class Trainer:
             FloatingPointError: the training loss became NaN or infinite before
                 any validated epoch (e.g. too large an ``lr``).
             ValueError: ``epochs`` beyond ``self.epochs`` (the learning rate's
-                schedule ends there); a matrix of the wrong shape, empty or not finite.
+                schedule ends there); a matrix of the wrong shape, empty or not finite;
+                ``validate`` returning a negative number (not an RMSE), after the
+                epoch it validated.
+            TypeError: ``validate`` returning something else than a number.
         """
         if not isinstance(x_train, Tensor) or x_train.layout not in (torch.sparse_csr,
                                                                      torch.sparse_coo):
