@@ -648,3 +648,24 @@ SECOND_READING_CASES = [
 @pytest.mark.parametrize("case", SECOND_READING_CASES, ids=lambda c: c.id)
 def test_probe12_second_reading(case: Case, tmp_path: Any) -> None:
     run_case(case, tmp_path)
+
+
+@pytest.mark.parametrize("flags, shows", [
+    (["--save", "{dir}/m.pt"], "trained"),
+    (["--recommend", "1", "-k", "2", "--min-support", "0"], "items for user 1:"),
+], ids=["save", "recommend"])
+def test_probe12_cli_test_ratio_0_trains_on_all(flags: List[str], shows: str, tmp_path: Any,
+                                                capsys: Any) -> None:
+    """``--test-ratio 0`` (in its [0, 1) range) with something to do but evaluating: a model
+    trained on all the ratings, saved or asked for recommendations (the probe refused it;
+    before the probe the model was saved, then the evaluation of no ratings failed)."""
+    (tmp_path / "u.data").write_text(_SMALL)
+    argv = _FAST + ["--ratings", str(tmp_path / "u.data"), "--format", "ml-100k",
+                    "--test-ratio", "0", "--validation-ratio", "0"]
+    result = _example().main(argv + [f.replace("{dir}", str(tmp_path)) for f in flags])
+    out = capsys.readouterr().out
+    assert shows in out.lower() and "no test ratings (--test-ratio 0): not evaluated" in out
+    assert result["test_rmse"] is None and result["epochs"]
+    if "--save" in flags:
+        from nnsparse.models import RatingModel
+        assert RatingModel.load(tmp_path / "m.pt").predict_entries(torch.tensor([0]), torch.tensor([0])).shape == (1,)
