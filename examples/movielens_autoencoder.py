@@ -242,9 +242,14 @@ def read_data(p: argparse.ArgumentParser, args: argparse.Namespace):
         except ValueError as error:  # more folds than ratings
             p.error(f"--folds {args.folds}: {error}")
     split = random_split(ratings, test=args.test_ratio, validation=0.0, seed=args.seed)
-    for part, what in ((split.train, "no training ratings"), (split.test, "no test ratings")):
-        if len(part) == 0:  # found before training, not by fit or by the evaluation after it
-            p.error(f"--test-ratio {args.test_ratio} of {len(ratings)} ratings leaves {what}")
+    # found before training, not by fit or by the evaluation after it.  No test ratings
+    # (--test-ratio 0) trains on them all: a model to --save or to --recommend from
+    if len(split.train) == 0:
+        p.error(f"--test-ratio {args.test_ratio} of {len(ratings)} ratings leaves no "
+                f"training ratings")
+    if len(split.test) == 0 and not (args.save or args.recommend is not None):
+        p.error(f"--test-ratio {args.test_ratio} of {len(ratings)} ratings leaves no test "
+                f"ratings; to train on all of them, give --save or --recommend")
     return split.train, split.test, ratings
 
 
@@ -325,6 +330,10 @@ def run_one(p, args, train, test) -> Dict[str, Any]:
             print_recommendations(model, args)
         except KeyError as error:
             p.error(f"--recommend: {error.args[0]}")
+    if len(test) == 0:  # --test-ratio 0 with --save or --recommend
+        nd.main_print("no test ratings (--test-ratio 0): not evaluated")
+        return dict(epochs=model.history, test_rmse=None, test_mae=None, fallback=None,
+                    best_epoch=model.best_epoch, seconds=model.fit_seconds)
     scores = model.evaluate(test)
     counts = scores["fallback_counts"]
     nd.main_print(f"{scores['fallback']} of {scores['count']} test ratings predicted by a mean "
@@ -375,7 +384,7 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, Any
         result = run_folds(p, args, first) if test is None else run_one(p, args, first, test)
     except FloatingPointError as error:  # training diverged (Trainer.fit): no traceback
         p.exit(1, f"{p.prog}: error: {error}\n")
-    if test is not None:
+    if test is not None and len(test):
         baseline = mean_prediction(first, test, by="item")
         result.update(item_mean_rmse=float(rmse(baseline, test.rating)),
                       item_mean_mae=float(mae(baseline, test.rating)))
@@ -386,8 +395,9 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, Any
     if args.metrics_out and nd.is_main():
         with open(args.metrics_out, "w") as f:
             json.dump(result, f, indent=2, default=str)
-    nd.main_print(f"test MAE: {result['test_mae']:.4f}")
-    nd.main_print(f"test RMSE: {result['test_rmse']:.4f}")
+    if result["test_rmse"] is not None:
+        nd.main_print(f"test MAE: {result['test_mae']:.4f}")
+        nd.main_print(f"test RMSE: {result['test_rmse']:.4f}")
     return result
 
 

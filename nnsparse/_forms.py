@@ -1009,17 +1009,25 @@ def check_numel(sizes: Sequence[int], name: str, got: Optional[str] = None) -> T
 def as_choice(value: Any, name: str, choices: Sequence[str], listed: Optional[str] = None,
               then: str = "") -> str:
     """``value`` checked as one of the str ``choices``: a ``TypeError`` for another kind
-    (``None``, an int, a numpy str passes as the str it is), a ``ValueError`` for another
-    str: "``name`` must be ``listed`` (a str), got ...".  ``listed`` defaults to "one of
-    [...]"; ``then`` ends both messages.  The one check of choice arguments (a kind
-    wrong, or a value)."""
+    (``None``, an int), a ``ValueError`` for another str: "``name`` must be ``listed``
+    (a str), got ...".  ``listed`` defaults to "one of [...]"; ``then`` ends both
+    messages.  The one check of choice arguments (a kind wrong, or a value).
+
+    Returns the plain str the choice holds: a numpy str, a str enum member
+    (``class Mode(str, Enum)``) or any str subclass passes as its characters (not as
+    ``str(value)``, which is ``'Mode.DENSE'`` for such an enum member)."""
     listed = listed or f"one of {list(choices)}"
     if not isinstance(value, str):
         raise TypeError(f"{name} must be {listed} (a str), got {type(value).__name__} "
                         f"{value!r}{then}")
     if value not in choices:
         raise ValueError(f"{name} must be {listed}, got {value!r}{then}")
-    return str(value)
+    return str.__str__(value)  # the characters: str() of a str enum member is its name
+
+
+#: io's concrete file objects, whose readable() / writable() are right where inherited
+_IO_FILES = (io.FileIO, io.BufferedReader, io.BufferedWriter, io.BufferedRandom,
+             io.BufferedRWPair, io.BytesIO)
 
 
 def check_file_object(f: Any, name: str, use: str) -> None:
@@ -1028,7 +1036,9 @@ def check_file_object(f: Any, name: str, use: str) -> None:
     writes and reads bytes), one not open for ``use``.  torch's own errors came from deep
     inside it ("write() argument must be str, not memoryview", "write to closed file",
     a bare "write").  Objects without ``closed`` / ``writable`` / ``readable`` (a bare
-    object with ``write``) are left to torch."""
+    object with ``write``), and streams that keep ``io.IOBase``'s own ``writable()`` /
+    ``readable()`` (False whatever the stream does: a ``RawIOBase`` subclass defining
+    ``write`` or ``readinto`` only, which torch uses), are left to torch."""
     kind = type(f).__name__
     if getattr(f, "closed", False) is True:
         raise ValueError(f"{name} is a closed file object ({kind}); open it again to {use}")
@@ -1036,11 +1046,17 @@ def check_file_object(f: Any, name: str, use: str) -> None:
     if isinstance(f, io.TextIOBase):
         raise TypeError(f"{name} must be a binary file object (open(..., {mode}), io.BytesIO), "
                         f"got a text one ({kind}): torch {use}s bytes")
-    able = getattr(f, "writable" if use == "write" else "readable", None)
-    if callable(able) and able() is False:
-        opened = getattr(f, "mode", None)
+    method = "writable" if use == "write" else "readable"
+    able = getattr(f, method, None)
+    # io.IOBase's own method answers False for a stream that does not say; io's concrete
+    # files inherit it where it is true (BufferedReader.writable)
+    said = getattr(type(f), method, None) is not getattr(io.IOBase, method) \
+        or isinstance(f, _IO_FILES)
+    if said and callable(able) and able() is False:
+        opened = getattr(f, "mode", None)  # (gzip.GzipFile's is an int: not shown)
         raise ValueError(f"{name} must be a file object open to {use} (open(..., {mode})), "
-                         f"got one that is not" + (f" (mode {opened!r})" if opened else ""))
+                         f"got one that is not" + (f" (mode {opened!r})"
+                                                   if isinstance(opened, str) else ""))
 
 
 def as_flag(value: Any, name: str, what: str = "a bool") -> bool:

@@ -551,3 +551,121 @@ def test_probe12_ddp_cli(case_id: str, flags: List[str], message: str, capsys: A
 def test_probe12_ddp_cli_defaults_parse() -> None:
     args = _ddp_example().parse_args(["--seed", str(2 ** 64 - 1), "--threads", str(_CORES)])
     assert (args.seed, args.threads) == (2 ** 64 - 1, _CORES)
+
+
+# -- the second reading of probe 12: valid inputs its checks refused or changed -------------
+
+class _Choice(str, __import__("enum").Enum):
+    """A str enum, the common way to name a choice (its str() is 'Choice.DENSE')."""
+    DENSE = "dense"
+    USER = "user"
+
+
+class _Tagged(str):
+    """A str subclass with its own str()."""
+
+    def __str__(self) -> str:
+        return f"<{str.__str__(self)}>"
+
+
+class _Sink(__import__("io").RawIOBase):
+    """A write-only stream that leaves io.IOBase's writable() (False) as it is: torch.save
+    writes to it (it only calls write)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, b: Any) -> int:
+        self.data += bytes(b)
+        return len(b)
+
+
+class _Source(__import__("io").RawIOBase):
+    """A seekable stream that leaves io.IOBase's readable() (False) as it is: torch.load
+    reads it (it calls read, seek and tell)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.inner = __import__("io").BytesIO(data)
+
+    def readinto(self, b: Any) -> int:
+        return self.inner.readinto(b)
+
+    def seek(self, *args: Any) -> int:
+        return self.inner.seek(*args)
+
+    def tell(self) -> int:
+        return self.inner.tell()
+
+    def seekable(self) -> bool:
+        return True
+
+
+def _through_streams() -> Any:
+    """A model saved to a ``_Sink`` and loaded from a ``_Source`` of its bytes."""
+    from nnsparse.models import RatingModel
+    sink = _Sink()
+    _fitted().save(sink)
+    return RatingModel.load(_Source(bytes(sink.data)))
+
+
+def _layer_output(mode: Any) -> Any:
+    """A layer made with ``mode`` on a sparse batch, beside nn.Linear's dense output."""
+    layer = SparseLinearBatch(4, 3, mode=mode)
+    x = torch.tensor([[1., 0., 2., 0.], [0., 3., 0., 0.]])
+    return layer, layer(x.to_sparse()), nn.functional.linear(x, layer.weight, layer.bias)
+
+
+SECOND_READING_CASES = [
+    # as_choice returned str(value): 'Choice.DENSE', which the layer's forward then refused
+    Case("layer_mode_str_enum_works", lambda d: _layer_output(_Choice.DENSE), None,
+         check=lambda r: type(r[0].mode) is str and r[0].mode == "dense"
+         and torch.allclose(r[1], r[2])),
+    Case("model_orientation_str_enum_works",
+         lambda d: __import__("nnsparse.models", fromlist=["AutoRec"]).AutoRec(
+             orientation=_Choice.USER).hparams["orientation"], None,
+         check=lambda o: type(o) is str and o == "user"),
+    Case("layer_mode_str_subclass_with_own_str_works",
+         lambda d: SparseLinearBatch(4, 3, mode=_Tagged("dense")).mode, None,
+         check=lambda m: type(m) is str and m == "dense"),
+    # check_file_object took io.IOBase's default writable() / readable() (False) for a
+    # stream's mode: streams torch.save / torch.load use were refused
+    Case("save_and_load_iobase_streams_work", lambda d: _through_streams(), None,
+         check=lambda m: torch.equal(m.decoder.weight, _fitted().decoder.weight)),
+    Case("distributed_save_to_iobase_stream_works",
+         lambda d: (lambda s: (__import__("nnsparse.distributed", fromlist=["save"]).save(
+             {"a": torch.ones(2)}, s), s)[1])(_Sink()), None,
+         check=lambda s: torch.equal(torch.load(__import__("io").BytesIO(bytes(s.data)),
+                                                weights_only=True)["a"], torch.ones(2))),
+    # a gzip file's mode is an int: the message said "(mode 2)"
+    Case("load_from_gzip_file_open_for_writing",
+         lambda d: __import__("nnsparse.models", fromlist=["RatingModel"]).RatingModel.load(
+             __import__("gzip").GzipFile(fileobj=__import__("io").BytesIO(), mode="wb")),
+         ValueError, r"path must be a file object open to read \(open\(..., 'rb'\)\), got one "
+                     r"that is not$"),
+]
+
+
+@pytest.mark.parametrize("case", SECOND_READING_CASES, ids=lambda c: c.id)
+def test_probe12_second_reading(case: Case, tmp_path: Any) -> None:
+    run_case(case, tmp_path)
+
+
+@pytest.mark.parametrize("flags, shows", [
+    (["--save", "{dir}/m.pt"], "trained"),
+    (["--recommend", "1", "-k", "2", "--min-support", "0"], "items for user 1:"),
+], ids=["save", "recommend"])
+def test_probe12_cli_test_ratio_0_trains_on_all(flags: List[str], shows: str, tmp_path: Any,
+                                                capsys: Any) -> None:
+    """``--test-ratio 0`` (in its [0, 1) range) with something to do but evaluating: a model
+    trained on all the ratings, saved or asked for recommendations (the probe refused it;
+    before the probe the model was saved, then the evaluation of no ratings failed)."""
+    (tmp_path / "u.data").write_text(_SMALL)
+    argv = _FAST + ["--ratings", str(tmp_path / "u.data"), "--format", "ml-100k",
+                    "--test-ratio", "0", "--validation-ratio", "0"]
+    result = _example().main(argv + [f.replace("{dir}", str(tmp_path)) for f in flags])
+    out = capsys.readouterr().out
+    assert shows in out.lower() and "no test ratings (--test-ratio 0): not evaluated" in out
+    assert result["test_rmse"] is None and result["epochs"]
+    if "--save" in flags:
+        from nnsparse.models import RatingModel
+        assert RatingModel.load(tmp_path / "m.pt").predict_entries(torch.tensor([0]), torch.tensor([0])).shape == (1,)

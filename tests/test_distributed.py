@@ -469,3 +469,39 @@ def test_main_example_refuses_a_global_batch_the_processes_cannot_split(monkeypa
         _load_example().main(["--batch-size", "3", "--epochs", "1"])
     assert ("--batch-size 3 (the global batch) must be a multiple of the 2 processes"
             in capsys.readouterr().err)
+
+
+def _validate_worker(rank: int, port: int, out_dir: str, world: int, device: str) -> None:
+    """``DistributedTrainer.validation_rmse`` with a ``validate`` that returns a score
+    (-0.5, refused on rank 0, the only rank that calls it) or raises; each rank's error."""
+    from nnsparse.models import DistributedTrainer
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    nd.init_from_env(device=device, timeout=TIMEOUT_S)
+    results: Dict[str, Any] = {}
+    try:
+        trainer = DistributedTrainer(nn.Linear(2, 2), epochs=1, batch_size=2, lr=0.1)
+        for case, validate in (("negative", lambda: -0.5), ("raises", lambda: {}["x"]),
+                               ("fine", lambda: 0.25)):
+            try:
+                results[case] = trainer.validation_rmse(validate)
+            except Exception as e:  # noqa: BLE001 -- each rank's error is the result
+                results[case] = (type(e).__name__, str(e))
+        torch.save(results, os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        nd.cleanup()
+
+
+def test_a_validate_refused_on_rank_0_raises_on_every_rank(tmp_path):
+    """Rank 0's validate() result refused (a negative score) or its error: rank 0 raised and
+    the other ranks waited in the broadcast for a value that never came (a hang, or gloo's
+    error once rank 0 left).  Now every rank raises; a rank other than 0 says why."""
+    first, second = _spawn(str(tmp_path), WORLD, "cpu", _validate_worker)
+    assert first["negative"][0] == "ValueError" and "validate must return the validation " \
+        "RMSE" in first["negative"][1]
+    assert first["raises"][0] == "KeyError"
+    for case, error in (("negative", "ValueError"), ("raises", "KeyError")):
+        assert second[case] == ("RuntimeError", f"validate() raised {error} on rank 0, which "
+                                f"computes the validation RMSE: see rank 0's error"), case
+    assert first["fine"] == second["fine"] == 0.25  # the group is still usable after them

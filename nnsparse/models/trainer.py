@@ -444,12 +444,29 @@ class DistributedTrainer(Trainer):
         return value / self.world
 
     def validation_rmse(self, validate: Callable[[], float]) -> float:
-        """Rank 0's validation RMSE, on every rank (the others do not compute it)."""
-        value = torch.zeros((), dtype=torch.float64, device=self.device)
+        """Rank 0's validation RMSE, on every rank (the others do not compute it).
+
+        Raises:
+            as :meth:`Trainer.validation_rmse` on rank 0 (``validate``'s own error too);
+            RuntimeError on the other ranks then (they waited for the value in vain).
+        """
+        value = torch.zeros(2, dtype=torch.float64, device=self.device)  # (rmse, failed)
+        error: Optional[Exception] = None
         if self.is_main():
-            value.fill_(_as_rmse(validate()))
+            try:
+                value[0] = _as_rmse(validate())
+            except Exception as e:  # every rank raises, not rank 0 alone (the others hung)
+                error, value[1] = e, 1.0
         torch.distributed.broadcast(value, src=0)
-        return float(value)
+        rmse, failed = value.tolist()
+        if failed:  # (one more collective, on this path only: the error's kind, for its words)
+            kind = [type(error).__name__ if error is not None else None]
+            torch.distributed.broadcast_object_list(kind, src=0)
+            if error is not None:
+                raise error
+            raise RuntimeError(f"validate() raised {kind[0]} on rank 0, which computes the "
+                               f"validation RMSE: see rank 0's error")
+        return rmse
 
     def step(self, batch: Any, optimizer: torch.optim.Optimizer) -> Tensor:
         _check_step_args(batch, optimizer)
