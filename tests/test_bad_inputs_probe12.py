@@ -418,6 +418,7 @@ def _example() -> Any:
 
 
 _CORES = os.cpu_count() or 1
+_THREAD_LIMIT = max(1024, _CORES)  # the examples' bound on --threads
 #: six ratings of two users and three items
 _SMALL = "".join(f"{u}\t{i}\t{1 + (u + i) % 5}\t0\n" for u in (1, 2) for i in (1, 2, 3))
 _FAST = ["--model", "autorec", "--hidden", "2", "--epochs", "1", "--threads", "1",
@@ -442,7 +443,7 @@ CLI_CASES = [
      "--seed must be below 2**64 (torch.manual_seed's range), got 18446744073709551616"),
     # torch.set_num_threads(100000000) crashed the process (SIGSEGV); 2**70 overflowed
     ("threads_beyond_cores", ["--threads", str(10 ** 8)],
-     f"--threads must be at most {_CORES}, the CPUs this machine has, got 100000000"),
+     f"--threads must be at most {_THREAD_LIMIT}, got 100000000"),
     ("threads_beyond_int64", ["--threads", str(2 ** 70)],
      "--threads must be below 2**63 (int64)"),
     # kfold's ValueError, a traceback
@@ -488,10 +489,12 @@ def _parsed(flags: List[str]) -> Dict[str, Any]:
 @pytest.mark.parametrize("flags, key, value", [
     (["--seed", str(2 ** 64 - 1)], "seed", 2 ** 64 - 1),  # torch.manual_seed takes it
     (["--threads", str(_CORES)], "threads", _CORES),
+    # more threads than CPUs: oversubscribed, but torch runs them
+    (["--threads", str(_THREAD_LIMIT)], "threads", _THREAD_LIMIT),
     (["--recommend", "1", "-k", str(2 ** 63 - 1)], "k", 2 ** 63 - 1),
     (["--min-support", str(2 ** 63 - 1)], "min_support", 2 ** 63 - 1),
     (["--epochs", str(2 ** 63 - 1)], "epochs", 2 ** 63 - 1),
-], ids=["seed_uint64_max", "threads_all_cores", "k_int64_max", "min_support_int64_max",
+], ids=["seed_uint64_max", "threads_all_cores", "threads_at_limit", "k_int64_max", "min_support_int64_max",
         "epochs_int64_max"])
 def test_probe12_cli_bounds_themselves_are_taken(flags: List[str], key: str, value: Any) -> None:
     assert _parsed(flags)[key] == value
@@ -521,7 +524,7 @@ def _ddp_example() -> Any:
 DDP_CLI_CASES = [
     # torch.set_num_threads(100000000): the process crashed
     ("threads_beyond_cores", ["--threads", str(10 ** 8)],
-     f"--threads must be at most {_CORES}, the CPUs this machine has, got 100000000"),
+     f"--threads must be at most {_THREAD_LIMIT}, got 100000000"),
     # torch.manual_seed's "Overflow when unpacking long long"; synthetic_ratings' ValueError
     ("seed_beyond_uint64", ["--seed", str(2 ** 64)], "--seed must be in [0, 2**64), got"),
     ("seed_negative", ["--seed", "-1"], "--seed must be in [0, 2**64), got -1"),
@@ -549,8 +552,9 @@ def test_probe12_ddp_cli(case_id: str, flags: List[str], message: str, capsys: A
 
 
 def test_probe12_ddp_cli_defaults_parse() -> None:
-    args = _ddp_example().parse_args(["--seed", str(2 ** 64 - 1), "--threads", str(_CORES)])
-    assert (args.seed, args.threads) == (2 ** 64 - 1, _CORES)
+    args = _ddp_example().parse_args(["--seed", str(2 ** 64 - 1), "--threads",
+                                      str(_THREAD_LIMIT)])
+    assert (args.seed, args.threads) == (2 ** 64 - 1, _THREAD_LIMIT)
 
 
 # -- the second reading of probe 12: valid inputs its checks refused or changed -------------
