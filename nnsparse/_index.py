@@ -11,7 +11,6 @@ known from the input sizes.
 from __future__ import annotations
 
 import functools
-
 import warnings
 from collections import Counter
 from typing import Callable, Optional, Sequence, Tuple, TypeVar
