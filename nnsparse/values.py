@@ -308,6 +308,8 @@ class ValuesMap(nn.Module):
         tensor([0.7616])
         >>> act(torch.zeros(2))
         tensor([0., 0.])
+        >>> nnsparse.ValuesMap(torch.sigmoid)
+        ValuesMap(fn=sigmoid)
     """
 
     def __init__(self, fn: Callable[[Tensor], Tensor]) -> None:
@@ -318,3 +320,10 @@ class ValuesMap(nn.Module):
 
     def forward(self, input: Union[SparseLike, SparseParts]) -> Union[SparseLike, SparseParts]:
         return values_map(self.fn, input)
+
+    def extra_repr(self) -> str:
+        # A module is shown as the child ``(fn): Tanh()``; a function by its name.
+        if isinstance(self.fn, nn.Module):
+            return ""
+        name = getattr(self.fn, "__name__", None)
+        return f"fn={name}" if isinstance(name, str) else f"fn={self.fn!r}"

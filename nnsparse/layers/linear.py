@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -473,12 +473,14 @@ class SparseLinearBatch(nn.Module):
         ...                                               layer.weight, layer.bias))
         True
         >>> layer
-        SparseLinearBatch(5 -> 3, bias=True, sparse_grad=False, mode=auto)
+        SparseLinearBatch(in_features=5, out_features=3, bias=True,
+                          sparse_grad=False, mode='auto')
     """
 
     def __init__(self, in_features: int, out_features: int, *args: Any, bias: bool = True,
-                 sparse_grad: bool = False, mode: str = "auto", device=None,
-                 dtype=None) -> None:
+                 sparse_grad: bool = False, mode: str = "auto",
+                 device: Optional[Union[torch.device, str, int]] = None,
+                 dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
         if args:
             # Lua's SparseLinearBatch(in, out, ignoreAccGrad): a third positional
@@ -599,8 +601,8 @@ class SparseLinearBatch(nn.Module):
                              self._row_update)
 
     def extra_repr(self) -> str:
-        return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "
-                f"sparse_grad={self.sparse_grad}, mode={self.mode}")
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, sparse_grad={self.sparse_grad}, mode={self.mode!r}")
 
     def __getstate__(self) -> Dict[str, Any]:
         return _state_without_update(self)

@@ -347,7 +347,9 @@ class SparseOutputLinear(nn.Linear):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 sparse_grad: bool = False, device=None, dtype=None) -> None:
+                 sparse_grad: bool = False,
+                 device: Optional[Union[torch.device, str, int]] = None,
+                 dtype: Optional[torch.dtype] = None) -> None:
         in_features, out_features = _check_layer_args(in_features, out_features, bias,
                                                       sparse_grad, dtype, device)
         bias, sparse_grad = bool(bias), bool(sparse_grad)  # a numpy bool, checked, as a bool
@@ -392,8 +394,8 @@ class SparseOutputLinear(nn.Linear):
                                self._row_update)
 
     def extra_repr(self) -> str:
-        return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "
-                f"sparse_grad={self.sparse_grad}")
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, sparse_grad={self.sparse_grad}")
 
     def __getstate__(self) -> Dict[str, Any]:
         return _state_without_update(self)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union, cast
 
 import torch
 from torch import Tensor, nn
@@ -163,7 +163,9 @@ class SparseWeightLinear(nn.Module):
     # True while this layer's own load_state_dict runs, after checking the state whole
     _refusals_checked = False
 
-    def __init__(self, pattern: Any, bias: bool = True, *, device=None, dtype=None) -> None:
+    def __init__(self, pattern: Any, bias: bool = True, *,
+                 device: Optional[Union[torch.device, str, int]] = None,
+                 dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
         bias = as_flag(bias, "bias")
         if dtype is not None and not isinstance(dtype, torch.dtype):
@@ -376,7 +378,8 @@ class SparseWeightLinear(nn.Module):
     @classmethod
     def random(cls, in_features: int, out_features: int, density: float, *, bias: bool = True,
                generator: Optional[torch.Generator] = None, seed: Optional[int] = None,
-               device=None, dtype=None) -> "SparseWeightLinear":
+               device: Optional[Union[torch.device, str, int]] = None,
+               dtype: Optional[torch.dtype] = None) -> "SparseWeightLinear":
         """A layer whose every row connects ``max(1, round(density * in_features))``
         distinct random inputs.
 
