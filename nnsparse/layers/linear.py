@@ -495,7 +495,7 @@ class SparseLinearBatch(nn.Module):
         mode = as_choice(mode, "mode", _MODES)
         if sparse_grad and mode == "dense":
             raise ValueError("sparse_grad=True needs the sparse kernels, got mode='dense'")
-        factory = {"device": device, "dtype": dtype}
+        factory: Dict[str, Any] = {"device": device, "dtype": dtype}
         self.in_features, self.out_features = in_features, out_features
         self.sparse_grad, self.mode = sparse_grad, mode
         # the optimiser in the backward, set by nnsparse.optim.apply_optimizer_in_backward
