@@ -57,6 +57,15 @@ def sparse_grad_parameters(model: nn.Module) -> List[Tensor]:
     given a pattern, as in training).  Parameters with
     ``requires_grad=False`` are left out.
 
+    Args:
+        model (nn.Module): any module; its submodules are searched.
+
+    Returns:
+        List[Tensor]: the parameters, in ``model.modules()`` order, each once.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+
     Example::
 
         >>> model = torch.nn.Sequential(nnsparse.SparseLinearBatch(6, 3, sparse_grad=True),

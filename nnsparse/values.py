@@ -297,6 +297,12 @@ class ValuesMap(nn.Module):
     Args:
         fn: an element-wise ``nn.Module`` (registered as a submodule) or callable.
 
+    Shape:
+        As :func:`values_map`: the output has the input's form, pattern and shape.
+
+    Raises:
+        TypeError: ``fn`` is not callable; in ``forward``, :func:`values_map`'s.
+
     Example::
 
         >>> act = nnsparse.ValuesMap(torch.nn.Tanh())
