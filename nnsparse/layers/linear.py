@@ -444,6 +444,8 @@ class SparseLinearBatch(nn.Module):
             kernels.  Default: ``False``.
         mode (str): ``"auto"``, ``"sparse"`` or ``"dense"``, see
             :func:`sparse_linear`.  Default: ``"auto"``.
+        device (torch.device, optional), dtype (torch.dtype, optional): of the
+            parameters, as ``nn.Linear``'s factory keywords.  Default: torch's.
 
     Shape:
         - input: ``(rows, in_features)`` sparse (or dense), or ``(in_features,)``.
@@ -461,6 +463,14 @@ class SparseLinearBatch(nn.Module):
             name="weight_t")``) in a training call on a sparse batch: torch's
             parametrizations refuse sparse gradients; set ``sparse_grad = False``
             (a ``no_grad`` call, or a dense input, runs).
+
+    Raises (in the constructor):
+        TypeError: a size that is not an int, a flag that is not a bool, a
+            ``dtype`` that is not floating point, a ``device`` that is not one, a
+            third positional argument (Lua's ``ignoreAccGrad``).
+        ValueError: a negative size, a weight beyond 2**63 bytes, an unknown
+            device name, an unknown ``mode``, or ``sparse_grad=True``
+            with ``mode="dense"``.
 
     Example::
 

@@ -316,6 +316,8 @@ class SparseOutputLinear(nn.Linear):
         sparse_grad (bool): sparse gradients for ``weight`` and ``bias``,
             holding only the output columns a batch's pattern touched; with a
             dense output (no pattern) the gradients are dense.  Default: ``False``.
+        device (torch.device, optional), dtype (torch.dtype, optional): of the
+            parameters, as ``nn.Linear``'s factory keywords.  Default: torch's.
 
     Shape:
         - input: ``(rows, in_features)`` or ``(in_features,)``, dense.
@@ -332,6 +334,12 @@ class SparseOutputLinear(nn.Linear):
             (``torch.nn.utils.parametrize``, e.g. ``weight_norm``) in a training
             call with a pattern: torch's parametrizations refuse sparse gradients;
             set ``sparse_grad = False`` (a ``no_grad`` call runs).
+
+    Raises (in the constructor):
+        TypeError: a size that is not an int, a flag that is not a bool, a
+            ``dtype`` that is not floating point, a ``device`` that is not one.
+        ValueError: a negative size, a weight beyond 2**63 bytes, an unknown
+            device name.
 
     Example::
 
