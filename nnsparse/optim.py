@@ -958,6 +958,17 @@ class InBackwardOptimizer(Optimizer):
     (an in-backward weight's entry: its table's state, the tensors its backward
     updates).  Move or convert the model before building the optimiser.
 
+    Example::
+
+        >>> model = torch.nn.Sequential(nnsparse.SparseLinearBatch(6, 3), torch.nn.Linear(3, 2))
+        >>> opt = nnsparse.optim.apply_optimizer_in_backward(model, "rowwise_adagrad", lr=0.1)
+        >>> list(opt.tables), type(opt.dense).__name__   # layer 0's weight; the rest
+        (['0'], 'Adagrad')
+        >>> opt.set_lr(0.05)
+        >>> [group["lr"] for group in opt.param_groups]     # layer 0's, then dense's
+        [0.05, 0.05]
+        >>> opt.remove()   # layer 0 back to ordinary gradients
+
     Attributes:
         dense (torch.optim.Optimizer or None): the optimiser of the other parameters.
         kind (str): ``"sgd"``, ``"adam"``, ``"adamw"``, ``"adagrad"`` or ``"rowwise_adagrad"``.
