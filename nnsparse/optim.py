@@ -93,6 +93,14 @@ class LazyAdam(Optimizer):
             in Adam), which costs less than gathering most rows.  ``None``:
             always lazy.  Default: ``None``.
 
+    Raises:
+        TypeError: ``params`` is a tensor or not iterable; ``lr``, ``eps``,
+            ``weight_decay`` not numbers, ``betas`` not a pair,
+            ``decoupled_weight_decay`` not a bool.
+        ValueError: a negative ``lr``, ``eps`` or ``weight_decay``, ``betas``
+            outside ``[0, 1)``, ``dense_above`` outside ``[0, 1]``, no parameters
+            (torch's refusal).  :meth:`step` raises its own.
+
     Example::
 
         >>> emb = torch.nn.Embedding(10, 3, sparse=True)
