@@ -171,7 +171,7 @@ class SplitOptimizer(Optimizer):
         self._state = _JoinedState({}, self.optimizers)
 
     @property
-    def param_groups(self) -> List[dict]:  # type: ignore[override]
+    def param_groups(self) -> List[Dict[str, Any]]:  # type: ignore[override]
         return [g for opt in self.optimizers.values() for g in opt.param_groups]
 
     @property

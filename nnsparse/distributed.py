@@ -31,7 +31,7 @@ each sparse gradient (dense buckets are all-reduced as usual).
 import datetime
 import inspect
 import os
-from typing import Any, Dict, Iterable, Optional, cast
+from typing import Any, Dict, Iterable, Optional, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -49,6 +49,7 @@ __all__ = ["init_from_env", "is_distributed", "rank", "world_size", "is_main", "
            "sparse_allgather_hook", "cleanup"]
 
 _TORCH_DDP = nn.parallel.DistributedDataParallel
+_T = TypeVar("_T")
 
 
 def is_distributed() -> bool:
@@ -229,7 +230,8 @@ _TQDM_ARGUMENTS = frozenset(
                                                                           "disable"}
 
 
-def progress(iterable: Iterable, disable: Optional[bool] = None, **kwargs: Any) -> Iterable:
+def progress(iterable: Iterable[_T], disable: Optional[bool] = None,
+             **kwargs: Any) -> Iterable[_T]:
     """A tqdm bar over ``iterable`` on rank 0; the bare iterable on other ranks.
 
     Args:
@@ -306,8 +308,8 @@ def save(obj: Any, path: str) -> None:
         dist.barrier()
 
 
-def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
-           drop_last: bool = False, **kwargs: Any) -> DataLoader:
+def loader(dataset: Dataset[Any], batch_size: int, *, shuffle: bool = True, seed: int = 0,
+           drop_last: bool = False, **kwargs: Any) -> DataLoader[Any]:
     r"""A ``DataLoader`` that gives this process its share of ``dataset``.
 
     Each epoch the rows are shuffled with ``seed + epoch`` (call

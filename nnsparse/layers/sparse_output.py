@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional, Tuple, Union, overload
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .. import _double, _grad_origin, _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_flag, as_sparse_batch
@@ -408,7 +409,8 @@ class SparseOutputLinear(nn.Linear):
     def __getstate__(self) -> Dict[str, Any]:
         return _state_without_update(self)
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+    def load_state_dict(self, state_dict: Any, strict: bool = True,
+                        assign: bool = False) -> "_IncompatibleKeys":
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
         strict, assign = check_state_dict(self, state_dict, strict, assign)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)

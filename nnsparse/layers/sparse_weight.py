@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union, cast
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .._forms import (_check_csr, _version, as_count, as_device, as_flag, as_sparse_batch,
                       is_sparse_form)
@@ -195,7 +196,8 @@ class SparseWeightLinear(nn.Module):
         self.register_load_state_dict_post_hook(_after_load)
         self.reset_parameters()
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+    def load_state_dict(self, state_dict: Any, strict: bool = True,
+                        assign: bool = False) -> "_IncompatibleKeys":
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing.
 
         The pattern (``crow``, ``col``) is part of the state: a state of another

@@ -29,6 +29,7 @@ from typing import (Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Pr
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, check_file_object,
                       check_index_range, refuse_meta, refuse_meta_device, trust)
@@ -371,7 +372,8 @@ class RatingModel(nn.Module):
         own = {k: v for k, v in self.hparams.items() if k in self.DEFAULTS}
         return ", ".join(f"{k}={v!r}" for k, v in own.items())
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+    def load_state_dict(self, state_dict: Any, strict: bool = True,
+                        assign: bool = False) -> "_IncompatibleKeys":
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing.
 
         Raises:
