@@ -140,14 +140,17 @@ class DynamicSparseTensor:
     # -- facts -------------------------------------------------------------------
     @property
     def ndim(self) -> int:
+        """The number of sparse dimensions (index columns of an entry): 1 for a vector."""
         return self._ndim
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of the values."""
         return self._dtype
 
     @property
     def device(self) -> torch.device:
+        """The device the storage lives on."""
         return self._device
 
     @property

@@ -505,6 +505,12 @@ def mean_prediction(train: Ratings, test: Ratings, by: str = "item") -> Tensor:
     Returns:
         Tensor: float32 ``(len(test),)``, on the original rating scale.
 
+    Raises:
+        TypeError: ``train`` or ``test`` is not a :class:`Ratings`.
+        ValueError: ``by`` is neither ``"item"`` nor ``"user"``; ``train`` holds no
+            ratings; ``test`` was read with other id maps than ``train``, or
+            indexes rows beyond them.
+
     Example::
 
         >>> r = Ratings.from_triples([0, 1, 2, 2], [0, 0, 1, 0], [2., 4., 5., 1.])

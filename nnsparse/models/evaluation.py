@@ -202,6 +202,15 @@ def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[Fold],
         CrossValidation: per fold RMSE, MAE, the item-mean baseline, fallback
         count, epochs and seconds; ``.table()`` prints them with mean ± std.
 
+    Raises:
+        TypeError: ``make_model`` is a model instead of a function, or not
+            callable, or returns no :class:`RatingModel`; ``features`` is not
+            callable; ``folds`` is not iterable or yields no ``(train, test)``
+            pairs of :class:`~nnsparse.data.Ratings`.
+        ValueError: a fold that is not a pair, whose test part is empty, does not
+            share the train part's id maps, repeats a (user, item) pair or shares one
+            with the train part (checked before its fit); ``fit``'s refusals.
+
     Example::
 
         >>> from nnsparse.data import synthetic_ratings
