@@ -56,7 +56,31 @@ _COMMON: Dict[str, Any] = dict(orientation="item", epochs=100, batch_size=64, lr
 
 
 def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
-    """Class decorator: make the model loadable by name."""
+    """Class decorator: make the model loadable by name.
+
+    Adds ``cls`` to :data:`MODELS` under ``cls.name``, the key a saved file
+    holds, so :meth:`RatingModel.load` rebuilds it.
+
+    Args:
+        cls: a :class:`RatingModel` subclass that sets its own ``name``.
+
+    Returns:
+        ``cls`` itself.
+
+    Raises:
+        TypeError: ``cls`` is not a :class:`RatingModel` subclass (or is the base
+            itself), or its ``name`` is not a str.
+        ValueError: ``cls`` inherits its ``name`` or sets it empty, or another
+            class holds that name.
+
+    Example::
+
+        >>> from nnsparse.models import MODELS
+        >>> sorted(MODELS)
+        ['autorec', 'cfn', 'sparsefc']
+        >>> register(MODELS["cfn"]) is MODELS["cfn"]   # registering again is harmless
+        True
+    """
     if not (isinstance(cls, type) and issubclass(cls, RatingModel)):
         raise TypeError(f"register takes a RatingModel subclass, got "
                         f"{cls.__name__ if isinstance(cls, type) else type(cls).__name__}")
