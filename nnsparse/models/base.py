@@ -890,6 +890,19 @@ class RatingModel(nn.Module):
                 ``shrinkage``, non-bool flags.
             ValueError: negative ``k``, ``min_support`` or ``shrinkage``; an
                 index outside ``[0, n_users)`` with ``by_index``.
+
+        Example::
+
+            >>> from nnsparse.data import synthetic_ratings
+            >>> from nnsparse.models import KernelNet
+            >>> r = synthetic_ratings(0, 60, 50, 1200)
+            >>> model = KernelNet(hidden=8, epochs=1, validation_ratio=0.0)
+            >>> model = model.fit(r, verbose=False, progress=False)
+            >>> best = model.recommend(0, k=3, min_support=0)   # user id 0
+            >>> type(best).__name__, len(best.ids), best.index.dtype
+            ('Recommendations', 3, torch.int64)
+            >>> bool((best.score[:-1] >= best.score[1:]).all())   # best first
+            True
         """
         self._check_built()
         k = as_count("k", k, 0, must="non-negative")

@@ -31,6 +31,14 @@ def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[Fold]:
     ``j``-th of ``k`` near-equal parts and trains on the others.  Every
     rating is tested exactly once.
 
+    Args:
+        ratings (Ratings): the whole set; the folds share its id maps.
+        k (int): the number of folds.  Default: 5.
+        seed (int): the shuffle's seed.  Default: 0.
+
+    Returns:
+        Iterator of ``k`` ``(train, test)`` :class:`~nnsparse.data.Ratings` pairs.
+
     Raises:
         ValueError: ``k`` below 2 or above ``len(ratings)``; a (user, item)
             pair rated more than once (its ratings could be trained on and
