@@ -391,6 +391,16 @@ class SparseWeightLinear(nn.Module):
             generator (torch.Generator, optional), seed (int, optional): the
                 randomness of the pattern (a CPU generator; ``seed`` makes one).
                 The values are drawn from the global generator, as ``nn.Linear``'s.
+            bias (bool), device, dtype: as the constructor's.
+
+        Returns:
+            SparseWeightLinear: ``out_features * k`` positions, ``k`` per row.
+
+        Raises:
+            TypeError: a size, ``density`` or ``seed`` of the wrong kind, a
+                ``generator`` that is not a ``torch.Generator``, the constructor's.
+            ValueError: a size below 1, ``density`` outside ``(0, 1]``, both
+                ``generator`` and ``seed`` given.
 
         Example::
 
@@ -424,6 +434,18 @@ class SparseWeightLinear(nn.Module):
 
         ``max(1, round(density * out * in))`` entries are kept (ties broken by
         ``topk``), with their trained values; the bias is copied.
+
+        Args:
+            linear (nn.Linear): the trained layer; the result takes its device and dtype.
+            density (float): in ``(0, 1]``, the share of the weight's entries kept.
+
+        Returns:
+            SparseWeightLinear: equal to ``linear`` where the kept entries are.
+
+        Raises:
+            TypeError: ``linear`` is not an ``nn.Linear``; ``density`` not a number.
+            ValueError: ``density`` outside ``(0, 1]``; a ``linear`` with no weight
+                entries.
 
         Example::
 
