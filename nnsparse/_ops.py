@@ -65,6 +65,18 @@ class SparseParts(NamedTuple):
     that reads a :class:`SparseParts` returns dense tensors
     (:class:`~nnsparse.SparseLinearBatch`) or a :class:`SparseParts` with
     the same pattern (:class:`~nnsparse.SparseOutputLinear`).
+
+    Example::
+
+        >>> parts = nnsparse.sparse_parts(torch.tensor([[0., 2.], [3., 0.]]).to_sparse())
+        >>> parts.crow, parts.col, parts.size
+        (tensor([0, 1, 2]), tensor([1, 0]), (2, 2))
+        >>> doubled = parts.with_values(parts.values * 2)   # same pattern, new values
+        >>> doubled.to_sparse_csr().to_dense()
+        tensor([[0., 4.],
+                [6., 0.]])
+        >>> doubled.to("cpu").values
+        tensor([4., 6.])
     """
 
     crow: Tensor
@@ -73,7 +85,20 @@ class SparseParts(NamedTuple):
     size: Tuple[int, int]
 
     def with_values(self, values: Tensor) -> "SparseParts":
-        """The same pattern with other ``values`` ``(nnz,)`` (e.g. after an activation)."""
+        """The same pattern with other ``values`` (e.g. after an activation).
+
+        Args:
+            values (Tensor): dense ``(nnz,)``, on the pattern's device; any dtype,
+                autograd link kept.
+
+        Returns:
+            SparseParts: ``crow``, ``col`` and ``size`` shared with ``self``.
+
+        Raises:
+            TypeError: ``values`` is not a dense tensor.
+            ValueError: ``values`` is not ``(nnz,)`` or not on the pattern's device
+                (not checked while ``torch.compile`` traces).
+        """
         if not isinstance(values, Tensor):
             raise TypeError(f"values must be a Tensor, got {type(values).__name__}")
         if values.layout != torch.strided:
@@ -90,13 +115,34 @@ class SparseParts(NamedTuple):
         """A torch sparse CSR tensor (trusted) for eager code, e.g. a criterion.
 
         The values keep their autograd link, with an O(nnz) backward.
+
+        Returns:
+            Tensor: sparse CSR, shape ``size``, sharing ``crow``, ``col`` and ``values``.
+
+        Raises:
+            TypeError, ValueError: parts built by hand that do not form a valid
+                pattern (checked once; parts from :func:`sparse_parts` are trusted).
         """
         from .values import _csr_with_values  # values imports the layers' modules
         _check_parts(self, None, "parts")
         return _csr_with_values(self.crow, self.col, self.values, self.size)
 
     def to(self, device: Any, non_blocking: bool = False) -> "SparseParts":
-        """The parts on ``device`` (nnz still marked dynamic)."""
+        """The parts on ``device`` (nnz still marked dynamic).
+
+        Args:
+            device (torch.device, str or int): the target device.
+            non_blocking (bool): as ``Tensor.to``'s.
+
+        Returns:
+            SparseParts: the three tensors moved; checked parts stay trusted.
+
+        Raises:
+            TypeError: ``device`` is a dtype (cast ``values`` with :meth:`with_values`)
+                or not a device.
+            ValueError: an unknown device name, or parts built by hand on the CPU that
+                do not form a valid pattern.
+        """
         if isinstance(device, torch.dtype):  # as Tensor.to(dtype) would take it
             raise TypeError(f"device must be a torch.device or a name such as 'cpu', got "
                             f"the dtype {device}: SparseParts.to moves the parts; cast the "

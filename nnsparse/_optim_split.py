@@ -57,6 +57,15 @@ def sparse_grad_parameters(model: nn.Module) -> List[Tensor]:
     given a pattern, as in training).  Parameters with
     ``requires_grad=False`` are left out.
 
+    Args:
+        model (nn.Module): any module; its submodules are searched.
+
+    Returns:
+        List[Tensor]: the parameters, in ``model.modules()`` order, each once.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+
     Example::
 
         >>> model = torch.nn.Sequential(nnsparse.SparseLinearBatch(6, 3, sparse_grad=True),
@@ -94,8 +103,21 @@ class SplitOptimizer(Optimizer):
         optimizers (dict): name -> optimiser; names key the state dict.
 
     Raises:
-        TypeError: a value is not a ``torch.optim.Optimizer``.
+        TypeError: ``optimizers`` is not a dict keyed by str, a value is not a
+            ``torch.optim.Optimizer`` (or is an in-backward one).
         ValueError: no optimiser, or a parameter in two of them.
+
+    Example::
+
+        >>> model = torch.nn.Sequential(nnsparse.SparseLinearBatch(6, 3, sparse_grad=True),
+        ...                             torch.nn.Linear(3, 2))
+        >>> opt = nnsparse.make_optimizer(model, lr=0.01)   # a SplitOptimizer
+        >>> opt
+        SplitOptimizer(dense=Adam, sparse=LazyAdam)
+        >>> list(opt.state_dict())
+        ['dense', 'sparse']
+        >>> nnsparse.SplitOptimizer({"sgd": torch.optim.SGD(model[1].parameters(), lr=0.1)})
+        SplitOptimizer(sgd=SGD)
     """
 
     def __init__(self, optimizers: Dict[str, Optimizer]) -> None:
@@ -149,7 +171,7 @@ class SplitOptimizer(Optimizer):
         self._state = _JoinedState({}, self.optimizers)
 
     @property
-    def param_groups(self) -> List[dict]:  # type: ignore[override]
+    def param_groups(self) -> List[Dict[str, Any]]:  # type: ignore[override]
         return [g for opt in self.optimizers.values() for g in opt.param_groups]
 
     @property

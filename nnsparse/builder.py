@@ -101,7 +101,7 @@ class DynamicSparseTensor:
 
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
                  dtype: Optional[torch.dtype] = None,
-                 device: Optional[Union[str, torch.device]] = None):
+                 device: Optional[Union[str, torch.device]] = None) -> None:
         reserve = check_int64(as_int(reserve, "reserve"), "reserve", "a non-negative int")
         if dtype is None:  # as torch's factories (and Lua's default tensor type)
             dtype = torch.get_default_dtype()
@@ -140,14 +140,17 @@ class DynamicSparseTensor:
     # -- facts -------------------------------------------------------------------
     @property
     def ndim(self) -> int:
+        """The number of sparse dimensions (index columns of an entry): 1 for a vector."""
         return self._ndim
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of the values."""
         return self._dtype
 
     @property
     def device(self) -> torch.device:
+        """The device the storage lives on."""
         return self._device
 
     @property

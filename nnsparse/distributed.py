@@ -31,7 +31,7 @@ each sparse gradient (dense buckets are all-reduced as usual).
 import datetime
 import inspect
 import os
-from typing import Any, Dict, Iterable, Optional, cast
+from typing import Any, Dict, Iterable, Optional, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -49,25 +49,51 @@ __all__ = ["init_from_env", "is_distributed", "rank", "world_size", "is_main", "
            "sparse_allgather_hook", "cleanup"]
 
 _TORCH_DDP = nn.parallel.DistributedDataParallel
+_T = TypeVar("_T")
 
 
 def is_distributed() -> bool:
-    """Whether a default process group is initialised."""
+    """Whether a default process group is initialised.
+
+    Returns:
+        bool: ``True`` under ``torchrun`` after :func:`init_from_env`, else ``False``.
+
+    Example::
+
+        >>> nnsparse.distributed.is_distributed()   # a plain python process
+        False
+        >>> nnsparse.distributed.rank(), nnsparse.distributed.world_size()
+        (0, 1)
+        >>> nnsparse.distributed.is_main()
+        True
+    """
     return dist.is_available() and dist.is_initialized()
 
 
 def rank() -> int:
-    """This process's global rank (0 without a process group)."""
+    """This process's global rank.
+
+    Returns:
+        int: ``torch.distributed.get_rank()``; 0 without a process group.
+    """
     return dist.get_rank() if is_distributed() else 0
 
 
 def world_size() -> int:
-    """The number of processes (1 without a process group)."""
+    """The number of processes.
+
+    Returns:
+        int: ``torch.distributed.get_world_size()``; 1 without a process group.
+    """
     return dist.get_world_size() if is_distributed() else 1
 
 
 def is_main() -> bool:
-    """``True`` on rank 0, the process that prints, shows bars and saves."""
+    """Whether this is rank 0, the process that prints, shows bars and saves.
+
+    Returns:
+        bool: ``True`` on rank 0 and without a process group.
+    """
     return rank() == 0
 
 
@@ -112,7 +138,19 @@ def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
             ``WORLD_SIZE`` below 1, a ``RANK`` outside ``[0, WORLD_SIZE)``; without
             ``WORLD_SIZE`` only ``LOCAL_RANK`` on CUDA is read), or NCCL on a CPU device.
         RuntimeError: ``device="cuda"`` without CUDA.
-        TypeError: a ``timeout`` that is not a number.
+        TypeError: a ``timeout`` that is not a number, a ``backend`` or ``device``
+            that is not None or a str.
+        ValueError: a ``timeout`` that is not positive and finite.
+
+    Example::
+
+        >>> import os
+        >>> "WORLD_SIZE" in os.environ   # not launched by torchrun: one process
+        False
+        >>> nnsparse.distributed.init_from_env(device="cpu")
+        device(type='cpu')
+        >>> nnsparse.distributed.is_distributed()
+        False
     """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
@@ -156,6 +194,10 @@ def cleanup() -> None:
     exit here, "terminate called without an active exception", in a 2-process
     test run).  A
     barrier that fails because another rank is gone is passed over.
+
+    Example::
+
+        >>> nnsparse.distributed.cleanup()   # without a process group: nothing to do
     """
     if is_distributed():
         try:
@@ -166,7 +208,16 @@ def cleanup() -> None:
 
 
 def main_print(*args: Any, **kwargs: Any) -> None:
-    """``print`` on rank 0 only."""
+    """``print`` on rank 0 only.
+
+    Args:
+        *args, **kwargs: ``print``'s.
+
+    Example::
+
+        >>> nnsparse.distributed.main_print("epoch", 1)
+        epoch 1
+    """
     if is_main():
         print(*args, **kwargs)
 
@@ -179,7 +230,8 @@ _TQDM_ARGUMENTS = frozenset(
                                                                           "disable"}
 
 
-def progress(iterable: Iterable, disable: Optional[bool] = None, **kwargs: Any) -> Iterable:
+def progress(iterable: Iterable[_T], disable: Optional[bool] = None,
+             **kwargs: Any) -> Iterable[_T]:
     """A tqdm bar over ``iterable`` on rank 0; the bare iterable on other ranks.
 
     Args:
@@ -189,9 +241,19 @@ def progress(iterable: Iterable, disable: Optional[bool] = None, **kwargs: Any) 
             ``file=``) is a terminal, none in a log file or pipe.
         **kwargs: passed to ``tqdm`` (``desc``, ``leave``, ``file``, ...).
 
+    Returns:
+        Iterable: a ``tqdm`` over ``iterable`` on rank 0 with a bar, else ``iterable``
+        itself.
+
     Raises:
         TypeError: ``disable`` not None or a bool, ``iterable`` not iterable, a
             keyword tqdm does not take (checked on every rank, bar or not).
+
+    Example::
+
+        >>> batches = [1, 2, 3]
+        >>> nnsparse.distributed.progress(batches, disable=True, desc="epoch 1") is batches
+        True
     """
     if disable is not None:  # numpy bools pass, as loader's flags (they said "got bool")
         disable = as_flag(disable, "disable", "None or a bool")
@@ -208,10 +270,23 @@ def progress(iterable: Iterable, disable: Optional[bool] = None, **kwargs: Any) 
 def save(obj: Any, path: str) -> None:
     """``torch.save`` on rank 0, then every rank waits (so no reader sees half a file).
 
+    Args:
+        obj: what ``torch.save`` takes (a ``state_dict``, a module...).
+        path (str, os.PathLike or binary file object): where to write it.
+
     Raises:
         TypeError: ``path`` is not a path or a binary file object.
         ValueError: ``path`` is empty or a directory, or its directory does not exist;
             a file object that is closed or not open for writing.
+
+    Example::
+
+        >>> import io
+        >>> buffer = io.BytesIO()
+        >>> nnsparse.distributed.save({"step": torch.tensor(3)}, buffer)
+        >>> _ = buffer.seek(0)
+        >>> torch.load(buffer, weights_only=True)
+        {'step': tensor(3)}
     """
     if not isinstance(path, (str, os.PathLike)) and not hasattr(path, "write"):
         raise TypeError(f"path must be a str or os.PathLike (or a file object), got "
@@ -233,8 +308,8 @@ def save(obj: Any, path: str) -> None:
         dist.barrier()
 
 
-def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
-           drop_last: bool = False, **kwargs: Any) -> DataLoader:
+def loader(dataset: Dataset[Any], batch_size: int, *, shuffle: bool = True, seed: int = 0,
+           drop_last: bool = False, **kwargs: Any) -> DataLoader[Any]:
     r"""A ``DataLoader`` that gives this process its share of ``dataset``.
 
     Each epoch the rows are shuffled with ``seed + epoch`` (call
@@ -253,10 +328,21 @@ def loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int
         shuffle, seed, drop_last: as ``DistributedSampler``'s.
         **kwargs: passed to ``DataLoader`` (``num_workers``, ``pin_memory``, ...).
 
+    Returns:
+        DataLoader: with a ``DistributedSampler`` as ``loader.sampler``.
+
     Raises:
         ValueError: ``batch_size`` is not positive, or is beyond int64.
-        TypeError: ``batch_size`` or ``seed`` is not an int, or ``kwargs`` sets ``sampler`` or
-            ``batch_sampler`` (the loader's own).
+        TypeError: ``batch_size`` or ``seed`` is not an int, ``shuffle`` or ``drop_last``
+            is not a bool, ``kwargs`` sets ``sampler`` or ``batch_sampler`` (the loader's
+            own), or ``dataset`` is not map-style (no ``__len__`` and ``__getitem__``).
+
+    Example::
+
+        >>> rows = torch.utils.data.TensorDataset(torch.arange(6.))
+        >>> batches = nnsparse.distributed.loader(rows, batch_size=4, shuffle=False)
+        >>> [batch[0].tolist() for batch in batches]   # one process reads every row
+        [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0]]
     """
     # numpy ints pass; none beyond int64 (the sampler's islice takes none)
     batch_size = as_count("batch_size", batch_size, 1, must="positive")
@@ -429,13 +515,24 @@ def wrap(model: nn.Module, *, sparse_allgather: Optional[bool] = None,
             CUDA device).
 
     Returns:
-        The wrapped model (``unwrap`` gives the original back).
+        nn.Module: the wrapped model (``unwrap`` gives the original back); ``model``
+        itself without a process group.
 
     Raises:
+        TypeError: ``model`` is not an ``nn.Module``, ``sparse_allgather`` is not
+            None or a bool, or ``ddp_kwargs`` holds a name DDP does not take
+            (checked without a process group too).
         NotImplementedError: NCCL, sparse gradients and ``sparse_allgather=False``:
             NCCL cannot all-reduce sparse tensors; use the hook, gloo, or
             ``sparse_grad=False``.  And :class:`DistributedDataParallel`'s refusals
             (an optimiser in the backward).
+
+    Example::
+
+        >>> model = nnsparse.SparseLinearBatch(5, 3, sparse_grad=True)
+        >>> wrapped = nnsparse.distributed.wrap(model)   # one process: the model itself
+        >>> wrapped is model and nnsparse.distributed.unwrap(wrapped) is model
+        True
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -465,7 +562,18 @@ def wrap(model: nn.Module, *, sparse_allgather: Optional[bool] = None,
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside a DDP wrapper (the model itself when not wrapped)."""
+    """The module inside a DDP wrapper.
+
+    Args:
+        model (nn.Module): a ``DistributedDataParallel`` (torch's or this module's)
+            or any module.
+
+    Returns:
+        nn.Module: ``model.module`` for a DDP wrapper, else ``model`` itself.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     return model.module if isinstance(model, _TORCH_DDP) else model

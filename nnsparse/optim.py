@@ -93,6 +93,14 @@ class LazyAdam(Optimizer):
             in Adam), which costs less than gathering most rows.  ``None``:
             always lazy.  Default: ``None``.
 
+    Raises:
+        TypeError: ``params`` is a tensor or not iterable; ``lr``, ``eps``,
+            ``weight_decay`` not numbers, ``betas`` not a pair,
+            ``decoupled_weight_decay`` not a bool.
+        ValueError: a negative ``lr``, ``eps`` or ``weight_decay``, ``betas``
+            outside ``[0, 1)``, ``dense_above`` outside ``[0, 1]``, no parameters
+            (torch's refusal).  :meth:`step` raises its own.
+
     Example::
 
         >>> emb = torch.nn.Embedding(10, 3, sparse=True)
@@ -957,6 +965,17 @@ class InBackwardOptimizer(Optimizer):
     ``nn.Linear``).  :attr:`state` is ``torch.optim``'s per-parameter mapping
     (an in-backward weight's entry: its table's state, the tensors its backward
     updates).  Move or convert the model before building the optimiser.
+
+    Example::
+
+        >>> model = torch.nn.Sequential(nnsparse.SparseLinearBatch(6, 3), torch.nn.Linear(3, 2))
+        >>> opt = nnsparse.optim.apply_optimizer_in_backward(model, "rowwise_adagrad", lr=0.1)
+        >>> list(opt.tables), type(opt.dense).__name__   # layer 0's weight; the rest
+        (['0'], 'Adagrad')
+        >>> opt.set_lr(0.05)
+        >>> [group["lr"] for group in opt.param_groups]     # layer 0's, then dense's
+        [0.05, 0.05]
+        >>> opt.remove()   # layer 0 back to ordinary gradients
 
     Attributes:
         dense (torch.optim.Optimizer or None): the optimiser of the other parameters.

@@ -297,6 +297,12 @@ class ValuesMap(nn.Module):
     Args:
         fn: an element-wise ``nn.Module`` (registered as a submodule) or callable.
 
+    Shape:
+        As :func:`values_map`: the output has the input's form, pattern and shape.
+
+    Raises:
+        TypeError: ``fn`` is not callable; in ``forward``, :func:`values_map`'s.
+
     Example::
 
         >>> act = nnsparse.ValuesMap(torch.nn.Tanh())
@@ -308,6 +314,8 @@ class ValuesMap(nn.Module):
         tensor([0.7616])
         >>> act(torch.zeros(2))
         tensor([0., 0.])
+        >>> nnsparse.ValuesMap(torch.sigmoid)
+        ValuesMap(fn=sigmoid)
     """
 
     def __init__(self, fn: Callable[[Tensor], Tensor]) -> None:
@@ -318,3 +326,10 @@ class ValuesMap(nn.Module):
 
     def forward(self, input: Union[SparseLike, SparseParts]) -> Union[SparseLike, SparseParts]:
         return values_map(self.fn, input)
+
+    def extra_repr(self) -> str:
+        # A module is shown as the child ``(fn): Tanh()``; a function by its name.
+        if isinstance(self.fn, nn.Module):
+            return ""
+        name = getattr(self.fn, "__name__", None)
+        return f"fn={name}" if isinstance(name, str) else f"fn={self.fn!r}"

@@ -278,7 +278,8 @@ def test_module_protocols():
     torch.manual_seed(0)
     layer = nnsparse.SparseLinearBatch(30, 4)
     assert torch.equal(layer.weight, reference.weight)  # nn.Linear's initialisation
-    assert repr(layer) == "SparseLinearBatch(30 -> 4, bias=True, sparse_grad=False, mode=auto)"
+    assert repr(layer) == ("SparseLinearBatch(in_features=30, out_features=4, bias=True, "
+                          "sparse_grad=False, mode='auto')")
     x = (torch.eye(30)[:5] * 2).to_sparse()
     expected = layer(x)
     for clone in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):

@@ -128,7 +128,7 @@ def test_without_pattern_is_linear():
     ref.load_state_dict(layer.state_dict())
     x = torch.randn(5, 3)
     torch.testing.assert_close(layer(x), ref(x))
-    assert "3 -> 6" in repr(layer)
+    assert "in_features=3, out_features=6" in repr(layer)
 
 
 def test_module_round_trips():

@@ -133,6 +133,15 @@ class SparseRowBatch:
         TypeError: a field that is not a tensor, a float ``row_index``.
         ValueError: an input that is not 2-D, a ``row_index`` or ``target``
             whose rows or device are not the input's.
+
+    Example::
+
+        >>> from nnsparse.data import SparseRowDataset
+        >>> ds = SparseRowDataset(torch.tensor([[0., 4.], [5., 0.], [1., 2.]]).to_sparse_csr())
+        >>> batch = ds.collate([ds[0], ds[2]])
+        >>> x, y = batch                     # an autoencoder's target is its input: None
+        >>> x.layout, tuple(x.shape), y, batch.row_index
+        (torch.sparse_csr, (2, 2), None, tensor([0, 2]))
     """
 
     __slots__ = ("input", "target", "row_index")

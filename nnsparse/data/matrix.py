@@ -402,13 +402,21 @@ def _errors(prediction: Tensor, target: Tensor) -> Tuple[Tensor, torch.dtype]:
 
 
 def rmse(prediction: Tensor, target: Tensor) -> Tensor:
-    """Root mean squared error of two ``(n,)`` tensors, as a 0-dim tensor.
+    """Root mean squared error of two tensors of one shape (usually ``(n,)`` ratings).
 
     Computed in at least float32 (a float16 error of 300 squares beyond float16),
     returned in the inputs' floating dtype (the default dtype for integer ones).
 
+    Args:
+        prediction (Tensor): dense, any shape; integer or floating point.
+        target (Tensor): dense, ``prediction``'s shape and device.
+
+    Returns:
+        Tensor: 0-dim, in the inputs' promoted floating dtype.
+
     Raises:
-        TypeError: a tensor that is not dense, or holds bool or complex values.
+        TypeError: an argument that is not a dense tensor, or holds bool or complex
+            values.
         ValueError: shapes or devices differ, or no entries (an error of nothing).
 
     Example::
@@ -421,13 +429,21 @@ def rmse(prediction: Tensor, target: Tensor) -> Tensor:
 
 
 def mae(prediction: Tensor, target: Tensor) -> Tensor:
-    """Mean absolute error of two ``(n,)`` tensors, as a 0-dim tensor.
+    """Mean absolute error of two tensors of one shape (usually ``(n,)`` ratings).
 
     Computed in at least float32 (in float16, 40000 - (-40000) overflows to inf),
     returned in the inputs' floating dtype (the default dtype for integer ones).
 
+    Args:
+        prediction (Tensor): dense, any shape; integer or floating point.
+        target (Tensor): dense, ``prediction``'s shape and device.
+
+    Returns:
+        Tensor: 0-dim, in the inputs' promoted floating dtype.
+
     Raises:
-        TypeError: a tensor that is not dense, or holds bool or complex values.
+        TypeError: an argument that is not a dense tensor, or holds bool or complex
+            values.
         ValueError: shapes or devices differ, or no entries (an error of nothing).
 
     Example::
@@ -488,6 +504,12 @@ def mean_prediction(train: Ratings, test: Ratings, by: str = "item") -> Tensor:
 
     Returns:
         Tensor: float32 ``(len(test),)``, on the original rating scale.
+
+    Raises:
+        TypeError: ``train`` or ``test`` is not a :class:`Ratings`.
+        ValueError: ``by`` is neither ``"item"`` nor ``"user"``; ``train`` holds no
+            ratings; ``test`` was read with other id maps than ``train``, or
+            indexes rows beyond them.
 
     Example::
 

@@ -1080,6 +1080,12 @@ def read_split(train: PathLike, test: PathLike, format: str = "text", *,
         ``item_map`` and ``titles``; after ``"keep"`` both have the same
         ``n_users`` and ``n_items``.
 
+    Raises:
+        ValueError: ``train`` or ``test`` missing (the message names which) or a
+            directory, ``unseen`` unknown, and every refusal of :func:`read_ratings`
+            for either file.
+        TypeError: ``titles`` neither a bool nor a path; :func:`read_ratings`'s.
+
     Example::
 
         >>> import tempfile, pathlib

@@ -25,6 +25,15 @@ class Split:
         train (Ratings): what the model learns from (its input and target).
         validation (Ratings): for early stopping and model choice.
         test (Ratings): read once, at the end, for the reported error.
+
+    Example::
+
+        >>> from nnsparse.data import synthetic_ratings, random_split
+        >>> split = random_split(synthetic_ratings(0, 60, 50, 1200), test=0.1, validation=0.05)
+        >>> len(split.train), len(split.validation), len(split.test)
+        (1020, 60, 120)
+        >>> split.train.user_map is split.test.user_map
+        True
     """
 
     train: Ratings

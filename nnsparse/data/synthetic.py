@@ -133,6 +133,14 @@ def synthetic_item_features(seed: int = 0, n_items: int = 1682) -> torch.Tensor:
     The side information of CFN++ on the synthetic set (MovieLens-100K's
     ``u.item`` has 19 genre flags too).
 
+    Args:
+        seed (int): as :func:`synthetic_ratings`'s: the same seed gives the
+            features of that set's items.  Default: 0.
+        n_items (int): the number of items.  Default: 1682.
+
+    Returns:
+        Tensor: float32 ``(n_items, 19)`` of 0 and 1, every item in at least one genre.
+
     Raises:
         TypeError: ``seed`` or ``n_items`` not an int.
         ValueError: a negative ``seed``, ``n_items`` not positive or needing more

@@ -299,6 +299,14 @@ class Batchifier:
     result as large as the data fits, whatever ``device`` the network runs on;
     each batch's output is copied there.
 
+    Raises:
+        TypeError: ``network`` is not an ``nn.Module``, ``output_size`` or
+            ``batch_size`` is not an int, ``progress`` is not a bool or None,
+            ``layout`` is neither sparse layout, ``collate_fn`` is not callable,
+            ``device`` is not a device; in :meth:`forward` and :meth:`topk`, theirs.
+        ValueError: a negative ``output_size``, a ``batch_size`` below 1, an
+            unknown device name.
+
     Example::
 
         >>> net = torch.nn.Sequential(nnsparse.Densify(3), torch.nn.Linear(3, 2))
@@ -322,7 +330,7 @@ class Batchifier:
     """
 
     def __init__(self, network: nn.Module, output_size: int, batch_size: int = 256,
-                 device: Device = None, progress: bool = True,
+                 device: Device = None, progress: Optional[bool] = True,
                  layout: torch.layout = torch.sparse_csr,
                  collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> None:
         output_size, batch_size, device, progress = _checked_settings(

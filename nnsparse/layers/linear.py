@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .. import _double, _grad_origin, _index
 from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_choice, as_device,
@@ -444,6 +445,8 @@ class SparseLinearBatch(nn.Module):
             kernels.  Default: ``False``.
         mode (str): ``"auto"``, ``"sparse"`` or ``"dense"``, see
             :func:`sparse_linear`.  Default: ``"auto"``.
+        device (torch.device, optional), dtype (torch.dtype, optional): of the
+            parameters, as ``nn.Linear``'s factory keywords.  Default: torch's.
 
     Shape:
         - input: ``(rows, in_features)`` sparse (or dense), or ``(in_features,)``.
@@ -462,6 +465,14 @@ class SparseLinearBatch(nn.Module):
             parametrizations refuse sparse gradients; set ``sparse_grad = False``
             (a ``no_grad`` call, or a dense input, runs).
 
+    Raises (in the constructor):
+        TypeError: a size that is not an int, a flag that is not a bool, a
+            ``dtype`` that is not floating point, a ``device`` that is not one, a
+            third positional argument (Lua's ``ignoreAccGrad``).
+        ValueError: a negative size, a weight beyond 2**63 bytes, an unknown
+            device name, an unknown ``mode``, or ``sparse_grad=True``
+            with ``mode="dense"``.
+
     Example::
 
         >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
@@ -473,12 +484,14 @@ class SparseLinearBatch(nn.Module):
         ...                                               layer.weight, layer.bias))
         True
         >>> layer
-        SparseLinearBatch(5 -> 3, bias=True, sparse_grad=False, mode=auto)
+        SparseLinearBatch(in_features=5, out_features=3, bias=True,
+                          sparse_grad=False, mode='auto')
     """
 
     def __init__(self, in_features: int, out_features: int, *args: Any, bias: bool = True,
-                 sparse_grad: bool = False, mode: str = "auto", device=None,
-                 dtype=None) -> None:
+                 sparse_grad: bool = False, mode: str = "auto",
+                 device: Optional[Union[torch.device, str, int]] = None,
+                 dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
         if args:
             # Lua's SparseLinearBatch(in, out, ignoreAccGrad): a third positional
@@ -493,7 +506,7 @@ class SparseLinearBatch(nn.Module):
         mode = as_choice(mode, "mode", _MODES)
         if sparse_grad and mode == "dense":
             raise ValueError("sparse_grad=True needs the sparse kernels, got mode='dense'")
-        factory = {"device": device, "dtype": dtype}
+        factory: Dict[str, Any] = {"device": device, "dtype": dtype}
         self.in_features, self.out_features = in_features, out_features
         self.sparse_grad, self.mode = sparse_grad, mode
         # the optimiser in the backward, set by nnsparse.optim.apply_optimizer_in_backward
@@ -599,13 +612,14 @@ class SparseLinearBatch(nn.Module):
                              self._row_update)
 
     def extra_repr(self) -> str:
-        return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "
-                f"sparse_grad={self.sparse_grad}, mode={self.mode}")
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, sparse_grad={self.sparse_grad}, mode={self.mode!r}")
 
     def __getstate__(self) -> Dict[str, Any]:
         return _state_without_update(self)
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+    def load_state_dict(self, state_dict: Any, strict: bool = True,
+                        assign: bool = False) -> "_IncompatibleKeys":
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
         strict, assign = check_state_dict(self, state_dict, strict, assign)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)

@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional, Tuple, Union, overload
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .. import _double, _grad_origin, _index
 from .._forms import SparseBatch, SparseLike, _sparse_coo, as_flag, as_sparse_batch
@@ -316,6 +317,8 @@ class SparseOutputLinear(nn.Linear):
         sparse_grad (bool): sparse gradients for ``weight`` and ``bias``,
             holding only the output columns a batch's pattern touched; with a
             dense output (no pattern) the gradients are dense.  Default: ``False``.
+        device (torch.device, optional), dtype (torch.dtype, optional): of the
+            parameters, as ``nn.Linear``'s factory keywords.  Default: torch's.
 
     Shape:
         - input: ``(rows, in_features)`` or ``(in_features,)``, dense.
@@ -333,6 +336,12 @@ class SparseOutputLinear(nn.Linear):
             call with a pattern: torch's parametrizations refuse sparse gradients;
             set ``sparse_grad = False`` (a ``no_grad`` call runs).
 
+    Raises (in the constructor):
+        TypeError: a size that is not an int, a flag that is not a bool, a
+            ``dtype`` that is not floating point, a ``device`` that is not one.
+        ValueError: a negative size, a weight beyond 2**63 bytes, an unknown
+            device name.
+
     Example::
 
         >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
@@ -347,7 +356,9 @@ class SparseOutputLinear(nn.Linear):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 sparse_grad: bool = False, device=None, dtype=None) -> None:
+                 sparse_grad: bool = False,
+                 device: Optional[Union[torch.device, str, int]] = None,
+                 dtype: Optional[torch.dtype] = None) -> None:
         in_features, out_features = _check_layer_args(in_features, out_features, bias,
                                                       sparse_grad, dtype, device)
         bias, sparse_grad = bool(bias), bool(sparse_grad)  # a numpy bool, checked, as a bool
@@ -392,13 +403,14 @@ class SparseOutputLinear(nn.Linear):
                                self._row_update)
 
     def extra_repr(self) -> str:
-        return (f"{self.in_features} -> {self.out_features}, bias={self.bias is not None}, "
-                f"sparse_grad={self.sparse_grad}")
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, sparse_grad={self.sparse_grad}")
 
     def __getstate__(self) -> Dict[str, Any]:
         return _state_without_update(self)
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+    def load_state_dict(self, state_dict: Any, strict: bool = True,
+                        assign: bool = False) -> "_IncompatibleKeys":
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
         strict, assign = check_state_dict(self, state_dict, strict, assign)
         return super().load_state_dict(state_dict, strict=strict, assign=assign)

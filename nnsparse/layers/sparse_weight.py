@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Dict, List, Mapping, Optional, Tuple, cast
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union, cast
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .._forms import (_check_csr, _version, as_count, as_device, as_flag, as_sparse_batch,
                       is_sparse_form)
@@ -163,7 +164,9 @@ class SparseWeightLinear(nn.Module):
     # True while this layer's own load_state_dict runs, after checking the state whole
     _refusals_checked = False
 
-    def __init__(self, pattern: Any, bias: bool = True, *, device=None, dtype=None) -> None:
+    def __init__(self, pattern: Any, bias: bool = True, *,
+                 device: Optional[Union[torch.device, str, int]] = None,
+                 dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
         bias = as_flag(bias, "bias")
         if dtype is not None and not isinstance(dtype, torch.dtype):
@@ -193,7 +196,8 @@ class SparseWeightLinear(nn.Module):
         self.register_load_state_dict_post_hook(_after_load)
         self.reset_parameters()
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+    def load_state_dict(self, state_dict: Any, strict: bool = True,
+                        assign: bool = False) -> "_IncompatibleKeys":
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing.
 
         The pattern (``crow``, ``col``) is part of the state: a state of another
@@ -376,7 +380,8 @@ class SparseWeightLinear(nn.Module):
     @classmethod
     def random(cls, in_features: int, out_features: int, density: float, *, bias: bool = True,
                generator: Optional[torch.Generator] = None, seed: Optional[int] = None,
-               device=None, dtype=None) -> "SparseWeightLinear":
+               device: Optional[Union[torch.device, str, int]] = None,
+               dtype: Optional[torch.dtype] = None) -> "SparseWeightLinear":
         """A layer whose every row connects ``max(1, round(density * in_features))``
         distinct random inputs.
 
@@ -386,6 +391,16 @@ class SparseWeightLinear(nn.Module):
             generator (torch.Generator, optional), seed (int, optional): the
                 randomness of the pattern (a CPU generator; ``seed`` makes one).
                 The values are drawn from the global generator, as ``nn.Linear``'s.
+            bias (bool), device, dtype: as the constructor's.
+
+        Returns:
+            SparseWeightLinear: ``out_features * k`` positions, ``k`` per row.
+
+        Raises:
+            TypeError: a size, ``density`` or ``seed`` of the wrong kind, a
+                ``generator`` that is not a ``torch.Generator``, the constructor's.
+            ValueError: a size below 1, ``density`` outside ``(0, 1]``, both
+                ``generator`` and ``seed`` given.
 
         Example::
 
@@ -419,6 +434,18 @@ class SparseWeightLinear(nn.Module):
 
         ``max(1, round(density * out * in))`` entries are kept (ties broken by
         ``topk``), with their trained values; the bias is copied.
+
+        Args:
+            linear (nn.Linear): the trained layer; the result takes its device and dtype.
+            density (float): in ``(0, 1]``, the share of the weight's entries kept.
+
+        Returns:
+            SparseWeightLinear: equal to ``linear`` where the kept entries are.
+
+        Raises:
+            TypeError: ``linear`` is not an ``nn.Linear``; ``density`` not a number.
+            ValueError: ``density`` outside ``(0, 1]``; a ``linear`` with no weight
+                entries.
 
         Example::
 

@@ -29,6 +29,7 @@ from typing import (Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Pr
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, check_file_object,
                       check_index_range, refuse_meta, refuse_meta_device, trust)
@@ -55,7 +56,31 @@ _COMMON: Dict[str, Any] = dict(orientation="item", epochs=100, batch_size=64, lr
 
 
 def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
-    """Class decorator: make the model loadable by name."""
+    """Class decorator: make the model loadable by name.
+
+    Adds ``cls`` to :data:`MODELS` under ``cls.name``, the key a saved file
+    holds, so :meth:`RatingModel.load` rebuilds it.
+
+    Args:
+        cls: a :class:`RatingModel` subclass that sets its own ``name``.
+
+    Returns:
+        ``cls`` itself.
+
+    Raises:
+        TypeError: ``cls`` is not a :class:`RatingModel` subclass (or is the base
+            itself), or its ``name`` is not a str.
+        ValueError: ``cls`` inherits its ``name`` or sets it empty, or another
+            class holds that name.
+
+    Example::
+
+        >>> from nnsparse.models import MODELS
+        >>> sorted(MODELS)
+        ['autorec', 'cfn', 'sparsefc']
+        >>> register(MODELS["cfn"]) is MODELS["cfn"]   # registering again is harmless
+        True
+    """
     if not (isinstance(cls, type) and issubclass(cls, RatingModel)):
         raise TypeError(f"register takes a RatingModel subclass, got "
                         f"{cls.__name__ if isinstance(cls, type) else type(cls).__name__}")
@@ -371,7 +396,8 @@ class RatingModel(nn.Module):
         own = {k: v for k, v in self.hparams.items() if k in self.DEFAULTS}
         return ", ".join(f"{k}={v!r}" for k, v in own.items())
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False):
+    def load_state_dict(self, state_dict: Any, strict: bool = True,
+                        assign: bool = False) -> "_IncompatibleKeys":
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing.
 
         Raises:
@@ -864,6 +890,19 @@ class RatingModel(nn.Module):
                 ``shrinkage``, non-bool flags.
             ValueError: negative ``k``, ``min_support`` or ``shrinkage``; an
                 index outside ``[0, n_users)`` with ``by_index``.
+
+        Example::
+
+            >>> from nnsparse.data import synthetic_ratings
+            >>> from nnsparse.models import KernelNet
+            >>> r = synthetic_ratings(0, 60, 50, 1200)
+            >>> model = KernelNet(hidden=8, epochs=1, validation_ratio=0.0)
+            >>> model = model.fit(r, verbose=False, progress=False)
+            >>> best = model.recommend(0, k=3, min_support=0)   # user id 0
+            >>> type(best).__name__, len(best.ids), best.index.dtype
+            ('Recommendations', 3, torch.int64)
+            >>> bool((best.score[:-1] >= best.score[1:]).all())   # best first
+            True
         """
         self._check_built()
         k = as_count("k", k, 0, must="non-negative")

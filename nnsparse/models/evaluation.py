@@ -31,6 +31,14 @@ def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[Fold]:
     ``j``-th of ``k`` near-equal parts and trains on the others.  Every
     rating is tested exactly once.
 
+    Args:
+        ratings (Ratings): the whole set; the folds share its id maps.
+        k (int): the number of folds.  Default: 5.
+        seed (int): the shuffle's seed.  Default: 0.
+
+    Returns:
+        Iterator of ``k`` ``(train, test)`` :class:`~nnsparse.data.Ratings` pairs.
+
     Raises:
         ValueError: ``k`` below 2 or above ``len(ratings)``; a (user, item)
             pair rated more than once (its ratings could be trained on and
@@ -67,8 +75,29 @@ def fold_files(directory: Union[str, Path], format: str = "ml-100k") -> Iterator
     the test part with the training part's maps), so a fold's test data is
     read once.
 
+    Args:
+        directory (str or os.PathLike): holds ``u1.base``, ``u1.test``, ...
+        format (str): as :func:`~nnsparse.data.read_ratings`'s.  Default: ``"ml-100k"``.
+
+    Returns:
+        Iterator of ``(train, test)`` :class:`~nnsparse.data.Ratings` pairs, in
+        fold order, for :func:`cross_validate`.
+
     Raises:
-        ValueError: no directory, or no ``u<N>.base`` with its ``u<N>.test``.
+        TypeError: ``directory`` is not a path.
+        ValueError: no directory, or no ``u<N>.base`` with its ``u<N>.test``, an
+            unknown ``format``; a fold's file as :func:`~nnsparse.data.read_split`.
+
+    Example::
+
+        >>> import tempfile, pathlib
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     for n in (1, 2):
+        ...         _ = (pathlib.Path(d) / f"u{n}.base").write_text(f"1\t10\t4\t0\n{n}\t20\t5\t0\n")
+        ...         _ = (pathlib.Path(d) / f"u{n}.test").write_text("2\t10\t3\t0\n")
+        ...     folds = [(len(train), len(test)) for train, test in fold_files(d)]
+        >>> folds
+        [(2, 1), (2, 1)]
     """
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
@@ -109,6 +138,13 @@ class CrossValidation:
     Attributes:
         folds (list of dict): ``fold``, ``rmse``, ``mae``, ``item_mean_rmse``,
             ``fallback`` (test entries predicted by a mean), ``epochs``, ``seconds``.
+
+    Example::
+
+        >>> cv = CrossValidation([dict(fold=1, rmse=0.90, mae=0.70),
+        ...                       dict(fold=2, rmse=0.94, mae=0.74)])
+        >>> round(cv.mean(), 4), round(cv.std(), 4), round(cv.mean("mae"), 4)
+        (0.92, 0.0283, 0.72)
     """
 
     folds: List[Dict[str, Any]] = field(default_factory=list)
@@ -201,6 +237,15 @@ def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[Fold],
     Returns:
         CrossValidation: per fold RMSE, MAE, the item-mean baseline, fallback
         count, epochs and seconds; ``.table()`` prints them with mean ± std.
+
+    Raises:
+        TypeError: ``make_model`` is a model instead of a function, or not
+            callable, or returns no :class:`RatingModel`; ``features`` is not
+            callable; ``folds`` is not iterable or yields no ``(train, test)``
+            pairs of :class:`~nnsparse.data.Ratings`.
+        ValueError: a fold that is not a pair, whose test part is empty, does not
+            share the train part's id maps, repeats a (user, item) pair or shares one
+            with the train part (checked before its fit); ``fit``'s refusals.
 
     Example::
 

@@ -144,7 +144,7 @@ class Trainer:
         self._log = log
 
     # -- the pieces a subclass replaces ------------------------------------------
-    def make_loader(self, dataset: SparseRowDataset) -> DataLoader:
+    def make_loader(self, dataset: SparseRowDataset) -> DataLoader[Any]:
         """The shuffled loader of the training rows (a distributed trainer adds a sampler)."""
         if not isinstance(dataset, SparseRowDataset):
             raise TypeError(f"dataset must be a SparseRowDataset, got {type(dataset).__name__}")
@@ -218,7 +218,7 @@ class Trainer:
         low = self.min_lr_ratio
         return self.lr * (low + (1 - low) * 0.5 * (1 + math.cos(math.pi * t)))
 
-    def run_epoch(self, loader: DataLoader, optimizer: torch.optim.Optimizer,
+    def run_epoch(self, loader: DataLoader[Any], optimizer: torch.optim.Optimizer,
                   epoch: int) -> float:
         # any sized iterable of batches (an overridden make_loader may return a list)
         if isinstance(loader, (str, bytes)) or not (hasattr(loader, "__iter__")
@@ -430,7 +430,7 @@ class DistributedTrainer(Trainer):
                              f"{self.world} processes, got {self.batch_size}")
         self._ddp: Optional[torch.nn.Module] = None
 
-    def make_loader(self, dataset: SparseRowDataset) -> DataLoader:
+    def make_loader(self, dataset: SparseRowDataset) -> DataLoader[Any]:
         """This rank's share of the shuffled rows, ``batch_size / world_size`` a step."""
         return nd.loader(dataset, self.batch_size // self.world, seed=self.seed)
 
