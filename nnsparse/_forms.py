@@ -1059,6 +1059,22 @@ def check_file_object(f: Any, name: str, use: str) -> None:
                                                    if isinstance(opened, str) else ""))
 
 
+def dtype_got(value: Any) -> str:
+    """How a refusal words a ``dtype=`` that came: a ``torch.dtype`` as torch prints it;
+    anything else by kind and value, with the torch dtype its name means, if any (the
+    str ``'float64'`` printed as ``float64`` read as the dtype itself): ``str 'float64'
+    (use torch.float64)``, ``type <class 'numpy.float64'> (use torch.float64)``."""
+    if isinstance(value, torch.dtype):
+        return str(value)
+    text = f"{type(value).__name__} {value!r}"
+    name = (value if isinstance(value, str) else getattr(value, "name", None)
+            if isinstance(value, np.dtype) else getattr(value, "__name__", None))
+    found = getattr(torch, name.split(".")[-1], None) if isinstance(name, str) else None
+    if isinstance(found, torch.dtype):
+        text += f" (use {found})"
+    return text
+
+
 def as_flag(value: Any, name: str, what: str = "a bool") -> bool:
     """``value`` as a Python bool: ``True``/``False`` and numpy bools (``np.True_``, which
     torch's own flags take) pass; anything else, an int 0/1 or a 0-d tensor included, is

@@ -403,12 +403,16 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
         >>> model(torch.eye(6)[:2].to_sparse()).sum().backward()
         >>> opt.step(); opt.zero_grad()
     """
-    from .optim import _check_betas, _check_non_negative
+    from .optim import _check_betas, _check_non_negative, _hyper_numbers
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     for name, value in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
         _check_non_negative(name, value)
     _check_betas(betas)
+    # as torch.optim.Adam's kernels take them: a Fraction, a (1,) tensor eps or a tensor
+    # beside a float beta failed inside torch, at construction or at the first step
+    hp = _hyper_numbers(dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+    lr, betas, eps, weight_decay = hp["lr"], hp["betas"], hp["eps"], hp["weight_decay"]
     decay_matrices_only = as_flag(decay_matrices_only, "decay_matrices_only")
     for part, kind, kinds in (("dense", dense, _DENSE), ("sparse", sparse, _SPARSE)):
         if not isinstance(kind, str):

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 import torch
 from torch import Tensor
 
-from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch,
+from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
                      check_index_range, check_int64, check_numel, int64_message, KERNEL_DTYPES,
                      refuse_meta_device)
 
@@ -120,7 +120,8 @@ class DynamicSparseTensor:
             raise ValueError(f"ndim must be at most {_MAX_NDIM} (one index buffer is kept per "
                              f"dimension), got {ndim}")
         if not isinstance(dtype, torch.dtype) or dtype == torch.bool or dtype.is_complex:
-            raise TypeError(f"dtype must be a floating or integer torch.dtype, got {dtype}")
+            raise TypeError(f"dtype must be a floating or integer torch.dtype, got "
+                            f"{dtype_got(dtype)}")
         if dtype not in KERNEL_DTYPES:  # the built tensor could not be coalesced nor densified
             raise TypeError(f"dtype must be one of the dtypes torch's sparse kernels take "
                             f"({', '.join(str(d) for d in KERNEL_DTYPES)}), got {dtype}")

@@ -128,8 +128,9 @@ class LazyAdam(Optimizer):
             raise TypeError(f"params must be an iterable of parameters or of param-group "
                             f"dicts, got a tensor ({params.layout}, shape "
                             f"{tuple(params.shape)}); pass [tensor]")
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        decoupled_weight_decay=decoupled_weight_decay, dense_above=dense_above)
+        defaults = _hyper_numbers(dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                       decoupled_weight_decay=decoupled_weight_decay,
+                                       dense_above=dense_above))
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
@@ -140,7 +141,8 @@ class LazyAdam(Optimizer):
                 raise ValueError(f"param_group must have 'params', got the keys "
                                  f"{sorted(map(str, param_group))}")
             _check_lazy_group({**self.defaults, **param_group}, "param_group")
-            param_group = {**param_group, "params": _unique_params(param_group["params"])}
+            param_group = _hyper_numbers({**param_group,
+                                          "params": _unique_params(param_group["params"])})
         super().add_param_group(param_group)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -629,7 +631,10 @@ def _whole_columns(index: Tensor, rows: int) -> Optional[Tensor]:
 def _kernel_args(group: dict) -> Tuple[str, dict]:
     """The row-update kind and hyperparameters (``nnsparse._rowopt``) of a LazyAdam group."""
     kind = "adamw" if group["decoupled_weight_decay"] else "adam"
+    # (a group edited after the checks: eps, weight_decay and betas the kernels take as numbers)
     hp = {k: group[k] for k in ("lr", "betas", "eps", "weight_decay", "dense_above")}
+    if not all(type(v) is float for v in (hp["eps"], hp["weight_decay"], *hp["betas"])):
+        hp = _hyper_numbers(hp)
     if not _USE_FUSED:  # the tests' switch: torch's single-tensor loop
         hp["_fused"] = False
     return kind, hp
@@ -1632,11 +1637,32 @@ def _check_real(name: str, value: Any) -> None:
         raise ValueError(f"{name} must hold data, got a tensor on the meta device")
 
 
-def _number(value: Any) -> Any:
-    """A checked one-element tensor hyperparameter as a Python float (read once, where it is
-    given): the in-backward kernels and torch's optimisers take some as numbers only (SGD's
-    ``add_(alpha=lr)``, Adam's ``eps``), and a ``(1,)`` tensor failed at the first backward."""
-    return float(value.detach()) if isinstance(value, Tensor) else value
+def _number(value: Any, keep_tensor: bool = False) -> Any:
+    """A checked hyperparameter as torch's kernels take it (read once, where it is given): a
+    one-element tensor, a ``Fraction`` or a numpy number such as ``np.float32`` as a Python
+    float; ints, floats, bools and ``None`` as they are.  The in-backward kernels
+    and torch's optimisers take some as numbers only (SGD's ``add_(alpha=lr)``, Adam's
+    ``eps``, the fused Adam's every one): a ``(1,)`` tensor or a ``Fraction`` failed at the
+    first step, inside torch.  ``keep_tensor``: a tensor stays one (a learning rate, which
+    torch's Adam and the fused kernels take as a tensor)."""
+    if value is None or isinstance(value, (float, int)):  # (bool is an int; the fast path)
+        return value
+    if isinstance(value, Tensor):
+        return value if keep_tensor else float(value.detach())
+    if isinstance(value, numbers.Real):
+        return float(value)  # Fraction, numpy floats (np.float32 is no float)
+    return value
+
+
+def _hyper_numbers(hp: Dict[str, Any]) -> Dict[str, Any]:
+    """Checked ``hp`` of a torch-style optimiser as its kernels take them
+    (:func:`_number`): ``lr`` a tensor if given one, the others numbers, ``betas`` a pair
+    of numbers (torch's Adam refuses a float beside a tensor); absent keys, and a group's
+    ``params``, stay as they are."""
+    out = {k: v if k == "params" else _number(v, keep_tensor=k == "lr") for k, v in hp.items()}
+    if "betas" in hp:
+        out["betas"] = tuple(_number(b) for b in hp["betas"])
+    return out
 
 
 def _numbers(hp: Dict[str, Any]) -> Dict[str, Any]:

@@ -484,7 +484,8 @@ OTHER = [
     Case("DynamicSparseTensor-dtype-bool", lambda: nnsparse.DynamicSparseTensor(dtype=torch.bool),
          TypeError, r"dtype must be a floating or integer torch.dtype, got torch.bool"),
     Case("DynamicSparseTensor-dtype-str", lambda: nnsparse.DynamicSparseTensor(dtype="float"),
-         TypeError, r"dtype must be a floating or integer torch.dtype, got float"),
+         TypeError, r"dtype must be a floating or integer torch.dtype, got str 'float' "
+                    r"\(use torch.float32\)"),
     Case("DynamicSparseTensor-mult_coef", lambda: nnsparse.DynamicSparseTensor(mult_coef=1), ValueError,
          r"mult_coef must be > 1"),
     Case("DynamicSparseTensor-append-bool-index",

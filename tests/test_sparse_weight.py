@@ -355,7 +355,7 @@ BAD_INIT = [
     (lambda: SparseWeightLinear(torch.ones(2, 2, 2).to_sparse()), ValueError,
      "pattern must be a sparse vector or a 2-D sparse batch"),
     (lambda: SparseWeightLinear(torch.eye(3).to_sparse(), dtype=torch.int64), TypeError,
-     "dtype must be a floating-point dtype, got torch.int64"),
+     "dtype must be a floating-point torch.dtype, got torch.int64"),
     (lambda: SparseWeightLinear.random(10, 5, -0.1), ValueError, "density must be in (0, 1], got -0.1"),
     (lambda: SparseWeightLinear.random(10, 5, 0.0), ValueError, "density must be in (0, 1], got 0.0"),
     (lambda: SparseWeightLinear.random(10, 5, 1.5), ValueError, "density must be in (0, 1], got 1.5"),
@@ -387,7 +387,7 @@ BAD_INIT = [
     (lambda: SparseWeightLinear(torch.eye(3).to_sparse(), bias="yes"), TypeError,
      "bias must be a bool, got str"),
     (lambda: SparseWeightLinear(torch.eye(3).to_sparse(), dtype="float32"), TypeError,
-     "dtype must be a torch.dtype, got str"),
+     "dtype must be a floating-point torch.dtype, got str 'float32' (use torch.float32)"),
     (lambda: SparseWeightLinear.random(10, 5, 0.1, generator=3), TypeError,
      "generator must be a torch.Generator, got int"),
 ]

@@ -11,7 +11,7 @@ from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_di
 
 from .. import _double, _grad_origin, _index
 from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_choice, as_device,
-                      as_flag, as_int, as_sparse_batch, check_int64, move_structure)
+                      as_flag, as_int, as_sparse_batch, check_int64, dtype_got, move_structure)
 from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, linear_parts
@@ -330,7 +330,7 @@ def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_gra
     as_flag(bias, "bias"), as_flag(sparse_grad, "sparse_grad")  # the callers keep bool(...)
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating-point torch.dtype (the parameters learn), "
-                        f"got {dtype}")
+                        f"got {dtype_got(dtype)}")
     as_device(device, none=True)
     return sizes[0], sizes[1]
 
@@ -354,6 +354,26 @@ def _check_weight_bias(weight: Any, bias: Any) -> None:
         raise ValueError(f"bias must have the weight's dtype {weight.dtype}, got {bias.dtype}")
     if bias.device != weight.device:
         raise ValueError(f"bias must be on the weight's device {weight.device}, got {bias.device}")
+
+
+def _parameter(layer: nn.Module, name: str, what: str) -> Any:
+    """``getattr(layer, name)``, or, when ``del layer.<name>`` removed it, an
+    ``AttributeError`` that says so and what to assign (torch's "object has no attribute
+    'bias'" came from inside the forward).  ``what`` words the parameter's shape."""
+    try:
+        return getattr(layer, name)  # (a parameter, an attribute or a view such as weight)
+    except AttributeError:
+        if name in layer._parameters or name in layer.__dict__:
+            raise  # raised inside, not a missing attribute
+    fix = ("assign layer.bias = None for no bias, or a parameter of shape " + what
+           if name == "bias" else f"assign a parameter of shape {what}")
+    raise AttributeError(f"{type(layer).__name__}.{name} was deleted (del layer.{name}); "
+                         f"{fix}") from None
+
+
+def _has_bias(layer: nn.Module) -> bool:
+    """``layer.bias is not None``, False once deleted (``extra_repr`` must not raise)."""
+    return getattr(layer, "bias", None) is not None
 
 
 def _check_parameters(layer: nn.Module, weight_name: str, weight: Any, expected: Tuple[int, ...],
@@ -578,14 +598,17 @@ class SparseLinearBatch(nn.Module):
                 "this layer's state_dict into it")
         if self.sparse_grad and self.mode == "dense":
             raise ValueError("sparse_grad=True needs the sparse kernels, got mode='dense'")
+        bias = _parameter(self, "bias", "(out_features,)")
         if self.sparse_grad:
-            _check_parameters(self, "weight_t", self.weight_t,
+            _check_parameters(self, "weight_t", _parameter(self, "weight_t",
+                                                           "(in_features, out_features)"),
                               (self.in_features, self.out_features),
-                              "(in_features, out_features)", self.bias)
+                              "(in_features, out_features)", bias)
         else:
-            _check_parameters(self, "weight", self.weight,
+            _check_parameters(self, "weight", _parameter(self, "weight",
+                                                         "(out_features, in_features)"),
                               (self.out_features, self.in_features),
-                              "(out_features, in_features)", self.bias)
+                              "(out_features, in_features)", bias)
 
     def forward(self, input: SparseLike) -> Tensor:
         self._check_parameters()
@@ -613,7 +636,7 @@ class SparseLinearBatch(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, sparse_grad={self.sparse_grad}, mode={self.mode!r}")
+                f"bias={_has_bias(self)}, sparse_grad={self.sparse_grad}, mode={self.mode!r}")
 
     def __getstate__(self) -> Dict[str, Any]:
         return _state_without_update(self)

@@ -29,7 +29,7 @@ from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_ro
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import (_check_layer_args, _check_not_narrower, _check_parameters,
-                     _check_weight_bias, _double_backward_refused,
+                     _check_weight_bias, _double_backward_refused, _has_bias, _parameter,
                      _refuse_sparse_grad_parametrized, _refuse_update_in_transform,
                      _refuse_update_on_parts, _state_without_update)
 
@@ -378,8 +378,10 @@ class SparseOutputLinear(nn.Linear):
 
     def forward(self, input: Tensor, pattern: Union[SparseLike, SparseParts, None] = None
                 ) -> Union[Tensor, SparseParts]:
-        _check_parameters(self, "weight", self.weight, (self.out_features, self.in_features),
-                          "(out_features, in_features)", self.bias)
+        _check_parameters(self, "weight",
+                          _parameter(self, "weight", "(out_features, in_features)"),
+                          (self.out_features, self.in_features), "(out_features, in_features)",
+                          _parameter(self, "bias", "(out_features,)"))
         if not isinstance(self.sparse_grad, bool):  # assigned since __init__ checked it
             raise TypeError(f"sparse_grad must be a bool, got {type(self.sparse_grad).__name__} "
                             f"{self.sparse_grad!r}")
@@ -404,7 +406,7 @@ class SparseOutputLinear(nn.Linear):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, sparse_grad={self.sparse_grad}")
+                f"bias={_has_bias(self)}, sparse_grad={self.sparse_grad}")
 
     def __getstate__(self) -> Dict[str, Any]:
         return _state_without_update(self)

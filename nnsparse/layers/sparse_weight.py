@@ -18,12 +18,12 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .._forms import (_check_csr, _version, as_count, as_device, as_flag, as_sparse_batch,
-                      is_sparse_form)
+                      dtype_got, is_sparse_form)
 from .._load import check_state_dict, entry_errors
 from .. import _index
 from ..matmul import _PatternMM
 from ..values import _csr_with_values
-from .linear import _check_not_narrower, _check_parameters
+from .linear import _check_not_narrower, _check_parameters, _has_bias, _parameter
 
 __all__ = ["SparseWeightLinear"]
 
@@ -170,7 +170,7 @@ class SparseWeightLinear(nn.Module):
         super().__init__()
         bias = as_flag(bias, "bias")
         if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype_got(dtype)}")
         as_device(device, none=True)  # before the pattern is read
         if not is_sparse_form(pattern):
             raise TypeError("pattern must be a sparse matrix (COO, CSR, a list of sparse rows), "
@@ -184,7 +184,7 @@ class SparseWeightLinear(nn.Module):
         device = device if device is not None else batch.device
         dtype = dtype if dtype is not None else torch.get_default_dtype()
         if not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point dtype, got {dtype}")
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
         index = _index_dtype(self.out_features, self.in_features, batch.nnz)
         crow = batch.crow_indices()
         self.register_buffer("crow", crow.to(device=device, dtype=index))
@@ -484,7 +484,8 @@ class SparseWeightLinear(nn.Module):
 
     # -- forward ---------------------------------------------------------------
     def forward(self, input: Any) -> Tensor:
-        _check_parameters(self, "values", self.values, (self.nnz,), "(nnz,)", self.bias)
+        _check_parameters(self, "values", _parameter(self, "values", "(nnz,)"), (self.nnz,),
+                          "(nnz,)", _parameter(self, "bias", "(out_features,)"))
         self._check_pattern()
         if self.values.device != self.col.device:  # values assigned on another device
             raise ValueError(f"SparseWeightLinear.values must be on the device of the pattern "
@@ -573,7 +574,7 @@ class SparseWeightLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"nnz={self.nnz}, bias={self.bias is not None}")
+                f"nnz={self.nnz}, bias={_has_bias(self)}")
 
 
 def _kind(x: Any) -> str:
