@@ -90,6 +90,36 @@ def _added_group() -> Any:
     return opt.param_groups[1]
 
 
+def _custom_keys_kept(make: Callable[[List[Dict[str, Any]]], Any]) -> Dict[str, Any]:
+    """A group with keys of the user's own (torch keeps any key) beside the hyperparameters:
+    they are the user's, stored as given (a ``(3,)`` tensor failed "only one element
+    tensors can be converted", a numpy float became a float)."""
+    model = _model()
+    tag, scale = torch.ones(3), np.float32(2.0)
+    opt = make([{"params": list(model.parameters()), "tag": tag, "scale": scale,
+                 "name": "all"}])
+    model(_X).pow(2).sum().backward()
+    opt.step()
+    group = opt.param_groups[0]
+    return {"tag": group["tag"] is tag, "scale": type(group["scale"]), "name": group["name"]}
+
+
+def _conversions_in_steps(monkeypatch: Any, **hp: Any) -> int:
+    """How often three LazyAdam steps convert a constructor-made group's hyperparameters
+    (``optim._hyper_numbers``): never, an int ``weight_decay=0`` or a float subclass
+    (``np.float64``) included, which the constructor stores as they are."""
+    import nnsparse.optim as optim
+    calls = []
+    real = optim._hyper_numbers
+    model = _model()
+    opt = LazyAdam(model.parameters(), **hp)
+    monkeypatch.setattr(optim, "_hyper_numbers", lambda d: calls.append(1) or real(d))
+    for _ in range(3):
+        model(_X).pow(2).sum().backward()
+        opt.step()
+    return len(calls)
+
+
 def _weights_only_round_trip(make: Callable[[nn.Module], Any]) -> Any:
     """``torch.load(weights_only=True)`` of the state of an optimiser built by ``make``."""
     model = _model()
@@ -142,6 +172,10 @@ OPTIM_CASES = [
     Case("lazy_adam_tensor_lr_stays_a_tensor",
          lambda: LazyAdam(_model().parameters(), lr=torch.tensor(0.01)).param_groups[0]["lr"],
          None, check=lambda lr: isinstance(lr, torch.Tensor)),
+    # keys of the user's own in a group are not hyperparameters: kept as given
+    Case("lazy_adam_group_custom_keys_kept",
+         lambda: _custom_keys_kept(lambda groups: LazyAdam(groups, lr=0.1)), None,
+         check=lambda r: r == {"tag": True, "scale": np.float32, "name": "all"}),
     Case("lazy_adam_decimal_lr_refused",
          lambda: LazyAdam(_model().parameters(), lr=Decimal("0.1")), TypeError,
          r"^lr must be a number, got Decimal Decimal\('0.1'\)$"),
@@ -312,3 +346,12 @@ DTYPE_CASES = [
 def test_probe13_dtype(case: Case) -> None:
     run_case(case)
 
+
+
+# -- the step converts nothing for a group the constructor made (no per-step cost) ----------
+
+@pytest.mark.parametrize("hp", [dict(weight_decay=0), dict(eps=np.float64(1e-8)),
+                                dict(weight_decay=0.0, betas=(0.9, 0.999))],
+                         ids=["int_weight_decay", "float64_eps", "floats"])
+def test_probe13_lazy_adam_step_converts_nothing_made_by_the_constructor(monkeypatch, hp):
+    assert _conversions_in_steps(monkeypatch, **hp) == 0
