@@ -1654,12 +1654,18 @@ def _number(value: Any, keep_tensor: bool = False) -> Any:
     return value
 
 
+# the hyperparameters of LazyAdam's groups and make_optimizer's that _hyper_numbers converts
+_HYPER_KEYS = ("lr", "eps", "weight_decay", "dense_above")
+
+
 def _hyper_numbers(hp: Dict[str, Any]) -> Dict[str, Any]:
     """Checked ``hp`` of a torch-style optimiser as its kernels take them
-    (:func:`_number`): ``lr`` a tensor if given one, the others numbers, ``betas`` a pair
-    of numbers (torch's Adam refuses a float beside a tensor); absent keys, and a group's
-    ``params``, stay as they are."""
-    out = {k: v if k == "params" else _number(v, keep_tensor=k == "lr") for k, v in hp.items()}
+    (:func:`_number`): ``lr`` a tensor if given one, ``eps``, ``weight_decay`` and
+    ``dense_above`` numbers, ``betas`` a pair of numbers (torch's Adam refuses a float
+    beside a tensor); absent keys, a group's ``params`` and any other key (a group may
+    hold keys of the user's own, as torch's do) stay as they are."""
+    out = {k: _number(v, keep_tensor=k == "lr") if k in _HYPER_KEYS else v
+           for k, v in hp.items()}
     if "betas" in hp:
         out["betas"] = tuple(_number(b) for b in hp["betas"])
     return out
