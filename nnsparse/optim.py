@@ -632,8 +632,11 @@ def _kernel_args(group: dict) -> Tuple[str, dict]:
     """The row-update kind and hyperparameters (``nnsparse._rowopt``) of a LazyAdam group."""
     kind = "adamw" if group["decoupled_weight_decay"] else "adam"
     # (a group edited after the checks: eps, weight_decay and betas the kernels take as numbers)
+    # converted only when _number would change one: never for a group the constructor made,
+    # an int weight_decay=0 or an np.float64 (a float) included
     hp = {k: group[k] for k in ("lr", "betas", "eps", "weight_decay", "dense_above")}
-    if not all(type(v) is float for v in (hp["eps"], hp["weight_decay"], *hp["betas"])):
+    if not all(isinstance(v, (float, int))
+               for v in (hp["eps"], hp["weight_decay"], *hp["betas"])):
         hp = _hyper_numbers(hp)
     if not _USE_FUSED:  # the tests' switch: torch's single-tensor loop
         hp["_fused"] = False
