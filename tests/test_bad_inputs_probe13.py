@@ -20,7 +20,7 @@ from torch import nn
 
 from probe_cases import Case, run_case
 from nnsparse import (DynamicSparseTensor, SparseLinearBatch, SparseOutputLinear,
-                      SparseWeightLinear, make_optimizer, stopk, to_pairs)
+                      SparseWeightLinear, make_optimizer, ssort, stopk, to_pairs)
 from nnsparse.optim import LazyAdam, apply_optimizer_in_backward, fused_step_optimizer
 
 # -- optimiser hyperparameters as Fraction, numpy floats, tensors ----------------------------
@@ -298,9 +298,18 @@ PAIRS_CASES = [
                                                      stopk(_uncoalesced(), 1)), None,
          check=lambda r: r[0].values.tolist() == r[1].values[0].tolist() == [2.0]
          and r[0].indices.tolist() == r[1].indices[0].tolist() == [2]),
-    Case("to_pairs_repeated_pair_rows_summed",
+    # input already in the (Lua) pair form is returned as given, ordered as ssort left it
+    # and a repeated index kept, as ssort keeps it (the coalescing above reordered it by index)
+    Case("to_pairs_repeated_pair_rows_kept",
          lambda: to_pairs([torch.tensor([[1., 2.], [1., 3.]]), torch.zeros(0, 2)]), None,
-         check=lambda p: _same_pairs(p, [torch.tensor([[1., 5.]]), torch.zeros(0, 2)])),
+         check=lambda p: _same_pairs(p, [torch.tensor([[1., 2.], [1., 3.]]), torch.zeros(0, 2)])),
+    Case("to_pairs_of_ssorted_pairs_keeps_the_order",
+         lambda: to_pairs(ssort(torch.tensor([[3., 1.], [1., 4.], [6., 2.]]), descending=True)),
+         None, check=lambda p: torch.equal(p, torch.tensor([[1., 4.], [6., 2.], [3., 1.]]))),
+    Case("to_pairs_of_ssorted_pair_list_keeps_the_order",
+         lambda: to_pairs(ssort([torch.tensor([[3., 1.], [1., 4.]]), torch.zeros(0, 2)])),
+         None, check=lambda p: _same_pairs(p, [torch.tensor([[3., 1.], [1., 4.]]),
+                                               torch.zeros(0, 2)])),
     Case("to_pairs_uncoalesced_values_stay_differentiable", _pairs_grad, None,
          check=lambda g: g.tolist() == [20., 10., 0., 0., 20.]),
     Case("to_pairs_csr_unchanged", lambda: to_pairs(_D.to_sparse_csr()), None,
