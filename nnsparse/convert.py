@@ -266,8 +266,11 @@ def to_pairs(x: SparseLike) -> Union[Tensor, List[Tensor]]:
     Returns:
         A ``(k, 2)`` tensor for a vector, a list of ``(k_i, 2)`` tensors (one per
         row, empty rows as ``(0, 2)``) for a batch, indices increasing.  Duplicate
-        entries of an uncoalesced tensor (or of pair rows) are summed into one pair,
-        as :func:`ssort` and :func:`stopk` read them.  Values stay differentiable.
+        entries of an uncoalesced tensor are summed into one pair, as :func:`ssort`
+        and :func:`stopk` read them.  Input already in the pair form (a pair tensor
+        or a list of them) is returned as given, its order (e.g. :func:`ssort`'s)
+        and repeated indices kept, as :func:`ssort` keeps them.  Values stay
+        differentiable.
 
     Raises:
         TypeError: ``x`` is not an accepted form (a dense tensor, a number...).
@@ -287,9 +290,13 @@ def to_pairs(x: SparseLike) -> Union[Tensor, List[Tensor]]:
             raise ValueError(f"x has width {batch.width}, beyond {exact}: its indices cannot be "
                              f"stored exactly as {batch.dtype}; convert the values to float64")
     # the pairs of x's dense equivalent, as ssort / stopk / values_map read x: the repeated
-    # positions of an uncoalesced COO tensor (or pair rows) summed into one pair, the
-    # indices increasing (a repeated index was two pairs, in the tensor's order)
-    batch = batch.coalesce()
+    # positions of an uncoalesced COO tensor summed into one pair, the indices increasing
+    # (a repeated index was two pairs, in the tensor's order).  Pairs are Lua's ordered
+    # rows: kept as they are (as ssort's pair forms keep them), not sorted by index.
+    if batch.form in ("pairs", "pair_list"):
+        batch = batch.sorted_by_row()  # (the rows' own order within each row: stable)
+    else:
+        batch = batch.coalesce()
     if batch.is_vector:
         return _as_pairs(batch)
     return list(_as_pairs(batch).split(batch.row_counts().tolist()))
