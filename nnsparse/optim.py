@@ -635,8 +635,8 @@ def _kernel_args(group: dict) -> Tuple[str, dict]:
     # converted only when _number would change one: never for a group the constructor made,
     # an int weight_decay=0 or an np.float64 (a float) included
     hp = {k: group[k] for k in ("lr", "betas", "eps", "weight_decay", "dense_above")}
-    if not all(isinstance(v, (float, int))
-               for v in (hp["eps"], hp["weight_decay"], *hp["betas"])):
+    betas = () if _tensor_pair(hp["betas"]) else hp["betas"]  # a tensor pair is kept
+    if not all(isinstance(v, (float, int)) for v in (hp["eps"], hp["weight_decay"], *betas)):
         hp = _hyper_numbers(hp)
     if not _USE_FUSED:  # the tests' switch: torch's single-tensor loop
         hp["_fused"] = False
@@ -1665,13 +1665,19 @@ def _hyper_numbers(hp: Dict[str, Any]) -> Dict[str, Any]:
     """Checked ``hp`` of a torch-style optimiser as its kernels take them
     (:func:`_number`): ``lr`` a tensor if given one, ``eps``, ``weight_decay`` and
     ``dense_above`` numbers, ``betas`` a pair of numbers (torch's Adam refuses a float
-    beside a tensor); absent keys, a group's ``params`` and any other key (a group may
-    hold keys of the user's own, as torch's do) stay as they are."""
+    beside a tensor) unless both are tensors (which torch's Adam takes and reads at each
+    step: kept, as a tensor ``lr`` is); absent keys, a group's ``params`` and any other
+    key (a group may hold keys of the user's own, as torch's do) stay as they are."""
     out = {k: _number(v, keep_tensor=k == "lr") if k in _HYPER_KEYS else v
            for k, v in hp.items()}
-    if "betas" in hp:
+    if "betas" in hp and not _tensor_pair(hp["betas"]):
         out["betas"] = tuple(_number(b) for b in hp["betas"])
     return out
+
+
+def _tensor_pair(betas: Any) -> bool:
+    """``betas`` (checked: a pair) are two tensors, as torch's Adam takes them."""
+    return isinstance(betas[0], Tensor) and isinstance(betas[1], Tensor)
 
 
 def _numbers(hp: Dict[str, Any]) -> Dict[str, Any]:

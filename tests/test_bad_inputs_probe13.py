@@ -120,6 +120,23 @@ def _conversions_in_steps(monkeypatch: Any, **hp: Any) -> int:
     return len(calls)
 
 
+def _tensor_betas_changed_in_place(make: Callable[..., Any]) -> torch.Tensor:
+    """A parameter after three steps of ``make([w], lr=, betas=)`` with betas a pair of 0-d
+    tensors (torch's optimisers take one), ``betas[0]`` set to 0 in place before the third:
+    the optimiser reads the tensors, as torch.optim.Adam does (they were copied as floats)."""
+    w = nn.Parameter(torch.ones(3))
+    betas = (torch.tensor(0.9), torch.tensor(0.999))
+    opt = make([w], lr=0.1, betas=betas)
+    assert opt.param_groups[0]["betas"][0] is betas[0]
+    for i in range(3):
+        if i == 2:
+            betas[0].fill_(0.0)
+        opt.zero_grad()
+        (w * torch.arange(3.)).sum().backward()
+        opt.step()
+    return w.detach()
+
+
 def _weights_only_round_trip(make: Callable[[nn.Module], Any]) -> Any:
     """``torch.load(weights_only=True)`` of the state of an optimiser built by ``make``."""
     model = _model()
@@ -172,6 +189,15 @@ OPTIM_CASES = [
     Case("lazy_adam_tensor_lr_stays_a_tensor",
          lambda: LazyAdam(_model().parameters(), lr=torch.tensor(0.01)).param_groups[0]["lr"],
          None, check=lambda lr: isinstance(lr, torch.Tensor)),
+    # a pair of tensor betas is what torch's Adam takes: kept, read at each step
+    Case("lazy_adam_tensor_betas_stay_tensors",
+         lambda: (_tensor_betas_changed_in_place(LazyAdam),
+                  _tensor_betas_changed_in_place(torch.optim.Adam)), None,
+         check=lambda r: torch.allclose(r[0], r[1])),
+    Case("make_optimizer_tensor_betas_stay_tensors",
+         lambda: make_optimizer(_model(), betas=(torch.tensor(0.9), torch.tensor(0.999))),
+         None, check=lambda opt: all(isinstance(b, torch.Tensor) for group in opt.param_groups
+                                     for b in group["betas"])),
     # keys of the user's own in a group are not hyperparameters: kept as given
     Case("lazy_adam_group_custom_keys_kept",
          lambda: _custom_keys_kept(lambda groups: LazyAdam(groups, lr=0.1)), None,
