@@ -1,0 +1,121 @@
+"""The fourteenth probe: valid but unusual inputs that torch's own counterparts take.
+
+Each row is a call that was refused before (docs/valid_inputs_probe14.md) beside the
+plain form or the torch reference it must equal.  The guards at the end pin the
+refusals the round kept on purpose (counts as 0-d tensors, ints as flags).
+"""
+import numpy as np
+import pytest
+import torch
+
+import nnsparse
+from nnsparse import Batchifier, Densify, densify, from_pairs, sparsify
+
+X = torch.tensor([[0., 3., 0., 1.], [2., 0., 0., 0.]])
+
+
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(Densify(4), torch.nn.Linear(4, 4))
+
+
+def _topk(k):
+    out = Batchifier(_net(), output_size=4, progress=False).topk(X.to_sparse_csr(), k)
+    return out.values, out.indices
+
+
+PAIRS = torch.tensor([[1., 3.], [3., 1.]])
+
+# (id, the call with the unusual input, the plain call it must equal)
+ROWS = [
+    ("densify_in_features_0d_tensor",
+     lambda: Densify(torch.tensor(4))(sparsify(X)), lambda: Densify(4)(sparsify(X))),
+    ("densify_in_features_0d_int32_tensor",
+     lambda: Densify(torch.tensor(4, dtype=torch.int32))(sparsify(X)),
+     lambda: Densify(4)(sparsify(X))),
+    ("batchifier_output_size_0d_tensor",
+     lambda: Batchifier(_net(), output_size=torch.tensor(4), progress=False)(X.to_sparse_csr()),
+     lambda: Batchifier(_net(), output_size=4, progress=False)(X.to_sparse_csr())),
+    ("batchifier_topk_k_0d_tensor", lambda: _topk(torch.tensor(2)), lambda: _topk(2)),
+    ("batchifier_topk_k_numpy", lambda: _topk(np.int64(2)), lambda: _topk(2)),
+    ("from_pairs_size_0d_tensor",
+     lambda: densify(from_pairs(PAIRS, torch.tensor(5))), lambda: densify(from_pairs(PAIRS, 5))),
+    ("sparsify_elem_0d_tensor",
+     lambda: densify(sparsify(X, elem=torch.tensor(0.))), lambda: densify(sparsify(X, elem=0.))),
+    ("sparsify_elem_0d_int_tensor",
+     lambda: densify(sparsify(X, elem=torch.tensor(3))), lambda: densify(sparsify(X, elem=3))),
+    ("densify_elem_0d_tensor",
+     lambda: densify(sparsify(X), elem=torch.tensor(-1.)), lambda: densify(sparsify(X), elem=-1.)),
+    ("Densify_layer_elem_0d_tensor",
+     lambda: Densify(4, elem=torch.tensor(2.))(sparsify(X)), lambda: Densify(4, elem=2.)(sparsify(X))),
+    ("Sparsify_layer_elem_0d_tensor",
+     lambda: densify(nnsparse.Sparsify(elem=torch.tensor(0.))(X)),
+     lambda: densify(nnsparse.Sparsify(elem=0.)(X))),
+]
+
+
+def _same(a, b):
+    if isinstance(a, tuple):
+        return all(_same(u, v) for u, v in zip(a, b))
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("call, plain", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_valid_input_equals_plain_form(call, plain):
+    assert _same(call(), plain())
+
+
+def test_densify_layer_stores_a_python_int():
+    layer = Densify(torch.tensor(4))
+    assert type(layer.in_features) is int and layer.in_features == 4
+
+
+def test_topk_k_tensor_matches_torch_topk():
+    # torch.topk takes a 0-d k; Batchifier.topk's dense reference is torch.topk itself
+    out = _net()(sparsify(X))
+    values, indices = _topk(torch.tensor(2))
+    ref = torch.topk(out, k=torch.tensor(2))
+    assert torch.allclose(values, ref.values) and torch.equal(indices, ref.indices)
+
+
+# what the widened checks still refuse: (id, call, error, message)
+KEPT = [
+    ("in_features_float_0d_tensor", lambda: Densify(torch.tensor(4.)), TypeError,
+     r"in_features must be a non-negative int, got tensor\(4\.\)"),
+    ("in_features_bool_0d_tensor", lambda: Densify(torch.tensor(True)), TypeError,
+     r"in_features must be a non-negative int, got tensor\(True\)"),
+    ("in_features_1d_tensor", lambda: Densify(torch.tensor([4])), TypeError,
+     r"in_features must be a non-negative int, got tensor\(\[4\]\)"),
+    ("in_features_negative_0d_tensor", lambda: Densify(torch.tensor(-1)), ValueError,
+     r"in_features must be a non-negative int, got -1"),
+    ("in_features_meta_tensor", lambda: Densify(torch.tensor(4, device="meta")), ValueError,
+     r"in_features .*meta"),
+    ("output_size_float_tensor",
+     lambda: Batchifier(_net(), output_size=torch.tensor(4.), progress=False), TypeError,
+     r"output_size must be an int >= 0, got tensor\(4\.\)"),
+    ("topk_k_negative_tensor", lambda: _topk(torch.tensor(-1)), ValueError,
+     r"k must be a non-negative int, got -1"),
+    ("from_pairs_size_float_tensor", lambda: from_pairs(PAIRS, torch.tensor(5.)), TypeError,
+     r"size must be a non-negative int, got tensor\(5\.\)"),
+    ("from_pairs_size_torch_Size", lambda: from_pairs(PAIRS, torch.Size([5])), TypeError,
+     r"size must be an int, got Size"),
+    ("elem_1d_tensor", lambda: sparsify(X, elem=torch.tensor([0.])), TypeError,
+     r"elem must be a number, got Tensor"),
+    ("elem_bool_tensor", lambda: sparsify(X, elem=torch.tensor(False)), TypeError,
+     r"elem must be a number, got Tensor"),
+    # kept on purpose (docs/bad_inputs_probe8.md): counts that DataLoader takes as ints only
+    ("batch_size_0d_tensor",
+     lambda: Batchifier(_net(), output_size=4, batch_size=torch.tensor(1), progress=False),
+     TypeError, r"batch_size must be an int >= 1, got tensor\(1\)"),
+    ("sparsify_offset_0d_tensor", lambda: sparsify(X, offset=torch.tensor(1)), TypeError,
+     r"offset must be a non-negative int, got tensor\(1\)"),
+    # kept on purpose: flags are bools (numpy bools pass), as torch.sort's descending
+    ("bias_int_flag", lambda: nnsparse.SparseLinearBatch(4, 3, bias=0), TypeError,
+     r"bias must be a bool, got int 0"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", [r[1:] for r in KEPT], ids=[r[0] for r in KEPT])
+def test_still_refused(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
