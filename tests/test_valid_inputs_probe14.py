@@ -26,6 +26,19 @@ def _topk(k):
 
 PAIRS = torch.tensor([[1., 3.], [3., 1.]])
 
+
+def _built(index, size=(2, 4)):
+    """A 2-D builder's tensor after append(index, 2.0) and build(size)."""
+    b = nnsparse.DynamicSparseTensor(ndim=2)
+    b.append(index, 2.0)
+    return densify(b.build(size))
+
+
+def _built_1d(size):
+    b = nnsparse.DynamicSparseTensor()
+    b.append(1, 3.0)
+    return densify(b.build(size))
+
 # (id, the call with the unusual input, the plain call it must equal)
 ROWS = [
     ("densify_in_features_0d_tensor",
@@ -48,6 +61,18 @@ ROWS = [
      lambda: densify(sparsify(X), elem=torch.tensor(-1.)), lambda: densify(sparsify(X), elem=-1.)),
     ("Densify_layer_elem_0d_tensor",
      lambda: Densify(4, elem=torch.tensor(2.))(sparsify(X)), lambda: Densify(4, elem=2.)(sparsify(X))),
+    ("builder_append_index_int64_tensor", lambda: _built(torch.tensor([1, 3])),
+     lambda: _built((1, 3))),
+    ("builder_append_index_int32_tensor",
+     lambda: _built(torch.tensor([1, 3], dtype=torch.int32)), lambda: _built((1, 3))),
+    ("builder_append_index_numpy_array", lambda: _built(np.array([1, 3])), lambda: _built((1, 3))),
+    ("builder_append_index_of_an_index_tensor_column",
+     lambda: _built(torch.tensor([[0, 1], [2, 3]])[:, 1]), lambda: _built((1, 3))),
+    ("builder_build_size_1d_tensor", lambda: _built((1, 3), torch.tensor([2, 4])),
+     lambda: _built((1, 3), (2, 4))),
+    ("builder_build_size_lua_float_tensor", lambda: _built((1, 3), torch.tensor([2., 4.])),
+     lambda: _built((1, 3), (2, 4))),
+    ("builder_build_size_0d_tensor", lambda: _built_1d(torch.tensor(5)), lambda: _built_1d(5)),
     ("Sparsify_layer_elem_0d_tensor",
      lambda: densify(nnsparse.Sparsify(elem=torch.tensor(0.))(X)),
      lambda: densify(nnsparse.Sparsify(elem=0.)(X))),
@@ -103,6 +128,20 @@ KEPT = [
      r"elem must be a number, got Tensor"),
     ("elem_bool_tensor", lambda: sparsify(X, elem=torch.tensor(False)), TypeError,
      r"elem must be a number, got Tensor"),
+    ("builder_index_float_tensor", lambda: _built(torch.tensor([1., 3.])), TypeError,
+     r"index must be a tuple of 2 ints, got Tensor"),
+    ("builder_index_2d_tensor", lambda: _built(torch.tensor([[1, 3]])), TypeError,
+     r"index must be a tuple of 2 ints, got Tensor"),
+    ("builder_index_tensor_wrong_length", lambda: _built(torch.tensor([1, 3, 0])), ValueError,
+     r"index must have 2 entries, got 3: \(1, 3, 0\)"),
+    ("builder_index_negative_tensor", lambda: _built(torch.tensor([-1, 3])), ValueError,
+     r"index must be non-negative, got \(-1, 3\)"),
+    ("builder_index_meta_tensor", lambda: _built(torch.tensor([1, 3], device="meta")),
+     TypeError, r"index must be a tuple of 2 ints, got Tensor"),
+    ("builder_size_tensor_too_small", lambda: _built((1, 3), torch.tensor([2, 3])), ValueError,
+     r"size must be at least \(2, 4\) to hold the entries, got \(2, 3\)"),
+    ("builder_size_fractional_tensor", lambda: _built((1, 3), torch.tensor([2., 4.5])),
+     ValueError, r"size given as a floating tensor must hold whole numbers, got 4.5"),
     # kept on purpose (docs/bad_inputs_probe8.md): counts that DataLoader takes as ints only
     ("batch_size_0d_tensor",
      lambda: Batchifier(_net(), output_size=4, batch_size=torch.tensor(1), progress=False),
