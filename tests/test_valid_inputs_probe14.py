@@ -39,6 +39,36 @@ def _built_1d(size):
     b.append(1, 3.0)
     return densify(b.build(size))
 
+def _clipped(**flags):
+    """The gradients of a small model after nnsparse.optim.clip_grad_norm_ / _value_."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(nnsparse.SparseLinearBatch(4, 3, sparse_grad=True),
+                                torch.nn.Linear(3, 2))
+    model(sparsify(X)).square().sum().backward()
+    value = {k: v for k, v in flags.items() if k == "foreach"}
+    norm = nnsparse.optim.clip_grad_norm_(model.parameters(), 0.5, **flags)
+    nnsparse.optim.clip_grad_value_(model.parameters(), 0.1, **value)
+    return (norm,) + tuple(p.grad.to_dense() for p in model.parameters())
+
+
+def _assigned_sparse_grad(cls, flag):
+    """A layer's output and weight gradient after ``layer.sparse_grad = flag``."""
+    torch.manual_seed(0)
+    layer = cls(4, 4)
+    layer.sparse_grad = flag
+    s = sparsify(X)
+    if cls is nnsparse.SparseOutputLinear:
+        out = densify(layer(torch.randn(2, 4), s))
+    else:
+        out = layer(s)
+    out.sum().backward()
+    return out.detach(), layer.weight.grad
+
+
+def _titles(path, flag):
+    return nnsparse.data.read_ratings(path, "ml-100k", titles=flag).titles
+
+
 # (id, the call with the unusual input, the plain call it must equal)
 ROWS = [
     ("densify_in_features_0d_tensor",
@@ -73,6 +103,15 @@ ROWS = [
     ("builder_build_size_lua_float_tensor", lambda: _built((1, 3), torch.tensor([2., 4.])),
      lambda: _built((1, 3), (2, 4))),
     ("builder_build_size_0d_tensor", lambda: _built_1d(torch.tensor(5)), lambda: _built_1d(5)),
+    ("clip_grad_flags_numpy_bools",
+     lambda: _clipped(error_if_nonfinite=np.True_, foreach=np.False_),
+     lambda: _clipped(error_if_nonfinite=True, foreach=False)),
+    ("linear_sparse_grad_assigned_numpy_bool",
+     lambda: _assigned_sparse_grad(nnsparse.SparseLinearBatch, np.False_),
+     lambda: _assigned_sparse_grad(nnsparse.SparseLinearBatch, False)),
+    ("output_linear_sparse_grad_assigned_numpy_bool",
+     lambda: _assigned_sparse_grad(nnsparse.SparseOutputLinear, np.False_),
+     lambda: _assigned_sparse_grad(nnsparse.SparseOutputLinear, False)),
     ("Sparsify_layer_elem_0d_tensor",
      lambda: densify(nnsparse.Sparsify(elem=torch.tensor(0.))(X)),
      lambda: densify(nnsparse.Sparsify(elem=0.)(X))),
@@ -88,6 +127,16 @@ def _same(a, b):
 @pytest.mark.parametrize("call, plain", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
 def test_valid_input_equals_plain_form(call, plain):
     assert _same(call(), plain())
+
+
+def test_read_ratings_titles_numpy_bool(tmp_path):
+    (tmp_path / "u.data").write_text("1\t10\t5\t0\n2\t20\t3\t0\n")
+    (tmp_path / "u.item").write_text("10|A (1995)|||\n20|B (1995)|||\n")
+    path = tmp_path / "u.data"
+    assert _titles(path, np.True_) == _titles(path, True) and _titles(path, True)
+    assert _titles(path, np.False_) == _titles(path, False)
+    train, _ = nnsparse.data.read_split(path, path, "ml-100k", titles=np.True_)
+    assert train.titles == _titles(path, True)
 
 
 def test_densify_layer_stores_a_python_int():
@@ -142,6 +191,15 @@ KEPT = [
      r"size must be at least \(2, 4\) to hold the entries, got \(2, 3\)"),
     ("builder_size_fractional_tensor", lambda: _built((1, 3), torch.tensor([2., 4.5])),
      ValueError, r"size given as a floating tensor must hold whole numbers, got 4.5"),
+    ("clip_error_if_nonfinite_int", lambda: _clipped(error_if_nonfinite=1), TypeError,
+     r"error_if_nonfinite must be a bool, got int 1"),
+    ("clip_foreach_str", lambda: _clipped(foreach="y"), TypeError,
+     r"foreach must be a bool or None, got str 'y'"),
+    ("sparse_grad_assigned_int", lambda: _assigned_sparse_grad(nnsparse.SparseLinearBatch, 1),
+     TypeError, r"sparse_grad must be a bool, got int 1"),
+    ("output_sparse_grad_assigned_str",
+     lambda: _assigned_sparse_grad(nnsparse.SparseOutputLinear, "y"), TypeError,
+     r"sparse_grad must be a bool, got str 'y'"),
     # kept on purpose (docs/bad_inputs_probe8.md): counts that DataLoader takes as ints only
     ("batch_size_0d_tensor",
      lambda: Batchifier(_net(), output_size=4, batch_size=torch.tensor(1), progress=False),
