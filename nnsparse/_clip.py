@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from . import _grad_origin
+from ._forms import as_flag
 
 
 @torch.no_grad()
@@ -92,9 +93,7 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
     norm_type = _as_float("norm_type", norm_type)
     if norm_type != norm_type:  # torch's total norm is then NaN, and so is every gradient
         raise ValueError(f"norm_type must be a number or inf, got {norm_type}")
-    if not isinstance(error_if_nonfinite, bool):
-        raise TypeError(f"error_if_nonfinite must be a bool, got "
-                        f"{type(error_if_nonfinite).__name__}")
+    error_if_nonfinite = as_flag(error_if_nonfinite, "error_if_nonfinite")  # numpy bools pass
     with_grad = _with_grads(parameters, foreach, "clip_grad_norm_")
     grads: List[Tensor] = [cast(Tensor, p.grad) for p in with_grad]
     if not grads:
@@ -144,8 +143,8 @@ def _with_grads(parameters: List[Tensor], foreach: Any, fn: str) -> List[Tensor]
     """The parameters holding a gradient, after checking ``foreach`` and that every
     gradient is strided or sparse COO (else ``NotImplementedError`` naming ``fn``; nothing
     is clipped)."""
-    if foreach is not None and not isinstance(foreach, bool):
-        raise TypeError(f"foreach must be a bool or None, got {type(foreach).__name__}")
+    if foreach is not None:  # a numpy bool passes, as torch's clip_grad_*_ take it
+        foreach = as_flag(foreach, "foreach", "a bool or None")
     with_grad = [p for p in parameters if p.grad is not None]
     for p in with_grad:
         layout = cast(Tensor, p.grad).layout

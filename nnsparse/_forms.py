@@ -1084,7 +1084,8 @@ def as_flag(value: Any, name: str, what: str = "a bool") -> bool:
     raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
 
 
-def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None) -> int:
+def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None,
+             zero_d: bool = False) -> int:
     """``value`` as a Python int ``>= low`` (numpy ints pass): "``name`` must be an int >=
     ``low``, got ...", a ``TypeError`` for another kind (a bool, a float, even whole, a
     str), a ``ValueError`` for an int below ``low`` or beyond int64.  The check of counts
@@ -1092,7 +1093,17 @@ def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None) -> 
 
     ``must`` words the bound instead: ``"positive"`` (``low`` 1) or ``"non-negative"``
     (``low`` 0) give "``name`` must be a positive int, got ...", the wording of the
-    arguments that said so before they came here (offsets, ``k``, sizes of data)."""
+    arguments that said so before they came here (offsets, ``k``, sizes of data).
+
+    ``zero_d=True`` also takes a 0-d integer tensor as its int, where torch's own
+    counterpart takes one (``torch.topk``'s ``k``, ``nn.Linear``'s sizes); counts that
+    torch's counterparts take as Python ints only (``DataLoader``'s ``batch_size``,
+    epochs) leave it ``False`` and refuse a tensor (``docs/bad_inputs_probe8.md``)."""
+    if zero_d and isinstance(value, Tensor) and value.dim() == 0 \
+            and value.dtype != torch.bool and not value.is_floating_point() \
+            and not value.is_complex():
+        refuse_meta(value, name)  # (operator.index would read it)
+        value = operator.index(value)
     if must is None:
         kind = f"an int >= {low}"
     elif _BOUND_WORDS.get(must) == low:

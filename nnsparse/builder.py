@@ -7,9 +7,11 @@ import operator
 from array import array
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from .convert import _size_from_tensor
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
                      check_index_range, check_int64, check_numel, int64_message, KERNEL_DTYPES,
                      refuse_meta_device)
@@ -216,7 +218,9 @@ class DynamicSparseTensor:
 
     # -- adding entries -------------------------------------------------------------
     def append(self, index: Union[int, Sequence[int]], value: float = _NO_VALUE) -> None:
-        """Add one entry: ``index`` an int (``ndim=1``) or a tuple of ``ndim`` ints.
+        """Add one entry: ``index`` an int (``ndim=1``) or a tuple of ``ndim`` ints (a 1-D
+        integer tensor or numpy array of ``ndim`` entries, such as a column of an index
+        tensor, passes as one).
 
         Lua's ``append(x)`` also works: one argument, an ``[index, value]``
         row (a 1-D tensor such as a row of a pair tensor, or a sequence) of
@@ -299,6 +303,12 @@ class DynamicSparseTensor:
                              f"[{lo}, {hi}]")
 
     def _append_tuple(self, index: Sequence[int], value: float) -> None:
+        if (isinstance(index, Tensor) and index.layout == torch.strided and index.dim() == 1
+                and index.device.type != "meta" and index.dtype != torch.bool
+                and not index.is_floating_point() and not index.is_complex()) \
+                or (isinstance(index, np.ndarray) and index.ndim == 1
+                    and np.issubdtype(index.dtype, np.integer)):
+            index = index.tolist()  # a 1-D integer tensor or array, as a row of an index tensor
         if not isinstance(index, (tuple, list)):
             raise TypeError(f"index must be a tuple of {self._ndim} ints, got {type(index).__name__}")
         if len(index) != self._ndim:
@@ -440,7 +450,8 @@ class DynamicSparseTensor:
 
         Args:
             size (int or tuple, optional): the tensor's shape, ``ndim`` ints
-                (an int is allowed for ``ndim=1``); by default the largest index
+                (an int is allowed for ``ndim=1``; a 0-D or 1-D integer tensor, or one of
+                whole floats, as :func:`nnsparse.densify` takes it); by default the largest index
                 + 1 along each dimension.
             layout (torch.layout): ``torch.sparse_coo`` (default), or
                 ``torch.sparse_csr`` when ``ndim=2``.
@@ -545,6 +556,7 @@ class DynamicSparseTensor:
         if size is None:
             return check_numel(needed, "size", f"{needed} (the largest indices + 1: no size was "
                                                f"given)")
+        size = _size_from_tensor(size)  # a size tensor as densify's (Lua's torch.Tensor{2, 8})
         if isinstance(size, numbers.Integral) and self._ndim == 1:
             size = (cast(int, size),)  # a bool is refused by as_int below
         if not isinstance(size, (tuple, list, torch.Size)):

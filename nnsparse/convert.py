@@ -23,6 +23,10 @@ Size = Union[int, Sequence[int]]
 def _check_elem(elem: Any) -> Any:
     """``elem`` checked, as a Python number (a numpy scalar's ``item()``: torch reads a
     numpy complex scalar as its real part, with a ComplexWarning)."""
+    if isinstance(elem, Tensor) and elem.dim() == 0 and elem.dtype != torch.bool:
+        # a 0-d tensor, which torch.full and masked_fill take as a fill value: its number
+        refuse_meta(elem, "elem")
+        elem = elem.item()
     if isinstance(elem, bool) or not isinstance(elem, numbers.Number):
         raise TypeError(f"elem must be a number, got {type(elem).__name__} {elem!r}")
     if isinstance(elem, numbers.Integral) and not -2 ** 63 <= int(elem) < 2 ** 63:
@@ -329,6 +333,8 @@ def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = Non
     if isinstance(pairs, Tensor) and pairs.layout != torch.strided:
         raise TypeError(f"pairs must be a dense (k, 2) tensor or a list of them, "
                         f"got layout {pairs.layout}")
+    if isinstance(size, Tensor):  # a 0-d integer tensor passes, as torch's sizes take it
+        size = as_count("size", size, 0, must="non-negative", zero_d=True)
     if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Integral)):
         raise TypeError(f"size must be an int, got {type(size).__name__} {size!r}")
     if size is not None and size < 0:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._forms import _a, _version, as_choice, refuse_meta
+from .._forms import _a, _version, as_choice, as_flag, refuse_meta
 
 __all__ = ["Ratings", "read_ratings", "read_split", "read_item_features", "read_user_features",
            "FORMATS"]
@@ -887,6 +887,8 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
     for name, given in (("user_map", user_map), ("item_map", item_map)):
         if given is not None:
             _check_map(given, name)
+    if isinstance(titles, np.bool_):  # a numpy bool, as every flag takes it
+        titles = as_flag(titles, "titles")
     if not isinstance(titles, (bool, str, os.PathLike)):
         raise TypeError(f"titles must be a bool or a path (str or os.PathLike), "
                         f"got {type(titles).__name__}")
@@ -1099,6 +1101,8 @@ def read_split(train: PathLike, test: PathLike, format: str = "text", *,
         >>> train.n_users == test.n_users == 3
         True
     """
+    if isinstance(titles, np.bool_):  # a numpy bool, as every flag takes it
+        titles = as_flag(titles, "titles")
     if not isinstance(titles, (bool, str, os.PathLike)):
         raise TypeError(f"titles must be a bool or a path (str or os.PathLike), "
                         f"got {type(titles).__name__}")

@@ -583,9 +583,7 @@ class SparseLinearBatch(nn.Module):
 
     def _check_parameters(self) -> None:
         # the flags may have been assigned since __init__ checked them
-        if not isinstance(self.sparse_grad, bool):
-            raise TypeError(f"sparse_grad must be a bool, got "
-                            f"{type(self.sparse_grad).__name__} {self.sparse_grad!r}")
+        as_flag(self.sparse_grad, "sparse_grad")  # (a numpy bool passes, used as its truth)
         # (False on a layer built with True is fine: weight_t then gets dense gradients)
         if self.sparse_grad and _parametrized_table(self):
             pass  # weight_t is a property (the parametrization's output): forward checks it

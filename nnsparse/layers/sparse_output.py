@@ -382,9 +382,8 @@ class SparseOutputLinear(nn.Linear):
                           _parameter(self, "weight", "(out_features, in_features)"),
                           (self.out_features, self.in_features), "(out_features, in_features)",
                           _parameter(self, "bias", "(out_features,)"))
-        if not isinstance(self.sparse_grad, bool):  # assigned since __init__ checked it
-            raise TypeError(f"sparse_grad must be a bool, got {type(self.sparse_grad).__name__} "
-                            f"{self.sparse_grad!r}")
+        # assigned since __init__ checked it? (a numpy bool passes, used as its truth)
+        as_flag(self.sparse_grad, "sparse_grad")
         if pattern is not None:  # (without a pattern: F.linear, dense gradients)
             _refuse_sparse_grad_parametrized(self, "weight")
         if isinstance(pattern, SparseParts):

@@ -1,0 +1,218 @@
+"""The fourteenth probe: valid but unusual inputs that torch's own counterparts take.
+
+Each row is a call that was refused before (docs/valid_inputs_probe14.md) beside the
+plain form or the torch reference it must equal.  The guards at the end pin the
+refusals the round kept on purpose (counts as 0-d tensors, ints as flags).
+"""
+import numpy as np
+import pytest
+import torch
+
+import nnsparse
+from nnsparse import Batchifier, Densify, densify, from_pairs, sparsify
+
+X = torch.tensor([[0., 3., 0., 1.], [2., 0., 0., 0.]])
+
+
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(Densify(4), torch.nn.Linear(4, 4))
+
+
+def _topk(k):
+    out = Batchifier(_net(), output_size=4, progress=False).topk(X.to_sparse_csr(), k)
+    return out.values, out.indices
+
+
+PAIRS = torch.tensor([[1., 3.], [3., 1.]])
+
+
+def _built(index, size=(2, 4)):
+    """A 2-D builder's tensor after append(index, 2.0) and build(size)."""
+    b = nnsparse.DynamicSparseTensor(ndim=2)
+    b.append(index, 2.0)
+    return densify(b.build(size))
+
+
+def _built_1d(size):
+    b = nnsparse.DynamicSparseTensor()
+    b.append(1, 3.0)
+    return densify(b.build(size))
+
+def _clipped(**flags):
+    """The gradients of a small model after nnsparse.optim.clip_grad_norm_ / _value_."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(nnsparse.SparseLinearBatch(4, 3, sparse_grad=True),
+                                torch.nn.Linear(3, 2))
+    model(sparsify(X)).square().sum().backward()
+    value = {k: v for k, v in flags.items() if k == "foreach"}
+    norm = nnsparse.optim.clip_grad_norm_(model.parameters(), 0.5, **flags)
+    nnsparse.optim.clip_grad_value_(model.parameters(), 0.1, **value)
+    return (norm,) + tuple(p.grad.to_dense() for p in model.parameters())
+
+
+def _assigned_sparse_grad(cls, flag):
+    """A layer's output and weight gradient after ``layer.sparse_grad = flag``."""
+    torch.manual_seed(0)
+    layer = cls(4, 4)
+    layer.sparse_grad = flag
+    s = sparsify(X)
+    if cls is nnsparse.SparseOutputLinear:
+        out = densify(layer(torch.randn(2, 4), s))
+    else:
+        out = layer(s)
+    out.sum().backward()
+    return out.detach(), layer.weight.grad
+
+
+def _titles(path, flag):
+    return nnsparse.data.read_ratings(path, "ml-100k", titles=flag).titles
+
+
+# (id, the call with the unusual input, the plain call it must equal)
+ROWS = [
+    ("densify_in_features_0d_tensor",
+     lambda: Densify(torch.tensor(4))(sparsify(X)), lambda: Densify(4)(sparsify(X))),
+    ("densify_in_features_0d_int32_tensor",
+     lambda: Densify(torch.tensor(4, dtype=torch.int32))(sparsify(X)),
+     lambda: Densify(4)(sparsify(X))),
+    ("batchifier_output_size_0d_tensor",
+     lambda: Batchifier(_net(), output_size=torch.tensor(4), progress=False)(X.to_sparse_csr()),
+     lambda: Batchifier(_net(), output_size=4, progress=False)(X.to_sparse_csr())),
+    ("batchifier_topk_k_0d_tensor", lambda: _topk(torch.tensor(2)), lambda: _topk(2)),
+    ("batchifier_topk_k_numpy", lambda: _topk(np.int64(2)), lambda: _topk(2)),
+    ("from_pairs_size_0d_tensor",
+     lambda: densify(from_pairs(PAIRS, torch.tensor(5))), lambda: densify(from_pairs(PAIRS, 5))),
+    ("sparsify_elem_0d_tensor",
+     lambda: densify(sparsify(X, elem=torch.tensor(0.))), lambda: densify(sparsify(X, elem=0.))),
+    ("sparsify_elem_0d_int_tensor",
+     lambda: densify(sparsify(X, elem=torch.tensor(3))), lambda: densify(sparsify(X, elem=3))),
+    ("densify_elem_0d_tensor",
+     lambda: densify(sparsify(X), elem=torch.tensor(-1.)), lambda: densify(sparsify(X), elem=-1.)),
+    ("Densify_layer_elem_0d_tensor",
+     lambda: Densify(4, elem=torch.tensor(2.))(sparsify(X)), lambda: Densify(4, elem=2.)(sparsify(X))),
+    ("builder_append_index_int64_tensor", lambda: _built(torch.tensor([1, 3])),
+     lambda: _built((1, 3))),
+    ("builder_append_index_int32_tensor",
+     lambda: _built(torch.tensor([1, 3], dtype=torch.int32)), lambda: _built((1, 3))),
+    ("builder_append_index_numpy_array", lambda: _built(np.array([1, 3])), lambda: _built((1, 3))),
+    ("builder_append_index_of_an_index_tensor_column",
+     lambda: _built(torch.tensor([[0, 1], [2, 3]])[:, 1]), lambda: _built((1, 3))),
+    ("builder_build_size_1d_tensor", lambda: _built((1, 3), torch.tensor([2, 4])),
+     lambda: _built((1, 3), (2, 4))),
+    ("builder_build_size_lua_float_tensor", lambda: _built((1, 3), torch.tensor([2., 4.])),
+     lambda: _built((1, 3), (2, 4))),
+    ("builder_build_size_0d_tensor", lambda: _built_1d(torch.tensor(5)), lambda: _built_1d(5)),
+    ("clip_grad_flags_numpy_bools",
+     lambda: _clipped(error_if_nonfinite=np.True_, foreach=np.False_),
+     lambda: _clipped(error_if_nonfinite=True, foreach=False)),
+    ("linear_sparse_grad_assigned_numpy_bool",
+     lambda: _assigned_sparse_grad(nnsparse.SparseLinearBatch, np.False_),
+     lambda: _assigned_sparse_grad(nnsparse.SparseLinearBatch, False)),
+    ("output_linear_sparse_grad_assigned_numpy_bool",
+     lambda: _assigned_sparse_grad(nnsparse.SparseOutputLinear, np.False_),
+     lambda: _assigned_sparse_grad(nnsparse.SparseOutputLinear, False)),
+    ("Sparsify_layer_elem_0d_tensor",
+     lambda: densify(nnsparse.Sparsify(elem=torch.tensor(0.))(X)),
+     lambda: densify(nnsparse.Sparsify(elem=0.)(X))),
+]
+
+
+def _same(a, b):
+    if isinstance(a, tuple):
+        return all(_same(u, v) for u, v in zip(a, b))
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("call, plain", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_valid_input_equals_plain_form(call, plain):
+    assert _same(call(), plain())
+
+
+def test_read_ratings_titles_numpy_bool(tmp_path):
+    (tmp_path / "u.data").write_text("1\t10\t5\t0\n2\t20\t3\t0\n")
+    (tmp_path / "u.item").write_text("10|A (1995)|||\n20|B (1995)|||\n")
+    path = tmp_path / "u.data"
+    assert _titles(path, np.True_) == _titles(path, True) and _titles(path, True)
+    assert _titles(path, np.False_) == _titles(path, False)
+    train, _ = nnsparse.data.read_split(path, path, "ml-100k", titles=np.True_)
+    assert train.titles == _titles(path, True)
+
+
+def test_densify_layer_stores_a_python_int():
+    layer = Densify(torch.tensor(4))
+    assert type(layer.in_features) is int and layer.in_features == 4
+
+
+def test_topk_k_tensor_matches_torch_topk():
+    # torch.topk takes a 0-d k; Batchifier.topk's dense reference is torch.topk itself
+    out = _net()(sparsify(X))
+    values, indices = _topk(torch.tensor(2))
+    ref = torch.topk(out, k=torch.tensor(2))
+    assert torch.allclose(values, ref.values) and torch.equal(indices, ref.indices)
+
+
+# what the widened checks still refuse: (id, call, error, message)
+KEPT = [
+    ("in_features_float_0d_tensor", lambda: Densify(torch.tensor(4.)), TypeError,
+     r"in_features must be a non-negative int, got tensor\(4\.\)"),
+    ("in_features_bool_0d_tensor", lambda: Densify(torch.tensor(True)), TypeError,
+     r"in_features must be a non-negative int, got tensor\(True\)"),
+    ("in_features_1d_tensor", lambda: Densify(torch.tensor([4])), TypeError,
+     r"in_features must be a non-negative int, got tensor\(\[4\]\)"),
+    ("in_features_negative_0d_tensor", lambda: Densify(torch.tensor(-1)), ValueError,
+     r"in_features must be a non-negative int, got -1"),
+    ("in_features_meta_tensor", lambda: Densify(torch.tensor(4, device="meta")), ValueError,
+     r"in_features .*meta"),
+    ("output_size_float_tensor",
+     lambda: Batchifier(_net(), output_size=torch.tensor(4.), progress=False), TypeError,
+     r"output_size must be an int >= 0, got tensor\(4\.\)"),
+    ("topk_k_negative_tensor", lambda: _topk(torch.tensor(-1)), ValueError,
+     r"k must be a non-negative int, got -1"),
+    ("from_pairs_size_float_tensor", lambda: from_pairs(PAIRS, torch.tensor(5.)), TypeError,
+     r"size must be a non-negative int, got tensor\(5\.\)"),
+    ("from_pairs_size_torch_Size", lambda: from_pairs(PAIRS, torch.Size([5])), TypeError,
+     r"size must be an int, got Size"),
+    ("elem_1d_tensor", lambda: sparsify(X, elem=torch.tensor([0.])), TypeError,
+     r"elem must be a number, got Tensor"),
+    ("elem_bool_tensor", lambda: sparsify(X, elem=torch.tensor(False)), TypeError,
+     r"elem must be a number, got Tensor"),
+    ("builder_index_float_tensor", lambda: _built(torch.tensor([1., 3.])), TypeError,
+     r"index must be a tuple of 2 ints, got Tensor"),
+    ("builder_index_2d_tensor", lambda: _built(torch.tensor([[1, 3]])), TypeError,
+     r"index must be a tuple of 2 ints, got Tensor"),
+    ("builder_index_tensor_wrong_length", lambda: _built(torch.tensor([1, 3, 0])), ValueError,
+     r"index must have 2 entries, got 3: \(1, 3, 0\)"),
+    ("builder_index_negative_tensor", lambda: _built(torch.tensor([-1, 3])), ValueError,
+     r"index must be non-negative, got \(-1, 3\)"),
+    ("builder_index_meta_tensor", lambda: _built(torch.tensor([1, 3], device="meta")),
+     TypeError, r"index must be a tuple of 2 ints, got Tensor"),
+    ("builder_size_tensor_too_small", lambda: _built((1, 3), torch.tensor([2, 3])), ValueError,
+     r"size must be at least \(2, 4\) to hold the entries, got \(2, 3\)"),
+    ("builder_size_fractional_tensor", lambda: _built((1, 3), torch.tensor([2., 4.5])),
+     ValueError, r"size given as a floating tensor must hold whole numbers, got 4.5"),
+    ("clip_error_if_nonfinite_int", lambda: _clipped(error_if_nonfinite=1), TypeError,
+     r"error_if_nonfinite must be a bool, got int 1"),
+    ("clip_foreach_str", lambda: _clipped(foreach="y"), TypeError,
+     r"foreach must be a bool or None, got str 'y'"),
+    ("sparse_grad_assigned_int", lambda: _assigned_sparse_grad(nnsparse.SparseLinearBatch, 1),
+     TypeError, r"sparse_grad must be a bool, got int 1"),
+    ("output_sparse_grad_assigned_str",
+     lambda: _assigned_sparse_grad(nnsparse.SparseOutputLinear, "y"), TypeError,
+     r"sparse_grad must be a bool, got str 'y'"),
+    # kept on purpose (docs/bad_inputs_probe8.md): counts that DataLoader takes as ints only
+    ("batch_size_0d_tensor",
+     lambda: Batchifier(_net(), output_size=4, batch_size=torch.tensor(1), progress=False),
+     TypeError, r"batch_size must be an int >= 1, got tensor\(1\)"),
+    ("sparsify_offset_0d_tensor", lambda: sparsify(X, offset=torch.tensor(1)), TypeError,
+     r"offset must be a non-negative int, got tensor\(1\)"),
+    # kept on purpose: flags are bools (numpy bools pass), as torch.sort's descending
+    ("bias_int_flag", lambda: nnsparse.SparseLinearBatch(4, 3, bias=0), TypeError,
+     r"bias must be a bool, got int 0"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", [r[1:] for r in KEPT], ids=[r[0] for r in KEPT])
+def test_still_refused(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
