@@ -216,3 +216,30 @@ KEPT = [
 def test_still_refused(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+# -- the second reading of the probe ------------------------------------------------------------
+
+def _parametrized_sparse_grad(cls, flag):
+    """A weight-normed sparse_grad=True layer given ``layer.sparse_grad = flag``, trained."""
+    torch.manual_seed(0)
+    if cls is nnsparse.SparseLinearBatch:
+        layer = torch.nn.utils.parametrizations.weight_norm(cls(4, 3, sparse_grad=True),
+                                                            "weight_t")
+        layer.sparse_grad = flag
+        out = layer(sparsify(X))
+    else:
+        layer = torch.nn.utils.parametrizations.weight_norm(cls(5, 4, sparse_grad=True))
+        layer.sparse_grad = flag
+        out = densify(layer(torch.randn(2, 5), sparsify(X)))
+    out.sum().backward()
+
+
+@pytest.mark.parametrize("cls", [nnsparse.SparseLinearBatch, nnsparse.SparseOutputLinear])
+@pytest.mark.parametrize("flag", [True, np.True_], ids=["bool", "numpy-bool"])
+def test_assigned_numpy_true_sparse_grad_still_refuses_a_parametrized_weight(cls, flag):
+    # np.True_ is truthy but not `True`: the refusal must not be skipped for it (torch's
+    # weight_norm then failed in the backward with "unsupported memory format option")
+    with pytest.raises(NotImplementedError, match=rf"{cls.__name__}\(sparse_grad=True\): "
+                                                  r"weight(_t)? is parametrized"):
+        _parametrized_sparse_grad(cls, flag)

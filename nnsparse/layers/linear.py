@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Optional, Tuple, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -671,7 +672,8 @@ def _refuse_sparse_grad_parametrized(layer: nn.Module, name: str) -> None:
     weight ``name`` is parametrized: the sparse gradient the kernels give would go into the
     parametrization's backward, which torch's own refuse with errors that name neither
     (weight_norm: "unsupported memory format option Contiguous")."""
-    if (getattr(layer, "sparse_grad", False) is True and torch.is_grad_enabled()
+    flag = getattr(layer, "sparse_grad", False)  # checked by as_flag: np.True_ is not `True`
+    if (isinstance(flag, (bool, np.bool_)) and flag and torch.is_grad_enabled()
             and _parametrized_table(layer, name)):
         raise NotImplementedError(
             f"{type(layer).__name__}(sparse_grad=True): {name} is parametrized "
