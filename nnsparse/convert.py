@@ -20,12 +20,21 @@ __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
 Size = Union[int, Sequence[int]]
 
 
-def _check_elem(elem: Any) -> Any:
+def _check_elem(elem: Any, fill: bool = False) -> Any:
     """``elem`` checked, as a Python number (a numpy scalar's ``item()``: torch reads a
-    numpy complex scalar as its real part, with a ComplexWarning)."""
+    numpy complex scalar as its real part, with a ComplexWarning).
+
+    ``fill``: ``elem`` fills the unspecified entries (densify's), so a 0-d tensor that
+    requires grad is refused where grad is enabled: its number fills them, and the
+    gradient ``masked_fill`` would give it was silently lost.  (``sparsify``'s is only
+    compared, which has no gradient.)"""
     if isinstance(elem, Tensor) and elem.dim() == 0 and elem.dtype != torch.bool:
         # a 0-d tensor, which torch.full and masked_fill take as a fill value: its number
         refuse_meta(elem, "elem")
+        if fill and elem.requires_grad and torch.is_grad_enabled():
+            raise ValueError("elem must not require grad (the fill is read as a number: no "
+                             "gradient would reach it), got a tensor that does; pass "
+                             "elem.detach() or a number")
         elem = elem.item()
     if isinstance(elem, bool) or not isinstance(elem, numbers.Number):
         raise TypeError(f"elem must be a number, got {type(elem).__name__} {elem!r}")
@@ -216,7 +225,8 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tens
             ``elem`` the values' dtype cannot hold: NaN for integer values, a
             fraction or one beyond the range of an integer dtype, a finite one
             beyond a floating dtype's largest (``inf`` and ``nan`` pass), other
-            than 0 or 1 for bool values.
+            than 0 or 1 for bool values; an ``elem`` 0-d tensor that requires
+            grad where grad is enabled (its number fills: no gradient reaches it).
 
     Example::
 
@@ -242,7 +252,7 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tens
 def _densify(batch: SparseBatch, elem: float, rows: int, width: int, name: str = "x") -> Tensor:
     """:func:`densify` of a normalised batch, ``(rows, width)`` (``(width,)`` for a vector);
     ``name``: the argument's, for messages."""
-    elem = _check_elem(elem)
+    elem = _check_elem(elem, fill=True)
     check_kernel_dtype(batch.dtype, f"{name} values")
     nbytes = rows * width * batch.values.element_size()
     if nbytes >= 2 ** 63:  # torch: "Storage size calculation overflowed"

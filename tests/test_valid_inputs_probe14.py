@@ -243,3 +243,38 @@ def test_assigned_numpy_true_sparse_grad_still_refuses_a_parametrized_weight(cls
     with pytest.raises(NotImplementedError, match=rf"{cls.__name__}\(sparse_grad=True\): "
                                                   r"weight(_t)? is parametrized"):
         _parametrized_sparse_grad(cls, flag)
+
+
+def _densify_learnable_elem():
+    return densify(sparsify(X), elem=torch.nn.Parameter(torch.tensor(-1.)))
+
+
+ELEM_GRAD = [
+    ("densify", _densify_learnable_elem),
+    ("Densify", lambda: Densify(4, elem=torch.nn.Parameter(torch.tensor(-1.)))),
+    ("Densify_assigned", lambda: _assigned_elem(torch.nn.Parameter(torch.tensor(-1.)))),
+]
+
+
+def _assigned_elem(elem):
+    layer = Densify(4)
+    layer.elem = elem
+    return layer(sparsify(X))
+
+
+@pytest.mark.parametrize("call", [r[1] for r in ELEM_GRAD], ids=[r[0] for r in ELEM_GRAD])
+def test_fill_elem_requiring_grad_is_refused(call):
+    # masked_fill gives a 0-d value that requires grad its gradient; densify fills with the
+    # number, so the gradient was silently lost: refused, naming elem and the way out
+    with pytest.raises(ValueError, match=r"elem must not require grad.*elem\.detach\(\)"):
+        call()
+
+
+def test_fill_elem_requiring_grad_runs_without_grad_and_detached():
+    want = densify(sparsify(X), elem=-1.)
+    with torch.no_grad():
+        assert torch.equal(_densify_learnable_elem(), want)
+    elem = torch.nn.Parameter(torch.tensor(-1.))
+    assert torch.equal(densify(sparsify(X), elem=elem.detach()), want)
+    # sparsify's elem is compared, not filled: no gradient is lost, so it passes
+    assert torch.equal(densify(sparsify(X, elem=elem)), densify(sparsify(X)))

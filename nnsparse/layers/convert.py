@@ -57,7 +57,8 @@ class Densify(nn.Module):
         TypeError: the input is not an accepted sparse form; ``in_features`` or
             ``elem`` (checked again at each call) is not a number.
         ValueError: the input is wider than ``in_features``, or has bad indices;
-            ``in_features`` is negative.
+            ``in_features`` is negative; ``elem`` is a 0-d tensor that requires
+            grad where grad is enabled (its number fills: no gradient reaches it).
 
     Example::
 
@@ -72,12 +73,12 @@ class Densify(nn.Module):
     def __init__(self, in_features: int, elem: float = 0) -> None:
         super().__init__()
         self.in_features: int = _check_in_features(in_features)  # a numpy int as an int
-        self.elem: float = _check_elem(elem)
+        self.elem: float = _check_elem(elem, fill=True)
 
     def forward(self, input: SparseLike) -> Tensor:
         # the settings again, as Sparsify's: they may have been assigned since __init__
         # (a str width failed with "'<' not supported between instances of 'str' and 'int'")
-        in_features, elem = _check_in_features(self.in_features), _check_elem(self.elem)
+        in_features, elem = _check_in_features(self.in_features), _check_elem(self.elem, True)
         batch = as_sparse_batch(input, name="input", width=in_features, bound="in_features")
         return _densify(batch, elem, batch.rows, in_features, "input")
 
