@@ -1102,8 +1102,11 @@ def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None,
     if zero_d and isinstance(value, Tensor) and value.dim() == 0 \
             and value.dtype != torch.bool and not value.is_floating_point() \
             and not value.is_complex():
-        refuse_meta(value, name)  # (operator.index would read it)
-        value = operator.index(value)
+        refuse_meta(value, name)  # (item() would read it)
+        # item(), not operator.index: a uint64 beyond int64 is then a Python int, refused
+        # below naming the argument (operator.index raised torch's "cannot be converted
+        # to type int64_t without overflow")
+        value = value.item()
     if must is None:
         kind = f"an int >= {low}"
     elif _BOUND_WORDS.get(must) == low:

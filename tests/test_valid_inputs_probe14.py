@@ -278,3 +278,23 @@ def test_fill_elem_requiring_grad_runs_without_grad_and_detached():
     assert torch.equal(densify(sparsify(X), elem=elem.detach()), want)
     # sparsify's elem is compared, not filled: no gradient is lost, so it passes
     assert torch.equal(densify(sparsify(X, elem=elem)), densify(sparsify(X)))
+
+
+BEYOND_INT64 = [
+    ("in_features", lambda: Densify(torch.tensor(2 ** 63, dtype=torch.uint64)),
+     r"in_features must be a non-negative int within int64 \(below 2\*\*63\), "
+     r"got 9223372036854775808"),
+    ("output_size", lambda: Batchifier(_net(), output_size=torch.tensor(2 ** 63, dtype=torch.uint64)),
+     r"output_size must be an int >= 0 within int64 \(below 2\*\*63\), got 9223372036854775808"),
+    ("k", lambda: _topk(torch.tensor(2 ** 63, dtype=torch.uint64)),
+     r"k must be a non-negative int within int64 \(below 2\*\*63\), got 9223372036854775808"),
+]
+
+
+@pytest.mark.parametrize("call, message", [r[1:] for r in BEYOND_INT64],
+                         ids=[r[0] for r in BEYOND_INT64])
+def test_0d_uint64_count_beyond_int64_names_the_argument(call, message):
+    # operator.index failed with torch's "value cannot be converted to type int64_t
+    # without overflow", naming no argument; a Python int that large says this
+    with pytest.raises(ValueError, match=message):
+        call()
