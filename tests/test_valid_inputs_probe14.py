@@ -298,3 +298,13 @@ def test_0d_uint64_count_beyond_int64_names_the_argument(call, message):
     # without overflow", naming no argument; a Python int that large says this
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("flag", [True, np.True_], ids=["bool", "numpy-bool"])
+def test_numpy_true_error_if_nonfinite_is_honoured(flag):
+    # the row above compares finite norms only, where the flag does nothing
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.tensor([1., float("nan"), 2.])
+    with pytest.raises(RuntimeError, match=r"non-finite"):
+        nnsparse.optim.clip_grad_norm_([p], 1.0, error_if_nonfinite=flag)
+    assert torch.equal(p.grad[0], torch.tensor(1.))  # nothing scaled before the refusal
