@@ -328,3 +328,39 @@ def test_compiled_model_checks_hand_built_parts_once_and_sparse_parts_never(mode
         torch.testing.assert_close(got.values, want)
     assert checks == ["input"]  # once, at the first compiled call; the decoder's pattern is
     #                             the same parts, marked by then; the backward never checks
+
+
+# -- PatternSequential's dispatch when dynamo runs its forward eagerly ----------------------
+class _Tag(nn.Module):
+    """Takes a pattern and touches no tensor: dynamo runs it as it is."""
+
+    def forward(self, x, pattern=None):
+        return "with pattern" if pattern is not None else "without"
+
+
+def test_pattern_sequential_dispatch_when_dynamo_falls_back_on_its_forward():
+    """A torch sparse input makes dynamo run PatternSequential.forward eagerly and compile
+    _takes_pattern as a frame of its own.  Its class-keyed cache lookup was guarded there
+    on the dict's first key only, never on the class asked about, so every class got that
+    key's kind: "pattern was given, but no module of this PatternSequential takes one"
+    (or a module called with a pattern it does not take)."""
+    x = _batch(6, 0.3, 0, "coo")
+    for _ in range(3):  # the wrong answers came from the cache entries of earlier calls
+        run = torch.compile(nnsparse.PatternSequential(nn.Identity(), _Tag()), backend=BACKEND)
+        assert run(x, x) == "with pattern"
+        assert run(x) == "without"
+
+
+def test_compiled_pattern_sequential_fed_coo_never_drops_the_pattern():
+    # its SparseOutputLinear was called without the pattern: the dense (rows, width)
+    # output, silently; dynamo now fails on the sparse tensors inside the decoder
+    # (docs/compile_amp.md: feed nnsparse.sparse_parts(x))
+    x = _batch(6, 0.3, 0, "coo")
+    run = torch.compile(_pattern_autoencoder(), backend=BACKEND)
+    for _ in range(2):
+        try:
+            out = run(x, x)
+        except (IndexError, NotImplementedError, RuntimeError) as e:
+            assert "no module of this PatternSequential takes one" not in str(e)
+        else:
+            assert out.layout != torch.strided, "the pattern was dropped"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
-from typing import Any, Dict, Iterable, Optional, Type
+from typing import Any, Dict, Iterable, Optional, Tuple, Type
 
 from torch import nn
 
@@ -12,17 +12,25 @@ __all__ = ["PatternSequential"]
 
 # how each class's forward takes the pattern, read once per class.  A plain dict, not
 # functools.lru_cache: torch.compile of a PatternSequential traces the lookup (it warns
-# on an lru_cache-wrapped function and traces the signature reading instead).
-_PATTERN_KINDS: Dict[type, str] = {}
+# on an lru_cache-wrapped function and traces the signature reading instead).  Keyed by
+# id(cls), each value holding its class (checked with `is`; held, so its id is not
+# reused): a torch sparse input makes dynamo run the container's forward eagerly and
+# compile _takes_pattern as a frame of its own, and keyed by the class, that frame's
+# `_PATTERN_KINDS.get(cls)` was guarded on the dict's first key only, never on cls: every
+# later class got the first class's kind (the SparseOutputLinear of a compiled model fed
+# COO tensors was called without its pattern, then "no module takes one" was raised).
+_PATTERN_KINDS: Dict[int, Tuple[type, str]] = {}
 
 
 def _takes_pattern(cls: Type[nn.Module]) -> str:
     """How ``cls.forward`` takes a parameter named ``pattern`` (read once per class):
     ``"keyword"``, ``"positional"`` (positional-only, right after the input: it
     cannot be passed as ``pattern=``), or ``""`` (not at all)."""
-    how = _PATTERN_KINDS.get(cls)
-    if how is None:
-        how = _PATTERN_KINDS[cls] = _read_pattern_kind(cls)
+    known = _PATTERN_KINDS.get(id(cls))
+    if known is not None and known[0] is cls:
+        return known[1]
+    how = _read_pattern_kind(cls)
+    _PATTERN_KINDS[id(cls)] = (cls, how)
     return how
 
 
