@@ -15,7 +15,9 @@ once, at the end, beside the item-mean baseline.
     python examples/movielens_autoencoder.py --recommend 42 -k 10
     torchrun --nproc_per_node=2 examples/movielens_autoencoder.py --threads 1   # 2 processes
 
-The last line is ``test RMSE: <value>`` (the mean over the folds with ``--folds``).
+The last line is ``test RMSE: <value>`` (the mean over the folds with ``--folds``),
+except with ``--test-ratio 0`` (allowed with ``--save`` or ``--recommend``: the model
+trains on every rating and is not evaluated).
 Under ``torchrun`` the processes train one model with DistributedDataParallel
 (gloo on CPU, NCCL with ``--device cuda``, one GPU a process), the batch size
 being the global batch; rank 0 alone prints, shows bars and saves.

@@ -127,11 +127,11 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
         specified entry, whatever its value.
 
     Raises:
-        ValueError: bad ``orientation``, an index outside ``shape``, a ``shape``
-            of another length than two or with a negative size, or a (user,
-            item) pair rated twice.
-        TypeError: ``layout`` is not one of the two sparse layouts, ``shape``
-            not a sequence of ints.
+        ValueError: an unknown ``orientation``, an index outside ``shape``, a
+            ``shape`` of another length than two or with a negative size, or a
+            (user, item) pair rated twice.
+        TypeError: ``orientation`` not a str, ``layout`` not one of the two
+            sparse layouts, ``shape`` not a sequence of ints.
 
     Example::
 
@@ -207,10 +207,10 @@ class RatingNormalizer:
 
     Raises:
         ValueError: empty ``train``, a (user, item) pair rated twice in ``train``,
-            ``lo >= hi``, bad ``orientation``, a ``scale`` of another length
-            than two, not finite or narrower than the training ratings.
-        TypeError: ``scale`` not a tuple or list of real numbers, ``center``
-            not a bool.
+            ``lo >= hi``, an unknown ``orientation``, a ``scale`` of another
+            length than two, not finite or narrower than the training ratings.
+        TypeError: ``orientation`` not a str, ``scale`` not a tuple or list of
+            real numbers, ``center`` not a bool.
 
     Example::
 
@@ -506,7 +506,8 @@ def mean_prediction(train: Ratings, test: Ratings, by: str = "item") -> Tensor:
         Tensor: float32 ``(len(test),)``, on the original rating scale.
 
     Raises:
-        TypeError: ``train`` or ``test`` is not a :class:`Ratings`.
+        TypeError: ``train`` or ``test`` is not a :class:`Ratings`, ``by`` is
+            not a str.
         ValueError: ``by`` is neither ``"item"`` nor ``"user"``; ``train`` holds no
             ratings; ``test`` was read with other id maps than ``train``, or
             indexes rows beyond them.

@@ -858,8 +858,9 @@ def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, Pa
             twice (which title it has would be a guess), a compressed file
             (gzip, bzip2, xz: decompress it first), map indices out of range.
             A failed call leaves ``user_map`` and ``item_map`` unchanged.
-        TypeError: ``path`` not a str or ``os.PathLike``, ``titles`` neither a
-            bool nor a path, a map that is not a dict of ids to int indices.
+        TypeError: ``path`` not a str or ``os.PathLike``, ``format`` or
+            ``unseen`` not a str, ``titles`` neither a bool nor a path, a map
+            that is not a dict of ids to int indices.
 
     Ids: integers when every id is one (exact beyond int64 too, as Python
     ints); for ``"text"`` otherwise UTF-8 strings (an id with ``_`` is a
@@ -1260,6 +1261,8 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
     Raises:
         ValueError: a missing file, an unsupported format, a malformed line,
             an item id on two lines.
+        TypeError: ``path`` not a str or ``os.PathLike``, ``format`` not a
+            str, ``item_map`` not a dict.
 
     Example::
 
@@ -1352,6 +1355,8 @@ def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) ->
     Raises:
         ValueError: a missing file, an unsupported format, a malformed line,
             a user id on two lines.
+        TypeError: ``path`` not a str or ``os.PathLike``, ``format`` not a
+            str, ``user_map`` not a dict.
 
     Example::
 

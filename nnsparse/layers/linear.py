@@ -175,7 +175,8 @@ def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = No
         TypeError: ``input`` is not an accepted form, ``weight`` or ``bias``
             is not a dense tensor, or ``weight`` is not floating-point while
             ``input`` is sparse (in every ``mode``; a dense ``input`` is
-            ``F.linear``'s, which multiplies integer tensors on the CPU).
+            ``F.linear``'s, which multiplies integer tensors on the CPU), or
+            ``mode`` is not a str.
         ValueError: ``weight`` is not 2-D, ``bias`` is not ``(out_features,)``
             or differs from ``weight`` in dtype or device, a torch sparse
             ``input`` whose width is not ``in_features`` (a list of rows may
@@ -489,7 +490,8 @@ class SparseLinearBatch(nn.Module):
     Raises (in the constructor):
         TypeError: a size that is not an int, a flag that is not a bool, a
             ``dtype`` that is not floating point, a ``device`` that is not one, a
-            third positional argument (Lua's ``ignoreAccGrad``).
+            third positional argument (Lua's ``ignoreAccGrad``), a ``mode`` that
+            is not a str.
         ValueError: a negative size, a weight beyond 2**63 bytes, an unknown
             device name, an unknown ``mode``, or ``sparse_grad=True``
             with ``mode="dense"``.

@@ -84,7 +84,7 @@ def fold_files(directory: Union[str, Path], format: str = "ml-100k") -> Iterator
         fold order, for :func:`cross_validate`.
 
     Raises:
-        TypeError: ``directory`` is not a path.
+        TypeError: ``directory`` is not a path, ``format`` is not a str.
         ValueError: no directory, or no ``u<N>.base`` with its ``u<N>.test``, an
             unknown ``format``; a fold's file as :func:`~nnsparse.data.read_split`.
 
