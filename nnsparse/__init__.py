@@ -39,7 +39,10 @@ __all__ = [
     "sparse_mm",
     "SparseParts",
     "sparse_parts",
-] + layers.__all__ + criteria.__all__
+]
+# (added apart: mypy reads a list literal as __all__, not a sum of lists)
+__all__ += layers.__all__
+__all__ += criteria.__all__
 
 from . import models  # noqa: E402  (after the layers and criteria it builds on)
 

@@ -104,7 +104,7 @@ def clip_grad_norm_(parameters: Union[Tensor, Iterable[Tensor]], max_norm: float
     norms = _dense_norms(dense_grads, norm_type, foreach)
     norms += [_sparse_norm(g, norm_type) for g in sparse]
     first = grads[0].device  # torch's: the total on the first gradient's device
-    total = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), norm_type)
+    total: Tensor = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), norm_type)
     if error_if_nonfinite and bool(total.isnan() | total.isinf()):
         raise RuntimeError(
             f"The total norm of order {norm_type} for gradients from `parameters` is "
@@ -184,7 +184,7 @@ def _sparse_norm(grad: Tensor, norm_type: float) -> Tensor:
     values = values.reshape(-1)
     if values.numel() < grad.numel():  # entries left out are zeros of the dense gradient
         values = torch.cat([values, values.new_zeros(1)])
-    return torch.linalg.vector_norm(values, norm_type)
+    return cast(Tensor, torch.linalg.vector_norm(values, norm_type))
 
 
 @torch.no_grad()

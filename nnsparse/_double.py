@@ -27,7 +27,7 @@ positions, or None) lends its cached structures (``column_major_all``,
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -38,7 +38,7 @@ from ._kernels import _sampled_rows, _t_mm, _table_mm
 if TYPE_CHECKING:
     from ._forms import SparseBatch
 
-__all__: list = []
+__all__: List[str] = []
 
 
 def _rows_of(row: Optional[Tensor], crow: Tensor, col: Tensor) -> Tensor:
@@ -71,7 +71,7 @@ class _MM(_TableProduct):
         return _table_mm(pattern, col, table.contiguous(), crow, values)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         values, table, row, col, crow = ctx.saved_tensors
         need = ctx.needs_input_grad
         grad_values = grad_table = None
@@ -91,7 +91,7 @@ class _Sampled(_TableProduct):
         return _sampled_rows(pattern, h.contiguous(), table.contiguous(), crow, col)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         h, table, row, col, crow = ctx.saved_tensors
         need = ctx.needs_input_grad
         grad_h = grad_table = None
@@ -122,7 +122,7 @@ class _TMM(torch.autograd.Function):
         ctx.pattern = pattern
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         # out[c] = sum over entries e of column c of values[e] * dense[row[e]]
         values, dense, row, col, crow = ctx.saved_tensors
         need = ctx.needs_input_grad
@@ -152,20 +152,23 @@ def mm(values: Tensor, table: Tensor, row: Optional[Tensor], col: Tensor, crow: 
     is a hybrid COO tensor over the rows ``S`` touches (``pattern`` needed), as a
     ``sparse_grad`` layer's weight gets.
     """
-    return _MM.apply(values, table, _rows_of(row, crow, col), col, crow, pattern, sparse_grad)
+    return cast(Tensor, _MM.apply(  # type: ignore[no-untyped-call]
+        values, table, _rows_of(row, crow, col), col, crow, pattern, sparse_grad))
 
 
 def sampled(h: Tensor, table: Tensor, row: Optional[Tensor], col: Tensor, crow: Tensor,
             pattern: Optional["SparseBatch"] = None, sparse_grad: bool = False) -> Tensor:
     """``(h @ table.T)`` at ``S``'s positions ``(nnz,)``, differentiable to any order
     (``sparse_grad``: as in :func:`mm`)."""
-    return _Sampled.apply(h, table, _rows_of(row, crow, col), col, crow, pattern, sparse_grad)
+    return cast(Tensor, _Sampled.apply(  # type: ignore[no-untyped-call]
+        h, table, _rows_of(row, crow, col), col, crow, pattern, sparse_grad))
 
 
 def t_mm(values: Tensor, dense: Tensor, row: Optional[Tensor], col: Tensor, crow: Tensor,
          width: int, pattern: Optional["SparseBatch"] = None) -> Tensor:
     """``S.T @ dense`` ``(width, d)``, differentiable to any order in ``values`` and ``dense``."""
-    return _TMM.apply(values, dense, _rows_of(row, crow, col), col, crow, width, pattern)
+    return cast(Tensor, _TMM.apply(  # type: ignore[no-untyped-call]
+        values, dense, _rows_of(row, crow, col), col, crow, width, pattern))
 
 
 def touched_t_mm(values: Tensor, dense: Tensor, pattern: "SparseBatch",

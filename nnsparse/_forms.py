@@ -50,8 +50,9 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._index import coo_tensor as _sparse_coo
-from ._index import csr_tensor as _sparse_csr
+# (assigned, not imported `as`: mypy would not re-export them to the other modules)
+_sparse_coo = _index.coo_tensor
+_sparse_csr = _index.csr_tensor
 
 __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is_pair_list",
            "check_index_range", "resolve_size", "trust", "as_int", "as_count", "as_flag",
@@ -354,7 +355,7 @@ class SparseBatch:
             return batch.to_coo()
         return attach(out, batch)
 
-    def with_values(self, values: Tensor, keep: Optional[Tensor] = None) -> Any:
+    def with_values(self, values: Tensor, keep: Optional[Tensor] = None) -> SparseLike:
         """Rebuild the caller's form with new ``values`` (``(nnz,)``).
 
         ``keep`` (bool ``(nnz,)``) drops the entries where it is False (a
@@ -374,11 +375,12 @@ class SparseBatch:
         batch = batch.sorted_by_row()
         if self.form == "list":
             return [_sparse_coo(c.unsqueeze(0), v, (self.width,), False)
-                    for c, v in zip(batch.col.split(counts), batch.values.split(counts))]
+                    for c, v in zip(batch.col.split(counts),  # type: ignore[no-untyped-call]
+                                    batch.values.split(counts))]  # type: ignore[no-untyped-call]
         pairs = _as_pairs(batch)
         if self.form == "pairs":
             return pairs
-        return list(pairs.split(counts))
+        return list(pairs.split(counts))  # type: ignore[no-untyped-call]
 
 
 def _as_pairs(batch: SparseBatch) -> Tensor:
@@ -1247,7 +1249,7 @@ def move_structure(src: Tensor, dst: Tensor, non_blocking: bool = False) -> Tens
     return dst
 
 
-def _counts() -> dict:
+def _counts() -> Dict[str, int]:
     """A copy of the private counters of validations and structure builds."""
     return dict(_index.COUNTS)
 

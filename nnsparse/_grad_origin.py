@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-__all__: list = []
+__all__: List[str] = []
 
 _MADE = "_nnsparse_made"  # on a gradient a layer's backward returned
 _ORIGIN = "_nnsparse_origin"  # on p.grad: (its version when marked, known coalesced)
@@ -50,7 +50,7 @@ _ORIGIN = "_nnsparse_origin"  # on p.grad: (its version when marked, known coale
 # comparison.
 _SEEN: Dict[int, Tuple[torch.UntypedStorage, int, int, bool]] = {}
 # autograd's engine, whose queue_callback runs a function when the current backward ends
-_ENGINE = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+_ENGINE = torch.autograd.Variable._execution_engine
 # a layer -> {parameter name: id of the parameter given the hooks}: entries die with the layer
 _WATCHED: "weakref.WeakKeyDictionary[nn.Module, Dict[str, int]]" = weakref.WeakKeyDictionary()
 
@@ -75,14 +75,14 @@ def watch(layer: nn.Module, name: str) -> None:
     # the dead one's id reused: then no marks, only the optimiser's check)
     if watched.get(name) == id(param):
         return
-    param.register_hook(_before_accumulation(id(param)))
-    param.register_post_accumulate_grad_hook(_after_accumulation)
+    param.register_hook(_before_accumulation(id(param)))  # type: ignore[no-untyped-call]
+    param.register_post_accumulate_grad_hook(_after_accumulation)  # type: ignore[no-untyped-call]
     watched[name] = id(param)
 
 
 def origin(grad: Optional[Tensor]) -> Optional[Tuple[int, bool]]:
     """``(version, coalesced)`` when ``grad`` is a marked ``p.grad`` unchanged since, else None."""
-    mark = getattr(grad, _ORIGIN, None)
+    mark: Optional[Tuple[int, bool]] = getattr(grad, _ORIGIN, None)
     if mark is None or grad is None or mark[0] != grad._version:
         return None
     return mark
@@ -106,7 +106,7 @@ def keep_mark(grad: Tensor, mark: Optional[Tuple[int, bool]]) -> None:
         setattr(grad, _ORIGIN, (grad._version, mark[1]))
 
 
-def _before_accumulation(key: int):
+def _before_accumulation(key: int) -> Callable[[Tensor], None]:
     # key: id(param), alive while this hook (which it owns) runs
     def hook(grad: Tensor) -> None:
         _SEEN.pop(key, None)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import functools
 import warnings
 from collections import Counter
-from typing import Callable, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, cast
 
 import torch
 from torch import Tensor
 
-__all__: list = []
+__all__: List[str] = []
 
 T = TypeVar("T")
 
@@ -26,7 +26,7 @@ T = TypeVar("T")
 # batch was validated and each derived structure built.  Tests read them to
 # prove a training step validates a batch once and builds each structure at
 # most once (tests/test_batch.py).
-COUNTS: Counter = Counter()
+COUNTS: Counter[str] = Counter()
 
 
 def count(what: str) -> None:
@@ -117,7 +117,7 @@ def csr_values(x: Tensor) -> Tensor:
     backward can be differentiated again (torch's own, 2.13, cannot).
     """
     if x.requires_grad and torch.is_grad_enabled() and not in_transform():
-        return _CsrValues.apply(x)
+        return cast(Tensor, _CsrValues.apply(x))  # type: ignore[no-untyped-call]
     return csr_read(x.values)
 
 
@@ -146,14 +146,14 @@ class _CsrValues(torch.autograd.Function):
         return x.values()
 
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
+    def setup_context(ctx: Any, inputs: Tuple[Tensor], output: Tensor) -> None:
         x, = inputs
         ctx.save_for_backward(x.crow_indices(), x.col_indices())
         ctx.size = tuple(x.shape)
         ctx.torch_made = type(x.grad_fn).__name__.startswith("SparseCompressedTensorBackward")
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         crow, col = ctx.saved_tensors
         if torch.is_grad_enabled() and not ctx.torch_made:
             from .values import _csr_with_values  # (values imports this module)

@@ -21,7 +21,7 @@ arithmetic, bound the product.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Set, Tuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ._forms import SparseBatch
     from ._rowopt import TableUpdate
 
-__all__: list = []
+__all__: List[str] = []
 
 
 def _csr_rows_mm(index: Tensor, table: Tensor, crow: Tensor, weights: Tensor) -> Tensor:
@@ -157,7 +157,7 @@ def _sampled_mm(a: Tensor, b: Tensor, crow: Tensor, col: Tensor) -> Tensor:
         if not _index.in_transform():
             raise
         return _gather_dot(a, b.t(), _index.rows_from_crow(crow, col.shape[0]), col)
-    return torch.sparse.sampled_addmm(mask, a, b, beta=0.0).values()
+    return cast(Tensor, torch.sparse.sampled_addmm(mask, a, b, beta=0.0)).values()
 
 
 # The gather-and-dot product takes the entries in chunks of this many, bounding

@@ -35,7 +35,7 @@ sparse and ``embedding_bag`` kernels: see ``docs/compile_amp.md``.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -265,7 +265,8 @@ def _sparse_mm(crow: Tensor, col: Tensor, values: Tensor, table: Tensor,
 
 
 @_sparse_mm.register_fake
-def _(crow, col, values, table, bias, check=False):
+def _(crow: Tensor, col: Tensor, values: Tensor, table: Tensor, bias: Optional[Tensor],
+      check: bool = False) -> Tensor:
     return table.new_empty(crow.shape[0] - 1, table.shape[1])
 
 
@@ -283,7 +284,8 @@ def _sampled(h: Tensor, table: Tensor, bias: Optional[Tensor], crow: Tensor,
 
 
 @_sampled.register_fake
-def _(h, table, bias, crow, col, check=False):
+def _(h: Tensor, table: Tensor, bias: Optional[Tensor], crow: Tensor, col: Tensor,
+      check: bool = False) -> Tensor:
     return h.new_empty(col.shape[0])
 
 
@@ -293,7 +295,7 @@ def _sparse_t_mm(crow: Tensor, col: Tensor, values: Tensor, dense: Tensor, n: in
 
 
 @_sparse_t_mm.register_fake
-def _(crow, col, values, dense, n):
+def _(crow: Tensor, col: Tensor, values: Tensor, dense: Tensor, n: int) -> Tensor:
     return dense.new_empty(n, dense.shape[1])
 
 
@@ -306,7 +308,7 @@ def _setup_sparse_mm(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
     ctx.has_bias = bias is not None
 
 
-def _backward_sparse_mm(ctx: Any, grad: Tensor):
+def _backward_sparse_mm(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
     crow, col, values, table = ctx.saved_tensors
     need = ctx.needs_input_grad
     grad_values = grad_table = grad_bias = None
@@ -325,7 +327,7 @@ def _setup_sampled(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
     ctx.has_bias = bias is not None
 
 
-def _backward_sampled(ctx: Any, grad: Tensor):
+def _backward_sampled(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
     h, table, crow, col = ctx.saved_tensors
     need = ctx.needs_input_grad
     grad_h = grad_table = grad_bias = None
@@ -343,7 +345,7 @@ def _setup_sparse_t_mm(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> Non
     ctx.save_for_backward(crow, col, values, dense)
 
 
-def _backward_sparse_t_mm(ctx: Any, grad: Tensor):
+def _backward_sparse_t_mm(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
     # out = S.T @ D: d values = (D @ grad.T)[row, col] sampled, d D = S @ grad.
     crow, col, values, dense = ctx.saved_tensors
     need = ctx.needs_input_grad
@@ -531,7 +533,7 @@ def linear_parts(parts: SparseParts, table: Tensor, bias: Optional[Tensor],
         return torch.nn.functional.linear(dense, table.t(), bias)
     _refuse_in_transform(parts.values, table, bias)
     # check: the pattern's check, skipped above while compiling, runs in the operator
-    return _sparse_mm(parts.crow, parts.col, parts.values, table, bias, True)
+    return cast(Tensor, _sparse_mm(parts.crow, parts.col, parts.values, table, bias, True))
 
 
 def sampled_parts(h: Tensor, weight: Tensor, bias: Optional[Tensor], pattern: SparseParts,

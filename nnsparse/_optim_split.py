@@ -126,7 +126,7 @@ class SplitOptimizer(Optimizer):
                             f"{type(optimizers).__name__}")
         if not optimizers:
             raise ValueError("optimizers must hold at least one optimiser, got none")
-        seen: set = set()
+        seen: Set[int] = set()
         for name, opt in optimizers.items():
             if not isinstance(name, str):
                 raise TypeError(f"optimizers must be keyed by part names (str), got "
@@ -161,7 +161,7 @@ class SplitOptimizer(Optimizer):
             if name not in self.__dict__:
                 setattr(self, name, OrderedDict())
 
-    def __getstate__(self) -> Dict[str, Any]:  # type: ignore[override]
+    def __getstate__(self) -> Dict[str, Any]:
         # Optimizer's keeps defaults, state and param_groups: the parts are the state
         return {k: v for k, v in self.__dict__.items() if k not in _NOT_PICKLED}
 

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 from torch.optim import adagrad as _adagrad
 from torch.optim import adam as _adam
 
-__all__: list = []
+__all__: List[str] = []
 
 KINDS = ("sgd", "adam", "adamw", "adagrad", "rowwise_adagrad")
 # The state tensors of each kind, in the order the kernels take them.
@@ -84,7 +84,7 @@ _NEUTRAL_SHARE = 0.25
 GradRows = Union[Tensor, Callable[[int, int], Tensor]]
 
 
-def update_rows(kind: str, hp: dict, table: Tensor, rows: Tensor, grad: GradRows,
+def update_rows(kind: str, hp: dict[str, Any], table: Tensor, rows: Tensor, grad: GradRows,
                 state: Dict[str, Tensor], dense_grad: Optional[Callable[[int, int], Tensor]] = None
                 ) -> None:
     """Apply one optimiser step to rows ``rows`` (distinct, increasing) of ``table`` in place.
@@ -131,7 +131,7 @@ def update_rows(kind: str, hp: dict, table: Tensor, rows: Tensor, grad: GradRows
     step.add_(1)
 
 
-def update_masked(kind: str, hp: dict, table: Tensor, touched: Tensor, grad: Tensor,
+def update_masked(kind: str, hp: dict[str, Any], table: Tensor, touched: Tensor, grad: Tensor,
                   state: Dict[str, Tensor]) -> None:
     """:func:`update_rows` without reading anything back to the host (for a GPU).
 
@@ -163,7 +163,7 @@ def update_masked(kind: str, hp: dict, table: Tensor, touched: Tensor, grad: Ten
     step.add_(1)
 
 
-def _block(kind: str, hp: dict, table: Tensor, idx: Tensor, g: Tensor,
+def _block(kind: str, hp: dict[str, Any], table: Tensor, idx: Tensor, g: Tensor,
            state: Dict[str, Tensor], step: Tensor) -> None:
     """One step on the rows ``idx`` of ``table``: in place, gathered, or over their span."""
     names = _STATE[kind]
@@ -189,7 +189,7 @@ def _block(kind: str, hp: dict, table: Tensor, idx: Tensor, g: Tensor,
         state[n].index_copy_(0, idx, s)
 
 
-def zero_grad_neutral(kind: str, hp: dict, dtype: torch.dtype = torch.float32) -> bool:
+def zero_grad_neutral(kind: str, hp: dict[str, Any], dtype: torch.dtype = torch.float32) -> bool:
     """Whether a zero gradient leaves a row of ``dtype`` and its state exactly as they were.
 
     Adagrad (row-wise or not) adds ``0`` to the accumulator and moves the row
@@ -213,8 +213,11 @@ def _finite_scale(eps: float, lr: float, dtype: torch.dtype) -> bool:
     return bool(torch.tensor(eps, dtype=dtype).reciprocal().mul(lr).isfinite())
 
 
-def _span(kernel: Callable, hp: dict, tensors: List[Tensor], idx: Tensor, g: Tensor, lo: int,
-          hi: int, step: Tensor, restore: bool = True) -> None:
+_Kernel = Callable[[Dict[str, Any], Tensor, Tensor, List[Tensor], Tensor], None]
+
+
+def _span(kernel: _Kernel, hp: dict[str, Any], tensors: List[Tensor], idx: Tensor, g: Tensor,
+          lo: int, hi: int, step: Tensor, restore: bool = True) -> None:
     """The rows ``lo:hi`` updated in place with a zero gradient off ``idx``, then the
     untouched rows (saved before) written back: the update of ``idx`` only.  With
     ``restore=False`` (a kind a zero gradient leaves unchanged) nothing is saved."""
@@ -233,8 +236,9 @@ def _span(kernel: Callable, hp: dict, tensors: List[Tensor], idx: Tensor, g: Ten
         v.index_copy_(0, untouched, old)
 
 
-def _adam_kernel(decoupled: bool):
-    def kernel(hp: dict, p: Tensor, g: Tensor, states: List[Tensor], step: Tensor) -> None:
+def _adam_kernel(decoupled: bool) -> _Kernel:
+    def kernel(hp: dict[str, Any], p: Tensor, g: Tensor, states: List[Tensor],
+               step: Tensor) -> None:
         m, v = states
         fused = fused_ok(p) and hp.get("_fused", True)
         _adam.adam([p], [g], [m], [v], [], [step], foreach=False if not fused else None,
@@ -244,7 +248,8 @@ def _adam_kernel(decoupled: bool):
     return kernel
 
 
-def _sgd_kernel(hp: dict, p: Tensor, g: Tensor, states: List[Tensor], step: Tensor) -> None:
+def _sgd_kernel(hp: dict[str, Any], p: Tensor, g: Tensor, states: List[Tensor],
+                step: Tensor) -> None:
     # torch.optim.SGD without dampening: a zero momentum buffer then gives
     # exactly torch's first step (buffer = gradient).  ``step`` is not read.
     if hp["weight_decay"]:
@@ -256,7 +261,8 @@ def _sgd_kernel(hp: dict, p: Tensor, g: Tensor, states: List[Tensor], step: Tens
     p.add_(g, alpha=-hp["lr"])
 
 
-def _adagrad_kernel(hp: dict, p: Tensor, g: Tensor, states: List[Tensor], step: Tensor) -> None:
+def _adagrad_kernel(hp: dict[str, Any], p: Tensor, g: Tensor, states: List[Tensor],
+                    step: Tensor) -> None:
     fused = fused_ok(p)
     _adagrad.adagrad([p], [g], [states[0]], [step], fused=True if fused else None,
                      foreach=False if not fused else None, lr=hp["lr"],
@@ -264,7 +270,7 @@ def _adagrad_kernel(hp: dict, p: Tensor, g: Tensor, states: List[Tensor], step: 
                      maximize=False)
 
 
-def _rowwise_adagrad_kernel(hp: dict, p: Tensor, g: Tensor, states: List[Tensor],
+def _rowwise_adagrad_kernel(hp: dict[str, Any], p: Tensor, g: Tensor, states: List[Tensor],
                             step: Tensor) -> None:
     # FBGEMM's row-wise Adagrad: one accumulator per row, the mean of the
     # row's squared gradient (weight decay as L2 in the gradient).  ``step`` is
@@ -296,7 +302,7 @@ class TableUpdate:
     before one backward), which the in-backward update cannot support.
     """
 
-    def __init__(self, kind: str, hp: dict, table: Tensor, name: str) -> None:
+    def __init__(self, kind: str, hp: dict[str, Any], table: Tensor, name: str) -> None:
         self.kind, self.hp, self.name = kind, dict(hp), name
         self.state = new_state(kind, table, hp.get("initial_accumulator_value", 0.0))
         self.updates = 0

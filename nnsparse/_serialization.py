@@ -37,7 +37,7 @@ from typing import Any, Iterator, List
 import torch
 from torch import nn
 
-__all__: list = []
+__all__: List[str] = []
 
 
 def _module_classes(root: type) -> Iterator[type]:

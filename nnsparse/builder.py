@@ -5,7 +5,7 @@ import math
 import numbers
 import operator
 from array import array
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -17,6 +17,12 @@ from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batc
                      refuse_meta_device)
 
 __all__ = ["DynamicSparseTensor"]
+
+if TYPE_CHECKING:  # (array is subscriptable at run time from Python 3.12 only)
+    _IntBuffer = array[int]
+    _Buffer = array[Any]
+else:
+    _IntBuffer = _Buffer = array
 
 # append()'s "no value given": the Lua call append(pair) with one [index, value] row.
 _NO_VALUE: Any = object()
@@ -92,9 +98,9 @@ class DynamicSparseTensor:
     _dtype: torch.dtype
     _device: torch.device
     _float: bool
-    _ibuf: List[array]
-    _ibuf0: array
-    _vbuf: array
+    _ibuf: List[_IntBuffer]
+    _ibuf0: _IntBuffer
+    _vbuf: _Buffer  # typecode "d" (float dtypes) or "q" (integer dtypes)
     _index: Tensor
     _values: Tensor
     _n: int
@@ -500,7 +506,7 @@ class DynamicSparseTensor:
         index = self._ibuf0[:j]
         _check_pair_index(max(index), self._dtype)
         code = self._vbuf.typecode  # "d" (float dtypes) or "q" (integer dtypes)
-        flat = array(code, bytes(16 * j))
+        flat: _Buffer = array(code, bytes(16 * j))
         flat[0::2] = index if code == "q" else array("d", index)
         flat[1::2] = self._vbuf[:j]
         host = torch.frombuffer(flat, dtype=torch.float64 if self._float else torch.int64)

@@ -313,7 +313,8 @@ def to_pairs(x: SparseLike) -> Union[Tensor, List[Tensor]]:
         batch = batch.coalesce()
     if batch.is_vector:
         return _as_pairs(batch)
-    return list(_as_pairs(batch).split(batch.row_counts().tolist()))
+    return list(_as_pairs(batch).split(  # type: ignore[no-untyped-call]
+        batch.row_counts().tolist()))
 
 
 def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = None) -> Tensor:

@@ -31,7 +31,7 @@ each sparse gradient (dense buckets are all-reduced as usual).
 import datetime
 import inspect
 import os
-from typing import Any, Dict, Iterable, Optional, TypeVar, cast
+from typing import Any, Dict, Iterable, List, Optional, Tuple, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -264,7 +264,8 @@ def progress(iterable: Iterable[_T], disable: Optional[bool] = None,
         raise TypeError(f"kwargs must be tqdm's arguments, got unknown {unknown}")
     if disable or not is_main():
         return iterable
-    return _tqdm(iterable, disable=disable, **kwargs)  # tqdm's None: off unless a terminal
+    return cast(Iterable[_T],  # tqdm's None: off unless a terminal
+                _tqdm(iterable, disable=disable, **kwargs))
 
 
 def save(obj: Any, path: str) -> None:
@@ -438,8 +439,10 @@ class DistributedDataParallel(_TORCH_DDP):
                 "sparse gradients to DistributedDataParallel; use sparse_grad=False")
         super().__init__(module, *args, **kwargs)
 
-    def _build_params_for_reducer(self):  # torch's hook point: (parameters, expect_sparse)
-        parameters, expect_sparse = super()._build_params_for_reducer()
+    def _build_params_for_reducer(  # torch's hook point: (parameters, expect_sparse)
+            self) -> Tuple[List[nn.Parameter], List[bool]]:
+        parameters, expect_sparse = (
+            super()._build_params_for_reducer())  # type: ignore[no-untyped-call]
         ours = {id(p) for p in sparse_grad_parameters(self.module)}
         return parameters, [e or id(p) in ours for p, e in zip(parameters, expect_sparse)]
 
@@ -467,8 +470,10 @@ def _gather_sparse(grad: Tensor, group: Optional[dist.ProcessGroup], world: int)
     return torch.sparse_coo_tensor(index, values, grad.shape).coalesce()
 
 
+# (the ignores: torch.distributed imports the public GradBucket without re-exporting it)
 def sparse_allgather_hook(process_group: Optional[dist.ProcessGroup],
-                          bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+                          bucket: dist.GradBucket,  # type: ignore[name-defined]
+                          ) -> torch.futures.Future[torch.Tensor]:
     # (Annotations evaluated, not postponed: DDP compares them with these types.)
     r"""A DDP comm hook for backends without sparse all-reduce (NCCL).
 
@@ -484,7 +489,7 @@ def sparse_allgather_hook(process_group: Optional[dist.ProcessGroup],
     Raises:
         TypeError: ``bucket`` is not a DDP ``GradBucket`` (DDP passes one).
     """
-    if not isinstance(bucket, dist.GradBucket):
+    if not isinstance(bucket, dist.GradBucket):  # type: ignore[attr-defined]
         raise TypeError(f"bucket must be the torch.distributed.GradBucket DDP passes to a comm "
                         f"hook, got {type(bucket).__name__}; register the hook with "
                         f"ddp.register_comm_hook(None, sparse_allgather_hook)")

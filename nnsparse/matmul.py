@@ -25,7 +25,7 @@ operand makes no host synchronisation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -125,7 +125,7 @@ class _PatternMM(torch.autograd.Function):
         ctx.transposed = transposed
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         values, b, row, col, crow = ctx.saved_tensors
         if torch.is_grad_enabled():
             # create_graph=True (or torch.func): products whose own backward is exact
@@ -154,7 +154,8 @@ class _PatternMM(torch.autograd.Function):
 
 def _pattern_mm(p: _Pattern, b: Tensor) -> Tensor:
     """``S @ b`` (``(rows, p)``) on a flat pattern, with pattern gradients."""
-    return _PatternMM.apply(p.values, b.contiguous(), p.row, p.col, p.crow, p.transposed)
+    return cast(Tensor, _PatternMM.apply(  # type: ignore[no-untyped-call]
+        p.values, b.contiguous(), p.row, p.col, p.crow, p.transposed))
 
 
 # -- the flat pattern of an operand, checked once and cached on the tensor ----------

@@ -17,7 +17,7 @@ import numbers
 from collections import OrderedDict, defaultdict
 from collections.abc import MutableMapping
 from typing import (TYPE_CHECKING, Any, Callable, DefaultDict, Dict, Iterable, Iterator, List,
-                    Optional, Tuple, Union, overload)
+                    Optional, Tuple, Union, cast, overload)
 
 import torch
 from torch import Tensor, nn
@@ -558,7 +558,7 @@ def _check_grad_indices(grads: List[Tuple[str, Tensor]]) -> None:
                                      f"{shape}), got {got}")
 
 
-def _update(p: Tensor, grad: Tensor, state: dict, group: dict) -> None:
+def _update(p: Tensor, grad: Tensor, state: Dict[str, Any], group: Dict[str, Any]) -> None:
     """Dispatch on the gradient's layout: all entries, rows, columns or single entries."""
     m, v = state["exp_avg"], state["exp_avg_sq"]
     step = state["step"]
@@ -628,7 +628,7 @@ def _whole_columns(index: Tensor, rows: int) -> Optional[Tensor]:
     return cols
 
 
-def _kernel_args(group: dict) -> Tuple[str, dict]:
+def _kernel_args(group: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
     """The row-update kind and hyperparameters (``nnsparse._rowopt``) of a LazyAdam group."""
     kind = "adamw" if group["decoupled_weight_decay"] else "adam"
     # (a group edited after the checks: eps, weight_decay and betas the kernels take as numbers)
@@ -649,7 +649,7 @@ def _step_before(step: int, device: torch.device) -> Tensor:
     return torch.full((), float(step - 1), device=device)
 
 
-def _adam(p: Tensor, g: Tensor, m: Tensor, v: Tensor, step: int, group: dict) -> None:
+def _adam(p: Tensor, g: Tensor, m: Tensor, v: Tensor, step: int, group: Dict[str, Any]) -> None:
     """Adam/AdamW in place on tensors laid out alike (``g``, ``m``, ``v`` with ``p``'s
     strides): the row updates' kernel, torch's fused one where torch has one."""
     kind, hp = _kernel_args(group)
@@ -657,7 +657,7 @@ def _adam(p: Tensor, g: Tensor, m: Tensor, v: Tensor, step: int, group: dict) ->
 
 
 def _rows(p: Tensor, rows: Tensor, values: Tensor, m: Tensor, v: Tensor, step: int,
-          group: dict) -> None:
+          group: Dict[str, Any]) -> None:
     """Update the rows ``rows`` (distinct, increasing) of 2-D ``p``; ``values`` are their
     gradients: the row update of the in-backward optimiser (touched rows gathered in
     blocks, one fused Adam pass each, scattered back; spans touched densely are updated
@@ -676,7 +676,7 @@ def _rows(p: Tensor, rows: Tensor, values: Tensor, m: Tensor, v: Tensor, step: i
 
 
 def _columns(p: Tensor, cols: Tensor, values: Tensor, m: Tensor, v: Tensor, step: int,
-             group: dict) -> None:
+             group: Dict[str, Any]) -> None:
     """Update the columns ``cols`` (distinct) of a 2-D ``p`` from a ``(rows, len(cols))`` block.
 
     When at most a quarter of the columns are touched they are gathered,
@@ -830,7 +830,7 @@ def _gets_sparse_grads(model: nn.Module, layers: List[Tuple[str, Any, Tensor, Te
     return any(id(p) in sparse for p in params)
 
 
-def _dense_optimizer(kind: str, params: List[Tensor], hp: dict,
+def _dense_optimizer(kind: str, params: List[Tensor], hp: Dict[str, Any],
                      sparse: bool = False) -> Optional[Optimizer]:
     """torch.optim's counterpart of ``kind`` for the other parameters, fused where it can be.
 
@@ -996,7 +996,7 @@ class InBackwardOptimizer(Optimizer):
     # instead of unscaling: step() refuses it (the rows were stepped in the backward)
     _step_supports_amp_scaling = True
 
-    def __init__(self, model: nn.Module, kind: str, hp: dict) -> None:
+    def __init__(self, model: nn.Module, kind: str, hp: Dict[str, Any]) -> None:
         as_choice(kind, "kind", _rowopt.KINDS,
                   then="; build it with apply_optimizer_in_backward(model, kind, ...)")
         if not isinstance(hp, dict):
@@ -1079,7 +1079,7 @@ class InBackwardOptimizer(Optimizer):
                                   "the group to its dense part: optimizer.dense.add_param_group"
                                   "(...)")
 
-    def __getstate__(self) -> Dict[str, Any]:  # type: ignore[override]
+    def __getstate__(self) -> Dict[str, Any]:
         # the layers it is still attached to (not after remove(), nor where another
         # optimiser took its place), for __setstate__; not the hooks (callables)
         state = {k: v for k, v in self.__dict__.items() if k not in _NOT_PICKLED}
@@ -1343,7 +1343,7 @@ def _step_part(part: Optimizer, closure: Optional[Callable[[], float]] = None) -
     return out
 
 
-class _JoinedState(MutableMapping):
+class _JoinedState(MutableMapping[Any, Dict[str, Any]]):
     """``opt.state`` of an optimiser made of parts (:class:`InBackwardOptimizer`,
     ``SplitOptimizer``), as ``torch.optim.Optimizer.state`` is to a user: one mapping for
     the optimiser's life, parameter -> its state dict, the very dict its owner steps
@@ -1387,7 +1387,7 @@ class _JoinedState(MutableMapping):
 
     def __getitem__(self, key: Any) -> Dict[str, Any]:
         holder = self._holder(key)
-        return (self._maker(key) if holder is None else holder)[key]
+        return cast(Dict[str, Any], (self._maker(key) if holder is None else holder)[key])
 
     def __setitem__(self, key: Any, value: Dict[str, Any]) -> None:
         self._refuse(key, "replace")
@@ -1706,7 +1706,7 @@ def _closure_loss(closure: Any) -> Optional[float]:
     if closure is None:
         return None
     with torch.enable_grad():
-        return closure()
+        return cast(Optional[float], closure())  # (torch types a closure's loss as float)
 
 
 def _check_betas(betas: Any, name: str = "betas") -> None:
@@ -1728,7 +1728,7 @@ def _check_share(dense_above: Optional[float], name: str = "dense_above") -> Non
         raise ValueError(f"{name} must be None or in [0, 1], got {dense_above}")
 
 
-def _check_hyper(kind: str, hp: dict) -> None:
+def _check_hyper(kind: str, hp: Dict[str, Any]) -> None:
     for key in ("lr", "eps", "weight_decay", "momentum", "initial_accumulator_value"):
         _check_non_negative(key, hp[key])
     _check_betas(hp["betas"])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Dict, List, NamedTuple, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -146,16 +146,16 @@ def _sort(x: Any, by_index: bool, descending: bool, inplace: bool,
         order = _row_order(batch.row, batch.col if by_index else batch.values, descending)
         if batch.form == "pairs":
             out = x.reshape(-1, 2)[order]
-            return x.copy_(out.reshape(x.shape)) if inplace else out
+            return cast(Tensor, x).copy_(out.reshape(x.shape)) if inplace else out
         # the batch's dtype (the rows with entries share it; torch.cat would promote
         # to an empty row's wider dtype), each row given back in its own
         pairs = torch.cat([p.reshape(-1, 2).to(batch.dtype) for p in x])[order]
-        rows = list(pairs.split(batch.row_counts().tolist()))
+        rows = list(pairs.split(batch.row_counts().tolist()))  # type: ignore[no-untyped-call]
         if inplace:
             # every row is read (by the cat above) before any is written
             for p, row in zip(x, rows):
                 p.copy_(row.reshape(p.shape))
-            return x
+            return cast(List[Tensor], x)  # (or the tuple the caller gave)
         return [row.to(p.dtype) for p, row in zip(x, rows)]
     if inplace:
         raise NotImplementedError(

@@ -49,7 +49,7 @@ def _csr_rows(crow: Tensor, col: Tensor, rows: int) -> Tensor:
 def _sparse_entries(grad: Tensor) -> Tuple[Tensor, Tensor]:
     """Sorted, distinct linear indices of a sparse tensor and its values there."""
     if grad.layout != torch.sparse_coo and grad.layout != torch.sparse_csr:
-        grad = grad.to_sparse_coo()
+        grad = grad.to_sparse_coo()  # type: ignore[no-untyped-call]
     if grad.layout == torch.sparse_coo:
         grad = grad.coalesce()  # a sum of sparse gradients arrives uncoalesced
         keys, values = _keys_of(grad._indices(), None, None, grad.shape), grad._values()
@@ -88,12 +88,13 @@ class _SparseWithValues(torch.autograd.Function):
         ctx.size = size
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
         indices, crow, col = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True (or torch.func): differentiable
-            return _ValuesAt.apply(grad, indices, crow, col, ctx.size), None, None, None, None
+            return _ValuesAt.apply(  # type: ignore[no-untyped-call]
+                grad, indices, crow, col, ctx.size), None, None, None, None
         return _values_at(grad, indices, crow, col, ctx.size), None, None, None, None
 
 
@@ -119,11 +120,12 @@ class _ValuesAt(torch.autograd.Function):
         ctx.size, ctx.layout = size, grad.layout
 
     @staticmethod
-    def backward(ctx: Any, values_grad: Tensor):
+    def backward(ctx: Any, values_grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
         indices, crow, col = ctx.saved_tensors
-        out = _SparseWithValues.apply(values_grad, indices, crow, col, ctx.size)
+        out = _SparseWithValues.apply(  # type: ignore[no-untyped-call]
+            values_grad, indices, crow, col, ctx.size)
         if ctx.layout == torch.strided:
             out = out.to_dense()
         elif ctx.layout != out.layout:  # (a CSR pattern's COO gradient, or the reverse)
@@ -161,8 +163,8 @@ def _coo_with_values(indices: Tensor, values: Tensor, size: Sequence[int],
     the result (trusted, its cached structures shared).
     """
     # (an inference tensor's indices are copied: the backward saves them)
-    out = _SparseWithValues.apply(values, _index.outside_inference(indices), None, None,
-                                  tuple(size))
+    out = _SparseWithValues.apply(  # type: ignore[no-untyped-call]
+        values, _index.outside_inference(indices), None, None, tuple(size))
     return out if pattern is None else attach(out, pattern)
 
 
@@ -175,7 +177,8 @@ def _csr_with_values(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[i
     """
     crow, col = _index.outside_inference(crow), _index.outside_inference(col)
     try:
-        out = _SparseWithValues.apply(values, None, crow, col, tuple(size))
+        out = _SparseWithValues.apply(  # type: ignore[no-untyped-call]
+            values, None, crow, col, tuple(size))
     except RuntimeError:
         # "Sparse CSR tensors do not have strides": functorch cannot wrap a CSR result
         # (nothing is attached to it there: see nnsparse._forms._key)

@@ -51,46 +51,46 @@ def _weight(module: nn.Module, attr: str, gather: Gather) -> Optional[Tensor]:
     return gather(w, f"{type(module).__name__}.{attr}")
 
 
-def _mse(m, x, y, g):
+def _mse(m: Any, x: Tensor, y: Tensor, g: Gather) -> Tensor:
     return F.mse_loss(x, y, reduction="none")
 
 
-def _l1(m, x, y, g):
+def _l1(m: Any, x: Tensor, y: Tensor, g: Gather) -> Tensor:
     return F.l1_loss(x, y, reduction="none")
 
 
-def _smooth_l1(m, x, y, g):
+def _smooth_l1(m: Any, x: Tensor, y: Tensor, g: Gather) -> Tensor:
     return F.smooth_l1_loss(x, y, reduction="none", beta=m.beta)
 
 
-def _huber(m, x, y, g):
+def _huber(m: Any, x: Tensor, y: Tensor, g: Gather) -> Tensor:
     return F.huber_loss(x, y, reduction="none", delta=m.delta)
 
 
-def _bce(m, x, y, g):
+def _bce(m: Any, x: Tensor, y: Tensor, g: Gather) -> Tensor:
     return F.binary_cross_entropy(x, y, weight=_weight(m, "weight", g), reduction="none")
 
 
-def _bce_logits(m, x, y, g):
+def _bce_logits(m: Any, x: Tensor, y: Tensor, g: Gather) -> Tensor:
     return F.binary_cross_entropy_with_logits(
         x, y, weight=_weight(m, "weight", g), pos_weight=_weight(m, "pos_weight", g),
         reduction="none")
 
 
-def _soft_margin(m, x, y, g):
+def _soft_margin(m: Any, x: Tensor, y: Tensor, g: Gather) -> Tensor:
     return F.soft_margin_loss(x, y, reduction="none")
 
 
-def _poisson_nll(m, x, y, g):
+def _poisson_nll(m: Any, x: Tensor, y: Tensor, g: Gather) -> Tensor:
     return F.poisson_nll_loss(x, y, log_input=m.log_input, full=m.full, eps=m.eps,
                               reduction="none")
 
 
-def _kl_div(m, x, y, g):
+def _kl_div(m: Any, x: Tensor, y: Tensor, g: Gather) -> Tensor:
     return F.kl_div(x, y, reduction="none", log_target=m.log_target)
 
 
-def _hinge_embedding(m, x, y, g):
+def _hinge_embedding(m: Any, x: Tensor, y: Tensor, g: Gather) -> Tensor:
     return F.hinge_embedding_loss(x, y, margin=m.margin, reduction="none")
 
 
@@ -283,7 +283,7 @@ class RefuseLuaNames:
             raise AttributeError(
                 f"{type(self).__name__} has no Lua attribute {name!r}; nnsparse calls it "
                 f"{ours}: pass {ours}=... to the constructor or set criterion.{ours}")
-        super().__setattr__(name, value)  # type: ignore[misc]
+        super().__setattr__(name, value)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -311,7 +311,7 @@ def non_negative_arg(value: Any, name: str) -> float:
     value = real_arg(value, name)
     if value < 0:
         raise ValueError(f"{name} must be non-negative, got {value}")
-    return value
+    return cast(float, value)
 
 
 def ratio_arg(value: Any, name: str) -> float:
@@ -319,7 +319,7 @@ def ratio_arg(value: Any, name: str) -> float:
     value = real_arg(value, name)
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {value}")
-    return value
+    return cast(float, value)
 
 
 def bool_arg(value: Any, name: str) -> bool:
@@ -383,7 +383,7 @@ def generator_arg(generator: Any, name: str = "generator") -> Optional[torch.Gen
     return generator
 
 
-def conf_settings(conf: Mapping, given: Dict[str, Any], defaults: Dict[str, Any],
+def conf_settings(conf: Mapping[str, Any], given: Dict[str, Any], defaults: Dict[str, Any],
                   owner: str, inert: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The settings of a criterion built Lua's way, ``Criterion(criterion, SDAEconf)``.
 

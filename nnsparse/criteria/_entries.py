@@ -10,7 +10,7 @@ torch defines), so each position counts once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -18,7 +18,7 @@ from torch import Tensor
 from .._forms import SparseBatch, as_sparse_batch, is_pair_list, is_sparse_form
 from .._index import csr_indices, csr_values, same_view
 
-__all__: list = []
+__all__: List[str] = []
 
 # Forms whose width is declared by the data (a tensor's size); the pair forms
 # only say "the largest index + 1".
@@ -129,7 +129,7 @@ class Estimate:
             return self.shared
         return self.at(target.row, target.col)
 
-    def gather(self, row: Tensor, col: Tensor):
+    def gather(self, row: Tensor, col: Tensor) -> Callable[[Tensor, str], Tensor]:
         """A function reading tensors broadcastable to the dense shape at ``(row, col)``."""
         def read(w: Tensor, name: str) -> Tensor:
             if w.device != row.device:  # (torch's index error names no module attribute)

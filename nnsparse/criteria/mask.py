@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numbers
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -155,7 +155,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         self._dense_mask, self._sparse_mask = hide, None
         return input.masked_fill(hide, 0)
 
-    def _prepare_sparse(self, input: Any) -> Any:
+    def _prepare_sparse(self, input: Any) -> SparseLike:
         batch = unique_entries(as_sparse_batch(input, name="input"))
         _check_generator(self.generator, batch.device)
         hide = torch.rand(batch.nnz, generator=self.generator, device=batch.device) < self.hide_ratio
@@ -185,7 +185,8 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         weight = torch.full_like(losses, self.beta).masked_fill_(hide, self.alpha)
         return (losses * weight).sum()
 
-    def _sparse_loss(self, elementwise: ElementwiseLoss, estimate: Any, target: Any):
+    def _sparse_loss(self, elementwise: ElementwiseLoss, estimate: Any,
+                     target: Any) -> Tuple[Tensor, int]:
         mask = self._sparse_mask
         assert mask is not None  # forward calls this with a sparse mask only
         est = as_estimate(estimate)
@@ -209,7 +210,8 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         losses = elementwise(values, wanted, est.gather(mask.row, mask.col))
         return self._weighted(losses, mask.flag), est.numel()
 
-    def _dense_loss(self, elementwise: ElementwiseLoss, estimate: Any, target: Any):
+    def _dense_loss(self, elementwise: ElementwiseLoss, estimate: Any,
+                    target: Any) -> Tuple[Tensor, int]:
         hide = self._dense_mask
         assert hide is not None  # forward calls this with a dense mask only
         if not isinstance(estimate, Tensor) or estimate.layout != torch.strided:

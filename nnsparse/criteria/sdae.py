@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .._forms import SparseLike, as_sparse_batch, holds_exactly, is_sparse_form
+from .._forms import SparseBatch, SparseLike, as_sparse_batch, holds_exactly, is_sparse_form
 from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
                            conf_settings, elementwise_loss, generator_arg, non_negative_arg,
                            pair_arg, ratio_arg, real_arg, resolve_size_average)
@@ -337,7 +337,7 @@ class EntryMask:
     vector: bool = False
 
     @classmethod
-    def of(cls, batch, flag: Tensor) -> "EntryMask":
+    def of(cls, batch: SparseBatch, flag: Tensor) -> "EntryMask":
         return cls(batch.row, batch.col, flag, batch.rows, batch.width,
                    batch.form in DECLARED_WIDTH, batch.is_vector)
 

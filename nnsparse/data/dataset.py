@@ -367,7 +367,7 @@ _TARGET_HINT = {2: ": an item with a target, which this dataset (built without o
                    "it with the dataset it came from"}
 
 
-class SparseRowDataset(Dataset):
+class SparseRowDataset(Dataset[Tuple[Any, ...]]):
     r"""The rows of a sparse matrix (and, optionally, of a target matrix) as a dataset.
 
     Item ``i`` is ``(i, row)``, or ``(i, row, target_row)`` with a target,

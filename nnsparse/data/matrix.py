@@ -79,7 +79,7 @@ def _check_rows(row: Any, rows: int, name: str = "row") -> Tensor:
 
 def _check_broadcast(values: Tensor, row: Tensor, name: str) -> None:
     try:
-        torch.broadcast_shapes(values.shape, row.shape)
+        torch.broadcast_shapes(values.shape, row.shape)  # type: ignore[no-untyped-call]
     except RuntimeError:
         raise ValueError(f"{name} and row must have one shape or broadcast, got "
                          f"{tuple(values.shape)} and {tuple(row.shape)}") from None

@@ -16,7 +16,7 @@ import re
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -291,7 +291,7 @@ def _entry_index(index: Any, n: int) -> Tensor:
         if index.shape != (n,):
             raise ValueError(f"index must have shape ({n},) as a bool mask, "
                              f"got {tuple(index.shape)}")
-        return index
+        return cast(Tensor, index)
     if index.dtype not in (torch.int32, torch.int64):  # int8, int16: torch indexes with neither
         index = index.long()
     if index.numel():
@@ -299,7 +299,7 @@ def _entry_index(index: Any, n: int) -> Tensor:
         if lo < -n or hi >= n:
             raise IndexError(f"index must be in [-{n}, {n}) (entries of {n} ratings), got "
                              f"{lo if lo < -n else hi}")
-    return index
+    return cast(Tensor, index)
 
 
 def check_unique_pairs(name: str, *parts: Ratings) -> None:
@@ -583,7 +583,7 @@ def _int_ids_for(ids: np.ndarray, mapping: Optional[Dict[Any, int]]) -> np.ndarr
     integers: the file that made the map read them so (``"1"`` there is user ``1``)."""
     if ids.dtype != object or not mapping or _str_keyed(mapping):
         return ids
-    out = ids.copy()
+    out: np.ndarray = ids.copy()
     for k, key in enumerate(ids.tolist()):
         if isinstance(key, str) and _INT_TOKEN.fullmatch(key):
             out[k] = int(key)
@@ -1054,7 +1054,7 @@ def _known(ids: np.ndarray, mapping: Optional[Dict[Any, int]]) -> np.ndarray:
     if mapping is None:
         return np.ones(len(ids), dtype=bool)
     unique, inverse = _unique(ids)
-    return np.array([u in mapping for u in unique], dtype=bool)[inverse]
+    return cast(np.ndarray, np.array([u in mapping for u in unique], dtype=bool)[inverse])
 
 
 def read_split(train: PathLike, test: PathLike, format: str = "text", *,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Tuple
+from typing import Any, Iterator, Tuple, cast
 
 import numpy as np
 import torch
@@ -82,7 +82,7 @@ def torch_seed(seed: Any, name: str = "seed") -> int:
         raise TypeError(f"{name} must be an int, got {type(seed).__name__} {seed!r}")
     seed = int(seed)
     if _TORCH_SEEDS[0] <= seed < _TORCH_SEEDS[1]:
-        return seed
+        return cast(int, seed)
     words = np.random.SeedSequence([abs(seed), int(seed < 0)]).generate_state(2, np.uint32)
     return (int(words[0]) | int(words[1]) << 32) & (2**63 - 1)
 

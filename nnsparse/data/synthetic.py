@@ -11,7 +11,7 @@ measured figures and how far they move with the seed).
 """
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, Tuple, cast
 
 import math
 import numbers
@@ -167,7 +167,7 @@ def _taste(taste: np.ndarray, p: np.ndarray, genres: np.ndarray, q: np.ndarray) 
     """
     genre_score = np.tanh(taste) @ (genres / genres.sum(1, keepdims=True)).T
     genre_score *= _GENRE / (genre_score.std() + 1e-12)
-    return genre_score + p @ q.T
+    return cast(np.ndarray, genre_score + p @ q.T)
 
 
 def _scores(seed: int, n_users: int, n_items: int, n_ratings: int, rank: int, noise: float,

@@ -3,7 +3,7 @@
 (:class:`SparseWeightLinear`), the dense/sparse switches (:class:`Densify`,
 :class:`Sparsify`), a container that hands the pattern on
 (:class:`PatternSequential`) and batched inference (:class:`Batchifier`)."""
-__all__: list = []
+__all__: list[str] = []
 from .sparse_output import SparseOutputLinear, sampled_linear  # noqa: E402
 __all__ += ["SparseOutputLinear", "sampled_linear"]
 from .linear import SparseLinearBatch, sparse_linear  # noqa: E402

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ from ..data.dataset import SparseRowDataset
 __all__ = ["Batchifier"]
 
 Device = Union[str, torch.device, None]
-Data = Union[Tensor, Sequence[Tensor], Dataset]
+Data = Union[Tensor, Sequence[Tensor], Dataset[Any]]
 Pattern = Tuple[Tensor, Tensor]
 _NO_PATTERN = ("exclude=True needs sparse batches to take the rated items from, got dense ones; "
                "pass the items to exclude as a sparse matrix")
@@ -147,15 +147,15 @@ class _DenseSource(_Source):
         self.width = data.shape[1]
 
     def batch(self, start: int, stop: int) -> Tensor:
-        return _move(self.data[start:stop], self.target)
+        return cast(Tensor, _move(self.data[start:stop], self.target))
 
 
 class _DatasetSource(_Source):
-    def __init__(self, data: Dataset, runner: "Batchifier") -> None:
+    def __init__(self, data: Dataset[Any], runner: "Batchifier") -> None:
         if not hasattr(data, "__len__"):
             raise TypeError(f"data must be a map-style Dataset with a length, got "
                             f"{type(data).__name__} without __len__")
-        self.data, self.rows, self.target = data, len(data), runner.device  # type: ignore[arg-type]
+        self.data, self.rows, self.target = data, len(data), runner.device
         self.device, self.dtype, self.width = torch.device("cpu"), torch.get_default_dtype(), None
         self.collate = runner.collate_fn or _default_collate(data, runner.layout)
         self.output_size = runner.output_size
@@ -174,7 +174,7 @@ class _DatasetSource(_Source):
         return b.row, b.col
 
 
-def _default_collate(data: Dataset, layout: torch.layout) -> Callable[[List[Any]], Any]:
+def _default_collate(data: Dataset[Any], layout: torch.layout) -> Callable[[List[Any]], Any]:
     """The collation of ``data``'s items when no ``collate_fn`` is given: a
     :class:`~nnsparse.data.SparseRowDataset`'s own (the input rows, as wide as
     its matrix), also for a ``Subset`` of one (``torch.utils.data.random_split``'s
@@ -193,7 +193,8 @@ def _relayout(batch: Tensor, layout: torch.layout) -> Tensor:
     """A trusted coalesced batch in ``layout`` (the same entries, still trusted)."""
     if batch.layout == layout:
         return batch
-    return trust(batch.to_sparse_csr() if layout == torch.sparse_csr else batch.to_sparse_coo())
+    return trust(batch.to_sparse_csr() if layout == torch.sparse_csr
+                 else batch.to_sparse_coo())  # type: ignore[no-untyped-call]
 
 
 def _collate(items: List[Any], layout: torch.layout) -> Tensor:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -77,7 +77,7 @@ class _SparseLinear(torch.autograd.Function):
         ctx.updates = update.updates if update is not None else 0
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         update = ctx.update
         if update is not None and ctx.needs_input_grad[1] and update.updates != ctx.updates:
             raise RuntimeError(update.stale_message())
@@ -101,7 +101,7 @@ class _SparseLinear(torch.autograd.Function):
         return grad_values, grad_table, grad_bias, None, None, None, None, None, None
 
 
-def _linear_backward_graph(ctx: Any, grad: Tensor):
+def _linear_backward_graph(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
     """:class:`_SparseLinear`'s gradients as differentiable products (:mod:`nnsparse._double`),
     for a backward that records its graph (``create_graph=True``, ``torch.func``):
     a second derivative through them is exact."""
@@ -252,8 +252,9 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         if update is not None and not table.is_contiguous():
             # the update writes the rows of ``table`` in place: a copy would lose it
             raise RuntimeError(_NOT_COLUMN_MAJOR.format(name=update.name))
-        out = _SparseLinear.apply(batch.values, table.contiguous(), bias, batch.row, batch.col,
-                                  batch.crow_indices(), sparse_grad, update, batch)
+        out = _SparseLinear.apply(  # type: ignore[no-untyped-call]
+            batch.values, table.contiguous(), bias, batch.row, batch.col,
+            batch.crow_indices(), sparse_grad, update, batch)
     return out.squeeze(0) if batch.is_vector else out
 
 
@@ -273,7 +274,7 @@ def _state_without_update(module: nn.Module) -> Dict[str, Any]:
     would refuse the optimiser's class.  An :class:`~nnsparse.optim.InBackwardOptimizer`
     pickled or copied with its model attaches itself to the copy's layers again.
     """
-    state = nn.Module.__getstate__(module)
+    state: Dict[str, Any] = nn.Module.__getstate__(module)  # type: ignore[no-untyped-call]
     state["_row_update"] = None
     return state
 
@@ -537,8 +538,9 @@ class SparseLinearBatch(nn.Module):
         table = torch.empty(in_features, out_features, **factory)
         if sparse_grad:
             self.weight_t = nn.Parameter(table)
-            self._register_state_dict_hook(_weight_to_state_dict)
-            self._register_load_state_dict_pre_hook(_weight_from_state_dict)
+            self._register_state_dict_hook(_weight_to_state_dict)  # type: ignore[no-untyped-call]
+            self._register_load_state_dict_pre_hook(  # type: ignore[no-untyped-call]
+                _weight_from_state_dict)
         else:
             self.weight = nn.Parameter(table.t())
         self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
@@ -646,10 +648,11 @@ class SparseLinearBatch(nn.Module):
                         assign: bool = False) -> "_IncompatibleKeys":
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
         strict, assign = check_state_dict(self, state_dict, strict, assign)
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        return cast(_IncompatibleKeys,
+                    super().load_state_dict(state_dict, strict=strict, assign=assign))
 
-    def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict,
-                              *args: Any) -> None:
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str,
+                              local_metadata: Dict[str, Any], *args: Any) -> None:
         # With assign=True the given tensor becomes the parameter: an (out, in) weight
         # stored row-major (nn.Linear's) is stored column-major, as the layer keeps it
         # (the kernels read weight.t() rows, and the optimiser in the backward updates
@@ -685,7 +688,8 @@ def _refuse_sparse_grad_parametrized(layer: nn.Module, name: str) -> None:
             f"gradients (under torch.no_grad() it runs as it is)")
 
 
-def _weight_to_state_dict(module: nn.Module, state_dict: dict, prefix: str, local_metadata):
+def _weight_to_state_dict(module: nn.Module, state_dict: Dict[str, Any], prefix: str,
+                          local_metadata: Dict[str, Any]) -> None:
     """State dicts hold ``weight`` in ``nn.Linear``'s ``(out, in)`` shape."""
     if prefix + "weight_t" not in state_dict:
         # a parametrized weight_t (torch.nn.utils.parametrize) is saved as its
@@ -695,6 +699,6 @@ def _weight_to_state_dict(module: nn.Module, state_dict: dict, prefix: str, loca
     state_dict[prefix + "weight"] = table.t()
 
 
-def _weight_from_state_dict(state_dict: dict, prefix: str, *args) -> None:
+def _weight_from_state_dict(state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
     if prefix + "weight" in state_dict:
         state_dict[prefix + "weight_t"] = state_dict.pop(prefix + "weight").t()

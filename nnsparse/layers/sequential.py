@@ -123,7 +123,7 @@ class PatternSequential(nn.Sequential):
         items = list(sequential)
         for i, module in enumerate(items):
             _check_item(module, f" for item {str(len(self) + i)!r} (nothing was added)")
-        return super().extend(items)  # type: ignore[return-value]
+        return super().extend(items)
 
     def insert(self, index: int, module: nn.Module) -> "PatternSequential":
         _check_item(module)  # nn.Sequential's own check is an assert
@@ -131,7 +131,7 @@ class PatternSequential(nn.Sequential):
             raise TypeError(f"index must be an int, got {type(index).__name__} {index!r}")
         if not -len(self) <= index <= len(self):
             raise IndexError(f"index must be in [{-len(self)}, {len(self)}], got {index}")
-        return super().insert(int(index), module)  # type: ignore[return-value]
+        return super().insert(int(index), module)
 
     # nn.Sequential's + and * build a plain nn.Sequential, whose forward takes no
     # pattern: (a + b)(x, pattern) failed with "forward() takes 2 positional arguments".
@@ -145,7 +145,7 @@ class PatternSequential(nn.Sequential):
     def __rmul__(self, other: int) -> "PatternSequential":
         return self.__mul__(other)
 
-    def forward(self, input: Any, pattern: Any = None) -> Any:  # type: ignore[override]
+    def forward(self, input: Any, pattern: Any = None) -> Any:
         if pattern is not None and not any(
                 module is not None and _takes_pattern(_forward_class(module))
                 for module in self._modules.values()):

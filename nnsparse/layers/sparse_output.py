@@ -15,7 +15,7 @@ backward reuse it rather than sort again (see ``docs/sparse_batch.md``).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple, Union, overload
+from typing import Any, Dict, Optional, Tuple, Union, cast, overload
 
 import torch
 import torch.nn.functional as F
@@ -68,7 +68,7 @@ class _SampledLinear(torch.autograd.Function):
         ctx.updates = update.updates if update is not None else 0
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         update = ctx.update
         if update is not None and ctx.needs_input_grad[1] and update.updates != ctx.updates:
             raise RuntimeError(update.stale_message())
@@ -103,7 +103,7 @@ class _SampledLinear(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
-def _sampled_backward_graph(ctx: Any, grad: Tensor):
+def _sampled_backward_graph(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
     """:class:`_SampledLinear`'s gradients as differentiable products
     (:mod:`nnsparse._double`), for a backward that records its graph
     (``create_graph=True``, ``torch.func``): a second derivative through them is exact."""
@@ -138,7 +138,8 @@ def _bias_grad(grad: Tensor, col: Tensor, pattern: SparseBatch, out_features: in
         _sparse_coo(cols.unsqueeze(0), summed.index_select(0, cols), (out_features,), True))
 
 
-def _pattern_structure(pattern: SparseLike, input: Tensor, out_features: int):
+def _pattern_structure(pattern: SparseLike, input: Tensor,
+                       out_features: int) -> Tuple[SparseBatch, SparseBatch]:
     """The batch of ``pattern`` and the same with distinct positions, row-sorted.
 
     All of it comes from the pattern's cached structure: for a batch the
@@ -269,8 +270,8 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
     row, col, crow = distinct.row, distinct.col, distinct.crow_indices()
     if row.device != h.device:
         raise ValueError(f"pattern must be on input's device {h.device}, got {row.device}")
-    values = _SampledLinear.apply(h, weight, bias, row, col, crow, sparse_grad, update,
-                                  distinct)
+    values = _SampledLinear.apply(  # type: ignore[no-untyped-call]
+        h, weight, bias, row, col, crow, sparse_grad, update, distinct)
     return _with_pattern(values, pattern, batch, row, col)
 
 
@@ -414,4 +415,5 @@ class SparseOutputLinear(nn.Linear):
                         assign: bool = False) -> "_IncompatibleKeys":
         """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing."""
         strict, assign = check_state_dict(self, state_dict, strict, assign)
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        return cast(_IncompatibleKeys,
+                    super().load_state_dict(state_dict, strict=strict, assign=assign))

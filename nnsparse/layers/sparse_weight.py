@@ -67,7 +67,7 @@ class _SparseInputMM(torch.autograd.Function):
         ctx.save_for_backward(w, x, key, w_id, x_id)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor):
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         # torch operators only: with create_graph=True (grad mode on) autograd records
         # them, and the second derivative is exact
         w, x, key, w_id, x_id = ctx.saved_tensors
@@ -193,7 +193,7 @@ class SparseWeightLinear(nn.Module):
         self.bias = (nn.Parameter(torch.empty(self.out_features, device=device, dtype=dtype))
                      if bias else None)
         self._derive()
-        self.register_load_state_dict_post_hook(_after_load)
+        self.register_load_state_dict_post_hook(_after_load)  # type: ignore[no-untyped-call]
         self.reset_parameters()
 
     def load_state_dict(self, state_dict: Any, strict: bool = True,
@@ -222,7 +222,8 @@ class SparseWeightLinear(nn.Module):
         # check): they were checked just above, so it does not compute the refusals again
         self._refusals_checked = True
         try:
-            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+            return cast(_IncompatibleKeys,
+                        super().load_state_dict(state_dict, strict=strict, assign=assign))
         finally:
             self.__dict__.pop("_refusals_checked", None)  # the class default again
 
@@ -522,8 +523,8 @@ class SparseWeightLinear(nn.Module):
 
     def _mm_t(self, b: Tensor) -> Tensor:
         """``W @ b`` for a dense ``b`` ``(in_features, k)``."""
-        return _PatternMM.apply(self.values, b.contiguous(), None, self.col, self.crow,
-                                self._transposed_structure)
+        return cast(Tensor, _PatternMM.apply(  # type: ignore[no-untyped-call]
+            self.values, b.contiguous(), None, self.col, self.crow, self._transposed_structure))
 
     def _finish(self, y: Tensor) -> Tensor:
         return y + self.bias if self.bias is not None else y
@@ -541,8 +542,8 @@ class SparseWeightLinear(nn.Module):
         else:
             w_id, x_id, o = joined
             key = batch.row[x_id] * self.out_features + o
-            y = _SparseInputMM.apply(self.values, batch.values, key, w_id, x_id, batch.rows,
-                                     self.out_features)
+            y = _SparseInputMM.apply(  # type: ignore[no-untyped-call]
+                self.values, batch.values, key, w_id, x_id, batch.rows, self.out_features)
         y = self._finish(y)
         return y.squeeze(0) if batch.is_vector else y
 

@@ -1,7 +1,7 @@
 """AutoRec (Sedhain, Menon, Sanner & Xie, WWW 2015): I-AutoRec and U-AutoRec."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -66,5 +66,5 @@ class AutoRec(RatingModel):
     def penalty(self) -> Tensor:
         self._check_layers("decoder")
         # the effective value: a subclass may list l2 in AUTO
-        return 0.5 * self.effective_hparams()["l2"] * (self.encoder.weight.square().sum()
-                                                       + self.decoder.weight.square().sum())
+        return cast(Tensor, 0.5 * self.effective_hparams()["l2"]
+                    * (self.encoder.weight.square().sum() + self.decoder.weight.square().sum()))

@@ -412,20 +412,21 @@ class RatingModel(nn.Module):
                                f"load a saved model with {type(self).__name__}.load(path), or "
                                f"fit it first (nothing was loaded)")
         strict, assign = check_state_dict(self, state_dict, strict, assign)
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        return cast(_IncompatibleKeys,
+                    super().load_state_dict(state_dict, strict=strict, assign=assign))
 
     def __getstate__(self) -> Dict[str, Any]:
         # torch cannot deep-copy a CSR tensor ("Cannot access storage of
         # SparseCsrTensorImpl"): the training matrix travels as its index and value
         # tensors, so copy.deepcopy(model) works (a snapshot of the best model)
-        state = super().__getstate__()
+        state: Dict[str, Any] = super().__getstate__()  # type: ignore[no-untyped-call]
         x = state.get("_input")
         if isinstance(x, Tensor) and x.layout == torch.sparse_csr:
             state["_input"] = _CsrParts(*csr_indices(x), csr_values(x), tuple(x.shape))
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        super().__setstate__(state)
+        super().__setstate__(state)  # type: ignore[no-untyped-call]
         x = self.__dict__.get("_input")
         if isinstance(x, _CsrParts):  # the matrix this model made, as it was: trusted
             self._input = trust(csr_tensor(x.crow, x.col, x.values, x.size))
@@ -521,7 +522,7 @@ class RatingModel(nn.Module):
                                            scale=scale)
         rows, width = self.normalizer.shape
         self._shape = (rows, width)
-        self._per_batch = max(len(train) * min(h["batch_size"], rows) / rows, 1.0)
+        self._per_batch: float = max(len(train) * min(h["batch_size"], rows) / rows, 1.0)
         self._set_statistics(train)
         self.build(rows, width, 0 if features is None else features.shape[1])
         bias = self.output_bias()
@@ -840,7 +841,7 @@ class RatingModel(nn.Module):
         check_ratings(ratings, "ratings")
         self._check_built()
         self._check_maps(ratings, "ratings")
-        return self.predict_entries(ratings.user, ratings.item)
+        return cast(Tensor, self.predict_entries(ratings.user, ratings.item))
 
     def evaluate(self, ratings: Ratings) -> Dict[str, float]:
         """``{"rmse", "mae", "count", "fallback", "fallback_counts"}`` of the predictions of

@@ -1,7 +1,7 @@
 """CFN and CFN++ (Strub, Gaudel & Mary, DLRS 2016): the model Lua nnsparse was written for."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -82,7 +82,8 @@ class CFN(RatingModel):
         total = self.encoder.weight.square().sum() + self.decoder.weight.square().sum()
         if self.side_in is not None:
             total = total + self.side_in.weight.square().sum()
-        return 0.5 * self.effective_hparams()["l2"] * total  # (a subclass may list l2 in AUTO)
+        return cast(Tensor,  # (a subclass may list l2 in AUTO)
+                    0.5 * self.effective_hparams()["l2"] * total)
 
 
 class _DeviceSDAE(SDAESparseCriterion):

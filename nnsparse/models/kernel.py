@@ -36,7 +36,8 @@ class _KernelWeight(nn.Module):
 
     def weighted(self) -> "_Parts":
         """``W * K``, ``K`` and the penalty's ``sum W^2`` and ``sum K^2``, all differentiable."""
-        return _Parts(*_Kernelised.apply(self.weight, self.u, self.v))
+        return _Parts(*_Kernelised.apply(  # type: ignore[no-untyped-call]
+            self.weight, self.u, self.v))
 
 
 class _Parts(NamedTuple):

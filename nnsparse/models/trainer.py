@@ -15,7 +15,7 @@ import numbers
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, cast
 
 import torch
 from torch import Tensor
@@ -207,7 +207,7 @@ class Trainer:
         batch = batch.to(self.device)
         loss = _checked_loss(batch_loss(batch.row_index, batch.input))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         return loss.detach()
 
@@ -466,7 +466,7 @@ class DistributedTrainer(Trainer):
                 raise error
             raise RuntimeError(f"validate() raised {kind[0]} on rank 0, which computes the "
                                f"validation RMSE: see rank 0's error")
-        return rmse
+        return cast(float, rmse)
 
     def step(self, batch: Any, optimizer: torch.optim.Optimizer) -> Tensor:
         _check_step_args(batch, optimizer)
@@ -478,7 +478,7 @@ class DistributedTrainer(Trainer):
         # the gradient of the one-process loss over the global batch
         loss = _checked_loss(self._ddp(batch.row_index, batch.input)) * self.world
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         return loss.detach()
 
