@@ -874,7 +874,8 @@ class RatingModel(nn.Module):
 
         Args:
             user: the user's original id (``by_index=False``) or index.
-            k (int): how many items.
+            k (int): how many items (a numpy int or a 0-d integer tensor too, as every
+                count of nnsparse).
             min_support (int): fewest training ratings of a candidate item.
                 Default: 20 (about the median item of MovieLens-100K).
             shrinkage (float): pseudo-ratings pulling a prediction to the
