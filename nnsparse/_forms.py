@@ -962,10 +962,12 @@ def holds_exactly(dtype: torch.dtype, value: float) -> bool:
 
 def as_int(value: Any, name: str, must: str = "be an int") -> int:
     """``value`` as a Python int: ints, numpy ints and 0-d integer tensors pass
-    (``operator.index``); a bool, a float (even whole) or anything else is a
+    (``operator.index``); a bool (a bool tensor too), a float (even whole) or anything else is a
     ``TypeError`` "``name`` must ``must``, got ...". The one int check of nnsparse's sizes."""
     # (a tensor of one element but more dimensions has __index__ too: a (1, 1) tensor is no int)
-    if not isinstance(value, bool) and not (isinstance(value, Tensor) and value.dim() != 0):
+    # (and a bool tensor has __index__ too: True is no size, as True itself is refused)
+    if not isinstance(value, bool) and not (isinstance(value, Tensor) and (
+            value.dim() != 0 or value.dtype == torch.bool)):
         try:
             return operator.index(value)
         except TypeError:
@@ -1086,29 +1088,23 @@ def as_flag(value: Any, name: str, what: str = "a bool") -> bool:
     raise TypeError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
 
 
-def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None,
-             zero_d: bool = False) -> int:
-    """``value`` as a Python int ``>= low`` (numpy ints pass): "``name`` must be an int >=
-    ``low``, got ...", a ``TypeError`` for another kind (a bool, a float, even whole, a
-    str), a ``ValueError`` for an int below ``low`` or beyond int64.  The check of counts
-    and hyperparameters such as batch sizes and epochs.
+def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None) -> int:
+    """``value`` as a Python int ``>= low``: "``name`` must be an int >= ``low``, got ...",
+    a ``TypeError`` for another kind (a bool, a float, even whole, a str), a ``ValueError``
+    for an int below ``low`` or beyond int64.  The check of every public count and
+    integer hyperparameter (sizes, ``k``, batch sizes, epochs, folds).
 
     ``must`` words the bound instead: ``"positive"`` (``low`` 1) or ``"non-negative"``
     (``low`` 0) give "``name`` must be a positive int, got ...", the wording of the
     arguments that said so before they came here (offsets, ``k``, sizes of data).
 
-    ``zero_d=True`` also takes a 0-d integer tensor as its int, where torch's own
-    counterpart takes one (``torch.topk``'s ``k``, ``nn.Linear``'s sizes); counts that
-    torch's counterparts take as Python ints only (``DataLoader``'s ``batch_size``,
-    epochs) leave it ``False`` and refuse a tensor (``docs/bad_inputs_probe8.md``)."""
-    if zero_d and isinstance(value, Tensor) and value.dim() == 0 \
-            and value.dtype != torch.bool and not value.is_floating_point() \
-            and not value.is_complex():
-        refuse_meta(value, name)  # (item() would read it)
-        # item(), not operator.index: a uint64 beyond int64 is then a Python int, refused
-        # below naming the argument (operator.index raised torch's "cannot be converted
-        # to type int64_t without overflow")
-        value = value.item()
+    One rule for every count: a Python int, a numpy integer or a 0-d integer tensor
+    (as ``torch.topk``'s ``k`` and ``nn.Linear``'s sizes take one) is taken as its int;
+    a bool, a 0-d bool, floating or complex tensor, and a tensor of another shape (even
+    of one element) are refused with the ``TypeError`` above.  (Until session 16 the
+    counts that torch's counterparts take as Python ints only, ``DataLoader``'s
+    ``batch_size`` or epochs, refused a tensor: ``docs/bad_inputs_probe8.md``.)"""
+    value = int_of_0d(value, name)
     if must is None:
         kind = f"an int >= {low}"
     elif _BOUND_WORDS.get(must) == low:
@@ -1121,6 +1117,19 @@ def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None,
         raise ValueError(f"{name} must be {kind}, got {value!r}")
     # torch, DataLoader and islice take no count beyond int64
     return check_int64(int(value), name, kind)
+
+
+def int_of_0d(value: Any, name: str) -> Any:
+    """A 0-d integer tensor's Python int (a meta one refused naming ``name``); any other
+    ``value`` as it came, for the count check that follows (:func:`as_count`'s rule)."""
+    if isinstance(value, Tensor) and value.dim() == 0 and value.dtype != torch.bool \
+            and not value.is_floating_point() and not value.is_complex():
+        refuse_meta(value, name)  # (item() would read it)
+        # item(), not operator.index: a uint64 beyond int64 is then a Python int, refused
+        # by the check that follows, naming the argument (operator.index raised torch's
+        # "cannot be converted to type int64_t without overflow")
+        return value.item()
+    return value
 
 
 # as_count's bounds in words, with the low each one means

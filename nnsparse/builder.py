@@ -36,6 +36,26 @@ _FIRST_CHUNK = 256
 _MAX_NDIM = 64  # sparse dimensions of a builder: far beyond any use, bounded memory
 
 
+def _one_index(i: Any) -> Any:
+    """A 1-D builder's index other than a Python int, as :meth:`DynamicSparseTensor.append`
+    takes it: a 0-d or one-element 1-D integer tensor (a column of an index tensor) or
+    numpy array, alike, as its Python int; a bool, floating or complex one, one of another
+    shape, a sparse one: ``TypeError`` "index must be an int, got ...".  Anything else
+    (a numpy integer, a meta tensor, a float) as it came, for the buffer's own check."""
+    if isinstance(i, Tensor):
+        if i.device.type == "meta":
+            return i  # the buffer refuses it: "a tensor on the meta device"
+        integer = i.layout == torch.strided and not (
+            i.dtype == torch.bool or i.is_floating_point() or i.is_complex())
+    elif isinstance(i, np.ndarray):
+        integer = np.issubdtype(i.dtype, np.integer)
+    else:
+        return i
+    if not integer or i.shape not in ((), (1,)):
+        raise TypeError(f"index must be an int, got {type(i).__name__} {i!r}")
+    return i.item()  # (a uint64 beyond int64 as a Python int: refused as for an int)
+
+
 class DynamicSparseTensor:
     r"""A builder of sparse tensors that grows its storage geometrically, like ``std::vector``.
 
@@ -226,7 +246,8 @@ class DynamicSparseTensor:
     def append(self, index: Union[int, Sequence[int]], value: float = _NO_VALUE) -> None:
         """Add one entry: ``index`` an int (``ndim=1``) or a tuple of ``ndim`` ints (a 1-D
         integer tensor or numpy array of ``ndim`` entries, such as a column of an index
-        tensor, passes as one).
+        tensor, passes as one; with ``ndim=1`` a numpy integer, or a 0-d or one-element
+        integer tensor or numpy array, passes as the int, tensor and array alike).
 
         Lua's ``append(x)`` also works: one argument, an ``[index, value]``
         row (a 1-D tensor such as a row of a pair tensor, or a sequence) of
@@ -248,6 +269,8 @@ class DynamicSparseTensor:
         if self._ndim != 1:
             return self._append_tuple(cast(Sequence[int], index), value)
         i: int = index  # type: ignore[assignment]  # (not cast(): a call per append)
+        if i.__class__ is not int:  # (one test per append; the other kinds aside)
+            i = _one_index(i)
         j = self._j
         try:
             self._ibuf0[j] = i  # the array checks that i is an int

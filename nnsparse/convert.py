@@ -130,6 +130,8 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
     if x.dim() not in (1, 2):
         raise ValueError(f"x must be 1-D (a vector) or 2-D (rows, n), got {x.dim()} dimensions")
     refuse_meta(x, "x")
+    if isinstance(offset, Tensor):  # a 0-d integer tensor, as every count takes (its int)
+        offset = as_count("offset", offset, 0, must="non-negative")
     if isinstance(offset, numbers.Integral) and not isinstance(offset, bool) and offset > 0:
         # the result's size bounds offset, tighter than as_count's int64: said first
         size = (*x.shape[:-1], x.shape[-1] + int(offset))
@@ -345,7 +347,7 @@ def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = Non
         raise TypeError(f"pairs must be a dense (k, 2) tensor or a list of them, "
                         f"got layout {pairs.layout}")
     if isinstance(size, Tensor):  # a 0-d integer tensor passes, as torch's sizes take it
-        size = as_count("size", size, 0, must="non-negative", zero_d=True)
+        size = as_count("size", size, 0, must="non-negative")
     if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Integral)):
         raise TypeError(f"size must be an int, got {type(size).__name__} {size!r}")
     if size is not None and size < 0:

@@ -145,12 +145,12 @@ def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
     Example::
 
         >>> import os
-        >>> "WORLD_SIZE" in os.environ   # not launched by torchrun: one process
-        False
         >>> nnsparse.distributed.init_from_env(device="cpu")
         device(type='cpu')
-        >>> nnsparse.distributed.is_distributed()
-        False
+        >>> # a plain python process (no WORLD_SIZE) runs alone; under torchrun it joined the group
+        >>> nnsparse.distributed.is_distributed() == ("WORLD_SIZE" in os.environ)
+        True
+        >>> nnsparse.distributed.cleanup()   # leaves the group, if any, at the end of a script
     """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")

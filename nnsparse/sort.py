@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Dict, List, NamedTuple, Tuple, Union, cast
 
 import torch
 from torch import Tensor
 
-from ._forms import (SparseBatch, SparseLike, as_flag, as_sparse_batch, check_int64,
-                     check_kernel_dtype, refuse_meta)
+from ._forms import (SparseBatch, SparseLike, as_count, as_flag, as_sparse_batch,
+                     check_kernel_dtype)
 
 __all__ = ["ssort", "ssort_by_index", "stopk"]
 
@@ -307,7 +306,8 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
             batch, a list of sparse vectors, a ``(k, 2)`` pair tensor or a
             list of pair tensors.
         k (int): how many entries to keep per row, ``k >= 0``; any such int
-            below ``2**63``.
+            below ``2**63`` (a numpy int or a 0-d integer tensor too, as
+            :func:`torch.topk` takes).
 
     Returns:
         A named tuple ``(values, indices)`` of shape ``(k,)`` for a vector
@@ -327,7 +327,8 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
         specified values only.
 
     Raises:
-        TypeError: ``x`` is not an accepted form, ``k`` is not an int, or the
+        TypeError: ``x`` is not an accepted form, ``k`` is not an int (a bool, a
+            float, a bool or floating tensor, a tensor of one element but 1-d), or the
             values are boolean, complex or of a dtype torch's sparse kernels
             lack (uint16, uint32, uint64).
         ValueError: ``k`` is negative, or bad indices.
@@ -343,17 +344,9 @@ def stopk(x: SparseLike, k: int) -> TopkResult:
         tensor([[ 2,  3,  0, -1],
                 [ 1, -1, -1, -1]])
     """
-    if isinstance(k, bool):
-        raise TypeError("k must be an int, got bool")
-    if isinstance(k, Tensor):
-        refuse_meta(k, "k")  # operator.index would read it
-    try:
-        k = operator.index(k)
-    except TypeError:
-        raise TypeError(f"k must be an int, got {type(k).__name__}") from None
-    if k < 0:
-        raise ValueError(f"k must be non-negative, got {k}")
-    check_int64(k, "k", "a non-negative int")
+    # every count's rule (a 0-d integer tensor passes; a bool tensor or a tensor of
+    # one element but more dimensions, which operator.index took, does not)
+    k = as_count("k", k, 0, must="non-negative")
     batch = as_sparse_batch(x, name="x")
     _check_values(batch, "x")
     # no row holds more than a declared width (a torch tensor's size): a k of 2**62 must

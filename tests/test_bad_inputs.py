@@ -435,8 +435,8 @@ OTHER = [
          r"offset must be a non-negative int, got '1'"),
     Case("from_pairs-size-str", lambda: nnsparse.from_pairs(torch.tensor([[1.0, 2.0]]), size="3"),
          TypeError, r"size must be an int, got str"),
-    Case("stopk-negative-k", lambda: nnsparse.stopk(S, -1), ValueError, r"k must be non-negative"),
-    Case("stopk-float-k", lambda: nnsparse.stopk(S, 1.5), TypeError, r"k must be an int, got float"),
+    Case("stopk-negative-k", lambda: nnsparse.stopk(S, -1), ValueError, r"k must be a non-negative int, got -1"),
+    Case("stopk-float-k", lambda: nnsparse.stopk(S, 1.5), TypeError, r"k must be a non-negative int, got 1.5"),
     Case("ssort-descending-str", lambda: nnsparse.ssort(S, descending="yes"), TypeError,
          r"descending must be a bool, got str"),
     Case("values_map-not-callable", lambda: nnsparse.values_map("sin", S), TypeError,
@@ -541,6 +541,27 @@ OTHER = [
 ]
 
 
+# The files the probes' cases read are written under pytest's tmp_path_factory (a
+# mkdtemp in /tmp left 390 nnsparse-probe*-* directories there over earlier runs).
+_TMP_ROOT = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _tmp_root_dir(tmp_path_factory):
+    global _TMP_ROOT
+    _TMP_ROOT = str(tmp_path_factory.mktemp("bad-inputs-files"))
+    yield
+    _TMP_ROOT = None
+
+
+def _tmp_root():
+    """This module's directory for files (set while its tests run)."""
+    if _TMP_ROOT is None:
+        raise RuntimeError("the files of tests/test_bad_inputs.py are written while its tests "
+                           "run (under pytest's tmp_path_factory)")
+    return _TMP_ROOT
+
+
 # -- the second probe (wt-probe2): what the tables above did not reach --------------------------
 
 def _meta_coo():
@@ -551,7 +572,7 @@ def _meta_coo():
 def _pairs_file(text):
     import os
     import tempfile
-    path = os.path.join(tempfile.mkdtemp(prefix="nnsparse-probe2-"), "r.txt")
+    path = os.path.join(tempfile.mkdtemp(prefix="probe2-", dir=_tmp_root()), "r.txt")
     with open(path, "w") as f:
         f.write(text)
     return path
@@ -2313,7 +2334,7 @@ def _probe7_file(name, data):
     """``data`` (bytes) written to a fresh temporary file ``name``; its path."""
     import os
     import tempfile
-    path = os.path.join(tempfile.mkdtemp(prefix="nnsparse-probe7-"), name)
+    path = os.path.join(tempfile.mkdtemp(prefix="probe7-", dir=_tmp_root()), name)
     with open(path, "wb") as f:
         f.write(data)
     return path
@@ -2728,7 +2749,7 @@ def _probe8_dir(files):
     """``files`` (name -> bytes) written to a fresh temporary directory; its path."""
     import os
     import tempfile
-    path = tempfile.mkdtemp(prefix="nnsparse-probe8-")
+    path = tempfile.mkdtemp(prefix="probe8-", dir=_tmp_root())
     for name, data in files.items():
         with open(os.path.join(path, name), "wb") as f:
             f.write(data)

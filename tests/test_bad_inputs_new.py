@@ -47,7 +47,19 @@ def fitted() -> AutoRec:
     return AutoRec(**SMALL).fit(ratings(), verbose=False, progress=False)
 
 
-_TMP = tempfile.mkdtemp(prefix="nnsparse-bad-")
+# The directory of this module's files: pytest's tmp_path_factory, set by _tmp_dir below
+# (a module-level mkdtemp left one nnsparse-bad-* directory in /tmp per run).
+_TMP = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _tmp_dir(tmp_path_factory):
+    global _TMP
+    _TMP = str(tmp_path_factory.mktemp("bad-inputs"))
+    _saved.cache_clear()  # its file is in the directory
+    yield
+    _saved.cache_clear()
+    _TMP = None
 
 
 @functools.lru_cache(maxsize=None)

@@ -365,3 +365,57 @@ def test_copies_have_their_own_storage(make_copy, extend):
     other.append(4, 3.0)
     assert half.build_pairs().tolist() == [[3.0, 1.0], [4.0, 2.0]]
     assert other.build_pairs().tolist() == [[3.0, 1.0], [4.0, 3.0]]
+
+
+# A 1-D builder's index as a tensor and as the numpy array or scalar that matches it: taken
+# alike (numpy's refused before session 16), or refused alike with the same words.
+# (id, torch form, numpy form, error or None, message); taken ones equal the int 3's build.
+ONE_INDEX = [
+    ("one-element-int64", torch.tensor([3]), np.array([3]), None, None),
+    ("one-element-int32", torch.tensor([3], dtype=torch.int32), np.array([3], dtype=np.int32),
+     None, None),
+    ("one-element-uint8", torch.tensor([3], dtype=torch.uint8), np.array([3], dtype=np.uint8),
+     None, None),
+    ("0-d", torch.tensor(3), np.array(3), None, None),
+    ("scalar", torch.tensor(3), np.int64(3), None, None),
+    ("column-of-an-index", torch.tensor([[0, 3]])[:, 1], np.array([[0, 3]])[:, 1], None, None),
+    ("negative", torch.tensor([-1]), np.array([-1]), ValueError,
+     r"^index must be non-negative, got -1$"),
+    ("negative-0-d", torch.tensor(-1), np.int64(-1), ValueError,
+     r"^index must be non-negative, got -1$"),
+    ("beyond-int64", torch.tensor([2 ** 64 - 1], dtype=torch.uint64),
+     np.array([2 ** 64 - 1], dtype=np.uint64), ValueError,
+     r"^index must be a non-negative int within int64 \(below 2\*\*63\), got 18446744073709551615$"),
+    ("two-elements", torch.tensor([3, 4]), np.array([3, 4]), TypeError,
+     r"^index must be an int, got (Tensor tensor|ndarray array)\(\[3, 4\]\)$"),
+    ("empty", torch.tensor([], dtype=torch.int64), np.array([], dtype=np.int64), TypeError,
+     r"^index must be an int, got (Tensor tensor|ndarray array)\(\[\], dtype=(torch\.)?int64\)$"),
+    ("2-d-one-element", torch.tensor([[3]]), np.array([[3]]), TypeError,
+     r"^index must be an int, got (Tensor tensor|ndarray array)\(\[\[3\]\]\)$"),
+    ("bool", torch.tensor([True]), np.array([True]), TypeError,
+     r"^index must be an int, got (Tensor tensor|ndarray array)\(\[ ?True\]\)$"),
+    ("bool-0-d", torch.tensor(True), np.array(True), TypeError,
+     r"^index must be an int, got (Tensor tensor|ndarray array)\(True\)$"),
+    ("float", torch.tensor([3.]), np.array([3.]), TypeError,
+     r"^index must be an int, got (Tensor tensor|ndarray array)\(\[3\.\]\)$"),
+]
+
+
+@pytest.mark.parametrize("form", ["torch", "numpy"])
+@pytest.mark.parametrize("t, n, error, message", [r[1:] for r in ONE_INDEX],
+                         ids=[r[0] for r in ONE_INDEX])
+def test_a_1d_index_as_a_tensor_or_numpy_array(t, n, error, message, form):
+    index = t if form == "torch" else n
+    builder = DynamicSparseTensor(ndim=1)
+    builder.append(0, 1.0)
+    if error is None:
+        builder.append(index, 2.0)
+        plain = DynamicSparseTensor(ndim=1)
+        plain.append(0, 1.0)
+        plain.append(3, 2.0)
+        assert torch.equal(builder.build(5).to_dense(), plain.build(5).to_dense())
+    else:
+        with pytest.raises(error, match=message):
+            builder.append(index, 2.0)
+        assert len(builder) == 1  # nothing half-added
+        assert torch.equal(builder.build(5).to_dense(), torch.tensor([1., 0., 0., 0., 0.]))

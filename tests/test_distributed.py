@@ -144,7 +144,8 @@ def test_same_as_one_process(ranks, case):
         torch.testing.assert_close(ranks[0][case][name], value, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_single_process_fallbacks():
+def test_single_process_fallbacks(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # (under torchrun, a group would start)
     model = nn.Linear(2, 2)
     assert not nd.is_distributed()
     assert (nd.rank(), nd.world_size(), nd.is_main()) == (0, 1, True)
@@ -160,6 +161,36 @@ def test_a_plain_cpu_run_ignores_stray_rank_variables(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "-1")
     assert nd.init_from_env(device="cpu") == torch.device("cpu")
     assert not nd.is_distributed()
+
+
+# (id, the environment init_from_env's doctest runs in): a plain process, and one that
+# torchrun launched (alone in its world; the 2-process torchrun run was checked by hand:
+# `torchrun --nproc_per_node=2 -m pytest nnsparse/distributed.py`)
+DOCTEST_ENVIRONMENTS = [
+    ("plain-python", {}),
+    ("under-torchrun", {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
+                        "MASTER_ADDR": "127.0.0.1"}),
+]
+
+
+@pytest.mark.parametrize("env", [e for _, e in DOCTEST_ENVIRONMENTS],
+                         ids=[i for i, _ in DOCTEST_ENVIRONMENTS])
+def test_the_init_from_env_example_holds_with_and_without_torchrun(monkeypatch, env):
+    """The doctest once said ``"WORLD_SIZE" in os.environ`` is False, and failed under torchrun."""
+    import doctest
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if env:
+        monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    [test] = doctest.DocTestFinder().find(nd.init_from_env, "init_from_env",
+                                          globs={"torch": torch, "nnsparse": nnsparse})
+    out: list = []
+    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+    result = runner.run(test, out=out.append)
+    assert (result.failed, result.attempted) == (0, 4), "".join(out)
+    assert not nd.is_distributed()  # the example leaves the group it joined
 
 
 @pytest.mark.parametrize("kwargs, env, error, match", [

@@ -1063,6 +1063,70 @@ def test_save_over_a_read_only_file_is_refused_before_writing(tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == listing  # no temporary file
 
 
+def _read_only_directory(monkeypatch, directory):
+    """``directory`` made read-only (mode 0o555).  Root may still create files in it (the
+    mode does not hold it back: checked with os.access), so for root the temporary file's
+    creation by RatingModel.save is made to refuse as the kernel refuses others."""
+    directory.chmod(0o555)
+    if not os.access(directory, os.W_OK):
+        return
+    import builtins
+    from nnsparse.models import base
+
+    def open_as_a_user(file, mode="r", *args, **kwargs):
+        if "x" in mode and os.path.dirname(os.path.abspath(file)) == os.fspath(directory):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(file))
+        return builtins.open(file, mode, *args, **kwargs)
+    monkeypatch.setattr(base, "open", open_as_a_user, raising=False)
+
+
+def _rename_refused(monkeypatch, directory):
+    """os.replace refused as a sticky directory refuses to rename over another user's file
+    (EPERM), naming both files, as the system does."""
+    def refuse(src, dst):
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), os.fspath(src),
+                              None, os.fspath(dst))
+    monkeypatch.setattr(os, "replace", refuse)
+
+
+# (id, an existing file first, how the directory refuses, the system's errno)
+REFUSING_DIRECTORIES = [
+    ("read-only-new-file", False, _read_only_directory, errno.EACCES),
+    ("read-only-existing-file", True, _read_only_directory, errno.EACCES),
+    ("rename-refused", True, _rename_refused, errno.EPERM),
+]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX permissions")
+@pytest.mark.parametrize("existing, refuse, code", [r[1:] for r in REFUSING_DIRECTORIES],
+                         ids=[r[0] for r in REFUSING_DIRECTORIES])
+def test_save_into_a_refusing_directory_names_the_path_given(tmp_path, monkeypatch, existing,
+                                                             refuse, code):
+    """The error of the hidden temporary file (made in the directory, then renamed over the
+    path) names the path the user gave, the system's error as its cause; nothing is left."""
+    directory = tmp_path / "models"
+    directory.mkdir()
+    given = directory / "m.pt"
+    if existing:
+        _fitted_copy(AutoRec).save(given)
+    before = {p.name: p.read_bytes() for p in directory.iterdir()}
+    refuse(monkeypatch, directory)
+    try:
+        with pytest.raises(PermissionError) as refused:
+            _tiny(AutoRec, hidden=8, lr=0.5).save(given)
+    finally:
+        directory.chmod(0o755)
+    error = refused.value
+    assert (error.errno, error.filename, error.filename2) == (code, os.fspath(given), None)
+    assert str(error) == (f"[Errno {code}] {os.strerror(code)} (a save writes a temporary file "
+                          f"in {directory}, then renames it to the path given): "
+                          f"{os.fspath(given)!r}")
+    cause = error.__cause__
+    assert isinstance(cause, PermissionError) and cause.errno == code
+    assert re.fullmatch(r"\.m\.pt\.[0-9a-f]{12}\.tmp", os.path.basename(cause.filename))
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == before  # no temporary file
+
+
 @pytest.mark.skipif(not hasattr(os, "link"), reason="no hard links on this system")
 def test_an_interrupt_during_the_in_place_copy_is_held_until_it_is_done(tmp_path,
                                                                          monkeypatch):

@@ -315,9 +315,9 @@ def test_gradcheck():
 # -- errors ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("make, error, message", [
-    (lambda: stopk(torch.eye(2).to_sparse(), -1), ValueError, "k must be non-negative, got -1"),
-    (lambda: stopk(torch.eye(2).to_sparse(), 1.5), TypeError, "k must be an int, got float"),
-    (lambda: stopk(torch.eye(2).to_sparse(), True), TypeError, "k must be an int, got bool"),
+    (lambda: stopk(torch.eye(2).to_sparse(), -1), ValueError, "k must be a non-negative int, got -1"),
+    (lambda: stopk(torch.eye(2).to_sparse(), 1.5), TypeError, "k must be a non-negative int, got 1.5"),
+    (lambda: stopk(torch.eye(2).to_sparse(), True), TypeError, "k must be a non-negative int, got True"),
     (lambda: ssort(torch.eye(2).to_sparse(), descending=1), TypeError, "descending must be a bool, got int"),
     (lambda: ssort(torch.ones(3)), ValueError, r"x must be a pair tensor of shape \(k, 2\), got shape \(3,\)"),
     (lambda: ssort(torch.ones(2, 2, 2).to_sparse()), ValueError, "got 3 dimensions"),

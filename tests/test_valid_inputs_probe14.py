@@ -2,7 +2,8 @@
 
 Each row is a call that was refused before (docs/valid_inputs_probe14.md) beside the
 plain form or the torch reference it must equal.  The guards at the end pin the
-refusals the round kept on purpose (counts as 0-d tensors, ints as flags).
+refusals the round kept on purpose (ints as flags; counts as 0-d tensors until session 16,
+now taken: tests/test_counts.py).
 """
 import numpy as np
 import pytest
@@ -200,12 +201,8 @@ KEPT = [
     ("output_sparse_grad_assigned_str",
      lambda: _assigned_sparse_grad(nnsparse.SparseOutputLinear, "y"), TypeError,
      r"sparse_grad must be a bool, got str 'y'"),
-    # kept on purpose (docs/bad_inputs_probe8.md): counts that DataLoader takes as ints only
-    ("batch_size_0d_tensor",
-     lambda: Batchifier(_net(), output_size=4, batch_size=torch.tensor(1), progress=False),
-     TypeError, r"batch_size must be an int >= 1, got tensor\(1\)"),
-    ("sparsify_offset_0d_tensor", lambda: sparsify(X, offset=torch.tensor(1)), TypeError,
-     r"offset must be a non-negative int, got tensor\(1\)"),
+    # (a 0-d integer tensor batch_size or offset, kept refused here until session 16, is
+    # taken as every count takes it: tests/test_counts.py)
     # kept on purpose: flags are bools (numpy bools pass), as torch.sort's descending
     ("bias_int_flag", lambda: nnsparse.SparseLinearBatch(4, 3, bias=0), TypeError,
      r"bias must be a bool, got int 0"),

@@ -239,7 +239,7 @@ def _checked_settings(network: Any, output_size: Any, batch_size: Any, device: A
     as stored (numpy ints as ints, a device name as a ``torch.device``)."""
     if not isinstance(network, nn.Module):
         raise TypeError(f"network must be an nn.Module, got {type(network).__name__}")
-    output_size = as_count("output_size", output_size, 0, zero_d=True)  # (as nn.Linear's)
+    output_size = as_count("output_size", output_size, 0)  # (as nn.Linear's)
     batch_size = as_count("batch_size", batch_size, 1)
     if progress is not None:
         progress = as_flag(progress, "progress", "a bool or None")
@@ -455,7 +455,7 @@ class Batchifier:
             for another kind than a dense tensor, a ValueError for another shape).
         """
         self._check_settings()
-        k = as_count("k", k, 0, must="non-negative", zero_d=True)  # (as torch.topk's)
+        k = as_count("k", k, 0, must="non-negative")  # (as torch.topk's)
         if candidates is not None:
             if not isinstance(candidates, Tensor) or candidates.dtype != torch.bool:
                 raise TypeError(f"candidates must be a bool tensor, got "

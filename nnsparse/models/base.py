@@ -875,7 +875,8 @@ class RatingModel(nn.Module):
 
         Args:
             user: the user's original id (``by_index=False``) or index.
-            k (int): how many items.
+            k (int): how many items (a numpy int or a 0-d integer tensor too, as every
+                count of nnsparse).
             min_support (int): fewest training ratings of a candidate item.
                 Default: 20 (about the median item of MovieLens-100K).
             shrinkage (float): pseudo-ratings pulling a prediction to the
@@ -1005,6 +1006,10 @@ class RatingModel(nn.Module):
             PermissionError: ``path`` is an existing file the process may not
                 write (read-only), as ``open()`` refuses it (``torch.save``
                 refuses it too, with a ``RuntimeError``); nothing is written.
+            OSError: the temporary file cannot be made in ``path``'s directory or
+                renamed over ``path`` (a read-only directory: ``PermissionError``),
+                naming ``path``; the system's error, which named the hidden temporary
+                file, is its ``__cause__``.
             A refused save writes nothing and leaves the model as it was.
         """
         self._check_built()
@@ -1377,7 +1382,10 @@ def _save_whole(blob: Dict[str, Any], path: Any) -> None:
             os.close(linked)  # renamed over: its writability was all to check
             linked = None
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
-        f = open(tmp, "xb")  # the umask's mode, as a plain open; (outside the try: ours only)
+        try:
+            f = open(tmp, "xb")  # the umask's mode, as a plain open; (outside the try: ours only)
+        except OSError as error:  # a read-only directory: its error named the hidden file
+            raise _naming(error, path, target) from error
         try:
             with f:
                 torch.save(blob, f)
@@ -1387,13 +1395,28 @@ def _save_whole(blob: Dict[str, Any], path: Any) -> None:
                 return
             if target.exists():
                 os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
-            os.replace(tmp, target)
+            try:
+                os.replace(tmp, target)
+            except OSError as error:  # (a sticky directory, another user's file: EPERM)
+                raise _naming(error, path, target) from error
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
     finally:
         if linked is not None:
             os.close(linked)
+
+
+def _naming(error: OSError, path: Any, target: Path) -> OSError:
+    """``error`` of the temporary file (its creation or its rename over ``target``) as the
+    same kind of error naming ``path``, the path the user gave, not the hidden file: "[Errno
+    13] Permission denied (...): 'path'", the way of writing said in its words."""
+    why = (f"{error.strerror or error} (a save writes a temporary file in {target.parent}, "
+           f"then renames it to the path given)")
+    try:
+        return type(error)(error.errno, why, os.fspath(path))
+    except TypeError:  # a subclass with other arguments: the kind its errno maps to
+        return OSError(error.errno, why, os.fspath(path))
 
 
 def _open_to_write(path: Any) -> Optional[int]:

@@ -33,7 +33,8 @@ def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[Fold]:
 
     Args:
         ratings (Ratings): the whole set; the folds share its id maps.
-        k (int): the number of folds.  Default: 5.
+        k (int): the number of folds (a numpy int or a 0-d integer tensor too, as
+            every count of nnsparse).  Default: 5.
         seed (int): the shuffle's seed.  Default: 0.
 
     Returns:

@@ -1,0 +1,180 @@
+"""Every public count takes one rule: a Python int, a numpy integer or a 0-d integer tensor
+(as ``torch.topk``'s ``k`` and ``nn.Linear``'s sizes take one), and refuses a bool, a
+float, a 0-d bool or floating tensor and a tensor of one element but more dimensions, with
+a message that names the argument (``nnsparse._forms.as_count``).
+
+Until session 16 ``Batchifier.topk`` and ``nnsparse.stopk`` took a 0-d tensor ``k`` while
+``recommend(k=)``, the models' counts and ``kfold``'s ``k`` refused it.
+"""
+import functools
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import nnsparse
+from nnsparse import Batchifier, Densify, distributed as nd, sparsify
+from nnsparse.data import synthetic_ratings
+from nnsparse.models import AutoRec, kfold
+from nnsparse.models.trainer import Trainer
+
+X = torch.tensor([[0., 3., 0., 1.], [2., 0., 5., 0.]])
+T = torch.tensor
+SMALL = dict(hidden=4, epochs=1, batch_size=16, validation_ratio=0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _ratings():
+    return synthetic_ratings(0, 30, 20, 300)
+
+
+@functools.lru_cache(maxsize=None)
+def _fitted():
+    return AutoRec(**SMALL).fit(_ratings(), verbose=False, progress=False)
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(Densify(4), nn.Linear(4, 4))
+
+
+def _batchifier(**kw):
+    return Batchifier(_net(), **{"output_size": 4, "progress": False, **kw})
+
+
+def _model(**changes):
+    """A tiny AutoRec fitted with ``changes`` to its hyperparameters: its predictions."""
+    model = AutoRec(**{**SMALL, **changes}).fit(_ratings(), verbose=False, progress=False)
+    return model.predict_entries(_ratings().user[:5], _ratings().item[:5]), model.hparams
+
+
+def _trainer(**kw):
+    return Trainer(nn.Linear(2, 2), **{"epochs": 2, "batch_size": 4, "lr": 0.1, **kw})
+
+
+def _trainer_settings(**kw):
+    t = _trainer(**kw)
+    return t.epochs, t.batch_size, t.patience
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal results: tensors (sparse ones densified) by value and dtype, containers by item."""
+    if isinstance(a, torch.Tensor):
+        a, b = (t.to_dense() if t.layout != torch.strided else t for t in (a, b))
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, nnsparse.data.Ratings):
+        return _same((a.user, a.item, a.rating), (b.user, b.item, b.rating))
+    return type(a) is type(b) and a == b
+
+
+# (id, call of the count) — each is called with 3, np.int64(3), tensor(3) and an int32
+# tensor(3) (2 where 3 does not fit), and must give what the Python int gives
+COUNTS = [
+    ("recommend-k", lambda n: tuple(_fitted().recommend(0, k=n, min_support=0))),
+    ("recommend-min_support", lambda n: tuple(_fitted().recommend(0, k=4, min_support=n))),
+    ("kfold-k", lambda n: [pair for pair in kfold(_ratings(), k=n)]),
+    ("model-hidden", lambda n: _model(hidden=n)),
+    ("model-epochs", lambda n: _model(epochs=n)),
+    ("model-batch_size", lambda n: _model(batch_size=n)),
+    ("model-patience", lambda n: _model(patience=n)),
+    ("Trainer-epochs-batch_size-patience",
+     lambda n: _trainer_settings(epochs=n, batch_size=n, patience=n)),
+    ("Batchifier-topk-k", lambda n: tuple(_batchifier().topk(X.to_sparse_csr(), n))),
+    ("Batchifier-batch_size", lambda n: _batchifier(batch_size=n)(X.to_sparse_csr())),
+    ("stopk-k", lambda n: tuple(nnsparse.stopk(X.to_sparse(), n))),
+    ("sparsify-offset", lambda n: sparsify(X, offset=n)),
+    ("Sparsify-offset", lambda n: nnsparse.Sparsify(offset=n)(X)),
+    ("Densify-in_features", lambda n: Densify(n + 1)(sparsify(X))),
+    ("SparseWeightLinear.random-sizes",
+     lambda n: nnsparse.SparseWeightLinear.random(n, n, 0.5, seed=0).crow),
+    ("synthetic_ratings-sizes", lambda n: synthetic_ratings(0, n, n, n)),
+    ("distributed.loader-batch_size",
+     lambda n: [b[0] for b in nd.loader(torch.utils.data.TensorDataset(torch.arange(7.)),
+                                        batch_size=n, shuffle=False)]),
+    ("collate_sparse_rows-width", lambda n: nnsparse.data.collate_sparse_rows(
+        [(0, (T([1]), T([2.])))], n + 1)),
+]
+
+
+def _forms(n: int):
+    return [("int", n), ("numpy", np.int64(n)), ("0-d int64 tensor", T(n)),
+            ("0-d int32 tensor", T(n, dtype=torch.int32))]
+
+
+@pytest.mark.parametrize("form", [f for f, _ in _forms(3)])
+@pytest.mark.parametrize("call", [c for _, c in COUNTS], ids=[i for i, _ in COUNTS])
+def test_a_count_takes_a_numpy_int_and_a_0d_integer_tensor(call, form):
+    value = dict(_forms(3))[form]
+    assert _same(call(value), call(3))
+
+
+def test_a_model_keeps_a_tensor_count_as_its_int():
+    """The fitted model's hyperparameters (what save() writes) hold the int, not the tensor."""
+    _, hparams = _model(hidden=T(4), epochs=T(1), batch_size=T(16), patience=T(0))
+    assert [type(hparams[k]) for k in ("hidden", "epochs", "batch_size", "patience")] == [int] * 4
+
+
+# (id, call, error, message): what the rule still refuses, the argument named
+REFUSED = [
+    ("recommend-k-bool-tensor", lambda: _fitted().recommend(0, k=T(True)), TypeError,
+     r"^k must be a non-negative int, got tensor\(True\)$"),
+    ("recommend-k-float-tensor", lambda: _fitted().recommend(0, k=T(3.)), TypeError,
+     r"^k must be a non-negative int, got tensor\(3\.\)$"),
+    ("recommend-k-1d-tensor", lambda: _fitted().recommend(0, k=T([3])), TypeError,
+     r"^k must be a non-negative int, got tensor\(\[3\]\)$"),
+    ("recommend-k-negative-tensor", lambda: _fitted().recommend(0, k=T(-1)), ValueError,
+     r"^k must be a non-negative int, got -1$"),
+    ("recommend-k-meta-tensor", lambda: _fitted().recommend(0, k=T(3, device="meta")),
+     ValueError, r"^k .*meta"),
+    ("kfold-k-bool-tensor", lambda: kfold(_ratings(), k=T(True)), TypeError,
+     r"^k must be an int >= 2, got tensor\(True\)$"),
+    ("kfold-k-float-tensor", lambda: kfold(_ratings(), k=T(2.)), TypeError,
+     r"^k must be an int >= 2, got tensor\(2\.\)$"),
+    ("kfold-k-1-tensor", lambda: kfold(_ratings(), k=T(1)), ValueError,
+     r"^k must be an int >= 2, got 1$"),
+    ("kfold-k-uint64-beyond-int64",
+     lambda: kfold(_ratings(), k=T(2 ** 63, dtype=torch.uint64)), ValueError,
+     r"^k must be an int >= 2 within int64 \(below 2\*\*63\), got 9223372036854775808$"),
+    ("model-hidden-float-tensor", lambda: _model(hidden=T(4.)), TypeError,
+     r"^hidden must be an int >= 1, got tensor\(4\.\)$"),
+    ("model-epochs-bool-tensor", lambda: _model(epochs=T(True)), TypeError,
+     r"^epochs must be an int >= 1, got tensor\(True\)$"),
+    ("Trainer-batch_size-complex-tensor", lambda: _trainer(batch_size=T(4 + 0j)), TypeError,
+     r"^batch_size must be an int >= 1, got tensor\(4\.\+0\.j\)$"),
+    ("Trainer.fit-epochs-float-tensor", lambda: _trainer().fit(
+        X.to_sparse_csr(), epochs=T(1.)), TypeError,
+     r"^epochs must be None or an int >= 1, got tensor\(1\.\)$"),
+    ("stopk-k-bool-tensor", lambda: nnsparse.stopk(X.to_sparse(), T(True)), TypeError,
+     r"^k must be a non-negative int, got tensor\(True\)$"),
+    ("stopk-k-1d-tensor", lambda: nnsparse.stopk(X.to_sparse(), T([2])), TypeError,
+     r"^k must be a non-negative int, got tensor\(\[2\]\)$"),
+    ("stopk-k-bool", lambda: nnsparse.stopk(X.to_sparse(), True), TypeError,
+     r"^k must be a non-negative int, got True$"),
+    ("Batchifier-topk-k-float-tensor", lambda: _batchifier().topk(X.to_sparse_csr(), T(2.)),
+     TypeError, r"^k must be a non-negative int, got tensor\(2\.\)$"),
+    ("Batchifier-batch_size-bool-tensor", lambda: _batchifier(batch_size=T(True)), TypeError,
+     r"^batch_size must be an int >= 1, got tensor\(True\)$"),
+    ("sparsify-offset-float-tensor", lambda: sparsify(X, offset=T(1.)), TypeError,
+     r"^offset must be a non-negative int, got tensor\(1\.\)$"),
+    ("distributed.loader-batch_size-1d-tensor",
+     lambda: nd.loader(torch.utils.data.TensorDataset(torch.arange(7.)), batch_size=T([2])),
+     TypeError, r"^batch_size must be a positive int, got tensor\(\[2\]\)$"),
+    ("collate_sparse_rows-width-bool-tensor", lambda: nnsparse.data.collate_sparse_rows(
+        [(0, (T([1]), T([2.])))], T(True)), TypeError, r"^width must be an int, got Tensor "
+     r"tensor\(True\)$"),
+    ("Densify-in_features-bool-tensor", lambda: Densify(T(True)), TypeError,
+     r"^in_features must be a non-negative int, got tensor\(True\)$"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", [r[1:] for r in REFUSED],
+                         ids=[r[0] for r in REFUSED])
+def test_what_a_count_still_refuses(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
