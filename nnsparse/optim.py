@@ -758,7 +758,8 @@ _SparseLayer = Union["SparseLinearBatch", "SparseOutputLinear"]
 def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Tensor]]:
     """``(name, layer, table, parameter)`` for each nnsparse sparse layer whose weight
     is trained (``table`` is the contiguous view whose rows the batches touch)."""
-    from .layers.linear import SparseLinearBatch
+    from .layers.linear import (SparseLinearBatch, _parametrized_update_message,
+                                _parametrized_weight)
     from .layers.sparse_output import SparseOutputLinear
     found: List[Tuple[str, _SparseLayer, Tensor, Tensor]] = []
     owner: Dict[int, str] = {}  # the first layer holding each parameter (model.parameters()'s identity)
@@ -772,6 +773,9 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Te
         else:
             continue
         if param.requires_grad:
+            if _parametrized_weight(module):  # the update would write a temporary
+                raise NotImplementedError(_parametrized_update_message(
+                    f"model: {type(module).__name__} {name or type(module).__name__!r}"))
             if not table.is_contiguous():  # the rows are updated in place
                 from .layers.linear import _NOT_COLUMN_MAJOR
                 raise ValueError(_NOT_COLUMN_MAJOR.format(name=name or type(module).__name__))
@@ -886,10 +890,15 @@ class InBackwardOptimizer(Optimizer):
     Semantics, for the in-backward weights:
 
     * **One step per forward.**  The backward of each forward is an optimiser
-      step.  Gradient accumulation over several backward passes, a second
-      backward of the same graph, or a layer called twice before one
-      backward are refused with a ``RuntimeError`` (use a larger batch, or
-      materialised gradients with :class:`LazyAdam` / ``torch.optim``).  The
+      step.  A second backward of the same graph, several forwards before one
+      backward (the losses of several batches summed) or a layer called twice
+      before one backward are refused with a ``RuntimeError`` (use a larger
+      batch, or materialised gradients with :class:`LazyAdam` / ``torch.optim``).
+      Gradient accumulation by a forward and a backward per batch, then one
+      :meth:`step`, is not refused and is *not* accumulation for these weights:
+      each backward steps them with its own batch's gradient, while
+      :attr:`dense` sums the batches' gradients and steps once
+      (``docs/ecosystem_probe2.md``).  The
       refusal comes from the backward of the layer concerned: the layers whose
       backward ran before it in that pass (those nearer the loss) have taken
       their step, the others have not.  (Refusing at the second forward instead
