@@ -322,7 +322,10 @@ class TableUpdate:
                 f"{self.name}: the in-backward optimiser state is {ref.dtype} on {ref.device} "
                 f"for {ref.shape[0]} rows, the weight is now {table.dtype} on {table.device} "
                 f"with {table.shape[0]}; move or convert the model before "
-                f"nnsparse.optim.apply_optimizer_in_backward, or call it again")
+                f"nnsparse.optim.apply_optimizer_in_backward, or call it again; after a "
+                f"conversion that kept the parameters (torch.__future__."
+                f"set_swap_module_params_on_conversion), optimizer.load_state_dict("
+                f"optimizer.state_dict()) converts the state, as for torch's optimisers")
 
     def stale_message(self) -> str:
         return (f"{self.name}: its weight was already updated by the optimiser in the "

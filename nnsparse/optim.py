@@ -1201,7 +1201,12 @@ class InBackwardOptimizer(Optimizer):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Load a :meth:`state_dict`; everything is checked before anything is changed.
-        The ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks run around it."""
+        The ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks run around it.
+        A table's state is cast to its weight's dtype and device, as torch's optimisers
+        cast theirs: after a conversion that kept the parameters
+        (``torch.__future__.set_swap_module_params_on_conversion(True)``, then
+        ``model.double()``), ``optimizer.load_state_dict(optimizer.state_dict())``
+        converts the state."""
         _load_with_hooks(self, state_dict, self._load_own)
 
     def _load_own(self, state_dict: Dict[str, Any]) -> None:
@@ -1275,9 +1280,26 @@ class InBackwardOptimizer(Optimizer):
                   for name, u in self._updates.items()}
         if self.dense is not None:
             self.dense.load_state_dict(state_dict["dense"])
+        # a state tensor in another dtype or on another device than its weight (the
+        # weight converted in place, torch.__future__.set_swap_module_params_on_conversion)
+        # is replaced by the loaded one cast to the weight's, as torch's load casts state
+        # (``step`` keeps its float32, moved to the weight's device only)
+        moved: Dict[str, Dict[str, Tensor]] = {}
+        for name, u in self._updates.items():
+            param = u.hp["params"][0]
+            moved[name] = {}
+            for key in names:
+                dtype = u.state[key].dtype if key == "step" else param.dtype
+                if u.state[key].dtype != dtype or u.state[key].device != param.device:
+                    moved[name][key] = tables[name][key].to(
+                        dtype=dtype, device=param.device, memory_format=torch.contiguous_format,
+                        copy=True)
         for name, u in self._updates.items():
             for key in names:  # into the tensors the backward updates
-                u.state[key].copy_(tables[name][key])
+                if key in moved[name]:
+                    u.state[key] = moved[name][key]
+                else:
+                    u.state[key].copy_(tables[name][key])
             for key in [k for k in u.state if k not in names]:
                 del u.state[key]
             u.state.update(extras[name])

@@ -360,30 +360,37 @@ def test_swap_conversion_then_the_optimiser_reloaded_as_with_torch(swap_on_conve
     assert model[0].weight.dtype == dtype and model[0].weight.stride() == (1, 4)
 
 
-@pytest.mark.parametrize("kind", ["fused-step", "in-backward-rowwise"])
-def test_swap_conversion_with_the_optimiser_in_the_backward(swap_on_conversion, kind):
-    """Its state is made when it is built: refused, naming the way round (build it again
-    and load the old state, which is cast)."""
+@pytest.mark.parametrize("kind", IN_BACKWARD)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_swap_conversion_with_the_optimiser_in_the_backward(swap_on_conversion, kind, dtype):
+    """Its state is made when it is built: a step after the conversion is refused, naming
+    the ways round; ``opt.load_state_dict(opt.state_dict())`` converts the state, as for
+    torch's optimisers (before the fix it copied into the old float32 state and the next
+    step was refused again), and trains as an optimiser built again and given the state."""
     model = _autoencoder()
     opt = OPTIMISERS[kind](model)
     x = _x()
     opt.zero_grad()
     _loss(model, x).backward()
     opt.step()
-    model.double()
+    saved = copy.deepcopy(opt.state_dict())
+    rebuilt = copy.deepcopy(model).to(dtype)  # the reference: built again, given the state
+    model.to(dtype)
     with pytest.raises(RuntimeError, match=r"SparseOutputLinear '4': the in-backward optimiser "
-                                           r"state is torch.float32 .* the weight is now "
-                                           r"torch.float64 .* move or convert the model before"):
-        _loss(model, x.double()).backward()
-    saved = opt.state_dict()
-    opt.remove()
-    again = OPTIMISERS[kind](model)
-    again.load_state_dict(saved)
-    again.zero_grad()
-    _loss(model, x.double()).backward()
-    again.step()
-    assert all(t.dtype == torch.float64 for t in again.tables["0"].values()
-               if t.is_floating_point() and t.dim() > 0)
+                                           r"state is torch.float32 .* move or convert the model "
+                                           r"before .* optimizer.load_state_dict\("
+                                           r"optimizer.state_dict\(\)\) converts the state"):
+        _loss(model, x.to(dtype)).backward()
+    opt.load_state_dict(opt.state_dict())
+    rebuilt_opt = OPTIMISERS[kind](rebuilt)
+    rebuilt_opt.load_state_dict(saved)
+    for m, o in ((model, opt), (rebuilt, rebuilt_opt)):
+        o.zero_grad()
+        _loss(m, x.to(dtype)).backward()
+        o.step()
+    assert all(t.dtype == dtype for t in opt.tables["0"].values() if t.dim() > 0)
+    assert model[0].weight.stride() == (1, 4)
+    _assert_same_weights(model, rebuilt)
 
 
 # -- freezing ----------------------------------------------------------------------------------
