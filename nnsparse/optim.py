@@ -957,6 +957,11 @@ class InBackwardOptimizer(Optimizer):
       skip a step holding inf/NaN.  ``scaler.step(optimizer)`` raises
       ``NotImplementedError``; use bfloat16 autocast without a scaler, or
       :class:`LazyAdam` / ``torch.optim`` with the scaler.
+    * A parametrized weight (``torch.nn.utils.parametrize``: ``weight_norm``,
+      ``spectral_norm``, ``register_parametrization``) that requires grad is refused
+      (``NotImplementedError`` here; ``RuntimeError`` from the training forward of a
+      layer parametrized after this optimiser was attached): the update would write
+      the parametrization's output, and its original tensors would never be trained.
     * Tied weights (a sparse layer's weight shared with another sparse layer or
       any other module) are refused with a ``NotImplementedError``: each layer
       would take its own step with its own state, another module's gradient
