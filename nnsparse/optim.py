@@ -894,11 +894,12 @@ class InBackwardOptimizer(Optimizer):
       backward (the losses of several batches summed) or a layer called twice
       before one backward are refused with a ``RuntimeError`` (use a larger
       batch, or materialised gradients with :class:`LazyAdam` / ``torch.optim``).
-      Gradient accumulation by a forward and a backward per batch, then one
-      :meth:`step`, is not refused and is *not* accumulation for these weights:
-      each backward steps them with its own batch's gradient, while
-      :attr:`dense` sums the batches' gradients and steps once
-      (``docs/ecosystem_probe2.md``).  The
+      So is gradient accumulation by a forward and a backward per batch, then one
+      :meth:`step`: where there is a :attr:`dense` part, a second backward before
+      :meth:`step` or :meth:`zero_grad` raises ``RuntimeError`` (each backward would
+      step these weights with its own batch's gradient while :attr:`dense` summed the
+      batches' gradients and stepped once: not an accumulated step).  Without a dense
+      part (every parameter in the backward) each backward is simply a step.  The
       refusal comes from the backward of the layer concerned: the layers whose
       backward ran before it in that pass (those nearer the loss) have taken
       their step, the others have not.  (Refusing at the second forward instead
@@ -1051,6 +1052,9 @@ class InBackwardOptimizer(Optimizer):
         self.defaults: Dict[str, Any] = {k: hp[k] for k in _KIND_KEYS[kind]}
         self._init_hooks()
         self._join_state()
+        if self.dense is not None:  # it accumulates: a second backward before step() is refused
+            for u in self._updates.values():
+                u.pending = 0
         for name, layer in self._layers:  # attach last: nothing is changed on a failure above
             layer._row_update = self._updates[name]
 
@@ -1160,13 +1164,24 @@ class InBackwardOptimizer(Optimizer):
                                f"and now require grad: it would never train them; build the "
                                f"optimiser again after unfreezing")
         # the global hooks ran once around this step, with this optimiser: not again for dense
-        return _step_part(self.dense, closure) if self.dense is not None else _closure_loss(closure)
+        try:
+            return (_step_part(self.dense, closure) if self.dense is not None
+                    else _closure_loss(closure))
+        finally:
+            self._end_accumulation()
+
+    def _end_accumulation(self) -> None:
+        """A backward may step the tables again (see ``TableUpdate.pending``)."""
+        for u in self._updates.values():
+            if getattr(u, "pending", None) is not None:
+                u.pending = 0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero :attr:`dense`'s gradients (the in-backward weights have none)."""
         as_flag(set_to_none, "set_to_none")
         if self.dense is not None:
             self.dense.zero_grad(set_to_none)
+        self._end_accumulation()
 
     def set_lr(self, lr: float) -> None:
         """Set the learning rate of every group: the in-backward weights' and :attr:`dense`'s.

@@ -461,30 +461,68 @@ def test_gradient_accumulation_equals_torch(name):
     _assert_same_weights(model, reference)
 
 
-def test_accumulation_with_the_optimiser_in_the_backward_steps_per_backward():
-    """As documented: each backward steps the in-backward weights with its own batch's
-    gradient (torch's SGD stepped after each batch), the dense part (the bias) once with
-    the summed gradient."""
+_ACCUMULATION = (r"SparseOutputLinear '4': a second backward since the optimiser's last "
+                 r"step\(\) or zero_grad\(\) \(gradient accumulation.*not an accumulated step")
+
+
+@pytest.mark.parametrize("kind", IN_BACKWARD)
+def test_accumulation_with_the_optimiser_in_the_backward_is_refused(kind):
+    """Before the fix, as the docs did not say: each backward stepped the in-backward weights
+    with its own batch's gradient, while the dense part summed the gradients and stepped
+    once.  The docs promised a RuntimeError: the second backward now raises it, in the
+    decoder's backward, before the decoder's step (the first to run), so nothing moved."""
+    model = _autoencoder()
+    opt = OPTIMISERS[kind](model)
+    opt.zero_grad()
+    _loss(model, _x()).backward()
+    after_first = copy.deepcopy(model.state_dict())
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    with pytest.raises(RuntimeError, match=_ACCUMULATION):
+        _loss(model, _x2()).backward()
+    _assert_same_weights(model, _Holder(after_first))
+    assert all(torch.equal(a, p.grad) for a, p in
+               zip(grads, [p for p in model.parameters() if p.grad is not None]))
+    opt.step()  # the step of the first batch; the loop goes on
+    for x in (_x2(), _x()):
+        opt.zero_grad()
+        _loss(model, x).backward()
+        opt.step()
+
+
+class _Holder:
+    def __init__(self, state):
+        self._state = state
+
+    def state_dict(self):
+        return self._state
+
+
+@pytest.mark.parametrize("end", ["step", "zero_grad"])
+def test_a_backward_after_step_or_zero_grad_is_a_new_step(end):
+    model = _autoencoder()
+    opt = apply_optimizer_in_backward(model, "sgd", lr=0.1)
+    for x in (_x(), _x2(), _x()):
+        _loss(model, x).backward()
+        getattr(opt, end)()
+    assert opt._updates["0"].updates == 3
+
+
+def test_without_a_dense_part_each_backward_is_a_step():
+    """A layer with no bias has nothing to accumulate beside its in-backward weight: each
+    backward steps it (torch's SGD stepped after each batch), with or without step()."""
     torch.manual_seed(0)
-    ours = nnsparse.SparseLinearBatch(6, 3)
+    ours = nnsparse.SparseLinearBatch(6, 3, bias=False)
     reference = copy.deepcopy(ours)
     opt = apply_optimizer_in_backward(ours, "sgd", lr=0.1)
-    opt.zero_grad()
+    assert opt.dense is None
     ours(_x()).pow(2).sum().backward()
     ours(_x2()).pow(2).sum().backward()
-    opt.step()
-    weight, bias = reference.weight, reference.bias
-    bias_grad = torch.zeros_like(bias)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     for x in (_x(), _x2()):
-        reference.zero_grad()
+        ref_opt.zero_grad()
         reference(x).pow(2).sum().backward()
-        with torch.no_grad():
-            weight -= 0.1 * weight.grad
-            bias_grad += bias.grad
-    with torch.no_grad():
-        bias -= 0.1 * bias_grad
+        ref_opt.step()
     torch.testing.assert_close(ours.weight, reference.weight)
-    torch.testing.assert_close(ours.bias, reference.bias)
 
 
 def test_summed_losses_with_the_optimiser_in_the_backward_are_refused():
