@@ -1298,8 +1298,6 @@ class InBackwardOptimizer(Optimizer):
         extras = {name: {key: _cast_as_torch(value, u.hp["params"][0])
                          for key, value in tables[name].items() if key not in names}
                   for name, u in self._updates.items()}
-        if self.dense is not None:
-            self.dense.load_state_dict(state_dict["dense"])
         # a state tensor in another dtype or on another device than its weight (the
         # weight converted in place, torch.__future__.set_swap_module_params_on_conversion)
         # is replaced by the loaded one cast to the weight's, as torch's load casts state
@@ -1314,6 +1312,8 @@ class InBackwardOptimizer(Optimizer):
                     moved[name][key] = tables[name][key].to(
                         dtype=dtype, device=param.device, memory_format=torch.contiguous_format,
                         copy=True)
+        if self.dense is not None:
+            self.dense.load_state_dict(state_dict["dense"])
         for name, u in self._updates.items():
             for key in names:  # into the tensors the backward updates
                 if key in moved[name]:
