@@ -420,10 +420,11 @@ def _():
       "the bias's dense gradient, bias-sized (16 MB)")
 def _():
     layer = nnsparse.SparseOutputLinear(4, 2**22)
-    nsoptim.apply_optimizer_in_backward(layer, "rowwise_adagrad")
+    opt = nsoptim.apply_optimizer_in_backward(layer, "rowwise_adagrad")
     h = torch.rand(8, 4)
 
-    def run():
+    def run():  # (zero_grad: a backward after another is refused as gradient accumulation)
+        opt.zero_grad()
         layer(h, csr((8, 2**22))).values().sum().backward()
     run()
     return run

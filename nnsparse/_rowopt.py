@@ -306,21 +306,40 @@ class TableUpdate:
         self.kind, self.hp, self.name = kind, dict(hp), name
         self.state = new_state(kind, table, hp.get("initial_accumulator_value", 0.0))
         self.updates = 0
+        # updates since its optimiser's last step() / zero_grad(), counted when the
+        # optimiser has a dense part (which accumulates gradients across backward passes)
+        self.pending: Optional[int] = None
 
     def __call__(self, table: Tensor, rows: Tensor, grad: GradRows,
                  dense_grad: Optional[Callable[[int, int], Tensor]] = None) -> None:
         self._check(table)
         update_rows(self.kind, self.hp, table, rows, grad, self.state, dense_grad)
+        self._count()
+
+    def _count(self) -> None:
         self.updates += 1
+        if getattr(self, "pending", None) is not None:
+            self.pending = 1
 
     def masked(self, table: Tensor, touched: Tensor, grad: Tensor) -> None:
         """The same step from every row's gradient ``grad`` (zero where untouched) and
         the bool mask ``touched``, with no host synchronisation (:func:`update_masked`)."""
         self._check(table)
         update_masked(self.kind, self.hp, table, touched, grad, self.state)
-        self.updates += 1
+        self._count()
 
     def _check(self, table: Tensor) -> None:
+        pending = getattr(self, "pending", None)  # (absent from objects pickled before)
+        if pending:
+            raise RuntimeError(
+                f"{self.name}: a second backward since the optimiser's last step() or "
+                f"zero_grad() (gradient accumulation: loss.backward() per batch, then one "
+                f"step()); with nnsparse.optim.apply_optimizer_in_backward each backward "
+                f"steps this layer's weight at once, while the other parameters would sum "
+                f"the batches' gradients and step once: not an accumulated step. Use one "
+                f"larger batch, or accumulate with nnsparse.optim.LazyAdam or torch.optim; "
+                f"call step() or zero_grad() between backward passes otherwise. The layers "
+                f"whose backward ran before this one in this pass have taken their step")
         ref = self.state[_STATE[self.kind][0]]
         if ref.device != table.device or ref.dtype != table.dtype \
                 or ref.shape[0] != table.shape[0]:
@@ -328,7 +347,10 @@ class TableUpdate:
                 f"{self.name}: the in-backward optimiser state is {ref.dtype} on {ref.device} "
                 f"for {ref.shape[0]} rows, the weight is now {table.dtype} on {table.device} "
                 f"with {table.shape[0]}; move or convert the model before "
-                f"nnsparse.optim.apply_optimizer_in_backward, or call it again")
+                f"nnsparse.optim.apply_optimizer_in_backward, or call it again; after a "
+                f"conversion that kept the parameters (torch.__future__."
+                f"set_swap_module_params_on_conversion), optimizer.load_state_dict("
+                f"optimizer.state_dict()) converts the state, as for torch's optimisers")
 
     def stale_message(self) -> str:
         return (f"{self.name}: its weight was already updated by the optimiser in the "

@@ -758,7 +758,8 @@ _SparseLayer = Union["SparseLinearBatch", "SparseOutputLinear"]
 def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Tensor]]:
     """``(name, layer, table, parameter)`` for each nnsparse sparse layer whose weight
     is trained (``table`` is the contiguous view whose rows the batches touch)."""
-    from .layers.linear import SparseLinearBatch
+    from .layers.linear import (SparseLinearBatch, _parametrized_update_message,
+                                _parametrized_weight)
     from .layers.sparse_output import SparseOutputLinear
     found: List[Tuple[str, _SparseLayer, Tensor, Tensor]] = []
     owner: Dict[int, str] = {}  # the first layer holding each parameter (model.parameters()'s identity)
@@ -772,6 +773,9 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Te
         else:
             continue
         if param.requires_grad:
+            if _parametrized_weight(module):  # the update would write a temporary
+                raise NotImplementedError(_parametrized_update_message(
+                    f"model: {type(module).__name__} {name or type(module).__name__!r}"))
             if not table.is_contiguous():  # the rows are updated in place
                 from .layers.linear import _NOT_COLUMN_MAJOR
                 raise ValueError(_NOT_COLUMN_MAJOR.format(name=name or type(module).__name__))
@@ -886,10 +890,16 @@ class InBackwardOptimizer(Optimizer):
     Semantics, for the in-backward weights:
 
     * **One step per forward.**  The backward of each forward is an optimiser
-      step.  Gradient accumulation over several backward passes, a second
-      backward of the same graph, or a layer called twice before one
-      backward are refused with a ``RuntimeError`` (use a larger batch, or
-      materialised gradients with :class:`LazyAdam` / ``torch.optim``).  The
+      step.  A second backward of the same graph, several forwards before one
+      backward (the losses of several batches summed) or a layer called twice
+      before one backward are refused with a ``RuntimeError`` (use a larger
+      batch, or materialised gradients with :class:`LazyAdam` / ``torch.optim``).
+      So is gradient accumulation by a forward and a backward per batch, then one
+      :meth:`step`: where there is a :attr:`dense` part, a second backward before
+      :meth:`step` or :meth:`zero_grad` raises ``RuntimeError`` (each backward would
+      step these weights with its own batch's gradient while :attr:`dense` summed the
+      batches' gradients and stepped once: not an accumulated step).  Without a dense
+      part (every parameter in the backward) each backward is simply a step.  The
       refusal comes from the backward of the layer concerned: the layers whose
       backward ran before it in that pass (those nearer the loss) have taken
       their step, the others have not.  (Refusing at the second forward instead
@@ -948,6 +958,11 @@ class InBackwardOptimizer(Optimizer):
       skip a step holding inf/NaN.  ``scaler.step(optimizer)`` raises
       ``NotImplementedError``; use bfloat16 autocast without a scaler, or
       :class:`LazyAdam` / ``torch.optim`` with the scaler.
+    * A parametrized weight (``torch.nn.utils.parametrize``: ``weight_norm``,
+      ``spectral_norm``, ``register_parametrization``) that requires grad is refused
+      (``NotImplementedError`` here; ``RuntimeError`` from the training forward of a
+      layer parametrized after this optimiser was attached): the update would write
+      the parametrization's output, and its original tensors would never be trained.
     * Tied weights (a sparse layer's weight shared with another sparse layer or
       any other module) are refused with a ``NotImplementedError``: each layer
       would take its own step with its own state, another module's gradient
@@ -1037,6 +1052,9 @@ class InBackwardOptimizer(Optimizer):
         self.defaults: Dict[str, Any] = {k: hp[k] for k in _KIND_KEYS[kind]}
         self._init_hooks()
         self._join_state()
+        if self.dense is not None:  # it accumulates: a second backward before step() is refused
+            for u in self._updates.values():
+                u.pending = 0
         for name, layer in self._layers:  # attach last: nothing is changed on a failure above
             layer._row_update = self._updates[name]
 
@@ -1146,13 +1164,24 @@ class InBackwardOptimizer(Optimizer):
                                f"and now require grad: it would never train them; build the "
                                f"optimiser again after unfreezing")
         # the global hooks ran once around this step, with this optimiser: not again for dense
-        return _step_part(self.dense, closure) if self.dense is not None else _closure_loss(closure)
+        try:
+            return (_step_part(self.dense, closure) if self.dense is not None
+                    else _closure_loss(closure))
+        finally:
+            self._end_accumulation()
+
+    def _end_accumulation(self) -> None:
+        """A backward may step the tables again (see ``TableUpdate.pending``)."""
+        for u in self._updates.values():
+            if getattr(u, "pending", None) is not None:
+                u.pending = 0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero :attr:`dense`'s gradients (the in-backward weights have none)."""
         as_flag(set_to_none, "set_to_none")
         if self.dense is not None:
             self.dense.zero_grad(set_to_none)
+        self._end_accumulation()
 
     def set_lr(self, lr: float) -> None:
         """Set the learning rate of every group: the in-backward weights' and :attr:`dense`'s.
@@ -1192,7 +1221,12 @@ class InBackwardOptimizer(Optimizer):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Load a :meth:`state_dict`; everything is checked before anything is changed.
-        The ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks run around it."""
+        The ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks run around it.
+        A table's state is cast to its weight's dtype and device, as torch's optimisers
+        cast theirs: after a conversion that kept the parameters
+        (``torch.__future__.set_swap_module_params_on_conversion(True)``, then
+        ``model.double()``), ``optimizer.load_state_dict(optimizer.state_dict())``
+        converts the state."""
         _load_with_hooks(self, state_dict, self._load_own)
 
     def _load_own(self, state_dict: Dict[str, Any]) -> None:
@@ -1264,11 +1298,28 @@ class InBackwardOptimizer(Optimizer):
         extras = {name: {key: _cast_as_torch(value, u.hp["params"][0])
                          for key, value in tables[name].items() if key not in names}
                   for name, u in self._updates.items()}
+        # a state tensor in another dtype or on another device than its weight (the
+        # weight converted in place, torch.__future__.set_swap_module_params_on_conversion)
+        # is replaced by the loaded one cast to the weight's, as torch's load casts state
+        # (``step`` keeps its float32, moved to the weight's device only)
+        moved: Dict[str, Dict[str, Tensor]] = {}
+        for name, u in self._updates.items():
+            param = u.hp["params"][0]
+            moved[name] = {}
+            for key in names:
+                dtype = u.state[key].dtype if key == "step" else param.dtype
+                if u.state[key].dtype != dtype or u.state[key].device != param.device:
+                    moved[name][key] = tables[name][key].to(
+                        dtype=dtype, device=param.device, memory_format=torch.contiguous_format,
+                        copy=True)
         if self.dense is not None:
             self.dense.load_state_dict(state_dict["dense"])
         for name, u in self._updates.items():
             for key in names:  # into the tensors the backward updates
-                u.state[key].copy_(tables[name][key])
+                if key in moved[name]:
+                    u.state[key] = moved[name][key]
+                else:
+                    u.state[key].copy_(tables[name][key])
             for key in [k for k in u.state if k not in names]:
                 del u.state[key]
             u.state.update(extras[name])

@@ -615,6 +615,7 @@ class SparseLinearBatch(nn.Module):
 
     def forward(self, input: SparseLike) -> Tensor:
         self._check_parameters()
+        _refuse_update_parametrized(self, self._row_update)
         if not (isinstance(input, Tensor) and input.layout == torch.strided):  # (F.linear's: dense)
             _refuse_sparse_grad_parametrized(self, "weight_t")
         if isinstance(input, SparseParts):
@@ -686,6 +687,30 @@ def _refuse_sparse_grad_parametrized(layer: nn.Module, name: str) -> None:
             f"orthogonal, spectral_norm) refuse the sparse gradient sparse_grad gives them in "
             f"their backward; set layer.sparse_grad = False to train it with dense "
             f"gradients (under torch.no_grad() it runs as it is)")
+
+
+def _refuse_update_parametrized(layer: nn.Module, update: Any) -> None:
+    """``RuntimeError`` for a training call of a layer with the optimiser in the backward
+    whose weight was parametrized after the optimiser was attached: the update would
+    write the parametrization's output, a temporary, and its originals would never move."""
+    if update is not None and torch.is_grad_enabled() and _parametrized_weight(layer):
+        raise RuntimeError(_parametrized_update_message(update.name))
+
+
+def _parametrized_weight(layer: nn.Module) -> bool:
+    """Whether the weight (``weight``, or ``weight_t`` of a ``sparse_grad=True``
+    ``SparseLinearBatch``) holds a ``torch.nn.utils.parametrize`` parametrization."""
+    return _parametrized_table(layer, "weight") or _parametrized_table(layer, "weight_t")
+
+
+def _parametrized_update_message(name: str) -> str:
+    return (f"{name}: its weight is parametrized (torch.nn.utils.parametrize: weight_norm, "
+            f"spectral_norm, register_parametrization), and the optimiser in the backward "
+            f"(nnsparse.optim.apply_optimizer_in_backward) updates the weight the layer reads "
+            f"in place, here the parametrization's output, recomputed at each forward: the "
+            f"parametrization's original tensors would never be trained. Call remove() on the "
+            f"in-backward optimiser and train with torch.optim or nnsparse.optim.LazyAdam, or "
+            f"remove the parametrization (parametrize.remove_parametrizations)")
 
 
 def _weight_to_state_dict(module: nn.Module, state_dict: Dict[str, Any], prefix: str,

@@ -31,6 +31,7 @@ from ..values import _coo_with_values, _csr_with_values
 from .linear import (_check_layer_args, _check_not_narrower, _check_parameters,
                      _check_weight_bias, _double_backward_refused, _has_bias, _parameter,
                      _refuse_sparse_grad_parametrized, _refuse_update_in_transform,
+                     _refuse_update_parametrized,
                      _refuse_update_on_parts, _state_without_update)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
@@ -385,6 +386,7 @@ class SparseOutputLinear(nn.Linear):
                           _parameter(self, "bias", "(out_features,)"))
         # assigned since __init__ checked it? (a numpy bool passes, used as its truth)
         as_flag(self.sparse_grad, "sparse_grad")
+        _refuse_update_parametrized(self, self._row_update)
         if pattern is not None:  # (without a pattern: F.linear, dense gradients)
             _refuse_sparse_grad_parametrized(self, "weight")
         if isinstance(pattern, SparseParts):
