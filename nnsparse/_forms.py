@@ -1098,8 +1098,9 @@ def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None) -> 
     (``low`` 0) give "``name`` must be a positive int, got ...", the wording of the
     arguments that said so before they came here (offsets, ``k``, sizes of data).
 
-    One rule for every count: a Python int, a numpy integer or a 0-d integer tensor
-    (as ``torch.topk``'s ``k`` and ``nn.Linear``'s sizes take one) is taken as its int;
+    One rule for every count: a Python int, a numpy integer or a 0-d integer tensor or
+    numpy array (as ``torch.topk``'s ``k`` and ``nn.Linear``'s sizes take one) is taken as
+    its int;
     a bool, a 0-d bool, floating or complex tensor, and a tensor of another shape (even
     of one element) are refused with the ``TypeError`` above.  (Until session 16 the
     counts that torch's counterparts take as Python ints only, ``DataLoader``'s
@@ -1120,8 +1121,12 @@ def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None) -> 
 
 
 def int_of_0d(value: Any, name: str) -> Any:
-    """A 0-d integer tensor's Python int (a meta one refused naming ``name``); any other
-    ``value`` as it came, for the count check that follows (:func:`as_count`'s rule)."""
+    """A 0-d integer tensor's or numpy array's Python int (a meta one refused naming
+    ``name``); any other ``value`` as it came, for the count check that follows
+    (:func:`as_count`'s rule)."""
+    if isinstance(value, np.ndarray):  # (torch.topk and nn.Linear take np.array(3) too)
+        return value.item() if value.ndim == 0 and np.issubdtype(value.dtype, np.integer) \
+            else value
     if isinstance(value, Tensor) and value.dim() == 0 and value.dtype != torch.bool \
             and not value.is_floating_point() and not value.is_complex():
         refuse_meta(value, name)  # (item() would read it)

@@ -6,6 +6,7 @@ import numbers
 import math
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -130,7 +131,7 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
     if x.dim() not in (1, 2):
         raise ValueError(f"x must be 1-D (a vector) or 2-D (rows, n), got {x.dim()} dimensions")
     refuse_meta(x, "x")
-    if isinstance(offset, Tensor):  # a 0-d integer tensor, as every count takes (its int)
+    if isinstance(offset, (Tensor, np.ndarray)):  # a 0-d integer one, as every count takes
         offset = as_count("offset", offset, 0, must="non-negative")
     if isinstance(offset, numbers.Integral) and not isinstance(offset, bool) and offset > 0:
         # the result's size bounds offset, tighter than as_count's int64: said first
@@ -346,7 +347,7 @@ def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = Non
     if isinstance(pairs, Tensor) and pairs.layout != torch.strided:
         raise TypeError(f"pairs must be a dense (k, 2) tensor or a list of them, "
                         f"got layout {pairs.layout}")
-    if isinstance(size, Tensor):  # a 0-d integer tensor passes, as torch's sizes take it
+    if isinstance(size, (Tensor, np.ndarray)):  # a 0-d integer one, as torch's sizes take
         size = as_count("size", size, 0, must="non-negative")
     if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Integral)):
         raise TypeError(f"size must be an int, got {type(size).__name__} {size!r}")

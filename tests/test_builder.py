@@ -383,6 +383,12 @@ ONE_INDEX = [
      r"^index must be non-negative, got -1$"),
     ("negative-0-d", torch.tensor(-1), np.int64(-1), ValueError,
      r"^index must be non-negative, got -1$"),
+    ("scalar-uint8", torch.tensor(3, dtype=torch.uint8), np.uint8(3), None, None),
+    ("negative-int8", torch.tensor(-1, dtype=torch.int8), np.int8(-1), ValueError,
+     r"^index must be non-negative, got -1$"),
+    ("beyond-int64-scalar", torch.tensor(2 ** 64 - 1, dtype=torch.uint64),
+     np.uint64(2 ** 64 - 1), ValueError,
+     r"^index must be a non-negative int within int64 \(below 2\*\*63\), got 18446744073709551615$"),
     ("beyond-int64", torch.tensor([2 ** 64 - 1], dtype=torch.uint64),
      np.array([2 ** 64 - 1], dtype=np.uint64), ValueError,
      r"^index must be a non-negative int within int64 \(below 2\*\*63\), got 18446744073709551615$"),
@@ -419,3 +425,16 @@ def test_a_1d_index_as_a_tensor_or_numpy_array(t, n, error, message, form):
             builder.append(index, 2.0)
         assert len(builder) == 1  # nothing half-added
         assert torch.equal(builder.build(5).to_dense(), torch.tensor([1., 0., 0., 0., 0.]))
+
+
+@pytest.mark.parametrize("kind", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                  np.uint32, np.uint64, np.intp, np.longlong])
+def test_numpy_integer_indices_as_an_index_array_gives_them(kind):
+    """Every numpy integer scalar (what iterating an index array yields) is taken as its int,
+    past the buffers' growth (append's fast test of them, a set of numpy's integer types)."""
+    index = np.arange(600, dtype=kind)[::-1] % 100
+    by_numpy, by_int = DynamicSparseTensor(ndim=1), DynamicSparseTensor(ndim=1)
+    for i, v in zip(index, range(600)):
+        by_numpy.append(i, float(v))
+        by_int.append(int(i), float(v))
+    assert torch.equal(by_numpy.build(100).to_dense(), by_int.build(100).to_dense())

@@ -104,7 +104,9 @@ COUNTS = [
 
 def _forms(n: int):
     return [("int", n), ("numpy", np.int64(n)), ("0-d int64 tensor", T(n)),
-            ("0-d int32 tensor", T(n, dtype=torch.int32))]
+            ("0-d int32 tensor", T(n, dtype=torch.int32)),
+            # (as torch.topk and nn.Linear take it; stopk did before session 16's rule)
+            ("0-d numpy array", np.array(n)), ("0-d uint8 numpy array", np.array(n, np.uint8))]
 
 
 @pytest.mark.parametrize("form", [f for f, _ in _forms(3)])
@@ -170,6 +172,22 @@ REFUSED = [
      r"tensor\(True\)$"),
     ("Densify-in_features-bool-tensor", lambda: Densify(T(True)), TypeError,
      r"^in_features must be a non-negative int, got tensor\(True\)$"),
+    # numpy arrays as tensors: a 0-d integer one only
+    ("stopk-k-bool-array", lambda: nnsparse.stopk(X.to_sparse(), np.array(True)), TypeError,
+     r"^k must be a non-negative int, got array\(True\)$"),
+    ("stopk-k-float-array", lambda: nnsparse.stopk(X.to_sparse(), np.array(2.)), TypeError,
+     r"^k must be a non-negative int, got array\(2\.\)$"),
+    ("stopk-k-1d-array", lambda: nnsparse.stopk(X.to_sparse(), np.array([2])), TypeError,
+     r"^k must be a non-negative int, got array\(\[2\]\)$"),
+    ("kfold-k-uint64-array-beyond-int64",
+     lambda: kfold(_ratings(), k=np.array(2 ** 63, dtype=np.uint64)), ValueError,
+     r"^k must be an int >= 2 within int64 \(below 2\*\*63\), got 9223372036854775808$"),
+    ("sparsify-offset-array-beyond-the-size", lambda: sparsify(X, offset=np.array(2 ** 62)),
+     ValueError, r"^offset must keep the result's size \(2, 4611686018427387908\) within int64 "
+     r"elements, got 4611686018427387904$"),
+    ("Trainer.fit-epochs-1d-array", lambda: _trainer().fit(X.to_sparse_csr(),
+                                                           epochs=np.array([1])), TypeError,
+     r"^epochs must be None or an int >= 1, got array\(\[1\]\)$"),
 ]
 
 

@@ -1127,6 +1127,33 @@ def test_save_into_a_refusing_directory_names_the_path_given(tmp_path, monkeypat
     assert {p.name: p.read_bytes() for p in directory.iterdir()} == before  # no temporary file
 
 
+# (id, a file name as long as a file system takes: 255 bytes, NAME_MAX on Linux and macOS)
+LONG_NAMES = [
+    ("ascii-255-bytes", "m" * 252 + ".pt"),
+    ("utf-8-254-bytes", "\u00e9" * 124 + "m.pt"),  # (é: 2 bytes each)
+]
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new-file", "over-a-file"])
+@pytest.mark.parametrize("name", [n for _, n in LONG_NAMES], ids=[i for i, _ in LONG_NAMES])
+def test_save_to_a_name_of_the_longest_length_a_file_system_takes(tmp_path, name, existing):
+    """The temporary file's name stays within NAME_MAX, however long the name given (it was
+    the name plus 18 characters: "File name too long" for a name a plain open takes)."""
+    given = tmp_path / name
+    try:
+        given.write_bytes(b"")  # the file system takes the name
+    except OSError as error:
+        pytest.skip(f"this file system refuses the name itself: {error}")
+    if not existing:
+        given.unlink()
+    model = _fitted_copy(AutoRec)
+    model.save(given)
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # no temporary file left
+    loaded = RatingModel.load(given)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                 model.state_dict().values()))
+
+
 @pytest.mark.skipif(not hasattr(os, "link"), reason="no hard links on this system")
 def test_an_interrupt_during_the_in_place_copy_is_held_until_it_is_done(tmp_path,
                                                                          monkeypatch):

@@ -5,6 +5,7 @@ import math
 import numbers
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -17,7 +18,7 @@ __all__ = ["Densify", "Sparsify"]
 def _check_in_features(in_features: Any) -> int:
     """``Densify``'s width: a non-negative int (numpy ints and 0-d integer tensors pass,
     as ``nn.Linear``'s sizes take them), as an int."""
-    if isinstance(in_features, Tensor):
+    if isinstance(in_features, (Tensor, np.ndarray)):
         return as_count("in_features", in_features, 0, must="non-negative")
     if not isinstance(in_features, numbers.Integral) or isinstance(in_features, bool):
         raise TypeError(f"in_features must be a non-negative int, got "

@@ -1381,7 +1381,9 @@ def _save_whole(blob: Dict[str, Any], path: Any) -> None:
         if linked is not None and os.fstat(linked).st_nlink == 1:
             os.close(linked)  # renamed over: its writability was all to check
             linked = None
-        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+        # (the name's first 50 characters: a valid name of up to 255 bytes, NAME_MAX, got
+        # 18 more and "File name too long"; 50 characters are 200 bytes at most in UTF-8)
+        tmp = target.with_name(f".{target.name[:50]}.{uuid.uuid4().hex[:12]}.tmp")
         try:
             f = open(tmp, "xb")  # the umask's mode, as a plain open; (outside the try: ours only)
         except OSError as error:  # a read-only directory: its error named the hidden file
