@@ -538,6 +538,29 @@ def test_accumulation_with_the_optimiser_in_the_backward_is_refused(kind):
         opt.step()
 
 
+@pytest.mark.parametrize("kind", IN_BACKWARD)
+def test_accumulation_refused_behind_a_dense_head(kind):
+    """A dense module nearer the loss than the sparse layer runs its backward before the
+    refusal: the sparse weight has not moved, the head's .grad holds both batches' (the
+    message says so), and zero_grad() starts a proper step again."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nnsparse.SparseLinearBatch(6, 4), nn.Tanh(), nn.Linear(4, 2))
+    opt = OPTIMISERS[kind](model)
+    opt.zero_grad()
+    model(_x()).pow(2).sum().backward()
+    weight, head = model[0].weight.detach().clone(), model[2].weight.grad.clone()
+    with pytest.raises(RuntimeError, match=r"SparseLinearBatch '0': a second backward since "
+                       r".*another parameter \(a dense head\) an addition to its \.grad, "
+                       r"which zero_grad\(\) drops"):
+        model(_x2()).pow(2).sum().backward()
+    assert torch.equal(model[0].weight, weight)
+    assert not torch.equal(model[2].weight.grad, head)
+    opt.zero_grad()
+    model(_x2()).pow(2).sum().backward()
+    opt.step()
+    assert not torch.equal(model[0].weight, weight)
+
+
 class _Holder:
     def __init__(self, state):
         self._state = state
