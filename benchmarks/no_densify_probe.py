@@ -412,8 +412,13 @@ def _():
 @case("apply_optimizer_in_backward(adam) SparseLinearBatch(2**22, 4) fwd+bwd")
 def _():
     layer = nnsparse.SparseLinearBatch(2**22, 4)
-    nsoptim.apply_optimizer_in_backward(layer, "adam")
-    return _fresh_step(layer, None, 2**22)
+    opt = nsoptim.apply_optimizer_in_backward(layer, "adam")
+
+    def run():  # (zero_grad: a backward after another is refused as gradient accumulation)
+        opt.zero_grad()
+        layer(csr((8, 2**22))).sum().backward()
+    run()
+    return run
 
 
 @case("apply_optimizer_in_backward(rowwise_adagrad) SparseOutputLinear(4, 2**22) fwd+bwd",

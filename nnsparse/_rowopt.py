@@ -338,8 +338,11 @@ class TableUpdate:
                 f"steps this layer's weight at once, while the other parameters would sum "
                 f"the batches' gradients and step once: not an accumulated step. Use one "
                 f"larger batch, or accumulate with nnsparse.optim.LazyAdam or torch.optim; "
-                f"call step() or zero_grad() between backward passes otherwise. The layers "
-                f"whose backward ran before this one in this pass have taken their step")
+                f"call step() or zero_grad() between backward passes otherwise. The "
+                f"parameters whose backward ran before this one in this pass (nearer the "
+                f"loss) have taken this batch's gradient: a layer in the backward its step, "
+                f"another parameter (a dense head) an addition to its .grad, which "
+                f"zero_grad() drops")
         ref = self.state[_STATE[self.kind][0]]
         if ref.device != table.device or ref.dtype != table.dtype \
                 or ref.shape[0] != table.shape[0]:

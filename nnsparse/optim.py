@@ -759,12 +759,20 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Te
     """``(name, layer, table, parameter)`` for each nnsparse sparse layer whose weight
     is trained (``table`` is the contiguous view whose rows the batches touch)."""
     from .layers.linear import (SparseLinearBatch, _parametrized_update_message,
-                                _parametrized_weight)
+                                _parametrized_weight, _parametrized_weight_trains)
     from .layers.sparse_output import SparseOutputLinear
     found: List[Tuple[str, _SparseLayer, Tensor, Tensor]] = []
     owner: Dict[int, str] = {}  # the first layer holding each parameter (model.parameters()'s identity)
     for name, module in model.named_modules():
         param: Tensor
+        if (isinstance(module, (SparseLinearBatch, SparseOutputLinear))
+                and _parametrized_weight(module)):
+            # before the weight is read: a parametrization runs at each read
+            # (spectral_norm's power iteration updates its buffers)
+            if _parametrized_weight_trains(module):  # the update would write a temporary
+                raise NotImplementedError(_parametrized_update_message(
+                    f"model: {type(module).__name__} {name or type(module).__name__!r}"))
+            continue  # frozen: left to the dense part, as a frozen weight is
         if isinstance(module, SparseLinearBatch):
             table = module._table()
             param = module.weight_t if module.sparse_grad else module.weight
@@ -773,9 +781,6 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Te
         else:
             continue
         if param.requires_grad:
-            if _parametrized_weight(module):  # the update would write a temporary
-                raise NotImplementedError(_parametrized_update_message(
-                    f"model: {type(module).__name__} {name or type(module).__name__!r}"))
             if not table.is_contiguous():  # the rows are updated in place
                 from .layers.linear import _NOT_COLUMN_MAJOR
                 raise ValueError(_NOT_COLUMN_MAJOR.format(name=name or type(module).__name__))

@@ -242,7 +242,52 @@ def _attach_then_parametrize_no_grad():
         return model(x, x)
 
 
+def _unchanged_by_the_refusal(call, layer_index):
+    """``call(model)`` on the autoencoder whose layer ``layer_index`` has ``spectral_norm``
+    (a parametrization whose every run, in training mode, updates its buffers): it must
+    raise, leaving every tensor of the model's state as it was."""
+    def run():
+        model = _autoencoder()
+        spectral_norm(model[layer_index], "weight")
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        try:
+            call(model)
+        finally:  # (a refused call reads no parametrized weight: its power iteration not run)
+            after = model.state_dict()
+            assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    return run
+
+
+def _attach_then_spectral_norm_forward(layer_index):
+    def run():
+        model = _autoencoder()
+        apply_optimizer_in_backward(model, "sgd", lr=0.1)
+        spectral_norm(model[layer_index], "weight")
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        try:
+            model(_x(), _x())
+        finally:
+            after = model.state_dict()
+            assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    return run
+
+
 PARAMETRIZED_CASES = [
+    # before the review fix: refused, but only after reading the weight, which ran the
+    # spectral_norm power iteration and changed its buffers (_u, _v)
+    Case("spectral-norm-encoder-then-in-backward-changes-nothing",
+         _unchanged_by_the_refusal(lambda m: apply_optimizer_in_backward(m, "sgd", lr=0.1), 0),
+         NotImplementedError, r"model: ParametrizedSparseLinearBatch '0': " + _PARAMETRIZED),
+    Case("spectral-norm-decoder-then-fused-step-changes-nothing",
+         _unchanged_by_the_refusal(lambda m: fused_step_optimizer(m), 4),
+         NotImplementedError, r"model: ParametrizedSparseOutputLinear '4': " + _PARAMETRIZED),
+    Case("in-backward-then-spectral-norm-encoder-forward-changes-nothing",
+         _attach_then_spectral_norm_forward(0), RuntimeError,
+         r"SparseLinearBatch '0': " + _PARAMETRIZED),
+    Case("in-backward-then-spectral-norm-decoder-forward-changes-nothing",
+         _attach_then_spectral_norm_forward(4), RuntimeError,
+         r"SparseOutputLinear '4': " + _PARAMETRIZED),
+
     # before the fix: accepted, and the step wrote the parametrization's output (a
     # temporary): the weight never moved while torch.optim.SGD moved it
     Case("parametrize-then-in-backward-encoder",
@@ -275,12 +320,16 @@ def test_parametrized_weight_with_the_optimiser_in_the_backward(case):
     run_case(case)
 
 
-def test_parametrized_weight_of_a_frozen_layer_is_left_to_the_dense_part():
+@pytest.mark.parametrize("how", list(PARAMETRIZE))
+def test_parametrized_weight_of_a_frozen_layer_is_left_to_the_dense_part(how):
     model = _autoencoder()
-    PARAMETRIZE["register"](model[0])
+    PARAMETRIZE[how](model[0])
     model[0].requires_grad_(False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     opt = apply_optimizer_in_backward(model, "sgd", lr=0.1)
     assert list(opt.tables) == ["4"]
+    after = model.state_dict()  # (the parametrization was not run: spectral_norm's buffers)
+    assert all(torch.equal(before[k], after[k]) for k in before)
 
 
 # -- torch.func --------------------------------------------------------------------------------
@@ -487,6 +536,29 @@ def test_accumulation_with_the_optimiser_in_the_backward_is_refused(kind):
         opt.zero_grad()
         _loss(model, x).backward()
         opt.step()
+
+
+@pytest.mark.parametrize("kind", IN_BACKWARD)
+def test_accumulation_refused_behind_a_dense_head(kind):
+    """A dense module nearer the loss than the sparse layer runs its backward before the
+    refusal: the sparse weight has not moved, the head's .grad holds both batches' (the
+    message says so), and zero_grad() starts a proper step again."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nnsparse.SparseLinearBatch(6, 4), nn.Tanh(), nn.Linear(4, 2))
+    opt = OPTIMISERS[kind](model)
+    opt.zero_grad()
+    model(_x()).pow(2).sum().backward()
+    weight, head = model[0].weight.detach().clone(), model[2].weight.grad.clone()
+    with pytest.raises(RuntimeError, match=r"SparseLinearBatch '0': a second backward since "
+                       r".*another parameter \(a dense head\) an addition to its \.grad, "
+                       r"which zero_grad\(\) drops"):
+        model(_x2()).pow(2).sum().backward()
+    assert torch.equal(model[0].weight, weight)
+    assert not torch.equal(model[2].weight.grad, head)
+    opt.zero_grad()
+    model(_x2()).pow(2).sum().backward()
+    opt.step()
+    assert not torch.equal(model[0].weight, weight)
 
 
 class _Holder:

@@ -614,8 +614,10 @@ class SparseLinearBatch(nn.Module):
                               "(out_features, in_features)", bias)
 
     def forward(self, input: SparseLike) -> Tensor:
-        self._check_parameters()
+        # before the weight is read: a parametrization runs at each read (spectral_norm
+        # updates its buffers), and a refused call changes nothing
         _refuse_update_parametrized(self, self._row_update)
+        self._check_parameters()
         if not (isinstance(input, Tensor) and input.layout == torch.strided):  # (F.linear's: dense)
             _refuse_sparse_grad_parametrized(self, "weight_t")
         if isinstance(input, SparseParts):
@@ -701,6 +703,16 @@ def _parametrized_weight(layer: nn.Module) -> bool:
     """Whether the weight (``weight``, or ``weight_t`` of a ``sparse_grad=True``
     ``SparseLinearBatch``) holds a ``torch.nn.utils.parametrize`` parametrization."""
     return _parametrized_table(layer, "weight") or _parametrized_table(layer, "weight_t")
+
+
+def _parametrized_weight_trains(layer: nn.Module) -> bool:
+    """Whether the tensors of a parametrized weight (its originals, the parametrizations'
+    own parameters) require grad, read without computing the parametrization: each read
+    of the weight runs it (``spectral_norm``'s power iteration updates its buffers)."""
+    parametrizations = layer.__dict__.get("_modules", {}).get("parametrizations")
+    return parametrizations is not None and any(
+        p.requires_grad for name in ("weight", "weight_t") if name in parametrizations
+        for p in parametrizations[name].parameters())
 
 
 def _parametrized_update_message(name: str) -> str:

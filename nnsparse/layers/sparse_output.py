@@ -380,13 +380,15 @@ class SparseOutputLinear(nn.Linear):
 
     def forward(self, input: Tensor, pattern: Union[SparseLike, SparseParts, None] = None
                 ) -> Union[Tensor, SparseParts]:
+        # before the weight is read: a parametrization runs at each read (spectral_norm
+        # updates its buffers), and a refused call changes nothing
+        _refuse_update_parametrized(self, self._row_update)
         _check_parameters(self, "weight",
                           _parameter(self, "weight", "(out_features, in_features)"),
                           (self.out_features, self.in_features), "(out_features, in_features)",
                           _parameter(self, "bias", "(out_features,)"))
         # assigned since __init__ checked it? (a numpy bool passes, used as its truth)
         as_flag(self.sparse_grad, "sparse_grad")
-        _refuse_update_parametrized(self, self._row_update)
         if pattern is not None:  # (without a pattern: F.linear, dense gradients)
             _refuse_sparse_grad_parametrized(self, "weight")
         if isinstance(pattern, SparseParts):
