@@ -79,10 +79,9 @@ class _SparseLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         update = ctx.update
-        if update is not None and ctx.needs_input_grad[1] and update.updates != ctx.updates:
-            raise RuntimeError(update.stale_message())
+        use = _weight_use(ctx, update)  # step, skip, or hand autograd.grad the gradient
         if torch.is_grad_enabled():  # create_graph=True (or torch.func): differentiable
-            return _linear_backward_graph(ctx, grad)
+            return _linear_backward_graph(ctx, grad, use)
         values, table, row, col, crow = ctx.saved_tensors
         grad = grad.contiguous()
         grad_values = grad_table = grad_bias = None
@@ -93,20 +92,19 @@ class _SparseLinear(torch.autograd.Function):
             grad_bias = grad.sum(0)
             if ctx.sparse_grad and update is None:  # SparseAdam wants sparse
                 grad_bias = _grad_origin.mark_made(grad_bias.to_sparse())
-        if ctx.needs_input_grad[1] and update is not None:
+        if use == _STEP:
             _update_rows_of(update, table.detach(), ctx.pattern, grad, values)
-        elif ctx.needs_input_grad[1]:
-            grad_table = _table_grad(row, col, values, grad, table.shape[0], ctx.sparse_grad,
-                                     ctx.pattern)
+        elif use == _GRAD:  # dense, as the in-backward mode gives the bias
+            grad_table = _table_grad(row, col, values, grad, table.shape[0],
+                                     ctx.sparse_grad and update is None, ctx.pattern)
         return grad_values, grad_table, grad_bias, None, None, None, None, None, None
 
 
-def _linear_backward_graph(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
+def _linear_backward_graph(ctx: Any, grad: Tensor, use: str) -> Tuple[Optional[Tensor], ...]:
     """:class:`_SparseLinear`'s gradients as differentiable products (:mod:`nnsparse._double`),
     for a backward that records its graph (``create_graph=True``, ``torch.func``):
-    a second derivative through them is exact."""
-    if ctx.update is not None and ctx.needs_input_grad[1]:
-        raise RuntimeError(_double_backward_refused(ctx.update.name))
+    a second derivative through them is exact.  ``use``: :func:`_weight_use`'s."""
+    _refuse_recorded_update(ctx, use)
     values, table, row, col, crow = ctx.saved_tensors
     need, pattern = ctx.needs_input_grad, ctx.pattern
     grad_values = grad_table = grad_bias = None
@@ -117,19 +115,96 @@ def _linear_backward_graph(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ..
         grad_bias = grad.sum(0)
         if ctx.sparse_grad and ctx.update is None:  # as the fast path
             grad_bias = grad_bias.to_sparse()
-    if need[1]:  # S.T @ G; the touched rows only with sparse_grad, as nn.Embedding's
+    if use == _GRAD and ctx.update is not None:  # autograd.grad of the weight: dense
+        grad_table = _double.t_mm(values, grad, row, col, crow, table.shape[0], pattern)
+    elif use == _GRAD:  # S.T @ G; the touched rows only with sparse_grad, as nn.Embedding's
         grad_table = _double._table_grad(values, grad, row, col, crow, table.shape[0], ctx)
     return grad_values, grad_table, grad_bias, None, None, None, None, None, None
 
 
+# What a layer's backward does with its weight (_weight_use): nothing (not asked for),
+# its gradient (returned to autograd), or the in-backward optimiser's step.
+_NONE, _GRAD, _STEP = "none", "grad", "step"
+
+
+def _weight_use(ctx: Any, update: Any) -> str:
+    """What the backward now running asks of the weight (input 1 of the layer's Function).
+
+    Without the optimiser in the backward: its gradient when it requires one.  With it,
+    the step is taken only where torch's engine will accumulate into the weight
+    (``loss.backward()``, ``backward(inputs=[..., weight])``).  A backward that does
+    not reach it (``torch.autograd.grad(loss, bias)``, ``backward(inputs=[bias])``, a
+    gradient norm or penalty of other tensors) changes nothing and makes none of its
+    gradient rows; ``torch.autograd.grad(loss, weight)`` gets its gradient, and no step.
+    """
+    if not ctx.needs_input_grad[1]:
+        return _NONE
+    if update is None:
+        return _GRAD
+    if update.updates != ctx.updates:
+        raise RuntimeError(update.stale_message())
+    return _engine_use(ctx.next_functions[1][0])
+
+
+def _engine_use(node: Any) -> str:
+    """Whether the running backward accumulates into the weight behind the autograd
+    ``node`` of a layer's weight input (``_STEP``), captures its gradient for
+    ``torch.autograd.grad`` (``_GRAD``), or does not reach it (``_NONE``).
+
+    The one place nnsparse asks torch's engine: ``torch._C._will_engine_execute_node``
+    is private (torch's public ``torch.autograd.graph.register_multi_grad_hook`` is built
+    on it), so it is looked up, and where it is missing or answers otherwise than torch
+    2.x does, the step is taken, as before it was asked.  It reads the graph task's
+    execution plan on the host: no tensor is read, no device synchronised.  For a leaf
+    whose gradient ``torch.autograd.grad`` captures it raises ("A leaf node was passed
+    to _will_engine_execute_node but we are currently running autograd.grad()"): that
+    is the request of the weight's own gradient.
+    """
+    will_execute = getattr(torch._C, "_will_engine_execute_node", None)
+    if will_execute is None or node is None:
+        return _STEP
+    if type(node).__name__ == "TBackward0":  # SparseLinearBatch hands the kernel weight.t()
+        node = node.next_functions[0][0]
+    try:
+        return _STEP if will_execute(node) else _NONE
+    except RuntimeError as error:
+        if "leaf node" in str(error) and "autograd.grad" in str(error):
+            return _GRAD
+        return _STEP
+
+
+def _refuse_recorded_update(ctx: Any, use: str) -> None:
+    """The recorded backward (create_graph=True) of a layer with the optimiser in the
+    backward: refused where it would step the weight, or where it records a gradient
+    of the layer's input, which reads the weight: a later backward through it would
+    give the weight a ``.grad`` that no optimiser applies."""
+    update = ctx.update
+    if update is None or not ctx.needs_input_grad[1]:
+        return
+    if use == _STEP:
+        raise RuntimeError(_double_backward_refused(update.name))
+    if ctx.needs_input_grad[0] and _engine_use(ctx.next_functions[0][0]) != _NONE:
+        raise RuntimeError(
+            f"{update.name}: a gradient recorded with create_graph=True through this "
+            f"layer's input reads its weight, which the optimiser in the backward (nnsparse."
+            f"optim.apply_optimizer_in_backward) updates in place: a backward through that "
+            f"gradient (a gradient penalty) would give the weight a .grad that no optimiser "
+            f"applies. create_graph=True works here for the gradients of this layer's bias "
+            f"and weight and of parameters nearer the loss; otherwise call remove() on the "
+            f"in-backward optimiser and train with torch.optim or nnsparse.optim.LazyAdam")
+
+
 def _double_backward_refused(name: str) -> str:
-    """Why a layer with the optimiser in the backward has no second derivative."""
+    """Why a layer with the optimiser in the backward takes no step in a recorded backward."""
     return (f"{name}: a backward that records its graph (create_graph=True: a gradient "
-            f"penalty, a Hessian-vector product, torch.autograd.functional.hessian) cannot "
+            f"penalty, a Hessian-vector product, torch.autograd.functional.hessian) and "
+            f"accumulates into this layer's weight (loss.backward(create_graph=True)) cannot "
             f"run with the optimiser in the backward (nnsparse.optim."
             f"apply_optimizer_in_backward), which updates the weight in place during the "
-            f"backward and gives it no gradient to differentiate again; call remove() on the "
-            f"in-backward optimiser and train with torch.optim or nnsparse.optim.LazyAdam")
+            f"backward and gives it no gradient to differentiate again; take such gradients "
+            f"with torch.autograd.grad (of this weight too: it is then returned, not "
+            f"stepped), or call remove() on the in-backward optimiser and train with "
+            f"torch.optim or nnsparse.optim.LazyAdam")
 
 
 def _density(batch: SparseBatch) -> float:

@@ -28,11 +28,11 @@ from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
-from .linear import (_check_layer_args, _check_not_narrower, _check_parameters,
-                     _check_weight_bias, _double_backward_refused, _has_bias, _parameter,
+from .linear import (_GRAD, _STEP, _check_layer_args, _check_not_narrower, _check_parameters,
+                     _check_weight_bias, _has_bias, _parameter, _refuse_recorded_update,
                      _refuse_sparse_grad_parametrized, _refuse_update_in_transform,
-                     _refuse_update_parametrized,
-                     _refuse_update_on_parts, _state_without_update)
+                     _refuse_update_parametrized, _refuse_update_on_parts,
+                     _state_without_update, _weight_use)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
@@ -71,10 +71,9 @@ class _SampledLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         update = ctx.update
-        if update is not None and ctx.needs_input_grad[1] and update.updates != ctx.updates:
-            raise RuntimeError(update.stale_message())
+        use = _weight_use(ctx, update)  # step, skip, or hand autograd.grad the gradient
         if torch.is_grad_enabled():  # create_graph=True (or torch.func): differentiable
-            return _sampled_backward_graph(ctx, grad)
+            return _sampled_backward_graph(ctx, grad, use)
         h, weight, row, col, crow = ctx.saved_tensors
         grad = grad.contiguous()
         out_features = weight.shape[0]
@@ -84,11 +83,10 @@ class _SampledLinear(torch.autograd.Function):
             # is the weighted sum of W's rows col[e] over r's entries, which is
             # what embedding_bag computes (2-3x faster than a CSR product here).
             grad_h = _table_mm(ctx.pattern, col, weight, crow, grad)
-        need_w, need_b = ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]
-        if need_w and update is not None:  # after grad_h: it reads the weight before the step
+        need_w, need_b = use == _GRAD, ctx.has_bias and ctx.needs_input_grad[2]
+        if use == _STEP:  # after grad_h: it reads the weight before the step
             _update_rows_of(update, weight.detach(), ctx.pattern, h, grad)
-            need_w = False
-        if need_w and not ctx.sparse_grad:
+        if need_w and not ctx.sparse_grad:  # (with the optimiser in the backward: dense)
             # the dense gradient in one pass over every output column (no
             # distinct columns to count: no host synchronisation on a GPU)
             grad_w = _t_mm(row, col, grad, h, out_features, ctx.pattern)
@@ -104,18 +102,18 @@ class _SampledLinear(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
-def _sampled_backward_graph(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
+def _sampled_backward_graph(ctx: Any, grad: Tensor, use: str) -> Tuple[Optional[Tensor], ...]:
     """:class:`_SampledLinear`'s gradients as differentiable products
     (:mod:`nnsparse._double`), for a backward that records its graph
-    (``create_graph=True``, ``torch.func``): a second derivative through them is exact."""
-    if ctx.update is not None and ctx.needs_input_grad[1]:
-        raise RuntimeError(_double_backward_refused(ctx.update.name))
+    (``create_graph=True``, ``torch.func``): a second derivative through them is exact.
+    ``use``: :func:`~nnsparse.layers.linear._weight_use`'s."""
+    _refuse_recorded_update(ctx, use)
     h, weight, row, col, crow = ctx.saved_tensors
     need, pattern, out_features = ctx.needs_input_grad, ctx.pattern, weight.shape[0]
     grad_h = grad_w = grad_b = None
     if need[0]:  # S @ W, S the (rows, out) CSR of the incoming values
         grad_h = _double.mm(grad, weight, row, col, crow, pattern, ctx.sparse_grad)
-    if need[1]:  # S.T @ h; the touched rows only with sparse_grad, as nn.Embedding's
+    if use == _GRAD:  # S.T @ h; the touched rows only with sparse_grad, as nn.Embedding's
         grad_w = _double._table_grad(grad, h, row, col, crow, out_features, ctx)
     if ctx.has_bias and need[2]:
         grad_b = _bias_grad(grad, col, pattern, out_features, ctx.sparse_grad)
