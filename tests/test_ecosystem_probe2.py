@@ -605,6 +605,193 @@ def test_summed_losses_with_the_optimiser_in_the_backward_are_refused():
         (_loss(model, _x()) + _loss(model, _x2())).backward()
 
 
+# -- torch.autograd.grad and backward(inputs=...) with the optimiser in the backward ----------
+
+# what is asked for: parameter names of the model (a sparse layer's weight: its parameter,
+# weight_t with sparse_grad=True) or "input" (the batch's values); "2.weight" lies between
+# the encoder and the decoder, "input" before the encoder
+GRAD_TARGETS = {
+    "enc-bias": ["0.bias"],
+    "dense-between": ["2.weight", "2.bias"],
+    "dec-bias": ["4.bias"],
+    "input": ["input"],
+    "input-and-biases": ["input", "0.bias", "4.bias"],
+    "enc-weight": ["0.weight"],
+    "dec-weight": ["4.weight"],
+    "every-parameter": ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"],
+}
+
+
+def _input_requiring_grad():
+    x = _x().coalesce()
+    values = x.values().clone().requires_grad_()
+    return torch.sparse_coo_tensor(x.indices(), values, x.shape, is_coalesced=True), values
+
+
+def _targets(model, names, values):
+    params = dict(model.named_parameters())
+    out = []
+    for name in names:
+        if name == "input":
+            out.append(values)
+        elif name not in params:  # sparse_grad=True: the encoder's parameter is weight_t
+            out.append(params[name + "_t"])
+        else:
+            out.append(params[name])
+    return out
+
+
+def _as_reference(t, like):
+    """A gradient of weight_t (sparse_grad=True) read in the reference's weight shape."""
+    return t.t() if t.shape != like.shape else t
+
+
+def _tables(opt):
+    return {f"{n}.{k}": t.clone() for n, table in opt.tables.items() for k, t in table.items()}
+
+
+def _assert_unchanged(model, opt, weights, tables):
+    _assert_same_weights(model, _Holder(weights))
+    for key, t in _tables(opt).items():
+        assert torch.equal(t, tables[key]), key
+    assert all(u.updates == 0 and not u.pending for u in opt._updates.values())
+
+
+# backward(inputs=[a sparse layer's weight]) accumulates into it: that is its step
+_HOWS = [(how, target) for target in GRAD_TARGETS for how in ("autograd.grad", "backward(inputs)")
+         if how == "autograd.grad" or "weight" not in target and target != "every-parameter"]
+
+
+@pytest.mark.parametrize("kind", IN_BACKWARD)
+@pytest.mark.parametrize("sparse_grad", [False, True])
+@pytest.mark.parametrize("how,target", _HOWS)
+def test_gradients_of_other_tensors_step_nothing(kind, sparse_grad, how, target):
+    """Before: every in-backward layer on the path took its step (state and all) when
+    torch.autograd.grad or backward(inputs=...) asked for anything behind it.  Now
+    nothing moves, the gradients are the dense model's under torch's autograd (the
+    weight's own: dense, in its parameter's shape), and the next ordinary step is the
+    step of a model that never made the call (not refused as gradient accumulation)."""
+    names = GRAD_TARGETS[target]
+    model, twin, reference = (_autoencoder(sparse_grad), _autoencoder(sparse_grad),
+                              _autoencoder(False))
+    opt, twin_opt = OPTIMISERS[kind](model), OPTIMISERS[kind](twin)
+    weights, tables = copy.deepcopy(model.state_dict()), _tables(opt)
+    x, values = _input_requiring_grad()
+    ref_x, ref_values = _input_requiring_grad()
+    ref_targets = _targets(reference, names, ref_values)
+    want = torch.autograd.grad(_loss(reference, ref_x), ref_targets)
+    targets = _targets(model, names, values)
+    if how == "autograd.grad":
+        got = torch.autograd.grad(_loss(model, x), targets)
+        assert all(p.grad is None for p in model.parameters())
+    else:
+        _loss(model, x).backward(inputs=targets)
+        got = tuple(t.grad for t in targets)
+    for g, w, t in zip(got, want, targets):
+        assert g.layout == torch.strided and g.shape == t.shape
+        torch.testing.assert_close(_as_reference(g, w), w, rtol=1e-6, atol=1e-7)
+    _assert_unchanged(model, opt, weights, tables)
+    for m, o in ((model, opt), (twin, twin_opt)):  # then the ordinary loop, as if never called
+        for batch in (_x(), _x2()):
+            o.zero_grad()
+            _loss(m, batch).backward()
+            o.step()
+    _assert_same_weights(model, twin)
+
+
+def test_backward_inputs_of_one_weight_steps_that_layer_only():
+    """backward(inputs=[encoder weight]) accumulates into the encoder's weight, so the
+    encoder takes its step; the decoder, whose weight is not asked for, does not."""
+    model = _autoencoder()
+    opt = apply_optimizer_in_backward(model, "sgd", lr=0.1)
+    before = copy.deepcopy(model.state_dict())
+    _loss(model, _x()).backward(inputs=[model[0].weight])
+    assert not torch.equal(model[0].weight, before["0.weight"])
+    assert torch.equal(model[4].weight, before["4.weight"])
+    assert (opt._updates["0"].updates, opt._updates["4"].updates) == (1, 0)
+
+
+def test_gradients_of_other_tensors_make_no_weight_gradient_rows(monkeypatch):
+    """Skipped, not made and dropped: the step and the weight's gradient products are
+    never called (the same on the synchronisation-free path of a GPU, forced here)."""
+    from nnsparse.layers import linear, sparse_output
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the weight's gradient rows were made")
+    for module, name in ((linear, "_update_rows_of"), (linear, "_table_grad"),
+                         (sparse_output, "_update_rows_of"), (sparse_output, "_t_mm")):
+        monkeypatch.setattr(module, name, refuse)
+    monkeypatch.setattr(nnsparse._kernels, "_SYNC_FREE", ("cpu",))
+    model = _autoencoder()
+    fused_step_optimizer(model, lr=1e-2)
+    x, values = _input_requiring_grad()
+    torch.autograd.grad(_loss(model, x), [values, model[0].bias, model[2].weight])
+    with pytest.raises(AssertionError, match="gradient rows were made"):
+        _loss(model, _x()).backward()
+
+
+@pytest.mark.parametrize("kind", IN_BACKWARD)
+def test_sync_free_path_after_a_gradient_of_other_tensors(kind, monkeypatch):
+    """The GPU's path (forced on the CPU): the same as the row update's."""
+    monkeypatch.setattr(nnsparse._kernels, "_SYNC_FREE", ("cpu",))
+    model, twin = _autoencoder(), _autoencoder()
+    opt, twin_opt = OPTIMISERS[kind](model), OPTIMISERS[kind](twin)
+    weights, tables = copy.deepcopy(model.state_dict()), _tables(opt)
+    g, = torch.autograd.grad(_loss(model, _x()), model[2].weight)
+    want, = torch.autograd.grad(_loss(twin, _x()), twin[2].weight)
+    torch.testing.assert_close(g, want)
+    _assert_unchanged(model, opt, weights, tables)
+    for m, o in ((model, opt), (twin, twin_opt)):
+        o.zero_grad()
+        _loss(m, _x2()).backward()
+        o.step()
+    _assert_same_weights(model, twin)
+
+
+# the torch optimiser each in-backward kind is (every row touched: _x()), on a dense model
+TORCH_EQUIVALENT = {
+    "fused-step": lambda m: torch.optim.Adam(m.parameters(), lr=1e-2),
+    "in-backward-sgd": lambda m: torch.optim.SGD(m.parameters(), lr=1e-2, momentum=0.9),
+    "in-backward-adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
+    "in-backward-adagrad": lambda m: torch.optim.Adagrad(m.parameters(), lr=1e-2),
+}
+
+
+@pytest.mark.parametrize("kind", list(TORCH_EQUIVALENT))
+@pytest.mark.parametrize("of", ["4.bias", "4.weight"])
+def test_gradient_penalty_of_the_decoder_equals_torch(kind, of):
+    """create_graph=True for the decoder's own bias or weight (whose recorded gradient
+    does not read the weight): the penalised loss's backward steps each layer with the
+    whole gradient, as torch's optimiser on the dense model does."""
+    model, reference = _autoencoder(), _autoencoder()
+    opt, ref_opt = OPTIMISERS[kind](model), TORCH_EQUIVALENT[kind](reference)
+    for m, o in ((model, opt), (reference, ref_opt)):
+        for batch in (_x(), _x2()):
+            o.zero_grad()
+            loss = _loss(m, batch)
+            g, = torch.autograd.grad(loss, dict(m.named_parameters())[of], create_graph=True)
+            (loss + g.square().sum()).backward()
+            o.step()
+    _assert_same_weights(model, reference)
+    assert model[0].weight.grad is None and model[4].weight.grad is None
+
+
+@pytest.mark.parametrize("of", ["2.weight", "input", "0.weight"])
+def test_gradient_penalty_reading_an_in_backward_weight_is_refused(of):
+    """The gradient of anything before the decoder reads the decoder's weight: a backward
+    through it would give that weight a .grad no optimiser applies.  Refused, before
+    anything moves."""
+    model = _autoencoder()
+    opt = fused_step_optimizer(model, lr=1e-2)
+    weights, tables = copy.deepcopy(model.state_dict()), _tables(opt)
+    x, values = _input_requiring_grad()
+    with pytest.raises(RuntimeError, match=r"^SparseOutputLinear '4': a gradient recorded with "
+                       r"create_graph=True through this layer's input reads its weight.*"
+                       r"would give the weight a \.grad that no optimiser applies"):
+        torch.autograd.grad(_loss(model, x), _targets(model, [of], values), create_graph=True)
+    _assert_unchanged(model, opt, weights, tables)
+
+
 # -- zero_grad(set_to_none=False), AveragedModel, update_bn, clip_grad_value_ ------------------
 
 @pytest.mark.parametrize("kind", list(OPTIMISERS))
