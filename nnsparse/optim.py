@@ -936,11 +936,27 @@ class InBackwardOptimizer(Optimizer):
       ``acc[r] += mean(g[r]**2)``, ``p[r] -= lr * g[r] / (sqrt(acc[r]) + eps)``:
       FBGEMM's ``EXACT_ROWWISE_ADAGRAD``, the usual choice for large tables
       (state of one value per row instead of one per weight).
-    * **No double backward.**  A backward that records its graph
-      (``create_graph=True``: gradient penalties, Hessian-vector products)
-      through an attached layer raises ``RuntimeError`` naming the layer,
-      before anything is updated: the weight is updated in place and gets no
-      gradient to differentiate again.  ``remove()`` this optimiser and use
+    * **Only a backward that accumulates into the weight steps it**:
+      ``loss.backward()``, ``loss.backward(inputs=[..., weight])``.
+      ``torch.autograd.grad`` of other tensors (a gradient norm for logging,
+      the input's or a bias's gradient) and ``backward(inputs=[...])`` without
+      the weight change neither the weight nor its state or step count, and
+      make none of its gradient rows; the next ordinary step is as if the call
+      had not been made.  ``torch.autograd.grad(loss, weight)`` returns the
+      weight's gradient, dense in the parameter's shape and layout, and steps
+      nothing.  Each layer asks torch's engine, on the host, through
+      ``torch._C._will_engine_execute_node`` (private; torch's public
+      ``register_multi_grad_hook`` uses it); a torch without it steps in
+      every backward.
+    * **Recorded backwards** (``create_graph=True``: gradient penalties,
+      Hessian-vector products).  ``torch.autograd.grad(..., create_graph=True)``
+      of a layer's own bias or weight, or of parameters nearer the loss, works
+      (a backward of the penalised loss then steps each layer with the whole
+      gradient).  One that would step a weight (``loss.backward(create_graph=True)``),
+      or asks for anything before an attached layer (its recorded gradient
+      reads that layer's weight, and a backward through it would give the
+      weight a ``.grad`` nothing applies), raises ``RuntimeError`` naming the
+      layer, before anything is updated.  ``remove()`` this optimiser and use
       ``torch.optim`` or :class:`LazyAdam` there (``docs/ecosystem.md``).
     * A dense input to a ``SparseLinearBatch``, or no pattern for a
       ``SparseOutputLinear``, while gradients are enabled, raises

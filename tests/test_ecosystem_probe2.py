@@ -711,6 +711,37 @@ def test_backward_inputs_of_one_weight_steps_that_layer_only():
     assert (opt._updates["0"].updates, opt._updates["4"].updates) == (1, 0)
 
 
+def test_a_gradient_of_other_tensors_then_the_backward_of_the_same_graph_steps_once():
+    """A gradient norm logged from the graph (retain_graph=True), then its backward: one
+    step, the step of a model that never made the call."""
+    model, twin = _autoencoder(), _autoencoder()
+    opt, twin_opt = fused_step_optimizer(model, lr=1e-2), fused_step_optimizer(twin, lr=1e-2)
+    loss = _loss(model, _x())
+    dense = [p for name, p in model.named_parameters() if not name.endswith(("0.weight",
+                                                                             "4.weight"))]
+    norm = torch.linalg.vector_norm(torch.cat(
+        [g.flatten() for g in torch.autograd.grad(loss, dense, retain_graph=True)]))
+    assert norm > 0
+    for m, o, l in ((model, opt, loss), (twin, twin_opt, _loss(twin, _x()))):
+        o.zero_grad()
+        l.backward()
+        o.step()
+    _assert_same_weights(model, twin)
+    assert opt._updates["0"].updates == 1
+
+
+def test_without_the_engines_answer_every_backward_steps(monkeypatch):
+    """torch._C._will_engine_execute_node is private: where a torch lacks it, the layers
+    step in every backward that reaches them, as before they asked."""
+    monkeypatch.delattr(torch._C, "_will_engine_execute_node")
+    model = _autoencoder()
+    opt = apply_optimizer_in_backward(model, "sgd", lr=0.1)
+    before = model[0].weight.detach().clone()
+    torch.autograd.grad(_loss(model, _x()), model[0].bias)
+    assert not torch.equal(model[0].weight, before)
+    assert opt._updates["0"].updates == 1
+
+
 def test_gradients_of_other_tensors_make_no_weight_gradient_rows(monkeypatch):
     """Skipped, not made and dropped: the step and the weight's gradient products are
     never called (the same on the synchronisation-free path of a GPU, forced here)."""
