@@ -807,6 +807,30 @@ def test_gradient_penalty_of_the_decoder_equals_torch(kind, of):
     assert model[0].weight.grad is None and model[4].weight.grad is None
 
 
+@pytest.mark.parametrize("sparse_grad", [False, True])
+@pytest.mark.parametrize("kind", list(TORCH_EQUIVALENT))
+@pytest.mark.parametrize("of", ["0.bias", "0.weight", "2.weight"])
+def test_gradient_penalty_behind_a_dense_head_equals_torch(of, kind, sparse_grad):
+    """The encoder nearest the input (nothing before it requires grad): a penalty on its
+    bias or weight (dense, in the parameter's shape: weight_t's with sparse_grad=True) or
+    on the head's weight, then the penalised loss's backward, is torch's step."""
+    def build(sparse):
+        torch.manual_seed(0)
+        return nn.Sequential(nnsparse.SparseLinearBatch(6, 4, sparse_grad=sparse), nn.Tanh(),
+                             nn.Linear(4, 2))
+    model, reference = build(sparse_grad), build(False)
+    opt, ref_opt = OPTIMISERS[kind](model), TORCH_EQUIVALENT[kind](reference)
+    for m, o in ((model, opt), (reference, ref_opt)):
+        for batch in (_x(), _x2()):
+            o.zero_grad()
+            loss = m(batch).pow(2).mean()
+            g, = torch.autograd.grad(loss, _targets(m, [of], None), create_graph=True)
+            assert g.layout == torch.strided
+            (loss + g.square().sum()).backward()
+            o.step()
+    _assert_same_weights(model, reference)
+
+
 @pytest.mark.parametrize("of", ["2.weight", "input", "0.weight"])
 def test_gradient_penalty_reading_an_in_backward_weight_is_refused(of):
     """The gradient of anything before the decoder reads the decoder's weight: a backward
