@@ -212,6 +212,56 @@ def test_parametrized_weight_trains_with_dense_gradients(how):
         "0.parametrizations.weight.original0" in grads
 
 
+class _Counted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, w):
+        self.calls += 1
+        return 2 * w
+
+
+@pytest.mark.parametrize("layer_index", [0, 4])
+def test_a_parametrization_runs_once_per_call_as_under_nn_linear(layer_index):
+    # the forward reads the weight in its checks, its dtype test and the product: three
+    # runs of the parametrization before parametrize.cached() was entered for the call
+    model = _autoencoder()
+    counted = _Counted()
+    parametrize.register_parametrization(model[layer_index], "weight", counted)
+    counted.calls = 0  # (registering runs it once, to check it)
+    _loss(model, _x()).backward()
+    assert counted.calls == 1
+    with torch.no_grad():
+        model(_x(), _x())
+    assert counted.calls == 2
+
+
+def _spectral_pair(sparse_layer, dense_layer):
+    dense_layer.load_state_dict(sparse_layer.state_dict())
+    for layer in (sparse_layer, dense_layer):
+        torch.manual_seed(1)  # the same first u and v
+        spectral_norm(layer, "weight")
+    return sparse_layer, dense_layer
+
+
+@pytest.mark.parametrize("which", ["SparseLinearBatch", "SparseOutputLinear"])
+def test_spectral_norm_gives_nn_linears_output_and_buffers(which):
+    torch.manual_seed(0)
+    x = _x()
+    if which == "SparseLinearBatch":
+        sparse, dense = _spectral_pair(nnsparse.SparseLinearBatch(6, 4), nn.Linear(6, 4))
+        out, ref = sparse(x), dense(x.to_dense())
+    else:
+        sparse, dense = _spectral_pair(nnsparse.SparseOutputLinear(5, 6), nn.Linear(5, 6))
+        h = torch.randn(2, 5)
+        out, ref = sparse(h, x).to_dense(), dense(h) * (x.to_dense() != 0)
+    torch.testing.assert_close(out, ref)
+    for name in ("_u", "_v"):  # one power iteration each, not three
+        torch.testing.assert_close(getattr(sparse.parametrizations.weight[0], name),
+                                   getattr(dense.parametrizations.weight[0], name))
+
+
 _PARAMETRIZED = (r"its weight is parametrized \(torch.nn.utils.parametrize.*the "
                  r"parametrization's original tensors would never be trained")
 

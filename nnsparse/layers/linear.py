@@ -1,13 +1,15 @@
 """``SparseLinearBatch``: the ``nn.Linear`` of sparse input batches."""
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Dict, Optional, Tuple, Union, cast
+from typing import Any, ContextManager, Dict, Optional, Tuple, Union, cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .. import _double, _grad_origin, _index
@@ -692,6 +694,10 @@ class SparseLinearBatch(nn.Module):
         # before the weight is read: a parametrization runs at each read (spectral_norm
         # updates its buffers), and a refused call changes nothing
         _refuse_update_parametrized(self, self._row_update)
+        with _weight_read_once(self):
+            return self._forward(input)
+
+    def _forward(self, input: SparseLike) -> Tensor:
         self._check_parameters()
         if not (isinstance(input, Tensor) and input.layout == torch.strided):  # (F.linear's: dense)
             _refuse_sparse_grad_parametrized(self, "weight_t")
@@ -748,6 +754,16 @@ def _parametrized_table(layer: nn.Module, name: str = "weight_t") -> bool:
     neither a parameter nor in ``__dict__``, but a property of the parametrized class."""
     parametrizations = layer.__dict__.get("_modules", {}).get("parametrizations")
     return parametrizations is not None and name in parametrizations
+
+
+def _weight_read_once(layer: nn.Module) -> ContextManager[Any]:
+    """The context a forward runs in: for a parametrized layer, ``parametrize.cached()``, so
+    that the parametrization runs once per call as under ``nn.Linear`` (the forward reads the
+    weight in its checks, its dtype test and the product: three runs of ``spectral_norm``'s
+    power iteration otherwise); for any other layer nothing."""
+    if parametrize.is_parametrized(layer):
+        return parametrize.cached()
+    return contextlib.nullcontext()
 
 
 def _refuse_sparse_grad_parametrized(layer: nn.Module, name: str) -> None:

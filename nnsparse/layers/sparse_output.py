@@ -32,7 +32,7 @@ from .linear import (_GRAD, _STEP, _check_layer_args, _check_not_narrower, _chec
                      _check_weight_bias, _has_bias, _parameter, _refuse_recorded_update,
                      _refuse_sparse_grad_parametrized, _refuse_update_in_transform,
                      _refuse_update_parametrized, _refuse_update_on_parts,
-                     _state_without_update, _weight_use)
+                     _state_without_update, _weight_read_once, _weight_use)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
@@ -381,6 +381,11 @@ class SparseOutputLinear(nn.Linear):
         # before the weight is read: a parametrization runs at each read (spectral_norm
         # updates its buffers), and a refused call changes nothing
         _refuse_update_parametrized(self, self._row_update)
+        with _weight_read_once(self):
+            return self._forward(input, pattern)
+
+    def _forward(self, input: Tensor, pattern: Union[SparseLike, SparseParts, None]
+                 ) -> Union[Tensor, SparseParts]:
         _check_parameters(self, "weight",
                           _parameter(self, "weight", "(out_features, in_features)"),
                           (self.out_features, self.in_features), "(out_features, in_features)",
