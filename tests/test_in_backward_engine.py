@@ -224,3 +224,51 @@ def test_gradient_penalty_of_a_sparse_grad_decoder_equals_torch(kind, of):
             (loss + g.square().sum()).backward()
             o.step()
     _assert_same_weights(model, reference)
+
+
+# -- a layer built with sparse_grad=True, then set to sparse_grad=False ------------------------
+
+def _flipped(when, kind):
+    """A SparseLinearBatch built with sparse_grad=True and set to False (its kernels then
+    read weight_t.t().t(): two transposes), before or after attaching the optimiser."""
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(6, 4, sparse_grad=True)
+    if when == "before":
+        layer.sparse_grad = False
+    opt = OPTIMISERS[kind](layer)
+    if when == "after":
+        layer.sparse_grad = False
+    return layer, opt
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+@pytest.mark.parametrize("of", ["weight_t", "bias"])
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("kind", ["fused-step", "in-backward-sgd"])
+def test_gradient_of_a_layer_set_to_sparse_grad_false(kind, when, of, create_graph):
+    """Before: torch.autograd.grad(loss, layer.weight_t) of such a layer took the step
+    (the engine was asked about the inner transpose, not the parameter) and then torch
+    raised that weight_t was not used; with create_graph=True it was refused as a step.
+    Now: nn.Linear's gradient, nothing moves, and the next step is that of a layer that
+    never made the call."""
+    layer, opt = _flipped(when, kind)
+    twin, twin_opt = _flipped(when, kind)
+    reference = nn.Linear(6, 4)
+    with torch.no_grad():
+        reference.weight.copy_(layer.weight)
+        reference.bias.copy_(layer.bias)
+    before = copy.deepcopy(layer.state_dict())
+    got, = torch.autograd.grad(layer(_x()).tanh().sum(), getattr(layer, of),
+                               create_graph=create_graph)
+    want, = torch.autograd.grad(reference(_x().to_dense()).tanh().sum(),
+                                getattr(reference, "weight" if of == "weight_t" else of))
+    assert got.layout == torch.strided
+    torch.testing.assert_close(got.t() if of == "weight_t" else got, want)
+    _assert_same_weights(layer, _Holder(before))
+    assert _updates(opt) == [0]
+    for m, o in ((layer, opt), (twin, twin_opt)):
+        o.zero_grad()
+        m(_x2()).tanh().sum().backward()
+        o.step()
+    _assert_same_weights(layer, twin)
+    assert _updates(opt) == [1]
