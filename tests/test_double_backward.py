@@ -417,7 +417,7 @@ def test_optimizer_in_backward_refuses_create_graph(which):
     loss = dec(torch.tanh(enc(x)), x).values().square().sum()
     name = "SparseLinearBatch 'enc'" if which == "encoder" else "SparseOutputLinear 'dec'"
     # a recorded backward that would step the weight (torch.autograd.grad of the weight
-    # returns its gradient instead, and steps nothing: tests/test_optim_backward.py)
+    # returns its gradient instead, and steps nothing: tests/test_ecosystem_probe2.py)
     with pytest.raises(RuntimeError, match=f"^{name}: a backward that records its graph "
                        r"\(create_graph=True.*accumulates into this layer's weight.*"
                        r"torch.optim or nnsparse.optim.LazyAdam"):

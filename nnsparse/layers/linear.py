@@ -163,10 +163,13 @@ def _engine_use(node: Any) -> str:
     is the request of the weight's own gradient.
     """
     will_execute = getattr(torch._C, "_will_engine_execute_node", None)
+    # SparseLinearBatch hands the kernel weight.t(), and weight_t.t().t() when a layer
+    # built with sparse_grad=True is set to sparse_grad=False (its weight is weight_t's
+    # view): ask about the parameter behind the transposes, the node autograd.grad captures
+    while node is not None and type(node).__name__ == "TBackward0":
+        node = node.next_functions[0][0]
     if will_execute is None or node is None:
         return _STEP
-    if type(node).__name__ == "TBackward0":  # SparseLinearBatch hands the kernel weight.t()
-        node = node.next_functions[0][0]
     try:
         return _STEP if will_execute(node) else _NONE
     except RuntimeError as error:
