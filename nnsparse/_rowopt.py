@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -292,6 +293,10 @@ KERNELS = {"adam": _adam_kernel(False), "adamw": _adam_kernel(True), "sgd": _sgd
             "adagrad": _adagrad_kernel, "rowwise_adagrad": _rowwise_adagrad_kernel}
 
 
+# every TableUpdate alive (weakly): a refusal names the layer owning a tied weight
+LIVE_UPDATES: "weakref.WeakSet[TableUpdate]" = weakref.WeakSet()
+
+
 class TableUpdate:
     """The in-backward optimiser of one layer's weight table: kind, hyperparameters, state.
 
@@ -302,13 +307,23 @@ class TableUpdate:
     before one backward), which the in-backward update cannot support.
     """
 
-    def __init__(self, kind: str, hp: dict[str, Any], table: Tensor, name: str) -> None:
+    def __init__(self, kind: str, hp: dict[str, Any], table: Tensor, name: str,
+                 param: Optional[Tensor] = None) -> None:
         self.kind, self.hp, self.name = kind, dict(hp), name
+        # the Parameter the table is or views (a layer set to sparse_grad=False after
+        # being built with True reads weight_t.t()): a layer's training forward refuses to
+        # read another tensor as its weight (layers.linear._refuse_update_misuse)
+        self.param = param if param is None or param._base is None else param._base
+        LIVE_UPDATES.add(self)
         self.state = new_state(kind, table, hp.get("initial_accumulator_value", 0.0))
         self.updates = 0
         # updates since its optimiser's last step() / zero_grad(), counted when the
         # optimiser has a dense part (which accumulates gradients across backward passes)
         self.pending: Optional[int] = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # a copy (deepcopy, pickle)
+        self.__dict__.update(state)
+        LIVE_UPDATES.add(self)
 
     def __call__(self, table: Tensor, rows: Tensor, grad: GradRows,
                  dense_grad: Optional[Callable[[int, int], Tensor]] = None) -> None:

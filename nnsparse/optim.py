@@ -759,7 +759,8 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Te
     """``(name, layer, table, parameter)`` for each nnsparse sparse layer whose weight
     is trained (``table`` is the contiguous view whose rows the batches touch)."""
     from .layers.linear import (SparseLinearBatch, _parametrized_update_message,
-                                _parametrized_weight, _parametrized_weight_trains)
+                                _parametrized_weight, _parametrized_weight_trains, _pruned,
+                                _pruned_update_message)
     from .layers.sparse_output import SparseOutputLinear
     found: List[Tuple[str, _SparseLayer, Tensor, Tensor]] = []
     owner: Dict[int, str] = {}  # the first layer holding each parameter (model.parameters()'s identity)
@@ -772,6 +773,15 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Te
             if _parametrized_weight_trains(module):  # the update would write a temporary
                 raise NotImplementedError(_parametrized_update_message(
                     f"model: {type(module).__name__} {name or type(module).__name__!r}"))
+            continue  # frozen: left to the dense part, as a frozen weight is
+        pruned = _pruned(module) if isinstance(module, (SparseLinearBatch,
+                                                        SparseOutputLinear)) else None
+        if pruned is not None:
+            orig = module._parameters.get(pruned + "_orig")
+            if orig is None or orig.requires_grad:  # the update would write a temporary
+                raise NotImplementedError(_pruned_update_message(
+                    f"model: {type(module).__name__} {name or type(module).__name__!r}",
+                    pruned))
             continue  # frozen: left to the dense part, as a frozen weight is
         if isinstance(module, SparseLinearBatch):
             table = module._table()
@@ -1055,7 +1065,7 @@ class InBackwardOptimizer(Optimizer):
         self._updates: Dict[str, _rowopt.TableUpdate] = {}
         for name, layer, table, param in layers:
             self._updates[name] = _rowopt.TableUpdate(
-                kind, hp, table, f"{type(layer).__name__} {name!r}")
+                kind, hp, table, f"{type(layer).__name__} {name!r}", param)
             # the table's hyperparameters are its param group (what schedulers edit)
             self._updates[name].hp["params"] = [param]
         fused_ids = {id(param) for _, _, _, param in layers}

@@ -7,6 +7,7 @@ swapping on conversion, freezing, gradient accumulation, ``zero_grad(set_to_none
 each checked against the dense model or torch's optimiser where there is a number.
 What was found and fixed: docs/ecosystem_probe2.md.
 """
+import contextlib
 import copy
 import os
 
@@ -15,7 +16,7 @@ import torch
 import torch.__future__ as future
 from torch import nn
 from torch.func import functional_call, grad, vjp
-from torch.nn.utils import parametrize
+from torch.nn.utils import parametrize, prune
 from torch.nn.utils.parametrizations import spectral_norm, weight_norm
 from torch.optim.swa_utils import AveragedModel, update_bn
 from torch.utils.checkpoint import checkpoint
@@ -368,6 +369,202 @@ PARAMETRIZED_CASES = [
 @pytest.mark.parametrize("case", PARAMETRIZED_CASES, ids=lambda c: c.id)
 def test_parametrized_weight_with_the_optimiser_in_the_backward(case):
     run_case(case)
+
+
+# -- the weight the forward reads is not the in-backward table's Parameter ---------------------
+# (before: each row but the last two trained silently, stepping a temporary or another
+# parameter with this table's state; now refused at the training forward, or at attaching)
+
+def _state(model, opt):
+    """Every tensor of the model's and the optimiser's state, cloned."""
+    tensors = {"model." + k: v for k, v in model.state_dict().items()}
+
+    def walk(prefix, value):
+        if torch.is_tensor(value):
+            tensors[prefix] = value
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(f"{prefix}.{i}", v)
+    walk("opt", opt.state_dict())
+    tensors.update({"grad." + k: p.grad for k, p in model.named_parameters()
+                    if p.grad is not None})
+    return {k: v.detach().clone() for k, v in tensors.items()}
+
+
+def _misused(sparse_grad, misuse, call=lambda model: _loss(model, _x()).backward()):
+    """The autoencoder with its optimiser in the backward (one step taken), then
+    ``misuse(model)``, then ``call(model)``, which must raise leaving the model, its
+    parameters' gradients and the optimiser's state as they were."""
+    def run():
+        model = _autoencoder(sparse_grad)
+        opt = apply_optimizer_in_backward(model, "adam", lr=0.1)
+        opt.zero_grad()
+        _loss(model, _x()).backward()  # a step first: the state is not all zeros
+        opt.step()
+        misuse(model)
+        before = _state(model, opt)
+        try:
+            call(model)
+        finally:
+            after = _state(model, opt)
+            assert sorted(before) == sorted(after)
+            assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    return run
+
+
+def _prune(name, amount=0.0):
+    """``torch.nn.utils.prune`` of ``name`` of a layer (a mask keeping every entry for
+    ``custom_from_mask``, which the column-major weight of sparse_grad=False takes)."""
+    def apply(layer):
+        weight = getattr(layer, name)
+        if amount:
+            prune.l1_unstructured(layer, name, amount=amount)
+        else:
+            prune.custom_from_mask(layer, name, torch.ones_like(weight))
+    return apply
+
+
+def _prune_then_attach(index, name, amount=0.0, sparse_grad=False, frozen=False):
+    model = _autoencoder(sparse_grad)
+    _prune(name, amount)(model[index])
+    if frozen:
+        getattr(model[index], name + "_orig").requires_grad_(False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        return apply_optimizer_in_backward(model, "sgd", lr=0.1)
+    finally:
+        assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def _tie(dst, dst_name, src, src_name):
+    return lambda model: setattr(model[dst], dst_name, getattr(model[src], src_name))
+
+
+def _functional_call(weights, no_grad=False):
+    def call(model):
+        params = {name: fn(model) for name, fn in weights.items()}
+        with torch.no_grad() if no_grad else contextlib.nullcontext():
+            out = functional_call(model, params, (_x(), _x()))
+        if not no_grad:
+            (out.values() - _x().values()).pow(2).mean().backward()
+        return out
+    return call
+
+
+def _own_parameters_in_functional_call():
+    model = _autoencoder()
+    twin = copy.deepcopy(model)
+    opt, twin_opt = (apply_optimizer_in_backward(m, "adam", lr=0.1) for m in (model, twin))
+    for m, o, call in ((model, opt, lambda m: _loss(m, _x())),
+                       (twin, twin_opt, lambda m: (functional_call(
+                           m, dict(m.named_parameters()), (_x(), _x())).values()
+                           - _x().values()).pow(2).mean())):
+        o.zero_grad()
+        call(m).backward()
+        o.step()
+    _assert_same_weights(model, twin)
+    return model
+
+
+_PRUNED = (r"its {0} is pruned \(torch.nn.utils.prune: the layer reads {0}_orig \* {0}_mask.*"
+           r"{0}_orig would never be trained. Call remove\(\) on the in-backward optimiser and "
+           r"train with torch.optim or nnsparse.optim.LazyAdam.*prune.remove\(layer, '{0}'\)")
+_NOT_OWNED = (r"{0}: the optimiser in the backward was built on this layer's {1} Parameter and "
+              r"updates it in place, but the training forward reads {2}")
+_TIED = r"train tied weights with torch.optim or nnsparse.optim.LazyAdam"
+_NOT_PARAMETER = (r"a Tensor that is not a Parameter \(a tensor given to torch.func."
+                  r"functional_call, or assigned\).*pass the model's own parameters to "
+                  r"functional_call")
+
+MISUSE_CASES = [
+    # 2. tied after attaching: each table would step the shared weight with its own state
+    Case("tie-decoder-to-the-encoder",
+         _misused(True, _tie(4, "weight", 0, "weight_t")), RuntimeError,
+         _NOT_OWNED.format("SparseOutputLinear '4'", "weight",
+                           r"the weight of SparseLinearBatch '0', which its own in-backward "
+                           r"table steps too \(a tied weight: two steps with two states\)")
+         + ".*" + _TIED),
+    Case("tie-encoder-to-the-decoder",
+         _misused(True, _tie(0, "weight_t", 4, "weight")), RuntimeError,
+         _NOT_OWNED.format("SparseLinearBatch '0'", "weight_t",
+                           r"the weight of SparseOutputLinear '4'") + ".*" + _TIED),
+    Case("another-parameter-assigned",
+         _misused(False, lambda m: setattr(m[4], "weight", nn.Parameter(torch.zeros(6, 4)))),
+         RuntimeError, _NOT_OWNED.format("SparseOutputLinear '4'", "weight",
+                                         r"another Parameter, assigned since the optimiser "
+                                         r"was attached") + r".*copy_\(w\)"),
+    Case("load-state-dict-assign-after-attaching",
+         _misused(False, lambda m: m.load_state_dict(copy.deepcopy(m.state_dict()),
+                                                     assign=True)),
+         RuntimeError, _NOT_OWNED.format("SparseLinearBatch '0'", "weight",
+                                         "another Parameter")),
+    # 3. pruned: the update would write weight_orig * mask, a temporary
+    Case("prune-encoder-after-attaching",
+         _misused(False, lambda m: _prune("weight")(m[0])), RuntimeError,
+         r"SparseLinearBatch '0': " + _PRUNED.format("weight")),
+    Case("prune-sparse-grad-encoder-after-attaching",
+         _misused(True, lambda m: _prune("weight_t", 0.5)(m[0])), RuntimeError,
+         r"SparseLinearBatch '0': " + _PRUNED.format("weight_t")),
+    Case("prune-decoder-after-attaching",
+         _misused(False, lambda m: _prune("weight", 0.5)(m[4])), RuntimeError,
+         r"SparseOutputLinear '4': " + _PRUNED.format("weight")),
+    Case("prune-then-attach-encoder", lambda: _prune_then_attach(0, "weight"),
+         NotImplementedError, r"model: SparseLinearBatch '0': " + _PRUNED.format("weight")),
+    Case("prune-then-attach-sparse-grad-encoder",
+         lambda: _prune_then_attach(0, "weight_t", 0.5, sparse_grad=True),
+         NotImplementedError, r"model: SparseLinearBatch '0': " + _PRUNED.format("weight_t")),
+    Case("prune-then-attach-decoder", lambda: _prune_then_attach(4, "weight", 0.5),
+         NotImplementedError, r"model: SparseOutputLinear '4': " + _PRUNED.format("weight")),
+    Case("pruned-and-frozen-then-attach-is-left-to-the-dense-part",
+         lambda: _prune_then_attach(4, "weight", 0.5, frozen=True), None,
+         check=lambda opt: list(opt.tables) == ["0"]),
+    # 4. torch.func.functional_call with a tensor that is not the parameter
+    Case("functional-call-of-a-computed-encoder-weight",
+         _misused(False, lambda m: None,
+                  _functional_call({"0.weight": lambda m: m[0].weight * 1.0})),
+         RuntimeError, _NOT_OWNED.format("SparseLinearBatch '0'", "weight", _NOT_PARAMETER)),
+    Case("functional-call-of-a-detached-decoder-weight",
+         _misused(True, lambda m: None,
+                  _functional_call({"4.weight": lambda m: m[4].weight.detach().clone()})),
+         RuntimeError, _NOT_OWNED.format("SparseOutputLinear '4'", "weight", _NOT_PARAMETER)),
+    Case("functional-call-of-another-parameter",
+         _misused(False, lambda m: None,
+                  _functional_call({"4.weight": lambda m: nn.Parameter(torch.zeros(6, 4))})),
+         RuntimeError, _NOT_OWNED.format("SparseOutputLinear '4'", "weight",
+                                         "another Parameter")),
+    # what still works: no_grad (nothing is updated), and the model's own parameters
+    Case("functional-call-of-a-computed-weight-under-no-grad",
+         lambda: _functional_call({"0.weight": lambda m: m[0].weight * 2.0}, no_grad=True)(
+             _autoencoder()), None, check=lambda out: out.layout == torch.sparse_coo),
+    Case("functional-call-of-the-models-own-parameters-trains-as-the-model",
+         _own_parameters_in_functional_call, None, check=lambda m: True),
+]
+
+
+@pytest.mark.parametrize("case", MISUSE_CASES, ids=lambda c: c.id)
+def test_the_weight_read_must_be_the_in_backward_tables_parameter(case):
+    run_case(case)
+
+
+def test_pruned_way_round_trains_weight_orig():
+    """The way round the pruning refusal names: remove() the in-backward optimiser and
+    train with LazyAdam, which trains weight_orig through the mask."""
+    model = _autoencoder()
+    opt = apply_optimizer_in_backward(model, "adam", lr=0.1)
+    _prune("weight", 0.5)(model[4])
+    with pytest.raises(RuntimeError, match="is pruned"):
+        _loss(model, _x()).backward()
+    opt.remove()
+    lazy = LazyAdam(model.parameters(), lr=0.1)
+    orig = model[4].weight_orig.detach().clone()
+    lazy.zero_grad()
+    _loss(model, _x()).backward()
+    lazy.step()
+    mask = model[4].weight_mask.bool()
+    assert not torch.equal(model[4].weight_orig[mask], orig[mask])
 
 
 @pytest.mark.parametrize("how", list(PARAMETRIZE))

@@ -374,6 +374,103 @@ def _refuse_update_in_transform(update: Any, weight: Tensor) -> None:
             f"optimiser before using torch.func")
 
 
+def _refuse_update_misuse(layer: nn.Module, update: Any, read: Tensor) -> None:
+    """Raise, from a training forward, where the optimiser in the backward would step
+    something other than the weight it was built on, or steps inside ``DistributedDataParallel``.
+
+    ``read`` is the tensor the forward reads as the weight table.  It must be the very
+    Parameter the layer's in-backward table was built on (or a view of it): O(1), by
+    identity, no host synchronisation.  Otherwise the update would write a temporary
+    (pruning's ``weight_orig * mask``, a tensor given to ``torch.func.functional_call``) or
+    another parameter with this table's state (a tied weight, a new Parameter assigned).
+    Under DDP the rows would be stepped from this process's gradient alone, never
+    averaged: torch marks the module whose forward runs (``_active_ddp_module``, private;
+    a torch without it is not checked).
+    """
+    if update is None or not torch.is_grad_enabled():
+        return
+    param = getattr(update, "param", None)  # (absent from an update pickled before)
+    if param is not None and read is not param and read._base is not param:
+        if _index.data_ptr(read) is None:  # a torch.func transform's tensor: its own refusal
+            return
+        raise RuntimeError(_not_owned_message(layer, update, read))
+    ddp = getattr(nn.parallel.DistributedDataParallel, "_active_ddp_module", None)
+    if ddp is not None and not getattr(param, "_ddp_ignored", False):
+        raise NotImplementedError(
+            f"{update.name}: its optimiser in the backward (nnsparse.optim."
+            f"apply_optimizer_in_backward) runs inside DistributedDataParallel (attached to "
+            f"ddp.module, or before wrapping): it would step the weight from this process's "
+            f"gradient only, which DDP never all-reduces, and the ranks would drift apart; "
+            f"call remove() on the in-backward optimiser and train with materialised "
+            f"gradients (torch.optim, nnsparse.optim.LazyAdam or nnsparse.make_optimizer) "
+            f"under DDP")
+
+
+def _pruned(layer: nn.Module) -> Optional[str]:
+    """The name of the weight ``torch.nn.utils.prune`` prunes on ``layer`` (``weight`` or
+    ``weight_t``: it then holds ``<name>_orig * <name>_mask``, recomputed at each forward),
+    or ``None``."""
+    from torch.nn.utils import prune
+    for hook in layer.__dict__.get("_forward_pre_hooks", {}).values():
+        # (a PruningContainer, for pruning applied twice, names the tensor too)
+        if isinstance(hook, prune.BasePruningMethod) and getattr(
+                hook, "_tensor_name", None) in ("weight", "weight_t"):
+            return cast(str, hook._tensor_name)
+    return None
+
+
+def _pruned_update_message(name: str, weight: str) -> str:
+    return (f"{name}: its {weight} is pruned (torch.nn.utils.prune: the layer reads "
+            f"{weight}_orig * {weight}_mask, recomputed at each forward), and the optimiser "
+            f"in the backward (nnsparse.optim.apply_optimizer_in_backward) updates the weight "
+            f"the layer reads in place, here that temporary: {weight}_orig would never be "
+            f"trained. Call remove() on the in-backward optimiser and train with torch.optim "
+            f"or nnsparse.optim.LazyAdam (they train {weight}_orig through the mask), or "
+            f"prune.remove(layer, {weight!r}) first (docs/ecosystem.md, 'Pruning a "
+            f"SparseLinearBatch')")
+
+
+def _not_owned_message(layer: nn.Module, update: Any, read: Tensor) -> str:
+    """Why the weight a training forward reads is not its in-backward table's Parameter."""
+    pruned = _pruned(layer)
+    if pruned is not None:
+        return _pruned_update_message(update.name, pruned)
+    weight = "weight_t" if isinstance(getattr(layer, "_parameters", {}).get("weight_t"),
+                                      Tensor) or "weight_t" in layer.__dict__ else "weight"
+    read = read if read._base is None else read._base  # (weight.t(): a view of weight)
+    if not isinstance(read, nn.Parameter):
+        what = (f"a {type(read).__name__} that is not a Parameter (a tensor given to "
+                f"torch.func.functional_call, or assigned)")
+        way = ("pass the model's own parameters to functional_call (or none for this "
+               "weight), or call remove() on the in-backward optimiser and train with "
+               "torch.optim or nnsparse.optim.LazyAdam")
+    else:
+        owner = _owner_of(read, update)
+        what = (f"the weight of {owner}, which its own in-backward table steps too (a tied "
+                f"weight: two steps with two states)" if owner is not None else
+                "another Parameter, assigned since the optimiser was attached (a tied "
+                "weight, load_state_dict(assign=True), or a new Parameter)")
+        way = ("train tied weights with torch.optim or nnsparse.optim.LazyAdam (call "
+               "remove() on the in-backward optimiser)")
+        if owner is None:
+            way += (f"; to load values, copy them in with `with torch.no_grad(): "
+                    f"layer.{weight}.copy_(w)`, or call remove() and build the optimiser "
+                    f"again after assigning")
+    return (f"{update.name}: the optimiser in the backward was built on this layer's "
+            f"{weight} Parameter and updates it in place, but the training forward reads "
+            f"{what}: the update would step that tensor with this table's state, not the "
+            f"Parameter it was built on; {way}")
+
+
+def _owner_of(param: Tensor, update: Any) -> Optional[str]:
+    """The name of the live in-backward table, other than ``update``, built on ``param``."""
+    from .. import _rowopt
+    for other in list(_rowopt.LIVE_UPDATES):
+        if other is not update and getattr(other, "param", None) is param:
+            return cast(str, other.name)
+    return None
+
+
 def _refuse_update_on_parts(update: Any) -> None:
     """The compile input path (SparseParts) has no optimiser in the backward."""
     if update is not None:
@@ -702,6 +799,7 @@ class SparseLinearBatch(nn.Module):
 
     def _forward(self, input: SparseLike) -> Tensor:
         self._check_parameters()
+        _refuse_update_misuse(self, self._row_update, self._table())
         if not (isinstance(input, Tensor) and input.layout == torch.strided):  # (F.linear's: dense)
             _refuse_sparse_grad_parametrized(self, "weight_t")
         if isinstance(input, SparseParts):

@@ -31,7 +31,8 @@ from ..values import _coo_with_values, _csr_with_values
 from .linear import (_GRAD, _STEP, _check_layer_args, _check_not_narrower, _check_parameters,
                      _check_weight_bias, _has_bias, _parameter, _refuse_recorded_update,
                      _refuse_sparse_grad_parametrized, _refuse_update_in_transform,
-                     _refuse_update_parametrized, _refuse_update_on_parts,
+                     _refuse_update_misuse, _refuse_update_on_parts,
+                     _refuse_update_parametrized,
                      _state_without_update, _weight_read_once, _weight_use)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
@@ -392,6 +393,7 @@ class SparseOutputLinear(nn.Linear):
                           _parameter(self, "bias", "(out_features,)"))
         # assigned since __init__ checked it? (a numpy bool passes, used as its truth)
         as_flag(self.sparse_grad, "sparse_grad")
+        _refuse_update_misuse(self, self._row_update, self.weight)
         if pattern is not None:  # (without a pattern: F.linear, dense gradients)
             _refuse_sparse_grad_parametrized(self, "weight")
         if isinstance(pattern, SparseParts):
