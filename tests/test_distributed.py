@@ -282,6 +282,67 @@ def test_wrap_refuses_optimizer_in_backward(group_of_one):
         nd.DistributedDataParallel(model)
 
 
+_DDP_WRAPPERS = {
+    "torch": lambda m: nn.parallel.DistributedDataParallel(m),
+    "nnsparse": lambda m: nd.DistributedDataParallel(m),
+    "wrap": lambda m: nd.wrap(m),
+}
+_IN_DDP = (r"SparseLinearBatch 'encoder': its optimiser in the backward \(nnsparse.optim."
+           r"apply_optimizer_in_backward\) runs inside DistributedDataParallel \(attached to "
+           r"ddp.module, or before wrapping\).*never all-reduces.*call remove\(\) on the "
+           r"in-backward optimiser and train with materialised gradients")
+
+
+def _snapshot(model: nn.Module, opt: Any) -> Dict[str, torch.Tensor]:
+    tensors = {k: v.clone() for k, v in model.state_dict().items()}
+    for name, table in opt.tables.items():
+        tensors.update({f"{name}.{k}": v.clone() for k, v in table.items()})
+    return tensors
+
+
+@pytest.mark.parametrize("order, wrapper", [("wrap-then-attach-to-module", w) for w in _DDP_WRAPPERS]
+                         + [("attach-then-wrap", "torch")])  # (nnsparse's refuse: test above)
+def test_in_backward_optimiser_inside_ddp_is_refused_at_the_forward(group_of_one, wrapper, order):
+    """Before: apply_optimizer_in_backward(ddp.module) (or attaching before torch's DDP,
+    which nnsparse's wrapper refuses) trained, each rank stepping the in-backward rows from
+    its own gradient: the ranks drift apart.  Now the training forward through DDP refuses,
+    before anything moves; a no_grad forward (evaluation) and the module alone still run."""
+    torch.manual_seed(0)
+    model = _AE(sparse_grad=False)
+    x = _data().to_sparse_coo()
+    if order == "wrap-then-attach-to-module":
+        ddp = _DDP_WRAPPERS[wrapper](model)
+        opt = nnsparse.optim.apply_optimizer_in_backward(ddp.module, "adam", lr=0.1)
+    else:
+        opt = nnsparse.optim.apply_optimizer_in_backward(model, "adam", lr=0.1)
+        ddp = _DDP_WRAPPERS[wrapper](model)
+    assert ddp is not model
+    before = _snapshot(model, opt)
+    with pytest.raises(NotImplementedError, match=_IN_DDP):
+        ddp(x, x).values().sum().backward()
+    after = _snapshot(model, opt)
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    assert all(p.grad is None for p in model.parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(ddp(x, x).to_dense(), model(x, x).to_dense())
+
+
+def test_in_backward_weights_ddp_ignores_may_train_locally(group_of_one):
+    """Parameters DDP is told to ignore are the user's to keep in step (torch's
+    _ddp_params_and_buffers_to_ignore): their in-backward optimiser is not refused."""
+    model = _AE(sparse_grad=False)
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, ["encoder.weight", "decoder.weight"])  # (DDP needs one parameter left)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = nnsparse.optim.apply_optimizer_in_backward(ddp.module, "sgd", lr=0.1)
+    x = _data().to_sparse_coo()
+    weight = model.encoder.weight.detach().clone()
+    opt.zero_grad()
+    ddp(x, x).values().sum().backward()
+    opt.step()
+    assert not torch.equal(model.encoder.weight, weight)
+
+
 def _check_nccl(results: list, device: str) -> None:
     for rank in results:
         assert "use sparse_allgather=True, the gloo backend, or sparse_grad=False" in rank["sparse"]
