@@ -974,7 +974,11 @@ class InBackwardOptimizer(Optimizer):
       applies); under ``torch.no_grad()`` they work for inference.
     * Not combinable with ``DistributedDataParallel`` (the in-backward rows
       are updated from each process's local gradient, never all-reduced):
-      refused for a DDP-wrapped model.
+      refused for a DDP-wrapped model, and (``NotImplementedError``) at a layer's
+      training forward run by a DDP wrapper (the optimiser attached to
+      ``ddp.module``, or before wrapping in torch's DDP).  Parameters DDP is told
+      to ignore are the user's to keep in step: not refused.  A forward of
+      ``ddp.module`` itself, outside DDP, is not detected.
     * **Learning-rate schedulers** (``torch.optim.lr_scheduler``, ``SWALR``) work:
       it is a ``torch.optim.Optimizer`` whose :attr:`param_groups` are one group per
       in-backward layer (model order; the dict the layer's backward reads its
@@ -998,6 +1002,16 @@ class InBackwardOptimizer(Optimizer):
       any other module) are refused with a ``NotImplementedError``: each layer
       would take its own step with its own state, another module's gradient
       would never be applied.  ``LazyAdam`` and ``torch.optim`` train them.
+    * A layer's training forward must read, as its weight, the Parameter its
+      table was built on (checked by identity, O(1)): one reading another
+      tensor raises ``RuntimeError`` before anything moves: a weight tied after
+      attaching (``dec.weight = enc.weight_t``), another Parameter assigned
+      (``load_state_dict(assign=True)``: build the optimiser after, or copy the
+      values in), a tensor given to ``torch.func.functional_call`` (the model's
+      own parameters work), or a pruned weight (``torch.nn.utils.prune``: the
+      layer reads ``weight_orig * weight_mask``, a temporary).  A layer pruned
+      before attaching is refused by :func:`apply_optimizer_in_backward`
+      (``NotImplementedError``; a frozen one is left to the dense part).
     * A sparse layer whose weight has ``requires_grad=False`` is left alone
       (no state, nothing in its backward); its trainable bias, if any, goes
       to :attr:`dense`.  With every sparse weight frozen, :attr:`dense`
@@ -1587,8 +1601,9 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
             ``SparseLinearBatch`` or ``SparseOutputLinear`` in ``model`` (frozen
             ones count), no parameter of ``model`` that requires grad, or a
             layer already attached to another one.
-        NotImplementedError: ``model`` is wrapped in ``DistributedDataParallel``, or
-            a sparse layer's weight is shared with another module (tied weights).
+        NotImplementedError: ``model`` is wrapped in ``DistributedDataParallel``, a
+            sparse layer's weight is shared with another module (tied weights), or
+            is parametrized or pruned and requires grad.
 
     Example::
 

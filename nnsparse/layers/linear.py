@@ -415,7 +415,7 @@ def _pruned(layer: nn.Module) -> Optional[str]:
         # (a PruningContainer, for pruning applied twice, names the tensor too)
         if isinstance(hook, prune.BasePruningMethod) and getattr(
                 hook, "_tensor_name", None) in ("weight", "weight_t"):
-            return cast(str, hook._tensor_name)
+            return hook._tensor_name
     return None
 
 
@@ -467,7 +467,7 @@ def _owner_of(param: Tensor, update: Any) -> Optional[str]:
     from .. import _rowopt
     for other in list(_rowopt.LIVE_UPDATES):
         if other is not update and getattr(other, "param", None) is param:
-            return cast(str, other.name)
+            return other.name
     return None
 
 
@@ -799,7 +799,8 @@ class SparseLinearBatch(nn.Module):
 
     def _forward(self, input: SparseLike) -> Tensor:
         self._check_parameters()
-        _refuse_update_misuse(self, self._row_update, self._table())
+        if self._row_update is not None:  # (the table is read only then)
+            _refuse_update_misuse(self, self._row_update, self._table())
         if not (isinstance(input, Tensor) and input.layout == torch.strided):  # (F.linear's: dense)
             _refuse_sparse_grad_parametrized(self, "weight_t")
         if isinstance(input, SparseParts):
