@@ -1,0 +1,596 @@
+"""Property-based tests: the sparse toolkit, layers and criteria against dense references.
+
+Hypothesis draws a batch (rows 0..6, width 1..9), a pattern (random entries, empty
+rows, an empty batch, repeated positions where a form allows them), float32 or
+float64 values (finite, 0.0 and negative ones included), and the batch is given in
+every accepted sparse form (``docs/naming.md``): COO coalesced and uncoalesced, CSR,
+a list of sparse vectors, a list of pair tensors; a vector as a 1-D COO tensor or a
+``(k, 2)`` pair tensor.  Every public function must agree with the dense reference of
+its documented semantics, whatever the form.
+
+The project registers no hypothesis profile: each test uses ``SETTINGS``
+(derandomized, no example database) so that a run is deterministic.
+"""
+import copy
+import math
+import pickle
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.nn import functional as F
+
+import nnsparse
+from nnsparse import (Batchifier, Densify, DynamicSparseTensor, MaskCriterion, SDAECriterion,
+                      SDAESparseCriterion, SparseCriterion, SparseLinearBatch, SparseOutputLinear,
+                      Sparsify, densify, from_pairs, sparsify, ssort, ssort_by_index, stopk,
+                      to_pairs)
+
+SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FEW = settings(SETTINGS, max_examples=30)
+
+DTYPES = [torch.float32, torch.float64]
+# Multiples of 1/8: sums of duplicates are exact in float32, and ties are frequent.
+DYADIC = st.integers(-40, 40).map(lambda i: i / 8)
+VALUE = st.one_of(DYADIC, st.sampled_from([0.0, -0.0, -1.0]),
+                  st.floats(-1e3, 1e3, width=32, allow_subnormal=False))
+
+
+# -- the drawn batch ---------------------------------------------------------------------
+
+@dataclass
+class Case:
+    """A batch as raw entries: ``(row, col, value)`` in the order drawn, repeated
+    positions allowed (they sum)."""
+    rows: int
+    width: int
+    dtype: torch.dtype
+    entries: List[Tuple[int, int, float]]
+
+    @property
+    def row(self) -> torch.Tensor:
+        return torch.tensor([e[0] for e in self.entries], dtype=torch.int64)
+
+    @property
+    def col(self) -> torch.Tensor:
+        return torch.tensor([e[1] for e in self.entries], dtype=torch.int64)
+
+    @property
+    def values(self) -> torch.Tensor:
+        return torch.tensor([e[2] for e in self.entries], dtype=self.dtype)
+
+    def dense(self, values=None) -> torch.Tensor:
+        """Duplicates summed, float64 then cast (the reference)."""
+        v = self.values if values is None else values
+        out = torch.zeros(self.rows, self.width, dtype=torch.float64)
+        out = out.index_put((self.row, self.col), v.to(torch.float64), accumulate=True)
+        return out.to(v.dtype)
+
+    def specified(self) -> torch.Tensor:
+        mask = torch.zeros(self.rows, self.width, dtype=torch.bool)
+        mask[self.row, self.col] = True
+        return mask
+
+    def coalesced(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(row, col, values)`` of the distinct positions, row-major, duplicates summed."""
+        mask = self.specified()
+        row, col = mask.nonzero().unbind(1)
+        return row, col, self.dense()[row, col]
+
+    def row_entries(self, r: int) -> List[Tuple[int, float]]:
+        return [(c, v) for (i, c, v) in self.entries if i == r]
+
+
+@st.composite
+def cases(draw, duplicates=True, min_rows=0, max_rows=6, dtypes=DTYPES, values=VALUE):
+    rows = draw(st.integers(min_rows, max_rows))
+    width = draw(st.integers(1, 9))
+    dtype = draw(st.sampled_from(dtypes))
+    entries: List[Tuple[int, int, float]] = []
+    if rows:
+        # a random subset of positions (empty rows happen), then some repeated
+        positions = draw(st.lists(st.tuples(st.integers(0, rows - 1), st.integers(0, width - 1)),
+                                  max_size=min(rows * width, 20), unique=True))
+        if duplicates and positions:
+            positions += draw(st.lists(st.sampled_from(positions), max_size=4))
+            positions = draw(st.permutations(positions))
+        entries = [(r, c, draw(values)) for r, c in positions]
+    return Case(rows, width, dtype, entries)
+
+
+def _coo(case: Case, values=None, coalesced=False) -> torch.Tensor:
+    if coalesced:
+        row, col, v = case.coalesced()
+        if values is not None:
+            v = values
+        return torch.sparse_coo_tensor(torch.stack([row, col]), v, (case.rows, case.width)
+                                       ).coalesce()
+    v = case.values if values is None else values
+    return torch.sparse_coo_tensor(torch.stack([case.row, case.col]), v, (case.rows, case.width))
+
+
+def _csr(case: Case, values=None) -> torch.Tensor:
+    row, col, v = case.coalesced()
+    if values is not None:
+        v = values
+    crow = torch.zeros(case.rows + 1, dtype=torch.int64)
+    crow[1:] = torch.bincount(row, minlength=case.rows).cumsum(0)
+    return torch.sparse_csr_tensor(crow, col, v, (case.rows, case.width))
+
+
+def _rows_of(case: Case, values=None):
+    """Per row: the positions (in the drawn order) of its entries in ``case.entries``."""
+    v = case.values if values is None else values
+    at = [[k for k, e in enumerate(case.entries) if e[0] == r] for r in range(case.rows)]
+    return v, at
+
+
+def _list(case: Case, values=None) -> List[torch.Tensor]:
+    v, at = _rows_of(case, values)
+    return [torch.sparse_coo_tensor(case.col[k].reshape(1, -1), v[k], (case.width,)) for k in at]
+
+
+def _pair_list(case: Case, values=None) -> List[torch.Tensor]:
+    v, at = _rows_of(case, values)
+    return [torch.stack([case.col[k].to(v.dtype), v[k]], 1) for k in at]
+
+
+# The batch forms; "raw" forms carry the drawn entries (duplicates too), the others the
+# coalesced ones.  A pair list declares no width (its largest index + 1).
+FORMS = {
+    "coo": (lambda c, v=None: _coo(c, v, coalesced=True), False),
+    "coo_uncoalesced": (_coo, True),
+    "csr": (_csr, False),
+    "list": (_list, True),
+    "pair_list": (_pair_list, True),
+}
+DECLARED = ["coo", "coo_uncoalesced", "csr", "list"]
+
+
+def make(case: Case, form: str, values=None):
+    build, _ = FORMS[form]
+    return build(case, values)
+
+
+def leaf_values(case: Case, form: str, dtype=torch.float64) -> torch.Tensor:
+    """A leaf of the form's values (raw or coalesced), requiring grad."""
+    raw = FORMS[form][1]
+    v = case.values if raw else case.coalesced()[2]
+    return v.to(dtype).clone().requires_grad_()
+
+
+def dense_of(case: Case, form: str, values: torch.Tensor) -> torch.Tensor:
+    """The dense batch of a form built from ``values`` (differentiably)."""
+    if FORMS[form][1]:
+        row, col = case.row, case.col
+    else:
+        row, col, _ = case.coalesced()
+    out = values.new_zeros(case.rows, case.width)
+    return out.index_put((row, col), values, accumulate=True)
+
+
+def usable(case: Case, form: str) -> bool:
+    """A list form of no rows has no width of its own (it needs a size)."""
+    return not (form in ("list", "pair_list") and case.rows == 0)
+
+
+def exact(a, b):
+    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+def close(a, b, dtype=torch.float64):
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(a, b, **tol)
+
+
+def vector_forms(case: Case) -> Dict[str, torch.Tensor]:
+    """The vector forms of a one-row case: 1-D COO (raw and coalesced), a pair tensor."""
+    assert case.rows == 1
+    raw = torch.sparse_coo_tensor(case.col.reshape(1, -1), case.values, (case.width,))
+    return {"coo_vector": raw, "coo_vector_coalesced": raw.coalesce(),
+            "pairs": torch.stack([case.col.to(case.dtype), case.values], 1)}
+
+
+# -- sparsify / densify / to_pairs / from_pairs ------------------------------------------
+
+@SETTINGS
+@given(case=cases())
+def test_densify_every_form_gives_the_dense_batch(case):
+    want = case.dense()
+    spec = case.specified()
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        x = make(case, form)
+        got = densify(x, size=(case.rows, case.width))
+        close(got, want, case.dtype)
+        assert got.dtype == case.dtype and got.shape == (case.rows, case.width), form
+        if form in DECLARED:
+            assert densify(x).shape == (case.rows, case.width), form
+        # elem fills the unspecified entries only: an explicit 0 stays 0
+        filled = densify(x, elem=math.nan, size=(case.rows, case.width))
+        assert torch.equal(filled.isnan(), ~spec), form
+        close(filled[spec], want[spec], case.dtype)
+    # an empty list needs the size (it holds no dtype: the default one)
+    if case.rows == 0:
+        exact(densify([], size=(0, case.width)), torch.zeros(0, case.width))
+
+
+@SETTINGS
+@given(case=cases())
+def test_to_pairs_from_pairs_every_form(case):
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        x = make(case, form)
+        pairs = to_pairs(x)
+        assert isinstance(pairs, list) and len(pairs) == case.rows, form
+        for r, p in enumerate(pairs):
+            assert p.shape[1] == 2 and p.dtype == case.dtype, form
+            if form == "pair_list":  # returned as given: order and repeats kept
+                exact(p, x[r])
+                continue
+            # one pair per specified position, indices increasing, duplicates summed
+            cols = sorted({c for c, _ in case.row_entries(r)})
+            exact(p[:, 0], torch.tensor(cols, dtype=case.dtype))
+            close(p[:, 1], case.dense()[r, cols], case.dtype)
+        back = from_pairs(pairs, size=case.width) if case.rows else None
+        if back is not None:
+            assert back.shape == (case.rows, case.width)
+            close(back.to_dense(), case.dense(), case.dtype)
+
+
+@SETTINGS
+@given(case=cases(min_rows=1, max_rows=1))
+def test_vector_forms_agree(case):
+    want = case.dense()[0]
+    for form, x in vector_forms(case).items():
+        got = densify(x, size=case.width)
+        close(got, want, case.dtype)
+        assert got.shape == (case.width,), form
+        p = to_pairs(x)
+        assert p.dim() == 2 and p.shape[1] == 2, form
+        close(densify(p, size=case.width), want, case.dtype)
+        close(from_pairs(p, size=case.width).to_dense(), want, case.dtype)
+
+
+@SETTINGS
+@given(dense=st.integers(0, 6).flatmap(lambda rows: st.integers(1, 9).flatmap(
+           lambda width: st.lists(st.one_of(st.just(0.0), DYADIC), min_size=rows * width,
+                                  max_size=rows * width).map(
+               lambda v: torch.tensor(v, dtype=torch.float64).reshape(rows, width)))),
+       dtype=st.sampled_from(DTYPES), elem=st.sampled_from([0.0, 1.0, -0.5, math.nan]),
+       offset=st.integers(0, 3), csr=st.booleans())
+def test_sparsify_densify_round_trip(dense, dtype, elem, offset, csr):
+    dense = dense.to(dtype)
+    layout = torch.sparse_csr if csr else torch.sparse_coo
+    s = sparsify(dense, elem=elem, offset=offset, layout=layout)
+    assert s.layout == layout and s.dtype == dtype
+    assert s.shape == (dense.shape[0], dense.shape[1] + offset)
+    keep = ~dense.isnan() if math.isnan(elem) else dense != elem
+    assert s._nnz() == int(keep.sum())  # every entry but elem, no more
+    if not csr:
+        assert s.is_coalesced()
+    back = densify(s, elem=elem)
+    exact(back[:, offset:], dense)
+    if offset:
+        fill = torch.full((dense.shape[0], offset), elem, dtype=dtype)
+        exact(back[:, :offset], fill)
+    # the module is the function
+    m = Sparsify(elem=elem, offset=offset, layout=layout)(dense)
+    exact(densify(m, elem=elem), back)
+    assert m.layout == layout and m._nnz() == s._nnz()
+    # and the other way: densify then sparsify drops exactly the elem entries
+    exact(Densify(dense.shape[1] + offset, elem=elem)(s), back)
+
+
+# -- ssort / ssort_by_index / stopk -------------------------------------------------------
+
+def _row_reference(cols: torch.Tensor, vals: torch.Tensor, key: str, descending: bool):
+    """One row's entries (cols increasing or in their given order) sorted stably, as
+    ``torch.sort(stable=True)`` on the row restricted to them: ties keep that order."""
+    order = torch.sort(cols if key == "index" else vals, descending=descending, stable=True).indices
+    return vals[order], cols[order]
+
+
+def _padded(case: Case, key: str, descending: bool, k=None):
+    """The sorted batch reference: each row's distinct entries (duplicates summed),
+    ``(rows, max_nnz)`` (or ``(rows, k)``), padded at the end."""
+    row, col, vals = case.coalesced()
+    counts = torch.bincount(row, minlength=case.rows) if case.rows else torch.zeros(0)
+    width = int(counts.max()) if case.rows and len(row) else 0
+    if k is not None:
+        width = k
+    if key == "index":
+        fill = 0.0
+    else:
+        fill = -math.inf if descending else math.inf
+    out_v = torch.full((case.rows, width), fill, dtype=case.dtype)
+    out_i = torch.full((case.rows, width), -1, dtype=torch.int64)
+    for r in range(case.rows):
+        v, i = _row_reference(col[row == r], vals[row == r], key, descending)
+        n = min(width, len(v))
+        out_v[r, :n], out_i[r, :n] = v[:n], i[:n]
+    return out_v, out_i
+
+
+@SETTINGS
+@given(case=cases(), key=st.sampled_from(["value", "index"]), descending=st.booleans())
+def test_ssort_every_form_against_torch_sort(case, key, descending):
+    sort = ssort if key == "value" else ssort_by_index
+    want_v, want_i = _padded(case, key, descending)
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        x = make(case, form)
+        got = sort(x, descending=descending)
+        if form == "pair_list":
+            # the pairs reordered as they are, repeats kept, ties in their given order
+            assert isinstance(got, list) and len(got) == case.rows
+            for r, p in enumerate(got):
+                v, i = _row_reference(x[r][:, 0], x[r][:, 1], key, descending)
+                exact(p, torch.stack([i, v], 1))
+            continue
+        exact(got.indices, want_i)
+        close(got.values, want_v, case.dtype)
+        assert got.values.dtype == case.dtype, form
+
+
+@SETTINGS
+@given(case=cases(), k=st.integers(0, 11))
+def test_stopk_every_form_against_torch_topk(case, k):
+    declared_v, declared_i = _padded(case, "value", True, k=min(k, case.width))
+    pair_v, pair_i = _padded(case, "value", True, k=k)
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        got = stopk(make(case, form), k)
+        want_v, want_i = (declared_v, declared_i) if form in DECLARED else (pair_v, pair_i)
+        exact(got.indices, want_i)
+        close(got.values, want_v, case.dtype)
+    # torch.topk on the dense rows with the unspecified entries at -inf gives the values
+    if case.rows and k <= case.width:
+        dense = case.dense().masked_fill(~case.specified(), -math.inf)
+        close(torch.topk(dense, k, dim=1).values, declared_v, case.dtype)
+
+
+@SETTINGS
+@given(case=cases(min_rows=1, max_rows=1), descending=st.booleans(), k=st.integers(0, 11))
+def test_sort_and_topk_of_vectors(case, descending, k):
+    for form, x in vector_forms(case).items():
+        for key, sort in (("value", ssort), ("index", ssort_by_index)):
+            got = sort(x, descending=descending)
+            if form == "pairs":
+                v, i = _row_reference(x[:, 0], x[:, 1], key, descending)
+                exact(got, torch.stack([i, v], 1))
+                continue
+            want_v, want_i = _padded(case, key, descending)
+            exact(got.indices, want_i[0])
+            close(got.values, want_v[0], case.dtype)
+        want_v, want_i = _padded(case, "value", True, k=k if form == "pairs" else min(k, case.width))
+        got = stopk(x, k)
+        exact(got.indices, want_i[0])
+        close(got.values, want_v[0], case.dtype)
+
+
+@SETTINGS
+@given(case=cases(duplicates=False), descending=st.booleans())
+def test_ssort_gradient_reaches_the_specified_values(case, descending):
+    for form in ("coo", "csr", "coo_uncoalesced"):
+        values = leaf_values(case, form, case.dtype)
+        got = ssort(make(case, form, values), descending=descending)
+        finite = got.indices >= 0
+        (got.values[finite] * (got.indices[finite] + 1)).sum().backward()
+        # each value's gradient is its column + 1
+        col = case.col if FORMS[form][1] else case.coalesced()[1]
+        exact(values.grad, (col + 1).to(case.dtype))
+
+
+# -- DynamicSparseTensor against a list of entries -----------------------------------------
+
+def _builder_ops(ndim):
+    index = (st.integers(0, 6) if ndim == 1 else
+             st.tuples(*[st.integers(0, 4)] * ndim))
+    entry = st.tuples(index, DYADIC)
+    ops = [
+        st.tuples(st.just("append"), entry),
+        st.tuples(st.just("append_row"), entry),
+        st.tuples(st.just("extend"), st.lists(entry, max_size=6)),
+        st.tuples(st.just("bulk"), st.integers(250, 300)),  # past the first host chunk
+        st.tuples(st.just("reset"), st.none()),
+        st.tuples(st.just("copy"), entry),
+        st.tuples(st.just("pickle"), st.none()),
+        st.tuples(st.just("build"), st.none()),
+    ]
+    if ndim == 1:
+        ops.append(st.tuples(st.just("set"), st.lists(entry, max_size=6)))
+    return st.lists(st.one_of(ops), max_size=12)
+
+
+def _index_tensor(entries, ndim):
+    if not entries:
+        return torch.zeros(ndim, 0, dtype=torch.int64)
+    return torch.tensor([[i] if ndim == 1 else list(i) for i, _ in entries]).T
+
+
+def _check_builder(b, ref, ndim, dtype):
+    assert len(b) == b.len() == len(ref)
+    built = b.build()
+    assert built.layout == torch.sparse_coo and built.dtype == dtype
+    # the entries in the order added, duplicates kept (they sum)
+    exact(built._indices(), _index_tensor(ref, ndim))
+    exact(built._values(), torch.tensor([v for _, v in ref], dtype=dtype))
+    needed = tuple(int(i.max()) + 1 if i.numel() else 0 for i in _index_tensor(ref, ndim))
+    assert tuple(built.shape) == needed
+    if ndim == 1:
+        pairs = b.build_pairs()
+        exact(pairs, torch.tensor([[i, v] for i, v in ref], dtype=dtype).reshape(-1, 2))
+    if ndim == 2:
+        size = (5, 5)
+        dense = torch.zeros(size, dtype=dtype)
+        for (r, c), v in ref:
+            dense[r, c] += v
+        exact(b.build(size=size).to_dense(), dense)
+        exact(b.build(size=size, layout=torch.sparse_csr).to_dense(), dense)
+
+
+@SETTINGS
+@given(data=st.data(), ndim=st.sampled_from([1, 2]), reserve=st.integers(0, 3),
+       mult=st.sampled_from([1.1, 1.5, 2.0, 3.0]), dtype=st.sampled_from(DTYPES + [torch.int64]))
+def test_dynamic_sparse_tensor_against_a_list(data, ndim, reserve, mult, dtype):
+    ops = data.draw(_builder_ops(ndim))
+    b = DynamicSparseTensor(reserve=reserve, mult_coef=mult, ndim=ndim, dtype=dtype)
+    cast = (lambda v: int(v * 8)) if dtype == torch.int64 else float
+    ref: list = []
+    for op, arg in ops:
+        if op == "append":
+            i, v = arg
+            b.append(i, cast(v))
+            ref.append((i, cast(v)))
+        elif op == "append_row":
+            i, v = arg
+            b.append([i, cast(v)] if ndim == 1 else [*i, cast(v)])
+            ref.append((i, cast(v)))
+        elif op in ("extend", "set"):
+            entries = [(i, cast(v)) for i, v in arg]
+            index = _index_tensor(entries, ndim).T
+            values = torch.tensor([v for _, v in entries], dtype=dtype)
+            if op == "extend":
+                b.extend(index.reshape(-1) if ndim == 1 else index, values)
+                ref.extend(entries)
+            else:
+                b.set(torch.stack([index.reshape(-1).to(dtype), values], 1))
+                ref = entries
+        elif op == "bulk":
+            for j in range(arg):
+                i = j % 7 if ndim == 1 else (j % 5,) * ndim
+                b.append(i, cast(j % 3))
+                ref.append((i, cast(j % 3)))
+        elif op == "reset":
+            b.reset()
+            ref = []
+        elif op == "copy":  # a copy has its own storage: the original is untouched
+            other = copy.copy(b)
+            i, v = arg
+            other.append(i, cast(v))
+            _check_builder(b, ref, ndim, dtype)
+            b = other
+            ref = ref + [(i, cast(v))]
+        elif op == "pickle":
+            b = pickle.loads(pickle.dumps(b))
+        elif op == "build":  # building leaves the builder as it was
+            _check_builder(b, ref, ndim, dtype)
+    _check_builder(b, ref, ndim, dtype)
+    assert b.capacity >= len(ref)
+
+
+# -- layers against nn.Linear on the densified input ---------------------------------------
+
+def _grad(p):
+    g = p.grad
+    return g.to_dense() if g is not None and g.layout != torch.strided else g
+
+
+@SETTINGS
+@given(case=cases(), out=st.integers(1, 4), seed=st.integers(0, 2 ** 16),
+       layer_kind=st.sampled_from(["auto", "sparse", "dense", "sparse_grad"]),
+       bias=st.booleans())
+def test_sparse_linear_batch_equals_nn_linear(case, out, seed, layer_kind, bias):
+    torch.manual_seed(seed)
+    sparse_grad = layer_kind == "sparse_grad"
+    layer = SparseLinearBatch(case.width, out, bias=bias, sparse_grad=sparse_grad,
+                              mode="sparse" if sparse_grad else layer_kind, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    grad_out = torch.randn(case.rows, out, generator=g, dtype=torch.float64)
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        layer.zero_grad()
+        values = leaf_values(case, form)
+        y = layer(make(case, form, values))
+        assert y.shape == (case.rows, out) and y.dtype == torch.float64
+        (y * grad_out).sum().backward()
+        ref_values = values.detach().clone().requires_grad_()
+        w = layer.weight.detach().clone().requires_grad_()
+        b = layer.bias.detach().clone().requires_grad_() if bias else None
+        want = F.linear(dense_of(case, form, ref_values), w, b)
+        (want * grad_out).sum().backward()
+        close(y, want)
+        close(values.grad, ref_values.grad)
+        table = layer.weight_t if sparse_grad else layer.weight
+        weight_grad = _grad(table)
+        if sparse_grad:
+            assert table.grad.layout == torch.sparse_coo
+            # only the touched columns of the weight (rows of weight_t) are stored
+            touched = set(case.col.tolist())
+            assert set(table.grad.coalesce().indices()[0].tolist()) <= touched, form
+            weight_grad = weight_grad.t()
+        close(weight_grad, w.grad)
+        if bias:
+            close(_grad(layer.bias), b.grad)
+
+
+@SETTINGS
+@given(case=cases(), inp=st.integers(1, 4), seed=st.integers(0, 2 ** 16),
+       sparse_grad=st.booleans(), bias=st.booleans())
+def test_sparse_output_linear_equals_nn_linear_at_the_pattern(case, inp, seed, sparse_grad, bias):
+    torch.manual_seed(seed)
+    layer = SparseOutputLinear(inp, case.width, bias=bias, sparse_grad=sparse_grad,
+                               dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    h0 = torch.randn(case.rows, inp, generator=g, dtype=torch.float64)
+    grad_out = torch.randn(case.rows, case.width, generator=g, dtype=torch.float64)
+    spec = case.specified()
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        layer.zero_grad()
+        h = h0.clone().requires_grad_()
+        pattern = make(case, form)
+        y = layer(h, pattern)
+        assert y.layout == (torch.sparse_csr if form == "csr" else torch.sparse_coo), form
+        assert y._nnz() == int(spec.sum()), form  # each position once
+        dense_y = densify(y, size=(case.rows, case.width))
+        (dense_y * grad_out).sum().backward()
+        h_ref = h0.clone().requires_grad_()
+        w = layer.weight.detach().clone().requires_grad_()
+        b = layer.bias.detach().clone().requires_grad_() if bias else None
+        want = F.linear(h_ref, w, b) * spec
+        (want * grad_out).sum().backward()
+        close(dense_y, want)
+        close(h.grad, h_ref.grad)
+        close(_grad(layer.weight), w.grad)
+        if bias:
+            close(_grad(layer.bias), b.grad)
+    # no pattern: nn.Linear
+    close(layer(h0), F.linear(h0, layer.weight, layer.bias))
+
+
+# -- regressions the properties found, one row each ------------------------------------------
+
+def _pair_rows_repeating_an_index():
+    """A narrow layer (in_features=1) on pair rows that repeat index 0: more entries (3)
+    than the (rows, in_features) = (2, 1) product of the values' gradient has elements,
+    which torch's sampled_addmm refused ("torch.copy_: only sparse compressed tensors
+    with the same number of specified elements are supported")."""
+    values = torch.tensor([1.0, 2.0, -3.0], dtype=torch.float64, requires_grad=True)
+    x = [torch.stack([torch.zeros(2, dtype=torch.float64), values[:2]], 1),
+         torch.stack([torch.zeros(1, dtype=torch.float64), values[2:]], 1)]
+    dense = torch.stack([values[:2].sum(), values[2]]).reshape(2, 1)
+    return x, values, dense
+
+
+@pytest.mark.parametrize("layer_kind", ["auto", "sparse", "sparse_grad"])
+def test_regression_linear_backward_with_more_entries_than_the_product(layer_kind):
+    torch.manual_seed(0)
+    layer = SparseLinearBatch(1, 1, sparse_grad=layer_kind == "sparse_grad",
+                              mode="auto" if layer_kind == "auto" else "sparse",
+                              dtype=torch.float64)
+    x, values, _ = _pair_rows_repeating_an_index()
+    layer(x).sum().backward()
+    close(values.grad, layer.weight.detach().reshape(1).expand(3))
