@@ -594,3 +594,316 @@ def test_regression_linear_backward_with_more_entries_than_the_product(layer_kin
     x, values, _ = _pair_rows_repeating_an_index()
     layer(x).sum().backward()
     close(values.grad, layer.weight.detach().reshape(1).expand(3))
+
+
+# -- criteria against a dense masked loss ------------------------------------------------------
+
+# (the loss, its element-wise form for the reference)
+LOSSES = {
+    "mse": (lambda: nn.MSELoss(), lambda x, y: (x - y) ** 2),
+    "l1": (lambda: nn.L1Loss(), lambda x, y: (x - y).abs()),
+    "smooth_l1": (lambda: nn.SmoothL1Loss(beta=0.5),
+                  lambda x, y: F.smooth_l1_loss(x, y, beta=0.5, reduction="none")),
+    "huber": (lambda: nn.HuberLoss(delta=0.7),
+              lambda x, y: F.huber_loss(x, y, delta=0.7, reduction="none")),
+    "bce_logits": (lambda: nn.BCEWithLogitsLoss(),
+                   lambda x, y: F.binary_cross_entropy_with_logits(x, y, reduction="none")),
+    "mse_sum": (lambda: nn.MSELoss(reduction="sum"), lambda x, y: (x - y) ** 2),
+}
+
+
+def _estimate(case: Case, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(case.rows, case.width, generator=g, dtype=torch.float64)
+
+
+def _sparse_estimate(est: torch.Tensor, kind: str):
+    """A sparse estimate over every position, whose values are a leaf."""
+    rows, width = est.shape
+    values = est.reshape(-1).clone().requires_grad_()
+    index = torch.stack(torch.meshgrid(torch.arange(rows), torch.arange(width),
+                                       indexing="ij")).reshape(2, -1)
+    coo = torch.sparse_coo_tensor(index, values, (rows, width)).coalesce()
+    return (coo if kind == "coo" else coo.to_sparse_csr()), values
+
+
+@SETTINGS
+@given(case=cases(), loss=st.sampled_from(sorted(LOSSES)), seed=st.integers(0, 2 ** 16),
+       averaging=st.sampled_from(["size", "full", "none"]), estimate_kind=st.sampled_from(
+           ["dense", "coo", "csr"]))
+def test_sparse_criterion_against_a_dense_masked_loss(case, loss, seed, averaging,
+                                                     estimate_kind):
+    make_loss, elementwise = LOSSES[loss]
+    if loss == "mse_sum" and averaging != "none":
+        averaging = "none"  # reduction='sum' means size_average=False
+    crit = SparseCriterion(make_loss(), size_average=averaging == "size",
+                           full_size_average=averaging == "full")
+    est0 = _estimate(case, seed)
+    spec = case.specified()
+    divisor = {"size": max(int(spec.sum()), 1), "full": max(est0.numel(), 1),
+               "none": 1}[averaging]
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        if estimate_kind == "dense":
+            est = est0.clone().requires_grad_()
+            leaf = est
+        else:
+            est, leaf = _sparse_estimate(est0, estimate_kind)
+        target_values = leaf_values(case, form, case.dtype)
+        got = crit(est, make(case, form, target_values))
+        got.backward()
+        ref_est = est0.clone().requires_grad_()
+        ref_target = leaf_values(case, form, case.dtype)
+        y = dense_of(case, form, ref_target).to(torch.float64)
+        want = elementwise(ref_est, y)[spec].sum() / divisor
+        want.backward()
+        assert got.dtype == torch.float64 and got.shape == ()
+        close(got, want)
+        close(leaf.grad.reshape(case.rows, case.width), ref_est.grad)
+        close(target_values.grad, ref_target.grad, case.dtype)
+
+
+def _widen(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """A prepared batch's dense mask padded with False to ``width`` columns."""
+    return F.pad(mask, (0, width - mask.shape[-1]), value=False)
+
+
+def _weights(mask: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    return torch.where(mask, alpha, beta).to(torch.float64)
+
+
+@SETTINGS
+@given(case=cases(), loss=st.sampled_from(["mse", "l1", "huber"]), seed=st.integers(0, 2 ** 16),
+       alpha=st.sampled_from([0.0, 1.0, 2.5]), beta=st.sampled_from([0.0, 0.5, 1.0]),
+       size_average=st.booleans())
+def test_sdae_criterion_with_a_mask_against_a_dense_masked_loss(case, loss, seed, alpha, beta,
+                                                               size_average):
+    make_loss, elementwise = LOSSES[loss]
+    est0 = _estimate(case, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    mask = torch.rand(est0.shape, generator=g) < 0.4
+    target = case.dense().to(torch.float64)
+    crit = SDAECriterion(make_loss(), alpha=alpha, beta=beta, size_average=size_average)
+    est = est0.clone().requires_grad_()
+    got = crit(est, target, mask=mask)
+    got.backward()
+    ref = est0.clone().requires_grad_()
+    want = (elementwise(ref, target) * _weights(mask, alpha, beta)).sum()
+    want = want / max(est0.numel(), 1) if size_average else want
+    want.backward()
+    close(got, want)
+    close(est.grad, ref.grad)
+
+
+@SETTINGS
+@given(case=cases(), seed=st.integers(0, 2 ** 16),
+       ratios=st.sampled_from([(0.0, 0.0, 0.5), (0.5, 0.0, 0.0), (0.0, 0.5, 0.0),
+                               (0.3, 0.3, 0.3), (0.0, 0.0, 1.0)]))
+def test_sdae_criterion_prepare_input_corrupts_the_masked_entries_only(case, seed, ratios):
+    noise, flip, hide = ratios
+    x = case.dense().to(torch.float64)
+    crit = SDAECriterion(nn.MSELoss(), noise_ratio=noise, flip_ratio=flip, hide_ratio=hide,
+                         flip_range=(-2.0, 3.0), generator=torch.Generator().manual_seed(seed))
+    out = crit.prepare_input(x)
+    mask = crit.mask_alpha
+    assert mask.shape == x.shape and mask.dtype == torch.bool
+    exact(out[~mask], x[~mask])
+    exact(crit.mask_beta, ~mask)
+    if flip == 0 and noise == 0:
+        assert bool((out[mask] == 0).all())
+    if noise == 0 and hide == 0:
+        assert bool(((out[mask] == -2.0) | (out[mask] == 3.0)).all())
+    # the same seed, the same corruption
+    again = SDAECriterion(nn.MSELoss(), noise_ratio=noise, flip_ratio=flip, hide_ratio=hide,
+                          flip_range=(-2.0, 3.0), generator=torch.Generator().manual_seed(seed))
+    exact(again.prepare_input(x), out)
+    # the remembered mask is the one a mask= call gives
+    est = _estimate(case, seed)
+    close(crit(est, x), crit(est, x, mask=mask))
+
+
+@SETTINGS
+@given(case=cases(), loss=st.sampled_from(["mse", "l1", "smooth_l1"]),
+       seed=st.integers(0, 2 ** 16), alpha=st.sampled_from([0.0, 1.0, 2.5]),
+       beta=st.sampled_from([0.0, 0.5, 1.0]), size_average=st.booleans())
+def test_sdae_sparse_criterion_against_a_dense_masked_loss(case, loss, seed, alpha, beta,
+                                                          size_average):
+    make_loss, elementwise = LOSSES[loss]
+    est0 = _estimate(case, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    mask = torch.rand(est0.shape, generator=g) < 0.4
+    spec = case.specified()
+    y = case.dense().to(torch.float64)
+    divisor = max(int(spec.sum()), 1) if size_average else 1
+    ref = est0.clone().requires_grad_()
+    want = (elementwise(ref, y) * _weights(mask, alpha, beta))[spec].sum() / divisor
+    want.backward()
+    crit = SDAESparseCriterion(make_loss(), alpha=alpha, beta=beta, size_average=size_average)
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        est = est0.clone().requires_grad_()
+        got = crit(est, make(case, form), mask=mask)
+        got.backward()
+        close(got, want)
+        close(est.grad, ref.grad)
+
+
+@SETTINGS
+@given(case=cases(), seed=st.integers(0, 2 ** 16), hide=st.sampled_from([0.0, 0.5, 1.0]),
+       alpha=st.sampled_from([1.0, 2.5]), beta=st.sampled_from([0.0, 0.5]))
+def test_sdae_sparse_criterion_prepare_input_every_form(case, seed, hide, alpha, beta):
+    spec = case.specified()
+    y = case.dense()
+    est = _estimate(case, seed)
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        crit = SDAESparseCriterion(nn.MSELoss(), alpha=alpha, beta=beta, hide_ratio=hide,
+                                   generator=torch.Generator().manual_seed(seed))
+        x = make(case, form)
+        out = crit.prepare_input(x)
+        # in the input's form, on its pattern (coalesced: one entry per position)
+        if form in DECLARED[:3]:
+            assert isinstance(out, torch.Tensor) and out.layout == x.layout, form
+        else:
+            assert isinstance(out, list) and len(out) == case.rows, form
+        # the prepared batch's shape: a pair list's width is its largest index + 1
+        mask, beta_mask = _widen(crit.mask_alpha, case.width), _widen(crit.mask_beta, case.width)
+        exact(beta_mask, spec & ~mask)
+        assert not bool((mask & ~spec).any()), form  # only specified entries corrupted
+        got = densify(out, size=(case.rows, case.width))
+        close(got[~mask], y[~mask], case.dtype)  # the others untouched, duplicates summed
+        assert bool((got[mask] == 0).all()), form
+        if hide == 1.0:
+            exact(mask, spec)
+        # the remembered mask is the one mask= gives, whatever the target's form
+        for target_form in ("coo_uncoalesced", "csr"):
+            target = make(case, target_form)
+            close(crit(est, target), crit(est, target, mask=mask))
+
+
+def _pattern(x, case: Case) -> torch.Tensor:
+    """The specified positions of a sparse form, as a dense bool ``(rows, width)``."""
+    return ~densify(x, elem=math.nan, size=(case.rows, case.width)).isnan()
+
+
+@SETTINGS
+@given(case=cases(dtypes=[torch.float64]), loss=st.sampled_from(["mse", "l1", "huber"]),
+       seed=st.integers(0, 2 ** 16), hide=st.sampled_from([0.0, 0.3, 0.7, 1.0]),
+       alpha=st.sampled_from([1.0, 2.5]), beta=st.sampled_from([0.0, 0.5]),
+       size_average=st.booleans(), estimate_kind=st.sampled_from(["dense", "coo"]))
+def test_mask_criterion_sparse_input_against_a_dense_masked_loss(
+        case, loss, seed, hide, alpha, beta, size_average, estimate_kind):
+    make_loss, elementwise = LOSSES[loss]
+    spec = case.specified()
+    y = case.dense()
+    est0 = _estimate(case, seed)
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        crit = MaskCriterion(make_loss(), alpha=alpha, beta=beta, hide_ratio=hide,
+                             generator=torch.Generator().manual_seed(seed),
+                             size_average=size_average)
+        x = make(case, form)
+        out = crit.prepare_input(x)
+        kept = _pattern(out, case)
+        assert not bool((kept & ~spec).any()), form
+        hidden = spec & ~kept
+        # a row keeps one entry at least; the kept values are the input's (summed)
+        assert bool((kept.any(1) == spec.any(1)).all()), form
+        close(densify(out, size=(case.rows, case.width))[kept], y[kept])
+        if hide in (0.0, 1.0):  # nothing, or every entry of a row, which then keeps them all
+            assert not bool(hidden.any()), form
+        ref = est0.clone().requires_grad_()
+        want = (elementwise(ref, y) * _weights(hidden, alpha, beta))[spec].sum()
+        want = want / max(est0.numel(), 1) if size_average else want
+        want.backward()
+        for target in (make(case, form), y):
+            if estimate_kind == "dense":
+                est = leaf = est0.clone().requires_grad_()
+            else:
+                est, leaf = _sparse_estimate(est0, "coo")
+            got = crit(est, target)
+            got.backward()
+            close(got, want)
+            close(leaf.grad.reshape(case.rows, case.width), ref.grad)
+
+
+@SETTINGS
+@given(case=cases(min_rows=1, dtypes=[torch.float64]), seed=st.integers(0, 2 ** 16),
+       hide=st.sampled_from([0.0, 0.3, 0.5, 1.0]), alpha=st.sampled_from([1.0, 2.5]),
+       beta=st.sampled_from([0.0, 0.5]))
+def test_mask_criterion_dense_input_against_a_dense_masked_loss(case, seed, hide, alpha, beta):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(case.rows, case.width, generator=g, dtype=torch.float64) + 0.5  # no zero
+    crit = MaskCriterion(nn.MSELoss(), alpha=alpha, beta=beta, hide_ratio=hide,
+                         generator=torch.Generator().manual_seed(seed))
+    out = crit.prepare_input(x)
+    hidden = out == 0
+    # floor(n * hide_ratio) distinct entries of each row set to 0, the others kept
+    assert hidden.sum(1).tolist() == [int(case.width * hide)] * case.rows
+    exact(out[~hidden], x[~hidden])
+    est0 = _estimate(case, seed)
+    for target in (case.dense(), make(case, "csr")):
+        est = est0.clone().requires_grad_()
+        got = crit(est, target)
+        got.backward()
+        ref = est0.clone().requires_grad_()
+        want = ((ref - case.dense()) ** 2 * _weights(hidden, alpha, beta)).sum() / est0.numel()
+        want.backward()
+        close(got, want)
+        close(est.grad, ref.grad)
+
+
+# -- the modules against the functions ----------------------------------------------------------
+
+@SETTINGS
+@given(case=cases(), elem=st.sampled_from([0.0, -1.0, math.nan]), extra=st.integers(0, 2))
+def test_densify_module_is_the_function(case, elem, extra):
+    width = case.width + extra  # the input may be narrower than in_features
+    layer = Densify(width, elem=elem)
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        x = make(case, form)
+        exact(layer(x), densify(x, elem=elem, size=(case.rows, width)))
+    if case.rows == 1:
+        for form, x in vector_forms(case).items():
+            exact(layer(x), densify(x, elem=elem, size=width))
+
+
+@FEW
+@given(case=cases(dtypes=[torch.float64]), out=st.integers(1, 5), batch_size=st.integers(1, 4),
+       layout=st.sampled_from([torch.sparse_csr, torch.sparse_coo]), seed=st.integers(0, 2 ** 16),
+       k=st.integers(0, 5))
+def test_batchifier_is_the_network_on_the_dense_batch(case, out, batch_size, layout, seed, k):
+    torch.manual_seed(seed)
+    net = nn.Sequential(SparseLinearBatch(case.width, 3, dtype=torch.float64), nn.Tanh(),
+                        nn.Linear(3, out, dtype=torch.float64))
+    dense_net = nn.Sequential(nn.Linear(case.width, 3, dtype=torch.float64), nn.Tanh(),
+                              nn.Linear(3, out, dtype=torch.float64))
+    dense_net.load_state_dict(net.state_dict())
+    with torch.no_grad():
+        want = dense_net(case.dense())
+    run = Batchifier(net, out, batch_size=batch_size, progress=False, layout=layout)
+    k = min(k, out)
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        x = make(case, form)
+        close(run(x), want)
+        best = run.topk(x, k)
+        close(best.values, torch.topk(want, k, dim=1).values)
+        close(torch.gather(want, 1, best.indices), best.values)
+    close(run(case.dense()), want)  # a dense batch: its row slices
+    if out >= case.width:
+        # exclude=True: the rows' specified entries score -inf before the top k
+        spec = F.pad(case.specified(), (0, out - case.width))
+        worst = want.masked_fill(spec, -math.inf)
+        for form in ("coo_uncoalesced", "csr", "list"):
+            if not usable(case, form):
+                continue
+            best = run.topk(make(case, form), k, exclude=True)
+            close(best.values, torch.topk(worst, k, dim=1).values)
