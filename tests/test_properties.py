@@ -184,6 +184,8 @@ def exact(a, b):
 
 
 def close(a, b, dtype=torch.float64):
+    """Equal up to rounding.  ``dtype``: the values' own (float32 duplicates are summed in
+    float32 by the library, in float64 by the reference, in another order)."""
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a, b, **tol)
 
@@ -659,8 +661,8 @@ def test_sparse_criterion_against_a_dense_masked_loss(case, loss, seed, averagin
         want = elementwise(ref_est, y)[spec].sum() / divisor
         want.backward()
         assert got.dtype == torch.float64 and got.shape == ()
-        close(got, want)
-        close(leaf.grad.reshape(case.rows, case.width), ref_est.grad)
+        close(got, want, case.dtype)
+        close(leaf.grad.reshape(case.rows, case.width), ref_est.grad, case.dtype)
         close(target_values.grad, ref_target.grad, case.dtype)
 
 
@@ -692,8 +694,8 @@ def test_sdae_criterion_with_a_mask_against_a_dense_masked_loss(case, loss, seed
     want = (elementwise(ref, target) * _weights(mask, alpha, beta)).sum()
     want = want / max(est0.numel(), 1) if size_average else want
     want.backward()
-    close(got, want)
-    close(est.grad, ref.grad)
+    close(got, want, case.dtype)
+    close(est.grad, ref.grad, case.dtype)
 
 
 @SETTINGS
@@ -746,8 +748,8 @@ def test_sdae_sparse_criterion_against_a_dense_masked_loss(case, loss, seed, alp
         est = est0.clone().requires_grad_()
         got = crit(est, make(case, form), mask=mask)
         got.backward()
-        close(got, want)
-        close(est.grad, ref.grad)
+        close(got, want, case.dtype)
+        close(est.grad, ref.grad, case.dtype)
 
 
 @SETTINGS
@@ -907,3 +909,54 @@ def test_batchifier_is_the_network_on_the_dense_batch(case, out, batch_size, lay
                 continue
             best = run.topk(make(case, form), k, exclude=True)
             close(best.values, torch.topk(worst, k, dim=1).values)
+
+
+# -- vectors: one sample, through the layers and a criterion ----------------------------------
+
+@SETTINGS
+@given(case=cases(min_rows=1, max_rows=1, dtypes=[torch.float64]), out=st.integers(1, 4),
+       seed=st.integers(0, 2 ** 16), sparse_grad=st.booleans())
+def test_layers_and_criterion_on_vectors(case, out, seed, sparse_grad):
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    dense = case.dense()[0]
+    encoder = SparseLinearBatch(case.width, out, sparse_grad=sparse_grad, dtype=torch.float64)
+    decoder = SparseOutputLinear(out, case.width, sparse_grad=sparse_grad, dtype=torch.float64)
+    grad_out = torch.randn(out, generator=g, dtype=torch.float64)
+    spec = case.specified()[0]
+    for form in ("coo_vector", "coo_vector_coalesced"):
+        encoder.zero_grad()
+        raw = form == "coo_vector"
+        values = (case.values if raw else case.coalesced()[2]).clone().requires_grad_()
+        col = case.col if raw else case.coalesced()[1]
+        x = torch.sparse_coo_tensor(col.reshape(1, -1), values, (case.width,))
+        if not raw:
+            x = x.coalesce()
+        y = encoder(x)
+        assert y.shape == (out,)
+        (y * grad_out).sum().backward()
+        ref_values = values.detach().clone().requires_grad_()
+        w = encoder.weight.detach().clone().requires_grad_()
+        want = F.linear(torch.zeros(case.width, dtype=torch.float64).index_put(
+            (col,), ref_values, accumulate=True), w, encoder.bias.detach())
+        (want * grad_out).sum().backward()
+        close(y, want)
+        close(values.grad, ref_values.grad)
+        close(_grad(encoder.weight_t).t() if sparse_grad else encoder.weight.grad, w.grad)
+        # the decoder on the vector's pattern: a sparse vector at the pattern
+        h = torch.randn(out, generator=g, dtype=torch.float64)
+        z = decoder(h, x.detach())
+        assert z.shape == (case.width,) and z.layout == torch.sparse_coo
+        close(densify(z, size=case.width), F.linear(h, decoder.weight, decoder.bias) * spec)
+    # a criterion on a 1-D estimate: every vector form of the target, the lone pair tensor too
+    crit = SparseCriterion(nn.MSELoss())
+    est0 = torch.randn(case.width, generator=g, dtype=torch.float64)
+    ref = est0.clone().requires_grad_()
+    want = ((ref - dense) ** 2)[spec].sum() / max(int(spec.sum()), 1)
+    want.backward()
+    for form, target in vector_forms(case).items():
+        est = est0.clone().requires_grad_()
+        got = crit(est, target)
+        got.backward()
+        close(got, want)
+        close(est.grad, ref.grad)
