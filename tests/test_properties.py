@@ -187,7 +187,7 @@ def close(a, b, dtype=torch.float64):
     """Equal up to rounding.  ``dtype``: the values' own (float32 duplicates are summed in
     float32 by the library, in float64 by the reference, in another order)."""
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(a, b, **tol)
+    torch.testing.assert_close(a, b, equal_nan=True, **tol)
 
 
 def vector_forms(case: Case) -> Dict[str, torch.Tensor]:
@@ -960,3 +960,62 @@ def test_layers_and_criterion_on_vectors(case, out, seed, sparse_grad):
         got.backward()
         close(got, want)
         close(est.grad, ref.grad)
+
+
+# -- sparse_mm and values_map, every form -------------------------------------------------------
+
+@SETTINGS
+@given(case=cases(), p=st.integers(1, 4), seed=st.integers(0, 2 ** 16))
+def test_sparse_mm_every_form_against_the_dense_product(case, p, seed):
+    g = torch.Generator().manual_seed(seed)
+    b0 = torch.randn(case.width, p, generator=g, dtype=torch.float64)
+    d0 = torch.randn(p, case.rows, generator=g, dtype=torch.float64)
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        for side in ("left", "right"):
+            values = leaf_values(case, form)
+            other = (b0 if side == "left" else d0).clone().requires_grad_()
+            x = make(case, form, values)
+            got = nnsparse.sparse_mm(x, other) if side == "left" else nnsparse.sparse_mm(other, x)
+            ref_values = values.detach().clone().requires_grad_()
+            ref_other = other.detach().clone().requires_grad_()
+            dense = dense_of(case, form, ref_values)
+            want = dense @ ref_other if side == "left" else ref_other @ dense
+            if side == "right" and form == "pair_list":
+                # dense @ pair rows: the rows declare no width, their largest index + 1 is
+                want = want[:, :int(case.col.max()) + 1 if case.entries else 0]
+            close(got, want)
+            grad_out = torch.randn(want.shape, generator=g, dtype=torch.float64)
+            (got * grad_out).sum().backward()
+            (want * grad_out).sum().backward()
+            close(values.grad, ref_values.grad)
+            close(other.grad, ref_other.grad)
+
+
+@SETTINGS
+@given(case=cases(), fn=st.sampled_from(["affine", "tanh", "relu"]))
+def test_values_map_every_form(case, fn):
+    f = {"affine": lambda v: 2 * v + 1, "tanh": torch.tanh, "relu": nn.ReLU()}[fn]
+    spec = case.specified()
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        values = leaf_values(case, form, case.dtype)
+        x = make(case, form, values)
+        y = nnsparse.values_map(f, x)
+        # the form is kept, each position once (fn of the sum of its duplicates)
+        if form in ("coo", "coo_uncoalesced", "csr"):
+            assert y.layout == x.layout, form
+            assert y._nnz() == int(spec.sum()), form
+        else:
+            assert isinstance(y, list) and len(y) == case.rows, form
+        got = densify(y, elem=math.nan, size=(case.rows, case.width))
+        ref_values = values.detach().clone().requires_grad_()
+        dense = dense_of(case, form, ref_values)
+        want = torch.where(spec, f(dense), math.nan)
+        close(got, want, case.dtype)
+        weight = torch.arange(1.0, case.rows * case.width + 1).reshape(case.rows, case.width)
+        (densify(y, size=(case.rows, case.width)) * weight).sum().backward()
+        (f(dense)[spec] * weight[spec]).sum().backward()
+        close(values.grad, ref_values.grad, case.dtype)
