@@ -114,13 +114,14 @@ def _coo(case: Case, values=None, coalesced=False) -> torch.Tensor:
     return torch.sparse_coo_tensor(torch.stack([case.row, case.col]), v, (case.rows, case.width))
 
 
-def _csr(case: Case, values=None) -> torch.Tensor:
+def _csr(case: Case, values=None, index_dtype=torch.int64) -> torch.Tensor:
     row, col, v = case.coalesced()
     if values is not None:
         v = values
     crow = torch.zeros(case.rows + 1, dtype=torch.int64)
     crow[1:] = torch.bincount(row, minlength=case.rows).cumsum(0)
-    return torch.sparse_csr_tensor(crow, col, v, (case.rows, case.width))
+    return torch.sparse_csr_tensor(crow.to(index_dtype), col.to(index_dtype), v,
+                                   (case.rows, case.width))
 
 
 def _rows_of(case: Case, values=None):
@@ -146,10 +147,11 @@ FORMS = {
     "coo": (lambda c, v=None: _coo(c, v, coalesced=True), False),
     "coo_uncoalesced": (_coo, True),
     "csr": (_csr, False),
+    "csr_int32": (lambda c, v=None: _csr(c, v, torch.int32), False),
     "list": (_list, True),
     "pair_list": (_pair_list, True),
 }
-DECLARED = ["coo", "coo_uncoalesced", "csr", "list"]
+DECLARED = ["coo", "coo_uncoalesced", "csr", "csr_int32", "list"]
 
 
 def make(case: Case, form: str, values=None):
@@ -555,7 +557,7 @@ def test_sparse_output_linear_equals_nn_linear_at_the_pattern(case, inp, seed, s
         h = h0.clone().requires_grad_()
         pattern = make(case, form)
         y = layer(h, pattern)
-        assert y.layout == (torch.sparse_csr if form == "csr" else torch.sparse_coo), form
+        assert y.layout == (torch.sparse_csr if form.startswith("csr") else torch.sparse_coo), form
         assert y._nnz() == int(spec.sum()), form  # each position once
         dense_y = densify(y, size=(case.rows, case.width))
         (dense_y * grad_out).sum().backward()
@@ -620,19 +622,39 @@ def _estimate(case: Case, seed: int) -> torch.Tensor:
 
 
 def _sparse_estimate(est: torch.Tensor, kind: str):
-    """A sparse estimate over every position, whose values are a leaf."""
+    """A sparse estimate over every position, whose values are a leaf; ``"coo_split"``:
+    uncoalesced, each position's value given as two duplicates (a quarter and the rest),
+    the leaf then holds the two halves one after the other."""
     rows, width = est.shape
-    values = est.reshape(-1).clone().requires_grad_()
     index = torch.stack(torch.meshgrid(torch.arange(rows), torch.arange(width),
                                        indexing="ij")).reshape(2, -1)
+    if kind == "coo_split":
+        flat = est.reshape(-1)
+        values = torch.cat([flat / 4, flat * 3 / 4]).requires_grad_()
+        coo = torch.sparse_coo_tensor(index.repeat(1, 2), values, (rows, width))
+        return coo, _Halves(values)
+    values = est.reshape(-1).clone().requires_grad_()
     coo = torch.sparse_coo_tensor(index, values, (rows, width)).coalesce()
     return (coo if kind == "coo" else coo.to_sparse_csr()), values
+
+
+class _Halves:
+    """The leaf of a ``"coo_split"`` estimate: both duplicates get their position's gradient."""
+
+    def __init__(self, values: torch.Tensor) -> None:
+        self.values = values
+
+    @property
+    def grad(self) -> torch.Tensor:
+        first, second = self.values.grad.chunk(2)
+        torch.testing.assert_close(first, second, rtol=0, atol=0)
+        return first
 
 
 @SETTINGS
 @given(case=cases(), loss=st.sampled_from(sorted(LOSSES)), seed=st.integers(0, 2 ** 16),
        averaging=st.sampled_from(["size", "full", "none"]), estimate_kind=st.sampled_from(
-           ["dense", "coo", "csr"]))
+           ["dense", "coo", "csr", "coo_split"]))
 def test_sparse_criterion_against_a_dense_masked_loss(case, loss, seed, averaging,
                                                      estimate_kind):
     make_loss, elementwise = LOSSES[loss]
@@ -728,9 +750,10 @@ def test_sdae_criterion_prepare_input_corrupts_the_masked_entries_only(case, see
 @SETTINGS
 @given(case=cases(), loss=st.sampled_from(["mse", "l1", "smooth_l1"]),
        seed=st.integers(0, 2 ** 16), alpha=st.sampled_from([0.0, 1.0, 2.5]),
-       beta=st.sampled_from([0.0, 0.5, 1.0]), size_average=st.booleans())
+       beta=st.sampled_from([0.0, 0.5, 1.0]), size_average=st.booleans(),
+       estimate_kind=st.sampled_from(["dense", "coo", "csr", "coo_split"]))
 def test_sdae_sparse_criterion_against_a_dense_masked_loss(case, loss, seed, alpha, beta,
-                                                          size_average):
+                                                          size_average, estimate_kind):
     make_loss, elementwise = LOSSES[loss]
     est0 = _estimate(case, seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -745,11 +768,14 @@ def test_sdae_sparse_criterion_against_a_dense_masked_loss(case, loss, seed, alp
     for form in FORMS:
         if not usable(case, form):
             continue
-        est = est0.clone().requires_grad_()
+        if estimate_kind == "dense":
+            est = leaf = est0.clone().requires_grad_()
+        else:
+            est, leaf = _sparse_estimate(est0, estimate_kind)
         got = crit(est, make(case, form), mask=mask)
         got.backward()
         close(got, want, case.dtype)
-        close(est.grad, ref.grad, case.dtype)
+        close(leaf.grad.reshape(case.rows, case.width), ref.grad, case.dtype)
 
 
 @SETTINGS
@@ -767,7 +793,7 @@ def test_sdae_sparse_criterion_prepare_input_every_form(case, seed, hide, alpha,
         x = make(case, form)
         out = crit.prepare_input(x)
         # in the input's form, on its pattern (coalesced: one entry per position)
-        if form in DECLARED[:3]:
+        if form in ("coo", "coo_uncoalesced", "csr", "csr_int32"):
             assert isinstance(out, torch.Tensor) and out.layout == x.layout, form
         else:
             assert isinstance(out, list) and len(out) == case.rows, form
@@ -795,7 +821,8 @@ def _pattern(x, case: Case) -> torch.Tensor:
 @given(case=cases(dtypes=[torch.float64]), loss=st.sampled_from(["mse", "l1", "huber"]),
        seed=st.integers(0, 2 ** 16), hide=st.sampled_from([0.0, 0.3, 0.7, 1.0]),
        alpha=st.sampled_from([1.0, 2.5]), beta=st.sampled_from([0.0, 0.5]),
-       size_average=st.booleans(), estimate_kind=st.sampled_from(["dense", "coo"]))
+       size_average=st.booleans(),
+       estimate_kind=st.sampled_from(["dense", "coo", "csr", "coo_split"]))
 def test_mask_criterion_sparse_input_against_a_dense_masked_loss(
         case, loss, seed, hide, alpha, beta, size_average, estimate_kind):
     make_loss, elementwise = LOSSES[loss]
@@ -826,7 +853,7 @@ def test_mask_criterion_sparse_input_against_a_dense_masked_loss(
             if estimate_kind == "dense":
                 est = leaf = est0.clone().requires_grad_()
             else:
-                est, leaf = _sparse_estimate(est0, "coo")
+                est, leaf = _sparse_estimate(est0, estimate_kind)
             got = crit(est, target)
             got.backward()
             close(got, want)
@@ -1005,7 +1032,7 @@ def test_values_map_every_form(case, fn):
         x = make(case, form, values)
         y = nnsparse.values_map(f, x)
         # the form is kept, each position once (fn of the sum of its duplicates)
-        if form in ("coo", "coo_uncoalesced", "csr"):
+        if form in ("coo", "coo_uncoalesced", "csr", "csr_int32"):
             assert y.layout == x.layout, form
             assert y._nnz() == int(spec.sum()), form
         else:
@@ -1019,3 +1046,78 @@ def test_values_map_every_form(case, fn):
         (densify(y, size=(case.rows, case.width)) * weight).sum().backward()
         (f(dense)[spec] * weight[spec]).sum().backward()
         close(values.grad, ref_values.grad, case.dtype)
+
+
+# -- a sparse tensor that is itself the leaf: its gradient, its layout, its pattern ------------
+
+def _consumers(case: Case, seed: int):
+    """``name -> (fn of the sparse batch, fn of its dense equivalent)``, the same scalar."""
+    g = torch.Generator().manual_seed(seed)
+    rows, width = case.rows, case.width
+    weight = torch.randn(rows, width, generator=g, dtype=torch.float64)
+    torch.manual_seed(seed)
+    layer = SparseLinearBatch(width, 2, dtype=torch.float64)
+    layer_sparse = SparseLinearBatch(width, 2, dtype=torch.float64, sparse_grad=True)
+    grad_out = torch.randn(rows, 2, generator=g, dtype=torch.float64)
+    b = torch.randn(width, 2, generator=g, dtype=torch.float64)
+    est = torch.randn(rows, width, generator=g, dtype=torch.float64)
+    spec = case.specified()
+    nnz = max(int(spec.sum()), 1)
+    crit = SparseCriterion(nn.MSELoss())
+    return {
+        "densify": (lambda x: (densify(x, size=(rows, width)) * weight).sum(),
+                    lambda d: (d * weight).sum()),
+        "linear": (lambda x: (layer(x) * grad_out).sum(),
+                   lambda d: (F.linear(d, layer.weight, layer.bias) * grad_out).sum()),
+        "linear_sparse_grad": (lambda x: (layer_sparse(x) * grad_out).sum(),
+                               lambda d: (F.linear(d, layer_sparse.weight, layer_sparse.bias)
+                                          * grad_out).sum()),
+        "criterion_target": (lambda x: crit(est, x), lambda d: ((est - d) ** 2)[spec].sum() / nnz),
+        "sparse_mm": (lambda x: (nnsparse.sparse_mm(x, b) * grad_out).sum(),
+                      lambda d: ((d @ b) * grad_out).sum()),
+        "values_map": (lambda x: (densify(nnsparse.values_map(torch.tanh, x), size=(rows, width))
+                                  * weight).sum(),
+                       lambda d: (torch.tanh(d) * weight)[spec].sum()),
+        "stopk": (lambda x: (lambda r: (r.values * (r.indices >= 0)).nan_to_num(0, 0, 0).sum())(
+                      stopk(x, width)),
+                  lambda d: d[spec].sum()),
+    }
+
+
+@SETTINGS
+@given(case=cases(dtypes=[torch.float64]), seed=st.integers(0, 2 ** 16),
+       form=st.sampled_from(["coo", "coo_uncoalesced", "csr"]))
+def test_a_sparse_leaf_gets_its_gradient_at_its_pattern(case, seed, form):
+    spec = case.specified()
+    for name, (sparse_fn, dense_fn) in _consumers(case, seed).items():
+        x = make(case, form).detach().requires_grad_()
+        d = case.dense().requires_grad_()
+        got, want = sparse_fn(x), dense_fn(d)
+        close(got, want)
+        got.backward()
+        want.backward()
+        if x.grad is None:  # no entry at all: nothing to differentiate
+            assert not bool(spec.any()), name
+            continue
+        assert x.grad.layout == x.layout, name
+        close(x.grad.to_dense(), d.grad * spec)
+
+
+@SETTINGS
+@given(case=cases(), key=st.sampled_from(["value", "index"]), descending=st.booleans())
+def test_ssort_inplace_on_pair_forms_is_the_returned_sort(case, key, descending):
+    sort = ssort if key == "value" else ssort_by_index
+    if case.rows:
+        rows = make(case, "pair_list")
+        want = sort(rows, descending=descending)
+        copies = [r.clone() for r in rows]
+        got = sort(copies, descending=descending, inplace=True)
+        assert got is copies
+        for p, q in zip(copies, want):
+            exact(p, q)
+    if case.rows == 1:
+        pairs = vector_forms(case)["pairs"]
+        want = sort(pairs, descending=descending)
+        copy_ = pairs.clone()
+        assert sort(copy_, descending=descending, inplace=True) is copy_
+        exact(copy_, want)
