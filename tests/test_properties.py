@@ -633,6 +633,31 @@ LOSSES = {
 }
 
 
+def _column_weight(width: int) -> torch.Tensor:
+    return torch.arange(1, width + 1, dtype=torch.float64) / width
+
+
+# Every loss with an element-wise form (``nnsparse/criteria/_elementwise.py``), with its
+# weight tensors: ``factory(width, reduction)``.  The reference is the same loss with
+# reduction='none' on the dense tensors, its weights broadcast to the dense shape.
+# ``"bce"`` reads probabilities: its estimate goes through a sigmoid first.
+ALL_LOSSES = {
+    "mse": lambda w, r: nn.MSELoss(reduction=r),
+    "l1": lambda w, r: nn.L1Loss(reduction=r),
+    "smooth_l1": lambda w, r: nn.SmoothL1Loss(beta=0.5, reduction=r),
+    "huber": lambda w, r: nn.HuberLoss(delta=0.7, reduction=r),
+    "bce": lambda w, r: nn.BCELoss(weight=0.5 + _column_weight(w), reduction=r),
+    "bce_logits": lambda w, r: nn.BCEWithLogitsLoss(reduction=r),
+    "bce_logits_weights": lambda w, r: nn.BCEWithLogitsLoss(
+        weight=_column_weight(w).flip(0), pos_weight=_column_weight(w) + 0.25, reduction=r),
+    "soft_margin": lambda w, r: nn.SoftMarginLoss(reduction=r),
+    "poisson_nll": lambda w, r: nn.PoissonNLLLoss(reduction=r),
+    "poisson_nll_full": lambda w, r: nn.PoissonNLLLoss(log_input=False, full=True, reduction=r),
+    "kl_div_log_target": lambda w, r: nn.KLDivLoss(log_target=True, reduction=r),
+    "hinge_embedding": lambda w, r: nn.HingeEmbeddingLoss(margin=0.8, reduction=r),
+}
+
+
 def _estimate(case: Case, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(case.rows, case.width, generator=g, dtype=torch.float64)
@@ -664,22 +689,36 @@ class _Halves:
     @property
     def grad(self) -> torch.Tensor:
         first, second = self.values.grad.chunk(2)
-        torch.testing.assert_close(first, second, rtol=0, atol=0)
+        torch.testing.assert_close(first, second, rtol=0, atol=0, equal_nan=True)
         return first
 
 
 @SETTINGS
-@given(case=cases(), loss=st.sampled_from(sorted(LOSSES)), seed=st.integers(0, 2 ** 16),
+@given(case=cases(), loss=st.sampled_from(sorted(ALL_LOSSES) + ["mse_sum"]),
+       seed=st.integers(0, 2 ** 16),
        averaging=st.sampled_from(["size", "full", "none"]), estimate_kind=st.sampled_from(
            ["dense", "coo", "csr", "coo_split"]))
 def test_sparse_criterion_against_a_dense_masked_loss(case, loss, seed, averaging,
                                                      estimate_kind):
-    make_loss, elementwise = LOSSES[loss]
-    if loss == "mse_sum" and averaging != "none":
-        averaging = "none"  # reduction='sum' means size_average=False
-    crit = SparseCriterion(make_loss(), size_average=averaging == "size",
+    if loss == "mse_sum":  # reduction='sum' means size_average=False
+        averaging, module = "none", nn.MSELoss(reduction="sum")
+        elementwise = nn.MSELoss(reduction="none")
+    else:
+        module = ALL_LOSSES[loss](case.width, "mean")
+        elementwise = ALL_LOSSES[loss](case.width, "none")
+    crit = SparseCriterion(module, size_average=averaging == "size",
                            full_size_average=averaging == "full")
     est0 = _estimate(case, seed)
+    if loss in ("bce", "poisson_nll_full"):  # probabilities, rates
+        est0 = torch.sigmoid(est0)
+    if loss == "bce":  # targets in [0, 1], duplicates included
+        count = {}
+        for r, c, _ in case.entries:
+            count[r, c] = count.get((r, c), 0) + 1
+        case = Case(case.rows, case.width, case.dtype, [
+            (r, c, (math.tanh(v) + 1) / 2 / count[r, c]) for r, c, v in case.entries])
+    # torch has no gradient of soft_margin_loss for its target
+    target_grad = loss != "soft_margin"
     spec = case.specified()
     divisor = {"size": max(int(spec.sum()), 1), "full": max(est0.numel(), 1),
                "none": 1}[averaging]
@@ -691,18 +730,19 @@ def test_sparse_criterion_against_a_dense_masked_loss(case, loss, seed, averagin
             leaf = est
         else:
             est, leaf = _sparse_estimate(est0, estimate_kind)
-        target_values = leaf_values(case, form, case.dtype)
+        target_values = leaf_values(case, form, case.dtype).requires_grad_(target_grad)
         got = crit(est, make(case, form, target_values))
         got.backward()
         ref_est = est0.clone().requires_grad_()
-        ref_target = leaf_values(case, form, case.dtype)
+        ref_target = leaf_values(case, form, case.dtype).requires_grad_(target_grad)
         y = dense_of(case, form, ref_target).to(torch.float64)
         want = elementwise(ref_est, y)[spec].sum() / divisor
         want.backward()
         assert got.dtype == torch.float64 and got.shape == ()
         close(got, want, case.dtype)
         close(leaf.grad.reshape(case.rows, case.width), ref_est.grad, case.dtype)
-        close(target_values.grad, ref_target.grad, case.dtype)
+        if target_grad:
+            close(target_values.grad, ref_target.grad, case.dtype)
 
 
 def _widen(mask: torch.Tensor, width: int) -> torch.Tensor:
