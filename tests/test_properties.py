@@ -1178,3 +1178,50 @@ def test_ssort_inplace_on_pair_forms_is_the_returned_sort(case, key, descending)
         copy_ = pairs.clone()
         assert sort(copy_, descending=descending, inplace=True) is copy_
         exact(copy_, want)
+
+
+# -- a sparse autoencoder's step: decoder output on the target's pattern, then the loss ---------
+
+@SETTINGS
+@given(case=cases(), inp=st.integers(1, 3), seed=st.integers(0, 2 ** 16),
+       sparse_grad=st.booleans(), criterion=st.sampled_from(["sparse", "sdae", "mask"]))
+def test_decoder_output_into_a_criterion_equals_the_dense_step(case, inp, seed, sparse_grad,
+                                                              criterion):
+    torch.manual_seed(seed)
+    decoder = SparseOutputLinear(inp, case.width, sparse_grad=sparse_grad, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    h0 = torch.randn(case.rows, inp, generator=g, dtype=torch.float64)
+    mask = torch.rand(case.rows, case.width, generator=g) < 0.5
+    spec = case.specified()
+    y = case.dense().to(torch.float64)
+    for form in FORMS:
+        if not usable(case, form):
+            continue
+        target = make(case, form)
+        if criterion == "sparse":
+            crit = SparseCriterion(nn.MSELoss())
+            weights = spec.to(torch.float64)
+            divisor = max(int(spec.sum()), 1)
+        elif criterion == "sdae":
+            crit = SDAESparseCriterion(nn.MSELoss(), alpha=2.0, beta=0.5)
+            weights = _weights(mask, 2.0, 0.5) * spec
+            divisor = max(int(spec.sum()), 1)
+        else:  # nothing hidden (hide_ratio=0): beta on every observed entry
+            crit = MaskCriterion(nn.MSELoss(), alpha=2.0, beta=0.5, hide_ratio=0.0)
+            crit.prepare_input(target)
+            weights = 0.5 * spec.to(torch.float64)
+            divisor = max(case.rows * case.width, 1)
+        decoder.zero_grad()
+        h = h0.clone().requires_grad_()
+        out = decoder(h, target)
+        loss = crit(out, target, mask=mask) if criterion == "sdae" else crit(out, target)
+        loss.backward()
+        h_ref = h0.clone().requires_grad_()
+        w = decoder.weight.detach().clone().requires_grad_()
+        b = decoder.bias.detach().clone().requires_grad_()
+        want = (((F.linear(h_ref, w, b) - y) ** 2) * weights).sum() / divisor
+        want.backward()
+        close(loss, want, case.dtype)
+        close(h.grad, h_ref.grad, case.dtype)
+        close(_grad(decoder.weight), w.grad, case.dtype)
+        close(_grad(decoder.bias), b.grad, case.dtype)
