@@ -415,6 +415,8 @@ def _builder_ops(ndim):
         st.tuples(st.just("copy"), entry),
         st.tuples(st.just("pickle"), st.none()),
         st.tuples(st.just("build"), st.none()),
+        st.tuples(st.just("refused"), st.sampled_from(
+            ["negative", "bool", "float", "length", "value", "extend", "set"])),
     ]
     if ndim == 1:
         ops.append(st.tuples(st.just("set"), st.lists(entry, max_size=6)))
@@ -449,13 +451,37 @@ def _check_builder(b, ref, ndim, dtype):
             exact(b.build(size=size, layout=torch.sparse_csr).to_dense(), dense)
 
 
+def _refused_call(b, kind, ndim, dtype):
+    """One call the builder must refuse, of the given kind."""
+    good = 1 if ndim == 1 else (1,) * ndim
+    if kind == "negative":
+        b.append(-1 if ndim == 1 else (1,) * (ndim - 1) + (-1,), 1)
+    elif kind == "bool":
+        b.append(True if ndim == 1 else (True,) * ndim, 1)
+    elif kind == "float":
+        b.append(1.0 if ndim == 1 else (1.0,) * ndim, 1)
+    elif kind == "length":
+        b.append((1,) * (ndim + 1), 1)
+    elif kind == "value":  # beyond int8's range, or not an int for an integer dtype
+        b.append(good, 1000 if dtype == torch.int8 else
+                 (0.5 if not dtype.is_floating_point else "x"))
+    elif kind == "extend":  # one bad index among good ones: none is added
+        index = torch.ones(3, ndim, dtype=torch.int64)
+        index[2, -1] = -4
+        b.extend(index.reshape(-1) if ndim == 1 else index, torch.ones(3, dtype=dtype))
+    elif kind == "set":  # a fractional or negative index (or set on a batch builder)
+        bad = [[0, 1], [1.5, 2]] if dtype.is_floating_point else [[0, 1], [-1, 2]]
+        b.set(torch.tensor(bad, dtype=dtype))
+
+
 @SETTINGS
 @given(data=st.data(), ndim=st.sampled_from([1, 2, 3]), reserve=st.integers(0, 3),
-       mult=st.sampled_from([1.1, 1.5, 2.0, 3.0]), dtype=st.sampled_from(DTYPES + [torch.int64]))
+       mult=st.sampled_from([1.1, 1.5, 2.0, 3.0]),
+       dtype=st.sampled_from(DTYPES + [torch.int64, torch.int8]))
 def test_dynamic_sparse_tensor_against_a_list(data, ndim, reserve, mult, dtype):
     ops = data.draw(_builder_ops(ndim))
     b = DynamicSparseTensor(reserve=reserve, mult_coef=mult, ndim=ndim, dtype=dtype)
-    cast = (lambda v: int(v * 8)) if dtype == torch.int64 else float
+    cast = float if dtype.is_floating_point else (lambda v: int(v * 3))  # (int8: within 127)
     ref: list = []
     for op, arg in ops:
         if op == "append":
@@ -494,6 +520,10 @@ def test_dynamic_sparse_tensor_against_a_list(data, ndim, reserve, mult, dtype):
         elif op == "pickle":
             b = pickle.loads(pickle.dumps(b))
         elif op == "build":  # building leaves the builder as it was
+            _check_builder(b, ref, ndim, dtype)
+        elif op == "refused":  # a refused call leaves the builder as it was
+            with pytest.raises((TypeError, ValueError)):
+                _refused_call(b, arg, ndim, dtype)
             _check_builder(b, ref, ndim, dtype)
     _check_builder(b, ref, ndim, dtype)
     assert b.capacity >= len(ref)
