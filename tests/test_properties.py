@@ -11,9 +11,11 @@ its documented semantics, whatever the form.
 The project registers no hypothesis profile: each test uses ``SETTINGS``
 (derandomized, no example database) so that a run is deterministic.
 """
+import contextlib
 import copy
 import math
 import pickle
+from unittest import mock
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
@@ -25,6 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import nnsparse
+from nnsparse import _kernels
 from nnsparse import (Batchifier, Densify, DynamicSparseTensor, MaskCriterion, SDAECriterion,
                       SDAESparseCriterion, SparseCriterion, SparseLinearBatch, SparseOutputLinear,
                       Sparsify, densify, from_pairs, sparsify, ssort, ssort_by_index, stopk,
@@ -531,6 +534,20 @@ def test_dynamic_sparse_tensor_against_a_list(data, ndim, reserve, mult, dtype):
 
 # -- layers against nn.Linear on the densified input ---------------------------------------
 
+@contextlib.contextmanager
+def _kernel_sizes(small: bool):
+    """With ``small``: the kernels' size thresholds made tiny, so that the small batches
+    drawn here take the paths of large tables (blocked products, column-major sampled
+    products over the used rows, chunked gathers)."""
+    if not small:
+        yield
+        return
+    with mock.patch.object(_kernels, "_BLOCK_ABOVE", 0), \
+            mock.patch.object(_kernels, "_BLOCK_BYTES", 8), \
+            mock.patch.object(_kernels, "_GATHER_CHUNK", 2):
+        yield
+
+
 def _grad(p):
     g = p.grad
     return g.to_dense() if g is not None and g.layout != torch.strided else g
@@ -539,8 +556,14 @@ def _grad(p):
 @SETTINGS
 @given(case=cases(), out=st.integers(1, 4), seed=st.integers(0, 2 ** 16),
        layer_kind=st.sampled_from(["auto", "sparse", "dense", "sparse_grad"]),
-       bias=st.booleans(), dtype=st.sampled_from([torch.float64, torch.float32]))
-def test_sparse_linear_batch_equals_nn_linear(case, out, seed, layer_kind, bias, dtype):
+       bias=st.booleans(), dtype=st.sampled_from([torch.float64, torch.float32]),
+       small=st.booleans())
+def test_sparse_linear_batch_equals_nn_linear(case, out, seed, layer_kind, bias, dtype, small):
+    with _kernel_sizes(small):
+        _sparse_linear_batch_equals_nn_linear(case, out, seed, layer_kind, bias, dtype)
+
+
+def _sparse_linear_batch_equals_nn_linear(case, out, seed, layer_kind, bias, dtype):
     """float64 at a tight tolerance; float32 against the float64 reference, at a
     tolerance scaled by the sizes summed (the kernels sum in another order)."""
     torch.manual_seed(seed)
@@ -588,8 +611,15 @@ def test_sparse_linear_batch_equals_nn_linear(case, out, seed, layer_kind, bias,
 
 @SETTINGS
 @given(case=cases(), inp=st.integers(1, 4), seed=st.integers(0, 2 ** 16),
-       sparse_grad=st.booleans(), bias=st.booleans())
-def test_sparse_output_linear_equals_nn_linear_at_the_pattern(case, inp, seed, sparse_grad, bias):
+       sparse_grad=st.booleans(), bias=st.booleans(), small=st.booleans())
+def test_sparse_output_linear_equals_nn_linear_at_the_pattern(case, inp, seed, sparse_grad,
+                                                              bias, small):
+    with _kernel_sizes(small):
+        _sparse_output_linear_equals_nn_linear_at_the_pattern(case, inp, seed, sparse_grad,
+                                                              bias)
+
+
+def _sparse_output_linear_equals_nn_linear_at_the_pattern(case, inp, seed, sparse_grad, bias):
     torch.manual_seed(seed)
     layer = SparseOutputLinear(inp, case.width, bias=bias, sparse_grad=sparse_grad,
                                dtype=torch.float64)
@@ -1214,9 +1244,16 @@ def test_ssort_inplace_on_pair_forms_is_the_returned_sort(case, key, descending)
 
 @SETTINGS
 @given(case=cases(), inp=st.integers(1, 3), seed=st.integers(0, 2 ** 16),
-       sparse_grad=st.booleans(), criterion=st.sampled_from(["sparse", "sdae", "mask"]))
+       sparse_grad=st.booleans(), criterion=st.sampled_from(["sparse", "sdae", "mask"]),
+       small=st.booleans())
 def test_decoder_output_into_a_criterion_equals_the_dense_step(case, inp, seed, sparse_grad,
-                                                              criterion):
+                                                              criterion, small):
+    with _kernel_sizes(small):
+        _decoder_output_into_a_criterion_equals_the_dense_step(case, inp, seed, sparse_grad,
+                                                               criterion)
+
+
+def _decoder_output_into_a_criterion_equals_the_dense_step(case, inp, seed, sparse_grad, criterion):
     torch.manual_seed(seed)
     decoder = SparseOutputLinear(inp, case.width, sparse_grad=sparse_grad, dtype=torch.float64)
     g = torch.Generator().manual_seed(seed)
