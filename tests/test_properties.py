@@ -319,8 +319,10 @@ def _padded(case: Case, key: str, descending: bool, k=None):
         width = k
     if key == "index":
         fill = 0.0
-    else:
+    elif case.dtype.is_floating_point:
         fill = -math.inf if descending else math.inf
+    else:  # the integer dtype's bounds
+        fill = torch.iinfo(case.dtype).min if descending else torch.iinfo(case.dtype).max
     out_v = torch.full((case.rows, width), fill, dtype=case.dtype)
     out_i = torch.full((case.rows, width), -1, dtype=torch.int64)
     for r in range(case.rows):
@@ -1292,3 +1294,30 @@ def _decoder_output_into_a_criterion_equals_the_dense_step(case, inp, seed, spar
         close(h.grad, h_ref.grad, case.dtype)
         close(_grad(decoder.weight), w.grad, case.dtype)
         close(_grad(decoder.bias), b.grad, case.dtype)
+
+
+@SETTINGS
+@given(case=cases(dtypes=[torch.int64, torch.int32, torch.int16],
+                  values=st.integers(-6, 6).map(float)),
+       descending=st.booleans(), k=st.integers(0, 11))
+def test_integer_values_through_the_toolkit(case, descending, k):
+    """Integer values: densify, to_pairs, the sorts and top-k (padding with the dtype's
+    bounds) in every form, exactly."""
+    want = case.dense()
+    sorted_v, sorted_i = _padded(case, "value", descending)
+    top_v, top_i = _padded(case, "value", True, k=min(k, case.width))
+    for form in DECLARED:
+        if not usable(case, form):
+            continue
+        x = make(case, form)
+        got = densify(x, size=(case.rows, case.width))
+        exact(got, want)
+        for r, p in enumerate(to_pairs(x)):
+            assert p.dtype == case.dtype
+            exact(densify(p, size=case.width), want[r])
+        got = ssort(x, descending=descending)
+        exact(got.values, sorted_v)
+        exact(got.indices, sorted_i)
+        got = stopk(x, k)
+        exact(got.values, top_v)
+        exact(got.indices, top_i)
