@@ -179,9 +179,10 @@ def dense_of(case: Case, form: str, values: torch.Tensor) -> torch.Tensor:
     return out.index_put((row, col), values, accumulate=True)
 
 
-def usable(case: Case, form: str) -> bool:
-    """A list form of no rows has no width of its own (it needs a size)."""
-    return not (form in ("list", "pair_list") and case.rows == 0)
+def usable(case: Case, form: str, width_known: bool = False) -> bool:
+    """A list form of no rows has no width of its own: a function needs a size for it,
+    a layer or a criterion takes its in_features or its estimate's (``width_known``)."""
+    return width_known or not (form in ("list", "pair_list") and case.rows == 0)
 
 
 def exact(a, b):
@@ -550,6 +551,15 @@ def _kernel_sizes(small: bool):
         yield
 
 
+def _leaf_grad(values: torch.Tensor) -> torch.Tensor:
+    """A leaf's gradient; zeros where the leaf held nothing that reached the result (the
+    values of an empty list of rows are no part of it)."""
+    if values.grad is None:
+        assert values.numel() == 0
+        return torch.zeros_like(values)
+    return values.grad
+
+
 def _grad(p):
     g = p.grad
     return g.to_dense() if g is not None and g.layout != torch.strided else g
@@ -582,21 +592,21 @@ def _sparse_linear_batch_equals_nn_linear(case, out, seed, layer_kind, bias, dty
         torch.testing.assert_close(a.to(torch.float64), b, rtol=1e-4, atol=1e-5 * scale)
 
     for form in FORMS:
-        if not usable(case, form):
+        if not usable(case, form, width_known=True):
             continue
         layer.zero_grad()
         values = leaf_values(case, form, dtype)
         y = layer(make(case, form, values))
         assert y.shape == (case.rows, out) and y.dtype == dtype
         (y * grad_out.to(dtype)).sum().backward()
-        assert values.grad.dtype == dtype
+        assert _leaf_grad(values).dtype == dtype
         ref_values = values.detach().to(torch.float64).requires_grad_()
         w = layer.weight.detach().to(torch.float64).requires_grad_()
         b = layer.bias.detach().to(torch.float64).requires_grad_() if bias else None
         want = F.linear(dense_of(case, form, ref_values), w, b)
         (want * grad_out).sum().backward()
         check(y, want)
-        check(values.grad, ref_values.grad)
+        check(_leaf_grad(values), _leaf_grad(ref_values))
         table = layer.weight_t if sparse_grad else layer.weight
         weight_grad = _grad(table)
         assert weight_grad.dtype == dtype
@@ -630,7 +640,7 @@ def _sparse_output_linear_equals_nn_linear_at_the_pattern(case, inp, seed, spars
     grad_out = torch.randn(case.rows, case.width, generator=g, dtype=torch.float64)
     spec = case.specified()
     for form in FORMS:
-        if not usable(case, form):
+        if not usable(case, form, width_known=True):
             continue
         layer.zero_grad()
         h = h0.clone().requires_grad_()
@@ -785,7 +795,7 @@ def test_sparse_criterion_against_a_dense_masked_loss(case, loss, seed, averagin
     divisor = {"size": max(int(spec.sum()), 1), "full": max(est0.numel(), 1),
                "none": 1}[averaging]
     for form in FORMS:
-        if not usable(case, form):
+        if not usable(case, form, width_known=True):
             continue
         if estimate_kind == "dense":
             est = est0.clone().requires_grad_()
@@ -804,7 +814,7 @@ def test_sparse_criterion_against_a_dense_masked_loss(case, loss, seed, averagin
         close(got, want, case.dtype)
         close(leaf.grad.reshape(case.rows, case.width), ref_est.grad, case.dtype)
         if target_grad:
-            close(target_values.grad, ref_target.grad, case.dtype)
+            close(_leaf_grad(target_values), _leaf_grad(ref_target), case.dtype)
 
 
 def _widen(mask: torch.Tensor, width: int) -> torch.Tensor:
@@ -885,7 +895,7 @@ def test_sdae_sparse_criterion_against_a_dense_masked_loss(case, loss, seed, alp
     want.backward()
     crit = SDAESparseCriterion(make_loss(), alpha=alpha, beta=beta, size_average=size_average)
     for form in FORMS:
-        if not usable(case, form):
+        if not usable(case, form, width_known=True):
             continue
         if estimate_kind == "dense":
             est = leaf = est0.clone().requires_grad_()
@@ -1013,7 +1023,7 @@ def test_densify_module_is_the_function(case, elem, extra):
     width = case.width + extra  # the input may be narrower than in_features
     layer = Densify(width, elem=elem)
     for form in FORMS:
-        if not usable(case, form):
+        if not usable(case, form, width_known=True):
             continue
         x = make(case, form)
         exact(layer(x), densify(x, elem=elem, size=(case.rows, width)))
@@ -1264,7 +1274,7 @@ def _decoder_output_into_a_criterion_equals_the_dense_step(case, inp, seed, spar
     spec = case.specified()
     y = case.dense().to(torch.float64)
     for form in FORMS:
-        if not usable(case, form):
+        if not usable(case, form, width_known=True):
             continue
         target = make(case, form)
         if criterion == "sparse":
@@ -1321,3 +1331,28 @@ def test_integer_values_through_the_toolkit(case, descending, k):
         got = stopk(x, k)
         exact(got.values, top_v)
         exact(got.indices, top_i)
+
+
+# An empty list of rows (a batch of no rows) holds no width, dtype nor device: where the
+# caller has them (a layer's weight, a criterion's estimate) it is that empty batch.  A
+# float64 layer refused it ("input must have the weight's dtype torch.float64, got
+# torch.float32") and a criterion refused it as a target ("target is an empty list; pass a
+# size to give its width", where no size can be passed).
+@pytest.mark.parametrize("call, shape", [
+    (lambda: SparseLinearBatch(4, 2, dtype=torch.float64)([]), (0, 2)),
+    (lambda: SparseLinearBatch(4, 2, dtype=torch.float64, sparse_grad=True)([]), (0, 2)),
+    (lambda: nnsparse.sparse_linear([], torch.ones(2, 4, dtype=torch.float64)), (0, 2)),
+    (lambda: SparseCriterion(nn.MSELoss())(torch.zeros(0, 4, dtype=torch.float64), []), ()),
+    (lambda: SDAESparseCriterion(nn.MSELoss())(
+        torch.zeros(0, 4, dtype=torch.float64), [], mask=torch.zeros(0, 4, dtype=torch.bool)),
+     ()),
+], ids=["linear", "linear_sparse_grad", "sparse_linear", "sparse_criterion", "sdae_sparse"])
+def test_regression_an_empty_list_of_rows_takes_the_callers_width_and_dtype(call, shape):
+    out = call()
+    assert out.shape == shape and out.dtype == torch.float64
+    assert bool((out == 0).all())
+
+
+def test_regression_an_empty_list_target_still_needs_the_estimates_rows():
+    with pytest.raises(ValueError, match=r"target has 0 rows, estimate of shape \(2, 4\) has 2"):
+        SparseCriterion(nn.MSELoss())(torch.zeros(2, 4), [])
