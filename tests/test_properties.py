@@ -3,21 +3,24 @@
 Hypothesis draws a batch (rows 0..6, width 1..9), a pattern (random entries, empty
 rows, an empty batch, repeated positions where a form allows them), float32 or
 float64 values (finite, 0.0 and negative ones included), and the batch is given in
-every accepted sparse form (``docs/naming.md``): COO coalesced and uncoalesced, CSR,
-a list of sparse vectors, a list of pair tensors; a vector as a 1-D COO tensor or a
-``(k, 2)`` pair tensor.  Every public function must agree with the dense reference of
-its documented semantics, whatever the form.
+every accepted sparse form (``docs/naming.md``): COO coalesced and uncoalesced, CSR
+(int64 and int32 indices), a list of sparse vectors, a list of pair tensors; a vector
+as a 1-D COO tensor or a ``(k, 2)`` pair tensor.  Every public function must agree with
+the dense reference of its documented semantics, whatever the form.
 
 The project registers no hypothesis profile: each test uses ``SETTINGS``
-(derandomized, no example database) so that a run is deterministic.
+(derandomized, no example database) so that a run is deterministic.  To hunt, raise
+``max_examples`` and drop ``derandomize`` locally (thousands of examples per property
+ran clean before this file was committed).  What the properties found is pinned by the
+``test_regression_*`` rows at the end.
 """
 import contextlib
 import copy
 import math
 import pickle
-from unittest import mock
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
+from unittest import mock
 
 import pytest
 import torch
@@ -664,31 +667,6 @@ def _sparse_output_linear_equals_nn_linear_at_the_pattern(case, inp, seed, spars
     close(layer(h0), F.linear(h0, layer.weight, layer.bias))
 
 
-# -- regressions the properties found, one row each ------------------------------------------
-
-def _pair_rows_repeating_an_index():
-    """A narrow layer (in_features=1) on pair rows that repeat index 0: more entries (3)
-    than the (rows, in_features) = (2, 1) product of the values' gradient has elements,
-    which torch's sampled_addmm refused ("torch.copy_: only sparse compressed tensors
-    with the same number of specified elements are supported")."""
-    values = torch.tensor([1.0, 2.0, -3.0], dtype=torch.float64, requires_grad=True)
-    x = [torch.stack([torch.zeros(2, dtype=torch.float64), values[:2]], 1),
-         torch.stack([torch.zeros(1, dtype=torch.float64), values[2:]], 1)]
-    dense = torch.stack([values[:2].sum(), values[2]]).reshape(2, 1)
-    return x, values, dense
-
-
-@pytest.mark.parametrize("layer_kind", ["auto", "sparse", "sparse_grad"])
-def test_regression_linear_backward_with_more_entries_than_the_product(layer_kind):
-    torch.manual_seed(0)
-    layer = SparseLinearBatch(1, 1, sparse_grad=layer_kind == "sparse_grad",
-                              mode="auto" if layer_kind == "auto" else "sparse",
-                              dtype=torch.float64)
-    x, values, _ = _pair_rows_repeating_an_index()
-    layer(x).sum().backward()
-    close(values.grad, layer.weight.detach().reshape(1).expand(3))
-
-
 # -- criteria against a dense masked loss ------------------------------------------------------
 
 # (the loss, its element-wise form for the reference)
@@ -1331,6 +1309,31 @@ def test_integer_values_through_the_toolkit(case, descending, k):
         got = stopk(x, k)
         exact(got.values, top_v)
         exact(got.indices, top_i)
+
+
+# -- regressions the properties found, one row each ------------------------------------------
+
+def _pair_rows_repeating_an_index():
+    """A narrow layer (in_features=1) on pair rows that repeat index 0: more entries (3)
+    than the (rows, in_features) = (2, 1) product of the values' gradient has elements,
+    which torch's sampled_addmm refused ("torch.copy_: only sparse compressed tensors
+    with the same number of specified elements are supported")."""
+    values = torch.tensor([1.0, 2.0, -3.0], dtype=torch.float64, requires_grad=True)
+    x = [torch.stack([torch.zeros(2, dtype=torch.float64), values[:2]], 1),
+         torch.stack([torch.zeros(1, dtype=torch.float64), values[2:]], 1)]
+    dense = torch.stack([values[:2].sum(), values[2]]).reshape(2, 1)
+    return x, values, dense
+
+
+@pytest.mark.parametrize("layer_kind", ["auto", "sparse", "sparse_grad"])
+def test_regression_linear_backward_with_more_entries_than_the_product(layer_kind):
+    torch.manual_seed(0)
+    layer = SparseLinearBatch(1, 1, sparse_grad=layer_kind == "sparse_grad",
+                              mode="auto" if layer_kind == "auto" else "sparse",
+                              dtype=torch.float64)
+    x, values, _ = _pair_rows_repeating_an_index()
+    layer(x).sum().backward()
+    close(values.grad, layer.weight.detach().reshape(1).expand(3))
 
 
 # An empty list of rows (a batch of no rows) holds no width, dtype nor device: where the
