@@ -555,12 +555,10 @@ def _kernel_sizes(small: bool):
 
 
 def _leaf_grad(values: torch.Tensor) -> torch.Tensor:
-    """A leaf's gradient; zeros where the leaf held nothing that reached the result (the
-    values of an empty list of rows are no part of it)."""
-    if values.grad is None:
-        assert values.numel() == 0
-        return torch.zeros_like(values)
-    return values.grad
+    """A leaf's gradient; zeros where nothing differentiable reached the result (the
+    values of an empty list of rows are no part of it; a hinge loss compares its target).
+    Compared with the reference's, which then has none either."""
+    return torch.zeros_like(values) if values.grad is None else values.grad
 
 
 def _grad(p):
@@ -1264,6 +1262,8 @@ def _decoder_output_into_a_criterion_equals_the_dense_step(case, inp, seed, spar
             weights = _weights(mask, 2.0, 0.5) * spec
             divisor = max(int(spec.sum()), 1)
         else:  # nothing hidden (hide_ratio=0): beta on every observed entry
+            if not usable(case, form):  # prepare_input has no width to give an empty list
+                continue
             crit = MaskCriterion(nn.MSELoss(), alpha=2.0, beta=0.5, hide_ratio=0.0)
             crit.prepare_input(target)
             weights = 0.5 * spec.to(torch.float64)
