@@ -57,7 +57,8 @@ _sparse_csr = _index.csr_tensor
 __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is_pair_list",
            "check_index_range", "resolve_size", "trust", "as_int", "as_count", "as_flag",
            "check_int64", "int64_message", "check_numel", "as_device", "holds_exactly",
-           "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device"]
+           "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device",
+           "no_rows", "empty_batch"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -575,6 +576,21 @@ def trust(x: Tensor) -> Tensor:
         raise TypeError(f"x must be a sparse COO or CSR tensor, got {got}")
     _structure(x, "x", check=False)
     return x
+
+
+def no_rows(x: Any) -> bool:
+    """Whether ``x`` is an empty list (or tuple) of rows: a batch of no rows that holds no
+    width, dtype nor device of its own (:func:`as_sparse_batch` gives it float32 values
+    on the CPU, and needs a ``width``)."""
+    return isinstance(x, (list, tuple)) and not hasattr(x, "_fields") and len(x) == 0
+
+
+def empty_batch(width: int, like: Tensor) -> Tensor:
+    """A trusted empty ``(0, width)`` COO batch with ``like``'s dtype and device: what an
+    empty list of rows stands for where the caller knows the width, dtype and device
+    (a layer's weight, a criterion's estimate)."""
+    index = torch.zeros(2, 0, dtype=torch.int64, device=like.device)
+    return trust(_sparse_coo(index, like.new_zeros(0), (0, width), coalesced=True))
 
 
 def _structure(x: Tensor, name: str, check: bool) -> _Attached:

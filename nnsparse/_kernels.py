@@ -147,6 +147,13 @@ def _sampled_mm(a: Tensor, b: Tensor, crow: Tensor, col: Tensor) -> Tensor:
         # torch's sampled product has no half-type kernel (CPU nor CUDA, torch
         # 2.11-2.13): this one product runs in float32, returned in a's dtype
         return _sampled_mm(a.float(), b.float(), crow, col).to(a.dtype)
+    if col.shape[0] > a.shape[0] * b.shape[1]:
+        # More positions than the product has elements (repeated ones: an uncoalesced
+        # batch or a pair row repeating an index, on a narrow product): torch's
+        # sampled_addmm refuses such a mask ("torch.copy_: only sparse compressed tensors
+        # with the same number of specified elements are supported").  No host sync:
+        # the sizes are known.
+        return _gather_dot(a, b.t(), _index.rows_from_crow(crow, col.shape[0]), col)
     try:
         # sampled_addmm ignores the mask's values with beta=0, but they must be
         # finite (0 * NaN = NaN), hence zeros rather than empty.

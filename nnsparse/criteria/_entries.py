@@ -15,7 +15,8 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .._forms import SparseBatch, as_sparse_batch, is_pair_list, is_sparse_form
+from .._forms import (SparseBatch, as_sparse_batch, empty_batch, is_pair_list, is_sparse_form,
+                      no_rows)
 from .._index import csr_indices, csr_values, same_view
 
 __all__: List[str] = []
@@ -225,6 +226,11 @@ def as_target(target: Any, est: Estimate, name: str = "target") -> SparseBatch:
     # vector (a criterion's target is never dense): Lua's one-sample call.
     lua_pairs = (est.is_vector and isinstance(target, Tensor) and target.layout == torch.strided
                  and target.dim() == 2 and target.shape[1] == 2)
+    if no_rows(target):
+        # an empty list of rows holds no width, dtype nor device of its own (a function
+        # asks for a size, and had "pass a size" said here, where none can be passed):
+        # the estimate's, as a layer's in_features
+        target = empty_batch(est.width, torch.zeros(0, device=est.device))
     batch = as_sparse_batch(target, name=name, pairs=lua_pairs,
                             width=est.width if lua_pairs else None)
     if batch.dtype.is_complex:  # a cast to the estimate's dtype would drop the imaginary part

@@ -14,7 +14,8 @@ from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_di
 
 from .. import _double, _grad_origin, _index
 from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_choice, as_device,
-                      as_flag, as_int, as_sparse_batch, check_int64, dtype_got, move_structure)
+                      as_flag, as_int, as_sparse_batch, check_int64, dtype_got, empty_batch,
+                      move_structure, no_rows)
 from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, linear_parts
@@ -311,6 +312,10 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         raise TypeError(f"weight must be floating-point for a sparse input, got "
                         f"{table.dtype}; convert it (weight.float()) or multiply "
                         f"nnsparse.densify(input) with F.linear")
+    if no_rows(input):
+        # an empty list of rows holds no dtype nor device: the layer's (as_sparse_batch
+        # made it float32 on the CPU, which a float64 or CUDA layer refused)
+        input = empty_batch(table.shape[0], table)
     batch = as_sparse_batch(input, name="input", width=table.shape[0], bound="in_features")
     if batch.device != table.device:
         raise ValueError(f"input must be on the weight's device {table.device}, "
