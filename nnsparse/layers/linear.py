@@ -92,13 +92,24 @@ class _SparseLinear(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
             if ctx.sparse_grad and update is None:  # SparseAdam wants sparse
-                grad_bias = _grad_origin.mark_made(grad_bias.to_sparse())
+                grad_bias = _grad_origin.mark_made(_bias_as_sparse(grad_bias, grad.shape[0]))
         if ctx.needs_input_grad[1] and update is not None:
             _update_rows_of(update, table.detach(), ctx.pattern, grad, values)
         elif ctx.needs_input_grad[1]:
             grad_table = _table_grad(row, col, values, grad, table.shape[0], ctx.sparse_grad,
                                      ctx.pattern)
         return grad_values, grad_table, grad_bias, None, None, None, None, None, None
+
+
+def _bias_as_sparse(grad_bias: Tensor, rows: int) -> Tensor:
+    """The ``sparse_grad`` bias gradient: every output of a batch with rows is touched
+    (each row's output adds the bias), so every entry is specified, zero or not; a
+    batch of no rows touches none.  (``to_sparse()`` dropped the entries whose sum was
+    exactly 0, a saturated unit's: a lazy optimiser then skipped them, moments and
+    weight decay included, where Adam steps them.)"""
+    n = grad_bias.shape[0] if rows else 0
+    index = torch.arange(n, device=grad_bias.device).unsqueeze(0)
+    return _sparse_coo(index, grad_bias[:n], grad_bias.shape, True)
 
 
 def _linear_backward_graph(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
@@ -116,7 +127,7 @@ def _linear_backward_graph(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ..
     if ctx.has_bias and need[2]:
         grad_bias = grad.sum(0)
         if ctx.sparse_grad and ctx.update is None:  # as the fast path
-            grad_bias = grad_bias.to_sparse()
+            grad_bias = _bias_as_sparse(grad_bias, grad.shape[0])
     if need[1]:  # S.T @ G; the touched rows only with sparse_grad, as nn.Embedding's
         grad_table = _double._table_grad(values, grad, row, col, crow, table.shape[0], ctx)
     return grad_values, grad_table, grad_bias, None, None, None, None, None, None
