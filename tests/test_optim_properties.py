@@ -151,29 +151,28 @@ _LR = st.one_of(st.just(0.0), st.floats(1e-3, 0.5))
 _DECAY = st.one_of(st.just(0.0), st.floats(1e-3, 0.3))
 _BETAS = st.tuples(st.floats(0.0, 0.95), st.floats(0.0, 0.999))
 _EPS = st.sampled_from([1e-8, 1e-6, 1e-3, 0.1])
-_DENSE_ABOVE = st.one_of(st.none(), st.sampled_from([0.0, 0.25, 0.5, 1.0]), st.floats(0.0, 1.0))
+_DENSE_ABOVE = st.one_of(st.sampled_from([None, 0.0, 0.25, 0.5, 1.0]), st.floats(0.0, 1.0))
 
 
 @st.composite
-def hypers(draw, mode):
+def hypers(draw):
+    """Every kind's hyperparameters; :func:`_hp` keeps those of the optimiser under test."""
+    return dict(lr=draw(_LR), weight_decay=draw(_DECAY), betas=draw(_BETAS), eps=draw(_EPS),
+                momentum=draw(st.sampled_from([0.0, 0.5, 0.9, 0.95])), nesterov=draw(st.booleans()),
+                initial_accumulator_value=draw(st.sampled_from([0.0, 0.1])))
+
+
+def _hp(mode, raw):
     """The keyword arguments of ``mode``'s constructor (``dense_above`` apart)."""
     kind = _kind(mode)
-    hp = dict(lr=draw(_LR), weight_decay=draw(_DECAY))
+    hp = dict(lr=raw["lr"], weight_decay=raw["weight_decay"])
     if kind in ("adam", "adamw"):
-        hp.update(betas=draw(_BETAS), eps=draw(_EPS))
+        hp.update(betas=raw["betas"], eps=raw["eps"])
     elif kind == "sgd":
-        momentum = draw(st.one_of(st.just(0.0), st.floats(0.1, 0.95)))
-        hp.update(momentum=momentum, nesterov=bool(momentum) and draw(st.booleans()))
+        hp.update(momentum=raw["momentum"], nesterov=raw["nesterov"] and bool(raw["momentum"]))
     else:
-        hp.update(eps=draw(_EPS), initial_accumulator_value=draw(st.sampled_from([0.0, 0.1])))
+        hp.update(eps=raw["eps"], initial_accumulator_value=raw["initial_accumulator_value"])
     return hp
-
-
-@st.composite
-def configs(draw, modes=MODES):
-    """An optimiser under test and its hyperparameters."""
-    mode = draw(st.sampled_from(modes))
-    return mode, draw(hypers(mode))
 
 
 def _kind(mode):
@@ -346,7 +345,8 @@ def _state_of(mode, model, opt):
 def _assert_params(got, expected, what):
     assert got.keys() == expected.keys()
     for key in expected:
-        torch.testing.assert_close(got[key], expected[key], **TOL, msg=lambda m: f"{what} {key}: {m}")
+        torch.testing.assert_close(got[key], expected[key], **TOL,
+                                   msg=lambda m: f"{what} {key}: {m}")
 
 
 def _assert_states(got, expected, what):
@@ -364,22 +364,24 @@ def _assert_states(got, expected, what):
 # Found by this test: a SparseLinearBatch(sparse_grad=True)'s bias gradient dropped its
 # exact zeros (here every entry: the batch gives the loss nothing), so LazyAdam skipped the
 # bias's weight decay and moments where the entries were touched
+_RAW = dict(lr=0.1, weight_decay=0.0, betas=(0.0, 0.0), eps=1e-8, momentum=0.0, nesterov=False,
+            initial_accumulator_value=0.0)
 _BIAS_ZERO_GRAD = dict(arch="ae", sizes=(1, 1, 1), rows=1, bias=True, steps=[((), (), 0)],
                        seed=0)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @SETTINGS
-@given(sc=scenarios(), config=configs(), dense_above=_DENSE_ABOVE, sparse_grad=st.booleans(),
+@given(sc=scenarios(), raw=hypers(), dense_above=_DENSE_ABOVE, sparse_grad=st.booleans(),
        sync_free=st.booleans(), chunk=st.sampled_from([None, 1, 3]))
-@example(sc=_BIAS_ZERO_GRAD, config=("lazy_adam", dict(lr=0.0, weight_decay=0.25, betas=(0.0, 0.0),
-                                                      eps=1e-8)),
-         dense_above=None, sparse_grad=True, sync_free=False, chunk=None)
-def test_every_optimiser_equals_the_documented_lazy_reference(sc, config, dense_above,
+@example(sc=_BIAS_ZERO_GRAD, raw=dict(_RAW, lr=0.0, weight_decay=0.25), dense_above=None,
+         sparse_grad=True, sync_free=False, chunk=None)
+def test_every_optimiser_equals_the_documented_lazy_reference(mode, sc, raw, dense_above,
                                                              sparse_grad, sync_free, chunk):
     """Lazy rows, the dense step above ``dense_above``, lazy decay without catch-up, a
     table's step count per backward: parameters and state as the reference's, on any
     sequence of batches (whatever path the update takes: blocks, spans, GPU's masked)."""
-    mode, hp = config
+    hp = _hp(mode, raw)
     if mode.startswith("make"):
         dense_above = None
     model, opt = _run(sc, mode, hp, dense_above, sparse_grad, sync_free=sync_free,
@@ -398,16 +400,15 @@ def _torch_optimizer(kind, params, hp):
     return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind](params, **hp)
 
 
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "backward:rowwise_adagrad"])
 @SETTINGS
-@given(sc=scenarios(full=True),
-       config=configs([m for m in MODES if m != "backward:rowwise_adagrad"]),
-       dense_above=_DENSE_ABOVE, sparse_grad=st.booleans())
+@given(sc=scenarios(full=True), raw=hypers(), dense_above=_DENSE_ABOVE,
+       sparse_grad=st.booleans())
 @example(sc=dict(_BIAS_ZERO_GRAD, rows=2, steps=[((0,), (0,), 0)] * 3),  # a saturated tanh
-         config=("lazy_adam", dict(lr=0.5, weight_decay=0.0, betas=(0.5, 0.0), eps=1e-8)),
-         dense_above=None, sparse_grad=True)
-def test_every_row_touched_equals_torch_optim(sc, config, dense_above, sparse_grad):
+         raw=dict(_RAW, lr=0.5, betas=(0.5, 0.0)), dense_above=None, sparse_grad=True)
+def test_every_row_touched_equals_torch_optim(mode, sc, raw, dense_above, sparse_grad):
     """With every row touched at every step, each optimiser is torch's of its kind."""
-    mode, hp = config
+    hp = _hp(mode, raw)
     model, _ = _run(sc, mode, hp, dense_above, sparse_grad)
     ref = _model(sc, False)
     ref_opt = _torch_optimizer(_kind(mode), ref.parameters(), hp)
@@ -424,17 +425,15 @@ def _neutral(mode, hp):
                                        or (kind == "sgd" and not hp["momentum"]))
 
 
+@pytest.mark.parametrize("mode", [m for m in MODES if not m.startswith("make")])  # no dense_above
 @SETTINGS
-@given(sc=scenarios(), config=configs(), sparse_grad=st.booleans(), full=st.booleans())
-def test_lazy_and_dense_paths_agree(sc, config, sparse_grad, full):
+@given(sc=scenarios(), raw=hypers(), sparse_grad=st.booleans(), full=st.booleans())
+def test_lazy_and_dense_paths_agree(mode, sc, raw, sparse_grad, full):
     """Where the documented results coincide (every row touched, or a kind a zero gradient
     leaves unchanged), every ``dense_above`` and the GPU's masked step give the same
     parameters and state."""
-    mode, hp = config
-    if mode.startswith("make") or not (full or (mode.startswith("backward") and _neutral(mode, hp))):
-        mode = "backward:rowwise_adagrad"
-        hp = dict(lr=hp["lr"], weight_decay=0.0, eps=1e-8, initial_accumulator_value=0.0)
-    if full:
+    hp = _hp(mode, raw)
+    if full or not (mode.startswith("backward") and _neutral(mode, hp)):
         sc = dict(sc, steps=[(tuple(range(sc["sizes"][0])), tuple(range(sc["sizes"][2])), s)
                              for _, _, s in sc["steps"]])
     runs = [(None, False), (0.0, False), (1.0, False), (0.3, False), (None, True), (0.0, True)]
@@ -456,33 +455,36 @@ def test_lazy_and_dense_paths_agree(sc, config, sparse_grad, full):
                     assert float(value) == float(ref), f"{what} {key} {name}"
 
 
+@pytest.mark.parametrize("mode", MODES)
 @SETTINGS
-@given(sc=scenarios(), config=configs(), dense_above=_DENSE_ABOVE, sparse_grad=st.booleans(),
+@given(sc=scenarios(), raw=hypers(), dense_above=_DENSE_ABOVE, sparse_grad=st.booleans(),
        split=st.integers(1, 4))
-def test_state_dict_round_trip_mid_sequence(sc, config, dense_above, sparse_grad, split):
+def test_state_dict_round_trip_mid_sequence(mode, sc, raw, dense_above, sparse_grad, split):
     """Saving after step k and going on in a fresh model and optimiser loaded from the
     state dicts gives the uninterrupted run's parameters."""
-    mode, hp = config
+    hp = _hp(mode, raw)
     split = min(split, len(sc["steps"]))
     whole, _ = _run(sc, mode, hp, dense_above, sparse_grad)
     resumed, _ = _run(sc, mode, hp, dense_above, sparse_grad, split_at=split)
     _assert_params(resumed.named_state(), whole.named_state(), f"{mode} resumed at {split}")
 
 
+@pytest.mark.parametrize("mode", MODES)
 @SETTINGS
-@given(sc=scenarios(), config=configs(), dense_above=_DENSE_ABOVE, sparse_grad=st.booleans())
-def test_zero_learning_rate_changes_no_parameter(sc, config, dense_above, sparse_grad):
-    mode, hp = config[0], dict(config[1], lr=0.0)
+@given(sc=scenarios(), raw=hypers(), dense_above=_DENSE_ABOVE, sparse_grad=st.booleans())
+def test_zero_learning_rate_changes_no_parameter(mode, sc, raw, dense_above, sparse_grad):
+    hp = _hp(mode, dict(raw, lr=0.0))
     model, _ = _run(sc, mode, hp, dense_above, sparse_grad)
     _assert_params(model.named_state(), _model(sc, False).named_state(), f"{mode} lr=0")
 
 
+@pytest.mark.parametrize("mode", MODES)
 @SETTINGS
-@given(data=st.data(), sc=scenarios(), config=configs(), dense_above=_DENSE_ABOVE,
+@given(data=st.data(), sc=scenarios(), raw=hypers(), dense_above=_DENSE_ABOVE,
        sparse_grad=st.booleans())
-def test_scheduled_learning_rates_are_honoured(data, sc, config, dense_above, sparse_grad):
+def test_scheduled_learning_rates_are_honoured(mode, data, sc, raw, dense_above, sparse_grad):
     """A LambdaLR changing the learning rate between steps: each step takes its own."""
-    mode, hp = config[0], dict(config[1], lr=0.1)
+    hp = _hp(mode, dict(raw, lr=0.1))
     lrs = data.draw(st.lists(st.one_of(st.just(0.0), st.floats(1e-3, 0.5)),
                              min_size=len(sc["steps"]), max_size=len(sc["steps"])))
     if mode.startswith("make"):

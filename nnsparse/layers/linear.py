@@ -451,7 +451,9 @@ class SparseLinearBatch(nn.Module):
     and ``state_dict`` still reads and writes ``"weight"`` in ``nn.Linear``'s
     shape); its gradient is a coalesced hybrid COO tensor over the touched
     rows of ``weight_t``, as ``nn.Embedding(sparse=True)`` gives, and the
-    bias gets a sparse COO gradient.  Optimisers that accept them:
+    bias gets a sparse COO gradient specifying every entry (each row's output
+    adds the whole bias; an entry whose gradient sums to 0 is still touched, so
+    a lazy optimiser steps it as Adam would).  Optimisers that accept them:
     ``torch.optim.SparseAdam``, ``torch.optim.SGD`` (without momentum or
     weight decay), ``torch.optim.Adagrad`` and
     :class:`nnsparse.optim.LazyAdam`; ``Adam``/``AdamW`` need dense gradients.
