@@ -32,6 +32,7 @@ from torch import nn
 import nnsparse
 from nnsparse import _rowopt
 from nnsparse import optim as noptim
+from matrix import make_form
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
 TOL = dict(rtol=1e-9, atol=1e-11)
@@ -110,17 +111,20 @@ def scenarios(draw, full=False):
     """A model and 1-5 batches; ``full``: every batch touches every row of every table."""
     arch = draw(st.sampled_from(["ae", "enc", "dec"]))
     sizes = tuple(draw(st.integers(1, 8)) for _ in range(3))
-    rows = draw(st.integers(1, 4))
+    rows = draw(st.integers(1 if full else 0, 4))  # a batch of no rows touches nothing
     steps = []
     for _ in range(draw(st.integers(1, 5))):
-        x_cols = tuple(range(sizes[0])) if full else draw(_columns(sizes[0]))
-        y_cols = tuple(range(sizes[2])) if full else draw(_columns(sizes[2]))
+        x_cols = tuple(range(sizes[0])) if full else draw(_columns(sizes[0])) if rows else ()
+        y_cols = tuple(range(sizes[2])) if full else draw(_columns(sizes[2])) if rows else ()
         steps.append((x_cols, y_cols, draw(st.integers(0, 2 ** 16))))
+    form = draw(st.sampled_from(["coo", "coo_uncoalesced", "csr"] + (["list"] if rows else [])))
     return dict(arch=arch, sizes=sizes, rows=rows, bias=draw(st.booleans()), steps=steps,
-                seed=draw(st.integers(0, 2 ** 16)))
+                seed=draw(st.integers(0, 2 ** 16)), form=form)
 
 
-def _batches(sc):
+def _batches(sc, plain=False):
+    """Each step's ``(x, h, y, target)`` and touched columns; the encoder's input ``x`` in
+    the scenario's form (duplicate entries, CSR, a list of rows), or ``plain`` COO."""
     n_in, hidden, n_out = sc["sizes"]
     out = []
     for x_cols, y_cols, seed in sc["steps"]:
@@ -129,6 +133,9 @@ def _batches(sc):
         y = _pattern(gen, sc["rows"], n_out, y_cols)
         h = torch.randn(sc["rows"], hidden, generator=gen, dtype=torch.float64)
         target = torch.rand(sc["rows"], hidden, generator=gen, dtype=torch.float64) - 0.5
+        form = "coo" if plain or (sc.get("form") == "coo_uncoalesced" and not x._nnz()) \
+            else sc.get("form", "coo")
+        x = make_form(x.to_dense(), form)
         out.append(((x, h, y, target), set(x_cols), set(y_cols)))
     return out
 
@@ -179,11 +186,6 @@ def _kind(mode):
     if mode.startswith("backward:"):
         return mode.split(":")[1]
     return "adamw" if mode.endswith("adamw") else "adam"
-
-
-def _sparse_grad_of(mode, drawn):
-    """LazyAdam and make_optimizer need sparse-gradient layers; the backward takes either."""
-    return True if mode.startswith(("lazy", "make")) else drawn
 
 
 def _optimizer(mode, model, hp, dense_above):
@@ -248,15 +250,18 @@ def _ref_step(kind, hp, lr, p, g, rows, state):
     p[rows] = x
 
 
-def _reference(sc, mode, hp, dense_above, lrs=None):
+def _reference(sc, mode, hp, dense_above, sparse_grad, lrs=None):
     """The final parameters and table states of ``mode`` run on ``sc``, as documented."""
     kind = _kind(mode)
     model = _model(sc, False)
-    lazy_bias = mode.startswith(("lazy", "make"))  # the decoder's bias has sparse gradients
+    backward = mode.startswith("backward") or mode == "fused"
+    # LazyAdam and make_optimizer are lazy on sparse gradients, Adam on dense ones
+    lazy_table = backward or sparse_grad
+    lazy_bias = not backward and sparse_grad  # the biases' gradients are sparse too
     if mode.startswith("make"):
         dense_above = None  # make_optimizer's LazyAdam: always lazy
     states = {}
-    for i, (batch, x_cols, y_cols) in enumerate(_batches(sc)):
+    for i, (batch, x_cols, y_cols) in enumerate(_batches(sc, plain=True)):
         lr = hp["lr"] if lrs is None else lrs[i]
         model.zero_grad(set_to_none=True)
         model.loss(batch).backward()
@@ -267,10 +272,16 @@ def _reference(sc, mode, hp, dense_above, lrs=None):
                 cols = x_cols if name == "enc" else y_cols
                 touched = torch.zeros(table.shape[0], dtype=torch.bool)
                 touched[list(cols)] = True
+                if not lazy_table:
+                    touched[:] = True
                 parts = [("table", table, grad, touched)]
                 if layer.bias is not None and layer.bias.grad is not None:
-                    bias_touched = touched if (name == "dec" and lazy_bias) else \
-                        torch.ones_like(layer.bias, dtype=torch.bool)
+                    # the decoder's bias: the pattern's columns; the encoder's: every
+                    # output, if the batch has rows
+                    bias_touched = touched if name == "dec" else \
+                        torch.full_like(layer.bias, sc["rows"] > 0, dtype=torch.bool)
+                    if not lazy_bias:
+                        bias_touched = torch.ones_like(layer.bias, dtype=torch.bool)
                     parts.append(("bias", layer.bias.view(-1, 1), layer.bias.grad.view(-1, 1),
                                   bias_touched))
                 for part, p, g, rows in parts:
@@ -278,7 +289,8 @@ def _reference(sc, mode, hp, dense_above, lrs=None):
                     k = "adagrad" if kind == "rowwise_adagrad" and part == "bias" else kind
                     if key not in states:
                         states[key] = _ref_state(k, p, hp)
-                    share = dense_above if (part == "table" or lazy_bias) else None
+                    share = dense_above if (part == "table" and lazy_table) or (
+                        part == "bias" and lazy_bias) else None
                     n = rows.shape[0]
                     if share is not None and int(rows.sum()) > share * n:
                         rows = torch.ones_like(rows)
@@ -292,7 +304,6 @@ def _run(sc, mode, hp, dense_above, sparse_grad=False, *, lrs=None, split_at=Non
     """Train ``sc``'s model with ``mode``; ``lrs``: per-step learning rates set by a
     LambdaLR; ``split_at``: save after that many steps and continue in a fresh
     model and optimiser loaded from the saved state dicts."""
-    sparse_grad = _sparse_grad_of(mode, sparse_grad)
     with pytest.MonkeyPatch.context() as mp:
         if sync_free:  # the GPU's step, on CPU
             mp.setattr(nnsparse._kernels, "_SYNC_FREE", ("cpu",))
@@ -333,12 +344,13 @@ def _state_of(mode, model, opt):
         if mode.startswith("backward:") or mode == "fused":
             out[f"{name}.table"] = opt.tables[name]
             continue
-        part = opt.parts["sparse"] if hasattr(opt, "parts") else opt
-        param = layer.weight_t if name == "enc" else layer.weight
-        out[f"{name}.table"] = part.state[param]
+        param = layer.weight_t if name == "enc" and layer.sparse_grad else layer.weight
+        flip = name == "enc" and not layer.sparse_grad  # (out, in): the table's transpose
+        out[f"{name}.table"] = {k: v.t() if flip and torch.is_tensor(v) and v.dim() else v
+                                for k, v in opt.state[param].items()}
         if layer.bias is not None:
             out[f"{name}.bias"] = {k: v.view(-1, 1) if torch.is_tensor(v) and v.dim() else v
-                                   for k, v in part.state[layer.bias].items()}
+                                   for k, v in opt.state[layer.bias].items()}
     return out
 
 
@@ -386,7 +398,7 @@ def test_every_optimiser_equals_the_documented_lazy_reference(mode, sc, raw, den
         dense_above = None
     model, opt = _run(sc, mode, hp, dense_above, sparse_grad, sync_free=sync_free,
                       chunk=chunk)
-    params, states = _reference(sc, mode, hp, dense_above)
+    params, states = _reference(sc, mode, hp, dense_above, sparse_grad)
     what = f"{mode} dense_above={dense_above}"
     _assert_params(model.named_state(), params, what)
     _assert_states(_state_of(mode, model, opt), states, what)
@@ -434,8 +446,9 @@ def test_lazy_and_dense_paths_agree(mode, sc, raw, sparse_grad, full):
     parameters and state."""
     hp = _hp(mode, raw)
     if full or not (mode.startswith("backward") and _neutral(mode, hp)):
-        sc = dict(sc, steps=[(tuple(range(sc["sizes"][0])), tuple(range(sc["sizes"][2])), s)
-                             for _, _, s in sc["steps"]])
+        sc = dict(sc, rows=max(1, sc["rows"]),
+                  steps=[(tuple(range(sc["sizes"][0])), tuple(range(sc["sizes"][2])), s)
+                         for _, _, s in sc["steps"]])
     runs = [(None, False), (0.0, False), (1.0, False), (0.3, False), (None, True), (0.0, True)]
     if not mode.startswith("backward"):
         runs = [r for r in runs if not r[1]]
@@ -490,5 +503,5 @@ def test_scheduled_learning_rates_are_honoured(mode, data, sc, raw, dense_above,
     if mode.startswith("make"):
         dense_above = None
     model, _ = _run(sc, mode, hp, dense_above, sparse_grad, lrs=lrs)
-    params, _ = _reference(sc, mode, hp, dense_above, lrs=lrs)
+    params, _ = _reference(sc, mode, hp, dense_above, sparse_grad, lrs=lrs)
     _assert_params(model.named_state(), params, f"{mode} lrs={lrs}")
