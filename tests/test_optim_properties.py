@@ -300,10 +300,12 @@ def _reference(sc, mode, hp, dense_above, sparse_grad, lrs=None):
 
 # -- running the optimiser under test ------------------------------------------------------
 def _run(sc, mode, hp, dense_above, sparse_grad=False, *, lrs=None, split_at=None,
-         sync_free=False, chunk=None):
+         resume="state_dict", sync_free=False, chunk=None):
     """Train ``sc``'s model with ``mode``; ``lrs``: per-step learning rates set by a
-    LambdaLR; ``split_at``: save after that many steps and continue in a fresh
-    model and optimiser loaded from the saved state dicts."""
+    LambdaLR; ``split_at``: after that many steps, go on with a copy: a fresh model,
+    optimiser and scheduler loaded from the saved state dicts (``resume="state_dict"``,
+    or ``"last_epoch"``: the scheduler built after the optimiser's load, with
+    ``last_epoch``), or ``copy.deepcopy`` of the three together (``"deepcopy"``)."""
     with pytest.MonkeyPatch.context() as mp:
         if sync_free:  # the GPU's step, on CPU
             mp.setattr(nnsparse._kernels, "_SYNC_FREE", ("cpu",))
@@ -315,11 +317,21 @@ def _run(sc, mode, hp, dense_above, sparse_grad=False, *, lrs=None, split_at=Non
         sched = None
         if lrs is not None:
             factors = [lr / hp["lr"] for lr in lrs]
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: factors[min(e, len(lrs) - 1)])
+
+            def schedule(o, last_epoch=-1):
+                return torch.optim.lr_scheduler.LambdaLR(
+                    o, lambda e: factors[min(e, len(lrs) - 1)], last_epoch=last_epoch)
+            sched = schedule(opt)
         for i, (batch, _, _) in enumerate(_batches(sc)):
-            if split_at == i:
+            if split_at == i and resume == "deepcopy":
+                old = opt
+                model, opt, sched = copy.deepcopy((model, opt, sched))
+                if hasattr(old, "remove"):
+                    old.remove()
+            elif split_at == i:
                 saved = io.BytesIO()
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, saved)
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                            "sched": sched.state_dict() if sched else None}, saved)
                 saved.seek(0)
                 loaded = torch.load(saved, weights_only=False)
                 if hasattr(opt, "remove"):
@@ -327,7 +339,13 @@ def _run(sc, mode, hp, dense_above, sparse_grad=False, *, lrs=None, split_at=Non
                 model = _model(dict(sc, seed=sc["seed"] + 1), sparse_grad)  # other values
                 model.load_state_dict(loaded["model"])
                 opt = _optimizer(mode, model, hp, dense_above)
+                if sched is not None and resume == "state_dict":
+                    sched = schedule(opt)  # torch's order: before the optimiser's load
                 opt.load_state_dict(loaded["opt"])
+                if sched is not None and resume == "state_dict":
+                    sched.load_state_dict(loaded["sched"])
+                elif sched is not None:
+                    sched = schedule(opt, last_epoch=i - 1)
             opt.zero_grad()
             model.loss(batch).backward()
             opt.step()
@@ -359,6 +377,19 @@ def _assert_params(got, expected, what):
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], **TOL,
                                    msg=lambda m: f"{what} {key}: {m}")
+
+
+def _assert_same_states(got, expected, what):
+    """Two runs' optimiser states (:func:`_state_of`) are equal."""
+    assert got.keys() == expected.keys()
+    for key, entry in got.items():
+        assert entry.keys() == expected[key].keys(), f"{what} {key}"
+        for name, value in entry.items():
+            ref = expected[key][name]
+            if torch.is_tensor(value) and value.dim():
+                torch.testing.assert_close(value, ref, **TOL, msg=f"{what} {key} {name}")
+            else:
+                assert float(value) == float(ref), f"{what} {key} {name}"
 
 
 def _assert_states(got, expected, what):
@@ -459,27 +490,29 @@ def test_lazy_and_dense_paths_agree(mode, sc, raw, sparse_grad, full):
     for (dense_above, sync_free), (params, state) in zip(runs[1:], results[1:]):
         what = f"{mode} dense_above={dense_above} sync_free={sync_free}"
         _assert_params(params, results[0][0], what)
-        for key, entry in state.items():
-            for name, value in entry.items():
-                ref = results[0][1][key][name]
-                if torch.is_tensor(value) and value.dim():
-                    torch.testing.assert_close(value, ref, **TOL, msg=f"{what} {key} {name}")
-                else:
-                    assert float(value) == float(ref), f"{what} {key} {name}"
+        _assert_same_states(state, results[0][1], what)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @SETTINGS
-@given(sc=scenarios(), raw=hypers(), dense_above=_DENSE_ABOVE, sparse_grad=st.booleans(),
-       split=st.integers(1, 4))
-def test_state_dict_round_trip_mid_sequence(mode, sc, raw, dense_above, sparse_grad, split):
-    """Saving after step k and going on in a fresh model and optimiser loaded from the
-    state dicts gives the uninterrupted run's parameters."""
-    hp = _hp(mode, raw)
+@given(data=st.data(), sc=scenarios(), raw=hypers(), dense_above=_DENSE_ABOVE,
+       sparse_grad=st.booleans(), split=st.integers(1, 4),
+       resume=st.sampled_from(["state_dict", "last_epoch", "deepcopy"]), scheduled=st.booleans())
+def test_state_dict_round_trip_mid_sequence(mode, data, sc, raw, dense_above, sparse_grad, split,
+                                            resume, scheduled):
+    """Saving after step k and going on in a fresh model, optimiser (and LR scheduler)
+    loaded from the state dicts, or in a deep copy of them, gives the uninterrupted
+    run's parameters and optimiser state."""
+    hp = _hp(mode, dict(raw, lr=0.1))
     split = min(split, len(sc["steps"]))
-    whole, _ = _run(sc, mode, hp, dense_above, sparse_grad)
-    resumed, _ = _run(sc, mode, hp, dense_above, sparse_grad, split_at=split)
-    _assert_params(resumed.named_state(), whole.named_state(), f"{mode} resumed at {split}")
+    lrs = data.draw(st.lists(st.one_of(st.just(0.0), st.floats(1e-3, 0.5)), min_size=len(
+        sc["steps"]), max_size=len(sc["steps"]))) if scheduled else None
+    whole, whole_opt = _run(sc, mode, hp, dense_above, sparse_grad, lrs=lrs)
+    resumed, opt = _run(sc, mode, hp, dense_above, sparse_grad, lrs=lrs, split_at=split,
+                        resume=resume)
+    what = f"{mode} resumed at {split} by {resume}, lrs={lrs}"
+    _assert_params(resumed.named_state(), whole.named_state(), what)
+    _assert_same_states(_state_of(mode, resumed, opt), _state_of(mode, whole, whole_opt), what)
 
 
 @pytest.mark.parametrize("mode", MODES)
