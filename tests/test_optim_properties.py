@@ -250,8 +250,9 @@ def _ref_step(kind, hp, lr, p, g, rows, state):
     p[rows] = x
 
 
-def _reference(sc, mode, hp, dense_above, sparse_grad, lrs=None):
-    """The final parameters and table states of ``mode`` run on ``sc``, as documented."""
+def _reference(sc, mode, hp, dense_above, sparse_grad, lrs=None, edits=None):
+    """The final parameters and table states of ``mode`` run on ``sc``, as documented
+    (``lrs``: each step's learning rate; ``edits``: each step's changes to ``hp``)."""
     kind = _kind(mode)
     model = _model(sc, False)
     backward = mode.startswith("backward") or mode == "fused"
@@ -263,6 +264,8 @@ def _reference(sc, mode, hp, dense_above, sparse_grad, lrs=None):
     states = {}
     for i, (batch, x_cols, y_cols) in enumerate(_batches(sc, plain=True)):
         lr = hp["lr"] if lrs is None else lrs[i]
+        step_hp = hp if edits is None else dict(hp, **edits[i])
+        lr = step_hp["lr"] if edits is not None else lr
         model.zero_grad(set_to_none=True)
         model.loss(batch).backward()
         with torch.no_grad():
@@ -294,18 +297,20 @@ def _reference(sc, mode, hp, dense_above, sparse_grad, lrs=None):
                     n = rows.shape[0]
                     if share is not None and int(rows.sum()) > share * n:
                         rows = torch.ones_like(rows)
-                    _ref_step(k, hp, lr, p, g, rows, states[key])
+                    _ref_step(k, step_hp, lr, p, g, rows, states[key])
     return model.named_state(), states
 
 
 # -- running the optimiser under test ------------------------------------------------------
-def _run(sc, mode, hp, dense_above, sparse_grad=False, *, lrs=None, split_at=None,
-         resume="state_dict", sync_free=False, chunk=None):
+def _run(sc, mode, hp, dense_above, sparse_grad=False, *, lrs=None, edits=None,
+         split_at=None, resume="state_dict", sync_free=False, chunk=None):
     """Train ``sc``'s model with ``mode``; ``lrs``: per-step learning rates set by a
     LambdaLR; ``split_at``: after that many steps, go on with a copy: a fresh model,
     optimiser and scheduler loaded from the saved state dicts (``resume="state_dict"``,
     or ``"last_epoch"``: the scheduler built after the optimiser's load, with
-    ``last_epoch``), or ``copy.deepcopy`` of the three together (``"deepcopy"``)."""
+    ``last_epoch``), or ``copy.deepcopy`` of the three together (``"deepcopy"``);
+    ``edits``: each step's changes written into every param group before its forward
+    (as OneCycleLR writes ``lr`` and ``betas`` or ``momentum``)."""
     with pytest.MonkeyPatch.context() as mp:
         if sync_free:  # the GPU's step, on CPU
             mp.setattr(nnsparse._kernels, "_SYNC_FREE", ("cpu",))
@@ -346,6 +351,9 @@ def _run(sc, mode, hp, dense_above, sparse_grad=False, *, lrs=None, split_at=Non
                     sched.load_state_dict(loaded["sched"])
                 elif sched is not None:
                     sched = schedule(opt, last_epoch=i - 1)
+            if edits is not None:
+                for group in opt.param_groups:
+                    group.update(edits[i])
             opt.zero_grad()
             model.loss(batch).backward()
             opt.step()
@@ -538,3 +546,27 @@ def test_scheduled_learning_rates_are_honoured(mode, data, sc, raw, dense_above,
     model, _ = _run(sc, mode, hp, dense_above, sparse_grad, lrs=lrs)
     params, _ = _reference(sc, mode, hp, dense_above, sparse_grad, lrs=lrs)
     _assert_params(model.named_state(), params, f"{mode} lrs={lrs}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@SETTINGS
+@given(data=st.data(), sc=scenarios(), raw=hypers(), dense_above=_DENSE_ABOVE,
+       sparse_grad=st.booleans())
+def test_param_group_edits_between_steps_are_honoured(mode, data, sc, raw, dense_above,
+                                                      sparse_grad):
+    """``lr`` and ``betas`` / ``momentum`` written into every param group before a step
+    (OneCycleLR's way) are that step's, in the backward's groups as in the others."""
+    hp = _hp(mode, raw)
+    if mode.startswith("make"):
+        dense_above = None
+    kind, edits = _kind(mode), []
+    for _ in sc["steps"]:
+        edit = dict(lr=data.draw(_LR))
+        if kind in ("adam", "adamw"):
+            edit["betas"] = (data.draw(st.floats(0.0, 0.95)), hp["betas"][1])
+        elif kind == "sgd":
+            edit["momentum"] = data.draw(st.one_of(st.just(0.0), st.floats(0.1, 0.95)))
+        edits.append(edit)
+    model, _ = _run(sc, mode, hp, dense_above, sparse_grad, edits=edits)
+    params, _ = _reference(sc, mode, hp, dense_above, sparse_grad, edits=edits)
+    _assert_params(model.named_state(), params, f"{mode} edits={edits}")
