@@ -14,8 +14,14 @@ fallback*, *Weight decay*, *Adagrad and SGD*; ``LazyAdam``'s docstring):
   decoupled shrink, on the rows a step updates;
 * a table's ``step`` (Adam's bias correction) advances at every step, touched or not;
 * parameters outside the backward (biases) take torch's dense step of the same kind
-  (row-wise Adagrad: element-wise Adagrad), except with ``LazyAdam`` where a sparse
-  gradient's bias (the decoder's) is lazy too.
+  (row-wise Adagrad: element-wise Adagrad);
+* ``LazyAdam`` (and ``make_optimizer``'s) is lazy on sparse gradients
+  (``sparse_grad=True`` layers), the biases included: the decoder's touched at the
+  pattern's columns, the encoder's at every output when the batch has rows; on dense
+  gradients it is Adam.
+
+Each optimiser also runs through the paths a step may take: blocks of a few rows
+(``_CHUNK`` lowered), spans, and the GPU's synchronisation-free masked step on CPU.
 
 Gradients come from a copy of the model with dense gradients (``sparse_grad=False``,
 no optimiser attached), all computed before any update of the step.
@@ -35,7 +41,7 @@ from nnsparse import optim as noptim
 from matrix import make_form
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
-TOL = dict(rtol=1e-9, atol=1e-11)
+TOL = dict(rtol=1e-7, atol=1e-10)  # float64; the kernels round in other orders
 KINDS = ("sgd", "adam", "adamw", "adagrad", "rowwise_adagrad")
 # each optimiser under test: "backward:<kind>" is apply_optimizer_in_backward
 MODES = tuple(f"backward:{k}" for k in KINDS) + ("fused", "lazy_adam", "lazy_adamw",
