@@ -983,8 +983,10 @@ class InBackwardOptimizer(Optimizer):
       it is a ``torch.optim.Optimizer`` whose :attr:`param_groups` are one group per
       in-backward layer (model order; the dict the layer's backward reads its
       ``lr``, ``betas``, ``momentum`` from), then :attr:`dense`'s groups.  A
-      scheduler built fresh and given its ``load_state_dict`` resumes, and so
-      does one built with ``last_epoch`` after the optimiser's
+      scheduler built fresh before this optimiser's :meth:`load_state_dict`, then
+      given its own ``load_state_dict``, resumes (torch's order: built after, it
+      sets its first rate again), and so does one built with ``last_epoch`` after
+      the optimiser's
       :meth:`load_state_dict` (its :meth:`state_dict` keeps the layers' ``lr``
       and what a scheduler added to their groups, ``initial_lr``...).
       :meth:`set_lr` sets every group.

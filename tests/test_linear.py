@@ -93,6 +93,25 @@ def test_sparse_grad_matches_nn_linear(form, dtype, device, generator):
     assert grad._indices()[0].tolist() == touched.tolist()  # the touched columns, once each
 
 
+@pytest.mark.parametrize("grad_output, specified", [
+    ([[0.0, 1.0, 0.0]], [0, 1, 2]),               # a zero sum is still touched
+    ([[1.0, -1.0, 0.0], [-1.0, 1.0, 0.0]], [0, 1, 2]),  # sums cancelling to 0 too
+    (torch.zeros(0, 3), []),                       # a batch of no rows touches nothing
+])
+def test_sparse_grad_bias_specifies_every_output_of_the_batch(grad_output, specified):
+    # Every row's output adds the bias: its sparse gradient specifies each entry, zero
+    # or not.  (It dropped the exact zeros, so LazyAdam skipped them, moments and weight
+    # decay included, where Adam steps them: found by tests/test_optim_properties.py.)
+    layer = nnsparse.SparseLinearBatch(4, 3, sparse_grad=True).double()
+    grad_output = torch.as_tensor(grad_output, dtype=torch.float64)
+    x = torch.eye(4, dtype=torch.float64)[:grad_output.shape[0]].to_sparse()
+    layer(x).backward(grad_output)
+    grad = layer.bias.grad
+    assert grad.layout == torch.sparse_coo
+    assert grad._indices()[0].tolist() == specified
+    torch.testing.assert_close(grad.to_dense(), grad_output.sum(0))
+
+
 def test_sparse_grad_layout_and_state_dict():
     torch.manual_seed(0)
     reference = nn.Linear(12, 3)

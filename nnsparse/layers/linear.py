@@ -94,13 +94,24 @@ class _SparseLinear(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
             if ctx.sparse_grad and update is None:  # SparseAdam wants sparse
-                grad_bias = _grad_origin.mark_made(grad_bias.to_sparse())
+                grad_bias = _grad_origin.mark_made(_bias_as_sparse(grad_bias, grad.shape[0]))
         if use == _STEP:
             _update_rows_of(update, table.detach(), ctx.pattern, grad, values)
         elif use == _GRAD:  # dense, as the in-backward mode gives the bias
             grad_table = _table_grad(row, col, values, grad, table.shape[0],
                                      ctx.sparse_grad and update is None, ctx.pattern)
         return grad_values, grad_table, grad_bias, None, None, None, None, None, None
+
+
+def _bias_as_sparse(grad_bias: Tensor, rows: int) -> Tensor:
+    """The ``sparse_grad`` bias gradient: every output of a batch with rows is touched
+    (each row's output adds the bias), so every entry is specified, zero or not; a
+    batch of no rows touches none.  (``to_sparse()`` dropped the entries whose sum was
+    exactly 0, a saturated unit's: a lazy optimiser then skipped them, moments and
+    weight decay included, where Adam steps them.)"""
+    n = grad_bias.shape[0] if rows else 0
+    index = torch.arange(n, device=grad_bias.device).unsqueeze(0)
+    return _sparse_coo(index, grad_bias[:n], grad_bias.shape, True)
 
 
 def _linear_backward_graph(ctx: Any, grad: Tensor, use: str) -> Tuple[Optional[Tensor], ...]:
@@ -117,7 +128,7 @@ def _linear_backward_graph(ctx: Any, grad: Tensor, use: str) -> Tuple[Optional[T
     if ctx.has_bias and need[2]:
         grad_bias = grad.sum(0)
         if ctx.sparse_grad and ctx.update is None:  # as the fast path
-            grad_bias = grad_bias.to_sparse()
+            grad_bias = _bias_as_sparse(grad_bias, grad.shape[0])
     if use == _GRAD and ctx.update is not None:  # autograd.grad of the weight: dense
         grad_table = _double.t_mm(values, grad, row, col, crow, table.shape[0], pattern)
     elif use == _GRAD:  # S.T @ G; the touched rows only with sparse_grad, as nn.Embedding's
@@ -622,7 +633,9 @@ class SparseLinearBatch(nn.Module):
     and ``state_dict`` still reads and writes ``"weight"`` in ``nn.Linear``'s
     shape); its gradient is a coalesced hybrid COO tensor over the touched
     rows of ``weight_t``, as ``nn.Embedding(sparse=True)`` gives, and the
-    bias gets a sparse COO gradient.  Optimisers that accept them:
+    bias gets a sparse COO gradient specifying every entry (each row's output
+    adds the whole bias; an entry whose gradient sums to 0 is still touched, so
+    a lazy optimiser steps it as Adam would).  Optimisers that accept them:
     ``torch.optim.SparseAdam``, ``torch.optim.SGD`` (without momentum or
     weight decay), ``torch.optim.Adagrad`` and
     :class:`nnsparse.optim.LazyAdam`; ``Adam``/``AdamW`` need dense gradients.
