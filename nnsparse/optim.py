@@ -1010,8 +1010,9 @@ class InBackwardOptimizer(Optimizer):
       (``load_state_dict(assign=True)``: build the optimiser after, or copy the
       values in), a tensor that requires grad given to
       ``torch.func.functional_call`` (the model's own parameters work, and a
-      tensor that requires none: the layer's weight then gets no step), or a pruned weight (``torch.nn.utils.prune``: the
-      layer reads ``weight_orig * weight_mask``, a temporary).  A layer pruned
+      tensor that requires none: the layer's weight then gets no step), or a
+      pruned weight (``torch.nn.utils.prune``: the layer reads ``weight_orig *
+      weight_mask``, a temporary).  A layer pruned
       before attaching is refused by :func:`apply_optimizer_in_backward`
       (``NotImplementedError``; a frozen one is left to the dense part).
     * A sparse layer whose weight has ``requires_grad=False`` is left alone
