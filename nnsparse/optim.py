@@ -977,7 +977,8 @@ class InBackwardOptimizer(Optimizer):
       refused for a DDP-wrapped model, and (``NotImplementedError``) at a layer's
       training forward run by a DDP wrapper (the optimiser attached to
       ``ddp.module``, or before wrapping in torch's DDP).  Parameters DDP is told
-      to ignore are the user's to keep in step: not refused.  A forward of
+      to ignore, and a model outside the wrapped module run in its forward, are
+      the user's to keep in step: not refused.  A forward of
       ``ddp.module`` itself, outside DDP, is not detected.
     * **Learning-rate schedulers** (``torch.optim.lr_scheduler``, ``SWALR``) work:
       it is a ``torch.optim.Optimizer`` whose :attr:`param_groups` are one group per
@@ -1009,9 +1010,11 @@ class InBackwardOptimizer(Optimizer):
       tensor raises ``RuntimeError`` before anything moves: a weight tied after
       attaching (``dec.weight = enc.weight_t``), another Parameter assigned
       (``load_state_dict(assign=True)``: build the optimiser after, or copy the
-      values in), a tensor given to ``torch.func.functional_call`` (the model's
-      own parameters work), or a pruned weight (``torch.nn.utils.prune``: the
-      layer reads ``weight_orig * weight_mask``, a temporary).  A layer pruned
+      values in), a tensor that requires grad given to
+      ``torch.func.functional_call`` (the model's own parameters work, and a
+      tensor that requires none: the layer's weight then gets no step), or a
+      pruned weight (``torch.nn.utils.prune``: the layer reads ``weight_orig *
+      weight_mask``, a temporary).  A layer pruned
       before attaching is refused by :func:`apply_optimizer_in_backward`
       (``NotImplementedError``; a frozen one is left to the dense part).
     * A sparse layer whose weight has ``requires_grad=False`` is left alone

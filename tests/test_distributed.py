@@ -343,6 +343,80 @@ def test_in_backward_weights_ddp_ignores_may_train_locally(group_of_one):
     assert not torch.equal(model.encoder.weight, weight)
 
 
+class _Holder(nn.Module):
+    """A dense module whose forward runs ``model`` (held, or not, as a submodule) before
+    ``inner`` (a DDP of its own, or a plain module)."""
+
+    def __init__(self, model: nn.Module, held: bool, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner, self.head = inner, nn.Linear(WIDTH, 1)
+        if held:
+            self.model = model
+        self.__dict__["_run"] = model  # (not registered: a submodule only when held)
+
+    def forward(self, x: Any) -> torch.Tensor:
+        return self.head(self.inner(self._run(x, x).to_dense())).sum()
+
+
+def _nested(held: bool, inner_ddp: bool, ignore_inner: bool = False) -> Any:
+    model = _AE(sparse_grad=False)
+    inner: nn.Module = nn.Linear(WIDTH, WIDTH)
+    if inner_ddp:
+        inner = nn.parallel.DistributedDataParallel(inner)
+    holder = _Holder(model, held, inner)
+    if ignore_inner:  # the outer DDP leaves the inner DDP's parameters to it
+        nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            holder, [n for n, _ in holder.named_parameters() if n.startswith("inner.")])
+    return model, nn.parallel.DistributedDataParallel(holder)
+
+
+# (model held by the outer DDP's module, inner module a DDP) -> refused?
+_NESTED = {
+    # a model outside the wrapped module, run in its forward: DDP averages none of its
+    # gradients, with any optimiser: the user's to keep in step, as an ignored weight
+    # (refused in between: review rvm)
+    "model-outside-the-ddp-module-trains": (False, False, False),
+    "model-outside-after-an-inner-ddp-trains": (False, True, False),
+    # torch 2.13 puts the outer DDP's mark back after an inner DDP's forward
+    "model-of-the-outer-ddp-run-after-an-inner-ddp": (True, True, True),
+    "model-of-the-ddp-module": (True, False, True),
+}
+
+
+@pytest.mark.parametrize("case", list(_NESTED))
+def test_in_backward_optimiser_refused_only_for_weights_ddp_averages(group_of_one, case):
+    held, inner_ddp, refused = _NESTED[case]
+    torch.manual_seed(0)
+    model, ddp = _nested(held, inner_ddp, ignore_inner=held and inner_ddp)
+    opt = nnsparse.optim.apply_optimizer_in_backward(model, "adam", lr=0.1)
+    x = _data().to_sparse_coo()
+    before = _snapshot(model, opt)
+    if refused:
+        with pytest.raises(NotImplementedError, match=_IN_DDP):
+            ddp(x).backward()
+        after = _snapshot(model, opt)
+        assert [k for k in before if not torch.equal(before[k], after[k])] == []
+        return
+    opt.zero_grad()
+    ddp(x).backward()
+    opt.step()
+    after = _snapshot(model, opt)
+    assert not torch.equal(before["encoder.weight"], after["encoder.weight"])
+    assert not torch.equal(before["decoder.weight"], after["decoder.weight"])
+
+
+def test_in_backward_weight_whose_all_reduce_ddp_delays_is_refused(group_of_one):
+    """delay_all_reduce_named_params: left out of DDP's bucketed parameters, still averaged."""
+    model = _AE(sparse_grad=False)
+    ddp = nn.parallel.DistributedDataParallel(
+        model, delay_all_reduce_named_params=[("encoder.weight", model.encoder.weight)],
+        param_to_hook_all_reduce=model.decoder.bias)
+    nnsparse.optim.apply_optimizer_in_backward(ddp.module, "adam", lr=0.1)
+    x = _data().to_sparse_coo()
+    with pytest.raises(NotImplementedError, match=_IN_DDP):
+        ddp(x, x).values().sum().backward()
+
+
 def _check_nccl(results: list, device: str) -> None:
     for rank in results:
         assert "use sparse_allgather=True, the gloo backend, or sparse_grad=False" in rank["sparse"]

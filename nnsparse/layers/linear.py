@@ -403,15 +403,15 @@ def _refuse_update_misuse(layer: nn.Module, update: Any, read: Tensor) -> None:
     averaged: torch marks the module whose forward runs (``_active_ddp_module``, private;
     a torch without it is not checked).
     """
-    if update is None or not torch.is_grad_enabled():
-        return
+    if update is None or not torch.is_grad_enabled() or not read.requires_grad:
+        return  # (a weight that requires no grad gets no step: input gradients, frozen)
     param = getattr(update, "param", None)  # (absent from an update pickled before)
     if param is not None and read is not param and read._base is not param:
         if _index.data_ptr(read) is None:  # a torch.func transform's tensor: its own refusal
             return
         raise RuntimeError(_not_owned_message(layer, update, read))
     ddp = getattr(nn.parallel.DistributedDataParallel, "_active_ddp_module", None)
-    if ddp is not None and not getattr(param, "_ddp_ignored", False):
+    if ddp is not None and _ddp_reduces(ddp, param):
         raise NotImplementedError(
             f"{update.name}: its optimiser in the backward (nnsparse.optim."
             f"apply_optimizer_in_backward) runs inside DistributedDataParallel (attached to "
@@ -420,6 +420,22 @@ def _refuse_update_misuse(layer: nn.Module, update: Any, read: Tensor) -> None:
             f"call remove() on the in-backward optimiser and train with materialised "
             f"gradients (torch.optim, nnsparse.optim.LazyAdam or nnsparse.make_optimizer) "
             f"under DDP")
+
+
+def _ddp_reduces(ddp: Any, param: Optional[Tensor]) -> bool:
+    """Whether ``ddp``, the ``DistributedDataParallel`` whose forward is running, averages
+    the gradient of ``param``: one of its module's parameters, not one it was told to
+    ignore (or one whose all-reduce it delays).  A model outside the wrapped module, run
+    inside its forward, is the user's to keep in step, as an ignored parameter is.
+    Identity over DDP's private list (a torch without it: assumed averaged), scanned
+    only inside a DDP forward, where a layer with an in-backward table is otherwise refused."""
+    if param is None or getattr(param, "_ddp_ignored", False):
+        return param is None
+    params = getattr(ddp, "_module_parameters", None)
+    if params is None:
+        return True
+    return any(p is param for p in list(params) + list(getattr(
+        ddp, "_delay_all_reduce_params", [])))
 
 
 def _pruned(layer: nn.Module) -> Optional[str]:
