@@ -241,7 +241,7 @@ def test_densify_gradcheck():
 _ENTRY = st.one_of(st.sampled_from([0.0, 1.0, -2.5, NAN, math.inf]), st.floats(width=64))
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(
     data=st.lists(st.lists(_ENTRY, min_size=3, max_size=3), min_size=1, max_size=5),
     elem=st.one_of(st.sampled_from([0.0, 1.0, NAN]), st.floats(width=64)),
