@@ -52,7 +52,8 @@ NO_SIZE = [
 
 @pytest.mark.parametrize("call, name", [c[1:] for c in NO_SIZE], ids=[c[0] for c in NO_SIZE])
 def test_no_size_refusal_offers_a_tensor(call, name):
-    with pytest.raises(ValueError, match=re.escape(f"{name} is an empty list of rows, {_TENSOR_WAY}")):
+    message = f"{name} is an empty list of rows, {_TENSOR_WAY}"
+    with pytest.raises(ValueError, match=re.escape(message)):
         call([])
     call(_empty())  # the way round the message gives is taken
 
