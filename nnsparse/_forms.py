@@ -58,7 +58,7 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
            "check_index_range", "resolve_size", "trust", "as_int", "as_count", "as_flag",
            "check_int64", "int64_message", "check_numel", "as_device", "holds_exactly",
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device",
-           "no_rows", "empty_batch"]
+           "no_rows", "empty_batch", "EMPTY_ROWS_TENSOR", "EMPTY_ROWS_WAY_ROUND"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -790,10 +790,18 @@ def _from_pairs(x: Tensor, name: str, width: Optional[int]) -> SparseBatch:
                        is_vector=True, row_sorted=True)
 
 
-def _from_list(rows: Sequence[Any], name: str, width: Optional[int]) -> SparseBatch:
+# The way round an empty list of rows where the function has no size argument to give it
+# its width: an empty sparse tensor of that width (every function taking rows takes one).
+EMPTY_ROWS_TENSOR = ("an empty sparse tensor of the width n: torch.sparse_coo_tensor("
+                     "torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (0, n))")
+EMPTY_ROWS_WAY_ROUND = f"pass instead {EMPTY_ROWS_TENSOR}"
+
+
+def _from_list(rows: Sequence[Any], name: str, width: Optional[int],
+               empty: str = EMPTY_ROWS_WAY_ROUND) -> SparseBatch:
     if len(rows) == 0:
         if width is None:
-            raise ValueError(f"{name} is an empty list; pass a size to give its width")
+            raise ValueError(f"{name} is an empty list of rows, which has no width; {empty}")
         return SparseBatch(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
                            torch.zeros(0), (0, width), "list", row_sorted=True, coalesced=True)
     for i, r in enumerate(rows):
@@ -869,7 +877,8 @@ def refuse_meta_device(device: Optional[torch.device]) -> None:
 
 
 def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
-                    pairs: bool = True, bound: Optional[str] = None) -> SparseBatch:
+                    pairs: bool = True, bound: Optional[str] = None,
+                    empty: str = EMPTY_ROWS_WAY_ROUND) -> SparseBatch:
     """Normalise any accepted sparse form to a :class:`SparseBatch`.
 
     Args:
@@ -885,6 +894,9 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
         bound: what ``width`` is, by its argument's name (``"in_features"``),
             for the message refusing a wider tensor; ``None``: "the size asked
             for".
+        empty: the way round offered when ``x`` is an empty list of rows and no
+            ``width`` is given (an empty list holds no width): by default an empty
+            sparse tensor of the width; a function with a size argument names it.
 
     Raises:
         TypeError: ``x`` is not one of the accepted forms.
@@ -930,7 +942,7 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
                 advice = "the sparse batch it was computed from"
             raise TypeError(f"{name} is a {kind} ({', '.join(fields)}), {what}not a sparse "
                             f"batch nor a list of rows; pass {advice}")
-        batch = _from_list(x, name, width)
+        batch = _from_list(x, name, width, empty)
     else:
         raise TypeError(f"{name} must be a sparse tensor, a pair tensor or a list of sparse "
                         f"rows, got {type(x).__name__}")

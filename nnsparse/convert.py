@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._forms import (SparseBatch, SparseLike, _a, _as_pairs, _sparse_coo, _sparse_csr, as_count,
-                     as_int,
+from ._forms import (EMPTY_ROWS_TENSOR, SparseBatch, SparseLike, _a, _as_pairs, _sparse_coo,
+                     _sparse_csr, as_count, as_int,
                      as_sparse_batch, check_kernel_dtype, holds_exactly, refuse_meta,
                      check_int64, check_numel, int64_message, resolve_size, trust)
 
@@ -248,7 +248,8 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tens
         width = as_int(size[1], "size", "hold ints")
         if width < 0:
             raise ValueError(f"size must have at least 0 columns, got {width}")
-    batch = as_sparse_batch(x, name="x", width=width)
+    batch = as_sparse_batch(x, name="x", width=width,
+                            empty=f"pass size=(0, n), or {EMPTY_ROWS_TENSOR}")
     return _densify(batch, elem, *_batch_size(size, batch))
 
 
@@ -355,7 +356,8 @@ def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = Non
         raise ValueError(f"size must be non-negative, got {size}")
     if size is not None:
         check_int64(int(size), "size", "a non-negative int")
-    batch = as_sparse_batch(pairs, name="pairs", width=None if size is None else int(size))
+    batch = as_sparse_batch(pairs, name="pairs", width=None if size is None else int(size),
+                            empty="pass size=n to give it one")
     if not batch.is_vector:
         check_numel(batch.shape, "pairs", f"a batch of size {tuple(batch.shape)}"
                     + ("" if size is not None else " (its width is the largest index + 1)"))

@@ -1004,7 +1004,11 @@ class InBackwardOptimizer(Optimizer):
     * Tied weights (a sparse layer's weight shared with another sparse layer or
       any other module) are refused with a ``NotImplementedError``: each layer
       would take its own step with its own state, another module's gradient
-      would never be applied.  ``LazyAdam`` and ``torch.optim`` train them.
+      would never be applied.  ``LazyAdam`` and ``torch.optim`` train them.  Tied
+      after attaching to a module other than a sparse layer (``linear.weight =
+      layer.weight``), the weight gets a ``.grad`` from that module's backward, which
+      nothing applies: :meth:`step` raises ``RuntimeError`` naming the layer before
+      stepping anything, as it does for a ``.grad`` written to such a weight by hand.
     * A layer's training forward must read, as its weight, the Parameter its
       table was built on (checked by identity, O(1)): one reading another
       tensor raises ``RuntimeError`` before anything moves: a weight tied after
@@ -1196,7 +1200,10 @@ class InBackwardOptimizer(Optimizer):
         Raises:
             RuntimeError: a parameter frozen when the optimiser was built now
                 requires grad (neither part would ever train it: build the
-                optimiser again after unfreezing).
+                optimiser again after unfreezing), or an in-backward weight has a
+                ``.grad`` (nothing would apply it: a module outside the in-backward
+                tables shares the weight, e.g. one tied to it after attaching, or the
+                gradient was written by hand).  Nothing is stepped.
             NotImplementedError: called by ``torch.amp.GradScaler.step``.
         """
         if "found_inf" in self.__dict__:  # set by GradScaler.step just before this call
@@ -1213,12 +1220,36 @@ class InBackwardOptimizer(Optimizer):
             raise RuntimeError(f"parameters {thawed} were frozen when this optimiser was built "
                                f"and now require grad: it would never train them; build the "
                                f"optimiser again after unfreezing")
+        self._refuse_table_grads()
         # the global hooks ran once around this step, with this optimiser: not again for dense
         try:
             return (_step_part(self.dense, closure) if self.dense is not None
                     else _closure_loss(closure))
         finally:
             self._end_accumulation()
+
+    def _refuse_table_grads(self) -> None:
+        """Refuse a ``.grad`` on an attached in-backward weight: nothing would apply it (its
+        rows are stepped inside the backward, which gives it none; :attr:`dense` does not own
+        it).  A few attribute reads per table."""
+        for name, layer in self._layers:
+            u = self._updates[name]
+            param = u.param
+            # (a weight of no entries, a layer of width 0, gets an empty gradient from the
+            # layer's (rows, 0) product: nothing left unapplied)
+            if (param is None or param.grad is None or layer._row_update is not u
+                    or param.numel() == 0):
+                continue
+            raise RuntimeError(
+                f"the weight of {u.name} has a .grad, which nothing applies: the optimiser in the "
+                f"backward updates its rows inside loss.backward() and gives it no .grad, and "
+                f"the dense part does not train it.  Likely the weight is shared with a module "
+                f"outside the in-backward tables (e.g. an nn.Linear whose weight was tied to "
+                f"it after this optimiser was attached), or a gradient was written to it by "
+                f"hand (or left from before attaching).  Untie it (give the other module its "
+                f"own Parameter), or remove() this optimiser and train the model with "
+                f"nnsparse.optim.LazyAdam or torch.optim; a gradient set by hand: set "
+                f"weight.grad = None.  Nothing was stepped")
 
     def _end_accumulation(self) -> None:
         """A backward may step the tables again (see ``TableUpdate.pending``)."""

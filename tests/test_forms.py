@@ -171,7 +171,9 @@ BAD_INPUTS = [
     (lambda: torch.ones(2, 3).to_sparse(1), NotImplementedError,
      "x: hybrid sparse tensors are not supported, got dense_dim 1"),
     (lambda: torch.eye(3).to_sparse_csc(), NotImplementedError, "x: layout torch.sparse_csc is not supported"),
-    (lambda: [], ValueError, "x is an empty list; pass a size to give its width"),
+    (lambda: [], ValueError,
+     "x is an empty list of rows, which has no width; pass instead an empty sparse tensor of "
+     "the width n"),
     (lambda: [torch.zeros(3).to_sparse(), torch.zeros(1, 2)], TypeError,
      "x mixes sparse vectors and pair tensors; use one form per batch"),
     (lambda: [torch.zeros(3).to_sparse(), torch.zeros(4).to_sparse()], ValueError,

@@ -344,7 +344,7 @@ def _old_mask_rule(batch, hide):
     return hide & ~(hidden_per_row == batch.row_counts())[batch.row]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(rows=st.integers(1, 6), width=st.integers(1, 5), nnz=st.integers(0, 25),
        ratio=st.sampled_from([0.0, 0.3, 0.6, 1.0]), seed=st.integers(0, 2**16),
        form=st.sampled_from(["coo", "unsorted_duplicates", "csr", "rows", "vector"]))
@@ -371,7 +371,7 @@ def test_mask_criterion_flags_as_the_old_per_row_rule(rows, width, nnz, ratio, s
     assert torch.equal(crit._sparse_mask.flag, _old_mask_rule(batch, drawn))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(out=st.integers(1, 4), width=st.integers(1, 12), nnz=st.integers(0, 12),
        rows=st.integers(0, 4), x_nnz=st.integers(0, 20), seed=st.integers(0, 2**16),
        form=st.sampled_from(["coo", "unsorted_duplicates", "csr"]))

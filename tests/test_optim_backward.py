@@ -1117,3 +1117,88 @@ def test_a_tables_entry_cannot_be_replaced(change, what, shape):
     bias = model.mid.bias
     opt.state[bias] = {}  # a dense parameter: dense.state's entry, as torch's
     assert opt.dense.state[bias] == {} and opt.state[bias] is opt.dense.state[bias]
+
+
+# A .grad on an in-backward weight is applied by nothing (its rows are stepped in the
+# backward; the dense part does not own it): step() refuses it, naming the layer, before
+# stepping anything.  An nn.Linear tied to the weight after attaching gave it one silently.
+def _tie_linear_after(model):
+    lin = nn.Linear(IN, HIDDEN).double()
+    if model.enc.sparse_grad:  # the layer's Parameter is weight_t (in, out)
+        lin = nn.Linear(HIDDEN, IN).double()
+        lin.weight = model.enc.weight_t
+        extra = lambda x: lin(torch.ones(1, HIDDEN, dtype=torch.float64)).sum()  # noqa: E731
+    else:
+        lin.weight = model.enc.weight
+        extra = lambda x: lin(x.to_dense()).sum()  # noqa: E731
+    return extra
+
+
+def _same(a, b):
+    """Nested state dicts equal, tensors exactly."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    return a == b
+
+
+def _hand_grad(layer):
+    def make(model):
+        param = getattr(model, layer)
+        param = param.weight_t if getattr(param, "sparse_grad", False) and layer == "enc" \
+            else param.weight
+        param.grad = torch.zeros_like(param)
+        return lambda x: 0
+    return make
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True])
+@pytest.mark.parametrize("make, layer", [
+    (_tie_linear_after, "SparseLinearBatch 'enc'"),
+    (_hand_grad("enc"), "SparseLinearBatch 'enc'"),
+    (_hand_grad("dec"), "SparseOutputLinear 'dec'"),
+], ids=["nn.Linear tied after attaching", "grad by hand, enc", "grad by hand, dec"])
+def test_step_refuses_a_grad_on_an_in_backward_weight(make, layer, sparse_grad):
+    gen = torch.Generator().manual_seed(3)
+    x, y = _batch(gen, 3, IN, 0.5, "cpu", full=True), _batch(gen, 3, OUT, 0.5, "cpu")
+    model, _ = _models("cpu", sparse_grad=sparse_grad)
+    opt = noptim.apply_optimizer_in_backward(model, "adam", lr=0.1)
+    extra = make(model)
+    opt.zero_grad()
+    (_loss(model, x, y) + extra(x)).backward()
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    grads = {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+    saved = copy.deepcopy(opt.state_dict())
+    pending = {n: u.pending for n, u in opt._updates.items()}
+    with pytest.raises(RuntimeError, match=(
+            rf"the weight of {layer} has a \.grad, which nothing applies: .* shared with a "
+            rf"module outside the in-backward tables .* written to it by hand .* Untie it "
+            rf".* set weight\.grad = None\.  Nothing was stepped")):
+        opt.step()
+    for n, p in model.named_parameters():  # nothing moved, no gradient changed
+        assert torch.equal(p.detach(), params[n]), n
+        assert (p.grad is None) == (grads[n] is None), n
+        assert p.grad is None or torch.equal(p.grad, grads[n]), n
+    assert _same(opt.state_dict(), saved)
+    assert {n: u.pending for n, u in opt._updates.items()} == pending
+
+
+def test_step_takes_the_legitimate_ways_to_a_weights_gradient():
+    # autograd.grad returns it without setting .grad; zero_grad(set_to_none=False) zeroes
+    # the dense part only; backward(inputs=[weight]) steps it in the backward
+    gen = torch.Generator().manual_seed(4)
+    x, y = _batch(gen, 3, IN, 0.5, "cpu"), _batch(gen, 3, OUT, 0.5, "cpu")
+    model, _ = _models("cpu")
+    opt = noptim.apply_optimizer_in_backward(model, "adam", lr=0.1)
+    (g,) = torch.autograd.grad(_loss(model, x, y), model.enc.weight)
+    assert g.shape == model.enc.weight.shape and model.enc.weight.grad is None
+    opt.zero_grad(set_to_none=False)
+    _loss(model, x, y).backward(inputs=[model.enc.weight, model.enc.bias])
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    _loss(model, x, y).backward()
+    opt.step()
+    assert model.enc.weight.grad is None and model.dec.weight.grad is None

@@ -40,7 +40,7 @@ from nnsparse import _rowopt
 from nnsparse import optim as noptim
 from matrix import make_form
 
-SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
+SETTINGS = settings(max_examples=40)  # the rest: the profile of tests/conftest.py
 TOL = dict(rtol=1e-7, atol=1e-10)  # float64; the kernels round in other orders
 KINDS = ("sgd", "adam", "adamw", "adagrad", "rowwise_adagrad")
 # each optimiser under test: "backward:<kind>" is apply_optimizer_in_backward

@@ -8,8 +8,9 @@ every accepted sparse form (``docs/naming.md``): COO coalesced and uncoalesced, 
 as a 1-D COO tensor or a ``(k, 2)`` pair tensor.  Every public function must agree with
 the dense reference of its documented semantics, whatever the form.
 
-The project registers no hypothesis profile: each test uses ``SETTINGS``
-(derandomized, no example database) so that a run is deterministic.  To hunt, raise
+``tests/conftest.py`` loads the project's hypothesis profile (derandomized, no example
+database, no deadline) so that a run is deterministic; ``SETTINGS`` and ``FEW`` only set
+how many examples.  To hunt, raise
 ``max_examples`` and drop ``derandomize`` locally (thousands of examples per property
 ran clean before this file was committed).  What the properties found is pinned by the
 ``test_regression_*`` rows at the end.
@@ -24,7 +25,7 @@ from unittest import mock
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.nn import functional as F
@@ -36,8 +37,7 @@ from nnsparse import (Batchifier, Densify, DynamicSparseTensor, MaskCriterion, S
                       Sparsify, densify, from_pairs, sparsify, ssort, ssort_by_index, stopk,
                       to_pairs)
 
-SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(max_examples=60)  # the rest: the profile of tests/conftest.py
 FEW = settings(SETTINGS, max_examples=30)
 
 DTYPES = [torch.float32, torch.float64]

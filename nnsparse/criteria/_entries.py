@@ -185,13 +185,18 @@ def as_estimate(estimate: Any, target: Any = None) -> Estimate:
         shape = tuple(estimate.shape)
         rows, width = (1, shape[0]) if len(shape) == 1 else shape
         return Estimate(None, None, rows, width, len(shape) == 1, shared=_values(estimate))
+    sparse_target = (isinstance(target, Tensor)
+                     and target.layout in (torch.sparse_coo, torch.sparse_csr))
+    if no_rows(estimate) and sparse_target:
+        # an empty list of rows holds no width, dtype nor device: the sparse target's
+        # width and device (as an empty target takes the estimate's; default dtype)
+        estimate = empty_batch(target.shape[-1], torch.zeros(0, device=target.device))
     if isinstance(estimate, SparseBatch):
         batch = estimate
     elif is_sparse_form(estimate):
         # Lua pair rows tell no width (their largest index + 1 is no width): a sparse
         # tensor target's, when there is one
-        width = (target.shape[-1] if is_pair_list(estimate) and isinstance(target, Tensor)
-                 and target.layout in (torch.sparse_coo, torch.sparse_csr) else None)
+        width = target.shape[-1] if is_pair_list(estimate) and sparse_target else None
         batch = as_sparse_batch(estimate, name="estimate", pairs=False, width=width)
     elif isinstance(estimate, Tensor):
         if estimate.dim() not in (1, 2):
