@@ -39,6 +39,7 @@ import nnsparse
 from nnsparse import _rowopt
 from nnsparse import optim as noptim
 from matrix import make_form
+from test_optim_backward import _torch_optimizer
 
 SETTINGS = settings(max_examples=40)  # the rest: the profile of tests/conftest.py
 TOL = dict(rtol=1e-7, atol=1e-10)  # float64; the kernels round in other orders
@@ -447,14 +448,6 @@ def test_every_optimiser_equals_the_documented_lazy_reference(mode, sc, raw, den
     what = f"{mode} dense_above={dense_above}"
     _assert_params(model.named_state(), params, what)
     _assert_states(_state_of(mode, model, opt), states, what)
-
-
-def _torch_optimizer(kind, params, hp):
-    if kind == "sgd":
-        return torch.optim.SGD(params, **hp)
-    if kind in ("adagrad", "rowwise_adagrad"):
-        return torch.optim.Adagrad(params, **hp)
-    return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind](params, **hp)
 
 
 @pytest.mark.parametrize("mode", [m for m in MODES if m != "backward:rowwise_adagrad"])
