@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 import nnsparse
 from nnsparse.optim import apply_optimizer_in_backward, fused_step_optimizer
 
-from test_ecosystem_probe2 import (IN_BACKWARD, OPTIMISERS, TORCH_EQUIVALENT, _Holder,
+from test_ecosystem_probe2 import (IN_BACKWARD, OPTIMISERS, _Holder,
                                    _assert_same_weights,
                                    _assert_unchanged, _autoencoder, _input_requiring_grad,
                                    _loss, _tables, _targets, _x, _x2)
@@ -205,25 +205,6 @@ def test_recorded_gradients_reading_a_weight_are_refused(kind, sparse_grad, of, 
             _loss(model, x).backward(inputs=targets, create_graph=True)
     _assert_unchanged(model, opt, weights, tables)
     assert all(p.grad is None for p in model.parameters()) and values.grad is None
-
-
-@pytest.mark.parametrize("kind", list(TORCH_EQUIVALENT))
-@pytest.mark.parametrize("of", ["4.bias", "4.weight"])
-def test_gradient_penalty_of_a_sparse_grad_decoder_equals_torch(kind, of):
-    """sparse_grad=True layers: create_graph=True for the decoder's own bias or weight (the
-    weight's recorded gradient dense, in its shape), then the penalised loss's backward:
-    torch's optimiser on the dense model."""
-    model, reference = _autoencoder(True), _autoencoder()
-    opt, ref_opt = OPTIMISERS[kind](model), TORCH_EQUIVALENT[kind](reference)
-    for m, o in ((model, opt), (reference, ref_opt)):
-        for batch in (_x(), _x2()):
-            o.zero_grad()
-            loss = _loss(m, batch)
-            g, = torch.autograd.grad(loss, dict(m.named_parameters())[of], create_graph=True)
-            assert g.layout == torch.strided
-            (loss + g.square().sum()).backward()
-            o.step()
-    _assert_same_weights(model, reference)
 
 
 # -- a layer built with sparse_grad=True, then set to sparse_grad=False ------------------------
