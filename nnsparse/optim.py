@@ -1635,8 +1635,10 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
         ValueError: unknown ``optimizer``, an invalid hyperparameter, one not
             used by ``optimizer`` (``momentum`` for Adam), no
             ``SparseLinearBatch`` or ``SparseOutputLinear`` in ``model`` (frozen
-            ones count), no parameter of ``model`` that requires grad, or a
-            layer already attached to another one.
+            ones count), no parameter of ``model`` that requires grad, a
+            layer already attached to another one, or a trained layer's weight not
+            stored as the layer made it (``weight.t()`` contiguous: a row-major
+            Parameter assigned).
         NotImplementedError: ``model`` is wrapped in ``DistributedDataParallel``, a
             sparse layer's weight is shared with another module (tied weights), or
             is parametrized or pruned and requires grad.
