@@ -538,6 +538,9 @@ def test_a_weight_not_stored_column_major_is_refused():
     with pytest.raises(ValueError, match=r"needs it stored as the layer made it"):
         noptim.apply_optimizer_in_backward(layer, "adam")
     assert layer._row_update is None
+    with torch.no_grad():  # the message's way round: the layout restored in place
+        layer.weight.data = layer.weight.t().contiguous().t()
+    assert noptim.apply_optimizer_in_backward(layer, "adam") is not None
 
 
 def _row_major_data(layer):
@@ -573,8 +576,16 @@ def test_a_row_major_weight_after_attaching(how, no_grad, refused):
     before = layer.weight.detach().clone()
     if refused:
         with pytest.raises(RuntimeError, match=r"needs it stored as the layer made it.*"
-                                               r"weight\.data replaced"):
+                                               r"weight\.data replaced.*restore the layout"):
             layer(x)
+        assert torch.equal(layer.weight, before) and layer.weight.grad is None
+        # the way round the message gives: the same Parameter, column-major again, trains
+        param = layer.weight
+        with torch.no_grad():
+            layer.weight.data = layer.weight.t().contiguous().t()
+        assert layer.weight is param and layer.weight.t().is_contiguous()
+        layer(x).sum().backward()
+        assert not torch.equal(layer.weight, before) and layer.weight.grad is None
         return
     with torch.no_grad() if no_grad else torch.enable_grad():
         out = layer(x)

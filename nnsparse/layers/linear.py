@@ -360,8 +360,10 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
 _NOT_COLUMN_MAJOR = (
     "{name}: the optimiser in the backward updates the weight in place and needs it stored "
     "as the layer made it (weight.t() contiguous); it holds another layout (a new Parameter "
-    "assigned, or weight.data replaced): copy values in with `with torch.no_grad(): "
-    "layer.weight.copy_(w)` instead")
+    "assigned, or weight.data replaced, as prune.remove does): restore the layout in place, "
+    "the same Parameter, with `with torch.no_grad(): layer.weight.data = "
+    "layer.weight.t().contiguous().t()`, and load values later by copying them in "
+    "(`layer.weight.copy_(w)`) rather than assigning")
 
 
 def _state_without_update(module: nn.Module) -> Dict[str, Any]:
