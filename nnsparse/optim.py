@@ -1020,7 +1020,12 @@ class InBackwardOptimizer(Optimizer):
       pruned weight (``torch.nn.utils.prune``: the layer reads ``weight_orig *
       weight_mask``, a temporary).  A layer pruned
       before attaching is refused by :func:`apply_optimizer_in_backward`
-      (``NotImplementedError``; a frozen one is left to the dense part).
+      (``NotImplementedError``; a frozen one is left to the dense part).  The
+      Parameter must also keep the layout the layer made (``weight.t()``
+      contiguous): one whose ``.data`` was replaced row-major (``prune.remove``
+      leaves it so) raises ``RuntimeError`` at a training forward that would step
+      it, naming the way round (``weight.data = weight.t().contiguous().t()``);
+      frozen or under ``torch.no_grad()`` it is read as it is.
     * A sparse layer whose weight has ``requires_grad=False`` is left alone
       (no state, nothing in its backward); its trainable bias, if any, goes
       to :attr:`dense`.  With every sparse weight frozen, :attr:`dense`
@@ -1635,8 +1640,10 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
         ValueError: unknown ``optimizer``, an invalid hyperparameter, one not
             used by ``optimizer`` (``momentum`` for Adam), no
             ``SparseLinearBatch`` or ``SparseOutputLinear`` in ``model`` (frozen
-            ones count), no parameter of ``model`` that requires grad, or a
-            layer already attached to another one.
+            ones count), no parameter of ``model`` that requires grad, a
+            layer already attached to another one, or a trained layer's weight not
+            stored as the layer made it (``weight.t()`` contiguous: a row-major
+            Parameter assigned).
         NotImplementedError: ``model`` is wrapped in ``DistributedDataParallel``, a
             sparse layer's weight is shared with another module (tied weights), or
             is parametrized or pruned and requires grad.

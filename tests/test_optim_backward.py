@@ -538,6 +538,61 @@ def test_a_weight_not_stored_column_major_is_refused():
     with pytest.raises(ValueError, match=r"needs it stored as the layer made it"):
         noptim.apply_optimizer_in_backward(layer, "adam")
     assert layer._row_update is None
+    with torch.no_grad():  # the message's way round: the layout restored in place
+        layer.weight.data = layer.weight.t().contiguous().t()
+    assert noptim.apply_optimizer_in_backward(layer, "adam") is not None
+
+
+def _row_major_data(layer):
+    with torch.no_grad():  # the same values, stored row-major (not as the layer made it)
+        layer.weight.data = layer.weight.detach().clone(memory_format=torch.contiguous_format)
+    assert not layer.weight.t().is_contiguous()
+
+
+def _frozen_row_major(layer):
+    layer.weight = torch.nn.Parameter(
+        layer.weight.detach().clone(memory_format=torch.contiguous_format), requires_grad=False)
+
+
+# (how the attached layer's weight came to be row-major, whether a forward steps it)
+ROW_MAJOR_CASES = [
+    ("data_replaced_training", _row_major_data, False, True),
+    ("data_replaced_no_grad", _row_major_data, True, False),
+    ("new_frozen_parameter", _frozen_row_major, False, False),
+]
+
+
+@pytest.mark.parametrize("how, no_grad, refused", [c[1:] for c in ROW_MAJOR_CASES],
+                         ids=[c[0] for c in ROW_MAJOR_CASES])
+def test_a_row_major_weight_after_attaching(how, no_grad, refused):
+    # refused only where the backward would step it (it would write a copy); a weight
+    # that gets no step (under no_grad, frozen) is read as it is
+    gen = torch.Generator().manual_seed(3)
+    layer = nnsparse.SparseLinearBatch(6, 3)
+    noptim.apply_optimizer_in_backward(layer, "adam")
+    how(layer)
+    x = torch.sparse_coo_tensor(torch.tensor([[0, 0, 1], [1, 4, 2]]),
+                                torch.randn(3, generator=gen), (2, 6)).coalesce()
+    before = layer.weight.detach().clone()
+    if refused:
+        with pytest.raises(RuntimeError, match=r"needs it stored as the layer made it.*"
+                                               r"weight\.data replaced.*restore the layout"):
+            layer(x)
+        assert torch.equal(layer.weight, before) and layer.weight.grad is None
+        # the way round the message gives: the same Parameter, column-major again, trains
+        param = layer.weight
+        with torch.no_grad():
+            layer.weight.data = layer.weight.t().contiguous().t()
+        assert layer.weight is param and layer.weight.t().is_contiguous()
+        layer(x).sum().backward()
+        assert not torch.equal(layer.weight, before) and layer.weight.grad is None
+        return
+    with torch.no_grad() if no_grad else torch.enable_grad():
+        out = layer(x)
+    torch.testing.assert_close(out, x.to_dense() @ before.t() + layer.bias.detach())
+    if not no_grad:
+        out.sum().backward()
+        assert torch.equal(layer.weight, before) and layer.weight.grad is None
 
 
 # -- the synchronisation-free step (the GPU's), forced on CPU --------------------------

@@ -345,8 +345,11 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         # sorted_by_row and crow_indices are cached on the batch's pattern:
         # built once per batch, whoever asks first.
         batch = batch.sorted_by_row()
-        if update is not None and not table.is_contiguous():
-            # the update writes the rows of ``table`` in place: a copy would lose it
+        if (update is not None and torch.is_grad_enabled() and table.requires_grad
+                and not table.is_contiguous()):
+            # the update writes the rows of ``table`` in place: a copy would lose it (a
+            # weight that gets no step, frozen or under no_grad, is read as it is, as
+            # _refuse_update_misuse lets it pass)
             raise RuntimeError(_NOT_COLUMN_MAJOR.format(name=update.name))
         out = _SparseLinear.apply(  # type: ignore[no-untyped-call]
             batch.values, table.contiguous(), bias, batch.row, batch.col,
@@ -356,8 +359,11 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
 
 _NOT_COLUMN_MAJOR = (
     "{name}: the optimiser in the backward updates the weight in place and needs it stored "
-    "as the layer made it (weight.t() contiguous); a new Parameter was assigned to the "
-    "weight: copy values in with `with torch.no_grad(): layer.weight.copy_(w)` instead")
+    "as the layer made it (weight.t() contiguous); it holds another layout (a new Parameter "
+    "assigned, or weight.data replaced, as prune.remove does): restore the layout in place, "
+    "the same Parameter, with `with torch.no_grad(): layer.weight.data = "
+    "layer.weight.t().contiguous().t()`, and load values later by copying them in "
+    "(`layer.weight.copy_(w)`) rather than assigning")
 
 
 def _state_without_update(module: nn.Module) -> Dict[str, Any]:
