@@ -435,8 +435,10 @@ def _ddp_reduces(ddp: Any, param: Optional[Tensor]) -> bool:
     inside its forward, is the user's to keep in step, as an ignored parameter is.
     Identity over DDP's private list (a torch without it: assumed averaged), scanned
     only inside a DDP forward, where a layer with an in-backward table is otherwise refused."""
-    if param is None or getattr(param, "_ddp_ignored", False):
-        return param is None
+    if param is None:  # (an update pickled before it kept its parameter: assumed averaged)
+        return True
+    if getattr(param, "_ddp_ignored", False):
+        return False
     params = getattr(ddp, "_module_parameters", None)
     if params is None:
         return True
@@ -891,10 +893,18 @@ class SparseLinearBatch(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
 
 
+def _parametrizations(layer: nn.Module) -> Optional[nn.ModuleDict]:
+    """``layer``'s ``torch.nn.utils.parametrize`` parametrizations, or ``None``: read from
+    ``_modules`` without ``nn.Module.__getattr__`` (nor running any parametrization)."""
+    parametrizations: Optional[nn.ModuleDict] = layer.__dict__.get("_modules", {}).get(
+        "parametrizations")
+    return parametrizations
+
+
 def _parametrized_table(layer: nn.Module, name: str = "weight_t") -> bool:
     """``name`` holds a parametrization (``torch.nn.utils.parametrize``): it is then
     neither a parameter nor in ``__dict__``, but a property of the parametrized class."""
-    parametrizations = layer.__dict__.get("_modules", {}).get("parametrizations")
+    parametrizations = _parametrizations(layer)
     return parametrizations is not None and name in parametrizations
 
 
@@ -942,7 +952,7 @@ def _parametrized_weight_trains(layer: nn.Module) -> bool:
     """Whether the tensors of a parametrized weight (its originals, the parametrizations'
     own parameters) require grad, read without computing the parametrization: each read
     of the weight runs it (``spectral_norm``'s power iteration updates its buffers)."""
-    parametrizations = layer.__dict__.get("_modules", {}).get("parametrizations")
+    parametrizations = _parametrizations(layer)
     return parametrizations is not None and any(
         p.requires_grad for name in ("weight", "weight_t") if name in parametrizations
         for p in parametrizations[name].parameters())
