@@ -305,6 +305,13 @@ class TableUpdate:
     counts the updates so that a backward can tell whether the table changed
     since its forward (a second backward of one graph, or several forwards
     before one backward), which the in-backward update cannot support.
+
+    ``nodes`` holds, weakly, the autograd nodes of the layer's training forwards
+    since the last update (:meth:`watch`; cleared at each update: an older node's
+    backward is refused by ``updates`` anyway), so that a backward can ask torch's
+    engine, before any step, whether two of them will run in it (one layer used
+    twice in one graph: ``layers.linear._refuse_used_twice``).  ``group``: the
+    tables of the same optimiser, all checked so (one shared list).
     """
 
     def __init__(self, kind: str, hp: dict[str, Any], table: Tensor, name: str,
@@ -320,10 +327,29 @@ class TableUpdate:
         # updates since its optimiser's last step() / zero_grad(), counted when the
         # optimiser has a dense part (which accumulates gradients across backward passes)
         self.pending: Optional[int] = None
+        self.nodes: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.group: List[TableUpdate] = [self]
+        # the weight's .grad as the optimiser's zero_grad(set_to_none=False) zeroed it,
+        # and its version then: step() takes that zero .grad as long as it is untouched
+        self.zeroed: Optional[Tuple["weakref.ref[Tensor]", int]] = None
+
+    def __getstate__(self) -> dict[str, Any]:  # weak references are not copied
+        state = dict(self.__dict__)
+        state.pop("nodes", None)
+        state.pop("zeroed", None)
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # a copy (deepcopy, pickle)
         self.__dict__.update(state)
+        self.nodes = weakref.WeakSet()
+        self.zeroed = None
+        if "group" not in state:  # (pickled before tables knew their optimiser's others)
+            self.group = [self]
         LIVE_UPDATES.add(self)
+
+    def watch(self, node: Any) -> None:
+        """Keep (weakly) the autograd node of a training forward that may step the table."""
+        self.nodes.add(node)
 
     def __call__(self, table: Tensor, rows: Tensor, grad: GradRows,
                  dense_grad: Optional[Callable[[int, int], Tensor]] = None) -> None:
@@ -333,6 +359,7 @@ class TableUpdate:
 
     def _count(self) -> None:
         self.updates += 1
+        self.nodes.clear()  # their backward is now refused by ``updates``
         if getattr(self, "pending", None) is not None:
             self.pending = 1
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 from collections import OrderedDict, defaultdict
 from collections.abc import MutableMapping
 from typing import (TYPE_CHECKING, Any, Callable, DefaultDict, Dict, Iterable, Iterator, List,
@@ -751,6 +752,13 @@ _HOOK_TABLES = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
 _NOT_PICKLED = _HOOK_TABLES + ("step", "_state")
 
 
+def _zeroed_by(update: _rowopt.TableUpdate, grad: Tensor) -> bool:
+    """Whether ``grad`` is the in-backward weight's ``.grad`` as ``zero_grad(set_to_none=
+    False)`` left it: the same tensor, not written since (zero: nothing to apply)."""
+    zeroed = getattr(update, "zeroed", None)
+    return zeroed is not None and zeroed[0]() is grad and grad._version == zeroed[1]
+
+
 # the layers an optimiser in the backward attaches to
 _SparseLayer = Union["SparseLinearBatch", "SparseOutputLinear"]
 
@@ -893,7 +901,8 @@ class InBackwardOptimizer(Optimizer):
     gradient is computed and the row and its optimiser state are updated at
     once (one gather of the touched rows, one fused optimiser pass, one
     scatter; above a share of touched rows the dense step, made block by
-    block).  These weights get no ``.grad`` and no ``zero_grad``.  On a GPU
+    block).  These weights get no ``.grad`` (:meth:`zero_grad` clears one left from
+    before, as torch's does).  On a GPU
     the step makes no host synchronisation: every row's gradient is made at
     once, the dense step runs over the table and the untouched rows are put
     back from a copy (a gradient and a copy of the table and its state, per
@@ -909,6 +918,15 @@ class InBackwardOptimizer(Optimizer):
       backward (the losses of several batches summed) or a layer called twice
       before one backward are refused with a ``RuntimeError`` (use a larger
       batch, or materialised gradients with :class:`LazyAdam` / ``torch.optim``).
+      A layer used twice in the graph a backward runs (``crit(dec(h1, x1), x1) +
+      crit(dec(h2, x2), x2)``, an encoder applied to two batches) is refused before
+      any layer of this optimiser steps: each layer about to step asks torch's
+      engine (as below) whether two of a table's forwards since its last step will
+      run in this backward, naming the layer; call it once on the concatenated
+      batches.  A forward this backward does not reach (an evaluation outside
+      ``torch.no_grad()`` whose output is kept, a batch for a later backward) is
+      not counted.  A torch without the engine's answer refuses at the second
+      use's backward, after the first use stepped.
       So is gradient accumulation by a forward and a backward per batch, then one
       :meth:`step`: where there is a :attr:`dense` part, a second backward before
       :meth:`step` or :meth:`zero_grad` raises ``RuntimeError`` (each backward would
@@ -1114,6 +1132,9 @@ class InBackwardOptimizer(Optimizer):
         if self.dense is not None:  # it accumulates: a second backward before step() is refused
             for u in self._updates.values():
                 u.pending = 0
+        group = list(self._updates.values())  # a backward checks them all (used twice)
+        for u in group:
+            u.group = group
         for name, layer in self._layers:  # attach last: nothing is changed on a failure above
             layer._row_update = self._updates[name]
 
@@ -1208,7 +1229,9 @@ class InBackwardOptimizer(Optimizer):
                 optimiser again after unfreezing), or an in-backward weight has a
                 ``.grad`` (nothing would apply it: a module outside the in-backward
                 tables shares the weight, e.g. one tied to it after attaching, or the
-                gradient was written by hand).  Nothing is stepped.
+                gradient was written by hand, or left from before attaching and not
+                cleared by :meth:`zero_grad`), other than the zero one
+                ``zero_grad(set_to_none=False)`` left, unchanged.  Nothing is stepped.
             NotImplementedError: called by ``torch.amp.GradScaler.step``.
         """
         if "found_inf" in self.__dict__:  # set by GradScaler.step just before this call
@@ -1243,7 +1266,7 @@ class InBackwardOptimizer(Optimizer):
             # (a weight of no entries, a layer of width 0, gets an empty gradient from the
             # layer's (rows, 0) product: nothing left unapplied)
             if (param is None or param.grad is None or layer._row_update is not u
-                    or param.numel() == 0):
+                    or param.numel() == 0 or _zeroed_by(u, param.grad)):
                 continue
             raise RuntimeError(
                 f"the weight of {u.name} has a .grad, which nothing applies: the optimiser in the "
@@ -1253,8 +1276,9 @@ class InBackwardOptimizer(Optimizer):
                 f"it after this optimiser was attached), or a gradient was written to it by "
                 f"hand (or left from before attaching).  Untie it (give the other module its "
                 f"own Parameter), or remove() this optimiser and train the model with "
-                f"nnsparse.optim.LazyAdam or torch.optim; a gradient set by hand: set "
-                f"weight.grad = None.  Nothing was stepped")
+                f"nnsparse.optim.LazyAdam or torch.optim; a gradient written by hand or left "
+                f"from before attaching: this optimiser's zero_grad() clears it (call it "
+                f"before the backward), or set weight.grad = None.  Nothing was stepped")
 
     def _end_accumulation(self) -> None:
         """A backward may step the tables again (see ``TableUpdate.pending``)."""
@@ -1263,8 +1287,39 @@ class InBackwardOptimizer(Optimizer):
                 u.pending = 0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero :attr:`dense`'s gradients (the in-backward weights have none)."""
-        as_flag(set_to_none, "set_to_none")
+        """Reset the gradients of every parameter of :attr:`param_groups`, as
+        ``torch.optim.Optimizer.zero_grad`` does: :attr:`dense`'s, and the in-backward
+        weights'.
+
+        The backward gives an in-backward weight no ``.grad``, but one may be there from
+        before this optimiser was attached (or written by hand), which :meth:`step`
+        refuses as a gradient nothing applies.  With ``set_to_none=True`` (the default)
+        it is set to ``None``; with ``set_to_none=False`` it is detached and zeroed in
+        place, as torch zeroes the ``.grad`` of a parameter it owns, and :meth:`step`
+        takes that zero ``.grad`` as long as it is the same tensor, unchanged since (its
+        ``_version``: a backward that adds to it, a weight tied to another module, is
+        refused again).  A ``.grad`` that appears between ``zero_grad()`` and
+        :meth:`step` is refused there.
+
+        Args:
+            set_to_none (bool): set the gradients to ``None`` rather than zero them.
+                Default: ``True``.
+        """
+        set_to_none = as_flag(set_to_none, "set_to_none")
+        for u in self._updates.values():
+            param = getattr(u, "param", None)
+            if param is None or param.grad is None:
+                continue
+            if set_to_none:
+                param.grad = None
+                continue
+            grad = param.grad
+            if grad.grad_fn is not None:  # torch.optim.Optimizer.zero_grad's steps
+                grad.detach_()
+            else:
+                grad.requires_grad_(False)
+            grad.zero_()
+            u.zeroed = (weakref.ref(grad), grad._version)
         if self.dense is not None:
             self.dense.zero_grad(set_to_none)
         self._end_accumulation()

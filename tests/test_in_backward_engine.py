@@ -22,7 +22,7 @@ from nnsparse.optim import apply_optimizer_in_backward, fused_step_optimizer
 from test_ecosystem_probe2 import (IN_BACKWARD, OPTIMISERS, _Holder,
                                    _assert_same_weights,
                                    _assert_unchanged, _autoencoder, _input_requiring_grad,
-                                   _loss, _tables, _targets, _x, _x2)
+                                   _loss, _state, _tables, _targets, _x, _x2)
 
 
 def _updates(opt):
@@ -71,7 +71,8 @@ def test_gradient_of_the_weight_passes_gradcheck(which, sparse_grad, kind):
 def test_a_layer_used_twice_gives_the_summed_gradient_and_steps_nothing(of, sparse_grad):
     """Two uses of one layer (two nodes on one weight): torch.autograd.grad of its weight or
     bias sums both uses, as nn.Linear's, and steps nothing (it was refused as a second
-    step before); the ordinary backward of such a graph is still refused."""
+    step before); the ordinary backward of such a graph is still refused, before the
+    step (test_a_layer_used_twice_is_refused_before_any_step)."""
     torch.manual_seed(0)
     layer = nnsparse.SparseLinearBatch(6, 4, sparse_grad=sparse_grad)
     reference = nn.Linear(6, 4)
@@ -90,9 +91,199 @@ def test_a_layer_used_twice_gives_the_summed_gradient_and_steps_nothing(of, spar
     torch.testing.assert_close(got.t() if got.shape != want.shape else got, want)
     _assert_same_weights(layer, _Holder(before))
     assert _updates(opt) == [0]
+    with pytest.raises(RuntimeError, match=r"^SparseLinearBatch 'SparseLinearBatch': this "
+                                           r"layer is used 2 times in the graph"):
+        twice(layer, _x(), _x2()).backward()
+    _assert_same_weights(layer, _Holder(before))
+    assert _updates(opt) == [0]
+
+
+# -- one layer used twice in the graph an ordinary backward runs: refused before any step ----
+# (before: the first use's backward stepped the table, the second's was then refused, leaving
+# the table and its state half updated and the step counted)
+
+def _body(m, x):
+    """The autoencoder up to the decoder's input."""
+    return m[3](m[2](m[1](m[0](x))))
+
+
+def _crit(out, x):
+    return (out.values() - x.values()).pow(2).mean()
+
+
+# how the graph uses a layer twice -> the message's start (the layer named first, the others)
+USED_TWICE = {
+    "summed losses": (lambda m: _loss(m, _x()) + _loss(m, _x2()),
+                      r"SparseOutputLinear '4': this layer is used 2 times in the graph this "
+                      r"backward runs \(.*; so is SparseLinearBatch '0' \(2 times\)\)"),
+    "decoder on two hidden batches": (
+        lambda m: (lambda h: _crit(m[4](h, _x()), _x()) + _crit(m[4](h.flip(0), _x2()), _x2()))(
+            _body(m, _x())),
+        r"SparseOutputLinear '4': this layer is used 2 times in the graph this backward runs "
+        r"\(called on several batches, or several batches' losses summed, before one "
+        r"backward\), and"),
+    "decoder three times": (
+        lambda m: (lambda h: sum(_crit(m[4](h * k, _x()), _x()) for k in (1, 2, 3)))(
+            _body(m, _x())),
+        r"SparseOutputLinear '4': this layer is used 3 times .*: 3 steps, each from one use's "
+        r"gradient, where torch.optim takes one step on their sum"),
+    # the decoder, nearer the loss, runs first and refuses for the encoder: nothing moved
+    "encoder on two batches": (lambda m: _crit(m[4](_body(m, _x()) + _body(m, _x2()), _x()),
+                                               _x()),
+                               r"SparseLinearBatch '0': this layer is used 2 times in the graph"),
+}
+_WAY_ROUND = (r"Refused before any layer of this optimiser stepped .*zero_grad\(\) drops\)\. "
+              r"Call the layer once on the batches concatenated along the rows "
+              r"\(torch\.cat\(\[x1, x2\]\).*or train a weight used twice with torch\.optim or "
+              r"nnsparse\.optim\.LazyAdam \(call remove\(\) on the in-backward optimiser\)$")
+
+
+@pytest.mark.parametrize("backward", ["backward()", "backward(inputs=weights)"])
+@pytest.mark.parametrize("sparse_grad", [False, True])
+@pytest.mark.parametrize("kind", IN_BACKWARD)
+@pytest.mark.parametrize("case", list(USED_TWICE))
+def test_a_layer_used_twice_is_refused_before_any_step(case, kind, sparse_grad, backward):
+    """Refused, naming the layer, before any table moved: weights, gradients, optimiser
+    state (steps included), update counts unchanged; the next step then works, and a
+    step on the batches concatenated equals torch's step of the summed gradient."""
+    model = _autoencoder(sparse_grad)
+    opt = OPTIMISERS[kind](model)
+    opt.zero_grad()
+    _loss(model, _x()).backward()  # a step first: the state is not all zeros
+    opt.step()
+    make, message = USED_TWICE[case]
+    loss = make(model)
+    before, updates = _state(model, opt), _updates(opt)
+    pending = [u.pending for u in opt._updates.values()]
+    inputs = _targets(model, ["0.weight", "4.weight"], None)
+    with pytest.raises(RuntimeError, match="^" + message + ".*" + _WAY_ROUND):
+        if backward == "backward()":
+            loss.backward()
+        else:
+            loss.backward(inputs=inputs)
+    after = _state(model, opt)
+    assert sorted(before) == sorted(after)
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    assert _updates(opt) == updates == [1, 1]
+    assert [u.pending for u in opt._updates.values()] == pending
+    opt.zero_grad()  # the loop goes on
+    _loss(model, _x2()).backward()
+    opt.step()
+    assert _updates(opt) == [2, 2]
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True])
+@pytest.mark.parametrize("kind", ["in-backward-sgd", "in-backward-adamw", "fused-step"])
+def test_the_way_round_one_call_on_the_concatenated_batches(kind, sparse_grad):
+    """The message's way round, one call on torch.cat of the batches (sparse COO), equals
+    torch's optimiser on the dense model given the summed losses of the two calls."""
+    model, reference = _autoencoder(sparse_grad), _autoencoder()
+    opt = OPTIMISERS[kind](model)
+    torch_opt = {"in-backward-sgd": lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9),
+                 "in-backward-adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
+                 "fused-step": lambda p: torch.optim.Adam(p, lr=1e-2)}[kind](
+                     reference.parameters())
+    both = torch.cat([_x(), _x2()])
+    for _ in range(2):
+        opt.zero_grad()
+        (model(both, both).values() - both.coalesce().values()).pow(2).sum().backward()
+        opt.step()
+        torch_opt.zero_grad()
+        ((reference(_x(), _x()).values() - _x().values()).pow(2).sum()
+         + (reference(_x2(), _x2()).values() - _x2().values()).pow(2).sum()).backward()
+        torch_opt.step()
+    _assert_same_weights(model, reference)
+
+
+def _twin_steps(model, opt, extra):
+    """Two ordinary steps on _x() then _x2(), with ``extra(model)`` before each."""
+    kept = []
+    for x in (_x(), _x2()):
+        kept.append(extra(model))
+        opt.zero_grad()
+        loss = _loss(model, x)
+        loss.backward()
+        opt.step()
+        kept.append(loss)  # (its graph, and the layers' nodes, stay alive)
+    return kept
+
+
+# forwards beside a training step that must change nothing (as before the check)
+NOT_TWICE = {
+    # an evaluation outside torch.no_grad(), its output (and graph) kept alive
+    "evaluation forward kept": lambda m: m(_x2(), _x2()),
+    "evaluation of the encoder kept": lambda m: m[0](_x2()),
+    "evaluation forward dropped": lambda m: [m(_x2(), _x2())] and None,
+    "no_grad forward": lambda m: torch.no_grad()(lambda: m(_x2(), _x2()))(),
+    # a forward whose own backward ran: its loss kept (next iteration)
+    "earlier step's loss kept": lambda m: None,
+}
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True])
+@pytest.mark.parametrize("kind", IN_BACKWARD)
+@pytest.mark.parametrize("extra", list(NOT_TWICE))
+def test_forwards_the_backward_does_not_reach_keep_working(extra, kind, sparse_grad):
+    """A second forward that is never differentiated, or two forwards each followed by
+    its own backward: the steps equal a model's that made no such forward."""
+    model, twin = _autoencoder(sparse_grad), _autoencoder(sparse_grad)
+    opt, twin_opt = OPTIMISERS[kind](model), OPTIMISERS[kind](twin)
+    _twin_steps(model, opt, NOT_TWICE[extra])
+    _twin_steps(twin, twin_opt, lambda m: None)
+    _assert_same_weights(model, twin)
+    assert _updates(opt) == [2, 2]
+
+
+def test_a_layer_used_twice_another_not_asked():
+    """backward(inputs=[the decoder's weight]) of a graph using the encoder twice: the
+    engine runs no encoder node, so the decoder steps and the encoder is not refused."""
+    model = _autoencoder()
+    opt = OPTIMISERS["in-backward-sgd"](model)
+    encoder = model[0].weight.detach().clone()
+    loss = _crit(model[4](_body(model, _x()) + _body(model, _x2()), _x()), _x())
+    loss.backward(inputs=[model[4].weight])
+    assert _updates(opt) == [0, 1] and torch.equal(model[0].weight, encoder)
+
+
+def test_a_layer_used_twice_where_torch_cannot_be_asked(monkeypatch):
+    """Without torch._C._will_engine_execute_node, as before: the first use's backward
+    steps, the second's is refused as stale (tables already stepped)."""
+    monkeypatch.delattr(torch._C, "_will_engine_execute_node")
+    model = _autoencoder()
+    opt = OPTIMISERS["in-backward-sgd"](model)
     with pytest.raises(RuntimeError, match="its weight was already updated by the optimiser "
                                            "in the backward since this forward"):
-        twice(layer, _x(), _x2()).backward()
+        (_loss(model, _x()) + _loss(model, _x2())).backward()
+    assert _updates(opt)[1] == 1
+
+
+def test_the_tables_forget_their_nodes_at_each_step():
+    """A table keeps the nodes of its training forwards since its last step only (weakly):
+    the check asks nothing in an ordinary step, whatever was kept."""
+    model = _autoencoder()
+    opt = OPTIMISERS["fused-step"](model)
+    kept = [model(_x2(), _x2()) for _ in range(3)]
+    assert [len(u.nodes) for u in opt._updates.values()] == [3, 3]
+    _loss(model, _x()).backward()
+    opt.step()
+    assert [len(u.nodes) for u in opt._updates.values()] == [0, 0]
+    with torch.no_grad():
+        model(_x(), _x())
+    assert [len(u.nodes) for u in opt._updates.values()] == [0, 0] and len(kept) == 3
+
+
+def test_copies_of_the_optimiser_keep_the_check():
+    """A deep copy (and a pickle) of the optimiser with its model: the copies' tables are
+    checked together, and their nodes are not copied."""
+    model = _autoencoder()
+    opt = OPTIMISERS["in-backward-adagrad"](model)
+    kept = model(_x2(), _x2())
+    model2, opt2 = copy.deepcopy((model, opt))
+    assert [len(u.nodes) for u in opt2._updates.values()] == [0, 0]
+    assert all(u.group == list(opt2._updates.values()) for u in opt2._updates.values())
+    with pytest.raises(RuntimeError, match="SparseOutputLinear '4': this layer is used 2"):
+        (_loss(model2, _x()) + _loss(model2, _x2())).backward()
+    assert _updates(opt2) == [0, 0] and kept is not None
 
 
 # -- non-reentrant activation checkpointing (the forward recomputed inside the backward) ------

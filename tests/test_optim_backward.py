@@ -354,10 +354,9 @@ def test_refusals():
     opt = noptim.apply_optimizer_in_backward(model, "adam")
     # gradient accumulation: two forwards, one backward
     loss = _loss(model, x, y) + _loss(model, x, y)
-    with pytest.raises(RuntimeError, match="already updated by the optimiser in the backward"):
+    with pytest.raises(RuntimeError, match="this layer is used 2 times in the graph"):
         loss.backward()
-    # (the decoder nearer the loss stepped before the refusal: a backward before the next
-    # zero_grad() or step() would be refused as gradient accumulation, test_ecosystem_probe2)
+    # (refused before any step: tests/test_in_backward_engine.py)
     opt.zero_grad()
     # a second backward of the same graph
     loss = _loss(model, x, y)
@@ -1221,8 +1220,8 @@ def test_step_refuses_a_grad_on_an_in_backward_weight(make, layer, sparse_grad):
     x, y = _batch(gen, 3, IN, 0.5, "cpu", full=True), _batch(gen, 3, OUT, 0.5, "cpu")
     model, _ = _models("cpu", sparse_grad=sparse_grad)
     opt = noptim.apply_optimizer_in_backward(model, "adam", lr=0.1)
-    extra = make(model)
     opt.zero_grad()
+    extra = make(model)  # after zero_grad(), which clears a .grad there before
     (_loss(model, x, y) + extra(x)).backward()
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     grads = {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
@@ -1239,6 +1238,117 @@ def test_step_refuses_a_grad_on_an_in_backward_weight(make, layer, sparse_grad):
         assert p.grad is None or torch.equal(p.grad, grads[n]), n
     assert _same(opt.state_dict(), saved)
     assert {n: u.pending for n, u in opt._updates.items()} == pending
+
+
+def _weight_param(model, layer):
+    """The Parameter of a layer's in-backward table (weight_t for a sparse_grad encoder)."""
+    module = getattr(model, layer)
+    return module.weight_t if getattr(module, "sparse_grad", False) and layer == "enc" \
+        else module.weight
+
+
+# a .grad on an in-backward weight from before attaching: dense, or sparse as the layer's
+# sparse_grad=True backward made it
+LEFT_GRADS = {
+    "dense": lambda p: torch.ones_like(p),
+    "from a backward before attaching": None,  # the model's own backward (sparse with sparse_grad)
+}
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("sparse_grad", [False, True])
+@pytest.mark.parametrize("left", list(LEFT_GRADS))
+def test_zero_grad_clears_a_grad_left_on_an_in_backward_weight(left, sparse_grad, set_to_none):
+    """Before: zero_grad() left it, and every step() was refused until weight.grad = None
+    by hand.  Now torch's zero_grad: None, or zeroed in place (the same tensor, detached),
+    which step() takes as long as it is unchanged; the steps equal a model's that never
+    had the .grad."""
+    gen = torch.Generator().manual_seed(5)
+    x, y = _batch(gen, 3, IN, 0.5, "cpu", full=True), _batch(gen, 3, OUT, 0.5, "cpu")
+    model, twin = _models("cpu", sparse_grad=sparse_grad)
+    if LEFT_GRADS[left] is None:
+        _loss(model, x, y).backward()  # (no optimiser: nothing moves)
+    else:
+        for layer in ("enc", "dec"):
+            param = _weight_param(model, layer)
+            param.grad = LEFT_GRADS[left](param)
+    grads = {layer: _weight_param(model, layer).grad for layer in ("enc", "dec")}
+    opt = noptim.apply_optimizer_in_backward(model, "adam", lr=0.1)
+    twin_opt = noptim.apply_optimizer_in_backward(twin, "adam", lr=0.1)
+    with pytest.raises(RuntimeError, match=r"has a \.grad, which nothing applies: .* left from "
+                                           r"before attaching: this optimiser's zero_grad\(\) "
+                                           r"clears it"):
+        opt.step()
+    for _ in range(2):
+        for m, o, flag in ((model, opt, set_to_none), (twin, twin_opt, True)):
+            o.zero_grad(set_to_none=flag)
+            _loss(m, x, y).backward()
+            o.step()
+    for layer in ("enc", "dec"):
+        grad = _weight_param(model, layer).grad
+        if set_to_none:
+            assert grad is None, layer
+        else:  # torch's set_to_none=False: the same tensor, zeroed in place
+            assert grad is grads[layer] and not grad.requires_grad, layer
+            assert grad.layout == grads[layer].layout and not grad.to_dense().any(), layer
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, msg=name)
+
+
+# a .grad that appears on an in-backward weight between zero_grad(set_to_none=False) and
+# step(): step() refuses it, nothing stepped
+def _written_in_place(model, x):
+    _weight_param(model, "enc").grad.add_(1.0)  # the zeroed tensor, written: its version moves
+
+
+def _replaced(model, x):
+    param = _weight_param(model, "enc")
+    param.grad = torch.zeros_like(param)  # zero, but another tensor: not the one zeroed
+
+
+def _tied_linear_backward(model, x):
+    # (weight_t of a sparse_grad encoder is (IN, HIDDEN), weight (HIDDEN, IN))
+    lin = (nn.Linear(HIDDEN, IN) if model.enc.sparse_grad else nn.Linear(IN, HIDDEN)).double()
+    lin.weight = _weight_param(model, "enc")
+    inp = torch.ones(1, lin.in_features, dtype=torch.float64)
+    lin(inp).sum().backward()  # accumulates into the zeroed .grad
+
+
+AFTER_ZERO_GRAD = {"written in place": _written_in_place, "replaced": _replaced,
+                   "a tied nn.Linear's backward": _tied_linear_backward}
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True])
+@pytest.mark.parametrize("how", list(AFTER_ZERO_GRAD))
+def test_step_refuses_a_grad_written_after_zero_grad(how, sparse_grad):
+    gen = torch.Generator().manual_seed(6)
+    x, y = _batch(gen, 3, IN, 0.5, "cpu", full=True), _batch(gen, 3, OUT, 0.5, "cpu")
+    model, _ = _models("cpu", sparse_grad=sparse_grad)
+    param = _weight_param(model, "enc")
+    param.grad = torch.ones_like(param)  # left from before
+    opt = noptim.apply_optimizer_in_backward(model, "adam", lr=0.1)
+    opt.zero_grad(set_to_none=False)
+    _loss(model, x, y).backward()
+    AFTER_ZERO_GRAD[how](model, x)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    saved = copy.deepcopy(opt.state_dict())
+    with pytest.raises(RuntimeError, match=r"the weight of SparseLinearBatch 'enc' has a "
+                                           r"\.grad, which nothing applies: .*Nothing was "
+                                           r"stepped$"):
+        opt.step()
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), params[n]), n
+    assert _same(opt.state_dict(), saved)
+
+
+def test_zero_grad_checks_set_to_none_first():
+    model, _ = _models("cpu")
+    param = model.enc.weight
+    param.grad = torch.ones_like(param)
+    opt = noptim.apply_optimizer_in_backward(model, "adam", lr=0.1)
+    with pytest.raises(TypeError, match="set_to_none must be a bool, got int 0"):
+        opt.zero_grad(0)
+    assert torch.equal(param.grad, torch.ones_like(param))
 
 
 def test_step_takes_the_legitimate_ways_to_a_weights_gradient():

@@ -78,6 +78,8 @@ class _SparseLinear(torch.autograd.Function):
         # plain objects on ctx: the optimiser in the backward and the cached structures
         ctx.update, ctx.pattern = update, pattern
         ctx.updates = update.updates if update is not None else 0
+        if update is not None and ctx.needs_input_grad[1]:  # a forward that may step it
+            update.watch(ctx)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
@@ -150,6 +152,8 @@ def _weight_use(ctx: Any, update: Any) -> str:
     not reach it (``torch.autograd.grad(loss, bias)``, ``backward(inputs=[bias])``, a
     gradient norm or penalty of other tensors) changes nothing and makes none of its
     gradient rows; ``torch.autograd.grad(loss, weight)`` gets its gradient, and no step.
+    A step is refused, before any is taken, where a table of the optimiser is used
+    twice in this backward (:func:`_refuse_used_twice`).
     """
     if not ctx.needs_input_grad[1]:
         return _NONE
@@ -157,7 +161,70 @@ def _weight_use(ctx: Any, update: Any) -> str:
         return _GRAD
     if update.updates != ctx.updates:
         raise RuntimeError(update.stale_message())
-    return _engine_use(ctx.next_functions[1][0])
+    use = _engine_use(ctx.next_functions[1][0])
+    if use == _STEP:
+        _refuse_used_twice(update)
+    return use
+
+
+def _refuse_used_twice(update: Any) -> None:
+    """``RuntimeError`` where the backward now running would step a table of ``update``'s
+    optimiser (``update.group``) from two of its layer's forwards: one layer used twice in
+    one graph (``crit(dec(h1, x1), x1) + crit(dec(h2, x2), x2)``, an encoder applied to two
+    batches, or two batches' losses summed).  Each use's backward would take a step of its
+    own, where ``torch.optim`` takes one on the summed gradient.
+
+    Asked at the backward of every layer that is about to step, so the first of them
+    refuses before any table of the optimiser has moved.  A table keeps the nodes of its
+    training forwards since its last step (``TableUpdate.nodes``, weakly; usually one):
+    with fewer than two nothing is asked; otherwise torch's engine is asked, on the host,
+    which of them this backward runs (``torch._C._will_engine_execute_node``, as in
+    :func:`_engine_use`; a forward whose output is never differentiated, or one of another
+    graph, does not run).  A torch without it is not checked: the second use's backward is
+    then refused after the first one's step, as ``updates`` tells it.
+    """
+    will_execute = getattr(torch._C, "_will_engine_execute_node", None)
+    if will_execute is None:
+        return
+    twice: Dict[str, int] = {}  # name -> uses
+    for table in getattr(update, "group", (update,)):
+        nodes = getattr(table, "nodes", None)
+        if nodes is None or len(nodes) < 2:
+            continue
+        running = [node for node in list(nodes)
+                   if node.needs_input_grad[1] and _will_run(will_execute, node)]
+        if len(running) > 1 and (table is update or  # (this one steps: _weight_use asked)
+                                 _engine_use(running[0].next_functions[1][0]) == _STEP):
+            twice[table.name] = len(running)
+    if twice:  # (this layer named first)
+        raise RuntimeError(_used_twice_message(dict(sorted(
+            twice.items(), key=lambda item: item[0] != update.name))))
+
+
+def _will_run(will_execute: Any, node: Any) -> bool:
+    """Whether the running backward executes the autograd ``node`` of a layer's forward."""
+    try:
+        return bool(will_execute(node))
+    except RuntimeError:  # (not asked of a leaf: a layer's node never is one)
+        return False
+
+
+def _used_twice_message(twice: Dict[str, int]) -> str:
+    """``twice``: the layers used more than once, name -> uses (the first one named)."""
+    (name, uses), *others = twice.items()
+    also = "".join(f"; so is {other} ({n} times)" for other, n in others)
+    return (f"{name}: this layer is used {uses} times in the graph this backward runs (called "
+            f"on several batches, or several batches' losses summed, before one backward"
+            f"{also}), and the optimiser in the backward (nnsparse.optim."
+            f"apply_optimizer_in_backward) steps a weight in the backward of each use: "
+            f"{uses} steps, each from one use's gradient, where torch.optim takes one step "
+            f"on their sum. Refused before any layer of this optimiser stepped (parameters "
+            f"nearer the loss than every sparse layer, a dense head, may hold this "
+            f"backward's gradient in .grad, which zero_grad() drops). Call the layer once on "
+            f"the batches concatenated along the "
+            f"rows (torch.cat([x1, x2]), sparse COO batches too; a SparseOutputLinear's "
+            f"inputs and patterns alike), or train a weight used twice with torch.optim or "
+            f"nnsparse.optim.LazyAdam (call remove() on the in-backward optimiser)")
 
 
 def _engine_use(node: Any) -> str:

@@ -68,6 +68,8 @@ class _SampledLinear(torch.autograd.Function):
         # plain objects on ctx: the optimiser in the backward and the cached structures
         ctx.update, ctx.pattern = update, pattern
         ctx.updates = update.updates if update is not None else 0
+        if update is not None and ctx.needs_input_grad[1]:  # a forward that may step it
+            update.watch(ctx)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
