@@ -189,8 +189,8 @@ def _gather_dot(a: Tensor, b_t: Tensor, row: Tensor, col: Tensor) -> Tensor:
 # _BLOCK_BYTES (a share of a 32 MB last-level cache).  Measured at the
 # ML-10M shape (a 69,878 x 500 float32 table, 118,577 entries in 128 rows,
 # 1 thread): S @ table 21.0 ms in one embedding_bag, 12.3-14.1 ms in 4-16
-# blocks; the sampled product 30.9 ms row-major, 14.3 ms column-major.  At
-# the ML-1M shape (a 12 MB table) neither order differs (1.4-1.5 ms, 2.1-2.2 ms).
+# blocks; the sampled product 30.9 ms row-major, 14.3 ms column-major (whose
+# threshold is lower: _COLUMN_MAJOR_ABOVE).
 _BLOCK_ABOVE = 32 << 20
 _BLOCK_BYTES = 8 << 20
 
@@ -235,19 +235,40 @@ def _table_mm(pattern: Optional["SparseBatch"], col: Tensor, table: Tensor, crow
 _ALL_ROWS_PER_ENTRY = 2
 
 
+# A CPU weight of more than _COLUMN_MAJOR_ABOVE bytes (or a blocked one, over
+# _BLOCK_ABOVE) is sampled in column-major order, each used row read once: its rows
+# then come from memory in increasing order rather than at random.  Measured in a
+# training step at the ML-1M shape (a 6,040 x 500 float32 table, 12 MB: it fits the
+# 32 MB last-level cache, but the step's other tables evict it), 1 thread, 128 rows,
+# about 33,000 entries: the product 2.6 ms row-major, 1.8 ms column-major with the
+# cache flushed, 1.4 / 1.1 ms with it warm; the whole row-wise Adagrad step 5-10 %
+# faster (interleaved steps; 3-12 % on 2 threads).  Below, no gain: 3.8 MB, 0.69 /
+# 0.72 ms flushed; 1.0 MB, 0.32 / 0.33 ms.  The column-major structure is the one the
+# backward sorts for anyway (SparseBatch.column_major_all, cached on the batch).
+_COLUMN_MAJOR_ABOVE = 8 << 20
+
+
+def _sampled_by_column(weight: Tensor) -> bool:
+    """Whether :func:`_sampled_rows` samples ``weight`` in column-major order."""
+    if weight.device.type != "cpu":
+        return False
+    size = weight.shape[0] * weight.shape[1] * weight.element_size()
+    return size > min(_COLUMN_MAJOR_ABOVE, _BLOCK_ABOVE)
+
+
 def _sampled_rows(pattern: Optional["SparseBatch"], h: Tensor, weight: Tensor, crow: Tensor,
                   col: Tensor) -> Tensor:
     """``(h @ weight.T)`` at the positions ``(crow, col)`` of ``pattern``, ``(nnz,)``.
 
-    :func:`_sampled_mm`; for a large CPU ``weight``, the transposed product
-    ``weight @ h.T`` sampled in column-major order (cached on the batch), so
-    that each touched row of ``weight`` is read once, in increasing order, and
-    the values put back in the pattern's order.  The column-major pointers cover
+    :func:`_sampled_mm`; for a large CPU ``weight`` (:func:`_sampled_by_column`), the
+    transposed product ``weight @ h.T`` sampled in column-major order (cached on
+    the batch), so that each touched row of ``weight`` is read once, in increasing
+    order, and the values put back in the pattern's order.  The column-major pointers cover
     every row of ``weight`` (``pattern.column_major_all``) while ``weight`` has
     at most ``_ALL_ROWS_PER_ENTRY`` rows per entry, else the touched rows only
     (``pattern.column_major``, :func:`_sampled_used_rows`): O(nnz) either way.
     """
-    if _table_blocks(weight) == 1 or pattern is None or col.shape[0] == 0:
+    if not _sampled_by_column(weight) or pattern is None or col.shape[0] == 0:
         return _sampled_mm(h, weight.t(), crow, col)
     if weight.shape[0] <= _ALL_ROWS_PER_ENTRY * col.shape[0]:
         perm, crow_all, row_t = pattern.column_major_all(weight.shape[0])

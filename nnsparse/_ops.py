@@ -43,7 +43,7 @@ from torch import Tensor
 from . import _index
 from ._forms import (SparseBatch, _check_csr, _version, as_device, as_flag, as_sparse_batch,
                      check_kernel_dtype)
-from ._kernels import _sampled_rows, _t_mm, _table_blocks, _table_mm
+from ._kernels import _sampled_by_column, _sampled_rows, _t_mm, _table_blocks, _table_mm
 
 __all__ = ["SparseParts", "sparse_parts"]
 
@@ -234,14 +234,17 @@ def _float_up(t: Tensor) -> Tensor:
 
 
 def _large_table_batch(crow: Tensor, col: Tensor, table: Tensor,
-                       values: Optional[Tensor] = None) -> Optional[SparseBatch]:
+                       values: Optional[Tensor] = None,
+                       sampled: bool = False) -> Optional[SparseBatch]:
     """The parts as a trusted batch over ``table``'s rows when the products read
-    ``table`` in blocks (a large CPU table, :func:`nnsparse._kernels._table_blocks`):
-    its orders (``blocked_order``, ``column_major`` or ``column_major_all``) are what
-    those products read.  Built per call, as an operator keeps nothing between calls.  None for
-    a table read in one pass.  Without ``values`` the batch's are left unset
+    ``table`` in blocks (a large CPU table, :func:`nnsparse._kernels._table_blocks`)
+    or, with ``sampled``, when the sampled product reads it in column-major order
+    (:func:`nnsparse._kernels._sampled_by_column`): its orders (``blocked_order``,
+    ``column_major`` or ``column_major_all``) are what those products read.  Built
+    per call, as an operator keeps nothing between calls.  None for a table read in
+    one pass, in row-major order.  Without ``values`` the batch's are left unset
     (``empty``): the orders read only the positions."""
-    if _table_blocks(table) == 1:
+    if not (_sampled_by_column(table) if sampled else _table_blocks(table) > 1):
         return None
     if values is None:
         values = table.new_empty(col.shape[0])
@@ -277,7 +280,8 @@ def _sampled(h: Tensor, table: Tensor, bias: Optional[Tensor], crow: Tensor,
         _check_pattern_of(crow, col, col, (crow.shape[0] - 1, table.shape[0]), "pattern")
     dtype = h.dtype
     h, table = _float_up(h).contiguous(), _float_up(table).contiguous()
-    out = _sampled_rows(_large_table_batch(crow, col, table), h, table, crow, col)
+    out = _sampled_rows(_large_table_batch(crow, col, table, sampled=True), h, table, crow,
+                        col)
     if bias is not None:
         out = out + bias[col]
     return out.to(dtype)

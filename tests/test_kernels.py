@@ -149,6 +149,35 @@ def test_sampled_rows_takes_every_row_up_to_two_rows_per_entry(monkeypatch, widt
     assert _index.COUNTS["column_major"] == (form == "used rows")
 
 
+@pytest.mark.parametrize("above,column_major", [(1 << 40, False), (0, True)],
+                         ids=["row-major", "column-major"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sampled_rows_order_follows_column_major_above(monkeypatch, above, column_major,
+                                                         dtype):
+    """A CPU weight over ``_COLUMN_MAJOR_ABOVE`` bytes is sampled in column-major order
+    even when it is not read in blocks (``_BLOCK_ABOVE``); the values are the row-major
+    product's, bit for bit, and the dense product's."""
+    pattern, h, weight, crow, row, col = _sampled_case(6, 40, 5, 50, dtype, 5)
+    monkeypatch.setattr(_kernels, "_BLOCK_ABOVE", 1 << 40)  # never in blocks
+    monkeypatch.setattr(_kernels, "_COLUMN_MAJOR_ABOVE", above)
+    assert _kernels._table_blocks(weight) == 1
+    assert _kernels._sampled_by_column(weight) == column_major
+    _index.COUNTS.clear()
+    got = _kernels._sampled_rows(pattern(), h, weight, crow, col)
+    assert bool(_index.COUNTS["column_major_all"]) == column_major
+    row_major = _kernels._sampled_mm(h, weight.t(), crow, col)
+    assert got.dtype == dtype and torch.equal(got, row_major)
+    torch.testing.assert_close(got, (h.double() @ weight.double().t())[row, col].to(dtype))
+
+
+def test_sampled_by_column_is_cpu_and_size():
+    """Above 8 MB on CPU (the 12 MB weight of an ML-1M decoder is sampled by column);
+    never on another device (the GPU path reads no order from the host)."""
+    assert not _kernels._sampled_by_column(torch.empty(1000, 500))  # 2 MB
+    assert _kernels._sampled_by_column(torch.empty(6040, 500))  # 12 MB
+    assert not _kernels._sampled_by_column(torch.empty(6040, 500, device="meta"))
+
+
 def test_blocked_order_groups_by_column_span_then_row():
     row = torch.tensor([0, 0, 0, 1, 1, 2])
     col = torch.tensor([0, 5, 9, 1, 8, 4])
