@@ -82,3 +82,21 @@ def test_sort_return_types_by_mypy(tmp_path):
 def test_mypy_snippet_check_catches_a_wrong_type(tmp_path):
     # the check above can fail: a wrong claim is reported
     assert "assert-type" in _mypy(tmp_path, "assert_type(nnsparse.ssort(t, inplace=True), int)\n")
+
+
+_PREDICT_SNIPPET = """\
+from typing import Dict
+from nnsparse.models import RatingModel
+
+def check(model: RatingModel, users: Tensor, items: Tensor) -> None:
+    assert_type(model.predict_entries(users, items), Tensor)
+    assert_type(model.predict_entries(users, items, False), Tensor)
+    assert_type(model.predict_entries(users, items, return_counts=True),
+                Tuple[Tensor, Dict[str, int]])
+    assert_type(model.predict_entries(users, items, return_counts=flag),
+                Union[Tensor, Tuple[Tensor, Dict[str, int]]])
+"""
+
+
+def test_predict_entries_return_types_by_mypy(tmp_path):
+    assert _mypy(tmp_path, _PREDICT_SNIPPET) == ""

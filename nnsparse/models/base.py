@@ -23,8 +23,8 @@ import stat
 import time
 import uuid
 from pathlib import Path
-from typing import (Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Protocol,
-                    Tuple, Type, Union, cast)
+from typing import (Any, Dict, Iterator, List, Literal, Mapping, NamedTuple, Optional,
+                    Protocol, Tuple, Type, Union, cast, overload)
 
 import numpy as np
 import torch
@@ -766,8 +766,18 @@ class RatingModel(nn.Module):
                       global_mean=int((~u_ok & ~i_ok).sum()))
         return pred, counts, u_ok & i_ok
 
+    @overload
     def predict_entries(self, users: Tensor, items: Tensor,
-                        return_counts: bool = False) -> Any:
+                        return_counts: Literal[False] = ...) -> Tensor: ...
+    @overload
+    def predict_entries(self, users: Tensor, items: Tensor,
+                        return_counts: Literal[True]) -> Tuple[Tensor, Dict[str, int]]: ...
+    @overload
+    def predict_entries(self, users: Tensor, items: Tensor, return_counts: bool = ...
+                        ) -> Union[Tensor, Tuple[Tensor, Dict[str, int]]]: ...
+
+    def predict_entries(self, users: Tensor, items: Tensor, return_counts: bool = False
+                        ) -> Union[Tensor, Tuple[Tensor, Dict[str, int]]]:
         r"""Predicted ratings of the ``(users[e], items[e])`` pairs, on the rating scale.
 
         Args:
@@ -779,7 +789,8 @@ class RatingModel(nn.Module):
 
         Returns:
             float32 ``(n,)`` on the CPU, clipped to the rating scale; with
-            ``return_counts``, ``(prediction, counts)``.
+            ``return_counts``, ``(prediction, counts)``, ``counts`` a dict of
+            the entries each mean fallback took, as :meth:`fallback`'s.
         """
         self._check_built()
         return_counts = as_flag(return_counts, "return_counts")
@@ -841,7 +852,7 @@ class RatingModel(nn.Module):
         check_ratings(ratings, "ratings")
         self._check_built()
         self._check_maps(ratings, "ratings")
-        return cast(Tensor, self.predict_entries(ratings.user, ratings.item))
+        return self.predict_entries(ratings.user, ratings.item)
 
     def evaluate(self, ratings: Ratings) -> Dict[str, float]:
         """``{"rmse", "mae", "count", "fallback", "fallback_counts"}`` of the predictions of
