@@ -100,3 +100,18 @@ def check(model: RatingModel, users: Tensor, items: Tensor) -> None:
 
 def test_predict_entries_return_types_by_mypy(tmp_path):
     assert _mypy(tmp_path, _PREDICT_SNIPPET) == ""
+
+
+def test_python_floor_is_one_in_setup_cfg():
+    # python_requires, mypy's python_version and the version classifiers say one floor
+    import configparser
+    import re
+    cfg = configparser.ConfigParser()
+    cfg.read(pathlib.Path(__file__).resolve().parent.parent / "setup.cfg")
+    floor = cfg["mypy"]["python_version"]
+    assert cfg["options"]["python_requires"] == f">={floor}"
+    versions = re.findall(r"Programming Language :: Python :: (3\.\d+)",
+                          cfg["metadata"]["classifiers"])
+    as_tuple = lambda v: tuple(map(int, v.split(".")))  # noqa: E731
+    assert versions and min(versions, key=as_tuple) == floor
+    assert sys.version_info[:2] >= as_tuple(floor)
