@@ -11,21 +11,44 @@ from torch import Tensor
 from ._forms import (SparseBatch, SparseLike, as_count, as_flag, as_sparse_batch,
                      check_kernel_dtype)
 
-__all__ = ["ssort", "ssort_by_index", "stopk"]
+__all__ = ["ssort", "ssort_by_index", "stopk", "SortResult", "TopkResult"]
 
 # inplace=True gives back x itself, its type kept (a pair tensor, a list or a tuple of them)
 _X = TypeVar("_X", bound=SparseLike)
 
 
 class SortResult(NamedTuple):
-    """``(values, indices)`` of :func:`ssort` and :func:`ssort_by_index`, as ``torch.sort``'s."""
+    """``(values, indices)`` of :func:`ssort` and :func:`ssort_by_index` for a torch sparse
+    tensor or a list of sparse vectors, as ``torch.sort``'s: a named tuple, unpacked or
+    read by field.
+
+    Example::
+
+        >>> x = torch.sparse_coo_tensor([[1, 3, 6]], [1., 4., 2.], (8,))
+        >>> values, indices = ssort(x, descending=True)
+        >>> indices
+        tensor([3, 6, 1])
+        >>> ssort(x).values
+        tensor([1., 2., 4.])
+    """
 
     values: Tensor
     indices: Tensor
 
 
 class TopkResult(NamedTuple):
-    """``(values, indices)`` of :func:`stopk`, as ``torch.topk``'s."""
+    """``(values, indices)`` of :func:`stopk`, as ``torch.topk``'s: a named tuple,
+    unpacked or read by field.
+
+    Example::
+
+        >>> x = torch.sparse_coo_tensor([[1, 3, 6]], [1., 4., 2.], (8,))
+        >>> values, indices = stopk(x, 2)
+        >>> values, indices
+        (tensor([4., 2.]), tensor([3, 6]))
+        >>> stopk(x, 1).indices
+        tensor([3])
+    """
 
     values: Tensor
     indices: Tensor

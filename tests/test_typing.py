@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 from typing_extensions import assert_type
 import nnsparse
-from nnsparse.sort import SortResult
+from nnsparse import SortResult
 
 t = torch.zeros(2, 2)
 rows: List[Tensor] = [t, t]
