@@ -6,7 +6,7 @@ The rating-data tools live in :mod:`nnsparse.data`.
 """
 from . import criteria, layers
 from .convert import densify, from_pairs, sparsify, to_pairs
-from .sort import ssort, ssort_by_index, stopk
+from .sort import SortResult, TopkResult, ssort, ssort_by_index, stopk
 from .builder import DynamicSparseTensor
 from .criteria import *  # noqa: F401,F403  (the list is criteria.__all__)
 from .layers import *  # noqa: F401,F403  (the list is layers.__all__)
@@ -28,6 +28,8 @@ __all__ = [
     "ssort",
     "ssort_by_index",
     "stopk",
+    "SortResult",
+    "TopkResult",
     "DynamicSparseTensor",
     "values_map",
     "ValuesMap",

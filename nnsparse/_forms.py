@@ -992,11 +992,18 @@ def holds_exactly(dtype: torch.dtype, value: float) -> bool:
 def as_int(value: Any, name: str, must: str = "be an int") -> int:
     """``value`` as a Python int: ints, numpy ints and 0-d integer tensors pass
     (``operator.index``); a bool (a bool tensor too), a float (even whole) or anything else is a
-    ``TypeError`` "``name`` must ``must``, got ...". The one int check of nnsparse's sizes."""
-    # (a tensor of one element but more dimensions has __index__ too: a (1, 1) tensor is no int)
-    # (and a bool tensor has __index__ too: True is no size, as True itself is refused)
-    if not isinstance(value, bool) and not (isinstance(value, Tensor) and (
-            value.dim() != 0 or value.dtype == torch.bool)):
+    ``TypeError`` "``name`` must ``must``, got ...". The one int check of nnsparse's sizes.
+
+    A 0-d tensor or numpy array is read as every count reads it (:func:`int_of_0d`): a meta
+    one is a ``ValueError`` naming ``name``, and a uint64 beyond int64 is its Python int,
+    for the caller's int64 check, as a numpy uint64 is (``operator.index`` gave torch's
+    unnamed ``RuntimeError`` for both)."""
+    value = int_of_0d(value, name)
+    # A tensor left is no int, though it has __index__: one of one element but more
+    # dimensions (a (1, 1) tensor), or a 0-d bool one (True is no size, as True itself is
+    # refused).  (Not as_count's check: the messages differ, "must be an int, got bool
+    # True" here, and an object with __index__ alone passes; the callers' tests pin both.)
+    if not isinstance(value, (bool, Tensor)):
         try:
             return operator.index(value)
         except TypeError:
@@ -1151,8 +1158,8 @@ def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None) -> 
 
 def int_of_0d(value: Any, name: str) -> Any:
     """A 0-d integer tensor's or numpy array's Python int (a meta one refused naming
-    ``name``); any other ``value`` as it came, for the count check that follows
-    (:func:`as_count`'s rule)."""
+    ``name``); any other ``value`` as it came, for the check that follows
+    (:func:`as_count`'s and :func:`as_int`'s rule, ``Trainer.fit``'s ``epochs``)."""
     if isinstance(value, np.ndarray):  # (torch.topk and nn.Linear take np.array(3) too)
         return value.item() if value.ndim == 0 and np.issubdtype(value.dtype, np.integer) \
             else value

@@ -47,6 +47,9 @@ def _numpy_ints(kind: type = np.integer) -> FrozenSet[type]:
 _NUMPY_INTS = _numpy_ints()
 
 
+# Not _forms.int_of_0d (the counts' and sizes' rule) on purpose: an index also comes as a
+# one-element 1-D tensor (a column of an index tensor), refused as a count; a meta tensor is
+# left to the buffer's entry error; this one raises with "index must be an int".
 def _one_index(i: Any) -> Any:
     """A 1-D builder's index other than a Python int, as :meth:`DynamicSparseTensor.append`
     takes it: a 0-d or one-element 1-D integer tensor (a column of an index tensor) or

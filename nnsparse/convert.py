@@ -18,7 +18,7 @@ from ._forms import (EMPTY_ROWS_TENSOR, SparseBatch, SparseLike, _a, _as_pairs, 
 
 __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
 
-Size = Union[int, Sequence[int]]
+_Size = Union[int, Sequence[int]]
 
 
 def _check_elem(elem: Any, fill: bool = False) -> Any:
@@ -159,7 +159,7 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
     return trust(_sparse_coo(index, values, size, coalesced=True))
 
 
-def _batch_size(size: Optional[Size], batch: SparseBatch) -> Tuple[int, int]:
+def _batch_size(size: Optional[_Size], batch: SparseBatch) -> Tuple[int, int]:
     """``densify``'s ``size`` argument as ``(rows, width)``, checked against the data."""
     if size is None:
         return batch.shape
@@ -202,7 +202,7 @@ def _size_from_tensor(size: Any) -> Any:
     return values[0] if size.dim() == 0 else tuple(values)
 
 
-def densify(x: SparseLike, elem: float = 0, size: Optional[Size] = None) -> Tensor:
+def densify(x: SparseLike, elem: float = 0, size: Optional[_Size] = None) -> Tensor:
     r"""Turn any accepted sparse form into a dense tensor.
 
     Args:

@@ -42,7 +42,7 @@ from tqdm import tqdm as _tqdm
 
 from ._forms import as_count, as_flag, check_file_object
 from ._optim_split import sparse_grad_parameters
-from .data.split import torch_seed
+from .data.split import _torch_seed
 
 __all__ = ["init_from_env", "is_distributed", "rank", "world_size", "is_main", "main_print",
            "progress", "save", "loader", "wrap", "unwrap", "DistributedDataParallel",
@@ -348,7 +348,7 @@ def loader(dataset: Dataset[Any], batch_size: int, *, shuffle: bool = True, seed
     # numpy ints pass; none beyond int64 (the sampler's islice takes none)
     batch_size = as_count("batch_size", batch_size, 1, must="positive")
     shuffle, drop_last = as_flag(shuffle, "shuffle"), as_flag(drop_last, "drop_last")
-    seed = torch_seed(seed)  # any int, as the models' seeds (torch.Generator's range as is)
+    seed = _torch_seed(seed)  # any int, as the models' seeds (torch.Generator's range as is)
     taken = [k for k in ("sampler", "batch_sampler")
              if k in kwargs and (k == "sampler" or kwargs[k] is not None)]
     if taken:

@@ -45,7 +45,7 @@ _SAMPLED_DTYPES = (torch.float32, torch.float64)
 # The transposed (column-major) structure of a pattern over all its columns:
 # ``perm`` (entries in column order), CSR pointers ``(cols + 1,)``, the row of
 # each entry in ``perm`` order.
-Transposed = Tuple[Tensor, Tensor, Tensor]
+_Transposed = Tuple[Tensor, Tensor, Tensor]
 
 
 @dataclass
@@ -54,7 +54,7 @@ class _Pattern:
 
     ``values`` carries the autograd link to the caller's values; ``row``,
     ``col`` (int64) and ``crow`` (CSR pointers over ``rows``) are plain index
-    tensors.  ``transposed`` gives the :data:`Transposed` structure on demand
+    tensors.  ``transposed`` gives the :data:`_Transposed` structure on demand
     (built at most once per pattern where the caller caches it), ``None``
     when it is to be built in backward.
     """
@@ -65,10 +65,10 @@ class _Pattern:
     crow: Tensor
     rows: int
     cols: int
-    transposed: Optional[Callable[[], Transposed]] = None
+    transposed: Optional[Callable[[], _Transposed]] = None
 
 
-def _transposed(row: Tensor, col: Tensor, cols: int) -> Transposed:
+def _transposed(row: Tensor, col: Tensor, cols: int) -> _Transposed:
     """``perm``, CSR pointers over all ``cols`` and rows of the transposed pattern.
 
     Unlike ``SparseBatch.column_major`` (distinct columns only, a
@@ -107,7 +107,7 @@ class _PatternMM(torch.autograd.Function):
     so that an in-place change of the caller's tensor after the forward is no error).
 
     ``row`` may be ``None`` (derived from ``crow`` when a gradient needs it);
-    ``transposed`` (a callable giving the :data:`Transposed` structure, kept
+    ``transposed`` (a callable giving the :data:`_Transposed` structure, kept
     on ``ctx``) too: the structure is then built in backward when ``B``'s
     gradient needs it.
     """
@@ -115,7 +115,7 @@ class _PatternMM(torch.autograd.Function):
     # forward and setup_context apart: the form torch.func's transforms require
     @staticmethod
     def forward(values: Tensor, b: Tensor, row: Optional[Tensor], col: Tensor,
-                crow: Tensor, transposed: Optional[Callable[[], Transposed]]) -> Tensor:
+                crow: Tensor, transposed: Optional[Callable[[], _Transposed]]) -> Tensor:
         return _rows_mm(col, b, crow, values)
 
     @staticmethod
@@ -183,7 +183,7 @@ class _Flat:
     cols: int
     order: Optional[Tensor] = None
     recoalesce: bool = False
-    _transposed: Optional[Transposed] = None
+    _transposed: Optional[_Transposed] = None
     # used under torch.inference_mode(): what was built there may be inference tensors
     # (the rule of a batch's cache, nnsparse._forms._Cache.inference)
     inference: bool = False
@@ -194,7 +194,7 @@ class _Flat:
         tensors = (self.row, self.col, self.crow, self.order, *(self._transposed or ()))
         return any(t is not None and t.is_inference() for t in tensors)
 
-    def transposed(self) -> Transposed:
+    def transposed(self) -> _Transposed:
         if self._transposed is None:
             self._transposed = _transposed(self.row, self.col, self.cols)
         return self._transposed
@@ -303,7 +303,7 @@ def _pattern_2d(a: Any, name: str, width: Optional[int] = None
     batch = batch.sorted_by_row()
     structure = batch.with_pattern_values(batch.values.detach()[:0])  # no values held
 
-    def transposed() -> Transposed:
+    def transposed() -> _Transposed:
         return structure.column_major_all(structure.width)
     p = _Pattern(batch.values, batch.row, batch.col, batch.crow_indices(), batch.rows,
                  batch.width, transposed)

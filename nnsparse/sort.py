@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, NamedTuple, Tuple, Union, cast
+from typing import (Any, Dict, List, Literal, NamedTuple, Sequence, Tuple, TypeVar, Union,
+                    cast, overload)
 
 import torch
 from torch import Tensor
@@ -10,18 +11,44 @@ from torch import Tensor
 from ._forms import (SparseBatch, SparseLike, as_count, as_flag, as_sparse_batch,
                      check_kernel_dtype)
 
-__all__ = ["ssort", "ssort_by_index", "stopk"]
+__all__ = ["ssort", "ssort_by_index", "stopk", "SortResult", "TopkResult"]
+
+# inplace=True gives back x itself, its type kept (a pair tensor, a list or a tuple of them)
+_X = TypeVar("_X", bound=SparseLike)
 
 
 class SortResult(NamedTuple):
-    """``(values, indices)`` of :func:`ssort` and :func:`ssort_by_index`, as ``torch.sort``'s."""
+    """``(values, indices)`` of :func:`ssort` and :func:`ssort_by_index` for a torch sparse
+    tensor or a list of sparse vectors, as ``torch.sort``'s: a named tuple, unpacked or
+    read by field.
+
+    Example::
+
+        >>> x = torch.sparse_coo_tensor([[1, 3, 6]], [1., 4., 2.], (8,))
+        >>> values, indices = ssort(x, descending=True)
+        >>> indices
+        tensor([3, 6, 1])
+        >>> ssort(x).values
+        tensor([1., 2., 4.])
+    """
 
     values: Tensor
     indices: Tensor
 
 
 class TopkResult(NamedTuple):
-    """``(values, indices)`` of :func:`stopk`, as ``torch.topk``'s."""
+    """``(values, indices)`` of :func:`stopk`, as ``torch.topk``'s: a named tuple,
+    unpacked or read by field.
+
+    Example::
+
+        >>> x = torch.sparse_coo_tensor([[1, 3, 6]], [1., 4., 2.], (8,))
+        >>> values, indices = stopk(x, 2)
+        >>> values, indices
+        (tensor([4., 2.]), tensor([3, 6]))
+        >>> stopk(x, 1).indices
+        tensor([3])
+    """
 
     values: Tensor
     indices: Tensor
@@ -132,7 +159,7 @@ def _check_disjoint(rows: List[Tensor], name: str) -> None:
 
 
 def _sort(x: Any, by_index: bool, descending: bool, inplace: bool,
-          name: str) -> Union[SortResult, Tensor, List[Tensor]]:
+          name: str) -> Union[SortResult, Tensor, Sequence[Tensor]]:
     descending, inplace = as_flag(descending, "descending"), as_flag(inplace, "inplace")
     batch = as_sparse_batch(x, name=name)
     _check_values(batch, name)
@@ -154,7 +181,7 @@ def _sort(x: Any, by_index: bool, descending: bool, inplace: bool,
             # every row is read (by the cat above) before any is written
             for p, row in zip(x, rows):
                 p.copy_(row.reshape(p.shape))
-            return cast(List[Tensor], x)  # (or the tuple the caller gave)
+            return cast(Sequence[Tensor], x)  # the list or tuple the caller gave
         return [row.to(p.dtype) for p, row in zip(x, rows)]
     if inplace:
         raise NotImplementedError(
@@ -177,8 +204,23 @@ def _sort(x: Any, by_index: bool, descending: bool, inplace: bool,
     return result
 
 
+@overload
+def ssort(x: _X, descending: bool, inplace: Literal[True]) -> _X: ...
+@overload
+def ssort(x: _X, descending: bool = ..., *, inplace: Literal[True]) -> _X: ...
+@overload
+def ssort(x: Tensor, descending: bool = ...,
+          inplace: Literal[False] = ...) -> Union[SortResult, Tensor]: ...
+@overload
+def ssort(x: Sequence[Tensor], descending: bool = ...,
+          inplace: Literal[False] = ...) -> Union[SortResult, List[Tensor]]: ...
+@overload
+def ssort(x: SparseLike, descending: bool = ...,
+          inplace: bool = ...) -> Union[SortResult, Tensor, Sequence[Tensor]]: ...
+
+
 def ssort(x: SparseLike, descending: bool = False,
-          inplace: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
+          inplace: bool = False) -> Union[SortResult, Tensor, Sequence[Tensor]]:
     r"""Sort the specified entries of a sparse vector, or of each row of a batch, by value.
 
     Unlike Lua nnsparse, whose README announced a descending default, the
@@ -213,8 +255,10 @@ def ssort(x: SparseLike, descending: bool = False,
         one sorted tensor per row instead.
 
         For a pair tensor (the Lua form), the pair tensor with its rows
-        reordered; for a list of them, the list of reordered pair tensors.
-        Pair tensors are reordered as they are: duplicate indices are kept.
+        reordered; for a list (or tuple) of them, a new list of reordered pair
+        tensors.  With ``inplace=True``, ``x`` itself, reordered: the pair
+        tensor, or the list or tuple given.  Pair tensors are reordered as
+        they are: duplicate indices are kept.
 
         Values keep ``x``'s dtype and device; gradients flow back to the
         specified values only.
@@ -248,8 +292,23 @@ def ssort(x: SparseLike, descending: bool = False,
     return _sort(x, by_index=False, descending=descending, inplace=inplace, name="x")
 
 
+@overload
+def ssort_by_index(x: _X, descending: bool, inplace: Literal[True]) -> _X: ...
+@overload
+def ssort_by_index(x: _X, descending: bool = ..., *, inplace: Literal[True]) -> _X: ...
+@overload
+def ssort_by_index(x: Tensor, descending: bool = ...,
+                   inplace: Literal[False] = ...) -> Union[SortResult, Tensor]: ...
+@overload
+def ssort_by_index(x: Sequence[Tensor], descending: bool = ...,
+                   inplace: Literal[False] = ...) -> Union[SortResult, List[Tensor]]: ...
+@overload
+def ssort_by_index(x: SparseLike, descending: bool = ...,
+                   inplace: bool = ...) -> Union[SortResult, Tensor, Sequence[Tensor]]: ...
+
+
 def ssort_by_index(x: SparseLike, descending: bool = False,
-                   inplace: bool = False) -> Union[SortResult, Tensor, List[Tensor]]:
+                   inplace: bool = False) -> Union[SortResult, Tensor, Sequence[Tensor]]:
     r"""Sort the specified entries of a sparse vector, or of each row of a batch, by index.
 
     The Lua nnsparse README announced a descending default; as in
@@ -265,8 +324,8 @@ def ssort_by_index(x: SparseLike, descending: bool = False,
     Returns:
         As :func:`ssort`: ``(values, indices)`` of shape ``(nnz,)`` for a
         sparse vector, ``(rows, max_nnz)`` for a sparse batch, the reordered
-        pair tensor(s) for the pair forms.  Duplicate entries of an uncoalesced
-        tensor are summed first.  A padded batch entry has index ``-1`` and
+        pair tensor(s) for the pair forms (``x`` itself with ``inplace=True``).
+        Duplicate entries of an uncoalesced tensor are summed first.  A padded batch entry has index ``-1`` and
         value 0, so padded values add nothing to a sum.
 
     Raises:

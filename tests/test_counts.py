@@ -196,3 +196,40 @@ REFUSED = [
 def test_what_a_count_still_refuses(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+# Sizes (``_forms.as_int``: the layers' sizes, the builder's reserve / ndim / size, widths)
+# read a 0-d tensor as the counts do (``int_of_0d``).  Until session 17 they went through
+# operator.index: a meta tensor gave torch's "Tensor.item() cannot be called on meta
+# tensors", and a uint64 tensor beyond int64 torch's "value cannot be converted to type
+# int64_t without overflow", neither naming the argument, where a numpy uint64 of the same
+# value reached the size's own int64 check.
+SIZES = [
+    ("SparseLinearBatch-in_features", "in_features",
+     lambda n: nnsparse.SparseLinearBatch(n, 2)),
+    ("DynamicSparseTensor-reserve", "reserve", lambda n: nnsparse.DynamicSparseTensor(reserve=n)),
+    ("DynamicSparseTensor-ndim", "ndim", lambda n: nnsparse.DynamicSparseTensor(ndim=n)),
+    ("DynamicSparseTensor.build-size", "size",
+     lambda n: nnsparse.DynamicSparseTensor().build(size=(n,))),
+    ("densify-size", "size", lambda n: nnsparse.densify(sparsify(X), size=(n, 4))),
+    ("collate_sparse_rows-width", "width",
+     lambda n: nnsparse.data.collate_sparse_rows([(0, (T([1]), T([2.])))], n)),
+]
+
+
+@pytest.mark.parametrize("name, call", [s[1:] for s in SIZES], ids=[s[0] for s in SIZES])
+def test_a_size_refuses_a_meta_tensor_by_name(name, call):
+    with pytest.raises(ValueError, match=rf"^{name} must hold data, got a tensor on the meta "
+                                         r"device$"):
+        call(T(3, device="meta"))
+
+
+@pytest.mark.parametrize("call", [s[2] for s in SIZES[:5]], ids=[s[0] for s in SIZES[:5]])
+def test_a_size_reads_a_uint64_tensor_beyond_int64_as_the_numpy_uint64(call):
+    # (collate_sparse_rows' width is left out: both reach torch's own overflow error there)
+    errors = []
+    for n in (T(2 ** 63, dtype=torch.uint64), np.uint64(2 ** 63)):
+        with pytest.raises(ValueError) as info:
+            call(n)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and "9223372036854775808" in errors[0]

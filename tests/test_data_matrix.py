@@ -57,17 +57,17 @@ def test_rating_matrix_errors():
 
 def test_rating_matrix_skips_the_pair_check_of_a_known_unique_record_until_it_changes(
         monkeypatch):
-    # a record check_unique_pairs passed is not checked again by rating_matrix, unless
+    # a record _check_unique_pairs passed is not checked again by rating_matrix, unless
     # its indices changed since (then a pair made twice is still refused)
     from nnsparse.data import matrix, readers
     calls = []
-    original = matrix.refuse_repeated_keys
-    monkeypatch.setattr(matrix, "refuse_repeated_keys",
+    original = matrix._refuse_repeated_keys
+    monkeypatch.setattr(matrix, "_refuse_repeated_keys",
                         lambda *args: (calls.append(1), original(*args))[1])
     r = small()
     rating_matrix(r)
     assert calls == [1]
-    readers.check_unique_pairs("r", r)
+    readers._check_unique_pairs("r", r)
     assert torch.equal(densify(rating_matrix(r)), densify(rating_matrix(small())))
     assert calls == [1, 1]  # the second matrix, of a fresh record
     r.user[2] = 0  # user 0 now rates item 0 twice

@@ -318,10 +318,10 @@ def test_a_read_record_is_known_unique(tmp_path, monkeypatch):
 def test_an_inference_record_is_never_known_unique(edit):
     # an inference tensor (torch.inference_mode) has no version counter: an edit in place
     # inside inference mode cannot be seen, so its record is checked at every call
-    from nnsparse.data.readers import check_unique_pairs
+    from nnsparse.data.readers import _check_unique_pairs
     with torch.inference_mode():
         r = Ratings.from_triples([1, 2, 2], [10, 10, 20], [3.0, 4.0, 5.0])
-        check_unique_pairs("r", r)
+        _check_unique_pairs("r", r)
         assert not r._known_unique()
         if edit == "user":
             r.user[0] = 1  # user 2 rates item 10 twice
@@ -329,7 +329,7 @@ def test_an_inference_record_is_never_known_unique(edit):
             r.item[2] = 0
         with pytest.raises(ValueError, match=r"^r: 1 \(user, item\) pair rated more than once, "
                                              r"e\.g\. user 2 and item 10 \(2 ratings\)"):
-            check_unique_pairs("r", r)
+            _check_unique_pairs("r", r)
 
 
 def test_repeated_pair_lines_after_dropping_unseen(tmp_path):

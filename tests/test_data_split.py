@@ -134,7 +134,7 @@ def test_bad_seed(ratings, seed, error):
 
 def test_a_split_checks_the_pairs_once(monkeypatch, ratings):
     # the parts of a checked record are known unique: the normaliser and the matrix of a
-    # part do not sort the pair keys again (check_unique_pairs runs once per record)
+    # part do not sort the pair keys again (_check_unique_pairs runs once per record)
     from nnsparse.data import RatingNormalizer, rating_matrix, readers
     calls = []
     original = readers._sorted_pair_keys

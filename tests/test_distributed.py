@@ -241,7 +241,7 @@ def test_loader_takes_a_numpy_int_batch_size():
                                   __import__("numpy").int64(5)])
 def test_loader_takes_any_int_seed(seed):
     """Any int, as the models' seeds: torch.Generator's range as it is (the sampler seeds
-    with seed + epoch), others folded into it (data.split.torch_seed)."""
+    with seed + epoch), others folded into it (data.split._torch_seed)."""
     loader = nd.loader(SparseRowDataset(_data()), 4, seed=seed)
     loader.sampler.set_epoch(1)  # type: ignore[attr-defined]
     rows = [b.row_index.tolist() for b in loader]

@@ -637,7 +637,7 @@ def test_fit_refuses_a_pair_rated_twice_before_training(call, message, validatio
 
 
 def _count_pair_checks(monkeypatch):
-    """Count the sorts of (user, item) keys that check_unique_pairs does."""
+    """Count the sorts of (user, item) keys that _check_unique_pairs does."""
     from nnsparse.data import readers
     calls = []
     original = readers._sorted_pair_keys

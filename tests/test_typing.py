@@ -1,7 +1,11 @@
 """The package is typed: py.typed ships, SparseLike is public and used in signatures."""
 import inspect
 import pathlib
+import subprocess
+import sys
 import typing
+
+import pytest
 
 import nnsparse
 
@@ -23,3 +27,91 @@ def test_sparse_like_is_public_and_used():
         want = (typing.Union[nnsparse.SparseLike, nnsparse.SparseParts]
                 if fn is nnsparse.values_map else nnsparse.SparseLike)
         assert sparse_args and all(hints[n] == want for n in sparse_args), fn
+
+
+# What the type checker infers of nnsparse's calls, each pinned with typing's assert_type
+# and checked by mypy (with setup.cfg's strict settings) on a snippet: the overloads must
+# say what each call returns at run time.
+_SNIPPET_HEAD = """\
+from typing import List, Sequence, Tuple, Union
+import torch
+from torch import Tensor
+from typing_extensions import assert_type
+import nnsparse
+from nnsparse import SortResult
+
+t = torch.zeros(2, 2)
+rows: List[Tensor] = [t, t]
+row_tuple: Tuple[Tensor, ...] = (t, t)
+flag = bool(t.sum())
+"""
+
+_SORT_SNIPPET = """\
+for sort in (nnsparse.ssort, nnsparse.ssort_by_index):
+    assert_type(sort(t), Union[SortResult, Tensor])
+    assert_type(sort(t, True), Union[SortResult, Tensor])
+    assert_type(sort(t, inplace=False), Union[SortResult, Tensor])
+    assert_type(sort(rows), Union[SortResult, List[Tensor]])
+    assert_type(sort(row_tuple, descending=True), Union[SortResult, List[Tensor]])
+    # inplace=True gives back x itself: its own type, a tuple as a tuple
+    assert_type(sort(t, inplace=True), Tensor)
+    assert_type(sort(t, False, True), Tensor)
+    assert_type(sort(rows, inplace=True), List[Tensor])
+    assert_type(sort(row_tuple, True, True), Tuple[Tensor, ...])
+    assert_type(sort(t, inplace=flag), Union[SortResult, Tensor, Sequence[Tensor]])
+"""
+
+
+def _mypy(tmp_path, body):
+    """mypy's report on the snippet, run from the repository root (this copy of nnsparse
+    is found first) with setup.cfg's settings; '' when it passes."""
+    pytest.importorskip("mypy")
+    root = pathlib.Path(__file__).resolve().parent.parent
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(_SNIPPET_HEAD + body)
+    run = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(root / "setup.cfg"),
+                          "--no-error-summary", str(snippet)],
+                         cwd=root, capture_output=True, text=True, timeout=600)
+    return run.stdout + run.stderr if run.returncode else ""
+
+
+def test_sort_return_types_by_mypy(tmp_path):
+    assert _mypy(tmp_path, _SORT_SNIPPET) == ""
+
+
+def test_mypy_snippet_check_catches_a_wrong_type(tmp_path):
+    # the check above can fail: a wrong claim is reported
+    assert "assert-type" in _mypy(tmp_path, "assert_type(nnsparse.ssort(t, inplace=True), int)\n")
+
+
+_PREDICT_SNIPPET = """\
+from typing import Dict
+from nnsparse.models import RatingModel
+
+def check(model: RatingModel, users: Tensor, items: Tensor) -> None:
+    assert_type(model.predict_entries(users, items), Tensor)
+    assert_type(model.predict_entries(users, items, False), Tensor)
+    assert_type(model.predict_entries(users, items, return_counts=True),
+                Tuple[Tensor, Dict[str, int]])
+    assert_type(model.predict_entries(users, items, return_counts=flag),
+                Union[Tensor, Tuple[Tensor, Dict[str, int]]])
+"""
+
+
+def test_predict_entries_return_types_by_mypy(tmp_path):
+    assert _mypy(tmp_path, _PREDICT_SNIPPET) == ""
+
+
+def test_python_floor_is_one_in_setup_cfg():
+    # python_requires, mypy's python_version and the version classifiers say one floor
+    import configparser
+    import re
+    cfg = configparser.ConfigParser()
+    cfg.read(pathlib.Path(__file__).resolve().parent.parent / "setup.cfg")
+    floor = cfg["mypy"]["python_version"]
+    assert cfg["options"]["python_requires"] == f">={floor}"
+    versions = re.findall(r"Programming Language :: Python :: (3\.\d+)",
+                          cfg["metadata"]["classifiers"])
+    as_tuple = lambda v: tuple(map(int, v.split(".")))  # noqa: E731
+    assert versions and min(versions, key=as_tuple) == floor
+    assert sys.version_info[:2] >= as_tuple(floor)

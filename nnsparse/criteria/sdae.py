@@ -27,7 +27,7 @@ def _check_generator(generator: Optional[torch.Generator], device: torch.device)
                          f"make it with torch.Generator(device='{device.type}')")
 
 
-def corrupt(values: Tensor, noise_ratio: float, noise_mean: float, noise_std: float,
+def _corrupt_values(values: Tensor, noise_ratio: float, noise_mean: float, noise_std: float,
             flip_ratio: float, flip_range: Sequence[float], hide_ratio: float,
             generator: Optional[torch.Generator]) -> Tuple[Tensor, Tensor, Tensor]:
     """Corrupt each entry of ``values`` independently (vectorised).
@@ -156,7 +156,7 @@ class _SDAEBase(RefuseLuaNames, nn.Module):
             _check_noise(self.noise_mean, self.noise_std, values.dtype)
         if self.flip_ratio > 0:
             _check_flip_range(self.flip_range, values.dtype)
-        return corrupt(values, self.noise_ratio, self.noise_mean, self.noise_std,
+        return _corrupt_values(values, self.noise_ratio, self.noise_mean, self.noise_std,
                        self.flip_ratio, self.flip_range, self.hide_ratio, self.generator)
 
     def _weighted(self, losses: Tensor, corrupted: Tensor) -> Tensor:
@@ -320,6 +320,8 @@ def _kind(x: Any) -> str:
     return type(x).__name__
 
 
+# Not exported, and not renamed _EntryMask: a criterion saved after prepare_input (and a
+# fitted CFN) pickles it by this name, which torch.load of those files looks up.
 @dataclass
 class EntryMask:
     """A flag per specified entry of a prepared batch, kept with its (row, col).

@@ -23,7 +23,7 @@ from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 
 __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_rows"]
 
-Row = Tuple[Tensor, Tensor]  # (column indices, values) of one row
+_Row = Tuple[Tensor, Tensor]  # (column indices, values) of one row
 
 
 def _as_csr(matrix: Tensor, name: str) -> Tuple[Tensor, Tensor, Tensor]:
@@ -223,7 +223,7 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
+def _check_rows(rows: Sequence[Tuple[int, _Row]], width: int) -> None:
     """Every row: tensors, equal lengths, integer columns in range, increasing."""
     for k, item in enumerate(rows):
         try:
@@ -282,7 +282,7 @@ def _check_rows(rows: Sequence[Tuple[int, Row]], width: int) -> None:
                              f"got {c.tolist()[:10]}")
 
 
-def _collate(rows: Sequence[Tuple[int, Row]], width: int,
+def _collate(rows: Sequence[Tuple[int, _Row]], width: int,
              layout: torch.layout) -> Tuple[Tensor, Tensor]:
     """``collate_sparse_rows`` on rows known to be valid: a trusted batch."""
     n = len(rows)
@@ -302,7 +302,7 @@ def _collate(rows: Sequence[Tuple[int, Row]], width: int,
     return index, (batch.to_csr() if layout == torch.sparse_csr else batch.to_coo())
 
 
-def collate_sparse_rows(rows: Sequence[Tuple[int, Row]], width: int,
+def collate_sparse_rows(rows: Sequence[Tuple[int, _Row]], width: int,
                         layout: torch.layout = torch.sparse_csr) -> Tuple[Tensor, Tensor]:
     r"""Join sparse rows into one batch.
 

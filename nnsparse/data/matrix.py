@@ -23,8 +23,8 @@ from torch import Tensor
 
 from .._forms import (SparseBatch, as_choice, as_device, as_flag, as_sparse_batch,
                       check_index_range, check_numel, refuse_meta, refuse_meta_device)
-from .readers import (Ratings, check_ratings, check_unique_pairs, refuse_repeated_keys,
-                      refuse_uint8_index)
+from .readers import (Ratings, _check_ratings, _check_unique_pairs, _refuse_repeated_keys,
+                      _refuse_uint8_index)
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
 
@@ -44,7 +44,7 @@ def _index(ratings: Ratings, orientation: str) -> Tuple[Tensor, Tensor, Tuple[in
     return ratings.user, ratings.item, (ratings.n_users, ratings.n_items)
 
 
-def check_same_maps(ratings: Ratings, reference: Ratings, name: str, ref_name: str) -> None:
+def _check_same_maps(ratings: Ratings, reference: Ratings, name: str, ref_name: str) -> None:
     """``ValueError`` unless ``ratings`` index ids as ``reference`` does (extra ids may follow).
 
     The parts of one split share the maps (an identity test); other records
@@ -69,7 +69,7 @@ def _check_rows(row: Any, rows: int, name: str = "row") -> Tensor:
     """
     if not isinstance(row, Tensor):
         raise TypeError(f"{name} must be an integer tensor, got {type(row).__name__}")
-    refuse_uint8_index(row, name, "an int64 tensor of matrix rows", ".long()")
+    _refuse_uint8_index(row, name, "an int64 tensor of matrix rows", ".long()")
     if row.dtype == torch.bool or row.is_floating_point() or row.is_complex():
         raise TypeError(f"{name} must be an integer tensor, got {row.dtype}")
     refuse_meta(row, name)  # its range cannot be read
@@ -140,7 +140,7 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
         >>> m.shape, m.crow_indices(), m.col_indices(), m.values()
         (torch.Size([2, 2]), tensor([0, 1, 3]), tensor([0, 0, 1]), tensor([4., 0., 2.]))
     """
-    check_ratings(ratings, "ratings")
+    _check_ratings(ratings, "ratings")
     _check_orientation(orientation)
     if layout not in (torch.sparse_csr, torch.sparse_coo):
         raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
@@ -170,8 +170,8 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
     def pair_of(k: int) -> Tuple[int, int]:  # (user, item) of a key
         row, col = divmod(k, width)
         return (col, row) if orientation == "item" else (row, col)
-    if not ratings._known_unique():  # else checked once already (check_unique_pairs)
-        refuse_repeated_keys(f"ratings{source}", ratings, key, pair_of)
+    if not ratings._known_unique():  # else checked once already (_check_unique_pairs)
+        _refuse_repeated_keys(f"ratings{source}", ratings, key, pair_of)
     # checked above: the matrix is built trusted, its structure attached
     batch = SparseBatch(row[order], col[order], values[order], (rows, width), "coo",
                         row_sorted=True, coalesced=True, trusted=True)
@@ -227,12 +227,12 @@ class RatingNormalizer:
 
     def __init__(self, train: Ratings, orientation: str = "item", center: bool = True,
                  scale: Optional[Tuple[float, float]] = None) -> None:
-        check_ratings(train, "train")
+        _check_ratings(train, "train")
         _check_orientation(orientation)
         if len(train) == 0:
             raise ValueError("train holds no ratings; the normaliser needs some to fit")
         # a pair rated twice would weigh twice in its row mean (and matrix() refuses it)
-        check_unique_pairs("train", train)
+        _check_unique_pairs("train", train)
         center = as_flag(center, "center")
         data_lo, data_hi = train.scale
         if scale is None:
@@ -288,8 +288,8 @@ class RatingNormalizer:
 
     def index(self, ratings: Ratings) -> Tuple[Tensor, Tensor]:
         """``(row, col)`` int64 ``(n,)`` of each rating in this orientation."""
-        check_ratings(ratings, "ratings")
-        check_same_maps(ratings, self._train, "ratings", "the training ratings")
+        _check_ratings(ratings, "ratings")
+        _check_same_maps(ratings, self._train, "ratings", "the training ratings")
         row, col, _ = _index(ratings, self.orientation)
         return row, col
 
@@ -326,7 +326,7 @@ class RatingNormalizer:
         ratings (the target for errors on the rating scale).  See
         :func:`rating_matrix`.
         """
-        check_ratings(ratings, "ratings")
+        _check_ratings(ratings, "ratings")
         normalize = as_flag(normalize, "normalize")
         values = ratings.rating
         if normalize:
@@ -521,8 +521,8 @@ def mean_prediction(train: Ratings, test: Ratings, by: str = "item") -> Tensor:
         >>> rmse(mean_prediction(train, test), test.rating)
         tensor(2.)
     """
-    check_ratings(train, "train")
-    check_ratings(test, "test")
+    _check_ratings(train, "train")
+    _check_ratings(test, "test")
     _check_orientation(by, "by")
     if len(train) == 0:
         raise ValueError("train holds no ratings; the baseline needs some")
@@ -531,7 +531,7 @@ def mean_prediction(train: Ratings, test: Ratings, by: str = "item") -> Tensor:
     sums = rating.new_zeros(shape[0]).index_add_(0, row, rating)
     counts = torch.bincount(row, minlength=shape[0]).to(rating.dtype)
     means = torch.where(counts > 0, sums / counts.clamp(min=1), rating.mean())
-    check_same_maps(test, train, "test", "train")
+    _check_same_maps(test, train, "test", "train")
     test_row, _, _ = _index(test, by)
     if test_row.numel() and int(test_row.max()) >= shape[0]:
         raise ValueError(f"test {by} indices must be in [0, {shape[0]}), got max "

@@ -27,7 +27,7 @@ from .._forms import _a, _version, as_choice, as_flag, refuse_meta
 __all__ = ["Ratings", "read_ratings", "read_split", "read_item_features", "read_user_features",
            "FORMATS"]
 
-PathLike = Union[str, "os.PathLike[str]"]
+_PathLike = Union[str, "os.PathLike[str]"]
 
 #: format name -> (field separator, fields per line, header line, title file)
 _FORMATS: Dict[str, Tuple[Optional[bytes], Tuple[int, int], bool, Optional[str]]] = {
@@ -89,7 +89,7 @@ class Ratings:
     titles: Optional[List[str]] = None
     source: str = ""
     _ids: Dict[str, List[Any]] = field(default_factory=dict, repr=False, compare=False)
-    # Set when no (user, item) pair is known to repeat (check_unique_pairs passed, the file
+    # Set when no (user, item) pair is known to repeat (_check_unique_pairs passed, the file
     # reader checked it, or a bool-mask subset of such a record): the user and item
     # tensors then checked and their versions, so that the O(n log n) check runs once
     # per record, and again after either tensor is replaced or edited in place.  Not an
@@ -259,7 +259,7 @@ class Ratings:
         return part
 
 
-def refuse_uint8_index(index: Tensor, name: str, expected: str, fix: str) -> None:
+def _refuse_uint8_index(index: Tensor, name: str, expected: str, fix: str) -> None:
     """Refuse a uint8 ``index``: torch indexing reads uint8 as a mask (a use it
     deprecates), so ``[1, 1, 1]`` would pick three entries, not one entry three times."""
     if index.dtype == torch.uint8:
@@ -280,7 +280,7 @@ def _entry_index(index: Any, n: int) -> Tensor:
     if index.layout != torch.strided:
         raise TypeError(f"index must be a dense integer or bool tensor, got layout "
                         f"{index.layout}")
-    refuse_uint8_index(index, "index", "int64 indices or a bool mask",
+    _refuse_uint8_index(index, "index", "int64 indices or a bool mask",
                        ".long() (indices) or .bool() (a mask)")
     if index.dtype != torch.bool and (index.is_floating_point() or index.is_complex()):
         raise TypeError(f"index must be an integer or bool tensor, got {index.dtype}")
@@ -302,7 +302,7 @@ def _entry_index(index: Any, n: int) -> Tensor:
     return cast(Tensor, index)
 
 
-def check_unique_pairs(name: str, *parts: Ratings) -> None:
+def _check_unique_pairs(name: str, *parts: Ratings) -> None:
     """``ValueError`` when the ratings of ``parts`` (sharing one pair of id maps) together
     rate a (user, item) pair more than once.
 
@@ -316,7 +316,7 @@ def check_unique_pairs(name: str, *parts: Ratings) -> None:
     if len(parts) == 1 and first._known_unique():
         return
     key, width = _sorted_pair_keys(*parts)
-    refuse_repeated_keys(f"{name}{_from(first.source)}", first, key,
+    _refuse_repeated_keys(f"{name}{_from(first.source)}", first, key,
                          lambda k: divmod(k, width))
     for part in parts:  # no pair repeats in all the parts together, nor in each one
         part._mark_unique()
@@ -330,32 +330,32 @@ def _sorted_pair_keys(*parts: Ratings) -> Tuple[Tensor, int]:
     return torch.sort(keys[0] if len(keys) == 1 else torch.cat(keys))[0], width
 
 
-def check_unique_pairs_apart(name: str, ratings: Ratings, together: str,
+def _check_unique_pairs_apart(name: str, ratings: Ratings, together: str,
                              other: Ratings) -> None:
-    """:func:`check_unique_pairs` of ``ratings`` and of ``ratings`` with ``other``
+    """:func:`_check_unique_pairs` of ``ratings`` and of ``ratings`` with ``other``
     together, in one sort when no pair repeats; ``ratings`` alone is named when
     the repeat is its own."""
     try:
-        check_unique_pairs(together, ratings, other)
+        _check_unique_pairs(together, ratings, other)
     except ValueError:
-        check_unique_pairs(name, ratings)
+        _check_unique_pairs(name, ratings)
         raise
 
 
-def refuse_repeated_keys(who: str, ratings: Ratings, key: Tensor,
+def _refuse_repeated_keys(who: str, ratings: Ratings, key: Tensor,
                          pair_of: Callable[[int], Tuple[int, int]]) -> None:
     """``ValueError`` when the sorted pair keys ``key`` repeat one: ``who`` (the
     argument), how many pairs and the ids of the first (``pair_of(key)`` is its
     ``(user, item)`` index in ``ratings``' maps) with its number of ratings."""
-    pairs, repeated = repeated_keys(key)
+    pairs, repeated = _repeated_keys(key)
     if pairs:
         user, item = pair_of(repeated)
         times = int((key == repeated).sum())
-        raise ValueError(repeats_message(who, pairs, ratings.user_ids()[user],
+        raise ValueError(_repeats_message(who, pairs, ratings.user_ids()[user],
                                          ratings.item_ids()[item], f"{times} ratings"))
 
 
-def repeated_keys(key: Tensor) -> Tuple[int, int]:
+def _repeated_keys(key: Tensor) -> Tuple[int, int]:
     """``(pairs, first)`` of a sorted key tensor: how many distinct keys occur more
     than once, and the smallest of them (``-1`` when none repeats).  One host sync
     when none does."""
@@ -368,14 +368,14 @@ def repeated_keys(key: Tensor) -> Tuple[int, int]:
     return 1 + int((repeated[1:] != repeated[:-1]).sum()), int(repeated[0])
 
 
-def repeats_message(who: str, pairs: int, user: Any, item: Any, where: str) -> str:
+def _repeats_message(who: str, pairs: int, user: Any, item: Any, where: str) -> str:
     """The one message of (user, item) pairs rated more than once (``who``: the
     argument or file, ``where``: how often or on which lines the example pair is)."""
     return (f"{who}: {pairs} (user, item) pair{'s' if pairs != 1 else ''} rated more than "
             f"once, e.g. user {user!r} and item {item!r} ({where}); keep one rating per pair")
 
 
-def check_ratings(ratings: Any, name: str) -> None:
+def _check_ratings(ratings: Any, name: str) -> None:
     """``TypeError`` unless ``ratings`` is a :class:`Ratings` record."""
     if not isinstance(ratings, Ratings):
         raise TypeError(f"{name} must be a Ratings record (from read_ratings or "
@@ -795,7 +795,7 @@ def _titles(item_map: Dict[Any, int], titles: Dict[Any, str]) -> List[str]:
     return out
 
 
-def _title_file(path: Path, fmt: str, titles: Union[bool, PathLike]) -> Optional[Path]:
+def _title_file(path: Path, fmt: str, titles: Union[bool, _PathLike]) -> Optional[Path]:
     if titles is False:
         return None
     if titles is True:
@@ -810,7 +810,7 @@ def _title_file(path: Path, fmt: str, titles: Union[bool, PathLike]) -> Optional
 
 # -- public readers ----------------------------------------------------------------------
 
-def read_ratings(path: PathLike, format: str = "text", *, titles: Union[bool, PathLike] = True,
+def read_ratings(path: _PathLike, format: str = "text", *, titles: Union[bool, _PathLike] = True,
                  user_map: Optional[Dict[Any, int]] = None,
                  item_map: Optional[Dict[Any, int]] = None,
                  unseen: str = "keep") -> Ratings:
@@ -966,12 +966,12 @@ def _check_file_pairs(user_index: np.ndarray, item_index: np.ndarray, n_items: i
     ``where`` is the original user and item ids and the line of each rating.
     """
     key = torch.from_numpy(user_index * n_items + item_index)
-    pairs, repeated = repeated_keys(torch.sort(key)[0])
+    pairs, repeated = _repeated_keys(torch.sort(key)[0])
     if pairs:
         at = np.flatnonzero(key.numpy() == repeated)
         user, item, line = where
         lines = ", ".join(str(n) for n in line[at[:5]].tolist()) + (", ..." if len(at) > 5 else "")
-        raise ValueError(repeats_message(path, pairs, _plain(user[at[0]]), _plain(item[at[0]]),
+        raise ValueError(_repeats_message(path, pairs, _plain(user[at[0]]), _plain(item[at[0]]),
                                          f"lines {lines}"))
 
 
@@ -1057,8 +1057,8 @@ def _known(ids: np.ndarray, mapping: Optional[Dict[Any, int]]) -> np.ndarray:
     return cast(np.ndarray, np.array([u in mapping for u in unique], dtype=bool)[inverse])
 
 
-def read_split(train: PathLike, test: PathLike, format: str = "text", *,
-               titles: Union[bool, PathLike] = True,
+def read_split(train: _PathLike, test: _PathLike, format: str = "text", *,
+               titles: Union[bool, _PathLike] = True,
                unseen: str = "keep") -> Tuple[Ratings, Ratings]:
     r"""Read a given train/test file pair with one shared id map.
 
@@ -1120,12 +1120,12 @@ def read_split(train: PathLike, test: PathLike, format: str = "text", *,
     return first, second
 
 
-def _warn_shared_pairs(train: Ratings, test: Ratings, test_file: PathLike) -> None:
+def _warn_shared_pairs(train: Ratings, test: Ratings, test_file: _PathLike) -> None:
     """A warning when ``test`` rates (user, item) pairs that ``train`` rates too (they
     share one pair of id maps; each file alone was checked for repeats): a test
     error over them measures fitted ratings.  One sort of the keys."""
     key, width = _sorted_pair_keys(train, test)
-    pairs, shared = repeated_keys(key)
+    pairs, shared = _repeated_keys(key)
     if pairs:
         user, item = divmod(shared, width)
         warnings.warn(f"{test_file}: {pairs} (user, item) pair{'s' if pairs != 1 else ''} "
@@ -1171,7 +1171,7 @@ def _lines(path: Path, sep: str) -> List[Tuple[int, List[str]]]:
                 for n, line in enumerate(f, start=1) if line.strip()]
 
 
-def _feature_file(path: PathLike, what: str) -> Path:
+def _feature_file(path: _PathLike, what: str) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     path = Path(path)
@@ -1243,7 +1243,7 @@ def _once(seen: Dict[Any, int], key: Any, path: Any, number: int, what: str,
     seen[key] = number
 
 
-def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) -> Tensor:
+def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -> Tensor:
     r"""Item genre flags from ``u.item`` (ml-100k), ``movies.dat`` (ml-1m) or ``movies.csv``.
 
     Args:
@@ -1335,7 +1335,7 @@ def read_item_features(path: PathLike, format: str, item_map: Dict[Any, int]) ->
     return _rows(item_map, table, len(vocab), path, "item_map")
 
 
-def read_user_features(path: PathLike, format: str, user_map: Dict[Any, int]) -> Tensor:
+def read_user_features(path: _PathLike, format: str, user_map: Dict[Any, int]) -> Tensor:
     r"""User demographics from ``u.user`` (ml-100k) or ``users.dat`` (ml-1m).
 
     The features: gender (1 for ``F``), the age bucket one-hot (MovieLens-1M's

@@ -12,7 +12,7 @@ from typing import Any, Iterator, Tuple, cast
 import numpy as np
 import torch
 
-from .readers import Ratings, check_ratings, check_unique_pairs, check_unique_pairs_apart
+from .readers import Ratings, _check_ratings, _check_unique_pairs, _check_unique_pairs_apart
 
 __all__ = ["Split", "split_ratings", "random_split", "holdout_split"]
 
@@ -42,7 +42,7 @@ class Split:
 
     def __post_init__(self) -> None:
         for name in ("train", "validation", "test"):
-            check_ratings(getattr(self, name), name)
+            _check_ratings(getattr(self, name), name)
 
     def __iter__(self) -> Iterator[Ratings]:
         return iter((self.train, self.validation, self.test))
@@ -56,9 +56,9 @@ def _check_ratio(ratio: float, name: str) -> None:
 
 
 def _check_seed(seed: Any) -> int:
-    """``seed`` as a Python int, checked as :func:`torch_seed` checks it (any int; not
+    """``seed`` as a Python int, checked as :func:`_torch_seed` checks it (any int; not
     folded: ``random_split`` draws its second part with ``seed + 1``)."""
-    torch_seed(seed)
+    _torch_seed(seed)
     return int(seed)
 
 
@@ -66,7 +66,7 @@ def _check_seed(seed: Any) -> int:
 _TORCH_SEEDS = (-2**63, 2**64)
 
 
-def torch_seed(seed: Any, name: str = "seed") -> int:
+def _torch_seed(seed: Any, name: str = "seed") -> int:
     """``seed`` (any int, as :func:`~nnsparse.data.synthetic_ratings` takes) as a torch seed.
 
     A seed in torch's range ``[-2**63, 2**64)`` is returned as it is, so the
@@ -87,7 +87,7 @@ def torch_seed(seed: Any, name: str = "seed") -> int:
     return (int(words[0]) | int(words[1]) << 32) & (2**63 - 1)
 
 
-def concat(a: Ratings, b: Ratings, unique: bool = False) -> Ratings:
+def _concat(a: Ratings, b: Ratings, unique: bool = False) -> Ratings:
     """``a`` and ``b`` (sharing id maps) as one record; ``unique``: the caller knows that
     no (user, item) pair repeats in both together (checked, or disjoint parts of a record
     known unique), and the record is marked so (not checked again)."""
@@ -98,11 +98,11 @@ def concat(a: Ratings, b: Ratings, unique: bool = False) -> Ratings:
     return both
 
 
-def draw(ratings: Ratings, ratio: float, seed: int) -> Tuple[Ratings, Ratings]:
+def _draw(ratings: Ratings, ratio: float, seed: int) -> Tuple[Ratings, Ratings]:
     """:func:`split_ratings` on checked arguments (``seed`` any int)."""
     n = len(ratings)
     k = round(ratio * n)
-    generator = torch.Generator().manual_seed(torch_seed(seed))
+    generator = torch.Generator().manual_seed(_torch_seed(seed))
     order = torch.randperm(n, generator=generator)
     chosen = torch.zeros(n, dtype=torch.bool)
     chosen[order[:k]] = True
@@ -141,11 +141,11 @@ def split_ratings(ratings: Ratings, ratio: float = 0.1, seed: int = 0) -> Tuple[
         >>> test.user.tolist() == split_ratings(r, 0.2, seed=0)[1].user.tolist()
         True
     """
-    check_ratings(ratings, "ratings")
+    _check_ratings(ratings, "ratings")
     _check_ratio(ratio, "ratio")
     seed = _check_seed(seed)
-    check_unique_pairs("ratings", ratings)
-    return draw(ratings, ratio, seed)
+    _check_unique_pairs("ratings", ratings)
+    return _draw(ratings, ratio, seed)
 
 
 def random_split(ratings: Ratings, test: float = 0.1, validation: float = 0.05,
@@ -177,17 +177,17 @@ def random_split(ratings: Ratings, test: float = 0.1, validation: float = 0.05,
         >>> len(train), len(valid), len(test)
         (85, 5, 10)
     """
-    check_ratings(ratings, "ratings")
+    _check_ratings(ratings, "ratings")
     seed = _check_seed(seed)
     _check_ratio(test, "test")
     _check_ratio(validation, "validation")
     if test + validation >= 1:
         raise ValueError(f"test + validation must be below 1, got {test} + {validation}")
-    check_unique_pairs("ratings", ratings)
-    rest, test_part = draw(ratings, test, seed)
+    _check_unique_pairs("ratings", ratings)
+    rest, test_part = _draw(ratings, test, seed)
     # The validation ratio is of all the ratings: aim for round(validation * n) entries.
     k = min(round(validation * len(ratings)), max(len(rest) - 1, 0))
-    train, valid = draw(rest, k / len(rest) if len(rest) else 0.0, seed + 1)
+    train, valid = _draw(rest, k / len(rest) if len(rest) else 0.0, seed + 1)
     return Split(train, valid, test_part)
 
 
@@ -221,14 +221,14 @@ def holdout_split(train: Ratings, test: Ratings, validation: float = 0.05,
         >>> len(s.train), len(s.validation), len(s.test)
         (15, 5, 2)
     """
-    check_ratings(train, "train")
-    check_ratings(test, "test")
+    _check_ratings(train, "train")
+    _check_ratings(test, "test")
     seed = _check_seed(seed)
     _check_ratio(validation, "validation")
     if train.user_map is not test.user_map or train.item_map is not test.item_map:
         raise ValueError("train and test must share their id maps; read them with "
                          "read_split() or read_ratings(..., user_map=, item_map=)")
     # a test pair trained on is a repeat too
-    check_unique_pairs_apart("train", train, "train and test together", test)
-    rest, valid = draw(train, validation, seed)
+    _check_unique_pairs_apart("train", train, "train and test together", test)
+    rest, valid = _draw(train, validation, seed)
     return Split(rest, valid, test)

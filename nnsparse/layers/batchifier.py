@@ -16,9 +16,9 @@ from ..data.dataset import SparseRowDataset
 
 __all__ = ["Batchifier"]
 
-Device = Union[str, torch.device, None]
-Data = Union[Tensor, Sequence[Tensor], Dataset[Any]]
-Pattern = Tuple[Tensor, Tensor]
+_Device = Union[str, torch.device, None]
+_Data = Union[Tensor, Sequence[Tensor], Dataset[Any]]
+_Pattern = Tuple[Tensor, Tensor]
 _NO_PATTERN = ("exclude=True needs sparse batches to take the rated items from, got dense ones; "
                "pass the items to exclude as a sparse matrix")
 
@@ -82,7 +82,7 @@ class _SparseRows:
         values = _index.outside_inference(self.batch.values[lo:hi])
         return _move(crow, device), _move(col, device), _move(values, device)
 
-    def pattern(self, start: int, stop: int, device: Optional[torch.device]) -> Pattern:
+    def pattern(self, start: int, stop: int, device: Optional[torch.device]) -> _Pattern:
         """``(row, col)`` of the entries of rows ``[start, stop)``, rows renumbered from 0."""
         lo, hi = int(self.crow_host[start]), int(self.crow_host[stop])
         crow = _move(self.crow[start:stop + 1] - lo, device)
@@ -129,7 +129,7 @@ class _SparseSource(_Source):
         crow, col, values = self.cut.parts(start, stop, self.target)
         return _build(crow, col, values, self.width, self.layout)
 
-    def pattern(self, start: int, stop: int, batch: Tensor) -> Pattern:
+    def pattern(self, start: int, stop: int, batch: Tensor) -> _Pattern:
         # Read from the batch the network received: already on its device.
         if batch.layout == torch.sparse_csr:
             return _rows_of(batch.crow_indices(), batch.col_indices()), batch.col_indices()
@@ -163,7 +163,7 @@ class _DatasetSource(_Source):
     def batch(self, start: int, stop: int) -> Any:
         return _move(self.collate([self.data[i] for i in range(start, stop)]), self.target)
 
-    def pattern(self, start: int, stop: int, batch: Any) -> Pattern:
+    def pattern(self, start: int, stop: int, batch: Any) -> _Pattern:
         if isinstance(batch, Tensor) and batch.layout == torch.strided:
             raise TypeError(_NO_PATTERN)
         b = as_sparse_batch(batch, name="exclude=True: the collated batch")
@@ -331,7 +331,7 @@ class Batchifier:
     """
 
     def __init__(self, network: nn.Module, output_size: int, batch_size: int = 256,
-                 device: Device = None, progress: Optional[bool] = True,
+                 device: _Device = None, progress: Optional[bool] = True,
                  layout: torch.layout = torch.sparse_csr,
                  collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> None:
         output_size, batch_size, device, progress = _checked_settings(
@@ -356,7 +356,7 @@ class Batchifier:
                 f"batch_size={self.batch_size}, device={self.device}, "
                 f"network={type(self.network).__name__})")
 
-    def forward(self, data: Data, batch_size: Optional[int] = None, *args: Any) -> Tensor:
+    def forward(self, data: _Data, batch_size: Optional[int] = None, *args: Any) -> Tensor:
         r"""The network's output for every row of ``data``.
 
         Args:
@@ -410,7 +410,7 @@ class Batchifier:
 
     __call__ = forward
 
-    def topk(self, data: Data, k: int, exclude: Any = None,
+    def topk(self, data: _Data, k: int, exclude: Any = None,
              candidates: Optional[Tensor] = None) -> "torch.return_types.topk":
         r"""The ``k`` best output columns of each row, never holding all the outputs.
 
@@ -499,7 +499,7 @@ class Batchifier:
         return torch.return_types.topk((values, indices))
 
     # -- helpers ---------------------------------------------------------------
-    def _source(self, data: Data) -> _Source:
+    def _source(self, data: _Data) -> _Source:
         if isinstance(data, Dataset):
             return _DatasetSource(data, self)
         if isinstance(data, Tensor) and data.layout == torch.strided:
@@ -525,7 +525,7 @@ class Batchifier:
                 bar.update(stop - start)
 
     def _exclusion(self, exclude: Any, source: _Source
-                   ) -> Optional[Callable[[int, int, Any], Pattern]]:
+                   ) -> Optional[Callable[[int, int, Any], _Pattern]]:
         """The pattern to leave out of each batch, as ``(start, stop, batch) -> (row, col)``."""
         if isinstance(exclude, np.bool_):  # a numpy bool is a flag, as elsewhere (as_flag)
             exclude = bool(exclude)
@@ -555,7 +555,7 @@ class Batchifier:
             raise ValueError(f"exclude must have the data's {source.rows} rows, got {got}")
         cut = _SparseRows(batch, coalesce=False) if batch.rows else None
 
-        def left_out(start: int, stop: int, _: Any) -> Pattern:
+        def left_out(start: int, stop: int, _: Any) -> _Pattern:
             assert cut is not None  # None only for no rows, when no batch runs
             return cut.pattern(start, stop, self.device)
         return left_out

@@ -23,8 +23,8 @@ import stat
 import time
 import uuid
 from pathlib import Path
-from typing import (Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Protocol,
-                    Tuple, Type, Union, cast)
+from typing import (Any, Dict, Iterator, List, Literal, Mapping, NamedTuple, Optional,
+                    Protocol, Tuple, Type, Union, cast, overload)
 
 import numpy as np
 import torch
@@ -36,9 +36,9 @@ from .._forms import (_a, as_choice, as_count, as_device, as_flag, check_file_ob
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
-from ..data.matrix import check_same_maps
-from ..data.readers import _plain, check_ratings, check_unique_pairs, check_unique_pairs_apart
-from ..data.split import concat, draw, torch_seed
+from ..data.matrix import _check_same_maps
+from ..data.readers import _plain, _check_ratings, _check_unique_pairs, _check_unique_pairs_apart
+from ..data.split import _concat, _draw, _torch_seed
 from .. import distributed as nd
 from .trainer import DistributedTrainer, Trainer
 
@@ -332,7 +332,7 @@ class RatingModel(nn.Module):
         h["patience"] = as_count("patience", h["patience"], 0)
         if not isinstance(h["seed"], numbers.Integral) or isinstance(h["seed"], bool):
             raise TypeError(f"seed must be an int, got {type(h['seed']).__name__}")
-        h["seed"] = int(h["seed"])  # a numpy int too; any size (see torch_seed)
+        h["seed"] = int(h["seed"])  # a numpy int too; any size (see _torch_seed)
         for key in ("refit", "dense_decoder"):
             h[key] = as_flag(h[key], key)  # saved as a bool: a numpy bool passes
         for key, value in h.items():
@@ -517,7 +517,7 @@ class RatingModel(nn.Module):
         """
         h = self.hparams
         self.penalty_ratings = int(len(train) if penalty_ratings is None else penalty_ratings)
-        torch.manual_seed(torch_seed(h["seed"]))
+        torch.manual_seed(_torch_seed(h["seed"]))
         self.normalizer = RatingNormalizer(train, h["orientation"], center=self.center,
                                            scale=scale)
         rows, width = self.normalizer.shape
@@ -621,11 +621,11 @@ class RatingModel(nn.Module):
             leaves the model not fitted: ``predict`` and ``save`` refuse its
             weights until a ``fit`` succeeds.
         """
-        check_ratings(train, "train")
+        _check_ratings(train, "train")
         train = _as_data(train)
         self._check_hparams()  # again: model.hparams may have been edited since __init__
         if validation is not None:
-            check_ratings(validation, "validation")
+            _check_ratings(validation, "validation")
             validation = _as_data(validation)
             if len(validation) == 0:
                 raise ValueError("validation holds no ratings; pass None to hold out "
@@ -646,15 +646,15 @@ class RatingModel(nn.Module):
         # Before training, not at the refit's matrix: a pair rated twice would
         # otherwise train a whole run, leak into validation, and only then fail.
         if validation is None:
-            check_unique_pairs("train", train)
+            _check_unique_pairs("train", train)
         else:
-            check_unique_pairs_apart("train", train, "train and validation together",
+            _check_unique_pairs_apart("train", train, "train and validation together",
                                      validation)
         # the ratings fit is given, validation included: what "auto" values are set for, the
         # same whether validation is passed or drawn from train (the refit trains on both)
         given = len(train) + (0 if validation is None else len(validation))
         if validation is None and h["validation_ratio"] > 0:
-            train_part, validation = draw(train, h["validation_ratio"], h["seed"])
+            train_part, validation = _draw(train, h["validation_ratio"], h["seed"])
         else:
             train_part = train
         if len(train_part) == 0:
@@ -687,7 +687,7 @@ class RatingModel(nn.Module):
                           f"(best validation RMSE {result.best_rmse:.4f})")
                 assert validation is not None  # validate is set only with a validation set
                 # checked above: train and validation together rate no pair twice
-                self._prepare(concat(train_part, validation, unique=True), scale, features,
+                self._prepare(_concat(train_part, validation, unique=True), scale, features,
                               given)
                 self.to(device)
                 self._trainer(device, progress).fit(self._input.to(device), None,
@@ -766,8 +766,18 @@ class RatingModel(nn.Module):
                       global_mean=int((~u_ok & ~i_ok).sum()))
         return pred, counts, u_ok & i_ok
 
+    @overload
     def predict_entries(self, users: Tensor, items: Tensor,
-                        return_counts: bool = False) -> Any:
+                        return_counts: Literal[False] = ...) -> Tensor: ...
+    @overload
+    def predict_entries(self, users: Tensor, items: Tensor,
+                        return_counts: Literal[True]) -> Tuple[Tensor, Dict[str, int]]: ...
+    @overload
+    def predict_entries(self, users: Tensor, items: Tensor, return_counts: bool = ...
+                        ) -> Union[Tensor, Tuple[Tensor, Dict[str, int]]]: ...
+
+    def predict_entries(self, users: Tensor, items: Tensor, return_counts: bool = False
+                        ) -> Union[Tensor, Tuple[Tensor, Dict[str, int]]]:
         r"""Predicted ratings of the ``(users[e], items[e])`` pairs, on the rating scale.
 
         Args:
@@ -779,7 +789,8 @@ class RatingModel(nn.Module):
 
         Returns:
             float32 ``(n,)`` on the CPU, clipped to the rating scale; with
-            ``return_counts``, ``(prediction, counts)``.
+            ``return_counts``, ``(prediction, counts)``, ``counts`` a dict of
+            the entries each mean fallback took, as :meth:`fallback`'s.
         """
         self._check_built()
         return_counts = as_flag(return_counts, "return_counts")
@@ -834,21 +845,21 @@ class RatingModel(nn.Module):
 
     def _check_maps(self, ratings: Ratings, name: str) -> None:
         """``ValueError`` unless ``ratings``' ids index as in training (extra ids may follow)."""
-        check_same_maps(ratings, self._train, name, "the training ratings")
+        _check_same_maps(ratings, self._train, name, "the training ratings")
 
     def predict(self, ratings: Ratings) -> Tensor:
         """Predicted ratings of every entry of ``ratings`` (its maps = the training maps)."""
-        check_ratings(ratings, "ratings")
+        _check_ratings(ratings, "ratings")
         self._check_built()
         self._check_maps(ratings, "ratings")
-        return cast(Tensor, self.predict_entries(ratings.user, ratings.item))
+        return self.predict_entries(ratings.user, ratings.item)
 
     def evaluate(self, ratings: Ratings) -> Dict[str, float]:
         """``{"rmse", "mae", "count", "fallback", "fallback_counts"}`` of the predictions of
         ``ratings``: ``fallback`` the ratings predicted by a mean fallback,
         ``fallback_counts`` those per fallback (``item_mean``, ``user_mean``,
         ``global_mean``)."""
-        check_ratings(ratings, "ratings")
+        _check_ratings(ratings, "ratings")
         self._check_built()
         self._check_maps(ratings, "ratings")
         if len(ratings) == 0:

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from .. import values_map
 from ..criteria import SDAESparseCriterion
-from ..data.split import torch_seed
+from ..data.split import _torch_seed
 from ..layers import SparseLinearBatch, SparseOutputLinear
 from .base import RatingModel, register
 
@@ -60,7 +60,7 @@ class CFN(RatingModel):
 
     def make_criterion(self) -> nn.Module:
         h = self.hparams
-        generator = torch.Generator().manual_seed(torch_seed(h["seed"]))
+        generator = torch.Generator().manual_seed(_torch_seed(h["seed"]))
         return _DeviceSDAE(nn.MSELoss(), alpha=h["alpha"], beta=h["beta"],
                            hide_ratio=h["hide_ratio"], generator=generator, size_average=False)
 

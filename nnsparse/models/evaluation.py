@@ -13,18 +13,18 @@ import torch
 
 from .._forms import _a, as_choice, as_count
 from ..data import Ratings, mean_prediction, read_split, rmse
-from ..data.matrix import check_same_maps
-from ..data.readers import FORMATS, check_ratings, check_unique_pairs, \
-    check_unique_pairs_apart
-from ..data.split import torch_seed
+from ..data.matrix import _check_same_maps
+from ..data.readers import FORMATS, _check_ratings, _check_unique_pairs, \
+    _check_unique_pairs_apart
+from ..data.split import _torch_seed
 from .base import RatingModel
 
 __all__ = ["kfold", "fold_files", "cross_validate", "CrossValidation"]
 
-Fold = Tuple[Ratings, Ratings]
+_Fold = Tuple[Ratings, Ratings]
 
 
-def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[Fold]:
+def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[_Fold]:
     r"""Seeded random ``k``-fold splits of the ratings: ``(train, test)`` per fold.
 
     The entries are shuffled once with ``seed``; fold ``j`` tests on the
@@ -52,15 +52,15 @@ def kfold(ratings: Ratings, k: int = 5, seed: int = 0) -> Iterator[Fold]:
         >>> [(len(a), len(b)) for a, b in kfold(r, k=5)]
         [(8, 2), (8, 2), (8, 2), (8, 2), (8, 2)]
     """
-    check_ratings(ratings, "ratings")
-    k, seed = as_count("k", k, 2), torch_seed(seed)
+    _check_ratings(ratings, "ratings")
+    k, seed = as_count("k", k, 2), _torch_seed(seed)
     if len(ratings) < k:
         raise ValueError(f"k-fold needs at least k={k} ratings, got {len(ratings)}")
-    check_unique_pairs("ratings", ratings)
+    _check_unique_pairs("ratings", ratings)
     return _kfold(ratings, k, seed)  # checked now, at the call, not at the first fold
 
 
-def _kfold(ratings: Ratings, k: int, seed: int) -> Iterator[Fold]:
+def _kfold(ratings: Ratings, k: int, seed: int) -> Iterator[_Fold]:
     order = torch.randperm(len(ratings), generator=torch.Generator().manual_seed(seed))
     fold_of = torch.empty(len(ratings), dtype=torch.int64)
     fold_of[order] = torch.arange(len(ratings)) % k
@@ -69,7 +69,7 @@ def _kfold(ratings: Ratings, k: int, seed: int) -> Iterator[Fold]:
         yield ratings.subset(~test), ratings.subset(test)
 
 
-def fold_files(directory: Union[str, Path], format: str = "ml-100k") -> Iterator[Fold]:
+def fold_files(directory: Union[str, Path], format: str = "ml-100k") -> Iterator[_Fold]:
     r"""The published folds of a directory: ``u1.base``/``u1.test`` ... ``uN.base``/``uN.test``.
 
     Each pair is read when its fold starts (:func:`~nnsparse.data.read_split`,
@@ -109,7 +109,7 @@ def fold_files(directory: Union[str, Path], format: str = "ml-100k") -> Iterator
     return _read_folds(_fold_pairs(directory), format)  # checked now, not at the first fold
 
 
-def _read_folds(pairs: List[Tuple[Path, Path]], format: str) -> Iterator[Fold]:
+def _read_folds(pairs: List[Tuple[Path, Path]], format: str) -> Iterator[_Fold]:
     for base, test in pairs:
         yield read_split(base, test, format)
 
@@ -210,15 +210,15 @@ def _check_fold(number: int, train: Ratings, test: Ratings) -> None:
     (user, item) pair with it (a pair in both is scored on a rating it trained on)."""
     if len(test) == 0:
         raise ValueError(f"fold {number}'s test holds no ratings; there is nothing to score")
-    check_same_maps(test, train, f"fold {number}'s test", f"fold {number}'s train")
+    _check_same_maps(test, train, f"fold {number}'s test", f"fold {number}'s train")
     # the test part alone first: a repeat of its own is named with its maps (it may
     # hold ids the train part's maps lack)
-    check_unique_pairs(f"fold {number}'s test", test)
-    check_unique_pairs_apart(f"fold {number}'s train", train,
+    _check_unique_pairs(f"fold {number}'s test", test)
+    _check_unique_pairs_apart(f"fold {number}'s train", train,
                              f"fold {number}'s train and test together", test)
 
 
-def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[Fold], *,
+def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[_Fold], *,
                    features: Optional[Callable[[Ratings], Optional[torch.Tensor]]] = None,
                    device: Union[str, torch.device] = "cpu", progress: Optional[bool] = None,
                    verbose: bool = False) -> CrossValidation:
@@ -281,8 +281,8 @@ def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[Fold],
             raise ValueError(f"folds must yield (train, test) pairs, got "
                              f"{_a(type(fold).__name__)} of {len(fold)} at fold {number}")
         train, test = fold
-        check_ratings(train, f"fold {number}'s train")
-        check_ratings(test, f"fold {number}'s test")
+        _check_ratings(train, f"fold {number}'s train")
+        _check_ratings(test, f"fold {number}'s test")
         _check_fold(number, train, test)  # before the fit, not after it (or never)
         model = make_model()
         if not isinstance(model, RatingModel):

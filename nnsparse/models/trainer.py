@@ -28,7 +28,7 @@ from .._forms import (as_count, as_device, as_flag, int_of_0d, refuse_meta,
 from .._optim_split import SplitOptimizer, make_optimizer
 from ..optim import LazyAdam
 from ..data import SparseRowDataset
-from ..data.split import torch_seed
+from ..data.split import _torch_seed
 
 __all__ = ["Trainer", "DistributedTrainer", "TrainResult"]
 
@@ -129,7 +129,7 @@ class Trainer:
             raise ValueError("weight_decay must be finite, got inf")
         if not weight_decay >= 0:
             raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
-        seed = torch_seed(seed)  # any int, as the models' seed
+        seed = _torch_seed(seed)  # any int, as the models' seed
         if progress is not None:  # numpy bools pass, as in fit (they said "got bool")
             progress = as_flag(progress, "progress", "None or a bool")
         device = as_device(device)
