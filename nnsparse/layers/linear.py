@@ -367,7 +367,8 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         # no output features (nn.Linear(in, 0)): torch's row kernels take no empty rows;
         # a (rows, 0) product keeps the weight and bias in the graph (zero gradients)
         if sparse_grad and update is None:
-            out = _NoOutputs.apply(batch.values, table, bias, batch.rows)  # type: ignore[no-untyped-call]
+            out = cast(Tensor, _NoOutputs.apply(  # type: ignore[no-untyped-call]
+                batch.values, table, bias, batch.rows))
         else:  # (+ an empty sum: the input's values get zeros, as from nn.Linear(in, 0))
             out = F.linear(batch.values.new_zeros(batch.rows, 0), table[:0].t(), bias) \
                 + batch.values[:0].sum()
