@@ -351,7 +351,10 @@ def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = Non
     if isinstance(size, (Tensor, np.ndarray)):  # a 0-d integer one, as torch's sizes take
         size = as_count("size", size, 0, must="non-negative")
     if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Integral)):
-        raise TypeError(f"size must be an int, got {type(size).__name__} {size!r}")
+        # (rows, n), as densify takes it: from_pairs' size is the width alone
+        shape = (f"; a batch's size is its width, from_pairs(pairs, {size[-1]!r})"
+                 if isinstance(size, (tuple, list)) and len(size) == 2 else "")
+        raise TypeError(f"size must be an int, got {type(size).__name__} {size!r}{shape}")
     if size is not None and size < 0:
         raise ValueError(f"size must be non-negative, got {size}")
     if size is not None:

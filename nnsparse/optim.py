@@ -563,6 +563,10 @@ def _update(p: Tensor, grad: Tensor, state: Dict[str, Any], group: Dict[str, Any
     """Dispatch on the gradient's layout: all entries, rows, columns or single entries."""
     m, v = state["exp_avg"], state["exp_avg_sq"]
     step = state["step"]
+    if p.numel() == 0:
+        # a layer of no inputs or outputs (SparseOutputLinear(0, n)): nothing to update;
+        # its hybrid gradient's (nnz, 0) values cannot be viewed as rows of width 0
+        return
     if grad.layout == torch.strided:
         if grad.stride() != p.stride():  # the fused kernel pairs elements by memory order
             grad = torch.empty_like(p).copy_(grad)

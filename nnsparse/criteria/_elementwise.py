@@ -400,6 +400,7 @@ def conf_settings(conf: Mapping[str, Any], given: Dict[str, Any], defaults: Dict
         raise TypeError(f"{owner}: pass the settings either in one mapping (Lua's SDAEconf) or "
                         f"as keywords, not both; got a mapping and {', '.join(clash)}=")
     settings = dict(defaults)
+    keys: Dict[str, Any] = {}  # the mapping's key that set each setting
     for key, value in conf.items():
         name = _LUA_SETTINGS.get(key, key)
         if inert is not None and name in inert:
@@ -411,6 +412,12 @@ def conf_settings(conf: Mapping[str, Any], given: Dict[str, Any], defaults: Dict
         if not isinstance(key, str) or name not in defaults:
             raise TypeError(f"{owner}: unknown setting {key!r} in the mapping; expected some of "
                             f"{', '.join(defaults)} (or Lua's camelCase names)")
+        if name in keys and not (_is_default(value, settings[name])
+                                 or _is_default(settings[name], value)):
+            # {'hideRatio': 0.2, 'hide_ratio': 0.3}: the last one silently won
+            raise ValueError(f"{owner}: the mapping gives {name} twice, as {keys[name]!r}: "
+                             f"{settings[name]!r} and {key!r}: {value!r}; keep one of them")
+        keys[name] = key
         settings[name] = value
     return settings
 

@@ -8,7 +8,6 @@ import torch
 from torch import Tensor, nn
 
 from .._forms import SparseLike, as_sparse_batch, is_sparse_form
-from ..convert import densify
 from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
                            conf_settings, elementwise_loss, generator_arg, non_negative_arg,
                            ratio_arg, resolve_size_average)
@@ -22,6 +21,13 @@ _MASK_DEFAULTS = dict(alpha=1.0, beta=0.0, hide_ratio=0.0)
 # The SDAE settings a shared SDAEconf may hold: skipped when they change nothing.
 _SDAE_ONLY = dict(noise_ratio=0.0, flip_ratio=0.0, noise_mean=None, noise_std=None,
                   flip_range=None)
+
+
+def _lua_pairs(x: Any, vector: bool) -> bool:
+    """A lone strided ``(k, 2)`` tensor beside a 1-D estimate: Lua's one-sample pair
+    vector (a dense target of such an estimate would be 1-D), as ``as_target`` reads it."""
+    return (vector and isinstance(x, Tensor) and x.layout == torch.strided and x.dim() == 2
+            and x.shape[1] == 2)
 
 
 class MaskCriterion(RefuseLuaNames, nn.Module):
@@ -195,7 +201,8 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         mask.check(est, type(self).__name__)
         keys = mask.keys(est.width)
         values = est.at(mask.row, mask.col)
-        if isinstance(target, Tensor) and target.layout == torch.strided:
+        if (isinstance(target, Tensor) and target.layout == torch.strided
+                and not _lua_pairs(target, est.is_vector)):  # (as_target reads those)
             if tuple(target.shape) != est.shape:
                 raise ValueError(f"target has shape {tuple(target.shape)}, "
                                  f"{est.describe()}")
@@ -217,16 +224,21 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         if not isinstance(estimate, Tensor) or estimate.layout != torch.strided:
             raise TypeError(f"a dense input needs a dense estimate, got {_kind(estimate)}")
         if estimate.shape != hide.shape:
+            lua = (" (a lone (k, 2) tensor given to prepare_input is a dense batch; a Lua pair "
+                   "vector goes through nnsparse.from_pairs(x, n) first)"
+                   if _lua_pairs(hide, estimate.dim() == 1) else "")
             raise ValueError(f"MaskCriterion.prepare_input was given a batch of shape "
                              f"{tuple(hide.shape)}, the estimate has shape "
-                             f"{tuple(estimate.shape)}; call prepare_input on this batch")
+                             f"{tuple(estimate.shape)}; call prepare_input on this batch{lua}")
         if estimate.device != hide.device:
             raise ValueError(f"MaskCriterion.prepare_input was given a batch on {hide.device}, "
                              f"the estimate is on {estimate.device}; call prepare_input on this "
                              f"batch, on that device")
-        if is_sparse_form(target):
-            target = densify(target, size=tuple(estimate.shape) if estimate.dim() == 2
-                             else estimate.shape[0])
+        if is_sparse_form(target) or _lua_pairs(target, estimate.dim() == 1):
+            # read against the estimate as the other criteria read a target (rows, width,
+            # a one-row batch or a Lua pair vector beside a 1-D estimate), then densified
+            batch = as_target(target, as_estimate(estimate))
+            target = batch.to_coo().to_dense().reshape(estimate.shape)
         if target.shape != estimate.shape:
             raise ValueError(f"target has shape {tuple(target.shape)}, estimate has "
                              f"{tuple(estimate.shape)}")

@@ -116,6 +116,36 @@ def _bias_as_sparse(grad_bias: Tensor, rows: int) -> Tensor:
     return _sparse_coo(index, grad_bias[:n], grad_bias.shape, True)
 
 
+class _NoOutputs(torch.autograd.Function):
+    """``SparseLinearBatch(in, 0, sparse_grad=True)``: the ``(rows, 0)`` output, whose
+    weight and bias gradients are sparse COO (with no entries), as every ``sparse_grad``
+    gradient is (``F.linear`` gave them dense: ``SparseAdam`` refused them); the input's
+    values get zeros, as ``nn.Linear(in, 0)`` gives its input."""
+
+    @staticmethod
+    def forward(values: Tensor, table: Tensor, bias: Optional[Tensor], rows: int) -> Tensor:
+        return values.new_zeros(rows, 0)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+        values, table, bias, rows = inputs
+        ctx.values_shape, ctx.table_shape, ctx.rows = values.shape, table.shape, rows
+        ctx.has_bias = bias is not None
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
+        need = ctx.needs_input_grad
+        grad_values = grad.new_zeros(ctx.values_shape) if need[0] else None
+        grad_table = grad_bias = None
+        if need[1]:
+            index = torch.zeros(1, 0, dtype=torch.int64, device=grad.device)
+            grad_table = _grad_origin.mark_made(
+                _sparse_coo(index, grad.new_zeros(0, 0), ctx.table_shape, True))
+        if ctx.has_bias and need[2]:
+            grad_bias = _grad_origin.mark_made(_bias_as_sparse(grad.new_zeros(0), ctx.rows))
+        return grad_values, grad_table, grad_bias, None
+
+
 def _linear_backward_graph(ctx: Any, grad: Tensor, use: str) -> Tuple[Optional[Tensor], ...]:
     """:class:`_SparseLinear`'s gradients as differentiable products (:mod:`nnsparse._double`),
     for a backward that records its graph (``create_graph=True``, ``torch.func``):
@@ -403,7 +433,12 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
     if table.shape[1] == 0:
         # no output features (nn.Linear(in, 0)): torch's row kernels take no empty rows;
         # a (rows, 0) product keeps the weight and bias in the graph (zero gradients)
-        out = F.linear(batch.values.new_zeros(batch.rows, 0), table[:0].t(), bias)
+        if sparse_grad and update is None:
+            out = cast(Tensor, _NoOutputs.apply(  # type: ignore[no-untyped-call]
+                batch.values, table, bias, batch.rows))
+        else:  # (+ an empty sum: the input's values get zeros, as from nn.Linear(in, 0))
+            out = F.linear(batch.values.new_zeros(batch.rows, 0), table[:0].t(), bias) \
+                + batch.values[:0].sum()
     elif not sparse_grad and update is None and _use_dense(batch, mode):
         dense = batch.values.new_zeros(batch.shape).index_put(
             (batch.row, batch.col), batch.values, accumulate=True)
