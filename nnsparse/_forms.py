@@ -1161,8 +1161,9 @@ def int_of_0d(value: Any, name: str) -> Any:
     ``name``); any other ``value`` as it came, for the check that follows
     (:func:`as_count`'s and :func:`as_int`'s rule, ``Trainer.fit``'s ``epochs``)."""
     if isinstance(value, np.ndarray):  # (torch.topk and nn.Linear take np.array(3) too)
-        return value.item() if value.ndim == 0 and np.issubdtype(value.dtype, np.integer) \
-            else value
+        # integer kinds only: numpy files timedelta64 ("m") under np.integer, but torch
+        # takes no duration as an int and its item() is a datetime.timedelta
+        return value.item() if value.ndim == 0 and value.dtype.kind in "iu" else value
     if isinstance(value, Tensor) and value.dim() == 0 and value.dtype != torch.bool \
             and not value.is_floating_point() and not value.is_complex():
         refuse_meta(value, name)  # (item() would read it)

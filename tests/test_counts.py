@@ -233,3 +233,15 @@ def test_a_size_reads_a_uint64_tensor_beyond_int64_as_the_numpy_uint64(call):
             call(n)
         errors.append(str(info.value))
     assert errors[0] == errors[1] and "9223372036854775808" in errors[0]
+
+
+@pytest.mark.parametrize("unit", ["generic", "s"])
+@pytest.mark.parametrize("name, call", [s[1:] for s in SIZES], ids=[s[0] for s in SIZES])
+def test_a_size_still_refuses_a_0d_timedelta_array(name, call, unit):
+    # numpy files timedelta64 under np.integer, but a duration is no size (torch.topk
+    # refuses one as k): refused naming what came, as before int_of_0d read sizes, not
+    # taken as 3 (or reported as the datetime.timedelta its item() makes)
+    value = np.array(np.timedelta64(3) if unit == "generic" else np.timedelta64(3, unit))
+    with pytest.raises(TypeError, match=rf"^{name} must (be an int|hold ints), got ndarray "
+                                        r"array\(3, dtype='?timedelta64"):
+        call(value)

@@ -1,4 +1,6 @@
-"""The package is typed: py.typed ships, SparseLike is public and used in signatures."""
+"""The package is typed: py.typed ships, SparseLike is public and used in signatures, and
+the overloads (ssort, ssort_by_index, predict_entries) say what the calls return: checked
+by mypy on snippets, and at run time for the sorts."""
 import inspect
 import pathlib
 import subprocess
@@ -6,8 +8,10 @@ import sys
 import typing
 
 import pytest
+import torch
 
 import nnsparse
+from nnsparse import SortResult
 
 
 def test_py_typed_ships():
@@ -46,20 +50,23 @@ row_tuple: Tuple[Tensor, ...] = (t, t)
 flag = bool(t.sum())
 """
 
+# Written out once per function, not as a loop over (ssort, ssort_by_index): mypy types
+# such a loop variable by one of the two, so the other's overloads went unchecked.
 _SORT_SNIPPET = """\
-for sort in (nnsparse.ssort, nnsparse.ssort_by_index):
-    assert_type(sort(t), Union[SortResult, Tensor])
-    assert_type(sort(t, True), Union[SortResult, Tensor])
-    assert_type(sort(t, inplace=False), Union[SortResult, Tensor])
-    assert_type(sort(rows), Union[SortResult, List[Tensor]])
-    assert_type(sort(row_tuple, descending=True), Union[SortResult, List[Tensor]])
-    # inplace=True gives back x itself: its own type, a tuple as a tuple
-    assert_type(sort(t, inplace=True), Tensor)
-    assert_type(sort(t, False, True), Tensor)
-    assert_type(sort(rows, inplace=True), List[Tensor])
-    assert_type(sort(row_tuple, True, True), Tuple[Tensor, ...])
-    assert_type(sort(t, inplace=flag), Union[SortResult, Tensor, Sequence[Tensor]])
+assert_type(SORT(t), Union[SortResult, Tensor])
+assert_type(SORT(t, True), Union[SortResult, Tensor])
+assert_type(SORT(t, inplace=False), Union[SortResult, Tensor])
+assert_type(SORT(rows), Union[SortResult, List[Tensor]])
+assert_type(SORT(row_tuple, descending=True), Union[SortResult, List[Tensor]])
+# inplace=True gives back x itself: its own type, a tuple as a tuple
+assert_type(SORT(t, inplace=True), Tensor)
+assert_type(SORT(t, False, True), Tensor)
+assert_type(SORT(rows, inplace=True), List[Tensor])
+assert_type(SORT(row_tuple, True, True), Tuple[Tensor, ...])
+assert_type(SORT(t, inplace=flag), Union[SortResult, Tensor, Sequence[Tensor]])
 """
+
+_SORTS = ["ssort", "ssort_by_index"]
 
 
 def _mypy(tmp_path, body):
@@ -75,8 +82,48 @@ def _mypy(tmp_path, body):
     return run.stdout + run.stderr if run.returncode else ""
 
 
-def test_sort_return_types_by_mypy(tmp_path):
-    assert _mypy(tmp_path, _SORT_SNIPPET) == ""
+@pytest.mark.parametrize("sort", _SORTS)
+def test_sort_return_types_by_mypy(tmp_path, sort):
+    assert _mypy(tmp_path, _SORT_SNIPPET.replace("SORT", f"nnsparse.{sort}")) == ""
+
+
+# What the overloads above claim, checked at run time for each input form and flag: a
+# torch sparse tensor or a list/tuple of sparse vectors gives a SortResult; a pair tensor
+# a pair tensor; a list/tuple of pair tensors a new list; inplace=True x itself.
+def _pairs():
+    return torch.tensor([[3., 1.], [1., 4.]])
+
+
+def _vector():
+    return torch.sparse_coo_tensor([[1, 3]], [4., 1.], (5,))
+
+
+RUNTIME = [
+    ("sparse", _vector, {}, SortResult),
+    ("csr-batch", lambda: torch.eye(2).to_sparse_csr(), {}, SortResult),
+    ("vector-list", lambda: [_vector(), _vector()], {}, SortResult),
+    ("vector-tuple", lambda: (_vector(), _vector()), {"descending": True}, SortResult),
+    ("pairs", _pairs, {}, torch.Tensor),
+    ("pair-list", lambda: [_pairs(), _pairs()], {}, list),
+    ("pair-tuple", lambda: (_pairs(), _pairs()), {"inplace": False}, list),
+    ("pairs-inplace", _pairs, {"inplace": True}, "x"),
+    ("pair-list-inplace", lambda: [_pairs(), _pairs()], {"inplace": True}, "x"),
+    ("pair-tuple-inplace", lambda: (_pairs(), _pairs()), {"inplace": True}, "x"),
+]
+
+
+@pytest.mark.parametrize("sort", _SORTS)
+@pytest.mark.parametrize("make, kwargs, want", [r[1:] for r in RUNTIME],
+                         ids=[r[0] for r in RUNTIME])
+def test_sort_runtime_types_match_the_overloads(sort, make, kwargs, want):
+    x = make()
+    out = getattr(nnsparse, sort)(x, **kwargs)
+    if want == "x":
+        assert out is x
+    else:
+        assert type(out) is want
+        if want is list:
+            assert all(type(row) is torch.Tensor for row in out)
 
 
 def test_mypy_snippet_check_catches_a_wrong_type(tmp_path):

@@ -28,8 +28,8 @@ def _check_generator(generator: Optional[torch.Generator], device: torch.device)
 
 
 def _corrupt_values(values: Tensor, noise_ratio: float, noise_mean: float, noise_std: float,
-            flip_ratio: float, flip_range: Sequence[float], hide_ratio: float,
-            generator: Optional[torch.Generator]) -> Tuple[Tensor, Tensor, Tensor]:
+                    flip_ratio: float, flip_range: Sequence[float], hide_ratio: float,
+                    generator: Optional[torch.Generator]) -> Tuple[Tensor, Tensor, Tensor]:
     """Corrupt each entry of ``values`` independently (vectorised).
 
     One uniform draw per entry picks its fate: noise (``r < noise_ratio``), flip,
@@ -157,7 +157,7 @@ class _SDAEBase(RefuseLuaNames, nn.Module):
         if self.flip_ratio > 0:
             _check_flip_range(self.flip_range, values.dtype)
         return _corrupt_values(values, self.noise_ratio, self.noise_mean, self.noise_std,
-                       self.flip_ratio, self.flip_range, self.hide_ratio, self.generator)
+                               self.flip_ratio, self.flip_range, self.hide_ratio, self.generator)
 
     def _weighted(self, losses: Tensor, corrupted: Tensor) -> Tensor:
         """``alpha * sum(losses[corrupted]) + beta * sum(losses[~corrupted])``, sync-free."""

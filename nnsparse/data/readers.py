@@ -281,7 +281,7 @@ def _entry_index(index: Any, n: int) -> Tensor:
         raise TypeError(f"index must be a dense integer or bool tensor, got layout "
                         f"{index.layout}")
     _refuse_uint8_index(index, "index", "int64 indices or a bool mask",
-                       ".long() (indices) or .bool() (a mask)")
+                        ".long() (indices) or .bool() (a mask)")
     if index.dtype != torch.bool and (index.is_floating_point() or index.is_complex()):
         raise TypeError(f"index must be an integer or bool tensor, got {index.dtype}")
     refuse_meta(index, "index")
@@ -317,7 +317,7 @@ def _check_unique_pairs(name: str, *parts: Ratings) -> None:
         return
     key, width = _sorted_pair_keys(*parts)
     _refuse_repeated_keys(f"{name}{_from(first.source)}", first, key,
-                         lambda k: divmod(k, width))
+                          lambda k: divmod(k, width))
     for part in parts:  # no pair repeats in all the parts together, nor in each one
         part._mark_unique()
 
@@ -331,7 +331,7 @@ def _sorted_pair_keys(*parts: Ratings) -> Tuple[Tensor, int]:
 
 
 def _check_unique_pairs_apart(name: str, ratings: Ratings, together: str,
-                             other: Ratings) -> None:
+                              other: Ratings) -> None:
     """:func:`_check_unique_pairs` of ``ratings`` and of ``ratings`` with ``other``
     together, in one sort when no pair repeats; ``ratings`` alone is named when
     the repeat is its own."""
@@ -343,7 +343,7 @@ def _check_unique_pairs_apart(name: str, ratings: Ratings, together: str,
 
 
 def _refuse_repeated_keys(who: str, ratings: Ratings, key: Tensor,
-                         pair_of: Callable[[int], Tuple[int, int]]) -> None:
+                          pair_of: Callable[[int], Tuple[int, int]]) -> None:
     """``ValueError`` when the sorted pair keys ``key`` repeat one: ``who`` (the
     argument), how many pairs and the ids of the first (``pair_of(key)`` is its
     ``(user, item)`` index in ``ratings``' maps) with its number of ratings."""
@@ -352,7 +352,7 @@ def _refuse_repeated_keys(who: str, ratings: Ratings, key: Tensor,
         user, item = pair_of(repeated)
         times = int((key == repeated).sum())
         raise ValueError(_repeats_message(who, pairs, ratings.user_ids()[user],
-                                         ratings.item_ids()[item], f"{times} ratings"))
+                                          ratings.item_ids()[item], f"{times} ratings"))
 
 
 def _repeated_keys(key: Tensor) -> Tuple[int, int]:
@@ -972,7 +972,7 @@ def _check_file_pairs(user_index: np.ndarray, item_index: np.ndarray, n_items: i
         user, item, line = where
         lines = ", ".join(str(n) for n in line[at[:5]].tolist()) + (", ..." if len(at) > 5 else "")
         raise ValueError(_repeats_message(path, pairs, _plain(user[at[0]]), _plain(item[at[0]]),
-                                         f"lines {lines}"))
+                                          f"lines {lines}"))
 
 
 def _plain(value: Any) -> Any:

@@ -649,7 +649,7 @@ class RatingModel(nn.Module):
             _check_unique_pairs("train", train)
         else:
             _check_unique_pairs_apart("train", train, "train and validation together",
-                                     validation)
+                                      validation)
         # the ratings fit is given, validation included: what "auto" values are set for, the
         # same whether validation is passed or drawn from train (the refit trains on both)
         given = len(train) + (0 if validation is None else len(validation))

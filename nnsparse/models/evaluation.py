@@ -215,7 +215,7 @@ def _check_fold(number: int, train: Ratings, test: Ratings) -> None:
     # hold ids the train part's maps lack)
     _check_unique_pairs(f"fold {number}'s test", test)
     _check_unique_pairs_apart(f"fold {number}'s train", train,
-                             f"fold {number}'s train and test together", test)
+                              f"fold {number}'s train and test together", test)
 
 
 def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[_Fold], *,
