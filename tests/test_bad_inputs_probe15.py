@@ -13,6 +13,7 @@ import io
 import pickle
 from typing import Any, Callable, Dict, List, Tuple
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -236,6 +237,9 @@ def test_probe15_mask_criterion(case: Case) -> None:
 # -- SDAEconf tables -------------------------------------------------------------------------
 
 _CRITERIA = [SDAECriterion, SDAESparseCriterion, MaskCriterion]
+_PAIR_FORMS: Dict[str, Callable[[], Any]] = {
+    "list": lambda: [-1, 1], "tuple": lambda: (-1., 1.), "tensor": lambda: torch.Tensor([-1, 1]),
+    "array": lambda: np.array([-1, 1])}
 
 CONF_CASES = [
     # was: the last of the two keys silently won (hide_ratio 0.3)
@@ -253,6 +257,30 @@ CONF_CASES = [
          lambda: SDAECriterion(MSE, {"flipRange": torch.Tensor([-1, 1]),
                                      "flip_range": (-1, 1)}).flip_range, None,
          check=lambda r: tuple(r) == (-1.0, 1.0)),
+    # (review) one pair in two forms is one value, whichever forms and order: was refused as
+    # "gives flip_range twice" for a list beside a tensor, two equal tensors or arrays
+    *[Case(f"sdae_conf_flip_range_as_{a}_and_{b}_passes",
+           lambda a=a, b=b: SDAECriterion(MSE, {"flipRange": _PAIR_FORMS[a](),
+                                                "flip_range": _PAIR_FORMS[b]()}).flip_range,
+           None, check=lambda r: tuple(r) == (-1.0, 1.0))
+      for a, b in [("list", "tensor"), ("tensor", "list"), ("tensor", "tensor"),
+                   ("array", "list"), ("array", "array"), ("tuple", "array")]],
+    # (review) 1 and True are two values (a bool setting is refused), in either order: was
+    # refused or taken by the order of the keys
+    *[Case(f"mask_conf_hide_ratio_{a}_and_{b}_refused",
+           lambda a=a, b=b: MaskCriterion(MSE, {"hideRatio": a, "hide_ratio": b}), ValueError,
+           rf"^MaskCriterion: the mapping gives hide_ratio twice, as 'hideRatio': {a!r} and "
+           rf"'hide_ratio': {b!r}; keep one of them$")
+      for a, b in [(1, True), (True, 1)]],
+    # a 0-d tensor is refused alone ("must be a real number"): beside an equal float too
+    *[Case(f"mask_conf_hide_ratio_0d_tensor_{order}_refused",
+           lambda order=order: MaskCriterion(MSE, dict(
+               [("hideRatio", torch.tensor(0.5)), ("hide_ratio", 0.5)][::order])), ValueError,
+           r"^MaskCriterion: the mapping gives hide_ratio twice")
+      for order in (1, -1)],
+    Case("mask_conf_hide_ratio_float_and_numpy_float_passes",
+         lambda: MaskCriterion(MSE, {"hideRatio": 0.2, "hide_ratio": np.float64(0.2)}).hide_ratio,
+         None, check=lambda r: r == 0.2),
     Case("sdae_conf_lua_table", lambda: SDAESparseCriterion(MSE, {
         "alpha": 1.0, "beta": 0.5, "hideRatio": 0.2, "noiseRatio": 0.1, "noiseMean": 0.,
         "noiseStd": 0.1, "flipRatio": 0.1, "flipRange": [-1, 1]}), None,
