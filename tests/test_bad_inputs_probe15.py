@@ -13,6 +13,7 @@ import io
 import pickle
 from typing import Any, Callable, Dict, List, Tuple
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -186,6 +187,43 @@ def _one_sample(make: Callable[[], nn.Module], target: Any) -> Tuple[torch.Tenso
 
 _SAME = lambda r: torch.allclose(r[0], r[1])  # noqa: E731
 
+TARGET_PAIR = torch.tensor([[1., 2.], [2., 7.], [4., 2.5]])  # another pattern than PAIR's
+
+
+def _mask_weighted(prepared: str, target: Any) -> Tuple[torch.Tensor, ...]:
+    """MaskCriterion (alpha 2, beta 0.5, half the entries hidden) prepared on PAIR, sparse
+    or dense, and called on a 1-D estimate and ``target`` (TARGET_PAIR in some form): its
+    loss and gradient, and the dense reference's, weighted by the remembered mask (alpha
+    where hidden, beta where observed, 0 elsewhere) whatever the target's pattern."""
+    crit = MaskCriterion(MSE, alpha=2., beta=.5, hide_ratio=.5,
+                         generator=torch.Generator().manual_seed(0))
+    crit.prepare_input(from_pairs(PAIR, W) if prepared == "sparse" else PAIR_DENSE)
+    if prepared == "sparse":
+        mask = crit._sparse_mask
+        hidden, observed = torch.zeros(W, dtype=torch.bool), torch.zeros(W, dtype=torch.bool)
+        observed[mask.col], hidden[mask.col[mask.flag]] = True, True
+    else:
+        hidden, observed = crit._dense_mask, torch.ones(W, dtype=torch.bool)
+    assert 0 < int(hidden.sum()) < int(observed.sum())  # both weights in play
+    weight = torch.where(hidden, 2., torch.where(observed, .5, 0.))
+    estimate = torch.randn(W, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    loss = crit(estimate, target)
+    ref = (weight * (estimate - densify(TARGET_PAIR, size=W)) ** 2).sum() / W
+    return loss, ref, *torch.autograd.grad(loss, estimate), *torch.autograd.grad(ref, estimate)
+
+
+def _mask_dense_prepared(target: Any) -> torch.Tensor:
+    crit = MaskCriterion(MSE)
+    crit.prepare_input(D)
+    return crit(torch.zeros(D.shape), target)
+
+
+_TARGET_FORMS: Dict[str, Callable[[], Any]] = {
+    "lone_pair": lambda: TARGET_PAIR, "pair_list": lambda: [TARGET_PAIR],
+    "one_row_coo": lambda: densify([TARGET_PAIR], size=(1, W)).to_sparse(),
+    "sparse_vector": lambda: from_pairs(TARGET_PAIR, W),
+    "dense": lambda: densify(TARGET_PAIR, size=W)}
+
 MASK_CASES = [
     # was: ValueError "target has shape (3, 2), estimate of shape (5,)": the lone pair target
     # of a 1-D estimate, which SparseCriterion and SDAESparseCriterion take (README)
@@ -215,6 +253,23 @@ MASK_CASES = [
          r"given a batch of shape \(3, 2\), the estimate has shape \(5,\); call prepare_input "
          r"on this batch \(a lone \(k, 2\) tensor given to prepare_input is a dense batch; a "
          r"Lua pair vector goes through nnsparse\.from_pairs\(x, n\) first\)$"),
+    # (review) the one-sample forms keep the remembered mask: alpha on the hidden entries,
+    # beta on the others observed, a target of another pattern; loss and gradient
+    *[Case(f"mask_{prepared}_prepared_one_sample_{form}_target_weighted",
+           lambda prepared=prepared, form=form: _mask_weighted(prepared, _TARGET_FORMS[form]()),
+           None, check=lambda r: torch.allclose(r[0], r[1]) and torch.allclose(r[2], r[3]))
+      for prepared in ("sparse", "dense") for form in _TARGET_FORMS],
+    # was (review: the target read by as_target): after a dense prepare_input, a sparse
+    # target of fewer rows or columns, or no rows, was taken, the rest read as 0 (densify
+    # padded it to the estimate's size); the criteria's messages now, as SparseCriterion's
+    Case("mask_dense_prepared_coo_target_of_fewer_rows",
+         lambda: _mask_dense_prepared(D[:2].to_sparse()), ValueError,
+         r"^target has 2 rows, estimate of shape \(3, 5\) has 3$"),
+    Case("mask_dense_prepared_narrower_coo_target",
+         lambda: _mask_dense_prepared(D[:, :4].to_sparse()), ValueError,
+         r"^target has width 4, the estimate has 5 columns$"),
+    Case("mask_dense_prepared_empty_list_target", lambda: _mask_dense_prepared([]),
+         ValueError, r"^target has 0 rows, estimate of shape \(3, 5\) has 3$"),
     Case("sdae_sparse_one_sample_lone_pair_target",
          lambda: _one_sample(lambda: SDAESparseCriterion(MSE, alpha=1., beta=1.), PAIR), None,
          check=_SAME),
@@ -236,6 +291,9 @@ def test_probe15_mask_criterion(case: Case) -> None:
 # -- SDAEconf tables -------------------------------------------------------------------------
 
 _CRITERIA = [SDAECriterion, SDAESparseCriterion, MaskCriterion]
+_PAIR_FORMS: Dict[str, Callable[[], Any]] = {
+    "list": lambda: [-1, 1], "tuple": lambda: (-1., 1.), "tensor": lambda: torch.Tensor([-1, 1]),
+    "array": lambda: np.array([-1, 1])}
 
 CONF_CASES = [
     # was: the last of the two keys silently won (hide_ratio 0.3)
@@ -253,6 +311,30 @@ CONF_CASES = [
          lambda: SDAECriterion(MSE, {"flipRange": torch.Tensor([-1, 1]),
                                      "flip_range": (-1, 1)}).flip_range, None,
          check=lambda r: tuple(r) == (-1.0, 1.0)),
+    # (review) one pair in two forms is one value, whichever forms and order: was refused as
+    # "gives flip_range twice" for a list beside a tensor, two equal tensors or arrays
+    *[Case(f"sdae_conf_flip_range_as_{a}_and_{b}_passes",
+           lambda a=a, b=b: SDAECriterion(MSE, {"flipRange": _PAIR_FORMS[a](),
+                                                "flip_range": _PAIR_FORMS[b]()}).flip_range,
+           None, check=lambda r: tuple(r) == (-1.0, 1.0))
+      for a, b in [("list", "tensor"), ("tensor", "list"), ("tensor", "tensor"),
+                   ("array", "list"), ("array", "array"), ("tuple", "array")]],
+    # (review) 1 and True are two values (a bool setting is refused), in either order: was
+    # refused or taken by the order of the keys
+    *[Case(f"mask_conf_hide_ratio_{a}_and_{b}_refused",
+           lambda a=a, b=b: MaskCriterion(MSE, {"hideRatio": a, "hide_ratio": b}), ValueError,
+           rf"^MaskCriterion: the mapping gives hide_ratio twice, as 'hideRatio': {a!r} and "
+           rf"'hide_ratio': {b!r}; keep one of them$")
+      for a, b in [(1, True), (True, 1)]],
+    # a 0-d tensor is refused alone ("must be a real number"): beside an equal float too
+    *[Case(f"mask_conf_hide_ratio_0d_tensor_{order}_refused",
+           lambda order=order: MaskCriterion(MSE, dict(
+               [("hideRatio", torch.tensor(0.5)), ("hide_ratio", 0.5)][::order])), ValueError,
+           r"^MaskCriterion: the mapping gives hide_ratio twice")
+      for order in (1, -1)],
+    Case("mask_conf_hide_ratio_float_and_numpy_float_passes",
+         lambda: MaskCriterion(MSE, {"hideRatio": 0.2, "hide_ratio": np.float64(0.2)}).hide_ratio,
+         None, check=lambda r: r == 0.2),
     Case("sdae_conf_lua_table", lambda: SDAESparseCriterion(MSE, {
         "alpha": 1.0, "beta": 0.5, "hideRatio": 0.2, "noiseRatio": 0.1, "noiseMean": 0.,
         "noiseStd": 0.1, "flipRatio": 0.1, "flipRange": [-1, 1]}), None,

@@ -412,14 +412,50 @@ def conf_settings(conf: Mapping[str, Any], given: Dict[str, Any], defaults: Dict
         if not isinstance(key, str) or name not in defaults:
             raise TypeError(f"{owner}: unknown setting {key!r} in the mapping; expected some of "
                             f"{', '.join(defaults)} (or Lua's camelCase names)")
-        if name in keys and not (_is_default(value, settings[name])
-                                 or _is_default(settings[name], value)):
+        if name in keys and not _same_setting(settings[name], value):
             # {'hideRatio': 0.2, 'hide_ratio': 0.3}: the last one silently won
             raise ValueError(f"{owner}: the mapping gives {name} twice, as {keys[name]!r}: "
                              f"{settings[name]!r} and {key!r}: {value!r}; keep one of them")
         keys[name] = key
         settings[name] = value
     return settings
+
+
+def _setting_kind(value: Any) -> str:
+    """What :func:`_same_setting` compares ``value`` as: a bool, a real number (numpy's
+    too), a pair (a list, tuple, array or tensor of one dimension or more), or its type."""
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, numbers.Real):
+        return "real"
+    if isinstance(value, (list, tuple)) or (isinstance(value, (Tensor, np.ndarray))
+                                            and value.ndim > 0):
+        return "pair"
+    return type(value).__name__  # None, a str, a 0-d tensor or array: equal as ==
+
+
+def _same_setting(a: Any, b: Any) -> bool:
+    """Whether two values a mapping gives one setting (under Lua's name and nnsparse's)
+    are one value: equal and of one kind, whatever their order.  A pair counts as one in
+    any form (``[-1, 1]``, ``(-1., 1.)``, ``torch.Tensor([-1, 1])``, an array); a bool
+    is not the number 1 (the settings refuse bools), nor a 0-d tensor a float."""
+    kind = _setting_kind(a)
+    if kind != _setting_kind(b):
+        return False
+    try:
+        if kind == "pair":
+            return _floats(a) == _floats(b)
+        if kind == "real" and math.isnan(a) and math.isnan(b):
+            return True  # (refused by the setting's check, with its own message)
+        return bool(a == b) and bool(b == a)
+    except (TypeError, ValueError, RuntimeError):  # a nested list, a tensor's bool()
+        return False
+
+
+def _floats(pair: Any) -> Tuple[float, ...]:
+    """A pair setting's values as floats, in whatever form it came."""
+    items = pair.tolist() if isinstance(pair, (Tensor, np.ndarray)) else pair
+    return tuple(float(v) for v in items)
 
 
 def _is_default(value: Any, default: Any) -> bool:
