@@ -921,7 +921,8 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
                 raise TypeError(
                     f"{name} must be sparse, got a dense (strided) tensor of shape "
                     f"{tuple(x.shape)}; convert it with nnsparse.sparsify(x) (or x.to_sparse()); "
-                    "a Lua (k, 2) pair vector goes through nnsparse.from_pairs(x)")
+                    "a Lua (k, 2) pair vector goes through nnsparse.from_pairs(x, size=n), n "
+                    "its width (without size= its width is its largest index + 1)")
             batch = _from_pairs(x, name, width)
             if width is None:
                 batch = replace(batch, shape=(1, int(batch.col.max()) + 1 if batch.nnz else 0))
@@ -1264,7 +1265,10 @@ def resolve_size(given: Optional[Sequence[int]], batch: SparseBatch, name: str =
     if rows < batch.rows:
         raise ValueError(f"{name} must have at least {batch.rows} rows, got {rows}")
     if width < batch.width:
-        raise ValueError(f"{name} must have at least {batch.width} columns, got {width}")
+        # the first place a pair tensor copied from Lua, indices still 1-based, shows it
+        lua = (" (pair indices are 0-based: a Lua pair tensor's 1-based indices need "
+               "pairs[:, 0] - 1)" if batch.form in ("pairs", "pair_list") else "")
+        raise ValueError(f"{name} must have at least {batch.width} columns, got {width}{lua}")
     return int(rows), int(width)
 
 

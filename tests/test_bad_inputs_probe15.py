@@ -279,7 +279,10 @@ MASK_CASES = [
     Case("sdae_sparse_prepare_lone_pair_refused",
          lambda: SDAESparseCriterion(MSE).prepare_input(PAIR), TypeError,
          r"^input must be sparse, got a dense \(strided\) tensor of shape \(3, 2\); .*"
-         r"a Lua \(k, 2\) pair vector goes through nnsparse\.from_pairs\(x\)$"),
+         # (the hint names size=: from_pairs(x) alone gives the narrowest width, which the
+         # estimate then refuses)
+         r"a Lua \(k, 2\) pair vector goes through nnsparse\.from_pairs\(x, size=n\), n its "
+         r"width \(without size= its width is its largest index \+ 1\)$"),
 ]
 
 
@@ -416,7 +419,8 @@ LUA_CASES = [
     # was: "input must have in_features=5 columns, got shape (3, 2)" without the way round
     Case("swl_lone_pair_names_from_pairs", lambda: _swl()(PAIR), ValueError,
          r"^input must have in_features=5 columns, got shape \(3, 2\); a Lua \(k, 2\) pair "
-         r"vector goes through nnsparse\.from_pairs\(input\), a batch of them as a list$"),
+         r"vector goes through nnsparse\.from_pairs\(input, size=5\), a batch of them as a "
+         r"list$"),
     # was: "size must be an int, got tuple (3, 5)" alone
     Case("from_pairs_rows_and_width_size", lambda: from_pairs(P, (3, 5)), TypeError,
          r"^size must be an int, got tuple \(3, 5\); a batch's size is its width, "

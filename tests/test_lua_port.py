@@ -1283,3 +1283,147 @@ def test_densify_refuses_a_size_tensor_of_fractions(size, match):
 def test_densify_refuses_a_meta_size_tensor():
     with pytest.raises(ValueError, match=r"size must hold data, got a tensor on the meta device"):
         densify([_pairs([0, 1])], 0, torch.tensor([1, 4], device="meta"))
+
+
+# == what a blind port hit ===================================================================
+# A port of test/*.lua written from README.md and docs/ alone (docs/lua_port.md) took each
+# Lua call at its word; these are the places where the literal translation stopped.
+
+@pytest.mark.parametrize("lua, match", [
+    # sparseLinearBatch.oneSample/miniBatch read sparseLayer.gradWeight and gradBias after
+    # sparseLayer:zeroGradParameters() and sparseLayer:backward(input, dloss)
+    ("gradWeight", r"use weight\.grad \(filled by backward, accumulated until zero_grad\(\)\)$"),
+    ("gradBias", r"use bias\.grad"),
+    ("gradInput", r"use input\.grad: give the input's values requires_grad=True"),
+    ("zeroGradParameters", r"use zero_grad\(\)$"),
+    ("getParameters", r"use parameters\(\); a flat copy: torch\.cat"),
+    ("reset", r"use reset_parameters\(\) \(nn\.Linear's initialisation, no stdv\)$"),
+    ("backward", r"use autograd: out = layer\(input\), then out\.backward\(grad_output\)$"),
+    ("updateOutput", r"use forward\(input\), or layer\(input\)$"),
+    ("updateGradInput", r"use autograd"),
+    ("accGradParameters", r"use autograd"),
+])
+@pytest.mark.parametrize("sparse_grad", [False, True])
+def test_lua_members_of_sparse_linear_batch_are_named_in_the_error(lua, match, sparse_grad):
+    layer = SparseLinearBatch(4, 3, sparse_grad=sparse_grad)
+    with pytest.raises(AttributeError, match=rf"^SparseLinearBatch has no Lua attribute "
+                                             rf"'{lua}'; in nnsparse \(as in torch\) " + match):
+        getattr(layer, lua)
+    assert not hasattr(layer, lua)
+    # torch's own names still read, and an unknown name raises torch's error
+    assert layer.weight.shape == (3, 4) and layer.bias.shape == (3,)
+    with pytest.raises(AttributeError, match=r"'SparseLinearBatch' object has no attribute 'x'"):
+        layer.x
+
+
+def _follow_the_hint(error, make_call):
+    """The call a port makes after reading ``error``: the ``from_pairs(..., size=n)`` it names."""
+    size = int(str(error).split("size=")[1].split(")")[0])
+    return make_call(size)
+
+
+@pytest.mark.parametrize("make, call", [
+    # Lua's oneSample: sparseLayer:forward(input:sparsify()), a lone (k, 2) pair vector
+    (lambda: SparseLinearBatch(100, 5, dtype=torch.float64),
+     lambda layer, pairs, size: layer(from_pairs(pairs, size=size))),
+    (lambda: nnsparse.SparseWeightLinear.random(100, 5, 0.3, dtype=torch.float64),
+     lambda layer, pairs, size: layer(from_pairs(pairs, size=size))),
+])
+def test_a_lone_pair_vector_given_to_a_layer_names_the_size_to_give(make, call):
+    # the message named from_pairs(input); following it without size= gave a vector as
+    # wide as its largest index + 1, which the layer then refused as narrower
+    g = torch.Generator().manual_seed(70)
+    input = _lua_data(100, g)
+    input[99] = 0  # the pairs' width is then below 100
+    pairs = to_pairs(sparsify(input))
+    layer = make()
+    with pytest.raises(ValueError, match=r"pair vector goes through "
+                                         r"nnsparse\.from_pairs\(input, size=100\)") as e:
+        layer(pairs)
+    torch.testing.assert_close(_follow_the_hint(e.value, lambda n: call(layer, pairs, n)),
+                               layer(input), rtol=0, atol=1e-12)
+    if isinstance(layer, SparseLinearBatch):  # without size=: the 1-D message names it too
+        with pytest.raises(ValueError, match=rf"^input has width {int(pairs[-1, 0]) + 1}, "
+                           r"smaller than in_features 100; give it shape \(100,\) \(a Lua pair "
+                           r"vector: nnsparse\.from_pairs\(pairs, size=100\)\)$"):
+            layer(from_pairs(pairs))
+
+
+def test_a_lone_pair_vector_given_to_prepare_input_names_size():
+    # SDAESparseCriterion:prepareInput took a table in Lua; a lone pair vector is refused,
+    # and the hint's size= makes the prepared vector as wide as the estimate
+    g = torch.Generator().manual_seed(71)
+    input = _lua_data(100, g)
+    input[99] = 0
+    pairs = to_pairs(sparsify(input))
+    crit = SDAESparseCriterion(nn.MSELoss(), hide_ratio=0.3, alpha=0.8, beta=0.3, generator=g)
+    with pytest.raises(TypeError, match=r"from_pairs\(x, size=n\), n its width \(without size= "
+                                        r"its width is its largest index \+ 1\)$"):
+        crit.prepare_input(pairs)
+    noisy = crit.prepare_input(from_pairs(pairs))
+    with pytest.raises(ValueError, match=r"^target has width 99, the estimate has 100 columns$"):
+        crit(torch.zeros(100, dtype=torch.float64), noisy)
+    with pytest.raises(ValueError, match=r"call prepare_input on this batch"):
+        crit(torch.zeros(100, dtype=torch.float64), sparsify(input))
+    noisy = crit.prepare_input(from_pairs(pairs, size=100))
+    output = _lua_data(100, g, sparse=False)
+    loss, _ = _loss_and_grad(crit, output, noisy)
+    mask = input != 0
+    weight = torch.full((int(mask.sum()),), 0.3, dtype=torch.float64)
+    weight[crit.mask_alpha[mask]] = 0.8
+    expected = (weight * (output[mask] - noisy.coalesce().values()) ** 2).sum() / mask.sum()
+    torch.testing.assert_close(loss, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [
+    lambda rows: densify(rows[0], 0, 6),
+    lambda rows: densify(rows, 0, (2, 6)),
+    lambda rows: densify(rows, 0, torch.Tensor([2, 6])),
+])
+def test_lua_one_based_pairs_are_named_when_the_size_shows_them(make):
+    # the Lua README's pairs copied as written, 1-based: index 6 of a width-6 vector
+    rows = [_pairs([1, 1], [3, 4], [6, 2]), _pairs([4, 8])]
+    with pytest.raises(ValueError, match=r"^size must have at least 7 columns, got 6 \(pair "
+                       r"indices are 0-based: a Lua pair tensor's 1-based indices need "
+                       r"pairs\[:, 0\] - 1\)$"):
+        make(rows)
+    zero_based = [r.clone() for r in rows]
+    for r in zero_based:
+        r[:, 0] -= 1
+    torch.testing.assert_close(densify(zero_based, 0, (2, 6)),
+                               _pairs([1, 0, 4, 0, 0, 2], [0, 0, 0, 8, 0, 0]), rtol=0, atol=0)
+    # a torch sparse tensor's message is unchanged (its indices are never Lua's)
+    with pytest.raises(ValueError, match=r"^size must have at least 7 columns, got 6$"):
+        densify(densify(rows).to_sparse(), 0, (2, 6))
+
+
+@pytest.mark.parametrize("form", ["pair_list", "coo", "csr"])
+@pytest.mark.parametrize("hide_ratio", [0.0, 0.3])
+def test_sdae_sparse_with_noise_per_row_masks_as_docs_write_them(form, hide_ratio):
+    # SDAESparseCriterionTester.WithNoise's criterion.masks[k].alpha, by the recipe of
+    # docs/lua_port.md: row k's mask read at its pair tensor's indices, concatenated, in
+    # every form prepare_input takes (and gives back)
+    g = torch.Generator().manual_seed(72)
+    input = _lua_data((10, 100), g)
+    output = _lua_data((10, 100), g, sparse=False)
+    sparse_input = {"pair_list": lambda: to_pairs(sparsify(input)), "coo": lambda: sparsify(input),
+                    "csr": lambda: sparsify(input, layout=torch.sparse_csr)}[form]()
+    alpha, beta = 0.8, 0.3
+    crit = SDAESparseCriterion(nn.MSELoss(), {"hideRatio": hide_ratio, "alpha": alpha,
+                                              "beta": beta}, generator=g)
+    noisy = crit.prepare_input(sparse_input)
+    pairs = noisy if isinstance(noisy, list) else to_pairs(noisy)
+    mask_alpha = torch.cat([crit.mask_alpha[k][p[:, 0].long()] for k, p in enumerate(pairs)])
+    mask_beta = torch.cat([crit.mask_beta[k][p[:, 0].long()] for k, p in enumerate(pairs)])
+    assert torch.equal(mask_alpha, crit.mask_alpha[input != 0])
+    assert torch.equal(mask_beta, ~mask_alpha)
+    contiguous_input = torch.cat([p[:, 1] for p in pairs])
+    diff = (output[input != 0] - contiguous_input) ** 2
+    diff[mask_alpha] *= alpha
+    diff[mask_beta] *= beta
+    loss, out_grad = _loss_and_grad(crit, output, noisy)
+    torch.testing.assert_close(loss, diff.sum() / diff.numel(), rtol=0, atol=1e-6)
+    dloss = 2 * (output[input != 0] - contiguous_input)
+    dloss[mask_alpha] *= alpha
+    dloss[mask_beta] *= beta
+    torch.testing.assert_close(out_grad.sum(), dloss.sum() / dloss.numel(), rtol=0, atol=1e-6)

@@ -397,7 +397,8 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         if input.dim() == 0 or input.shape[-1] != table.shape[0]:
             raise ValueError(f"input must have {table.shape[0]} features (in_features) in its "
                              f"last dimension, got shape {tuple(input.shape)}; a Lua (k, 2) "
-                             "pair vector goes through nnsparse.from_pairs(input)")
+                             f"pair vector goes through nnsparse.from_pairs(input, "
+                             f"size={table.shape[0]})")
         if input.device != table.device:
             raise ValueError(f"input must be on the weight's device {table.device}, "
                              f"got {input.device}")
@@ -628,8 +629,11 @@ def _check_not_narrower(x: Any, width: int, name: str, what: str) -> None:
     ``as_sparse_batch``; a list of rows may be narrower)."""
     if isinstance(x, Tensor) and x.layout != torch.strided and x.dim() in (1, 2) and (
             x.shape[-1] < width):
+        # (a 1-D vector is most often a Lua pair vector given to from_pairs without its size)
+        shape = (f"({width},) (a Lua pair vector: nnsparse.from_pairs(pairs, size={width}))"
+                 if x.dim() == 1 else f"(rows, {width})")
         raise ValueError(f"{name} has width {x.shape[-1]}, smaller than {what} {width}; "
-                         f"give it shape (rows, {width})")
+                         f"give it shape {shape}")
 
 
 def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_grad: Any,
@@ -732,6 +736,22 @@ def _check_parameters(layer: nn.Module, weight_name: str, weight: Any, expected:
         raise ValueError(f"{layer_name}.{weight_name} and {layer_name}.bias must be on one "
                          f"device, got {weight.device} and {bias.device}; move the layer "
                          f"(layer.to(device)) rather than one parameter")
+
+
+# Lua nnsparse's (torch7 nn's) members of SparseLinearBatch, as PyTorch spells them: named
+# in the AttributeError a port reaching for them gets (as the criteria do for theirs).
+_AUTOGRAD = "autograd: out = layer(input), then out.backward(grad_output)"
+_LUA_LAYER_NAMES = {
+    "gradWeight": "weight.grad (filled by backward, accumulated until zero_grad())",
+    "gradBias": "bias.grad (filled by backward, accumulated until zero_grad())",
+    "gradInput": "input.grad: give the input's values requires_grad=True",
+    "zeroGradParameters": "zero_grad()",
+    "getParameters": "parameters(); a flat copy: torch.cat([p.reshape(-1) for p in "
+                     "layer.parameters()])",
+    "reset": "reset_parameters() (nn.Linear's initialisation, no stdv)",
+    "updateOutput": "forward(input), or layer(input)",
+    "backward": _AUTOGRAD, "updateGradInput": _AUTOGRAD, "accGradParameters": _AUTOGRAD,
+}
 
 
 class SparseLinearBatch(nn.Module):
@@ -892,7 +912,14 @@ class SparseLinearBatch(nn.Module):
                 return table.t()
             if _parametrized_table(self):  # weight_t is then a property of the class
                 return self.weight_t.t()
-        return super().__getattr__(name)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            ours = _LUA_LAYER_NAMES.get(name)
+            if ours is None:
+                raise
+        raise AttributeError(f"SparseLinearBatch has no Lua attribute {name!r}; in nnsparse "
+                             f"(as in torch) use {ours}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         # With sparse_grad, weight is a view of the parameter weight_t: torch's own error

@@ -512,8 +512,9 @@ class SparseWeightLinear(nn.Module):
 
     def _dense_forward(self, x: Tensor) -> Tensor:
         if x.dim() == 0 or x.shape[-1] != self.in_features:
-            lua = ("; a Lua (k, 2) pair vector goes through nnsparse.from_pairs(input), a "
-                   "batch of them as a list" if x.dim() == 2 and x.shape[1] == 2 else "")
+            lua = (f"; a Lua (k, 2) pair vector goes through nnsparse.from_pairs(input, "
+                   f"size={self.in_features}), a batch of them as a list"
+                   if x.dim() == 2 and x.shape[1] == 2 else "")
             raise ValueError(f"input must have in_features={self.in_features} columns, got "
                              f"shape {tuple(x.shape)}{lua}")
         self._check(x.dtype, x.device)
