@@ -1194,6 +1194,9 @@ class InBackwardOptimizer(Optimizer):
         self.__dict__.update(state)
         self._init_hooks()
         self._join_state()
+        group = list(self._updates.values())  # (tables pickled before they knew one another)
+        for u in group:
+            u.group = group
         for name, layer in self._layers:
             if name in attached:
                 layer._row_update = self._updates[name]

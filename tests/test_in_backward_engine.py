@@ -9,6 +9,7 @@ recorded gradients.  Each: the dense model's numbers, and nothing moved where no
 should step.
 """
 import copy
+import pickle
 
 import pytest
 import torch
@@ -284,6 +285,25 @@ def test_copies_of_the_optimiser_keep_the_check():
     with pytest.raises(RuntimeError, match="SparseOutputLinear '4': this layer is used 2"):
         (_loss(model2, _x()) + _loss(model2, _x2())).backward()
     assert _updates(opt2) == [0, 0] and kept is not None
+
+
+def test_an_optimiser_pickled_before_its_tables_knew_one_another_checks_them_together():
+    """Tables pickled before they kept their optimiser's others (no ``group``): the
+    optimiser unpickled joins them again, so an encoder used twice is refused by the
+    decoder's backward, before the decoder steps (before: each table checked alone, the
+    decoder stepped and the encoder was then refused)."""
+    model = _autoencoder()
+    opt = OPTIMISERS["in-backward-sgd"](model)
+    for u in opt._updates.values():
+        del u.group  # as pickled before
+    model2, opt2 = pickle.loads(pickle.dumps((model, opt)))
+    assert all(u.group == list(opt2._updates.values()) for u in opt2._updates.values())
+    before = _state(model2, opt2)
+    with pytest.raises(RuntimeError, match=r"^SparseLinearBatch '0': this layer is used 2 times"):
+        USED_TWICE["encoder on two batches"][0](model2).backward()
+    after = _state(model2, opt2)
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    assert _updates(opt2) == [0, 0]
 
 
 # -- non-reentrant activation checkpointing (the forward recomputed inside the backward) ------
