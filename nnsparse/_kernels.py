@@ -15,9 +15,10 @@ the sparse layers:
   (``torch.sparse.sampled_addmm``).
 
 A table larger than the CPU's last-level cache is read differently
-(:func:`_table_mm`, :func:`_sampled_rows`): in row-major order each entry
-reads a table row from memory at a random place, and those reads, not the
-arithmetic, bound the product.
+(:func:`_table_mm`, :func:`_sampled_rows`; the sampled product from a quarter of
+it, ``_COLUMN_MAJOR_ABOVE``, as the step's other tables evict it): in row-major
+order each entry reads a table row from memory at a random place, and those
+reads, not the arithmetic, bound the product.
 """
 from __future__ import annotations
 

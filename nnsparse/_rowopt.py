@@ -332,17 +332,22 @@ class TableUpdate:
         # the weight's .grad as the optimiser's zero_grad(set_to_none=False) zeroed it,
         # and its version then: step() takes that zero .grad as long as it is untouched
         self.zeroed: Optional[Tuple["weakref.ref[Tensor]", int]] = None
+        # the backward (torch's graph task id) in which a forward recomputed by a reentrant
+        # checkpoint stepped the table (layers.linear._watch_forward)
+        self.stepped_in: Optional[int] = None
 
-    def __getstate__(self) -> dict[str, Any]:  # weak references are not copied
+    def __getstate__(self) -> dict[str, Any]:  # weak references (and task ids) not copied
         state = dict(self.__dict__)
         state.pop("nodes", None)
         state.pop("zeroed", None)
+        state.pop("stepped_in", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # a copy (deepcopy, pickle)
         self.__dict__.update(state)
         self.nodes = weakref.WeakSet()
         self.zeroed = None
+        self.stepped_in = None
         if "group" not in state:  # (pickled before tables knew their optimiser's others)
             self.group = [self]
         LIVE_UPDATES.add(self)

@@ -930,7 +930,12 @@ class InBackwardOptimizer(Optimizer):
       batches.  A forward this backward does not reach (an evaluation outside
       ``torch.no_grad()`` whose output is kept, a batch for a later backward) is
       not counted.  A torch without the engine's answer refuses at the second
-      use's backward, after the first use stepped.
+      use's backward, after the first use stepped.  Under
+      ``torch.utils.checkpoint(use_reentrant=True)`` (its backward runs nested) a
+      layer used twice outside the checkpoint is refused when the checkpointed
+      layers are recomputed, before they step; one used twice inside checkpoints
+      (two of them, or both uses in one) is refused too, but after the layers whose
+      backward ran before (``use_reentrant=False``: before any).
       So is gradient accumulation by a forward and a backward per batch, then one
       :meth:`step`: where there is a :attr:`dense` part, a second backward before
       :meth:`step` or :meth:`zero_grad` raises ``RuntimeError`` (each backward would
@@ -1198,6 +1203,9 @@ class InBackwardOptimizer(Optimizer):
         self.__dict__.update(state)
         self._init_hooks()
         self._join_state()
+        group = list(self._updates.values())  # (tables pickled before they knew one another)
+        for u in group:
+            u.group = group
         for name, layer in self._layers:
             if name in attached:
                 layer._row_update = self._updates[name]

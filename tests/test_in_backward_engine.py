@@ -3,12 +3,14 @@
 ``tests/test_ecosystem_probe2.py`` that a review of that change checked.
 
 The weight's gradient path in float64 (``gradcheck`` / ``gradgradcheck``), one layer used
-twice in one graph, non-reentrant activation checkpointing, autocast, every in-backward
+twice in one graph (under reentrant checkpoints too), non-reentrant activation
+checkpointing, autocast, every in-backward
 kind and ``sparse_grad`` for ``backward(inputs=[the weights])`` and for the refused
 recorded gradients.  Each: the dense model's numbers, and nothing moved where nothing
 should step.
 """
 import copy
+import pickle
 
 import pytest
 import torch
@@ -284,6 +286,78 @@ def test_copies_of_the_optimiser_keep_the_check():
     with pytest.raises(RuntimeError, match="SparseOutputLinear '4': this layer is used 2"):
         (_loss(model2, _x()) + _loss(model2, _x2())).backward()
     assert _updates(opt2) == [0, 0] and kept is not None
+
+
+def test_an_optimiser_pickled_before_its_tables_knew_one_another_checks_them_together():
+    """Tables pickled before they kept their optimiser's others (no ``group``): the
+    optimiser unpickled joins them again, so an encoder used twice is refused by the
+    decoder's backward, before the decoder steps (before: each table checked alone, the
+    decoder stepped and the encoder was then refused)."""
+    model = _autoencoder()
+    opt = OPTIMISERS["in-backward-sgd"](model)
+    for u in opt._updates.values():
+        del u.group  # as pickled before
+    model2, opt2 = pickle.loads(pickle.dumps((model, opt)))
+    assert all(u.group == list(opt2._updates.values()) for u in opt2._updates.values())
+    before = _state(model2, opt2)
+    with pytest.raises(RuntimeError, match=r"^SparseLinearBatch '0': this layer is used 2 times"):
+        USED_TWICE["encoder on two batches"][0](model2).backward()
+    after = _state(model2, opt2)
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    assert _updates(opt2) == [0, 0]
+
+
+# -- reentrant activation checkpointing: the checkpointed layers' backward runs nested ----------
+
+def _reentrant(fn, *args):
+    return checkpoint(fn, *args, use_reentrant=True)
+
+
+@pytest.mark.parametrize("kind", IN_BACKWARD)
+def test_a_layer_used_twice_outside_a_reentrant_checkpoint_is_refused_before_any_step(kind):
+    """The decoder under checkpoint(use_reentrant=True), the encoder used on two batches:
+    the decoder's backward runs in a nested backward, whose engine knows nothing of the
+    encoder's two nodes.  Refused when the decoder's forward is recomputed (asked of the
+    enclosing backward), before the decoder steps (before: the decoder stepped, then the
+    encoder was refused with a message saying no layer had stepped)."""
+    model = _autoencoder()
+    opt = OPTIMISERS[kind](model)
+    h = _body(model, _x()) + _body(model, _x2())
+    loss = (_reentrant(lambda hh: model[4](hh, _x()).values(), h) - _x().values()).pow(2).mean()
+    before, pending = _state(model, opt), [u.pending for u in opt._updates.values()]
+    with pytest.raises(RuntimeError, match="^SparseLinearBatch '0': this layer is used 2 times "
+                                           "in the graph this backward runs .*" + _WAY_ROUND):
+        loss.backward()
+    after = _state(model, opt)
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    assert _updates(opt) == [0, 0]
+    assert [u.pending for u in opt._updates.values()] == pending
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no dense part", "dense part"])
+def test_a_layer_in_two_reentrant_checkpoints_is_refused(bias):
+    """The decoder called in two reentrant checkpoints of one graph: each checkpoint
+    recomputes it inside the backward, the first one's nested backward steps it, and the
+    second recomputation (from the stepped weight) is refused, naming the layer (before:
+    without a dense part, a second step from a gradient taken at the moved weight; with
+    one, a refusal as gradient accumulation)."""
+    torch.manual_seed(0)
+    enc = nnsparse.SparseLinearBatch(6, 4, bias=bias)
+    dec = nnsparse.SparseOutputLinear(4, 6, bias=bias)
+    model = nn.ModuleList([enc, dec])
+    opt = apply_optimizer_in_backward(model, "sgd", lr=0.1)
+    assert (opt.dense is None) != bias
+    h = torch.tanh(enc(_x()))
+    loss = sum(_reentrant(lambda hh, x=x: dec(hh, x).values(), g).pow(2).sum()
+               for x, g in ((_x(), h), (_x2(), h.flip(0))))
+    with pytest.raises(RuntimeError, match=r"^SparseOutputLinear '1': its weight was already "
+                                           r"updated by the optimiser in the backward"):
+        loss.backward()
+    assert _updates(opt) == [0, 1]
+    opt.zero_grad()  # the loop goes on
+    (dec(torch.tanh(enc(_x())), _x()).values().pow(2).sum()).backward()
+    opt.step()
+    assert _updates(opt) == [1, 2]
 
 
 # -- non-reentrant activation checkpointing (the forward recomputed inside the backward) ------

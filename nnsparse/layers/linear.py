@@ -78,8 +78,7 @@ class _SparseLinear(torch.autograd.Function):
         # plain objects on ctx: the optimiser in the backward and the cached structures
         ctx.update, ctx.pattern = update, pattern
         ctx.updates = update.updates if update is not None else 0
-        if update is not None and ctx.needs_input_grad[1]:  # a forward that may step it
-            update.watch(ctx)
+        _watch_forward(ctx, update)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
@@ -194,24 +193,59 @@ def _weight_use(ctx: Any, update: Any) -> str:
     use = _engine_use(ctx.next_functions[1][0])
     if use == _STEP:
         _refuse_used_twice(update)
+        recomputed_in = getattr(ctx, "recomputed_in", None)
+        if recomputed_in is not None:  # (a reentrant checkpoint's nested backward)
+            update.stepped_in = recomputed_in
     return use
 
 
-def _refuse_used_twice(update: Any) -> None:
+def _watch_forward(ctx: Any, update: Any) -> None:
+    """At a layer's training forward (one that may step ``update``'s table): keep its
+    node (``TableUpdate.watch``); and where the forward runs inside a backward (a
+    ``torch.utils.checkpoint`` recomputing it), refuse it if that backward uses a table
+    twice.
+
+    Under ``use_reentrant=True`` the recomputed layer's backward runs in a nested
+    backward, whose engine knows nothing of the enclosing graph: a table used twice
+    there (an encoder on two batches, the decoder checkpointed) is asked of here, of the
+    enclosing backward, before the nested one steps anything; and a layer recomputed
+    again in a backward that already stepped it from a recomputation (called in two
+    reentrant checkpoints) is refused as stale (``TableUpdate.stepped_in``, set by
+    :func:`_weight_use`).  The task id is torch's private
+    ``torch._C._current_graph_task_id`` (-1 outside a backward), looked up as
+    :func:`_engine_use` looks up its call; a torch without it is not checked.
+    """
+    if update is None or not ctx.needs_input_grad[1]:
+        return
+    update.watch(ctx)
+    task_id = getattr(torch._C, "_current_graph_task_id", None)
+    task = task_id() if task_id is not None else -1
+    if task == -1:
+        return
+    ctx.recomputed_in = task
+    if getattr(update, "stepped_in", None) == task:
+        raise RuntimeError(update.stale_message())
+    _refuse_used_twice(update, steps=False)
+
+
+def _refuse_used_twice(update: Any, steps: bool = True) -> None:
     """``RuntimeError`` where the backward now running would step a table of ``update``'s
     optimiser (``update.group``) from two of its layer's forwards: one layer used twice in
     one graph (``crit(dec(h1, x1), x1) + crit(dec(h2, x2), x2)``, an encoder applied to two
     batches, or two batches' losses summed).  Each use's backward would take a step of its
     own, where ``torch.optim`` takes one on the summed gradient.
 
-    Asked at the backward of every layer that is about to step, so the first of them
-    refuses before any table of the optimiser has moved.  A table keeps the nodes of its
-    training forwards since its last step (``TableUpdate.nodes``, weakly; usually one):
-    with fewer than two nothing is asked; otherwise torch's engine is asked, on the host,
-    which of them this backward runs (``torch._C._will_engine_execute_node``, as in
-    :func:`_engine_use`; a forward whose output is never differentiated, or one of another
-    graph, does not run).  A torch without it is not checked: the second use's backward is
-    then refused after the first one's step, as ``updates`` tells it.
+    Asked at the backward of every layer that is about to step (``steps``), so the first
+    of them refuses before any table of the optimiser has moved, and at a training
+    forward recomputed inside a backward (:func:`_watch_forward`; ``steps=False``: whether
+    its own table steps is asked of the engine, as for the others).  A table keeps the
+    nodes of its training forwards since its last step (``TableUpdate.nodes``, weakly;
+    usually one): with fewer than two nothing is asked; otherwise torch's engine is
+    asked, on the host, which of them this backward runs
+    (``torch._C._will_engine_execute_node``, as in :func:`_engine_use`; a forward whose
+    output is never differentiated, or one of another graph, does not run).  A torch
+    without it is not checked: the second use's backward is then refused after the first
+    one's step, as ``updates`` tells it.
     """
     will_execute = getattr(torch._C, "_will_engine_execute_node", None)
     if will_execute is None:
@@ -223,7 +257,7 @@ def _refuse_used_twice(update: Any) -> None:
             continue
         running = [node for node in list(nodes)
                    if node.needs_input_grad[1] and _will_run(will_execute, node)]
-        if len(running) > 1 and (table is update or  # (this one steps: _weight_use asked)
+        if len(running) > 1 and ((table is update and steps) or  # (_weight_use asked)
                                  _engine_use(running[0].next_functions[1][0]) == _STEP):
             twice[table.name] = len(running)
     if twice:  # (this layer named first)

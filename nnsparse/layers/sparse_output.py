@@ -33,7 +33,8 @@ from .linear import (_GRAD, _STEP, _check_layer_args, _check_not_narrower, _chec
                      _refuse_sparse_grad_parametrized, _refuse_update_in_transform,
                      _refuse_update_misuse, _refuse_update_on_parts,
                      _refuse_update_parametrized,
-                     _state_without_update, _weight_read_once, _weight_use)
+                     _state_without_update, _watch_forward, _weight_read_once,
+                     _weight_use)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
@@ -68,8 +69,7 @@ class _SampledLinear(torch.autograd.Function):
         # plain objects on ctx: the optimiser in the backward and the cached structures
         ctx.update, ctx.pattern = update, pattern
         ctx.updates = update.updates if update is not None else 0
-        if update is not None and ctx.needs_input_grad[1]:  # a forward that may step it
-            update.watch(ctx)
+        _watch_forward(ctx, update)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
