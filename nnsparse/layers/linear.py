@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
-from .. import _double, _grad_origin, _index
+from .. import _double, _grad_origin, _index, _rowopt
 from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_choice, as_device,
                       as_flag, as_int, as_sparse_batch, check_int64, dtype_got, empty_batch,
                       move_structure, no_rows)
@@ -255,7 +255,7 @@ def _refuse_used_twice(update: Any, steps: bool = True) -> None:
         nodes = getattr(table, "nodes", None)
         if nodes is None or len(nodes) < 2:
             continue
-        running = [node for node in list(nodes)
+        running = [node for node in _rowopt.alive(nodes)  # (another thread may add one)
                    if node.needs_input_grad[1] and _will_run(will_execute, node)]
         if len(running) > 1 and ((table is update and steps) or  # (_weight_use asked)
                                  _engine_use(running[0].next_functions[1][0]) == _STEP):
@@ -641,8 +641,7 @@ def _not_owned_message(layer: nn.Module, update: Any, read: Tensor) -> str:
 
 def _owner_of(param: Tensor, update: Any) -> Optional[str]:
     """The name of the live in-backward table, other than ``update``, built on ``param``."""
-    from .. import _rowopt
-    for other in list(_rowopt.LIVE_UPDATES):
+    for other in _rowopt.alive(_rowopt.LIVE_UPDATES):  # (another thread may add one)
         if other is not update and getattr(other, "param", None) is param:
             return other.name
     return None
