@@ -14,7 +14,8 @@ from torch import Tensor
 
 from .convert import _size_from_tensor
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
-                     check_index_range, check_int64, check_numel, int64_message, KERNEL_DTYPES,
+                     check_index_range, check_int64, check_numel, int64_message, int_kind,
+                     KERNEL_DTYPES,
                      refuse_meta_device)
 
 __all__ = ["DynamicSparseTensor"]
@@ -62,7 +63,7 @@ def _one_index(i: Any) -> Any:
         integer = i.layout == torch.strided and not (
             i.dtype == torch.bool or i.is_floating_point() or i.is_complex())
     elif isinstance(i, np.ndarray):
-        integer = np.issubdtype(i.dtype, np.integer)
+        integer = int_kind(i.dtype)  # (not a timedelta64 array: numpy's np.integer)
     else:
         return i
     if not integer or i.shape not in ((), (1,)):
@@ -352,7 +353,7 @@ class DynamicSparseTensor:
                 and index.device.type != "meta" and index.dtype != torch.bool
                 and not index.is_floating_point() and not index.is_complex()) \
                 or (isinstance(index, np.ndarray) and index.ndim == 1
-                    and np.issubdtype(index.dtype, np.integer)):
+                    and int_kind(index.dtype)):
             index = index.tolist()  # a 1-D integer tensor or array, as a row of an index tensor
         if not isinstance(index, (tuple, list)):
             raise TypeError(f"index must be a tuple of {self._ndim} ints, got {type(index).__name__}")

@@ -245,3 +245,24 @@ def test_a_size_still_refuses_a_0d_timedelta_array(name, call, unit):
     with pytest.raises(TypeError, match=rf"^{name} must (be an int|hold ints), got ndarray "
                                         r"array\(3, dtype='?timedelta64"):
         call(value)
+
+
+# numpy files timedelta64 under np.integer (so numbers.Integral takes one), but a duration
+# is no count: refused naming the count (_forms.int_kind, the rule int_of_0d reads 0-d arrays
+# by).  Before: np.timedelta64(3) was taken as 3, and one with a unit gave int()'s unnamed
+# "int() argument must be ... not 'datetime.timedelta'".
+MORE_COUNTS = COUNTS + [
+    ("Trainer.fit-epochs", lambda n: _trainer().fit(X.to_sparse_csr(), epochs=n)),
+    ("from_pairs-size", lambda n: nnsparse.from_pairs(T([[1., 3.]]), size=n)),
+]
+
+
+@pytest.mark.parametrize("unit", ["generic", "s"])
+@pytest.mark.parametrize("call", [c for _, c in MORE_COUNTS], ids=[i for i, _ in MORE_COUNTS])
+def test_a_count_refuses_a_timedelta(call, unit):
+    value = np.timedelta64(3) if unit == "generic" else np.timedelta64(3, unit)
+    shown = r"np\.timedelta64\(\d\)" if unit == "generic" else rf"np\.timedelta64\(\d,'{unit}'\)"
+    with pytest.raises(TypeError, match=rf"^[a-z_]+ must be (None or )?(an|a positive|a "
+                                        rf"non-negative) int( >= \d)?, got (timedelta64 )?"
+                                        rf"{shown}$"):
+        call(value)
