@@ -990,15 +990,23 @@ def holds_exactly(dtype: torch.dtype, value: float) -> bool:
     return math.isfinite(value) and value == int(value) and info.min <= value <= info.max
 
 
-def as_int(value: Any, name: str, must: str = "be an int") -> int:
+def as_int(value: Any, name: str, must: str = "be an int",
+           expected: Optional[str] = "an int") -> int:
     """``value`` as a Python int: ints, numpy ints and 0-d integer tensors pass
     (``operator.index``); a bool (a bool tensor too), a float (even whole) or anything else is a
     ``TypeError`` "``name`` must ``must``, got ...". The one int check of nnsparse's sizes.
 
+    An int beyond int64, which no torch size holds, is a ``ValueError`` in
+    :func:`int64_message`'s words, "``name`` must be ``expected`` within int64 (below 2**63),
+    got ..." (before, a width or a size passed on reached torch's unnamed "Overflow when
+    unpacking long long"); one below zero is the caller's to refuse, in its words.
+    ``expected=None``: no int64 check, for an int the caller bounds tighter (``ndim``, at
+    most 64), in its own words.
+
     A 0-d tensor or numpy array is read as every count reads it (:func:`int_of_0d`): a meta
     one is a ``ValueError`` naming ``name``, and a uint64 beyond int64 is its Python int,
-    for the caller's int64 check, as a numpy uint64 is (``operator.index`` gave torch's
-    unnamed ``RuntimeError`` for both)."""
+    refused as a numpy uint64 is (``operator.index`` gave torch's unnamed ``RuntimeError``
+    for both)."""
     value = int_of_0d(value, name)
     # A tensor left is no int, though it has __index__: one of one element but more
     # dimensions (a (1, 1) tensor), or a 0-d bool one (True is no size, as True itself is
@@ -1006,9 +1014,11 @@ def as_int(value: Any, name: str, must: str = "be an int") -> int:
     # True" here, and an object with __index__ alone passes; the callers' tests pin both.)
     if not isinstance(value, (bool, Tensor)):
         try:
-            return operator.index(value)
+            number = operator.index(value)
         except TypeError:
             pass
+        else:
+            return number if expected is None else check_int64(number, name, expected)
     raise TypeError(f"{name} must {must}, got {type(value).__name__} {value!r}")
 
 

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .convert import _size_from_tensor
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
-                     check_index_range, check_int64, check_numel, int64_message, int_kind,
+                     check_index_range, check_numel, int64_message, int_kind,
                      KERNEL_DTYPES,
                      refuse_meta_device)
 
@@ -145,10 +145,10 @@ class DynamicSparseTensor:
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
                  dtype: Optional[torch.dtype] = None,
                  device: Optional[Union[str, torch.device]] = None) -> None:
-        reserve = check_int64(as_int(reserve, "reserve"), "reserve", "a non-negative int")
+        reserve = as_int(reserve, "reserve", expected="a non-negative int")
         if dtype is None:  # as torch's factories (and Lua's default tensor type)
             dtype = torch.get_default_dtype()
-        ndim = as_int(ndim, "ndim")
+        ndim = as_int(ndim, "ndim", expected=None)  # (bounded below: at most _MAX_NDIM)
         if reserve < 0:
             raise ValueError(f"reserve must be non-negative, got {reserve}")
         if not isinstance(mult_coef, numbers.Real) or isinstance(mult_coef, bool):
@@ -610,7 +610,7 @@ class DynamicSparseTensor:
                             f"{type(size).__name__} {size!r}")
         if len(size) != self._ndim:
             raise ValueError(f"size must be {self._ndim} ints, got {size!r}")
-        sizes = tuple(check_int64(as_int(s, "size"), "size") for s in cast(Sequence[int], size))
+        sizes = tuple(as_int(s, "size") for s in cast(Sequence[int], size))
         if any(s < need for s, need in zip(sizes, needed)):
             raise ValueError(f"size must be at least {needed} to hold the entries, got {sizes}")
         return check_numel(sizes, "size")

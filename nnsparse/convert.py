@@ -223,7 +223,7 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[_Size] = None) -> Ten
         TypeError: ``x`` is not an accepted form, or its values have a dtype
             torch's sparse kernels lack (uint16, uint32, uint64, float8, ...), or
             ``elem`` is not a number torch takes (a ``Fraction``, a ``Decimal``).
-        ValueError: bad indices, a ``size`` smaller than the data (or a
+        ValueError: bad indices, a ``size`` smaller than the data or beyond int64 (or a
             floating ``size`` tensor holding a fraction, NaN or inf), or an
             ``elem`` the values' dtype cannot hold: NaN for integer values, a
             fraction or one beyond the range of an integer dtype, a finite one

@@ -14,7 +14,7 @@ from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_di
 
 from .. import _double, _grad_origin, _index, _rowopt
 from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_choice, as_device,
-                      as_flag, as_int, as_sparse_batch, check_int64, dtype_got, empty_batch,
+                      as_flag, as_int, as_sparse_batch, dtype_got, empty_batch,
                       move_structure, no_rows)
 from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_rows_of
@@ -678,10 +678,10 @@ def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_gra
     as in ``nn.Linear``; a bool or a float does not)."""
     sizes = []
     for arg, value in (("in_features", in_features), ("out_features", out_features)):
-        value = as_int(value, arg)
+        value = as_int(value, arg, expected="a non-negative int")
         if value < 0:
             raise ValueError(f"{arg} must be non-negative, got {value}")
-        sizes.append(check_int64(value, arg, "a non-negative int"))
+        sizes.append(value)
     itemsize = (dtype if isinstance(dtype, torch.dtype) else torch.get_default_dtype()).itemsize
     if sizes[0] * sizes[1] * itemsize > _INT64_MAX:  # torch: "Storage size ... overflowed"
         raise ValueError(f"in_features * out_features (the weight's elements, {itemsize} bytes "
