@@ -59,7 +59,7 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
            "check_int64", "int64_message", "check_numel", "as_device", "holds_exactly",
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device",
            "no_rows", "empty_batch", "EMPTY_ROWS_TENSOR", "EMPTY_ROWS_WAY_ROUND",
-           "int_of_0d"]
+           "int_of_0d", "int_kind", "is_int"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -990,15 +990,23 @@ def holds_exactly(dtype: torch.dtype, value: float) -> bool:
     return math.isfinite(value) and value == int(value) and info.min <= value <= info.max
 
 
-def as_int(value: Any, name: str, must: str = "be an int") -> int:
+def as_int(value: Any, name: str, must: str = "be an int",
+           expected: Optional[str] = "an int") -> int:
     """``value`` as a Python int: ints, numpy ints and 0-d integer tensors pass
     (``operator.index``); a bool (a bool tensor too), a float (even whole) or anything else is a
     ``TypeError`` "``name`` must ``must``, got ...". The one int check of nnsparse's sizes.
 
+    An int beyond int64, which no torch size holds, is a ``ValueError`` in
+    :func:`int64_message`'s words, "``name`` must be ``expected`` within int64 (below 2**63),
+    got ..." (before, a width or a size passed on reached torch's unnamed "Overflow when
+    unpacking long long"); one below zero is the caller's to refuse, in its words.
+    ``expected=None``: no int64 check, for an int the caller bounds tighter (``ndim``, at
+    most 64), in its own words.
+
     A 0-d tensor or numpy array is read as every count reads it (:func:`int_of_0d`): a meta
     one is a ``ValueError`` naming ``name``, and a uint64 beyond int64 is its Python int,
-    for the caller's int64 check, as a numpy uint64 is (``operator.index`` gave torch's
-    unnamed ``RuntimeError`` for both)."""
+    refused as a numpy uint64 is (``operator.index`` gave torch's unnamed ``RuntimeError``
+    for both)."""
     value = int_of_0d(value, name)
     # A tensor left is no int, though it has __index__: one of one element but more
     # dimensions (a (1, 1) tensor), or a 0-d bool one (True is no size, as True itself is
@@ -1006,9 +1014,11 @@ def as_int(value: Any, name: str, must: str = "be an int") -> int:
     # True" here, and an object with __index__ alone passes; the callers' tests pin both.)
     if not isinstance(value, (bool, Tensor)):
         try:
-            return operator.index(value)
+            number = operator.index(value)
         except TypeError:
             pass
+        else:
+            return number if expected is None else check_int64(number, name, expected)
     raise TypeError(f"{name} must {must}, got {type(value).__name__} {value!r}")
 
 
@@ -1149,7 +1159,7 @@ def as_count(name: str, value: Any, low: int, *, must: Optional[str] = None) -> 
         kind = f"a {must} int"
     else:  # a caller's slip, not a user's: the words would misstate the bound
         raise ValueError(f"must={must!r} does not word the bound low={low}")
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+    if not is_int(value):
         raise TypeError(f"{name} must be {kind}, got {value!r}")
     if value < low:
         raise ValueError(f"{name} must be {kind}, got {value!r}")
@@ -1162,9 +1172,7 @@ def int_of_0d(value: Any, name: str) -> Any:
     ``name``); any other ``value`` as it came, for the check that follows
     (:func:`as_count`'s and :func:`as_int`'s rule, ``Trainer.fit``'s ``epochs``)."""
     if isinstance(value, np.ndarray):  # (torch.topk and nn.Linear take np.array(3) too)
-        # integer kinds only: numpy files timedelta64 ("m") under np.integer, but torch
-        # takes no duration as an int and its item() is a datetime.timedelta
-        return value.item() if value.ndim == 0 and value.dtype.kind in "iu" else value
+        return value.item() if value.ndim == 0 and int_kind(value.dtype) else value
     if isinstance(value, Tensor) and value.dim() == 0 and value.dtype != torch.bool \
             and not value.is_floating_point() and not value.is_complex():
         refuse_meta(value, name)  # (item() would read it)
@@ -1173,6 +1181,24 @@ def int_of_0d(value: Any, name: str) -> Any:
         # "cannot be converted to type int64_t without overflow")
         return value.item()
     return value
+
+
+def int_kind(dtype: np.dtype[Any]) -> bool:
+    """Whether a numpy ``dtype`` is of an integer kind, signed or unsigned (``kind`` ``'i'``
+    or ``'u'``): the one test of a numpy integer, array or scalar (:func:`is_int`), for
+    counts, sizes and indices.  Not ``np.issubdtype(dtype, np.integer)``: numpy files
+    timedelta64 (kind ``'m'``) under ``np.integer``, but torch takes no duration as an int
+    (nor a timedelta64 array as a tensor), and a duration with a unit reads as a
+    ``datetime.timedelta`` (``item()``)."""
+    return dtype.kind in "iu"
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an int as the counts take one: a Python int or a numpy integer
+    of an integer kind (:func:`int_kind`; ``numbers.Integral`` takes a ``np.timedelta64``
+    too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and not (
+        isinstance(value, np.generic) and not int_kind(value.dtype))
 
 
 # as_count's bounds in words, with the low each one means

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 import torch
 from torch import Tensor
@@ -295,6 +295,23 @@ KERNELS = {"adam": _adam_kernel(False), "adamw": _adam_kernel(True), "sgd": _sgd
 
 # every TableUpdate alive (weakly): a refusal names the layer owning a tied weight
 LIVE_UPDATES: "weakref.WeakSet[TableUpdate]" = weakref.WeakSet()
+
+_Member = TypeVar("_Member")
+
+
+def alive(members: "weakref.WeakSet[_Member]") -> List[_Member]:
+    """The members of ``members`` still alive, copied in one step.
+
+    ``list(members)`` is no copy in one step: it runs ``WeakSet.__iter__``, a generator,
+    between two of whose steps another thread may add a member (a training forward adding
+    its node to ``TableUpdate.nodes`` beside a backward walking them, an optimiser built
+    adding its tables to :data:`LIVE_UPDATES`), and the walk then raises "Set changed size
+    during iteration".  The set of weak references under it is copied by one call into C,
+    which no thread interrupts (a dead reference's callback, deferred by no guard here,
+    runs only when no C code holds the set); its references are then read one by one.
+    """
+    refs = list(members.data)  # type: ignore[attr-defined]  # (CPython's; typeshed omits it)
+    return [member for member in (ref() for ref in refs) if member is not None]
 
 
 class TableUpdate:

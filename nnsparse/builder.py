@@ -14,7 +14,8 @@ from torch import Tensor
 
 from .convert import _size_from_tensor
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
-                     check_index_range, check_int64, check_numel, int64_message, KERNEL_DTYPES,
+                     check_index_range, check_numel, int64_message, int_kind,
+                     KERNEL_DTYPES,
                      refuse_meta_device)
 
 __all__ = ["DynamicSparseTensor"]
@@ -62,7 +63,7 @@ def _one_index(i: Any) -> Any:
         integer = i.layout == torch.strided and not (
             i.dtype == torch.bool or i.is_floating_point() or i.is_complex())
     elif isinstance(i, np.ndarray):
-        integer = np.issubdtype(i.dtype, np.integer)
+        integer = int_kind(i.dtype)  # (not a timedelta64 array: numpy's np.integer)
     else:
         return i
     if not integer or i.shape not in ((), (1,)):
@@ -144,10 +145,10 @@ class DynamicSparseTensor:
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
                  dtype: Optional[torch.dtype] = None,
                  device: Optional[Union[str, torch.device]] = None) -> None:
-        reserve = check_int64(as_int(reserve, "reserve"), "reserve", "a non-negative int")
+        reserve = as_int(reserve, "reserve", expected="a non-negative int")
         if dtype is None:  # as torch's factories (and Lua's default tensor type)
             dtype = torch.get_default_dtype()
-        ndim = as_int(ndim, "ndim")
+        ndim = as_int(ndim, "ndim", expected=None)  # (bounded below: at most _MAX_NDIM)
         if reserve < 0:
             raise ValueError(f"reserve must be non-negative, got {reserve}")
         if not isinstance(mult_coef, numbers.Real) or isinstance(mult_coef, bool):
@@ -352,7 +353,7 @@ class DynamicSparseTensor:
                 and index.device.type != "meta" and index.dtype != torch.bool
                 and not index.is_floating_point() and not index.is_complex()) \
                 or (isinstance(index, np.ndarray) and index.ndim == 1
-                    and np.issubdtype(index.dtype, np.integer)):
+                    and int_kind(index.dtype)):
             index = index.tolist()  # a 1-D integer tensor or array, as a row of an index tensor
         if not isinstance(index, (tuple, list)):
             raise TypeError(f"index must be a tuple of {self._ndim} ints, got {type(index).__name__}")
@@ -609,7 +610,7 @@ class DynamicSparseTensor:
                             f"{type(size).__name__} {size!r}")
         if len(size) != self._ndim:
             raise ValueError(f"size must be {self._ndim} ints, got {size!r}")
-        sizes = tuple(check_int64(as_int(s, "size"), "size") for s in cast(Sequence[int], size))
+        sizes = tuple(as_int(s, "size") for s in cast(Sequence[int], size))
         if any(s < need for s, need in zip(sizes, needed)):
             raise ValueError(f"size must be at least {needed} to hold the entries, got {sizes}")
         return check_numel(sizes, "size")

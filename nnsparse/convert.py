@@ -12,7 +12,7 @@ from torch import Tensor
 
 from . import _index
 from ._forms import (EMPTY_ROWS_TENSOR, SparseBatch, SparseLike, _a, _as_pairs, _sparse_coo,
-                     _sparse_csr, as_count, as_int,
+                     _sparse_csr, as_count, as_int, is_int,
                      as_sparse_batch, check_kernel_dtype, holds_exactly, refuse_meta,
                      check_int64, check_numel, int64_message, resolve_size, trust)
 
@@ -133,7 +133,7 @@ def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
     refuse_meta(x, "x")
     if isinstance(offset, (Tensor, np.ndarray)):  # a 0-d integer one, as every count takes
         offset = as_count("offset", offset, 0, must="non-negative")
-    if isinstance(offset, numbers.Integral) and not isinstance(offset, bool) and offset > 0:
+    if is_int(offset) and offset > 0:
         # the result's size bounds offset, tighter than as_count's int64: said first
         size = (*x.shape[:-1], x.shape[-1] + int(offset))
         if math.prod(size) >= 2 ** 63:
@@ -223,7 +223,7 @@ def densify(x: SparseLike, elem: float = 0, size: Optional[_Size] = None) -> Ten
         TypeError: ``x`` is not an accepted form, or its values have a dtype
             torch's sparse kernels lack (uint16, uint32, uint64, float8, ...), or
             ``elem`` is not a number torch takes (a ``Fraction``, a ``Decimal``).
-        ValueError: bad indices, a ``size`` smaller than the data (or a
+        ValueError: bad indices, a ``size`` smaller than the data or beyond int64 (or a
             floating ``size`` tensor holding a fraction, NaN or inf), or an
             ``elem`` the values' dtype cannot hold: NaN for integer values, a
             fraction or one beyond the range of an integer dtype, a finite one
@@ -350,7 +350,7 @@ def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = Non
                         f"got layout {pairs.layout}")
     if isinstance(size, (Tensor, np.ndarray)):  # a 0-d integer one, as torch's sizes take
         size = as_count("size", size, 0, must="non-negative")
-    if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Integral)):
+    if size is not None and not is_int(size):
         # (rows, n), as densify takes it: from_pairs' size is the width alone
         shape = (f"; a batch's size is its width, from_pairs(pairs, {size[-1]!r})"
                  if isinstance(size, (tuple, list)) and len(size) == 2 else "")

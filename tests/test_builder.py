@@ -438,3 +438,35 @@ def test_numpy_integer_indices_as_an_index_array_gives_them(kind):
         by_numpy.append(i, float(v))
         by_int.append(int(i), float(v))
     assert torch.equal(by_numpy.build(100).to_dense(), by_int.build(100).to_dense())
+
+
+# numpy files timedelta64 under np.integer, but a duration is no index (torch makes no tensor
+# of one): refused naming the index, as a timedelta64 scalar already was by the buffers.
+# Before: a 0-d, a one-element or a row array of the generic unit was taken as its ints, and
+# one with a unit was refused showing the datetime.timedelta of its item(), not the array.
+# (ndim, index, message)
+TIMEDELTA_INDICES = [
+    (1, np.timedelta64(3), r"^index must be an int, got timedelta64 np\.timedelta64\(3\)$"),
+    (1, np.array(np.timedelta64(3)),
+     r"^index must be an int, got ndarray array\(3, dtype='?timedelta64'?\)$"),
+    (1, np.array([3], dtype="m8"),
+     r"^index must be an int, got ndarray array\(\[3\], dtype='?timedelta64'?\)$"),
+    (1, np.array(np.timedelta64(3, "s")),
+     r"^index must be an int, got ndarray array\(3, dtype='timedelta64\[s\]'\)$"),
+    (2, (np.timedelta64(3), 1), r"^index must be an int, got timedelta64 np\.timedelta64\(3\)$"),
+    (2, np.array([3, 1], dtype="m8"), r"^index must be a tuple of 2 ints, got ndarray$"),
+    (2, np.array([3, 1], dtype="m8[s]"), r"^index must be a tuple of 2 ints, got ndarray$"),
+]
+
+
+@pytest.mark.parametrize("ndim, index, message", TIMEDELTA_INDICES,
+                         ids=[f"{n}-d-{type(i).__name__}-{getattr(i, 'dtype', '')}"
+                              for n, i, _ in TIMEDELTA_INDICES])
+def test_a_timedelta_index_is_refused(ndim, index, message):
+    builder = DynamicSparseTensor(ndim=ndim)
+    with pytest.raises(TypeError, match=message):
+        builder.append(index, 1.0)
+    for unit in ((), ("s",)):  # the Lua row form: [index..., value]
+        with pytest.raises(TypeError, match=r"^index must be an int, got timedelta64 "):
+            builder.append([np.timedelta64(3, *unit)] * ndim + [1.0])
+    assert len(builder) == 0

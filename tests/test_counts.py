@@ -224,9 +224,8 @@ def test_a_size_refuses_a_meta_tensor_by_name(name, call):
         call(T(3, device="meta"))
 
 
-@pytest.mark.parametrize("call", [s[2] for s in SIZES[:5]], ids=[s[0] for s in SIZES[:5]])
+@pytest.mark.parametrize("call", [s[2] for s in SIZES], ids=[s[0] for s in SIZES])
 def test_a_size_reads_a_uint64_tensor_beyond_int64_as_the_numpy_uint64(call):
-    # (collate_sparse_rows' width is left out: both reach torch's own overflow error there)
     errors = []
     for n in (T(2 ** 63, dtype=torch.uint64), np.uint64(2 ** 63)):
         with pytest.raises(ValueError) as info:
@@ -245,3 +244,71 @@ def test_a_size_still_refuses_a_0d_timedelta_array(name, call, unit):
     with pytest.raises(TypeError, match=rf"^{name} must (be an int|hold ints), got ndarray "
                                         r"array\(3, dtype='?timedelta64"):
         call(value)
+
+
+# numpy files timedelta64 under np.integer (so numbers.Integral takes one), but a duration
+# is no count: refused naming the count (_forms.int_kind, the rule int_of_0d reads 0-d arrays
+# by).  Before: np.timedelta64(3) was taken as 3, and one with a unit gave int()'s unnamed
+# "int() argument must be ... not 'datetime.timedelta'".
+MORE_COUNTS = COUNTS + [
+    ("Trainer.fit-epochs", lambda n: _trainer().fit(X.to_sparse_csr(), epochs=n)),
+    ("from_pairs-size", lambda n: nnsparse.from_pairs(T([[1., 3.]]), size=n)),
+]
+
+
+@pytest.mark.parametrize("unit", ["generic", "s"])
+@pytest.mark.parametrize("call", [c for _, c in MORE_COUNTS], ids=[i for i, _ in MORE_COUNTS])
+def test_a_count_refuses_a_timedelta(call, unit):
+    value = np.timedelta64(3) if unit == "generic" else np.timedelta64(3, unit)
+    shown = r"np\.timedelta64\(\d\)" if unit == "generic" else rf"np\.timedelta64\(\d,'{unit}'\)"
+    with pytest.raises(TypeError, match=rf"^[a-z_]+ must be (None or )?(an|a positive|a "
+                                        rf"non-negative) int( >= \d)?, got (timedelta64 )?"
+                                        rf"{shown}$"):
+        call(value)
+
+
+# Every entry point that takes a size refuses one beyond int64 naming it, given as an int, a
+# numpy uint64 or a uint64 tensor alike (_forms.as_int, the sizes' one check).  Before:
+# collate_sparse_rows' width and densify's width of an empty batch reached torch's unnamed
+# "Overflow when unpacking long long" TypeError; densify's other sizes were reported as "x
+# is too large to densify".  (id, call, message)
+_ROW = [(0, (T([1]), T([2.])))]
+SIZES_BEYOND_INT64 = [
+    ("collate_sparse_rows-width", lambda n: nnsparse.data.collate_sparse_rows(_ROW, n),
+     "width must be an int"),
+    ("collate_sparse_rows-width-coo",
+     lambda n: nnsparse.data.collate_sparse_rows(_ROW, n, layout=torch.sparse_coo),
+     "width must be an int"),
+    ("densify-empty-width", lambda n: nnsparse.densify([], size=(0, n)), "size must be an int"),
+    ("densify-empty-rows", lambda n: nnsparse.densify([], size=(n, 3)), "size must be an int"),
+    ("densify-width", lambda n: nnsparse.densify(sparsify(X), size=(2, n)),
+     "size must be an int"),
+    ("densify-rows", lambda n: nnsparse.densify(sparsify(X), size=(n, 4)),
+     "size must be an int"),
+    ("densify-rows-list", lambda n: nnsparse.densify(list(sparsify(X)), size=(n, 4)),
+     "size must be an int"),
+    ("densify-vector", lambda n: nnsparse.densify(sparsify(X[0]), size=n),
+     "size must be an int"),
+    ("from_pairs-size", lambda n: nnsparse.from_pairs(T([[1., 3.]]), size=n),
+     "size must be a non-negative int"),
+    ("Densify-in_features", lambda n: Densify(n), "in_features must be a non-negative int"),
+    ("DynamicSparseTensor-reserve", lambda n: nnsparse.DynamicSparseTensor(reserve=n),
+     "reserve must be a non-negative int"),
+    ("DynamicSparseTensor.build-size", lambda n: nnsparse.DynamicSparseTensor().build(size=n),
+     "size must be an int"),
+    ("SparseLinearBatch-in_features", lambda n: nnsparse.SparseLinearBatch(n, 2),
+     "in_features must be a non-negative int"),
+    ("SparseOutputLinear-out_features", lambda n: nnsparse.SparseOutputLinear(2, n),
+     "out_features must be a non-negative int"),
+]
+
+
+@pytest.mark.parametrize("form", ["int", "numpy uint64", "uint64 tensor"])
+@pytest.mark.parametrize("call, message", [s[1:] for s in SIZES_BEYOND_INT64],
+                         ids=[s[0] for s in SIZES_BEYOND_INT64])
+def test_a_size_beyond_int64_is_refused_by_name(call, message, form):
+    n = {"int": 2 ** 63, "numpy uint64": np.uint64(2 ** 63),
+         "uint64 tensor": T(2 ** 63, dtype=torch.uint64)}[form]
+    with pytest.raises(ValueError, match=rf"^{message} within int64 \(below 2\*\*63\), got "
+                                         rf"9223372036854775808$"):
+        call(n)

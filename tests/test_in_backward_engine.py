@@ -9,8 +9,11 @@ kind and ``sparse_grad`` for ``backward(inputs=[the weights])`` and for the refu
 recorded gradients.  Each: the dense model's numbers, and nothing moved where nothing
 should step.
 """
+import contextlib
 import copy
 import pickle
+import sys
+import weakref
 
 import pytest
 import torch
@@ -19,12 +22,14 @@ from torch.autograd import gradcheck, gradgradcheck
 from torch.utils.checkpoint import checkpoint
 
 import nnsparse
+from nnsparse import _rowopt
 from nnsparse.optim import apply_optimizer_in_backward, fused_step_optimizer
 
 from test_ecosystem_probe2 import (IN_BACKWARD, OPTIMISERS, _Holder,
                                    _assert_same_weights,
                                    _assert_unchanged, _autoencoder, _input_requiring_grad,
-                                   _loss, _state, _tables, _targets, _x, _x2)
+                                   _loss, _misused, _state, _tables, _targets, _tie, _x,
+                                   _x2)
 
 
 def _updates(opt):
@@ -305,6 +310,66 @@ def test_an_optimiser_pickled_before_its_tables_knew_one_another_checks_them_tog
     after = _state(model2, opt2)
     assert [k for k in before if not torch.equal(before[k], after[k])] == []
     assert _updates(opt2) == [0, 0]
+
+
+# -- another thread's training forward (or optimiser) beside a backward: the weak sets the check
+# walks change meanwhile (before: "Set changed size during iteration" from the backward) -------
+
+class _Member:
+    """Weakly referenceable: the node (or table) another thread's forward adds."""
+
+
+@contextlib.contextmanager
+def _a_member_added_midway(weak_sets):
+    """Add a member to one of ``weak_sets`` while the code under test walks it with
+    WeakSet.__iter__, a generator between two of whose steps another thread may run (as a
+    training forward adding its node, or an optimiser built adding its tables, would):
+    deterministic where a race of threads is not."""
+    added = []
+
+    def tracer(frame, event, arg):
+        walked = frame.f_locals.get("self")
+        if (frame.f_code is not weakref.WeakSet.__iter__.__code__
+                or not any(walked is s for s in weak_sets)):
+            return None
+
+        def on_line(frame, event, arg):  # (past the first element: the walk has begun)
+            if event == "line" and "itemref" in frame.f_locals and not any(
+                    walked is s for s, _ in added):
+                added.append((walked, _Member()))
+                walked.add(added[-1][1])
+            return on_line
+        return on_line
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        yield added
+    finally:
+        sys.settrace(previous)
+
+
+@pytest.mark.parametrize("kind", ["fused-step", "in-backward-sgd"])
+def test_a_node_added_while_the_backward_checks_the_nodes(kind):
+    """A forward kept beside a training step (two nodes: the backward asks which run) and a
+    node added while the check walks them: the steps are those of a model that made no
+    such forward."""
+    model, twin = _autoencoder(), _autoencoder()
+    opt, twin_opt = OPTIMISERS[kind](model), OPTIMISERS[kind](twin)
+    with _a_member_added_midway([u.nodes for u in opt._updates.values()]):
+        kept = _twin_steps(model, opt, lambda m: m(_x2(), _x2()))
+    _twin_steps(twin, twin_opt, lambda m: None)
+    _assert_same_weights(model, twin)
+    assert _updates(opt) == [2, 2] and len(kept) == 4
+
+
+def test_a_table_added_while_a_tied_weight_is_named():
+    """The refusal of a tied weight names the other table (found among the live ones) when
+    another table is made meanwhile."""
+    with _a_member_added_midway([_rowopt.LIVE_UPDATES]):
+        with pytest.raises(RuntimeError, match=r"the weight of SparseLinearBatch '0', which "
+                                               r"its own in-backward table steps too"):
+            _misused(True, _tie(4, "weight", 0, "weight_t"))()
 
 
 # -- reentrant activation checkpointing: the checkpointed layers' backward runs nested ----------

@@ -1295,6 +1295,41 @@ def test_zero_grad_clears_a_grad_left_on_an_in_backward_weight(left, sparse_grad
         torch.testing.assert_close(p, q, msg=name)
 
 
+COPIES = {"deepcopy": copy.deepcopy, "pickle": lambda obj: pickle.loads(pickle.dumps(obj)),
+          "torch.save": lambda obj: _saved_and_loaded(obj)}
+
+
+def _saved_and_loaded(obj):
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True])
+@pytest.mark.parametrize("how", list(COPIES))
+def test_a_copy_made_after_zero_grad_steps_as_the_original(how, sparse_grad):
+    """A copy of {"model": ..., "opt": ...} made between zero_grad(set_to_none=False) and the
+    step forgets which .grad was zeroed (weak references are not copied), and needs not to
+    know: torch copies a Parameter without its .grad (Parameter.__deepcopy__, pickling), so
+    the copy's weights have none to refuse, and both step alike."""
+    gen = torch.Generator().manual_seed(7)
+    x, y = _batch(gen, 3, IN, 0.5, "cpu", full=True), _batch(gen, 3, OUT, 0.5, "cpu")
+    model, _ = _models("cpu", sparse_grad=sparse_grad)
+    for layer in ("enc", "dec"):
+        param = _weight_param(model, layer)
+        param.grad = torch.ones_like(param)  # left from before
+    opt = noptim.apply_optimizer_in_backward(model, "adam", lr=0.1)
+    opt.zero_grad(set_to_none=False)
+    copied = COPIES[how]({"model": model, "opt": opt})
+    for m, o in ((model, opt), (copied["model"], copied["opt"])):
+        _loss(m, x, y).backward()
+        o.step()
+    assert [_weight_param(copied["model"], layer).grad for layer in ("enc", "dec")] == [None] * 2
+    for (name, p), q in zip(model.named_parameters(), copied["model"].parameters()):
+        torch.testing.assert_close(p, q, msg=name)
+
+
 # a .grad that appears on an in-backward weight between zero_grad(set_to_none=False) and
 # step(): step() refuses it, nothing stepped
 def _written_in_place(model, x):

@@ -322,7 +322,8 @@ def collate_sparse_rows(rows: Sequence[Tuple[int, _Row]], width: int,
         TypeError: a bad ``layout``, a row that is not two tensors, float indices,
             rows whose values (empty rows aside) differ in dtype,
             a ``row_index`` that is not an int (or a 0-d integer tensor).
-        ValueError: tensors on more than one device, indices out of ``[0, width)``,
+        ValueError: a negative ``width`` or one beyond int64, tensors on more than one
+            device, indices out of ``[0, width)``,
             unsorted or repeated within a row, an index/value length mismatch, a
             negative ``row_index``.
 

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._forms import SparseLike, as_count, as_sparse_batch, check_int64
+from .._forms import SparseLike, as_count, as_sparse_batch, check_int64, is_int
 from ..convert import _check_elem, _densify, sparsify
 
 __all__ = ["Densify", "Sparsify"]
@@ -20,7 +19,7 @@ def _check_in_features(in_features: Any) -> int:
     as ``nn.Linear``'s sizes take them), as an int."""
     if isinstance(in_features, (Tensor, np.ndarray)):
         return as_count("in_features", in_features, 0, must="non-negative")
-    if not isinstance(in_features, numbers.Integral) or isinstance(in_features, bool):
+    if not is_int(in_features):
         raise TypeError(f"in_features must be a non-negative int, got "
                         f"{type(in_features).__name__} {in_features!r}")
     if in_features < 0:

@@ -12,9 +12,9 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
-from .. import _double, _grad_origin, _index
+from .. import _double, _grad_origin, _index, _rowopt
 from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_choice, as_device,
-                      as_flag, as_int, as_sparse_batch, check_int64, dtype_got, empty_batch,
+                      as_flag, as_int, as_sparse_batch, dtype_got, empty_batch,
                       move_structure, no_rows)
 from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_rows_of
@@ -255,7 +255,7 @@ def _refuse_used_twice(update: Any, steps: bool = True) -> None:
         nodes = getattr(table, "nodes", None)
         if nodes is None or len(nodes) < 2:
             continue
-        running = [node for node in list(nodes)
+        running = [node for node in _rowopt.alive(nodes)  # (another thread may add one)
                    if node.needs_input_grad[1] and _will_run(will_execute, node)]
         if len(running) > 1 and ((table is update and steps) or  # (_weight_use asked)
                                  _engine_use(running[0].next_functions[1][0]) == _STEP):
@@ -641,8 +641,7 @@ def _not_owned_message(layer: nn.Module, update: Any, read: Tensor) -> str:
 
 def _owner_of(param: Tensor, update: Any) -> Optional[str]:
     """The name of the live in-backward table, other than ``update``, built on ``param``."""
-    from .. import _rowopt
-    for other in list(_rowopt.LIVE_UPDATES):
+    for other in _rowopt.alive(_rowopt.LIVE_UPDATES):  # (another thread may add one)
         if other is not update and getattr(other, "param", None) is param:
             return other.name
     return None
@@ -679,10 +678,10 @@ def _check_layer_args(in_features: Any, out_features: Any, bias: Any, sparse_gra
     as in ``nn.Linear``; a bool or a float does not)."""
     sizes = []
     for arg, value in (("in_features", in_features), ("out_features", out_features)):
-        value = as_int(value, arg)
+        value = as_int(value, arg, expected="a non-negative int")
         if value < 0:
             raise ValueError(f"{arg} must be non-negative, got {value}")
-        sizes.append(check_int64(value, arg, "a non-negative int"))
+        sizes.append(value)
     itemsize = (dtype if isinstance(dtype, torch.dtype) else torch.get_default_dtype()).itemsize
     if sizes[0] * sizes[1] * itemsize > _INT64_MAX:  # torch: "Storage size ... overflowed"
         raise ValueError(f"in_features * out_features (the weight's elements, {itemsize} bytes "

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from .. import distributed as nd
-from .._forms import (as_count, as_device, as_flag, int_of_0d, refuse_meta,
+from .._forms import (as_count, as_device, as_flag, int_of_0d, is_int, refuse_meta,
                       refuse_meta_device)
 from .._optim_split import SplitOptimizer, make_optimizer
 from ..optim import LazyAdam
@@ -274,8 +274,7 @@ class Trainer:
         if validate is not None and not callable(validate):
             raise TypeError(f"validate must be callable or None, got {type(validate).__name__}")
         epochs = int_of_0d(epochs, "epochs")  # a 0-d integer tensor, as every count takes
-        if epochs is not None and (not isinstance(epochs, numbers.Integral)
-                                   or isinstance(epochs, bool)):
+        if epochs is not None and not is_int(epochs):
             raise TypeError(f"epochs must be None or an int >= 1, got {epochs!r}")
         if epochs is not None and epochs < 1:
             raise ValueError(f"epochs must be None or an int >= 1, got {epochs!r}")
