@@ -3,7 +3,8 @@
 Row pointers from row indices and back, the column-major order of a
 pattern, and the constructors of torch COO/CSR tensors that skip torch's
 (implicitly disabled) invariant checks: nnsparse checks indices itself, once,
-where a batch enters (see ``docs/sparse_batch.md``).
+where a batch enters (see ``docs/sparse_batch.md``).  Unlike torch's, they are
+differentiable to any order in values that require grad (:func:`_records`).
 
 None of these functions synchronises with the host: every output size is
 known from the input sizes.
@@ -161,15 +162,39 @@ class _CsrValues(torch.autograd.Function):
         return csr_tensor(crow, col, grad, ctx.size)
 
 
+def _records(values: Tensor, size: Sequence[int]) -> bool:
+    """Whether a tensor built on ``values`` is part of a recorded graph: it is then built
+    by :class:`nnsparse.values._SparseWithValues`, differentiable to any order.
+
+    torch's constructors are once differentiable in the values (torch 2.13: the
+    backward of ``torch.sparse_coo_tensor``, ``SparseCooTensorWithDimsAndTensorsBackward0``,
+    records no graph, so a gradient through it does not require grad; that of
+    ``torch.sparse_csr_tensor`` raises at the second derivative).  Inside
+    ``_SparseWithValues.forward`` grad mode is off: torch's constructor builds it.
+    Hybrid tensors (values ``(nnz, d)``: a ``sparse_grad`` layer's gradient) and
+    tensors of more than 2 dimensions keep torch's constructor.
+    """
+    return (values.requires_grad and torch.is_grad_enabled() and values.dim() == 1
+            and len(size) <= 2)
+
+
 def coo_tensor(indices: Tensor, values: Tensor, size: Sequence[int], coalesced: bool) -> Tensor:
-    """A torch sparse COO tensor on ``indices``, without torch's invariant checks."""
+    """A torch sparse COO tensor on ``indices``, without torch's invariant checks;
+    differentiable to any order in ``values`` (see :func:`_records`)."""
+    if _records(values, size):
+        from .values import _coo_with_values  # (values imports this module)
+        return _coo_with_values(indices, values, size, coalesced=coalesced)
     return torch.sparse_coo_tensor(  # on values' device, not the default device
         indices, values, tuple(size), is_coalesced=coalesced, check_invariants=False,
         device=values.device)
 
 
 def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[int]) -> Tensor:
-    """A torch sparse CSR tensor on ``crow``/``col``, without torch's invariant checks."""
+    """A torch sparse CSR tensor on ``crow``/``col``, without torch's invariant checks;
+    differentiable to any order in ``values`` (see :func:`_records`)."""
+    if _records(values, size):
+        from .values import _csr_with_values  # (values imports this module)
+        return _csr_with_values(crow, col, values, size)
     with warnings.catch_warnings():
         # torch warns once per process that CSR is "beta"; the user chose CSR.
         warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta")

@@ -63,8 +63,9 @@ def _sparse_entries(grad: Tensor) -> Tuple[Tensor, Tensor]:
 class _SparseWithValues(torch.autograd.Function):
     """A sparse tensor on given index tensors whose values carry the gradient.
 
-    Forward wraps ``values`` (one per distinct position) into a coalesced COO
-    tensor on ``indices`` or a CSR tensor on ``crow``/``col``.  Backward
+    Forward wraps ``values`` into a COO tensor on ``indices`` (coalesced, one
+    value per distinct position, unless ``coalesced`` is False: positions may
+    then repeat, and sum) or a CSR tensor on ``crow``/``col``.  Backward
     returns the gradient at those positions in O(nnz): the gradient's own
     values when it is sparse on the same index tensors (what ``.values()``
     sends back), a look-up by linear index when it is sparse on another
@@ -75,27 +76,27 @@ class _SparseWithValues(torch.autograd.Function):
     # forward and setup_context apart: the form torch.func's transforms require
     @staticmethod
     def forward(values: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
-                col: Optional[Tensor], size: Tuple[int, ...]) -> Tensor:
+                col: Optional[Tensor], size: Tuple[int, ...], coalesced: bool = True) -> Tensor:
         if indices is not None:
-            return _sparse_coo(indices, values, size, True)
+            return _sparse_coo(indices, values, size, coalesced)
         assert crow is not None and col is not None  # CSR when indices is None
         return _sparse_csr(crow, col, values, size)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
-        _, indices, crow, col, size = inputs
+        indices, crow, col, size = inputs[1:5]
         ctx.save_for_backward(indices, crow, col)
-        ctx.size = size
+        ctx.size, ctx.coalesced = size, inputs[5] if len(inputs) > 5 else True
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None
+            return None, None, None, None, None, None
         indices, crow, col = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True (or torch.func): differentiable
             return _ValuesAt.apply(  # type: ignore[no-untyped-call]
-                grad, indices, crow, col, ctx.size), None, None, None, None
-        return _values_at(grad, indices, crow, col, ctx.size), None, None, None, None
+                grad, indices, crow, col, ctx.size, ctx.coalesced), None, None, None, None, None
+        return _values_at(grad, indices, crow, col, ctx.size), None, None, None, None, None
 
 
 class _ValuesAt(torch.autograd.Function):
@@ -110,27 +111,27 @@ class _ValuesAt(torch.autograd.Function):
 
     @staticmethod
     def forward(grad: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
-                col: Optional[Tensor], size: Tuple[int, ...]) -> Tensor:
+                col: Optional[Tensor], size: Tuple[int, ...], coalesced: bool) -> Tensor:
         return _values_at(grad, indices, crow, col, size)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
-        grad, indices, crow, col, size = inputs
+        grad, indices, crow, col, size, coalesced = inputs
         ctx.save_for_backward(indices, crow, col)
-        ctx.size, ctx.layout = size, grad.layout
+        ctx.size, ctx.layout, ctx.coalesced = size, grad.layout, coalesced
 
     @staticmethod
     def backward(ctx: Any, values_grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None
+            return None, None, None, None, None, None
         indices, crow, col = ctx.saved_tensors
         out = _SparseWithValues.apply(  # type: ignore[no-untyped-call]
-            values_grad, indices, crow, col, ctx.size)
+            values_grad, indices, crow, col, ctx.size, ctx.coalesced)
         if ctx.layout == torch.strided:
             out = out.to_dense()
         elif ctx.layout != out.layout:  # (a CSR pattern's COO gradient, or the reverse)
             out = out.to_sparse_csr() if ctx.layout == torch.sparse_csr else out.to_sparse_coo()
-        return out, None, None, None, None
+        return out, None, None, None, None, None
 
 
 def _values_at(grad: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
@@ -156,15 +157,16 @@ def _values_at(grad: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
 
 
 def _coo_with_values(indices: Tensor, values: Tensor, size: Sequence[int],
-                     pattern: Optional[SparseBatch] = None) -> Tensor:
+                     pattern: Optional[SparseBatch] = None, coalesced: bool = True) -> Tensor:
     """A coalesced COO tensor on ``indices`` (distinct, sorted) with ``values``, O(nnz) backward.
 
     ``pattern``, the checked batch of exactly these indices, is attached to
-    the result (trusted, its cached structures shared).
+    the result (trusted, its cached structures shared).  ``coalesced=False``:
+    an uncoalesced tensor, whose positions may repeat (they sum).
     """
     # (an inference tensor's indices are copied: the backward saves them)
     out = _SparseWithValues.apply(  # type: ignore[no-untyped-call]
-        values, _index.outside_inference(indices), None, None, tuple(size))
+        values, _index.outside_inference(indices), None, None, tuple(size), coalesced)
     return out if pattern is None else attach(out, pattern)
 
 
