@@ -778,6 +778,13 @@ def _from_coo(x: Tensor, name: str) -> SparseBatch:
     return _from_tensor(x, name)
 
 
+# The hint where a pair tensor copied from Lua, its indices still 1-based, first shows it:
+# its largest index is its Lua width n, one past the width n it is given (a width further
+# off, or a negative one, is no Lua slip: no hint).
+_LUA_PAIRS_HINT = (" (pair indices are 0-based: a Lua pair tensor's 1-based indices need "
+                   "pairs[:, 0] - 1)")
+
+
 def _from_pairs(x: Tensor, name: str, width: Optional[int]) -> SparseBatch:
     if x.dim() != 2 or x.shape[1] != 2:
         if x.numel() == 0:  # an empty row may come as torch.tensor([])
@@ -786,7 +793,12 @@ def _from_pairs(x: Tensor, name: str, width: Optional[int]) -> SparseBatch:
             raise ValueError(f"{name} must be a pair tensor of shape (k, 2), "
                              f"got shape {tuple(x.shape)}")
     col = _pair_index(x[:, 0], name)
-    check_index_range(col, width, f"{name} indices")
+    try:
+        check_index_range(col, width, f"{name} indices")
+    except ValueError as e:  # (the error path: one more host synchronisation)
+        if width and col.numel() and int(col.max()) == width:  # (a 1-based index is >= 1)
+            raise ValueError(f"{e}{_LUA_PAIRS_HINT}") from None
+        raise
     return SparseBatch(torch.zeros_like(col), col, x[:, 1], (1, width or 0), "pairs",
                        is_vector=True, row_sorted=True)
 
@@ -1291,9 +1303,8 @@ def resolve_size(given: Optional[Sequence[int]], batch: SparseBatch, name: str =
     if rows < batch.rows:
         raise ValueError(f"{name} must have at least {batch.rows} rows, got {rows}")
     if width < batch.width:
-        # the first place a pair tensor copied from Lua, indices still 1-based, shows it
-        lua = (" (pair indices are 0-based: a Lua pair tensor's 1-based indices need "
-               "pairs[:, 0] - 1)" if batch.form in ("pairs", "pair_list") else "")
+        lua = (_LUA_PAIRS_HINT if batch.form in ("pairs", "pair_list")
+               and 0 < width == batch.width - 1 else "")
         raise ValueError(f"{name} must have at least {batch.width} columns, got {width}{lua}")
     return int(rows), int(width)
 

@@ -425,13 +425,21 @@ LUA_CASES = [
     Case("from_pairs_rows_and_width_size", lambda: from_pairs(P, (3, 5)), TypeError,
          r"^size must be an int, got tuple \(3, 5\); a batch's size is its width, "
          r"from_pairs\(pairs, 5\)$"),
+    # (1-based indices whose largest is the width: the message names the Lua slip since
+    # test_lua_port's test_lua_one_based_pairs_get_the_hint_wherever_the_width_shows_them)
     Case("linear_lua_one_based_indices", lambda: _linear()(P1), ValueError,
-         r"^input\[1\] indices must be in \[0, 5\), got max 5$"),
+         r"^input\[1\] indices must be in \[0, 5\), got max 5"
+         r" \(pair indices are 0-based: a Lua pair tensor's 1-based indices need "
+         r"pairs\[:, 0\] - 1\)$"),
     Case("decoder_lua_one_based_pattern", lambda: _decoder()[0](torch.zeros(3, 3), P1),
-         ValueError, r"^pattern\[1\] indices must be in \[0, 5\), got max 5$"),
+         ValueError, r"^pattern\[1\] indices must be in \[0, 5\), got max 5"
+         r" \(pair indices are 0-based: a Lua pair tensor's 1-based indices need "
+         r"pairs\[:, 0\] - 1\)$"),
     Case("criterion_lua_one_based_target", lambda: SparseCriterion(MSE)(torch.zeros(3, W), P1),
          ValueError, r"^target indices must be in \[0, 5\) \(the columns of the estimate\), "
-                     r"got max 5$"),
+                     r"got max 5"
+         r" \(pair indices are 0-based: a Lua pair tensor's 1-based indices need "
+         r"pairs\[:, 0\] - 1\)$"),
     Case("linear_fractional_index", lambda: _linear()([torch.tensor([[0.5, 3.]])]), ValueError,
          r"^input\[0\] indices must be integers, got 0\.5$"),
     Case("linear_nan_index", lambda: _linear()([torch.tensor([[float("nan"), 3.]])]),

@@ -1427,3 +1427,43 @@ def test_sdae_sparse_with_noise_per_row_masks_as_docs_write_them(form, hide_rati
     dloss[mask_alpha] *= alpha
     dloss[mask_beta] *= beta
     torch.testing.assert_close(out_grad.sum(), dloss.sum() / dloss.numel(), rtol=0, atol=1e-6)
+
+
+_LUA_HINT = (r" \(pair indices are 0-based: a Lua pair tensor's 1-based indices need "
+             r"pairs\[:, 0\] - 1\)")
+
+
+@pytest.mark.parametrize("call, message", [
+    # docs/lua_port.md: "a size too small for the 1-based indices is refused with that hint";
+    # from_pairs(pairs, size=n) (the hint of a lone pair vector) and a layer given the Lua
+    # rows, as Lua's sparseLayer:forward took them, said "indices must be in [0, 6), got
+    # max 6" alone
+    (lambda lua: from_pairs(lua[0], size=6), r"^pairs indices must be in \[0, 6\), got max 6"),
+    (lambda lua: SparseLinearBatch(6, 2, dtype=torch.float64)(lua),
+     r"^input\[0\] indices must be in \[0, 6\), got max 6"),
+    (lambda lua: nnsparse.SparseWeightLinear.random(6, 2, 0.5, dtype=torch.float64)(lua),
+     r"^input\[0\] indices must be in \[0, 6\), got max 6"),
+    (lambda lua: densify(lua, 0, (2, 6)), r"^size must have at least 7 columns, got 6"),
+    (lambda lua: SparseCriterion(nn.MSELoss())(torch.zeros(2, 6, dtype=torch.float64), lua),
+     r"^target indices must be in \[0, 6\) \(the columns of the estimate\), got max 6"),
+])
+def test_lua_one_based_pairs_get_the_hint_wherever_the_width_shows_them(call, message):
+    lua = [_pairs([1, 1], [3, 4], [6, 2]), _pairs([4, 8])]
+    with pytest.raises(ValueError, match=message + _LUA_HINT + "$"):
+        call(lua)
+
+
+@pytest.mark.parametrize("call, message", [
+    # a width no 1-based index explains (more than one short, or negative): no Lua hint
+    (lambda lua: densify(lua, 0, (2, 3)), r"^size must have at least 7 columns, got 3$"),
+    (lambda lua: densify(lua, 0, (2, -1)), r"^size must have at least 7 columns, got -1$"),
+    (lambda lua: from_pairs(lua[0], size=4), r"^pairs indices must be in \[0, 4\), got max 6$"),
+    (lambda lua: SparseLinearBatch(3, 2, dtype=torch.float64)(lua),
+     r"^input\[0\] indices must be in \[0, 3\), got max 6$"),
+    (lambda lua: SparseCriterion(nn.MSELoss())(torch.zeros(2, 4, dtype=torch.float64), lua),
+     r"^target indices must be in \[0, 4\) \(the columns of the estimate\), got max 6$"),
+])
+def test_lua_hint_only_where_one_based_indices_explain_the_width(call, message):
+    lua = [_pairs([1, 1], [3, 4], [6, 2]), _pairs([4, 8])]
+    with pytest.raises(ValueError, match=message):
+        call(lua)
