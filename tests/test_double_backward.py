@@ -765,3 +765,39 @@ def test_uncoalesced_input_second_derivative_sums_repeats():
     h, = torch.autograd.grad(g.square().sum(), v)
     torch.testing.assert_close(g, want_g.detach(), rtol=0, atol=1e-12)
     torch.testing.assert_close(h, want_h, rtol=0, atol=1e-12)
+
+
+_PATTERNS = {  # (indices, size, coalesced flag)
+    "repeats_2d": (_REPEATS, (3, 4), False),
+    "coalesced_2d": (torch.tensor([[0, 1, 1], [1, 0, 2]]), (2, 3), True),
+    "repeats_vector": (torch.tensor([[3, 0, 3, 1]]), (5,), False),
+    "empty_2d": (torch.zeros(2, 0, dtype=torch.int64), (2, 3), True),
+    "empty_vector": (torch.zeros(1, 0, dtype=torch.int64), (4,), False),
+}
+_VALUE_VIEWS = {"contiguous": lambda leaf, n: leaf[:n] * 1, "view": lambda leaf, n: leaf[1:n + 1],
+                "strided": lambda leaf, n: leaf[::2][:n]}
+
+
+@pytest.mark.parametrize("view", list(_VALUE_VIEWS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, F64])
+@pytest.mark.parametrize("pattern", list(_PATTERNS))
+def test_nnsparse_coo_constructor_with_grad_is_torchs_tensor(pattern, dtype, view):
+    # values that require grad take _SparseWithValues: the same tensor as torch's constructor
+    # (flag, repeats kept, dtype, shape) and the same first derivative
+    from nnsparse import _index
+    indices, size, coalesced = _PATTERNS[pattern]
+    n = indices.shape[1]
+    leaves = [torch.arange(1., 2 * n + 2, dtype=dtype).requires_grad_() for _ in range(2)]
+    ours = _index.coo_tensor(indices, _VALUE_VIEWS[view](leaves[0], n), size, coalesced)
+    theirs = torch.sparse_coo_tensor(indices, _VALUE_VIEWS[view](leaves[1], n), size,
+                                     is_coalesced=coalesced)
+    assert type(ours.grad_fn).__name__ == "_SparseWithValuesBackward"
+    for a in (ours, theirs):
+        assert (a.layout, a.dtype, a.shape, a.is_coalesced(), a._nnz(), a.requires_grad) == (
+            torch.sparse_coo, dtype, torch.Size(size), coalesced, n, True)
+    assert torch.equal(ours._indices(), theirs._indices())
+    assert torch.equal(ours._values().detach(), theirs._values().detach())
+    weight = torch.arange(float(torch.Size(size).numel()), dtype=dtype).reshape(size)
+    grads = [torch.autograd.grad((a.coalesce().to_dense() * weight).sum(), leaf)[0]
+             for a, leaf in zip((ours, theirs), leaves)]
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
