@@ -96,7 +96,8 @@ class _SparseWithValues(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True (or torch.func): differentiable
             return _ValuesAt.apply(  # type: ignore[no-untyped-call]
                 grad, indices, crow, col, ctx.size, ctx.coalesced), None, None, None, None, None
-        return _values_at(grad, indices, crow, col, ctx.size), None, None, None, None, None
+        return (_values_at(grad, indices, crow, col, ctx.size, ctx.coalesced),
+                None, None, None, None, None)
 
 
 class _ValuesAt(torch.autograd.Function):
@@ -112,7 +113,7 @@ class _ValuesAt(torch.autograd.Function):
     @staticmethod
     def forward(grad: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
                 col: Optional[Tensor], size: Tuple[int, ...], coalesced: bool) -> Tensor:
-        return _values_at(grad, indices, crow, col, size)
+        return _values_at(grad, indices, crow, col, size, coalesced)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
@@ -135,15 +136,21 @@ class _ValuesAt(torch.autograd.Function):
 
 
 def _values_at(grad: Tensor, indices: Optional[Tensor], crow: Optional[Tensor],
-               col: Optional[Tensor], size: Sequence[int]) -> Tensor:
-    """``grad`` (dense or sparse, shape ``size``) read at the pattern's entries, in its order."""
+               col: Optional[Tensor], size: Sequence[int], coalesced: bool = True) -> Tensor:
+    """``grad`` (dense or sparse, shape ``size``) read at the pattern's entries, in its order.
+
+    ``coalesced=False``: the COO pattern may repeat a position; each of its entries
+    reads ``grad`` at that position (a sparse ``grad``'s repeats summed there).
+    """
     if grad.layout == torch.strided:
         if indices is not None:
             return grad[tuple(indices)]
         assert crow is not None and col is not None  # CSR when indices is None
         return grad[_csr_rows(crow, col, size[0]), col.to(torch.int64)]
-    if grad.layout == torch.sparse_coo and indices is not None and _index.same_view(
-            grad._indices(), indices):
+    # a gradient on the pattern's own indices is read one for one, unless a position may
+    # repeat in both (e.g. x.detach() of an uncoalesced x): its value there is the repeats' sum
+    if (grad.layout == torch.sparse_coo and indices is not None
+            and _index.same_view(grad._indices(), indices) and (coalesced or grad.is_coalesced())):
         return grad._values()
     if (grad.layout == torch.sparse_csr and crow is not None
             and _index.same_view(grad.crow_indices(), crow) and _index.same_view(grad.col_indices(), col)):

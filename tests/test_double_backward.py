@@ -706,3 +706,98 @@ def test_torch_coo_constructor_drops_a_penalty_silently():
     assert not torch.allclose(grads["dense", True], grads["dense", False])
     # torch's constructor: the penalty's part is gone (the xfail above flips first)
     torch.testing.assert_close(grads["torch", True], grads["torch", False])
+
+
+# -- an uncoalesced input (repeated positions sum): a gradient handed in on its own indices ---
+# (x.detach() shares x's index tensor; so does a tensor built on x._indices()).  Each value's
+# gradient is the gradient tensor's entry at its position, the sum of that position's repeats
+# (as torch's constructor and the dense model give), not the repeat at the same place.
+_REPEATS = torch.tensor([[0, 1, 1, 0, 1, 2], [2, 0, 2, 2, 2, 1]])
+
+
+def _uncoalesced(v):
+    from nnsparse import _index
+    return _index.coo_tensor(_REPEATS, v, (3, 4), False)
+
+
+_GRAD_ON_OWN_INDICES = {
+    "x.detach()": lambda x: x.detach(),
+    "built_on_x._indices()": lambda x: torch.sparse_coo_tensor(
+        x._indices(), torch.arange(1., 7., dtype=F64), x.shape),
+}
+
+
+@pytest.mark.parametrize("how", list(_GRAD_ON_OWN_INDICES))
+@pytest.mark.parametrize("make", ["nnsparse", "from_pairs"])
+def test_uncoalesced_input_gradient_on_its_own_indices_sums_repeats(make, how):
+    v = torch.tensor([1., 2., 3., 4., 5., 6.], dtype=F64, requires_grad=True)
+    if make == "nnsparse":
+        x = _uncoalesced(v)
+    else:
+        x = nnsparse.from_pairs([torch.stack([_REPEATS[1][_REPEATS[0] == r].to(F64),
+                                              v[_REPEATS[0] == r]], 1) for r in range(3)], 4)
+        assert not x.is_coalesced() and x._nnz() == 6
+    assert x.requires_grad and not x.is_coalesced()
+    grad = _GRAD_ON_OWN_INDICES[how](x)
+    index = x._indices()
+    want = grad.coalesce().to_dense()[tuple(index)]
+    got, = torch.autograd.grad(x, v, grad)
+    if make == "nnsparse":  # (from_pairs groups by row: its entries are in another order)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        old = torch.sparse_coo_tensor(_REPEATS, v, (3, 4))  # torch's constructor: the same
+        torch.testing.assert_close(torch.autograd.grad(old, v, grad)[0], want, rtol=0, atol=0)
+    else:
+        dense = torch.zeros(3, 4, dtype=F64).index_put(tuple(_REPEATS), v, accumulate=True)
+        torch.testing.assert_close(x.coalesce().to_dense(), dense)
+        ref, = torch.autograd.grad(dense, v, grad.coalesce().to_dense())
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+def test_uncoalesced_input_second_derivative_sums_repeats():
+    # a gradient G(v) sharing x's indices, create_graph=True: the differentiable
+    # backward (_ValuesAt) reads it the same way, and its own backward too
+    v = torch.tensor([1., 2., 3., 4., 5., 6.], dtype=F64, requires_grad=True)
+    dense = torch.zeros(3, 4, dtype=F64).index_put(tuple(_REPEATS), v, accumulate=True)
+    want_g, = torch.autograd.grad(dense, v, dense * 1, create_graph=True)
+    want_h, = torch.autograd.grad(want_g.square().sum(), v)
+    x = _uncoalesced(v)
+    g, = torch.autograd.grad(x, v, _uncoalesced(v * 1), create_graph=True)
+    h, = torch.autograd.grad(g.square().sum(), v)
+    torch.testing.assert_close(g, want_g.detach(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(h, want_h, rtol=0, atol=1e-12)
+
+
+_PATTERNS = {  # (indices, size, coalesced flag)
+    "repeats_2d": (_REPEATS, (3, 4), False),
+    "coalesced_2d": (torch.tensor([[0, 1, 1], [1, 0, 2]]), (2, 3), True),
+    "repeats_vector": (torch.tensor([[3, 0, 3, 1]]), (5,), False),
+    "empty_2d": (torch.zeros(2, 0, dtype=torch.int64), (2, 3), True),
+    "empty_vector": (torch.zeros(1, 0, dtype=torch.int64), (4,), False),
+}
+_VALUE_VIEWS = {"contiguous": lambda leaf, n: leaf[:n] * 1, "view": lambda leaf, n: leaf[1:n + 1],
+                "strided": lambda leaf, n: leaf[::2][:n]}
+
+
+@pytest.mark.parametrize("view", list(_VALUE_VIEWS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, F64])
+@pytest.mark.parametrize("pattern", list(_PATTERNS))
+def test_nnsparse_coo_constructor_with_grad_is_torchs_tensor(pattern, dtype, view):
+    # values that require grad take _SparseWithValues: the same tensor as torch's constructor
+    # (flag, repeats kept, dtype, shape) and the same first derivative
+    from nnsparse import _index
+    indices, size, coalesced = _PATTERNS[pattern]
+    n = indices.shape[1]
+    leaves = [torch.arange(1., 2 * n + 2, dtype=dtype).requires_grad_() for _ in range(2)]
+    ours = _index.coo_tensor(indices, _VALUE_VIEWS[view](leaves[0], n), size, coalesced)
+    theirs = torch.sparse_coo_tensor(indices, _VALUE_VIEWS[view](leaves[1], n), size,
+                                     is_coalesced=coalesced)
+    assert type(ours.grad_fn).__name__ == "_SparseWithValuesBackward"
+    for a in (ours, theirs):
+        assert (a.layout, a.dtype, a.shape, a.is_coalesced(), a._nnz(), a.requires_grad) == (
+            torch.sparse_coo, dtype, torch.Size(size), coalesced, n, True)
+    assert torch.equal(ours._indices(), theirs._indices())
+    assert torch.equal(ours._values().detach(), theirs._values().detach())
+    weight = torch.arange(float(torch.Size(size).numel()), dtype=dtype).reshape(size)
+    grads = [torch.autograd.grad((a.coalesce().to_dense() * weight).sum(), leaf)[0]
+             for a, leaf in zip((ours, theirs), leaves)]
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
