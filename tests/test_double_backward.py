@@ -604,10 +604,16 @@ def _input_second_derivative(layer, make, v):
 @pytest.mark.parametrize("layer_name", list(_input_layers()))
 @pytest.mark.parametrize("form", list(_INPUT_FORMS))
 def test_input_values_second_derivative(form, layer_name):
+    _assert_second_derivative_of_input(layer_name, _INPUT_FORMS[form])
+
+
+def _assert_second_derivative_of_input(layer_name, build):
+    """The layer's first and second derivatives in the input's values, the input made by
+    ``build(values, like)``, equal the dense model's."""
     layer, ref = _input_layers()[layer_name]
     like = _input_pattern()
     v = like.values().detach().clone().requires_grad_()
-    got = _input_second_derivative(layer, lambda v: _INPUT_FORMS[form](v, like), v)
+    got = _input_second_derivative(layer, lambda v: build(v, like), v)
     want = _input_second_derivative(ref, lambda v: _dense_of(v, like), v)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
@@ -674,13 +680,7 @@ def test_torch_coo_constructor_cuts_the_second_derivative(product):
 @pytest.mark.parametrize("layer_name", list(_input_layers()))
 @pytest.mark.parametrize("form", list(_TORCH_CONSTRUCTORS))
 def test_input_values_through_torch_constructors(form, layer_name):
-    layer, ref = _input_layers()[layer_name]
-    like = _input_pattern()
-    v = like.values().detach().clone().requires_grad_()
-    got = _input_second_derivative(layer, lambda v: _TORCH_CONSTRUCTORS[form](v, like), v)
-    want = _input_second_derivative(ref, lambda v: _dense_of(v, like), v)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    _assert_second_derivative_of_input(layer_name, _TORCH_CONSTRUCTORS[form])
 
 
 def test_torch_coo_constructor_drops_a_penalty_silently():
