@@ -12,6 +12,7 @@ from typing import Any, Iterator, Tuple, cast
 import numpy as np
 import torch
 
+from .._forms import is_int
 from .readers import Ratings, _check_ratings, _check_unique_pairs, _check_unique_pairs_apart
 
 __all__ = ["Split", "split_ratings", "random_split", "holdout_split"]
@@ -78,7 +79,7 @@ def _torch_seed(seed: Any, name: str = "seed") -> int:
     Raises:
         TypeError: ``seed`` is not an int (numpy ints pass; a bool does not).
     """
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    if not is_int(seed):  # (not a numpy timedelta64, which numbers.Integral takes)
         raise TypeError(f"{name} must be an int, got {type(seed).__name__} {seed!r}")
     seed = int(seed)
     if _TORCH_SEEDS[0] <= seed < _TORCH_SEEDS[1]:

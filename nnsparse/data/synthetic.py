@@ -19,7 +19,7 @@ import os
 import numpy as np
 import torch
 
-from .._forms import as_count, as_flag
+from .._forms import as_count, as_flag, is_int
 from .readers import Ratings
 
 __all__ = ["synthetic_ratings", "synthetic_item_features"]
@@ -121,7 +121,7 @@ def _check_memory(n_users: int, n_items: int, rank: int) -> None:
 
 
 def _check_seed(seed: Any) -> None:
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+    if not is_int(seed):  # (not a numpy timedelta64, which np.integer holds)
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed}")

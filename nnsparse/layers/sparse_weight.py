@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .._forms import (_check_csr, _version, as_count, as_device, as_flag, as_sparse_batch,
-                      dtype_got, is_sparse_form)
+                      dtype_got, is_int, is_sparse_form)
 from .._load import check_state_dict, entry_errors
 from .. import _index
 from ..matmul import _PatternMM
@@ -414,7 +414,7 @@ class SparseWeightLinear(nn.Module):
         density = _check_density(density)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        if seed is not None and not is_int(seed):  # (not a numpy timedelta64)
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
         if generator is None:
             generator = torch.Generator().manual_seed(0 if seed is None else int(seed))

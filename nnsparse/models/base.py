@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, check_file_object,
-                      check_index_range, refuse_meta, refuse_meta_device, trust)
+                      check_index_range, is_int, refuse_meta, refuse_meta_device, trust)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -330,7 +330,7 @@ class RatingModel(nn.Module):
         for key in ("epochs", "batch_size"):
             h[key] = as_count(key, h[key], 1)
         h["patience"] = as_count("patience", h["patience"], 0)
-        if not isinstance(h["seed"], numbers.Integral) or isinstance(h["seed"], bool):
+        if not is_int(h["seed"]):  # (not a numpy timedelta64, which numbers.Integral takes)
             raise TypeError(f"seed must be an int, got {type(h['seed']).__name__}")
         h["seed"] = int(h["seed"])  # a numpy int too; any size (see _torch_seed)
         for key in ("refit", "dense_decoder"):
