@@ -345,3 +345,42 @@ def test_a_seed_refuses_a_timedelta(call, unit):
 def test_a_seed_still_takes_a_numpy_int(call):
     call(np.int64(3))
     call(np.uint8(3))
+
+
+# So do the ints that index or shape (is_int): a row index, a matrix shape, an insertion point,
+# an id map's index.  Before: np.timedelta64(3) was torch's or numpy's unnamed "cannot be
+# interpreted as an integer" (a row index), read as 3 (a rating matrix's shape) or an
+# IndexError "got 3 generic time units" (PatternSequential.insert); one with a unit, int()'s
+# unnamed "not 'datetime.timedelta'".  (id, call, the message's start)
+def _row_dataset():
+    return nnsparse.data.SparseRowDataset(nnsparse.data.rating_matrix(_ratings()))
+
+
+def _with_item_map(index):
+    r = _ratings()
+    item_map = {**{i: i for i in range(r.n_items - 1)}, r.n_items - 1: index}
+    return nnsparse.data.Ratings(r.user, r.item, r.rating, r.user_map, item_map).item_ids()
+
+
+INDICES = [
+    ("collate_sparse_rows-row_index",
+     lambda i: nnsparse.data.collate_sparse_rows([(i, (T([1]), T([2.])))], 4),
+     r"rows\[0\] row_index must be an int"),
+    ("SparseRowDataset.collate-row",
+     lambda i: _row_dataset().collate([(i, _row_dataset()[0][1])]),
+     r"items\[0\] row must be a row of this dataset"),
+    ("PatternSequential.insert-index",
+     lambda i: nnsparse.PatternSequential(nn.Identity()).insert(i, nn.Identity()),
+     "index must be an int"),
+    ("rating_matrix-shape", lambda i: nnsparse.data.rating_matrix(_ratings(), shape=(i, 40)),
+     "shape must be two non-negative ints"),
+    ("Ratings-item_map", _with_item_map, "Ratings.item_map must map ids to int indices"),
+]
+
+
+@pytest.mark.parametrize("unit", ["generic", "s"])
+@pytest.mark.parametrize("call, message", [s[1:] for s in INDICES], ids=[s[0] for s in INDICES])
+def test_an_index_or_shape_refuses_a_timedelta(call, message, unit):
+    value = np.timedelta64(3) if unit == "generic" else np.timedelta64(3, unit)
+    with pytest.raises((TypeError, ValueError), match=rf"^{message}"):
+        call(value)

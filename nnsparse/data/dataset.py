@@ -10,7 +10,6 @@ process, so ``DataLoader(num_workers=..., pin_memory=True)`` works unchanged.
 from __future__ import annotations
 
 import operator
-import numbers
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, cast
 
 import torch
@@ -18,7 +17,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from .._forms import (SparseBatch, _a, _attached, _check_csr, _version, as_device, as_int,
-                      as_sparse_batch, check_int64, move_structure, refuse_meta, trust)
+                      as_sparse_batch, check_int64, is_int, move_structure, refuse_meta, trust)
 from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 
 __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_rows"]
@@ -241,7 +240,7 @@ def _check_rows(rows: Sequence[Tuple[int, _Row]], width: int) -> None:
                                           or index.dtype.is_complex or index.dtype == torch.bool):
             raise TypeError(f"rows[{k}] row_index must be an int or a 0-d integer tensor, got "
                             f"{_a(str(index.dtype))} tensor of shape {tuple(index.shape)}")
-        if isinstance(index, bool) or not isinstance(index, (numbers.Integral, Tensor)):
+        if not (is_int(index) or isinstance(index, Tensor)):  # (not a numpy timedelta64)
             raise TypeError(f"rows[{k}] row_index must be an int, got {type(index).__name__}")
         if int(index) < 0:  # a matrix row: negative would pick one from the end
             raise ValueError(f"rows[{k}] row_index must be a non-negative matrix row, "
@@ -500,7 +499,7 @@ class SparseRowDataset(Dataset[Tuple[Any, ...]]):
         else:
             return
         for n, (i, _) in enumerate(pairs):
-            if isinstance(i, bool) or not isinstance(i, (numbers.Integral, Tensor)) or \
+            if not (is_int(i) or isinstance(i, Tensor)) or \
                     not 0 <= int(i) < self.rows:
                 raise ValueError(f"items[{n}] row must be a row of this dataset, in "
                                  f"[0, {self.rows}), got {i!r}")

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .._forms import (SparseBatch, as_choice, as_device, as_flag, as_sparse_batch,
-                      check_index_range, check_numel, refuse_meta, refuse_meta_device)
+                      check_index_range, check_numel, is_int, refuse_meta, refuse_meta_device)
 from .readers import (Ratings, _check_ratings, _check_unique_pairs, _refuse_repeated_keys,
                       _refuse_uint8_index)
 
@@ -99,7 +99,7 @@ def _matrix_shape(shape: Any) -> Tuple[int, int]:
     """A ``(rows, width)`` given for a rating matrix: two non-negative ints (numpy ints
     pass) whose product stays within int64 elements, as torch's sparse tensors need."""
     if not isinstance(shape, (tuple, list, torch.Size)) or any(
-            isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in shape):
+            not is_int(s) for s in shape):  # (not a numpy timedelta64)
         raise TypeError(f"shape must be two non-negative ints (rows, width), got {shape!r}")
     if len(shape) != 2 or any(s < 0 for s in shape):
         raise ValueError(f"shape must be two non-negative ints (rows, width), got {shape!r}")

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._forms import _a, _version, as_choice, as_flag, refuse_meta
+from .._forms import _a, _version, as_choice, as_flag, is_int, refuse_meta
 
 __all__ = ["Ratings", "read_ratings", "read_split", "read_item_features", "read_user_features",
            "FORMATS"]
@@ -1189,7 +1189,7 @@ def _check_map(mapping: Any, name: str) -> None:
     n = len(mapping)
     seen: Dict[Any, Any] = {}
     for original, index in mapping.items():
-        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+        if not is_int(index):  # (not a numpy timedelta64, which np.integer holds)
             raise TypeError(f"{name} must map ids to int indices, got "
                             f"{type(index).__name__} for id {original!r}")
         if not 0 <= index < n:

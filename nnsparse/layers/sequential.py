@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import inspect
-import numbers
 from typing import Any, Dict, Iterable, Optional, Tuple, Type
 
 from torch import nn
+
+from .._forms import is_int
 
 __all__ = ["PatternSequential"]
 
@@ -127,7 +128,7 @@ class PatternSequential(nn.Sequential):
 
     def insert(self, index: int, module: nn.Module) -> "PatternSequential":
         _check_item(module)  # nn.Sequential's own check is an assert
-        if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+        if not is_int(index):  # (not a numpy timedelta64: numbers.Integral takes one)
             raise TypeError(f"index must be an int, got {type(index).__name__} {index!r}")
         if not -len(self) <= index <= len(self):
             raise IndexError(f"index must be in [{-len(self)}, {len(self)}], got {index}")
