@@ -779,8 +779,9 @@ def _from_coo(x: Tensor, name: str) -> SparseBatch:
 
 
 # The hint where a pair tensor copied from Lua, its indices still 1-based, first shows it:
-# its largest index is its Lua width n, one past the width n it is given (a width further
-# off, or a negative one, is no Lua slip: no hint).
+# its largest index is its Lua width n, one past the width n it is given, and its smallest
+# at least 1 (a width further off, a negative one, or an index below 1 is no Lua slip: no
+# hint).
 _LUA_PAIRS_HINT = (" (pair indices are 0-based: a Lua pair tensor's 1-based indices need "
                    "pairs[:, 0] - 1)")
 
@@ -796,8 +797,10 @@ def _from_pairs(x: Tensor, name: str, width: Optional[int]) -> SparseBatch:
     try:
         check_index_range(col, width, f"{name} indices")
     except ValueError as e:  # (the error path: one more host synchronisation)
-        if width and col.numel() and int(col.max()) == width:  # (a 1-based index is >= 1)
-            raise ValueError(f"{e}{_LUA_PAIRS_HINT}") from None
+        if width and col.numel():
+            lo, hi = torch.stack(list(torch.aminmax(col))).tolist()
+            if lo >= 1 and hi == width:  # (a 1-based index is >= 1: a -1 is no Lua slip)
+                raise ValueError(f"{e}{_LUA_PAIRS_HINT}") from None
         raise
     return SparseBatch(torch.zeros_like(col), col, x[:, 1], (1, width or 0), "pairs",
                        is_vector=True, row_sorted=True)

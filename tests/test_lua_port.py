@@ -1458,6 +1458,12 @@ def test_lua_one_based_pairs_get_the_hint_wherever_the_width_shows_them(call, me
     (lambda lua: densify(lua, 0, (2, 3)), r"^size must have at least 7 columns, got 3$"),
     (lambda lua: densify(lua, 0, (2, -1)), r"^size must have at least 7 columns, got -1$"),
     (lambda lua: from_pairs(lua[0], size=4), r"^pairs indices must be in \[0, 4\), got max 6$"),
+    # a negative index beside one at the width: no Lua tensor holds index -1, and the hint's
+    # pairs[:, 0] - 1 would make it -2
+    (lambda lua: from_pairs(_pairs([-1, 1], [6, 2]), size=6),
+     r"^pairs indices must be non-negative, got min -1$"),
+    (lambda lua: SparseLinearBatch(6, 2, dtype=torch.float64)([_pairs([-1, 1], [6, 2])]),
+     r"^input\[0\] indices must be non-negative, got min -1$"),
     (lambda lua: SparseLinearBatch(3, 2, dtype=torch.float64)(lua),
      r"^input\[0\] indices must be in \[0, 3\), got max 6$"),
     (lambda lua: SparseCriterion(nn.MSELoss())(torch.zeros(2, 4, dtype=torch.float64), lua),
