@@ -59,7 +59,7 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
            "check_int64", "int64_message", "check_numel", "as_device", "holds_exactly",
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device",
            "no_rows", "empty_batch", "EMPTY_ROWS_TENSOR", "EMPTY_ROWS_WAY_ROUND",
-           "int_of_0d", "int_kind", "is_int"]
+           "int_of_0d", "int_kind", "is_int", "lua_pairs_hint"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -786,6 +786,15 @@ _LUA_PAIRS_HINT = (" (pair indices are 0-based: a Lua pair tensor's 1-based indi
                    "pairs[:, 0] - 1)")
 
 
+def lua_pairs_hint(batch: SparseBatch, width: int) -> str:
+    """:data:`_LUA_PAIRS_HINT` where ``batch``, a checked pair form one column wider than
+    ``width``, reads as a Lua pair tensor's 1-based indices (none below 1), else ``""``.
+    For an error message: one host synchronisation."""
+    if batch.form not in ("pairs", "pair_list") or not 0 < width == batch.width - 1:
+        return ""
+    return _LUA_PAIRS_HINT if batch.nnz and int(batch.col.min()) >= 1 else ""
+
+
 def _from_pairs(x: Tensor, name: str, width: Optional[int]) -> SparseBatch:
     if x.dim() != 2 or x.shape[1] != 2:
         if x.numel() == 0:  # an empty row may come as torch.tensor([])
@@ -1306,9 +1315,8 @@ def resolve_size(given: Optional[Sequence[int]], batch: SparseBatch, name: str =
     if rows < batch.rows:
         raise ValueError(f"{name} must have at least {batch.rows} rows, got {rows}")
     if width < batch.width:
-        lua = (_LUA_PAIRS_HINT if batch.form in ("pairs", "pair_list")
-               and 0 < width == batch.width - 1 else "")
-        raise ValueError(f"{name} must have at least {batch.width} columns, got {width}{lua}")
+        raise ValueError(f"{name} must have at least {batch.width} columns, got {width}"
+                         f"{lua_pairs_hint(batch, width)}")
     return int(rows), int(width)
 
 

@@ -1464,6 +1464,12 @@ def test_lua_one_based_pairs_get_the_hint_wherever_the_width_shows_them(call, me
      r"^pairs indices must be non-negative, got min -1$"),
     (lambda lua: SparseLinearBatch(6, 2, dtype=torch.float64)([_pairs([-1, 1], [6, 2])]),
      r"^input\[0\] indices must be non-negative, got min -1$"),
+    # an index 0 beside one at the width (no Lua tensor holds 0; the hint would make it -1)
+    (lambda lua: densify([_pairs([0, 1], [6, 2])], 0, (1, 6)),
+     r"^size must have at least 7 columns, got 6$"),
+    (lambda lua: SparseCriterion(nn.MSELoss())(torch.zeros(1, 6, dtype=torch.float64),
+                                               [_pairs([0, 1], [6, 2])]),
+     r"^target indices must be in \[0, 6\) \(the columns of the estimate\), got max 6$"),
     (lambda lua: SparseLinearBatch(3, 2, dtype=torch.float64)(lua),
      r"^input\[0\] indices must be in \[0, 3\), got max 6$"),
     (lambda lua: SparseCriterion(nn.MSELoss())(torch.zeros(2, 4, dtype=torch.float64), lua),

@@ -15,8 +15,8 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .._forms import (_LUA_PAIRS_HINT, SparseBatch, as_sparse_batch, empty_batch, is_pair_list,
-                      is_sparse_form, no_rows)
+from .._forms import (SparseBatch, as_sparse_batch, empty_batch, is_pair_list, is_sparse_form,
+                      lua_pairs_hint, no_rows)
 from .._index import csr_indices, csr_values, same_view
 
 __all__: List[str] = []
@@ -49,10 +49,8 @@ def fit_width(batch: SparseBatch, width: int, name: str, other: str) -> SparseBa
         if batch.width != width:
             raise ValueError(f"{name} has width {batch.width}, {other} has {width} columns")
     elif batch.width > width:
-        lua = (_LUA_PAIRS_HINT if batch.form in ("pairs", "pair_list")
-               and 0 < width == batch.width - 1 else "")
         raise ValueError(f"{name} indices must be in [0, {width}) (the columns of {other}), "
-                         f"got max {batch.width - 1}{lua}")
+                         f"got max {batch.width - 1}{lua_pairs_hint(batch, width)}")
     if batch.width == width:
         return batch
     out = batch.with_pattern_values(batch.values)  # the same pattern: share its cache
