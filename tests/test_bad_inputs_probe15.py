@@ -252,7 +252,7 @@ MASK_CASES = [
     Case("mask_prepared_on_a_lone_pair_names_from_pairs", _mask_after_lone_pair, ValueError,
          r"given a batch of shape \(3, 2\), the estimate has shape \(5,\); call prepare_input "
          r"on this batch \(a lone \(k, 2\) tensor given to prepare_input is a dense batch; a "
-         r"Lua pair vector goes through nnsparse\.from_pairs\(x, n\) first\)$"),
+         r"Lua pair vector goes through nnsparse\.from_pairs\(x, size=n\) first\)$"),
     # (review) the one-sample forms keep the remembered mask: alpha on the hidden entries,
     # beta on the others observed, a target of another pattern; loss and gradient
     *[Case(f"mask_{prepared}_prepared_one_sample_{form}_target_weighted",

@@ -136,7 +136,8 @@ def _sampled_wide(kind, h, w, x, layer=None):
 
 @pytest.mark.parametrize("kind", ["forward", "sparse_grad", "in_backward"])
 def test_large_weight_sampled_product_of_a_wide_layer_is_o_nnz(monkeypatch, kind):
-    """A CPU weight over ``_BLOCK_ABOVE`` is sampled in column-major order; with more than
+    """A CPU weight over ``_COLUMN_MAJOR_ABOVE`` (here also over ``_BLOCK_ABOVE``, read in
+    blocks) is sampled in column-major order; with more than
     2 weight rows per entry, over the used rows only: no ``(out_features + 1,)``
     pointers in the forward, nor in a ``sparse_grad`` or in-backward-optimiser
     backward.  The values and gradients are the dense product's."""

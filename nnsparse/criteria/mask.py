@@ -225,7 +225,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
             raise TypeError(f"a dense input needs a dense estimate, got {_kind(estimate)}")
         if estimate.shape != hide.shape:
             lua = (" (a lone (k, 2) tensor given to prepare_input is a dense batch; a Lua pair "
-                   "vector goes through nnsparse.from_pairs(x, n) first)"
+                   "vector goes through nnsparse.from_pairs(x, size=n) first)"
                    if _lua_pairs(hide, estimate.dim() == 1) else "")
             raise ValueError(f"MaskCriterion.prepare_input was given a batch of shape "
                              f"{tuple(hide.shape)}, the estimate has shape "
