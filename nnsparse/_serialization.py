@@ -1,4 +1,4 @@
-"""``torch.load(weights_only=True)`` of whole nnsparse modules.
+"""``torch.load(weights_only=True)`` of whole nnsparse modules and of nnsparse's results.
 
 torch's default ``torch.load`` unpickles only allow-listed globals, and a
 whole module (``torch.save(model)``) names its classes.  At import, nnsparse
@@ -21,6 +21,22 @@ and criteria pickle, and nothing else:
   ``KernelNet``'s layers;
 - the corruption mask a denoising criterion keeps from its last
   ``prepare_input``.
+
+- nnsparse's plain results and records, whose unpickling rebuilds their
+  fields from values torch already allows (tensors, numbers, strings, lists,
+  dicts) and calls nothing else of nnsparse's but ``__new__``, or the
+  class itself with its checks (see :func:`_data_classes`):
+  ``SortResult``, ``TopkResult`` (``ssort`` / ``stopk``), ``Recommendations``,
+  ``CrossValidation``, ``TrainResult``, ``Split`` (with ``Ratings`` above),
+  ``RatingErrors`` and ``SparseRow`` (a dataset item; a collate checks a row
+  that is not its dataset's own in full).
+
+Not allow-listed, as their state says "already checked": a
+``SparseRowDataset`` (its record of the checked matrices would skip the
+check of a file's indices) and a ``SparseRowBatch`` (rebuilt trusted by a
+function, for ``DataLoader`` workers).  Save their matrices and build them
+again, or load a file you wrote yourself with ``weights_only=False``.  No
+optimiser, trainer or dataset class is allowed either.
 
 What a user's model adds (its own class, ``nn.Sequential``, activations, the
 function of a ``ValuesMap``) the user allows, as for any torch model:
@@ -69,7 +85,26 @@ def _safe_globals() -> List[Any]:
     wrapped = getattr(nn.modules.module, "_WrappedHook", None)  # holds a module's hooks
     if wrapped is not None:
         out.append(wrapped)
-    return out
+    return out + _data_classes()
+
+
+def _data_classes() -> List[type]:
+    """nnsparse's results and records that a ``weights_only`` load may rebuild.
+
+    Each is a named tuple or a class without ``__reduce__`` or ``__setstate__``
+    of its own (``SparseRow``'s ``__reduce__`` calls the class, which only stores
+    its two fields): torch's unpickler makes it with ``cls.__new__`` (or calls the
+    class, whose checks then run) and sets its fields from values torch allows.
+    """
+    from .data.dataset import SparseRow
+    from .data.matrix import RatingErrors
+    from .data.split import Split
+    from .models.base import Recommendations
+    from .models.evaluation import CrossValidation
+    from .models.trainer import TrainResult
+    from .sort import SortResult, TopkResult
+    return [SortResult, TopkResult, Recommendations, CrossValidation, TrainResult, Split,
+            RatingErrors, SparseRow]
 
 
 def register_safe_globals() -> None:

@@ -1,5 +1,8 @@
-"""Whole nnsparse modules through torch.save / torch.load(weights_only=True)."""
+"""Whole nnsparse modules, and nnsparse's results and records, through torch.save /
+torch.load(weights_only=True)."""
+import fractions
 import io
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -99,3 +102,152 @@ def test_user_model_needs_its_own_classes_and_state_dict_needs_none():
     fresh.load_state_dict(state)
     for a, b in zip(fresh.parameters(), model.parameters()):
         assert torch.equal(a, b)
+
+
+# -- nnsparse's results and records: allow-listed at import -----------------------------------
+
+def _ratings():
+    from nnsparse.data import synthetic_ratings
+    return synthetic_ratings(0, 20, 15, 120)
+
+
+def _errors():
+    from nnsparse.data import RatingErrors
+    errors = RatingErrors()
+    errors.update(torch.tensor([3., 4.]), torch.tensor([4., 4.]))
+    return errors
+
+
+def _dataset():
+    from nnsparse.data import SparseRowDataset
+    return SparseRowDataset(torch.tensor([[1., 0, 2], [0, 3, 0]]).to_sparse_csr())
+
+
+_v = torch.tensor([3., 0, 1, 2]).to_sparse()
+# Every nnsparse class of a result or record that torch.load's default reads.
+DATA_CASES = {
+    "SortResult": lambda: nnsparse.ssort(_v),
+    "SortResult-descending": lambda: nnsparse.ssort(_v, descending=True),
+    "TopkResult": lambda: nnsparse.stopk(_v, 2),
+    "Recommendations": lambda: nnsparse.models.Recommendations(
+        [10, "b"], torch.tensor([3, 1]), torch.tensor([4.5, 4.]), torch.tensor([4.6, 4.1]),
+        torch.tensor([20, 31]), ["x", "y"]),
+    "CrossValidation": lambda: nnsparse.models.CrossValidation(
+        [dict(fold=1, rmse=0.9, mae=0.7, fallback=0, epochs=3, seconds=1.5)]),
+    "TrainResult": lambda: nnsparse.models.TrainResult(
+        [{"epoch": 1, "train_loss": 0.5, "valid_rmse": 0.9}], 1, 0.9),
+    "Ratings": _ratings,
+    "Split": lambda: nnsparse.data.random_split(_ratings(), test=0.1, validation=0.1),
+    "RatingErrors": _errors,
+    "SparseRow": lambda: _dataset()[1][1],
+}
+
+
+def _same(a, b):
+    """``a`` and ``b`` equal field by field: tensors by value, dtype and layout."""
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert a.layout == b.layout and a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.to_dense(), b.to_dense())
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _same(a[k], b[k])
+    elif hasattr(a, "__slots__"):
+        for k in a.__slots__:
+            _same(getattr(a, k), getattr(b, k))
+    elif hasattr(a, "__dict__"):
+        _same(vars(a), vars(b))
+    else:
+        assert a == b or (a != a and b != b)  # nan == nan here
+
+
+@pytest.mark.parametrize("name", list(DATA_CASES))
+def test_result_loads_with_the_default_weights_only(name):
+    obj = DATA_CASES[name]()
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    loaded = torch.load(buf)  # torch's default: weights_only=True
+    _same(loaded, obj)
+
+
+def test_every_allow_listed_result_is_covered():
+    from nnsparse._serialization import _data_classes
+    covered = {type(make()) for make in DATA_CASES.values()}
+    assert set(_data_classes()) <= covered
+
+
+def test_loaded_results_work():
+    split = _round_trip(DATA_CASES["Split"]())
+    assert split.train.user_map is split.test.user_map  # pickle keeps the shared id maps
+    assert _round_trip(_errors()).compute() == _errors().compute()
+    values, indices = _round_trip(nnsparse.ssort(_v))  # unpacks as the named tuple
+    assert torch.equal(indices, nnsparse.ssort(_v).indices)
+    ds = _dataset()
+    # a row rebuilt from a file is not the dataset's own: the collate checks it in full
+    row = _round_trip(type(ds[0][1])(torch.tensor([0, 5]), torch.ones(2)))
+    with pytest.raises(ValueError, match=r"indices must be in \[0, 3\), got max 5"):
+        ds.collate([(0, row)])
+
+
+# Not allow-listed: their state records "already checked", which a file must not claim.
+REFUSED = {
+    "SparseRowDataset": (_dataset, "SparseRowDataset"),
+    "SparseRowBatch": (lambda: (lambda ds: ds.collate([ds[0], ds[1]]))(_dataset()),
+                       "_rebuild_batch"),
+    "LazyAdam": (lambda: nnsparse.optim.LazyAdam([nn.Parameter(torch.ones(2))]), "LazyAdam"),
+    "Trainer": (lambda: nnsparse.models.Trainer(nnsparse.models.AutoRec(), epochs=1,
+                                                 batch_size=2, lr=0.1), "Trainer"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_checked_or_stateful_objects_are_still_refused(name):
+    make, global_name = REFUSED[name]
+    obj = make()
+    with pytest.raises(Exception, match=global_name) as info:
+        _round_trip(obj)
+    assert "weights_only" in str(info.value)
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    assert type(torch.load(buf, weights_only=False)) is type(obj)  # the trusted-file way
+
+
+# What importing nnsparse allows that is not nnsparse's: the torch classes its criteria
+# and modules hold (a criterion's loss and noise generator, KernelNet's ModuleList, a
+# layer's state_dict hooks).  Nothing else is allowed by importing nnsparse.
+FOREIGN = {"torch.nn.modules.module._WrappedHook", "torch._C.Generator",
+           "torch.nn.modules.container.ModuleList"} | {
+    f"torch.nn.modules.loss.{n}" for n in (
+        "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss",
+        "SoftMarginLoss", "KLDivLoss", "PoissonNLLLoss", "HingeEmbeddingLoss")}
+
+
+def test_nnsparse_allows_no_other_foreign_class():
+    from nnsparse._serialization import _safe_globals
+    foreign = {f"{g.__module__}.{g.__qualname__}" for g in _safe_globals()
+               if not g.__module__.startswith("nnsparse")}
+    assert foreign == FOREIGN
+
+
+class _UserResult(NamedTuple):
+    value: torch.Tensor
+
+
+@pytest.mark.parametrize("obj,name", [
+    (nn.Linear(2, 2), "Linear"),
+    (nn.Sequential(nn.Tanh()), "Sequential"),
+    (_UserResult(torch.ones(1)), "_UserResult"),
+    (fractions.Fraction(1, 2), "Fraction"),
+], ids=["nn.Linear", "nn.Sequential", "user-namedtuple", "Fraction"])
+def test_other_types_are_refused_as_without_nnsparse(obj, name):
+    with pytest.raises(Exception, match=name):
+        _round_trip(obj)
+    state = _round_trip({"w": torch.ones(2), "n": [1, 2.5, "x"]})  # torch's own types load
+    assert torch.equal(state["w"], torch.ones(2)) and state["n"] == [1, 2.5, "x"]
