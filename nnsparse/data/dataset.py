@@ -483,18 +483,29 @@ class SparseRowDataset(Dataset[Tuple[Any, ...]]):
 
     def _check_own(self, pairs: List[Tuple[Any, Any]], k: int) -> None:
         """Trust the rows that are this dataset's own (views of its checked index tensor at
-        their row's bounds: O(1) each); check any other completely (another dataset's
+        their row's bounds, of its dtype and stride, with 1-D values of the dataset's dtype
+        and device: O(1) each); check any other completely (another dataset's
         item, a row rebuilt elsewhere), so no invalid row enters a trusted batch."""
         parts = self._input if k == 0 or self._target is None else self._target
         base, bounds, rows = parts[1], self._bounds[k], self.rows
-        # row i's view starts bounds[i] elements into the 1-D index tensor
+        # row i's view starts bounds[i] elements into the 1-D index tensor, and reads
+        # exactly base[bounds[i]:bounds[i + 1]] only with base's dtype and stride: a view
+        # of the same storage with another stride (a file can save one beside the matrix)
+        # reads unchecked memory past the index tensor
         pointer, size = base.data_ptr(), base.stride(0) * base.element_size()
+        dtype, stride, values = base.dtype, base.stride(), parts[2]
         for i, row in pairs:
             if not (type(i) is int and 0 <= i < rows):
                 break
-            ind = row.indices
-            if (ind.data_ptr() != pointer + bounds[i] * size
-                    or len(ind) != bounds[i + 1] - bounds[i] or len(row.values) != len(ind)):
+            ind, val = row.indices, row.values
+            if not (type(ind) is Tensor and type(val) is Tensor
+                    and ind.layout == torch.strided and val.layout == torch.strided):
+                break
+            if (ind.data_ptr() != pointer + bounds[i] * size or ind.dtype != dtype
+                    or ind.stride() != stride or len(ind) != bounds[i + 1] - bounds[i]):
+                break
+            if (val.dim() != 1 or len(val) != len(ind) or val.dtype != values.dtype
+                    or val.device != values.device):
                 break
         else:
             return
