@@ -160,6 +160,8 @@ def _same(a, b):
     elif hasattr(a, "__slots__"):
         for k in a.__slots__:
             _same(getattr(a, k), getattr(b, k))
+    elif isinstance(a, nnsparse.data.Ratings):  # its "pairs checked" mark is not loaded
+        _same({**vars(a), "_unique": None}, {**vars(b), "_unique": None})
     elif hasattr(a, "__dict__"):
         _same(vars(a), vars(b))
     else:
@@ -231,6 +233,49 @@ def test_loaded_row_aliasing_the_matrix_is_checked(name):
     with pytest.raises(error, match=match):
         ds.collate(data["items"])  # (a trusted batch of column 10**6 crashed a CSR matmul)
     assert torch.equal(ds.collate([ds[0]]).input.to_dense(), torch.tensor([[0., 1., 0., 2.]]))
+
+
+def _edited_ratings(edit):
+    ratings = nnsparse.data.Ratings.from_triples([10, 10, 42], [7, 9, 7], [4., 3., 5.])
+    ratings._mark_unique()
+    edit(ratings)
+    return ratings
+
+
+# A Ratings record (alone or in a Split) whose fields were never checked: torch's unpickler
+# sets them without the constructor.  Loading checks them again, as the constructor does.
+BAD_RATINGS = {
+    "negative-user": (lambda r: r.user.__setitem__(0, -10 ** 12), ValueError,
+                      r"Ratings.user indices must be in \[0, 2\) \(the size of user_map\), "
+                      r"got min -1000000000000, max 1"),
+    "item-beyond-map": (lambda r: r.item.__setitem__(1, 7), ValueError,
+                        r"Ratings.item indices must be in \[0, 2\) \(the size of item_map\), "
+                        r"got min 0, max 7"),
+    "forged-inverse-map": (lambda r: (r.user_ids(), r.user_map.__setitem__(10, 1)), ValueError,
+                           r"user_map"),
+    "int-rating": (lambda r: setattr(r, "rating", torch.tensor([4, 3, 5])), TypeError,
+                   r"Ratings.rating must be a floating-point tensor, got torch.int64"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_RATINGS))
+@pytest.mark.parametrize("in_split", [False, True], ids=["Ratings", "Split"])
+def test_loaded_ratings_are_checked(name, in_split):
+    edit, error, match = BAD_RATINGS[name]
+    bad = _edited_ratings(edit)
+    good = _edited_ratings(lambda r: None)
+    obj = nnsparse.data.Split(good, good, bad) if in_split else bad
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    with pytest.raises(error, match=match):
+        torch.load(buf)  # (a negative user index of an item matrix crashed a CSR matmul)
+
+
+def test_loaded_ratings_drop_their_caches():
+    ratings = _round_trip(_edited_ratings(lambda r: r.user_ids()))
+    assert ratings._unique is None and ratings._ids == {"user": [10, 42], "item": [7, 9]}
+    assert not ratings._known_unique()  # the pairs are checked again where they must be
 
 
 # Not allow-listed: their state records "already checked", which a file must not claim.

@@ -187,6 +187,17 @@ class Ratings:
         return cls(torch.from_numpy(user_index), torch.from_numpy(item_index),
                    torch.from_numpy(values), users, items, source=source)
 
+    def __setstate__(self, state: Any) -> None:
+        """Unpickling (``torch.load``, ``copy``, a worker's record): the fields checked again
+        as the constructor checks them, the caches (``_ids``, ``_unique``) dropped.  A file
+        must not give a record unchecked indices (a negative one reached a trusted matrix,
+        and a kernel's memory) nor claim its pairs or maps already checked."""
+        if not isinstance(state, dict):
+            raise TypeError(f"Ratings state must be a dict of fields, got {type(state).__name__}")
+        self.__dict__.update(state)
+        self._ids, self._unique = {}, None
+        self.__post_init__()
+
     def __len__(self) -> int:
         return self.rating.shape[0]
 
