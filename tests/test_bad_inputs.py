@@ -307,6 +307,10 @@ OTHER = [
          r"values must have shape \(40,\), got \(3,\)"),
     Case("rating_matrix-shape-too-small", lambda: rating_matrix(_R, shape=(2, 2)), ValueError,
          r"item matrix row indices must be in \[0, 2\)"),
+    Case("rating_matrix-user-edited-negative", lambda: (lambda r: (
+        r.user.__setitem__(0, -10 ** 12), rating_matrix(r)))(Ratings.from_triples(
+            [10, 42], [7, 7], [4., 5.])), ValueError,
+         r"item matrix column indices must be in \[0, 2\), got min -1000000000000"),
     Case("SparseRowDataset-target-rows", lambda: SparseRowDataset(S, torch.zeros(3, 2).to_sparse_csr()),
          ValueError, r"target must have 2 rows like input, got 3"),
     Case("Ratings-lengths", lambda: Ratings(torch.ones(2), torch.ones(2), torch.ones(3), {}, {}),

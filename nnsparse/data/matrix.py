@@ -161,9 +161,13 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
         raise ValueError("values must be finite, got NaN or inf; a rating matrix specifies "
                          "observed ratings only")
     for name, index, bound in (("row", row, rows), ("column", col, width)):
-        if index.numel() and int(index.max()) >= bound:
+        # the minimum too: the record's tensors may have been edited in place since it was
+        # checked, and a negative index entered the trusted matrix (a matmul's crash)
+        lo, hi = torch.stack(torch.aminmax(index)).tolist() if index.numel() else (0, -1)
+        if lo < 0 or hi >= bound:
+            what = f"min {lo}" if lo < 0 else f"max {hi}"
             raise ValueError(f"{orientation} matrix {name} indices must be in [0, {bound}), got "
-                             f"max {int(index.max())}; build the matrix with the maps of all parts")
+                             f"{what}; build the matrix with the maps of all parts")
     key, order = torch.sort(row * width + col)
     source = f" from {ratings.source}" if ratings.source else ""
 
