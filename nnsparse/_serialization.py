@@ -24,8 +24,9 @@ and criteria pickle, and nothing else:
 
 - nnsparse's plain results and records, whose unpickling rebuilds their
   fields from values torch already allows (tensors, numbers, strings, lists,
-  dicts) and calls nothing else of nnsparse's but ``__new__``, or the
-  class itself with its checks (see :func:`_data_classes`):
+  dicts) and calls nothing else of nnsparse's but ``__new__``, the
+  class itself with its checks, or ``Ratings.__setstate__`` (the
+  constructor's checks again) (see :func:`_data_classes`):
   ``SortResult``, ``TopkResult`` (``ssort`` / ``stopk``), ``Recommendations``,
   ``CrossValidation``, ``TrainResult``, ``Split`` (with ``Ratings`` above),
   ``RatingErrors`` and ``SparseRow`` (a dataset item; a collate checks a row
