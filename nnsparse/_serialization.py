@@ -15,8 +15,8 @@ and criteria pickle, and nothing else:
 - ``DynamicSparseTensor``, whose pickled state is its storage tensors and
   plain settings (a builder saved half-way is read back and extended);
 - what a fitted model of ``nnsparse.models`` holds besides its layers: its
-  ``RatingNormalizer``, the training ``Ratings`` and the input matrix's parts,
-  so ``torch.save(model)`` loads whole too (``model.save(path)``, the zoo's
+  ``RatingNormalizer``, the training ``Ratings`` and the input matrix's parts
+  (checked on load as a user's matrix, not trusted), so ``torch.save(model)`` loads whole too (``model.save(path)``, the zoo's
   own format, needs none of this), with ``nn.ModuleList`` that holds
   ``KernelNet``'s layers;
 - the corruption mask a denoising criterion keeps from its last

@@ -335,3 +335,47 @@ def test_other_types_are_refused_as_without_nnsparse(obj, name):
         _round_trip(obj)
     state = _round_trip({"w": torch.ones(2), "n": [1, 2.5, "x"]})  # torch's own types load
     assert torch.equal(state["w"], torch.ones(2)) and state["n"] == [1, 2.5, "x"]
+
+
+def _fitted_autorec():
+    from nnsparse.models import AutoRec
+    return AutoRec(hidden=4, epochs=1, validation_ratio=0.0).fit(_ratings(), verbose=False,
+                                                                 progress=False)
+
+
+# A fitted model's training matrix travels as _CsrParts (allow-listed): a file's parts are
+# checked on load as a user's matrix, not trusted (predict's batches reached the kernels).
+BAD_PARTS = {
+    "column-beyond-width": (lambda p: p.col.__setitem__(0, 10 ** 6),
+                            r"a saved model's training matrix column indices must be in "
+                            r"\[0, 20\), got max 1000000"),
+    "negative-column": (lambda p: p.col.__setitem__(0, -3),
+                        r"column indices must be non-negative, got min -3"),
+    "pointer-past-nnz": (lambda p: p.crow.__setitem__(-1, 10 ** 6),
+                         r"crow_indices must end at nnz = 120"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_PARTS))
+def test_loaded_model_checks_its_training_matrix(name):
+    from nnsparse.models.base import _CsrParts
+    model = _fitted_autorec()
+    x = model._input
+    parts = _CsrParts(x.crow_indices().clone(), x.col_indices().clone(), x.values(),
+                      tuple(x.shape))
+    edit, match = BAD_PARTS[name]
+    edit(parts)
+    model.__dict__["_input"] = parts  # as torch.save writes a fitted model's matrix
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    with pytest.raises(ValueError, match=match):
+        torch.load(buf)  # torch's default: weights_only=True
+
+
+def test_loaded_model_predicts_as_saved():
+    model = _fitted_autorec()
+    loaded = _round_trip(model)
+    assert loaded._input.layout == torch.sparse_csr
+    assert torch.equal(loaded._input.to_dense(), model._input.to_dense())
+    assert torch.equal(loaded.predict(_ratings()), model.predict(_ratings()))

@@ -31,8 +31,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
-from .._forms import (_a, as_choice, as_count, as_device, as_flag, check_file_object,
-                      check_index_range, is_int, refuse_meta, refuse_meta_device, trust)
+from .._forms import (_a, as_choice, as_count, as_device, as_flag, as_sparse_batch,
+                      check_file_object, check_index_range, is_int, refuse_meta,
+                      refuse_meta_device)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -428,8 +429,13 @@ class RatingModel(nn.Module):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[no-untyped-call]
         x = self.__dict__.get("_input")
-        if isinstance(x, _CsrParts):  # the matrix this model made, as it was: trusted
-            self._input = trust(csr_tensor(x.crow, x.col, x.values, x.size))
+        if isinstance(x, _CsrParts):
+            # checked, not trusted: torch.load(weights_only=True) allows _CsrParts, so a
+            # file's parts may hold a column beyond the width (predict's trusted batches
+            # handed it to the kernels unchecked); one check, as for a user's matrix
+            matrix = csr_tensor(x.crow, x.col, x.values, x.size)
+            as_sparse_batch(matrix, name="a saved model's training matrix", pairs=False)
+            self._input = matrix
 
     # -- what a subclass implements ------------------------------------------------
     def build(self, rows: int, width: int, features: int) -> None:
