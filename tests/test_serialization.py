@@ -379,3 +379,31 @@ def test_loaded_model_predicts_as_saved():
     assert loaded._input.layout == torch.sparse_csr
     assert torch.equal(loaded._input.to_dense(), model._input.to_dense())
     assert torch.equal(loaded.predict(_ratings()), model.predict(_ratings()))
+
+
+# A SparseWeightLinear from a file holds a pattern never checked (torch's unpickler sets its
+# buffers): a load_state_dict without crow/col (values only, strict=False) derived it and
+# recorded it as checked, so forward skipped the check (a sparse input ran on column 10**6).
+@pytest.mark.parametrize("col", [10 ** 6, -5])
+def test_loaded_weight_pattern_is_checked_after_a_values_only_load(col):
+    layer = nnsparse.SparseWeightLinear.random(100, 3, 0.05, seed=1)
+    with torch.no_grad():
+        layer.col[0] = col
+    loaded = _round_trip(layer)
+    values = loaded.values.detach().clone()
+    match = r"SparseWeightLinear crow/col column indices must be (in \[0, 100\)|non-negative)"
+    with pytest.raises(ValueError, match=match):
+        loaded.load_state_dict({"values": values}, strict=False)
+    x = torch.zeros(2, 100)
+    x[0, 0] = 1
+    with pytest.raises(ValueError, match=match):
+        loaded(x.to_sparse())  # (not run on the unchecked pattern)
+
+
+def test_weight_values_only_load_keeps_a_checked_pattern():
+    layer = nnsparse.SparseWeightLinear.random(100, 3, 0.05, seed=1)
+    loaded = _round_trip(layer)
+    loaded.load_state_dict({"values": torch.ones(layer.nnz)}, strict=False)
+    x = torch.rand(2, 100)
+    assert torch.allclose(loaded(x.to_sparse()), loaded(x))
+    assert loaded.__dict__["_pattern_key"] == loaded._pattern_key_now()

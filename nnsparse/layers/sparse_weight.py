@@ -210,7 +210,9 @@ class SparseWeightLinear(nn.Module):
             RuntimeError: (torch's type) an entry of the wrong shape (another
                 nnz) or kind, a pattern of a non-integer dtype; with ``strict``,
                 missing or unexpected keys.
-            ValueError: a loaded pattern that is no valid CSR pattern.
+            ValueError: a loaded pattern that is no valid CSR pattern; for a state
+                without ``crow``/``col``, the layer's own pattern when it is none (edited
+                in place, or from a file: checked after the values are copied).
         """
         if isinstance(state_dict, Mapping):
             refusals = self._refusals(state_dict, "")
@@ -588,6 +590,14 @@ def _kind(x: Any) -> str:
 
 
 def _after_load(module: nn.Module, incompatible: Any) -> None:
-    """A loaded pattern replaces the derived structure (checked by _load_from_state_dict)."""
+    """A loaded pattern replaces the derived structure, checked first: a load without
+    ``crow``/``col`` keeps the layer's own, which a file (torch's unpickler sets the
+    buffers) or an in-place edit may have left unchecked, and deriving recorded it as
+    checked (forward then skipped its check)."""
     # registered by SparseWeightLinear.__init__ on itself only
-    cast(SparseWeightLinear, module)._derive()
+    layer = cast(SparseWeightLinear, module)
+    layer.__dict__.pop("_pattern_key", None)
+    if layer.col.device.type == "meta":
+        layer._derive()  # no data to check: the derived buffers' shapes only
+    else:
+        layer._check_pattern()  # one host sync, then derived
