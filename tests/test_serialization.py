@@ -407,3 +407,31 @@ def test_weight_values_only_load_keeps_a_checked_pattern():
     x = torch.rand(2, 100)
     assert torch.allclose(loaded(x.to_sparse()), loaded(x))
     assert loaded.__dict__["_pattern_key"] == loaded._pattern_key_now()
+
+
+# What a file says of a layer's state that is no parameter or buffer: a layer is loaded
+# without an optimiser in the backward (whatever object a file puts there) and with no
+# record of a checked pattern.
+FORGED_STATE = {
+    "SparseLinearBatch": (CASES["SparseLinearBatch-sparse_grad"], "_row_update",
+                          lambda: nnsparse.Densify(6)),
+    "SparseOutputLinear": (CASES["SparseOutputLinear"], "_row_update",
+                           lambda: nnsparse.DynamicSparseTensor()),
+    "SparseWeightLinear": (CASES["SparseWeightLinear"], "_pattern_key",
+                           lambda: (1, 2, 0, 3, 4, 0)),
+}
+
+
+@pytest.mark.parametrize("name", list(FORGED_STATE))
+def test_loaded_layer_drops_a_forged_state(name, monkeypatch):
+    make, key, forged = FORGED_STATE[name]
+    layer = make()
+    layer.__dict__[key] = forged()
+    # as a crafted file holds it (the class's own __getstate__ writes none)
+    monkeypatch.setattr(type(layer), "__getstate__", nn.Module.__getstate__)
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    monkeypatch.undo()
+    buf.seek(0)
+    loaded = torch.load(buf)  # torch's default: weights_only=True
+    assert loaded.__dict__[key] is None

@@ -518,6 +518,19 @@ def _state_without_update(module: nn.Module) -> Dict[str, Any]:
     return state
 
 
+def _state_with_no_update(module: nn.Module, state: Dict[str, Any]) -> None:
+    """``nn.Module.__setstate__`` of a sparse layer, never with an optimiser in the backward.
+
+    :func:`_state_without_update` wrote none; a file read by ``torch.load(weights_only=True)``
+    (the layers are allow-listed) may hold any allowed object there, which forward and
+    backward would have called as the optimiser (one without ``param`` skipped the check
+    that it steps this layer's weight).  An optimiser unpickled with its layers attaches
+    itself afterwards, as before.
+    """
+    nn.Module.__setstate__(module, state)  # type: ignore[no-untyped-call]
+    module.__dict__["_row_update"] = None
+
+
 def _refuse_update_in_transform(update: Any, weight: Tensor) -> None:
     """The optimiser in the backward writes the layer's weight in place: not inside a
     ``torch.func`` transform, whose tensors have no storage of their own to write
@@ -1033,6 +1046,9 @@ class SparseLinearBatch(nn.Module):
 
     def __getstate__(self) -> Dict[str, Any]:
         return _state_without_update(self)
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        _state_with_no_update(self, state)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True,
                         assign: bool = False) -> "_IncompatibleKeys":

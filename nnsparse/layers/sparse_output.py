@@ -32,9 +32,8 @@ from .linear import (_GRAD, _STEP, _check_layer_args, _check_not_narrower, _chec
                      _check_weight_bias, _has_bias, _parameter, _refuse_recorded_update,
                      _refuse_sparse_grad_parametrized, _refuse_update_in_transform,
                      _refuse_update_misuse, _refuse_update_on_parts,
-                     _refuse_update_parametrized,
-                     _state_without_update, _watch_forward, _weight_read_once,
-                     _weight_use)
+                     _refuse_update_parametrized, _state_with_no_update,
+                     _state_without_update, _watch_forward, _weight_read_once, _weight_use)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
@@ -421,6 +420,9 @@ class SparseOutputLinear(nn.Linear):
 
     def __getstate__(self) -> Dict[str, Any]:
         return _state_without_update(self)
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        _state_with_no_update(self, state)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True,
                         assign: bool = False) -> "_IncompatibleKeys":

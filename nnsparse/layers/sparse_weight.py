@@ -252,6 +252,12 @@ class SparseWeightLinear(nn.Module):
                            f"got {given.dtype}")
         return out
 
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        # (torch.load(weights_only=True) allows the class) a file's pattern is checked at
+        # its first use: whatever key it says the pattern was checked under is dropped
+        super().__setstate__(state)  # type: ignore[no-untyped-call]
+        self.__dict__["_pattern_key"] = None  # (no pattern's key: checked again)
+
     def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str,
                               local_metadata: Any, strict: bool, missing_keys: List[str],
                               unexpected_keys: List[str], error_msgs: List[str]) -> None:
