@@ -353,6 +353,10 @@ BAD_PARTS = {
                         r"column indices must be non-negative, got min -3"),
     "pointer-past-nnz": (lambda p: p.crow.__setitem__(-1, 10 ** 6),
                          r"crow_indices must end at nnz = 120"),
+    # a pointer past nnz inside the rows (the last one right): torch's CSR constructor
+    # took it, and the unchecked matrix crashed the process (segfault) before the check
+    "inner-pointer-past-nnz": (lambda p: p.crow.__setitem__(3, 10 ** 6),
+                               r"crow_indices must be non-decreasing"),
 }
 
 
@@ -393,7 +397,12 @@ def test_loaded_weight_pattern_is_checked_after_a_values_only_load(col):
     values = loaded.values.detach().clone()
     match = r"SparseWeightLinear crow/col column indices must be (in \[0, 100\)|non-negative)"
     with pytest.raises(ValueError, match=match):
-        loaded.load_state_dict({"values": values}, strict=False)
+        loaded.load_state_dict({"values": values + 1}, strict=False)
+    assert torch.equal(loaded.values, values)  # refused before the copy: nothing loaded
+    parent = nn.Sequential(loaded)
+    with pytest.raises(ValueError, match=match):
+        parent.load_state_dict({"0.values": values + 1}, strict=False)
+    assert torch.equal(loaded.values, values)
     x = torch.zeros(2, 100)
     x[0, 0] = 1
     with pytest.raises(ValueError, match=match):

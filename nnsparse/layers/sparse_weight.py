@@ -212,7 +212,7 @@ class SparseWeightLinear(nn.Module):
                 missing or unexpected keys.
             ValueError: a loaded pattern that is no valid CSR pattern; for a state
                 without ``crow``/``col``, the layer's own pattern when it is none (edited
-                in place, or from a file: checked after the values are copied).
+                in place, or from a file), before anything is copied.
         """
         if isinstance(state_dict, Mapping):
             refusals = self._refusals(state_dict, "")
@@ -274,6 +274,11 @@ class SparseWeightLinear(nn.Module):
             # a lone crow or col is checked with the layer's other half
             _check_csr(crow.to(torch.int64), col.to(torch.int64), col, self.out_features,
                        self.in_features, f"{prefix}crow/{prefix}col (the loaded pattern)")
+        else:
+            # the layer keeps its own pattern, which a file (torch's unpickler sets the
+            # buffers) or an in-place edit may have left unchecked: checked (once, then
+            # recorded) before the values are copied, so a refused load changes nothing
+            self._check_pattern()
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
 
@@ -596,14 +601,16 @@ def _kind(x: Any) -> str:
 
 
 def _after_load(module: nn.Module, incompatible: Any) -> None:
-    """A loaded pattern replaces the derived structure, checked first: a load without
-    ``crow``/``col`` keeps the layer's own, which a file (torch's unpickler sets the
-    buffers) or an in-place edit may have left unchecked, and deriving recorded it as
-    checked (forward then skipped its check)."""
+    """A loaded pattern replaces the derived structure, checked first.  A load without
+    ``crow``/``col`` keeps the layer's own, checked by ``_load_from_state_dict`` before
+    the copy (a file's or an in-place edit's pattern was unchecked, and deriving it here
+    recorded it as checked: forward then skipped its check); it is not read again."""
     # registered by SparseWeightLinear.__init__ on itself only
     layer = cast(SparseWeightLinear, module)
-    layer.__dict__.pop("_pattern_key", None)
     if layer.col.device.type == "meta":
         layer._derive()  # no data to check: the derived buffers' shapes only
     else:
-        layer._check_pattern()  # one host sync, then derived
+        # a loaded (copied or assigned) pattern is not the one last checked: checked
+        # again (one host sync) and derived; the layer's own, checked before the copy,
+        # is left as it is
+        layer._check_pattern()
