@@ -365,7 +365,11 @@ class TableUpdate:
         self.nodes = weakref.WeakSet()
         self.zeroed = None
         self.stepped_in = None
-        if "group" not in state:  # (pickled before tables knew their optimiser's others)
+        # the attributes an object pickled by an older release lacks, given here once (its
+        # users read them plainly): no parameter known, no accumulation counted, alone
+        self.__dict__.setdefault("param", None)
+        self.__dict__.setdefault("pending", None)
+        if "group" not in state:
             self.group = [self]
         LIVE_UPDATES.add(self)
 
@@ -382,7 +386,7 @@ class TableUpdate:
     def _count(self) -> None:
         self.updates += 1
         self.nodes.clear()  # their backward is now refused by ``updates``
-        if getattr(self, "pending", None) is not None:
+        if self.pending is not None:
             self.pending = 1
 
     def masked(self, table: Tensor, touched: Tensor, grad: Tensor) -> None:
@@ -393,8 +397,7 @@ class TableUpdate:
         self._count()
 
     def _check(self, table: Tensor) -> None:
-        pending = getattr(self, "pending", None)  # (absent from objects pickled before)
-        if pending:
+        if self.pending:
             raise RuntimeError(
                 f"{self.name}: a second backward since the optimiser's last step() or "
                 f"zero_grad() (gradient accumulation: loss.backward() per batch, then one "

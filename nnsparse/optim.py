@@ -759,7 +759,7 @@ _NOT_PICKLED = _HOOK_TABLES + ("step", "_state")
 def _zeroed_by(update: _rowopt.TableUpdate, grad: Tensor) -> bool:
     """Whether ``grad`` is the in-backward weight's ``.grad`` as ``zero_grad(set_to_none=
     False)`` left it: the same tensor, not written since (zero: nothing to apply)."""
-    zeroed = getattr(update, "zeroed", None)
+    zeroed = update.zeroed
     return zeroed is not None and zeroed[0]() is grad and grad._version == zeroed[1]
 
 
@@ -1295,7 +1295,7 @@ class InBackwardOptimizer(Optimizer):
     def _end_accumulation(self) -> None:
         """A backward may step the tables again (see ``TableUpdate.pending``)."""
         for u in self._updates.values():
-            if getattr(u, "pending", None) is not None:
+            if u.pending is not None:
                 u.pending = 0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -1319,7 +1319,7 @@ class InBackwardOptimizer(Optimizer):
         """
         set_to_none = as_flag(set_to_none, "set_to_none")
         for u in self._updates.values():
-            param = getattr(u, "param", None)
+            param = u.param
             if param is None or param.grad is None:
                 continue
             if set_to_none:

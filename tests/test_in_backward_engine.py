@@ -312,6 +312,22 @@ def test_an_optimiser_pickled_before_its_tables_knew_one_another_checks_them_tog
     assert _updates(opt2) == [0, 0]
 
 
+def test_a_table_pickled_before_param_and_pending_gets_their_defaults():
+    """A table pickled by a release before it kept ``param`` and ``pending`` unpickles with
+    them given (``None``: no parameter known, no accumulation counted), as ``group`` is,
+    and trains: the code reads them plainly."""
+    model = _autoencoder()
+    opt = OPTIMISERS["in-backward-sgd"](model)
+    for u in opt._updates.values():
+        del u.param, u.pending  # as pickled before
+    model2, opt2 = pickle.loads(pickle.dumps((model, opt)))
+    assert all(u.param is None and u.pending is None for u in opt2._updates.values())
+    _loss(model2, _x()).backward()
+    opt2.step()
+    opt2.zero_grad()
+    assert _updates(opt2) == [1, 1]
+
+
 # -- another thread's training forward (or optimiser) beside a backward: the weak sets the check
 # walks change meanwhile (before: "Set changed size during iteration" from the backward) -------
 

@@ -223,7 +223,7 @@ def _watch_forward(ctx: Any, update: Any) -> None:
     if task == -1:
         return
     ctx.recomputed_in = task
-    if getattr(update, "stepped_in", None) == task:
+    if update.stepped_in == task:
         raise RuntimeError(update.stale_message())
     _refuse_used_twice(update, steps=False)
 
@@ -251,9 +251,9 @@ def _refuse_used_twice(update: Any, steps: bool = True) -> None:
     if will_execute is None:
         return
     twice: Dict[str, int] = {}  # name -> uses
-    for table in getattr(update, "group", (update,)):
-        nodes = getattr(table, "nodes", None)
-        if nodes is None or len(nodes) < 2:
+    for table in update.group:
+        nodes = table.nodes
+        if len(nodes) < 2:
             continue
         running = [node for node in _rowopt.alive(nodes)  # (another thread may add one)
                    if node.needs_input_grad[1] and _will_run(will_execute, node)]
@@ -561,7 +561,7 @@ def _refuse_update_misuse(layer: nn.Module, update: Any, read: Tensor) -> None:
     """
     if update is None or not torch.is_grad_enabled() or not read.requires_grad:
         return  # (a weight that requires no grad gets no step: input gradients, frozen)
-    param = getattr(update, "param", None)  # (absent from an update pickled before)
+    param = update.param
     if param is not None and read is not param and read._base is not param:
         if _index.data_ptr(read) is None:  # a torch.func transform's tensor: its own refusal
             return
@@ -655,7 +655,7 @@ def _not_owned_message(layer: nn.Module, update: Any, read: Tensor) -> str:
 def _owner_of(param: Tensor, update: Any) -> Optional[str]:
     """The name of the live in-backward table, other than ``update``, built on ``param``."""
     for other in _rowopt.alive(_rowopt.LIVE_UPDATES):  # (another thread may add one)
-        if other is not update and getattr(other, "param", None) is param:
+        if other is not update and other.param is param:
             return other.name
     return None
 
