@@ -790,9 +790,16 @@ def lua_pairs_hint(batch: SparseBatch, width: int) -> str:
     """:data:`_LUA_PAIRS_HINT` where ``batch``, a checked pair form one column wider than
     ``width``, reads as a Lua pair tensor's 1-based indices (none below 1), else ``""``.
     For an error message: one host synchronisation."""
-    if batch.form not in ("pairs", "pair_list") or not 0 < width == batch.width - 1:
+    if batch.form not in ("pairs", "pair_list") or not batch.nnz:
         return ""
-    return _LUA_PAIRS_HINT if batch.nnz and int(batch.col.min()) >= 1 else ""
+    one_based = _one_based(int(batch.col.min()), batch.width - 1, width)
+    return _LUA_PAIRS_HINT if one_based else ""
+
+
+def _one_based(lo: int, hi: int, width: int) -> bool:
+    """Whether pair indices from ``lo`` to ``hi`` read as a Lua pair tensor's 1-based ones
+    for ``width`` columns: the largest is ``width``, none below 1 (:data:`_LUA_PAIRS_HINT`)."""
+    return 0 < width == hi and lo >= 1
 
 
 def _from_pairs(x: Tensor, name: str, width: Optional[int]) -> SparseBatch:
@@ -808,7 +815,7 @@ def _from_pairs(x: Tensor, name: str, width: Optional[int]) -> SparseBatch:
     except ValueError as e:  # (the error path: one more host synchronisation)
         if width and col.numel():
             lo, hi = torch.stack(list(torch.aminmax(col))).tolist()
-            if lo >= 1 and hi == width:  # (a 1-based index is >= 1: a -1 is no Lua slip)
+            if _one_based(lo, hi, width):  # (a -1 is no Lua slip: no hint)
                 raise ValueError(f"{e}{_LUA_PAIRS_HINT}") from None
         raise
     return SparseBatch(torch.zeros_like(col), col, x[:, 1], (1, width or 0), "pairs",
