@@ -8,9 +8,10 @@ the training ratings, then is refit on all of them; the test part is read
 once, at the end, beside the item-mean baseline.
 
     python examples/movielens_autoencoder.py                       # synthetic default
-    python examples/movielens_autoencoder.py --ratings ml-1m/ratings.dat --format ml-1m
-    python examples/movielens_autoencoder.py --train u1.base --test u1.test --format ml-100k
-    python examples/movielens_autoencoder.py --folds ml-100k/ --format ml-100k   # u1..u5
+    python examples/movielens_autoencoder.py --ratings ml-1m/      # an unzipped MovieLens
+    python examples/movielens_autoencoder.py --ratings ml-1m/ratings.dat   # format detected
+    python examples/movielens_autoencoder.py --train u1.base --test u1.test
+    python examples/movielens_autoencoder.py --folds ml-100k/                     # u1..u5
     python examples/movielens_autoencoder.py --folds 5 --model autorec          # random folds
     python examples/movielens_autoencoder.py --recommend 42 -k 10
     torchrun --nproc_per_node=2 examples/movielens_autoencoder.py --threads 1   # 2 processes
@@ -35,9 +36,9 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from nnsparse import distributed as nd
-from nnsparse.data import (FORMATS, Ratings, mae, mean_prediction, random_split, read_item_features,
-                           read_ratings, read_split, read_user_features, rmse,
-                           synthetic_item_features, synthetic_ratings)
+from nnsparse.data import (FORMATS, Ratings, detect_format, mae, mean_prediction, random_split,
+                           read_item_features, read_ratings, read_split, read_user_features,
+                           rmse, synthetic_item_features, synthetic_ratings)
 from nnsparse.models import MODELS, AutoRec, CFN, KernelNet, RatingModel, cross_validate, fold_files, kfold
 
 #: --model name -> (class, uses side features)
@@ -80,8 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     data = p.add_argument_group("data")
-    data.add_argument("--ratings", help="a rating file (default: the synthetic set)")
-    data.add_argument("--format", choices=FORMATS, default="text", help="the files' format")
+    data.add_argument("--ratings", help="a rating file, or a MovieLens directory holding one "
+                      "(ratings.dat, ratings.csv or u.data); default: the synthetic set")
+    data.add_argument("--format", choices=("auto",) + FORMATS, default="auto",
+                      help="the files' format; auto: detected from the first line")
     data.add_argument("--train", help="a given training file (with --test)")
     data.add_argument("--test", help="a given test file (with --train)")
     data.add_argument("--folds", help="cross-validate: a number k of seeded random folds, or "
@@ -163,7 +166,9 @@ def parse_args(argv: Optional[List[str]] = None):
         p.error("--folds makes its own train/test pairs; drop --train/--test")
     if args.folds and (args.load or args.save or args.recommend):
         p.error("--folds trains one model per fold: --load, --save and --recommend need one model")
-    for flag in ("ratings", "train", "test", "load"):
+    if args.ratings is None or not Path(args.ratings).is_dir():  # a directory: its rating file
+        _check_file(p, "--ratings", args.ratings)
+    for flag in ("train", "test", "load"):
         _check_file(p, f"--{flag}", getattr(args, flag))
     for flag in ("save", "metrics_out"):
         _check_output(p, f"--{flag.replace('_', '-')}", getattr(args, flag))
@@ -231,12 +236,16 @@ def read_data(p: argparse.ArgumentParser, args: argparse.Namespace):
         if args.folds is not None and not isinstance(args.folds, int):
             # read the first pair now, so a bad format fails before training
             folds = list(fold_files(args.folds, args.format))
+            _settle_format(args, folds[0][0].source)
             return folds, None, folds[0][0]
         if args.train:
             train, test = read_split(args.train, args.test, args.format)
+            _settle_format(args, args.train)
             return train, test, train
         ratings = (read_ratings(args.ratings, args.format) if args.ratings
                    else synthetic_ratings(seed=args.seed))
+        if args.ratings:
+            _settle_format(args, args.ratings)
     except ValueError as error:
         p.error(f"cannot read the ratings as --format {args.format}: {error}")
     if isinstance(args.folds, int):
@@ -254,6 +263,12 @@ def read_data(p: argparse.ArgumentParser, args: argparse.Namespace):
         p.error(f"--test-ratio {args.test_ratio} of {len(ratings)} ratings leaves no test "
                 f"ratings; to train on all of them, give --save or --recommend")
     return split.train, split.test, ratings
+
+
+def _settle_format(args: argparse.Namespace, path: str) -> None:
+    """--format auto becomes the format read (the side files and the saved args use it)."""
+    if args.format == "auto":
+        args.format = detect_format(path)
 
 
 def side_features(p: argparse.ArgumentParser, args: argparse.Namespace, train: Ratings):

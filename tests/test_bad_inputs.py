@@ -499,7 +499,7 @@ OTHER = [
          lambda: nnsparse.DynamicSparseTensor(ndim=2).append((1, False), 1.0), TypeError,
          r"index must be an int, got bool False"),
     Case("read_ratings-format", lambda: read_ratings("x", format="xx"), ValueError,
-         r"format must be one of \['ml-100k', 'ml-1m', 'csv', 'text'\], got 'xx'"),
+         r"format must be one of \['auto', 'ml-100k', 'ml-1m', 'csv', 'text'\], got 'xx'"),
     Case("read_ratings-path-int", lambda: read_ratings(3), TypeError,
          r"path must be a str or os.PathLike, got int"),
     Case("read_ratings-unseen", lambda: read_ratings("x", unseen="skip"), ValueError,
@@ -664,7 +664,7 @@ PROBE2 = [
     Case("LazyAdam-params-none", lambda: LazyAdam(None), TypeError,
          r"params must be an iterable of parameters or of param-group dicts, got NoneType"),
     Case("read_ratings-format-list", lambda: read_ratings("x", format=["csv"]), TypeError,
-         r"format must be one of \['ml-100k', 'ml-1m', 'csv', 'text'\] \(a str\), got list "
+         r"format must be one of \['auto', 'ml-100k', 'ml-1m', 'csv', 'text'\] \(a str\), got list "
          r"\['csv'\]"),  # a TypeError since probe 12 (a wrong kind)
     Case("collate_sparse_rows-rows-none", lambda: collate_sparse_rows(None, 4), TypeError,
          r"rows must be a list of \(row_index, \(indices, values\)\) pairs, got NoneType"),

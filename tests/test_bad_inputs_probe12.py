@@ -339,7 +339,7 @@ def _choice_cases() -> List[Case]:
         Case("mean_prediction_by_none", lambda d: mean_prediction(_ratings(), _ratings(), by=None),
              TypeError, r"by: orientation must be 'item' or 'user' \(a str\), got NoneType"),
         Case("read_ratings_format_none", lambda d: read_ratings(_file(d), format=None), TypeError,
-             r"format must be one of \['ml-100k', 'ml-1m', 'csv', 'text'\] \(a str\), got "
+             r"format must be one of \['auto', 'ml-100k', 'ml-1m', 'csv', 'text'\] \(a str\), got "
              r"NoneType None"),
         Case("read_ratings_unseen_bool", lambda d: read_ratings(_file(d), "ml-1m", unseen=True),
              TypeError, r"unseen must be 'keep' or 'drop' \(a str\), got bool True"),

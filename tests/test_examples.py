@@ -80,7 +80,10 @@ def test_composition_example(capsys):
 
 @pytest.mark.parametrize("flags, message", [
     (["--ratings", "no/such/file.dat"], "--ratings: no file at no/such/file.dat"),
-    (["--ratings", "{tmp}"], "is a directory, not a file"),
+    # a directory is read through its one MovieLens rating file (here u.data), in its format
+    (["--ratings", "{tmp}", "--format", "ml-1m"],
+     "path: {tmp} holds u.data, a file of format 'ml-100k', but format is 'ml-1m'"),
+    (["--train", "{tmp}", "--test", "{tmp}/u.data"], "--train: {tmp} is a directory, not a file"),
     (["--train", "{tmp}/u.data"], "--train and --test go together"),
     (["--batch-size", "0"], "--batch-size must be positive, got 0"),
     (["--hidden", "-1"], "--hidden must be positive, got -1"),

@@ -2,15 +2,15 @@
 
 The pieces of a collaborative-filtering pipeline (see ``README.md``)::
 
-    ratings = read_ratings(path, format="ml-1m")          # or synthetic_ratings(seed=0)
+    ratings = read_ratings(path)     # ml-1m/ratings.dat or ml-1m/; or synthetic_ratings(seed=0)
     train, valid, test = random_split(ratings, test=0.1, validation=0.05, seed=0)
     norm = RatingNormalizer(train, orientation="item")    # fitted on train only
     x = norm.matrix(train)                                # (n_items, n_users) CSR, in [-1, 1]
     ds = SparseRowDataset(x)                              # rows -> (indices, values)
     loader = DataLoader(ds, batch_size=32, shuffle=True, collate_fn=ds.collate)
 """
-from .readers import (FORMATS, Ratings, read_item_features, read_ratings, read_split,
-                      read_user_features)
+from .readers import (FORMATS, Ratings, detect_format, read_item_features, read_ratings,
+                      read_split, read_user_features)
 from .split import Split, holdout_split, random_split, split_ratings
 from .matrix import RatingErrors, RatingNormalizer, mae, mean_prediction, rating_matrix, rmse
 from .synthetic import synthetic_item_features, synthetic_ratings
@@ -21,6 +21,7 @@ __all__ = [
     "Ratings",
     "read_ratings",
     "read_split",
+    "detect_format",
     "read_item_features",
     "read_user_features",
     "Split",

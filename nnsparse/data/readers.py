@@ -14,6 +14,7 @@ import math
 import os
 import re
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union, cast
@@ -25,7 +26,7 @@ from torch import Tensor
 from .._forms import _a, _version, as_choice, as_flag, is_int, refuse_meta
 
 __all__ = ["Ratings", "read_ratings", "read_split", "read_item_features", "read_user_features",
-           "FORMATS"]
+           "detect_format", "FORMATS"]
 
 _PathLike = Union[str, "os.PathLike[str]"]
 
@@ -36,8 +37,10 @@ _FORMATS: Dict[str, Tuple[Optional[bytes], Tuple[int, int], bool, Optional[str]]
     "csv": (b",", (4, 4), True, "movies.csv"),
     "text": (None, (3, 4), False, None),
 }
-#: The accepted ``format`` names of :func:`read_ratings`.
+#: The file formats :func:`read_ratings` reads (its ``format`` also takes ``"auto"``).
 FORMATS: Tuple[str, ...] = tuple(_FORMATS)
+#: What ``format=`` takes: ``"auto"`` (detect the format) or one of :data:`FORMATS`.
+_CHOICES: Tuple[str, ...] = ("auto",) + FORMATS
 #: The largest rating the rating dtype (float32) holds.
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 #: The UTF-8 byte order mark some editors put at the start of a text file.
@@ -819,18 +822,157 @@ def _title_file(path: Path, fmt: str, titles: Union[bool, _PathLike]) -> Optiona
     return given
 
 
+# -- the rating file and its format (format="auto", a directory as path) -----------------
+
+#: the rating file of each MovieLens download, looked for in a directory given as ``path``
+_DIR_FILES: Dict[str, str] = {"ratings.dat": "ml-1m", "ratings.csv": "csv", "u.data": "ml-100k"}
+#: MovieLens-100K's rating files: u.data, u1.base ... u5.test, ua/ub.base and .test
+_ML100K_NAME = re.compile(r"u\.data|u(\d+|[ab])\.(base|test)")
+#: the bytes of a file ``format="auto"`` reads to find its first line (not the whole file)
+_HEAD = 1 << 16
+
+
+def _resolve(path: Path, format: str) -> Tuple[Path, str]:
+    """The rating file (``path``, or the MovieLens rating file in the directory ``path``)
+    and its format (``format``, or the detected one for ``"auto"``)."""
+    if path.is_dir():
+        path = _rating_file_in(path, format)
+    if not path.exists():
+        raise ValueError(f"path: no rating file at {path} (it does not exist)")
+    if not path.is_file():
+        raise ValueError(f"path: {path} is not a regular file")
+    return path, (_detect(path) if format == "auto" else format)
+
+
+def _rating_file_in(directory: Path, format: str) -> Path:
+    """The one MovieLens rating file in ``directory``; its format must be ``format``
+    unless that is ``"auto"``."""
+    found = [name for name in _DIR_FILES if (directory / name).is_file()]
+    if len(found) != 1:
+        what = f"{len(found)}: {', '.join(found)}" if found else f"none (it holds {_listing(directory)})"
+        raise ValueError(f"path: {directory} is a directory; give the rating file in it: looked "
+                         f"for one of {', '.join(_DIR_FILES)}, found {what}")
+    name = found[0]
+    if format not in ("auto", _DIR_FILES[name]):
+        raise ValueError(f"path: {directory} holds {name}, a file of format "
+                         f"{_DIR_FILES[name]!r}, but format is {format!r}; give format "
+                         f"{_DIR_FILES[name]!r} or 'auto', or the rating file itself")
+    return directory / name
+
+
+def _listing(directory: Path, most: int = 8) -> str:
+    """The first ``most`` names in ``directory`` (folders end with ``/``), for messages."""
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir())
+    if not names:
+        return "nothing"
+    return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "")
+
+
+def _detect(path: Path) -> str:
+    """The format of the rating file ``path``, from its first non-blank line (the rule is
+    :func:`read_ratings`'s ``"auto"``)."""
+    with open(path, "rb") as f:
+        head = f.read(_HEAD)
+    _refuse_binary(head[:4096], path)
+    line = _first_line(head)
+    if _separated(line, b"::"):
+        return "ml-1m"
+    commas = _separated(line, b",")
+    if commas == 4:
+        return "csv"
+    if commas:
+        raise ValueError(
+            f"path: cannot detect the format of {path}: its first line "
+            f"{line.decode('latin-1')[:200]!r} has {commas} comma-separated fields, and "
+            f"format 'csv' (MovieLens ratings.csv) has 4, userId,movieId,rating,timestamp; "
+            f"give format= (one of {list(FORMATS)}; 'text' is whitespace-separated "
+            f"'user item rating [timestamp]')")
+    if _separated(line, b"\t") == 4 and (_ML100K_NAME.fullmatch(path.name) is not None
+                                        or _int_ids(line.split(b"\t"))):
+        return "ml-100k"
+    return "text"
+
+
+def _first_line(head: bytes) -> bytes:
+    """The first non-blank line of ``head`` (after a UTF-8 byte order mark), stripped."""
+    for line in head[len(_BOM) if head.startswith(_BOM) else 0:].split(b"\n"):
+        if line.strip():
+            return line.strip()
+    return b""
+
+
+def _separated(line: bytes, sep: bytes) -> int:
+    """How many fields ``sep`` splits ``line`` into when it separates them (at least two,
+    none holding whitespace between characters: ``"a::b c 4"`` is a ``text`` line), else 0."""
+    fields = line.split(sep)
+    return len(fields) if len(fields) > 1 and all(len(f.split()) <= 1 for f in fields) else 0
+
+
+def _int_ids(fields: List[bytes]) -> bool:
+    """Whether the user and item fields are integers (MovieLens ids; ``text`` ids may be
+    any token, ``1_0`` included)."""
+    return all(_INT_TOKEN.fullmatch(f.strip().decode("latin-1")) for f in fields[:2])
+
+
+@contextmanager
+def _detected(format: str, fmt: str, path: Path) -> Iterator[None]:
+    """A ``ValueError`` of the reading names the format ``"auto"`` chose (``fmt``): the file
+    may be another."""
+    try:
+        yield
+    except ValueError as error:
+        if format != "auto":
+            raise
+        raise ValueError(f"{error} (format 'auto' read {path.name} as {fmt!r}, from its first "
+                         f"line; give format= to read another)") from None
+
+
+def detect_format(path: _PathLike) -> str:
+    r"""The format :func:`read_ratings` reads ``path`` in with ``format="auto"``.
+
+    Args:
+        path (str or PathLike): a rating file, or a directory holding exactly one
+            MovieLens rating file (``ratings.dat``, ``ratings.csv`` or ``u.data``).
+
+    Returns:
+        str: one of :data:`FORMATS`, detected from the first non-blank line of the
+        file (the rule is :func:`read_ratings`'s); only the file's first 64 KiB are read.
+
+    Raises:
+        ValueError: a missing file, a directory with none or several rating files, a
+            compressed or binary file, a first line of comma-separated fields that are
+            not 4.
+        TypeError: ``path`` not a str or ``os.PathLike``.
+
+    Example::
+
+        >>> import tempfile, pathlib
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     _ = (pathlib.Path(d) / "ratings.dat").write_text("1::1193::5::978300760\n")
+        ...     detect_format(pathlib.Path(d) / "ratings.dat"), detect_format(d)
+        ('ml-1m', 'ml-1m')
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    return _resolve(Path(path), "auto")[1]
+
+
 # -- public readers ----------------------------------------------------------------------
 
-def read_ratings(path: _PathLike, format: str = "text", *, titles: Union[bool, _PathLike] = True,
+def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _PathLike] = True,
                  user_map: Optional[Dict[Any, int]] = None,
                  item_map: Optional[Dict[Any, int]] = None,
                  unseen: str = "keep") -> Ratings:
     r"""Read a rating file into a :class:`Ratings` record.
 
     Args:
-        path (str or PathLike): the rating file.
+        path (str or PathLike): the rating file, or a directory holding exactly
+            one MovieLens rating file (``ratings.dat``, ``ratings.csv`` or
+            ``u.data``: an unzipped download such as ``ml-1m/``).
         format (str): one of
 
+            * ``"auto"`` (default): detected from the file's first non-blank line
+              (after a byte order mark; only the file's head is read), see below;
             * ``"ml-100k"``: MovieLens-100K ``u.data``, ``uN.base``, ``uN.test``:
               ``user<TAB>item<TAB>rating<TAB>timestamp``; titles from ``u.item``;
             * ``"ml-1m"``: MovieLens-1M/10M ``ratings.dat``:
@@ -838,7 +980,7 @@ def read_ratings(path: _PathLike, format: str = "text", *, titles: Union[bool, _
             * ``"csv"``: MovieLens ``ratings.csv`` with a header line
               (``userId,movieId,rating,timestamp``, half stars); titles from
               ``movies.csv``;
-            * ``"text"`` (default): whitespace separated ``user item rating``,
+            * ``"text"``: whitespace separated ``user item rating``,
               optionally a fourth column (ignored); ids may be any token.
         titles (bool or PathLike): ``True`` (default) reads the format's item
             file when it lies next to ``path``; a path reads that file;
@@ -859,8 +1001,10 @@ def read_ratings(path: _PathLike, format: str = "text", *, titles: Union[bool, _
         float32, ``titles`` when an item file was read.
 
     Raises:
-        ValueError: unknown ``format`` or ``unseen``, a missing file or a
-            directory, an empty file, a file whose lines do not match
+        ValueError: unknown ``format`` or ``unseen``, a missing file, a
+            directory with none or several MovieLens rating files or with one of
+            another format than ``format``, a first line of comma-separated fields
+            that are not 4 (``"auto"``), an empty file, a file whose lines do not match
             ``format`` (the message names the file and its 1-based line
             number), a rating that is not a finite number or overflows
             float32, a number written with ``_`` (``1_000``), a (user, item)
@@ -880,6 +1024,18 @@ def read_ratings(path: _PathLike, format: str = "text", *, titles: Union[bool, _
     every format.  The check for repeated pairs is one sort of the ratings
     (about half a second for 10M ratings on one CPU thread).
 
+    ``"auto"`` reads the first non-blank line: fields separated by ``::`` are
+    ``"ml-1m"``; 4 comma-separated fields (a header or a rating) are ``"csv"``,
+    another count of them a ``ValueError``; 4 tab-separated fields with integer
+    user and item ids are ``"ml-100k"`` (also with other ids when the file is
+    named like MovieLens-100K's, ``u.data``, ``u1.base``, ``ua.test``: the reader
+    then names the bad id); anything else is ``"text"``.  So a whitespace
+    separated ``user item rating`` file reads as before, and a tab-separated
+    4-field file of integer ids reads as ``"ml-100k"``: the same ids and
+    ratings as ``"text"``, with titles from a ``u.item`` beside it.  A reading
+    error then says which format was detected.  :func:`detect_format` gives
+    the detected format without reading the ratings.
+
     Example::
 
         >>> import tempfile, pathlib
@@ -887,12 +1043,15 @@ def read_ratings(path: _PathLike, format: str = "text", *, titles: Union[bool, _
         ...     p = pathlib.Path(d) / "u.data"
         ...     _ = p.write_text("196\t242\t3\t881250949\n186\t302\t3.5\t891717742\n")
         ...     r = read_ratings(p, format="ml-100k")
+        ...     auto = read_ratings(d)  # the directory: its u.data, format detected
         >>> r.user, r.item, r.rating
         (tensor([1, 0]), tensor([0, 1]), tensor([3.0000, 3.5000]))
         >>> r.user_map, r.item_map
         ({186: 0, 196: 1}, {242: 0, 302: 1})
+        >>> auto.user_map == r.user_map and auto.rating.tolist() == r.rating.tolist()
+        True
     """
-    as_choice(format, "format", FORMATS)
+    as_choice(format, "format", _CHOICES)
     as_choice(unseen, "unseen", ("keep", "drop"), "'keep' or 'drop'")
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
@@ -904,16 +1063,17 @@ def read_ratings(path: _PathLike, format: str = "text", *, titles: Union[bool, _
     if not isinstance(titles, (bool, str, os.PathLike)):
         raise TypeError(f"titles must be a bool or a path (str or os.PathLike), "
                         f"got {type(titles).__name__}")
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"path: {path} is a directory; give the rating file in it "
-                         f"(e.g. {path / ('ratings.csv' if format == 'csv' else 'ratings.dat')})")
-    if not path.exists():
-        raise ValueError(f"path: no rating file at {path} (it does not exist)")
-    if not path.is_file():
-        raise ValueError(f"path: {path} is not a regular file")
-    # Every argument is checked before anything is read or changed.
-    title_file = _title_file(path, format, titles)
+    path, fmt = _resolve(Path(path), format)
+    # Every argument is checked before the ratings are read or anything is changed.
+    title_file = _title_file(path, fmt, titles)
+    with _detected(format, fmt, path):
+        return _read(path, fmt, title_file, user_map, item_map, unseen)
+
+
+def _read(path: Path, format: str, title_file: Optional[Path],
+          user_map: Optional[Dict[Any, int]], item_map: Optional[Dict[Any, int]],
+          unseen: str) -> Ratings:
+    """:func:`read_ratings` of the file ``path`` in ``format``, its arguments checked."""
     sep, fields, header, _ = _FORMATS[format]
     raw = path.read_bytes()
     _refuse_binary(raw[:4096], path)
@@ -948,7 +1108,7 @@ def read_ratings(path: _PathLike, format: str = "text", *, titles: Union[bool, _
         dropped = int((~keep).sum())
         if dropped:
             warnings.warn(f"{path}: dropped {dropped} of {len(keep)} ratings whose user or "
-                          f"item is not in the given maps", stacklevel=2)
+                          f"item is not in the given maps", stacklevel=3)
         user, item, rating32, line = user[keep], item[keep], rating32[keep], line[keep]
         if len(rating32) == 0:
             raise ValueError(f"{path}: no rating left after dropping unseen users and items")
@@ -1068,7 +1228,7 @@ def _known(ids: np.ndarray, mapping: Optional[Dict[Any, int]]) -> np.ndarray:
     return cast(np.ndarray, np.array([u in mapping for u in unique], dtype=bool)[inverse])
 
 
-def read_split(train: _PathLike, test: _PathLike, format: str = "text", *,
+def read_split(train: _PathLike, test: _PathLike, format: str = "auto", *,
                titles: Union[bool, _PathLike] = True,
                unseen: str = "keep") -> Tuple[Ratings, Ratings]:
     r"""Read a given train/test file pair with one shared id map.
@@ -1080,7 +1240,8 @@ def read_split(train: _PathLike, test: _PathLike, format: str = "text", *,
     Args:
         train, test (str or PathLike): the two rating files, e.g. MovieLens-100K
             ``u1.base`` and ``u1.test``.
-        format (str): as in :func:`read_ratings`.
+        format (str): as in :func:`read_ratings`; ``"auto"`` (default) detects
+            the training file's format, which the test file is read in.
         titles (bool or PathLike): as in :func:`read_ratings`.
         unseen (str): test ids absent from the training file: ``"keep"``
             (default; appended to the shared maps, so published test sets stay
@@ -1121,13 +1282,16 @@ def read_split(train: _PathLike, test: _PathLike, format: str = "text", *,
     for name, given in (("train", train), ("test", test)):  # name the part that is missing
         if isinstance(given, (str, os.PathLike)) and not Path(given).exists():
             raise ValueError(f"{name}: no rating file at {given} (it does not exist)")
+        if isinstance(given, (str, os.PathLike)) and Path(given).is_dir():
+            raise ValueError(f"{name}: {given} is a directory; give the rating file in it")
     first = read_ratings(train, format, titles=False)
-    second = read_ratings(test, format, titles=False, user_map=first.user_map,
+    fmt = _detect(Path(train)) if format == "auto" else format  # (train: a file, just read)
+    second = read_ratings(test, fmt, titles=False, user_map=first.user_map,
                           item_map=first.item_map, unseen=unseen)
     _warn_shared_pairs(first, second, test)
-    title_file = _title_file(Path(train), format, titles)
+    title_file = _title_file(Path(train), fmt, titles)
     if title_file is not None:
-        first.titles = second.titles = _titles(first.item_map, _read_titles(title_file, format))
+        first.titles = second.titles = _titles(first.item_map, _read_titles(title_file, fmt))
     return first, second
 
 

@@ -14,7 +14,7 @@ import torch
 from .._forms import _a, as_choice, as_count
 from ..data import Ratings, mean_prediction, read_split, rmse
 from ..data.matrix import _check_same_maps
-from ..data.readers import FORMATS, _check_ratings, _check_unique_pairs, \
+from ..data.readers import _CHOICES, _check_ratings, _check_unique_pairs, \
     _check_unique_pairs_apart
 from ..data.split import _torch_seed
 from .base import RatingModel
@@ -78,7 +78,8 @@ def fold_files(directory: Union[str, Path], format: str = "ml-100k") -> Iterator
 
     Args:
         directory (str or os.PathLike): holds ``u1.base``, ``u1.test``, ...
-        format (str): as :func:`~nnsparse.data.read_ratings`'s.  Default: ``"ml-100k"``.
+        format (str): as :func:`~nnsparse.data.read_ratings`'s (``"auto"`` too).
+            Default: ``"ml-100k"``.
 
     Returns:
         Iterator of ``(train, test)`` :class:`~nnsparse.data.Ratings` pairs, in
@@ -102,7 +103,7 @@ def fold_files(directory: Union[str, Path], format: str = "ml-100k") -> Iterator
     """
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
-    as_choice(format, "format", FORMATS)
+    as_choice(format, "format", _CHOICES)
     directory = Path(directory)
     if not directory.is_dir():
         raise ValueError(f"folds: no directory at {directory}")
