@@ -63,6 +63,48 @@ def test_movielens_autoencoder_on_files_and_recommend(tmp_path, capsys):
     assert math.isfinite(result["test_rmse"])
 
 
+@pytest.mark.parametrize("where, model", [("directory", "cfn++"), ("file", "autorec")])
+def test_movielens_autoencoder_on_an_unzipped_ml1m_without_format(tmp_path, capsys, where, model):
+    """``--ratings ml-1m`` or ``--ratings ml-1m/ratings.dat`` as a user unzips it, no --format:
+    the format is detected (and cfn++ finds the genres in movies.dat, in latin-1)."""
+    main = _load("movielens_autoencoder").main
+    from nnsparse.data import synthetic_ratings
+    r = synthetic_ratings(seed=2, n_users=50, n_items=60, n_ratings=1500)
+    folder = tmp_path / "ml-1m"
+    folder.mkdir()
+    (folder / "ratings.dat").write_text("".join(
+        f"{u + 1}::{i + 1}::{int(x)}::978300760\n"
+        for u, i, x in zip(r.user.tolist(), r.item.tolist(), r.rating.tolist())))
+    (folder / "movies.dat").write_bytes("".join(
+        f"{i}::Café {i} (1995)::{'Drama' if i % 2 else 'Comedy|Drama'}\n"
+        for i in range(1, 61)).encode("latin-1"))
+    path = folder if where == "directory" else folder / "ratings.dat"
+    result = main(["--ratings", str(path), "--model", model, "--epochs", "1", "--hidden", "8",
+                   "--no-progress"])
+    out = capsys.readouterr().out
+    assert out.startswith("1500 ratings, 50 users x 60 items")
+    assert out.strip().splitlines()[-1] == f"test RMSE: {result['test_rmse']:.4f}"
+    assert math.isfinite(result["test_rmse"]) and result["args"]["format"] == "ml-1m"
+
+
+def test_movielens_autoencoder_folds_directory_without_format(tmp_path, capsys):
+    """``--folds ml-100k/`` (u1..uN pairs) as before, now with no --format: detected."""
+    main = _load("movielens_autoencoder").main
+    from nnsparse.data import synthetic_ratings
+    r = synthetic_ratings(seed=3, n_users=40, n_items=50, n_ratings=1000)
+    lines = [f"{u + 1}\t{i + 1}\t{int(x)}\t0\n"
+             for u, i, x in zip(r.user.tolist(), r.item.tolist(), r.rating.tolist())]
+    (tmp_path / "u.data").write_text("".join(lines))
+    for k in (1, 2):
+        test = set(range(k - 1, len(lines), 2))
+        (tmp_path / f"u{k}.base").write_text("".join(l for j, l in enumerate(lines) if j not in test))
+        (tmp_path / f"u{k}.test").write_text("".join(lines[j] for j in sorted(test)))
+    result = main(TINY + ["--model", "autorec", "--folds", str(tmp_path),
+                          "--validation-ratio", "0"])
+    assert len(result["folds"]) == 2 and result["args"]["format"] == "ml-100k"
+    assert "| mean ± std |" in capsys.readouterr().out
+
+
 def test_sparse_autoencoder_example(capsys):
     result = _load("sparse_autoencoder").main(
         ["--docs", "300", "--vocab", "400", "--epochs", "2", "--hidden", "16", "8",

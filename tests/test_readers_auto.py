@@ -1,0 +1,225 @@
+"""read_ratings(format="auto"), the default, and a MovieLens directory as path: the real
+layouts of the downloads, each written small here, read as their explicit format."""
+import gzip
+import re
+
+import pytest
+import torch
+
+from nnsparse.data import detect_format, read_ratings, read_split
+
+# layout -> (its format, its rating file, {file name: content}); item files as the downloads
+# have them: u.item and movies.dat in latin-1, movies.csv in UTF-8
+LAYOUTS = {
+    "ml-100k": ("ml-100k", "u.data", {
+        "u.data": "196\t242\t3\t881250949\n186\t302\t3\t891717742\n22\t377\t1\t878887116\n",
+        "u.item": "242|Kolya (1996)|24-Jan-1997||http://x|0|0\n"
+                  "302|L.A. Confidential (1997)|01-Jan-1997||http://y|0|1\n"
+                  "377|Café Heavyweights (1994)|01-Jan-1994||http://z|0|0\n".encode("latin-1"),
+        "u1.base": "196\t242\t3\t881250949\n", "u1.test": "186\t302\t3\t891717742\n",
+        "u.user": "1|24|M|technician|85711\n"}),
+    "ml-1m": ("ml-1m", "ratings.dat", {
+        "ratings.dat": "1::1193::5::978300760\n1::661::3::978302109\n2::1193::4::978298413\n",
+        "movies.dat": "1193::One Flew Over the Cuckoo's Nest (1975)::Drama\n"
+                      "661::James and the Giant Peach (1996)::Animation|Children's\n"
+                      "3408::Amélie (2001)::Comedy\n".encode("latin-1"),
+        "users.dat": "1::F::1::10::48067\n"}),
+    "ml-10m": ("ml-1m", "ratings.dat", {
+        "ratings.dat": "1::122::5::838985046\n1::185::4.5::838983525\n2::122::0.5::868245777\n",
+        "movies.dat": "122::Boomerang (1992)::Comedy|Romance\n185::Net, The (1995)::Action\n",
+        "tags.dat": "15::4973::excellent!::1215184630\n"}),
+    "ml-20m": ("csv", "ratings.csv", {
+        "ratings.csv": "userId,movieId,rating,timestamp\n1,2,3.5,1112486027\n1,29,4.0,1112484676\n"
+                       "2,2,0.5,1112484819\n",
+        "movies.csv": '''movieId,title,genres\n2,Jumanji (1995),Adventure\n29,"City of Lost
+         Children, The (1995)",Drama\n'''.replace("\n         ", " ").encode("utf-8"),
+        "tags.csv": "userId,movieId,tag,timestamp\n18,4141,Mark Waters,1240597180\n",
+        "links.csv": "movieId,imdbId,tmdbId\n2,0113497,8844\n"}),
+}
+
+
+def write_layout(tmp_path, layout, rating_bytes=None):
+    directory = tmp_path / layout
+    directory.mkdir()
+    fmt, name, files = LAYOUTS[layout]
+    for file, content in files.items():
+        data = content if isinstance(content, bytes) else content.encode()
+        (directory / file).write_bytes(rating_bytes if file == name and rating_bytes else data)
+    return directory, directory / name, fmt
+
+
+def same(a, b):
+    """Two reads gave one record: indices, ratings, maps and titles."""
+    return (torch.equal(a.user, b.user) and torch.equal(a.item, b.item)
+            and torch.equal(a.rating, b.rating) and a.user_map == b.user_map
+            and a.item_map == b.item_map and a.titles == b.titles)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_each_layout_reads_without_a_format(tmp_path, layout):
+    directory, path, fmt = write_layout(tmp_path, layout)
+    explicit = read_ratings(path, fmt)
+    assert explicit.titles is not None and len(explicit) == 3
+    for given in (path, str(path), directory, str(directory)):
+        assert detect_format(given) == fmt
+        assert same(read_ratings(given), explicit)
+        assert same(read_ratings(given, "auto"), explicit)
+    assert same(read_ratings(directory, fmt), explicit)  # an explicit format that agrees
+    assert read_ratings(directory).source == str(path)
+
+
+@pytest.mark.parametrize("layout, ratings, title", [
+    ("ml-10m", [5.0, 4.5, 0.5], "Net, The (1995)"),
+    ("ml-1m", [5.0, 3.0, 4.0], "James and the Giant Peach (1996)"),
+    ("ml-100k", [3.0, 3.0, 1.0], "Café Heavyweights (1994)"),
+    ("ml-20m", [3.5, 4.0, 0.5], "City of Lost Children, The (1995)"),
+])
+def test_layout_values(tmp_path, layout, ratings, title):
+    directory, _, _ = write_layout(tmp_path, layout)
+    r = read_ratings(directory)
+    assert r.rating.tolist() == ratings and title in r.titles
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("bom, newline", [(b"", b"\r\n"), (b"\xef\xbb\xbf", b"\n"),
+                                          (b"\xef\xbb\xbf", b"\r\n"), (b"\n\n", b"\n")])
+def test_crlf_bom_and_blank_head_under_auto(tmp_path, layout, bom, newline):
+    fmt, name, files = LAYOUTS[layout]
+    plain = read_ratings(write_layout(tmp_path, layout)[1], fmt)
+    other = tmp_path / "other"
+    other.mkdir()
+    data = bom + files[name].encode().replace(b"\n", newline)
+    directory, path, _ = write_layout(other, layout, data)
+    assert detect_format(path) == fmt
+    assert same(read_ratings(path), plain) and same(read_ratings(directory), plain)
+
+
+@pytest.mark.parametrize("text", [
+    "alice  book1 4\nbob book2 2.5 123\n",        # whitespace, 3 and 4 fields
+    "1 2 3 0\n4 5 1 0\n",                         # spaces, 4 numeric fields
+    "1\t2\t3\n4\t5\t1\n",                         # tabs, 3 fields
+    "alice\tbook\t4\t0\nbob\tbook\t2\t0\n",        # tabs, 4 fields, string ids
+    "1_0\t2\t3\t0\n10\t2\t4\t0\n",                # an id with '_' is a text id
+    "a::b c 4\nd e 3\n",                          # '::' inside an id
+    "a,b c 4\nd e 3\n",                           # a comma inside an id
+    "\ufeffjosé zoë 4\n",                         # a byte order mark, UTF-8 ids
+])
+def test_text_files_still_read_as_text(tmp_path, text):
+    path = tmp_path / "ratings.txt"
+    path.write_text(text, encoding="utf-8")
+    assert detect_format(path) == "text"
+    assert same(read_ratings(path), read_ratings(path, "text"))
+
+
+def test_tab_separated_integer_file_reads_as_ml100k_with_the_same_numbers(tmp_path):
+    path = tmp_path / "mine.tsv"
+    path.write_text("7\t30\t4\t0\n3\t31\t2.5\t0\n7\t31\t1\t0\n")
+    assert detect_format(path) == "ml-100k"
+    auto, text = read_ratings(path), read_ratings(path, "text")
+    assert same(auto, text) and auto.titles is None  # no u.item beside it: no titles
+    (tmp_path / "u.item").write_text("30|Thirty|x\n31|Thirty-one|x\n")
+    assert read_ratings(path).titles == ["Thirty", "Thirty-one"]
+    assert read_ratings(path, "text").titles is None
+
+
+def test_read_split_detects_the_training_file(tmp_path):
+    directory, _, _ = write_layout(tmp_path, "ml-100k")
+    base, test = directory / "u1.base", directory / "u1.test"
+    auto = read_split(base, test)
+    explicit = read_split(base, test, "ml-100k")
+    assert all(same(a, b) for a, b in zip(auto, explicit))
+    assert auto[0].titles[:1] == ["Kolya (1996)"]
+
+
+def _gzip(tmp_path):
+    path = tmp_path / "ratings.dat"
+    path.write_bytes(gzip.compress(b"1::2::3::4\n"))
+    return path
+
+
+def _file(name, text):
+    def make(tmp_path):
+        path = tmp_path / name
+        path.write_text(text, encoding="utf-8")
+        return path
+    return make
+
+
+def _dir(*names, subdirs=()):
+    def make(tmp_path):
+        directory = tmp_path / "data"
+        directory.mkdir()
+        for name in names:
+            (directory / name).write_text("1::2::3::4\n" if name.endswith(".dat")
+                                          else "1,2,3,4\n" if name.endswith(".csv") else
+                                          "1\t2\t3\t4\n")
+        for sub in subdirs:
+            (directory / sub).mkdir()
+        return directory
+    return make
+
+
+# (id, the path made in tmp_path, format, expected message (regex))
+BAD = [
+    ("three-commas", _file("r.csv", "a,b,c\n1,2,3\n"), "auto",
+     r"path: cannot detect the format of .*r\.csv: its first line 'a,b,c' has 3 "
+     r"comma-separated fields, and format 'csv' \(MovieLens ratings\.csv\) has 4, "
+     r"userId,movieId,rating,timestamp; give format= \(one of \['ml-100k', 'ml-1m', 'csv', "
+     r"'text'\]; 'text' is whitespace-separated 'user item rating \[timestamp\]'\)"),
+    ("five-commas-after-bom-and-blank", _file("ratings.csv", "\ufeff\n1,2,3.5,0,x\n"), "auto",
+     r"its first line '1,2,3\.5,0,x' has 5 comma-separated fields"),
+    ("ml100k-name-bad-id", _file("u1.base", "1\tx\t3\t0\n"), "auto",
+     r"u1\.base, line 1: the item id must be an integer, got 'x' \(format 'auto' read u1\.base "
+     r"as 'ml-100k', from its first line; give format= to read another\)"),
+    ("detected-ml100k-later-string-id", _file("t.tsv", "1\t2\t3\t0\n1\tbob\t3\t0\n"), "auto",
+     r"t\.tsv, line 2: the item id must be an integer, got 'bob' \(format 'auto' read t\.tsv "
+     r"as 'ml-100k'"),
+    ("detected-ml1m-bad-count", _file("r.dat", "1::2::3\n"), "auto",
+     r"r\.dat, line 1: expected 4 fields, got 3: '1 2 3' \(format 'auto' read r\.dat as "
+     r"'ml-1m'"),
+    ("detected-text-bad-line", _file("r.txt", "a b 1\nc d\n"), "auto",
+     r"r\.txt, line 2: expected 3 to 4 fields, got 2: 'c d' \(format 'auto' read r\.txt as "
+     r"'text'"),
+    ("gzip", _gzip, "auto", r"path: .*ratings\.dat is gzip-compressed"),
+    ("dir-none", _dir("notes.txt", subdirs=["ml-1m"]), "auto",
+     r"path: .*data is a directory; give the rating file in it: looked for one of "
+     r"ratings\.dat, ratings\.csv, u\.data, found none \(it holds ml-1m/, notes\.txt\)$"),
+    ("dir-empty", _dir(), "ml-1m", r"data is a directory; give the rating file in it: .*"
+                                   r"found none \(it holds nothing\)$"),
+    ("dir-many-names", _dir(*[f"f{k}.txt" for k in range(10)]), "auto",
+     r"found none \(it holds f0\.txt, f1\.txt, .*f7\.txt, \.\.\. \(10 in all\)\)$"),
+    ("dir-several", _dir("u.data", "ratings.dat", "movies.dat"), "auto",
+     r"data is a directory; give the rating file in it: looked for one of ratings\.dat, "
+     r"ratings\.csv, u\.data, found 2: ratings\.dat, u\.data$"),
+    ("dir-format-disagrees", _dir("ratings.csv"), "ml-1m",
+     r"path: .*data holds ratings\.csv, a file of format 'csv', but format is 'ml-1m'; give "
+     r"format 'csv' or 'auto', or the rating file itself"),
+    ("dir-text-format", _dir("ratings.dat"), "text",
+     r"holds ratings\.dat, a file of format 'ml-1m', but format is 'text'"),
+    ("missing", lambda tmp_path: tmp_path / "nothing.dat", "auto",
+     r"path: no rating file at .*nothing\.dat \(it does not exist\)"),
+]
+
+
+@pytest.mark.parametrize("make, fmt, message", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_files_and_directories(tmp_path, make, fmt, message):
+    path = make(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        read_ratings(path, fmt)
+    if fmt == "auto" and "format 'auto' read" not in message:  # detection's own refusals
+        with pytest.raises(ValueError, match=message):
+            detect_format(path)
+
+
+def test_detect_format_and_read_split_arguments(tmp_path):
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike, got int"):
+        detect_format(3)
+    directory, path, _ = write_layout(tmp_path, "ml-1m")
+    with pytest.raises(ValueError, match=rf"train: {re.escape(str(directory))} is a directory; "
+                                         r"give the rating file in it"):
+        read_split(directory, path)
+    with pytest.raises(ValueError, match=r"test: .* is a directory"):
+        read_split(path, directory)
+    with pytest.raises(ValueError, match=r"format must be one of \['auto', 'ml-100k', 'ml-1m', "
+                                         r"'csv', 'text'\], got 'ml-20m'"):
+        read_ratings(path, "ml-20m")
