@@ -223,3 +223,51 @@ def test_detect_format_and_read_split_arguments(tmp_path):
     with pytest.raises(ValueError, match=r"format must be one of \['auto', 'ml-100k', 'ml-1m', "
                                          r"'csv', 'text'\], got 'ml-20m'"):
         read_ratings(path, "ml-20m")
+
+
+def test_detection_reads_past_a_long_blank_head_and_a_long_first_line(tmp_path):
+    # the first line is found however far it lies, and read whole: (64 KiB were read before,
+    # so 70,000 blank lines hid an ml-1m file as 'text', and a cut header lost its 4th field)
+    blank_head = tmp_path / "r.dat"
+    blank_head.write_bytes(b"\n" * 70_000 + b"1::2::3::4\n2::1::5::0\n")
+    long_header = tmp_path / "r.csv"
+    long_header.write_bytes(b"userId,movieId," + b"r" * 70_000 + b",timestamp\n1,2,3.5,0\n")
+    for path, fmt in ((blank_head, "ml-1m"), (long_header, "csv")):
+        assert detect_format(path) == fmt
+        assert same(read_ratings(path), read_ratings(path, fmt))
+
+
+@pytest.mark.parametrize("content", [b"", b"\n \n\r\n\t\n", b"\xef\xbb\xbf\n\n"],
+                         ids=["empty", "blank-lines", "bom-and-blank-lines"])
+def test_an_empty_file_is_refused_as_empty_not_as_a_format(tmp_path, content):
+    path = tmp_path / "r.txt"
+    path.write_bytes(content)
+    message = rf"^{re.escape(str(path))} holds no ratings \(empty file\)$"  # no "give format="
+    with pytest.raises(ValueError, match=message):
+        detect_format(path)
+    with pytest.raises(ValueError, match=message):
+        read_ratings(path)
+    with pytest.raises(ValueError, match=message):
+        read_ratings(path, "text")
+
+
+# errors of ratings whose lines parsed: another format would not cure them, so "auto" gives
+# the explicit format's message, without "format 'auto' read ... give format= to read another"
+PARSED = [
+    ("repeated-pair", "1::2::3::978300760\n1::2::4::978300761\n",
+     r"r\.dat: 1 \(user, item\) pair rated more than once, e\.g\. user 1 and item 2 "
+     r"\(lines 1, 2\)"),
+    ("overflow", "1::2::1e39::978300760\n", r"r\.dat, line 1: the rating '1e39' overflows"),
+]
+
+
+@pytest.mark.parametrize("content, message", [c[1:] for c in PARSED], ids=[c[0] for c in PARSED])
+def test_errors_of_parsed_ratings_do_not_blame_the_detected_format(tmp_path, content, message):
+    path = tmp_path / "r.dat"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message) as explicit:
+        read_ratings(path, "ml-1m")
+    with pytest.raises(ValueError, match=message) as auto:
+        read_ratings(path)
+    assert str(auto.value) == str(explicit.value)
+    assert "format 'auto'" not in str(auto.value)

@@ -828,8 +828,6 @@ def _title_file(path: Path, fmt: str, titles: Union[bool, _PathLike]) -> Optiona
 _DIR_FILES: Dict[str, str] = {"ratings.dat": "ml-1m", "ratings.csv": "csv", "u.data": "ml-100k"}
 #: MovieLens-100K's rating files: u.data, u1.base ... u5.test, ua/ub.base and .test
 _ML100K_NAME = re.compile(r"u\.data|u(\d+|[ab])\.(base|test)")
-#: the bytes of a file ``format="auto"`` reads to find its first line (not the whole file)
-_HEAD = 1 << 16
 
 
 def _resolve(path: Path, format: str) -> Tuple[Path, str]:
@@ -849,7 +847,8 @@ def _rating_file_in(directory: Path, format: str) -> Path:
     unless that is ``"auto"``."""
     found = [name for name in _DIR_FILES if (directory / name).is_file()]
     if len(found) != 1:
-        what = f"{len(found)}: {', '.join(found)}" if found else f"none (it holds {_listing(directory)})"
+        what = (f"{len(found)}: {', '.join(found)}" if found
+                else f"none (it holds {_listing(directory)})")
         raise ValueError(f"path: {directory} is a directory; give the rating file in it: looked "
                          f"for one of {', '.join(_DIR_FILES)}, found {what}")
     name = found[0]
@@ -871,10 +870,9 @@ def _listing(directory: Path, most: int = 8) -> str:
 def _detect(path: Path) -> str:
     """The format of the rating file ``path``, from its first non-blank line (the rule is
     :func:`read_ratings`'s ``"auto"``)."""
-    with open(path, "rb") as f:
-        head = f.read(_HEAD)
-    _refuse_binary(head[:4096], path)
-    line = _first_line(head)
+    line = _first_line(path)
+    if not line:
+        raise ValueError(f"{path} holds no ratings (empty file)")
     if _separated(line, b"::"):
         return "ml-1m"
     commas = _separated(line, b",")
@@ -893,11 +891,18 @@ def _detect(path: Path) -> str:
     return "text"
 
 
-def _first_line(head: bytes) -> bytes:
-    """The first non-blank line of ``head`` (after a UTF-8 byte order mark), stripped."""
-    for line in head[len(_BOM) if head.startswith(_BOM) else 0:].split(b"\n"):
-        if line.strip():
-            return line.strip()
+def _first_line(path: Path) -> bytes:
+    """The first non-blank line of the file ``path`` (after a UTF-8 byte order mark),
+    stripped; ``b""`` for a file of blank lines.  The file is read up to the end of that
+    line only, however far it lies (blank lines first, or a line longer than a buffer)."""
+    with open(path, "rb") as f:
+        _refuse_binary(f.read(4096), path)
+        f.seek(0)
+        for number, line in enumerate(f):
+            if number == 0 and line.startswith(_BOM):
+                line = line[len(_BOM):]
+            if line.strip():
+                return line.strip()
     return b""
 
 
@@ -915,13 +920,14 @@ def _int_ids(fields: List[bytes]) -> bool:
 
 
 @contextmanager
-def _detected(format: str, fmt: str, path: Path) -> Iterator[None]:
-    """A ``ValueError`` of the reading names the format ``"auto"`` chose (``fmt``): the file
-    may be another."""
+def _detected(auto: bool, fmt: str, path: Path) -> Iterator[None]:
+    """A ``ValueError`` of parsing the lines names the format ``"auto"`` chose (``fmt``):
+    the file may be another.  (Not the errors of well-parsed ratings, repeated pairs, an
+    overflow, the title file: another format would not cure them.)"""
     try:
         yield
     except ValueError as error:
-        if format != "auto":
+        if not auto:
             raise
         raise ValueError(f"{error} (format 'auto' read {path.name} as {fmt!r}, from its first "
                          f"line; give format= to read another)") from None
@@ -936,12 +942,13 @@ def detect_format(path: _PathLike) -> str:
 
     Returns:
         str: one of :data:`FORMATS`, detected from the first non-blank line of the
-        file (the rule is :func:`read_ratings`'s); only the file's first 64 KiB are read.
+        file (the rule is :func:`read_ratings`'s); the file is read up to the end of
+        that line only.
 
     Raises:
         ValueError: a missing file, a directory with none or several rating files, a
-            compressed or binary file, a first line of comma-separated fields that are
-            not 4.
+            compressed or binary file, an empty file (or one of blank lines), a first
+            line of comma-separated fields that are not 4.
         TypeError: ``path`` not a str or ``os.PathLike``.
 
     Example::
@@ -972,7 +979,7 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
         format (str): one of
 
             * ``"auto"`` (default): detected from the file's first non-blank line
-              (after a byte order mark; only the file's head is read), see below;
+              (after a byte order mark; the file is read up to that line), see below;
             * ``"ml-100k"``: MovieLens-100K ``u.data``, ``uN.base``, ``uN.test``:
               ``user<TAB>item<TAB>rating<TAB>timestamp``; titles from ``u.item``;
             * ``"ml-1m"``: MovieLens-1M/10M ``ratings.dat``:
@@ -1066,36 +1073,37 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
     path, fmt = _resolve(Path(path), format)
     # Every argument is checked before the ratings are read or anything is changed.
     title_file = _title_file(path, fmt, titles)
-    with _detected(format, fmt, path):
-        return _read(path, fmt, title_file, user_map, item_map, unseen)
+    return _read(path, fmt, title_file, user_map, item_map, unseen, auto=format == "auto")
 
 
 def _read(path: Path, format: str, title_file: Optional[Path],
           user_map: Optional[Dict[Any, int]], item_map: Optional[Dict[Any, int]],
-          unseen: str) -> Ratings:
-    """:func:`read_ratings` of the file ``path`` in ``format``, its arguments checked."""
+          unseen: str, auto: bool = False) -> Ratings:
+    """:func:`read_ratings` of the file ``path`` in ``format``, its arguments checked
+    (``auto``: ``format`` was detected, which a parsing error names)."""
     sep, fields, header, _ = _FORMATS[format]
     raw = path.read_bytes()
     _refuse_binary(raw[:4096], path)
     if raw.startswith(_BOM):  # before the header check: the BOM is no part of the first line
         raw = raw[len(_BOM):]
-    if header:
-        header = _has_header(raw, sep)
-    if sep is not None:
-        _check_separator(raw, sep, format, str(path), header)
-        # Fields become whitespace-separated tokens; a separator next to
-        # whitespace would merge fields, so an empty field shows as a missing one.
-        raw = raw.replace(sep, b" ") if len(sep) > 1 else raw.translate(_translation(sep))
-    name = str(path)
-    tokens, first, line, underscored = _tokenise(raw, name, fields, header)
-    numeric = format != "text"
-    # ids of the kind the given maps hold: a training file with a string id made them
-    # strings there, so the test file's "1" must be looked up as "1" (and as 1 if not)
-    user = _int_ids_for(_ids(tokens, first, name, line, "user", numeric, underscored,
-                             _str_keyed(user_map)), user_map)
-    item = _int_ids_for(_ids(tokens, first + 1, name, line, "item", numeric, underscored,
-                             _str_keyed(item_map)), item_map)
-    rating = _column(tokens, first + 2, np.float64, name, line, "the rating", underscored)
+    with _detected(auto, format, path):  # the lines, parsed in the format
+        if header:
+            header = _has_header(raw, sep)
+        if sep is not None:
+            _check_separator(raw, sep, format, str(path), header)
+            # Fields become whitespace-separated tokens; a separator next to
+            # whitespace would merge fields, so an empty field shows as a missing one.
+            raw = raw.replace(sep, b" ") if len(sep) > 1 else raw.translate(_translation(sep))
+        name = str(path)
+        tokens, first, line, underscored = _tokenise(raw, name, fields, header)
+        numeric = format != "text"
+        # ids of the kind the given maps hold: a training file with a string id made them
+        # strings there, so the test file's "1" must be looked up as "1" (and as 1 if not)
+        user = _int_ids_for(_ids(tokens, first, name, line, "user", numeric, underscored,
+                                 _str_keyed(user_map)), user_map)
+        item = _int_ids_for(_ids(tokens, first + 1, name, line, "item", numeric, underscored,
+                                 _str_keyed(item_map)), item_map)
+        rating = _column(tokens, first + 2, np.float64, name, line, "the rating", underscored)
     rating32 = _float32(rating)
     if not np.isfinite(rating32).all():
         k = int(np.flatnonzero(~np.isfinite(rating32))[0])
