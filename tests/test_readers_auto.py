@@ -164,10 +164,13 @@ BAD = [
     ("three-commas", _file("r.csv", "a,b,c\n1,2,3\n"), "auto",
      r"path: cannot detect the format of .*r\.csv: its first line 'a,b,c' has 3 "
      r"comma-separated fields, and format 'csv' \(MovieLens ratings\.csv\) has 4, "
-     r"userId,movieId,rating,timestamp; give format= \(one of \['ml-100k', 'ml-1m', 'csv', "
-     r"'text'\]; 'text' is whitespace-separated 'user item rating \[timestamp\]'\)"),
+     r"userId,movieId,rating,timestamp; no format reads 3 comma-separated fields: save the "
+     r"file whitespace-separated, 'user item rating \[timestamp\]', and give format 'text'$"),
+    # (no format reads such a file: csv needs 4 fields, text whitespace; the message said
+    # "give format= (one of [...])")
     ("five-commas-after-bom-and-blank", _file("ratings.csv", "\ufeff\n1,2,3.5,0,x\n"), "auto",
-     r"its first line '1,2,3\.5,0,x' has 5 comma-separated fields"),
+     r"its first line '1,2,3\.5,0,x' has 5 comma-separated fields, .*; no format reads 5 "
+     r"comma-separated fields: save the file whitespace-separated"),
     ("ml100k-name-bad-id", _file("u1.base", "1\tx\t3\t0\n"), "auto",
      r"u1\.base, line 1: the item id must be an integer, got 'x' \(format 'auto' read u1\.base "
      r"as 'ml-100k', from its first line; give format= to read another\)"),

@@ -883,8 +883,8 @@ def _detect(path: Path) -> str:
             f"path: cannot detect the format of {path}: its first line "
             f"{line.decode('latin-1')[:200]!r} has {commas} comma-separated fields, and "
             f"format 'csv' (MovieLens ratings.csv) has 4, userId,movieId,rating,timestamp; "
-            f"give format= (one of {list(FORMATS)}; 'text' is whitespace-separated "
-            f"'user item rating [timestamp]')")
+            f"no format reads {commas} comma-separated fields: save the file "
+            f"whitespace-separated, 'user item rating [timestamp]', and give format 'text'")
     if _separated(line, b"\t") == 4 and (_ML100K_NAME.fullmatch(path.name) is not None
                                         or _int_ids(line.split(b"\t"))):
         return "ml-100k"
