@@ -177,6 +177,9 @@ BAD = [
     ("detected-ml100k-later-string-id", _file("t.tsv", "1\t2\t3\t0\n1\tbob\t3\t0\n"), "auto",
      r"t\.tsv, line 2: the item id must be an integer, got 'bob' \(format 'auto' read t\.tsv "
      r"as 'ml-100k'"),
+    ("detected-ml100k-later-three-fields", _file("t.tsv", "1\t2\t3\t0\n1\t3\t4\n"), "auto",
+     r"t\.tsv, line 2: expected 4 fields, got 3: '1 3 4' \(format 'auto' read t\.tsv as "
+     r"'ml-100k', from its first line; give format= to read another\)$"),  # text reads it
     ("detected-ml1m-bad-count", _file("r.dat", "1::2::3\n"), "auto",
      r"r\.dat, line 1: expected 4 fields, got 3: '1 2 3' \(format 'auto' read r\.dat as "
      r"'ml-1m'"),
@@ -274,3 +277,11 @@ def test_errors_of_parsed_ratings_do_not_blame_the_detected_format(tmp_path, con
         read_ratings(path)
     assert str(auto.value) == str(explicit.value)
     assert "format 'auto'" not in str(auto.value)
+
+
+def test_a_mixed_tab_file_that_auto_refuses_reads_as_text(tmp_path):
+    # the documented way out of "detected-ml100k-later-three-fields" and "-later-string-id"
+    path = tmp_path / "t.tsv"
+    path.write_text("1\t2\t3\t0\n1\t3\t4\n1\tbob\t5\t0\n")
+    r = read_ratings(path, "text")
+    assert r.item_map == {"2": 0, "3": 1, "bob": 2} and r.rating.tolist() == [3.0, 4.0, 5.0]

@@ -1039,9 +1039,12 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
     then names the bad id); anything else is ``"text"``.  So a whitespace
     separated ``user item rating`` file reads as before, and a tab-separated
     4-field file of integer ids reads as ``"ml-100k"``: the same ids and
-    ratings as ``"text"``, with titles from a ``u.item`` beside it.  A reading
-    error then says which format was detected.  :func:`detect_format` gives
-    the detected format without reading the ratings.
+    ratings as ``"text"``, with titles from a ``u.item`` beside it.  Only the
+    first line is looked at: a file whose first line is such but whose later
+    lines ``"ml-100k"`` refuses (3 fields, spaces, a string id), which
+    ``"text"`` reads, needs ``format="text"``.  A parsing error under ``"auto"``
+    says which format was detected.  :func:`detect_format` gives the detected
+    format without reading the ratings.
 
     Example::
 
