@@ -352,7 +352,12 @@ def run_one(p, args, train, test) -> Dict[str, Any]:
         nd.main_print("no test ratings (--test-ratio 0): not evaluated")
         return dict(epochs=model.history, test_rmse=None, test_mae=None, fallback=None,
                     best_epoch=model.best_epoch, seconds=model.fit_seconds)
-    scores = model.evaluate(test)
+    try:
+        scores = model.evaluate(test)
+    except ValueError as error:  # a loaded model read with other ids than its training's
+        p.error(f"cannot evaluate the model on these ratings: {error}"
+                + (f" (--load {args.load}: give the --ratings it was trained on)"
+                   if args.load else ""))
     counts = scores["fallback_counts"]
     nd.main_print(f"{scores['fallback']} of {scores['count']} test ratings predicted by a mean "
           f"(item mean {counts['item_mean']}, user mean {counts['user_mean']}, "

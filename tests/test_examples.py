@@ -87,6 +87,27 @@ def test_movielens_autoencoder_on_an_unzipped_ml1m_without_format(tmp_path, caps
     assert math.isfinite(result["test_rmse"]) and result["args"]["format"] == "ml-1m"
 
 
+def test_a_loaded_model_on_other_ratings_is_a_usage_error(tmp_path, capsys):
+    """``--load m.pt`` without the ``--ratings`` it was trained on: the default set's ids are
+    not the model's, and the example says so as a usage error, not a traceback."""
+    main = _load("movielens_autoencoder").main
+    from nnsparse.data import synthetic_ratings
+    r = synthetic_ratings(seed=4, n_users=40, n_items=50, n_ratings=1000)
+    data = tmp_path / "u.data"
+    data.write_text("".join(f"{u + 7}\t{i + 1}\t{int(x)}\t0\n"
+                            for u, i, x in zip(r.user.tolist(), r.item.tolist(),
+                                               r.rating.tolist())))
+    model = tmp_path / "m.pt"
+    main(TINY + ["--ratings", str(data), "--model", "autorec", "--save", str(model)])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(TINY + ["--load", str(model)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "cannot evaluate the model on these ratings: ratings must index users" in err
+    assert f"(--load {model}: give the --ratings it was trained on)" in err
+
+
 def test_movielens_autoencoder_folds_directory_without_format(tmp_path, capsys):
     """``--folds ml-100k/`` (u1..uN pairs) as before, now with no --format: detected."""
     main = _load("movielens_autoencoder").main
