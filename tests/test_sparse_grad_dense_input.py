@@ -8,6 +8,8 @@ gradients: ``SparseAdam`` refused them, ``LazyAdam`` stepped every row as Adam, 
 input's layout.)  Inside torch.func transforms and torch.compile the dense gradients
 stay, as before (batched backwards and dynamo take no sparse tensor).
 """
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -387,3 +389,79 @@ def test_sparse_weight_linear_gradients_are_dense_for_either_input():
         assert layer.values.grad.layout == layer.bias.grad.layout == torch.strided
         grads.append((layer.values.grad, layer.bias.grad))
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+# -- forward-mode AD and batched backwards: dense, as F.linear gave ----------------------------
+
+def test_forward_ad_with_dual_parameters_requiring_grad():
+    """torch.autograd.forward_ad with dual parameters that require grad (the identity
+    Function on them has a jvp): nn.Linear's output and tangent."""
+    import torch.autograd.forward_ad as fwAD
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(6, 3, sparse_grad=True, dtype=torch.float64)
+    reference = nn.Linear(6, 3, dtype=torch.float64)
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(4, 6, dtype=torch.float64)
+    tangents = {"weight_t": torch.randn(6, 3, dtype=torch.float64),
+                "bias": torch.randn(3, dtype=torch.float64)}
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in layer.named_parameters()}
+    with fwAD.dual_level():
+        duals = {k: fwAD.make_dual(leaves[k], tangents[k]) for k in leaves}
+        out = torch.func.functional_call(layer, duals, (x,))
+        primal, tangent = fwAD.unpack_dual(out)
+        ref_primal, ref_tangent = fwAD.unpack_dual(torch.func.functional_call(
+            reference, {"weight": fwAD.make_dual(leaves["weight_t"].detach().t(),
+                                                 tangents["weight_t"].t()),
+                        "bias": fwAD.make_dual(leaves["bias"].detach(), tangents["bias"])},
+            (x,)))
+        torch.testing.assert_close(primal, ref_primal)
+        torch.testing.assert_close(tangent, ref_tangent)
+    # (a backward from here would meet make_dual's view, whose backward reshapes: torch
+    # has no reshape of a sparse gradient, for a sparse batch's as for this one)
+    assert out.grad_fn is not None
+
+
+@pytest.mark.parametrize("how", ["is_grads_batched", "vmap_of_autograd_grad"])
+def test_a_batched_backward_gets_dense_gradients(how):
+    """A backward run under vmap (the forward outside any transform): torch has no batched
+    sparse tensor, so the parameters' gradients stay dense, nn.Linear's, per sample."""
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(6, 3, sparse_grad=True, dtype=torch.float64)
+    reference = nn.Linear(6, 3, dtype=torch.float64)
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(4, 6, dtype=torch.float64)
+    vs = torch.randn(5, 4, 3, dtype=torch.float64)
+    got, want = [], []
+    for module, params, sink in ((layer, [layer.weight_t, layer.bias], got),
+                                 (reference, [reference.weight, reference.bias], want)):
+        out = module(x)
+        if how == "is_grads_batched":
+            sink.extend(torch.autograd.grad(out, params, vs, is_grads_batched=True))
+        else:
+            sink.extend(torch.func.vmap(lambda v, out=out, params=params: torch.autograd.grad(
+                out, params, v, retain_graph=True))(vs))
+    assert all(g.layout == torch.strided for g in got)
+    assert got[0].shape == (5, 6, 3) and got[1].shape == (5, 3)
+    torch.testing.assert_close(got[0].transpose(-1, -2), want[0])
+    torch.testing.assert_close(got[1], want[1])
+    # an unbatched backward afterwards: sparse again
+    layer(x).sum().backward()
+    assert layer.weight_t.grad.layout == layer.bias.grad.layout == torch.sparse_coo
+
+
+def test_jit_trace_keeps_dense_gradients():
+    """torch.jit.trace records F.linear, as before (the identity Function failed the
+    trace's check: "Graphs differed across invocations"); eager calls stay sparse."""
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(6, 3, sparse_grad=True)
+    x = torch.randn(4, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch.jit.trace is deprecated in torch 2.13)
+        traced = torch.jit.trace(layer, x)
+    torch.testing.assert_close(traced(x), F.linear(x, layer.weight, layer.bias))
+    traced(x).sum().backward()
+    assert layer.weight_t.grad.layout == torch.strided
+    torch.testing.assert_close(layer.weight_t.grad, x.t() @ torch.ones(4, 3))
+    layer.zero_grad()
+    layer(x).sum().backward()
+    assert layer.weight_t.grad.layout == layer.bias.grad.layout == torch.sparse_coo

@@ -129,7 +129,9 @@ class _EveryRowSparseGrad(torch.autograd.Function):
     ``F.linear`` computes the products (leading dimensions, autocast, the input's gradient,
     double backward), and the parameters get the layouts the sparse kernels give a batch
     holding every entry explicitly (zeros included): every row of ``weight_t`` and every
-    bias entry touched, none for a batch of no rows."""
+    bias entry touched, none for a batch of no rows.  A backward under ``vmap`` (of a
+    forward run outside it) hands the dense gradient on, batched; forward-mode AD passes
+    the tangent through."""
 
     @staticmethod
     def forward(param: Tensor, touched: bool) -> Tensor:
@@ -141,16 +143,25 @@ class _EveryRowSparseGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], None]:
+        if _batched(grad):  # a backward under vmap (is_grads_batched=True, vmap of
+            return grad, None  # autograd.grad): no batched sparse tensor, dense as before
         return _grad_origin.mark_made(_every_row_as_sparse(grad, ctx.touched)), None
+
+    @staticmethod
+    def jvp(ctx: Any, param_t: Optional[Tensor], touched_t: Any) -> Optional[Tensor]:
+        # forward-mode AD (a dual parameter): the identity's tangent, a view as the output is
+        return None if param_t is None else param_t.view_as(param_t)
 
 
 def _with_sparse_grad(param: Optional[Tensor], touched: bool) -> Optional[Tensor]:
     """``param`` through :class:`_EveryRowSparseGrad` where it will get a gradient, but
     inside a ``torch.func`` transform (``vmap``, ``jacrev`` and ``hessian`` batch the
     backward, and torch has no batched sparse tensors) and in a ``torch.compile`` region
-    (dynamo traces no sparse constructor: ``fullgraph=True`` failed): there the dense
+    (dynamo traces no sparse constructor: ``fullgraph=True`` failed), and under
+    ``torch.jit.trace`` (whose check of the trace failed on the Function): there the dense
     gradients ``F.linear`` gives, as before."""
-    if (param is None or not param.requires_grad or _in_functorch()
+    tracing = torch.jit.is_tracing()  # type: ignore[attr-defined, no-untyped-call]
+    if (param is None or not param.requires_grad or _in_functorch() or tracing
             or torch.compiler.is_compiling()):
         return param
     return cast(Tensor, _EveryRowSparseGrad.apply(param, touched))  # type: ignore[no-untyped-call]
@@ -161,6 +172,14 @@ def _in_functorch() -> bool:
     it: no)."""
     level = getattr(torch._C._functorch, "maybe_current_level", None)
     return level is not None and level() is not None
+
+
+def _batched(grad: Tensor) -> bool:
+    """Whether ``grad`` is a batch of gradients, one per vmap sample: a backward run under
+    ``torch.func.vmap``, or ``torch.autograd.grad(..., is_grads_batched=True)`` (torch's
+    legacy vmap; both private; a torch without them: no)."""
+    legacy = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
+    return _in_functorch() or (legacy is not None and bool(legacy(grad)))
 
 
 class _NoOutputs(torch.autograd.Function):
@@ -883,7 +902,11 @@ class SparseLinearBatch(nn.Module):
     adds the whole bias; an entry whose gradient sums to 0 is still touched, so
     a lazy optimiser steps it as Adam would).  A dense (strided) input
     specifies every entry, zeros included, so it touches every row of
-    ``weight_t``, as the sparse batch holding every entry explicitly does.
+    ``weight_t`` (none for a batch of no rows), as the sparse batch holding
+    every entry explicitly does; inside ``torch.func`` transforms, a backward
+    under ``vmap`` (``is_grads_batched=True``), ``torch.compile`` and
+    ``torch.jit.trace``, and for a parametrized ``weight_t``, its gradients
+    are ``F.linear``'s dense ones.
     Optimisers that accept them:
     ``torch.optim.SparseAdam``, ``torch.optim.SGD`` (without momentum or
     weight decay), ``torch.optim.Adagrad`` and
