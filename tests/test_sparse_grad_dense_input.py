@@ -465,3 +465,30 @@ def test_jit_trace_keeps_dense_gradients():
     layer.zero_grad()
     layer(x).sum().backward()
     assert layer.weight_t.grad.layout == layer.bias.grad.layout == torch.sparse_coo
+
+
+@pytest.mark.skipif(not torch.distributed.is_available()
+                    or not torch.distributed.is_gloo_available(), reason="no gloo backend")
+def test_distributed_data_parallel_takes_a_dense_input_s_sparse_gradients():
+    """nnsparse's DDP declares a sparse_grad layer's parameters sparse: a dense hidden input
+    to it (F.linear's dense gradients raised "Expected variable to have sparse gradient")
+    now all-reduces as a sparse batch's (gloo, a group of one process)."""
+    import torch.distributed as dist
+    import nnsparse.distributed as nd
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.Tanh(),
+                          nnsparse.SparseLinearBatch(4, 6, sparse_grad=True))
+    reference = nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 6))
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(5, 6)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        nd.wrap(model)(x).pow(2).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    reference(x).pow(2).sum().backward()
+    decoder = model[2]
+    assert decoder.weight_t.grad.layout == decoder.bias.grad.layout == torch.sparse_coo
+    torch.testing.assert_close(decoder.weight_t.grad.to_dense().t(), reference[2].weight.grad)
+    torch.testing.assert_close(decoder.bias.grad.to_dense(), reference[2].bias.grad)
+    torch.testing.assert_close(model[0].weight.grad, reference[0].weight.grad)
