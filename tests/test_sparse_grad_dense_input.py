@@ -492,3 +492,46 @@ def test_distributed_data_parallel_takes_a_dense_input_s_sparse_gradients():
     torch.testing.assert_close(decoder.weight_t.grad.to_dense().t(), reference[2].weight.grad)
     torch.testing.assert_close(decoder.bias.grad.to_dense(), reference[2].bias.grad)
     torch.testing.assert_close(model[0].weight.grad, reference[0].weight.grad)
+
+
+def _sparse_rows(x):
+    """``x`` (2-D) as a torch sparse COO batch of its nonzero entries."""
+    return x.to_sparse()
+
+
+ACCUMULATIONS = {  # name: (zero_grad first with set_to_none=False, the inputs' forms)
+    "dense then sparse": (False, ("dense", "sparse")),
+    "sparse then dense": (False, ("sparse", "dense")),
+    "dense twice": (False, ("dense", "dense")),
+    "zeroed in place, then dense": (True, ("dense",)),
+}
+
+
+@pytest.mark.parametrize("case", list(ACCUMULATIONS))
+def test_gradients_accumulated_over_backwards_lose_the_mark_and_stay_right(case):
+    """Two backwards into the same .grad (a dense and a sparse input, in either order), or
+    one into a grad zeroed in place: the sum is right, and not marked (its indices are not
+    the layer's own: LazyAdam checks and coalesces them), and LazyAdam steps as Adam."""
+    zero_in_place, forms = ACCUMULATIONS[case]
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(6, 3, sparse_grad=True, dtype=torch.float64)
+    reference = nn.Linear(6, 3, dtype=torch.float64)
+    reference.load_state_dict(layer.state_dict())
+    xs = [torch.randn(4, 6, dtype=torch.float64).relu() for _ in forms]
+    if zero_in_place:
+        layer(xs[0]).sum().backward()
+        layer.zero_grad(set_to_none=False)
+    for form, x in zip(forms, xs):
+        layer(x if form == "dense" else _sparse_rows(x)).pow(2).sum().backward()
+        reference(x).pow(2).sum().backward()
+    for name, ref_name in (("weight_t", "weight"), ("bias", "bias")):
+        grad = getattr(layer, name).grad
+        assert grad.layout == torch.sparse_coo
+        assert _grad_origin.origin(grad) is None, name
+        want = getattr(reference, ref_name).grad
+        torch.testing.assert_close(grad.to_dense(), want.t() if name == "weight_t" else want)
+    lazy = nnsparse.optim.LazyAdam(layer.parameters(), lr=0.1)
+    adam = torch.optim.Adam(reference.parameters(), lr=0.1)
+    lazy.step(), adam.step()  # every row touched: LazyAdam's step is Adam's
+    torch.testing.assert_close(layer.weight.detach(), reference.weight.detach())
+    torch.testing.assert_close(layer.bias.detach(), reference.bias.detach())
