@@ -110,9 +110,76 @@ def _bias_as_sparse(grad_bias: Tensor, rows: int) -> Tensor:
     batch of no rows touches none.  (``to_sparse()`` dropped the entries whose sum was
     exactly 0, a saturated unit's: a lazy optimiser then skipped them, moments and
     weight decay included, where Adam steps them.)"""
-    n = grad_bias.shape[0] if rows else 0
-    index = torch.arange(n, device=grad_bias.device).unsqueeze(0)
-    return _sparse_coo(index, grad_bias[:n], grad_bias.shape, True)
+    return _every_row_as_sparse(grad_bias, rows > 0)
+
+
+def _every_row_as_sparse(grad: Tensor, touched: bool) -> Tensor:
+    """The dense ``grad`` as a coalesced COO tensor over its first dimension (hybrid for
+    a 2-D ``grad``) specifying every row when ``touched``, none otherwise: the indices an
+    ``arange``, in range by construction, no value read (no host synchronisation)."""
+    n = grad.shape[0] if touched else 0
+    index = torch.arange(n, device=grad.device).unsqueeze(0)
+    return _sparse_coo(index, grad[:n].contiguous(), grad.shape, True)
+
+
+class _EveryRowSparseGrad(torch.autograd.Function):
+    """The identity on a ``sparse_grad`` layer's weight table or bias, whose backward hands
+    the dense gradient it receives on as :func:`_every_row_as_sparse` gives it (marked:
+    nnsparse/_grad_origin.py).  For a dense (strided) input, which specifies every entry:
+    ``F.linear`` computes the products (leading dimensions, autocast, the input's gradient,
+    double backward), and the parameters get the layouts the sparse kernels give a batch
+    holding every entry explicitly (zeros included): every row of ``weight_t`` and every
+    bias entry touched, none for a batch of no rows.  A backward under ``vmap`` (of a
+    forward run outside it) hands the dense gradient on, batched; forward-mode AD passes
+    the tangent through."""
+
+    @staticmethod
+    def forward(param: Tensor, touched: bool) -> Tensor:
+        return param.view_as(param)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+        ctx.touched = inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], None]:
+        if _batched(grad):  # a backward under vmap (is_grads_batched=True, vmap of
+            return grad, None  # autograd.grad): no batched sparse tensor, dense as before
+        return _grad_origin.mark_made(_every_row_as_sparse(grad, ctx.touched)), None
+
+    @staticmethod
+    def jvp(ctx: Any, param_t: Optional[Tensor], touched_t: Any) -> Optional[Tensor]:
+        # forward-mode AD (a dual parameter): the identity's tangent, a view as the output is
+        return None if param_t is None else param_t.view_as(param_t)
+
+
+def _with_sparse_grad(param: Optional[Tensor], touched: bool) -> Optional[Tensor]:
+    """``param`` through :class:`_EveryRowSparseGrad` where it will get a gradient, but
+    inside a ``torch.func`` transform (``vmap``, ``jacrev`` and ``hessian`` batch the
+    backward, and torch has no batched sparse tensors) and in a ``torch.compile`` region
+    (dynamo traces no sparse constructor: ``fullgraph=True`` failed), and under
+    ``torch.jit.trace`` (whose check of the trace failed on the Function): there the dense
+    gradients ``F.linear`` gives, as before."""
+    tracing = torch.jit.is_tracing()  # type: ignore[attr-defined, no-untyped-call]
+    if (param is None or not param.requires_grad or _in_functorch() or tracing
+            or torch.compiler.is_compiling()):
+        return param
+    return cast(Tensor, _EveryRowSparseGrad.apply(param, touched))  # type: ignore[no-untyped-call]
+
+
+def _in_functorch() -> bool:
+    """Whether a ``torch.func`` transform is running (its private level; a torch without
+    it: no)."""
+    level = getattr(torch._C._functorch, "maybe_current_level", None)
+    return level is not None and level() is not None
+
+
+def _batched(grad: Tensor) -> bool:
+    """Whether ``grad`` is a batch of gradients, one per vmap sample: a backward run under
+    ``torch.func.vmap``, or ``torch.autograd.grad(..., is_grads_batched=True)`` (torch's
+    legacy vmap; both private; a torch without them: no)."""
+    legacy = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
+    return _in_functorch() or (legacy is not None and bool(legacy(grad)))
 
 
 class _NoOutputs(torch.autograd.Function):
@@ -445,6 +512,12 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
                 f"{update.name}: a dense input with the optimiser in the backward would give "
                 f"the weight a dense gradient that no optimiser applies; pass a sparse batch, "
                 f"or run under torch.no_grad() for inference")
+        if sparse_grad and update is None and torch.is_grad_enabled():
+            # every entry specified: every row of the table and of the bias touched (none
+            # for no rows; the table's none for no outputs, as _NoOutputs gives)
+            rows = math.prod(input.shape[:-1])
+            table = cast(Tensor, _with_sparse_grad(table, rows > 0 and table.shape[1] > 0))
+            bias = _with_sparse_grad(bias, rows > 0)
         return F.linear(input, table.t(), bias)
     _check_not_narrower(input, table.shape[0], "input", "in_features")
     if isinstance(input, Tensor) and input.device != table.device:  # before reading its indices
@@ -827,7 +900,14 @@ class SparseLinearBatch(nn.Module):
     rows of ``weight_t``, as ``nn.Embedding(sparse=True)`` gives, and the
     bias gets a sparse COO gradient specifying every entry (each row's output
     adds the whole bias; an entry whose gradient sums to 0 is still touched, so
-    a lazy optimiser steps it as Adam would).  Optimisers that accept them:
+    a lazy optimiser steps it as Adam would).  A dense (strided) input
+    specifies every entry, zeros included, so it touches every row of
+    ``weight_t`` (none for a batch of no rows), as the sparse batch holding
+    every entry explicitly does; inside ``torch.func`` transforms, a backward
+    under ``vmap`` (``is_grads_batched=True``), ``torch.compile`` and
+    ``torch.jit.trace``, and for a parametrized ``weight_t``, its gradients
+    are ``F.linear``'s dense ones.
+    Optimisers that accept them:
     ``torch.optim.SparseAdam``, ``torch.optim.SGD`` (without momentum or
     weight decay), ``torch.optim.Adagrad`` and
     :class:`nnsparse.optim.LazyAdam`; ``Adam``/``AdamW`` need dense gradients.
@@ -1018,8 +1098,11 @@ class SparseLinearBatch(nn.Module):
         self._check_parameters()
         if self._row_update is not None:  # (the table is read only then)
             _refuse_update_misuse(self, self._row_update, self._table())
+        sparse_grad = self.sparse_grad
         if not (isinstance(input, Tensor) and input.layout == torch.strided):  # (F.linear's: dense)
             _refuse_sparse_grad_parametrized(self, "weight_t")
+        elif _parametrized_table(self):  # (torch's parametrizations refuse a sparse gradient)
+            sparse_grad = False  # a dense input: F.linear's dense gradients, as before
         if isinstance(input, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): plain tensors
             # through the custom operators of nnsparse/_ops.py, no validation.
@@ -1037,7 +1120,7 @@ class SparseLinearBatch(nn.Module):
         if self.sparse_grad:  # LazyAdam then trusts the sparse gradients these layers make
             _grad_origin.watch(self, "weight_t")
             _grad_origin.watch(self, "bias")
-        return _linear_table(input, self._table(), self.bias, self.mode, self.sparse_grad,
+        return _linear_table(input, self._table(), self.bias, self.mode, sparse_grad,
                              self._row_update)
 
     def extra_repr(self) -> str:
