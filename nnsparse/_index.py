@@ -202,6 +202,22 @@ def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[int]) -
                                        device=values.device)  # not the default device
 
 
+def not_increasing(index: Tensor) -> Tensor:
+    """How many consecutive columns of ``index`` ``(dims, nnz)`` are not in strictly
+    increasing lexicographic order (0-d int64, on ``index``'s device, not read back):
+    0 exactly when the entries are sorted and unique, what a COO tensor's
+    ``is_coalesced()`` claims.  O(nnz), no host sync."""
+    if index.shape[1] < 2:
+        return index.new_zeros((), dtype=torch.int64)
+    after, before = index[:, 1:], index[:, :-1]
+    greater = torch.zeros_like(after[0], dtype=torch.bool)
+    equal = torch.ones_like(greater)
+    for d in range(index.shape[0]):
+        greater |= equal & (after[d] > before[d])
+        equal &= after[d] == before[d]
+    return (~greater).sum()
+
+
 def crow_from_rows(row: Tensor, rows: int) -> Tensor:
     """CSR row pointers ``(rows + 1,)`` of the row indices ``row`` (grouped, increasing).
 

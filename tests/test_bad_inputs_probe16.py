@@ -1,0 +1,156 @@
+"""The sixteenth probe (docs/bad_inputs_probe16.md): silent wrong results, every public entry
+point that computes numbers compared with a dense torch reference.
+
+One defect: a COO tensor marked coalesced (``torch.sparse_coo_tensor(..., is_coalesced=True)``
+or ``x._coalesced_(True)``) whose indices are not sorted and unique, which torch takes
+unchecked, was read as row-sorted and duplicate-free: the layers, criteria, ``sparse_mm``,
+``stopk``, ``to_pairs`` and the rest returned wrong numbers without an error.  Its first
+check now refuses it, as an invalid CSR tensor is refused.
+
+Each row pairs a call with the exception and a regex of its message (``error=None``: the
+call must work, and ``check`` its result against the dense reference).  The rows marked
+"was:" returned a wrong result (or, for ``densify``, a right one by another route) before.
+"""
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+
+import nnsparse
+from nnsparse import (Batchifier, SDAESparseCriterion, SparseCriterion, SparseLinearBatch,
+                      SparseOutputLinear, SparseWeightLinear, densify, sparse_mm, stopk,
+                      to_pairs)
+from probe_cases import Case, run_case
+
+W = 3
+
+
+def _marked(index: Any, values: Any, size: Any) -> torch.Tensor:
+    """A COO tensor marked coalesced on the caller's word (torch does not check it)."""
+    return torch.sparse_coo_tensor(torch.tensor(index), torch.tensor(values), size,
+                                   is_coalesced=True)
+
+
+# rows out of order, a repeated entry, and a column out of order within a row
+UNSORTED = lambda: _marked([[1, 0, 1, 0], [2, 1, 0, 0]], [1., 2., 3., 4.], (2, W))  # noqa: E731
+REPEATED = lambda: _marked([[0, 0, 1], [1, 1, 2]], [1., 2., 3.], (2, W))  # noqa: E731
+COLUMNS = lambda: _marked([[0, 0, 1], [2, 1, 2]], [1., 2., 3.], (2, W))  # noqa: E731
+VECTOR = lambda: _marked([[3, 1]], [1., 2.], (5,))  # noqa: E731
+BATCH3D = lambda: _marked([[1, 0], [0, 0], [0, 1]], [1., 2.], (2, 2, 2))  # noqa: E731
+
+# the dense reference of each, which torch's to_dense gives (duplicates summed)
+REF = {"unsorted": UNSORTED().to_dense(), "repeated": REPEATED().to_dense(),
+       "columns": COLUMNS().to_dense()}
+MARKED = {"unsorted": UNSORTED, "repeated": REPEATED, "columns": COLUMNS}
+BAD = (r"is marked coalesced \(is_coalesced\(\) is True\), so its indices must be sorted and "
+       r"unique \(torch's COO invariant, unchecked unless check_invariants=True\), got \d+ out "
+       r"of order or repeated; build it without is_coalesced=True, then \.coalesce\(\) "
+       r"\(which returns a tensor marked coalesced as it is\)$")
+
+
+def _seeded(make: Callable[[], Any]) -> Any:
+    torch.manual_seed(0)
+    return make()
+
+
+def _calls(x: Callable[[], torch.Tensor]) -> Any:
+    """(id, call, argument name) for each entry point, ``x`` the marked tensor."""
+    return [
+        # was: SparseLinearBatch gave F.linear of another matrix (rows read as sorted)
+        ("SparseLinearBatch", lambda: _seeded(lambda: SparseLinearBatch(W, 2))(x()), "input"),
+        ("sparse_linear", lambda: nnsparse.sparse_linear(x(), torch.ones(2, W)), "input"),
+        # was: the loss over the wrong entries (7.5 for the reference 12 on UNSORTED)
+        ("SparseCriterion", lambda: SparseCriterion(nn.MSELoss())(torch.zeros(2, W), x()),
+         "target"),
+        ("SparseOutputLinear", lambda: _seeded(lambda: SparseOutputLinear(2, W))(
+            torch.ones(2, 2), x()), "pattern"),
+        ("SDAESparseCriterion.prepare_input",
+         lambda: SDAESparseCriterion(nn.MSELoss()).prepare_input(x()), "input"),
+        # was: rows mixed ((0, 2, 1.) read as row 0's)
+        ("stopk", lambda: stopk(x(), 2), "x"),
+        ("to_pairs", lambda: to_pairs(x()), "x"),
+        ("sparse_mm", lambda: sparse_mm(x(), torch.eye(W)), "A"),
+        ("sparse_mm right", lambda: sparse_mm(torch.eye(2), x()), "B"),
+        ("SparseWeightLinear pattern", lambda: SparseWeightLinear(x()), "pattern"),
+        ("SparseWeightLinear input",
+         lambda: SparseWeightLinear(torch.ones(2, W).to_sparse())(x()), "input"),
+        ("Batchifier.topk exclude", lambda: Batchifier(nn.Identity(), W, progress=False).topk(
+            torch.ones(2, W).to_sparse(), 1, exclude=x()), "exclude"),
+        ("values_map", lambda: nnsparse.values_map(torch.exp, x()), "input"),
+        ("sparse_parts", lambda: nnsparse.sparse_parts(x()), "x"),
+        # (densify was right before, by torch's to_dense; refused now with the rest: one
+        # check per tensor, its structure then shared by every call)
+        ("densify", lambda: densify(x()), "x"),
+    ]
+
+
+MARKED_CASES = [
+    Case(f"{kind} {name}", call, ValueError, rf"^{arg} " + BAD)
+    for kind, x in MARKED.items() for name, call, arg in _calls(x)
+] + [
+    Case("vector stopk", lambda: stopk(VECTOR(), 1), ValueError, r"^x " + BAD),
+    Case("vector in a list", lambda: SparseLinearBatch(5, 2)(
+        [VECTOR(), torch.zeros(5).to_sparse()]), ValueError, r"^input\[0\] " + BAD),
+    # was: the batched product on the wrong row pointers
+    Case("batched sparse_mm", lambda: sparse_mm(BATCH3D(), torch.ones(2, 2, 2)), ValueError,
+         r"^A " + BAD),
+]
+
+
+@pytest.mark.parametrize("case", MARKED_CASES, ids=lambda c: c.id)
+def test_probe16_marked_coalesced(case: Case) -> None:
+    run_case(case)
+
+
+def _linear_ok(x: torch.Tensor, ref: torch.Tensor) -> Callable[[Any], bool]:
+    layer = _seeded(lambda: SparseLinearBatch(ref.shape[-1], 2))
+    want = nn.functional.linear(ref, layer.weight, layer.bias)
+    return lambda _: torch.allclose(layer(x), want)
+
+
+_VALID = _marked([[0, 0, 1], [0, 2, 1]], [1., 2., 3.], (2, W))  # truly coalesced
+_VALID_REF = torch.tensor([[1., 0., 2.], [0., 3., 0.]])
+_ONE = _marked([[1], [2]], [5.], (2, W))
+_EMPTY = torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (2, W),
+                                 is_coalesced=True)
+
+KEPT_CASES = [
+    # a claim that holds is taken, as before
+    Case("kept: truly coalesced, layer", lambda: _VALID, None,
+         check=_linear_ok(_VALID, _VALID_REF)),
+    Case("kept: truly coalesced, criterion",
+         lambda: SparseCriterion(nn.MSELoss())(torch.zeros(2, W), _VALID), None,
+         check=lambda out: torch.allclose(out, torch.tensor(14. / 3))),
+    Case("kept: truly coalesced, stopk", lambda: stopk(_VALID, 1), None,
+         check=lambda out: out.indices.tolist() == [[2], [1]]),
+    Case("kept: one entry", lambda: densify(_ONE), None,
+         check=lambda out: out[1, 2] == 5 and out.sum() == 5),
+    Case("kept: no entry", lambda: densify(_EMPTY), None,
+         check=lambda out: torch.equal(out, torch.zeros(2, W))),
+    # a tensor not marked coalesced may hold anything (duplicates sum)
+    Case("kept: unmarked duplicates", lambda: densify(torch.sparse_coo_tensor(
+        torch.tensor([[0, 0], [1, 1]]), torch.tensor([1., 2.]), (2, W))), None,
+         check=lambda out: out[0, 1] == 3),
+    # trust() still skips every check, as documented (an invalid trusted tensor gives wrong
+    # results): the marked tensor is taken
+    Case("kept: trust skips the check", lambda: nnsparse.trust(UNSORTED()), None,
+         check=lambda out: out.is_coalesced()),
+]
+
+
+@pytest.mark.parametrize("case", KEPT_CASES, ids=lambda c: c.id)
+def test_probe16_kept(case: Case) -> None:
+    run_case(case)
+
+
+@pytest.mark.parametrize("kind", sorted(MARKED))
+def test_probe16_rebuilt_matches_reference(kind: str) -> None:
+    """The message's way out: the same entries rebuilt unmarked and coalesced give the dense
+    reference (torch's to_dense of the marked tensor, which sums its duplicates)."""
+    bad = MARKED[kind]()
+    fixed = torch.sparse_coo_tensor(bad._indices(), bad._values(), bad.shape).coalesce()
+    assert torch.equal(densify(fixed), REF[kind])
+    layer = _seeded(lambda: SparseLinearBatch(W, 2))
+    assert torch.allclose(layer(fixed), nn.functional.linear(REF[kind], layer.weight,
+                                                             layer.bias))
