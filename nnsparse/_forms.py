@@ -632,10 +632,10 @@ def _coo_structure(x: Tensor, name: str, check: bool) -> _Attached:
         _index.count("validate")
         if index.shape[1]:
             # min and max of every dimension, and for a tensor marked coalesced the
-            # entries that break that claim, read back in one host sync
-            claimed = (_index.not_increasing(index) if x.is_coalesced()
-                       else index.new_zeros((), dtype=torch.int64))
-            stats = torch.cat([index.amin(1), index.amax(1), claimed.reshape(1)]).tolist()
+            # entries that break that claim, read back in one host sync (nothing more
+            # for a tensor not so marked)
+            claim = [_index.not_increasing(index).reshape(1)] if x.is_coalesced() else []
+            stats = torch.cat([index.amin(1), index.amax(1), *claim]).tolist()
             dims = x.sparse_dim()
             what = ["indices"] if dims == 1 else ["row indices", "column indices"]
             for d in range(dims):
@@ -645,7 +645,8 @@ def _coo_structure(x: Tensor, name: str, check: bool) -> _Attached:
                 if hi >= x.shape[d]:
                     raise ValueError(f"{name} {what[d]} must be in [0, {x.shape[d]}), "
                                      f"got max {hi}")
-            check_coalesced_claim(stats[-1], name)
+            if claim:
+                check_coalesced_claim(stats[-1], name)
     recoalesce = x.requires_grad and not x.is_coalesced()
     source = x.coalesce() if recoalesce else x
     coalesced = source.is_coalesced()

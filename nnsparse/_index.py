@@ -206,16 +206,19 @@ def not_increasing(index: Tensor) -> Tensor:
     """How many consecutive columns of ``index`` ``(dims, nnz)`` are not in strictly
     increasing lexicographic order (0-d int64, on ``index``'s device, not read back):
     0 exactly when the entries are sorted and unique, what a COO tensor's
-    ``is_coalesced()`` claims.  O(nnz), no host sync."""
+    ``is_coalesced()`` claims.  O(nnz), no host sync; compares dimension by dimension
+    (no linear key, which ``rows * width`` beyond int64 would overflow), innermost
+    first: entry ``p + 1`` is not after entry ``p`` where its first differing index is
+    smaller, or where none differs."""
+    count("order")
     if index.shape[1] < 2:
         return index.new_zeros((), dtype=torch.int64)
     after, before = index[:, 1:], index[:, :-1]
-    greater = torch.zeros_like(after[0], dtype=torch.bool)
-    equal = torch.ones_like(greater)
-    for d in range(index.shape[0]):
-        greater |= equal & (after[d] > before[d])
-        equal &= after[d] == before[d]
-    return (~greater).sum()
+    last = index.shape[0] - 1
+    bad = after[last] <= before[last]
+    for d in range(last - 1, -1, -1):
+        bad = (after[d] < before[d]) | ((after[d] == before[d]) & bad)
+    return torch.count_nonzero(bad)
 
 
 def crow_from_rows(row: Tensor, rows: int) -> Tensor:

@@ -11,6 +11,7 @@ Each row pairs a call with the exception and a regex of its message (``error=Non
 call must work, and ``check`` its result against the dense reference).  The rows marked
 "was:" returned a wrong result (or, for ``densify``, a right one by another route) before.
 """
+from collections import Counter
 from typing import Any, Callable
 
 import pytest
@@ -21,6 +22,7 @@ import nnsparse
 from nnsparse import (Batchifier, SDAESparseCriterion, SparseCriterion, SparseLinearBatch,
                       SparseOutputLinear, SparseWeightLinear, densify, sparse_mm, stopk,
                       to_pairs)
+from nnsparse._forms import _counts, _reset_counts, _structure
 from probe_cases import Case, run_case
 
 W = 3
@@ -154,3 +156,113 @@ def test_probe16_rebuilt_matches_reference(kind: str) -> None:
     layer = _seeded(lambda: SparseLinearBatch(W, 2))
     assert torch.allclose(layer(fixed), nn.functional.linear(REF[kind], layer.weight,
                                                              layer.bias))
+
+
+# -- second reading (probe16-r) ---------------------------------------------------------------
+
+def _bmm_ok(a: torch.Tensor) -> Callable[[Any], bool]:
+    dense = a.to_dense()
+    b = torch.arange(float(dense.shape[0] * dense.shape[2] * 2)).reshape(dense.shape[0], -1, 2)
+    return lambda _: torch.allclose(sparse_mm(a, b), torch.bmm(dense, b))
+
+
+# 3-D: the order is lexicographic over (batch, row, column); each row breaks it at one place
+ORDER_3D = [
+    ("batch out of order", [[1, 0], [0, 1], [0, 1]], 1),
+    ("row out of order in a matrix", [[0, 0, 1], [1, 0, 0], [0, 1, 0]], 1),
+    ("column out of order in a row", [[0, 0, 0], [1, 1, 1], [2, 0, 1]], 1),
+    ("repeated entry", [[1, 1], [0, 0], [1, 1]], 1),
+    ("reversed", [[1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 1, 0]], 3),
+]
+ORDER_CASES = [
+    Case(f"3-D {what}", lambda index=index: sparse_mm(
+        _marked(index, [1.] * len(index[0]), (2, 2, 3)), torch.ones(2, 3, 2)), ValueError,
+        rf"^A " + BAD.replace(r"got \d+", f"got {bad}"))
+    for what, index, bad in ORDER_3D
+] + [
+    # later dimensions may decrease where an earlier one increases
+    Case("kept: 3-D, rows and columns fall where the batch index rises",
+         lambda: 0, None, check=_bmm_ok(_marked([[0, 0, 1, 1], [1, 1, 0, 0], [0, 2, 1, 2]],
+                                                 [1., 2., 3., 4.], (2, 2, 3)))),
+    Case("kept: 3-D one entry", lambda: 0, None,
+         check=_bmm_ok(_marked([[1], [1], [2]], [5.], (2, 2, 3)))),
+    # sizes near torch's int64 numel limit: compared dimension by dimension, no linear index
+    Case("(3, 2**61): rows out of order", lambda: to_pairs(_marked(
+        [[1, 0], [0, 2**61 - 1]], [1., 2.], (3, 2**61))), ValueError, r"^x " + BAD),
+    Case("(2**31, 2**31): a repeated entry", lambda: to_pairs(_marked(
+        [[2**31 - 1, 2**31 - 1], [2**31 - 1, 2**31 - 1]], [1., 2.], (2**31, 2**31))),
+        ValueError, r"^x " + BAD.replace(r"got \d+", "got 1")),
+    Case("kept: (3, 2**61) sorted", lambda: stopk(_marked(
+        [[0, 1, 2], [2**61 - 1, 0, 2**61 - 2]], [1., 2., 3.], (3, 2**61)), 1), None,
+        check=lambda out: out.indices.tolist() == [[2**61 - 1], [0], [2**61 - 2]]),
+    Case("kept: (2**31, 2**31) sorted", lambda: nnsparse.values_map(torch.neg, _marked(
+        [[0, 2**31 - 1], [2**31 - 1, 0]], [1., 2.], (2**31, 2**31))), None,
+        check=lambda out: out._values().tolist() == [-1., -2.]),
+]
+
+
+@pytest.mark.parametrize("case", ORDER_CASES, ids=lambda c: c.id)
+def test_probe16r_order(case: Case) -> None:
+    run_case(case)
+
+
+def _ops_of_check(x: torch.Tensor, check: bool) -> "Counter[str]":
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: "Counter[str]" = Counter()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor):  # (not the metadata queries: is_coalesced...)
+                self.ops[str(func.overloadpacket)] += 1
+            return out
+
+    with _Ops() as mode:
+        _structure(x.clone(), "x", check)
+    return mode.ops
+
+
+def test_probe16r_unmarked_pays_nothing_new() -> None:
+    """The first check of a COO tensor not marked coalesced runs the range check only (its
+    min, max and their one read-back): no order check, no placeholder for it."""
+    x = torch.sparse_coo_tensor(torch.tensor([[1, 0, 1], [2, 1, 0]]), torch.ones(3), (2, W))
+    extra = _ops_of_check(x, True) - _ops_of_check(x, False)
+    assert set(extra) == {"aten.amin", "aten.amax", "aten.cat"}, extra
+
+
+UNMARKED_OR_TRUSTED = [
+    ("unmarked 2-D", lambda: densify(torch.sparse_coo_tensor(
+        torch.tensor([[1, 0], [0, 2]]), torch.ones(2), (2, W)))),
+    ("unmarked 1-D", lambda: densify(torch.sparse_coo_tensor(
+        torch.tensor([[2, 0]]), torch.ones(2), (W,)))),
+    # coalesced by nnsparse for autograd: torch made it so, nothing to verify
+    ("unmarked 3-D requiring grad", lambda: sparse_mm(torch.sparse_coo_tensor(
+        torch.tensor([[1, 0], [0, 1], [2, 0]]), torch.ones(2), (2, 2, W)).requires_grad_(),
+        torch.ones(2, W, 2))),
+    ("unmarked 2-D requiring grad", lambda: densify(torch.sparse_coo_tensor(
+        torch.tensor([[1, 0], [0, 2]]), torch.ones(2), (2, W)).requires_grad_())),
+    ("trusted", lambda: densify(nnsparse.trust(_VALID.clone()))),
+    ("sparsify", lambda: densify(nnsparse.sparsify(torch.eye(W)))),
+    ("layer output", lambda: densify(SparseOutputLinear(2, W)(torch.ones(2, 2), _VALID))),
+]
+
+
+@pytest.mark.parametrize("name,call", UNMARKED_OR_TRUSTED, ids=[n for n, _ in
+                                                                 UNMARKED_OR_TRUSTED])
+def test_probe16r_order_checked_only_where_claimed(name: str, call: Callable[[], Any]) -> None:
+    call()  # (builds what it needs first: the count is of the call below)
+    _reset_counts()
+    call()
+    assert _counts().get("order", 0) == 0
+
+
+def test_probe16r_order_checked_once_where_claimed() -> None:
+    x = _VALID.clone()
+    _reset_counts()
+    densify(x), stopk(x, 1), to_pairs(x)
+    assert _counts().get("order", 0) == 1
+
