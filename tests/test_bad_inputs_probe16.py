@@ -11,6 +11,7 @@ Each row pairs a call with the exception and a regex of its message (``error=Non
 call must work, and ``check`` its result against the dense reference).  The rows marked
 "was:" returned a wrong result (or, for ``densify``, a right one by another route) before.
 """
+import pickle
 from collections import Counter
 from typing import Any, Callable
 
@@ -23,6 +24,8 @@ from nnsparse import (Batchifier, SDAESparseCriterion, SparseCriterion, SparseLi
                       SparseOutputLinear, SparseWeightLinear, densify, sparse_mm, stopk,
                       to_pairs)
 from nnsparse._forms import _counts, _reset_counts, _structure
+from nnsparse.data import SparseRowBatch, SparseRowDataset
+from nnsparse.data.dataset import _build, _parts
 from probe_cases import Case, run_case
 
 W = 3
@@ -266,3 +269,23 @@ def test_probe16r_order_checked_once_where_claimed() -> None:
     densify(x), stopk(x, 1), to_pairs(x)
     assert _counts().get("order", 0) == 1
 
+
+def test_probe16r_pickled_batch_keeps_its_claim() -> None:
+    """A SparseRowBatch whose COO input nnsparse checked while not coalesced came back
+    from pickle (a DataLoader worker's trip) marked coalesced and trusted: its rows were
+    read as sorted (to_pairs gave row 1's entry to row 0)."""
+    x = torch.sparse_coo_tensor(torch.tensor([[1, 0, 1, 0], [2, 1, 0, 0]]),
+                                torch.tensor([1., 2., 3., 4.]), (2, W))
+    densify(x)  # checked: its structure attached
+    back = pickle.loads(pickle.dumps(SparseRowBatch(x, None, torch.arange(2)))).input
+    assert not back.is_coalesced()
+    want = [[[0., 4.], [1., 2.]], [[0., 3.], [2., 1.]]]
+    assert [p.tolist() for p in to_pairs(back)] == want
+    assert torch.equal(densify(back), x.to_dense())
+    # a collated (coalesced) batch keeps its mark, and a pickle of an older version (no
+    # claim in its parts) reads as before
+    ds = SparseRowDataset(x.coalesce(), layout=torch.sparse_coo)
+    batch = ds.collate([ds[0], ds[1]])
+    assert pickle.loads(pickle.dumps(batch)).input.is_coalesced()
+    old = _parts(batch.input)
+    assert old is not None and _build(old[:4]).is_coalesced()
