@@ -59,7 +59,7 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
            "check_int64", "int64_message", "check_numel", "as_device", "holds_exactly",
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device",
            "no_rows", "empty_batch", "EMPTY_ROWS_TENSOR", "EMPTY_ROWS_WAY_ROUND",
-           "int_of_0d", "int_kind", "is_int", "lua_pairs_hint"]
+           "int_of_0d", "int_kind", "is_int", "lua_pairs_hint", "check_coalesced_claim"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -631,8 +631,11 @@ def _coo_structure(x: Tensor, name: str, check: bool) -> _Attached:
     if check:
         _index.count("validate")
         if index.shape[1]:
-            # min and max of every dimension, read back in one host sync
-            stats = torch.cat([index.amin(1), index.amax(1)]).tolist()
+            # min and max of every dimension, and for a tensor marked coalesced the
+            # entries that break that claim, read back in one host sync (nothing more
+            # for a tensor not so marked)
+            claim = [_index.not_increasing(index).reshape(1)] if x.is_coalesced() else []
+            stats = torch.cat([index.amin(1), index.amax(1), *claim]).tolist()
             dims = x.sparse_dim()
             what = ["indices"] if dims == 1 else ["row indices", "column indices"]
             for d in range(dims):
@@ -642,6 +645,8 @@ def _coo_structure(x: Tensor, name: str, check: bool) -> _Attached:
                 if hi >= x.shape[d]:
                     raise ValueError(f"{name} {what[d]} must be in [0, {x.shape[d]}), "
                                      f"got max {hi}")
+            if claim:
+                check_coalesced_claim(stats[-1], name)
     recoalesce = x.requires_grad and not x.is_coalesced()
     source = x.coalesce() if recoalesce else x
     coalesced = source.is_coalesced()
@@ -658,6 +663,20 @@ def _coo_structure(x: Tensor, name: str, check: bool) -> _Attached:
     if coalesced and not recoalesce:
         pattern.cache.coo_indices = x._indices()
     return _Attached(_key(x), pattern, recoalesce)
+
+
+def check_coalesced_claim(bad: int, name: str) -> None:
+    """Refuse a COO tensor marked coalesced whose indices are not sorted and unique
+    (``bad`` entries out of order or repeated, :func:`_index.not_increasing`): torch
+    takes ``is_coalesced=True`` (or ``_coalesced_(True)``) on the caller's word, and
+    nnsparse would read its rows as sorted and its entries as distinct."""
+    if bad:
+        raise ValueError(
+            f"{name} is marked coalesced (is_coalesced() is True), so its indices must be "
+            f"sorted and unique (torch's COO invariant, unchecked unless "
+            f"check_invariants=True), got {bad} out of order or repeated; build it without "
+            f"is_coalesced=True, then .coalesce() (which returns a tensor marked coalesced "
+            f"as it is)")
 
 
 def _csr_structure(x: Tensor, name: str, check: bool) -> _Attached:

@@ -202,6 +202,25 @@ def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, size: Sequence[int]) -
                                        device=values.device)  # not the default device
 
 
+def not_increasing(index: Tensor) -> Tensor:
+    """How many consecutive columns of ``index`` ``(dims, nnz)`` are not in strictly
+    increasing lexicographic order (0-d int64, on ``index``'s device, not read back):
+    0 exactly when the entries are sorted and unique, what a COO tensor's
+    ``is_coalesced()`` claims.  O(nnz), no host sync; compares dimension by dimension
+    (no linear key, which ``rows * width`` beyond int64 would overflow), innermost
+    first: entry ``p + 1`` is not after entry ``p`` where its first differing index is
+    smaller, or where none differs."""
+    count("order")
+    if index.shape[1] < 2:
+        return index.new_zeros((), dtype=torch.int64)
+    after, before = index[:, 1:], index[:, :-1]
+    last = index.shape[0] - 1
+    bad = after[last] <= before[last]
+    for d in range(last - 1, -1, -1):
+        bad = (after[d] < before[d]) | ((after[d] == before[d]) & bad)
+    return torch.count_nonzero(bad)
+
+
 def crow_from_rows(row: Tensor, rows: int) -> Tensor:
     """CSR row pointers ``(rows + 1,)`` of the row indices ``row`` (grouped, increasing).
 

@@ -84,7 +84,9 @@ class SparseRow(metaclass=_RowType):
 
 
 # (layout, index and value tensors, shape, whether the tensor was checked or trusted)
-_Parts = Optional[Tuple[str, Tuple[Tensor, ...], Tuple[int, ...], bool]]
+# (layout, index tensors, shape, checked, coalesced); a pickle of an older version
+# has no coalesced, which a checked COO batch then implied (collate's)
+_Parts = Optional[Tuple[Any, ...]]
 
 
 def _check_batch_shapes(input: Tensor, target: Optional[Tensor], row_index: Tensor) -> None:
@@ -193,19 +195,20 @@ def _parts(x: Optional[Tensor]) -> _Parts:
     checked = _attached(x) is not None
     if x.layout == torch.sparse_csr:
         return "csr", (x.crow_indices(), x.col_indices(), x.values()), tuple(x.shape), checked
-    return "coo", (x._indices(), x._values()), tuple(x.shape), checked
+    # the tensor's own claim: a checked COO batch need not be coalesced (a user's, checked
+    # at its first use), and must not come back marked so
+    return "coo", (x._indices(), x._values()), tuple(x.shape), checked, x.is_coalesced()
 
 
 def _build(parts: _Parts) -> Optional[Tensor]:
     if parts is None:
         return None
-    layout, tensors, shape, checked = parts
+    layout, tensors, shape, checked = parts[:4]
     if layout == "csr":
         out = csr_tensor(tensors[0], tensors[1], tensors[2], shape)
-    elif checked:  # (coalesced: collate built it so)
-        out = coo_tensor(tensors[0], tensors[1], shape, coalesced=True)
     else:
-        out = coo_tensor(tensors[0], tensors[1], shape, coalesced=False)
+        coalesced = bool(parts[4]) if len(parts) > 4 else bool(checked)
+        out = coo_tensor(tensors[0], tensors[1], shape, coalesced=coalesced)
     # the parts of a batch collate built (and checked) in a worker; others checked at use
     return trust(out) if checked else out
 
