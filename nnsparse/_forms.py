@@ -665,6 +665,11 @@ def _coo_structure(x: Tensor, name: str, check: bool) -> _Attached:
     return _Attached(_key(x), pattern, recoalesce)
 
 
+def _entries(n: int) -> str:
+    """``"1 entry"``, ``"2 entries"``: a count of entries in a message."""
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
+
+
 def check_coalesced_claim(bad: int, name: str) -> None:
     """Refuse a COO tensor marked coalesced whose indices are not sorted and unique
     (``bad`` entries out of order or repeated, :func:`_index.not_increasing`): torch
@@ -674,9 +679,9 @@ def check_coalesced_claim(bad: int, name: str) -> None:
         raise ValueError(
             f"{name} is marked coalesced (is_coalesced() is True), so its indices must be "
             f"sorted and unique (torch's COO invariant, unchecked unless "
-            f"check_invariants=True), got {bad} out of order or repeated; build it without "
-            f"is_coalesced=True, then .coalesce() (which returns a tensor marked coalesced "
-            f"as it is)")
+            f"check_invariants=True), got {_entries(bad)} out of order or repeated; build it "
+            f"without is_coalesced=True, then .coalesce() (which returns a tensor marked "
+            f"coalesced as it is)")
 
 
 def _csr_structure(x: Tensor, name: str, check: bool) -> _Attached:
@@ -739,7 +744,7 @@ def _check_csr(crow: Tensor, col: Tensor, values: Tensor, rows: int, width: int,
         raise ValueError(f"{name} column indices must be in [0, {width}), got max {hi}")
     if bad:
         raise ValueError(f"{name} column indices must increase within each row (torch's CSR "
-                         f"invariant), got {bad} out of order or repeated; build the batch as "
+                         f"invariant), got {_entries(bad)} out of order or repeated; build the batch as "
                          "COO and convert with .coalesce().to_sparse_csr()")
 
 

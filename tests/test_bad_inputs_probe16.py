@@ -49,7 +49,7 @@ REF = {"unsorted": UNSORTED().to_dense(), "repeated": REPEATED().to_dense(),
        "columns": COLUMNS().to_dense()}
 MARKED = {"unsorted": UNSORTED, "repeated": REPEATED, "columns": COLUMNS}
 BAD = (r"is marked coalesced \(is_coalesced\(\) is True\), so its indices must be sorted and "
-       r"unique \(torch's COO invariant, unchecked unless check_invariants=True\), got \d+ out "
+       r"unique \(torch's COO invariant, unchecked unless check_invariants=True\), got \d+ entr(y|ies) out "
        r"of order or repeated; build it without is_coalesced=True, then \.coalesce\(\) "
        r"\(which returns a tensor marked coalesced as it is\)$")
 
@@ -180,7 +180,8 @@ ORDER_3D = [
 ORDER_CASES = [
     Case(f"3-D {what}", lambda index=index: sparse_mm(
         _marked(index, [1.] * len(index[0]), (2, 2, 3)), torch.ones(2, 3, 2)), ValueError,
-        rf"^A " + BAD.replace(r"got \d+", f"got {bad}"))
+        rf"^A " + BAD.replace(r"got \d+ entr(y|ies)",
+                              f"got {bad} entr{'y' if bad == 1 else 'ies'}"))
     for what, index, bad in ORDER_3D
 ] + [
     # later dimensions may decrease where an earlier one increases
@@ -194,7 +195,7 @@ ORDER_CASES = [
         [[1, 0], [0, 2**61 - 1]], [1., 2.], (3, 2**61))), ValueError, r"^x " + BAD),
     Case("(2**31, 2**31): a repeated entry", lambda: to_pairs(_marked(
         [[2**31 - 1, 2**31 - 1], [2**31 - 1, 2**31 - 1]], [1., 2.], (2**31, 2**31))),
-        ValueError, r"^x " + BAD.replace(r"got \d+", "got 1")),
+        ValueError, r"^x " + BAD.replace(r"got \d+ entr(y|ies)", "got 1 entry")),
     Case("kept: (3, 2**61) sorted", lambda: stopk(_marked(
         [[0, 1, 2], [2**61 - 1, 0, 2**61 - 2]], [1., 2., 3.], (3, 2**61)), 1), None,
         check=lambda out: out.indices.tolist() == [[2**61 - 1], [0], [2**61 - 2]]),
