@@ -193,11 +193,16 @@ def test_docs_sessions_run(page, _scratch):
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in PLAIN])
-def test_docs_plain_blocks_run(block, _scratch):
+def test_docs_plain_blocks_run(block, _scratch, capsys):
     namespace: Dict[str, object] = {"__name__": f"docs.{block.page}"}
     if block.setup:
         exec(compile(block.setup, f"{block.name} setup", "exec"), namespace)
     exec(compile(block.code(), block.name, "exec"), namespace)
+    printed = capsys.readouterr().out
+    # a comment that shows a printed dict names its keys: the code must print them
+    for comment in re.findall(r"print\(.*#\s*(\{.*\})", block.source):
+        for key in re.findall(r"'(\w+)'", comment):
+            assert f"'{key}'" in printed, (block.name, key, printed[-300:])
 
 
 def test_markers_are_read():
