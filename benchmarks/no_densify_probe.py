@@ -15,6 +15,7 @@ in on their first use, are not counted as the call's memory.
 Linux only.  Run:  ``OMP_NUM_THREADS=1 python benchmarks/no_densify_probe.py [name ...]``
 (``--markdown`` prints the table rows of docs/no_densify_probe.md).
 """
+import argparse
 import gc
 import os
 import resource
@@ -667,10 +668,24 @@ def run_case(name: str, warm: bool = True) -> Tuple[str, float, str]:
     return verdict, peak, note
 
 
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("names", nargs="*", metavar="name",
+                   help=f"cases to run, each quoted (default: all {len(CASES)}): "
+                        f"{'; '.join(CASES)}")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the table rows of docs/no_densify_probe.md")
+    return p
+
+
 def main(argv: List[str]) -> None:
-    markdown = "--markdown" in argv
-    names = [a for a in argv if not a.startswith("--")] or list(CASES)
-    for name in names:
+    p = _parser()
+    args = p.parse_args(argv)
+    unknown = [n for n in args.names if n not in CASES]
+    if unknown:
+        p.error(f"unknown case {unknown[0]!r} (--help lists the {len(CASES)} cases)")
+    markdown = args.markdown
+    for name in args.names or list(CASES):
         try:
             verdict, peak, note = run_case(name)
         except Exception:  # a probe bug: show it, go on
