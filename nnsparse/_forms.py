@@ -744,8 +744,8 @@ def _check_csr(crow: Tensor, col: Tensor, values: Tensor, rows: int, width: int,
         raise ValueError(f"{name} column indices must be in [0, {width}), got max {hi}")
     if bad:
         raise ValueError(f"{name} column indices must increase within each row (torch's CSR "
-                         f"invariant), got {_entries(bad)} out of order or repeated; build the batch as "
-                         "COO and convert with .coalesce().to_sparse_csr()")
+                         f"invariant), got {_entries(bad)} out of order or repeated; build the "
+                         "batch as COO and convert with .coalesce().to_sparse_csr()")
 
 
 def _holds_inference(pattern: SparseBatch) -> bool:
