@@ -995,10 +995,11 @@ class InBackwardOptimizer(Optimizer):
       weight a ``.grad`` nothing applies), raises ``RuntimeError`` naming the
       layer, before anything is updated.  ``remove()`` this optimiser and use
       ``torch.optim`` or :class:`LazyAdam` there (``docs/ecosystem.md``).
-    * A dense input to a ``SparseLinearBatch``, or no pattern for a
-      ``SparseOutputLinear``, while gradients are enabled, raises
-      ``NotImplementedError`` (the weight would get a gradient no optimiser
-      applies); under ``torch.no_grad()`` they work for inference.
+    * A dense (strided) input to a ``SparseLinearBatch``, or no pattern for a
+      ``SparseOutputLinear`` (the dense output), specifies every entry: the
+      backward steps every row of the weight from its dense gradient (none
+      for an input of no rows), the step a sparse batch or pattern holding
+      every entry explicitly gives, with the same checks.
     * Not combinable with ``DistributedDataParallel`` (the in-backward rows
       are updated from each process's local gradient, never all-reduced):
       refused for a DDP-wrapped model, and (``NotImplementedError``) at a layer's

@@ -261,13 +261,6 @@ def test_torch_func_grad_and_compile_keep_dense_gradients():
     torch.testing.assert_close(decoder.weight.grad, torch.ones(3, 4, dtype=torch.float64) @ h)
 
 
-def test_in_backward_optimiser_still_refuses_no_pattern():
-    decoder = nnsparse.SparseOutputLinear(6, 3, sparse_grad=True)
-    nnsparse.optim.apply_optimizer_in_backward(decoder, "sgd", lr=0.1)
-    with pytest.raises(NotImplementedError, match="a dense output"):
-        decoder(torch.randn(2, 6))
-
-
 # -- training: no pattern == a pattern holding every entry, step for step ---------------------
 
 def _model():

@@ -30,7 +30,8 @@ from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_ro
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import (_GRAD, _STEP, _check_layer_args, _check_not_narrower, _check_parameters,
-                     _check_weight_bias, _has_bias, _parameter, _parametrized_table,
+                     _check_weight_bias, _dense_step, _has_bias, _parameter,
+                     _parametrized_table,
                      _refuse_recorded_update, _refuse_sparse_grad_parametrized,
                      _refuse_update_in_transform, _refuse_update_misuse,
                      _refuse_update_on_parts, _refuse_update_parametrized,
@@ -258,10 +259,9 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
             raise ValueError(f"{arg} must be on input's device {input.device}, got {t.device}")
     if pattern is None:
         if update is not None and torch.is_grad_enabled() and weight.requires_grad:
-            raise NotImplementedError(
-                f"{update.name}: a dense output (pattern=None) with the optimiser in the "
-                f"backward would give the weight a dense gradient that no optimiser applies; "
-                f"pass the target's pattern, or run under torch.no_grad() for inference")
+            # every output computed: every row of weight stepped in the backward from its
+            # dense gradient, as for a pattern holding every entry (none for no rows)
+            return _dense_step(input, weight, bias, True, update)
         if sparse_grad and update is None and torch.is_grad_enabled():
             # every output of every row computed, as by a pattern holding every entry: every
             # row of weight (an output column; in_features == 0 too) and every bias entry
