@@ -804,8 +804,10 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Te
             continue
         if param.requires_grad:
             if not table.is_contiguous():  # the rows are updated in place
-                from .layers.linear import _NOT_COLUMN_MAJOR
-                raise ValueError(_NOT_COLUMN_MAJOR.format(name=name or type(module).__name__))
+                from .layers.linear import _NOT_COLUMN_MAJOR, _NOT_ROW_MAJOR
+                layout = (_NOT_ROW_MAJOR if isinstance(module, SparseOutputLinear)
+                          else _NOT_COLUMN_MAJOR)
+                raise ValueError(layout.format(name=name or type(module).__name__))
             name = name or type(module).__name__
             shared = owner.setdefault(id(param), name)
             if shared != name:
@@ -1053,7 +1055,9 @@ class InBackwardOptimizer(Optimizer):
       contiguous): one whose ``.data`` was replaced row-major (``prune.remove``
       leaves it so) raises ``RuntimeError`` at a training forward that would step
       it, naming the way round (``weight.data = weight.t().contiguous().t()``);
-      frozen or under ``torch.no_grad()`` it is read as it is.
+      frozen or under ``torch.no_grad()`` it is read as it is.  A
+      ``SparseOutputLinear``'s weight must stay contiguous (its rows are the
+      table; ``weight.data = weight.contiguous()`` restores it).
     * A sparse layer whose weight has ``requires_grad=False`` is left alone
       (no state, nothing in its backward); its trainable bias, if any, goes
       to :attr:`dense`.  With every sparse weight frozen, :attr:`dense`
@@ -1710,8 +1714,9 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
             ``SparseLinearBatch`` or ``SparseOutputLinear`` in ``model`` (frozen
             ones count), no parameter of ``model`` that requires grad, a
             layer already attached to another one, or a trained layer's weight not
-            stored as the layer made it (``weight.t()`` contiguous: a row-major
-            Parameter assigned).
+            stored as the layer made it (a ``SparseLinearBatch``'s ``weight.t()``
+            contiguous: a row-major Parameter assigned; a ``SparseOutputLinear``'s
+            ``weight`` contiguous).
         NotImplementedError: ``model`` is wrapped in ``DistributedDataParallel``, a
             sparse layer's weight is shared with another module (tied weights), or
             is parametrized or pruned and requires grad.

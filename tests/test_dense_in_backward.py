@@ -290,3 +290,63 @@ def test_checkpointed_dense_model_steps_as_the_plain_one(reentrant):
             opt.step()
     for p, q in zip(ours.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q)
+
+
+# -- a SparseOutputLinear's weight is stepped in place as a contiguous table ---------------------
+
+def _column_major(layer):
+    with torch.no_grad():  # the same Parameter and values, stored transposed
+        layer.weight.data = layer.weight.t().contiguous().t()
+    assert not layer.weight.is_contiguous()
+
+
+@pytest.mark.parametrize("pattern", [False, True], ids=["dense output", "pattern"])
+@pytest.mark.parametrize("kind", ["adam", "adagrad", "sgd"])
+def test_a_sparse_output_weight_not_contiguous_is_refused(kind, pattern):
+    """Its rows are updated in place as a contiguous table: torch's fused CPU Adam and
+    Adagrad stepped a strided weight wrong (each element from another's gradient), the
+    pattern path as the dense one.  Refused at the training forward, nothing changed; the
+    way round the message gives trains as a layer never changed."""
+    torch.manual_seed(0)
+    layer = nnsparse.SparseOutputLinear(IN, OUT, dtype=torch.float64)
+    reference = copy.deepcopy(layer)
+    opts = [noptim.apply_optimizer_in_backward(m, kind, lr=0.1) for m in (layer, reference)]
+    _column_major(layer)
+    gen = torch.Generator().manual_seed(7)
+    h = torch.randn(3, IN, generator=gen, dtype=torch.float64)
+    target = _explicit(torch.ones(3, OUT, dtype=torch.float64)) if pattern else None
+
+    def loss(m):
+        out = m(h, target)
+        return (out.values() if pattern else out).square().sum()
+    before = layer.weight.detach().clone()
+    with pytest.raises(RuntimeError, match=r"needs it stored as the layer made it \(weight "
+                                           r"contiguous.*layer\.weight\.data = "
+                                           r"layer\.weight\.contiguous\(\)"):
+        loss(layer)
+    assert torch.equal(layer.weight, before) and layer.weight.grad is None
+    with torch.no_grad():  # inference reads it as it is
+        torch.testing.assert_close(layer(h, target), reference(h, target))
+    param = layer.weight
+    with torch.no_grad():  # the message's way round
+        layer.weight.data = layer.weight.contiguous()
+    assert layer.weight is param
+    for _ in range(2):
+        for m, opt in zip((layer, reference), opts):
+            opt.zero_grad()
+            loss(m).backward()
+            opt.step()
+    torch.testing.assert_close(layer.weight, reference.weight, rtol=1e-12, atol=1e-12)
+    assert not torch.equal(layer.weight, before)
+
+
+def test_attaching_to_a_sparse_output_weight_not_contiguous_names_the_way_round():
+    layer = nnsparse.SparseOutputLinear(IN, OUT)
+    layer.weight = nn.Parameter(torch.randn(IN, OUT).t())
+    with pytest.raises(ValueError, match=r"\(weight contiguous.*layer\.weight\.data = "
+                                         r"layer\.weight\.contiguous\(\)"):
+        noptim.apply_optimizer_in_backward(layer, "adam")
+    with torch.no_grad():
+        layer.weight.data = layer.weight.contiguous()
+    assert noptim.apply_optimizer_in_backward(layer, "adam") is not None
+

@@ -642,6 +642,16 @@ _NOT_COLUMN_MAJOR = (
     "the same Parameter, with `with torch.no_grad(): layer.weight.data = "
     "layer.weight.t().contiguous().t()`, and load values later by copying them in "
     "(`layer.weight.copy_(w)`) rather than assigning")
+# SparseOutputLinear's table is its (out, in) weight itself: the row update reads and writes
+# it as a contiguous table, and torch's fused CPU Adam and Adagrad kernels step a strided
+# parameter wrong (each element from another element's gradient and state)
+_NOT_ROW_MAJOR = (
+    "{name}: the optimiser in the backward updates the weight in place and needs it stored "
+    "as the layer made it (weight contiguous, row-major (out_features, in_features)); it "
+    "holds another layout (a new Parameter assigned, or weight.data replaced by a "
+    "transposed tensor): restore the layout in place, the same Parameter, with `with "
+    "torch.no_grad(): layer.weight.data = layer.weight.contiguous()`, and load values "
+    "later by copying them in (`layer.weight.copy_(w)`) rather than assigning")
 
 
 def _state_without_update(module: nn.Module) -> Dict[str, Any]:

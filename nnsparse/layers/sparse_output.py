@@ -29,8 +29,8 @@ from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
-from .linear import (_GRAD, _STEP, _check_layer_args, _check_not_narrower, _check_parameters,
-                     _check_weight_bias, _dense_step, _has_bias, _parameter,
+from .linear import (_GRAD, _NOT_ROW_MAJOR, _STEP, _check_layer_args, _check_not_narrower,
+                     _check_parameters, _check_weight_bias, _dense_step, _has_bias, _parameter,
                      _parametrized_table,
                      _refuse_recorded_update, _refuse_sparse_grad_parametrized,
                      _refuse_update_in_transform, _refuse_update_misuse,
@@ -245,6 +245,11 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
         raise TypeError(f"input must be a dense tensor, got "
                         f"{input.layout if isinstance(input, Tensor) else type(input).__name__}")
     _refuse_update_in_transform(update, weight)
+    if (update is not None and torch.is_grad_enabled() and weight.requires_grad
+            and not weight.is_contiguous()):
+        # the update steps the rows of weight in place, as a contiguous table (a weight
+        # that gets no step, frozen or under no_grad, is read as it is)
+        raise RuntimeError(_NOT_ROW_MAJOR.format(name=update.name))
     if input.dim() == 0 or input.shape[-1] != weight.shape[1]:
         got = input.shape[-1] if input.dim() else "a 0-d tensor"
         raise ValueError(f"input must have {weight.shape[1]} features (in_features), got {got}")
