@@ -354,13 +354,11 @@ def _update_every_row(update: "TableUpdate", table: Tensor, grad: Tensor,
     rows, whose gradient is then zero): the step :func:`_update_rows_of` takes for a
     batch holding every entry explicitly, through the same machinery (``update``'s
     ``__call__`` with every row, the dense step above ``dense_above`` given the same
-    gradient; on a GPU ``update.masked``, nothing read back)."""
-    n = table.shape[0]
-    if table.device.type in _SYNC_FREE:
-        update.masked(table, torch.full((n,), touched, dtype=torch.bool, device=table.device),
-                      grad)
-        return
-    rows = torch.arange(n if touched else 0, device=table.device)
+    gradient).  On every device: the rows touched are known on the host (all or none),
+    so a GPU reads nothing back here either (one block, every row: the kernel over the
+    table), and needs none of ``update.masked``'s copies of the table and its state,
+    which would restore no row."""
+    rows = torch.arange(table.shape[0] if touched else 0, device=table.device)
     update(table, rows, grad[:rows.shape[0]], lambda a, b: grad[a:b])
 
 

@@ -13,6 +13,7 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import nnsparse
 from nnsparse import optim as noptim
@@ -350,3 +351,62 @@ def test_attaching_to_a_sparse_output_weight_not_contiguous_names_the_way_round(
         layer.weight.data = layer.weight.contiguous()
     assert noptim.apply_optimizer_in_backward(layer, "adam") is not None
 
+
+# -- the GPU's step: nothing read back, no copy of the table -------------------------------------
+
+class _Ops(TorchDispatchMode):
+    """The aten ops run, with their outputs' shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+        self.ops.append((str(func.overloadpacket), shape))
+        return out
+
+
+@pytest.mark.parametrize("kind,hp", [("adam", dict(lr=0.05)),
+                                     ("sgd", dict(lr=0.1, momentum=0.9)),
+                                     ("rowwise_adagrad", dict(lr=0.1, weight_decay=0.1))])
+def test_the_every_row_step_copies_no_table_on_the_gpu_path(kind, hp, monkeypatch):
+    """Every row is touched, as the host knows: the GPU's step (its CPU proxy) is the kernel
+    over the table, with none of the synchronisation-free step's copies of the table and
+    its state (which would restore no row), and the same values."""
+    monkeypatch.setattr(nnsparse._kernels, "_SYNC_FREE", ("cpu",))
+    torch.manual_seed(0)
+    layer = nnsparse.SparseOutputLinear(IN, OUT, dtype=torch.float64)
+    opt = noptim.apply_optimizer_in_backward(layer, kind, **hp)
+    h = torch.randn(3, IN, dtype=torch.float64)
+    loss = layer(h).square().sum()
+    ops = _Ops()
+    with ops:
+        loss.backward()
+    copies = [op for op in ops.ops if op[0] in ("aten.clone", "aten.where")
+              and op[1] == (OUT, IN)]
+    assert copies == []
+    assert [op for op in ops.ops if op[0] == "aten._local_scalar_dense"] == []
+    assert float(opt.tables["SparseOutputLinear"]["step"]) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("kind", ["adam", "rowwise_adagrad"])
+def test_the_dense_step_reads_nothing_back_on_cuda(kind):
+    torch.manual_seed(0)
+    model = nn.ModuleList([nnsparse.SparseLinearBatch(IN, HIDDEN, device="cuda"),
+                           nnsparse.SparseOutputLinear(HIDDEN, OUT, device="cuda")])
+    opt = noptim.apply_optimizer_in_backward(model, kind, lr=0.05)
+    x = torch.randn(3, IN, device="cuda")
+
+    def step():
+        opt.zero_grad()
+        model[1](torch.tanh(model[0](x))).square().sum().backward()
+    step()  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
