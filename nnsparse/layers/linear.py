@@ -79,6 +79,7 @@ class _SparseLinear(torch.autograd.Function):
         # plain objects on ctx: the optimiser in the backward and the cached structures
         ctx.update, ctx.pattern = update, pattern
         ctx.updates = update.updates if update is not None else 0
+        _keep_stepped(ctx, table, update)
         _watch_forward(ctx, update)
 
     @staticmethod
@@ -98,11 +99,22 @@ class _SparseLinear(torch.autograd.Function):
             if ctx.sparse_grad and update is None:  # SparseAdam wants sparse
                 grad_bias = _grad_origin.mark_made(_bias_as_sparse(grad_bias, grad.shape[0]))
         if use == _STEP:
-            _update_rows_of(update, table.detach(), ctx.pattern, grad, values)
+            _update_rows_of(update, ctx.stepped.detach(), ctx.pattern, grad, values)
         elif use == _GRAD:  # dense, as the in-backward mode gives the bias
             grad_table = _table_grad(row, col, values, grad, table.shape[0],
                                      ctx.sparse_grad and update is None, ctx.pattern)
         return grad_values, grad_table, grad_bias, None, None, None, None, None, None
+
+
+def _keep_stepped(ctx: Any, table: Tensor, update: Any) -> None:
+    """Keep on ``ctx`` the table a layer's backward steps in place (``ctx.stepped``; with
+    no optimiser in the backward, ``None``): the very tensor the forward read, the
+    Parameter or its view, as a plain attribute.  What ``save_for_backward`` gives back
+    is read (the input's gradient, before the step), never written: a
+    ``saved_tensors_hooks`` pair may unpack a copy (``torch.autograd.graph.save_on_cpu``
+    on a GPU, an offloading or compressing hook), and the step would have updated that
+    copy, lost, while the optimiser's state and step count advanced."""
+    ctx.stepped = table if update is not None else None
 
 
 def _bias_as_sparse(grad_bias: Tensor, rows: int) -> Tensor:
@@ -212,6 +224,7 @@ class _DenseStep(torch.autograd.Function):
         ctx.has_bias, ctx.out_major = bias is not None, out_major
         ctx.bias_dtype = bias.dtype if bias is not None else None
         ctx.update, ctx.updates = update, update.updates
+        _keep_stepped(ctx, weight, update)
         _watch_forward(ctx, update)
 
     @staticmethod
@@ -234,7 +247,8 @@ class _DenseStep(torch.autograd.Function):
             grad_bias = g.sum(0).to(ctx.bias_dtype)
         if use == _STEP:
             assert grad_weight is not None
-            _update_every_row(update, weight.detach(), grad_weight.contiguous(), rows > 0)
+            _update_every_row(update, ctx.stepped.detach(), grad_weight.contiguous(),
+                              rows > 0)
             grad_weight = None
         return grad_input, grad_weight, grad_bias, None, None
 

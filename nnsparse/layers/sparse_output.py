@@ -30,8 +30,8 @@ from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_ro
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import (_GRAD, _NOT_ROW_MAJOR, _STEP, _check_layer_args, _check_not_narrower,
-                     _check_parameters, _check_weight_bias, _dense_step, _has_bias, _parameter,
-                     _parametrized_table,
+                     _check_parameters, _check_weight_bias, _dense_step, _has_bias,
+                     _keep_stepped, _parameter, _parametrized_table,
                      _refuse_recorded_update, _refuse_sparse_grad_parametrized,
                      _refuse_update_in_transform, _refuse_update_misuse,
                      _refuse_update_on_parts, _refuse_update_parametrized,
@@ -71,6 +71,7 @@ class _SampledLinear(torch.autograd.Function):
         # plain objects on ctx: the optimiser in the backward and the cached structures
         ctx.update, ctx.pattern = update, pattern
         ctx.updates = update.updates if update is not None else 0
+        _keep_stepped(ctx, weight, update)
         _watch_forward(ctx, update)
 
     @staticmethod
@@ -90,7 +91,7 @@ class _SampledLinear(torch.autograd.Function):
             grad_h = _table_mm(ctx.pattern, col, weight, crow, grad)
         need_w, need_b = use == _GRAD, ctx.has_bias and ctx.needs_input_grad[2]
         if use == _STEP:  # after grad_h: it reads the weight before the step
-            _update_rows_of(update, weight.detach(), ctx.pattern, h, grad)
+            _update_rows_of(update, ctx.stepped.detach(), ctx.pattern, h, grad)
         if need_w and not ctx.sparse_grad:  # (with the optimiser in the backward: dense)
             # the dense gradient in one pass over every output column (no
             # distinct columns to count: no host synchronisation on a GPU)
