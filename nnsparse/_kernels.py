@@ -347,6 +347,21 @@ def _update_rows_of(update: "TableUpdate", table: Tensor, pattern: "SparseBatch"
            _LazyBagRows(lambda: _bag_rows(row_t, dense, every_row(), weights)))
 
 
+def _update_every_row(update: "TableUpdate", table: Tensor, grad: Tensor,
+                      touched: bool) -> None:
+    """The in-backward step of ``table`` from its dense gradient ``grad`` (``table``'s
+    shape) where a dense input touched every row (``touched``; none for an input of no
+    rows, whose gradient is then zero): the step :func:`_update_rows_of` takes for a
+    batch holding every entry explicitly, through the same machinery (``update``'s
+    ``__call__`` with every row, the dense step above ``dense_above`` given the same
+    gradient).  On every device: the rows touched are known on the host (all or none),
+    so a GPU reads nothing back here either (one block, every row: the kernel over the
+    table), and needs none of ``update.masked``'s copies of the table and its state,
+    which would restore no row."""
+    rows = torch.arange(table.shape[0] if touched else 0, device=table.device)
+    update(table, rows, grad[:rows.shape[0]], lambda a, b: grad[a:b])
+
+
 class _LazyBagRows:
     """A :class:`_BagRows` made on first use (a call or :meth:`prefetch`): the dense
     step's product over every table row, whose pointers a lazy step never needs."""

@@ -243,8 +243,9 @@ class SplitOptimizer(Optimizer):
                         raise RuntimeError(
                             f"optimizers[{name!r}] is SparseAdam, which takes sparse gradients "
                             f"only, got a dense one for a parameter of shape {tuple(p.shape)} "
-                            f"(a layer without sparse_grad=True, or a SparseOutputLinear called "
-                            f"without a pattern); nnsparse.optim.LazyAdam takes both "
+                            f"(a layer without sparse_grad=True, or one run under torch.compile, "
+                            f"torch.jit.trace or with a parametrized weight); "
+                            f"nnsparse.optim.LazyAdam takes both "
                             f"(no parameter was changed)")
                     if p.grad.is_sparse and not takes_sparse:
                         raise RuntimeError(

@@ -396,9 +396,11 @@ class DistributedDataParallel(_TORCH_DDP):
     reduced as a sparse tensor (gloo's sparse all-reduce, or the registered
     comm hook).  Everything else is torch's DDP.
 
-    A ``SparseOutputLinear(sparse_grad=True)`` must be given a pattern in
-    every training step (without one its gradients are dense, which DDP
-    refuses for a parameter declared sparse).
+    A ``SparseOutputLinear(sparse_grad=True)`` without a pattern, and a
+    ``SparseLinearBatch(sparse_grad=True)`` given a dense input, give sparse
+    gradients over every row; under ``torch.compile``, ``torch.jit.trace``, in
+    ``torch.func`` transforms or with a parametrized weight their gradients
+    are dense, which DDP refuses for a parameter declared sparse.
 
     Raises:
         TypeError: ``module`` not an ``nn.Module``; an argument torch's DDP does

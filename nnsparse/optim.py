@@ -804,8 +804,10 @@ def _sparse_layers(model: nn.Module) -> List[Tuple[str, _SparseLayer, Tensor, Te
             continue
         if param.requires_grad:
             if not table.is_contiguous():  # the rows are updated in place
-                from .layers.linear import _NOT_COLUMN_MAJOR
-                raise ValueError(_NOT_COLUMN_MAJOR.format(name=name or type(module).__name__))
+                from .layers.linear import _NOT_COLUMN_MAJOR, _NOT_ROW_MAJOR
+                layout = (_NOT_ROW_MAJOR if isinstance(module, SparseOutputLinear)
+                          else _NOT_COLUMN_MAJOR)
+                raise ValueError(layout.format(name=name or type(module).__name__))
             name = name or type(module).__name__
             shared = owner.setdefault(id(param), name)
             if shared != name:
@@ -995,10 +997,11 @@ class InBackwardOptimizer(Optimizer):
       weight a ``.grad`` nothing applies), raises ``RuntimeError`` naming the
       layer, before anything is updated.  ``remove()`` this optimiser and use
       ``torch.optim`` or :class:`LazyAdam` there (``docs/ecosystem.md``).
-    * A dense input to a ``SparseLinearBatch``, or no pattern for a
-      ``SparseOutputLinear``, while gradients are enabled, raises
-      ``NotImplementedError`` (the weight would get a gradient no optimiser
-      applies); under ``torch.no_grad()`` they work for inference.
+    * A dense (strided) input to a ``SparseLinearBatch``, or no pattern for a
+      ``SparseOutputLinear`` (the dense output), specifies every entry: the
+      backward steps every row of the weight from its dense gradient (none
+      for an input of no rows), the step a sparse batch or pattern holding
+      every entry explicitly gives, with the same checks.
     * Not combinable with ``DistributedDataParallel`` (the in-backward rows
       are updated from each process's local gradient, never all-reduced):
       refused for a DDP-wrapped model, and (``NotImplementedError``) at a layer's
@@ -1052,7 +1055,9 @@ class InBackwardOptimizer(Optimizer):
       contiguous): one whose ``.data`` was replaced row-major (``prune.remove``
       leaves it so) raises ``RuntimeError`` at a training forward that would step
       it, naming the way round (``weight.data = weight.t().contiguous().t()``);
-      frozen or under ``torch.no_grad()`` it is read as it is.
+      frozen or under ``torch.no_grad()`` it is read as it is.  A
+      ``SparseOutputLinear``'s weight must stay contiguous (its rows are the
+      table; ``weight.data = weight.contiguous()`` restores it).
     * A sparse layer whose weight has ``requires_grad=False`` is left alone
       (no state, nothing in its backward); its trainable bias, if any, goes
       to :attr:`dense`.  With every sparse weight frozen, :attr:`dense`
@@ -1709,8 +1714,9 @@ def apply_optimizer_in_backward(model: nn.Module, optimizer: str = "adam", *,
             ``SparseLinearBatch`` or ``SparseOutputLinear`` in ``model`` (frozen
             ones count), no parameter of ``model`` that requires grad, a
             layer already attached to another one, or a trained layer's weight not
-            stored as the layer made it (``weight.t()`` contiguous: a row-major
-            Parameter assigned).
+            stored as the layer made it (a ``SparseLinearBatch``'s ``weight.t()``
+            contiguous: a row-major Parameter assigned; a ``SparseOutputLinear``'s
+            ``weight`` contiguous).
         NotImplementedError: ``model`` is wrapped in ``DistributedDataParallel``, a
             sparse layer's weight is shared with another module (tied weights), or
             is parametrized or pruned and requires grad.

@@ -363,10 +363,7 @@ def test_refusals():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="each forward is one optimiser step"):
         loss.backward()
-    with pytest.raises(NotImplementedError, match="a dense input with the optimiser"):
-        model.enc(x.to_dense())
-    with pytest.raises(NotImplementedError, match=r"a dense output \(pattern=None\)"):
-        model.dec(torch.randn(2, HIDDEN, dtype=torch.float64))
+    # (a dense input and no pattern step every row: tests/test_dense_in_backward.py)
     with torch.no_grad():  # inference is fine
         assert model.dec(model.enc(x.to_dense())).shape == (2, OUT)
     with pytest.raises(ValueError, match="already has an optimiser in the backward"):
@@ -1402,3 +1399,44 @@ def test_step_takes_the_legitimate_ways_to_a_weights_gradient():
     _loss(model, x, y).backward()
     opt.step()
     assert model.enc.weight.grad is None and model.dec.weight.grad is None
+
+
+def _copying_hooks(device):
+    """Saved-tensor hooks that unpack a copy: ``save_on_cpu`` on a GPU (on the CPU it keeps
+    the tensor itself), else a hook that clones, as an offloading or compressing one does."""
+    if device == "cuda":
+        return torch.autograd.graph.save_on_cpu(pin_memory=True)
+    return torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sparse_grad", [False, True])
+@pytest.mark.parametrize("dense", [False, True], ids=["sparse batch", "dense input"])
+def test_saved_tensor_hooks_that_copy_still_step_the_weight(dense, sparse_grad, device):
+    """The step writes the weight the forward read, not what save_for_backward's hooks give
+    back: with a copy, every step was lost (the weight unmoved, the state advanced)."""
+    gen = torch.Generator().manual_seed(11)
+    x = _batch(gen, 3, IN, 0.5, device, full=True).coalesce()
+    y = _batch(gen, 3, OUT, 0.5, device, full=True).coalesce()
+    if dense:  # the dense input and the dense output: every entry
+        x, y = x.to_dense(), y.to_dense()
+    model, ref = _models(device, sparse_grad=sparse_grad)
+    opts = [noptim.apply_optimizer_in_backward(m, "adam", lr=0.05) for m in (model, ref)]
+    before = [p.detach().clone() for p in model.parameters()]
+
+    def loss(m):
+        out = m(x, None if dense else y)
+        return (out - y).square().sum() if dense else _loss(m, x, y)
+    for _ in range(2):
+        for m, opt in zip((model, ref), opts):
+            opt.zero_grad()
+            if m is model:
+                with _copying_hooks(device):
+                    out = loss(m)
+            else:
+                out = loss(m)
+            out.backward()
+            opt.step()
+    for (name, p), q, old in zip(model.named_parameters(), ref.parameters(), before):
+        assert not torch.equal(p, old), name
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12, msg=name)

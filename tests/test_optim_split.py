@@ -204,7 +204,8 @@ def _split_case():
 
 def test_a_step_a_part_would_refuse_changes_no_parameter():
     model, opt = _split_case()
-    model(torch.randn(2, 4)).sum().backward()  # no pattern: a dense decoder gradient
+    model[1].sparse_grad = False  # switched after the split: a dense decoder gradient
+    model(torch.randn(2, 4)).sum().backward()
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(RuntimeError, match=r"optimizers\['sparse'\] is SparseAdam, which takes "
                                            r"sparse gradients only.*no parameter was changed"):

@@ -240,13 +240,6 @@ def test_autocast_dense_input_gives_sparse_gradients_in_the_parameters_dtype():
         assert p.grad.layout == torch.sparse_coo and p.grad.dtype == torch.float32
 
 
-def test_in_backward_optimiser_still_refuses_a_dense_input():
-    layer = nnsparse.SparseLinearBatch(6, 3, sparse_grad=True)
-    nnsparse.optim.apply_optimizer_in_backward(layer, "sgd", lr=0.1)
-    with pytest.raises(NotImplementedError, match="a dense input with the optimiser"):
-        layer(torch.randn(2, 6))
-
-
 def test_parametrized_weight_t_keeps_dense_gradients_for_a_dense_input():
     """torch's parametrizations refuse a sparse gradient: a dense input runs as before."""
     layer = nnsparse.SparseLinearBatch(6, 3, sparse_grad=True)

@@ -17,7 +17,8 @@ from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_choic
                       as_flag, as_int, as_sparse_batch, dtype_got, empty_batch,
                       move_structure, no_rows)
 from .._load import check_state_dict
-from .._kernels import _csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_rows_of
+from .._kernels import (_csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_every_row,
+                        _update_rows_of)
 from .._ops import SparseParts, linear_parts
 
 __all__ = ["SparseLinearBatch", "sparse_linear"]
@@ -78,6 +79,7 @@ class _SparseLinear(torch.autograd.Function):
         # plain objects on ctx: the optimiser in the backward and the cached structures
         ctx.update, ctx.pattern = update, pattern
         ctx.updates = update.updates if update is not None else 0
+        _keep_stepped(ctx, table, update)
         _watch_forward(ctx, update)
 
     @staticmethod
@@ -97,11 +99,22 @@ class _SparseLinear(torch.autograd.Function):
             if ctx.sparse_grad and update is None:  # SparseAdam wants sparse
                 grad_bias = _grad_origin.mark_made(_bias_as_sparse(grad_bias, grad.shape[0]))
         if use == _STEP:
-            _update_rows_of(update, table.detach(), ctx.pattern, grad, values)
+            _update_rows_of(update, ctx.stepped.detach(), ctx.pattern, grad, values)
         elif use == _GRAD:  # dense, as the in-backward mode gives the bias
             grad_table = _table_grad(row, col, values, grad, table.shape[0],
                                      ctx.sparse_grad and update is None, ctx.pattern)
         return grad_values, grad_table, grad_bias, None, None, None, None, None, None
+
+
+def _keep_stepped(ctx: Any, table: Tensor, update: Any) -> None:
+    """Keep on ``ctx`` the table a layer's backward steps in place (``ctx.stepped``; with
+    no optimiser in the backward, ``None``): the very tensor the forward read, the
+    Parameter or its view, as a plain attribute.  What ``save_for_backward`` gives back
+    is read (the input's gradient, before the step), never written: a
+    ``saved_tensors_hooks`` pair may unpack a copy (``torch.autograd.graph.save_on_cpu``
+    on a GPU, an offloading or compressing hook), and the step would have updated that
+    copy, lost, while the optimiser's state and step count advanced."""
+    ctx.stepped = table if update is not None else None
 
 
 def _bias_as_sparse(grad_bias: Tensor, rows: int) -> Tensor:
@@ -180,6 +193,74 @@ def _batched(grad: Tensor) -> bool:
     legacy vmap; both private; a torch without them: no)."""
     legacy = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
     return _in_functorch() or (legacy is not None and bool(legacy(grad)))
+
+
+class _DenseStep(torch.autograd.Function):
+    """``F.linear`` of a dense (strided) input for a layer with the optimiser in the
+    backward, whose backward steps every row of the weight (none for an input of no rows)
+    from its dense gradient, as for the sparse batch holding every entry explicitly
+    (:func:`~nnsparse._kernels._update_every_row`), and gives the weight no gradient (the
+    bias a dense one, as the sparse kernels give it in this mode).
+
+    ``weight``: the table the update steps, ``(in, out)`` (``SparseLinearBatch``'s
+    ``weight_t`` or ``weight.t()``) or, ``out_major``, ``(out, in)``
+    (``SparseOutputLinear``'s ``weight``).  Its input positions (input, weight, bias) are
+    ``_SparseLinear``'s, so that :func:`_weight_use`, :func:`_watch_forward` and the
+    refusals they make (stale, used twice, recorded) read it alike.  Under autocast the
+    forward's product runs in the autocast dtype; the backward computes the gradients in
+    the incoming gradient's dtype and returns each in its tensor's dtype, as autograd of
+    ``F.linear`` gives them.
+    """
+
+    @staticmethod
+    def forward(input: Tensor, weight: Tensor, bias: Optional[Tensor], out_major: bool,
+                update: Any) -> Tensor:
+        return F.linear(input, weight if out_major else weight.t(), bias)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+        input, weight, bias, out_major, update = inputs
+        ctx.save_for_backward(input, weight)
+        ctx.has_bias, ctx.out_major = bias is not None, out_major
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.update, ctx.updates = update, update.updates
+        _keep_stepped(ctx, weight, update)
+        _watch_forward(ctx, update)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
+        update = ctx.update
+        use = _weight_use(ctx, update)  # step, skip, or hand autograd.grad the gradient
+        if torch.is_grad_enabled():  # create_graph=True: refused where it would step
+            _refuse_recorded_update(ctx, use)
+        input, weight = ctx.saved_tensors
+        w = weight if ctx.out_major else weight.t()  # (out, in)
+        rows = math.prod(input.shape[:-1])  # (a width of 0 leaves -1 ambiguous)
+        g = grad.reshape(rows, w.shape[0])
+        grad_input = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:  # before the step: it reads the weight
+            grad_input = (grad @ w.to(grad.dtype)).to(input.dtype)
+        if use != _NONE:
+            x = input.reshape(rows, w.shape[1]).to(grad.dtype)
+            grad_weight = (g.t() @ x if ctx.out_major else x.t() @ g).to(weight.dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = g.sum(0).to(ctx.bias_dtype)
+        if use == _STEP:
+            assert grad_weight is not None
+            _update_every_row(update, ctx.stepped.detach(), grad_weight.contiguous(),
+                              rows > 0)
+            grad_weight = None
+        return grad_input, grad_weight, grad_bias, None, None
+
+
+def _dense_step(input: Tensor, weight: Tensor, bias: Optional[Tensor], out_major: bool,
+                update: Any) -> Tensor:
+    """:class:`_DenseStep` of a checked input and weight (``SparseLinearBatch``'s table
+    contiguous: the update writes it in place, as the sparse kernels' step needs it)."""
+    if not out_major and not weight.is_contiguous():
+        raise RuntimeError(_NOT_COLUMN_MAJOR.format(name=update.name))
+    return cast(Tensor, _DenseStep.apply(  # type: ignore[no-untyped-call]
+        input, weight, bias, out_major, update))
 
 
 class _NoOutputs(torch.autograd.Function):
@@ -507,11 +588,12 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
                                                and torch.is_autocast_enabled(input.device.type)):
             raise ValueError(f"input must have the weight's dtype {table.dtype}, "
                              f"got {input.dtype}")
-        if update is not None and torch.is_grad_enabled() and table.requires_grad:
-            raise NotImplementedError(
-                f"{update.name}: a dense input with the optimiser in the backward would give "
-                f"the weight a dense gradient that no optimiser applies; pass a sparse batch, "
-                f"or run under torch.no_grad() for inference")
+        if (update is not None and torch.is_grad_enabled() and table.requires_grad
+                and table.shape[1] > 0):
+            # every entry specified: every row of the table stepped in the backward from
+            # its dense gradient, as for the sparse batch holding every entry (none for no
+            # rows; no outputs: F.linear, as the sparse batch gets)
+            return _dense_step(input, table, bias, False, update)
         if sparse_grad and update is None and torch.is_grad_enabled():
             # every entry specified: every row of the table and of the bias touched (none
             # for no rows; the table's none for no outputs, as _NoOutputs gives)
@@ -574,6 +656,16 @@ _NOT_COLUMN_MAJOR = (
     "the same Parameter, with `with torch.no_grad(): layer.weight.data = "
     "layer.weight.t().contiguous().t()`, and load values later by copying them in "
     "(`layer.weight.copy_(w)`) rather than assigning")
+# SparseOutputLinear's table is its (out, in) weight itself: the row update reads and writes
+# it as a contiguous table, and torch's fused CPU Adam and Adagrad kernels step a strided
+# parameter wrong (each element from another element's gradient and state)
+_NOT_ROW_MAJOR = (
+    "{name}: the optimiser in the backward updates the weight in place and needs it stored "
+    "as the layer made it (weight contiguous, row-major (out_features, in_features)); it "
+    "holds another layout (a new Parameter assigned, or weight.data replaced by a "
+    "transposed tensor): restore the layout in place, the same Parameter, with `with "
+    "torch.no_grad(): layer.weight.data = layer.weight.contiguous()`, and load values "
+    "later by copying them in (`layer.weight.copy_(w)`) rather than assigning")
 
 
 def _state_without_update(module: nn.Module) -> Dict[str, Any]:

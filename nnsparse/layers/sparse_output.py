@@ -15,6 +15,7 @@ backward reuse it rather than sort again (see ``docs/sparse_batch.md``).
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Optional, Tuple, Union, cast, overload
 
 import torch
@@ -28,12 +29,14 @@ from .._load import check_state_dict
 from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
-from .linear import (_GRAD, _STEP, _check_layer_args, _check_not_narrower, _check_parameters,
-                     _check_weight_bias, _has_bias, _parameter, _refuse_recorded_update,
-                     _refuse_sparse_grad_parametrized, _refuse_update_in_transform,
-                     _refuse_update_misuse, _refuse_update_on_parts,
-                     _refuse_update_parametrized, _state_with_no_update,
-                     _state_without_update, _watch_forward, _weight_read_once, _weight_use)
+from .linear import (_GRAD, _NOT_ROW_MAJOR, _STEP, _check_layer_args, _check_not_narrower,
+                     _check_parameters, _check_weight_bias, _dense_step, _has_bias,
+                     _keep_stepped, _parameter, _parametrized_table,
+                     _refuse_recorded_update, _refuse_sparse_grad_parametrized,
+                     _refuse_update_in_transform, _refuse_update_misuse,
+                     _refuse_update_on_parts, _refuse_update_parametrized,
+                     _state_with_no_update, _state_without_update, _watch_forward,
+                     _weight_read_once, _weight_use, _with_sparse_grad)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
 
@@ -68,6 +71,7 @@ class _SampledLinear(torch.autograd.Function):
         # plain objects on ctx: the optimiser in the backward and the cached structures
         ctx.update, ctx.pattern = update, pattern
         ctx.updates = update.updates if update is not None else 0
+        _keep_stepped(ctx, weight, update)
         _watch_forward(ctx, update)
 
     @staticmethod
@@ -87,7 +91,7 @@ class _SampledLinear(torch.autograd.Function):
             grad_h = _table_mm(ctx.pattern, col, weight, crow, grad)
         need_w, need_b = use == _GRAD, ctx.has_bias and ctx.needs_input_grad[2]
         if use == _STEP:  # after grad_h: it reads the weight before the step
-            _update_rows_of(update, weight.detach(), ctx.pattern, h, grad)
+            _update_rows_of(update, ctx.stepped.detach(), ctx.pattern, h, grad)
         if need_w and not ctx.sparse_grad:  # (with the optimiser in the backward: dense)
             # the dense gradient in one pass over every output column (no
             # distinct columns to count: no host synchronisation on a GPU)
@@ -187,7 +191,12 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         sparse_grad (bool): give ``weight`` a sparse gradient (hybrid COO, one
             sparse dimension over ``weight``'s rows, like ``nn.Embedding``'s)
             holding only the rows (output columns) the pattern touches, and
-            ``bias`` a sparse COO gradient over the same columns.  Usable with
+            ``bias`` a sparse COO gradient over the same columns.  Without a
+            pattern every output is computed, so every row of ``weight`` and
+            every bias entry is touched (none for an input of no rows), as by
+            a pattern holding every entry; inside ``torch.func`` transforms, a
+            backward under ``vmap``, ``torch.compile`` and ``torch.jit.trace``
+            the gradients are then ``F.linear``'s dense ones.  Usable with
             :class:`nnsparse.optim.LazyAdam`, ``torch.optim.SparseAdam`` and
             ``torch.optim.SGD`` (without momentum or weight decay).
 
@@ -237,6 +246,11 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
         raise TypeError(f"input must be a dense tensor, got "
                         f"{input.layout if isinstance(input, Tensor) else type(input).__name__}")
     _refuse_update_in_transform(update, weight)
+    if (update is not None and torch.is_grad_enabled() and weight.requires_grad
+            and not weight.is_contiguous()):
+        # the update steps the rows of weight in place, as a contiguous table (a weight
+        # that gets no step, frozen or under no_grad, is read as it is)
+        raise RuntimeError(_NOT_ROW_MAJOR.format(name=update.name))
     if input.dim() == 0 or input.shape[-1] != weight.shape[1]:
         got = input.shape[-1] if input.dim() else "a 0-d tensor"
         raise ValueError(f"input must have {weight.shape[1]} features (in_features), got {got}")
@@ -251,10 +265,16 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
             raise ValueError(f"{arg} must be on input's device {input.device}, got {t.device}")
     if pattern is None:
         if update is not None and torch.is_grad_enabled() and weight.requires_grad:
-            raise NotImplementedError(
-                f"{update.name}: a dense output (pattern=None) with the optimiser in the "
-                f"backward would give the weight a dense gradient that no optimiser applies; "
-                f"pass the target's pattern, or run under torch.no_grad() for inference")
+            # every output computed: every row of weight stepped in the backward from its
+            # dense gradient, as for a pattern holding every entry (none for no rows)
+            return _dense_step(input, weight, bias, True, update)
+        if sparse_grad and update is None and torch.is_grad_enabled():
+            # every output of every row computed, as by a pattern holding every entry: every
+            # row of weight (an output column; in_features == 0 too) and every bias entry
+            # touched, none for no rows (F.linear's dense gradient, handed on as sparse)
+            touched = math.prod(input.shape[:-1]) > 0
+            weight = cast(Tensor, _with_sparse_grad(weight, touched))
+            bias = _with_sparse_grad(bias, touched)
         return F.linear(input, weight, bias)
     if not input.is_floating_point():
         # torch's sampled product (sparse_sampled_addmm) has floating kernels only
@@ -317,8 +337,14 @@ class SparseOutputLinear(nn.Linear):
         out_features (int): size of each output row (the catalogue).
         bias (bool): learn an additive bias.  Default: ``True``.
         sparse_grad (bool): sparse gradients for ``weight`` and ``bias``,
-            holding only the output columns a batch's pattern touched; with a
-            dense output (no pattern) the gradients are dense.  Default: ``False``.
+            holding only the output columns a batch's pattern touched.  A dense
+            output (no pattern) computes every output column, so it touches
+            every row of ``weight`` and every bias entry (none for an input of
+            no rows), as a pattern holding every entry does; inside
+            ``torch.func`` transforms, a backward under ``vmap``,
+            ``torch.compile`` and ``torch.jit.trace``, and for a parametrized
+            ``weight``, its gradients are ``F.linear``'s dense ones.
+            Default: ``False``.
         device (torch.device, optional), dtype (torch.dtype, optional): of the
             parameters, as ``nn.Linear``'s factory keywords.  Default: torch's.
 
@@ -395,8 +421,11 @@ class SparseOutputLinear(nn.Linear):
         # assigned since __init__ checked it? (a numpy bool passes, used as its truth)
         as_flag(self.sparse_grad, "sparse_grad")
         _refuse_update_misuse(self, self._row_update, self.weight)
-        if pattern is not None:  # (without a pattern: F.linear, dense gradients)
+        sparse_grad = self.sparse_grad
+        if pattern is not None:
             _refuse_sparse_grad_parametrized(self, "weight")
+        elif _parametrized_table(self, "weight"):  # (torch's parametrizations refuse a
+            sparse_grad = False  # sparse gradient) no pattern: F.linear's dense gradients
         if isinstance(pattern, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): a custom operator
             # over plain tensors; returns a SparseParts with pattern's entries.
@@ -408,10 +437,10 @@ class SparseOutputLinear(nn.Linear):
             # AMP: a lower-precision input (an autocast GEMM's output) meets the
             # sampled product in the weight's dtype, as the custom operator does.
             input = input.to(self.weight.dtype)
-        if self.sparse_grad and pattern is not None:  # LazyAdam then trusts their gradients
+        if sparse_grad:  # LazyAdam then trusts the sparse gradients this layer makes
             _grad_origin.watch(self, "weight")
             _grad_origin.watch(self, "bias")
-        return _sampled_linear(input, self.weight, self.bias, pattern, self.sparse_grad,
+        return _sampled_linear(input, self.weight, self.bias, pattern, sparse_grad,
                                self._row_update)
 
     def extra_repr(self) -> str:
