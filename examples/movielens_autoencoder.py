@@ -355,9 +355,10 @@ def run_one(p, args, train, test) -> Dict[str, Any]:
     try:
         scores = model.evaluate(test)
     except ValueError as error:  # a loaded model read with other ids than its training's
-        p.error(f"cannot evaluate the model on these ratings: {error}"
-                + (f" (--load {args.load}: give the --ratings it was trained on)"
-                   if args.load else ""))
+        if not args.load:  # (a model trained here on these ratings: a bug, not a usage error)
+            raise
+        p.error(f"cannot evaluate the model on these ratings: {error} "
+                f"(--load {args.load}: give the --ratings it was trained on)")
     counts = scores["fallback_counts"]
     nd.main_print(f"{scores['fallback']} of {scores['count']} test ratings predicted by a mean "
           f"(item mean {counts['item_mean']}, user mean {counts['user_mean']}, "

@@ -108,6 +108,27 @@ def test_a_loaded_model_on_other_ratings_is_a_usage_error(tmp_path, capsys):
     assert f"(--load {model}: give the --ratings it was trained on)" in err
 
 
+def test_an_evaluation_error_of_a_model_trained_here_is_no_usage_error(monkeypatch):
+    """Without ``--load`` the model was trained on these ratings' maps: a ``ValueError`` of
+    ``evaluate`` is a bug to show (its traceback), not turned into a usage error."""
+    main = _load("movielens_autoencoder").main
+    from nnsparse.models import RatingModel
+
+    fit = RatingModel.fit
+
+    def fit_then_break(self, *args, **kwargs):  # (fit's validation evaluates too)
+        fit(self, *args, **kwargs)
+
+        def broken(ratings):
+            raise ValueError("a bug in evaluate")
+        self.evaluate = broken
+        return self
+
+    monkeypatch.setattr(RatingModel, "fit", fit_then_break)
+    with pytest.raises(ValueError, match="^a bug in evaluate$"):
+        main(TINY + ["--epochs", "1"])
+
+
 def test_movielens_autoencoder_folds_directory_without_format(tmp_path, capsys):
     """``--folds ml-100k/`` (u1..uN pairs) as before, now with no --format: detected."""
     main = _load("movielens_autoencoder").main
