@@ -83,9 +83,9 @@ class SparseRow(metaclass=_RowType):
         return SparseRow, (self.indices, self.values)
 
 
-# (layout, index and value tensors, shape, whether the tensor was checked or trusted)
-# (layout, index tensors, shape, checked, coalesced); a pickle of an older version
-# has no coalesced, which a checked COO batch then implied (collate's)
+# (layout, index and value tensors, shape, whether the tensor was checked or trusted,
+# and for COO its is_coalesced()); a COO pickle of an older version has no coalesced,
+# which a checked batch then implied (collate's)
 _Parts = Optional[Tuple[Any, ...]]
 
 
