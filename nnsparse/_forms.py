@@ -59,7 +59,7 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
            "check_int64", "int64_message", "check_numel", "as_device", "holds_exactly",
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device",
            "no_rows", "empty_batch", "EMPTY_ROWS_TENSOR", "EMPTY_ROWS_WAY_ROUND",
-           "int_of_0d", "int_kind", "is_int", "lua_pairs_hint", "check_coalesced_claim"]
+           "int_of_0d", "int_kind", "is_int", "lua_pairs_hint", "check_coo_indices"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -630,23 +630,8 @@ def _coo_structure(x: Tensor, name: str, check: bool) -> _Attached:
     index = x._indices()
     if check:
         _index.count("validate")
-        if index.shape[1]:
-            # min and max of every dimension, and for a tensor marked coalesced the
-            # entries that break that claim, read back in one host sync (nothing more
-            # for a tensor not so marked)
-            claim = [_index.not_increasing(index).reshape(1)] if x.is_coalesced() else []
-            stats = torch.cat([index.amin(1), index.amax(1), *claim]).tolist()
-            dims = x.sparse_dim()
-            what = ["indices"] if dims == 1 else ["row indices", "column indices"]
-            for d in range(dims):
-                lo, hi = stats[d], stats[dims + d]
-                if lo < 0:
-                    raise ValueError(f"{name} {what[d]} must be non-negative, got min {lo}")
-                if hi >= x.shape[d]:
-                    raise ValueError(f"{name} {what[d]} must be in [0, {x.shape[d]}), "
-                                     f"got max {hi}")
-            if claim:
-                check_coalesced_claim(stats[-1], name)
+        what = ["indices"] if x.sparse_dim() == 1 else ["row indices", "column indices"]
+        check_coo_indices(index, x.shape, name, what, x.is_coalesced())
     recoalesce = x.requires_grad and not x.is_coalesced()
     source = x.coalesce() if recoalesce else x
     coalesced = source.is_coalesced()
@@ -670,7 +655,30 @@ def _entries(n: int) -> str:
     return f"{n} entr{'y' if n == 1 else 'ies'}"
 
 
-def check_coalesced_claim(bad: int, name: str) -> None:
+def check_coo_indices(index: Tensor, shape: Sequence[int], name: str, what: Sequence[str],
+                      claimed: bool) -> None:
+    """Refuse the COO indices ``index`` ``(dims, nnz)`` of a tensor of ``shape`` where one
+    is negative or past its dimension (``what[d]`` names dimension ``d``), or, where the
+    tensor is marked coalesced (``claimed``), where they are not sorted and unique
+    (:func:`_check_coalesced_claim`).  Every dimension's min and max, and the count
+    against the claim, are read back in one host synchronisation; a tensor not so
+    marked pays for nothing more than the ranges."""
+    if not index.shape[1]:
+        return
+    claim = [_index.not_increasing(index).reshape(1)] if claimed else []
+    stats = torch.cat([index.amin(1), index.amax(1), *claim]).tolist()
+    dims = index.shape[0]
+    for d in range(dims):
+        lo, hi = stats[d], stats[dims + d]
+        if lo < 0:
+            raise ValueError(f"{name} {what[d]} must be non-negative, got min {lo}")
+        if hi >= shape[d]:
+            raise ValueError(f"{name} {what[d]} must be in [0, {shape[d]}), got max {hi}")
+    if claimed:
+        _check_coalesced_claim(stats[-1], name)
+
+
+def _check_coalesced_claim(bad: int, name: str) -> None:
     """Refuse a COO tensor marked coalesced whose indices are not sorted and unique
     (``bad`` entries out of order or repeated, :func:`_index.not_increasing`): torch
     takes ``is_coalesced=True`` (or ``_coalesced_(True)``) on the caller's word, and

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from . import _double, _index
 from ._forms import (_attach_built, _cached, _check_csr, _key, _reusable_after_inference,
-                     as_sparse_batch, check_coalesced_claim, is_pair_list, is_sparse_form,
+                     as_sparse_batch, check_coo_indices, is_pair_list, is_sparse_form,
                      refuse_meta)
 from ._kernels import _csr_rows_mm, _gather_dot, _sampled_mm
 
@@ -223,21 +223,10 @@ def _flat_coo(a: Tensor, name: str) -> _Flat:
     recoalesce = a.requires_grad and not a.is_coalesced()
     source = a.coalesce() if recoalesce else a  # differentiable values need coalesced
     k, i, j = source._indices()
-    if source._indices().shape[1]:
-        # every dimension's min and max, and the entries that break a claim to be
-        # coalesced, in one host sync; only the caller's claim is read (a tensor
-        # coalesced here, by torch, holds it)
-        index = source._indices()
-        claim = [_index.not_increasing(index).reshape(1)] if a.is_coalesced() else []
-        stats = torch.cat([index.amin(1), index.amax(1), *claim]).tolist()
-        for d, what in enumerate(("batch indices", "row indices", "column indices")):
-            if stats[d] < 0:
-                raise ValueError(f"{name} {what} must be non-negative, got min {stats[d]}")
-            if stats[3 + d] >= a.shape[d]:
-                raise ValueError(f"{name} {what} must be in [0, {a.shape[d]}), "
-                                 f"got max {stats[3 + d]}")
-        if claim:
-            check_coalesced_claim(stats[6], name)
+    # only the caller's claim to be coalesced is checked (a tensor coalesced here, by
+    # torch, holds it)
+    check_coo_indices(source._indices(), a.shape, name,
+                      ("batch indices", "row indices", "column indices"), a.is_coalesced())
     row, col, order = k * n + i, k * m + j, None
     if not source.is_coalesced():  # coalesced: sorted by (k, i, j), hence by k n + i
         order = _index.stable_order(row, nb * n)
