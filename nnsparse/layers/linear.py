@@ -77,10 +77,8 @@ class _SparseLinear(torch.autograd.Function):
         ctx.save_for_backward(values, table, row, col, crow)
         ctx.has_bias, ctx.sparse_grad = bias is not None, sparse_grad
         # plain objects on ctx: the optimiser in the backward and the cached structures
-        ctx.update, ctx.pattern = update, pattern
-        ctx.updates = update.updates if update is not None else 0
-        _keep_stepped(ctx, table, update)
-        _watch_forward(ctx, update)
+        ctx.pattern = pattern
+        _record_update(ctx, table, update)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
@@ -106,15 +104,23 @@ class _SparseLinear(torch.autograd.Function):
         return grad_values, grad_table, grad_bias, None, None, None, None, None, None
 
 
-def _keep_stepped(ctx: Any, table: Tensor, update: Any) -> None:
-    """Keep on ``ctx`` the table a layer's backward steps in place (``ctx.stepped``; with
-    no optimiser in the backward, ``None``): the very tensor the forward read, the
-    Parameter or its view, as a plain attribute.  What ``save_for_backward`` gives back
-    is read (the input's gradient, before the step), never written: a
-    ``saved_tensors_hooks`` pair may unpack a copy (``torch.autograd.graph.save_on_cpu``
-    on a GPU, an offloading or compressing hook), and the step would have updated that
-    copy, lost, while the optimiser's state and step count advanced."""
+def _record_update(ctx: Any, table: Tensor, update: Any) -> None:
+    """Record on ``ctx``, at a layer's forward, the optimiser in the backward it may step
+    (``update``, or ``None``): ``ctx.update``, its update count then (``ctx.updates``,
+    which tells a backward whether the table changed since), and ``ctx.stepped``, the
+    table the backward steps in place (``None`` without an optimiser); and watch the
+    forward (:func:`_watch_forward`).
+
+    ``ctx.stepped`` is the very tensor the forward read, the Parameter or its view, as a
+    plain attribute.  What ``save_for_backward`` gives back is read (the input's
+    gradient, before the step), never written: a ``saved_tensors_hooks`` pair may unpack
+    a copy (``torch.autograd.graph.save_on_cpu`` on a GPU, an offloading or compressing
+    hook), and the step would have updated that copy, lost, while the optimiser's state
+    and step count advanced."""
+    ctx.update = update
+    ctx.updates = update.updates if update is not None else 0
     ctx.stepped = table if update is not None else None
+    _watch_forward(ctx, update)
 
 
 def _bias_as_sparse(grad_bias: Tensor, rows: int) -> Tensor:
@@ -223,9 +229,7 @@ class _DenseStep(torch.autograd.Function):
         ctx.save_for_backward(input, weight)
         ctx.has_bias, ctx.out_major = bias is not None, out_major
         ctx.bias_dtype = bias.dtype if bias is not None else None
-        ctx.update, ctx.updates = update, update.updates
-        _keep_stepped(ctx, weight, update)
-        _watch_forward(ctx, update)
+        _record_update(ctx, weight, update)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:

@@ -31,11 +31,11 @@ from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import (_GRAD, _NOT_ROW_MAJOR, _STEP, _check_layer_args, _check_not_narrower,
                      _check_parameters, _check_weight_bias, _dense_step, _has_bias,
-                     _keep_stepped, _parameter, _parametrized_table,
+                     _parameter, _parametrized_table, _record_update,
                      _refuse_recorded_update, _refuse_sparse_grad_parametrized,
                      _refuse_update_in_transform, _refuse_update_misuse,
                      _refuse_update_on_parts, _refuse_update_parametrized,
-                     _state_with_no_update, _state_without_update, _watch_forward,
+                     _state_with_no_update, _state_without_update,
                      _weight_read_once, _weight_use, _with_sparse_grad)
 
 __all__ = ["SparseOutputLinear", "sampled_linear"]
@@ -69,10 +69,8 @@ class _SampledLinear(torch.autograd.Function):
         ctx.has_bias = bias is not None
         ctx.sparse_grad = sparse_grad and update is None
         # plain objects on ctx: the optimiser in the backward and the cached structures
-        ctx.update, ctx.pattern = update, pattern
-        ctx.updates = update.updates if update is not None else 0
-        _keep_stepped(ctx, weight, update)
-        _watch_forward(ctx, update)
+        ctx.pattern = pattern
+        _record_update(ctx, weight, update)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
