@@ -1146,9 +1146,7 @@ class InBackwardOptimizer(Optimizer):
         if self.dense is not None:  # it accumulates: a second backward before step() is refused
             for u in self._updates.values():
                 u.pending = 0
-        group = list(self._updates.values())  # a backward checks them all (used twice)
-        for u in group:
-            u.group = group
+        self._link_tables()
         for name, layer in self._layers:  # attach last: nothing is changed on a failure above
             layer._row_update = self._updates[name]
 
@@ -1208,9 +1206,7 @@ class InBackwardOptimizer(Optimizer):
         self.__dict__.update(state)
         self._init_hooks()
         self._join_state()
-        group = list(self._updates.values())  # (tables pickled before they knew one another)
-        for u in group:
-            u.group = group
+        self._link_tables()  # (tables pickled before they knew one another too)
         for name, layer in self._layers:
             if name in attached:
                 layer._row_update = self._updates[name]
@@ -1296,6 +1292,13 @@ class InBackwardOptimizer(Optimizer):
                 f"nnsparse.optim.LazyAdam or torch.optim; a gradient written by hand or left "
                 f"from before attaching: this optimiser's zero_grad() clears it (call it "
                 f"before the backward), or set weight.grad = None.  Nothing was stepped")
+
+    def _link_tables(self) -> None:
+        """Give every table of this optimiser the list of them all (``TableUpdate.group``):
+        a backward about to step one checks them all for a layer used twice."""
+        group = list(self._updates.values())
+        for u in group:
+            u.group = group
 
     def _end_accumulation(self) -> None:
         """A backward may step the tables again (see ``TableUpdate.pending``)."""
