@@ -15,8 +15,8 @@ an optional, benchmark-only import), restarted each round as those scripts do,
 and prints the test RMSE every ``--every`` rounds, so the two ways of training
 can be compared on the same files.
 
-Run:  python benchmarks/bench_lbfgs.py --train ml-100k/u1.base --test ml-100k/u1.test \
-          --format ml-100k                          # GLocal-K's ML-100K schedule, 30 x 5
+Run:  python benchmarks/bench_lbfgs.py --train ml-100k/u1.base --test ml-100k/u1.test
+                                                    # GLocal-K's ML-100K schedule, 30 x 5
       python benchmarks/bench_lbfgs.py --rounds 20 --iters 50 --l2 70 --l2-kernel 0.018 ...
       python benchmarks/bench_lbfgs.py --scipy --seed 1 ...   # scipy's L-BFGS-B, another init
       python benchmarks/bench_lbfgs.py --quick      # small synthetic data: a smoke run
@@ -116,7 +116,8 @@ def main(argv: Optional[List[str]] = None) -> List[Tuple[int, float, float, floa
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--train", help="a training rating file (with --test)")
     p.add_argument("--test", help="its test file")
-    p.add_argument("--format", choices=FORMATS, default="ml-100k")
+    p.add_argument("--format", choices=("auto",) + FORMATS, default="auto",
+                   help="the files' format (default: auto, detected from --train)")
     p.add_argument("--quick", action="store_true", help="small synthetic data, hidden 16")
     p.add_argument("--rounds", type=int, default=30, help="L-BFGS restarts (GLocal-K: 30)")
     p.add_argument("--iters", type=int, default=5, help="iterations per round (GLocal-K: 5)")

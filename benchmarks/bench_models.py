@@ -11,11 +11,13 @@ then a refit on all of it; the test part is only scored).
 Run:  python benchmarks/bench_models.py                 # every row, 2 threads
       python benchmarks/bench_models.py --quick         # small data, few epochs (a smoke run)
       python benchmarks/bench_models.py --models autorec cfn++
-      python benchmarks/bench_models.py --train ml-100k/u1.base --test ml-100k/u1.test \
-          --format ml-100k                              # the same rows on real files
+      python benchmarks/bench_models.py --train ml-100k/u1.base --test ml-100k/u1.test
+                                                        # the same rows on real files
 
-With ``--train``/``--test`` the rows are measured on those files instead (CFN++
-reads the item genres next to the training file: ``u.item``, ``movies.dat``).
+With ``--train``/``--test`` the rows are measured on those files instead, in the
+format ``--format`` names (default ``auto``: detected from the training file, as
+:func:`nnsparse.data.detect_format` does); CFN++ reads the item genres next to the
+training file in that format: ``u.item``, ``movies.dat``.
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _baselines import biased_mf, dense_autorec  # noqa: E402
 
-from nnsparse.data import (FORMATS, Ratings, mean_prediction, read_item_features,  # noqa: E402
-                           read_split, rmse, split_ratings)
+from nnsparse.data import (FORMATS, Ratings, detect_format, mean_prediction,  # noqa: E402
+                           read_item_features, read_split, rmse, split_ratings)
 from nnsparse.data import synthetic_item_features, synthetic_ratings  # noqa: E402
 from nnsparse.data.readers import _title_file  # noqa: E402
 from nnsparse.models import CFN, AutoRec, KernelNet  # noqa: E402
@@ -57,12 +59,21 @@ def main(argv: List[str] = None) -> Dict[str, Tuple[float, float]]:
     p.add_argument("--no-baselines", action="store_true")
     p.add_argument("--train", help="a training rating file (with --test): real data")
     p.add_argument("--test", help="its test file")
-    p.add_argument("--format", choices=FORMATS, default="ml-100k", help="the files' format")
+    p.add_argument("--format", choices=("auto",) + FORMATS, default="auto",
+                   help="the files' format (default: auto, detected from --train)")
     p.add_argument("--recommend", type=int, default=42,
                    help="print this user's top 10 by the best nnsparse model (-1: none)")
     args = p.parse_args(argv)
     if (args.train is None) != (args.test is None):
         p.error("--train and --test go together")
+    if args.train is not None and args.format == "auto":
+        # a concrete format: the side files (u.item, movies.dat) are that format's
+        try:
+            args.format = detect_format(args.train)
+        except (ValueError, OSError) as error:
+            p.error(f"--format auto (detected from --train): "
+                    f"{str(error).removeprefix('path: ')}; give --format, one of "
+                    f"{', '.join(FORMATS)}")
     torch.set_num_threads(args.threads)
     if args.train is not None:
         train, test = read_split(args.train, args.test, args.format)

@@ -129,9 +129,9 @@ def test_bench_lbfgs_defaults_to_the_models_penalties(capsys):
     assert f"l2 3, l2_kernel {0.006 * grow:.4g}" in capsys.readouterr().out
 
 
-def test_bench_models_runs_on_rating_files(tmp_path):
-    """--train/--test: the ladder on real-format files (ML-100K's u1.base/u1.test and the
-    u.item genres CFN++ reads), written here from generated ratings."""
+def _ml100k_files(tmp_path):
+    """u1.base / u1.test and the u.item genres CFN++ reads, ML-100K's formats, written
+    from generated ratings (40 users x 25 items)."""
     import numpy as np
     rng = np.random.default_rng(0)
     users, items = 40, 25
@@ -143,6 +143,13 @@ def test_bench_models_runs_on_rating_files(tmp_path):
     (tmp_path / "u.item").write_text("".join(
         f"{i}|Film {i} (1995)|01-Jan-1995||http://x|" + "|".join(
             "1" if g == i % 19 else "0" for g in range(19)) + "\n" for i in range(1, items + 1)))
+    return str(tmp_path / "u1.base"), str(tmp_path / "u1.test")
+
+
+def test_bench_models_runs_on_rating_files(tmp_path):
+    """--train/--test: the ladder on real-format files (ML-100K's u1.base/u1.test and the
+    u.item genres CFN++ reads), written here from generated ratings."""
+    _ml100k_files(tmp_path)
     script = os.path.join(ROOT, "benchmarks", "bench_models.py")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, script, "--quick", "--threads", "1",
@@ -157,6 +164,49 @@ def test_bench_models_runs_on_rating_files(tmp_path):
     rmses = [float(line.split("|")[2]) for line in done.stdout.splitlines()
              if line.startswith("| ") and not line.startswith("| model")]
     assert all(0 < r < 5 for r in rmses), done.stdout
+
+
+@pytest.mark.parametrize("script", ["bench_models", "bench_lbfgs"])
+def test_bench_format_auto_is_the_default_and_reads_as_the_explicit_format(tmp_path, script):
+    """--format defaults to auto: on ML-100K files (u1.base/u1.test, and u.item for CFN++'s
+    genres, which bench_models reads in the detected format) the rows are those of
+    --format ml-100k."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_lbfgs
+    import bench_models
+    train, test = _ml100k_files(tmp_path)
+    if script == "bench_models":
+        common = ["--quick", "--threads", "1", "--no-baselines", "--models", "cfn++",
+                  "--train", train, "--test", test]
+        runs = [{k: v[0] for k, v in bench_models.main(common + extra).items()}
+                for extra in ([], ["--format", "auto"], ["--format", "ml-100k"])]
+    else:
+        common = ["--quick", "--rounds", "1", "--iters", "1", "--train", train, "--test", test]
+        runs = [[row[:3] for row in bench_lbfgs.main(common + extra)]
+                for extra in ([], ["--format", "auto"], ["--format", "ml-100k"])]
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0]
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("1,10,4\n", "--format auto (detected from --train): cannot detect the format of {train}: "
+                  "its first line '1,10,4' has 3 comma-separated fields"),
+    ("", "--format auto (detected from --train): {train} holds no ratings (empty file); "
+         "give --format, one of ml-100k"),
+], ids=["three-commas", "empty"])
+def test_bench_models_format_auto_undetectable_is_an_argparse_error(tmp_path, capsys, content,
+                                                                     expected):
+    """A training file whose format cannot be detected: an argparse error naming --train and
+    the reason, before anything is read or trained."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_models
+    train, test = tmp_path / "r.base", tmp_path / "r.test"
+    train.write_text(content)
+    test.write_text("1 10 4\n")
+    with pytest.raises(SystemExit) as raised:
+        bench_models.main(["--train", str(train), "--test", str(test), "--models", "autorec"])
+    assert raised.value.code == 2
+    assert expected.format(train=train) in capsys.readouterr().err
 
 
 def test_ml100k_from_recbole_rebuilds_the_canonical_folds(tmp_path):

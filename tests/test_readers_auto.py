@@ -131,6 +131,27 @@ def test_read_split_detects_the_training_file(tmp_path):
     assert auto[0].titles[:1] == ["Kolya (1996)"]
 
 
+def test_fold_files_detects_each_fold_by_default(tmp_path):
+    """fold_files defaults to "auto", as read_split: the u<N>.base/.test of ML-100K read
+    as with "ml-100k" (titles from u.item too); folds saved in another format read too."""
+    from nnsparse.models import fold_files
+    directory, _, _ = write_layout(tmp_path, "ml-100k")
+    (directory / "u2.base").write_text("196\t242\t3\t881250949\n22\t377\t1\t878887116\n")
+    (directory / "u2.test").write_text("186\t302\t3\t891717742\n")
+    auto, explicit = list(fold_files(directory)), list(fold_files(directory, "ml-100k"))
+    assert len(auto) == len(explicit) == 2
+    assert all(same(a, b) for fa, fb in zip(auto, explicit) for a, b in zip(fa, fb))
+    assert auto[0][0].titles[:1] == ["Kolya (1996)"]
+    spaced = tmp_path / "spaced"  # "user item rating", space-separated: "text", not ml-100k
+    spaced.mkdir()
+    (spaced / "u1.base").write_text("a x 4\nb y 2\n")
+    (spaced / "u1.test").write_text("a y 3\n")
+    (train, test), = fold_files(spaced)
+    assert train.user_map == {"a": 0, "b": 1} and test.rating.tolist() == [3.0]
+    with pytest.raises(ValueError, match="line 1: expected 4 fields, got 3"):
+        list(fold_files(spaced, "ml-100k"))
+
+
 def _gzip(tmp_path):
     path = tmp_path / "ratings.dat"
     path.write_bytes(gzip.compress(b"1::2::3::4\n"))

@@ -69,7 +69,7 @@ def _kfold(ratings: Ratings, k: int, seed: int) -> Iterator[_Fold]:
         yield ratings.subset(~test), ratings.subset(test)
 
 
-def fold_files(directory: Union[str, Path], format: str = "ml-100k") -> Iterator[_Fold]:
+def fold_files(directory: Union[str, Path], format: str = "auto") -> Iterator[_Fold]:
     r"""The published folds of a directory: ``u1.base``/``u1.test`` ... ``uN.base``/``uN.test``.
 
     Each pair is read when its fold starts (:func:`~nnsparse.data.read_split`,
@@ -78,8 +78,10 @@ def fold_files(directory: Union[str, Path], format: str = "ml-100k") -> Iterator
 
     Args:
         directory (str or os.PathLike): holds ``u1.base``, ``u1.test``, ...
-        format (str): as :func:`~nnsparse.data.read_ratings`'s (``"auto"`` too).
-            Default: ``"ml-100k"``.
+        format (str): as :func:`~nnsparse.data.read_split`'s: ``"auto"``
+            (default) detects each fold's format from its ``u<N>.base``
+            (MovieLens-100K's files read as ``"ml-100k"``), or one of
+            :data:`~nnsparse.data.FORMATS`.
 
     Returns:
         Iterator of ``(train, test)`` :class:`~nnsparse.data.Ratings` pairs, in
