@@ -14,6 +14,7 @@ from torch import Tensor
 
 from .convert import _size_from_tensor
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
+                     is_int,
                      check_index_range, check_numel, int64_message, int_kind,
                      KERNEL_DTYPES,
                      refuse_meta_device)
@@ -46,6 +47,8 @@ def _numpy_ints(kind: type = np.integer) -> FrozenSet[type]:
 
 
 _NUMPY_INTS = _numpy_ints()
+# numbers.Integral takes a numpy timedelta64, and a float buffer stores one: no value
+_TIMEDELTA = np.timedelta64
 
 
 # Not _forms.int_of_0d (the counts' and sizes' rule) on purpose: an index also comes as a
@@ -297,7 +300,8 @@ class DynamicSparseTensor:
             return self.append(i, value)
         except (TypeError, OverflowError, ValueError, RuntimeError):  # RuntimeError: a meta tensor
             raise self._entry_error((i,), value) from None
-        if i < 0 or i is True or i is False:  # the buffer takes bools as ints
+        # the buffers take bools as ints, and a float one a numpy timedelta64 as a float
+        if i < 0 or i is True or i is False or value.__class__ is _TIMEDELTA:
             raise self._entry_error((i,), value)
         span = self._range  # the in-range test inline: the call cost 0.2 us per append
         if span is not None and not span[0] <= self._vbuf[j] <= span[1]:
@@ -368,7 +372,8 @@ class DynamicSparseTensor:
             self._vbuf[j] = value
         except (TypeError, OverflowError, ValueError, RuntimeError):
             raise self._entry_error(index, value) from None
-        if min(index) < 0 or bool in map(type, index):  # the buffers take bools as ints
+        # the buffers take bools as ints, and a float one a numpy timedelta64 as a float
+        if min(index) < 0 or bool in map(type, index) or value.__class__ is _TIMEDELTA:
             raise self._entry_error(index, value)
         if self._range is not None:
             self._check_value(self._vbuf[j])
@@ -394,6 +399,11 @@ class DynamicSparseTensor:
         if isinstance(value, Tensor) and value.numel() != 1:
             return ValueError(f"value must be a single number, got a tensor of shape "
                               f"{tuple(value.shape)}")
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+                and not is_int(value):  # a numpy timedelta64, which numbers.Integral takes
+            what = "" if self._float else f" (an int for dtype {self._dtype})"
+            return TypeError(f"value must be a real number{what}, got "
+                             f"{type(value).__name__} {value!r}")
         if isinstance(value, (numbers.Real, Tensor)):
             if not self._float and not isinstance(value, numbers.Integral):
                 return TypeError(f"value must be an int for dtype {self._dtype}, got {value!r}")

@@ -37,7 +37,9 @@ def _check_elem(elem: Any, fill: bool = False) -> Any:
                              "gradient would reach it), got a tensor that does; pass "
                              "elem.detach() or a number")
         elem = elem.item()
-    if isinstance(elem, bool) or not isinstance(elem, numbers.Number):
+    if isinstance(elem, bool) or not isinstance(elem, numbers.Number) \
+            or (isinstance(elem, numbers.Integral) and not is_int(elem)):
+        # (numbers.Integral takes a numpy timedelta64, which torch takes as no number)
         raise TypeError(f"elem must be a number, got {type(elem).__name__} {elem!r}")
     if isinstance(elem, numbers.Integral) and not -2 ** 63 <= int(elem) < 2 ** 63:
         raise ValueError(int64_message("elem", int(elem)))

@@ -334,7 +334,7 @@ OTHER = [
         [(0, (torch.tensor([1.0]), torch.tensor([1.0])))], 4), TypeError,
          r"rows\[0\] indices must be an integer tensor, got torch.float32"),
     Case("SparseRowDataset-float-index", lambda: SparseRowDataset(S)[1.5], TypeError,
-         r"index must be an integer, got float 1.5"),
+         r"index must be an int, got float 1.5"),
     Case("rating_matrix-nan-values", lambda: rating_matrix(_R, values=torch.full((40,), math.nan)),
          ValueError, r"values must be finite, got NaN or inf"),
     Case("SDAE-alpha-nan", lambda: nnsparse.SDAESparseCriterion(nn.MSELoss(), alpha=math.nan),

@@ -384,3 +384,100 @@ def test_an_index_or_shape_refuses_a_timedelta(call, message, unit):
     value = np.timedelta64(3) if unit == "generic" else np.timedelta64(3, unit)
     with pytest.raises((TypeError, ValueError), match=rf"^{message}"):
         call(value)
+
+
+# The remaining numbers.Integral checks of user-facing numbers take the rule too (is_int):
+# a duration is no number of nnsparse.  Before: a float builder stored np.timedelta64(3) as
+# 3.0 and an int one said "value ... does not fit in dtype torch.int64"; MaskCriterion's beta
+# (real_arg) took it as 3.0, and beside a mapping read it as Lua's third argument (an input
+# size); sparsify / densify's elem with a unit reached int()'s unnamed "not
+# 'datetime.timedelta'"; a model class's AUTO_RATINGS took it as 3 ratings.  (id, call, the
+# message before ", got <the value>", or the whole message ending with $)
+def _auto_ratings(n):
+    class Custom(nnsparse.models.KernelNet):
+        AUTO_RATINGS = n
+    return Custom()
+
+
+def _mask(*args, **kwargs):
+    return nnsparse.MaskCriterion(nn.MSELoss(), *args, **kwargs)
+
+
+NUMBERS = [
+    ("SparseRowDataset-getitem", lambda v: _row_dataset()[v], "index must be an int"),
+    ("DynamicSparseTensor.append-float-value", lambda v: nnsparse.DynamicSparseTensor()
+     .append(1, v), "value must be a real number"),
+    ("DynamicSparseTensor.append-int-value",
+     lambda v: nnsparse.DynamicSparseTensor(dtype=torch.int64).append(1, v),
+     r"value must be a real number \(an int for dtype torch.int64\)"),
+    ("DynamicSparseTensor.append-2d-value",
+     lambda v: nnsparse.DynamicSparseTensor(ndim=2).append((1, 2), v),
+     "value must be a real number"),
+    ("DynamicSparseTensor.append-lua-row", lambda v: nnsparse.DynamicSparseTensor()
+     .append([1, v]), "value must be a real number"),
+    ("sparsify-elem", lambda v: sparsify(X, elem=v), "elem must be a number"),
+    ("densify-elem", lambda v: nnsparse.densify(sparsify(X), elem=v), "elem must be a number"),
+    ("MaskCriterion-beta", lambda v: _mask(1.0, v), "beta must be a real number"),
+    ("MaskCriterion-SDAEconf-beta", lambda v: _mask({"alpha": 1.0, "beta": v}),
+     "beta must be a real number"),
+    # not Lua's inputSize (an int): the clash of a mapping and a keyword
+    ("MaskCriterion-SDAEconf-third", lambda v: _mask({"alpha": 1.0}, v),
+     r"MaskCriterion: pass the settings either in one mapping \(Lua's SDAEconf\) or as "
+     r"keywords, not both; got a mapping and beta=$"),
+    ("AUTO_RATINGS", _auto_ratings, "Custom.AUTO_RATINGS must be an int >= 1"),
+]
+
+
+@pytest.mark.parametrize("unit", ["generic", "s"])
+@pytest.mark.parametrize("call, message", [s[1:] for s in NUMBERS], ids=[s[0] for s in NUMBERS])
+def test_a_number_refuses_a_timedelta(call, message, unit):
+    value = np.timedelta64(3) if unit == "generic" else np.timedelta64(3, unit)
+    shown = r"np\.timedelta64\(3\)" if unit == "generic" else rf"np\.timedelta64\(3,'{unit}'\)"
+    if not message.endswith("$"):
+        message += rf", got (timedelta64 )?{shown}$"
+    with pytest.raises((TypeError, ValueError), match=rf"^{message}"):
+        call(value)
+
+
+def test_a_refused_timedelta_value_leaves_the_builder_as_it_was():
+    builder = nnsparse.DynamicSparseTensor()
+    builder.append(0, 1.0)
+    with pytest.raises(TypeError, match="value must be a real number"):
+        builder.append(1, np.timedelta64(3))
+    builder.append(2, 5.0)
+    assert len(builder) == 2
+    assert torch.equal(builder.build().to_dense(), T([1., 0., 5.]))
+
+
+# ... and still take what they took: a numpy int, a bool where a number is one (not an index
+# nor a count), a Python int; Lua's inputSize is still named beside a mapping.  (id, call,
+# value, the message or None: no error)
+NUMBERS_STILL = [
+    ("SparseRowDataset-getitem-np.int64", lambda v: _row_dataset()[v], np.int64(1), None),
+    ("SparseRowDataset-getitem-0d", lambda v: _row_dataset()[v], T(1), None),
+    ("SparseRowDataset-getitem-bool", lambda v: _row_dataset()[v], True,
+     r"^index must be an int, got bool True$"),
+    ("DynamicSparseTensor.append-int-np.int64",
+     lambda v: nnsparse.DynamicSparseTensor(dtype=torch.int64).append(1, v), np.int64(3), None),
+    ("DynamicSparseTensor.append-float-np.float32",
+     lambda v: nnsparse.DynamicSparseTensor().append(1, v), np.float32(3), None),
+    ("sparsify-elem-np.int64", lambda v: sparsify(X, elem=v), np.int64(3), None),
+    ("MaskCriterion-beta-np.int64", lambda v: _mask(1.0, v), np.int64(3), None),
+    ("MaskCriterion-SDAEconf-inputSize", lambda v: _mask({"alpha": 1.0}, v), 5,
+     r"^MaskCriterion\(criterion, SDAEconf\) takes no input size"),
+    ("MaskCriterion-SDAEconf-inputSize-np.int64", lambda v: _mask({"alpha": 1.0}, v),
+     np.int64(5), r"^MaskCriterion\(criterion, SDAEconf\) takes no input size"),
+    ("AUTO_RATINGS-np.int64", _auto_ratings, np.int64(80_000), None),
+    ("AUTO_RATINGS-bool", _auto_ratings, True,
+     r"^Custom.AUTO_RATINGS must be an int >= 1, got True$"),
+]
+
+
+@pytest.mark.parametrize("call, value, message", [s[1:] for s in NUMBERS_STILL],
+                         ids=[s[0] for s in NUMBERS_STILL])
+def test_a_number_still_takes_what_it_took(call, value, message):
+    if message is None:
+        call(value)
+    else:
+        with pytest.raises((TypeError, ValueError), match=message):
+            call(value)

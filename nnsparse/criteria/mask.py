@@ -1,13 +1,12 @@
 """MaskCriterion: hide observed entries of each row and weight a loss by a mask."""
 from __future__ import annotations
 
-import numbers
 from typing import Any, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
-from .._forms import SparseLike, as_sparse_batch, is_sparse_form
+from .._forms import SparseLike, as_sparse_batch, is_int, is_sparse_form
 from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
                            conf_settings, elementwise_loss, generator_arg, non_negative_arg,
                            ratio_arg, resolve_size_average)
@@ -120,7 +119,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
                  size_average: Optional[bool] = None) -> None:
         super().__init__()
         if isinstance(alpha, Mapping):  # Lua's MaskCriterion(criterion, SDAEconf)
-            if isinstance(beta, numbers.Integral) and not isinstance(beta, bool) and beta != 0:
+            if is_int(beta) and beta != 0:  # (not a bool, nor a numpy timedelta64)
                 # Lua's MaskCriterion(criterion, SDAEconf, inputSize): the third argument
                 # lands on beta here, where the generic clash message would puzzle
                 raise TypeError(

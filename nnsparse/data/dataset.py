@@ -9,7 +9,6 @@ process, so ``DataLoader(num_workers=..., pin_memory=True)`` works unchanged.
 """
 from __future__ import annotations
 
-import operator
 from typing import Any, Iterator, List, Optional, Sequence, Tuple, cast
 
 import torch
@@ -471,12 +470,9 @@ class SparseRowDataset(Dataset[Tuple[Any, ...]]):
         return SparseRow(parts[1][begin:end], parts[2][begin:end])
 
     def __getitem__(self, i: int) -> Tuple[Any, ...]:
-        if isinstance(i, bool):
-            raise TypeError("index must be an integer, got bool")
-        try:
-            i = operator.index(i)
-        except TypeError:
-            raise TypeError(f"index must be an integer, got {type(i).__name__} {i!r}") from None
+        # an int, a numpy int or a 0-d integer tensor, as every count: not a bool, nor a
+        # numpy timedelta64 (no int64 check: a larger one is out of range, next)
+        i = as_int(i, "index", expected=None)
         if not -self.rows <= i < self.rows:
             raise IndexError(f"index must be in [-{self.rows}, {self.rows}), got {i}")
         i %= self.rows

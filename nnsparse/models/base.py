@@ -271,7 +271,7 @@ class RatingModel(nn.Module):
                 raise ValueError(f"{where}[{key!r}] must be a positive finite number, got "
                                  f"{value!r}")
         n, e = cls.AUTO_RATINGS, cls.AUTO_EXPONENT
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        if not is_int(n) or n < 1:  # (not a bool, nor a numpy timedelta64)
             raise ValueError(f"{cls.__name__}.AUTO_RATINGS must be an int >= 1, got {n!r}")
         if isinstance(e, bool) or not isinstance(e, numbers.Real) or not math.isfinite(e):
             raise ValueError(f"{cls.__name__}.AUTO_EXPONENT must be a finite number, "
