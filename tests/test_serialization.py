@@ -278,6 +278,43 @@ def test_loaded_ratings_drop_their_caches():
     assert not ratings._known_unique()  # the pairs are checked again where they must be
 
 
+def _forged_unique(load):
+    """Three ratings, user 10's of item 7 twice, whose pair memo claims no pair repeats, as
+    a crafted or edited file could hold it: its tensor versions those ``load`` gives the
+    loaded tensors (a loader writes them: a memo of the saved versions goes stale anyway)."""
+    ratings = nnsparse.data.Ratings(torch.tensor([0, 0, 1]), torch.tensor([0, 0, 1]),
+                                    torch.tensor([4., 3., 5.]), {10: 0, 42: 1}, {7: 0, 9: 1})
+    version = load(torch.tensor([0]))._version
+    ratings._unique = (ratings.user, ratings.item, version, version)
+    return ratings
+
+
+def _pickled(obj):
+    import pickle
+    return pickle.loads(pickle.dumps(obj))
+
+
+# A loaded record takes no uniqueness memo from the file: kfold and the splits check its
+# pairs again and refuse the repeat (else a repeated pair could land in both train and test).
+# (id, the splitter)
+SPLITTERS = [
+    ("kfold", lambda r: next(nnsparse.models.kfold(r, k=2))),
+    ("split_ratings", lambda r: nnsparse.data.split_ratings(r, 0.5)),
+    ("random_split", lambda r: nnsparse.data.random_split(r, 0.3, 0.3)),
+]
+
+
+@pytest.mark.parametrize("load", [_round_trip, _pickled], ids=["torch.load", "pickle"])
+@pytest.mark.parametrize("split", [s for _, s in SPLITTERS], ids=[i for i, _ in SPLITTERS])
+def test_a_loaded_record_forging_unique_pairs_is_refused_by_the_splits(split, load):
+    loaded = load(_forged_unique(load))
+    assert not loaded._known_unique()
+    with pytest.raises(ValueError, match=r"^ratings: 1 \(user, item\) pair rated more than "
+                                         r"once, e.g. user 10 and item 7 \(2 ratings\); keep "
+                                         r"one rating per pair$"):
+        split(loaded)
+
+
 # Not allow-listed: their state records "already checked", which a file must not claim.
 REFUSED = {
     "SparseRowDataset": (_dataset, "SparseRowDataset"),
