@@ -14,7 +14,6 @@ from torch import Tensor
 
 from .convert import _size_from_tensor
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
-                     is_int,
                      check_index_range, check_numel, int64_message, int_kind,
                      KERNEL_DTYPES,
                      refuse_meta_device)
@@ -47,8 +46,19 @@ def _numpy_ints(kind: type = np.integer) -> FrozenSet[type]:
 
 
 _NUMPY_INTS = _numpy_ints()
-# numbers.Integral takes a numpy timedelta64, and a float buffer stores one: no value
-_TIMEDELTA = np.timedelta64
+# The value classes append stores without a second look (a set lookup per append); any
+# other value is asked _is_duration once its buffer took it.  (Not np.timedelta64, which
+# numpy files under np.integer: _NUMPY_INTS holds it.)
+_PLAIN_VALUES = frozenset({float, int, bool, np.float64, np.float32, np.float16}
+                          | _NUMPY_INTS) - {np.timedelta64}
+
+
+def _is_duration(value: Any) -> bool:
+    """Whether ``value`` is a numpy duration, which a float buffer stores as its count (and
+    no builder value is): a ``np.timedelta64`` (``numbers.Integral`` takes one) or a 0-d
+    timedelta64 array (through the array's ``__float__``), a masked one too."""
+    return isinstance(value, np.timedelta64) or (
+        isinstance(value, np.ndarray) and value.dtype.kind == "m")
 
 
 # Not _forms.int_of_0d (the counts' and sizes' rule) on purpose: an index also comes as a
@@ -300,8 +310,9 @@ class DynamicSparseTensor:
             return self.append(i, value)
         except (TypeError, OverflowError, ValueError, RuntimeError):  # RuntimeError: a meta tensor
             raise self._entry_error((i,), value) from None
-        # the buffers take bools as ints, and a float one a numpy timedelta64 as a float
-        if i < 0 or i is True or i is False or value.__class__ is _TIMEDELTA:
+        # the buffers take bools as ints, and a float one a numpy duration as a float
+        if i < 0 or i is True or i is False or (value.__class__ not in _PLAIN_VALUES
+                                                and _is_duration(value)):
             raise self._entry_error((i,), value)
         span = self._range  # the in-range test inline: the call cost 0.2 us per append
         if span is not None and not span[0] <= self._vbuf[j] <= span[1]:
@@ -372,8 +383,8 @@ class DynamicSparseTensor:
             self._vbuf[j] = value
         except (TypeError, OverflowError, ValueError, RuntimeError):
             raise self._entry_error(index, value) from None
-        # the buffers take bools as ints, and a float one a numpy timedelta64 as a float
-        if min(index) < 0 or bool in map(type, index) or value.__class__ is _TIMEDELTA:
+        # the buffers take bools as ints, and a float one a numpy duration as a float
+        if min(index) < 0 or bool in map(type, index) or _is_duration(value):
             raise self._entry_error(index, value)
         if self._range is not None:
             self._check_value(self._vbuf[j])
@@ -399,8 +410,7 @@ class DynamicSparseTensor:
         if isinstance(value, Tensor) and value.numel() != 1:
             return ValueError(f"value must be a single number, got a tensor of shape "
                               f"{tuple(value.shape)}")
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
-                and not is_int(value):  # a numpy timedelta64, which numbers.Integral takes
+        if _is_duration(value):  # (a np.timedelta64 is an Integral to numbers)
             what = "" if self._float else f" (an int for dtype {self._dtype})"
             return TypeError(f"value must be a real number{what}, got "
                              f"{type(value).__name__} {value!r}")

@@ -7,6 +7,7 @@ Until session 16 ``Batchifier.topk`` and ``nnsparse.stopk`` took a 0-d tensor ``
 ``recommend(k=)``, the models' counts and ``kfold``'s ``k`` refused it.
 """
 import functools
+import re
 from typing import Any
 
 import numpy as np
@@ -481,3 +482,42 @@ def test_a_number_still_takes_what_it_took(call, value, message):
     else:
         with pytest.raises((TypeError, ValueError), match=message):
             call(value)
+
+
+# A 0-d timedelta64 array is a duration too: a float builder's buffer read it through the
+# array's __float__ and stored np.array(np.timedelta64(3)) as 3.0 (the scalar was refused);
+# an int one said "value must be a real number, got ndarray" without the value.  numpy's
+# masked array, a subclass, alike.  (id, make the builder and append the value)
+BUILDER_ARRAYS = [
+    ("float", lambda v: nnsparse.DynamicSparseTensor().append(1, v), ""),
+    ("int", lambda v: nnsparse.DynamicSparseTensor(dtype=torch.int64).append(1, v),
+     r" \(an int for dtype torch.int64\)"),
+    ("2d", lambda v: nnsparse.DynamicSparseTensor(ndim=2).append((1, 2), v), ""),
+    ("lua-row", lambda v: nnsparse.DynamicSparseTensor().append([1, v]), ""),
+]
+
+
+@pytest.mark.parametrize("wrap", [np.array, np.ma.masked_array], ids=["ndarray", "masked"])
+@pytest.mark.parametrize("unit", ["generic", "s"])
+@pytest.mark.parametrize("call, dtype", [s[1:] for s in BUILDER_ARRAYS],
+                         ids=[s[0] for s in BUILDER_ARRAYS])
+def test_a_builder_value_refuses_a_0d_timedelta_array(call, dtype, unit, wrap):
+    value = wrap(np.timedelta64(3) if unit == "generic" else np.timedelta64(3, unit))
+    shown = re.escape(f"{type(value).__name__} {value!r}")
+    with pytest.raises(TypeError, match=rf"^value must be a real number{dtype}, got {shown}$"):
+        call(value)
+
+
+# ... while the values a builder stores keep their numbers: a 0-d float or int array, numpy
+# floats and ints, bools, a 0-d tensor.  (value, as stored in a float32 builder)
+BUILDER_VALUES = [(np.array(2.5), 2.5), (np.array(3), 3.0), (np.float64(2.5), 2.5),
+                  (np.float32(2.5), 2.5), (np.int8(3), 3.0), (True, 1.0), (T(2.5), 2.5),
+                  (np.ma.masked_array(2.5), 2.5), (2.5, 2.5), (3, 3.0)]
+
+
+@pytest.mark.parametrize("value, stored", BUILDER_VALUES, ids=[repr(v) for v, _ in BUILDER_VALUES])
+def test_a_builder_value_still_stores_its_number(value, stored):
+    for builder, index in ((nnsparse.DynamicSparseTensor(), 1),
+                           (nnsparse.DynamicSparseTensor(ndim=2), (1, 0))):
+        builder.append(index, value)
+        assert builder.build().to_dense()[index].item() == stored
