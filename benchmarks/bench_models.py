@@ -67,13 +67,13 @@ def main(argv: List[str] = None) -> Dict[str, Tuple[float, float]]:
     if (args.train is None) != (args.test is None):
         p.error("--train and --test go together")
     if args.train is not None and args.format == "auto":
-        # a concrete format: the side files (u.item, movies.dat) are that format's
+        # a concrete format: the side files (u.item, movies.dat) are that format's.  (No
+        # advice to give --format: a file detect_format refuses, missing, empty, compressed
+        # or of 3 comma-separated fields, no format reads.)
         try:
             args.format = detect_format(args.train)
         except (ValueError, OSError) as error:
-            p.error(f"--format auto (detected from --train): "
-                    f"{str(error).removeprefix('path: ')}; give --format, one of "
-                    f"{', '.join(FORMATS)}")
+            p.error(f"--train: {str(error).removeprefix('path: ')}")
     torch.set_num_threads(args.threads)
     if args.train is not None:
         train, test = read_split(args.train, args.test, args.format)

@@ -188,25 +188,36 @@ def test_bench_format_auto_is_the_default_and_reads_as_the_explicit_format(tmp_p
     assert runs[0]
 
 
-@pytest.mark.parametrize("content, expected", [
-    ("1,10,4\n", "--format auto (detected from --train): cannot detect the format of {train}: "
-                  "its first line '1,10,4' has 3 comma-separated fields"),
-    ("", "--format auto (detected from --train): {train} holds no ratings (empty file); "
-         "give --format, one of ml-100k"),
-], ids=["three-commas", "empty"])
+# (id, the training file's text or None: no file, the error after argparse's "error: ")
+UNDETECTABLE = [
+    ("three-commas", "1,10,4\n",
+     "--train: cannot detect the format of {train}: its first line '1,10,4' has 3 "
+     "comma-separated fields, and format 'csv' (MovieLens ratings.csv) has 4, "
+     "userId,movieId,rating,timestamp; no format reads 3 comma-separated fields: save the file "
+     "whitespace-separated, 'user item rating [timestamp]', and give format 'text'\n"),
+    ("empty", "", "--train: {train} holds no ratings (empty file)\n"),
+    ("missing", None, "--train: no rating file at {train} (it does not exist)\n"),
+]
+
+
+@pytest.mark.parametrize("content, expected", [c[1:] for c in UNDETECTABLE],
+                         ids=[c[0] for c in UNDETECTABLE])
 def test_bench_models_format_auto_undetectable_is_an_argparse_error(tmp_path, capsys, content,
                                                                      expected):
     """A training file whose format cannot be detected: an argparse error naming --train and
-    the reason, before anything is read or trained."""
+    the reason, before anything is read or trained; no advice to give --format, which reads
+    none of these files either (the error said "give --format, one of ml-100k, ...")."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_models
     train, test = tmp_path / "r.base", tmp_path / "r.test"
-    train.write_text(content)
+    if content is not None:
+        train.write_text(content)
     test.write_text("1 10 4\n")
     with pytest.raises(SystemExit) as raised:
         bench_models.main(["--train", str(train), "--test", str(test), "--models", "autorec"])
     assert raised.value.code == 2
-    assert expected.format(train=train) in capsys.readouterr().err
+    assert capsys.readouterr().err.endswith(
+        ": error: " + expected.format(train=train))
 
 
 def test_ml100k_from_recbole_rebuilds_the_canonical_folds(tmp_path):
