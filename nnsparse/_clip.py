@@ -9,14 +9,13 @@ in place, without densifying.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any, Iterable, List, Optional, Union, cast
 
 import torch
 from torch import Tensor
 
 from . import _grad_origin
-from ._forms import as_flag
+from ._forms import as_flag, is_real
 
 
 @torch.no_grad()
@@ -157,7 +156,7 @@ def _with_grads(parameters: List[Tensor], foreach: Any, fn: str) -> List[Tensor]
 def _as_float(name: str, value: Any) -> float:
     """``float(value)`` as torch takes ``max_norm`` and ``norm_type``: a real number or a
     one-element real tensor (``'inf'``, a str, is refused: the name says what is wanted)."""
-    if isinstance(value, bool) or not isinstance(value, (numbers.Real, Tensor)) or (
+    if not (is_real(value) or isinstance(value, Tensor)) or (  # (nor a np.timedelta64)
             isinstance(value, Tensor) and (value.numel() != 1 or value.is_complex()
                                            or value.dtype == torch.bool)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")

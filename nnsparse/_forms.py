@@ -1264,6 +1264,15 @@ def is_int(value: Any) -> bool:
         isinstance(value, np.generic) and not int_kind(value.dtype))
 
 
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number as the hyperparameters take one: a
+    ``numbers.Real`` (a Python int or float, a numpy integer or float, a ``Fraction``), not
+    a bool, nor a ``np.timedelta64`` (an Integral, hence a Real, to ``numbers``, which
+    ``float()`` reads as its count: :func:`is_int`'s rule for the integers)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and (
+        is_int(value) or not isinstance(value, numbers.Integral))
+
+
 # as_count's bounds in words, with the low each one means
 _BOUND_WORDS = {"positive": 1, "non-negative": 0}
 

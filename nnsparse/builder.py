@@ -14,6 +14,7 @@ from torch import Tensor
 
 from .convert import _size_from_tensor
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
+                     is_real,
                      check_index_range, check_numel, int64_message, int_kind,
                      KERNEL_DTYPES,
                      refuse_meta_device)
@@ -164,8 +165,9 @@ class DynamicSparseTensor:
         ndim = as_int(ndim, "ndim", expected=None)  # (bounded below: at most _MAX_NDIM)
         if reserve < 0:
             raise ValueError(f"reserve must be non-negative, got {reserve}")
-        if not isinstance(mult_coef, numbers.Real) or isinstance(mult_coef, bool):
-            raise TypeError(f"mult_coef must be a real number, got {type(mult_coef).__name__}")
+        if not is_real(mult_coef):  # (not a bool, nor a numpy timedelta64)
+            raise TypeError(f"mult_coef must be a real number, got {type(mult_coef).__name__} "
+                            f"{mult_coef!r}")
         if not mult_coef > 1:  # also rejects NaN
             raise ValueError(f"mult_coef must be > 1 for the storage to grow, got {mult_coef}")
         if mult_coef == math.inf:

@@ -27,7 +27,7 @@ from torch.optim import Optimizer
 
 from . import _grad_origin, _rowopt
 from ._clip import clip_grad_norm_, clip_grad_value_
-from ._forms import _a, as_choice, as_flag
+from ._forms import _a, as_choice, as_flag, is_real
 
 if TYPE_CHECKING:  # at run time _sparse_layers imports them itself
     from .layers.linear import SparseLinearBatch
@@ -423,7 +423,7 @@ def _check_step(step: Any, name: str) -> None:
                         f"{where}")
     if isinstance(step, Tensor) and step.numel() == 1 and not step.is_complex():
         value = step.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_real(value):  # (not a bool, nor a numpy timedelta64)
         raise TypeError(f"{name} must be a number or a one-element tensor, "
                         f"got {type(step).__name__} {step!r}")
     count = float(value)  # a Real converts (mypy's numbers.Real has no operators)
@@ -1847,7 +1847,7 @@ def fused_step_optimizer(model: nn.Module, lr: float = 1e-3, *,
 
 def _check_real(name: str, value: Any) -> None:
     """A hyperparameter must be a real number (a 0-d tensor counts), not a bool or str."""
-    if isinstance(value, bool) or not isinstance(value, (numbers.Real, Tensor)) or (
+    if not (is_real(value) or isinstance(value, Tensor)) or (  # (nor a np.timedelta64)
             isinstance(value, Tensor) and (value.numel() != 1 or value.is_complex()
                                            or value.dtype == torch.bool
                                            or value.layout != torch.strided)):

@@ -7,7 +7,9 @@ Until session 16 ``Batchifier.topk`` and ``nnsparse.stopk`` took a 0-d tensor ``
 ``recommend(k=)``, the models' counts and ``kfold``'s ``k`` refused it.
 """
 import functools
+import math
 import re
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -521,3 +523,117 @@ def test_a_builder_value_still_stores_its_number(value, stored):
                            (nnsparse.DynamicSparseTensor(ndim=2), (1, 0))):
         builder.append(index, value)
         assert builder.build().to_dense()[index].item() == stored
+
+
+# The hyperparameters and other real numbers that checked numbers.Real alone (a
+# np.timedelta64 is an Integral, hence a Real, to numbers) take the rule too (_forms.is_real):
+# before, np.timedelta64(3) passed as 3 as a Trainer's lr or weight_decay, a model's lr or
+# penalty, a builder's mult_coef, a clip's max_norm, an optimiser's lr, and a timedelta64
+# with a unit reached float()'s unnamed "not 'datetime.timedelta'", numpy's UFuncTypeError
+# (synthetic_ratings' noise, LazyAdam's lr) or a range message.  (id, call, the message
+# before ", got <the value>", or the whole message ending with $)
+def _lin():
+    return nn.Linear(2, 2)
+
+
+def _custom(**attrs):
+    return type("Custom", (nnsparse.models.KernelNet,), attrs)()
+
+
+def _mean_of(v):
+    cv = nnsparse.models.CrossValidation()
+    cv.folds = [{"rmse": v}]
+    return cv.mean()
+
+
+def _validate(v):
+    trainer = Trainer(AutoRec(hidden=4), epochs=1, batch_size=2, lr=0.1, log=None)
+    return trainer.validation_rmse(lambda: v)
+
+
+def _step_of(v):
+    p = nn.Parameter(torch.zeros(2))
+    opt = nnsparse.optim.LazyAdam([p])
+    state = {"state": {0: {"step": v, "exp_avg": torch.zeros(2), "exp_avg_sq": torch.zeros(2)}},
+             "param_groups": opt.state_dict()["param_groups"]}
+    opt.load_state_dict(state)
+
+
+_R = synthetic_ratings(n_users=20, n_items=10, n_ratings=80, seed=0)
+
+REALS = [
+    ("Trainer-lr", lambda v: Trainer(AutoRec(hidden=4), epochs=1, batch_size=2, lr=v),
+     "lr must be a real number"),
+    ("Trainer-min_lr_ratio", lambda v: Trainer(AutoRec(hidden=4), epochs=1, batch_size=2,
+                                               lr=0.1, min_lr_ratio=v),
+     "min_lr_ratio must be a real number"),
+    ("Trainer-weight_decay", lambda v: Trainer(AutoRec(hidden=4), epochs=1, batch_size=2,
+                                               lr=0.1, weight_decay=v),
+     "weight_decay must be a real number"),
+    ("Trainer-validate", _validate, r"validate must return a number \(the validation RMSE\)"),
+    ("AutoRec-lr", lambda v: AutoRec(lr=v), "lr must be a real number"),
+    ("AutoRec-l2", lambda v: AutoRec(l2=v), "l2 must be a real number"),
+    ("KernelNet-l2_kernel", lambda v: nnsparse.models.KernelNet(l2_kernel=v),
+     "l2_kernel must be a real number or 'auto'"),
+    ("AUTO-value", lambda v: _custom(AUTO={"l2": v}), r"Custom.AUTO\['l2'\] must be a positive "
+     r"finite number"),
+    ("AUTO_EXPONENT", lambda v: _custom(AUTO_EXPONENT=v),
+     "Custom.AUTO_EXPONENT must be a finite number"),
+    ("CrossValidation.mean", _mean_of, r"folds\[0\]\['rmse'\] must be a number"),
+    ("split_ratings-ratio", lambda v: nnsparse.data.split_ratings(_R, v),
+     r"ratio must be a number in \[0, 1\)"),
+    ("random_split-test", lambda v: nnsparse.data.random_split(_R, v, 0.1),
+     r"test must be a number in \[0, 1\)"),
+    ("random_split-validation", lambda v: nnsparse.data.random_split(_R, 0.1, v),
+     r"validation must be a number in \[0, 1\)"),
+    ("synthetic_ratings-noise", lambda v: synthetic_ratings(n_users=5, n_items=5, n_ratings=5,
+                                                            noise=v),
+     "noise must be a real number"),
+    ("RatingNormalizer-scale", lambda v: nnsparse.data.RatingNormalizer(_R, scale=(v, 5)),
+     r"scale must be a pair of numbers \(min, max\), got \(np\.timedelta64\(3(,'s')?\), 5\)$"),
+    ("SparseWeightLinear.random-density",
+     lambda v: nnsparse.SparseWeightLinear.random(4, 4, v), "density must be a real number"),
+    ("SparseWeightLinear.from_dense-density",
+     lambda v: nnsparse.SparseWeightLinear.from_dense(_lin(), v), "density must be a real number"),
+    ("DynamicSparseTensor-mult_coef", lambda v: nnsparse.DynamicSparseTensor(mult_coef=v),
+     "mult_coef must be a real number"),
+    ("clip_grad_norm_-max_norm", lambda v: nnsparse.optim.clip_grad_norm_(_lin().parameters(), v),
+     "max_norm must be a number"),
+    ("clip_grad_norm_-norm_type",
+     lambda v: nnsparse.optim.clip_grad_norm_(_lin().parameters(), 1.0, v),
+     "norm_type must be a number"),
+    ("clip_grad_value_", lambda v: nnsparse.optim.clip_grad_value_(_lin().parameters(), v),
+     "clip_value must be a number"),
+    ("LazyAdam-lr", lambda v: nnsparse.optim.LazyAdam(_lin().parameters(), lr=v),
+     "lr must be a number"),
+    ("LazyAdam-betas", lambda v: nnsparse.optim.LazyAdam(_lin().parameters(), betas=(v, 0.9)),
+     "betas must be a number"),
+    ("LazyAdam-step", _step_of, r"state_dict\['state'\]\[0\]\['step'\] must be a number or a "
+     r"one-element tensor"),
+    ("make_optimizer-lr", lambda v: nnsparse.make_optimizer(_lin(), lr=v), "lr must be a number"),
+]
+
+
+@pytest.mark.parametrize("unit", ["generic", "s"])
+@pytest.mark.parametrize("call, message", [s[1:] for s in REALS], ids=[s[0] for s in REALS])
+def test_a_real_number_refuses_a_timedelta(call, message, unit):
+    value = np.timedelta64(3) if unit == "generic" else np.timedelta64(3, unit)
+    shown = r"np\.timedelta64\(3\)" if unit == "generic" else rf"np\.timedelta64\(3,'{unit}'\)"
+    if not message.endswith("$"):
+        message += rf", got (timedelta64 )?{shown}$"
+    with pytest.raises((TypeError, ValueError), match=rf"^{message}"):
+        call(value)
+
+
+# is_real: what the hyperparameters still take, and what they refuse.  (value, is_real)
+IS_REAL = [(3, True), (2.5, True), (np.int64(3), True), (np.uint8(3), True),
+           (np.float32(2.5), True), (np.float64(2.5), True), (Fraction(1, 2), True),
+           (math.inf, True), (True, False), (np.bool_(True), False), (np.timedelta64(3), False),
+           (np.timedelta64(3, "s"), False), (np.datetime64(3, "D"), False), (T(2.5), False),
+           (np.array(2.5), False), ("2.5", False), (None, False), (1j, False)]
+
+
+@pytest.mark.parametrize("value, expected", IS_REAL, ids=[repr(v) for v, _ in IS_REAL])
+def test_is_real(value, expected):
+    from nnsparse._forms import is_real
+    assert is_real(value) is expected

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._forms import as_flag, is_int
+from .._forms import as_flag, is_real
 
 __all__ = ["elementwise_loss", "ElementwiseLoss", "Setting"]
 
@@ -298,9 +298,7 @@ class RefuseLuaNames:
 
 def real_arg(value: Any, name: str) -> float:
     """``value`` as a float, refused unless it is a finite real number."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-            or (isinstance(value, numbers.Integral) and not is_int(value)):
-        # (numbers.Integral, hence Real, takes a numpy timedelta64: no real number here)
+    if not is_real(value):  # (not a bool, nor a numpy timedelta64)
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from .._forms import (SparseBatch, as_choice, as_device, as_flag, as_sparse_batch,
-                      check_index_range, check_numel, is_int, refuse_meta, refuse_meta_device)
+                      check_index_range, check_numel, is_int, is_real, refuse_meta,
+                      refuse_meta_device)
 from .readers import (Ratings, _check_ratings, _check_unique_pairs, _refuse_repeated_keys,
                       _refuse_uint8_index)
 
@@ -243,7 +243,7 @@ class RatingNormalizer:
             lo, hi = data_lo, data_hi
         else:
             if not isinstance(scale, (tuple, list)) or any(
-                    isinstance(v, bool) or not isinstance(v, numbers.Real) for v in scale):
+                    not is_real(v) for v in scale):  # (nor a numpy timedelta64)
                 raise TypeError(f"scale must be a pair of numbers (min, max), got {scale!r}")
             if len(scale) != 2:
                 raise ValueError(f"scale must be a pair of numbers (min, max), got {scale!r}")

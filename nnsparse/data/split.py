@@ -5,14 +5,13 @@ epochs and settings on ``validation``, and read ``test`` once, at the end.
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Tuple, cast
 
 import numpy as np
 import torch
 
-from .._forms import is_int
+from .._forms import is_int, is_real
 from .readers import Ratings, _check_ratings, _check_unique_pairs, _check_unique_pairs_apart
 
 __all__ = ["Split", "split_ratings", "random_split", "holdout_split"]
@@ -50,7 +49,7 @@ class Split:
 
 
 def _check_ratio(ratio: float, name: str) -> None:
-    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real):
+    if not is_real(ratio):  # (not a bool, nor a numpy timedelta64)
         raise TypeError(f"{name} must be a number in [0, 1), got {type(ratio).__name__} {ratio!r}")
     if not 0 <= ratio < 1:
         raise ValueError(f"{name} must be a number in [0, 1), got {ratio!r}")

@@ -14,12 +14,11 @@ from __future__ import annotations
 from typing import Any, Tuple, cast
 
 import math
-import numbers
 import os
 import numpy as np
 import torch
 
-from .._forms import as_count, as_flag, is_int
+from .._forms import as_count, as_flag, is_int, is_real
 from .readers import Ratings
 
 __all__ = ["synthetic_ratings", "synthetic_item_features"]
@@ -292,7 +291,7 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
                          f"got {n_ratings}")
     _check_memory(n_users, n_items, rank)
     for number, name in ((noise, "noise"), (user_sigma, "user_sigma"), (item_sigma, "item_sigma")):
-        if isinstance(number, bool) or not isinstance(number, numbers.Real):
+        if not is_real(number):  # (not a bool, nor a numpy timedelta64)
             raise TypeError(f"{name} must be a real number, got {type(number).__name__} {number!r}")
         if not 0 <= number < math.inf:  # also refuses NaN
             raise ValueError(f"{name} must be non-negative and finite, got {number}")

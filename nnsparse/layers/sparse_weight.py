@@ -10,7 +10,6 @@ as CSR index tensors, the products are the sparse kernels of
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union, cast
 
 import torch
@@ -18,7 +17,7 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .._forms import (_check_csr, _version, as_count, as_device, as_flag, as_sparse_batch,
-                      dtype_got, is_int, is_sparse_form)
+                      dtype_got, is_int, is_real, is_sparse_form)
 from .._load import check_state_dict, entry_errors
 from .. import _index
 from ..matmul import _PatternMM
@@ -32,8 +31,9 @@ _RANDOM_BLOCK = 1 << 22
 
 
 def _check_density(density: Any) -> float:
-    if isinstance(density, bool) or not isinstance(density, numbers.Real):
-        raise TypeError(f"density must be a real number, got {type(density).__name__}")
+    if not is_real(density):  # (not a bool, nor a numpy timedelta64)
+        raise TypeError(f"density must be a real number, got {type(density).__name__} "
+                        f"{density!r}")
     # a Real compares with numbers (mypy's numbers.Real has no operators)
     if not 0 < cast(float, density) <= 1:  # also refuses NaN
         raise ValueError(f"density must be in (0, 1], got {density}")

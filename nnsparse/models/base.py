@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, as_sparse_batch,
-                      check_file_object, check_index_range, is_int, refuse_meta,
+                      check_file_object, check_index_range, is_int, is_real, refuse_meta,
                       refuse_meta_device)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
@@ -266,14 +266,13 @@ class RatingModel(nn.Module):
                 raise ValueError(f"{where} may name only {cls.__name__}'s own penalty "
                                  f"hyperparameters (DEFAULTS keys starting with 'l2'), got "
                                  f"{key!r}")
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-                    or not 0 < value < math.inf:
+            if not is_real(value) or not 0 < value < math.inf:  # (nor a np.timedelta64)
                 raise ValueError(f"{where}[{key!r}] must be a positive finite number, got "
                                  f"{value!r}")
         n, e = cls.AUTO_RATINGS, cls.AUTO_EXPONENT
         if not is_int(n) or n < 1:  # (not a bool, nor a numpy timedelta64)
             raise ValueError(f"{cls.__name__}.AUTO_RATINGS must be an int >= 1, got {n!r}")
-        if isinstance(e, bool) or not isinstance(e, numbers.Real) or not math.isfinite(e):
+        if not is_real(e) or not math.isfinite(e):  # (not a bool, nor a np.timedelta64)
             raise ValueError(f"{cls.__name__}.AUTO_EXPONENT must be a finite number, "
                              f"got {e!r}")
 
@@ -1223,7 +1222,7 @@ def _check_blob(blob: Dict[str, Any], model: "RatingModel", path: Any) -> None:
         raise ValueError(f"{damaged}: normalizer row_mean must be a floating tensor of shape "
                          f"{tuple(expected.shape)}, got {got}")
     mean = blob["normalizer"]["global_mean"]
-    if isinstance(mean, bool) or not isinstance(mean, numbers.Real) or not math.isfinite(mean):
+    if not is_real(mean) or not math.isfinite(mean):  # (not a bool, nor a np.timedelta64)
         raise ValueError(f"{damaged}: normalizer global_mean must be a finite number, "
                          f"got {mean!r}")
     epoch = blob["best_epoch"]
@@ -1288,8 +1287,9 @@ def _as_device(device: Any) -> torch.device:
 
 
 def _check_number(name: str, value: Any, alternative: str = "") -> None:
-    """``TypeError`` unless ``value`` is a real number (not a bool, str or tensor)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    """``TypeError`` unless ``value`` is a real number (not a bool, str, tensor or
+    numpy timedelta64: :func:`~nnsparse._forms.is_real`)."""
+    if not is_real(value):
         raise TypeError(f"{name} must be a real number{alternative}, got "
                         f"{type(value).__name__} {value!r}")
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import re
 from dataclasses import dataclass, field
@@ -11,7 +10,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import torch
 
-from .._forms import _a, as_choice, as_count
+from .._forms import _a, as_choice, as_count, is_real
 from ..data import Ratings, mean_prediction, read_split, rmse
 from ..data.matrix import _check_same_maps
 from ..data.readers import _CHOICES, _check_ratings, _check_unique_pairs, \
@@ -164,7 +163,7 @@ class CrossValidation:
             if key not in f:
                 raise ValueError(f"folds[{i}] lacks {key!r}, which folds[0] holds")
             value = f[key]
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            if not is_real(value):  # (not a bool, nor a numpy timedelta64)
                 raise TypeError(f"folds[{i}][{key!r}] must be a number, got "
                                 f"{type(value).__name__} {value!r}")
         return float(sum(f[key] for f in self.folds) / len(self.folds))

@@ -11,7 +11,6 @@ the models' ``fit`` whenever a process group is initialised (``torchrun``).
 from __future__ import annotations
 
 import math
-import numbers
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from .. import distributed as nd
-from .._forms import (as_count, as_device, as_flag, int_of_0d, is_int, refuse_meta,
+from .._forms import (as_count, as_device, as_flag, int_of_0d, is_int, is_real, refuse_meta,
                       refuse_meta_device)
 from .._optim_split import SplitOptimizer, make_optimizer
 from ..optim import LazyAdam
@@ -56,7 +55,7 @@ def _as_rmse(value: Any) -> float:
     if isinstance(value, Tensor) and value.numel() == 1 and not (
             value.dtype == torch.bool or value.is_complex()):
         rmse = float(value)
-    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+    elif not is_real(value):  # (not a bool, nor a numpy timedelta64)
         raise TypeError(f"validate must return a number (the validation RMSE), got "
                         f"{type(value).__name__} {value!r}")
     else:
@@ -116,7 +115,7 @@ class Trainer:
         patience = as_count("patience", patience, 0)
         for name, number in (("lr", lr), ("min_lr_ratio", min_lr_ratio),
                              ("weight_decay", weight_decay)):
-            if isinstance(number, bool) or not isinstance(number, numbers.Real):
+            if not is_real(number):  # (not a bool, nor a numpy timedelta64)
                 raise TypeError(f"{name} must be a real number, got {type(number).__name__} "
                                 f"{number!r}")
         if not lr > 0:
