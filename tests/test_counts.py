@@ -460,6 +460,10 @@ NUMBERS_STILL = [
     ("SparseRowDataset-getitem-0d", lambda v: _row_dataset()[v], T(1), None),
     ("SparseRowDataset-getitem-bool", lambda v: _row_dataset()[v], True,
      r"^index must be an int, got bool True$"),
+    ("SparseRowDataset-getitem-0d-np.int64", lambda v: _row_dataset()[v], np.array(1), None),
+    # (operator.index read a 0-d bool tensor as 1, beside a refused True: refused alike now)
+    ("SparseRowDataset-getitem-0d-bool", lambda v: _row_dataset()[v], T(True),
+     r"^index must be an int, got Tensor tensor\(True\)$"),
     ("DynamicSparseTensor.append-int-np.int64",
      lambda v: nnsparse.DynamicSparseTensor(dtype=torch.int64).append(1, v), np.int64(3), None),
     ("DynamicSparseTensor.append-float-np.float32",
