@@ -71,7 +71,32 @@ def check_state_dict(module: nn.Module, state_dict: Any, strict: Any,
         if missing:
             errors.insert(0, "Missing key(s) in state_dict: "
                           + ", ".join(f'"{k}"' for k in missing) + ". ")
+        hint = _wrapper_hint(missing, unexpected)
+        if hint:
+            errors.append(hint)
     if errors:
         raise RuntimeError(f"Error(s) in loading state_dict for {type(module).__name__}:\n\t"
                            + "\n\t".join(errors) + "\n(nothing was loaded)")
     return strict, assign
+
+
+_DDP_PREFIX = "module."  # DistributedDataParallel's name of the model it wraps
+
+
+def _wrapper_hint(missing: List[str], unexpected: List[str]) -> str:
+    """The way out when the two key sets differ by DistributedDataParallel's ``module.``
+    prefix only (torch lists every key as missing and unexpected), else ``""``."""
+    n = len(_DDP_PREFIX)
+    if not missing or len(missing) != len(unexpected):
+        return ""
+    if all(k.startswith(_DDP_PREFIX) for k in unexpected) and \
+            sorted(k[n:] for k in unexpected) == sorted(missing):
+        return ("(the state_dict of a DistributedDataParallel wrapper, whose keys start with "
+                "'module.': save nnsparse.distributed.unwrap(model).state_dict(), or strip the "
+                "prefix with torch.nn.modules.utils.consume_prefix_in_state_dict_if_present("
+                "state_dict, 'module.'))")
+    if all(k.startswith(_DDP_PREFIX) for k in missing) and \
+            sorted(k[n:] for k in missing) == sorted(unexpected):
+        return ("(the state_dict of an unwrapped model, without DistributedDataParallel's "
+                "'module.' prefix: load it into nnsparse.distributed.unwrap(model))")
+    return ""

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union, cast
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union,
+                    cast)
 
 import numpy as np
 import torch
@@ -251,6 +252,11 @@ def _checked_settings(network: Any, output_size: Any, batch_size: Any, device: A
     return output_size, batch_size, device, progress
 
 
+# The attributes a Batchifier holds: its constructor's arguments, in _checked_settings' order
+_SETTINGS = ("network", "output_size", "batch_size", "device", "progress", "layout",
+             "collate_fn")
+
+
 class Batchifier:
     r"""Run a network over a data set too large to push through at once.
 
@@ -343,6 +349,27 @@ class Batchifier:
         self.progress = progress
         self.layout = layout
         self.collate_fn = collate_fn
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        # (pickle, copy.deepcopy, torch.load(weights_only=False); the default weights_only
+        # load refuses the class, which holds a user's network) the constructor's checks
+        # of a file's settings, before the object holds them: a field edited or missing
+        # failed only at the first call (a missing one with Python's AttributeError)
+        if not isinstance(state, dict):
+            raise TypeError(f"a loaded Batchifier's state must be a dict of its settings, got "
+                            f"{type(state).__name__}")
+        missing = [k for k in _SETTINGS if k not in state]
+        if missing:
+            raise ValueError(f"a loaded Batchifier's state lacks the settings {missing} (it "
+                             f"holds {sorted(state)})")
+        try:
+            output_size, batch_size, device, progress = _checked_settings(
+                *(state[k] for k in _SETTINGS))
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"a loaded Batchifier's settings: {error}") from None
+        self.__dict__.update(state, output_size=output_size, batch_size=batch_size,
+                             device=None if device is None else torch.device(device),
+                             progress=progress)
 
     def _check_settings(self) -> None:
         """The settings again, as the constructor checked them: they may have been assigned
