@@ -457,6 +457,33 @@ def test_batchifier_copies_run_the_same(loader):
     assert torch.equal(other.topk(_DATA, 1).indices, run.topk(_DATA, 1).indices)
 
 
+def _absent_device() -> torch.device:
+    """A device this machine lacks (CUDA on a CPU-only machine), or a skip."""
+    from nnsparse._forms import _device_missing
+    for name in ("cuda:0", "cuda:15", "xpu:0", "mps"):
+        if _device_missing(torch.device(name)) is not None:
+            return torch.device(name)
+    pytest.skip("this machine has every candidate device")
+
+
+@pytest.mark.parametrize("loader", list(_TRUSTED) + ["deepcopy"])
+def test_batchifier_of_another_machines_device_loads(loader):
+    """A Batchifier pickled on a GPU machine loads on one without that device (as before the
+    load checks): the call refuses the device, with the constructor's message; set another."""
+    run = _batchifier()
+    absent = _absent_device()
+    run.__dict__["device"] = absent  # as torch.device("cuda:0") is pickled on a GPU machine
+    other = copy.deepcopy(run) if loader == "deepcopy" else _TRUSTED[loader](run)
+    assert other.device == absent
+    with pytest.raises(ValueError, match=r"device must be one this machine has, got "
+                                         + repr(str(absent))):
+        other(_DATA)
+    other.device = None
+    assert torch.equal(other(_DATA), run.__class__(run.network, 2, 2, progress=False)(_DATA))
+    with pytest.raises(ValueError, match=r"device must be one this machine has"):
+        nnsparse.Batchifier(run.network, 2, device=absent)  # the constructor still refuses it
+
+
 def test_batchifier_is_refused_by_the_default_load():
     with pytest.raises(Exception, match=r"nnsparse.layers.batchifier.Batchifier"):
         LOADERS["torch.load"](_batchifier())

@@ -235,16 +235,18 @@ def _allocate(shape: Tuple[int, int], dtype: torch.dtype, device: torch.device) 
 
 
 def _checked_settings(network: Any, output_size: Any, batch_size: Any, device: Any,
-                      progress: Any, layout: Any, collate_fn: Any) -> Tuple[int, int, Any, Any]:
+                      progress: Any, layout: Any, collate_fn: Any, present: bool = True
+                      ) -> Tuple[int, int, Any, Any]:
     """A Batchifier's settings checked; ``(output_size, batch_size, device, progress)``
-    as stored (numpy ints as ints, a device name as a ``torch.device``)."""
+    as stored (numpy ints as ints, a device name as a ``torch.device``).  ``present=False``
+    (a loaded Batchifier): a device this machine lacks is kept, and refused at a call."""
     if not isinstance(network, nn.Module):
         raise TypeError(f"network must be an nn.Module, got {type(network).__name__}")
     output_size = as_count("output_size", output_size, 0)  # (as nn.Linear's)
     batch_size = as_count("batch_size", batch_size, 1)
     if progress is not None:
         progress = as_flag(progress, "progress", "a bool or None")
-    device = as_device(device, none=True)
+    device = as_device(device, none=True, present=present)
     if layout not in (torch.sparse_csr, torch.sparse_coo):
         raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
     if collate_fn is not None and not callable(collate_fn):
@@ -354,7 +356,9 @@ class Batchifier:
         # (pickle, copy.deepcopy, torch.load(weights_only=False); the default weights_only
         # load refuses the class, which holds a user's network) the constructor's checks
         # of a file's settings, before the object holds them: a field edited or missing
-        # failed only at the first call (a missing one with Python's AttributeError)
+        # failed only at the first call (a missing one with Python's AttributeError).  Not
+        # the device's presence: one pickled on a GPU machine loads on a CPU-only one (the
+        # call refuses it there; set device = None or 'cpu' to run it)
         if not isinstance(state, dict):
             raise TypeError(f"a loaded Batchifier's state must be a dict of its settings, got "
                             f"{type(state).__name__}")
@@ -364,12 +368,11 @@ class Batchifier:
                              f"holds {sorted(state)})")
         try:
             output_size, batch_size, device, progress = _checked_settings(
-                *(state[k] for k in _SETTINGS))
+                *(state[k] for k in _SETTINGS), present=False)
         except (TypeError, ValueError) as error:
             raise type(error)(f"a loaded Batchifier's settings: {error}") from None
         self.__dict__.update(state, output_size=output_size, batch_size=batch_size,
-                             device=None if device is None else torch.device(device),
-                             progress=progress)
+                             device=device, progress=progress)
 
     def _check_settings(self) -> None:
         """The settings again, as the constructor checked them: they may have been assigned
