@@ -354,6 +354,27 @@ def test_cfn_copy_predicts_as_the_original(name, loader):
         model.recommend(_R.user_ids()[0], k=3, min_support=0).ids
 
 
+class _DataBuiltAutoRec(nnsparse.models.AutoRec):
+    """A user's model whose build cannot run on the meta device, with an error that is not
+    one of torch's (here an assertion on where its layers are made)."""
+
+    def build(self, rows: int, width: int, features: int) -> None:
+        super().build(rows, width, features)
+        assert self.encoder.weight.device.type != "meta", "built from data"
+
+
+@pytest.mark.parametrize("loader", ["deepcopy", "pickle", "torch.load-weights_only=False"])
+def test_copy_of_a_model_whose_build_needs_data(loader):
+    """The load's layer check builds on the meta device: a build that cannot is not checked
+    there, and its model still copies (it was refused with the build's AssertionError)."""
+    torch.manual_seed(0)
+    model = _DataBuiltAutoRec(hidden=4, epochs=1, validation_ratio=0.0).fit(
+        _R, verbose=False, progress=False)
+    other = copy.deepcopy(model) if loader == "deepcopy" else LOADERS[loader](model)
+    assert type(other) is _DataBuiltAutoRec and _same_state(other, _snapshot(model))
+    assert torch.equal(other.predict(_R), model.predict(_R))
+
+
 def test_older_cfn_side_layer_is_refused_by_the_default_load():
     model = _cfn()
     _old_side_layer(model)

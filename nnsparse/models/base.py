@@ -1098,24 +1098,12 @@ class RatingModel(nn.Module):
             raise ValueError(f"hparams no longer describe the fitted network: orientation is "
                              f"{hparams['orientation']!r}, the model was fitted with "
                              f"{self._norm.orientation!r} rows{since}{advice}")
-        def unbuilt() -> "RatingModel":
-            fresh = type(self)(**hparams)
-            # what fit set before build (normaliser, statistics), which a build may read;
-            # not the edited hparams, nor nn.Module's own tables (layers, hooks)
-            internal = _MODULE_KEYS | {"hparams"}
-            fresh.__dict__.update({k: v for k, v in self.__dict__.items() if k not in internal})
-            return fresh
-
-        fresh = unbuilt()
         features = getattr(self, "row_features", None)
-        sizes = (*self._shape, 0 if features is None else features.shape[1])
+        width = 0 if features is None else features.shape[1]
         try:
-            with torch.device("meta"):
-                fresh.build(*sizes)
+            fresh = self._fresh_build(hparams, width)
         except (NotImplementedError, RuntimeError):  # a build that reads a value back
-            fresh = unbuilt()
-            with torch.random.fork_rng(devices=[]):  # (no random number drawn for the caller)
-                fresh.build(*sizes)
+            fresh = self._fresh_build(hparams, width, meta=False)
         own = self.state_dict()
         for key, value in fresh.state_dict().items():
             if key not in own or own[key].shape != value.shape:
@@ -1124,21 +1112,33 @@ class RatingModel(nn.Module):
                                  f"{key} of shape {tuple(value.shape)}, the model has "
                                  f"{has}{since}{advice}")
 
+    def _fresh_build(self, hparams: Dict[str, Any], features: int,
+                     meta: bool = True) -> "RatingModel":
+        """A new model of ``hparams`` holding what fit set before build (normaliser,
+        statistics), which a build may read, built for this model's data: on the meta
+        device (nothing allocated, no random number drawn), else with the caller's random
+        state put back.  Not this model's hparams, nor nn.Module's own tables (layers,
+        hooks).  Raises what the constructor or :meth:`build` raise."""
+        fresh = type(self)(**hparams)
+        internal = _MODULE_KEYS | {"hparams"}
+        fresh.__dict__.update({k: v for k, v in self.__dict__.items() if k not in internal})
+        if meta:
+            with torch.device("meta"):
+                fresh.build(*self._shape, features)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                fresh.build(*self._shape, features)
+        return fresh
+
     def _built_state(self, hparams: Dict[str, Any], features: int
                      ) -> Optional[Dict[str, Tuple[int, ...]]]:
         """The shapes of the state :meth:`build` makes of ``hparams`` for this model's data
         (without ``row_features``), built on the meta device; ``None`` for a build that
-        cannot run there, or refuses ``hparams``."""
+        cannot run there (a subclass's build may raise anything on meta tensors: a loaded
+        or copied model is then not checked, rather than refused), or refuses ``hparams``."""
         try:
-            fresh = type(self)(**hparams)
-        except (TypeError, ValueError):
-            return None
-        internal = _MODULE_KEYS | {"hparams"}
-        fresh.__dict__.update({k: v for k, v in self.__dict__.items() if k not in internal})
-        try:
-            with torch.device("meta"):
-                fresh.build(*self._shape, features)
-        except (NotImplementedError, RuntimeError, TypeError, ValueError):
+            fresh = self._fresh_build(hparams, features)
+        except Exception:
             return None
         return {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
 
