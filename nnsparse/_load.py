@@ -55,11 +55,22 @@ def check_state_dict(module: nn.Module, state_dict: Any, strict: Any,
                      assign: Any = False) -> Tuple[bool, bool]:
     """Raise ``RuntimeError`` (torch's type and wording) if loading would fail; ``TypeError``
     when ``state_dict`` is no mapping or a flag no bool (torch took ``strict="no"`` as
-    true).  Returns ``(strict, assign)`` as bools."""
+    true); ``ValueError`` for the pattern of a ``SparseWeightLinear`` inside ``module``
+    that is no valid CSR pattern.  Returns ``(strict, assign)`` as bools."""
     strict, assign = as_flag(strict, "strict"), as_flag(assign, "assign")
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a mapping of name -> tensor, got "
                         f"{type(state_dict).__name__}")
+    # layers inside the module with checks of their own (SparseWeightLinear's pattern):
+    # torch runs them in each layer's _load_from_state_dict, after the layers before it
+    # were copied
+    from .layers.sparse_weight import SparseWeightLinear  # (which imports this module)
+    nested = [(f"{name}.", sub) for name, sub in module.named_modules()
+              if name and isinstance(sub, SparseWeightLinear)]
+    refusals = [m for prefix, sub in nested for m in sub._refusals(state_dict, prefix)]
+    if refusals:
+        raise RuntimeError(f"Error(s) in loading state_dict for {type(module).__name__}:\n\t"
+                           + "\n\t".join(refusals) + "\n(nothing was loaded)")
     own = module.state_dict()
     errors = entry_errors(own, state_dict)
     if strict:
@@ -77,6 +88,8 @@ def check_state_dict(module: nn.Module, state_dict: Any, strict: Any,
     if errors:
         raise RuntimeError(f"Error(s) in loading state_dict for {type(module).__name__}:\n\t"
                            + "\n\t".join(errors) + "\n(nothing was loaded)")
+    for prefix, sub in nested:
+        sub._check_loaded_pattern(state_dict, prefix)  # ValueError: a pattern that is none
     return strict, assign
 
 

@@ -49,6 +49,16 @@ def _ddp(sparse_grad: bool = False) -> nn.Module:
         nnsparse.SparseLinearBatch(4, 3, sparse_grad=sparse_grad))
 
 
+def _pattern_sequential() -> nn.Module:
+    """A container of nnsparse layers: torch's load copied each layer before the refused one
+    (a SparseWeightLinear's pattern is refused inside its own _load_from_state_dict)."""
+    torch.manual_seed(0)
+    pattern = torch.tensor([[1., 0., 2.], [0., 3., 0.], [4., 0., 0.]]).to_sparse_csr()
+    return nnsparse.PatternSequential(
+        nnsparse.SparseLinearBatch(4, 3, sparse_grad=True), nn.Tanh(),
+        nnsparse.SparseWeightLinear(pattern), nnsparse.SparseOutputLinear(3, 4))
+
+
 def _values_map() -> nn.Module:
     torch.manual_seed(0)
     return nnsparse.ValuesMap(nn.Linear(2, 3))
@@ -167,6 +177,36 @@ REFUSED_LOADS = {
                                   r"nnsparse.distributed.unwrap\(model\)", True),
     "DDP-strict-str": Refused(_ddp, _edited(lambda s: None), {"strict": "no"}, TypeError,
                               r"strict must be a bool, got str 'no'", True),
+    # -- PatternSequential (its items' states; the last refused, the others copied before)
+    "PatternSequential-shape": Refused(_pattern_sequential, _edited(_set(
+        "3.bias", lambda s: torch.zeros(7))), {}, RuntimeError,
+        r"(?s)Error\(s\) in loading state_dict for PatternSequential:.*size mismatch for "
+        r"3.bias: copying a param with shape torch.Size\(\[7\]\).*" + _NOTHING),
+    "PatternSequential-missing": Refused(_pattern_sequential, _edited(_drop("3.weight")), {},
+                                         RuntimeError, r"(?s)Missing key\(s\) in state_dict: "
+                                         r"\"3.weight\"\..*" + _NOTHING),
+    # (torch's own message named the internal parameter: "0.weight_t")
+    "PatternSequential-sparse-grad-missing": Refused(
+        _pattern_sequential, _edited(_drop("0.weight")), {}, RuntimeError,
+        r"Missing key\(s\) in state_dict: \"0.weight\"\. "),
+    "PatternSequential-unexpected": Refused(_pattern_sequential, _edited(_set(
+        "1.weight", lambda s: torch.ones(1))), {}, RuntimeError,
+        r"Unexpected key\(s\) in state_dict: \"1.weight\""),
+    "PatternSequential-complex": Refused(_pattern_sequential, _edited(_set(
+        "3.bias", lambda s: s["3.bias"].to(torch.complex64))), {}, RuntimeError,
+        r"3.bias\", expected a real tensor \(torch.float32\) from checkpoint"),
+    "PatternSequential-pattern-nnz": Refused(_pattern_sequential, _edited(_set(
+        "2.values", lambda s: torch.ones(5))), {}, RuntimeError,
+        r"(?s)size mismatch for 2.values: the checkpoint's pattern has nnz 5, this layer's has "
+        r"nnz 4.*" + _NOTHING),
+    "PatternSequential-pattern-dtype": Refused(_pattern_sequential, _edited(_set(
+        "2.col", lambda s: s["2.col"].float())), {}, RuntimeError,
+        r"2.col \(the loaded pattern\) must have an integer dtype, got torch.float32"),
+    "PatternSequential-bad-pattern": Refused(_pattern_sequential, _edited(_set(
+        "2.col", lambda s: torch.tensor([0, 2, 1, 5]))), {"strict": False}, ValueError,
+        r"2.crow/2.col \(the loaded pattern\) column indices must be in \[0, 3\), got max 5"),
+    "PatternSequential-ddp-keys": Refused(_pattern_sequential, lambda own: {
+        f"module.{k}": v for k, v in own.items()}, {}, RuntimeError, _PREFIXED),
     # the wrapper's state loaded into the model it wraps
     "DDP-state-into-model": Refused(lambda: nnsparse.SparseLinearBatch(4, 3),
                                     lambda own: {f"module.{k}": v + 1 for k, v in own.items()},
@@ -207,6 +247,13 @@ ACCEPTED_LOADS = {
                                                "other": torch.ones(1)},
                             {"strict": False}, [k for k in _cfn().state_dict()
                                                 if k != "encoder.weight"], ["other"]),
+    "PatternSequential-non-strict": Loads(_pattern_sequential, lambda own: {
+        "0.weight": own["0.weight"] + 1, "other": torch.ones(1)}, {"strict": False},
+        ["0.bias", "2.values", "2.bias", "2.crow", "2.col", "3.weight", "3.bias"], ["other"]),
+    # another pattern of the same nnz replaces the SparseWeightLinear's (and its values)
+    "PatternSequential-new-pattern": Loads(_pattern_sequential, lambda own: {
+        **{k: v.double() + 1 if v.is_floating_point() else v for k, v in own.items()},
+        "2.col": torch.tensor([1, 2, 0, 2])}, {}, [], []),
     "DDP-non-strict": Loads(_ddp, lambda own: {"module.weight": own["module.weight"] + 1},
                             {"strict": False}, ["module.bias"], [], True),
 }
