@@ -572,3 +572,42 @@ def test_ddp_copies_hold_the_same_state(copy_, group_of_one):
     plain = nnsparse.SparseLinearBatch(4, 3, sparse_grad=True)
     plain.load_state_dict(LOADERS["torch.load"](nnsparse.distributed.unwrap(ddp).state_dict()))
     assert torch.equal(plain(x), ddp(x))
+
+
+# -- a sparse_grad SparseLinearBatch inside a container of torch's (no whole-state check) ------
+
+def _in_sequential() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nnsparse.SparseLinearBatch(4, 3, sparse_grad=True))
+
+
+# torch's report named the layer's internal parameter, weight_t of shape (in, out)
+IN_SEQUENTIAL = {
+    "missing": (lambda own: {"0.bias": own["0.bias"]}, {},
+                r"Missing key\(s\) in state_dict: \"0.weight\"\. "),
+    "shape": (lambda own: {**own, "0.weight": torch.zeros(3, 5)}, {},
+              r"size mismatch for 0.weight: copying a param with shape torch.Size\(\[3, 5\]\) "
+              r"from checkpoint, the shape in current model is torch.Size\(\[3, 4\]\)\."),
+    # (an AttributeError of the layer's pre-hook: "'list' object has no attribute 't'")
+    "not-a-tensor": (lambda own: {**own, "0.weight": [1.0]}, {},
+                     r"While copying the parameter named \"0.weight\", expected torch.Tensor"),
+}
+
+
+@pytest.mark.parametrize("name", list(IN_SEQUENTIAL))
+def test_sparse_grad_weight_is_named_weight_inside_nn_sequential(name):
+    make, kwargs, match = IN_SEQUENTIAL[name]
+    seq = _in_sequential()
+    with pytest.raises(RuntimeError, match=match) as error:
+        seq.load_state_dict(make(seq.state_dict()), **kwargs)
+    assert "weight_t" not in str(error.value)
+
+
+def test_sparse_grad_weight_missing_non_strict_inside_nn_sequential():
+    seq = _in_sequential()
+    result = seq.load_state_dict({"0.bias": torch.zeros(3)}, strict=False)
+    assert result.missing_keys == ["0.weight"] and result.unexpected_keys == []
+    assert torch.equal(seq[0].bias, torch.zeros(3))
+    state = {k: v + 1 for k, v in seq.state_dict().items()}
+    seq.load_state_dict(state)  # a whole state loads as before, in nn.Linear's layout
+    assert all(torch.equal(seq.state_dict()[k], v) for k, v in state.items())
