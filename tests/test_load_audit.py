@@ -427,6 +427,9 @@ def test_older_cfn_side_layer_is_refused_by_the_default_load():
     _old_side_layer(model)
     with pytest.raises(Exception, match=r"torch.nn.modules.linear.Linear"):
         LOADERS["torch.load"](model)
+    with torch.serialization.safe_globals([nn.Linear]):  # the way docs/ecosystem.md gives
+        other = LOADERS["torch.load"](model)
+    assert type(other.side_in) is nn.Linear and torch.equal(other.predict(_R), model.predict(_R))
 
 
 # -- ValuesMap: a file's fn ----------------------------------------------------------------
