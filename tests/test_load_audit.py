@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+import torch.nn.utils.prune  # noqa: F401 (torch.nn.utils.prune below)
 
 import nnsparse
 from nnsparse.data import synthetic_ratings
@@ -419,6 +420,47 @@ def test_copy_of_a_model_whose_build_needs_data(loader):
         _R, verbose=False, progress=False)
     other = copy.deepcopy(model) if loader == "deepcopy" else LOADERS[loader](model)
     assert type(other) is _DataBuiltAutoRec and _same_state(other, _snapshot(model))
+    assert torch.equal(other.predict(_R), model.predict(_R))
+
+
+def _pruned(model: CFN) -> None:
+    torch.nn.utils.prune.l1_unstructured(model.decoder, "weight", 0.5)
+
+
+def _weight_norm(model: CFN) -> None:
+    torch.nn.utils.parametrizations.weight_norm(model.decoder, "weight")
+
+
+def _spectral_norm(model: CFN) -> None:
+    torch.nn.utils.parametrizations.spectral_norm(model.side_in, "weight")
+
+
+def _extra_buffer(model: CFN) -> None:
+    model.register_buffer("calibration", torch.ones(3))
+
+
+# A fitted model changed by torch's own tools: its state_dict keys are no longer the ones
+# build() makes (decoder.weight_orig and decoder.weight_mask, decoder.parametrizations...,
+# an entry of the user's), yet it is the same model.  (torch's deepcopy refuses a pruned
+# module, its pickle a parametrized one: those copies are not tried.)
+TOOLED_COPIES = {
+    "pruned-pickle": (_pruned, "pickle"),
+    "pruned-torch.load-weights_only=False": (_pruned, "torch.load-weights_only=False"),
+    "weight_norm-deepcopy": (_weight_norm, "deepcopy"),
+    "spectral_norm-deepcopy": (_spectral_norm, "deepcopy"),
+    "extra-buffer-deepcopy": (_extra_buffer, "deepcopy"),
+    "extra-buffer-pickle": (_extra_buffer, "pickle"),
+}
+
+
+@pytest.mark.parametrize("name", list(TOOLED_COPIES))
+def test_copy_of_a_model_changed_by_torchs_tools(name):
+    edit, loader = TOOLED_COPIES[name]
+    model = _cfn()
+    edit(model)
+    model.eval()
+    other = copy.deepcopy(model) if loader == "deepcopy" else LOADERS[loader](model)
+    assert other.state_dict().keys() == model.state_dict().keys()
     assert torch.equal(other.predict(_R), model.predict(_R))
 
 

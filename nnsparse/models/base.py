@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
+from torch.nn.utils import parametrize, prune
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, as_sparse_batch,
                       check_file_object, check_index_range, is_int, refuse_meta,
@@ -1340,12 +1341,25 @@ def _check_fitted_state(model: "RatingModel") -> None:
     built = model._built_state(fitted, 0 if features is None else features.shape[1])
     if built is None:
         return  # a build that needs data (not on the meta device): not checked here
-    own = {k: tuple(v.shape) for k, v in model.state_dict().items() if k != "row_features"}
-    if own != built:
-        differ = sorted(k for k in set(own) | set(built) if own.get(k) != built.get(k))
+    # each entry it builds, of its shape; not the entries of a layer that torch's tools
+    # reparametrised (prune: weight_orig and weight_mask; parametrize: parametrizations.*),
+    # nor the entries a user added (a copy of such a model is that model)
+    tooled = tuple(f"{name}." for name, sub in model.named_modules()
+                   if name and _reparametrized(sub))
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items() if not k.startswith(tooled)}
+    built = {k: v for k, v in built.items() if not k.startswith(tooled)}
+    differ = sorted(k for k in built if own.get(k) != built[k])
+    if differ:
         raise ValueError(f"{name}'s layers are not those its fitted hyperparameters build: "
                          + "; ".join(f"{k}: built {built.get(k, 'no such entry')}, loaded "
                                      f"{own.get(k, 'no such entry')}" for k in differ[:4]))
+
+
+def _reparametrized(module: nn.Module) -> bool:
+    """Whether torch's ``prune`` or ``parametrize`` changed ``module``'s own entries."""
+    return (parametrize.is_parametrized(module)
+            or any(isinstance(hook, prune.BasePruningMethod)
+                   for hook in module._forward_pre_hooks.values()))
 
 
 class _CsrParts(NamedTuple):
