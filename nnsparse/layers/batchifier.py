@@ -254,7 +254,7 @@ def _checked_settings(network: Any, output_size: Any, batch_size: Any, device: A
     return output_size, batch_size, device, progress
 
 
-# The attributes a Batchifier holds: its constructor's arguments, in _checked_settings' order
+# The attributes a Batchifier holds: its constructor's arguments
 _SETTINGS = ("network", "output_size", "batch_size", "device", "progress", "layout",
              "collate_fn")
 
@@ -368,7 +368,8 @@ class Batchifier:
                              f"holds {sorted(state)})")
         try:
             output_size, batch_size, device, progress = _checked_settings(
-                *(state[k] for k in _SETTINGS), present=False)
+                state["network"], state["output_size"], state["batch_size"], state["device"],
+                state["progress"], state["layout"], state["collate_fn"], present=False)
         except (TypeError, ValueError) as error:
             raise type(error)(f"a loaded Batchifier's settings: {error}") from None
         self.__dict__.update(state, output_size=output_size, batch_size=batch_size,
