@@ -1305,20 +1305,21 @@ def _a(word: str) -> str:
 
 
 @overload
-def as_device(device: Any) -> torch.device: ...
+def as_device(device: Any, *, present: bool = True) -> torch.device: ...
 
 
 @overload
-def as_device(device: Any, none: bool) -> Optional[torch.device]: ...
+def as_device(device: Any, none: bool, present: bool = True) -> Optional[torch.device]: ...
 
 
-def as_device(device: Any, none: bool = False) -> Optional[torch.device]:
+def as_device(device: Any, none: bool = False, present: bool = True) -> Optional[torch.device]:
     """``device`` as a ``torch.device`` (``None`` passes through when ``none``).
 
     A ``TypeError`` for another kind than a name, an index or a ``torch.device``;
-    a ``ValueError`` for a name torch does not know, or a device this machine lacks
-    (``'cuda'`` on a torch built without CUDA: torch's ``AssertionError`` at the first
-    tensor).  The one device check of nnsparse's arguments.
+    a ``ValueError`` for a name torch does not know, or (with ``present``) a device this
+    machine lacks (``'cuda'`` on a torch built without CUDA: torch's ``AssertionError`` at
+    the first tensor).  The one device check of nnsparse's arguments.  ``present=False``
+    for a device read from a file, which may have been written on another machine.
     """
     if device is None and none:
         return None
@@ -1332,7 +1333,7 @@ def as_device(device: Any, none: bool = False) -> Optional[torch.device]:
         why = f" ({str(e).splitlines()[0]})" if isinstance(device, int) else ""
         raise ValueError(f"device must be a torch.device or a name such as 'cpu' or "
                          f"'cuda:0', got {device!r}{why}") from None
-    if out.type not in ("cpu", "meta"):
+    if present and out.type not in ("cpu", "meta"):
         missing = _device_missing(out)
         if missing is not None:
             raise ValueError(f"device must be one this machine has, got {str(out)!r} "

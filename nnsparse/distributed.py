@@ -36,11 +36,13 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, TypeVar, cast
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 from tqdm import tqdm as _tqdm
 
 from ._forms import as_count, as_flag, check_file_object
+from ._load import check_state_dict
 from ._optim_split import sparse_grad_parameters
 from .data.split import _torch_seed
 
@@ -440,6 +442,15 @@ class DistributedDataParallel(_TORCH_DDP):
                 f"module: this torch ({torch.__version__}) gives nnsparse no way to declare "
                 "sparse gradients to DistributedDataParallel; use sparse_grad=False")
         super().__init__(module, *args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True,
+                        assign: bool = False) -> _IncompatibleKeys:
+        """``nn.Module.load_state_dict`` (keys ``module.*``), checked whole first: a refused
+        load changes nothing (torch's copied every entry it could into the wrapped model
+        before it raised), and a state without the ``module.`` prefix is named as such."""
+        strict, assign = check_state_dict(self, state_dict, strict, assign)
+        return cast(_IncompatibleKeys,
+                    super().load_state_dict(state_dict, strict=strict, assign=assign))
 
     def _build_params_for_reducer(  # torch's hook point: (parameters, expect_sparse)
             self) -> Tuple[List[nn.Parameter], List[bool]]:

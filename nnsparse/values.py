@@ -18,13 +18,15 @@ tensors, so a criterion sees that an estimate shares its target's pattern
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union, cast, overload
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from . import _index
 from ._forms import SparseBatch, SparseLike, _sparse_coo, _sparse_csr, as_sparse_batch, attach
+from ._load import check_state_dict
 from ._ops import SparseParts
 
 __all__ = ["values_map", "ValuesMap"]
@@ -338,6 +340,25 @@ class ValuesMap(nn.Module):
 
     def forward(self, input: Union[SparseLike, SparseParts]) -> Union[SparseLike, SparseParts]:
         return values_map(self.fn, input)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True,
+                        assign: bool = False) -> "_IncompatibleKeys":
+        """``nn.Module.load_state_dict`` (the state of a module ``fn``), checked whole first:
+        a refused load changes nothing (torch's copied the entries before the refused one)."""
+        strict, assign = check_state_dict(self, state_dict, strict, assign)
+        return cast(_IncompatibleKeys,
+                    super().load_state_dict(state_dict, strict=strict, assign=assign))
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        # the constructor's check again: a file's fn (torch.load allows ValuesMap and plain
+        # values) was set without it, and failed only at the first forward
+        modules = state.get("_modules") or {}
+        fn = modules["fn"] if "fn" in modules else state.get("fn")
+        if not callable(fn):
+            got = "no fn" if "fn" not in modules and "fn" not in state else type(fn).__name__
+            raise TypeError(f"a loaded ValuesMap's fn must be callable (a module or function), "
+                            f"got {got}")
+        super().__setstate__(state)  # type: ignore[no-untyped-call]
 
     def extra_repr(self) -> str:
         # A module is shown as the child ``(fn): Tanh()``; a function by its name.

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union, cast
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union,
+                    cast)
 
 import numpy as np
 import torch
@@ -234,21 +235,28 @@ def _allocate(shape: Tuple[int, int], dtype: torch.dtype, device: torch.device) 
 
 
 def _checked_settings(network: Any, output_size: Any, batch_size: Any, device: Any,
-                      progress: Any, layout: Any, collate_fn: Any) -> Tuple[int, int, Any, Any]:
+                      progress: Any, layout: Any, collate_fn: Any, present: bool = True
+                      ) -> Tuple[int, int, Any, Any]:
     """A Batchifier's settings checked; ``(output_size, batch_size, device, progress)``
-    as stored (numpy ints as ints, a device name as a ``torch.device``)."""
+    as stored (numpy ints as ints, a device name as a ``torch.device``).  ``present=False``
+    (a loaded Batchifier): a device this machine lacks is kept, and refused at a call."""
     if not isinstance(network, nn.Module):
         raise TypeError(f"network must be an nn.Module, got {type(network).__name__}")
     output_size = as_count("output_size", output_size, 0)  # (as nn.Linear's)
     batch_size = as_count("batch_size", batch_size, 1)
     if progress is not None:
         progress = as_flag(progress, "progress", "a bool or None")
-    device = as_device(device, none=True)
+    device = as_device(device, none=True, present=present)
     if layout not in (torch.sparse_csr, torch.sparse_coo):
         raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
     if collate_fn is not None and not callable(collate_fn):
         raise TypeError(f"collate_fn must be callable, got {type(collate_fn).__name__}")
     return output_size, batch_size, device, progress
+
+
+# The attributes a Batchifier holds: its constructor's arguments
+_SETTINGS = ("network", "output_size", "batch_size", "device", "progress", "layout",
+             "collate_fn")
 
 
 class Batchifier:
@@ -343,6 +351,29 @@ class Batchifier:
         self.progress = progress
         self.layout = layout
         self.collate_fn = collate_fn
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        # (pickle, copy.deepcopy, torch.load(weights_only=False); the default weights_only
+        # load refuses the class, which holds a user's network) the constructor's checks
+        # of a file's settings, before the object holds them: a field edited or missing
+        # failed only at the first call (a missing one with Python's AttributeError).  Not
+        # the device's presence: one pickled on a GPU machine loads on a CPU-only one (the
+        # call refuses it there; set device = None or 'cpu' to run it)
+        if not isinstance(state, dict):
+            raise TypeError(f"a loaded Batchifier's state must be a dict of its settings, got "
+                            f"{type(state).__name__}")
+        missing = [k for k in _SETTINGS if k not in state]
+        if missing:
+            raise ValueError(f"a loaded Batchifier's state lacks the settings {missing} (it "
+                             f"holds {sorted(state)})")
+        try:
+            output_size, batch_size, device, progress = _checked_settings(
+                state["network"], state["output_size"], state["batch_size"], state["device"],
+                state["progress"], state["layout"], state["collate_fn"], present=False)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"a loaded Batchifier's settings: {error}") from None
+        self.__dict__.update(state, output_size=output_size, batch_size=batch_size,
+                             device=device, progress=progress)
 
     def _check_settings(self) -> None:
         """The settings again, as the constructor checked them: they may have been assigned

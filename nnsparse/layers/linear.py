@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, ContextManager, Dict, Optional, Tuple, Union, cast
+from typing import Any, ContextManager, Dict, List, Optional, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -1247,7 +1247,12 @@ class SparseLinearBatch(nn.Module):
         if (local_metadata.get("assign_to_params_buffers") and isinstance(weight, Tensor)
                 and weight.dim() == 2 and not weight.t().is_contiguous()):
             state_dict[prefix + "weight"] = weight.t().contiguous().t()
+        missing_keys, error_msgs = args[1], args[3]  # (strict, missing, unexpected, errors)
+        errors_before = len(error_msgs)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
+        if self.sparse_grad:
+            _name_weight(missing_keys, error_msgs, errors_before, prefix, weight,
+                         (self.out_features, self.in_features))
 
 
 def _parametrizations(layer: nn.Module) -> Optional[nn.ModuleDict]:
@@ -1338,4 +1343,24 @@ def _weight_to_state_dict(module: nn.Module, state_dict: Dict[str, Any], prefix:
 
 def _weight_from_state_dict(state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
     if prefix + "weight" in state_dict:
-        state_dict[prefix + "weight_t"] = state_dict.pop(prefix + "weight").t()
+        weight = state_dict.pop(prefix + "weight")
+        # (not a tensor: torch's copy refuses it, named weight by _name_weight)
+        state_dict[prefix + "weight_t"] = weight.t() if isinstance(weight, Tensor) else weight
+
+
+def _name_weight(missing_keys: List[str], error_msgs: List[str], start: int, prefix: str,
+                 given: Any, shape: Tuple[int, int]) -> None:
+    """torch's report of a ``sparse_grad`` layer's load in a container that does not check
+    the whole state first (``nn.Sequential``) named the layer's internal parameter, shape
+    ``(in, out)``: ``Missing key(s) in state_dict: "0.weight_t"``, a size mismatch of the
+    transposed shapes.  The state's name and shapes instead: ``weight``, ``(out, in)``."""
+    internal, key = prefix + "weight_t", prefix + "weight"
+    missing_keys[:] = [key if k == internal else k for k in missing_keys]
+    for i in range(start, len(error_msgs)):
+        if error_msgs[i].startswith(f"size mismatch for {internal}:") and \
+                isinstance(given, Tensor):
+            error_msgs[i] = (f"size mismatch for {key}: copying a param with shape "
+                             f"{given.shape} from checkpoint, the shape in current model is "
+                             f"{torch.Size(shape)}.")
+        else:
+            error_msgs[i] = error_msgs[i].replace(f'"{internal}"', f'"{key}"')

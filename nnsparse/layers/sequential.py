@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, Iterable, Optional, Tuple, Type
+from typing import Any, Dict, Iterable, Optional, Tuple, Type, cast
 
 from torch import nn
+from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .._forms import is_int
+from .._load import check_state_dict
 
 __all__ = ["PatternSequential"]
 
@@ -145,6 +147,22 @@ class PatternSequential(nn.Sequential):
 
     def __rmul__(self, other: int) -> "PatternSequential":
         return self.__mul__(other)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True,
+                        assign: bool = False) -> "_IncompatibleKeys":
+        """``nn.Module.load_state_dict``, checked whole first: a refused load changes nothing
+        (torch's copied the entries of the layers before the refused one).
+
+        Raises:
+            RuntimeError: torch's errors (keys, shapes, kinds; a ``SparseWeightLinear``'s
+                state of another nnz), before anything is copied, ending in
+                ``(nothing was loaded)``.
+            ValueError: the loaded pattern of a ``SparseWeightLinear`` item is no valid
+                CSR pattern; nothing is copied.
+        """
+        strict, assign = check_state_dict(self, state_dict, strict, assign)
+        return cast(_IncompatibleKeys,
+                    super().load_state_dict(state_dict, strict=strict, assign=assign))
 
     def forward(self, input: Any, pattern: Any = None) -> Any:
         if pattern is not None and not any(

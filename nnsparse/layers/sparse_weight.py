@@ -268,6 +268,15 @@ class SparseWeightLinear(nn.Module):
         if refusals:
             error_msgs.extend(refusals)
             return
+        self._check_loaded_pattern(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+    def _check_loaded_pattern(self, state_dict: Mapping[str, Any], prefix: str) -> None:
+        """``ValueError`` unless the pattern this layer would hold after loading
+        ``state_dict`` (its ``crow``/``col``, or its own) is a valid CSR pattern.  Also run
+        by :func:`nnsparse._load.check_state_dict` for a layer inside the loaded module,
+        before anything of the module is copied."""
         crow = state_dict.get(prefix + "crow", self.crow)
         col = state_dict.get(prefix + "col", self.col)
         if prefix + "crow" in state_dict or prefix + "col" in state_dict:
@@ -279,8 +288,6 @@ class SparseWeightLinear(nn.Module):
             # buffers) or an in-place edit may have left unchecked: checked (once, then
             # recorded) before the values are copied, so a refused load changes nothing
             self._check_pattern()
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
 
     # -- the pattern's structures ------------------------------------------------
     def _derive(self) -> None:

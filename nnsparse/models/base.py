@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
+from torch.nn.utils import parametrize, prune
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, as_sparse_batch,
                       check_file_object, check_index_range, is_int, is_real, refuse_meta,
@@ -403,6 +404,8 @@ class RatingModel(nn.Module):
         Raises:
             RuntimeError: torch's errors (keys, shapes), before anything is copied; a
                 non-empty state for a model never fitted (``fit`` makes its layers).
+            ValueError: an entry that is not finite (NaN or inf weights of a diverged
+                model, which :meth:`save` and :meth:`load` refuse too); nothing is copied.
         """
         if (not self._built and isinstance(state_dict, Mapping) and len(state_dict)
                 and not self.state_dict()):
@@ -412,6 +415,16 @@ class RatingModel(nn.Module):
                                f"load a saved model with {type(self).__name__}.load(path), or "
                                f"fit it first (nothing was loaded)")
         strict, assign = check_state_dict(self, state_dict, strict, assign)
+        # as save() and load() refuse them: a diverged state (or NaN side features, which
+        # fit refuses) predicted NaN for every known entry, silently
+        own = self.state_dict()
+        bad = [k for k, v in state_dict.items() if k in own and isinstance(v, Tensor)
+               and (v.is_floating_point() or v.is_complex()) and v.device.type != "meta"
+               and not bool(torch.isfinite(v).all())]
+        if bad:
+            raise ValueError(f"state_dict holds values that are not finite (NaN or inf) in "
+                             f"{bad}: the model it was taken from had diverged (save() and "
+                             f"load() refuse such weights); nothing was loaded")
         return cast(_IncompatibleKeys,
                     super().load_state_dict(state_dict, strict=strict, assign=assign))
 
@@ -435,6 +448,8 @@ class RatingModel(nn.Module):
             matrix = csr_tensor(x.crow, x.col, x.values, x.size)
             as_sparse_batch(matrix, name="a saved model's training matrix", pairs=False)
             self._input = matrix
+        if self.__dict__.get("_built") is True:
+            _check_fitted_state(self)
 
     # -- what a subclass implements ------------------------------------------------
     def build(self, rows: int, width: int, features: int) -> None:
@@ -1083,24 +1098,12 @@ class RatingModel(nn.Module):
             raise ValueError(f"hparams no longer describe the fitted network: orientation is "
                              f"{hparams['orientation']!r}, the model was fitted with "
                              f"{self._norm.orientation!r} rows{since}{advice}")
-        def unbuilt() -> "RatingModel":
-            fresh = type(self)(**hparams)
-            # what fit set before build (normaliser, statistics), which a build may read;
-            # not the edited hparams, nor nn.Module's own tables (layers, hooks)
-            internal = _MODULE_KEYS | {"hparams"}
-            fresh.__dict__.update({k: v for k, v in self.__dict__.items() if k not in internal})
-            return fresh
-
-        fresh = unbuilt()
         features = getattr(self, "row_features", None)
-        sizes = (*self._shape, 0 if features is None else features.shape[1])
+        width = 0 if features is None else features.shape[1]
         try:
-            with torch.device("meta"):
-                fresh.build(*sizes)
+            fresh = self._fresh_build(hparams, width)
         except (NotImplementedError, RuntimeError):  # a build that reads a value back
-            fresh = unbuilt()
-            with torch.random.fork_rng(devices=[]):  # (no random number drawn for the caller)
-                fresh.build(*sizes)
+            fresh = self._fresh_build(hparams, width, meta=False)
         own = self.state_dict()
         for key, value in fresh.state_dict().items():
             if key not in own or own[key].shape != value.shape:
@@ -1108,6 +1111,36 @@ class RatingModel(nn.Module):
                 raise ValueError(f"hparams no longer describe the fitted network: they build "
                                  f"{key} of shape {tuple(value.shape)}, the model has "
                                  f"{has}{since}{advice}")
+
+    def _fresh_build(self, hparams: Dict[str, Any], features: int,
+                     meta: bool = True) -> "RatingModel":
+        """A new model of ``hparams`` holding what fit set before build (normaliser,
+        statistics), which a build may read, built for this model's data: on the meta
+        device (nothing allocated, no random number drawn), else with the caller's random
+        state put back.  Not this model's hparams, nor nn.Module's own tables (layers,
+        hooks).  Raises what the constructor or :meth:`build` raise."""
+        fresh = type(self)(**hparams)
+        internal = _MODULE_KEYS | {"hparams"}
+        fresh.__dict__.update({k: v for k, v in self.__dict__.items() if k not in internal})
+        if meta:
+            with torch.device("meta"):
+                fresh.build(*self._shape, features)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                fresh.build(*self._shape, features)
+        return fresh
+
+    def _built_state(self, hparams: Dict[str, Any], features: int
+                     ) -> Optional[Dict[str, Tuple[int, ...]]]:
+        """The shapes of the state :meth:`build` makes of ``hparams`` for this model's data
+        (without ``row_features``), built on the meta device; ``None`` for a build that
+        cannot run there (a subclass's build may raise anything on meta tensors: a loaded
+        or copied model is then not checked, rather than refused), or refuses ``hparams``."""
+        try:
+            fresh = self._fresh_build(hparams, features)
+        except Exception:
+            return None
+        return {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
 
     @classmethod
     def load(cls, path: Any, device: Union[str, torch.device] = "cpu") -> "RatingModel":
@@ -1228,6 +1261,104 @@ def _check_blob(blob: Dict[str, Any], model: "RatingModel", path: Any) -> None:
     epoch = blob["best_epoch"]
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise ValueError(f"{damaged}: best_epoch must be an int >= 0, got {epoch!r}")
+
+
+def _check_fitted_state(model: "RatingModel") -> None:
+    """The fields of a fitted model that torch's unpickler set without :meth:`fit`'s care
+    (``torch.load`` of a whole model, ``pickle``, ``copy.deepcopy``): each consistent with
+    the others, or a ``ValueError`` / ``TypeError`` naming the field.  An edited file
+    predicted silently wrong (counts shorter than the ids made known items fall back to
+    means, NaN side features gave NaN) or failed far from the cause (an ``IndexError`` in
+    ``predict``, a bare ``AssertionError`` for a missing layer)."""
+    d = model.__dict__
+    name = f"a loaded {type(model).__name__}"
+
+    def shape_of(value: Any) -> str:
+        return (f"{value.dtype} of shape {tuple(value.shape)}" if isinstance(value, Tensor)
+                else f"{type(value).__name__} {value!r}"[:80])
+
+    shape = d.get("_shape")
+    if not (isinstance(shape, tuple) and len(shape) == 2
+            and all(is_int(n) and not isinstance(n, bool) and n >= 0 for n in shape)):
+        raise ValueError(f"{name}'s _shape must be (rows, width), two ints >= 0, got "
+                         f"{shape_of(shape)}")
+    norm = d.get("normalizer")
+    if not isinstance(norm, RatingNormalizer):
+        raise TypeError(f"{name}'s normalizer must be a RatingNormalizer, got "
+                        f"{type(norm).__name__}")
+    if tuple(norm.shape) != shape:
+        raise ValueError(f"{name}'s normalizer has shape {tuple(norm.shape)}, its _shape is "
+                         f"{shape}")
+    row_mean = getattr(norm, "row_mean", None)
+    if (not isinstance(row_mean, Tensor) or not row_mean.is_floating_point()
+            or tuple(row_mean.shape) != (shape[0],)
+            or not bool(torch.isfinite(row_mean).all())):
+        raise ValueError(f"{name}'s normalizer row_mean must be a finite floating tensor of "
+                         f"shape ({shape[0]},), got {shape_of(row_mean)}")
+    x = d.get("_input")
+    if isinstance(x, Tensor) and tuple(x.shape) != shape:
+        raise ValueError(f"{name}'s training matrix has shape {tuple(x.shape)}, its _shape "
+                         f"is {shape}")
+    ids: Dict[str, List[Any]] = {}
+    for who in ("user", "item"):
+        known = d.get(f"{who}_ids_")
+        if not isinstance(known, list):
+            raise TypeError(f"{name}'s {who}_ids_ must be a list, got {type(known).__name__}")
+        ids[who] = known
+    rows = "item" if norm.orientation == "item" else "user"
+    width = "user" if rows == "item" else "item"
+    if (len(ids[rows]), len(ids[width])) != shape:
+        raise ValueError(f"{name} has {len(ids[rows])} {rows} ids and {len(ids[width])} "
+                         f"{width} ids, its matrix is {shape} ({rows}s x {width}s)")
+    for who, known in ids.items():
+        n = len(known)
+        count, mean = d.get(f"{who}_count"), d.get(f"{who}_mean")
+        if (not isinstance(count, Tensor) or count.dtype != torch.int64
+                or tuple(count.shape) != (n,)
+                or (n and int(count.min()) < 0)):
+            raise ValueError(f"{name}'s {who}_count must be an int64 tensor of {n} counts >= 0 "
+                             f"(one per {who} id), got {shape_of(count)}")
+        if (not isinstance(mean, Tensor) or not mean.is_floating_point()
+                or tuple(mean.shape) != (n,) or not bool(torch.isfinite(mean).all())):
+            raise ValueError(f"{name}'s {who}_mean must be a finite floating tensor of {n} "
+                             f"means (one per {who} id), got {shape_of(mean)}")
+    mean = d.get("global_mean")
+    if isinstance(mean, bool) or not isinstance(mean, numbers.Real) or not math.isfinite(mean):
+        raise ValueError(f"{name}'s global_mean must be a finite number, got {mean!r}")
+    features = model._buffers.get("row_features")
+    if features is not None and (not features.is_floating_point() or features.dim() != 2
+                                 or features.shape[0] != shape[0]):
+        raise ValueError(f"{name}'s row_features must be a floating tensor of {shape[0]} "
+                         f"rows (one per matrix row), got {shape_of(features)}")
+    if features is not None and not bool(torch.isfinite(features).all()):
+        raise ValueError(f"{name}'s row_features must be finite (as fit's features), got "
+                         f"NaN or infinite values")
+    # the layers: what build() makes of the hyperparameters it read (on the meta device)
+    fitted = d.get("_fit_hparams")
+    if not isinstance(fitted, dict):
+        return  # (a model pickled by an nnsparse before _fit_hparams: its layers as they are)
+    built = model._built_state(fitted, 0 if features is None else features.shape[1])
+    if built is None:
+        return  # a build that needs data (not on the meta device): not checked here
+    # each entry it builds, of its shape; not the entries of a layer that torch's tools
+    # reparametrised (prune: weight_orig and weight_mask; parametrize: parametrizations.*),
+    # nor the entries a user added (a copy of such a model is that model)
+    tooled = tuple(f"{name}." for name, sub in model.named_modules()
+                   if name and _reparametrized(sub))
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items() if not k.startswith(tooled)}
+    built = {k: v for k, v in built.items() if not k.startswith(tooled)}
+    differ = sorted(k for k in built if own.get(k) != built[k])
+    if differ:
+        raise ValueError(f"{name}'s layers are not those its fitted hyperparameters build: "
+                         + "; ".join(f"{k}: built {built.get(k, 'no such entry')}, loaded "
+                                     f"{own.get(k, 'no such entry')}" for k in differ[:4]))
+
+
+def _reparametrized(module: nn.Module) -> bool:
+    """Whether torch's ``prune`` or ``parametrize`` changed ``module``'s own entries."""
+    return (parametrize.is_parametrized(module)
+            or any(isinstance(hook, prune.BasePruningMethod)
+                   for hook in module._forward_pre_hooks.values()))
 
 
 class _CsrParts(NamedTuple):

@@ -55,7 +55,7 @@ class CFN(RatingModel):
         self.n_features = features
         self.encoder = SparseLinearBatch(width, hidden)
         # [x, f] @ V^T = x @ Vx^T + f @ Vf^T: the side part is a dense linear map.
-        self.side_in = nn.Linear(features, hidden, bias=False) if features else None
+        self.side_in = _SideLinear(features, hidden, bias=False) if features else None
         self.decoder = SparseOutputLinear(hidden + features, width)
 
     def make_criterion(self) -> nn.Module:
@@ -84,6 +84,12 @@ class CFN(RatingModel):
             total = total + self.side_in.weight.square().sum()
         return cast(Tensor,  # (a subclass may list l2 in AUTO)
                     0.5 * self.effective_hparams()["l2"] * total)
+
+
+class _SideLinear(nn.Linear):
+    """``nn.Linear`` of the side features, nnsparse's own class: ``torch.load``'s default
+    (``weights_only=True``) allows nnsparse's modules, not torch's ``nn.Linear``, so a whole
+    CFN with features saved by ``torch.save(model)`` loads as one without them does."""
 
 
 class _DeviceSDAE(SDAESparseCriterion):
