@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, ContextManager, Dict, Optional, Tuple, Union, cast
+from typing import Any, ContextManager, Dict, Optional, Set, Tuple, Union, cast
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -184,6 +183,37 @@ def _with_sparse_grad(param: Optional[Tensor], touched: bool) -> Optional[Tensor
             or torch.compiler.is_compiling()):
         return param
     return cast(Tensor, _EveryRowSparseGrad.apply(param, touched))  # type: ignore[no-untyped-call]
+
+
+# The autograd nodes that hand a sparse gradient on correctly, as sparse (elementwise
+# products and sums: pruning's ``weight_orig * weight_mask``, a scaled or summed weight).
+# Views (view, reshape, slicing, select, t, expand, as_strided), casts (``.float()``) and
+# ``torch.cat`` cannot take one (torch: "reshape is not implemented for sparse tensors").
+_TAKE_SPARSE_GRAD = frozenset({"MulBackward0", "AddBackward0", "SubBackward0",
+                               "NegBackward0", "CloneBackward0"})
+_SPARSE_PATH_NODES = 32  # the most such nodes walked; a larger graph gets dense gradients
+
+
+def _sparse_grad_reaches(*tensors: Optional[Tensor]) -> bool:
+    """Whether sparse gradients of ``tensors`` (a layer's weight and bias as its forward
+    reads them) reach the tensors that keep them, their leaves, through autograd nodes
+    that take sparse gradients: a leaf (a Parameter), or a tensor made from leaves by
+    :data:`_TAKE_SPARSE_GRAD`'s nodes only.  Not a view of a tensor requiring grad (a
+    slice of one flat parameter vector given to ``torch.func.functional_call``, ``p.t()``,
+    a parametrization's output): its gradient must be dense.  Host-side graph metadata
+    (``grad_fn``, ``next_functions``): no tensor read, no synchronisation; a leaf costs
+    one attribute read."""
+    stack = [t.grad_fn for t in tensors if t is not None and t.grad_fn is not None]
+    seen: Set[Any] = set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen or type(node).__name__ == "AccumulateGrad":
+            continue
+        if type(node).__name__ not in _TAKE_SPARSE_GRAD or len(seen) == _SPARSE_PATH_NODES:
+            return False
+        seen.add(node)
+        stack.extend(child for child, _ in node.next_functions)
+    return True
 
 
 def _in_functorch() -> bool:
@@ -577,6 +607,8 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
     ``update``: the layer's in-backward optimiser (forces the sparse kernels)."""
     as_choice(mode, "mode", _MODES)
     _refuse_update_in_transform(update, table)
+    if sparse_grad and torch.is_grad_enabled() and not _sparse_grad_reaches(table, bias):
+        sparse_grad = False  # (a view's gradient, a flat vector's slice's: dense, as F.linear's)
     if isinstance(input, Tensor) and input.layout == torch.strided:
         # a strided tensor is always dense (nn.Linear's behaviour): the Lua pair
         # form comes as a list of (k, 2) tensors or through nnsparse.from_pairs
@@ -1194,11 +1226,9 @@ class SparseLinearBatch(nn.Module):
         self._check_parameters()
         if self._row_update is not None:  # (the table is read only then)
             _refuse_update_misuse(self, self._row_update, self._table())
-        sparse_grad = self.sparse_grad
-        if not (isinstance(input, Tensor) and input.layout == torch.strided):  # (F.linear's: dense)
-            _refuse_sparse_grad_parametrized(self, "weight_t")
-        elif _parametrized_table(self):  # (torch's parametrizations refuse a sparse gradient)
-            sparse_grad = False  # a dense input: F.linear's dense gradients, as before
+        # a parametrized weight_t gets dense gradients (torch's parametrizations refuse a
+        # sparse one), as a view does (_linear_table: _sparse_grad_reaches)
+        sparse_grad = self.sparse_grad and not _parametrized_table(self)
         if isinstance(input, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): plain tensors
             # through the custom operators of nnsparse/_ops.py, no validation.
@@ -1273,22 +1303,6 @@ def _weight_read_once(layer: nn.Module) -> ContextManager[Any]:
     if parametrize.is_parametrized(layer):
         return parametrize.cached()
     return contextlib.nullcontext()
-
-
-def _refuse_sparse_grad_parametrized(layer: nn.Module, name: str) -> None:
-    """``NotImplementedError`` for a training call of a ``sparse_grad=True`` layer whose
-    weight ``name`` is parametrized: the sparse gradient the kernels give would go into the
-    parametrization's backward, which torch's own refuse with errors that name neither
-    (weight_norm: "unsupported memory format option Contiguous")."""
-    flag = getattr(layer, "sparse_grad", False)  # checked by as_flag: np.True_ is not `True`
-    if (isinstance(flag, (bool, np.bool_)) and flag and torch.is_grad_enabled()
-            and _parametrized_table(layer, name)):
-        raise NotImplementedError(
-            f"{type(layer).__name__}(sparse_grad=True): {name} is parametrized "
-            f"(torch.nn.utils.parametrize), and torch's parametrizations (weight_norm, "
-            f"orthogonal, spectral_norm) refuse the sparse gradient sparse_grad gives them in "
-            f"their backward; set layer.sparse_grad = False to train it with dense "
-            f"gradients (under torch.no_grad() it runs as it is)")
 
 
 def _refuse_update_parametrized(layer: nn.Module, update: Any) -> None:
