@@ -244,7 +244,7 @@ class SplitOptimizer(Optimizer):
                             f"optimizers[{name!r}] is SparseAdam, which takes sparse gradients "
                             f"only, got a dense one for a parameter of shape {tuple(p.shape)} "
                             f"(a layer without sparse_grad=True, or one run under torch.compile, "
-                            f"torch.jit.trace or with a parametrized weight); "
+                            f"torch.jit.trace, with a parametrized weight or one given as a view); "
                             f"nnsparse.optim.LazyAdam takes both "
                             f"(no parameter was changed)")
                     if p.grad.is_sparse and not takes_sparse:

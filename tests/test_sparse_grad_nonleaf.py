@@ -247,3 +247,22 @@ def test_a_long_chain_of_products_gets_dense_gradients():
     layer = nnsparse.SparseLinearBatch(IN, OUT, sparse_grad=True, dtype=F64)
     _loss(functional_call(layer, {"weight_t": w}, (_batch().to_sparse(),))).backward()
     assert p.grad.layout == torch.strided
+
+
+@pytest.mark.parametrize("layer_name", list(LAYERS))
+def test_in_backward_optimiser_refuses_a_flat_vector_view_before_anything_moves(layer_name):
+    build, name, shape, args = LAYERS[layer_name]
+    layer = build()
+    optimizer = nnsparse.optim.apply_optimizer_in_backward(layer, "adam", lr=0.1)
+    state = {k: v.clone() for k, v in layer.state_dict().items()}
+    (flat,) = _leaves((shape[0] * shape[1] + 3,))
+    before = flat.detach().clone()
+    with pytest.raises(RuntimeError, match=rf"{layer_name}.*reads a view of another Parameter, "
+                       rf"of shape \({flat.numel()},\) \(a slice of one flat parameter vector "
+                       r"given to torch.func.functional_call\).*call remove\(\)"):
+        functional_call(layer, {name: flat[3:].view(shape)}, args("coo")[0])
+    assert all(torch.equal(v, state[k]) for k, v in layer.state_dict().items())
+    assert torch.equal(flat.detach(), before) and flat.grad is None
+    optimizer.remove()  # then the view trains, with dense gradients
+    _loss(functional_call(layer, {name: flat[3:].view(shape)}, args("coo")[0])).backward()
+    assert flat.grad.layout == torch.strided

@@ -828,7 +828,19 @@ def _not_owned_message(layer: nn.Module, update: Any, read: Tensor) -> str:
         return _pruned_update_message(update.name, pruned)
     weight = "weight_t" if isinstance(getattr(layer, "_parameters", {}).get("weight_t"),
                                       Tensor) or "weight_t" in layer.__dict__ else "weight"
-    read = read if read._base is None else read._base  # (weight.t(): a view of weight)
+    base = read._base
+    if base is not None and tuple(base.shape) not in (tuple(read.shape), tuple(read.shape)[::-1]):
+        # a view of another tensor: a slice of a flat vector (torch.func.functional_call)
+        return (f"{update.name}: the optimiser in the backward was built on this layer's "
+                f"{weight} Parameter and updates it in place, but the training forward reads "
+                f"a view of another {type(base).__name__}, of shape {tuple(base.shape)} (a "
+                f"slice of one flat parameter vector given to torch.func.functional_call): "
+                f"the update would step that tensor with this table's state, not the "
+                f"Parameter it was built on; pass the model's own parameters to "
+                f"functional_call (or none for this weight), or call remove() on the "
+                f"in-backward optimiser and train with torch.optim or "
+                f"nnsparse.optim.LazyAdam (the view then gets dense gradients)")
+    read = read if base is None else base  # (weight.t(): a view of weight)
     if not isinstance(read, nn.Parameter):
         what = (f"a {type(read).__name__} that is not a Parameter (a tensor given to "
                 f"torch.func.functional_call, or assigned)")
@@ -1033,8 +1045,18 @@ class SparseLinearBatch(nn.Module):
     ``weight_t`` (none for a batch of no rows), as the sparse batch holding
     every entry explicitly does; inside ``torch.func`` transforms, a backward
     under ``vmap`` (``is_grads_batched=True``), ``torch.compile`` and
-    ``torch.jit.trace``, and for a parametrized ``weight_t``, its gradients
-    are ``F.linear``'s dense ones.
+    ``torch.jit.trace`` its gradients are ``F.linear``'s dense ones.  On any
+    input the call's gradients are dense (``sparse_grad=False``'s values)
+    where a sparse one could not reach the tensors that keep it: for a
+    parametrized ``weight_t`` (``torch.nn.utils.parametrize``), and for a
+    ``weight_t`` or bias read as a view of a tensor that requires grad
+    (slices of one flat parameter vector given to
+    ``torch.func.functional_call``, ``p.t()``, ``p[i]``: torch's view
+    backwards cannot reshape a sparse gradient) or made by an operation other
+    than elementwise products and sums (``torch.cat``, a dtype cast, a custom
+    ``autograd.Function``).  A leaf keeps its sparse gradient, and so do the
+    leaves of a weight made by products and sums (pruning's
+    ``weight_t_orig * weight_t_mask``).
     Optimisers that accept them:
     ``torch.optim.SparseAdam``, ``torch.optim.SGD`` (without momentum or
     weight decay), ``torch.optim.Adagrad`` and
@@ -1077,11 +1099,6 @@ class SparseLinearBatch(nn.Module):
             in_features)`` (``weight_t``: ``(in_features, out_features)``) or
             ``(out_features,)``, or the bias differs from the weight in dtype
             or device.
-        NotImplementedError: ``sparse_grad=True`` with ``weight_t``
-            parametrized (``torch.nn.utils.parametrize``, e.g. ``weight_norm(layer,
-            name="weight_t")``) in a training call on a sparse batch: torch's
-            parametrizations refuse sparse gradients; set ``sparse_grad = False``
-            (a ``no_grad`` call, or a dense input, runs).
 
     Raises (in the constructor):
         TypeError: a size that is not an int, a flag that is not a bool, a

@@ -194,7 +194,14 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
             every bias entry is touched (none for an input of no rows), as by
             a pattern holding every entry; inside ``torch.func`` transforms, a
             backward under ``vmap``, ``torch.compile`` and ``torch.jit.trace``
-            the gradients are then ``F.linear``'s dense ones.  Usable with
+            the gradients are then ``F.linear``'s dense ones.  With or without
+            a pattern they are dense (the values ``sparse_grad=False`` gives)
+            for a ``weight`` or ``bias`` read as a view of a tensor that
+            requires grad (slices of one flat parameter vector, ``p.t()``:
+            torch's view backwards cannot reshape a sparse gradient) or made by
+            an operation other than elementwise products and sums
+            (``torch.cat``, a dtype cast, a custom ``autograd.Function``); a
+            leaf keeps its sparse gradient.  Usable with
             :class:`nnsparse.optim.LazyAdam`, ``torch.optim.SparseAdam`` and
             ``torch.optim.SGD`` (without momentum or weight decay).
 
@@ -342,9 +349,14 @@ class SparseOutputLinear(nn.Linear):
             every row of ``weight`` and every bias entry (none for an input of
             no rows), as a pattern holding every entry does; inside
             ``torch.func`` transforms, a backward under ``vmap``,
-            ``torch.compile`` and ``torch.jit.trace``, and for a parametrized
-            ``weight``, its gradients are ``F.linear``'s dense ones.
-            Default: ``False``.
+            ``torch.compile`` and ``torch.jit.trace`` its gradients are
+            ``F.linear``'s dense ones.  With or without a pattern they are
+            dense (``sparse_grad=False``'s values) for a parametrized
+            ``weight`` (``torch.nn.utils.parametrize``), and for a ``weight`` or
+            ``bias`` read as a view of a tensor that requires grad or made by
+            an operation other than elementwise products and sums, see
+            :func:`sampled_linear` (a flat parameter vector's slices given to
+            ``torch.func.functional_call``).  Default: ``False``.
         device (torch.device, optional), dtype (torch.dtype, optional): of the
             parameters, as ``nn.Linear``'s factory keywords.  Default: torch's.
 
@@ -359,10 +371,6 @@ class SparseOutputLinear(nn.Linear):
         ValueError: it was replaced by one of another shape than
             ``(out_features, in_features)`` or ``(out_features,)``, or the bias
             differs from the weight in dtype or device.
-        NotImplementedError: ``sparse_grad=True`` with a parametrized weight
-            (``torch.nn.utils.parametrize``, e.g. ``weight_norm``) in a training
-            call with a pattern: torch's parametrizations refuse sparse gradients;
-            set ``sparse_grad = False`` (a ``no_grad`` call runs).
 
     Raises (in the constructor):
         TypeError: a size that is not an int, a flag that is not a bool, a
