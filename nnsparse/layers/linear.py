@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, ContextManager, Dict, Optional, Set, Tuple, Union, cast
+from typing import Any, ContextManager, Dict, List, Optional, Set, Tuple, Union, cast
 
 import torch
 import torch.nn.functional as F
@@ -177,7 +177,9 @@ def _with_sparse_grad(param: Optional[Tensor], touched: bool) -> Optional[Tensor
     backward, and torch has no batched sparse tensors) and in a ``torch.compile`` region
     (dynamo traces no sparse constructor: ``fullgraph=True`` failed), and under
     ``torch.jit.trace`` (whose check of the trace failed on the Function): there the dense
-    gradients ``F.linear`` gives, as before."""
+    gradients ``F.linear`` gives, as before.  (A weight or bias that cannot take a sparse
+    gradient, a view, never comes here: :func:`_sparse_grad_reaches` turned the call's
+    ``sparse_grad`` off.)"""
     tracing = torch.jit.is_tracing()  # type: ignore[attr-defined, no-untyped-call]
     if (param is None or not param.requires_grad or _in_functorch() or tracing
             or torch.compiler.is_compiling()):
@@ -203,7 +205,7 @@ def _sparse_grad_reaches(*tensors: Optional[Tensor]) -> bool:
     a parametrization's output): its gradient must be dense.  Host-side graph metadata
     (``grad_fn``, ``next_functions``): no tensor read, no synchronisation; a leaf costs
     one attribute read."""
-    stack = [t.grad_fn for t in tensors if t is not None and t.grad_fn is not None]
+    stack: List[Any] = [t.grad_fn for t in tensors if t is not None]  # (a leaf's: None)
     seen: Set[Any] = set()
     while stack:
         node = stack.pop()
