@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
+from torch.nn.utils import prune
 
 import nnsparse
 from nnsparse.layers.linear import _sparse_grad_reaches
@@ -266,3 +267,41 @@ def test_in_backward_optimiser_refuses_a_flat_vector_view_before_anything_moves(
     optimizer.remove()  # then the view trains, with dense gradients
     _loss(functional_call(layer, {name: flat[3:].view(shape)}, args("coo")[0])).backward()
     assert flat.grad.layout == torch.strided
+
+
+COMPILED_WEIGHTS = {  # a non-leaf weight made inside the compiled region
+    "pruned": lambda layer, name, shape: prune.random_unstructured(layer, name, 0.5),
+    "flat-slice-view": None,  # functional_call of a flat vector's slice, below
+}
+
+
+@pytest.mark.parametrize("kind", list(COMPILED_WEIGHTS))
+@pytest.mark.parametrize("layer_name", list(LAYERS))
+def test_compiled_fullgraph_with_a_non_leaf_weight(layer_name, kind):
+    """torch.compile(fullgraph=True) of a sparse_grad layer whose weight is made in the
+    region (pruning's weight_orig * weight_mask, a flat vector's view): no graph break (dynamo
+    reads no grad_fn), and the dense gradients eager sparse_grad=False gives."""
+    build, name, shape, args = LAYERS[layer_name]
+    grads = []
+    for compiled in (True, False):
+        layer = build()
+        layer.sparse_grad = compiled
+        (flat,) = _leaves((shape[0] * shape[1] + 3,))
+        if kind == "pruned":
+            torch.manual_seed(4)
+            COMPILED_WEIGHTS[kind](layer, name, shape)
+
+            def f(*inputs: Tensor) -> Tensor:
+                return layer(*inputs)
+        else:
+            def f(*inputs: Tensor) -> Tensor:
+                return functional_call(layer, {name: flat[3:].view(shape)}, inputs)
+        torch._dynamo.reset()
+        try:
+            run = torch.compile(f, backend="aot_eager", fullgraph=True) if compiled else f
+            _loss(run(*args("dense")[0])).backward()
+        finally:
+            torch._dynamo.reset()
+        grads.append(getattr(layer, name + "_orig").grad if kind == "pruned" else flat.grad)
+    assert grads[0].layout == torch.strided
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
