@@ -204,7 +204,11 @@ def _sparse_grad_reaches(*tensors: Optional[Tensor]) -> bool:
     slice of one flat parameter vector given to ``torch.func.functional_call``, ``p.t()``,
     a parametrization's output): its gradient must be dense.  Host-side graph metadata
     (``grad_fn``, ``next_functions``): no tensor read, no synchronisation; a leaf costs
-    one attribute read."""
+    one attribute read.  In a ``torch.compile`` region: ``True`` unread, as dynamo
+    traces no ``grad_fn`` (a graph break, which ``fullgraph=True`` refuses) and the region
+    gives dense gradients anyway (:func:`_with_sparse_grad`; it traces no sparse batch)."""
+    if torch.compiler.is_compiling():
+        return True
     stack: List[Any] = [t.grad_fn for t in tensors if t is not None]  # (a leaf's: None)
     seen: Set[Any] = set()
     while stack:
