@@ -305,3 +305,21 @@ def test_compiled_fullgraph_with_a_non_leaf_weight(layer_name, kind):
         grads.append(getattr(layer, name + "_orig").grad if kind == "pruned" else flat.grad)
     assert grads[0].layout == torch.strided
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer_name", list(LAYERS))
+def test_parametrized_layer_is_not_listed_as_giving_sparse_gradients(layer_name):
+    """A parametrized weight's calls give dense gradients, the bias's too: the layer's
+    parameters are not listed by sparse_grad_parameters (which make_optimizer and
+    DistributedDataParallel read), so make_optimizer(sparse="sparse_adam") trains it."""
+    build, name, _, args = LAYERS[layer_name]
+    layer = nn.utils.parametrizations.weight_norm(build(), name=name)
+    assert nnsparse.sparse_grad_parameters(layer) == []
+    before = [p.detach().clone() for p in layer.parameters()]
+    optimizer = nnsparse.make_optimizer(layer, lr=0.1, sparse="sparse_adam")
+    _loss(layer(*args("coo")[0])).backward()
+    optimizer.step()
+    assert all(not torch.equal(p, b) for p, b in zip(layer.parameters(), before))
+    # unparametrized, both are listed, as before
+    assert [tuple(p.shape) for p in nnsparse.sparse_grad_parameters(build())] == [
+        tuple(getattr(build(), name).shape), (OUT,)]
