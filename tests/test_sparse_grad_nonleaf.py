@@ -73,7 +73,7 @@ def _loss(out: Tensor) -> Tensor:
 # the gradient stays sparse)
 def _leaves(*shapes: Tuple[int, ...]) -> Tuple[nn.Parameter, ...]:
     gen = torch.Generator().manual_seed(3)
-    return tuple(nn.Parameter(torch.randn(*s, generator=gen, dtype=F64)) for s in shapes)
+    return tuple(nn.Parameter(torch.randn(s, generator=gen, dtype=F64)) for s in shapes)
 
 
 KINDS: Dict[str, Tuple[Callable[[Tuple[int, int]], Tuple[nn.Parameter, ...]],
@@ -89,6 +89,12 @@ KINDS: Dict[str, Tuple[Callable[[Tuple[int, int]], Tuple[nn.Parameter, ...]],
     "cast": (lambda s: _leaves(s), lambda s, p: p.float().double(), False),
     "masked": (lambda s: _leaves(s), lambda s, p: p * (torch.arange(s[0] * s[1]).view(s) % 3 > 0),
                True),
+    # products and sums with factors that require grad, broadcast or 0-d: torch reduces their
+    # share of the sparse gradient (sum_to), in either layout
+    "learned-scale": (lambda s: _leaves(s, ()), lambda s, p, c: -(p * c), True),
+    "row-scaled": (lambda s: _leaves(s, (s[0], 1)), lambda s, p, r: p * r, True),
+    "plus-broadcast": (lambda s: _leaves(s, (s[1],)), lambda s, p, b: p.clone() + b, True),
+    "sub-alpha": (lambda s: _leaves(s, s), lambda s, p, q: torch.sub(p, q, alpha=0.5), True),
 }
 
 
@@ -122,9 +128,10 @@ def test_non_leaf_weight_gets_the_dense_reference_gradient(layer_name, form, kin
     leaves, bias_grad = _run(layer_name, form, kind, call, sparse_grad=True)
     ref_leaves, ref_bias_grad = _run(layer_name, form, kind, call, sparse_grad=False)
     sparse = KINDS[kind][2]
-    for leaf, ref in zip(leaves, ref_leaves):
+    for i, (leaf, ref) in enumerate(zip(leaves, ref_leaves)):
         assert leaf.grad is not None and ref.grad is not None
-        assert leaf.grad.layout == (torch.sparse_coo if sparse else torch.strided)
+        if i == 0 or not sparse:  # (a broadcast factor's reduced gradient: either layout)
+            assert leaf.grad.layout == (torch.sparse_coo if sparse else torch.strided)
         torch.testing.assert_close(leaf.grad.to_dense(), ref.grad, rtol=1e-12, atol=1e-12)
     # the call's gradients are all dense where the weight's must be (the bias's too)
     assert bias_grad.layout == (torch.sparse_coo if sparse else torch.strided)
@@ -269,13 +276,7 @@ def test_in_backward_optimiser_refuses_a_flat_vector_view_before_anything_moves(
     assert flat.grad.layout == torch.strided
 
 
-COMPILED_WEIGHTS = {  # a non-leaf weight made inside the compiled region
-    "pruned": lambda layer, name, shape: prune.random_unstructured(layer, name, 0.5),
-    "flat-slice-view": None,  # functional_call of a flat vector's slice, below
-}
-
-
-@pytest.mark.parametrize("kind", list(COMPILED_WEIGHTS))
+@pytest.mark.parametrize("kind", ["pruned", "flat-slice-view"])
 @pytest.mark.parametrize("layer_name", list(LAYERS))
 def test_compiled_fullgraph_with_a_non_leaf_weight(layer_name, kind):
     """torch.compile(fullgraph=True) of a sparse_grad layer whose weight is made in the
@@ -289,7 +290,7 @@ def test_compiled_fullgraph_with_a_non_leaf_weight(layer_name, kind):
         (flat,) = _leaves((shape[0] * shape[1] + 3,))
         if kind == "pruned":
             torch.manual_seed(4)
-            COMPILED_WEIGHTS[kind](layer, name, shape)
+            prune.random_unstructured(layer, name, 0.5)  # (the same mask both times)
 
             def f(*inputs: Tensor) -> Tensor:
                 return layer(*inputs)
