@@ -37,12 +37,14 @@ _SPARSE_LACKS = ("maximize", "amsgrad", "differentiable")
 
 def _gives_sparse_grad(module: nn.Module) -> bool:
     """Whether ``module``'s own parameters get sparse COO gradients in training."""
-    from .layers.linear import SparseLinearBatch
+    from .layers.linear import SparseLinearBatch, _parametrized_weight
     from .layers.sparse_output import SparseOutputLinear
     if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
         return bool(module.sparse)
     if isinstance(module, (SparseLinearBatch, SparseOutputLinear)):
-        return bool(module.sparse_grad)
+        # a parametrized weight takes no sparse gradient: the layer's calls are then dense,
+        # its bias's gradient too (the layers' forward)
+        return bool(module.sparse_grad) and not _parametrized_weight(module)
     return False
 
 
@@ -55,7 +57,9 @@ def sparse_grad_parameters(model: nn.Module) -> List[Tensor]:
     :class:`~nnsparse.SparseOutputLinear` with ``sparse_grad=True``
     (``weight`` and ``bias``; their gradients are sparse when the layer is
     given a pattern, as in training).  Parameters with
-    ``requires_grad=False`` are left out.
+    ``requires_grad=False`` are left out, and so are those of a layer whose
+    weight is parametrized (``torch.nn.utils.parametrize``), whose gradients
+    are dense.
 
     Args:
         model (nn.Module): any module; its submodules are searched.
@@ -244,7 +248,7 @@ class SplitOptimizer(Optimizer):
                             f"optimizers[{name!r}] is SparseAdam, which takes sparse gradients "
                             f"only, got a dense one for a parameter of shape {tuple(p.shape)} "
                             f"(a layer without sparse_grad=True, or one run under torch.compile, "
-                            f"torch.jit.trace or with a parametrized weight); "
+                            f"torch.jit.trace, with a parametrized weight or one given as a view); "
                             f"nnsparse.optim.LazyAdam takes both "
                             f"(no parameter was changed)")
                     if p.grad.is_sparse and not takes_sparse:

@@ -400,9 +400,12 @@ class DistributedDataParallel(_TORCH_DDP):
 
     A ``SparseOutputLinear(sparse_grad=True)`` without a pattern, and a
     ``SparseLinearBatch(sparse_grad=True)`` given a dense input, give sparse
-    gradients over every row; under ``torch.compile``, ``torch.jit.trace``, in
-    ``torch.func`` transforms or with a parametrized weight their gradients
-    are dense, which DDP refuses for a parameter declared sparse.
+    gradients over every row; under ``torch.compile``, ``torch.jit.trace`` or in
+    ``torch.func`` transforms their gradients are dense, and so are a layer's
+    on any input with a weight read as a view of a tensor that requires grad,
+    which DDP refuses for a parameter declared sparse.  A layer with a
+    parametrized weight gets dense gradients and is not declared sparse: it
+    trains.
 
     Raises:
         TypeError: ``module`` not an ``nn.Module``; an argument torch's DDP does

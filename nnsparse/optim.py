@@ -1045,7 +1045,8 @@ class InBackwardOptimizer(Optimizer):
       attaching (``dec.weight = enc.weight_t``), another Parameter assigned
       (``load_state_dict(assign=True)``: build the optimiser after, or copy the
       values in), a tensor that requires grad given to
-      ``torch.func.functional_call`` (the model's own parameters work, and a
+      ``torch.func.functional_call`` (a slice of one flat parameter vector too;
+      the model's own parameters work, and a
       tensor that requires none: the layer's weight then gets no step), or a
       pruned weight (``torch.nn.utils.prune``: the layer reads ``weight_orig *
       weight_mask``, a temporary).  A layer pruned

@@ -87,9 +87,10 @@ def _weight_normed(sparse_grad: bool = True) -> SparseLinearBatch:
     return layer
 
 
-def _parametrized_dense_grads():
-    """Output and gradients of the originals against F.linear on the dense batch."""
-    layer = _weight_normed(sparse_grad=False)
+def _parametrized_dense_grads(sparse_grad: bool = False):
+    """Output and gradients of the originals against F.linear on the dense batch (with
+    ``sparse_grad``: dense gradients too, a parametrization's backward takes no sparse one)."""
+    layer = _weight_normed(sparse_grad=sparse_grad)
     x = _x()
     out = layer(x.to_sparse())
     out.sum().backward()
@@ -119,6 +120,13 @@ def _double_weight() -> SparseLinearBatch:
     layer = SparseLinearBatch(4, 3, sparse_grad=True)
     parametrize.register_parametrization(layer, "weight_t", Double())
     return layer
+
+
+def _double_weight_trains() -> torch.Tensor:
+    """The gradient of a custom parametrization's original (2 * w) from a sparse batch."""
+    layer = _double_weight()
+    layer(_x().to_sparse()).sum().backward()
+    return layer.parametrizations.weight_t.original.grad
 
 
 def _output_weight_normed(sparse_grad: bool = True) -> SparseOutputLinear:
@@ -152,27 +160,30 @@ def _no_grad_forward(layer: nn.Module, *args: Any):
 
 
 PARAMETRIZE_CASES = [
-    Case("sparse-grad-parametrized-weight-t-forward", lambda: _weight_normed()(_x().to_sparse()),
-         NotImplementedError, r"SparseLinearBatch\(sparse_grad=True\): weight_t is parametrized "
-         r".*refuse the sparse gradient.*layer\.sparse_grad = False"),
+    # a training call of a sparse_grad=True layer on a sparse batch (refused before): the
+    # parametrization's originals get the dense reference's gradients
+    Case("sparse-grad-parametrized-weight-t-trains", lambda: _parametrized_dense_grads(True), None,
+         check=lambda r: torch.allclose(r[0], r[1]) and len(r[2]) == 3
+         and all(a.layout == torch.strided and torch.allclose(a, b) for a, b in zip(r[2], r[3]))),
     Case("sparse-grad-parametrized-weight-t-no-grad",
          lambda: (_no_grad_forward(_weight_normed(), _x().to_sparse()), _weight_normed()), None,
          check=lambda r: torch.allclose(r[0], F.linear(_x(), r[1].weight, r[1].bias))),
     Case("sparse-grad-parametrized-weight-t-dense-input",
          lambda: (_weight_normed()(_x()), _weight_normed()), None,
          check=lambda r: torch.allclose(r[0], F.linear(_x(), r[1].weight, r[1].bias))),
-    Case("sparse-grad-output-parametrized-weight-forward",
-         lambda: _output_weight_normed()(torch.randn(3, 5), _x().to_sparse()),
-         NotImplementedError, r"SparseOutputLinear\(sparse_grad=True\): weight is parametrized "
-         r".*layer\.sparse_grad = False"),
+    Case("sparse-grad-output-parametrized-weight-trains",
+         lambda: _output_parametrized("sparse-grad"), None,
+         check=lambda r: torch.allclose(r[0], r[1]) and len(r[2]) == 3
+         and all(a.layout == torch.strided and torch.allclose(a, b) for a, b in zip(r[2], r[3]))),
     Case("sparse-grad-output-parametrized-weight-no-grad",
          lambda: _output_parametrized("no_grad"), None,
          check=lambda r: torch.allclose(r[0], r[1])),
     Case("output-parametrized-weight-dense-grads", lambda: _output_parametrized("dense-grads"),
          None, check=lambda r: torch.allclose(r[0], r[1]) and len(r[2]) == 3
          and all(torch.allclose(a, b) for a, b in zip(r[2], r[3]))),
-    Case("sparse-grad-parametrized-custom-forward", lambda: _double_weight()(_x().to_sparse()),
-         NotImplementedError, r"weight_t is parametrized"),
+    Case("sparse-grad-parametrized-custom-trains", _double_weight_trains, None,
+         check=lambda g: g.layout == torch.strided and torch.allclose(
+             g, 2 * _x().t() @ torch.ones(_x().shape[0], 3))),
     Case("parametrized-weight-t-weight-view", lambda: _weight_normed().weight, None,
          check=lambda w: tuple(w.shape) == (3, 4)),
     Case("parametrized-weight-t-state-dict", _parametrized_state_round_trip, None,

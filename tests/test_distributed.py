@@ -671,3 +671,19 @@ def test_a_validate_refused_on_rank_0_raises_on_every_rank(tmp_path):
         assert second[case] == ("RuntimeError", f"validate() raised {error} on rank 0, which "
                                 f"computes the validation RMSE: see rank 0's error"), case
     assert first["fine"] == second["fine"] == 0.25  # the group is still usable after them
+
+
+@pytest.mark.parametrize("cls, name", [(nnsparse.SparseLinearBatch, "weight_t"),
+                                       (nnsparse.SparseOutputLinear, "weight")])
+def test_ddp_trains_a_sparse_grad_layer_with_a_parametrized_weight(group_of_one, cls, name):
+    """A parametrized weight's calls give dense gradients (the bias's too): DDP's reducer is
+    not told they are sparse, and a training step on a sparse batch runs."""
+    torch.manual_seed(0)
+    layer = nn.utils.parametrizations.weight_norm(cls(6, 4, sparse_grad=True), name=name)
+    ddp = nd.DistributedDataParallel(layer)
+    x = (torch.randn(5, 6) * (torch.rand(5, 6) < 0.5)).to_sparse()
+    args = ((x,) if cls is nnsparse.SparseLinearBatch
+            else (torch.randn(5, 6), (torch.rand(5, 4) < 0.5).float().to_sparse()))
+    out = ddp(*args)
+    (out if out.layout == torch.strided else out.values()).sum().backward()
+    assert all(p.grad is not None and p.grad.layout == torch.strided for p in layer.parameters())

@@ -133,7 +133,11 @@ class _DenseGrad(torch.autograd.Function):
 
 
 @pytest.mark.parametrize("shape", [(4, 6), (6,), (2, 2, 6)])
-def test_gradcheck_float64(shape):
+def test_gradcheck_float64(shape, monkeypatch):
+    # a custom Function's output gets dense gradients (its backward may not take a sparse
+    # one: nnsparse cannot tell); _DenseGrad's takes one, declared so for this check
+    monkeypatch.setattr(linear_module, "_TAKE_SPARSE_GRAD",
+                        linear_module._TAKE_SPARSE_GRAD | {"_DenseGradBackward"})
     torch.manual_seed(0)
     layer = nnsparse.SparseLinearBatch(6, 3, sparse_grad=True, dtype=torch.float64)
     x = torch.randn(shape, dtype=torch.float64, requires_grad=True)

@@ -230,16 +230,18 @@ def _parametrized_sparse_grad(cls, flag):
         layer.sparse_grad = flag
         out = densify(layer(torch.randn(2, 5), sparsify(X)))
     out.sum().backward()
+    return layer
 
 
 @pytest.mark.parametrize("cls", [nnsparse.SparseLinearBatch, nnsparse.SparseOutputLinear])
 @pytest.mark.parametrize("flag", [True, np.True_], ids=["bool", "numpy-bool"])
-def test_assigned_numpy_true_sparse_grad_still_refuses_a_parametrized_weight(cls, flag):
-    # np.True_ is truthy but not `True`: the refusal must not be skipped for it (torch's
-    # weight_norm then failed in the backward with "unsupported memory format option")
-    with pytest.raises(NotImplementedError, match=rf"{cls.__name__}\(sparse_grad=True\): "
-                                                  r"weight(_t)? is parametrized"):
-        _parametrized_sparse_grad(cls, flag)
+def test_assigned_numpy_true_sparse_grad_trains_a_parametrized_weight(cls, flag):
+    # np.True_ is truthy but not `True`: the dense gradients a parametrized weight gets
+    # (torch's weight_norm failed in the backward on a sparse one, with "unsupported
+    # memory format option") must not be skipped for it
+    layer = _parametrized_sparse_grad(cls, flag)
+    grads = [p.grad for p in layer.parameters()]
+    assert len(grads) == 3 and all(g.layout == torch.strided for g in grads)
 
 
 def _densify_learnable_elem():

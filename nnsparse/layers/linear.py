@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, ContextManager, Dict, List, Optional, Tuple, Union, cast
+from typing import Any, ContextManager, Dict, List, Optional, Set, Tuple, Union, cast
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -178,12 +177,49 @@ def _with_sparse_grad(param: Optional[Tensor], touched: bool) -> Optional[Tensor
     backward, and torch has no batched sparse tensors) and in a ``torch.compile`` region
     (dynamo traces no sparse constructor: ``fullgraph=True`` failed), and under
     ``torch.jit.trace`` (whose check of the trace failed on the Function): there the dense
-    gradients ``F.linear`` gives, as before."""
+    gradients ``F.linear`` gives, as before.  (A weight or bias that cannot take a sparse
+    gradient, a view, never comes here: :func:`_sparse_grad_reaches` turned the call's
+    ``sparse_grad`` off.)"""
     tracing = torch.jit.is_tracing()  # type: ignore[attr-defined, no-untyped-call]
     if (param is None or not param.requires_grad or _in_functorch() or tracing
             or torch.compiler.is_compiling()):
         return param
     return cast(Tensor, _EveryRowSparseGrad.apply(param, touched))  # type: ignore[no-untyped-call]
+
+
+# The autograd nodes that hand a sparse gradient on correctly, as sparse (elementwise
+# products and sums: pruning's ``weight_orig * weight_mask``, a scaled or summed weight).
+# Views (view, reshape, slicing, select, t, expand, as_strided), casts (``.float()``) and
+# ``torch.cat`` cannot take one (torch: "reshape is not implemented for sparse tensors").
+_TAKE_SPARSE_GRAD = frozenset({"MulBackward0", "AddBackward0", "SubBackward0",
+                               "NegBackward0", "CloneBackward0"})
+_SPARSE_PATH_NODES = 32  # the most such nodes walked; a larger graph gets dense gradients
+
+
+def _sparse_grad_reaches(*tensors: Optional[Tensor]) -> bool:
+    """Whether sparse gradients of ``tensors`` (a layer's weight and bias as its forward
+    reads them) reach the tensors that keep them, their leaves, through autograd nodes
+    that take sparse gradients: a leaf (a Parameter), or a tensor made from leaves by
+    :data:`_TAKE_SPARSE_GRAD`'s nodes only.  Not a view of a tensor requiring grad (a
+    slice of one flat parameter vector given to ``torch.func.functional_call``, ``p.t()``,
+    a parametrization's output): its gradient must be dense.  Host-side graph metadata
+    (``grad_fn``, ``next_functions``): no tensor read, no synchronisation; a leaf costs
+    one attribute read.  In a ``torch.compile`` region: ``True`` unread, as dynamo
+    traces no ``grad_fn`` (a graph break, which ``fullgraph=True`` refuses) and the region
+    gives dense gradients anyway (:func:`_with_sparse_grad`; it traces no sparse batch)."""
+    if torch.compiler.is_compiling():
+        return True
+    stack: List[Any] = [t.grad_fn for t in tensors if t is not None]  # (a leaf's: None)
+    seen: Set[Any] = set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen or type(node).__name__ == "AccumulateGrad":
+            continue
+        if type(node).__name__ not in _TAKE_SPARSE_GRAD or len(seen) == _SPARSE_PATH_NODES:
+            return False
+        seen.add(node)
+        stack.extend(child for child, _ in node.next_functions)
+    return True
 
 
 def _in_functorch() -> bool:
@@ -577,6 +613,8 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
     ``update``: the layer's in-backward optimiser (forces the sparse kernels)."""
     as_choice(mode, "mode", _MODES)
     _refuse_update_in_transform(update, table)
+    if sparse_grad and torch.is_grad_enabled() and not _sparse_grad_reaches(table, bias):
+        sparse_grad = False  # (a view's gradient, a flat vector's slice's: dense, as F.linear's)
     if isinstance(input, Tensor) and input.layout == torch.strided:
         # a strided tensor is always dense (nn.Linear's behaviour): the Lua pair
         # form comes as a list of (k, 2) tensors or through nnsparse.from_pairs
@@ -796,7 +834,19 @@ def _not_owned_message(layer: nn.Module, update: Any, read: Tensor) -> str:
         return _pruned_update_message(update.name, pruned)
     weight = "weight_t" if isinstance(getattr(layer, "_parameters", {}).get("weight_t"),
                                       Tensor) or "weight_t" in layer.__dict__ else "weight"
-    read = read if read._base is None else read._base  # (weight.t(): a view of weight)
+    base = read._base
+    if base is not None and tuple(base.shape) not in (tuple(read.shape), tuple(read.shape)[::-1]):
+        # a view of another tensor: a slice of a flat vector (torch.func.functional_call)
+        return (f"{update.name}: the optimiser in the backward was built on this layer's "
+                f"{weight} Parameter and updates it in place, but the training forward reads "
+                f"a view of another {type(base).__name__}, of shape {tuple(base.shape)} (a "
+                f"slice of one flat parameter vector given to torch.func.functional_call): "
+                f"the update would step that tensor with this table's state, not the "
+                f"Parameter it was built on; pass the model's own parameters to "
+                f"functional_call (or none for this weight), or call remove() on the "
+                f"in-backward optimiser and train with torch.optim or "
+                f"nnsparse.optim.LazyAdam (the view then gets dense gradients)")
+    read = read if base is None else base  # (weight.t(): a view of weight)
     if not isinstance(read, nn.Parameter):
         what = (f"a {type(read).__name__} that is not a Parameter (a tensor given to "
                 f"torch.func.functional_call, or assigned)")
@@ -1001,8 +1051,18 @@ class SparseLinearBatch(nn.Module):
     ``weight_t`` (none for a batch of no rows), as the sparse batch holding
     every entry explicitly does; inside ``torch.func`` transforms, a backward
     under ``vmap`` (``is_grads_batched=True``), ``torch.compile`` and
-    ``torch.jit.trace``, and for a parametrized ``weight_t``, its gradients
-    are ``F.linear``'s dense ones.
+    ``torch.jit.trace`` its gradients are ``F.linear``'s dense ones.  On any
+    input the call's gradients are dense (``sparse_grad=False``'s values)
+    where a sparse one could not reach the tensors that keep it: for a
+    parametrized ``weight_t`` (``torch.nn.utils.parametrize``), and for a
+    ``weight_t`` or bias read as a view of a tensor that requires grad
+    (slices of one flat parameter vector given to
+    ``torch.func.functional_call``, ``p.t()``, ``p[i]``: torch's view
+    backwards cannot reshape a sparse gradient) or made by an operation other
+    than elementwise products and sums (``torch.cat``, a dtype cast, a custom
+    ``autograd.Function``).  A leaf keeps its sparse gradient, and so do the
+    leaves of a weight made by products and sums (pruning's
+    ``weight_t_orig * weight_t_mask``).
     Optimisers that accept them:
     ``torch.optim.SparseAdam``, ``torch.optim.SGD`` (without momentum or
     weight decay), ``torch.optim.Adagrad`` and
@@ -1045,11 +1105,6 @@ class SparseLinearBatch(nn.Module):
             in_features)`` (``weight_t``: ``(in_features, out_features)``) or
             ``(out_features,)``, or the bias differs from the weight in dtype
             or device.
-        NotImplementedError: ``sparse_grad=True`` with ``weight_t``
-            parametrized (``torch.nn.utils.parametrize``, e.g. ``weight_norm(layer,
-            name="weight_t")``) in a training call on a sparse batch: torch's
-            parametrizations refuse sparse gradients; set ``sparse_grad = False``
-            (a ``no_grad`` call, or a dense input, runs).
 
     Raises (in the constructor):
         TypeError: a size that is not an int, a flag that is not a bool, a
@@ -1194,11 +1249,9 @@ class SparseLinearBatch(nn.Module):
         self._check_parameters()
         if self._row_update is not None:  # (the table is read only then)
             _refuse_update_misuse(self, self._row_update, self._table())
-        sparse_grad = self.sparse_grad
-        if not (isinstance(input, Tensor) and input.layout == torch.strided):  # (F.linear's: dense)
-            _refuse_sparse_grad_parametrized(self, "weight_t")
-        elif _parametrized_table(self):  # (torch's parametrizations refuse a sparse gradient)
-            sparse_grad = False  # a dense input: F.linear's dense gradients, as before
+        # a parametrized weight_t gets dense gradients (torch's parametrizations refuse a
+        # sparse one), as a view does (_linear_table: _sparse_grad_reaches)
+        sparse_grad = self.sparse_grad and not _parametrized_table(self)
         if isinstance(input, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): plain tensors
             # through the custom operators of nnsparse/_ops.py, no validation.
@@ -1278,22 +1331,6 @@ def _weight_read_once(layer: nn.Module) -> ContextManager[Any]:
     if parametrize.is_parametrized(layer):
         return parametrize.cached()
     return contextlib.nullcontext()
-
-
-def _refuse_sparse_grad_parametrized(layer: nn.Module, name: str) -> None:
-    """``NotImplementedError`` for a training call of a ``sparse_grad=True`` layer whose
-    weight ``name`` is parametrized: the sparse gradient the kernels give would go into the
-    parametrization's backward, which torch's own refuse with errors that name neither
-    (weight_norm: "unsupported memory format option Contiguous")."""
-    flag = getattr(layer, "sparse_grad", False)  # checked by as_flag: np.True_ is not `True`
-    if (isinstance(flag, (bool, np.bool_)) and flag and torch.is_grad_enabled()
-            and _parametrized_table(layer, name)):
-        raise NotImplementedError(
-            f"{type(layer).__name__}(sparse_grad=True): {name} is parametrized "
-            f"(torch.nn.utils.parametrize), and torch's parametrizations (weight_norm, "
-            f"orthogonal, spectral_norm) refuse the sparse gradient sparse_grad gives them in "
-            f"their backward; set layer.sparse_grad = False to train it with dense "
-            f"gradients (under torch.no_grad() it runs as it is)")
 
 
 def _refuse_update_parametrized(layer: nn.Module, update: Any) -> None:

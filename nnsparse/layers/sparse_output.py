@@ -32,9 +32,9 @@ from ..values import _coo_with_values, _csr_with_values
 from .linear import (_GRAD, _NOT_ROW_MAJOR, _STEP, _check_layer_args, _check_not_narrower,
                      _check_parameters, _check_weight_bias, _dense_step, _has_bias,
                      _parameter, _parametrized_table, _record_update,
-                     _refuse_recorded_update, _refuse_sparse_grad_parametrized,
-                     _refuse_update_in_transform, _refuse_update_misuse,
-                     _refuse_update_on_parts, _refuse_update_parametrized,
+                     _refuse_recorded_update, _refuse_update_in_transform,
+                     _refuse_update_misuse, _refuse_update_on_parts,
+                     _refuse_update_parametrized, _sparse_grad_reaches,
                      _state_with_no_update, _state_without_update,
                      _weight_read_once, _weight_use, _with_sparse_grad)
 
@@ -194,7 +194,14 @@ def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
             every bias entry is touched (none for an input of no rows), as by
             a pattern holding every entry; inside ``torch.func`` transforms, a
             backward under ``vmap``, ``torch.compile`` and ``torch.jit.trace``
-            the gradients are then ``F.linear``'s dense ones.  Usable with
+            the gradients are then ``F.linear``'s dense ones.  With or without
+            a pattern they are dense (the values ``sparse_grad=False`` gives)
+            for a ``weight`` or ``bias`` read as a view of a tensor that
+            requires grad (slices of one flat parameter vector, ``p.t()``:
+            torch's view backwards cannot reshape a sparse gradient) or made by
+            an operation other than elementwise products and sums
+            (``torch.cat``, a dtype cast, a custom ``autograd.Function``); a
+            leaf keeps its sparse gradient.  Usable with
             :class:`nnsparse.optim.LazyAdam`, ``torch.optim.SparseAdam`` and
             ``torch.optim.SGD`` (without momentum or weight decay).
 
@@ -244,6 +251,8 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
         raise TypeError(f"input must be a dense tensor, got "
                         f"{input.layout if isinstance(input, Tensor) else type(input).__name__}")
     _refuse_update_in_transform(update, weight)
+    if sparse_grad and torch.is_grad_enabled() and not _sparse_grad_reaches(weight, bias):
+        sparse_grad = False  # (a view's gradient, a flat vector's slice's: dense, as F.linear's)
     if (update is not None and torch.is_grad_enabled() and weight.requires_grad
             and not weight.is_contiguous()):
         # the update steps the rows of weight in place, as a contiguous table (a weight
@@ -340,9 +349,14 @@ class SparseOutputLinear(nn.Linear):
             every row of ``weight`` and every bias entry (none for an input of
             no rows), as a pattern holding every entry does; inside
             ``torch.func`` transforms, a backward under ``vmap``,
-            ``torch.compile`` and ``torch.jit.trace``, and for a parametrized
-            ``weight``, its gradients are ``F.linear``'s dense ones.
-            Default: ``False``.
+            ``torch.compile`` and ``torch.jit.trace`` its gradients are
+            ``F.linear``'s dense ones.  With or without a pattern they are
+            dense (``sparse_grad=False``'s values) for a parametrized
+            ``weight`` (``torch.nn.utils.parametrize``), and for a ``weight`` or
+            ``bias`` read as a view of a tensor that requires grad or made by
+            an operation other than elementwise products and sums, see
+            :func:`sampled_linear` (a flat parameter vector's slices given to
+            ``torch.func.functional_call``).  Default: ``False``.
         device (torch.device, optional), dtype (torch.dtype, optional): of the
             parameters, as ``nn.Linear``'s factory keywords.  Default: torch's.
 
@@ -357,10 +371,6 @@ class SparseOutputLinear(nn.Linear):
         ValueError: it was replaced by one of another shape than
             ``(out_features, in_features)`` or ``(out_features,)``, or the bias
             differs from the weight in dtype or device.
-        NotImplementedError: ``sparse_grad=True`` with a parametrized weight
-            (``torch.nn.utils.parametrize``, e.g. ``weight_norm``) in a training
-            call with a pattern: torch's parametrizations refuse sparse gradients;
-            set ``sparse_grad = False`` (a ``no_grad`` call runs).
 
     Raises (in the constructor):
         TypeError: a size that is not an int, a flag that is not a bool, a
@@ -419,11 +429,9 @@ class SparseOutputLinear(nn.Linear):
         # assigned since __init__ checked it? (a numpy bool passes, used as its truth)
         as_flag(self.sparse_grad, "sparse_grad")
         _refuse_update_misuse(self, self._row_update, self.weight)
-        sparse_grad = self.sparse_grad
-        if pattern is not None:
-            _refuse_sparse_grad_parametrized(self, "weight")
-        elif _parametrized_table(self, "weight"):  # (torch's parametrizations refuse a
-            sparse_grad = False  # sparse gradient) no pattern: F.linear's dense gradients
+        # a parametrized weight gets dense gradients (torch's parametrizations refuse a
+        # sparse one), as a view does (_sampled_linear: _sparse_grad_reaches)
+        sparse_grad = self.sparse_grad and not _parametrized_table(self, "weight")
         if isinstance(pattern, SparseParts):
             # torch.compile's input path (docs/compile_amp.md): a custom operator
             # over plain tensors; returns a SparseParts with pattern's entries.
