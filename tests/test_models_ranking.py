@@ -196,6 +196,15 @@ def test_a_perfect_and_a_useless_ranking():
                    "users": 2}
 
 
+def test_a_nan_prediction_ranks_last():
+    model, test = _hand_model("user")
+    table = HAND_TABLE.clone()
+    table[0, 3] = math.nan   # user 0's best candidate: now 2 and 4 (its test items) lead
+    model.network = lambda x, rows, pattern=None: table[rows]
+    got = model.evaluate_ranking(test, 2, progress=False)
+    assert got["recall@2"] == pytest.approx((1 + 1) / 2)
+
+
 def test_keys_carry_k_and_the_mode_is_restored(models, data):
     _, test = data
     model = models["KernelNet", "item"]
@@ -298,6 +307,20 @@ def test_bad_arguments(models, data, kwargs, error, match):
     assert match in str(info.value)
     assert not model.training  # a refused call changes nothing
     assert all(torch.equal(value, model.state_dict()[key]) for key, value in state.items())
+
+
+def test_counts_and_numbers_of_other_kinds(models, data):
+    """k and batch_size as every count of nnsparse (numpy ints, 0-d integer tensors),
+    threshold as any real number (an int, a numpy float)."""
+    import numpy as np
+    _, test = data
+    model = models["CFN", "item"]
+    expected = model.evaluate_ranking(test, 5, threshold=4.0, batch_size=16, progress=False)
+    for k, size, threshold in ((np.int64(5), torch.tensor(16), 4), (torch.tensor(5),
+                                                                     np.int32(16),
+                                                                     np.float32(4.0))):
+        assert model.evaluate_ranking(test, k, threshold=threshold, batch_size=size,
+                                      progress=np.False_) == expected
 
 
 def test_training_pairs_ranked_with_exclude_train_false(models, data):

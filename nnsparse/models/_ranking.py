@@ -37,11 +37,15 @@ def _top_k(values: Tensor, index: Tensor, k: int) -> Tuple[Tensor, Tensor]:
     rows, columns = values.shape
     if columns > k:
         kth = values.topk(k, dim=1).values[:, -1:]
-        above, equal = values > kth, values == kth
-        need = k - above.sum(1, keepdim=True)  # >= 1: the k-th entry is not above itself
-        key = torch.where(equal, index, torch.iinfo(torch.int64).max)
-        cut = key.topk(k, dim=1, largest=False).values.gather(1, need - 1)
-        take = above | (equal & (index <= cut))  # exactly k a row
+        take = values >= kth
+        tied = (take.sum(1) > k).nonzero().squeeze(1)  # rows with more than k candidates
+        if tied.numel():
+            v, i = values[tied], index[tied]
+            above, equal = v > kth[tied], v == kth[tied]
+            need = k - above.sum(1, keepdim=True)  # >= 1: the k-th entry is not above itself
+            key = torch.where(equal, i, torch.iinfo(torch.int64).max)
+            cut = key.topk(k, dim=1, largest=False).values.gather(1, need - 1)
+            take[tied] = above | (equal & (i <= cut))  # exactly k a row
         values, index = values[take].view(rows, k), index[take].view(rows, k)
     order = index.argsort(dim=1)
     values, index = values.gather(1, order), index.gather(1, order)
@@ -91,7 +95,9 @@ class _Scorer:
         x = batch.input if batch.input.dtype == self.dtype else batch.input.to(self.dtype)
         out = self.model(x, batch.row_index)
         out = self.model._norm.denormalize(out, batch.row_index[:, None]).to(torch.float32)
-        return out, at, col
+        # (a NaN prediction, which no fitted model should give, ranks as no recommendation:
+        # it would compare with nothing, and a list would lose its place)
+        return torch.where(out.isnan(), _OUT, out), at, col
 
 
 def _chunks(index: Tensor, size: int) -> Iterator[Tensor]:
