@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "ranking metrics (precision@k, recall@k, NDCG@k, hit rate@k)")
     out.add_argument("--rank-threshold", type=float,
                      help="ranking metrics: the lowest relevant test rating (default: "
-                          "every test rating is relevant)")
+                          "every test rating is relevant; not with --folds or "
+                          "--test-ratio 0, which rank nothing)")
     out.add_argument("--min-support", type=int, default=20,
                      help="--recommend: fewest training ratings of a recommended item")
     out.add_argument("--shrinkage", type=float, default=10.0,
@@ -198,6 +199,11 @@ def parse_args(argv: Optional[List[str]] = None):
         p.error(f"--l2-kernel is the kernels' penalty of --model sparsefc, got --model {args.model}")
     if args.rank_threshold is not None and not math.isfinite(args.rank_threshold):
         p.error(f"--rank-threshold must be finite, got {args.rank_threshold}")
+    # a flag that would change nothing is refused, not ignored
+    if args.rank_threshold is not None and args.folds is not None:
+        p.error("--rank-threshold: --folds reports the RMSE per fold and ranks nothing")
+    if args.rank_threshold is not None and args.test_ratio == 0 and args.train is None:
+        p.error("--rank-threshold: --test-ratio 0 leaves no test ratings to rank")
     if args.min_support < 0 or not 0 <= args.shrinkage < math.inf:
         p.error(f"--min-support and --shrinkage must be non-negative (and finite), got "
                 f"{args.min_support} and {args.shrinkage}")

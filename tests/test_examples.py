@@ -41,6 +41,8 @@ def test_movielens_autoencoder_default_run(tmp_path, capsys):
     assert 0.5 < result["test_rmse"] < 2.0 and 0.5 < result["item_mean_rmse"] < 2.0
     again = main(TINY + ["--load", str(model)])
     assert again["test_rmse"] == pytest.approx(result["test_rmse"], abs=1e-6)
+    # the loaded model ranks the same test part as the one saved (its training items too)
+    assert {**again["ranking"], "seconds": 0} == {**rank, "seconds": 0}
 
 
 def test_dense_decoder_gives_the_same_rmse():
@@ -205,6 +207,11 @@ def test_composition_example(capsys):
     (["--rank-threshold", "nan"], "--rank-threshold must be finite, got nan"),
     (["--rank-threshold", "5.5"], "--rank-threshold 5.5: no test rating reaches it (the "
                                   "highest is 5), so no user has a relevant item"),
+    # the ranking is of the one test part: a threshold that would rank nothing is refused
+    (["--folds", "5", "--rank-threshold", "4"],
+     "--rank-threshold: --folds reports the RMSE per fold and ranks nothing"),
+    (["--test-ratio", "0", "--save", "{tmp}/m.pt", "--rank-threshold", "4"],
+     "--rank-threshold: --test-ratio 0 leaves no test ratings to rank"),
 ])
 def test_movielens_autoencoder_bad_flags_fail_before_training(tmp_path, capsys, flags, message):
     main = _load("movielens_autoencoder").main
