@@ -335,3 +335,79 @@ def test_an_unfitted_model_is_refused(data):
     _, test = data
     with pytest.raises(RuntimeError, match="AutoRec is not fitted; call fit"):
         AutoRec().evaluate_ranking(test)
+
+
+# -- many ties and NaN across chunk boundaries, against a numpy reference -------------------
+
+def _numpy_reference(table, train, test, k, threshold=None, exclude_train=True):
+    """The protocol over a full ``users x items`` table of scores, in numpy: candidates
+    sorted by (score descending, item ascending), NaN after every number and never a hit."""
+    import numpy as np
+    scores = np.where(np.isnan(table), -np.inf, table.astype(np.float64))
+    rated = np.zeros(table.shape, dtype=bool)
+    if exclude_train:
+        rated[train.user.numpy(), train.item.numpy()] = True
+    keep = np.ones(len(test), dtype=bool) if threshold is None else test.rating.numpy() >= threshold
+    relevant = np.zeros(table.shape, dtype=bool)
+    relevant[test.user.numpy()[keep], test.item.numpy()[keep]] = True
+    users = np.unique(test.user.numpy()[keep])
+    discount = 1 / np.log2(np.arange(k) + 2)
+    rows = []
+    for u in users:
+        candidates = np.nonzero(~rated[u])[0]
+        order = np.lexsort((candidates, -scores[u, candidates]))[:k]
+        ranked = candidates[order]
+        hits = relevant[u, ranked] & np.isfinite(scores[u, ranked])
+        n = relevant[u].sum()
+        rows.append((hits.sum() / k, hits.sum() / n,
+                     (hits * discount[:len(hits)]).sum() / discount[:min(k, n)].sum(),
+                     float(hits.any())))
+    means = np.mean(rows, axis=0)
+    return {**{f"{key}@{k}": float(v) for key, v in zip(KEYS, means)}, "users": len(users)}
+
+
+@pytest.mark.parametrize("orientation", ["user", "item"])
+def test_ties_and_nan_across_chunks_against_numpy(orientation):
+    """Half-star scores (a dozen ties a list) with NaN among them: the running top k of an
+    item-oriented model keeps the smaller item of a tie whichever chunk it came in."""
+    everything = synthetic_ratings(seed=7, n_users=30, n_items=40, n_ratings=700)
+    train, test = split_ratings(everything, 0.25, seed=0)
+    assert bool((torch.bincount(train.user, minlength=30) > 0).all())
+    assert bool((torch.bincount(train.item, minlength=40) > 0).all())
+    model = AutoRec(orientation=orientation, hidden=2, epochs=1, validation_ratio=0.0)
+    model.fit(train, verbose=False, progress=False)
+    generator = torch.Generator().manual_seed(0)
+    table = torch.randint(2, 11, (30, 40), generator=generator).float() / 2  # 1, 1.5, ..., 5
+    table[torch.rand(30, 40, generator=generator) < 0.1] = math.nan
+    rows = table if orientation == "user" else table.T
+    # AutoRec reads and predicts raw stars: the network's dense output is the table
+    model.network = lambda x, rows_, pattern=None: rows[rows_].to(x.dtype)
+    for case in (dict(k=1), dict(k=5), dict(k=12), dict(k=50), dict(k=5, threshold=4.0),
+                 dict(k=5, exclude_train=False)):
+        expected = _approx(_numpy_reference(table.numpy(), train, test, **case))
+        for batch_size in (1, 3, 7, 256):
+            got = model.evaluate_ranking(test, **case, batch_size=batch_size, progress=False)
+            assert got == expected, (case, batch_size)
+
+
+@pytest.mark.parametrize("orientation", ["user", "item"])
+def test_an_interrupt_mid_way_restores_the_mode(models, data, orientation):
+    _, test = data
+    model = models["AutoRec", orientation]
+    network, calls = model.network, []
+
+    def interrupted(x, rows, pattern=None):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return network(x, rows, pattern)
+
+    model.network = interrupted
+    model.train()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            model.evaluate_ranking(test, batch_size=4, progress=False)
+        assert model.training and torch.is_grad_enabled()
+    finally:
+        del model.network  # the class's method again
+        model.eval()
