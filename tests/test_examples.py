@@ -26,13 +26,23 @@ def test_movielens_autoencoder_default_run(tmp_path, capsys):
     result = main(TINY + ["--metrics-out", str(metrics), "--save", str(model)])
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == f"test RMSE: {result['test_rmse']:.4f}"
-    assert lines[-2].startswith("test MAE: ") and "item-mean baseline" in lines[-3]
+    assert lines[-2].startswith("test MAE: ") and "item-mean baseline" in lines[-4]
+    rank = result["ranking"]
+    assert lines[-3] == (
+        f"test ranking ({rank['users']} users, all items less their training ones): "
+        f"precision@10 {rank['precision@10']:.4f}, recall@10 {rank['recall@10']:.4f}, "
+        f"NDCG@10 {rank['ndcg@10']:.4f}, hit rate@10 {rank['hit_rate@10']:.4f} "
+        f"({rank['seconds']:.1f} s)")
     saved = json.loads(metrics.read_text())
+    assert saved["ranking"] == {**rank, "threshold": None}
+    assert rank["k"] == 10 and rank["users"] > 900 and 0 < rank["ndcg@10"] < 1
     assert [e["epoch"] for e in saved["epochs"]] == [1, 2]
     assert all(math.isfinite(e["valid_rmse"]) for e in saved["epochs"])
     assert 0.5 < result["test_rmse"] < 2.0 and 0.5 < result["item_mean_rmse"] < 2.0
     again = main(TINY + ["--load", str(model)])
     assert again["test_rmse"] == pytest.approx(result["test_rmse"], abs=1e-6)
+    # the loaded model ranks the same test part as the one saved (its training items too)
+    assert {**again["ranking"], "seconds": 0} == {**rank, "seconds": 0}
 
 
 def test_dense_decoder_gives_the_same_rmse():
@@ -56,6 +66,7 @@ def test_movielens_autoencoder_on_files_and_recommend(tmp_path, capsys):
                      "--orientation", orientation, "--recommend", "3", "-k", "4"])
         out = capsys.readouterr().out
         assert "top 4 items for user 3:" in out and "Film " in out
+        assert "precision@4 " in out and "NDCG@4 " in out  # -k is the ranking's k too
     (tmp_path / "u1.base").write_text("\n".join(lines[:1800]) + "\n")
     (tmp_path / "u1.test").write_text("\n".join(lines[1800:]) + "\n")
     result = main(TINY + ["--train", str(tmp_path / "u1.base"), "--test",
@@ -193,6 +204,14 @@ def test_composition_example(capsys):
     (["--shrinkage", "inf"], "--min-support and --shrinkage must be non-negative (and finite)"),
     (["--seed", "-1"], "--seed must be non-negative, got -1"),
     (["--device", "meta"], "--device must be cpu or cuda[:N], got 'meta'"),
+    (["--rank-threshold", "nan"], "--rank-threshold must be finite, got nan"),
+    (["--rank-threshold", "5.5"], "--rank-threshold 5.5: no test rating reaches it (the "
+                                  "highest is 5), so no user has a relevant item"),
+    # the ranking is of the one test part: a threshold that would rank nothing is refused
+    (["--folds", "5", "--rank-threshold", "4"],
+     "--rank-threshold: --folds reports the RMSE per fold and ranks nothing"),
+    (["--test-ratio", "0", "--save", "{tmp}/m.pt", "--rank-threshold", "4"],
+     "--rank-threshold: --test-ratio 0 leaves no test ratings to rank"),
 ])
 def test_movielens_autoencoder_bad_flags_fail_before_training(tmp_path, capsys, flags, message):
     main = _load("movielens_autoencoder").main
@@ -204,6 +223,32 @@ def test_movielens_autoencoder_bad_flags_fail_before_training(tmp_path, capsys, 
     captured = capsys.readouterr()
     assert message.replace("{tmp}", str(tmp_path)) in captured.err
     assert "epoch 1" not in captured.out  # nothing was trained
+
+
+def test_movielens_autoencoder_ranking_threshold(tmp_path, capsys):
+    """--rank-threshold: only the test ratings at or above it are relevant (fewer users)."""
+    main = _load("movielens_autoencoder").main
+    every = main(TINY + ["--epochs", "1"])["ranking"]
+    liked = main(TINY + ["--epochs", "1", "--rank-threshold", "4", "-k", "5"])["ranking"]
+    out = capsys.readouterr().out
+    assert "relevant: rated >= 4): precision@5 " in out
+    assert liked["threshold"] == 4.0 and liked["k"] == 5 and "ndcg@5" in liked
+    assert 0 < liked["users"] < every["users"]
+
+
+def test_a_loaded_model_ranked_on_its_training_ratings_is_a_usage_error(tmp_path, capsys):
+    """``--load`` with another ``--seed``: the test part holds ratings the model trained on,
+    which the ranking (training items left out) refuses, as a usage error."""
+    main = _load("movielens_autoencoder").main
+    model = tmp_path / "m.pt"
+    main(TINY + ["--epochs", "1", "--save", str(model)])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(TINY + ["--load", str(model), "--seed", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "cannot rank the test ratings with this model: test together with the model's" in err
+    assert f"(--load {model}: give the --ratings and --seed it was trained with)" in err
 
 
 def test_movielens_autoencoder_says_when_training_diverged(capsys):
