@@ -18,7 +18,8 @@ once, at the end, beside the item-mean baseline.
 
 Beside the RMSE it reports the top-k ranking metrics of the test part
 (precision@k, recall@k, NDCG@k, hit rate@k with ``-k``, default 10: the
-full-ranking protocol of ``RatingModel.evaluate_ranking``; not with ``--folds``).
+full-ranking protocol of ``RatingModel.evaluate_ranking``; with ``--folds``, of
+every fold's test part, with their mean ± std).
 The last line is ``test RMSE: <value>`` (the mean over the folds with ``--folds``),
 except with ``--test-ratio 0`` (allowed with ``--save`` or ``--recommend``: the model
 trains on every rating and is not evaluated).
@@ -130,11 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--recommend", help="print this user's top-k unrated items (original id)")
     out.add_argument("-k", type=_positive(int, "-k"), default=10,
                      help="how many items --recommend prints, and the k of the test "
-                          "ranking metrics (precision@k, recall@k, NDCG@k, hit rate@k)")
+                          "ranking metrics (precision@k, recall@k, NDCG@k, hit rate@k; "
+                          "of every fold with --folds)")
     out.add_argument("--rank-threshold", type=float,
                      help="ranking metrics: the lowest relevant test rating (default: "
-                          "every test rating is relevant; not with --folds or "
-                          "--test-ratio 0, which rank nothing)")
+                          "every test rating is relevant; not with --test-ratio 0, which "
+                          "ranks nothing)")
     out.add_argument("--min-support", type=int, default=20,
                      help="--recommend: fewest training ratings of a recommended item")
     out.add_argument("--shrinkage", type=float, default=10.0,
@@ -200,8 +202,6 @@ def parse_args(argv: Optional[List[str]] = None):
     if args.rank_threshold is not None and not math.isfinite(args.rank_threshold):
         p.error(f"--rank-threshold must be finite, got {args.rank_threshold}")
     # a flag that would change nothing is refused, not ignored
-    if args.rank_threshold is not None and args.folds is not None:
-        p.error("--rank-threshold: --folds reports the RMSE per fold and ranks nothing")
     if args.rank_threshold is not None and args.test_ratio == 0 and args.train is None:
         p.error("--rank-threshold: --test-ratio 0 leaves no test ratings to rank")
     if args.min_support < 0 or not 0 <= args.shrinkage < math.inf:
@@ -322,17 +322,32 @@ def print_recommendations(model: RatingModel, args: argparse.Namespace) -> None:
 
 
 def run_folds(p, args, folds) -> Dict[str, Any]:
+    """One model per fold, each scored and ranked (at -k) on its fold's test part."""
     cls, uses_features = CHOICES[args.model]
     features = (lambda train: side_features(p, args, train)) if uses_features else None
+    for number, (_, test) in enumerate(folds, start=1):  # every fold, before any training
+        highest = float(test.rating.max()) if len(test) else None
+        if args.rank_threshold is not None and highest is not None \
+                and not highest >= args.rank_threshold:
+            p.error(f"--rank-threshold {args.rank_threshold:g}: no test rating of fold "
+                    f"{number} reaches it (the highest is {highest:g}), so no user has a "
+                    f"relevant item")
     try:
         cv = cross_validate(lambda: cls(**hparams(args)), folds, features=features,
                             device=args.device, progress=not args.no_progress and None,
-                            verbose=nd.is_main())
+                            verbose=nd.is_main(), k=args.k, threshold=args.rank_threshold)
     except ValueError as error:  # a fold refused by fit before its training
         p.error(f"cannot train on these folds: {error}")
     nd.main_print(cv.table())
+    summary = cv.summary()
+    ranking = {key: summary[key] for key in ["k", "threshold"] + [
+        name for key in cv.ranking_keys() for name in (key, f"{key}_std")]}
+    # the ranked users of every fold, and the seconds of the rankings together
+    ranking.update(folds=len(cv.folds), users=[f["ranked_users"] for f in cv.folds],
+                   seconds=sum(f["rank_seconds"] for f in cv.folds))
     return dict(folds=cv.folds, test_rmse=cv.mean(), test_rmse_std=cv.std(),
-                test_mae=cv.mean("mae"), item_mean_rmse=cv.mean("item_mean_rmse"))
+                test_mae=cv.mean("mae"), item_mean_rmse=cv.mean("item_mean_rmse"),
+                ranking=ranking)
 
 
 def run_one(p, args, train, test) -> Dict[str, Any]:
@@ -405,6 +420,27 @@ def ranking(p: argparse.ArgumentParser, args: argparse.Namespace, model: RatingM
     return scores
 
 
+def ranking_line(rank: Dict[str, Any]) -> str:
+    """The ranking's line: one test part's figures, or the folds' mean ± std."""
+    k = rank["k"]
+    relevant = "" if rank["threshold"] is None else f", relevant: rated >= {rank['threshold']:g}"
+    if "folds" in rank:  # --folds
+        spread = {key: f" ± {rank[f'{key}_std']:.4f}" for key in
+                  (f"precision@{k}", f"recall@{k}", f"ndcg@{k}", f"hit_rate@{k}")}
+        who = (f"mean ± std of {rank['folds']} folds, {min(rank['users'])}-"
+               f"{max(rank['users'])} users a fold")
+        seconds = f"{rank['seconds']:.1f} s in all"
+    else:
+        spread = dict.fromkeys((f"precision@{k}", f"recall@{k}", f"ndcg@{k}", f"hit_rate@{k}"),
+                               "")
+        who, seconds = f"{rank['users']} users", f"{rank['seconds']:.1f} s"
+    return (f"test ranking ({who}, all items less their training ones{relevant}): "
+            + ", ".join(f"{title}@{k} {rank[key]:.4f}{spread[key]}" for title, key in (
+                ("precision", f"precision@{k}"), ("recall", f"recall@{k}"),
+                ("NDCG", f"ndcg@{k}"), ("hit rate", f"hit_rate@{k}")))
+            + f" ({seconds})")
+
+
 def _int(text: str) -> Any:
     try:
         return int(text)
@@ -454,14 +490,7 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, Any
               f"MAE {result['item_mean_mae']:.4f}")
     rank = result.get("ranking")
     if rank is not None:
-        k = rank["k"]
-        relevant = ("" if rank["threshold"] is None
-                    else f", relevant: rated >= {rank['threshold']:g}")
-        nd.main_print(f"test ranking ({rank['users']} users, all items less their training "
-                      f"ones{relevant}): precision@{k} {rank[f'precision@{k}']:.4f}, "
-                      f"recall@{k} {rank[f'recall@{k}']:.4f}, NDCG@{k} "
-                      f"{rank[f'ndcg@{k}']:.4f}, hit rate@{k} {rank[f'hit_rate@{k}']:.4f} "
-                      f"({rank['seconds']:.1f} s)")
+        nd.main_print(ranking_line(rank))
     result["args"] = vars(args)
     result["processes"] = nd.world_size()
     if args.metrics_out and nd.is_main():

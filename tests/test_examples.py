@@ -207,9 +207,9 @@ def test_composition_example(capsys):
     (["--rank-threshold", "nan"], "--rank-threshold must be finite, got nan"),
     (["--rank-threshold", "5.5"], "--rank-threshold 5.5: no test rating reaches it (the "
                                   "highest is 5), so no user has a relevant item"),
-    # the ranking is of the one test part: a threshold that would rank nothing is refused
-    (["--folds", "5", "--rank-threshold", "4"],
-     "--rank-threshold: --folds reports the RMSE per fold and ranks nothing"),
+    # every fold is ranked: a threshold above a fold's test ratings, refused before training
+    (["--folds", "2", "--rank-threshold", "5.5"], "--rank-threshold 5.5: no test rating of "
+     "fold 1 reaches it (the highest is 5), so no user has a relevant item"),
     (["--test-ratio", "0", "--save", "{tmp}/m.pt", "--rank-threshold", "4"],
      "--rank-threshold: --test-ratio 0 leaves no test ratings to rank"),
 ])
@@ -270,13 +270,54 @@ def test_movielens_autoencoder_cuda_without_gpu(capsys):
 
 
 @pytest.mark.parametrize("model", ["autorec", "cfn++"])
-def test_movielens_autoencoder_folds_table(capsys, model):
+def test_movielens_autoencoder_folds_table(tmp_path, capsys, model):
+    """--folds ranks every fold at -k (10 by default, as the single split): the table's last
+    columns, then the mean ± std line before the MAE and RMSE lines."""
     main = _load("movielens_autoencoder").main
-    result = main(TINY + ["--model", model, "--folds", "3", "--validation-ratio", "0"])
+    metrics = tmp_path / "metrics.json"
+    result = main(TINY + ["--model", model, "--folds", "3", "--validation-ratio", "0",
+                          "--metrics-out", str(metrics)])
     out = capsys.readouterr().out
     assert out.count("\n| 1 |") == 1 and "\n| 3 |" in out and "| mean ± std |" in out
     assert len(result["folds"]) == 3 and math.isfinite(result["test_rmse_std"])
     assert result["test_rmse"] == pytest.approx(sum(f["rmse"] for f in result["folds"]) / 3)
+    assert ("| seconds | precision@10 | recall@10 | NDCG@10 | hit rate@10 |\n"
+            + "|---" * 11 + "|\n") in out
+    lines = out.strip().splitlines()
+    rank, folds = result["ranking"], result["folds"]
+    assert rank["k"] == 10 and rank["threshold"] is None and rank["folds"] == 3
+    assert rank["users"] == [f["ranked_users"] for f in folds]
+    for key in ("precision@10", "recall@10", "ndcg@10", "hit_rate@10"):
+        values = [f[key] for f in folds]
+        assert rank[key] == pytest.approx(sum(values) / 3)
+        assert rank[f"{key}_std"] == pytest.approx(
+            math.sqrt(sum((v - rank[key]) ** 2 for v in values) / 2))
+    assert lines[-3] == (
+        f"test ranking (mean ± std of 3 folds, {min(rank['users'])}-{max(rank['users'])} "
+        f"users a fold, all items less their training ones): "
+        f"precision@10 {rank['precision@10']:.4f} ± {rank['precision@10_std']:.4f}, "
+        f"recall@10 {rank['recall@10']:.4f} ± {rank['recall@10_std']:.4f}, "
+        f"NDCG@10 {rank['ndcg@10']:.4f} ± {rank['ndcg@10_std']:.4f}, "
+        f"hit rate@10 {rank['hit_rate@10']:.4f} ± {rank['hit_rate@10_std']:.4f} "
+        f"({rank['seconds']:.1f} s in all)")
+    assert lines[-2] == f"test MAE: {result['test_mae']:.4f}"
+    assert lines[-1] == f"test RMSE: {result['test_rmse']:.4f}"
+    saved = json.loads(metrics.read_text())
+    assert saved["ranking"] == rank and saved["folds"][0]["ndcg@10"] == folds[0]["ndcg@10"]
+
+
+def test_movielens_autoencoder_folds_rank_threshold_and_k(capsys):
+    """--folds with --rank-threshold and -k: no more relevant users a fold, lists of -k."""
+    main = _load("movielens_autoencoder").main
+    every = main(TINY + ["--epochs", "1", "--model", "autorec", "--folds", "2"])["ranking"]
+    liked = main(TINY + ["--epochs", "1", "--model", "autorec", "--folds", "2",
+                         "--rank-threshold", "4", "-k", "5"])
+    out = capsys.readouterr().out
+    rank = liked["ranking"]
+    assert rank["k"] == 5 and rank["threshold"] == 4.0 and "ndcg@5" in liked["folds"][1]
+    assert "users a fold, all items less their training ones, relevant: rated >= 4): " \
+           "precision@5 " in out and "| NDCG@5 | hit rate@5 |" in out
+    assert all(a <= b for a, b in zip(rank["users"], every["users"]))
 
 
 def test_movielens_autoencoder_l2_kernel_reaches_sparse_fc():
