@@ -1176,7 +1176,14 @@ class RatingModel(nn.Module):
             ValueError: ``path`` is a directory or has no parent directory, or a
                 file object that is closed or not open for writing;
                 ``hparams`` out of range or no longer matching the fitted
-                network; weights that are not finite.
+                network; weights that are not finite; a weight that
+                ``torch.nn.utils.prune`` or ``torch.nn.utils.parametrize`` changed
+                (its state is ``weight_orig`` and ``weight_mask``, or
+                ``parametrizations.weight.original``, which :meth:`load`'s layers,
+                built from ``hparams``, lack): the message says how to make the change
+                permanent first (``prune.remove``,
+                ``parametrize.remove_parametrizations``), after which the file holds
+                the weight as the model computes it, or to save the whole model.
             PermissionError: ``path`` is an existing file the process may not
                 write (read-only), as ``open()`` refuses it (``torch.save``
                 refuses it too, with a ``RuntimeError``); nothing is written.
@@ -1190,6 +1197,7 @@ class RatingModel(nn.Module):
         self._check_data()
         _path_to_write(path)
         self._check_registered()
+        self._check_not_reparametrized()
         hparams = self._checked_hparams()
         self._check_network_hparams(hparams)
         state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
@@ -1227,6 +1235,42 @@ class RatingModel(nn.Module):
             raise TypeError(f"{cls.__name__} is not registered under its name {self.name!r} "
                             f"(the name a model file holds{rebuilt}); give the class its own "
                             f"name and decorate it with nnsparse.models.register")
+
+    def _check_not_reparametrized(self) -> None:
+        """``ValueError`` naming each entry that torch's ``prune`` or ``parametrize`` changed,
+        and what to do: a file holds the entries :meth:`build` makes (``load`` builds the
+        layers from ``hparams``), not ``weight_orig`` / ``weight_mask`` or
+        ``parametrizations.weight.original`` (the message said "hparams no longer describe
+        the fitted network", which they do)."""
+        found = _reparametrized_entries(self)
+        if not found:
+            return
+        what, fixes = [], []
+        for module, tensor, kind in found:
+            entry = f"{module}.{tensor}" if module else tensor
+            layer = f"model.get_submodule({module!r})"
+            if kind == "pruned":
+                what.append(f"{entry} is pruned (torch.nn.utils.prune: the state holds "
+                            f"{entry}_orig and {entry}_mask instead)")
+                fixes.append(f"torch.nn.utils.prune.remove({layer}, {tensor!r})")
+            else:
+                what.append(f"{entry} is parametrized (torch.nn.utils.parametrize: the state "
+                            f"holds {module + '.' if module else ''}parametrizations."
+                            f"{tensor}.original instead)")
+                fixes.append(f"torch.nn.utils.parametrize.remove_parametrizations({layer}, "
+                             f"{tensor!r})")
+        pruned_only = all(kind == "pruned" for _, _, kind in found)
+        whole = ("; or save the whole model, torch.save(model, path), read back with "
+                 "torch.load(path, weights_only=False), which keeps the pruning"
+                 if pruned_only else "; or keep model.state_dict() and load it into a model "
+                 "given the same changes (torch.save of the whole model refuses a "
+                 "parametrized one)")
+        raise ValueError(f"{type(self).__name__}.save() cannot save a model whose weights "
+                         f"torch changed: {'; '.join(what)}; a model file holds the layers "
+                         f"that load() builds from the hyperparameters, without these "
+                         f"changes.  Make them permanent first, which keeps the weights as "
+                         f"the model computes them now, then save(): "
+                         f"{'; '.join(dict.fromkeys(fixes))}{whole} (nothing was written)")
 
     def _check_network_hparams(self, hparams: Dict[str, Any]) -> None:
         """``ValueError`` unless ``hparams`` (checked) still describe the fitted network:
@@ -1502,6 +1546,20 @@ def _reparametrized(module: nn.Module) -> bool:
     return (parametrize.is_parametrized(module)
             or any(isinstance(hook, prune.BasePruningMethod)
                    for hook in module._forward_pre_hooks.values()))
+
+
+def _reparametrized_entries(model: nn.Module) -> List[Tuple[str, str, str]]:
+    """``(module name, tensor name, "pruned" or "parametrized")`` for each entry of
+    ``model`` that torch's ``prune`` or ``parametrize`` changed, in module order."""
+    found = []
+    for name, module in model.named_modules():
+        for hook in module._forward_pre_hooks.values():
+            if isinstance(hook, prune.BasePruningMethod):
+                found.append((name, str(hook._tensor_name), "pruned"))
+        if parametrize.is_parametrized(module):
+            found.extend((name, str(tensor), "parametrized")
+                         for tensor in module.parametrizations.keys())
+    return found
 
 
 class _CsrParts(NamedTuple):
