@@ -3,10 +3,14 @@ changed: refused, naming each changed entry and the call that makes the change p
 (before, "hparams no longer describe the fitted network", which they did); after that call
 the file round-trips the model's predictions; a refused save writes nothing and keeps the
 model as it was; torch.save of the whole pruned model, offered by the message, works."""
+import warnings
+
 import pytest
 import torch
 from torch import nn
 from torch.nn.utils import parametrize, prune
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
 from nnsparse.data import split_ratings, synthetic_ratings
 from nnsparse.models import AutoRec, KernelNet, RatingModel
@@ -42,6 +46,26 @@ def _half(name, tensor="weight"):
     return lambda m: parametrize.register_parametrization(m.get_submodule(name), tensor, _Half())
 
 
+def _quiet(apply):  # torch.nn.utils.weight_norm: "deprecated in favor of ...parametrizations"
+    def run(m):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            apply(m)
+    return run
+
+
+def _weight_norm(name):  # the old hook API: weight_g and weight_v
+    return _quiet(lambda m: torch.nn.utils.weight_norm(m.get_submodule(name)))
+
+
+def _spectral_norm(name):  # the old hook API: weight_orig, weight_u and weight_v
+    return lambda m: torch.nn.utils.spectral_norm(m.get_submodule(name))
+
+
+def _new_weight_norm(name):  # parametrizations.weight.original0 and original1
+    return lambda m: torch.nn.utils.parametrizations.weight_norm(m.get_submodule(name))
+
+
 def _pruned(entry, module):
     return [f"{entry} is pruned (torch.nn.utils.prune: the state holds {entry}_orig and "
             f"{entry}_mask instead)",
@@ -54,6 +78,18 @@ def _parametrized(module, tensor):
             f"{module}.parametrizations.{tensor}.original instead)",
             f"torch.nn.utils.parametrize.remove_parametrizations(model.get_submodule("
             f"{module!r}), {tensor!r})"]
+
+
+def _hooked(entry, module, kind):
+    tool, state, remove = dict(
+        weight_norm=("is weight-normalized (torch.nn.utils.weight_norm", ("g", "v"),
+                     "remove_weight_norm"),
+        spectral_norm=("is spectrally normalized (torch.nn.utils.spectral_norm",
+                       ("orig", "u", "v"), "remove_spectral_norm"))[kind]
+    held = ", ".join(f"{entry}_{x}" for x in state[:-1]) + f" and {entry}_{state[-1]}"
+    return [f"{entry} {tool}: the state holds {held} instead)",
+            f"torch.nn.utils.{remove}(model.get_submodule({module!r}), "
+            f"{entry.rsplit('.', 1)[1]!r})"]
 
 
 WHOLE = "or save the whole model, torch.save(model, path)"
@@ -72,6 +108,22 @@ CASES = [  # (id, class, changes, message parts, the whole model's torch.save of
      _parametrized("kernels.1", "weight"), False),
     ("autorec-both", AutoRec, [_l1("decoder"), _half("encoder", "bias")],
      _pruned("decoder.weight", "decoder") + _parametrized("encoder", "bias"), False),
+    # the old hook APIs change the state as prune does (their message said "hparams no
+    # longer describe the fitted network"); torch.save of the whole model keeps them
+    ("autorec-weight-norm", AutoRec, [_weight_norm("decoder")],
+     _hooked("decoder.weight", "decoder", "weight_norm"), True),
+    ("autorec-spectral-norm", AutoRec, [_spectral_norm("encoder")],
+     _hooked("encoder.weight", "encoder", "spectral_norm"), True),
+    ("kernelnet-weight-norm-and-l1", KernelNet, [_weight_norm("kernels.1"), _l1("kernels.0")],
+     _pruned("kernels.0.weight", "kernels.0")
+     + _hooked("kernels.1.weight", "kernels.1", "weight_norm"), True),
+    # the parametrization with two originals names both
+    ("autorec-new-weight-norm", AutoRec, [_new_weight_norm("decoder")],
+     ["decoder.weight is parametrized (torch.nn.utils.parametrize: the state holds "
+      "decoder.parametrizations.weight.original0 and "
+      "decoder.parametrizations.weight.original1 instead)",
+      "torch.nn.utils.parametrize.remove_parametrizations(model.get_submodule('decoder'), "
+      "'weight')"], False),
 ]
 
 
@@ -116,6 +168,10 @@ def test_save_refuses_a_reparametrized_model_and_says_what_to_do(
         for hook in list(module._forward_pre_hooks.values()):
             if isinstance(hook, prune.BasePruningMethod):
                 prune.remove(module, hook._tensor_name)
+            elif isinstance(hook, WeightNorm):
+                torch.nn.utils.remove_weight_norm(module, hook.name)
+            elif isinstance(hook, SpectralNorm):
+                torch.nn.utils.remove_spectral_norm(module, hook.name)
         if parametrize.is_parametrized(module):
             for tensor in list(module.parametrizations.keys()):
                 parametrize.remove_parametrizations(module, tensor)
