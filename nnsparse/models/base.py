@@ -31,6 +31,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 from torch.nn.utils import parametrize, prune
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, as_sparse_batch,
                       check_file_object, check_index_range, is_int, is_real, refuse_meta,
@@ -1177,13 +1179,16 @@ class RatingModel(nn.Module):
                 file object that is closed or not open for writing;
                 ``hparams`` out of range or no longer matching the fitted
                 network; weights that are not finite; a weight that
-                ``torch.nn.utils.prune`` or ``torch.nn.utils.parametrize`` changed
-                (its state is ``weight_orig`` and ``weight_mask``, or
-                ``parametrizations.weight.original``, which :meth:`load`'s layers,
-                built from ``hparams``, lack): the message says how to make the change
-                permanent first (``prune.remove``,
-                ``parametrize.remove_parametrizations``), after which the file holds
-                the weight as the model computes it, or to save the whole model.
+                ``torch.nn.utils.prune``, ``torch.nn.utils.parametrize`` (the
+                ``parametrizations.weight_norm`` / ``spectral_norm`` too) or the older
+                ``torch.nn.utils.weight_norm`` / ``spectral_norm`` hooks changed (its
+                state is ``weight_orig`` and ``weight_mask``,
+                ``parametrizations.weight.original``, ``weight_g`` and ``weight_v``,
+                ..., which :meth:`load`'s layers, built from ``hparams``, lack): the
+                message says how to make the change permanent first (``prune.remove``,
+                ``parametrize.remove_parametrizations``, ``remove_weight_norm``,
+                ``remove_spectral_norm``), after which the file holds the weight as
+                the model computes it, or to save the whole model.
             PermissionError: ``path`` is an existing file the process may not
                 write (read-only), as ``open()`` refuses it (``torch.save``
                 refuses it too, with a ``RuntimeError``); nothing is written.
@@ -1237,32 +1242,29 @@ class RatingModel(nn.Module):
                             f"name and decorate it with nnsparse.models.register")
 
     def _check_not_reparametrized(self) -> None:
-        """``ValueError`` naming each entry that torch's ``prune`` or ``parametrize`` changed,
-        and what to do: a file holds the entries :meth:`build` makes (``load`` builds the
-        layers from ``hparams``), not ``weight_orig`` / ``weight_mask`` or
+        """``ValueError`` naming each entry that torch's ``prune``, ``parametrize`` or the
+        ``weight_norm`` / ``spectral_norm`` hooks changed, and what to do: a file holds the
+        entries :meth:`build` makes (``load`` builds the layers from ``hparams``), not
+        ``weight_orig`` / ``weight_mask``, ``weight_g`` / ``weight_v`` or
         ``parametrizations.weight.original`` (the message said "hparams no longer describe
         the fitted network", which they do)."""
         found = _reparametrized_entries(self)
         if not found:
             return
         what, fixes = [], []
-        for module, tensor, kind in found:
+        for module, tensor, kind, held in found:
             entry = f"{module}.{tensor}" if module else tensor
             layer = f"model.get_submodule({module!r})"
-            if kind == "pruned":
-                what.append(f"{entry} is pruned (torch.nn.utils.prune: the state holds "
-                            f"{entry}_orig and {entry}_mask instead)")
-                fixes.append(f"torch.nn.utils.prune.remove({layer}, {tensor!r})")
-            else:
-                what.append(f"{entry} is parametrized (torch.nn.utils.parametrize: the state "
-                            f"holds {module + '.' if module else ''}parametrizations."
-                            f"{tensor}.original instead)")
-                fixes.append(f"torch.nn.utils.parametrize.remove_parametrizations({layer}, "
-                             f"{tensor!r})")
-        pruned_only = all(kind == "pruned" for _, _, kind in found)
+            prefix = f"{module}." if module else ""
+            state = ", ".join(prefix + name for name in held[:-1])
+            state = f"{state} and {prefix}{held[-1]}" if state else prefix + held[-1]
+            tool, remove = _REPARAMETRIZATIONS[kind]
+            what.append(f"{entry} {tool}: the state holds {state} instead)")
+            fixes.append(f"torch.nn.utils.{remove}({layer}, {tensor!r})")
+        hooks_only = all(kind != "parametrized" for _, _, kind, _ in found)
         whole = ("; or save the whole model, torch.save(model, path), read back with "
-                 "torch.load(path, weights_only=False), which keeps the pruning"
-                 if pruned_only else "; or keep model.state_dict() and load it into a model "
+                 "torch.load(path, weights_only=False), which keeps these changes"
+                 if hooks_only else "; or keep model.state_dict() and load it into a model "
                  "given the same changes (torch.save of the whole model refuses a "
                  "parametrized one)")
         raise ValueError(f"{type(self).__name__}.save() cannot save a model whose weights "
@@ -1528,7 +1530,8 @@ def _check_fitted_state(model: "RatingModel") -> None:
     if built is None:
         return  # a build that needs data (not on the meta device): not checked here
     # each entry it builds, of its shape; not the entries of a layer that torch's tools
-    # reparametrised (prune: weight_orig and weight_mask; parametrize: parametrizations.*),
+    # reparametrised (prune: weight_orig and weight_mask; parametrize: parametrizations.*;
+    # the weight_norm and spectral_norm hooks: weight_g, weight_v, ...),
     # nor the entries a user added (a copy of such a model is that model)
     tooled = tuple(f"{name}." for name, sub in model.named_modules()
                    if name and _reparametrized(sub))
@@ -1542,23 +1545,47 @@ def _check_fitted_state(model: "RatingModel") -> None:
 
 
 def _reparametrized(module: nn.Module) -> bool:
-    """Whether torch's ``prune`` or ``parametrize`` changed ``module``'s own entries."""
+    """Whether torch's ``prune``, ``parametrize``, ``weight_norm`` or ``spectral_norm``
+    changed ``module``'s own entries."""
     return (parametrize.is_parametrized(module)
-            or any(isinstance(hook, prune.BasePruningMethod)
-                   for hook in module._forward_pre_hooks.values()))
+            or any(isinstance(hook, _STATE_HOOKS) for hook in module._forward_pre_hooks.values()))
 
 
-def _reparametrized_entries(model: nn.Module) -> List[Tuple[str, str, str]]:
-    """``(module name, tensor name, "pruned" or "parametrized")`` for each entry of
-    ``model`` that torch's ``prune`` or ``parametrize`` changed, in module order."""
+# the forward pre-hooks of torch that replace a module's tensor by others in its state
+_STATE_HOOKS = (prune.BasePruningMethod, WeightNorm, SpectralNorm)
+# kind -> (what the message says of the entry, the torch.nn.utils call that removes it)
+_REPARAMETRIZATIONS = {
+    "pruned": ("is pruned (torch.nn.utils.prune", "prune.remove"),
+    "weight_norm": ("is weight-normalized (torch.nn.utils.weight_norm", "remove_weight_norm"),
+    "spectral_norm": ("is spectrally normalized (torch.nn.utils.spectral_norm",
+                      "remove_spectral_norm"),
+    "parametrized": ("is parametrized (torch.nn.utils.parametrize",
+                     "parametrize.remove_parametrizations"),
+}
+
+
+def _reparametrized_entries(model: nn.Module) -> List[Tuple[str, str, str, List[str]]]:
+    """``(module name, tensor name, kind, the module's entries that replace the tensor)``
+    for each entry of ``model`` that torch's ``prune`` (kind ``"pruned"``),
+    ``weight_norm`` / ``spectral_norm`` hooks or ``parametrize`` (``"parametrized"``)
+    changed, in module order."""
     found = []
     for name, module in model.named_modules():
         for hook in module._forward_pre_hooks.values():
             if isinstance(hook, prune.BasePruningMethod):
-                found.append((name, str(hook._tensor_name), "pruned"))
+                tensor = str(hook._tensor_name)
+                found.append((name, tensor, "pruned", [f"{tensor}_orig", f"{tensor}_mask"]))
+            elif isinstance(hook, WeightNorm):
+                found.append((name, hook.name, "weight_norm",
+                              [f"{hook.name}_g", f"{hook.name}_v"]))
+            elif isinstance(hook, SpectralNorm):
+                found.append((name, hook.name, "spectral_norm",
+                              [f"{hook.name}_{x}" for x in ("orig", "u", "v")]))
         if parametrize.is_parametrized(module):
-            found.extend((name, str(tensor), "parametrized")
-                         for tensor in module.parametrizations.keys())
+            for tensor, originals in module.parametrizations.items():
+                held = [f"parametrizations.{tensor}.{key}" for key in originals.state_dict()
+                        if key.startswith("original")]
+                found.append((name, str(tensor), "parametrized", held))
     return found
 
 
