@@ -107,3 +107,27 @@ def test_argument_errors_before_any_fit(folds, kwargs, error, message):
                        progress=False, **kwargs)
     assert message in str(info.value)
     assert made == []  # no model was made, none trained
+
+
+def test_one_pass_folds_rank_as_a_list(folds):
+    """A generator of folds (read once, as fold_files' is) gives the list's figures."""
+    listed, _ = _run(folds[:2], AutoRec, k=5)
+    once, _ = _run((fold for fold in folds[:2]), AutoRec, k=5)
+    keys = ["fold", "rmse", "mae", "ranked_users"] + listed.ranking_keys()
+    assert [[f[key] for key in keys] for f in once.folds] == \
+           [[f[key] for key in keys] for f in listed.folds]
+
+
+def test_a_cross_validation_pickled_before_k_loads_unranked():
+    """A CrossValidation pickled (or torch.saved) before the k and threshold fields: its
+    state holds only folds; it loads with k=None and prints the table it printed."""
+    import pickle
+    old = CrossValidation([dict(fold=1, rmse=0.9, mae=0.7, item_mean_rmse=1.0, fallback=0,
+                                epochs=3, seconds=1.5)])
+    table = old.table()
+    del old.__dict__["k"], old.__dict__["threshold"]  # what an older nnsparse pickled
+    loaded = pickle.loads(pickle.dumps(old))
+    assert sorted(vars(loaded)) == ["folds"]
+    assert (loaded.k, loaded.threshold, loaded.ranking_keys()) == (None, None, [])
+    assert loaded.table() == table and loaded.summary()["rmse"] == 0.9
+    assert loaded == CrossValidation(old.folds)
