@@ -348,6 +348,17 @@ def run_one(p, args, train, test) -> Dict[str, Any]:
             and not float(test.rating.max()) >= args.rank_threshold:
         p.error(f"--rank-threshold {args.rank_threshold:g}: no test rating reaches it (the "
                 f"highest is {float(test.rating.max()):g}), so no user has a relevant item")
+    if args.train and len(test) and not args.load:
+        # read_split only warns of pairs rated in both files (their RMSE measures fitted
+        # ratings), but the test ranking leaves each user's training items out: it refused
+        # them with a traceback once the training was done
+        width = max(train.n_items, test.n_items)
+        both = torch.isin(test.user * width + test.item, train.user * width + train.item)
+        if bool(both.any()):
+            p.error(f"--train/--test: {int(both.sum())} of the {len(test)} test ratings rate a "
+                    f"(user, item) pair of the training file; the test ranking leaves each "
+                    f"user's training items out, so they could never be hits: remove them "
+                    f"from --test")
     if args.recommend is not None and not args.load:
         # check the user before training; unknown ids would only fail at the end
         if not any(k in train.user_map for k in (args.recommend, _int(args.recommend))):
