@@ -1469,8 +1469,13 @@ def _check_fitted_state(model: "RatingModel") -> None:
             raise ValueError(f"{name}'s {who}_mean must be a finite floating tensor of {n} "
                              f"means (one per {who} id), got {shape_of(mean)}")
     mean = d.get("global_mean")
-    if isinstance(mean, bool) or not isinstance(mean, numbers.Real) or not math.isfinite(mean):
+    # (is_real: not a bool, nor a numpy timedelta64; real_float: 10**400 is inf, where
+    # math.isfinite raised OverflowError)
+    if not is_real(mean) or not math.isfinite(real_float(mean)):
         raise ValueError(f"{name}'s global_mean must be a finite number, got {mean!r}")
+    # as fit stores it: a Fraction passed, then torch.full refused it at the first predict
+    # ("argument 'fill_value' must be Number, not Fraction")
+    d["global_mean"] = float(mean)
     features = model._buffers.get("row_features")
     if features is not None and (not features.is_floating_point() or features.dim() != 2
                                  or features.shape[0] != shape[0]):
