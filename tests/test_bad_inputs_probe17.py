@@ -10,8 +10,8 @@ Defects found and fixed (rows marked "was:"):
   ``weight_decay`` (at the constructor's last line), ``evaluate_ranking``'s ``threshold``,
   the optimisers' ``lr`` (at the first step), the optimiser state's ``step``, synthetic noise,
   the normaliser's scale, the criteria's numbers, ``clip_grad_norm_``'s ``max_norm`` (now
-  torch's inf); ``recommend``'s ``shrinkage`` and
-  ``DynamicSparseTensor``'s ``mult_coef`` took it.  Now refused as not finite, by name;
+  torch's inf), ``recommend``'s ``shrinkage`` and ``DynamicSparseTensor``'s ``mult_coef``
+  (past their checks).  Now refused as not finite, by name;
 * a loaded (pickled) model's ``global_mean`` was checked with ``numbers.Real``: a numpy
   ``timedelta64`` passed (read as its count), 10**400 raised ``OverflowError``, and a
   ``Fraction`` passed, to fail at the first prediction inside ``torch.full``;
@@ -92,7 +92,7 @@ HUGE_CASES = [
     Case("evaluate_ranking-threshold-negative",
          lambda m: m[0].evaluate_ranking(m[2], threshold=-HUGE_FRACTION), ValueError,
          r"^threshold must be finite or None, got -1000"),
-    # was: taken (only a float inf was refused)
+    # was: passed the check (only a float inf was refused), then OverflowError
     Case("recommend-shrinkage", lambda m: m[0].recommend(0, shrinkage=HUGE, by_index=True),
          ValueError, rf"^shrinkage must be finite, {HUGE_TEXT}"),
     Case("DynamicSparseTensor-mult_coef", lambda m: DynamicSparseTensor(mult_coef=HUGE),
