@@ -1475,7 +1475,7 @@ def _check_fitted_state(model: "RatingModel") -> None:
         raise ValueError(f"{name}'s global_mean must be a finite number, got {mean!r}")
     # as fit stores it: a Fraction passed, then torch.full refused it at the first predict
     # ("argument 'fill_value' must be Number, not Fraction")
-    d["global_mean"] = float(mean)
+    d["global_mean"] = real_float(mean)
     features = model._buffers.get("row_features")
     if features is not None and (not features.is_floating_point() or features.dim() != 2
                                  or features.shape[0] != shape[0]):
