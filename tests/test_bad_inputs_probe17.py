@@ -24,6 +24,7 @@ Defects found and fixed (rows marked "was:"):
   ``read_split`` only warns of), trained, printed the RMSE, then died with a traceback in the
   ranking; now a usage error before training.
 """
+import json
 import math
 import pickle
 from fractions import Fraction
@@ -264,22 +265,88 @@ def test_probe17_ranking_inputs(fitted, case: Case) -> None:
 
 # -- the example: given files sharing pairs ---------------------------------------------------
 
-def test_probe17_example_train_test_sharing_pairs(tmp_path, capsys) -> None:
+def _example() -> Any:
     import importlib.util
     import pathlib
     path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "movielens_autoencoder.py"
     spec = importlib.util.spec_from_file_location("movielens_autoencoder_p17", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    rows = [(u, i, 1 + (u * i) % 5) for u in range(12) for i in range(10) if (u + i) % 3]
-    train, test = rows[::2], rows[1::2] + rows[:4:2]  # two training pairs in test too
-    for name, part in (("train.txt", train), ("test.txt", test)):
+    return module
+
+
+ROWS = [(u, i, 1 + (u * i) % 5) for u in range(12) for i in range(10) if (u + i) % 3]
+WHY = ("their (user, item) pair is rated in --train too, and the ranking leaves each user's "
+       "training items out")
+# (test rows, extra arguments, the note, whether the ranking runs)
+SHARED_PAIRS = [
+    # two training pairs in test too. was: trained, printed the RMSE, then a ValueError
+    # traceback from evaluate_ranking (then, for a day, a usage error before training)
+    ("two shared", ROWS[1::2] + ROWS[:4:2], [],
+     f"test ranking: 2 of the 42 test ratings left out ({WHY})", True),
+    ("all shared", ROWS[:8:2], [],
+     f"test ranking skipped: all 4 test ratings are left out ({WHY})", False),
+    # the held-out ratings reaching the threshold are all shared ones
+    ("threshold", [r for r in ROWS[1::2] if r[2] < 5] + [r for r in ROWS[::2] if r[2] == 5][:2],
+     ["--rank-threshold", "5"], "test ranking skipped: 2 of the ", False),
+]
+
+
+@pytest.mark.parametrize("rows, extra, note, ranked", [c[1:] for c in SHARED_PAIRS],
+                         ids=[c[0] for c in SHARED_PAIRS])
+def test_probe17_example_train_test_sharing_pairs(tmp_path, capsys, rows, extra, note,
+                                                 ranked) -> None:
+    module = _example()
+    for name, part in (("train.txt", ROWS[::2]), ("test.txt", rows)):
         (tmp_path / name).write_text("".join(f"{u} {i} {r}\n" for u, i, r in part))
-    # was: trained, printed the RMSE, then a ValueError traceback from evaluate_ranking
-    with pytest.raises(SystemExit), pytest.warns(UserWarning):
-        module.main(["--train", str(tmp_path / "train.txt"), "--test", str(tmp_path / "test.txt"),
-                     "--format", "text", "--epochs", "1", "--hidden", "4", "--no-progress"])
-    err = capsys.readouterr().err
-    assert ("--train/--test: 2 of the 42 test ratings rate a (user, item) pair of the training "
-            "file; the test ranking leaves each user's training items out") in err
-    assert "trained" not in capsys.readouterr().out
+    metrics = tmp_path / "metrics.json"
+    with pytest.warns(UserWarning, match="rated in the training file too"):
+        result = module.main(["--train", str(tmp_path / "train.txt"),
+                              "--test", str(tmp_path / "test.txt"), "--format", "text",
+                              "--epochs", "1", "--hidden", "4", "--no-progress",
+                              "--metrics-out", str(metrics), *extra])
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    # trained and evaluated on every test rating, the shared ones included
+    assert "trained " in out and lines[-1].startswith("test RMSE: ")
+    assert f"of {len(rows)} test ratings predicted by a mean" in out
+    # the note, printed once (before the ranking line) and recorded
+    assert len([line for line in lines if line.startswith(note)]) == 1
+    saved = json.loads(metrics.read_text())
+    assert saved["ranking_note"].startswith(note) and result["ranking_note"] == saved["ranking_note"]
+    if not ranked:
+        assert result["ranking"] is None and saved["ranking"] is None
+        assert not any(line.startswith("test ranking (") for line in lines)
+        return
+    rank_line = next(i for i, line in enumerate(lines) if line.startswith("test ranking ("))
+    assert lines[rank_line - 1].startswith(note)
+    # the ranking is that of the test ratings less the shared pairs: their users
+    held_out = {u for u, i, r in rows if (u, i, r) not in ROWS[::2]}
+    assert result["ranking"]["users"] == len(held_out)
+
+def test_probe17_example_ranked_part_is_held_out() -> None:
+    """The ranked part: the test ratings whose pair --train does not rate, in order."""
+    import argparse
+    from nnsparse.data import Ratings
+    module = _example()
+    train = Ratings.from_triples([0, 0, 1, 2], [0, 1, 1, 2], [1., 2., 3., 4.])
+    test = train.subset([1, 3])  # shared
+    test = Ratings(torch.cat([test.user, torch.tensor([1, 2])]),
+                   torch.cat([test.item, torch.tensor([0, 1])]),
+                   torch.tensor([5., 4., 3., 2.]), train.user_map, train.item_map)
+    for threshold, kept, note in ((None, [2, 3], "test ranking: 2 of the 4 test ratings left "
+                                   "out"), (3.0, [2, 3], "test ranking: 2 of"),
+                                  (3.5, None, "test ranking skipped: 2 of the 4 test ratings "
+                                   "are left out")):
+        ns = argparse.Namespace(train="train.txt", rank_threshold=threshold)
+        part, text = module.ranked_part(ns, train, test)
+        assert text is not None and text.startswith(note)
+        if kept is None:
+            assert part is None
+        else:
+            assert part.user.tolist() == [1, 2] and part.item.tolist() == [0, 1]
+            assert part.rating.tolist() == [3., 2.]
+    # a random split (no --train): every test rating is ranked, no note
+    part, text = module.ranked_part(argparse.Namespace(train=None, rank_threshold=None),
+                                    train, test)
+    assert part is test and text is None
