@@ -22,7 +22,8 @@ Defects found and fixed (rows marked "was:"):
   as ``weight_t``, a key the caller never gave (message and ``unexpected_keys``);
 * the example, given ``--train``/``--test`` files sharing (user, item) pairs (which
   ``read_split`` only warns of), trained, printed the RMSE, then died with a traceback in the
-  ranking; now a usage error before training.
+  ranking; now it ranks the test ratings less those pairs, or skips the ranking, with a
+  printed (and recorded) note saying how many were left out and why.
 """
 import json
 import math
