@@ -314,7 +314,8 @@ def test_probe17_example_train_test_sharing_pairs(tmp_path, capsys, rows, extra,
     # the note, printed once (before the ranking line) and recorded
     assert len([line for line in lines if line.startswith(note)]) == 1
     saved = json.loads(metrics.read_text())
-    assert saved["ranking_note"].startswith(note) and result["ranking_note"] == saved["ranking_note"]
+    assert saved["ranking_note"].startswith(note)
+    assert result["ranking_note"] == saved["ranking_note"]
     if not ranked:
         assert result["ranking"] is None and saved["ranking"] is None
         assert not any(line.startswith("test ranking (") for line in lines)
