@@ -20,6 +20,9 @@ Beside the RMSE it reports the top-k ranking metrics of the test part
 (precision@k, recall@k, NDCG@k, hit rate@k with ``-k``, default 10: the
 full-ranking protocol of ``RatingModel.evaluate_ranking``; with ``--folds``, of
 every fold's test part, with their mean ± std).
+A ``--test`` rating of a (user, item) pair that ``--train`` rates too (which
+``read_split`` warns of) counts in the RMSE but is left out of the ranking, which
+leaves each user's training items out: a line says how many.
 The last line is ``test RMSE: <value>`` (the mean over the folds with ``--folds``),
 except with ``--test-ratio 0`` (allowed with ``--save`` or ``--recommend``: the model
 trains on every rating and is not evaluated).
@@ -36,7 +39,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -398,9 +401,39 @@ def run_one(p, args, train, test) -> Dict[str, Any]:
     nd.main_print(f"{scores['fallback']} of {scores['count']} test ratings predicted by a mean "
           f"(item mean {counts['item_mean']}, user mean {counts['user_mean']}, "
           f"global mean {counts['global_mean']}): their user or item has no training rating")
-    return dict(epochs=model.history, test_rmse=scores["rmse"], test_mae=scores["mae"],
-                fallback=counts, best_epoch=model.best_epoch, seconds=model.fit_seconds,
-                ranking=ranking(p, args, model, test))
+    result = dict(epochs=model.history, test_rmse=scores["rmse"], test_mae=scores["mae"],
+                  fallback=counts, best_epoch=model.best_epoch, seconds=model.fit_seconds)
+    ranked, note = ranked_part(args, train, test)
+    if note is not None:
+        result["ranking_note"] = note
+    result["ranking"] = None if ranked is None else ranking(p, args, model, ranked)
+    return result
+
+
+def ranked_part(args: argparse.Namespace, train: Ratings,
+                test: Ratings) -> Tuple[Optional[Ratings], Optional[str]]:
+    """The test ratings to rank and a note on those left out (``None``: all of them).
+    ``read_split`` only warns of a --test pair that --train rates too (its RMSE measures a
+    fitted rating); the ranking leaves each user's training items out, so such a pair
+    could never be a hit (``evaluate_ranking`` refuses it): it is left out of the ranking
+    only, with the note, and the ranking is skipped when nothing rankable is left."""
+    if not args.train:  # (a random split shares no pair)
+        return test, None
+    width = test.n_items  # (read_split's parts share their id maps)
+    shared = torch.isin(test.user * width + test.item, train.user * width + train.item)
+    n = int(shared.sum())
+    if n == 0:
+        return test, None
+    why = (f"their (user, item) pair is rated in --train too, and the ranking leaves each "
+           f"user's training items out")
+    if n == len(test):
+        return None, f"test ranking skipped: all {n} test ratings are left out ({why})"
+    kept = test.subset(~shared)
+    if args.rank_threshold is not None and not float(kept.rating.max()) >= args.rank_threshold:
+        return None, (f"test ranking skipped: {n} of the {len(test)} test ratings are left "
+                      f"out ({why}), and none of the other {len(kept)} is rated >= "
+                      f"--rank-threshold {args.rank_threshold:g}")
+    return kept, f"test ranking: {n} of the {len(test)} test ratings left out ({why})"
 
 
 def ranking(p: argparse.ArgumentParser, args: argparse.Namespace, model: RatingModel,
@@ -488,6 +521,8 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, Any
                       item_mean_mae=float(mae(baseline, test.rating)))
         nd.main_print(f"item-mean baseline: RMSE {result['item_mean_rmse']:.4f}, "
               f"MAE {result['item_mean_mae']:.4f}")
+    if result.get("ranking_note"):
+        nd.main_print(result["ranking_note"])
     rank = result.get("ranking")
     if rank is not None:
         nd.main_print(ranking_line(rank))

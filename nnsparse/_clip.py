@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from . import _grad_origin
-from ._forms import as_flag, is_real
+from ._forms import as_flag, is_real, real_float
 
 
 @torch.no_grad()
@@ -160,7 +160,7 @@ def _as_float(name: str, value: Any) -> float:
             isinstance(value, Tensor) and (value.numel() != 1 or value.is_complex()
                                            or value.dtype == torch.bool)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    return float(value)
+    return float(value) if isinstance(value, Tensor) else real_float(value)  # (10**400: inf)
 
 
 def _dense_norms(grads: List[Tensor], norm_type: float, foreach: Optional[bool]) -> List[Tensor]:

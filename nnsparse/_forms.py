@@ -1273,6 +1273,17 @@ def is_real(value: Any) -> bool:
         is_int(value) or not isinstance(value, numbers.Integral))
 
 
+def real_float(value: Any) -> float:
+    """``float(value)`` of a real number (:func:`is_real`), ``inf`` or ``-inf`` where it is
+    beyond float's range (an int from ``2**1024``, a ``Fraction``): ``float()`` raised
+    ``OverflowError`` ("int too large to convert to float"), which named no argument, and
+    ``math.isfinite`` the same."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 # as_count's bounds in words, with the low each one means
 _BOUND_WORDS = {"positive": 1, "non-negative": 0}
 

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .convert import _size_from_tensor
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
-                     is_real,
+                     is_real, real_float,
                      check_index_range, check_numel, int64_message, int_kind,
                      KERNEL_DTYPES,
                      refuse_meta_device)
@@ -170,8 +170,8 @@ class DynamicSparseTensor:
                             f"{mult_coef!r}")
         if not mult_coef > 1:  # also rejects NaN
             raise ValueError(f"mult_coef must be > 1 for the storage to grow, got {mult_coef}")
-        if mult_coef == math.inf:
-            raise ValueError("mult_coef must be finite, got inf")
+        if real_float(mult_coef) == math.inf:  # (10**400 too)
+            raise ValueError(f"mult_coef must be finite, got {mult_coef}")
         if ndim < 1:
             raise ValueError(f"ndim must be at least 1, got {ndim}")
         if ndim > _MAX_NDIM:  # one index buffer per dimension: 2**64 of them filled the memory

@@ -27,7 +27,7 @@ from torch.optim import Optimizer
 
 from . import _grad_origin, _rowopt
 from ._clip import clip_grad_norm_, clip_grad_value_
-from ._forms import _a, as_choice, as_flag, is_real
+from ._forms import _a, as_choice, as_flag, is_real, real_float
 
 if TYPE_CHECKING:  # at run time _sparse_layers imports them itself
     from .layers.linear import SparseLinearBatch
@@ -426,7 +426,7 @@ def _check_step(step: Any, name: str) -> None:
     if not is_real(value):  # (not a bool, nor a numpy timedelta64)
         raise TypeError(f"{name} must be a number or a one-element tensor, "
                         f"got {type(step).__name__} {step!r}")
-    count = float(value)  # a Real converts (mypy's numbers.Real has no operators)
+    count = real_float(value)  # a Real converts (10**400: inf, no OverflowError)
     if not (math.isfinite(count) and count >= 0 and count.is_integer()):
         raise ValueError(f"{name} must be a whole number >= 0, got {value}")
 
@@ -1870,7 +1870,7 @@ def _number(value: Any, keep_tensor: bool = False) -> Any:
     if isinstance(value, Tensor):
         return value if keep_tensor else float(value.detach())
     if isinstance(value, numbers.Real):
-        return float(value)  # Fraction, numpy floats (np.float32 is no float)
+        return real_float(value)  # Fraction, numpy floats (np.float32 is no float)
     return value
 
 
@@ -1908,8 +1908,12 @@ def _check_non_negative(name: str, value: Any) -> None:
     _check_real(name, value)
     if not value >= 0.0:
         raise ValueError(f"{name} must be non-negative, got {value}")
-    if value == math.inf:
-        raise ValueError(f"{name} must be finite, got inf")
+    number = float(value) if isinstance(value, Tensor) else real_float(value)
+    if number == math.inf:
+        # (10**400 too: float() of it overflowed at the first step, "int too large to
+        # convert to float")
+        raise ValueError(f"{name} must be finite, got "
+                         f"{number if isinstance(value, Tensor) else value}")
 
 
 def _check_closure(closure: Any) -> None:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._forms import as_flag, is_real
+from .._forms import as_flag, is_real, real_float
 
 __all__ = ["elementwise_loss", "ElementwiseLoss", "Setting"]
 
@@ -300,9 +300,10 @@ def real_arg(value: Any, name: str) -> float:
     """``value`` as a float, refused unless it is a finite real number."""
     if not is_real(value):  # (not a bool, nor a numpy timedelta64)
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value):
+    number = real_float(value)  # (10**400: inf, not float()'s OverflowError)
+    if not math.isfinite(number):
         raise ValueError(f"{name} must be finite, got {value}")
-    return float(value)
+    return number
 
 
 def non_negative_arg(value: Any, name: str) -> float:

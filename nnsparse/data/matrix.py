@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .._forms import (SparseBatch, as_choice, as_device, as_flag, as_sparse_batch,
-                      check_index_range, check_numel, is_int, is_real, refuse_meta,
+                      check_index_range, check_numel, is_int, is_real, real_float, refuse_meta,
                       refuse_meta_device)
 from .readers import (Ratings, _check_ratings, _check_unique_pairs, _refuse_repeated_keys,
                       _refuse_uint8_index)
@@ -247,7 +247,7 @@ class RatingNormalizer:
                 raise TypeError(f"scale must be a pair of numbers (min, max), got {scale!r}")
             if len(scale) != 2:
                 raise ValueError(f"scale must be a pair of numbers (min, max), got {scale!r}")
-            lo, hi = float(scale[0]), float(scale[1])
+            lo, hi = real_float(scale[0]), real_float(scale[1])  # (10**400: inf, refused)
             if not (math.isfinite(lo) and math.isfinite(hi)):
                 raise ValueError(f"scale must be finite, got ({lo}, {hi})")
             if lo < hi and not lo <= data_lo <= data_hi <= hi:

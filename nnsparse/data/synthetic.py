@@ -18,7 +18,7 @@ import os
 import numpy as np
 import torch
 
-from .._forms import as_count, as_flag, is_int, is_real
+from .._forms import as_count, as_flag, is_int, is_real, real_float
 from .readers import Ratings
 
 __all__ = ["synthetic_ratings", "synthetic_item_features"]
@@ -293,10 +293,10 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
     for number, name in ((noise, "noise"), (user_sigma, "user_sigma"), (item_sigma, "item_sigma")):
         if not is_real(number):  # (not a bool, nor a numpy timedelta64)
             raise TypeError(f"{name} must be a real number, got {type(number).__name__} {number!r}")
-        if not 0 <= number < math.inf:  # also refuses NaN
+        if not 0 <= real_float(number) < math.inf:  # also refuses NaN (and 10**400)
             raise ValueError(f"{name} must be non-negative and finite, got {number}")
     # -0.0 passes the check above, and numpy refused it ("scale < 0"): + 0.0 makes it 0.0
-    noise, user_sigma, item_sigma = (float(v) + 0.0 for v in (noise, user_sigma, item_sigma))
+    noise, user_sigma, item_sigma = (real_float(v) + 0.0 for v in (noise, user_sigma, item_sigma))
     titles = as_flag(titles, "titles")
     user, item, score = _scores(seed, n_users, n_items, n_ratings, rank, noise,
                                 user_sigma, item_sigma)

@@ -12,7 +12,8 @@ from torch.utils.data import Dataset, Subset
 
 from .. import _index
 from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_count, as_device, as_flag,
-                      as_sparse_batch, check_kernel_dtype, refuse_meta, trust)
+                      as_sparse_batch, check_kernel_dtype, refuse_meta, refuse_meta_device,
+                      trust)
 from ..data.dataset import SparseRowDataset
 
 __all__ = ["Batchifier"]
@@ -247,6 +248,9 @@ def _checked_settings(network: Any, output_size: Any, batch_size: Any, device: A
     if progress is not None:
         progress = as_flag(progress, "progress", "a bool or None")
     device = as_device(device, none=True, present=present)
+    # (the output is filled with the network's numbers: on the meta device torch's sparse
+    # kernels failed with "Could not run 'aten::addmm.out' ... 'SparseCsrMeta' backend")
+    refuse_meta_device(device)
     if layout not in (torch.sparse_csr, torch.sparse_coo):
         raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
     if collate_fn is not None and not callable(collate_fn):
@@ -314,7 +318,8 @@ class Batchifier:
             ``layout`` is neither sparse layout, ``collate_fn`` is not callable,
             ``device`` is not a device; in :meth:`forward` and :meth:`topk`, theirs.
         ValueError: a negative ``output_size``, a ``batch_size`` below 1, an
-            unknown device name.
+            unknown device name, the meta device (which holds no numbers to
+            return).
 
     Example::
 

@@ -1300,12 +1300,19 @@ class SparseLinearBatch(nn.Module):
         if (local_metadata.get("assign_to_params_buffers") and isinstance(weight, Tensor)
                 and weight.dim() == 2 and not weight.t().is_contiguous()):
             state_dict[prefix + "weight"] = weight.t().contiguous().t()
-        missing_keys, error_msgs = args[1], args[3]  # (strict, missing, unexpected, errors)
-        errors_before = len(error_msgs)
+        missing_keys, unexpected_keys, error_msgs = args[1], args[2], args[3]
+        errors_before, unexpected_before = len(error_msgs), len(unexpected_keys)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
         if self.sparse_grad:
             _name_weight(missing_keys, error_msgs, errors_before, prefix, weight,
                          (self.out_features, self.in_features))
+            if weight is not None:
+                # the state's weight, renamed weight_t by the pre-hook, is unexpected in a
+                # layer without that parameter (pruned: weight_t_orig; parametrized): torch
+                # listed "weight_t", a key the caller never gave
+                unexpected_keys[unexpected_before:] = [
+                    prefix + "weight" if k == prefix + "weight_t" else k
+                    for k in unexpected_keys[unexpected_before:]]
 
 
 def _parametrizations(layer: nn.Module) -> Optional[nn.ModuleDict]:

@@ -35,7 +35,7 @@ from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, as_sparse_batch,
-                      check_file_object, check_index_range, is_int, is_real, refuse_meta,
+                      check_file_object, check_index_range, is_int, is_real, real_float, refuse_meta,
                       refuse_meta_device)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
@@ -269,13 +269,13 @@ class RatingModel(nn.Module):
                 raise ValueError(f"{where} may name only {cls.__name__}'s own penalty "
                                  f"hyperparameters (DEFAULTS keys starting with 'l2'), got "
                                  f"{key!r}")
-            if not is_real(value) or not 0 < value < math.inf:  # (nor a np.timedelta64)
+            if not is_real(value) or not 0 < real_float(value) < math.inf:  # (nor a timedelta64)
                 raise ValueError(f"{where}[{key!r}] must be a positive finite number, got "
                                  f"{value!r}")
         n, e = cls.AUTO_RATINGS, cls.AUTO_EXPONENT
         if not is_int(n) or n < 1:  # (not a bool, nor a numpy timedelta64)
             raise ValueError(f"{cls.__name__}.AUTO_RATINGS must be an int >= 1, got {n!r}")
-        if not is_real(e) or not math.isfinite(e):  # (not a bool, nor a np.timedelta64)
+        if not is_real(e) or not math.isfinite(real_float(e)):  # (nor a np.timedelta64)
             raise ValueError(f"{cls.__name__}.AUTO_EXPONENT must be a finite number, "
                              f"got {e!r}")
 
@@ -345,11 +345,13 @@ class RatingModel(nn.Module):
             if key in ("lr", "weight_decay", "validation_ratio", "min_lr_ratio") or \
                     _is_penalty(key) or key in ("alpha", "beta", "hide_ratio"):
                 _check_number(key, value, " or 'auto'" if key in self.AUTO else "")
-                if not math.isfinite(value) and not math.isnan(value):  # NaN: the range checks
+                # (an int from 2**1024, or such a Fraction: inf, not float()'s OverflowError)
+                number = real_float(value)
+                if not math.isfinite(number) and not math.isnan(number):  # NaN: range checks
                     raise ValueError(f"{key} must be finite, got {value!r}")
                 # a numpy float would be pickled as one: save()'s file, read with
                 # weights_only=True, could not be loaded
-                h[key] = float(value)
+                h[key] = number
         if not h["lr"] > 0:
             raise ValueError(f"lr must be positive, got {h['lr']!r}")
         if not h["weight_decay"] >= 0:
@@ -1006,9 +1008,10 @@ class RatingModel(nn.Module):
         k = as_count("k", k, 1, must="positive")
         if threshold is not None:
             _check_number("threshold", threshold, " or None")
-            if not math.isfinite(threshold):
+            number = real_float(threshold)  # (10**400: inf, not float()'s OverflowError)
+            if not math.isfinite(number):
                 raise ValueError(f"threshold must be finite or None, got {threshold}")
-            threshold = float(threshold)
+            threshold = number
         exclude_train = as_flag(exclude_train, "exclude_train")
         batch_size = as_count("batch_size", batch_size, 1, must="positive")
         if progress is not None:
@@ -1090,8 +1093,8 @@ class RatingModel(nn.Module):
         by_index = as_flag(by_index, "by_index")
         if not shrinkage >= 0:
             raise ValueError(f"shrinkage must be non-negative, got {shrinkage}")
-        if shrinkage == math.inf:
-            raise ValueError("shrinkage must be finite, got inf")
+        if real_float(shrinkage) == math.inf:  # (10**400 too: float() overflowed below)
+            raise ValueError(f"shrinkage must be finite, got {shrinkage}")
         if by_index:
             try:
                 if isinstance(user, bool) or (isinstance(user, (Tensor, np.ndarray))
@@ -1444,7 +1447,7 @@ def _check_blob(blob: Dict[str, Any], model: "RatingModel", path: Any) -> None:
         raise ValueError(f"{damaged}: normalizer row_mean must be a floating tensor of shape "
                          f"{tuple(expected.shape)}, got {got}")
     mean = blob["normalizer"]["global_mean"]
-    if not is_real(mean) or not math.isfinite(mean):  # (not a bool, nor a np.timedelta64)
+    if not is_real(mean) or not math.isfinite(real_float(mean)):  # (nor a timedelta64)
         raise ValueError(f"{damaged}: normalizer global_mean must be a finite number, "
                          f"got {mean!r}")
     epoch = blob["best_epoch"]
@@ -1512,8 +1515,13 @@ def _check_fitted_state(model: "RatingModel") -> None:
             raise ValueError(f"{name}'s {who}_mean must be a finite floating tensor of {n} "
                              f"means (one per {who} id), got {shape_of(mean)}")
     mean = d.get("global_mean")
-    if isinstance(mean, bool) or not isinstance(mean, numbers.Real) or not math.isfinite(mean):
+    # (is_real: not a bool, nor a numpy timedelta64; real_float: 10**400 is inf, where
+    # math.isfinite raised OverflowError)
+    if not is_real(mean) or not math.isfinite(real_float(mean)):
         raise ValueError(f"{name}'s global_mean must be a finite number, got {mean!r}")
+    # as fit stores it: a Fraction passed, then torch.full refused it at the first predict
+    # ("argument 'fill_value' must be Number, not Fraction")
+    d["global_mean"] = real_float(mean)
     features = model._buffers.get("row_features")
     if features is not None and (not features.is_floating_point() or features.dim() != 2
                                  or features.shape[0] != shape[0]):

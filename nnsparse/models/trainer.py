@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from .. import distributed as nd
-from .._forms import (as_count, as_device, as_flag, int_of_0d, is_int, is_real, refuse_meta,
-                      refuse_meta_device)
+from .._forms import (as_count, as_device, as_flag, int_of_0d, is_int, is_real, real_float,
+                      refuse_meta, refuse_meta_device)
 from .._optim_split import SplitOptimizer, make_optimizer
 from ..optim import LazyAdam
 from ..data import SparseRowDataset
@@ -120,12 +120,13 @@ class Trainer:
                                 f"{number!r}")
         if not lr > 0:
             raise ValueError(f"lr must be positive, got {lr!r}")
-        if lr == math.inf:
-            raise ValueError("lr must be finite, got inf")
+        # (an int from 2**1024 is no inf, but float() of it overflowed below: OverflowError)
+        if real_float(lr) == math.inf:
+            raise ValueError(f"lr must be finite, got {lr!r}")
         if not 0 <= min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio!r}")
-        if weight_decay == math.inf:
-            raise ValueError("weight_decay must be finite, got inf")
+        if real_float(weight_decay) == math.inf:
+            raise ValueError(f"weight_decay must be finite, got {weight_decay!r}")
         if not weight_decay >= 0:
             raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
         seed = _torch_seed(seed)  # any int, as the models' seed
