@@ -32,3 +32,17 @@ def generator():
     state = torch.random.get_rng_state()
     yield torch.Generator().manual_seed(1234)
     torch.random.set_rng_state(state)
+
+
+@pytest.fixture
+def group_of_one():
+    """A gloo process group of one process: DistributedDataParallel and the checks that
+    need a group run in this one process."""
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -251,16 +251,6 @@ def test_loader_takes_any_int_seed(seed):
     assert [b.row_index.tolist() for b in again] == rows  # the same seed, the same order
 
 
-@pytest.fixture
-def group_of_one():
-    """A gloo process group of one process, here, for checks that need a group."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def _attach_in_backward(model: nn.Module) -> None:
     """The optimiser-in-backward mode, through its API where this build has it."""
     apply = getattr(nnsparse.optim, "apply_optimizer_in_backward", None)

@@ -12,7 +12,6 @@ from typing import Any, Callable, Dict, NamedTuple, Type
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 import torch.nn.utils.prune  # noqa: F401 (torch.nn.utils.prune below)
 
@@ -32,16 +31,6 @@ def _cfn(features: bool = True) -> CFN:
         _FITTED[key] = CFN(hidden=4, epochs=1, validation_ratio=0.0).fit(
             _R, features=_GENRES if features else None, verbose=False, progress=False)
     return copy.deepcopy(_FITTED[key])
-
-
-@pytest.fixture
-def group_of_one():
-    """A gloo process group of one process, here: DistributedDataParallel needs a group."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _ddp(sparse_grad: bool = False) -> nn.Module:
