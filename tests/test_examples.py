@@ -189,7 +189,7 @@ def test_composition_example(capsys):
     (["--l2", "nan"], "--l2 must be non-negative and finite, got nan"),
     (["--l2-kernel", "-1"], "--l2-kernel must be non-negative and finite, got -1.0"),
     (["--model", "autorec", "--l2-kernel", "0.01"],
-     "--l2-kernel is the kernels' penalty of --model sparsefc, got --model autorec"),
+     "--l2-kernel is the kernels' penalty of --model sparsefc or glocalk, got --model autorec"),
     (["--shrinkage", "inf"], "--min-support and --shrinkage must be non-negative (and finite)"),
     (["--seed", "-1"], "--seed must be non-negative, got -1"),
     (["--device", "meta"], "--device must be cpu or cuda[:N], got 'meta'"),
