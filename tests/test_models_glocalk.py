@@ -19,9 +19,10 @@ def data():
     return split_ratings(synthetic_ratings(0, 40, 30, 600), 0.2, seed=0)
 
 
-@pytest.fixture(scope="module")
-def fitted(data):
-    return GLocalK(**SMALL).fit(data[0], verbose=False, progress=False)
+@pytest.fixture(scope="module", params=["item", "user"])
+def fitted(data, request):
+    return GLocalK(**SMALL, orientation=request.param).fit(data[0], verbose=False,
+                                                           progress=False)
 
 
 def _dense_raw(model):
@@ -127,6 +128,9 @@ def test_save_load_round_trip(fitted, data, tmp_path):
         same = loader.load(path)
         assert type(same) is GLocalK and bool(same.finetuned)
         torch.testing.assert_close(same.predict(test), fitted.predict(test))
+    # in float64 (the cached dense matrix follows the parameters' dtype)
+    torch.testing.assert_close(same.double().predict(test), fitted.predict(test), atol=1e-5,
+                               rtol=1e-5)
     with pytest.raises(ValueError, match="holds a GLocalK, not an AutoRec"):
         AutoRec.load(path)
 
