@@ -16,6 +16,10 @@ once, at the end, beside the item-mean baseline.
     python examples/movielens_autoencoder.py --recommend 42 -k 10
     torchrun --nproc_per_node=2 examples/movielens_autoencoder.py --threads 1   # 2 processes
 
+Beside the RMSE it reports the top-k ranking metrics of the test part
+(precision@k, recall@k, NDCG@k, hit rate@k with ``-k``, default 10: the
+full-ranking protocol of ``RatingModel.evaluate_ranking``; with ``--folds``, of
+every fold's test part, with their mean ± std).
 The last line is ``test RMSE: <value>`` (the mean over the folds with ``--folds``),
 except with ``--test-ratio 0`` (allowed with ``--save`` or ``--recommend``: the model
 trains on every rating and is not evaluated).
@@ -30,6 +34,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -125,7 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--load", help="load a model saved with --save instead of training")
     out.add_argument("--recommend", help="print this user's top-k unrated items (original id)")
     out.add_argument("-k", type=_positive(int, "-k"), default=10,
-                     help="how many items --recommend prints")
+                     help="how many items --recommend prints, and the k of the test "
+                          "ranking metrics (precision@k, recall@k, NDCG@k, hit rate@k; "
+                          "of every fold with --folds)")
+    out.add_argument("--rank-threshold", type=float,
+                     help="ranking metrics: the lowest relevant test rating (default: "
+                          "every test rating is relevant; not with --test-ratio 0, which "
+                          "ranks nothing)")
     out.add_argument("--min-support", type=int, default=20,
                      help="--recommend: fewest training ratings of a recommended item")
     out.add_argument("--shrinkage", type=float, default=10.0,
@@ -189,6 +200,11 @@ def parse_args(argv: Optional[List[str]] = None):
     if args.l2_kernel is not None and args.model not in ("sparsefc", "glocalk"):
         p.error(f"--l2-kernel is the kernels' penalty of --model sparsefc or glocalk, got "
                 f"--model {args.model}")
+    if args.rank_threshold is not None and not math.isfinite(args.rank_threshold):
+        p.error(f"--rank-threshold must be finite, got {args.rank_threshold}")
+    # a flag that would change nothing is refused, not ignored
+    if args.rank_threshold is not None and args.test_ratio == 0 and args.train is None:
+        p.error("--rank-threshold: --test-ratio 0 leaves no test ratings to rank")
     if args.min_support < 0 or not 0 <= args.shrinkage < math.inf:
         p.error(f"--min-support and --shrinkage must be non-negative (and finite), got "
                 f"{args.min_support} and {args.shrinkage}")
@@ -307,17 +323,32 @@ def print_recommendations(model: RatingModel, args: argparse.Namespace) -> None:
 
 
 def run_folds(p, args, folds) -> Dict[str, Any]:
+    """One model per fold, each scored and ranked (at -k) on its fold's test part."""
     cls, uses_features = CHOICES[args.model]
     features = (lambda train: side_features(p, args, train)) if uses_features else None
+    for number, (_, test) in enumerate(folds, start=1):  # every fold, before any training
+        highest = float(test.rating.max()) if len(test) else None
+        if args.rank_threshold is not None and highest is not None \
+                and not highest >= args.rank_threshold:
+            p.error(f"--rank-threshold {args.rank_threshold:g}: no test rating of fold "
+                    f"{number} reaches it (the highest is {highest:g}), so no user has a "
+                    f"relevant item")
     try:
         cv = cross_validate(lambda: cls(**hparams(args)), folds, features=features,
                             device=args.device, progress=not args.no_progress and None,
-                            verbose=nd.is_main())
+                            verbose=nd.is_main(), k=args.k, threshold=args.rank_threshold)
     except ValueError as error:  # a fold refused by fit before its training
         p.error(f"cannot train on these folds: {error}")
     nd.main_print(cv.table())
+    summary = cv.summary()
+    ranking = {key: summary[key] for key in ["k", "threshold"] + [
+        name for key in cv.ranking_keys() for name in (key, f"{key}_std")]}
+    # the ranked users of every fold, and the seconds of the rankings together
+    ranking.update(folds=len(cv.folds), users=[f["ranked_users"] for f in cv.folds],
+                   seconds=sum(f["rank_seconds"] for f in cv.folds))
     return dict(folds=cv.folds, test_rmse=cv.mean(), test_rmse_std=cv.std(),
-                test_mae=cv.mean("mae"), item_mean_rmse=cv.mean("item_mean_rmse"))
+                test_mae=cv.mean("mae"), item_mean_rmse=cv.mean("item_mean_rmse"),
+                ranking=ranking)
 
 
 def run_one(p, args, train, test) -> Dict[str, Any]:
@@ -329,6 +360,10 @@ def run_one(p, args, train, test) -> Dict[str, Any]:
     else:
         cls, uses_features = CHOICES[args.model]
         model = cls(**hparams(args))
+    if args.rank_threshold is not None and len(test) \
+            and not float(test.rating.max()) >= args.rank_threshold:
+        p.error(f"--rank-threshold {args.rank_threshold:g}: no test rating reaches it (the "
+                f"highest is {float(test.rating.max()):g}), so no user has a relevant item")
     if args.recommend is not None and not args.load:
         # check the user before training; unknown ids would only fail at the end
         if not any(k in train.user_map for k in (args.recommend, _int(args.recommend))):
@@ -365,7 +400,46 @@ def run_one(p, args, train, test) -> Dict[str, Any]:
           f"(item mean {counts['item_mean']}, user mean {counts['user_mean']}, "
           f"global mean {counts['global_mean']}): their user or item has no training rating")
     return dict(epochs=model.history, test_rmse=scores["rmse"], test_mae=scores["mae"],
-                fallback=counts, best_epoch=model.best_epoch, seconds=model.fit_seconds)
+                fallback=counts, best_epoch=model.best_epoch, seconds=model.fit_seconds,
+                ranking=ranking(p, args, model, test))
+
+
+def ranking(p: argparse.ArgumentParser, args: argparse.Namespace, model: RatingModel,
+            test: Ratings) -> Dict[str, Any]:
+    """The test ranking metrics at -k (full ranking, training items left out), timed."""
+    start = time.perf_counter()
+    try:
+        scores = model.evaluate_ranking(test, args.k, threshold=args.rank_threshold,
+                                        progress=False if args.no_progress else None)
+    except ValueError as error:
+        if not args.load:  # a model trained here on these ratings: a bug to show
+            raise
+        p.error(f"cannot rank the test ratings with this model: {error} "
+                f"(--load {args.load}: give the --ratings and --seed it was trained with)")
+    scores.update(k=args.k, threshold=args.rank_threshold,
+                  seconds=time.perf_counter() - start)
+    return scores
+
+
+def ranking_line(rank: Dict[str, Any]) -> str:
+    """The ranking's line: one test part's figures, or the folds' mean ± std."""
+    k = rank["k"]
+    relevant = "" if rank["threshold"] is None else f", relevant: rated >= {rank['threshold']:g}"
+    if "folds" in rank:  # --folds
+        spread = {key: f" ± {rank[f'{key}_std']:.4f}" for key in
+                  (f"precision@{k}", f"recall@{k}", f"ndcg@{k}", f"hit_rate@{k}")}
+        who = (f"mean ± std of {rank['folds']} folds, {min(rank['users'])}-"
+               f"{max(rank['users'])} users a fold")
+        seconds = f"{rank['seconds']:.1f} s in all"
+    else:
+        spread = dict.fromkeys((f"precision@{k}", f"recall@{k}", f"ndcg@{k}", f"hit_rate@{k}"),
+                               "")
+        who, seconds = f"{rank['users']} users", f"{rank['seconds']:.1f} s"
+    return (f"test ranking ({who}, all items less their training ones{relevant}): "
+            + ", ".join(f"{title}@{k} {rank[key]:.4f}{spread[key]}" for title, key in (
+                ("precision", f"precision@{k}"), ("recall", f"recall@{k}"),
+                ("NDCG", f"ndcg@{k}"), ("hit rate", f"hit_rate@{k}")))
+            + f" ({seconds})")
 
 
 def _int(text: str) -> Any:
@@ -415,6 +489,9 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, Any
                       item_mean_mae=float(mae(baseline, test.rating)))
         nd.main_print(f"item-mean baseline: RMSE {result['item_mean_rmse']:.4f}, "
               f"MAE {result['item_mean_mae']:.4f}")
+    rank = result.get("ranking")
+    if rank is not None:
+        nd.main_print(ranking_line(rank))
     result["args"] = vars(args)
     result["processes"] = nd.world_size()
     if args.metrics_out and nd.is_main():

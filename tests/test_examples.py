@@ -26,13 +26,23 @@ def test_movielens_autoencoder_default_run(tmp_path, capsys):
     result = main(TINY + ["--metrics-out", str(metrics), "--save", str(model)])
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == f"test RMSE: {result['test_rmse']:.4f}"
-    assert lines[-2].startswith("test MAE: ") and "item-mean baseline" in lines[-3]
+    assert lines[-2].startswith("test MAE: ") and "item-mean baseline" in lines[-4]
+    rank = result["ranking"]
+    assert lines[-3] == (
+        f"test ranking ({rank['users']} users, all items less their training ones): "
+        f"precision@10 {rank['precision@10']:.4f}, recall@10 {rank['recall@10']:.4f}, "
+        f"NDCG@10 {rank['ndcg@10']:.4f}, hit rate@10 {rank['hit_rate@10']:.4f} "
+        f"({rank['seconds']:.1f} s)")
     saved = json.loads(metrics.read_text())
+    assert saved["ranking"] == {**rank, "threshold": None}
+    assert rank["k"] == 10 and rank["users"] > 900 and 0 < rank["ndcg@10"] < 1
     assert [e["epoch"] for e in saved["epochs"]] == [1, 2]
     assert all(math.isfinite(e["valid_rmse"]) for e in saved["epochs"])
     assert 0.5 < result["test_rmse"] < 2.0 and 0.5 < result["item_mean_rmse"] < 2.0
     again = main(TINY + ["--load", str(model)])
     assert again["test_rmse"] == pytest.approx(result["test_rmse"], abs=1e-6)
+    # the loaded model ranks the same test part as the one saved (its training items too)
+    assert {**again["ranking"], "seconds": 0} == {**rank, "seconds": 0}
 
 
 def test_dense_decoder_gives_the_same_rmse():
@@ -56,6 +66,7 @@ def test_movielens_autoencoder_on_files_and_recommend(tmp_path, capsys):
                      "--orientation", orientation, "--recommend", "3", "-k", "4"])
         out = capsys.readouterr().out
         assert "top 4 items for user 3:" in out and "Film " in out
+        assert "precision@4 " in out and "NDCG@4 " in out  # -k is the ranking's k too
     (tmp_path / "u1.base").write_text("\n".join(lines[:1800]) + "\n")
     (tmp_path / "u1.test").write_text("\n".join(lines[1800:]) + "\n")
     result = main(TINY + ["--train", str(tmp_path / "u1.base"), "--test",
@@ -193,6 +204,14 @@ def test_composition_example(capsys):
     (["--shrinkage", "inf"], "--min-support and --shrinkage must be non-negative (and finite)"),
     (["--seed", "-1"], "--seed must be non-negative, got -1"),
     (["--device", "meta"], "--device must be cpu or cuda[:N], got 'meta'"),
+    (["--rank-threshold", "nan"], "--rank-threshold must be finite, got nan"),
+    (["--rank-threshold", "5.5"], "--rank-threshold 5.5: no test rating reaches it (the "
+                                  "highest is 5), so no user has a relevant item"),
+    # every fold is ranked: a threshold above a fold's test ratings, refused before training
+    (["--folds", "2", "--rank-threshold", "5.5"], "--rank-threshold 5.5: no test rating of "
+     "fold 1 reaches it (the highest is 5), so no user has a relevant item"),
+    (["--test-ratio", "0", "--save", "{tmp}/m.pt", "--rank-threshold", "4"],
+     "--rank-threshold: --test-ratio 0 leaves no test ratings to rank"),
 ])
 def test_movielens_autoencoder_bad_flags_fail_before_training(tmp_path, capsys, flags, message):
     main = _load("movielens_autoencoder").main
@@ -204,6 +223,32 @@ def test_movielens_autoencoder_bad_flags_fail_before_training(tmp_path, capsys, 
     captured = capsys.readouterr()
     assert message.replace("{tmp}", str(tmp_path)) in captured.err
     assert "epoch 1" not in captured.out  # nothing was trained
+
+
+def test_movielens_autoencoder_ranking_threshold(tmp_path, capsys):
+    """--rank-threshold: only the test ratings at or above it are relevant (fewer users)."""
+    main = _load("movielens_autoencoder").main
+    every = main(TINY + ["--epochs", "1"])["ranking"]
+    liked = main(TINY + ["--epochs", "1", "--rank-threshold", "4", "-k", "5"])["ranking"]
+    out = capsys.readouterr().out
+    assert "relevant: rated >= 4): precision@5 " in out
+    assert liked["threshold"] == 4.0 and liked["k"] == 5 and "ndcg@5" in liked
+    assert 0 < liked["users"] < every["users"]
+
+
+def test_a_loaded_model_ranked_on_its_training_ratings_is_a_usage_error(tmp_path, capsys):
+    """``--load`` with another ``--seed``: the test part holds ratings the model trained on,
+    which the ranking (training items left out) refuses, as a usage error."""
+    main = _load("movielens_autoencoder").main
+    model = tmp_path / "m.pt"
+    main(TINY + ["--epochs", "1", "--save", str(model)])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(TINY + ["--load", str(model), "--seed", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "cannot rank the test ratings with this model: test together with the model's" in err
+    assert f"(--load {model}: give the --ratings and --seed it was trained with)" in err
 
 
 def test_movielens_autoencoder_says_when_training_diverged(capsys):
@@ -225,13 +270,54 @@ def test_movielens_autoencoder_cuda_without_gpu(capsys):
 
 
 @pytest.mark.parametrize("model", ["autorec", "cfn++"])
-def test_movielens_autoencoder_folds_table(capsys, model):
+def test_movielens_autoencoder_folds_table(tmp_path, capsys, model):
+    """--folds ranks every fold at -k (10 by default, as the single split): the table's last
+    columns, then the mean ± std line before the MAE and RMSE lines."""
     main = _load("movielens_autoencoder").main
-    result = main(TINY + ["--model", model, "--folds", "3", "--validation-ratio", "0"])
+    metrics = tmp_path / "metrics.json"
+    result = main(TINY + ["--model", model, "--folds", "3", "--validation-ratio", "0",
+                          "--metrics-out", str(metrics)])
     out = capsys.readouterr().out
     assert out.count("\n| 1 |") == 1 and "\n| 3 |" in out and "| mean ± std |" in out
     assert len(result["folds"]) == 3 and math.isfinite(result["test_rmse_std"])
     assert result["test_rmse"] == pytest.approx(sum(f["rmse"] for f in result["folds"]) / 3)
+    assert ("| seconds | precision@10 | recall@10 | NDCG@10 | hit rate@10 |\n"
+            + "|---" * 11 + "|\n") in out
+    lines = out.strip().splitlines()
+    rank, folds = result["ranking"], result["folds"]
+    assert rank["k"] == 10 and rank["threshold"] is None and rank["folds"] == 3
+    assert rank["users"] == [f["ranked_users"] for f in folds]
+    for key in ("precision@10", "recall@10", "ndcg@10", "hit_rate@10"):
+        values = [f[key] for f in folds]
+        assert rank[key] == pytest.approx(sum(values) / 3)
+        assert rank[f"{key}_std"] == pytest.approx(
+            math.sqrt(sum((v - rank[key]) ** 2 for v in values) / 2))
+    assert lines[-3] == (
+        f"test ranking (mean ± std of 3 folds, {min(rank['users'])}-{max(rank['users'])} "
+        f"users a fold, all items less their training ones): "
+        f"precision@10 {rank['precision@10']:.4f} ± {rank['precision@10_std']:.4f}, "
+        f"recall@10 {rank['recall@10']:.4f} ± {rank['recall@10_std']:.4f}, "
+        f"NDCG@10 {rank['ndcg@10']:.4f} ± {rank['ndcg@10_std']:.4f}, "
+        f"hit rate@10 {rank['hit_rate@10']:.4f} ± {rank['hit_rate@10_std']:.4f} "
+        f"({rank['seconds']:.1f} s in all)")
+    assert lines[-2] == f"test MAE: {result['test_mae']:.4f}"
+    assert lines[-1] == f"test RMSE: {result['test_rmse']:.4f}"
+    saved = json.loads(metrics.read_text())
+    assert saved["ranking"] == rank and saved["folds"][0]["ndcg@10"] == folds[0]["ndcg@10"]
+
+
+def test_movielens_autoencoder_folds_rank_threshold_and_k(capsys):
+    """--folds with --rank-threshold and -k: no more relevant users a fold, lists of -k."""
+    main = _load("movielens_autoencoder").main
+    every = main(TINY + ["--epochs", "1", "--model", "autorec", "--folds", "2"])["ranking"]
+    liked = main(TINY + ["--epochs", "1", "--model", "autorec", "--folds", "2",
+                         "--rank-threshold", "4", "-k", "5"])
+    out = capsys.readouterr().out
+    rank = liked["ranking"]
+    assert rank["k"] == 5 and rank["threshold"] == 4.0 and "ndcg@5" in liked["folds"][1]
+    assert "users a fold, all items less their training ones, relevant: rated >= 4): " \
+           "precision@5 " in out and "| NDCG@5 | hit rate@5 |" in out
+    assert all(a <= b for a, b in zip(rank["users"], every["users"]))
 
 
 def test_movielens_autoencoder_l2_kernel_reaches_sparse_fc():

@@ -134,6 +134,9 @@ DATA_CASES = {
         torch.tensor([20, 31]), ["x", "y"]),
     "CrossValidation": lambda: nnsparse.models.CrossValidation(
         [dict(fold=1, rmse=0.9, mae=0.7, fallback=0, epochs=3, seconds=1.5)]),
+    "CrossValidation-ranked": lambda: nnsparse.models.CrossValidation(
+        [dict(fold=1, rmse=0.9, mae=0.7, fallback=0, epochs=3, seconds=1.5,
+              **{"ndcg@10": 0.1, "ranked_users": 9, "rank_seconds": 0.2})], k=10, threshold=4.0),
     "TrainResult": lambda: nnsparse.models.TrainResult(
         [{"epoch": 1, "train_loss": 0.5, "valid_rmse": 0.9}], 1, 0.9),
     "Ratings": _ratings,

@@ -9,9 +9,10 @@
   behind a global convolution kernel.
 
 They share :class:`RatingModel` (``fit`` with early stopping and refit,
-``predict_entries``, ``recommend``, ``save``/``load``), the one
-:class:`Trainer` (:class:`DistributedTrainer` under ``torchrun``), and
-:func:`cross_validate`.  See ``docs/models.md`` and ``docs/distributed.md``.
+``predict_entries``, ``evaluate``, ``evaluate_ranking`` (precision, recall, NDCG, hit
+rate at k), ``recommend``, ``save``/``load``), the one :class:`Trainer`
+(:class:`DistributedTrainer` under ``torchrun``), and :func:`cross_validate`.  See
+``docs/models.md`` and ``docs/distributed.md``.
 """
 from .trainer import DistributedTrainer, Trainer, TrainResult
 from .base import MODELS, RatingModel, Recommendations, register

@@ -31,6 +31,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 from torch.nn.utils import parametrize, prune
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, as_sparse_batch,
                       check_file_object, check_index_range, is_int, is_real, refuse_meta,
@@ -42,7 +44,7 @@ from ..data.matrix import _check_same_maps
 from ..data.readers import _plain, _check_ratings, _check_unique_pairs, _check_unique_pairs_apart
 from ..data.split import _concat, _draw, _torch_seed
 from .. import distributed as nd
-from .trainer import DistributedTrainer, Trainer, TrainResult
+from .trainer import DistributedTrainer, Trainer, TrainResult, _show_progress
 
 __all__ = ["RatingModel", "Recommendations", "register", "MODELS"]
 
@@ -904,6 +906,149 @@ class RatingModel(nn.Module):
         result["fallback_counts"] = counts
         return result
 
+    def evaluate_ranking(self, test: Ratings, k: int = 10, *, threshold: Optional[float] = None,
+                         exclude_train: bool = True, batch_size: int = 256,
+                         progress: Optional[bool] = None) -> Dict[str, Any]:
+        r"""Top-``k`` ranking quality on ``test``: precision, recall, NDCG and hit rate at ``k``.
+
+        The full-ranking protocol (RecBole's "full sort" evaluation): every user with at
+        least one relevant test rating is evaluated; all items are ranked for them, not a
+        sample, and the scores are averaged over these users.
+
+        * **Candidates.** Every item of the id maps (``test.n_items``: the items of
+          training and test), less, with ``exclude_train``, the items the user rated in
+          the model's training ratings (``train`` given to ``fit``, with the validation
+          part after a refit: the items :meth:`recommend` leaves out with
+          ``exclude_rated``; without a refit the validation part, never trained on,
+          stays a candidate).  A user with fewer than ``k`` candidates gets a shorter
+          list; its empty places are misses.
+        * **Scores.** The raw predicted ratings, :meth:`predict_entries`'s: the
+          network's output where the user and the item have training ratings, the mean
+          fallback elsewhere (an item without training ratings gets the user's mean, the
+          same score for all such items; a user without training ratings is ranked by
+          the item means), clipped to the rating scale as there.  Unlike
+          :meth:`recommend`, no shrinkage and no ``min_support``: the model's own
+          ranking.  The network's part comes from its dense output rows, where
+          :meth:`predict_entries` samples the decoder at the pairs asked: the two agree
+          to float rounding (a few units in the last place, about ``5e-7`` stars;
+          :meth:`predict_entries`'s own figures vary as much with the pairs asked
+          together), so two items whose scores agree that closely may come in either
+          order.
+        * **Order.** Score descending; ties (predictions clipped to the top of the
+          scale tie often) go to the smaller item index, so the lists are
+          deterministic.  A NaN prediction ranks after every number and is never a
+          hit.
+        * **Relevant.** The user's test items (``threshold=None``: RecBole's choice
+          for explicit ratings), or those rated ``>= threshold``; a test item rated
+          below ``threshold`` stays a candidate (ranked, never a hit).  ``hits`` is
+          the number of relevant items in the top ``k``; ``n`` the user's relevant
+          items.
+        * ``precision@k = hits / k``;
+          ``recall@k = hits / n`` (RecBole's, and the usual definition: it can stay
+          below 1 when ``n > k``; ``hits / min(k, n)`` would rescale it per user and
+          make it incomparable with published figures);
+          ``ndcg@k = DCG / IDCG`` with binary relevance,
+          ``DCG = sum over hits at positions p = 1..k of 1 / log2(p + 1)`` and
+          ``IDCG`` the same sum over ``p = 1..min(k, n)``;
+          ``hit_rate@k`` is 1 when ``hits >= 1``.  Each is the mean over the
+          evaluated users.
+
+        The scores are computed ``batch_size`` rows of the model's matrix at a time
+        from its dense output: a user-oriented model ranks ``batch_size`` users
+        (``batch_size x items`` scores) at once; an item-oriented one scores
+        ``batch_size`` items for every evaluated user and keeps a running top ``k``
+        per user.  The ``users x items`` score matrix is never built (480,000 x 17,770
+        floats would be 34 GB), but each chunk is ``batch_size`` dense rows of the
+        matrix's full width: for an item-oriented model ``batch_size`` x the training
+        users, and the merge into every evaluated user's top ``k`` beside them.
+        Measured on 100,000 training users (40,940 evaluated) x 2,000 items: +530 MB
+        at 256, +290 MB at 64, +9 MB at 8 (the whole 40,940 x 2,000 score matrix
+        would be 330 MB); Netflix's 480,189 users would take a few GB at 256.  A
+        smaller ``batch_size`` holds less, for a little more time.  The work runs on
+        the model's device, without gradients and in eval mode (the mode is
+        restored, also when an exception stops it).  ``docs/models.md`` says where the
+        protocol differs from RecBole's.
+
+        Args:
+            test (Ratings): held-out ratings sharing the training ratings' id maps (extra
+                ids may follow), with no (user, item) pair twice and, with
+                ``exclude_train``, none the model trained on.
+            k (int): the length of the lists; above the number of items, the lists
+                hold every candidate (and ``precision@k`` still divides by ``k``).
+                Default: 10.
+            threshold (float, optional): the lowest relevant rating; ``None``: every
+                test rating is relevant.  Default: ``None``.
+            exclude_train (bool): leave each user's training items out of its ranking
+                (the protocol's default; ``False`` ranks them too).  Default: ``True``.
+            batch_size (int): matrix rows per forward pass (users for a user-oriented
+                model, items for an item-oriented one).  Default: 256.
+            progress (bool, optional): a tqdm bar on stderr; default: only on a
+                terminal.
+
+        Returns:
+            dict: ``{"precision@k", "recall@k", "ndcg@k", "hit_rate@k"}`` (floats; the
+            keys carry the value of ``k``, e.g. ``"ndcg@10"``) and ``"users"``, the
+            number of evaluated users.
+
+        Raises:
+            TypeError: ``test`` not a :class:`Ratings`; ``k`` or ``batch_size`` not an
+                int, ``threshold`` not a real number or None, flags not bools.
+            ValueError: ``k`` or ``batch_size`` below 1; ``threshold`` not finite;
+                ``test`` empty, with other id maps, repeating a pair or (with
+                ``exclude_train``) holding a pair of the training ratings; no test
+                rating reaching ``threshold``.
+            RuntimeError: the model is not fitted.
+
+        Example::
+
+            >>> from nnsparse.data import synthetic_ratings, split_ratings
+            >>> from nnsparse.models import KernelNet
+            >>> train, test = split_ratings(synthetic_ratings(0, 60, 50, 1200), 0.2, seed=0)
+            >>> model = KernelNet(hidden=8, epochs=1, validation_ratio=0.0)
+            >>> model = model.fit(train, verbose=False, progress=False)
+            >>> scores = model.evaluate_ranking(test, k=5, progress=False)
+            >>> sorted(scores)
+            ['hit_rate@5', 'ndcg@5', 'precision@5', 'recall@5', 'users']
+            >>> all(0 <= v <= 1 for key, v in scores.items() if key != "users")
+            True
+        """
+        from ._ranking import evaluate_ranking
+        _check_ratings(test, "test")
+        self._check_built()
+        k = as_count("k", k, 1, must="positive")
+        if threshold is not None:
+            _check_number("threshold", threshold, " or None")
+            if not math.isfinite(threshold):
+                raise ValueError(f"threshold must be finite or None, got {threshold}")
+            threshold = float(threshold)
+        exclude_train = as_flag(exclude_train, "exclude_train")
+        batch_size = as_count("batch_size", batch_size, 1, must="positive")
+        if progress is not None:
+            progress = as_flag(progress, "progress", "None or a bool")
+        self._check_maps(test, "test")
+        if len(test) == 0:
+            raise ValueError("test holds no ratings; there is nothing to rank")
+        self._check_data()
+        _check_unique_pairs("test", test)
+        if exclude_train:
+            try:
+                _check_unique_pairs("test together with the model's training ratings", test,
+                                    self._train)
+            except ValueError as error:
+                raise ValueError(f"{error}; with exclude_train=True a training pair is left "
+                                 f"out of the ranking, so a test rating of it could never be "
+                                 f"a hit: test on held-out ratings, or pass "
+                                 f"exclude_train=False") from None
+        if threshold is not None:
+            best = float(test.rating.detach().max())
+            if not best >= threshold:
+                raise ValueError(f"test holds no relevant rating: none of its {len(test)} "
+                                 f"ratings is >= threshold {threshold:g} (the highest is "
+                                 f"{best:g}); lower threshold, or pass None to count every "
+                                 f"test rating relevant")
+        return evaluate_ranking(self, test, k, threshold, exclude_train, batch_size,
+                                _show_progress(progress))
+
     # -- recommendation ---------------------------------------------------------------------
     def recommend(self, user: Any, k: int = 10, *, min_support: int = 20,
                   shrinkage: float = 10.0, exclude_rated: bool = True,
@@ -1045,7 +1190,17 @@ class RatingModel(nn.Module):
             ValueError: ``path`` is a directory or has no parent directory, or a
                 file object that is closed or not open for writing;
                 ``hparams`` out of range or no longer matching the fitted
-                network; weights that are not finite.
+                network; weights that are not finite; a weight that
+                ``torch.nn.utils.prune``, ``torch.nn.utils.parametrize`` (the
+                ``parametrizations.weight_norm`` / ``spectral_norm`` too) or the older
+                ``torch.nn.utils.weight_norm`` / ``spectral_norm`` hooks changed (its
+                state is ``weight_orig`` and ``weight_mask``,
+                ``parametrizations.weight.original``, ``weight_g`` and ``weight_v``,
+                ..., which :meth:`load`'s layers, built from ``hparams``, lack): the
+                message says how to make the change permanent first (``prune.remove``,
+                ``parametrize.remove_parametrizations``, ``remove_weight_norm``,
+                ``remove_spectral_norm``), after which the file holds the weight as
+                the model computes it, or to save the whole model.
             PermissionError: ``path`` is an existing file the process may not
                 write (read-only), as ``open()`` refuses it (``torch.save``
                 refuses it too, with a ``RuntimeError``); nothing is written.
@@ -1059,6 +1214,7 @@ class RatingModel(nn.Module):
         self._check_data()
         _path_to_write(path)
         self._check_registered()
+        self._check_not_reparametrized()
         hparams = self._checked_hparams()
         self._check_network_hparams(hparams)
         state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
@@ -1096,6 +1252,39 @@ class RatingModel(nn.Module):
             raise TypeError(f"{cls.__name__} is not registered under its name {self.name!r} "
                             f"(the name a model file holds{rebuilt}); give the class its own "
                             f"name and decorate it with nnsparse.models.register")
+
+    def _check_not_reparametrized(self) -> None:
+        """``ValueError`` naming each entry that torch's ``prune``, ``parametrize`` or the
+        ``weight_norm`` / ``spectral_norm`` hooks changed, and what to do: a file holds the
+        entries :meth:`build` makes (``load`` builds the layers from ``hparams``), not
+        ``weight_orig`` / ``weight_mask``, ``weight_g`` / ``weight_v`` or
+        ``parametrizations.weight.original`` (the message said "hparams no longer describe
+        the fitted network", which they do)."""
+        found = _reparametrized_entries(self)
+        if not found:
+            return
+        what, fixes = [], []
+        for module, tensor, kind, held in found:
+            entry = f"{module}.{tensor}" if module else tensor
+            layer = f"model.get_submodule({module!r})"
+            prefix = f"{module}." if module else ""
+            state = ", ".join(prefix + name for name in held[:-1])
+            state = f"{state} and {prefix}{held[-1]}" if state else prefix + held[-1]
+            tool, remove = _REPARAMETRIZATIONS[kind]
+            what.append(f"{entry} {tool}: the state holds {state} instead)")
+            fixes.append(f"torch.nn.utils.{remove}({layer}, {tensor!r})")
+        hooks_only = all(kind != "parametrized" for _, _, kind, _ in found)
+        whole = ("; or save the whole model, torch.save(model, path), read back with "
+                 "torch.load(path, weights_only=False), which keeps these changes"
+                 if hooks_only else "; or keep model.state_dict() and load it into a model "
+                 "given the same changes (torch.save of the whole model refuses a "
+                 "parametrized one)")
+        raise ValueError(f"{type(self).__name__}.save() cannot save a model whose weights "
+                         f"torch changed: {'; '.join(what)}; a model file holds the layers "
+                         f"that load() builds from the hyperparameters, without these "
+                         f"changes.  Make them permanent first, which keeps the weights as "
+                         f"the model computes them now, then save(): "
+                         f"{'; '.join(dict.fromkeys(fixes))}{whole} (nothing was written)")
 
     def _check_network_hparams(self, hparams: Dict[str, Any]) -> None:
         """``ValueError`` unless ``hparams`` (checked) still describe the fitted network:
@@ -1353,7 +1542,8 @@ def _check_fitted_state(model: "RatingModel") -> None:
     if built is None:
         return  # a build that needs data (not on the meta device): not checked here
     # each entry it builds, of its shape; not the entries of a layer that torch's tools
-    # reparametrised (prune: weight_orig and weight_mask; parametrize: parametrizations.*),
+    # reparametrised (prune: weight_orig and weight_mask; parametrize: parametrizations.*;
+    # the weight_norm and spectral_norm hooks: weight_g, weight_v, ...),
     # nor the entries a user added (a copy of such a model is that model)
     tooled = tuple(f"{name}." for name, sub in model.named_modules()
                    if name and _reparametrized(sub))
@@ -1367,10 +1557,48 @@ def _check_fitted_state(model: "RatingModel") -> None:
 
 
 def _reparametrized(module: nn.Module) -> bool:
-    """Whether torch's ``prune`` or ``parametrize`` changed ``module``'s own entries."""
+    """Whether torch's ``prune``, ``parametrize``, ``weight_norm`` or ``spectral_norm``
+    changed ``module``'s own entries."""
     return (parametrize.is_parametrized(module)
-            or any(isinstance(hook, prune.BasePruningMethod)
-                   for hook in module._forward_pre_hooks.values()))
+            or any(isinstance(hook, _STATE_HOOKS) for hook in module._forward_pre_hooks.values()))
+
+
+# the forward pre-hooks of torch that replace a module's tensor by others in its state
+_STATE_HOOKS = (prune.BasePruningMethod, WeightNorm, SpectralNorm)
+# kind -> (what the message says of the entry, the torch.nn.utils call that removes it)
+_REPARAMETRIZATIONS = {
+    "pruned": ("is pruned (torch.nn.utils.prune", "prune.remove"),
+    "weight_norm": ("is weight-normalized (torch.nn.utils.weight_norm", "remove_weight_norm"),
+    "spectral_norm": ("is spectrally normalized (torch.nn.utils.spectral_norm",
+                      "remove_spectral_norm"),
+    "parametrized": ("is parametrized (torch.nn.utils.parametrize",
+                     "parametrize.remove_parametrizations"),
+}
+
+
+def _reparametrized_entries(model: nn.Module) -> List[Tuple[str, str, str, List[str]]]:
+    """``(module name, tensor name, kind, the module's entries that replace the tensor)``
+    for each entry of ``model`` that torch's ``prune`` (kind ``"pruned"``),
+    ``weight_norm`` / ``spectral_norm`` hooks or ``parametrize`` (``"parametrized"``)
+    changed, in module order."""
+    found = []
+    for name, module in model.named_modules():
+        for hook in module._forward_pre_hooks.values():
+            if isinstance(hook, prune.BasePruningMethod):
+                tensor = str(hook._tensor_name)
+                found.append((name, tensor, "pruned", [f"{tensor}_orig", f"{tensor}_mask"]))
+            elif isinstance(hook, WeightNorm):
+                found.append((name, hook.name, "weight_norm",
+                              [f"{hook.name}_g", f"{hook.name}_v"]))
+            elif isinstance(hook, SpectralNorm):
+                found.append((name, hook.name, "spectral_norm",
+                              [f"{hook.name}_{x}" for x in ("orig", "u", "v")]))
+        if parametrize.is_parametrized(module):
+            for tensor, originals in module.parametrizations.items():
+                held = [f"parametrizations.{tensor}.{key}" for key in originals.state_dict()
+                        if key.startswith("original")]
+                found.append((name, str(tensor), "parametrized", held))
+    return found
 
 
 class _CsrParts(NamedTuple):

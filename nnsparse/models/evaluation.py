@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
@@ -132,6 +133,13 @@ def _fold_pairs(directory: Path) -> List[Tuple[Path, Path]]:
 
 # the keys of a fold that CrossValidation.table prints (what cross_validate records)
 _TABLE_KEYS = ("fold", "rmse", "mae", "item_mean_rmse", "fallback", "epochs", "seconds")
+# the ranking figures evaluate_ranking returns, as the keys "<name>@<k>", and their titles
+_RANKING = (("precision", "precision"), ("recall", "recall"), ("ndcg", "NDCG"),
+            ("hit_rate", "hit rate"))
+
+
+def _ranking_keys(k: int) -> List[str]:
+    return [f"{name}@{k}" for name, _ in _RANKING]
 
 
 @dataclass
@@ -140,7 +148,15 @@ class CrossValidation:
 
     Attributes:
         folds (list of dict): ``fold``, ``rmse``, ``mae``, ``item_mean_rmse``,
-            ``fallback`` (test entries predicted by a mean), ``epochs``, ``seconds``.
+            ``fallback`` (test entries predicted by a mean), ``epochs``, ``seconds``;
+            with a ranking (``k``), also ``precision@k``, ``recall@k``, ``ndcg@k``,
+            ``hit_rate@k`` (the keys carry the value of ``k``, e.g. ``"ndcg@10"``)
+            ``ranked_users`` (:meth:`RatingModel.evaluate_ranking`'s ``users``) and
+            ``rank_seconds`` (the ranking's time).
+        k (int, optional): the length of the ranked lists, or ``None`` (the
+            default) when the folds were not ranked.
+        threshold (float, optional): the lowest relevant test rating of the ranking,
+            ``None``: every test rating is relevant.
 
     Example::
 
@@ -151,6 +167,8 @@ class CrossValidation:
     """
 
     folds: List[Dict[str, Any]] = field(default_factory=list)
+    k: Optional[int] = None
+    threshold: Optional[float] = None
 
     def mean(self, key: str = "rmse") -> float:
         """Mean over the folds of ``key`` (``"rmse"``, ``"mae"``, ...)."""
@@ -186,24 +204,69 @@ class CrossValidation:
             return 0.0
         return math.sqrt(sum((f[key] - m) ** 2 for f in self.folds) / (len(self.folds) - 1))
 
+    def ranking_keys(self) -> List[str]:
+        """The ranking figures' keys of the folds: ``["precision@k", "recall@k", "ndcg@k",
+        "hit_rate@k"]`` with the value of :attr:`k`, ``[]`` without a ranking."""
+        if self.k is None:
+            return []
+        if isinstance(self.k, bool) or not isinstance(self.k, int):
+            raise TypeError(f"CrossValidation.k must be None or an int, got "
+                            f"{type(self.k).__name__} {self.k!r}")
+        return _ranking_keys(self.k)
+
+    def summary(self) -> Dict[str, Any]:
+        """The mean and std over the folds of every figure, as plain values (for JSON).
+
+        Returns:
+            dict: ``{"folds": n, "rmse": mean, "rmse_std": std, "mae", "mae_std",
+            "item_mean_rmse", "seconds"}``; with a ranking also ``"k"``,
+            ``"threshold"``, and the mean and ``_std`` of each ranking figure
+            (``"ndcg@10"``, ``"ndcg@10_std"``, ...).
+
+        Example::
+
+            >>> cv = CrossValidation([dict(fold=1, rmse=0.90, mae=0.70, item_mean_rmse=1.0,
+            ...                            seconds=2.0),
+            ...                       dict(fold=2, rmse=0.94, mae=0.74, item_mean_rmse=1.0,
+            ...                            seconds=4.0)])
+            >>> s = cv.summary()
+            >>> s["folds"], round(s["rmse"], 4), round(s["rmse_std"], 4), s["seconds"]
+            (2, 0.92, 0.0283, 3.0)
+        """
+        out: Dict[str, Any] = {"folds": len(self.folds)}
+        for key in ("rmse", "mae"):
+            out[key], out[f"{key}_std"] = self.mean(key), self.std(key)
+        out["item_mean_rmse"], out["seconds"] = self.mean("item_mean_rmse"), self.mean("seconds")
+        keys = self.ranking_keys()
+        if keys:
+            out["k"], out["threshold"] = self.k, self.threshold
+            for key in keys:
+                out[key], out[f"{key}_std"] = self.mean(key), self.std(key)
+        return out
+
     def table(self) -> str:
-        """A Markdown table: one line per fold, then mean ± std."""
+        """A Markdown table: one line per fold, then mean ± std (with a ranking, its four
+        figures at ``k`` in the last columns)."""
+        ranking = self.ranking_keys()
         if self.folds:  # (no folds: mean() below says so)
             self._check_folds()
+            needed = list(_TABLE_KEYS) + ranking
             for i, f in enumerate(self.folds):
-                lacks = [k for k in _TABLE_KEYS if k not in f]
+                lacks = [k for k in needed if k not in f]
                 if lacks:
-                    raise ValueError(f"table needs the keys {list(_TABLE_KEYS)} in every fold "
+                    raise ValueError(f"table needs the keys {needed} in every fold "
                                      f"(cross_validate's), folds[{i}] lacks {lacks}")
-        lines = ["| fold | RMSE | MAE | item mean RMSE | fallback | epochs | seconds |",
-                 "|---|---|---|---|---|---|---|"]
+        titles = "".join(f" {title}@{self.k} |" for _, title in _RANKING) if ranking else ""
+        lines = ["| fold | RMSE | MAE | item mean RMSE | fallback | epochs | seconds |" + titles,
+                 "|---|---|---|---|---|---|---|" + "---|" * len(ranking)]
         for f in self.folds:
             lines.append(f"| {f['fold']} | {f['rmse']:.4f} | {f['mae']:.4f} | "
                          f"{f['item_mean_rmse']:.4f} | {f['fallback']} | {f['epochs']} | "
-                         f"{f['seconds']:.1f} |")
+                         f"{f['seconds']:.1f} |" + "".join(f" {f[k]:.4f} |" for k in ranking))
         lines.append(f"| mean ± std | {self.mean():.4f} ± {self.std():.4f} | "
                      f"{self.mean('mae'):.4f} ± {self.std('mae'):.4f} | "
-                     f"{self.mean('item_mean_rmse'):.4f} | | | {self.mean('seconds'):.1f} |")
+                     f"{self.mean('item_mean_rmse'):.4f} | | | {self.mean('seconds'):.1f} |"
+                     + "".join(f" {self.mean(k):.4f} ± {self.std(k):.4f} |" for k in ranking))
         return "\n".join(lines)
 
 
@@ -223,32 +286,48 @@ def _check_fold(number: int, train: Ratings, test: Ratings) -> None:
 def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[_Fold], *,
                    features: Optional[Callable[[Ratings], Optional[torch.Tensor]]] = None,
                    device: Union[str, torch.device] = "cpu", progress: Optional[bool] = None,
-                   verbose: bool = False) -> CrossValidation:
+                   verbose: bool = False, k: Optional[int] = None,
+                   threshold: Optional[float] = None) -> CrossValidation:
     r"""Fit a fresh model per fold on its training part; score it once on its test part.
 
     The test part is used for nothing but the score: the number of epochs
     is chosen on a validation split of the training part (the model's
-    ``validation_ratio``).
+    ``validation_ratio``).  With ``k``, each fold's model also ranks its test
+    part, :meth:`RatingModel.evaluate_ranking`'s full-ranking protocol (every
+    item less the user's training items; ``threshold`` as there), after the
+    RMSE.
 
     Args:
         make_model: returns a new, unfitted model (e.g. ``lambda: AutoRec()``).
         folds: ``(train, test)`` pairs sharing id maps: :func:`kfold` or
             :func:`fold_files`.
         features: optional ``train -> (rows, f)`` side features for CFN++.
-        device, progress, verbose: passed to ``fit``.
+        device, progress, verbose: passed to ``fit`` (``progress`` to
+            ``evaluate_ranking`` too).
+        k (int, optional): rank each fold's test part, top-``k`` lists;
+            ``None``: no ranking (RMSE and MAE only).  Default: ``None``.
+        threshold (float, optional): with ``k``, the lowest relevant test rating;
+            ``None``: every test rating is relevant.  Default: ``None``.
 
     Returns:
         CrossValidation: per fold RMSE, MAE, the item-mean baseline, fallback
-        count, epochs and seconds; ``.table()`` prints them with mean ± std.
+        count, epochs and seconds, and with ``k`` ``precision@k``, ``recall@k``,
+        ``ndcg@k``, ``hit_rate@k``, ``ranked_users`` and ``rank_seconds``;
+        ``.table()`` prints them
+        with mean ± std, ``.summary()`` gives the means and stds as a dict.
 
     Raises:
         TypeError: ``make_model`` is a model instead of a function, or not
             callable, or returns no :class:`RatingModel`; ``features`` is not
             callable; ``folds`` is not iterable or yields no ``(train, test)``
-            pairs of :class:`~nnsparse.data.Ratings`.
-        ValueError: a fold that is not a pair, whose test part is empty, does not
-            share the train part's id maps, repeats a (user, item) pair or shares one
-            with the train part (checked before its fit); ``fit``'s refusals.
+            pairs of :class:`~nnsparse.data.Ratings`; ``k`` not an int or None,
+            ``threshold`` not a real number or None.
+        ValueError: ``k`` below 1, ``threshold`` not finite or given without ``k``
+            (checked before any fold); a fold that is not a pair, whose test part
+            is empty, does not share the train part's id maps, repeats a (user,
+            item) pair or shares one with the train part, or (with ``threshold``)
+            holds no rating reaching ``threshold`` (checked before its fit);
+            ``fit``'s refusals.
 
     Example::
 
@@ -269,12 +348,24 @@ def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[_Fold]
     if features is not None and not callable(features):
         raise TypeError(f"features must be None or callable (train -> Tensor), got "
                         f"{type(features).__name__}")
+    if k is not None:
+        k = as_count("k", k, 1, must="positive")
+    if threshold is not None:
+        if not is_real(threshold):
+            raise TypeError(f"threshold must be a real number or None, got "
+                            f"{type(threshold).__name__} {threshold!r}")
+        if not math.isfinite(threshold):
+            raise ValueError(f"threshold must be finite or None, got {threshold}")
+        if k is None:  # refused, not ignored: it would change nothing
+            raise ValueError(f"threshold={threshold} needs k: without k the folds are not "
+                             f"ranked (pass k=10, say, or leave threshold None)")
+        threshold = float(threshold)
     try:
         folds = iter(folds)
     except TypeError:
         raise TypeError(f"folds must be an iterable of (train, test) pairs, got "
                         f"{type(folds).__name__}") from None
-    result = CrossValidation()
+    result = CrossValidation(k=k, threshold=threshold)
     for number, fold in enumerate(folds, start=1):
         if not isinstance(fold, (tuple, list)):
             raise TypeError(f"folds must yield (train, test) pairs, got "
@@ -286,6 +377,10 @@ def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[_Fold]
         _check_ratings(train, f"fold {number}'s train")
         _check_ratings(test, f"fold {number}'s test")
         _check_fold(number, train, test)  # before the fit, not after it (or never)
+        if threshold is not None and not float(test.rating.detach().max()) >= threshold:
+            raise ValueError(f"fold {number}'s test holds no rating reaching threshold="
+                             f"{threshold:g} (the highest is {float(test.rating.max()):g}), "
+                             f"so no user has a relevant item to rank")
         model = make_model()
         if not isinstance(model, RatingModel):
             raise TypeError(f"make_model must return a RatingModel, got {type(model).__name__}")
@@ -293,11 +388,20 @@ def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[_Fold]
         model.fit(train, features=feats, device=device, progress=progress, verbose=verbose)
         scores = model.evaluate(test)
         baseline = float(rmse(mean_prediction(train, test, by="item"), test.rating))
-        result.folds.append(dict(fold=number, rmse=scores["rmse"], mae=scores["mae"],
-                                 item_mean_rmse=baseline, fallback=scores["fallback"],
-                                 epochs=model.best_epoch, seconds=model.fit_seconds))
+        row = dict(fold=number, rmse=scores["rmse"], mae=scores["mae"],
+                   item_mean_rmse=baseline, fallback=scores["fallback"],
+                   epochs=model.best_epoch, seconds=model.fit_seconds)
+        ranked = ""
+        if k is not None:
+            start = time.perf_counter()
+            ranking = model.evaluate_ranking(test, k, threshold=threshold, progress=progress)
+            row.update({key: ranking[key] for key in _ranking_keys(k)},
+                       ranked_users=ranking["users"], rank_seconds=time.perf_counter() - start)
+            ranked = f", NDCG@{k} {ranking[f'ndcg@{k}']:.4f}"
+        result.folds.append(row)
         if verbose:
-            print(f"fold {number}: RMSE {scores['rmse']:.4f} ({model.fit_seconds:.1f} s)")
+            print(f"fold {number}: RMSE {scores['rmse']:.4f}{ranked} "
+                  f"({model.fit_seconds:.1f} s)")
     if not result.folds:
         raise ValueError("folds is empty")
     return result
