@@ -174,3 +174,30 @@ def test_a_matrix_above_the_dense_limit_is_refused_before_anything_changes(monke
                                          r".*use KernelNet"):
         model.fit(synthetic_ratings(0, 20, 15, 120), verbose=False, progress=False)
     assert not model._built and model.hparams == before
+
+
+def test_pretrain_epochs_survive_save_load_and_refit(data, tmp_path):
+    train, test = data
+    model = GLocalK(**{**SMALL, "validation_ratio": 0.1, "epochs": 4, "global_epochs": 2})
+    model.fit(train, verbose=False, progress=False)
+    chosen = model.pretrain_epochs
+    assert 1 <= chosen <= 4  # the refit (rebuilt layers) kept the early-stopped count
+    assert sum(e["stage"] == 1.0 for e in model.history) >= chosen
+    path = tmp_path / "m.pt"
+    model.save(path)
+    torch.load(path, weights_only=True)
+    same = RatingModel.load(path)
+    assert (same.pretrain_epochs, same.best_epoch) == (chosen, model.best_epoch)
+    assert GLocalK(hidden=8).pretrain_epochs == 0  # before a fit
+
+
+def test_a_fitted_model_refused_above_the_dense_limit_is_unchanged(fitted, data, monkeypatch):
+    _, test = data
+    before = fitted.predict(test)
+    state = {k: v.clone() for k, v in fitted.state_dict().items()}
+    monkeypatch.setattr(glocalk_module, "MAX_DENSE_ENTRIES", 100)
+    with pytest.raises(ValueError, match=r"above its limit of 100"):
+        fitted.fit(synthetic_ratings(0, 20, 15, 120), verbose=False, progress=False)
+    monkeypatch.undo()
+    assert all(torch.equal(v, fitted.state_dict()[k]) for k, v in state.items())
+    torch.testing.assert_close(fitted.predict(test), before, rtol=0, atol=0)

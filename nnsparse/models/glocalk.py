@@ -95,9 +95,13 @@ class GLocalK(KernelNet):
     name = "glocalk"
     DEFAULTS = dict(KernelNet.DEFAULTS, gk_size=3, dot_scale=1.0, global_epochs=100,
                     global_lr=1e-3)
-    #: the pre-training's epochs in the last fit (chosen on validation; its refit trains as
-    #: many; ``best_epoch`` is the fine-tuning's); 0 before a fit, and after a load
-    pretrain_epochs: int = 0
+    @property
+    def pretrain_epochs(self) -> int:
+        """The pre-training's epochs in the last fit (chosen on validation; its refit trains
+        as many; ``best_epoch`` is the fine-tuning's); 0 before a fit.  Saved with the model
+        (the ``pretrain_best_epoch`` buffer)."""
+        count = self._buffers.get("pretrain_best_epoch")
+        return 0 if count is None else int(count)
 
     # -- hyperparameters ----------------------------------------------------------------
     def _checked_hparams(self) -> Dict[str, Any]:
@@ -139,6 +143,10 @@ class GLocalK(KernelNet):
         # whether the network reads the global kernel's input (fine-tuning and after): a
         # buffer, so a saved model and the trainer's best-epoch snapshots carry the stage
         self.register_buffer("finetuned", torch.zeros((), dtype=torch.bool))
+        # the pre-training's chosen epochs: a buffer, so a saved model carries it; kept over
+        # a rebuild, as the refit reads it (a fresh fit sets it after its pre-training)
+        self.register_buffer("pretrain_best_epoch",
+                             torch.tensor(self.pretrain_epochs, dtype=torch.long))
         self.__dict__.pop("_dense", None)
 
     def __getstate__(self) -> Dict[str, Any]:
@@ -245,7 +253,7 @@ class GLocalK(KernelNet):
         pre = self._trainer(device, progress).fit(
             x, validate, epochs=None if first is None else self.pretrain_epochs)
         if first is None:
-            self.pretrain_epochs = pre.best_epoch
+            cast(Tensor, self.pretrain_best_epoch).fill_(pre.best_epoch)
         flag.fill_(True)
         if log:
             log("GLocal-K stage 2: fine-tuning with the global kernel")
