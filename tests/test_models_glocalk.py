@@ -201,3 +201,30 @@ def test_a_fitted_model_refused_above_the_dense_limit_is_unchanged(fitted, data,
     monkeypatch.undo()
     assert all(torch.equal(v, fitted.state_dict()[k]) for k, v in state.items())
     torch.testing.assert_close(fitted.predict(test), before, rtol=0, atol=0)
+
+
+def test_prediction_computes_the_global_kernel_once_and_follows_edited_weights(data,
+                                                                               monkeypatch):
+    train, test = data
+    model = GLocalK(**{**SMALL, "batch_size": 4}).fit(train, verbose=False, progress=False)
+    calls = []
+    pooled = GLocalK.pooled
+    monkeypatch.setattr(GLocalK, "pooled", lambda self, *a: calls.append(1) or pooled(self, *a))
+    model.__dict__.pop("_kernel_cache", None)
+    first = model.predict(test)  # several chunks of 4 rows
+    assert len(calls) == 1
+    model.predict(test)
+    assert len(calls) == 1  # unchanged weights: the kernel is reused
+    with torch.no_grad():
+        model.conv_kernel.data.mul_(3.0)  # an edit that bumps no version counter
+    edited = model.predict(test)
+    assert len(calls) == 2 and not torch.equal(edited, first)
+    with torch.no_grad():
+        rows = torch.arange(model._shape[0])
+        cached = model.network(None, rows)
+        model.__dict__.pop("_kernel_cache")
+        torch.testing.assert_close(cached, model.network(None, rows), rtol=0, atol=0)
+    # with gradients (training) the kernel is computed on every call, and differentiable
+    out = model.network(None, torch.tensor([0, 1]))
+    out.sum().backward()
+    assert float(model.conv_kernel.grad.abs().sum()) > 0

@@ -148,10 +148,12 @@ class GLocalK(KernelNet):
         self.register_buffer("pretrain_best_epoch",
                              torch.tensor(self.pretrain_epochs, dtype=torch.long))
         self.__dict__.pop("_dense", None)
+        self.__dict__.pop("_kernel_cache", None)
 
     def __getstate__(self) -> Dict[str, Any]:
         state = super().__getstate__()
         state.pop("_dense", None)  # a cache of the training matrix, made again on use
+        state.pop("_kernel_cache", None)  # (and of the inference kernel)
         return state
 
     def _finetuned(self) -> bool:
@@ -213,13 +215,30 @@ class GLocalK(KernelNet):
         else:
             self.__dict__.pop("_parts", None)
         weighted = [part.weighted for part in parts]
-        kernel = self.global_kernel(weighted)
+        kernel = (self.global_kernel(weighted) if torch.is_grad_enabled()
+                  else self._inference_kernel(weighted))
         _, dense = self._matrices(kernel.device, kernel.dtype)
         h = _convolve_rows(dense, rows.to(kernel.device), kernel)
         (*hidden, last), (*w_hidden, w_last) = layers, weighted
         for layer, w in zip(hidden, w_hidden):
             h = torch.sigmoid(F.linear(h, w, layer.bias))
         return sampled_linear(h, w_last, last.bias, pattern)
+
+    def _inference_kernel(self, weighted: Sequence[Tensor]) -> Tensor:
+        """:meth:`global_kernel` without gradients, computed once for as long as the
+        parameters and the training matrix stay the same: a prediction's chunks (each a
+        call of :meth:`network`) share it instead of each running the network over the
+        whole matrix for ``p``.  The parameters are compared by value with a copy (not by
+        version counter: an edit through ``.data`` bumps none)."""
+        params = [p.detach() for p in self.parameters()]
+        cached = self.__dict__.get("_kernel_cache")
+        if (cached is not None and cached[0] is self._input and len(cached[1]) == len(params)
+                and all(a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+                        and torch.equal(a, b) for a, b in zip(cached[1], params))):
+            return cast(Tensor, cached[2])
+        kernel = self.global_kernel(weighted)
+        self.__dict__["_kernel_cache"] = (self._input, [p.clone() for p in params], kernel)
+        return kernel
 
     # -- training -----------------------------------------------------------------------
     def fit(self, train: Any, validation: Any = None, **kwargs: Any) -> "GLocalK":
