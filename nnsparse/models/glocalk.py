@@ -81,7 +81,8 @@ class GLocalK(KernelNet):
     Memory: the fine-tuning keeps a dense copy of the ``rows x width`` training matrix
     (and each step reads ``gk_size`` rows per batch row of it); ``fit`` refuses a matrix
     above ``MAX_DENSE_ENTRIES`` (2**27) entries.  Each step also runs the network on
-    every row of the matrix (for ``p``): about a pre-training epoch's products per step.
+    every row of the matrix (for ``p``): about a pre-training epoch's products per step;
+    a prediction computes ``G`` once (not per chunk of rows) while the weights stay the same.
 
     Example::
 
