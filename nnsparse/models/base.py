@@ -81,7 +81,7 @@ def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
 
         >>> from nnsparse.models import MODELS
         >>> sorted(MODELS)
-        ['autorec', 'cfn', 'sparsefc']
+        ['autorec', 'cfn', 'glocalk', 'sparsefc']
         >>> register(MODELS["cfn"]) is MODELS["cfn"]   # registering again is harmless
         True
     """
