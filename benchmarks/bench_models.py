@@ -37,10 +37,10 @@ from nnsparse.data import (FORMATS, Ratings, detect_format, mean_prediction,  # 
                            read_item_features, read_split, rmse, split_ratings)
 from nnsparse.data import synthetic_item_features, synthetic_ratings  # noqa: E402
 from nnsparse.data.readers import _title_file  # noqa: E402
-from nnsparse.models import CFN, AutoRec, KernelNet  # noqa: E402
+from nnsparse.models import CFN, AutoRec, GLocalK, KernelNet  # noqa: E402
 
 ZOO = {"autorec": (AutoRec, False), "cfn": (CFN, False), "cfn++": (CFN, True),
-       "sparsefc": (KernelNet, False)}
+       "sparsefc": (KernelNet, False), "glocalk": (GLocalK, False)}
 
 
 def _timed(run: Callable[[], torch.Tensor], test: Ratings) -> Tuple[float, float]:
@@ -99,7 +99,9 @@ def main(argv: List[str] = None) -> Dict[str, Tuple[float, float]]:
     for name in args.models:
         cls, uses_features = ZOO[name]
         features = _features(args, train) if uses_features else None
-        model = fitted[name] = cls(**zoo)
+        # (--quick: GLocalK's fine-tuning as short as its pre-training)
+        extra = dict(global_epochs=5) if args.quick and cls is GLocalK else {}
+        model = fitted[name] = cls(**zoo, **extra)
         show(f"nnsparse.models {name}", _timed(
             lambda: model.fit(train, features=features, verbose=False,
                               progress=False).predict(test), test))

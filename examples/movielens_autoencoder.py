@@ -47,11 +47,11 @@ from nnsparse import distributed as nd
 from nnsparse.data import (FORMATS, Ratings, detect_format, mae, mean_prediction, random_split,
                            read_item_features, read_ratings, read_split, read_user_features,
                            rmse, synthetic_item_features, synthetic_ratings)
-from nnsparse.models import MODELS, AutoRec, CFN, KernelNet, RatingModel, cross_validate, fold_files, kfold
+from nnsparse.models import MODELS, AutoRec, CFN, GLocalK, KernelNet, RatingModel, cross_validate, fold_files, kfold
 
 #: --model name -> (class, uses side features)
 CHOICES = {"autorec": (AutoRec, False), "cfn": (CFN, False), "cfn++": (CFN, True),
-           "sparsefc": (KernelNet, False)}
+           "sparsefc": (KernelNet, False), "glocalk": (GLocalK, False)}
 #: the item and user files of each format, next to the rating file
 SIDE_FILES = {"ml-100k": ("u.item", "u.user"), "ml-1m": ("movies.dat", "users.dat"),
               "csv": ("movies.csv", None)}
@@ -200,8 +200,9 @@ def parse_args(argv: Optional[List[str]] = None):
         value = getattr(args, name)
         if value is not None and not 0 <= value < math.inf:
             p.error(f"--{name.replace('_', '-')} must be non-negative and finite, got {value}")
-    if args.l2_kernel is not None and args.model != "sparsefc":
-        p.error(f"--l2-kernel is the kernels' penalty of --model sparsefc, got --model {args.model}")
+    if args.l2_kernel is not None and args.model not in ("sparsefc", "glocalk"):
+        p.error(f"--l2-kernel is the kernels' penalty of --model sparsefc or glocalk, got "
+                f"--model {args.model}")
     if args.rank_threshold is not None and not math.isfinite(args.rank_threshold):
         p.error(f"--rank-threshold must be finite, got {args.rank_threshold}")
     # a flag that would change nothing is refused, not ignored

@@ -200,7 +200,7 @@ def test_composition_example(capsys):
     (["--l2", "nan"], "--l2 must be non-negative and finite, got nan"),
     (["--l2-kernel", "-1"], "--l2-kernel must be non-negative and finite, got -1.0"),
     (["--model", "autorec", "--l2-kernel", "0.01"],
-     "--l2-kernel is the kernels' penalty of --model sparsefc, got --model autorec"),
+     "--l2-kernel is the kernels' penalty of --model sparsefc or glocalk, got --model autorec"),
     (["--shrinkage", "inf"], "--min-support and --shrinkage must be non-negative (and finite)"),
     (["--seed", "-1"], "--seed must be non-negative, got -1"),
     (["--device", "meta"], "--device must be cpu or cuda[:N], got 'meta'"),
@@ -328,3 +328,25 @@ def test_movielens_autoencoder_l2_kernel_reaches_sparse_fc():
     assert "l2_kernel" not in example.hparams(parser.parse_args([]))  # the model's default
     assert example.KernelNet(**{k: v for k, v in example.hparams(args).items()}).hparams[
         "l2_kernel"] == 0.018
+
+
+def test_glocalk_in_the_example_folds_save_and_load(tmp_path, capsys):
+    """``--model glocalk``: cross-validated with ranking, then saved and loaded again."""
+    main = _load("movielens_autoencoder").main
+    from nnsparse.data import synthetic_ratings
+    r = synthetic_ratings(seed=2, n_users=40, n_items=50, n_ratings=1000)
+    data = tmp_path / "u.data"
+    data.write_text("".join(f"{u + 1}\t{i + 1}\t{int(x)}\t0\n"
+                            for u, i, x in zip(r.user.tolist(), r.item.tolist(),
+                                               r.rating.tolist())))
+    small = ["--ratings", str(data), "--model", "glocalk", "--epochs", "2", "--hidden", "8",
+             "--batch-size", "16", "--no-progress"]
+    folds = main(small + ["--folds", "2", "-k", "5"])
+    assert len(folds["folds"]) == 2 and math.isfinite(folds["test_rmse"])
+    assert 0 <= folds["ranking"]["ndcg@5"] <= 1
+    model = tmp_path / "g.pt"
+    saved = main(small + ["--save", str(model)])
+    torch.load(model, weights_only=True)
+    loaded = main(["--ratings", str(data), "--no-progress", "--load", str(model)])
+    assert loaded["test_rmse"] == pytest.approx(saved["test_rmse"], abs=1e-6)
+    assert "GLocal-K stage 2" in capsys.readouterr().out

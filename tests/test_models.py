@@ -170,7 +170,8 @@ def test_bad_hyperparameters(kwargs, error, match):
 
 
 _NO_AUTO = (r"takes 'auto' for none of its hyperparameters \('auto' is for penalties that fit "
-            r"sets from the number of training ratings, such as KernelNet's l2, l2_kernel\); "
+            r"sets from the number of training ratings, such as KernelNet's l2, l2_kernel; GLocalK's "
+            r"l2, l2_kernel\); "
             r"give {key} a value$")
 _ONLY_PENALTIES = (r"KernelNet takes 'auto' only for its penalties l2, l2_kernel, which fit sets "
                    r"from the number of training ratings; give {key} a value$")

@@ -23,7 +23,7 @@ import stat
 import time
 import uuid
 from pathlib import Path
-from typing import (Any, Dict, Iterator, List, Literal, Mapping, NamedTuple, Optional,
+from typing import (Any, Callable, Dict, Iterator, List, Literal, Mapping, NamedTuple, Optional,
                     Protocol, Tuple, Type, Union, cast, overload)
 
 import numpy as np
@@ -44,7 +44,7 @@ from ..data.matrix import _check_same_maps
 from ..data.readers import _plain, _check_ratings, _check_unique_pairs, _check_unique_pairs_apart
 from ..data.split import _concat, _draw, _torch_seed
 from .. import distributed as nd
-from .trainer import DistributedTrainer, Trainer, _show_progress
+from .trainer import DistributedTrainer, Trainer, TrainResult, _show_progress
 
 __all__ = ["RatingModel", "Recommendations", "register", "MODELS"]
 
@@ -81,7 +81,7 @@ def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
 
         >>> from nnsparse.models import MODELS
         >>> sorted(MODELS)
-        ['autorec', 'cfn', 'sparsefc']
+        ['autorec', 'cfn', 'glocalk', 'sparsefc']
         >>> register(MODELS["cfn"]) is MODELS["cfn"]   # registering again is harmless
         True
     """
@@ -589,15 +589,28 @@ class RatingModel(nn.Module):
         self._user_lookup = None  # the ids may have changed: rebuilt on the next use
 
     def _trainer(self, device: torch.device, progress: Optional[bool],
-                 epochs: Optional[int] = None) -> Trainer:
+                 epochs: Optional[int] = None, lr: Optional[float] = None) -> Trainer:
+        """The trainer of a run: ``epochs`` and ``lr`` (default: the hparams') set its
+        schedule (a stage of its own, :class:`GLocalK`'s fine-tuning, gives its own)."""
         h = self.hparams
         # under torchrun (a process group initialised): DDP, batch_size the global batch
         cls = DistributedTrainer if nd.is_distributed() else Trainer
-        return cls(self, epochs=h["epochs"], batch_size=h["batch_size"], lr=h["lr"],
-                       min_lr_ratio=h["min_lr_ratio"], weight_decay=h["weight_decay"],
-                       patience=h["patience"],
-                       device=device, seed=h["seed"], progress=progress,
-                       log=print if self.verbose else None)
+        return cls(self, epochs=h["epochs"] if epochs is None else epochs,
+                   batch_size=h["batch_size"], lr=h["lr"] if lr is None else lr,
+                   min_lr_ratio=h["min_lr_ratio"], weight_decay=h["weight_decay"],
+                   patience=h["patience"],
+                   device=device, seed=h["seed"], progress=progress,
+                   log=print if self.verbose else None)
+
+    def _train_run(self, device: torch.device, progress: Optional[bool],
+                   validate: Optional[Callable[[], float]],
+                   first: Optional[TrainResult] = None) -> TrainResult:
+        """One training run of :meth:`fit` on ``self._input``: early-stopped on ``validate``,
+        or, for the refit (``first`` the early-stopped run's result), as many epochs as
+        ``first`` kept.  A model trained in stages (:class:`GLocalK`) runs each here."""
+        epochs = None if first is None else first.best_epoch
+        return self._trainer(device, progress).fit(self._input.to(device), validate,
+                                                   epochs=epochs)
 
     def fit(self, train: Ratings, validation: Optional[Ratings] = None, *,
             features: Optional[Tensor] = None, device: Union[str, torch.device] = "cpu",
@@ -703,7 +716,7 @@ class RatingModel(nn.Module):
             validate = None
             if validation is not None and len(validation):
                 validate = lambda: self.evaluate(validation)["rmse"]  # noqa: E731
-            result = self._trainer(device, progress).fit(self._input.to(device), validate)
+            result = self._train_run(device, progress, validate)
             self.history, self.best_epoch = result.history, result.best_epoch
             if validate is not None and h["refit"]:
                 if verbose and nd.is_main():
@@ -714,8 +727,7 @@ class RatingModel(nn.Module):
                 self._prepare(_concat(train_part, validation, unique=True), scale, features,
                               given)
                 self.to(device)
-                self._trainer(device, progress).fit(self._input.to(device), None,
-                                                    epochs=result.best_epoch)
+                self._train_run(device, progress, None, result)
         except Exception as e:
             # the layers hold a failed run's weights (NaN after a divergence): predict
             # and save refuse them until a fit succeeds.  (An interrupt keeps them.)
