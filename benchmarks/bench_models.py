@@ -8,11 +8,24 @@ u-splits) with nnsparse's models next to them, each with its defaults
 (their number of epochs chosen on a validation split of the training part,
 then a refit on all of it; the test part is only scored).
 
+Beside the RMSE, each row gets its top-``k`` ranking figures (precision, recall,
+NDCG and hit rate at ``--k``, default 10) under :meth:`RatingModel.evaluate_ranking`'s
+full-ranking protocol: every item a candidate less the user's training items, ties
+to the smaller item index; every test rating relevant, and with ``--rank-threshold
+T`` the same four again with only the test ratings ``>= T`` relevant.  The models'
+figures are ``evaluate_ranking``'s; the baselines' are computed here by the same
+protocol (:func:`_rank_baseline`): the item mean ranked raw, and a ranking-only
+baseline, most popular (items by their number of training ratings).  The two
+``_baselines.py`` rows predict only the test pairs, so they have no ranking figures.
+The seconds are the fit and the prediction of the test pairs, not the ranking.
+
 Run:  python benchmarks/bench_models.py                 # every row, 2 threads
       python benchmarks/bench_models.py --quick         # small data, few epochs (a smoke run)
       python benchmarks/bench_models.py --models autorec cfn++
       python benchmarks/bench_models.py --train ml-100k/u1.base --test ml-100k/u1.test
                                                         # the same rows on real files
+      python benchmarks/bench_models.py --k 20 --rank-threshold 4
+                                                        # lists of 20; also relevant = >= 4 stars
 
 With ``--train``/``--test`` the rows are measured on those files instead, in the
 format ``--format`` names (default ``auto``: detected from the training file, as
@@ -22,11 +35,12 @@ training file in that format: ``u.item``, ``movies.dat``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -43,13 +57,82 @@ ZOO = {"autorec": (AutoRec, False), "cfn": (CFN, False), "cfn++": (CFN, True),
        "sparsefc": (KernelNet, False), "glocalk": (GLocalK, False)}
 
 
+#: a row: (test RMSE, or None for a ranking-only baseline; seconds to fit and predict;
+#: the ranking figures, keyed as evaluate_ranking's, with " >=T" after the keys of the
+#: --rank-threshold run; empty where not computed)
+Row = Tuple[Optional[float], float, Dict[str, float]]
+_METRICS = ("precision", "recall", "ndcg", "hit_rate")
+_HEADERS = {"precision": "precision@{k}", "recall": "recall@{k}", "ndcg": "NDCG@{k}",
+            "hit_rate": "hit rate@{k}"}
+
+
 def _timed(run: Callable[[], torch.Tensor], test: Ratings) -> Tuple[float, float]:
     start = time.perf_counter()
     pred = run()
     return float(rmse(pred, test.rating)), time.perf_counter() - start
 
 
-def main(argv: List[str] = None) -> Dict[str, Tuple[float, float]]:
+def _rank_baseline(train: Ratings, test: Ratings, score: torch.Tensor, k: int,
+                   threshold: Optional[float] = None, chunk: int = 1024) -> Dict[str, float]:
+    """The ranking figures of one score per item, the same for every user, by
+    :meth:`RatingModel.evaluate_ranking`'s protocol (``nnsparse/models/_ranking.py``).
+
+    Evaluated: the users with a relevant test rating (every test rating, or those
+    ``>= threshold``).  Candidates: every item of the id maps (``max(train.n_items,
+    test.n_items)``, as evaluate_ranking's ``max(test.n_items, fitted items)``) less the
+    user's training items.  Order: score descending, ties to the smaller item index
+    (a stable sort of the items in index order).  ``precision = hits / k``, ``recall =
+    hits / n_relevant``, NDCG with a ``1 / log2(place + 1)`` discount over the places of
+    the user's candidates and the ideal DCG over ``min(n_relevant, k, items)`` places,
+    hit rate 1 when any hit; means over the users.  ``score``: ``(items,)``."""
+    n_items = max(train.n_items, test.n_items)
+    if score.shape != (n_items,):
+        raise ValueError(f"score must have shape ({n_items},), got {tuple(score.shape)}")
+    keep = torch.ones(len(test), dtype=torch.bool) if threshold is None \
+        else test.rating >= threshold
+    user, item = test.user[keep], test.item[keep]
+    users = torch.unique(user)  # sorted
+    if users.numel() == 0:
+        raise ValueError(f"no test rating reaches threshold {threshold}")
+    position = torch.searchsorted(users, user)
+    n_relevant = torch.bincount(position, minlength=users.shape[0]).double()
+    order = score.double().argsort(descending=True, stable=True)  # ties: smaller index
+    top = min(k, n_items)
+    discount = 1.0 / torch.log2(torch.arange(2, n_items + 2, dtype=torch.float64))
+    ideal = discount[:top].cumsum(0)[n_relevant.clamp(max=top).long() - 1]
+    train_at = torch.searchsorted(users, train.user).clamp(max=users.shape[0] - 1)
+    train_in = users[train_at] == train.user  # training ratings of evaluated users
+    hits, dcg = [], []
+    for start in range(0, users.shape[0], chunk):
+        stop = min(start + chunk, users.shape[0])
+        seen = torch.zeros(stop - start, n_items, dtype=torch.bool)
+        t = train_in & (train_at >= start) & (train_at < stop)
+        seen[train_at[t] - start, train.item[t]] = True
+        relevant = torch.zeros(stop - start, n_items, dtype=torch.bool)
+        r = (position >= start) & (position < stop)
+        relevant[position[r] - start, item[r]] = True
+        candidate = ~seen[:, order]  # in ranking order
+        place = candidate.long().cumsum(1)  # 1-based place among the user's candidates
+        hit = candidate & (place <= k) & relevant[:, order]
+        hits.append(hit.sum(1).double())
+        dcg.append(torch.where(hit, discount[(place - 1).clamp(min=0)], 0.0).sum(1))
+    h, d = torch.cat(hits), torch.cat(dcg)
+    return {f"precision@{k}": float((h / k).mean()), f"recall@{k}": float((h / n_relevant).mean()),
+            f"ndcg@{k}": float((d / ideal).mean()), f"hit_rate@{k}": float((h > 0).double().mean())}
+
+
+def _baseline_scores(train: Ratings, test: Ratings) -> Dict[str, torch.Tensor]:
+    """The baselines' score of each item: the item mean (the global mean for an item
+    without training ratings, as :func:`mean_prediction`) and the training count."""
+    n_items = max(train.n_items, test.n_items)
+    rating = train.rating.to(torch.float64)
+    count = torch.bincount(train.item, minlength=n_items).to(torch.float64)
+    total = torch.zeros(n_items, dtype=torch.float64).index_add_(0, train.item, rating)
+    mean = torch.where(count > 0, total / count.clamp(min=1), rating.mean())
+    return {"item mean": mean, "most popular": count}
+
+
+def main(argv: List[str] = None) -> Dict[str, Row]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -61,9 +144,17 @@ def main(argv: List[str] = None) -> Dict[str, Tuple[float, float]]:
     p.add_argument("--test", help="its test file")
     p.add_argument("--format", choices=("auto",) + FORMATS, default="auto",
                    help="the files' format (default: auto, detected from --train)")
+    p.add_argument("--k", type=int, default=10,
+                   help="the length of the ranked lists of the ranking columns (default 10)")
+    p.add_argument("--rank-threshold", type=float, default=None,
+                   help="also the ranking columns with only the test ratings >= this relevant")
     p.add_argument("--recommend", type=int, default=42,
                    help="print this user's top 10 by the best nnsparse model (-1: none)")
     args = p.parse_args(argv)
+    if args.k < 1:
+        p.error(f"--k must be a positive int, got {args.k}")
+    if args.rank_threshold is not None and not math.isfinite(args.rank_threshold):
+        p.error(f"--rank-threshold must be finite, got {args.rank_threshold}")
     if (args.train is None) != (args.test is None):
         p.error("--train and --test go together")
     if args.train is not None and args.format == "auto":
@@ -83,14 +174,33 @@ def main(argv: List[str] = None) -> Dict[str, Tuple[float, float]]:
         train, test = _synthetic(args)
     mf, dense, zoo = (dict(epochs=5), dict(epochs=10), dict(epochs=5, patience=5)) \
         if args.quick else ({}, {}, {})
-    rows: Dict[str, Tuple[float, float]] = {}
-    print("| model | test RMSE | seconds |\n|---|---|---|")
+    rows: Dict[str, Row] = {}
+    ranks: List[Optional[float]] = [None] if args.rank_threshold is None \
+        else [None, args.rank_threshold]
+    keys = [f"{m}@{args.k}" + ("" if t is None else f" >={t:g}") for t in ranks for m in _METRICS]
+    heads = [_HEADERS[m].format(k=args.k) + ("" if t is None else f", relevant >= {t:g}")
+             for t in ranks for m in _METRICS]
+    print("| model | test RMSE | seconds | " + " | ".join(heads) + " |\n"
+          + "|---" * (3 + len(heads)) + "|")
 
-    def show(name: str, result: Tuple[float, float]) -> None:
-        rows[name] = result
-        print(f"| {name} | {result[0]:.4f} | {result[1]:.1f} |", flush=True)
+    def show(name: str, result: Tuple[Optional[float], float],
+             ranking: Callable[[Optional[float]], Dict[str, float]] = None) -> None:
+        figures: Dict[str, float] = {}
+        if ranking is not None:
+            for t in ranks:
+                suffix = "" if t is None else f" >={t:g}"
+                figures.update({key + suffix: v for key, v in ranking(t).items()
+                                if key != "users"})
+        rows[name] = (result[0], result[1], figures)
+        cells = ["" if result[0] is None else f"{result[0]:.4f}", f"{result[1]:.1f}"]
+        cells += [f"{figures[key]:.4f}" if key in figures else "" for key in keys]
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 
-    show("item mean", _timed(lambda: mean_prediction(train, test, by="item"), test))
+    scores = _baseline_scores(train, test)
+    show("item mean", _timed(lambda: mean_prediction(train, test, by="item"), test),
+         lambda t: _rank_baseline(train, test, scores["item mean"], args.k, t))
+    show("most popular (ranking only)", (None, 0.0),
+         lambda t: _rank_baseline(train, test, scores["most popular"], args.k, t))
     if not args.no_baselines:
         show("biased MF (_baselines.py)", _timed(lambda: biased_mf(train, test, **mf), test))
         show("dense I-AutoRec (_baselines.py)",
@@ -104,7 +214,8 @@ def main(argv: List[str] = None) -> Dict[str, Tuple[float, float]]:
         model = fitted[name] = cls(**zoo, **extra)
         show(f"nnsparse.models {name}", _timed(
             lambda: model.fit(train, features=features, verbose=False,
-                              progress=False).predict(test), test))
+                              progress=False).predict(test), test),
+             lambda t: model.evaluate_ranking(test, args.k, threshold=t, progress=False))
     if fitted and args.recommend >= 0 and args.train is None:
         best = min(fitted, key=lambda n: rows[f"nnsparse.models {n}"][0])
         _show_recommendations(fitted[best], best, args.recommend)

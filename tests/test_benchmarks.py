@@ -3,6 +3,7 @@
 Timings are not checked (never in a test); a configuration that raises
 prints ``failed`` in its row, which is what this catches.
 """
+import math
 import os
 import subprocess
 import sys
@@ -159,11 +160,98 @@ def test_bench_models_runs_on_rating_files(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = [line.split("|")[1].strip() for line in done.stdout.splitlines()
             if line.startswith("| ") and not line.startswith("| model")]
-    assert rows == ["item mean", "biased MF (_baselines.py)", "dense I-AutoRec (_baselines.py)",
-                    "nnsparse.models autorec", "nnsparse.models cfn++"], done.stdout
-    rmses = [float(line.split("|")[2]) for line in done.stdout.splitlines()
+    assert rows == ["item mean", "most popular (ranking only)", "biased MF (_baselines.py)",
+                    "dense I-AutoRec (_baselines.py)", "nnsparse.models autorec",
+                    "nnsparse.models cfn++"], done.stdout
+    cells = [[c.strip() for c in line.split("|")[2:-1]] for line in done.stdout.splitlines()
              if line.startswith("| ") and not line.startswith("| model")]
-    assert all(0 < r < 5 for r in rmses), done.stdout
+    rmses = [float(c[0]) for c in cells if c[0]]  # most popular ranks only: no RMSE
+    assert len(rmses) == 5 and all(0 < r < 5 for r in rmses), done.stdout
+    # the ranking columns (precision, recall, NDCG, hit rate @10) after RMSE and seconds:
+    # every row but the two _baselines.py ones, which predict only the test pairs
+    ranked = [[float(x) for x in c[2:]] for c in cells if c[2]]
+    assert len(ranked) == 4 and all(len(r) == 4 and all(0 <= x <= 1 for x in r)
+                                    for r in ranked), done.stdout
+    assert [c[2:] for c in cells[2:4]] == [[""] * 4] * 2, done.stdout
+
+
+# bench_models' ranking columns, by hand: 3 users x 5 items (ids 1-5 are indices 0-4).
+# Training: user 0 rated items 0 (5 stars) and 1 (3); user 1 items 1 (3) and 2 (4); user 2
+# items 1 (3) and 3 (5).  Test: user 0 items 2 (5) and 4 (2); user 1 item 0 (3); user 2
+# item 4 (5).  Most popular: training counts 1, 3, 1, 1, 0 -> order 1, 0, 2, 3, 4 (the ties
+# 0, 2, 3 to the smaller index).  Item mean: 5, 3, 4, 5 and, for item 4 without training
+# ratings, the global mean 23/6 -> order 0, 3 (a tie at 5: the smaller index first), 2, 4,
+# 1.  Each user's list is that order less its training items:
+#   most popular: user 0 [2, 3, 4], user 1 [0, 3, 4], user 2 [0, 2, 4]
+#   item mean:    user 0 [3, 2, 4], user 1 [0, 3, 4], user 2 [0, 2, 4]
+_L3 = 1 / math.log2(3)  # the discount of the second place
+_RANK_TRAIN = "1 1 5\n1 2 3\n2 2 3\n2 3 4\n3 2 3\n3 4 5\n"
+_RANK_TEST = "1 3 5\n1 5 2\n2 1 3\n3 5 5\n"
+# (k, threshold, row, {metric: value}); relevant >= 4: user 0's item 2 and user 2's item 4
+RANKING_BY_HAND = [
+    # user 0: a hit at place 1 of 2 relevant; user 1: a hit at place 1; user 2: none
+    (2, None, "most popular (ranking only)",
+     {"precision": 1 / 3, "recall": (0.5 + 1) / 3, "ndcg": (1 / (1 + _L3) + 1) / 3,
+      "hit_rate": 2 / 3}),
+    # user 0's item 2 at place 2 (item 3 ties item 0 at 5 stars and comes before it)
+    (2, None, "item mean",
+     {"precision": 1 / 3, "recall": (0.5 + 1) / 3, "ndcg": (_L3 / (1 + _L3) + 1) / 3,
+      "hit_rate": 2 / 3}),
+    # users 0 and 2 evaluated (user 1's 3 stars are below 4)
+    (2, 4.0, "most popular (ranking only)",
+     {"precision": 0.25, "recall": 0.5, "ndcg": 0.5, "hit_rate": 0.5}),
+    (2, 4.0, "item mean", {"precision": 0.25, "recall": 0.5, "ndcg": _L3 / 2, "hit_rate": 0.5}),
+    # k above the 3 candidates: shorter lists, precision still / k; user 0 hits at places
+    # 1 and 3 (ideal: 2 places), user 1 at 1, user 2 at 3
+    (4, None, "most popular (ranking only)",
+     {"precision": (2 / 4 + 1 / 4 + 1 / 4) / 3, "recall": 1.0,
+      "ndcg": ((1 + 0.5) / (1 + _L3) + 1 + 0.5) / 3, "hit_rate": 1.0}),
+]
+
+
+@pytest.mark.parametrize("k, threshold, row, expected", RANKING_BY_HAND)
+def test_bench_models_ranking_columns_of_the_baselines_by_hand(tmp_path, capsys, k, threshold,
+                                                               row, expected):
+    """The baselines' ranking columns follow evaluate_ranking's protocol: every item a
+    candidate less the user's training items, score descending with ties to the smaller
+    item index, precision hits / k, recall hits / relevant, NDCG over min(k, relevant)
+    ideal places; the columns printed after RMSE and seconds, 4 decimals."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_models
+    (tmp_path / "r.base").write_text(_RANK_TRAIN)
+    (tmp_path / "r.test").write_text(_RANK_TEST)
+    argv = ["--train", str(tmp_path / "r.base"), "--test", str(tmp_path / "r.test"),
+            "--format", "text", "--threads", "1", "--no-baselines", "--models", "--k", str(k)]
+    if threshold is not None:
+        argv += ["--rank-threshold", str(threshold)]
+    rows = bench_models.main(argv)
+    assert list(rows) == ["item mean", "most popular (ranking only)"]
+    suffix = "" if threshold is None else f" >={threshold:g}"
+    got = rows[row][2]
+    for metric, value in expected.items():
+        assert got[f"{metric}@{k}{suffix}"] == pytest.approx(value, abs=1e-12), (metric, got)
+    assert (rows[row][0] is None) == (row != "item mean")
+    out = capsys.readouterr().out.splitlines()
+    heads = [h.strip() for h in out[1].split("|")[1:-1]]
+    names = [f"precision@{k}", f"recall@{k}", f"NDCG@{k}", f"hit rate@{k}"]
+    assert heads == ["model", "test RMSE", "seconds"] + names + (
+        [] if threshold is None else [f"{n}, relevant >= 4" for n in names])
+    line = next(x for x in out if x.startswith(f"| {row} |"))
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    assert cells[-4:] == [f"{expected[m]:.4f}" for m in bench_models._METRICS]  # the last 4
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--k", "0"], "--k must be a positive int, got 0"),
+    (["--rank-threshold", "nan"], "--rank-threshold must be finite, got nan"),
+])
+def test_bench_models_ranking_arguments_are_checked(capsys, argv, expected):
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_models
+    with pytest.raises(SystemExit) as raised:
+        bench_models.main(argv + ["--models"])
+    assert raised.value.code == 2
+    assert capsys.readouterr().err.rstrip().endswith(": error: " + expected)
 
 
 @pytest.mark.parametrize("script", ["bench_models", "bench_lbfgs"])
