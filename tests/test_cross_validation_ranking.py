@@ -94,6 +94,8 @@ def test_a_hand_built_ranking_lacking_its_keys_is_named():
                                       "ranked (pass k=10, say, or leave threshold None)"),
     (dict(k=10, threshold="4"), TypeError, "threshold must be a real number or None, got str '4'"),
     (dict(k=10, threshold=math.nan), ValueError, "threshold must be finite or None, got nan"),
+    # beyond float's range: refused as evaluate_ranking refuses it (was: OverflowError)
+    (dict(k=10, threshold=10 ** 400), ValueError, "threshold must be finite or None, got 1000"),
     (dict(k=10, threshold=torch.tensor(4.0)), TypeError,
      "threshold must be a real number or None, got Tensor"),
     # checked per fold before its fit: fold 1 trains nothing when no rating reaches it

@@ -35,8 +35,8 @@ from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, as_sparse_batch,
-                      check_file_object, check_index_range, is_int, is_real, real_float, refuse_meta,
-                      refuse_meta_device)
+                      check_file_object, check_index_range, is_int, is_real, real_float,
+                      refuse_meta, refuse_meta_device)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -1018,12 +1018,7 @@ class RatingModel(nn.Module):
         _check_ratings(test, "test")
         self._check_built()
         k = as_count("k", k, 1, must="positive")
-        if threshold is not None:
-            _check_number("threshold", threshold, " or None")
-            number = real_float(threshold)  # (10**400: inf, not float()'s OverflowError)
-            if not math.isfinite(number):
-                raise ValueError(f"threshold must be finite or None, got {threshold}")
-            threshold = number
+        threshold = _checked_threshold(threshold)
         exclude_train = as_flag(exclude_train, "exclude_train")
         batch_size = as_count("batch_size", batch_size, 1, must="positive")
         if progress is not None:
@@ -1663,6 +1658,20 @@ def _as_device(device: Any) -> torch.device:
     if out.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(out)!r} was asked for, but torch sees no CUDA device")
     return out
+
+
+def _checked_threshold(threshold: Any) -> Optional[float]:
+    """A ranking's ``threshold`` (:meth:`RatingModel.evaluate_ranking`,
+    :func:`~nnsparse.models.cross_validate`) as a float, or ``None``: ``TypeError`` unless
+    a real number or ``None``, ``ValueError`` unless finite (``10**400`` too, where
+    ``math.isfinite`` raised ``OverflowError``)."""
+    if threshold is None:
+        return None
+    _check_number("threshold", threshold, " or None")
+    number = real_float(threshold)
+    if not math.isfinite(number):
+        raise ValueError(f"threshold must be finite or None, got {threshold}")
+    return number
 
 
 def _check_number(name: str, value: Any, alternative: str = "") -> None:

@@ -17,7 +17,7 @@ from ..data.matrix import _check_same_maps
 from ..data.readers import _CHOICES, _check_ratings, _check_unique_pairs, \
     _check_unique_pairs_apart
 from ..data.split import _torch_seed
-from .base import RatingModel
+from .base import RatingModel, _checked_threshold
 
 __all__ = ["kfold", "fold_files", "cross_validate", "CrossValidation"]
 
@@ -350,16 +350,11 @@ def cross_validate(make_model: Callable[[], RatingModel], folds: Iterable[_Fold]
                         f"{type(features).__name__}")
     if k is not None:
         k = as_count("k", k, 1, must="positive")
-    if threshold is not None:
-        if not is_real(threshold):
-            raise TypeError(f"threshold must be a real number or None, got "
-                            f"{type(threshold).__name__} {threshold!r}")
-        if not math.isfinite(threshold):
-            raise ValueError(f"threshold must be finite or None, got {threshold}")
-        if k is None:  # refused, not ignored: it would change nothing
-            raise ValueError(f"threshold={threshold} needs k: without k the folds are not "
-                             f"ranked (pass k=10, say, or leave threshold None)")
-        threshold = float(threshold)
+    given = threshold
+    threshold = _checked_threshold(threshold)  # (evaluate_ranking's check)
+    if threshold is not None and k is None:  # refused, not ignored: it would change nothing
+        raise ValueError(f"threshold={given} needs k: without k the folds are not "
+                         f"ranked (pass k=10, say, or leave threshold None)")
     try:
         folds = iter(folds)
     except TypeError:
