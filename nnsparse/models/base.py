@@ -1548,8 +1548,8 @@ def _check_fitted_state(model: "RatingModel") -> None:
     # reparametrised (prune: weight_orig and weight_mask; parametrize: parametrizations.*;
     # the weight_norm and spectral_norm hooks: weight_g, weight_v, ...),
     # nor the entries a user added (a copy of such a model is that model)
-    tooled = tuple(f"{name}." for name, sub in model.named_modules()
-                   if name and _reparametrized(sub))
+    tooled = tuple(dict.fromkeys(f"{module}." for module, *_ in _reparametrized_entries(model)
+                                 if module))
     own = {k: tuple(v.shape) for k, v in model.state_dict().items() if not k.startswith(tooled)}
     built = {k: v for k, v in built.items() if not k.startswith(tooled)}
     differ = sorted(k for k in built if own.get(k) != built[k])
@@ -1559,15 +1559,6 @@ def _check_fitted_state(model: "RatingModel") -> None:
                                      f"{own.get(k, 'no such entry')}" for k in differ[:4]))
 
 
-def _reparametrized(module: nn.Module) -> bool:
-    """Whether torch's ``prune``, ``parametrize``, ``weight_norm`` or ``spectral_norm``
-    changed ``module``'s own entries."""
-    return (parametrize.is_parametrized(module)
-            or any(isinstance(hook, _STATE_HOOKS) for hook in module._forward_pre_hooks.values()))
-
-
-# the forward pre-hooks of torch that replace a module's tensor by others in its state
-_STATE_HOOKS = (prune.BasePruningMethod, WeightNorm, SpectralNorm)
 # kind -> (what the message says of the entry, the torch.nn.utils call that removes it)
 _REPARAMETRIZATIONS = {
     "pruned": ("is pruned (torch.nn.utils.prune", "prune.remove"),
