@@ -1,5 +1,6 @@
 """GLocalK: the global kernel stage against dense references, its gradients, fit/save/load,
 and its hyperparameters' errors."""
+import copy
 import math
 
 import pytest
@@ -164,6 +165,29 @@ def test_bad_hyperparameters(kwargs, error, message):
     with pytest.raises(error, match=message):
         model.fit(synthetic_ratings(0, 20, 15, 120), verbose=False, progress=False)
     assert not model._built
+
+
+@pytest.mark.parametrize("key", ["dot_scale", "global_lr"])
+def test_a_number_beyond_float_is_refused_as_not_finite(key):
+    # (an int from 2**1024: math.isfinite raised OverflowError, which named no argument)
+    with pytest.raises(ValueError, match=rf"^{key} must be positive and finite, got 1000"):
+        GLocalK(**{key: 10 ** 400})
+
+
+def test_the_finetuned_flag_is_read_from_its_tensor_once_per_value(fitted, monkeypatch):
+    model = copy.deepcopy(fitted)
+    reads = []
+    real = torch.Tensor.__bool__
+    monkeypatch.setattr(torch.Tensor, "__bool__",
+                        lambda t: reads.append(1) or real(t))  # (a host sync on a GPU)
+    assert model._finetuned() and len(reads) == 1
+    assert model._finetuned() and len(reads) == 1  # every forward asks: read once
+    model.finetuned.fill_(False)  # changed in place: read again
+    assert not model._finetuned()
+    model.load_state_dict({**model.state_dict(), "finetuned": torch.tensor(True)})
+    assert model._finetuned()
+    model.finetuned = torch.tensor(False)  # replaced
+    assert not model._finetuned()
 
 
 def test_a_matrix_above_the_dense_limit_is_refused_before_anything_changes(monkeypatch):

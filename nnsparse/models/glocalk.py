@@ -15,7 +15,7 @@ observed ratings with the same penalties.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +23,10 @@ from torch import Tensor, nn
 
 from .. import distributed as nd
 from .. import values_map
-from .._forms import as_count, is_real
+from .._forms import as_count, is_real, real_float
 from ..layers import sampled_linear, sparse_linear
 from .base import _is_auto, register
-from .kernel import KernelNet, _KernelWeight
+from .kernel import KernelNet
 from .trainer import TrainResult
 
 __all__ = ["GLocalK", "MAX_DENSE_ENTRIES"]
@@ -56,7 +56,7 @@ def _convolve_rows(padded: Tensor, rows: Tensor, kernel: Tensor) -> Tensor:
 
 @register
 class GLocalK(KernelNet):
-    r"""GLocal-K: :class:`KernelNet` (Sparse FC) pre-trained, then fine-tuned behind a global kernel.
+    r"""GLocal-K: :class:`KernelNet` (Sparse FC) pre-trained, then fine-tuned with a global kernel.
 
     ``fit`` trains in two stages, each with its own Adam run, cosine schedule and early
     stopping on the validation split:
@@ -96,6 +96,7 @@ class GLocalK(KernelNet):
     name = "glocalk"
     DEFAULTS = dict(KernelNet.DEFAULTS, gk_size=3, dot_scale=1.0, global_epochs=100,
                     global_lr=1e-3)
+
     @property
     def pretrain_epochs(self) -> int:
         """The pre-training's epochs in the last fit (chosen on validation; its refit trains
@@ -120,9 +121,10 @@ class GLocalK(KernelNet):
             if not is_real(value):
                 raise TypeError(f"{key} must be a real number, got {type(value).__name__} "
                                 f"{value!r}")
-            if not (math.isfinite(value) and value > 0):
+            number = real_float(value)  # (10**400: inf, not float()'s OverflowError)
+            if not (math.isfinite(number) and number > 0):
                 raise ValueError(f"{key} must be positive and finite, got {value!r}")
-            h[key] = float(value)
+            h[key] = number
         return h
 
     def _check_network_hparams(self, hparams: Dict[str, Any]) -> None:
@@ -155,11 +157,23 @@ class GLocalK(KernelNet):
         state = super().__getstate__()
         state.pop("_dense", None)  # a cache of the training matrix, made again on use
         state.pop("_kernel_cache", None)  # (and of the inference kernel)
+        state.pop("_finetuned_cache", None)  # (and of the finetuned flag's value)
         return state
 
     def _finetuned(self) -> bool:
+        """The ``finetuned`` buffer's value, read from the device once per value: every
+        forward asks it, and ``bool()`` of a GPU tensor waits for the device (a host sync
+        per training step).  Read again when the buffer is replaced (``.to()``, a load
+        with ``assign``) or changed in place (``fill_``, a load's ``copy_``: its version)."""
         flag = self._buffers.get("finetuned")
-        return flag is not None and bool(flag)
+        if flag is None:
+            return False
+        cached = self.__dict__.get("_finetuned_cache")
+        if cached is not None and cached[0] is flag and cached[1] == flag._version:
+            return bool(cached[2])
+        value = bool(flag)
+        self.__dict__["_finetuned_cache"] = (flag, flag._version, value)
+        return value
 
     def _matrices(self, device: torch.device, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
         """The training matrix on the model's scale (raw stars), sparse, and dense with
@@ -262,7 +276,8 @@ class GLocalK(KernelNet):
         return cast("GLocalK", super().fit(train, validation, **kwargs))
 
     def _train_run(self, device: torch.device, progress: Optional[bool],
-                   validate: Any, first: Optional[TrainResult] = None) -> TrainResult:
+                   validate: Optional[Callable[[], float]],
+                   first: Optional[TrainResult] = None) -> TrainResult:
         h = self.hparams
         x = self._input.to(device)
         flag = cast(Tensor, self.finetuned)
