@@ -184,7 +184,7 @@ def main(argv: List[str] = None) -> Dict[str, Row]:
           + "|---" * (3 + len(heads)) + "|")
 
     def show(name: str, result: Tuple[Optional[float], float],
-             ranking: Callable[[Optional[float]], Dict[str, float]] = None) -> None:
+             ranking: Optional[Callable[[Optional[float]], Dict[str, float]]] = None) -> None:
         figures: Dict[str, float] = {}
         if ranking is not None:
             for t in ranks:

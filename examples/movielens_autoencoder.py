@@ -36,7 +36,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -47,7 +46,8 @@ from nnsparse import distributed as nd
 from nnsparse.data import (FORMATS, Ratings, detect_format, mae, mean_prediction, random_split,
                            read_item_features, read_ratings, read_split, read_user_features,
                            rmse, synthetic_item_features, synthetic_ratings)
-from nnsparse.models import MODELS, AutoRec, CFN, GLocalK, KernelNet, RatingModel, cross_validate, fold_files, kfold
+from nnsparse.models import (CFN, AutoRec, GLocalK, KernelNet, RatingModel, cross_validate,
+                             fold_files, kfold)
 
 #: --model name -> (class, uses side features)
 CHOICES = {"autorec": (AutoRec, False), "cfn": (CFN, False), "cfn++": (CFN, True),
