@@ -139,6 +139,9 @@ TRAINER_CASES = [
          check=lambda r: (r.best_epoch, r.best_rmse) == (2, 0.0)),
     Case("validate_returns_inf_is_a_diverged_epoch", lambda: _fit_validated(0.5, float("inf")),
          None, check=lambda r: (r.best_epoch, r.best_rmse) == (1, 0.5)),
+    # beyond float's range: inf, as real_float reads every other number (was: OverflowError)
+    Case("validate_returns_huge_int_is_a_diverged_epoch", lambda: _fit_validated(0.5, 10 ** 400),
+         None, check=lambda r: (r.best_epoch, r.best_rmse) == (1, 0.5)),
 ]
 
 

@@ -59,7 +59,7 @@ def _as_rmse(value: Any) -> float:
         raise TypeError(f"validate must return a number (the validation RMSE), got "
                         f"{type(value).__name__} {value!r}")
     else:
-        rmse = float(value)
+        rmse = real_float(value)  # (10**400: inf, a diverged epoch; float() overflowed)
     if rmse < 0:  # a score where higher is better (-loss): fit would keep the worst epoch
         raise ValueError(f"validate must return the validation RMSE (non-negative, lower is "
                          f"better), got {rmse}; a score where higher is better would make "
