@@ -142,7 +142,10 @@ def main(argv: Optional[List[str]] = None) -> List[Tuple[int, float, float, floa
             p.error("--scipy needs scipy (pip install scipy)")
     torch.set_num_threads(args.threads)
     if args.train is not None:
-        train, test = read_split(args.train, args.test, args.format)
+        try:
+            train, test = read_split(args.train, args.test, args.format)
+        except (OSError, ValueError) as error:  # an unreadable or undetectable file
+            p.error(f"cannot read --train/--test: {error}")
     elif args.quick:
         train, test = split_ratings(synthetic_ratings(0, 200, 300, 8_000), 0.2, seed=0)
     else:

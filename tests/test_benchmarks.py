@@ -71,6 +71,25 @@ def test_bench_lbfgs_lowers_the_models_objective():
     assert all(0 < rmse < 4 for _, _, rmse, _ in rows), rows
 
 
+@pytest.mark.parametrize("first_line, message", [
+    ("1,2,3\n", "has 3 comma-separated fields"),
+    (None, "no rating file at"),
+])
+def test_bench_lbfgs_unreadable_files_are_a_usage_error(tmp_path, capsys, first_line, message):
+    """A file --format auto cannot detect, or no file, is argparse's error (exit 2) naming
+    the flags, not a traceback."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_lbfgs
+    train = tmp_path / "train.csv"
+    if first_line is not None:
+        train.write_text(first_line)
+    with pytest.raises(SystemExit) as stop:
+        bench_lbfgs.main(["--train", str(train), "--test", str(train)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: cannot read --train/--test: " in err and message in err, err
+
+
 def test_bench_lbfgs_reports_the_objective_after_each_round():
     """The objective printed for round r is the one its iterations reached, not the one
     the round started from (torch's LBFGS.step returns the loss of its first evaluation)."""
