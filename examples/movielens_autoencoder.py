@@ -2,10 +2,11 @@
 
 A thin command line over :mod:`nnsparse.models`: I-AutoRec / U-AutoRec
 (``--model autorec``), CFN and CFN++ with side information (``cfn``,
-``cfn++``), and Sparse FC with kernelised weights (``sparsefc``, the
-default).  Each model chooses its number of epochs on a validation split of
-the training ratings, then is refit on all of them; the test part is read
-once, at the end, beside the item-mean baseline.
+``cfn++``), Sparse FC with kernelised weights (``sparsefc``, the default),
+and GLocal-K, Sparse FC fine-tuned behind a global kernel (``glocalk``).
+Each model chooses its number of epochs on a validation split of the
+training ratings, then is refit on all of them; the test part is read once,
+at the end, beside the item-mean baseline.
 
     python examples/movielens_autoencoder.py                       # synthetic default
     python examples/movielens_autoencoder.py --ratings ml-1m/      # an unzipped MovieLens
