@@ -172,7 +172,7 @@ class _Criterion(Protocol):
 
 
 class RatingModel(nn.Module):
-    r"""Base class of the rating autoencoders: fit, predict, recommend, save, load.
+    r"""Base class of the rating autoencoders: fit, predict, evaluate, rank, recommend, save, load.
 
     A subclass sets ``name``, ``DEFAULTS`` (its own hyperparameters),
     ``center`` and ``raw_input`` (see below), and implements :meth:`build`,
