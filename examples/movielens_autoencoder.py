@@ -484,10 +484,15 @@ def _int(text: str) -> Any:
 
 
 def check_world(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Under torchrun: the global batch must split evenly over the processes."""
+    """Under torchrun: a model that trains in a process group, and a global batch that
+    splits evenly over the processes."""
     world = nd.world_size()
     if world == 1 or args.load:
         return
+    if args.model == "glocalk":  # (GLocalK.fit raises NotImplementedError in a group)
+        p.error("--model glocalk does not train under torchrun yet (its global kernel reads "
+                "the network's output on every row at each step); use --model sparsefc, or "
+                "one process")
     batch = CHOICES[args.model][0](**hparams(args)).hparams["batch_size"]
     if batch % world:
         p.error(f"--batch-size {batch} (the global batch) must be a multiple of the "

@@ -627,6 +627,16 @@ def test_main_example_refuses_a_global_batch_the_processes_cannot_split(monkeypa
             in capsys.readouterr().err)
 
 
+def test_main_example_refuses_glocalk_under_torchrun_before_reading(monkeypatch, capsys):
+    """GLocalK's fit refuses a process group; the example says so as a usage error, before
+    the data are read, not with a traceback after."""
+    monkeypatch.setattr(nd, "world_size", lambda: 2)  # as under torchrun --nproc_per_node=2
+    with pytest.raises(SystemExit) as stop:
+        _load_example().main(["--model", "glocalk", "--epochs", "1"])
+    assert stop.value.code == 2
+    assert "--model glocalk does not train under torchrun yet" in capsys.readouterr().err
+
+
 def _validate_worker(rank: int, port: int, out_dir: str, world: int, device: str) -> None:
     """``DistributedTrainer.validation_rmse`` with a ``validate`` that returns a score
     (-0.5, refused on rank 0, the only rank that calls it) or raises; each rank's error."""
