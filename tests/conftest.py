@@ -1,4 +1,5 @@
 import atexit
+import contextlib
 import os
 import shutil
 import tempfile
@@ -46,3 +47,34 @@ def group_of_one():
         yield
     finally:
         dist.destroy_process_group()
+
+
+# The CPU proxy of torch.cuda.set_sync_debug_mode("error"): every Python-level read of a
+# tensor to the host.  (tests/test_optim_backward.py counts aten::item in the profiler;
+# tolist makes none, hence these patches.)
+_HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+
+def _refuse(name, original):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{name} called")
+    return refuse
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    """A context manager: ``with host_reads():`` every Python-level read of a tensor to the
+    host (``Tensor.item``, ``tolist``, ``__bool__``, ``__int__``, ``__float__``,
+    ``__index__``) raises an ``AssertionError`` naming it; with ``nonzero=True``
+    ``Tensor.nonzero`` and ``torch.nonzero`` too.  ``host_reads(replace)`` puts
+    ``replace(name, original)`` in each one's place instead (a spy that calls ``original``).
+    Everything is restored on leaving the block."""
+    @contextlib.contextmanager
+    def patched(replace=_refuse, nonzero=False):
+        with monkeypatch.context() as m:
+            for name in _HOST_READS + (("nonzero",) if nonzero else ()):
+                m.setattr(torch.Tensor, name, replace(name, getattr(torch.Tensor, name)))
+            if nonzero:
+                m.setattr(torch, "nonzero", replace("nonzero", torch.nonzero))
+            yield
+    return patched

@@ -490,28 +490,26 @@ def test_gradients_of_nnsparse_layers_pass_the_index_check():
 
 
 # -- the step of nnsparse's own sparse gradients reads nothing back (no GPU sync) ----------
-# The CPU proxy of torch.cuda.set_sync_debug_mode("error"): every Python-level read of a
-# tensor to the host (item, tolist, bool, int, float, index), with the nnsparse function
-# that made it.  (tests/test_optim_backward.py counts aten::item in the profiler; tolist
-# makes none, hence the spy here.)
-_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+# conftest's host_reads: every Python-level read of a tensor to the host (item, tolist,
+# bool, int, float, index) spied on, with the nnsparse function that made it.
 
-
-def _nnsparse_reads(run, monkeypatch):
+def _nnsparse_reads(run, host_reads):
     """``(file, function)`` of the nnsparse frame nearest each host read ``run()`` makes,
     but for ``_rowopt._block``'s, which reads a block's bounds on CPU only (cheap there)."""
     import sys
     reads = []
-    with monkeypatch.context() as m:
-        for name in _READS:
-            def spy(t, *args, __orig=getattr(torch.Tensor, name), **kwargs):
-                f = sys._getframe(1)
-                while f is not None and "/nnsparse/" not in f.f_code.co_filename.replace("\\", "/"):
-                    f = f.f_back
-                if f is not None:
-                    reads.append((f.f_code.co_filename.rsplit("/", 1)[-1], f.f_code.co_name))
-                return __orig(t, *args, **kwargs)
-            m.setattr(torch.Tensor, name, spy)
+
+    def spy(name, original):
+        def read(t, *args, **kwargs):
+            f = sys._getframe(1)
+            while f is not None and "/nnsparse/" not in f.f_code.co_filename.replace("\\", "/"):
+                f = f.f_back
+            if f is not None:
+                reads.append((f.f_code.co_filename.rsplit("/", 1)[-1], f.f_code.co_name))
+            return original(t, *args, **kwargs)
+        return read
+
+    with host_reads(spy):
         run()
     return [r for r in reads if r != ("_rowopt.py", "_block")]
 
@@ -535,7 +533,7 @@ def _sparse_batches():
 
 
 @pytest.mark.parametrize("dense_above", [None, 0.0])  # 0.0: the dense step of every row
-def test_lazy_adam_step_of_nnsparse_gradients_reads_nothing_back(dense_above, monkeypatch):
+def test_lazy_adam_step_of_nnsparse_gradients_reads_nothing_back(dense_above, host_reads):
     """The layers' sparse gradients on a trusted batch are in range and coalesced by
     construction: LazyAdam's step neither checks their indices nor their order (each a
     read back, a host synchronisation on a GPU), and steps as with the checks."""
@@ -550,8 +548,8 @@ def test_lazy_adam_step_of_nnsparse_gradients_reads_nothing_back(dense_above, mo
         assert all(p.grad.layout == torch.sparse_coo for p in ours.parameters())
         for p in ref.parameters():  # the same gradients, not made by a layer: checked
             p.grad = torch.sparse_coo_tensor(p.grad._indices(), p.grad._values(), p.shape)
-        assert _nnsparse_reads(opt.step, monkeypatch) == [], step
-        assert _nnsparse_reads(ref_opt.step, monkeypatch) != [], step  # the spy sees reads
+        assert _nnsparse_reads(opt.step, host_reads) == [], step
+        assert _nnsparse_reads(ref_opt.step, host_reads) != [], step  # the spy sees reads
     for p, q in zip(ours.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
@@ -559,7 +557,7 @@ def test_lazy_adam_step_of_nnsparse_gradients_reads_nothing_back(dense_above, mo
 @pytest.mark.parametrize("clip", [lambda ps: noptim.clip_grad_norm_(ps, 1e-3),
                                   lambda ps: noptim.clip_grad_value_(ps, 1e-4)],
                          ids=["norm", "value"])
-def test_clipping_keeps_the_layers_gradients_known(clip, monkeypatch):
+def test_clipping_keeps_the_layers_gradients_known(clip, host_reads):
     """nnsparse's clip_grad_norm_ and clip_grad_value_ change the values in place, the
     indices stay (no coalescing of a layer's gradient): the step checks nothing."""
     x, y = _sparse_batches()
@@ -569,7 +567,7 @@ def test_clipping_keeps_the_layers_gradients_known(clip, monkeypatch):
     grads = [p.grad for p in model.parameters()]
     clip(model.parameters())
     assert all(p.grad is g for p, g in zip(model.parameters(), grads))
-    assert _nnsparse_reads(opt.step, monkeypatch) == []
+    assert _nnsparse_reads(opt.step, host_reads) == []
 
 
 def _bad_row(p):
@@ -706,7 +704,7 @@ def test_no_index_storage_outlives_its_backward(run):
     assert all(s.expired() for s in storages)
 
 
-def test_a_gradient_from_autograd_grad_set_by_hand_is_checked(monkeypatch):
+def test_a_gradient_from_autograd_grad_set_by_hand_is_checked(host_reads):
     """The gradient torch.autograd.grad returns is the layer's own tensor, but nothing
     accumulated it: set as p.grad by hand, the step checks it as any hand-set one."""
     x, y = _sparse_batches()
@@ -715,7 +713,7 @@ def test_a_gradient_from_autograd_grad_set_by_hand_is_checked(monkeypatch):
     loss = (model["dec"](torch.sigmoid(model["enc"](x)), y).values() - y.values()).square().sum()
     for p, g in zip(model.parameters(), torch.autograd.grad(loss, list(model.parameters()))):
         p.grad = g
-    assert _nnsparse_reads(opt.step, monkeypatch) != []
+    assert _nnsparse_reads(opt.step, host_reads) != []
 
 
 # -- clip_grad_norm_: torch's, with sparse COO gradients (torch 2.13 raises on them) -------

@@ -6,7 +6,8 @@ every entry explicitly: every row of ``weight_t`` is touched (none for a batch o
 rows), and the bias gradient specifies every entry.  (``F.linear`` gave both dense
 gradients: ``SparseAdam`` refused them, ``LazyAdam`` stepped every row as Adam, by the
 input's layout.)  Inside torch.func transforms and torch.compile the dense gradients
-stay, as before (batched backwards and dynamo take no sparse tensor).
+stay, as before (batched backwards and dynamo take no sparse tensor).  The checks this
+layer shares with SparseOutputLinear's dense path are in tests/test_sparse_grad_dense_paths.py.
 """
 import warnings
 
@@ -156,92 +157,6 @@ def test_gradcheck_float64(shape, monkeypatch):
     assert torch.autograd.gradcheck(f, (x, w, b))
     assert torch.autograd.gradgradcheck(f, (x, w, b))
     assert seen and set(seen) == {torch.sparse_coo}  # the sparse gradients were checked
-
-
-def test_double_backward_through_the_dense_input():
-    """A gradient penalty on the input's gradient: the weight's second-order gradient is
-    sparse too, and equal to nn.Linear's."""
-    torch.manual_seed(0)
-    layer = nnsparse.SparseLinearBatch(5, 3, sparse_grad=True, dtype=torch.float64)
-    reference = nn.Linear(5, 3, dtype=torch.float64)
-    reference.load_state_dict(layer.state_dict())
-    x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
-    for module in (layer, reference):
-        out = torch.tanh(module(x))
-        gx, = torch.autograd.grad(out.sum(), x, create_graph=True)
-        (out.pow(2).sum() + gx.pow(2).sum()).backward()
-    assert layer.weight_t.grad.layout == torch.sparse_coo
-    torch.testing.assert_close(layer.weight_t.grad.to_dense().t(), reference.weight.grad)
-    torch.testing.assert_close(layer.bias.grad.to_dense(), reference.bias.grad)
-
-
-_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero")
-
-
-def test_no_host_read_nor_nonzero(monkeypatch):
-    """The gradients' indices are an arange of a shape: nothing is read back to the host
-    (the CPU proxy of tests/test_optim.py: every Python-level read refused) and no nonzero."""
-    layer = nnsparse.SparseLinearBatch(6, 3, sparse_grad=True)
-    x = torch.randn(4, 6, requires_grad=True)
-    with monkeypatch.context() as m:
-        for name in _READS:
-            def refuse(*args, __name=name, **kwargs):
-                raise AssertionError(f"{__name} called")
-            m.setattr(torch.Tensor, name, refuse)
-        m.setattr(torch, "nonzero", refuse)
-        layer(x).sum().backward()
-    assert layer.weight_t.grad.layout == layer.bias.grad.layout == torch.sparse_coo
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-def test_no_sync_on_cuda():
-    layer = nnsparse.SparseLinearBatch(6, 3, sparse_grad=True, device="cuda")
-    x = torch.randn(4, 6, device="cuda", requires_grad=True)
-    layer(x).sum().backward()  # warm-up
-    layer.zero_grad()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        layer(x).sum().backward()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert layer.weight_t.grad.layout == torch.sparse_coo
-
-
-@pytest.mark.parametrize("frozen", ["weight_t", "bias", "both"])
-def test_frozen_parameters(frozen):
-    layer = nnsparse.SparseLinearBatch(6, 3, sparse_grad=True)
-    for name in ("weight_t", "bias") if frozen == "both" else (frozen,):
-        getattr(layer, name).requires_grad_(False)
-    x = torch.randn(2, 6, requires_grad=True)
-    layer(x).sum().backward()
-    for p in layer.parameters():
-        assert (p.grad is None) == (not p.requires_grad)
-        assert p.grad is None or p.grad.layout == torch.sparse_coo
-    torch.testing.assert_close(x.grad, layer.weight.detach().sum(0).expand(2, 6))
-
-
-def test_no_grad_and_sparse_grad_false_are_unchanged():
-    torch.manual_seed(0)
-    layer = nnsparse.SparseLinearBatch(6, 3, sparse_grad=True)
-    x = torch.randn(2, 6)
-    with torch.no_grad():
-        out = layer(x)
-    assert out.grad_fn is None and torch.equal(out, F.linear(x, layer.weight, layer.bias))
-    dense = nnsparse.SparseLinearBatch(6, 3)
-    dense(x).sum().backward()
-    assert dense.weight.grad.layout == dense.bias.grad.layout == torch.strided
-
-
-def test_autocast_dense_input_gives_sparse_gradients_in_the_parameters_dtype():
-    torch.manual_seed(0)
-    layer = nnsparse.SparseLinearBatch(6, 3, sparse_grad=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = layer(torch.randn(2, 6))
-    assert out.dtype == torch.bfloat16
-    out.float().sum().backward()
-    for p in layer.parameters():
-        assert p.grad.layout == torch.sparse_coo and p.grad.dtype == torch.float32
 
 
 def test_parametrized_weight_t_keeps_dense_gradients_for_a_dense_input():
@@ -462,33 +377,6 @@ def test_jit_trace_keeps_dense_gradients():
     layer.zero_grad()
     layer(x).sum().backward()
     assert layer.weight_t.grad.layout == layer.bias.grad.layout == torch.sparse_coo
-
-
-@pytest.mark.skipif(not torch.distributed.is_available()
-                    or not torch.distributed.is_gloo_available(), reason="no gloo backend")
-def test_distributed_data_parallel_takes_a_dense_input_s_sparse_gradients():
-    """nnsparse's DDP declares a sparse_grad layer's parameters sparse: a dense hidden input
-    to it (F.linear's dense gradients raised "Expected variable to have sparse gradient")
-    now all-reduces as a sparse batch's (gloo, a group of one process)."""
-    import torch.distributed as dist
-    import nnsparse.distributed as nd
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 4), nn.Tanh(),
-                          nnsparse.SparseLinearBatch(4, 6, sparse_grad=True))
-    reference = nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 6))
-    reference.load_state_dict(model.state_dict())
-    x = torch.randn(5, 6)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        nd.wrap(model)(x).pow(2).sum().backward()
-    finally:
-        dist.destroy_process_group()
-    reference(x).pow(2).sum().backward()
-    decoder = model[2]
-    assert decoder.weight_t.grad.layout == decoder.bias.grad.layout == torch.sparse_coo
-    torch.testing.assert_close(decoder.weight_t.grad.to_dense().t(), reference[2].weight.grad)
-    torch.testing.assert_close(decoder.bias.grad.to_dense(), reference[2].bias.grad)
-    torch.testing.assert_close(model[0].weight.grad, reference[0].weight.grad)
 
 
 def _sparse_rows(x):

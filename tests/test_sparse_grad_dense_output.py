@@ -7,11 +7,11 @@ output column) and every bias entry is touched (none for an input of no rows), a
 specifying every entry touches them.  (``F.linear`` gave both dense gradients: ``SparseAdam``
 refused them, DDP refused them for a parameter declared sparse.)  Inside torch.func
 transforms, torch.compile and for a parametrized weight the dense gradients stay, as for
-``SparseLinearBatch``'s dense input (tests/test_sparse_grad_dense_input.py).
+``SparseLinearBatch``'s dense input (tests/test_sparse_grad_dense_input.py).  The checks the
+two layers share are in tests/test_sparse_grad_dense_paths.py.
 """
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import nnsparse
@@ -143,93 +143,13 @@ def test_the_pattern_path_is_unchanged():
     assert sum("EveryRowSparseGrad" in name for name in without) == 2
 
 
-_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero")
-
-
-def test_no_host_read_nor_nonzero(monkeypatch):
-    """The gradients' indices are an arange of a shape: nothing is read back to the host
-    (the CPU proxy of tests/test_optim.py: every Python-level read refused) and no nonzero."""
-    decoder = nnsparse.SparseOutputLinear(6, 3, sparse_grad=True)
-    h = torch.randn(2, 4, 6, requires_grad=True)
-    with monkeypatch.context() as m:
-        for name in _READS:
-            def refuse(*args, __name=name, **kwargs):
-                raise AssertionError(f"{__name} called")
-            m.setattr(torch.Tensor, name, refuse)
-        m.setattr(torch, "nonzero", refuse)
-        decoder(h).sum().backward()
-    assert decoder.weight.grad.layout == decoder.bias.grad.layout == torch.sparse_coo
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-def test_no_sync_on_cuda():
-    decoder = nnsparse.SparseOutputLinear(6, 3, sparse_grad=True, device="cuda")
-    h = torch.randn(4, 6, device="cuda", requires_grad=True)
-    decoder(h).sum().backward()  # warm-up
-    decoder.zero_grad()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        decoder(h).sum().backward()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert decoder.weight.grad.layout == torch.sparse_coo
-
-
-@pytest.mark.parametrize("frozen", ["weight", "bias", "both"])
-def test_frozen_parameters(frozen):
-    decoder = nnsparse.SparseOutputLinear(6, 3, sparse_grad=True)
-    for name in ("weight", "bias") if frozen == "both" else (frozen,):
-        getattr(decoder, name).requires_grad_(False)
-    h = torch.randn(2, 6, requires_grad=True)
-    decoder(h).sum().backward()
-    for p in decoder.parameters():
-        assert (p.grad is None) == (not p.requires_grad)
-        assert p.grad is None or p.grad.layout == torch.sparse_coo
-    torch.testing.assert_close(h.grad, decoder.weight.detach().sum(0).expand(2, 6))
-
-
-def test_no_grad_and_sparse_grad_false_are_unchanged():
+def test_sampled_linear_sparse_grad_false_is_unchanged():
+    """(The rest of this check, for the layer: tests/test_sparse_grad_dense_paths.py.)"""
     torch.manual_seed(0)
-    decoder = nnsparse.SparseOutputLinear(6, 3, sparse_grad=True)
     h = torch.randn(2, 6)
-    with torch.no_grad():
-        out = decoder(h)
-    assert out.grad_fn is None and torch.equal(out, F.linear(h, decoder.weight, decoder.bias))
-    dense = nnsparse.SparseOutputLinear(6, 3)
-    dense(h).sum().backward()
-    assert dense.weight.grad.layout == dense.bias.grad.layout == torch.strided
     w = torch.randn(3, 6, requires_grad=True)
     nnsparse.sampled_linear(h, w).sum().backward()  # sparse_grad=False: dense
     assert w.grad.layout == torch.strided
-
-
-def test_autocast_gives_sparse_gradients_in_the_parameters_dtype():
-    torch.manual_seed(0)
-    decoder = nnsparse.SparseOutputLinear(6, 3, sparse_grad=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = decoder(torch.randn(2, 6))
-    assert out.dtype == torch.bfloat16
-    out.float().sum().backward()
-    for p in decoder.parameters():
-        assert p.grad.layout == torch.sparse_coo and p.grad.dtype == torch.float32
-
-
-def test_double_backward_through_the_input():
-    """A gradient penalty on the input's gradient: the weight's gradient is sparse and equal
-    to nn.Linear's."""
-    torch.manual_seed(0)
-    decoder = nnsparse.SparseOutputLinear(5, 3, sparse_grad=True, dtype=torch.float64)
-    reference = nn.Linear(5, 3, dtype=torch.float64)
-    reference.load_state_dict(decoder.state_dict())
-    h = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
-    for module in (decoder, reference):
-        out = torch.tanh(module(h))
-        gh, = torch.autograd.grad(out.sum(), h, create_graph=True)
-        (out.pow(2).sum() + gh.pow(2).sum()).backward()
-    assert decoder.weight.grad.layout == torch.sparse_coo
-    torch.testing.assert_close(decoder.weight.grad.to_dense(), reference.weight.grad)
-    torch.testing.assert_close(decoder.bias.grad.to_dense(), reference.bias.grad)
 
 
 def test_parametrized_weight_keeps_dense_gradients_without_a_pattern():
@@ -326,33 +246,6 @@ def test_lazy_adam_checks_no_index_of_the_dense_output_s_gradients(monkeypatch):
         p.grad = p.grad.clone()  # unmarked
     opt.step()
     assert checked == [0, 2]
-
-
-@pytest.mark.skipif(not torch.distributed.is_available()
-                    or not torch.distributed.is_gloo_available(), reason="no gloo backend")
-def test_distributed_data_parallel_takes_the_dense_output_s_sparse_gradients():
-    """nnsparse's DDP declares a sparse_grad decoder's parameters sparse: without a pattern
-    (F.linear's dense gradients raised "Expected variable to have sparse gradient") it now
-    all-reduces as a pattern's (gloo, a group of one process)."""
-    import torch.distributed as dist
-    import nnsparse.distributed as nd
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 4), nn.Tanh(),
-                          nnsparse.SparseOutputLinear(4, 6, sparse_grad=True))
-    reference = nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 6))
-    reference.load_state_dict(model.state_dict())
-    x = torch.randn(5, 6)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        nd.wrap(model)(x).pow(2).sum().backward()
-    finally:
-        dist.destroy_process_group()
-    reference(x).pow(2).sum().backward()
-    decoder = model[2]
-    assert decoder.weight.grad.layout == decoder.bias.grad.layout == torch.sparse_coo
-    torch.testing.assert_close(decoder.weight.grad.to_dense(), reference[2].weight.grad)
-    torch.testing.assert_close(decoder.bias.grad.to_dense(), reference[2].bias.grad)
-    torch.testing.assert_close(model[0].weight.grad, reference[0].weight.grad)
 
 
 def test_the_helpers_are_shared_with_sparse_linear_batch():
