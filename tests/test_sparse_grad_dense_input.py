@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import nnsparse
-from nnsparse import _grad_origin, _index
+from nnsparse import _grad_origin
 from nnsparse.layers import linear as linear_module
 
 DTYPES = [torch.float32, torch.float64]
