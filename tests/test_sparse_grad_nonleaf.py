@@ -100,6 +100,8 @@ KINDS: Dict[str, Tuple[Callable[[Tuple[int, int]], Tuple[nn.Parameter, ...]],
     "divided": (lambda s: _leaves(s), lambda s, p: p / 4.0, True),
     "divided-0d": (lambda s: _leaves(s), lambda s, p: p / torch.tensor(3, dtype=F64), True),
     "div-scalar-op": (lambda s: _leaves(s), lambda s, p: torch.ops.aten.div.Scalar(p, 2), True),
+    "scalar-ops": (lambda s: _leaves(s), lambda s, p: torch.ops.aten.sub.Scalar(
+        torch.ops.aten.add.Scalar(torch.ops.aten.mul.Scalar(p, 2.0), 1.0), 0.5), True),
     "learned-temperature": (lambda s: _leaves(s, ()), lambda s, p, t: p / (t + 3.0), True),
     "divided-by-a-tensor": (lambda s: _leaves(s), lambda s, p: p / (torch.arange(
         s[0] * s[1], dtype=F64).view(s) + 1.0), False),
@@ -248,6 +250,9 @@ REACHES = [  # what the rule reads: (name, tensors, sparse gradients reach their
     ("view of a product", lambda p: ((p * 2).t(),), False),
     ("leaf and view", lambda p: (p, p[0]), False),
     ("divided by a number", lambda p: (1 - p / 2,), True),
+    ("scalar overloads", lambda p: (torch.ops.aten.sub.Scalar(torch.ops.aten.add.Scalar(
+        torch.ops.aten.mul.Scalar(p, 2.0), 1.0), 0.5),), True),
+    ("scalar division", lambda p: (torch.ops.aten.div.Scalar(p, 2.0),), True),
     ("divided by a 0-d tensor", lambda p: (p / torch.tensor(2.0),), True),
     ("divided by a tensor", lambda p: (p / p.detach(),), False),
     ("divided by a view", lambda p: (p / p[0, 0],), False),

@@ -195,8 +195,11 @@ def _with_sparse_grad(param: Optional[Tensor], touched: bool) -> Optional[Tensor
 # ``1 - w`` (Rsub) and ``w / c`` (Div) too, but torch's sparse division takes a 0-d divisor
 # only ("Sparse division requires a scalar or zero-dim dense tensor divisor"): a Python
 # number or a 0-d tensor, read by :func:`_takes_sparse_grad`.
+# The ``*Backward1`` nodes are the ``.Scalar`` overloads (``aten.mul.Scalar`` and the like,
+# which decompositions and compiled code call): a number times, plus or minus the gradient.
 _TAKE_SPARSE_GRAD = frozenset({"MulBackward0", "AddBackward0", "SubBackward0",
                                "NegBackward0", "CloneBackward0", "RsubBackward0",
+                               "MulBackward1", "AddBackward1", "SubBackward1",
                                "RsubBackward1", "DivBackward1"})
 _SPARSE_PATH_NODES = 32  # the most such nodes walked; a larger graph gets dense gradients
 
