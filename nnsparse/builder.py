@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .convert import _size_from_tensor
+from ._lua import LuaName
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
                      is_real, real_float,
                      check_index_range, check_numel, int64_message, int_kind,
@@ -155,6 +156,9 @@ class DynamicSparseTensor:
     _n: int
     _j: int
     _range: Optional[Tuple[float, float]]
+
+    # Lua's nnsparse.DynamicSparseTensor.new(reserve, multCoef) (its test's spelling)
+    new = LuaName("the constructor, DynamicSparseTensor(reserve=10, mult_coef=2)")
 
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
                  dtype: Optional[torch.dtype] = None,
@@ -531,6 +535,8 @@ class DynamicSparseTensor:
     def build(self, size: Optional[Union[int, Sequence[int]]] = None,
               layout: torch.layout = torch.sparse_coo) -> Tensor:
         """The entries added so far as a torch sparse tensor (a copy: the builder stays usable).
+
+        Lua's ``build()`` returned the ``(k, 2)`` pair tensor: that is :meth:`build_pairs`.
 
         Args:
             size (int or tuple, optional): the tensor's shape, ``ndim`` ints

@@ -128,6 +128,21 @@ def test_dynamic_sparse_tensor_against_torch_cat():
     assert torch.equal(dyn.build_pairs(), input) and torch.equal(tensor, input)
 
 
+def test_dynamic_sparse_tensor_lua_new_names_the_constructor():
+    # toolsTester.dynamicSparseTensor builds with nnsparse.DynamicSparseTensor.new(), torch7's
+    # constructor: read from the class or a builder, the name says what to call instead
+    for owner in (DynamicSparseTensor, DynamicSparseTensor()):
+        with pytest.raises(AttributeError, match=r"^DynamicSparseTensor has no Lua attribute "
+                                                 r"'new'; in nnsparse \(as in torch\) use the "
+                                                 r"constructor, DynamicSparseTensor\(reserve=10, "
+                                                 r"mult_coef=2\)$"):
+            owner.new()
+        assert not hasattr(owner, "new")
+    # a name neither Lua's nor the builder's keeps Python's error
+    with pytest.raises(AttributeError, match=r"^'DynamicSparseTensor' object has no attribute 'x'"):
+        DynamicSparseTensor().x
+
+
 # == testSparseLinearBatch.lua ==============================================================
 
 def _linear_pair(in_features, out_features, mode="auto"):
@@ -1152,6 +1167,25 @@ def test_every_lua_name_has_a_python_counterpart(lua):
         name = counterpart.__qualname__.split(".")[0]
         # exported at the package's top level (nnsparse.__all__), not only in a submodule
         assert name in nnsparse.__all__ and getattr(nnsparse, name) is not None, lua
+
+
+@pytest.mark.parametrize("lua, match", [
+    ("Sparsifier", r"nnsparse\.Sparsify\(offset=offset\) \(a keyword: Sparsify's first argument "
+                   r"is elem"),
+    ("ssortByIndex", r"nnsparse\.ssort_by_index\(x, descending=False, inplace=False\)$"),
+    ("sortDim", r"nnsparse\.ssort\(x\) \(Lua's dim 2, by value\) or nnsparse\.ssort_by_index"),
+    ("prepareInput", r"nnsparse\.prepare_input\(criterion, x\)$"),
+    ("NaN", r"float\(\"nan\"\) \(or math\.nan\)$"),
+])
+def test_lua_package_names_are_named_in_the_error(lua, match):
+    # nnsparse.Sparsifier(offset), x:ssortByIndex(), NaN: a port reaching for the Lua
+    # package's names learns nnsparse's
+    with pytest.raises(AttributeError, match=rf"^module 'nnsparse' has no Lua name '{lua}'; in "
+                                             rf"nnsparse use " + match):
+        getattr(nnsparse, lua)
+    assert not hasattr(nnsparse, lua)
+    with pytest.raises(AttributeError, match=r"^module 'nnsparse' has no attribute 'x'$"):
+        nnsparse.x
 
 
 def test_sparsifier_offset_is_a_keyword():
