@@ -1052,6 +1052,12 @@ def test_prepare_input_is_the_identity_for_other_criteria():
     # an earlier prepareMixture's flipRange = {NaN, NaN}: refused (docs/lua_port.md)
     (lambda: SDAESparseCriterion(nn.MSELoss(), {"flipRatio": 0.3, "flipRange": [NAN, NAN]}),
      ValueError, r"flip_range must be finite, got nan"),
+    # Lua's table {999, 999} (prepareMixture) copied as a Python set: {999}, and no order
+    (lambda: SDAESparseCriterion(nn.MSELoss(), {"flipRatio": 0.3, "flipRange": {999, 999}}),
+     TypeError, r"^flip_range must be a pair \(low, high\), got set \{999\} \(a set has no order "
+     r"and merges equal values: write Lua's \{a, b\} as \(a, b\)\)$"),
+    (lambda: SDAECriterion(nn.MSELoss(), flip_range=frozenset({-99, 99})), TypeError,
+     r"got frozenset .* \(a set has no order"),
     # an array keyword next to a mapping: a clash, not numpy's "truth value is ambiguous"
     (lambda: SDAECriterion(nn.MSELoss(), {"hideRatio": 0.2}, flip_range=np.array([-2., 2.])),
      TypeError, r"got a mapping and flip_range="),
