@@ -334,7 +334,7 @@ class DynamicSparseTensor:
                 items = row.tolist()
             except (RuntimeError, NotImplementedError):  # a tensor without data (meta)
                 raise self._row_error(row) from None
-            exact = _EXACT_INDEX.get(row.dtype)  # (a table: torch.finfo per row took 0.1 us)
+            exact = _EXACT_INDEX.get(row.dtype)  # (torch.finfo and a call per row: 0.36 us)
             if exact is not None and items and (self._ndim > 1 or abs(items[0]) > exact):
                 _check_exact_indices(items[:-1], row.dtype)
         elif isinstance(row, (tuple, list)):
