@@ -10,7 +10,10 @@ tested with random data and ``math.randomseed(os.time())``; these use seeded
 generators, the Lua tolerances and, where Lua compared only sums, the whole
 tensors.  The Lua README's examples come last, then the Lua-to-Python name map.
 """
+import inspect
 import math
+import pydoc
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -141,6 +144,26 @@ def test_dynamic_sparse_tensor_lua_new_names_the_constructor():
     # a name neither Lua's nor the builder's keeps Python's error
     with pytest.raises(AttributeError, match=r"^'DynamicSparseTensor' object has no attribute 'x'"):
         DynamicSparseTensor().x
+
+
+@pytest.mark.parametrize("probe, expected", [
+    # introspection reads every name: the Lua names' AttributeError must not stop it
+    (lambda: "new" in dict(inspect.getmembers(DynamicSparseTensor)), True),
+    (lambda: "DynamicSparseTensor" in pydoc.render_doc(DynamicSparseTensor), True),
+    (lambda: len(inspect.getmembers(nnsparse)) > len(nnsparse.__all__), True),
+    (lambda: hasattr(mock.Mock(spec=nnsparse), "Sparsifier"), False),
+    # import * takes __all__, no Lua name; a subclass may define its own new
+    (lambda: (lambda ns: (exec("from nnsparse import *", ns),
+                          sorted(set(nnsparse.__all__) - set(ns)), "Sparsifier" in ns)[1:])({}),
+     ([], False)),
+    (lambda: type(type("Builder", (DynamicSparseTensor,), {
+        "new": classmethod(lambda cls, reserve: cls(reserve))}).new(4)).__name__, "Builder"),
+    # an instance may still hold a "new" of its own (the class's is no data descriptor)
+    (lambda: (lambda d: (setattr(d, "new", 1), d.new)[1])(type(
+        "Builder", (DynamicSparseTensor,), {})()), 1),
+])
+def test_lua_names_leave_introspection_alone(probe, expected):
+    assert probe() == expected
 
 
 # == testSparseLinearBatch.lua ==============================================================
