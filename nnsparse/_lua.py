@@ -7,7 +7,7 @@ modules and criteria of nnsparse name the PyTorch way instead, from these
 tables (read only when normal attribute lookup has failed: no cost otherwise).
 """
 
-from typing import Dict, List, Union
+from typing import Dict, List, NoReturn, Optional, Union
 
 from torch import Tensor, nn
 
@@ -54,6 +54,17 @@ CRITERION_MEMBERS: Dict[str, str] = {
     "evaluate": "eval()",
 }
 
+# Lua nnsparse's package-level names (and Tensor methods) that nnsparse spells otherwise
+PACKAGE_NAMES: Dict[str, str] = {
+    "Sparsifier": "nnsparse.Sparsify(offset=offset) (a keyword: Sparsify's first argument is "
+                  "elem, as in sparsify(x, elem, offset))",
+    "ssortByIndex": "nnsparse.ssort_by_index(x, descending=False, inplace=False)",
+    "sortDim": "nnsparse.ssort(x) (Lua's dim 2, by value) or nnsparse.ssort_by_index(x) "
+               "(dim 1, by index)",
+    "prepareInput": "nnsparse.prepare_input(criterion, x)",
+    "NaN": 'float("nan") (or math.nan)',
+}
+
 
 def member_error(owner: object, name: str, hint: str) -> AttributeError:
     """The error for the Lua member ``name`` of ``owner``, naming ``hint``."""
@@ -75,3 +86,21 @@ class LuaMembers(nn.Module):
             if hint is None:
                 raise
         raise member_error(self, name, hint)
+
+
+class LuaName:
+    """A class attribute standing for a Lua name that nnsparse spells otherwise
+    (``DynamicSparseTensor.new``): reading it, from the class or an instance,
+    raises an ``AttributeError`` naming the counterpart (``hasattr`` is False)."""
+
+    def __init__(self, hint: str) -> None:
+        self._hint = hint
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, obj: object, owner: Optional[type] = None) -> NoReturn:
+        what = owner.__name__ if owner is not None else type(obj).__name__
+        raise AttributeError(f"{what} has no Lua attribute {self._name!r}; in nnsparse (as in "
+                             f"torch) use {self._hint}")

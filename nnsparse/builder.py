@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .convert import _size_from_tensor
+from ._lua import LuaName
 from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
                      is_real, real_float,
                      check_index_range, check_numel, int64_message, int_kind,
@@ -156,6 +157,9 @@ class DynamicSparseTensor:
     _j: int
     _range: Optional[Tuple[float, float]]
 
+    # Lua's nnsparse.DynamicSparseTensor.new(reserve, multCoef) (its test's spelling)
+    new = LuaName("the constructor, DynamicSparseTensor(reserve=10, mult_coef=2)")
+
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
                  dtype: Optional[torch.dtype] = None,
                  device: Optional[Union[str, torch.device]] = None) -> None:
@@ -290,7 +294,8 @@ class DynamicSparseTensor:
                 ``[index, value]`` row.
             ValueError: a negative index, a tuple of the wrong length, a number
                 beyond int64; an ``[index, value]`` row whose index is not a
-                whole number.
+                whole number, or beyond those its float dtype holds exactly (2**24
+                for float32, 2048 for float16, 2**53 for float64).
         """
         # Checked first (about 15 ns per append): recognised from the buffers'
         # TypeError instead, append(pair) took 5.3 us, not 1.3.
@@ -330,7 +335,8 @@ class DynamicSparseTensor:
                 items = row.tolist()
             except (RuntimeError, NotImplementedError):  # a tensor without data (meta)
                 raise self._row_error(row) from None
-            if row.dtype in (torch.float16, torch.bfloat16, torch.float32) and items:
+            exact = _EXACT_INDEX.get(row.dtype)  # (torch.finfo and a call per row: 0.36 us)
+            if exact is not None and items and (self._ndim > 1 or abs(items[0]) > exact):
                 _check_exact_indices(items[:-1], row.dtype)
         elif isinstance(row, (tuple, list)):
             items = row
@@ -532,6 +538,8 @@ class DynamicSparseTensor:
               layout: torch.layout = torch.sparse_coo) -> Tensor:
         """The entries added so far as a torch sparse tensor (a copy: the builder stays usable).
 
+        Lua's ``build()`` returned the ``(k, 2)`` pair tensor: that is :meth:`build_pairs`.
+
         Args:
             size (int or tuple, optional): the tensor's shape, ``ndim`` ints
                 (an int is allowed for ``ndim=1``; a 0-D or 1-D integer tensor, or one of
@@ -681,16 +689,41 @@ def _value_range(dtype: torch.dtype) -> Optional[Tuple[float, float]]:
     return (info.min, info.max)
 
 
+def _exact_index_limit(dtype: torch.dtype) -> Optional[float]:
+    """2 ** (mantissa bits + 1): ``dtype`` holds every whole number up to it exactly, not
+    the next.  Found by rounding ``2 ** k + 1`` (``torch.finfo(dtype).eps`` is half the
+    true one for float8_e5m2fnuz: 2 / eps said 16, but 9 rounds); None for a float dtype
+    torch cannot convert to."""
+    for k in range(1, 64):
+        n = 2 ** k + 1
+        try:
+            back = float(torch.tensor(float(n), dtype=torch.float64).to(dtype).double())
+        except (RuntimeError, TypeError, NotImplementedError):  # float4_e2m1fn_x2
+            return None
+        if back != n:  # (float(n) itself rounds for float64: 2 ** 53 + 1)
+            return 2.0 ** k
+    return None
+
+
+# The limit on the index of a float row appended (Lua's [index, value]), for every float
+# dtype: float64 too (2 ** 53, as from_pairs), float8 (16, or 8 for the e5m2 kinds).
+_EXACT_INDEX: Dict[torch.dtype, float] = {
+    dtype: limit for dtype in {d for d in vars(torch).values()
+                               if isinstance(d, torch.dtype) and d.is_floating_point}
+    if (limit := _exact_index_limit(dtype)) is not None}
+
+
 def _check_exact_indices(indices: Sequence[Any], dtype: torch.dtype) -> None:
     """The indices of a float row (Lua's ``[index, value]``) beyond the whole numbers its
     dtype holds exactly: the index the caller meant may already have been rounded to a
-    neighbour (``from_pairs`` refuses them too)."""
-    exact = 2.0 / torch.finfo(dtype).eps  # 2 ** (mantissa bits + 1)
+    neighbour (``from_pairs`` refuses them too).  ±inf is left to the whole-number check."""
+    exact = _EXACT_INDEX[dtype]
     for i in indices:
-        if isinstance(i, float) and abs(i) > exact:
+        if isinstance(i, float) and exact < abs(i) < math.inf:
+            fix = ("build the row as float64 or int64" if exact < 2.0 ** 53 else
+                   "give the index as an int, append(index, value)")  # (float64's own limit)
             raise ValueError(f"the index of an [index, value] row stored as {dtype} is exact "
-                             f"only up to {int(exact)}, got {i:g}; build the row as float64 "
-                             f"or int64")
+                             f"only up to {int(exact)}, got {i:g}; {fix}")
 
 
 def _check_pair_index(top: int, dtype: torch.dtype) -> None:

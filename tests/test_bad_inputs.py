@@ -2469,6 +2469,41 @@ PROBE7 = [
         d.append(torch.tensor([2048.0, 1.0], dtype=torch.float16)), d.build()))(
             nnsparse.DynamicSparseTensor())[1].shape, None,
          check=lambda shape: shape == (2049,)),
+    # every float dtype has its limit, float64's 2**53 as from_pairs, the e5m2 kinds' 8
+    # (torch.finfo's eps for float8_e5m2fnuz said 16); the second index of an ndim=2 row;
+    # ±inf is no whole number, not an index that float64 would hold
+    *(Case(f"DynamicSparseTensor.append-{dtype}-row-index-{index:g}".replace("torch.", ""),
+           (lambda dtype=dtype, index=index: (lambda d: (
+               d.append(torch.tensor([index, 1.0], dtype=torch.float64).to(dtype)),
+               d.build_pairs()))(nnsparse.DynamicSparseTensor(dtype=torch.float64))[1]),
+           ValueError if fail else None,
+           rf"^the index of an \[index, value\] row stored as {dtype} is exact only up to "
+           rf"{int(limit)}, got {re.escape(f'{index:g}')}; {re.escape(fix)}$",
+           check=lambda pairs, index=index: pairs.tolist() == [[index, 1.0]])
+      for dtype, limit, fix in [
+          *((d, lim, "build the row as float64 or int64") for d, lim in [
+              (torch.float16, 2048), (torch.bfloat16, 256), (torch.float32, 2 ** 24),
+              (torch.float8_e4m3fn, 16), (torch.float8_e5m2, 8), (torch.float8_e5m2fnuz, 8)]),
+          (torch.float64, 2 ** 53, "give the index as an int, append(index, value)")]
+      for index, fail in [(float(limit), False), (float(limit + limit // 4), True)]),
+    # the float64 message's fix: an int index above 2**53 is kept (build() has int64 indices)
+    Case("DynamicSparseTensor.append-int-index-above-2**53-works", lambda: (lambda d: (
+        d.append(2 ** 53 + 1, 1.0), d.build()))(nnsparse.DynamicSparseTensor(
+            dtype=torch.float64))[1]._indices().tolist(), None,
+         check=lambda indices: indices == [[2 ** 53 + 1]]),
+    Case("DynamicSparseTensor.append-ndim2-float32-row-second-index-rounded", lambda: (
+        nnsparse.DynamicSparseTensor(ndim=2).append(torch.tensor([1.0, 2.0 ** 25 + 2, 1.0]))),
+         ValueError, r"^the index of an \[index, value\] row stored as torch.float32 is exact "
+                     r"only up to 16777216, got 3.35544e\+07; build the row as float64 or int64$"),
+    Case("DynamicSparseTensor.append-ndim2-refused-row-leaves-the-builder", lambda: (
+        lambda d: (pytest.raises(ValueError, d.append, torch.tensor([1.0, 2.0 ** 25 + 2, 1.0])),
+                   len(d)))(nnsparse.DynamicSparseTensor(ndim=2))[1], None,
+         check=lambda n: n == 0),
+    *(Case(f"DynamicSparseTensor.append-{dtype}-row-index-inf-ndim{ndim}".replace("torch.", ""),
+           (lambda dtype=dtype, ndim=ndim: nnsparse.DynamicSparseTensor(ndim=ndim).append(
+               torch.tensor([float("inf")] * ndim + [1.0], dtype=dtype))), ValueError,
+           r"^the index of an \[index, value\] row must be a whole number, got inf$")
+      for dtype in (torch.float32, torch.float64) for ndim in (1, 2)),
     # LazyAdam: a parameter named twice was updated twice a step (torch only warns)
     Case("LazyAdam-parameter-twice", lambda: (lambda p: LazyAdam([p, p]))(
         nn.Parameter(torch.zeros(2))), ValueError,

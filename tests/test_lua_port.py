@@ -10,7 +10,10 @@ tested with random data and ``math.randomseed(os.time())``; these use seeded
 generators, the Lua tolerances and, where Lua compared only sums, the whole
 tensors.  The Lua README's examples come last, then the Lua-to-Python name map.
 """
+import inspect
 import math
+import pydoc
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -126,6 +129,41 @@ def test_dynamic_sparse_tensor_against_torch_cat():
     for i in range(1, input.shape[0]):
         tensor = torch.cat([tensor, input[i].view(1, -1)], 0)
     assert torch.equal(dyn.build_pairs(), input) and torch.equal(tensor, input)
+
+
+def test_dynamic_sparse_tensor_lua_new_names_the_constructor():
+    # toolsTester.dynamicSparseTensor builds with nnsparse.DynamicSparseTensor.new(), torch7's
+    # constructor: read from the class or a builder, the name says what to call instead
+    for owner in (DynamicSparseTensor, DynamicSparseTensor()):
+        with pytest.raises(AttributeError, match=r"^DynamicSparseTensor has no Lua attribute "
+                                                 r"'new'; in nnsparse \(as in torch\) use the "
+                                                 r"constructor, DynamicSparseTensor\(reserve=10, "
+                                                 r"mult_coef=2\)$"):
+            owner.new()
+        assert not hasattr(owner, "new")
+    # a name neither Lua's nor the builder's keeps Python's error
+    with pytest.raises(AttributeError, match=r"^'DynamicSparseTensor' object has no attribute 'x'"):
+        DynamicSparseTensor().x
+
+
+@pytest.mark.parametrize("probe, expected", [
+    # introspection reads every name: the Lua names' AttributeError must not stop it
+    (lambda: "new" in dict(inspect.getmembers(DynamicSparseTensor)), True),
+    (lambda: "DynamicSparseTensor" in pydoc.render_doc(DynamicSparseTensor), True),
+    (lambda: len(inspect.getmembers(nnsparse)) > len(nnsparse.__all__), True),
+    (lambda: hasattr(mock.Mock(spec=nnsparse), "Sparsifier"), False),
+    # import * takes __all__, no Lua name; a subclass may define its own new
+    (lambda: (lambda ns: (exec("from nnsparse import *", ns),
+                          sorted(set(nnsparse.__all__) - set(ns)), "Sparsifier" in ns)[1:])({}),
+     ([], False)),
+    (lambda: type(type("Builder", (DynamicSparseTensor,), {
+        "new": classmethod(lambda cls, reserve: cls(reserve))}).new(4)).__name__, "Builder"),
+    # an instance may still hold a "new" of its own (the class's is no data descriptor)
+    (lambda: (lambda d: (setattr(d, "new", 1), d.new)[1])(type(
+        "Builder", (DynamicSparseTensor,), {})()), 1),
+])
+def test_lua_names_leave_introspection_alone(probe, expected):
+    assert probe() == expected
 
 
 # == testSparseLinearBatch.lua ==============================================================
@@ -1037,6 +1075,12 @@ def test_prepare_input_is_the_identity_for_other_criteria():
     # an earlier prepareMixture's flipRange = {NaN, NaN}: refused (docs/lua_port.md)
     (lambda: SDAESparseCriterion(nn.MSELoss(), {"flipRatio": 0.3, "flipRange": [NAN, NAN]}),
      ValueError, r"flip_range must be finite, got nan"),
+    # Lua's table {999, 999} (prepareMixture) copied as a Python set: {999}, and no order
+    (lambda: SDAESparseCriterion(nn.MSELoss(), {"flipRatio": 0.3, "flipRange": {999, 999}}),
+     TypeError, r"^flip_range must be a pair \(low, high\), got set \{999\} \(a set has no order "
+     r"and merges equal values: write Lua's \{a, b\} as \(a, b\)\)$"),
+    (lambda: SDAECriterion(nn.MSELoss(), flip_range=frozenset({-99, 99})), TypeError,
+     r"got frozenset .* \(a set has no order"),
     # an array keyword next to a mapping: a clash, not numpy's "truth value is ambiguous"
     (lambda: SDAECriterion(nn.MSELoss(), {"hideRatio": 0.2}, flip_range=np.array([-2., 2.])),
      TypeError, r"got a mapping and flip_range="),
@@ -1152,6 +1196,25 @@ def test_every_lua_name_has_a_python_counterpart(lua):
         name = counterpart.__qualname__.split(".")[0]
         # exported at the package's top level (nnsparse.__all__), not only in a submodule
         assert name in nnsparse.__all__ and getattr(nnsparse, name) is not None, lua
+
+
+@pytest.mark.parametrize("lua, match", [
+    ("Sparsifier", r"nnsparse\.Sparsify\(offset=offset\) \(a keyword: Sparsify's first argument "
+                   r"is elem"),
+    ("ssortByIndex", r"nnsparse\.ssort_by_index\(x, descending=False, inplace=False\)$"),
+    ("sortDim", r"nnsparse\.ssort\(x\) \(Lua's dim 2, by value\) or nnsparse\.ssort_by_index"),
+    ("prepareInput", r"nnsparse\.prepare_input\(criterion, x\)$"),
+    ("NaN", r"float\(\"nan\"\) \(or math\.nan\)$"),
+])
+def test_lua_package_names_are_named_in_the_error(lua, match):
+    # nnsparse.Sparsifier(offset), x:ssortByIndex(), NaN: a port reaching for the Lua
+    # package's names learns nnsparse's
+    with pytest.raises(AttributeError, match=rf"^module 'nnsparse' has no Lua name '{lua}'; in "
+                                             rf"nnsparse use " + match):
+        getattr(nnsparse, lua)
+    assert not hasattr(nnsparse, lua)
+    with pytest.raises(AttributeError, match=r"^module 'nnsparse' has no attribute 'x'$"):
+        nnsparse.x
 
 
 def test_sparsifier_offset_is_a_keyword():

@@ -336,8 +336,11 @@ def pair_arg(value: Any, name: str) -> Tuple[float, float]:
     if isinstance(value, (Tensor, np.ndarray)) and value.ndim == 1:
         value = value.tolist()  # Lua's flipRange could be a tensor too
     if not isinstance(value, (tuple, list)):
+        hint = ""
+        if isinstance(value, (set, frozenset)):  # Lua's table {-99, 99} written as a set
+            hint = " (a set has no order and merges equal values: write Lua's {a, b} as (a, b))"
         raise TypeError(f"{name} must be a pair (low, high), got {type(value).__name__} "
-                        f"{value!r}")
+                        f"{value!r}{hint}")
     if len(value) != 2:
         raise ValueError(f"{name} must hold 2 values, got {value!r}")
     low, high = (real_arg(v, name) for v in cast(Sequence[Any], value))

@@ -189,9 +189,10 @@ _SDAE_ARGS = r"""
         flip_ratio (float): probability that an entry is set to ``flip_range[0]``
             or ``flip_range[1]``, each with probability 1/2 (salt and pepper). Default: 0.
         flip_range (pair of float): the two flip values (a tuple, a list or a 1-D
-            tensor or array of two), which the input's dtype must hold (integers
-            in its range for integer values; checked by :meth:`prepare_input`).
-            Default: ``(-1, 1)``.
+            tensor or array of two), finite (an older Lua test's ``{NaN, NaN}`` is
+            refused: NaN entries would make the output and the loss NaN), which the
+            input's dtype must hold (integers in its range for integer values;
+            checked by :meth:`prepare_input`).  Default: ``(-1, 1)``.
         hide_ratio (float): probability that an entry is set to 0. Default: 0.
         generator (torch.Generator, optional): the random source of
             :meth:`prepare_input`, on the data's device type (a CUDA generator
