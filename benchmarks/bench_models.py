@@ -172,15 +172,16 @@ def main(argv: List[str] = None) -> Dict[str, Row]:
               f"{train.n_users} users x {train.n_items} items; {args.threads} threads")
     else:
         train, test = _synthetic(args)
+    ranked = _rankable(train, test)
     mf, dense, zoo = (dict(epochs=5), dict(epochs=10), dict(epochs=5, patience=5)) \
         if args.quick else ({}, {}, {})
     rows: Dict[str, Row] = {}
-    ranks: List[Optional[float]] = [None] if args.rank_threshold is None \
-        else [None, args.rank_threshold]
+    ranks: List[Optional[float]] = [] if len(ranked) == 0 else [None] \
+        if args.rank_threshold is None else [None, args.rank_threshold]
     keys = [f"{m}@{args.k}" + ("" if t is None else f" >={t:g}") for t in ranks for m in _METRICS]
     heads = [_HEADERS[m].format(k=args.k) + ("" if t is None else f", relevant >= {t:g}")
              for t in ranks for m in _METRICS]
-    print("| model | test RMSE | seconds | " + " | ".join(heads) + " |\n"
+    print("| " + " | ".join(["model", "test RMSE", "seconds"] + heads) + " |\n"
           + "|---" * (3 + len(heads)) + "|")
 
     def show(name: str, result: Tuple[Optional[float], float],
@@ -198,9 +199,9 @@ def main(argv: List[str] = None) -> Dict[str, Row]:
 
     scores = _baseline_scores(train, test)
     show("item mean", _timed(lambda: mean_prediction(train, test, by="item"), test),
-         lambda t: _rank_baseline(train, test, scores["item mean"], args.k, t))
+         lambda t: _rank_baseline(train, ranked, scores["item mean"], args.k, t))
     show("most popular (ranking only)", (None, 0.0),
-         lambda t: _rank_baseline(train, test, scores["most popular"], args.k, t))
+         lambda t: _rank_baseline(train, ranked, scores["most popular"], args.k, t))
     if not args.no_baselines:
         show("biased MF (_baselines.py)", _timed(lambda: biased_mf(train, test, **mf), test))
         show("dense I-AutoRec (_baselines.py)",
@@ -215,11 +216,26 @@ def main(argv: List[str] = None) -> Dict[str, Row]:
         show(f"nnsparse.models {name}", _timed(
             lambda: model.fit(train, features=features, verbose=False,
                               progress=False).predict(test), test),
-             lambda t: model.evaluate_ranking(test, args.k, threshold=t, progress=False))
+             lambda t: model.evaluate_ranking(ranked, args.k, threshold=t, progress=False))
     if fitted and args.recommend >= 0 and args.train is None:
         best = min(fitted, key=lambda n: rows[f"nnsparse.models {n}"][0])
         _show_recommendations(fitted[best], best, args.recommend)
     return rows
+
+
+def _rankable(train: Ratings, test: Ratings) -> Ratings:
+    """The test ratings the ranking scores.  A test pair that the training file rates
+    too (``read_split`` only warns of it; its RMSE measures a fitted rating) is left out,
+    with a note: the ranking leaves each user's training items out, so it could never be
+    a hit (``evaluate_ranking`` refuses it).  Empty: no ranking columns."""
+    width = max(train.n_items, test.n_items)  # (read_split's parts share their id maps)
+    shared = torch.isin(test.user * width + test.item, train.user * width + train.item)
+    n = int(shared.sum())
+    if n:
+        print(f"ranking: {n} of the {len(test)} test ratings left out (their (user, item) "
+              f"pair is rated in the training file too)" + (", no ranking columns"
+                                                            if n == len(test) else ""))
+    return test.subset(~shared)
 
 
 def _synthetic(args: argparse.Namespace) -> Tuple[Ratings, Ratings]:

@@ -260,6 +260,35 @@ def test_bench_models_ranking_columns_of_the_baselines_by_hand(tmp_path, capsys,
     assert cells[-4:] == [f"{expected[m]:.4f}" for m in bench_models._METRICS]  # the last 4
 
 
+@pytest.mark.parametrize("test_text, ranked", [(_RANK_TEST + "1 1 4\n", True),
+                                               ("1 1 4\n2 3 5\n", False)])
+def test_bench_models_ranks_without_the_test_pairs_rated_in_training(tmp_path, capsys,
+                                                                     test_text, ranked):
+    """A test pair the training file rates too is left out of the ranking with a note (it
+    could never be a hit; evaluate_ranking refuses it: this ended in a traceback), the
+    RMSE keeps it; no ranking columns when every test pair is one."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_models
+    (tmp_path / "r.base").write_text(_RANK_TRAIN)
+    (tmp_path / "r.test").write_text(test_text)
+    rows = bench_models.main(["--train", str(tmp_path / "r.base"), "--test",
+                              str(tmp_path / "r.test"), "--format", "text", "--threads", "1",
+                              "--no-baselines", "--models", "autorec", "--quick", "--k", "2",
+                              "--recommend", "-1"])
+    out = capsys.readouterr().out
+    n = 1 if ranked else 2
+    assert (f"ranking: {n} of the {test_text.count(chr(10))} test ratings left out "
+            f"(their (user, item) pair is rated in the training file too)") in out
+    assert all(rows[name][0] is not None for name in ("item mean", "nnsparse.models autorec"))
+    if ranked:  # the figures of the test file without the shared pair (worked by hand above)
+        for metric, value in RANKING_BY_HAND[0][3].items():
+            assert rows["most popular (ranking only)"][2][f"{metric}@2"] == pytest.approx(value)
+        assert 0 <= rows["nnsparse.models autorec"][2]["ndcg@2"] <= 1
+    else:
+        assert all(row[2] == {} for row in rows.values())
+        assert "| model | test RMSE | seconds |\n|---|---|---|\n" in out
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--k", "0"], "--k must be a positive int, got 0"),
     (["--rank-threshold", "nan"], "--rank-threshold must be finite, got nan"),
