@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .convert import _size_from_tensor
-from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
+from ._forms import (_INT64_MAX, SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
                      is_real, real_float,
                      check_index_range, check_numel, int64_message, int_kind,
                      KERNEL_DTYPES,
@@ -119,6 +119,8 @@ class DynamicSparseTensor:
             or one torch's sparse kernels lack (uint16/32/64, float8, quantized).
         ValueError: negative ``reserve``, ``mult_coef <= 1``, ``ndim`` outside ``[1, 64]``; a
             ``device`` on which tensors hold no data (meta) or that this machine lacks.
+            When the storage grows: a ``mult_coef`` so large that the grown storage
+            would pass 2**63 bytes (the entries are then not added).
 
     Example::
 
@@ -602,8 +604,15 @@ class DynamicSparseTensor:
         capacity = self._values.shape[0]
         if needed <= capacity:
             return
+        old = capacity
         while capacity < needed:
             capacity = max(capacity + 1, math.ceil(capacity * self._mult))
+        if 8 * self._ndim * capacity > _INT64_MAX:  # a huge mult_coef: torch's "Overflow
+            # when unpacking long long" (with its C++ trace) or "Storage size ... overflowed"
+            raise ValueError(f"mult_coef must keep the storage below 2**63 bytes ({self._ndim} "
+                             f"int64 indices an entry), got {self._mult:g}: it would grow the "
+                             f"storage from {old} to {float(capacity):.3g} entries to hold "
+                             f"{needed}; nothing was added")
         index = self._index.new_empty(self._ndim, capacity)
         values = self._values.new_empty(capacity)
         index[:, :self._n] = self._index[:, :self._n]

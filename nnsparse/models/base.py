@@ -36,7 +36,7 @@ from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, as_sparse_batch, as_tensor,
-                      check_file_object, check_index_range, is_int, is_real, on_cpu_default,
+                      check_file_object, check_index_range, is_int, is_real, on_cpu_default, plain,
                       real_float, refuse_meta, refuse_meta_device)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
@@ -159,7 +159,7 @@ def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optiona
         raise TypeError(f"{name} must be real, got {features.dtype}")
     # data, not a parameter: a tensor that requires grad kept its graph in the model's
     # buffer (each step's backward wrote into the caller's .grad; deepcopy refused the model)
-    features = features.detach().to(torch.float32)
+    features = plain(features.detach().to(torch.float32))
     if not bool(torch.isfinite(features).all()):
         raise ValueError(f"{name} must be finite, got NaN or infinite values")
     return features

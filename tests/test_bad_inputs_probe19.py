@@ -1,0 +1,286 @@
+"""The nineteenth bad-input probe (docs/bad_inputs_probe19.md): Tensor subclasses with a
+``__torch_function__`` (a logging subclass, and torch's default one of a bare subclass)
+as inputs, weights and data; a ``mult_coef`` that grows a builder's storage past int64;
+a ``clip_value`` beyond a gradient's dtype range.
+
+Each row pairs a call with the exception and a regex of its message (``error=None``: the
+call must work, and ``check`` its result, against a reference where there is one).
+"""
+import copy
+import io
+import pickle
+from typing import Any, Callable, List, Tuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from probe_cases import Case, run_case
+from nnsparse import (DynamicSparseTensor, PatternSequential, SparseLinearBatch,
+                      SparseOutputLinear, sampled_linear, sparsify)
+from nnsparse.data import RatingNormalizer, Ratings, synthetic_ratings
+from nnsparse.models import CFN, AutoRec, GLocalK, KernelNet
+from nnsparse.optim import clip_grad_value_
+
+
+class _Logged(Tensor):
+    """A subclass with a ``__torch_function__`` of its own, as a logging or tracing one."""
+    calls = 0
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        cls.calls += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class _Bare(Tensor):
+    """A subclass with torch's default ``__torch_function__`` (results cast to it)."""
+
+
+_SUBCLASSES = [_Logged, _Bare]
+
+# -- sampled products of subclass inputs and weights --------------------------------------
+
+_X = torch.tensor([[0., 3., 0., 1.], [2., 0., 0., 0.], [0., 0., 0., 0.]])
+_MASK = torch.ones(3, 5).tril()
+_PATTERN = _MASK.to_sparse()
+
+
+def _sampled(cls: type, wrap_input: bool, wrap_weight: bool) -> Tuple[Tensor, ...]:
+    """``sampled_linear`` at ``_PATTERN`` with the input and/or weight of ``cls``: the
+    output (densified) and the gradients of the input, weight and bias."""
+    torch.manual_seed(0)
+    x = _X.clone().requires_grad_()
+    w = torch.randn(5, 4, requires_grad=True)
+    b = torch.randn(5, requires_grad=True)
+    out = sampled_linear(x.as_subclass(cls) if wrap_input else x,
+                         w.as_subclass(cls) if wrap_weight else w, b, pattern=_PATTERN)
+    dense = out.to_dense()
+    (dense * torch.arange(15.).reshape(3, 5)).sum().backward()
+    return (dense.detach().as_subclass(Tensor), x.grad, w.grad, b.grad)
+
+
+def _sampled_reference() -> Tuple[Tensor, ...]:
+    torch.manual_seed(0)
+    x = _X.clone().requires_grad_()
+    w = torch.randn(5, 4, requires_grad=True)
+    b = torch.randn(5, requires_grad=True)
+    dense = F.linear(x, w, b) * _MASK
+    (dense * torch.arange(15.).reshape(3, 5)).sum().backward()
+    return (dense.detach(), x.grad, w.grad, b.grad)
+
+
+def _close(got: Tuple[Any, ...], want: Tuple[Any, ...]) -> bool:
+    return all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want))
+
+
+def _layer_params_subclass(cls: type, sparse_grad: bool) -> Tuple[Tensor, ...]:
+    """A ``SparseOutputLinear`` called through ``functional_call`` with its parameters
+    as ``cls``, against the same layer called plainly: outputs and weight gradients."""
+    torch.manual_seed(0)
+    layer = SparseOutputLinear(4, 5, sparse_grad=sparse_grad)
+    out = []
+    for params in ({k: p.as_subclass(cls) for k, p in layer.named_parameters()}, None):
+        layer.zero_grad(set_to_none=True)
+        y = (functional_call(layer, params, (_X, _PATTERN)) if params is not None
+             else layer(_X, _PATTERN)).to_dense()
+        (y * torch.arange(15.).reshape(3, 5)).sum().backward()
+        out += [y.detach().as_subclass(Tensor), layer.weight.grad.to_dense(),
+                layer.bias.grad.to_dense()]
+    return tuple(out)
+
+
+def _sequential(cls: type) -> Tuple[Tensor, Tensor]:
+    torch.manual_seed(0)
+    net = PatternSequential(SparseLinearBatch(4, 5), nn.ReLU(), SparseOutputLinear(5, 4))
+    pattern = sparsify(_X)
+    return (net(_X.as_subclass(cls), pattern).to_dense().as_subclass(Tensor),
+            net(_X, pattern).to_dense())
+
+
+SUBCLASS_CASES: List[Case] = []
+for _cls in _SUBCLASSES:
+    _n = _cls.__name__.strip("_").lower()
+    for _wi, _ww, _what in ((True, False, "input"), (False, True, "weight"),
+                            (True, True, "both")):
+        SUBCLASS_CASES.append(Case(
+            f"sampled_linear_{_what}_{_n}",
+            lambda c=_cls, wi=_wi, ww=_ww: (_sampled(c, wi, ww), _sampled_reference()),
+            None, check=lambda r: _close(*r)))
+    for _sg in (False, True):
+        SUBCLASS_CASES.append(Case(
+            f"sparse_output_linear_params_{_n}_sparse_grad_{_sg}",
+            lambda c=_cls, sg=_sg: _layer_params_subclass(c, sg), None,
+            check=lambda r: _close(r[:3], r[3:])))
+    SUBCLASS_CASES.append(Case(f"pattern_sequential_input_{_n}",
+                               lambda c=_cls: _sequential(c), None,
+                               check=lambda r: torch.allclose(r[0], r[1])))
+
+
+@pytest.mark.parametrize("case", SUBCLASS_CASES, ids=lambda c: c.id)
+def test_probe19_subclass_sampled(case: Case) -> None:
+    run_case(case)
+
+
+def test_probe19_subclass_logged_calls_seen() -> None:
+    """The logging subclass still sees the calls made on it before the sampled product."""
+    before = _Logged.calls
+    _sampled(_Logged, True, True)
+    assert _Logged.calls > before
+
+
+# -- data of a subclass: the records, models and normalisers hold plain tensors -----------
+
+_R = synthetic_ratings(seed=0, n_users=30, n_items=20, n_ratings=250, titles=False)
+
+
+def _subclassed(cls: type) -> Ratings:
+    return Ratings(_R.user.as_subclass(cls), _R.item.as_subclass(cls),
+                   _R.rating.as_subclass(cls), _R.user_map, _R.item_map)
+
+
+def _fit_copy_save_load(model_cls: type, cls: type) -> Tuple[Tensor, Tensor, Tensor]:
+    """A model fitted on subclass ratings: its predictions, a deep copy's, a loaded copy's."""
+    model = model_cls(epochs=1, batch_size=32, hidden=8).fit(_subclassed(cls), progress=False,
+                                                               verbose=False)
+    buf = io.BytesIO()
+    model.save(buf)
+    buf.seek(0)
+    loaded = model_cls.load(buf)
+    u, i = _R.user[:9], _R.item[:9]
+    return (model.predict_entries(u, i), copy.deepcopy(model).predict_entries(u, i),
+            loaded.predict_entries(u, i))
+
+
+def _fit_same_as_plain(cls: type) -> Tuple[Tensor, Tensor]:
+    kw = dict(epochs=1, batch_size=32, hidden=8, seed=3)
+    u, i = _R.user[:9], _R.item[:9]
+    return (AutoRec(**kw).fit(_subclassed(cls), progress=False, verbose=False)
+            .predict_entries(u, i),
+            AutoRec(**kw).fit(_R, progress=False, verbose=False).predict_entries(u, i))
+
+
+def _features_model(cls: type) -> Tuple[Tensor, Tensor]:
+    torch.manual_seed(0)
+    feats = torch.rand(_R.n_items, 3)
+    model = CFN(epochs=1, batch_size=32, hidden=8).fit(_R, features=feats.as_subclass(cls),
+                                                        progress=False, verbose=False)
+    buf = io.BytesIO()
+    model.save(buf)
+    buf.seek(0)
+    u, i = _R.user[:9], _R.item[:9]
+    return model.predict_entries(u, i), CFN.load(buf).predict_entries(u, i)
+
+
+DATA_CASES: List[Case] = []
+for _cls in _SUBCLASSES:
+    _n = _cls.__name__.strip("_").lower()
+    DATA_CASES += [
+        Case(f"ratings_fields_plain_{_n}", lambda c=_cls: _subclassed(c), None,
+             check=lambda r: all(type(t) is Tensor for t in (r.user, r.item, r.rating))
+             and torch.equal(r.rating, _R.rating)),
+        Case(f"ratings_subset_plain_{_n}", lambda c=_cls: _subclassed(c).subset([0, 2]), None,
+             check=lambda r: type(r.user) is Tensor and r.rating.tolist() == _R.rating[[0, 2]]
+             .tolist()),
+        Case(f"normalizer_deepcopy_{_n}",
+             lambda c=_cls: copy.deepcopy(RatingNormalizer(_subclassed(c))).row_mean, None,
+             check=lambda m: type(m) is Tensor
+             and torch.equal(m, RatingNormalizer(_R).row_mean)),
+        Case(f"fit_same_as_plain_{_n}", lambda c=_cls: _fit_same_as_plain(c), None,
+             check=lambda r: torch.equal(r[0], r[1])),
+        Case(f"cfn_features_save_load_{_n}", lambda c=_cls: _features_model(c), None,
+             check=lambda r: torch.equal(r[0], r[1])),
+    ]
+    for _model in (AutoRec, CFN, KernelNet, GLocalK):
+        DATA_CASES.append(Case(
+            f"{_model.__name__.lower()}_fit_copy_save_load_{_n}",
+            lambda m=_model, c=_cls: _fit_copy_save_load(m, c), None,
+            check=lambda r: torch.equal(r[0], r[1]) and torch.equal(r[0], r[2])))
+
+
+@pytest.mark.parametrize("case", DATA_CASES, ids=lambda c: c.id)
+def test_probe19_subclass_data(case: Case) -> None:
+    run_case(case)
+
+
+def test_probe19_ratings_plain_keeps_graph_and_storage() -> None:
+    """The plain alias of a subclass rating shares its storage; a Parameter is kept as is."""
+    rating = _R.rating.clone()
+    r = Ratings(_R.user, _R.item, rating.as_subclass(_Logged), _R.user_map, _R.item_map)
+    assert r.rating.data_ptr() == rating.data_ptr()
+    p = nn.Parameter(_R.rating.clone())
+    assert Ratings(_R.user, _R.item, p, _R.user_map, _R.item_map).rating is p
+    assert Ratings(_R.user, _R.item, rating, _R.user_map, _R.item_map).rating is rating
+
+
+# -- DynamicSparseTensor: a mult_coef that grows the storage past int64 -------------------
+
+def _grown(mult: float, ndim: int = 1) -> DynamicSparseTensor:
+    builder = DynamicSparseTensor(reserve=1, mult_coef=mult, ndim=ndim)
+    builder.append(0 if ndim == 1 else (0, 0), 1.0)
+    index = torch.arange(1, 50) if ndim == 1 else torch.arange(1, 50).repeat(2, 1).t()
+    builder.extend(index, torch.ones(49))
+    return builder
+
+
+def _refused_then_same(mult: float) -> Tuple[int, Tensor]:
+    builder = DynamicSparseTensor(reserve=1, mult_coef=mult)
+    builder.append(3, 2.0)
+    with pytest.raises(ValueError, match=r"mult_coef must keep the storage below 2\*\*63 bytes"):
+        builder.extend(torch.arange(1, 50), torch.ones(49))
+    return len(builder), builder.build(size=5).to_dense()
+
+
+BUILDER_CASES = [
+    Case("mult_coef_1e308", lambda: _grown(1e308), ValueError,
+         r"mult_coef must keep the storage below 2\*\*63 bytes \(1 int64 indices an entry\), "
+         r"got 1e\+308: it would grow the storage from 1 to 1e\+308 entries to hold 50; "
+         r"nothing was added"),
+    Case("mult_coef_2_60", lambda: _grown(2.0 ** 60), ValueError,
+         r"mult_coef must keep .* got 1\.15292e\+18: it would grow the storage from 1 to "
+         r"1\.15e\+18 entries"),
+    Case("mult_coef_ndim_2", lambda: _grown(2.0 ** 59, ndim=2), ValueError,
+         r"\(2 int64 indices an entry\), got 5\.76461e\+17"),
+    Case("mult_coef_1e308_state_kept", lambda: _refused_then_same(1e308), None,
+         check=lambda r: r[0] == 1 and r[1].tolist() == [0., 0., 0., 2., 0.]),
+    Case("mult_coef_large_fits", lambda: _grown(1e3).capacity, None, check=lambda c: c == 1000),
+]
+
+
+@pytest.mark.parametrize("case", BUILDER_CASES, ids=lambda c: c.id)
+def test_probe19_builder_growth(case: Case) -> None:
+    run_case(case)
+
+
+# -- clip_grad_value_ beyond a gradient's dtype range -------------------------------------
+
+def _clipped(dtype: torch.dtype, value: float) -> Tuple[List[Tensor], List[Tensor]]:
+    """Gradients before and after ``clip_grad_value_(value)``: a sparse and a dense one."""
+    torch.manual_seed(0)
+    model = nn.Sequential(SparseLinearBatch(4, 3, sparse_grad=True), nn.Linear(3, 2)).to(dtype)
+    x = torch.tensor([[1., 0, 2, 0], [0, 3, 0, 1]], dtype=dtype).to_sparse_csr()
+    (model(x) * 1000).sum().backward()
+    before = [p.grad.to_dense().clone() for p in model.parameters()]
+    clip_grad_value_(model.parameters(), value)
+    return before, [p.grad.to_dense() for p in model.parameters()]
+
+
+CLIP_CASES = []
+for _dt, _value in ((torch.float16, 1e5), (torch.float16, 1e308), (torch.bfloat16, 1e39),
+                    (torch.float32, 1e39), (torch.float32, 1e308)):
+    CLIP_CASES.append(Case(f"clip_value_{_value:g}_{str(_dt)[6:]}_unclipped",
+                           lambda d=_dt, v=_value: _clipped(d, v), None,
+                           check=lambda r: all(torch.equal(a, b) for a, b in zip(*r))))
+CLIP_CASES += [
+    Case("clip_value_1e5_float32_clips", lambda: _clipped(torch.float32, 1e5), None,
+         check=lambda r: all(torch.equal(a.clamp(-1e5, 1e5), b) for a, b in zip(*r))),
+    Case("clip_value_2_float16_clips", lambda: _clipped(torch.float16, 2.0), None,
+         check=lambda r: all(torch.equal(a.clamp(-2, 2), b) for a, b in zip(*r))),
+]
+
+
+@pytest.mark.parametrize("case", CLIP_CASES, ids=lambda c: c.id)
+def test_probe19_clip_value_beyond_dtype(case: Case) -> None:
+    run_case(case)
