@@ -284,3 +284,50 @@ CLIP_CASES += [
 @pytest.mark.parametrize("case", CLIP_CASES, ids=lambda c: c.id)
 def test_probe19_clip_value_beyond_dtype(case: Case) -> None:
     run_case(case)
+
+
+# -- loss weights beyond the loss's dtype -------------------------------------------------
+
+def _weighted_loss(criterion: type, dtype: torch.dtype, **kw: float) -> Tensor:
+    from nnsparse import SDAECriterion, prepare_input
+    crit = criterion(nn.MSELoss(), **kw)
+    x = torch.tensor([[1., 0, 2, 0], [0, 3, 0, 1]], dtype=dtype)
+    target = x if criterion is SDAECriterion else x.to_sparse()
+    prepare_input(crit, target)
+    return crit(torch.zeros(2, 4, dtype=dtype), target)
+
+
+def _weight_cases() -> List[Case]:
+    from nnsparse import MaskCriterion, SDAECriterion, SDAESparseCriterion
+    cases = []
+    for crit in (SDAECriterion, SDAESparseCriterion, MaskCriterion):
+        for key in ("alpha", "beta"):
+            for dtype, value, shown in ((torch.float32, 1e308, r"1e\+308"),
+                                        (torch.bfloat16, 1e39, r"1e\+39")):
+                cases.append(Case(
+                    f"{crit.__name__}_{key}_{value:g}_{str(dtype)[6:]}",
+                    lambda c=crit, k=key, d=dtype, v=value: _weighted_loss(c, d, **{k: v}),
+                    ValueError, rf"{key} must be a value the loss's dtype torch.float32 can hold "
+                    rf"\(in \[-3.40\d*e\+38, 3.40\d*e\+38\]\), got {shown}$"))
+        # the largest float32 weight is taken: beta weighs every uncorrupted entry
+        cases.append(Case(f"{crit.__name__}_beta_float32_max",
+                          lambda c=crit: _weighted_loss(c, torch.float32, beta=3.4e38), None,
+                          check=lambda r: r.dtype == torch.float32))
+    for key in ("alpha", "beta"):
+        cases.append(Case(f"cfn_{key}_beyond_float32", lambda k=key: CFN(**{k: 1e39}), ValueError,
+                          rf"{key} must be at most 3.40\d*e\+38 \(the loss is float32\), "
+                          rf"got 1e\+39"))
+    return cases
+
+
+@pytest.mark.parametrize("case", _weight_cases(), ids=lambda c: c.id)
+def test_probe19_loss_weight_beyond_dtype(case: Case) -> None:
+    run_case(case)
+
+
+def test_probe19_cfn_edited_alpha_refused_at_fit() -> None:
+    """``hparams`` edited after construction are checked again by ``fit``, before it starts."""
+    model = CFN(epochs=1, batch_size=32, hidden=8)
+    model.hparams["alpha"] = 1e300
+    with pytest.raises(ValueError, match=r"alpha must be at most 3.40\d*e\+38"):
+        model.fit(_R, progress=False, verbose=False)

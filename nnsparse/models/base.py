@@ -373,6 +373,9 @@ class RatingModel(nn.Module):
             if (_is_penalty(key) or key in ("alpha", "beta")) and not _is_auto(value) \
                     and not value >= 0:
                 raise ValueError(f"{key} must be non-negative, got {value!r}")
+            if key in ("alpha", "beta") and value > _FLOAT32_MAX:  # the loss weights: float32
+                raise ValueError(f"{key} must be at most {_FLOAT32_MAX} (the loss is float32), "
+                                 f"got {value!r}")
             if key == "hide_ratio" and not 0 <= value < 1:
                 raise ValueError(f"hide_ratio must be in [0, 1), got {value!r}")
         # a subclass's own hyperparameters, which no check above knows: plain values too
@@ -1787,6 +1790,9 @@ def _is_checked(key: str) -> bool:
 
 
 # The hyperparameters of the built-in models that _checked_hparams checks, beside _COMMON
+# the largest float32: a loss weight beyond it cannot weigh the float32 losses
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
 _CHECKED = ("alpha", "beta", "hide_ratio", "hidden", "layers", "dim")
 
 
