@@ -331,3 +331,28 @@ def test_probe19_cfn_edited_alpha_refused_at_fit() -> None:
     model.hparams["alpha"] = 1e300
     with pytest.raises(ValueError, match=r"alpha must be at most 3.40\d*e\+38"):
         model.fit(_R, progress=False, verbose=False)
+
+
+# -- a model file whose name MODELS maps to another class ---------------------------------
+
+def test_probe19_load_refuses_models_edited_by_hand() -> None:
+    """``MODELS`` edited by hand (not through ``register``): the file's model is not
+    rebuilt as the class the name now maps to (a CFN with an AutoRec's weights)."""
+    from nnsparse.models import MODELS, RatingModel
+    model = AutoRec(hidden=4, epochs=1, batch_size=32).fit(_R, progress=False, verbose=False)
+    buf = io.BytesIO()
+    model.save(buf)
+    saved = MODELS["autorec"]
+    MODELS["autorec"] = CFN
+    try:
+        for loader in (RatingModel, AutoRec):
+            buf.seek(0)
+            with pytest.raises(ValueError, match=r"holds a model named 'autorec', but MODELS "
+                               r"maps that name to CFN, named 'cfn'; register\(\) keeps each "
+                               r"class under its own name"):
+                loader.load(buf)
+    finally:
+        MODELS["autorec"] = saved
+    buf.seek(0)
+    assert torch.equal(RatingModel.load(buf).predict_entries(_R.user[:5], _R.item[:5]),
+                       model.predict_entries(_R.user[:5], _R.item[:5]))

@@ -1455,6 +1455,10 @@ class RatingModel(nn.Module):
         if model_cls is None:
             raise ValueError(f"{path} holds an unknown model {blob['model']!r} (registered: "
                              f"{sorted(MODELS)}; import the module that registers it first)")
+        if model_cls.name != blob["model"]:  # MODELS edited by hand: another model's code
+            raise ValueError(f"{path} holds a model named {blob['model']!r}, but MODELS maps "
+                             f"that name to {model_cls.__name__}, named {model_cls.name!r}; "
+                             f"register() keeps each class under its own name")
         if cls is not RatingModel and not issubclass(model_cls, cls):
             raise ValueError(f"{path} holds {_a(model_cls.__name__)}, not {_a(cls.__name__)}")
         hparams = blob["hparams"]
