@@ -356,3 +356,42 @@ def test_probe19_load_refuses_models_edited_by_hand() -> None:
     buf.seek(0)
     assert torch.equal(RatingModel.load(buf).predict_entries(_R.user[:5], _R.item[:5]),
                        model.predict_entries(_R.user[:5], _R.item[:5]))
+
+
+# -- GLocalK's own counts take what the common counts take --------------------------------
+
+GLOCALK_CASES = [
+    Case("gk_size_0d_tensor", lambda: GLocalK(gk_size=torch.tensor(5)).hparams["gk_size"], None,
+         check=lambda v: type(v) is int and v == 5),
+    Case("gk_size_0d_uint8", lambda: GLocalK(gk_size=torch.tensor(5, dtype=torch.uint8))
+         .hparams["gk_size"], None, check=lambda v: type(v) is int and v == 5),
+    Case("gk_size_0d_numpy", lambda: GLocalK(gk_size=__import__("numpy").array(5))
+         .hparams["gk_size"], None, check=lambda v: type(v) is int and v == 5),
+    Case("global_epochs_0d_tensor", lambda: GLocalK(global_epochs=torch.tensor(2))
+         .hparams["global_epochs"], None, check=lambda v: type(v) is int and v == 2),
+    Case("hidden_0d_tensor_as_before", lambda: GLocalK(hidden=torch.tensor(7)).hparams["hidden"],
+         None, check=lambda v: type(v) is int and v == 7),
+    Case("gk_size_0d_even", lambda: GLocalK(gk_size=torch.tensor(4)), ValueError,
+         r"gk_size must be odd .*got 4"),
+    Case("gk_size_0d_float", lambda: GLocalK(gk_size=torch.tensor(5.)), TypeError,
+         r"gk_size must be an int >= 1, got tensor\(5\.\)"),
+    Case("gk_size_1d", lambda: GLocalK(gk_size=torch.tensor([5])), TypeError,
+         r"gk_size must be an int >= 1, got tensor\(\[5\]\)"),
+    Case("dot_scale_tensor_as_lr", lambda: GLocalK(dot_scale=torch.tensor(2.)), TypeError,
+         r"dot_scale must be a real number, got Tensor tensor\(2\.\)"),
+]
+
+
+@pytest.mark.parametrize("case", GLOCALK_CASES, ids=lambda c: c.id)
+def test_probe19_glocalk_counts(case: Case) -> None:
+    run_case(case)
+
+
+def test_probe19_glocalk_0d_gk_size_saves() -> None:
+    """A 0-d tensor count is stored as an int: the model file loads with weights_only."""
+    model = GLocalK(gk_size=torch.tensor(3), global_epochs=torch.tensor(1), epochs=1, hidden=4,
+                    batch_size=32).fit(_R, progress=False, verbose=False)
+    buf = io.BytesIO()
+    model.save(buf)
+    buf.seek(0)
+    assert GLocalK.load(buf).hparams["gk_size"] == 3

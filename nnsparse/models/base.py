@@ -378,8 +378,16 @@ class RatingModel(nn.Module):
                                  f"got {value!r}")
             if key == "hide_ratio" and not 0 <= value < 1:
                 raise ValueError(f"hide_ratio must be in [0, 1), got {value!r}")
-        # a subclass's own hyperparameters, which no check above knows: plain values too
+        # a subclass's own hyperparameters: its checks (a count takes a 0-d integer tensor, as
+        # the counts above do), then plain values, as what no check knows
+        self._check_own_hparams(h)
         return {key: _plain_hparam(key, value) for key, value in h.items()}
+
+    def _check_own_hparams(self, h: Dict[str, Any]) -> None:
+        """Check and normalise a subclass's own hyperparameters in ``h`` (a copy of
+        ``self.hparams``, the common ones checked), in place; raise as
+        :meth:`_checked_hparams` does.  Each value left must be a plain one a model file
+        holds (or one ``_plain_hparam`` makes plain).  The base has none."""
 
     def effective_hparams(self) -> Dict[str, Any]:
         """The hyperparameters training uses: ``hparams`` with each ``"auto"`` set.
