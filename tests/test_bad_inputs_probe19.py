@@ -395,3 +395,50 @@ def test_probe19_glocalk_0d_gk_size_saves() -> None:
     model.save(buf)
     buf.seek(0)
     assert GLocalK.load(buf).hparams["gk_size"] == 3
+
+
+# -- a run that ends diverged is not returned as a fitted model ---------------------------
+
+def _fit(model_cls: type, **hp: Any) -> Any:
+    return model_cls(batch_size=32, hidden=8, **hp).fit(_R, progress=False, verbose=False)
+
+
+def _diverged_cases() -> List[Case]:
+    cases = []
+    for model_cls in (AutoRec, CFN, KernelNet):
+        name = model_cls.__name__.lower()
+        # one epoch: its loss is read before its last step, which leaves NaN weights; the
+        # validation RMSE after it is NaN (the model predicted NaN everywhere, silently)
+        cases.append(Case(f"{name}_one_epoch_validated", lambda m=model_cls: _fit(
+            m, epochs=1, lr=1e308), FloatingPointError,
+            r"training diverged: no epoch's validation RMSE is finite \(nan\); the learning "
+            r"rate was 1e\+308 in epoch 1; a smaller lr"))
+        cases.append(Case(f"{name}_one_epoch_unvalidated", lambda m=model_cls: _fit(
+            m, epochs=1, lr=1e308, validation_ratio=0.0), FloatingPointError,
+            r"training diverged: the weights after epoch 1 are not finite; the learning rate "
+            r"was 1e\+308 in epoch 1"))
+    # finite weights that predict NaN (KernelNet's kernel of huge weights): seen by validation
+    cases.append(Case("kernelnet_nan_predictions_validated", lambda: _fit(
+        KernelNet, epochs=1, lr=1e30), FloatingPointError,
+        r"no epoch's validation RMSE is finite \(nan\)"))
+    # a large lr whose first epoch validates keeps that epoch, as before
+    cases.append(Case("autorec_large_lr_kept_epoch", lambda: _fit(AutoRec, epochs=3, lr=1e30),
+                      None, check=lambda m: bool(torch.isfinite(
+                          m.predict_entries(_R.user[:5], _R.item[:5])).all())))
+    return cases
+
+
+@pytest.mark.parametrize("case", _diverged_cases(), ids=lambda c: c.id)
+def test_probe19_fit_ends_diverged(case: Case) -> None:
+    run_case(case)
+
+
+def test_probe19_diverged_refit_predicts_nothing() -> None:
+    """A fitted model refit with an lr that ends diverged raises, and is then unfitted (as
+    any fit that fails once it started): it predicts no NaN."""
+    model = _fit(AutoRec, epochs=1)
+    model.hparams["lr"] = 1e308
+    with pytest.raises(FloatingPointError, match="training diverged"):
+        model.fit(_R, progress=False, verbose=False)
+    with pytest.raises(RuntimeError):
+        model.predict_entries(_R.user[:5], _R.item[:5])

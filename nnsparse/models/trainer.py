@@ -268,7 +268,9 @@ class Trainer:
 
         Raises:
             FloatingPointError: the training loss became NaN or infinite before
-                any validated epoch (e.g. too large an ``lr``).
+                any validated epoch (e.g. too large an ``lr``), or the weights the run
+                ends with are not finite and no validated epoch's were (the last
+                step's, which no epoch loss reads).
             ValueError: ``epochs`` beyond ``self.epochs`` (the learning rate's
                 schedule ends there); a matrix of the wrong shape, empty or not finite;
                 ``validate`` returning a negative number (not an RMSE), after the
@@ -351,7 +353,24 @@ class Trainer:
             self.model.load_state_dict(best_state)
         else:
             result.best_epoch = len(result.history)
+            self._check_ended_finite(validate is not None, result)
         return result
+
+    def _check_ended_finite(self, validated: bool, result: TrainResult) -> None:
+        """``FloatingPointError`` when a run that keeps its last weights ends diverged: each
+        validation RMSE NaN or infinite (the model predicts no number), or weights that are
+        not finite (an epoch's loss is read before its last step, which can make them so)."""
+        epoch = len(result.history)
+        hint = (f"the learning rate was {self._lr_at(epoch):.3g} in epoch {epoch}; a smaller "
+                f"lr, or finite data and penalties, avoid it")
+        if validated:  # (no epoch kept: every RMSE was NaN or inf)
+            rmses = ", ".join(str(e["valid_rmse"]) for e in result.history if "valid_rmse" in e)
+            raise FloatingPointError(f"training diverged: no epoch's validation RMSE is finite "
+                                     f"({rmses}); {hint}")
+        weights = [p.detach() for p in self.model.parameters() if p.is_floating_point()]
+        if weights and not bool(torch.stack([torch.isfinite(w).all() for w in weights]).all()):
+            raise FloatingPointError(f"training diverged: the weights after epoch {epoch} are "
+                                     f"not finite; {hint}")
 
     def _diverged(self, epoch: int, loss: float, kept: bool, result: TrainResult) -> None:
         """Stop on a non-finite epoch loss: say so, or raise when no epoch can be kept."""
