@@ -704,7 +704,8 @@ class RatingModel(nn.Module):
                 ``features`` not ``(rows, f >= 1)`` or not finite, or given to a
                 model that reads none (``AutoRec``, ``KernelNet``); an unknown
                 ``device``.
-            FloatingPointError: training diverged before any validated epoch
+            FloatingPointError: training diverged before any validated epoch, or
+                ended with no finite validation RMSE or weights that are not finite
                 (:meth:`Trainer.fit`; e.g. too large an ``lr``).
             RuntimeError: called with autograd off (inside ``torch.no_grad()``,
                 ``torch.set_grad_enabled(False)`` or ``torch.inference_mode()``).
