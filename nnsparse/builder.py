@@ -604,15 +604,18 @@ class DynamicSparseTensor:
         capacity = self._values.shape[0]
         if needed <= capacity:
             return
-        old = capacity
+        old, limit = capacity, _INT64_MAX // (8 * self._ndim)
         while capacity < needed:
-            capacity = max(capacity + 1, math.ceil(capacity * self._mult))
-        if 8 * self._ndim * capacity > _INT64_MAX:  # a huge mult_coef: torch's "Overflow
-            # when unpacking long long" (with its C++ trace) or "Storage size ... overflowed"
-            raise ValueError(f"mult_coef must keep the storage below 2**63 bytes ({self._ndim} "
-                             f"int64 indices an entry), got {self._mult:g}: it would grow the "
-                             f"storage from {old} to {float(capacity):.3g} entries to hold "
-                             f"{needed}; nothing was added")
+            grown = capacity * self._mult  # a float: inf past 1.8e308 (mult_coef=1e308, reserve 2)
+            if grown > limit:  # a huge mult_coef: torch's "Overflow when unpacking long long"
+                # (with its C++ trace), "Storage size ... overflowed", or math.ceil's
+                # "cannot convert float infinity to integer"
+                to = f"{grown:.3g}" if math.isfinite(grown) else "more than 1.8e+308"
+                raise ValueError(f"mult_coef must keep the storage below 2**63 bytes "
+                                 f"({self._ndim} int64 indices an entry), got {self._mult:g}: "
+                                 f"it would grow the storage from {old} to {to} entries to "
+                                 f"hold {needed}; nothing was added")
+            capacity = max(capacity + 1, math.ceil(grown))
         index = self._index.new_empty(self._ndim, capacity)
         values = self._values.new_empty(capacity)
         index[:, :self._n] = self._index[:, :self._n]

@@ -217,8 +217,8 @@ def test_probe19_ratings_plain_keeps_graph_and_storage() -> None:
 
 # -- DynamicSparseTensor: a mult_coef that grows the storage past int64 -------------------
 
-def _grown(mult: float, ndim: int = 1) -> DynamicSparseTensor:
-    builder = DynamicSparseTensor(reserve=1, mult_coef=mult, ndim=ndim)
+def _grown(mult: float, ndim: int = 1, reserve: int = 1) -> DynamicSparseTensor:
+    builder = DynamicSparseTensor(reserve=reserve, mult_coef=mult, ndim=ndim)
     builder.append(0 if ndim == 1 else (0, 0), 1.0)
     index = torch.arange(1, 50) if ndim == 1 else torch.arange(1, 50).repeat(2, 1).t()
     builder.extend(index, torch.ones(49))
@@ -238,6 +238,15 @@ BUILDER_CASES = [
          r"mult_coef must keep the storage below 2\*\*63 bytes \(1 int64 indices an entry\), "
          r"got 1e\+308: it would grow the storage from 1 to 1e\+308 entries to hold 50; "
          r"nothing was added"),
+    # reserve 2: capacity * mult_coef is inf, whose math.ceil raised Python's OverflowError
+    # ("cannot convert float infinity to integer") before the check
+    Case("mult_coef_1e308_reserve_2", lambda: _grown(1e308, reserve=2), ValueError,
+         r"mult_coef must keep the storage below 2\*\*63 bytes \(1 int64 indices an entry\), "
+         r"got 1e\+308: it would grow the storage from 2 to more than 1\.8e\+308 entries to "
+         r"hold 50; nothing was added"),
+    Case("mult_coef_1e200_reserve_5_ndim_2", lambda: _grown(1e200, ndim=2, reserve=5),
+         ValueError, r"\(2 int64 indices an entry\), got 1e\+200: it would grow the storage "
+         r"from 5 to 5e\+200 entries to hold 50"),
     Case("mult_coef_2_60", lambda: _grown(2.0 ** 60), ValueError,
          r"mult_coef must keep .* got 1\.15292e\+18: it would grow the storage from 1 to "
          r"1\.15e\+18 entries"),
