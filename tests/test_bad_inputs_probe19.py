@@ -451,3 +451,73 @@ def test_probe19_diverged_refit_predicts_nothing() -> None:
         model.fit(_R, progress=False, verbose=False)
     with pytest.raises(RuntimeError):
         model.predict_entries(_R.user[:5], _R.item[:5])
+
+
+# -- the end-of-run check on a Trainer's own module: which parameters it reads -----------
+
+class _Module(nn.Module):
+    """A module with one trainable parameter ``w`` of a ``kind`` and a frozen one."""
+
+    def __init__(self, kind: str, frozen: float = 0.0) -> None:
+        super().__init__()
+        w = torch.ones(4, 4)
+        self.w = nn.Parameter(w.to_sparse() if kind == "coo" else w.to(torch.complex64)
+                              if kind == "complex" else w)
+        self.floor = nn.Parameter(torch.tensor(frozen), requires_grad=False)
+
+    def batch_loss(self, rows: Tensor, x: Any) -> Tensor:
+        w = self.w.coalesce().values() if self.w.layout == torch.sparse_coo else self.w
+        return (w.abs() ** 2).sum() * 1e-3  # (floor unused: a bound kept for later)
+
+
+def _sgd_trainer(poison: bool) -> Any:
+    """A Trainer with SGD (which takes a sparse COO parameter), optionally poisoning ``w``
+    after the step (one an epoch), whose loss was read before it (as a diverging step's is)."""
+    from nnsparse.models import Trainer
+
+    class SGDTrainer(Trainer):
+        def make_optimizer(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD([p for p in self.model.parameters() if p.requires_grad],
+                                   lr=self.lr)
+
+        def step(self, batch: Any, optimizer: torch.optim.Optimizer) -> Tensor:
+            loss = super().step(batch, optimizer)
+            if poison:
+                w = self.model.w.detach()
+                (w._values() if w.layout == torch.sparse_coo else w).fill_(float("nan"))
+            return loss
+    return SGDTrainer
+
+
+def _trainer_run(kind: str, poison: bool, frozen: float = 0.0) -> Any:
+    model = _Module(kind, frozen)
+    trainer = _sgd_trainer(poison)(model, epochs=2, batch_size=4, lr=1e-2, progress=False,
+                                       log=None)
+    return trainer.fit(torch.eye(4).to_sparse_csr(), epochs=1)
+
+
+TRAINER_CASES = [
+    # a frozen parameter is none of training's: an inf or NaN there is the module's own
+    Case("frozen_inf_kept", lambda: _trainer_run("dense", False, float("-inf")), None,
+         check=lambda r: r.best_epoch == 1),
+    Case("frozen_nan_kept", lambda: _trainer_run("dense", False, float("nan")), None,
+         check=lambda r: r.best_epoch == 1),
+    # a sparse COO parameter (SGD takes it): torch's isfinite has no sparse kernel
+    Case("sparse_coo_param_finite", lambda: _trainer_run("coo", False), None,
+         check=lambda r: r.best_epoch == 1),
+    Case("sparse_coo_param_nan", lambda: _trainer_run("coo", True), FloatingPointError,
+         r"training diverged: the weights after epoch 1 are not finite"),
+    Case("dense_param_nan", lambda: _trainer_run("dense", True), FloatingPointError,
+         r"training diverged: the weights after epoch 1 are not finite; the learning rate "
+         r"was 0\.01 in epoch 1"),
+    # complex weights are checked as save() checks them
+    Case("complex_param_nan", lambda: _trainer_run("complex", True), FloatingPointError,
+         r"training diverged: the weights after epoch 1 are not finite"),
+    Case("complex_param_finite", lambda: _trainer_run("complex", False), None,
+         check=lambda r: r.best_epoch == 1),
+]
+
+
+@pytest.mark.parametrize("case", TRAINER_CASES, ids=lambda c: c.id)
+def test_probe19_trainer_end_check_parameters(case: Case) -> None:
+    run_case(case)
