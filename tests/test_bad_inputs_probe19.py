@@ -344,21 +344,29 @@ def test_probe19_cfn_edited_alpha_refused_at_fit() -> None:
 
 # -- a model file whose name MODELS maps to another class ---------------------------------
 
-def test_probe19_load_refuses_models_edited_by_hand() -> None:
+@pytest.mark.parametrize("entry, shown", [
+    (CFN, "CFN, named 'cfn'"),
+    # no model class: said "a damaged model file ... AttributeError: 'str' object has no
+    # attribute 'name'", blaming the file
+    ("AutoRec", "'AutoRec', no RatingModel subclass"),
+    (nn.Linear, "<class 'torch.nn.modules.linear.Linear'>, no RatingModel subclass"),
+], ids=["another_model", "a_str", "another_class"])
+def test_probe19_load_refuses_models_edited_by_hand(entry: Any, shown: str) -> None:
     """``MODELS`` edited by hand (not through ``register``): the file's model is not
     rebuilt as the class the name now maps to (a CFN with an AutoRec's weights)."""
+    import re
     from nnsparse.models import MODELS, RatingModel
     model = AutoRec(hidden=4, epochs=1, batch_size=32).fit(_R, progress=False, verbose=False)
     buf = io.BytesIO()
     model.save(buf)
     saved = MODELS["autorec"]
-    MODELS["autorec"] = CFN
+    MODELS["autorec"] = entry
     try:
         for loader in (RatingModel, AutoRec):
             buf.seek(0)
             with pytest.raises(ValueError, match=r"holds a model named 'autorec', but MODELS "
-                               r"maps that name to CFN, named 'cfn'; register\(\) keeps each "
-                               r"class under its own name"):
+                               rf"maps that name to {re.escape(shown)}; register\(\) keeps "
+                               r"each class under its own name$"):
                 loader.load(buf)
     finally:
         MODELS["autorec"] = saved

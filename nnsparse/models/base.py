@@ -1464,10 +1464,15 @@ class RatingModel(nn.Module):
         if model_cls is None:
             raise ValueError(f"{path} holds an unknown model {blob['model']!r} (registered: "
                              f"{sorted(MODELS)}; import the module that registers it first)")
-        if model_cls.name != blob["model"]:  # MODELS edited by hand: another model's code
+        # MODELS edited by hand: another model's code, or no model class at all (its
+        # AttributeError read as "a damaged model file": the file was not at fault)
+        is_model = isinstance(model_cls, type) and issubclass(model_cls, RatingModel)
+        if not is_model or model_cls.name != blob["model"]:
+            mapped = (f"{model_cls.__name__}, named {model_cls.name!r}" if is_model
+                      else f"{model_cls!r}, no RatingModel subclass")
             raise ValueError(f"{path} holds a model named {blob['model']!r}, but MODELS maps "
-                             f"that name to {model_cls.__name__}, named {model_cls.name!r}; "
-                             f"register() keeps each class under its own name")
+                             f"that name to {mapped}; register() keeps each class under its "
+                             f"own name")
         if cls is not RatingModel and not issubclass(model_cls, cls):
             raise ValueError(f"{path} holds {_a(model_cls.__name__)}, not {_a(cls.__name__)}")
         hparams = blob["hparams"]
@@ -1802,10 +1807,10 @@ def _is_checked(key: str) -> bool:
     return key in _COMMON or _is_penalty(key) or key in _CHECKED
 
 
-# The hyperparameters of the built-in models that _checked_hparams checks, beside _COMMON
 # the largest float32: a loss weight beyond it cannot weigh the float32 losses
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 
+# The hyperparameters of the built-in models that _checked_hparams checks, beside _COMMON
 _CHECKED = ("alpha", "beta", "hide_ratio", "hidden", "layers", "dim")
 
 
