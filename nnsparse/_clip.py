@@ -192,7 +192,9 @@ def clip_grad_value_(parameters: Union[Tensor, Iterable[Tensor]], clip_value: fl
         parameters (Tensor or iterable of Tensors): the parameters whose
             ``.grad`` (strided, or sparse COO) are clipped; those without a
             gradient are skipped.
-        clip_value (float): the largest absolute value allowed.
+        clip_value (float): the largest absolute value allowed.  Beyond a
+            gradient's dtype range (``1e5`` for float16) it clips nothing there,
+            where torch's function raises.
         foreach (bool, optional): passed to torch's function for the dense
             gradients.  Default: ``None``.
 
@@ -218,6 +220,11 @@ def clip_grad_value_(parameters: Union[Tensor, Iterable[Tensor]], clip_value: fl
     if not clip_value >= 0.0:
         raise ValueError(f"clip_value must be non-negative, got {clip_value}")
     with_grad = _with_grads(parameters, foreach, "clip_grad_value_")
+    # a clip_value beyond a gradient's floating range (1e5 for float16, 1e39 for float32)
+    # clips nothing there, and torch's clamp refuses it ("value cannot be converted to
+    # type c10::Half without overflow"): such a gradient is left as it is
+    with_grad = [p for p in with_grad if not cast(Tensor, p.grad).is_floating_point()
+                 or clip_value <= torch.finfo(cast(Tensor, p.grad).dtype).max]
     dense = [p for p in with_grad if cast(Tensor, p.grad).layout == torch.strided]
     if dense:
         torch.nn.utils.clip_grad_value_(dense, clip_value, foreach=foreach)

@@ -1240,6 +1240,19 @@ def as_tensor(value: Any) -> Tensor:
     return torch.as_tensor(value)
 
 
+def plain(t: Tensor) -> Tensor:
+    """``t``, or, for a Tensor subclass with a ``__torch_function__`` of its own, a plain
+    ``Tensor`` alias of it (``t.as_subclass(Tensor)``: the same storage, on the same
+    autograd graph).  torch's default ``__torch_function__`` casts each result to the
+    subclass: a sparse result cannot take it (torch 2.13: "Sparse CSR tensors do not
+    have strides"), and a statistic kept from such data would be of the subclass, which
+    ``copy.deepcopy`` and a ``weights_only`` load refuse.  ``nn.Parameter`` (torch
+    functions disabled) and plain tensors come back as they are."""
+    if type(t) is Tensor or not torch.overrides.has_torch_function((t,)):
+        return t
+    return t.as_subclass(Tensor)
+
+
 def dtype_got(value: Any) -> str:
     """How a refusal words a ``dtype=`` that came: a ``torch.dtype`` as torch prints it;
     anything else by kind and value, with the torch dtype its name means, if any (the

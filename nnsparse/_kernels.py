@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _index
-from ._forms import _sparse_csr
+from ._forms import _sparse_csr, plain
 
 if TYPE_CHECKING:
     from ._forms import SparseBatch
@@ -165,7 +165,10 @@ def _sampled_mm(a: Tensor, b: Tensor, crow: Tensor, col: Tensor) -> Tensor:
         if not _index.in_transform():
             raise
         return _gather_dot(a, b.t(), _index.rows_from_crow(crow, col.shape[0]), col)
-    return cast(Tensor, torch.sparse.sampled_addmm(mask, a, b, beta=0.0)).values()
+    # of plain aliases: a Tensor subclass's __torch_function__ would cast the CSR product
+    # to its class, which a sparse tensor cannot take (a dense input or weight of
+    # sampled_linear / SparseOutputLinear, or a network fed such data)
+    return cast(Tensor, torch.sparse.sampled_addmm(mask, plain(a), plain(b), beta=0.0)).values()
 
 
 # The gather-and-dot product takes the entries in chunks of this many, bounding

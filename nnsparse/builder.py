@@ -14,8 +14,8 @@ from torch import Tensor
 
 from .convert import _size_from_tensor
 from ._lua import LuaName
-from ._forms import (SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch, dtype_got,
-                     is_real, real_float,
+from ._forms import (_INT64_MAX, SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch,
+                     dtype_got, is_real, real_float,
                      check_index_range, check_numel, int64_message, int_kind,
                      KERNEL_DTYPES,
                      refuse_meta_device)
@@ -120,6 +120,8 @@ class DynamicSparseTensor:
             or one torch's sparse kernels lack (uint16/32/64, float8, quantized).
         ValueError: negative ``reserve``, ``mult_coef <= 1``, ``ndim`` outside ``[1, 64]``; a
             ``device`` on which tensors hold no data (meta) or that this machine lacks.
+            When the storage grows: a ``mult_coef`` so large that the grown storage
+            would pass 2**63 bytes (the entries are then not added).
 
     Example::
 
@@ -610,8 +612,18 @@ class DynamicSparseTensor:
         capacity = self._values.shape[0]
         if needed <= capacity:
             return
+        old, limit = capacity, _INT64_MAX // (8 * self._ndim)
         while capacity < needed:
-            capacity = max(capacity + 1, math.ceil(capacity * self._mult))
+            grown = capacity * self._mult  # a float: inf past 1.8e308 (mult_coef=1e308, reserve 2)
+            if grown > limit:  # a huge mult_coef: torch's "Overflow when unpacking long long"
+                # (with its C++ trace), "Storage size ... overflowed", or math.ceil's
+                # "cannot convert float infinity to integer"
+                to = f"{grown:.3g}" if math.isfinite(grown) else "more than 1.8e+308"
+                raise ValueError(f"mult_coef must keep the storage below 2**63 bytes "
+                                 f"({self._ndim} int64 indices an entry), got {self._mult:g}: "
+                                 f"it would grow the storage from {old} to {to} entries to "
+                                 f"hold {needed}; nothing was added")
+            capacity = max(capacity + 1, math.ceil(grown))
         index = self._index.new_empty(self._ndim, capacity)
         values = self._values.new_empty(capacity)
         index[:, :self._n] = self._index[:, :self._n]

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._forms import as_flag, is_real, real_float
+from .._forms import as_flag, holds_exactly, is_real, real_float
 from .._lua import CRITERION_MEMBERS, member_error
 
 __all__ = ["elementwise_loss", "ElementwiseLoss", "Setting"]
@@ -308,6 +308,20 @@ def real_arg(value: Any, name: str) -> float:
     if not math.isfinite(number):
         raise ValueError(f"{name} must be finite, got {value}")
     return number
+
+
+def weighted_sum(losses: Tensor, flagged: Tensor, alpha: float, beta: float) -> Tensor:
+    """``alpha * sum(losses[flagged]) + beta * sum(losses[~flagged])``, sync-free (a weight
+    an entry).  The weights must lie within the losses' floating dtype: torch's fill
+    refuses one beyond it ("value cannot be converted to type float without overflow")."""
+    if losses.is_floating_point():
+        for name, value in (("alpha", alpha), ("beta", beta)):
+            if not holds_exactly(losses.dtype, value):
+                top = torch.finfo(losses.dtype).max
+                raise ValueError(f"{name} must be a value the loss's dtype {losses.dtype} can "
+                                 f"hold (in [{-top}, {top}]), got {value}")
+    weight = torch.full_like(losses, beta).masked_fill_(flagged, alpha)
+    return (losses * weight).sum()
 
 
 def non_negative_arg(value: Any, name: str) -> float:

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from .._forms import SparseLike, as_sparse_batch, is_int, is_sparse_form
 from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
                            conf_settings, elementwise_loss, generator_arg, non_negative_arg,
-                           ratio_arg, resolve_size_average)
+                           ratio_arg, resolve_size_average, weighted_sum)
 from ._entries import as_estimate, as_target, check_device, lookup, unique_entries
 from .sdae import EntryMask, _check_generator, _kind
 
@@ -190,8 +190,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         return loss / max(numel, 1) if self.size_average else loss
 
     def _weighted(self, losses: Tensor, hide: Tensor) -> Tensor:
-        weight = torch.full_like(losses, self.beta).masked_fill_(hide, self.alpha)
-        return (losses * weight).sum()
+        return weighted_sum(losses, hide, self.alpha, self.beta)
 
     def _sparse_loss(self, elementwise: ElementwiseLoss, estimate: Any,
                      target: Any) -> Tuple[Tensor, int]:

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from .._forms import SparseBatch, SparseLike, as_sparse_batch, holds_exactly, is_sparse_form
 from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
                            conf_settings, elementwise_loss, generator_arg, non_negative_arg,
-                           pair_arg, ratio_arg, real_arg, resolve_size_average)
+                           pair_arg, ratio_arg, real_arg, resolve_size_average, weighted_sum)
 from ._entries import DECLARED_WIDTH, Estimate, as_estimate, as_target, lookup, unique_entries
 
 __all__ = ["SDAECriterion", "SDAESparseCriterion"]
@@ -162,8 +162,7 @@ class _SDAEBase(RefuseLuaNames, nn.Module):
 
     def _weighted(self, losses: Tensor, corrupted: Tensor) -> Tensor:
         """``alpha * sum(losses[corrupted]) + beta * sum(losses[~corrupted])``, sync-free."""
-        weight = torch.full_like(losses, self.beta).masked_fill_(corrupted, self.alpha)
-        return (losses * weight).sum()
+        return weighted_sum(losses, corrupted, self.alpha, self.beta)
 
     def extra_repr(self) -> str:
         return (f"alpha={self.alpha}, beta={self.beta}, noise_ratio={self.noise_ratio}, "

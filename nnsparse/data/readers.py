@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._forms import _a, _version, as_choice, as_flag, as_tensor, is_int, refuse_meta
+from .._forms import _a, _version, as_choice, as_flag, as_tensor, is_int, plain, refuse_meta
 
 __all__ = ["Ratings", "read_ratings", "read_split", "read_item_features", "read_user_features",
            "detect_format", "FORMATS"]
@@ -114,6 +114,9 @@ class Ratings:
                 raise TypeError(f"Ratings.{name} must be a dense 1-D tensor, got layout "
                                 f"{value.layout}")
             refuse_meta(value, f"Ratings.{name}")
+            # a Tensor subclass's results are of its class: the statistics a model or a
+            # normaliser keeps would be too, which deepcopy and weights_only loads refuse
+            setattr(self, name, plain(value))
         if not (self.user.shape == self.item.shape == self.rating.shape):
             raise ValueError("Ratings.user, .item and .rating must have one length, got "
                              f"{len(self.user)}, {len(self.item)} and {len(self.rating)}")

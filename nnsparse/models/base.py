@@ -36,7 +36,7 @@ from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, as_sparse_batch, as_tensor,
-                      check_file_object, check_index_range, is_int, is_real, on_cpu_default,
+                      check_file_object, check_index_range, is_int, is_real, on_cpu_default, plain,
                       real_float, refuse_meta, refuse_meta_device)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
@@ -159,7 +159,7 @@ def _check_features(features: Optional[Tensor], rows: int, name: str) -> Optiona
         raise TypeError(f"{name} must be real, got {features.dtype}")
     # data, not a parameter: a tensor that requires grad kept its graph in the model's
     # buffer (each step's backward wrote into the caller's .grad; deepcopy refused the model)
-    features = features.detach().to(torch.float32)
+    features = plain(features.detach().to(torch.float32))
     if not bool(torch.isfinite(features).all()):
         raise ValueError(f"{name} must be finite, got NaN or infinite values")
     return features
@@ -373,10 +373,21 @@ class RatingModel(nn.Module):
             if (_is_penalty(key) or key in ("alpha", "beta")) and not _is_auto(value) \
                     and not value >= 0:
                 raise ValueError(f"{key} must be non-negative, got {value!r}")
+            if key in ("alpha", "beta") and value > _FLOAT32_MAX:  # the loss weights: float32
+                raise ValueError(f"{key} must be at most {_FLOAT32_MAX} (the loss is float32), "
+                                 f"got {value!r}")
             if key == "hide_ratio" and not 0 <= value < 1:
                 raise ValueError(f"hide_ratio must be in [0, 1), got {value!r}")
-        # a subclass's own hyperparameters, which no check above knows: plain values too
+        # a subclass's own hyperparameters: its checks (a count takes a 0-d integer tensor, as
+        # the counts above do), then plain values, as what no check knows
+        self._check_own_hparams(h)
         return {key: _plain_hparam(key, value) for key, value in h.items()}
+
+    def _check_own_hparams(self, h: Dict[str, Any]) -> None:
+        """Check and normalise a subclass's own hyperparameters in ``h`` (a copy of
+        ``self.hparams``, the common ones checked), in place; raise as
+        :meth:`_checked_hparams` does.  Each value left must be a plain one a model file
+        holds (or one ``_plain_hparam`` makes plain).  The base has none."""
 
     def effective_hparams(self) -> Dict[str, Any]:
         """The hyperparameters training uses: ``hparams`` with each ``"auto"`` set.
@@ -693,7 +704,8 @@ class RatingModel(nn.Module):
                 ``features`` not ``(rows, f >= 1)`` or not finite, or given to a
                 model that reads none (``AutoRec``, ``KernelNet``); an unknown
                 ``device``.
-            FloatingPointError: training diverged before any validated epoch
+            FloatingPointError: training diverged before any validated epoch, or
+                ended with no finite validation RMSE or weights that are not finite
                 (:meth:`Trainer.fit`; e.g. too large an ``lr``).
             RuntimeError: called with autograd off (inside ``torch.no_grad()``,
                 ``torch.set_grad_enabled(False)`` or ``torch.inference_mode()``).
@@ -1452,6 +1464,15 @@ class RatingModel(nn.Module):
         if model_cls is None:
             raise ValueError(f"{path} holds an unknown model {blob['model']!r} (registered: "
                              f"{sorted(MODELS)}; import the module that registers it first)")
+        # MODELS edited by hand: another model's code, or no model class at all (its
+        # AttributeError read as "a damaged model file": the file was not at fault)
+        is_model = isinstance(model_cls, type) and issubclass(model_cls, RatingModel)
+        if not is_model or model_cls.name != blob["model"]:
+            mapped = (f"{model_cls.__name__}, named {model_cls.name!r}" if is_model
+                      else f"{model_cls!r}, no RatingModel subclass")
+            raise ValueError(f"{path} holds a model named {blob['model']!r}, but MODELS maps "
+                             f"that name to {mapped}; register() keeps each class under its "
+                             f"own name")
         if cls is not RatingModel and not issubclass(model_cls, cls):
             raise ValueError(f"{path} holds {_a(model_cls.__name__)}, not {_a(cls.__name__)}")
         hparams = blob["hparams"]
@@ -1785,6 +1806,9 @@ def _is_checked(key: str) -> bool:
     unless the class lists it in ``AUTO``; a subclass's own key is the subclass's."""
     return key in _COMMON or _is_penalty(key) or key in _CHECKED
 
+
+# the largest float32: a loss weight beyond it cannot weigh the float32 losses
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 # The hyperparameters of the built-in models that _checked_hparams checks, beside _COMMON
 _CHECKED = ("alpha", "beta", "hide_ratio", "hidden", "layers", "dim")

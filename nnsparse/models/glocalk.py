@@ -129,8 +129,7 @@ class GLocalK(KernelNet):
         return 0 if count is None else int(count)
 
     # -- hyperparameters ----------------------------------------------------------------
-    def _checked_hparams(self) -> Dict[str, Any]:
-        h = super()._checked_hparams()
+    def _check_own_hparams(self, h: Dict[str, Any]) -> None:
         for key in ("gk_size", "global_epochs", "dot_scale", "global_lr"):
             if _is_auto(h[key]):
                 raise self._refuse_auto(key)
@@ -148,7 +147,6 @@ class GLocalK(KernelNet):
             if not (math.isfinite(number) and number > 0):
                 raise ValueError(f"{key} must be positive and finite, got {value!r}")
             h[key] = number
-        return h
 
     def _check_network_hparams(self, hparams: Dict[str, Any]) -> None:
         super()._check_network_hparams(hparams)

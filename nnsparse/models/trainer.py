@@ -268,7 +268,12 @@ class Trainer:
 
         Raises:
             FloatingPointError: the training loss became NaN or infinite before
-                any validated epoch (e.g. too large an ``lr``).
+                any validated epoch (e.g. too large an ``lr``), or the run kept its
+                last weights and ends diverged: no validation RMSE was finite, or
+                (without ``validate``) the trainable parameters are not finite (the
+                last step's, which no epoch loss reads).  The model then holds the
+                diverged weights, in the train/eval modes it had before the call
+                (:meth:`~nnsparse.models.RatingModel.fit` marks itself not fitted).
             ValueError: ``epochs`` beyond ``self.epochs`` (the learning rate's
                 schedule ends there); a matrix of the wrong shape, empty or not finite;
                 ``validate`` returning a negative number (not an RMSE), after the
@@ -351,7 +356,29 @@ class Trainer:
             self.model.load_state_dict(best_state)
         else:
             result.best_epoch = len(result.history)
+            self._check_ended_finite(validate is not None, result)
         return result
+
+    def _check_ended_finite(self, validated: bool, result: TrainResult) -> None:
+        """``FloatingPointError`` when a run that keeps its last weights ends diverged: each
+        validation RMSE NaN or infinite (the model predicts no number), or weights that are
+        not finite (an epoch's loss is read before its last step, which can make them so)."""
+        epoch = len(result.history)
+        hint = (f"the learning rate was {self._lr_at(epoch):.3g} in epoch {epoch}; a smaller "
+                f"lr, or finite data and penalties, avoid it")
+        if validated:  # (no epoch kept: every RMSE was NaN or inf)
+            rmses = ", ".join(str(e["valid_rmse"]) for e in result.history if "valid_rmse" in e)
+            raise FloatingPointError(f"training diverged: no epoch's validation RMSE is finite "
+                                     f"({rmses}); {hint}")
+        # the parameters training changes (a frozen one may hold an inf by design: a clamp
+        # bound), complex ones too (as save() checks them); one sync, whatever their devices
+        weights = [_stored_values(p.detach()) for p in self.model.parameters()
+                   if p.requires_grad and (p.is_floating_point() or p.is_complex())]
+        if weights:
+            flags = [torch.isfinite(w).all() for w in weights]
+            if not bool(torch.stack([f.to(flags[0].device) for f in flags]).all()):
+                raise FloatingPointError(f"training diverged: the weights after epoch {epoch} "
+                                         f"are not finite; {hint}")
 
     def _diverged(self, epoch: int, loss: float, kept: bool, result: TrainResult) -> None:
         """Stop on a non-finite epoch loss: say so, or raise when no epoch can be kept."""
@@ -582,6 +609,16 @@ def _variant_instance(cls: Type[Trainer]) -> DistributedTrainer:
     """A bare instance of ``cls``'s distributed variant, its state set next (unpickling)."""
     variant = _combined(cls)
     return variant.__new__(variant)
+
+
+def _stored_values(t: Tensor) -> Tensor:
+    """A parameter's stored values: a sparse one's specified values (torch's ``isfinite``
+    has no sparse COO kernel; a duplicate of a non-finite value sums to one)."""
+    if t.layout == torch.sparse_coo:
+        return t._values()
+    if t.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+        return t.values()
+    return t
 
 
 def _check_optimizer(optimizer: Any) -> None:
