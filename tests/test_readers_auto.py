@@ -25,8 +25,10 @@ LAYOUTS = {
                       "3408::Amélie (2001)::Comedy\n".encode("latin-1"),
         "users.dat": "1::F::1::10::48067\n"}),
     "ml-10m": ("ml-1m", "ratings.dat", {
-        "ratings.dat": "1::122::5::838985046\n1::185::4.5::838983525\n2::122::0.5::868245777\n",
-        "movies.dat": "122::Boomerang (1992)::Comedy|Romance\n185::Net, The (1995)::Action\n",
+        "ratings.dat": "1::122::5::838985046\n1::185::4.5::838983525\n2::73::0.5::868245777\n",
+        # ML-10M's files are UTF-8 (its README), ML-1M's latin-1
+        "movies.dat": "122::Boomerang (1992)::Comedy|Romance\n185::Net, The (1995)::Action\n"
+                      "73::Misérables, Les (1995)::Drama|War\n".encode("utf-8"),
         "tags.dat": "15::4973::excellent!::1215184630\n"}),
     "ml-20m": ("csv", "ratings.csv", {
         "ratings.csv": "userId,movieId,rating,timestamp\n1,2,3.5,1112486027\n1,29,4.0,1112484676\n"
@@ -69,7 +71,7 @@ def test_each_layout_reads_without_a_format(tmp_path, layout):
 
 
 @pytest.mark.parametrize("layout, ratings, title", [
-    ("ml-10m", [5.0, 4.5, 0.5], "Net, The (1995)"),
+    ("ml-10m", [5.0, 4.5, 0.5], "Misérables, Les (1995)"),  # UTF-8 (latin-1 before)
     ("ml-1m", [5.0, 3.0, 4.0], "James and the Giant Peach (1996)"),
     ("ml-100k", [3.0, 3.0, 1.0], "Café Heavyweights (1994)"),
     ("ml-20m", [3.5, 4.0, 0.5], "City of Lost Children, The (1995)"),
@@ -78,6 +80,29 @@ def test_layout_values(tmp_path, layout, ratings, title):
     directory, _, _ = write_layout(tmp_path, layout)
     r = read_ratings(directory)
     assert r.rating.tolist() == ratings and title in r.titles
+
+
+@pytest.mark.parametrize("name, fmt, line, encoding", [
+    ("u.item", "ml-100k", "7|Café Noir (1996)|01-Jan-1996||http://x|0|1", "latin-1"),
+    ("movies.dat", "ml-1m", "7::Misérables, Les (1995)::Drama|Musical", "latin-1"),  # ML-1M
+    ("movies.dat", "ml-1m", "7::Misérables, Les (1995)::Drama|Musical", "utf-8"),    # ML-10M
+    ("movies.dat", "ml-1m", "7::Cité des enfants perdus, La (1995)::Sci-Fi", "utf-8"),
+    ("u.item", "ml-100k", "7|Café Noir (1996)|01-Jan-1996||http://x|0|1", "utf-8"),
+], ids=["ml-100k-latin1", "ml-1m-latin1", "ml-10m-utf8", "ml-10m-utf8-2", "u.item-utf8"])
+@pytest.mark.parametrize("bom, newline", [(b"", b"\n"), (b"\xef\xbb\xbf", b"\r\n")],
+                         ids=["lf", "bom-crlf"])
+def test_item_file_titles_in_utf8_or_latin1(tmp_path, name, fmt, line, encoding, bom, newline):
+    """A u.item or movies.dat is read as UTF-8 when it is (MovieLens-10M's movies.dat; it
+    was read as latin-1, 'MisÃ©rables'), else as latin-1 (MovieLens-100K's and -1M's)."""
+    sep = "|" if fmt == "ml-100k" else "::"
+    (tmp_path / name).write_bytes(bom + f"1{sep}Plain (1990){sep}x\n{line}\n".encode(encoding)
+                                  .replace(b"\n", newline))
+    ratings = tmp_path / ("u.data" if fmt == "ml-100k" else "ratings.dat")
+    between = "\t" if fmt == "ml-100k" else "::"
+    ratings.write_text(f"1{between}7{between}4{between}0\n1{between}1{between}3{between}0\n")
+    title = line.split(sep)[1]
+    assert read_ratings(ratings).titles == ["Plain (1990)", title]
+    assert read_ratings(tmp_path, fmt).titles == ["Plain (1990)", title]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -11,13 +11,15 @@ bad line for the error message.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import re
 import warnings
+import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union, cast
 
 import numpy as np
@@ -46,6 +48,12 @@ _CHOICES: Tuple[str, ...] = ("auto",) + FORMATS
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 #: The UTF-8 byte order mark some editors put at the start of a text file.
 _BOM = b"\xef\xbb\xbf"
+
+
+def _path(path: _PathLike) -> Path:
+    """A path given by the caller, ``~`` expanded as the shell and pandas' readers do
+    (``"~/data/ml-1m"``; a shell leaves ``--ratings=~/...`` as it is)."""
+    return Path(path).expanduser()
 
 
 def _float32(values: np.ndarray) -> np.ndarray:
@@ -809,19 +817,31 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
             titles[key] = row[1]
         return titles
     sep = "|" if fmt == "ml-100k" else "::"
-    with open(path, encoding="latin-1") as f:  # the MovieLens item files are latin-1
-        for number, line in enumerate(f, start=1):
-            line = _without_bom(line, number)
-            if not line.strip():
-                continue
-            parts = line.rstrip("\r\n").split(sep)
-            if len(parts) < 2:
-                raise ValueError(f"{path}, line {number}: expected 'id{sep}title{sep}...', "
-                                 f"got {line.strip()[:200]!r}")
-            key = _int_id(parts[0], path, number)
-            _once(seen, key, path, number, "item", _ONE_TITLE)
-            titles[key] = sep.join(parts[1:_title_end(parts, fmt)])
+    for number, line in enumerate(io.StringIO(_item_text(path), newline=None), start=1):
+        line = _without_bom(line, number)
+        if not line.strip():
+            continue
+        parts = line.rstrip("\r\n").split(sep)
+        if len(parts) < 2:
+            raise ValueError(f"{path}, line {number}: expected 'id{sep}title{sep}...', "
+                             f"got {line.strip()[:200]!r}")
+        key = _int_id(parts[0], path, number)
+        _once(seen, key, path, number, "item", _ONE_TITLE)
+        titles[key] = sep.join(parts[1:_title_end(parts, fmt)])
     return titles
+
+
+def _item_text(path: Path) -> str:
+    """The text of a ``u.item`` or ``movies.dat``: UTF-8 when its bytes are (MovieLens-10M's
+    ``movies.dat``; its README: "encoded as UTF-8 ... a departure from previous MovieLens
+    data sets"), else latin-1, which decodes any bytes (MovieLens-100K's ``u.item`` and
+    -1M's ``movies.dat``, whose ``é`` is the one byte 0xE9: no valid UTF-8).  A byte
+    order mark is left in, for :func:`_without_bom`."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
 
 
 # u.item (ml-100k): id|title|release date|video release date|url|19 genre flags
@@ -838,9 +858,12 @@ def _title_end(parts: List[str], fmt: str) -> int:
 
 
 def _without_bom(line: str, number: int) -> str:
-    """Line ``number`` of a file read as latin-1, without a leading UTF-8 byte order mark."""
-    bom = _BOM.decode("latin-1")
-    return line[len(bom):] if number == 1 and line.startswith(bom) else line
+    """Line ``number`` of a file read as latin-1 or UTF-8, without a leading UTF-8 byte
+    order mark."""
+    for bom in (_BOM.decode("latin-1"), _BOM.decode("utf-8")):
+        if number == 1 and line.startswith(bom):
+            return line[len(bom):]
+    return line
 
 
 def _strict_int(text: str) -> int:
@@ -1054,7 +1077,9 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
             * ``"ml-100k"``: MovieLens-100K ``u.data``, ``uN.base``, ``uN.test``:
               ``user<TAB>item<TAB>rating<TAB>timestamp``; titles from ``u.item``;
             * ``"ml-1m"``: MovieLens-1M/10M ``ratings.dat``:
-              ``user::item::rating::timestamp``; titles from ``movies.dat``;
+              ``user::item::rating::timestamp``; titles from ``movies.dat``
+              (latin-1 in ML-1M, UTF-8 in ML-10M: an item file is read as UTF-8
+              when it is valid UTF-8, else as latin-1);
             * ``"csv"``: comma-separated ``user,item,rating`` and optionally a
               fourth column (ignored), by position, as many on every line as on the
               first, unquoted (a quoted field is refused, a quoted header skipped);
