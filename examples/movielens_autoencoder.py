@@ -177,6 +177,9 @@ def parse_args(argv: Optional[List[str]] = None):
     """Parse and check every flag and file before any training."""
     p = build_parser()
     args = p.parse_args(argv)
+    for flag in ("ratings", "train", "test", "folds", "load", "save", "metrics_out"):
+        if getattr(args, flag) is not None:  # (no shell expands the ~ of --ratings=~/ml-1m)
+            setattr(args, flag, os.path.expanduser(getattr(args, flag)))
     if (args.train is None) != (args.test is None):
         p.error("--train and --test go together")
     if args.ratings and args.train:

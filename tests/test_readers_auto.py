@@ -1,6 +1,7 @@
 """read_ratings(format="auto"), the default, and a MovieLens directory as path: the real
 layouts of the downloads, each written small here, read as their explicit format."""
 import gzip
+import pathlib
 import re
 
 import pytest
@@ -145,6 +146,29 @@ def test_tab_separated_integer_file_reads_as_ml100k_with_the_same_numbers(tmp_pa
     (tmp_path / "u.item").write_text("30|Thirty|x\n31|Thirty-one|x\n")
     assert read_ratings(path).titles == ["Thirty", "Thirty-one"]
     assert read_ratings(path, "text").titles is None
+
+
+def test_paths_starting_with_a_tilde_are_the_home_directory(tmp_path, monkeypatch):
+    """``"~/ml-100k"`` is read as pandas reads it (a shell leaves ``--x=~/...`` as it is);
+    every reader's path and fold_files' directory."""
+    from nnsparse.data import read_item_features, read_user_features
+    from nnsparse.models import fold_files
+    monkeypatch.setenv("HOME", str(tmp_path))
+    directory, path, _ = write_layout(tmp_path, "ml-100k")
+    plain = read_ratings(path)
+    for given in ("~/ml-100k", "~/ml-100k/", "~/ml-100k/u.data", pathlib.Path("~/ml-100k")):
+        assert detect_format(given) == "ml-100k" and same(read_ratings(given), plain)
+    assert same(read_ratings(path, titles="~/ml-100k/u.item"), plain)
+    pair = read_split(directory / "u1.base", directory / "u1.test")
+    for got, want in zip(read_split("~/ml-100k/u1.base", "~/ml-100k/u1.test"), pair):
+        assert same(got, want)
+    for got, want in zip(next(fold_files("~/ml-100k")), pair):
+        assert same(got, want)
+    assert torch.equal(read_item_features("~/ml-100k/u.item", "ml-100k", plain.item_map),
+                       read_item_features(directory / "u.item", "ml-100k", plain.item_map))
+    users = {1: 0}
+    assert torch.equal(read_user_features("~/ml-100k/u.user", "ml-100k", users),
+                       read_user_features(directory / "u.user", "ml-100k", users))
 
 
 def test_read_split_detects_the_training_file(tmp_path):

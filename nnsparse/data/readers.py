@@ -909,7 +909,7 @@ def _title_file(path: Path, fmt: str, titles: Union[bool, _PathLike]) -> Optiona
         name = _FORMATS[fmt][3]
         found = path.parent / name if name else None
         return found if found is not None and found.is_file() else None
-    given = Path(titles)
+    given = _path(titles)
     if not given.is_file():
         raise ValueError(f"titles: no item file at {given}")
     return given
@@ -1055,7 +1055,7 @@ def detect_format(path: _PathLike) -> str:
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    return _resolve(Path(path), "auto")[1]
+    return _resolve(_path(path), "auto")[1]
 
 
 # -- public readers ----------------------------------------------------------------------
@@ -1069,7 +1069,8 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
     Args:
         path (str or PathLike): the rating file, or a directory holding exactly
             one MovieLens rating file (``ratings.dat``, ``ratings.csv`` or
-            ``u.data``: an unzipped download such as ``ml-1m/``).
+            ``u.data``: an unzipped download such as ``ml-1m/``).  A leading ``~``
+            is the home directory, in every reader's paths (as in pandas).
         format (str): one of
 
             * ``"auto"`` (default): detected from the file's first non-blank line
@@ -1182,7 +1183,7 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
     if not isinstance(titles, (bool, str, os.PathLike)):
         raise TypeError(f"titles must be a bool or a path (str or os.PathLike), "
                         f"got {type(titles).__name__}")
-    path, fmt = _resolve(Path(path), format)
+    path, fmt = _resolve(_path(path), format)
     # Every argument is checked before the ratings are read or anything is changed.
     title_file = _title_file(path, fmt, titles)
     return _read(path, fmt, title_file, user_map, item_map, unseen, auto=format == "auto")
@@ -1490,16 +1491,16 @@ def read_split(train: _PathLike, test: _PathLike, format: str = "auto", *,
         raise TypeError(f"titles must be a bool or a path (str or os.PathLike), "
                         f"got {type(titles).__name__}")
     for name, given in (("train", train), ("test", test)):  # name the part that is missing
-        if isinstance(given, (str, os.PathLike)) and not Path(given).exists():
+        if isinstance(given, (str, os.PathLike)) and not _path(given).exists():
             raise ValueError(f"{name}: no rating file at {given} (it does not exist)")
-        if isinstance(given, (str, os.PathLike)) and Path(given).is_dir():
+        if isinstance(given, (str, os.PathLike)) and _path(given).is_dir():
             raise ValueError(f"{name}: {given} is a directory; give the rating file in it")
     first = read_ratings(train, format, titles=False)
-    fmt = _detect(Path(train)) if format == "auto" else format  # (train: a file, just read)
+    fmt = _detect(_path(train)) if format == "auto" else format  # (train: a file, just read)
     second = read_ratings(test, fmt, titles=False, user_map=first.user_map,
                           item_map=first.item_map, unseen=unseen)
     _warn_shared_pairs(first, second, test)
-    title_file = _title_file(Path(train), fmt, titles)
+    title_file = _title_file(_path(train), fmt, titles)
     if title_file is not None:
         first.titles = second.titles = _titles(first.item_map, _read_titles(title_file, fmt))
     return first, second
@@ -1559,7 +1560,7 @@ def _lines(path: Path, sep: str) -> List[Tuple[int, List[str]]]:
 def _feature_file(path: _PathLike, what: str) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    path = Path(path)
+    path = _path(path)
     if not path.is_file():
         raise ValueError(f"{what}: no file at {path}")
     return path

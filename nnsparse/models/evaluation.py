@@ -15,7 +15,7 @@ from .._forms import _a, as_choice, as_count, is_real
 from ..data import Ratings, mean_prediction, read_split, rmse
 from ..data.matrix import _check_same_maps
 from ..data.readers import _CHOICES, _check_ratings, _check_unique_pairs, \
-    _check_unique_pairs_apart
+    _check_unique_pairs_apart, _path
 from ..data.split import _torch_seed
 from .base import RatingModel, _checked_threshold
 
@@ -108,7 +108,7 @@ def fold_files(directory: Union[str, Path], format: str = "auto") -> Iterator[_F
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
     as_choice(format, "format", _CHOICES)
-    directory = Path(directory)
+    directory = _path(directory)
     if not directory.is_dir():
         raise ValueError(f"folds: no directory at {directory}")
     return _read_folds(_fold_pairs(directory), format)  # checked now, not at the first fold
