@@ -3,6 +3,7 @@ layouts of the downloads, each written small here, read as their explicit format
 import gzip
 import pathlib
 import re
+import zipfile
 
 import pytest
 import torch
@@ -207,6 +208,17 @@ def _gzip(tmp_path):
     return path
 
 
+def _zip(name, *members):
+    """A zip archive as grouplens ships them: ``name`` holding ``members`` (paths inside)."""
+    def make(tmp_path):
+        path = tmp_path / name
+        with zipfile.ZipFile(path, "w") as archive:
+            for member in members:
+                archive.writestr(member, "1::2::3::4\n")
+        return path
+    return make
+
+
 def _file(name, text):
     def make(tmp_path):
         path = tmp_path / name
@@ -260,6 +272,22 @@ BAD = [
      r"r\.txt, line 2: expected 3 to 4 fields, got 2: 'c d' \(format 'auto' read r\.txt as "
      r"'text'"),
     ("gzip", _gzip, "auto", r"path: .*ratings\.dat is gzip-compressed"),
+    # a zip names the rating file it holds and the folder it unzips to (ML-10M's is not
+    # ml-10m/); it said "e.g. ml-1m/ratings.dat" of every archive
+    ("zip-ml-10m", _zip("ml-10m.zip", "ml-10M100K/movies.dat", "ml-10M100K/ratings.dat",
+                        "ml-10M100K/tags.dat"), "auto",
+     r"path: .*ml-10m\.zip is a zip archive \(it starts with b'PK\\x03\\x04'\), not a text "
+     r"file; extract it and give the rating file in it or its directory \(it holds "
+     r"ml-10M100K/ratings\.dat; unzip ml-10m\.zip makes ml-10M100K/\)$"),
+    ("zip-ml-100k-explicit-format", _zip("ml-100k.zip", "ml-100k/u.data", "ml-100k/u1.base"),
+     "ml-100k", r"ml-100k\.zip is a zip archive .* \(it holds ml-100k/u\.data; unzip "
+                r"ml-100k\.zip makes ml-100k/\)$"),
+    ("zip-flat", _zip("r.zip", "ratings.csv"), "auto", r"r\.zip is a zip archive .*"
+     r"extract it and give the rating file in it or its directory \(it holds ratings\.csv\)$"),
+    ("zip-no-rating-file", _zip("x.zip", "data/notes.txt"), "auto", r"x\.zip is a zip archive "
+     r".*extract it and give the rating file in it \(e\.g\. ml-1m/ratings\.dat\)$"),
+    ("zip-damaged", _file("d.zip", "PK\x03\x04 and no archive"), "auto", r"d\.zip is a zip "
+     r"archive .*extract it and give the rating file in it \(e\.g\. ml-1m/ratings\.dat\)$"),
     ("dir-none", _dir("notes.txt", subdirs=["ml-1m"]), "auto",
      r"path: .*data is a directory; give the rating file in it: looked for one of "
      r"ratings\.dat, ratings\.csv, u\.data, found none \(it holds ml-1m/, notes\.txt\)$"),

@@ -1534,11 +1534,31 @@ def _refuse_binary(head: bytes, path: Path) -> None:
     quoted ("expected 4 fields, got 2: '\\x8b\\x08...'"): named here from its first bytes."""
     for magic, kind, fix in _ARCHIVES:
         if head.startswith(magic) and (magic != b"BZh" or head[4:10] == b"1AY&SY"):
+            if magic == b"PK\x03\x04":
+                fix = _zip_fix(path, fix)
             raise ValueError(f"path: {path} is {kind} (it starts with {magic!r}), not a text "
                              f"file; {fix}")
     if b"\x00" in head:
         raise ValueError(f"path: {path} holds NUL bytes: a binary file or UTF-16 text, not "
                          f"ASCII/UTF-8/latin-1 text; save it as UTF-8")
+
+
+def _zip_fix(path: Path, fix: str) -> str:
+    """What to do with the zip archive ``path``: ``fix``, with the MovieLens rating file
+    the archive holds (``ml-100k/u.data``) and the directory unzipping it makes, in place of
+    the example when it holds one."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            found = [PurePosixPath(name) for name in archive.namelist()
+                     if PurePosixPath(name).name in _DIR_FILES]
+    except (zipfile.BadZipFile, OSError):  # (a damaged archive: the general advice)
+        return fix
+    if len(found) != 1:
+        return fix
+    member = found[0]
+    makes = f"; unzip {path.name} makes {member.parent}/" if str(member.parent) != "." else ""
+    return (f"extract it and give the rating file in it or its directory (it holds "
+            f"{member}{makes})")
 
 
 # (first bytes, what the file is, what to do) for the archives a rating file comes in
