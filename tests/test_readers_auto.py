@@ -202,6 +202,36 @@ def test_fold_files_detects_each_fold_by_default(tmp_path):
         list(fold_files(spaced, "ml-100k"))
 
 
+def test_fold_files_reads_ml10m_split_ratings_folds(tmp_path):
+    """MovieLens-10M's split_ratings.sh writes r1.train/r1.test ... r5 (and ra/rb, per-user
+    splits, no folds) in its '::' format: fold_files reads them as it reads ML-100K's u<N>
+    pairs (it found none: 'holds no u<N>.base / u<N>.test pair'), titles from movies.dat."""
+    from nnsparse.models import fold_files
+    directory, _, _ = write_layout(tmp_path, "ml-10m")
+    lines = ["1::122::5::838985046\n", "1::185::4.5::838983525\n", "2::73::0.5::868245777\n",
+             "2::122::3::868245778\n"]
+    for n in (1, 2):
+        (directory / f"r{n}.train").write_text("".join(lines[:2] if n == 1 else lines[1:]))
+        (directory / f"r{n}.test").write_text(lines[3] if n == 1 else lines[0])
+    for name in ("ra.train", "ra.test", "r3.train"):  # no folds / a fold without its test
+        (directory / name).write_text(lines[0])
+    folds = list(fold_files(str(directory) + "/"))
+    assert [(len(train), len(test)) for train, test in folds] == [(2, 1), (3, 1)]
+    explicit = list(fold_files(directory, "ml-1m"))
+    assert all(same(a, b) for fa, fb in zip(folds, explicit) for a, b in zip(fa, fb))
+    assert folds[1][0].titles[folds[1][0].item_map[73]] == "Misérables, Les (1995)"
+    (directory / "u1.base").write_text("1\t2\t3\t0\n")
+    (directory / "u1.test").write_text("1\t3\t3\t0\n")
+    with pytest.raises(ValueError, match=r"folds: .* holds both u<N>\.base / u<N>\.test and "
+                                         r"r<N>\.train / r<N>\.test pairs; give a directory "
+                                         r"of one set of folds$"):
+        fold_files(directory)
+    with pytest.raises(ValueError, match=r"folds: .* holds no u<N>\.base / u<N>\.test pair "
+                                         r"\(MovieLens-100K\) nor r<N>\.train / r<N>\.test "
+                                         r"pair \(MovieLens-10M's split_ratings\.sh\)$"):
+        fold_files(tmp_path)
+
+
 def _gzip(tmp_path):
     path = tmp_path / "ratings.dat"
     path.write_bytes(gzip.compress(b"1::2::3::4\n"))
