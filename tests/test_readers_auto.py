@@ -335,6 +335,19 @@ BAD = [
      r"holds ratings\.dat, a file of format 'ml-1m', but format is 'text'"),
     ("missing", lambda tmp_path: tmp_path / "nothing.dat", "auto",
      r"path: no rating file at .*nothing\.dat \(it does not exist\)"),
+    # a download's other file, beside its ratings: genome-scores.csv (movieId,tagId,
+    # relevance) was read as 3-column ratings; movies.dat, tags.dat failed on a field
+    ("genome-scores-beside-ratings", lambda tmp_path: _dir("ratings.csv", "genome-scores.csv")(
+        tmp_path) / "genome-scores.csv", "auto",
+     r"path: .*data/genome-scores\.csv is no rating file: it is MovieLens's tag genome file, "
+     r"beside the download's ratings, ratings\.csv; give .*data/ratings\.csv or the "
+     r"directory .*data$"),
+    ("tags-dat-beside-ratings", lambda tmp_path: _dir("ratings.dat", "tags.dat")(
+        tmp_path) / "tags.dat", "ml-1m", r"tags\.dat is no rating file: it is MovieLens's tag "
+                                          r"file, beside the download's ratings, ratings\.dat"),
+    ("u-item-beside-u-data", lambda tmp_path: _dir("u.data", "u.item")(tmp_path) / "u.item",
+     "auto", r"u\.item is no rating file: it is MovieLens's item file, beside the download's "
+             r"ratings, u\.data"),
 ]
 
 
@@ -346,6 +359,15 @@ def test_bad_files_and_directories(tmp_path, make, fmt, message):
     if fmt == "auto" and "format 'auto' read" not in message:  # detection's own refusals
         with pytest.raises(ValueError, match=message):
             detect_format(path)
+
+
+@pytest.mark.parametrize("name", ["tags.csv", "movies.dat", "genome-scores.csv"])
+def test_a_movielens_side_file_name_alone_is_a_rating_file(tmp_path, name):
+    """Only beside a MovieLens rating file is such a name refused: a rating file of one's own
+    may be called so."""
+    path = tmp_path / name
+    path.write_text("1,2,3.5\n" if name.endswith(".csv") else "1::2::3.5::0\n")
+    assert read_ratings(path).rating.tolist() == [3.5]
 
 
 def test_detect_format_and_read_split_arguments(tmp_path):

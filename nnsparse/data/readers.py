@@ -919,6 +919,16 @@ def _title_file(path: Path, fmt: str, titles: Union[bool, _PathLike]) -> Optiona
 
 #: the rating file of each MovieLens download, looked for in a directory given as ``path``
 _DIR_FILES: Dict[str, str] = {"ratings.dat": "ml-1m", "ratings.csv": "csv", "u.data": "ml-100k"}
+#: the other files of the MovieLens downloads (name -> what it is), refused as ``path`` when
+#: the download's rating file lies beside them (csv would read genome-scores.csv's
+#: movieId,tagId,relevance as ratings); elsewhere such a name may be a rating file
+_OTHER_FILES: Dict[str, str] = {
+    **dict.fromkeys(("u.item", "movies.dat", "movies.csv"), "item file"),
+    **dict.fromkeys(("u.user", "users.dat"), "user file"),
+    **dict.fromkeys(("tags.dat", "tags.csv"), "tag file"),
+    **dict.fromkeys(("genome-scores.csv", "genome-tags.csv"), "tag genome file"),
+    "links.csv": "links file (IMDb and TMDb ids)", "u.genre": "genre list",
+    "u.occupation": "occupation list", "u.info": "count file"}
 #: MovieLens-100K's rating files: u.data, u1.base ... u5.test, ua/ub.base and .test
 _ML100K_NAME = re.compile(r"u\.data|u(\d+|[ab])\.(base|test)")
 
@@ -932,6 +942,12 @@ def _resolve(path: Path, format: str) -> Tuple[Path, str]:
         raise ValueError(f"path: no rating file at {path} (it does not exist)")
     if not path.is_file():
         raise ValueError(f"path: {path} is not a regular file")
+    beside = [name for name in _DIR_FILES if (path.parent / name).is_file()]
+    if path.name in _OTHER_FILES and beside:  # (genome-scores.csv read as 3-column ratings)
+        raise ValueError(f"path: {path} is no rating file: it is MovieLens's "
+                         f"{_OTHER_FILES[path.name]}, beside the download's ratings, "
+                         f"{beside[0]}; give {path.parent / beside[0]} or the directory "
+                         f"{path.parent}")
     return path, (_detect(path) if format == "auto" else format)
 
 
@@ -1111,7 +1127,9 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
     Raises:
         ValueError: unknown ``format`` or ``unseen``, a missing file, a
             directory with none or several MovieLens rating files or with one of
-            another format than ``format``, a first line of comma-separated fields
+            another format than ``format``, another file of a MovieLens download
+            beside its rating file (``movies.dat``, ``tags.csv``,
+            ``genome-scores.csv``, ...; the message names the rating file), a first line of comma-separated fields
             that are not 3 or 4 (``"auto"``), an empty file, a file whose lines do not match
             ``format`` (the message names the file and its 1-based line
             number; an empty field between two separators, ``1,,2,5``, and a
