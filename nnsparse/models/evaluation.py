@@ -136,8 +136,8 @@ def _fold_pairs(directory: Path) -> List[Tuple[Path, Path]]:
     for base in directory.iterdir():
         for pattern, test_name in _FOLD_NAMES:
             match = re.fullmatch(pattern, base.name)
-            test = directory / test_name.format(match.group(1)) if match else None
-            if test is None or not test.is_file():
+            test = None if match is None else directory / test_name.format(match.group(1))
+            if match is None or test is None or not test.is_file():
                 continue
             if not base.is_file():  # (read lazily, it failed at its fold, after the fits)
                 raise ValueError(f"folds: {base} must be a rating file, got a "
