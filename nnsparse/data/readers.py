@@ -942,12 +942,13 @@ def _resolve(path: Path, format: str) -> Tuple[Path, str]:
         raise ValueError(f"path: no rating file at {path} (it does not exist)")
     if not path.is_file():
         raise ValueError(f"path: {path} is not a regular file")
-    beside = [name for name in _DIR_FILES if (path.parent / name).is_file()]
-    if path.name in _OTHER_FILES and beside:  # (genome-scores.csv read as 3-column ratings)
-        raise ValueError(f"path: {path} is no rating file: it is MovieLens's "
-                         f"{_OTHER_FILES[path.name]}, beside the download's ratings, "
-                         f"{beside[0]}; give {path.parent / beside[0]} or the directory "
-                         f"{path.parent}")
+    if path.name in _OTHER_FILES:  # (genome-scores.csv was read as 3-column ratings)
+        beside = [name for name in _DIR_FILES if (path.parent / name).is_file()]
+        if beside:
+            raise ValueError(f"path: {path} is no rating file: it is MovieLens's "
+                             f"{_OTHER_FILES[path.name]}, beside the download's ratings, "
+                             f"{beside[0]}; give {path.parent / beside[0]} or the directory "
+                             f"{path.parent}")
     return path, (_detect(path) if format == "auto" else format)
 
 
@@ -1129,8 +1130,9 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
             directory with none or several MovieLens rating files or with one of
             another format than ``format``, another file of a MovieLens download
             beside its rating file (``movies.dat``, ``tags.csv``,
-            ``genome-scores.csv``, ...; the message names the rating file), a first line of comma-separated fields
-            that are not 3 or 4 (``"auto"``), an empty file, a file whose lines do not match
+            ``genome-scores.csv``, ...; the message names the rating file), a
+            first line of comma-separated fields that are not 3 or 4
+            (``"auto"``), an empty file, a file whose lines do not match
             ``format`` (the message names the file and its 1-based line
             number; an empty field between two separators, ``1,,2,5``, and a
             quoted ``"csv"`` field too), a rating that is not a finite number or overflows

@@ -136,8 +136,10 @@ def _fold_pairs(directory: Path) -> List[Tuple[Path, Path]]:
     for base in directory.iterdir():
         for pattern, test_name in _FOLD_NAMES:
             match = re.fullmatch(pattern, base.name)
-            test = None if match is None else directory / test_name.format(match.group(1))
-            if match is None or test is None or not test.is_file():
+            if match is None:
+                continue
+            test = directory / test_name.format(match.group(1))
+            if not test.is_file():
                 continue
             if not base.is_file():  # (read lazily, it failed at its fold, after the fits)
                 raise ValueError(f"folds: {base} must be a rating file, got a "
