@@ -446,9 +446,58 @@ _SPACE = np.zeros(256, dtype=bool)
 _SPACE[[9, 10, 11, 12, 13, 32]] = True  # what bytes.split() splits on
 
 
+class _Tokens:
+    """The whitespace-separated tokens of ``raw`` (``raw.split()``'s), kept as offsets into
+    it: ``tokens[k]`` is one token's bytes, :meth:`pick` some tokens as one numpy bytes
+    array, with no Python object per token (``raw.split()`` made 4 a line of a rating file:
+    about 215 bytes a line, half of what reading a 25M-line ratings.csv held at its peak)."""
+
+    #: tokens gathered at a time by :meth:`pick` (its index temporary: ``_CHUNK`` x width
+    #: int64)
+    _CHUNK = 1 << 16
+
+    def __init__(self, raw: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+        self.raw, self.buf, self.starts, self.ends = raw, buf, starts, ends
+        # numpy's bytes arrays drop trailing NULs ('12\0' would read as 12): the exact
+        # tokens then, as raw.split() gave them
+        self.exact = b"\x00" in raw
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, k: Any) -> bytes:
+        return self.raw[int(self.starts[k]):int(self.ends[k])]
+
+    def pick(self, index: np.ndarray) -> np.ndarray:
+        """``np.array([self[k] for k in index])``: dtype ``S<longest token>``, gathered from
+        the bytes ``_CHUNK`` tokens at a time."""
+        if len(index) == 0:
+            return np.array([], "S1")
+        if self.exact:
+            return np.array([self[k] for k in index.tolist()])
+        start = self.starts[index]
+        length = self.ends[index] - start
+        width = int(length.max())
+        out = np.empty((len(index), width), dtype=np.uint8)
+        offsets = np.arange(width)
+        last = len(self.buf) - 1
+        for a in range(0, len(index), self._CHUNK):
+            block = self.buf[np.minimum(start[a:a + self._CHUNK, None] + offsets, last)]
+            block[offsets >= length[a:a + self._CHUNK, None]] = 0
+            out[a:a + self._CHUNK] = block
+        return out.view(f"S{width}").reshape(-1)
+
+    def pick_list(self, index: np.ndarray, picked: Optional[np.ndarray] = None) -> List[bytes]:
+        """``[self[k] for k in index]``, by way of :meth:`pick` (or ``picked``, what it
+        gave) where that is exact."""
+        if self.exact:
+            return [self[k] for k in index.tolist()]
+        return cast(List[bytes], (self.pick(index) if picked is None else picked).tolist())
+
+
 def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
               original: Optional[bytes] = None, fmt: Optional[str] = None, why: str = ""
-              ) -> Tuple[List[bytes], np.ndarray, np.ndarray, Optional[np.ndarray]]:
+              ) -> Tuple[_Tokens, np.ndarray, np.ndarray, Optional[np.ndarray]]:
     """Split ``raw`` (separators already turned into spaces) into tokens.
 
     Returns the tokens, the index of the first token of each record, the
@@ -489,7 +538,8 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
                          f"{counts[number]}: {quote}{why}{_other_format(line, fmt)}")
     if len(lines) == 0:
         raise ValueError(f"{path} holds no ratings (empty file)")
-    return raw.split(), first[lines], lines + 1, _underscored(buf, starts)
+    ends = np.flatnonzero(~space & np.concatenate((space[1:], [True]))) + 1
+    return _Tokens(raw, buf, starts, ends), first[lines], lines + 1, _underscored(buf, starts)
 
 
 def _other_format(line: str, read_as: Optional[str] = None) -> str:
@@ -532,12 +582,12 @@ def _line(raw: bytes, newlines: np.ndarray, number: int) -> str:
     return raw[begin:end].decode("latin-1").strip()
 
 
-def _column(tokens: List[bytes], index: np.ndarray, dtype: Any, path: str,
+def _column(tokens: _Tokens, index: np.ndarray, dtype: Any, path: str,
             line: np.ndarray, what: str, underscored: Optional[np.ndarray]) -> np.ndarray:
     """Convert ``tokens[index]`` to ``dtype``, naming the first bad line on failure."""
     kind = "an integer" if dtype is np.int64 else "a finite number"
     _refuse_underscores(tokens, index, underscored, path, line, f"{what} must be {kind}")
-    picked = np.array([tokens[i] for i in index.tolist()]) if len(index) else np.array([], "S1")
+    picked = tokens.pick(index)
     try:
         out = picked.astype(dtype)
     except (ValueError, OverflowError):
@@ -557,7 +607,7 @@ def _column(tokens: List[bytes], index: np.ndarray, dtype: Any, path: str,
     raise AssertionError("unreachable: conversion failed without a bad token")
 
 
-def _refuse_underscores(tokens: List[bytes], index: np.ndarray,
+def _refuse_underscores(tokens: _Tokens, index: np.ndarray,
                         underscored: Optional[np.ndarray], path: str, line: np.ndarray,
                         rule: str) -> None:
     """``ValueError`` naming the first of ``tokens[index]`` that holds a ``_``."""
@@ -590,7 +640,7 @@ def _remap(ids: np.ndarray, mapping: Optional[Dict[Any, int]],
     return new, position[inverse]
 
 
-def _ids(tokens: List[bytes], index: np.ndarray, path: str, line: np.ndarray,
+def _ids(tokens: _Tokens, index: np.ndarray, path: str, line: np.ndarray,
          what: str, numeric: bool, underscored: Optional[np.ndarray],
          as_str: bool = False) -> np.ndarray:
     """The ``what`` ids: int64, Python ints beyond int64, or (``csv`` and ``text``, not
@@ -606,13 +656,13 @@ def _ids(tokens: List[bytes], index: np.ndarray, path: str, line: np.ndarray,
                             f"the {what} id must be an integer")
         if as_str:
             _ids(tokens, index, path, line, what, numeric, underscored)
-    picked = [tokens[i] for i in index.tolist()]
+    array = tokens.pick(index)
     if not as_str and (underscored is None or not underscored[index].any()):
         try:
-            return np.array(picked).astype(np.int64) if picked else np.zeros(0, np.int64)
+            return array.astype(np.int64) if len(index) else np.zeros(0, np.int64)
         except (ValueError, OverflowError):
             pass
-        big = _big_ints(picked)
+        big = _big_ints(tokens.pick_list(index, array))
         if big is not None:  # 20-digit ids: exact Python ints (numpy cannot sort them mixed)
             return big
     if numeric and not as_str:
@@ -620,6 +670,8 @@ def _ids(tokens: List[bytes], index: np.ndarray, path: str, line: np.ndarray,
     # csv and text: ids are integers when they all are, else every id is the file's
     # UTF-8 string ("0013" and "13" two ids, "7" the string "7" beside "A7"), each
     # distinct token decoded once
+    picked = tokens.pick_list(index, array)
+    del array
     out = np.empty(len(picked), dtype=object)
     try:
         text = {token: token.decode("utf-8") for token in set(picked)}
