@@ -450,7 +450,7 @@ class _Tokens:
     """The whitespace-separated tokens of ``raw`` (``raw.split()``'s), kept as offsets into
     it: ``tokens[k]`` is one token's bytes, :meth:`pick` some tokens as one numpy bytes
     array, with no Python object per token (``raw.split()`` made 4 a line of a rating file:
-    about 215 bytes a line, half of what reading a 25M-line ratings.csv held at its peak)."""
+    about 215 bytes a line, half the peak memory of reading a large ratings.csv)."""
 
     #: tokens gathered at a time by :meth:`pick` (its index temporary: ``_CHUNK`` x width
     #: int64)
