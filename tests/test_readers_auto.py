@@ -172,6 +172,25 @@ def test_paths_starting_with_a_tilde_are_the_home_directory(tmp_path, monkeypatc
                        read_user_features(directory / "u.user", "ml-100k", users))
 
 
+def test_a_tilde_of_no_user_is_a_name(tmp_path, monkeypatch):
+    """``~name`` of no user stays as it is, as the shell and pandas (os.path.expanduser)
+    leave it: a file called ``~ratings.csv`` reads, a missing one is the usual error
+    (Path.expanduser raised RuntimeError: 'Could not determine home directory')."""
+    from nnsparse.models import fold_files
+    monkeypatch.chdir(tmp_path)
+    user = "~no-such-user-nnsparse"
+    pathlib.Path(f"{user}.csv").write_text("1,2,3.5\n")
+    assert read_ratings(f"{user}.csv").rating.tolist() == [3.5]
+    assert detect_format(pathlib.Path(f"{user}.csv")) == "csv"
+    with pytest.raises(ValueError, match=rf"^path: no rating file at {user}/r\.csv \(it "
+                                         rf"does not exist\)$"):
+        read_ratings(f"{user}/r.csv")
+    with pytest.raises(ValueError, match=rf"^folds: no directory at {user}$"):
+        fold_files(user)
+    with pytest.raises(ValueError, match=rf"^titles: no item file at {user}/u\.item$"):
+        read_ratings(f"{user}.csv", titles=f"{user}/u.item")
+
+
 def test_read_split_detects_the_training_file(tmp_path):
     directory, _, _ = write_layout(tmp_path, "ml-100k")
     base, test = directory / "u1.base", directory / "u1.test"

@@ -52,8 +52,9 @@ _BOM = b"\xef\xbb\xbf"
 
 def _path(path: _PathLike) -> Path:
     """A path given by the caller, ``~`` expanded as the shell and pandas' readers do
-    (``"~/data/ml-1m"``; a shell leaves ``--ratings=~/...`` as it is)."""
-    return Path(path).expanduser()
+    (``"~/data/ml-1m"``; a shell leaves ``--ratings=~/...`` as it is).  A ``~name`` of no
+    user stays as it is, a file name (``Path.expanduser`` raised ``RuntimeError``)."""
+    return Path(os.path.expanduser(path))
 
 
 def _float32(values: np.ndarray) -> np.ndarray:
