@@ -566,6 +566,28 @@ def test_tokens_are_raw_split(monkeypatch, raw, chunk):
         assert picked.dtype.kind == "S" and picked.tolist() == [w.rstrip(b"\x00") for w in want]
 
 
+def test_tokens_gather_a_long_token_in_bounded_memory():
+    """A long token (a 5000-byte id) gathers fewer tokens at a time: the temporaries stay
+    near the picked array's own size (its index temporary was 8 bytes a picked byte, 1.8 GB
+    for a 20000-line file of 230 KB), and the tokens are raw.split()'s."""
+    import tracemalloc
+    from nnsparse.data.readers import _Tokens, _tokenise
+    import numpy as np
+    lines = [b"%d %d 4" % (u, u % 7) for u in range(1000)]
+    lines[5] = b"A" + b"x" * 5000 + b" 3 4"
+    raw = b"\n".join(lines)
+    tokens = _tokenise(raw, "f", (3, 3), False)[0]
+    index = np.arange(0, len(tokens), 3)
+    tracemalloc.start()
+    try:
+        picked = tokens.pick(index)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert picked.tolist() == raw.split()[::3]
+    assert peak < 1.5 * picked.nbytes + 2 * _Tokens._CHUNK_BYTES * 9, (peak, picked.nbytes)
+
+
 @pytest.mark.parametrize("fmt, name, lines", [
     ("csv", "ratings.csv", ["userId,movieId,rating,timestamp"] + [
         f"{u},{i},{(u * i) % 10 / 2 + 0.5},{964982703 + u}" for u in range(1, 40)
