@@ -380,10 +380,17 @@ def test_bad_files_and_directories(tmp_path, make, fmt, message):
             detect_format(path)
 
 
-@pytest.mark.parametrize("name", ["tags.csv", "movies.dat", "genome-scores.csv"])
-def test_a_movielens_side_file_name_alone_is_a_rating_file(tmp_path, name):
-    """Only beside a MovieLens rating file is such a name refused: a rating file of one's own
-    may be called so."""
+@pytest.mark.parametrize("name, beside", [
+    ("tags.csv", None), ("movies.dat", None), ("genome-scores.csv", None),
+    # beside another download's rating file: ML-1M has no movies.csv, ML-20M no movies.dat
+    ("movies.csv", "ratings.dat"), ("tags.csv", "u.data"), ("movies.dat", "ratings.csv"),
+    ("u.item", "ratings.csv")])
+def test_a_movielens_side_file_name_alone_is_a_rating_file(tmp_path, name, beside):
+    """Only beside its own download's rating file is such a name refused: a rating file of
+    one's own may be called so (it was refused beside any MovieLens rating file, 'it is
+    MovieLens's item file' of a movies.csv in ml-1m/)."""
+    if beside is not None:
+        (tmp_path / beside).write_text("1::2::3::0\n")
     path = tmp_path / name
     path.write_text("1,2,3.5\n" if name.endswith(".csv") else "1::2::3.5::0\n")
     assert read_ratings(path).rating.tolist() == [3.5]

@@ -975,16 +975,20 @@ def _title_file(path: Path, fmt: str, titles: Union[bool, _PathLike]) -> Optiona
 
 #: the rating file of each MovieLens download, looked for in a directory given as ``path``
 _DIR_FILES: Dict[str, str] = {"ratings.dat": "ml-1m", "ratings.csv": "csv", "u.data": "ml-100k"}
-#: the other files of the MovieLens downloads (name -> what it is), refused as ``path`` when
-#: the download's rating file lies beside them (csv would read genome-scores.csv's
-#: movieId,tagId,relevance as ratings); elsewhere such a name may be a rating file
-_OTHER_FILES: Dict[str, str] = {
-    **dict.fromkeys(("u.item", "movies.dat", "movies.csv"), "item file"),
-    **dict.fromkeys(("u.user", "users.dat"), "user file"),
-    **dict.fromkeys(("tags.dat", "tags.csv"), "tag file"),
-    **dict.fromkeys(("genome-scores.csv", "genome-tags.csv"), "tag genome file"),
-    "links.csv": "links file (IMDb and TMDb ids)", "u.genre": "genre list",
-    "u.occupation": "occupation list", "u.info": "count file"}
+#: the other files of the MovieLens downloads (name -> what it is, the download's rating
+#: file), refused as ``path`` beside that rating file (csv would read genome-scores.csv's
+#: movieId,tagId,relevance as ratings); elsewhere, or beside another download's rating
+#: file (a movies.csv of one's own in ml-1m/), such a name may be a rating file
+_OTHER_FILES: Dict[str, Tuple[str, str]] = {
+    "u.item": ("item file", "u.data"), "u.user": ("user file", "u.data"),
+    "u.genre": ("genre list", "u.data"), "u.occupation": ("occupation list", "u.data"),
+    "u.info": ("count file", "u.data"),
+    "movies.dat": ("item file", "ratings.dat"), "users.dat": ("user file", "ratings.dat"),
+    "tags.dat": ("tag file", "ratings.dat"),
+    "movies.csv": ("item file", "ratings.csv"), "tags.csv": ("tag file", "ratings.csv"),
+    "links.csv": ("links file (IMDb and TMDb ids)", "ratings.csv"),
+    "genome-scores.csv": ("tag genome file", "ratings.csv"),
+    "genome-tags.csv": ("tag genome file", "ratings.csv")}
 #: MovieLens-100K's rating files: u.data, u1.base ... u5.test, ua/ub.base and .test
 _ML100K_NAME = re.compile(r"u\.data|u(\d+|[ab])\.(base|test)")
 
@@ -999,12 +1003,11 @@ def _resolve(path: Path, format: str) -> Tuple[Path, str]:
     if not path.is_file():
         raise ValueError(f"path: {path} is not a regular file")
     if path.name in _OTHER_FILES:  # (genome-scores.csv was read as 3-column ratings)
-        beside = [name for name in _DIR_FILES if (path.parent / name).is_file()]
-        if beside:
-            raise ValueError(f"path: {path} is no rating file: it is MovieLens's "
-                             f"{_OTHER_FILES[path.name]}, beside the download's ratings, "
-                             f"{beside[0]}; give {path.parent / beside[0]} or the directory "
-                             f"{path.parent}")
+        what, ratings = _OTHER_FILES[path.name]
+        if (path.parent / ratings).is_file():
+            raise ValueError(f"path: {path} is no rating file: it is MovieLens's {what}, "
+                             f"beside the download's ratings, {ratings}; give "
+                             f"{path.parent / ratings} or the directory {path.parent}")
     return path, (_detect(path) if format == "auto" else format)
 
 
