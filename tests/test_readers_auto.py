@@ -268,6 +268,23 @@ def _zip(name, *members):
     return make
 
 
+def _patched_zip(name, *patches):
+    """A zip archive of ``ml-1m/rX.dat`` whose central directory entry has the bytes
+    ``value`` at ``offset`` for each ``(offset, value)`` of ``patches``: the version it
+    needs (6), its flags (8), its name (46 on)."""
+    def make(tmp_path):
+        path = tmp_path / name
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("ml-1m/rX.dat", "1::2::3::4\n")
+        data = bytearray(path.read_bytes())
+        entry = data.index(b"PK\x01\x02")
+        for offset, value in patches:
+            data[entry + offset:entry + offset + len(value)] = value
+        path.write_bytes(bytes(data))
+        return path
+    return make
+
+
 def _file(name, text):
     def make(tmp_path):
         path = tmp_path / name
@@ -337,6 +354,12 @@ BAD = [
      r".*extract it and give the rating file in it \(e\.g\. ml-1m/ratings\.dat\)$"),
     ("zip-damaged", _file("d.zip", "PK\x03\x04 and no archive"), "auto", r"d\.zip is a zip "
      r"archive .*extract it and give the rating file in it \(e\.g\. ml-1m/ratings\.dat\)$"),
+    # zipfile raised NotImplementedError / UnicodeDecodeError out of the hint
+    ("zip-version-unsupported", _patched_zip("v.zip", (6, b"\x63\x00")), "auto", r"v\.zip is a "
+     r"zip archive .*extract it and give the rating file in it \(e\.g\. ml-1m/ratings\.dat\)$"),
+    ("zip-name-not-utf8", _patched_zip("u.zip", (8, b"\x00\x08"), (53, b"\xe9")), "auto",
+     r"u\.zip is a zip archive .*extract it and give the rating file in it \(e\.g\. "
+     r"ml-1m/ratings\.dat\)$"),
     ("dir-none", _dir("notes.txt", subdirs=["ml-1m"]), "auto",
      r"path: .*data is a directory; give the rating file in it: looked for one of "
      r"ratings\.dat, ratings\.csv, u\.data, found none \(it holds ml-1m/, notes\.txt\)$"),

@@ -1630,8 +1630,8 @@ def _zip_fix(path: Path, fix: str) -> str:
         with zipfile.ZipFile(path) as archive:
             found = [PurePosixPath(name) for name in archive.namelist()
                      if PurePosixPath(name).name in _DIR_FILES]
-    except (zipfile.BadZipFile, OSError):  # (a damaged archive: the general advice)
-        return fix
+    except Exception:  # a hint only: a damaged archive (BadZipFile, an unsupported version's
+        return fix     # NotImplementedError, a name not UTF-8 as flagged): the general advice
     if len(found) != 1:
         return fix
     member = found[0]
