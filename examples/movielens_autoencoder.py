@@ -13,6 +13,7 @@ at the end, beside the item-mean baseline.
     python examples/movielens_autoencoder.py --ratings ml-1m/ratings.dat   # format detected
     python examples/movielens_autoencoder.py --train u1.base --test u1.test
     python examples/movielens_autoencoder.py --folds ml-100k/                     # u1..u5
+    python examples/movielens_autoencoder.py --folds ml-10M100K/          # r1..r5 (split_ratings.sh)
     python examples/movielens_autoencoder.py --folds 5 --model autorec          # random folds
     python examples/movielens_autoencoder.py --recommend 42 -k 10
     torchrun --nproc_per_node=2 examples/movielens_autoencoder.py --threads 1   # 2 processes
@@ -97,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--train", help="a given training file (with --test)")
     data.add_argument("--test", help="a given test file (with --train)")
     data.add_argument("--folds", help="cross-validate: a number k of seeded random folds, or "
-                      "a directory holding u1.base/u1.test ... (MovieLens-100K)")
+                      "a directory holding u1.base/u1.test ... (MovieLens-100K) or "
+                      "r1.train/r1.test ... (MovieLens-10M, made by its split_ratings.sh)")
     data.add_argument("--orientation", choices=["item", "user"], default="item",
                       help="item: rows are items (I-AutoRec); user: rows are users")
     data.add_argument("--test-ratio", type=float, default=0.1)
@@ -177,6 +179,9 @@ def parse_args(argv: Optional[List[str]] = None):
     """Parse and check every flag and file before any training."""
     p = build_parser()
     args = p.parse_args(argv)
+    for flag in ("ratings", "train", "test", "folds", "load", "save", "metrics_out"):
+        if getattr(args, flag) is not None:  # (no shell expands the ~ of --ratings=~/ml-1m)
+            setattr(args, flag, os.path.expanduser(getattr(args, flag)))
     if (args.train is None) != (args.test is None):
         p.error("--train and --test go together")
     if args.ratings and args.train:

@@ -536,3 +536,81 @@ def test_csv_string_ids_meet_their_item_file(tmp_path, ratings, movies, titles):
         assert torch.equal(features[r.item_map[key]], expected)
     if "1_0" in r.item_map:  # no line of its own: no genre
         assert not features[r.item_map["1_0"]].any()
+
+
+# -- the tokens as offsets into the bytes (no Python object per token) -------------------
+
+@pytest.mark.parametrize("raw", [
+    b"1 2 3 4\n5 6 7 8\n",
+    b"1 2 3 4\n5 6 7 8",                          # a last token at the end of the bytes
+    b"  12345678901234567890 x\t\tyy  \r\n\n z",  # runs of whitespace, \r, a wide token
+    b"a\x00 b 1\x00",                             # NULs: numpy's bytes arrays drop them
+    b"\xe9t\xe9 caf\xc3\xa9 1",                   # latin-1 and UTF-8 bytes
+    b"x",
+], ids=["lines", "no-final-newline", "whitespace-wide", "nul", "non-ascii", "one"])
+@pytest.mark.parametrize("chunk", [1, 2, 1 << 16])
+def test_tokens_are_raw_split(monkeypatch, raw, chunk):
+    """_Tokens gives raw.split()'s tokens one by one, picked as an array and as a list,
+    whatever the chunk of its gather."""
+    from nnsparse.data.readers import _Tokens, _tokenise
+    import numpy as np
+    monkeypatch.setattr(_Tokens, "_CHUNK", chunk)
+    tokens = _tokenise(raw, "f", (1, 10 ** 6), False)[0]
+    expected = raw.split()
+    assert len(tokens) == len(expected) and [tokens[k] for k in range(len(tokens))] == expected
+    for index in (np.arange(len(expected)), np.arange(len(expected))[::-1],
+                  np.array([0, 0], dtype=np.int64), np.zeros(0, dtype=np.int64)):
+        want = [expected[k] for k in index.tolist()]
+        assert tokens.pick_list(index) == want
+        picked = tokens.pick(index)
+        assert picked.dtype.kind == "S" and picked.tolist() == [w.rstrip(b"\x00") for w in want]
+
+
+def test_tokens_gather_a_long_token_in_bounded_memory():
+    """A long token (a 5000-byte id) gathers fewer tokens at a time: the temporaries stay
+    near the picked array's own size (its index temporary was 8 bytes a picked byte, 1.8 GB
+    for a 20000-line file of 230 KB), and the tokens are raw.split()'s."""
+    import tracemalloc
+    from nnsparse.data.readers import _Tokens, _tokenise
+    import numpy as np
+    lines = [b"%d %d 4" % (u, u % 7) for u in range(1000)]
+    lines[5] = b"A" + b"x" * 5000 + b" 3 4"
+    raw = b"\n".join(lines)
+    tokens = _tokenise(raw, "f", (3, 3), False)[0]
+    index = np.arange(0, len(tokens), 3)
+    tracemalloc.start()
+    try:
+        picked = tokens.pick(index)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert picked.tolist() == raw.split()[::3]
+    assert peak < 1.5 * picked.nbytes + 2 * _Tokens._CHUNK_BYTES * 9, (peak, picked.nbytes)
+
+
+@pytest.mark.parametrize("fmt, name, lines", [
+    ("csv", "ratings.csv", ["userId,movieId,rating,timestamp"] + [
+        f"{u},{i},{(u * i) % 10 / 2 + 0.5},{964982703 + u}" for u in range(1, 40)
+        for i in range(1, 300, 7)]),
+    ("ml-1m", "ratings.dat", [f"{u}::{i}::{(u + i) % 5 + 1}::978300760" for u in range(1, 30)
+                              for i in range(5, 4000, 131)]),
+    ("csv", "amazon.csv", [f"A{u:013d},B{i:09d},{(u + i) % 5 + 1}.0,1400000000"
+                           for u in range(25) for i in range(0, 900, 37)]),
+    ("text", "big.txt", [f"{u} {i + 10 ** 19} {u % 5 + 1}" for u in range(20) for i in range(9)]),
+], ids=["ml-latest-csv", "ml-1m", "string-ids", "ids-beyond-int64"])
+def test_reads_as_a_python_split_reference(tmp_path, monkeypatch, fmt, name, lines):
+    """Every id and rating as the lines split in Python give them, the tokens gathered in
+    chunks smaller than a column (the gather's chunk boundaries)."""
+    from nnsparse.data.readers import _Tokens
+    monkeypatch.setattr(_Tokens, "_CHUNK", 7)
+    path = tmp_path / name
+    path.write_text("\r\n".join(lines) + "\r\n")
+    r = read_ratings(path, fmt, titles=False)
+    sep = {"csv": ",", "ml-1m": "::", "text": None}[fmt]
+    rows = [line.split(sep) for line in lines[1 if fmt == "csv" and "userId" in lines[0] else 0:]]
+
+    def value(text):
+        return int(text) if re.fullmatch(r"[0-9]+", text) else text
+    assert [r.user_ids()[u] for u in r.user.tolist()] == [value(row[0]) for row in rows]
+    assert [r.item_ids()[i] for i in r.item.tolist()] == [value(row[1]) for row in rows]
+    assert r.rating.tolist() == [float(row[2]) for row in rows]

@@ -74,10 +74,14 @@ def test_movielens_autoencoder_on_files_and_recommend(tmp_path, capsys):
     assert math.isfinite(result["test_rmse"])
 
 
-@pytest.mark.parametrize("where, model", [("directory", "cfn++"), ("file", "autorec")])
-def test_movielens_autoencoder_on_an_unzipped_ml1m_without_format(tmp_path, capsys, where, model):
+@pytest.mark.parametrize("where, model", [("directory", "cfn++"), ("file", "autorec"),
+                                          ("--ratings=~/ml-1m/", "cfn++")])
+def test_movielens_autoencoder_on_an_unzipped_ml1m_without_format(tmp_path, capsys, monkeypatch,
+                                                                  where, model):
     """``--ratings ml-1m`` or ``--ratings ml-1m/ratings.dat`` as a user unzips it, no --format:
-    the format is detected (and cfn++ finds the genres in movies.dat, in latin-1)."""
+    the format is detected (and cfn++ finds the genres in movies.dat, in latin-1).  A ``~``
+    no shell expanded (``--ratings=~/ml-1m/``) is the home directory."""
+    monkeypatch.setenv("HOME", str(tmp_path))
     main = _load("movielens_autoencoder").main
     from nnsparse.data import synthetic_ratings
     r = synthetic_ratings(seed=2, n_users=50, n_items=60, n_ratings=1500)
@@ -89,9 +93,9 @@ def test_movielens_autoencoder_on_an_unzipped_ml1m_without_format(tmp_path, caps
     (folder / "movies.dat").write_bytes("".join(
         f"{i}::Café {i} (1995)::{'Drama' if i % 2 else 'Comedy|Drama'}\n"
         for i in range(1, 61)).encode("latin-1"))
-    path = folder if where == "directory" else folder / "ratings.dat"
-    result = main(["--ratings", str(path), "--model", model, "--epochs", "1", "--hidden", "8",
-                   "--no-progress"])
+    path = {"directory": ["--ratings", str(folder)], "file": [
+        "--ratings", str(folder / "ratings.dat")]}.get(where, [where])
+    result = main(path + ["--model", model, "--epochs", "1", "--hidden", "8", "--no-progress"])
     out = capsys.readouterr().out
     assert out.startswith("1500 ratings, 50 users x 60 items")
     assert out.strip().splitlines()[-1] == f"test RMSE: {result['test_rmse']:.4f}"

@@ -1,7 +1,9 @@
 """read_ratings(format="auto"), the default, and a MovieLens directory as path: the real
 layouts of the downloads, each written small here, read as their explicit format."""
 import gzip
+import pathlib
 import re
+import zipfile
 
 import pytest
 import torch
@@ -25,8 +27,10 @@ LAYOUTS = {
                       "3408::Amélie (2001)::Comedy\n".encode("latin-1"),
         "users.dat": "1::F::1::10::48067\n"}),
     "ml-10m": ("ml-1m", "ratings.dat", {
-        "ratings.dat": "1::122::5::838985046\n1::185::4.5::838983525\n2::122::0.5::868245777\n",
-        "movies.dat": "122::Boomerang (1992)::Comedy|Romance\n185::Net, The (1995)::Action\n",
+        "ratings.dat": "1::122::5::838985046\n1::185::4.5::838983525\n2::73::0.5::868245777\n",
+        # ML-10M's files are UTF-8 (its README), ML-1M's latin-1
+        "movies.dat": "122::Boomerang (1992)::Comedy|Romance\n185::Net, The (1995)::Action\n"
+                      "73::Misérables, Les (1995)::Drama|War\n".encode("utf-8"),
         "tags.dat": "15::4973::excellent!::1215184630\n"}),
     "ml-20m": ("csv", "ratings.csv", {
         "ratings.csv": "userId,movieId,rating,timestamp\n1,2,3.5,1112486027\n1,29,4.0,1112484676\n"
@@ -69,7 +73,7 @@ def test_each_layout_reads_without_a_format(tmp_path, layout):
 
 
 @pytest.mark.parametrize("layout, ratings, title", [
-    ("ml-10m", [5.0, 4.5, 0.5], "Net, The (1995)"),
+    ("ml-10m", [5.0, 4.5, 0.5], "Misérables, Les (1995)"),  # UTF-8 (latin-1 before)
     ("ml-1m", [5.0, 3.0, 4.0], "James and the Giant Peach (1996)"),
     ("ml-100k", [3.0, 3.0, 1.0], "Café Heavyweights (1994)"),
     ("ml-20m", [3.5, 4.0, 0.5], "City of Lost Children, The (1995)"),
@@ -78,6 +82,29 @@ def test_layout_values(tmp_path, layout, ratings, title):
     directory, _, _ = write_layout(tmp_path, layout)
     r = read_ratings(directory)
     assert r.rating.tolist() == ratings and title in r.titles
+
+
+@pytest.mark.parametrize("name, fmt, line, encoding", [
+    ("u.item", "ml-100k", "7|Café Noir (1996)|01-Jan-1996||http://x|0|1", "latin-1"),
+    ("movies.dat", "ml-1m", "7::Misérables, Les (1995)::Drama|Musical", "latin-1"),  # ML-1M
+    ("movies.dat", "ml-1m", "7::Misérables, Les (1995)::Drama|Musical", "utf-8"),    # ML-10M
+    ("movies.dat", "ml-1m", "7::Cité des enfants perdus, La (1995)::Sci-Fi", "utf-8"),
+    ("u.item", "ml-100k", "7|Café Noir (1996)|01-Jan-1996||http://x|0|1", "utf-8"),
+], ids=["ml-100k-latin1", "ml-1m-latin1", "ml-10m-utf8", "ml-10m-utf8-2", "u.item-utf8"])
+@pytest.mark.parametrize("bom, newline", [(b"", b"\n"), (b"\xef\xbb\xbf", b"\r\n")],
+                         ids=["lf", "bom-crlf"])
+def test_item_file_titles_in_utf8_or_latin1(tmp_path, name, fmt, line, encoding, bom, newline):
+    """A u.item or movies.dat is read as UTF-8 when it is (MovieLens-10M's movies.dat; it
+    was read as latin-1, 'MisÃ©rables'), else as latin-1 (MovieLens-100K's and -1M's)."""
+    sep = "|" if fmt == "ml-100k" else "::"
+    (tmp_path / name).write_bytes(bom + f"1{sep}Plain (1990){sep}x\n{line}\n".encode(encoding)
+                                  .replace(b"\n", newline))
+    ratings = tmp_path / ("u.data" if fmt == "ml-100k" else "ratings.dat")
+    between = "\t" if fmt == "ml-100k" else "::"
+    ratings.write_text(f"1{between}7{between}4{between}0\n1{between}1{between}3{between}0\n")
+    title = line.split(sep)[1]
+    assert read_ratings(ratings).titles == ["Plain (1990)", title]
+    assert read_ratings(tmp_path, fmt).titles == ["Plain (1990)", title]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -122,6 +149,48 @@ def test_tab_separated_integer_file_reads_as_ml100k_with_the_same_numbers(tmp_pa
     assert read_ratings(path, "text").titles is None
 
 
+def test_paths_starting_with_a_tilde_are_the_home_directory(tmp_path, monkeypatch):
+    """``"~/ml-100k"`` is read as pandas reads it (a shell leaves ``--x=~/...`` as it is);
+    every reader's path and fold_files' directory."""
+    from nnsparse.data import read_item_features, read_user_features
+    from nnsparse.models import fold_files
+    monkeypatch.setenv("HOME", str(tmp_path))
+    directory, path, _ = write_layout(tmp_path, "ml-100k")
+    plain = read_ratings(path)
+    for given in ("~/ml-100k", "~/ml-100k/", "~/ml-100k/u.data", pathlib.Path("~/ml-100k")):
+        assert detect_format(given) == "ml-100k" and same(read_ratings(given), plain)
+    assert same(read_ratings(path, titles="~/ml-100k/u.item"), plain)
+    pair = read_split(directory / "u1.base", directory / "u1.test")
+    for got, want in zip(read_split("~/ml-100k/u1.base", "~/ml-100k/u1.test"), pair):
+        assert same(got, want)
+    for got, want in zip(next(fold_files("~/ml-100k")), pair):
+        assert same(got, want)
+    assert torch.equal(read_item_features("~/ml-100k/u.item", "ml-100k", plain.item_map),
+                       read_item_features(directory / "u.item", "ml-100k", plain.item_map))
+    users = {1: 0}
+    assert torch.equal(read_user_features("~/ml-100k/u.user", "ml-100k", users),
+                       read_user_features(directory / "u.user", "ml-100k", users))
+
+
+def test_a_tilde_of_no_user_is_a_name(tmp_path, monkeypatch):
+    """``~name`` of no user stays as it is, as the shell and pandas (os.path.expanduser)
+    leave it: a file called ``~ratings.csv`` reads, a missing one is the usual error
+    (Path.expanduser raised RuntimeError: 'Could not determine home directory')."""
+    from nnsparse.models import fold_files
+    monkeypatch.chdir(tmp_path)
+    user = "~no-such-user-nnsparse"
+    pathlib.Path(f"{user}.csv").write_text("1,2,3.5\n")
+    assert read_ratings(f"{user}.csv").rating.tolist() == [3.5]
+    assert detect_format(pathlib.Path(f"{user}.csv")) == "csv"
+    with pytest.raises(ValueError, match=rf"^path: no rating file at {user}/r\.csv \(it "
+                                         rf"does not exist\)$"):
+        read_ratings(f"{user}/r.csv")
+    with pytest.raises(ValueError, match=rf"^folds: no directory at {user}$"):
+        fold_files(user)
+    with pytest.raises(ValueError, match=rf"^titles: no item file at {user}/u\.item$"):
+        read_ratings(f"{user}.csv", titles=f"{user}/u.item")
+
+
 def test_read_split_detects_the_training_file(tmp_path):
     directory, _, _ = write_layout(tmp_path, "ml-100k")
     base, test = directory / "u1.base", directory / "u1.test"
@@ -152,10 +221,68 @@ def test_fold_files_detects_each_fold_by_default(tmp_path):
         list(fold_files(spaced, "ml-100k"))
 
 
+def test_fold_files_reads_ml10m_split_ratings_folds(tmp_path):
+    """MovieLens-10M's split_ratings.sh writes r1.train/r1.test ... r5 (and ra/rb, per-user
+    splits, no folds) in its '::' format: fold_files reads them as it reads ML-100K's u<N>
+    pairs (it found none: 'holds no u<N>.base / u<N>.test pair'), titles from movies.dat."""
+    from nnsparse.models import fold_files
+    directory, _, _ = write_layout(tmp_path, "ml-10m")
+    lines = ["1::122::5::838985046\n", "1::185::4.5::838983525\n", "2::73::0.5::868245777\n",
+             "2::122::3::868245778\n"]
+    for n in (1, 2):
+        (directory / f"r{n}.train").write_text("".join(lines[:2] if n == 1 else lines[1:]))
+        (directory / f"r{n}.test").write_text(lines[3] if n == 1 else lines[0])
+    for name in ("ra.train", "ra.test", "r3.train"):  # no folds / a fold without its test
+        (directory / name).write_text(lines[0])
+    folds = list(fold_files(str(directory) + "/"))
+    assert [(len(train), len(test)) for train, test in folds] == [(2, 1), (3, 1)]
+    explicit = list(fold_files(directory, "ml-1m"))
+    assert all(same(a, b) for fa, fb in zip(folds, explicit) for a, b in zip(fa, fb))
+    assert folds[1][0].titles[folds[1][0].item_map[73]] == "Misérables, Les (1995)"
+    (directory / "u1.base").write_text("1\t2\t3\t0\n")
+    (directory / "u1.test").write_text("1\t3\t3\t0\n")
+    with pytest.raises(ValueError, match=r"folds: .* holds both u<N>\.base / u<N>\.test and "
+                                         r"r<N>\.train / r<N>\.test pairs; give a directory "
+                                         r"of one set of folds$"):
+        fold_files(directory)
+    with pytest.raises(ValueError, match=r"folds: .* holds no u<N>\.base / u<N>\.test pair "
+                                         r"\(MovieLens-100K\) nor r<N>\.train / r<N>\.test "
+                                         r"pair \(MovieLens-10M's split_ratings\.sh\)$"):
+        fold_files(tmp_path)
+
+
 def _gzip(tmp_path):
     path = tmp_path / "ratings.dat"
     path.write_bytes(gzip.compress(b"1::2::3::4\n"))
     return path
+
+
+def _zip(name, *members):
+    """A zip archive as grouplens ships them: ``name`` holding ``members`` (paths inside)."""
+    def make(tmp_path):
+        path = tmp_path / name
+        with zipfile.ZipFile(path, "w") as archive:
+            for member in members:
+                archive.writestr(member, "1::2::3::4\n")
+        return path
+    return make
+
+
+def _patched_zip(name, *patches):
+    """A zip archive of ``ml-1m/rX.dat`` whose central directory entry has the bytes
+    ``value`` at ``offset`` for each ``(offset, value)`` of ``patches``: the version it
+    needs (6), its flags (8), its name (46 on)."""
+    def make(tmp_path):
+        path = tmp_path / name
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("ml-1m/rX.dat", "1::2::3::4\n")
+        data = bytearray(path.read_bytes())
+        entry = data.index(b"PK\x01\x02")
+        for offset, value in patches:
+            data[entry + offset:entry + offset + len(value)] = value
+        path.write_bytes(bytes(data))
+        return path
+    return make
 
 
 def _file(name, text):
@@ -211,6 +338,28 @@ BAD = [
      r"r\.txt, line 2: expected 3 to 4 fields, got 2: 'c d' \(format 'auto' read r\.txt as "
      r"'text'"),
     ("gzip", _gzip, "auto", r"path: .*ratings\.dat is gzip-compressed"),
+    # a zip names the rating file it holds and the folder it unzips to (ML-10M's is not
+    # ml-10m/); it said "e.g. ml-1m/ratings.dat" of every archive
+    ("zip-ml-10m", _zip("ml-10m.zip", "ml-10M100K/movies.dat", "ml-10M100K/ratings.dat",
+                        "ml-10M100K/tags.dat"), "auto",
+     r"path: .*ml-10m\.zip is a zip archive \(it starts with b'PK\\x03\\x04'\), not a text "
+     r"file; extract it and give the rating file in it or its directory \(it holds "
+     r"ml-10M100K/ratings\.dat; unzip ml-10m\.zip makes ml-10M100K/\)$"),
+    ("zip-ml-100k-explicit-format", _zip("ml-100k.zip", "ml-100k/u.data", "ml-100k/u1.base"),
+     "ml-100k", r"ml-100k\.zip is a zip archive .* \(it holds ml-100k/u\.data; unzip "
+                r"ml-100k\.zip makes ml-100k/\)$"),
+    ("zip-flat", _zip("r.zip", "ratings.csv"), "auto", r"r\.zip is a zip archive .*"
+     r"extract it and give the rating file in it or its directory \(it holds ratings\.csv\)$"),
+    ("zip-no-rating-file", _zip("x.zip", "data/notes.txt"), "auto", r"x\.zip is a zip archive "
+     r".*extract it and give the rating file in it \(e\.g\. ml-1m/ratings\.dat\)$"),
+    ("zip-damaged", _file("d.zip", "PK\x03\x04 and no archive"), "auto", r"d\.zip is a zip "
+     r"archive .*extract it and give the rating file in it \(e\.g\. ml-1m/ratings\.dat\)$"),
+    # zipfile raised NotImplementedError / UnicodeDecodeError out of the hint
+    ("zip-version-unsupported", _patched_zip("v.zip", (6, b"\x63\x00")), "auto", r"v\.zip is a "
+     r"zip archive .*extract it and give the rating file in it \(e\.g\. ml-1m/ratings\.dat\)$"),
+    ("zip-name-not-utf8", _patched_zip("u.zip", (8, b"\x00\x08"), (53, b"\xe9")), "auto",
+     r"u\.zip is a zip archive .*extract it and give the rating file in it \(e\.g\. "
+     r"ml-1m/ratings\.dat\)$"),
     ("dir-none", _dir("notes.txt", subdirs=["ml-1m"]), "auto",
      r"path: .*data is a directory; give the rating file in it: looked for one of "
      r"ratings\.dat, ratings\.csv, u\.data, found none \(it holds ml-1m/, notes\.txt\)$"),
@@ -228,6 +377,19 @@ BAD = [
      r"holds ratings\.dat, a file of format 'ml-1m', but format is 'text'"),
     ("missing", lambda tmp_path: tmp_path / "nothing.dat", "auto",
      r"path: no rating file at .*nothing\.dat \(it does not exist\)"),
+    # a download's other file, beside its ratings: genome-scores.csv (movieId,tagId,
+    # relevance) was read as 3-column ratings; movies.dat, tags.dat failed on a field
+    ("genome-scores-beside-ratings", lambda tmp_path: _dir("ratings.csv", "genome-scores.csv")(
+        tmp_path) / "genome-scores.csv", "auto",
+     r"path: .*data/genome-scores\.csv is no rating file: it is MovieLens's tag genome file, "
+     r"beside the download's ratings, ratings\.csv; give .*data/ratings\.csv or the "
+     r"directory .*data$"),
+    ("tags-dat-beside-ratings", lambda tmp_path: _dir("ratings.dat", "tags.dat")(
+        tmp_path) / "tags.dat", "ml-1m", r"tags\.dat is no rating file: it is MovieLens's tag "
+                                          r"file, beside the download's ratings, ratings\.dat"),
+    ("u-item-beside-u-data", lambda tmp_path: _dir("u.data", "u.item")(tmp_path) / "u.item",
+     "auto", r"u\.item is no rating file: it is MovieLens's item file, beside the download's "
+             r"ratings, u\.data"),
 ]
 
 
@@ -239,6 +401,22 @@ def test_bad_files_and_directories(tmp_path, make, fmt, message):
     if fmt == "auto" and "format 'auto' read" not in message:  # detection's own refusals
         with pytest.raises(ValueError, match=message):
             detect_format(path)
+
+
+@pytest.mark.parametrize("name, beside", [
+    ("tags.csv", None), ("movies.dat", None), ("genome-scores.csv", None),
+    # beside another download's rating file: ML-1M has no movies.csv, ML-20M no movies.dat
+    ("movies.csv", "ratings.dat"), ("tags.csv", "u.data"), ("movies.dat", "ratings.csv"),
+    ("u.item", "ratings.csv")])
+def test_a_movielens_side_file_name_alone_is_a_rating_file(tmp_path, name, beside):
+    """Only beside its own download's rating file is such a name refused: a rating file of
+    one's own may be called so (it was refused beside any MovieLens rating file, 'it is
+    MovieLens's item file' of a movies.csv in ml-1m/)."""
+    if beside is not None:
+        (tmp_path / beside).write_text("1::2::3::0\n")
+    path = tmp_path / name
+    path.write_text("1,2,3.5\n" if name.endswith(".csv") else "1::2::3.5::0\n")
+    assert read_ratings(path).rating.tolist() == [3.5]
 
 
 def test_detect_format_and_read_split_arguments(tmp_path):

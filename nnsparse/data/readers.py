@@ -11,13 +11,15 @@ bad line for the error message.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import re
 import warnings
+import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union, cast
 
 import numpy as np
@@ -46,6 +48,13 @@ _CHOICES: Tuple[str, ...] = ("auto",) + FORMATS
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 #: The UTF-8 byte order mark some editors put at the start of a text file.
 _BOM = b"\xef\xbb\xbf"
+
+
+def _path(path: _PathLike) -> Path:
+    """A path given by the caller, ``~`` expanded as the shell and pandas' readers do
+    (``"~/data/ml-1m"``; a shell leaves ``--ratings=~/...`` as it is).  A ``~name`` of no
+    user stays as it is, a file name (``Path.expanduser`` raised ``RuntimeError``)."""
+    return Path(os.path.expanduser(path))
 
 
 def _float32(values: np.ndarray) -> np.ndarray:
@@ -441,9 +450,61 @@ _SPACE = np.zeros(256, dtype=bool)
 _SPACE[[9, 10, 11, 12, 13, 32]] = True  # what bytes.split() splits on
 
 
+class _Tokens:
+    """The whitespace-separated tokens of ``raw`` (``raw.split()``'s), kept as offsets into
+    it: ``tokens[k]`` is one token's bytes, :meth:`pick` some tokens as one numpy bytes
+    array, with no Python object per token (``raw.split()`` made 4 a line of a rating file:
+    about 215 bytes a line, half the peak memory of reading a large ratings.csv)."""
+
+    #: tokens gathered at a time by :meth:`pick`, at most (its index temporary: ``_CHUNK``
+    #: x width int64), and the bytes a gather takes at most: fewer tokens at a time when a
+    #: token is long (a 5000-byte id in a 20000-line file took 1.8 GB, 0.3 GB before)
+    _CHUNK = 1 << 16
+    _CHUNK_BYTES = 1 << 19
+
+    def __init__(self, raw: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+        self.raw, self.buf, self.starts, self.ends = raw, buf, starts, ends
+        # numpy's bytes arrays drop trailing NULs ('12\0' would read as 12): the exact
+        # tokens then, as raw.split() gave them
+        self.exact = b"\x00" in raw
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, k: Any) -> bytes:
+        return self.raw[int(self.starts[k]):int(self.ends[k])]
+
+    def pick(self, index: np.ndarray) -> np.ndarray:
+        """``np.array([self[k] for k in index])``: dtype ``S<longest token>``, gathered from
+        the bytes ``_CHUNK`` tokens at a time."""
+        if len(index) == 0:
+            return np.array([], "S1")
+        if self.exact:
+            return np.array([self[k] for k in index.tolist()])
+        start = self.starts[index]
+        length = self.ends[index] - start
+        width = int(length.max())
+        out = np.empty((len(index), width), dtype=np.uint8)
+        offsets = np.arange(width)
+        last = len(self.buf) - 1
+        chunk = max(1, min(self._CHUNK, self._CHUNK_BYTES // width))
+        for a in range(0, len(index), chunk):
+            block = self.buf[np.minimum(start[a:a + chunk, None] + offsets, last)]
+            block[offsets >= length[a:a + chunk, None]] = 0
+            out[a:a + chunk] = block
+        return out.view(f"S{width}").reshape(-1)
+
+    def pick_list(self, index: np.ndarray, picked: Optional[np.ndarray] = None) -> List[bytes]:
+        """``[self[k] for k in index]``, by way of :meth:`pick` (or ``picked``, what it
+        gave) where that is exact."""
+        if self.exact:
+            return [self[k] for k in index.tolist()]
+        return cast(List[bytes], (self.pick(index) if picked is None else picked).tolist())
+
+
 def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
               original: Optional[bytes] = None, fmt: Optional[str] = None, why: str = ""
-              ) -> Tuple[List[bytes], np.ndarray, np.ndarray, Optional[np.ndarray]]:
+              ) -> Tuple[_Tokens, np.ndarray, np.ndarray, Optional[np.ndarray]]:
     """Split ``raw`` (separators already turned into spaces) into tokens.
 
     Returns the tokens, the index of the first token of each record, the
@@ -484,7 +545,8 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
                          f"{counts[number]}: {quote}{why}{_other_format(line, fmt)}")
     if len(lines) == 0:
         raise ValueError(f"{path} holds no ratings (empty file)")
-    return raw.split(), first[lines], lines + 1, _underscored(buf, starts)
+    ends = np.flatnonzero(~space & np.concatenate((space[1:], [True]))) + 1
+    return _Tokens(raw, buf, starts, ends), first[lines], lines + 1, _underscored(buf, starts)
 
 
 def _other_format(line: str, read_as: Optional[str] = None) -> str:
@@ -527,12 +589,12 @@ def _line(raw: bytes, newlines: np.ndarray, number: int) -> str:
     return raw[begin:end].decode("latin-1").strip()
 
 
-def _column(tokens: List[bytes], index: np.ndarray, dtype: Any, path: str,
+def _column(tokens: _Tokens, index: np.ndarray, dtype: Any, path: str,
             line: np.ndarray, what: str, underscored: Optional[np.ndarray]) -> np.ndarray:
     """Convert ``tokens[index]`` to ``dtype``, naming the first bad line on failure."""
     kind = "an integer" if dtype is np.int64 else "a finite number"
     _refuse_underscores(tokens, index, underscored, path, line, f"{what} must be {kind}")
-    picked = np.array([tokens[i] for i in index.tolist()]) if len(index) else np.array([], "S1")
+    picked = tokens.pick(index)
     try:
         out = picked.astype(dtype)
     except (ValueError, OverflowError):
@@ -552,7 +614,7 @@ def _column(tokens: List[bytes], index: np.ndarray, dtype: Any, path: str,
     raise AssertionError("unreachable: conversion failed without a bad token")
 
 
-def _refuse_underscores(tokens: List[bytes], index: np.ndarray,
+def _refuse_underscores(tokens: _Tokens, index: np.ndarray,
                         underscored: Optional[np.ndarray], path: str, line: np.ndarray,
                         rule: str) -> None:
     """``ValueError`` naming the first of ``tokens[index]`` that holds a ``_``."""
@@ -585,7 +647,7 @@ def _remap(ids: np.ndarray, mapping: Optional[Dict[Any, int]],
     return new, position[inverse]
 
 
-def _ids(tokens: List[bytes], index: np.ndarray, path: str, line: np.ndarray,
+def _ids(tokens: _Tokens, index: np.ndarray, path: str, line: np.ndarray,
          what: str, numeric: bool, underscored: Optional[np.ndarray],
          as_str: bool = False) -> np.ndarray:
     """The ``what`` ids: int64, Python ints beyond int64, or (``csv`` and ``text``, not
@@ -601,13 +663,13 @@ def _ids(tokens: List[bytes], index: np.ndarray, path: str, line: np.ndarray,
                             f"the {what} id must be an integer")
         if as_str:
             _ids(tokens, index, path, line, what, numeric, underscored)
-    picked = [tokens[i] for i in index.tolist()]
+    array = tokens.pick(index)
     if not as_str and (underscored is None or not underscored[index].any()):
         try:
-            return np.array(picked).astype(np.int64) if picked else np.zeros(0, np.int64)
+            return array.astype(np.int64) if len(index) else np.zeros(0, np.int64)
         except (ValueError, OverflowError):
             pass
-        big = _big_ints(picked)
+        big = _big_ints(tokens.pick_list(index, array))
         if big is not None:  # 20-digit ids: exact Python ints (numpy cannot sort them mixed)
             return big
     if numeric and not as_str:
@@ -615,6 +677,8 @@ def _ids(tokens: List[bytes], index: np.ndarray, path: str, line: np.ndarray,
     # csv and text: ids are integers when they all are, else every id is the file's
     # UTF-8 string ("0013" and "13" two ids, "7" the string "7" beside "A7"), each
     # distinct token decoded once
+    picked = tokens.pick_list(index, array)
+    del array
     out = np.empty(len(picked), dtype=object)
     try:
         text = {token: token.decode("utf-8") for token in set(picked)}
@@ -812,19 +876,31 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
             titles[key] = row[1]
         return titles
     sep = "|" if fmt == "ml-100k" else "::"
-    with open(path, encoding="latin-1") as f:  # the MovieLens item files are latin-1
-        for number, line in enumerate(f, start=1):
-            line = _without_bom(line, number)
-            if not line.strip():
-                continue
-            parts = line.rstrip("\r\n").split(sep)
-            if len(parts) < 2:
-                raise ValueError(f"{path}, line {number}: expected 'id{sep}title{sep}...', "
-                                 f"got {line.strip()[:200]!r}")
-            key = _int_id(parts[0], path, number)
-            _once(seen, key, path, number, "item", _ONE_TITLE)
-            titles[key] = sep.join(parts[1:_title_end(parts, fmt)])
+    for number, line in enumerate(io.StringIO(_item_text(path), newline=None), start=1):
+        line = _without_bom(line, number)
+        if not line.strip():
+            continue
+        parts = line.rstrip("\r\n").split(sep)
+        if len(parts) < 2:
+            raise ValueError(f"{path}, line {number}: expected 'id{sep}title{sep}...', "
+                             f"got {line.strip()[:200]!r}")
+        key = _int_id(parts[0], path, number)
+        _once(seen, key, path, number, "item", _ONE_TITLE)
+        titles[key] = sep.join(parts[1:_title_end(parts, fmt)])
     return titles
+
+
+def _item_text(path: Path) -> str:
+    """The text of a ``u.item`` or ``movies.dat``: UTF-8 when its bytes are (MovieLens-10M's
+    ``movies.dat``; its README: "encoded as UTF-8 ... a departure from previous MovieLens
+    data sets"), else latin-1, which decodes any bytes (MovieLens-100K's ``u.item`` and
+    -1M's ``movies.dat``, whose ``é`` is the one byte 0xE9: no valid UTF-8).  A byte
+    order mark is left in, for :func:`_without_bom`."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
 
 
 # u.item (ml-100k): id|title|release date|video release date|url|19 genre flags
@@ -841,9 +917,12 @@ def _title_end(parts: List[str], fmt: str) -> int:
 
 
 def _without_bom(line: str, number: int) -> str:
-    """Line ``number`` of a file read as latin-1, without a leading UTF-8 byte order mark."""
-    bom = _BOM.decode("latin-1")
-    return line[len(bom):] if number == 1 and line.startswith(bom) else line
+    """Line ``number`` of a file read as latin-1 or UTF-8, without a leading UTF-8 byte
+    order mark."""
+    for bom in (_BOM.decode("latin-1"), _BOM.decode("utf-8")):
+        if number == 1 and line.startswith(bom):
+            return line[len(bom):]
+    return line
 
 
 def _strict_int(text: str) -> int:
@@ -889,7 +968,7 @@ def _title_file(path: Path, fmt: str, titles: Union[bool, _PathLike]) -> Optiona
         name = _FORMATS[fmt][3]
         found = path.parent / name if name else None
         return found if found is not None and found.is_file() else None
-    given = Path(titles)
+    given = _path(titles)
     if not given.is_file():
         raise ValueError(f"titles: no item file at {given}")
     return given
@@ -899,6 +978,20 @@ def _title_file(path: Path, fmt: str, titles: Union[bool, _PathLike]) -> Optiona
 
 #: the rating file of each MovieLens download, looked for in a directory given as ``path``
 _DIR_FILES: Dict[str, str] = {"ratings.dat": "ml-1m", "ratings.csv": "csv", "u.data": "ml-100k"}
+#: the other files of the MovieLens downloads (name -> what it is, the download's rating
+#: file), refused as ``path`` beside that rating file (csv would read genome-scores.csv's
+#: movieId,tagId,relevance as ratings); elsewhere, or beside another download's rating
+#: file (a movies.csv of one's own in ml-1m/), such a name may be a rating file
+_OTHER_FILES: Dict[str, Tuple[str, str]] = {
+    "u.item": ("item file", "u.data"), "u.user": ("user file", "u.data"),
+    "u.genre": ("genre list", "u.data"), "u.occupation": ("occupation list", "u.data"),
+    "u.info": ("count file", "u.data"),
+    "movies.dat": ("item file", "ratings.dat"), "users.dat": ("user file", "ratings.dat"),
+    "tags.dat": ("tag file", "ratings.dat"),
+    "movies.csv": ("item file", "ratings.csv"), "tags.csv": ("tag file", "ratings.csv"),
+    "links.csv": ("links file (IMDb and TMDb ids)", "ratings.csv"),
+    "genome-scores.csv": ("tag genome file", "ratings.csv"),
+    "genome-tags.csv": ("tag genome file", "ratings.csv")}
 #: MovieLens-100K's rating files: u.data, u1.base ... u5.test, ua/ub.base and .test
 _ML100K_NAME = re.compile(r"u\.data|u(\d+|[ab])\.(base|test)")
 
@@ -912,6 +1005,12 @@ def _resolve(path: Path, format: str) -> Tuple[Path, str]:
         raise ValueError(f"path: no rating file at {path} (it does not exist)")
     if not path.is_file():
         raise ValueError(f"path: {path} is not a regular file")
+    if path.name in _OTHER_FILES:  # (genome-scores.csv was read as 3-column ratings)
+        what, ratings = _OTHER_FILES[path.name]
+        if (path.parent / ratings).is_file():
+            raise ValueError(f"path: {path} is no rating file: it is MovieLens's {what}, "
+                             f"beside the download's ratings, {ratings}; give "
+                             f"{path.parent / ratings} or the directory {path.parent}")
     return path, (_detect(path) if format == "auto" else format)
 
 
@@ -1035,7 +1134,7 @@ def detect_format(path: _PathLike) -> str:
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    return _resolve(Path(path), "auto")[1]
+    return _resolve(_path(path), "auto")[1]
 
 
 # -- public readers ----------------------------------------------------------------------
@@ -1049,7 +1148,8 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
     Args:
         path (str or PathLike): the rating file, or a directory holding exactly
             one MovieLens rating file (``ratings.dat``, ``ratings.csv`` or
-            ``u.data``: an unzipped download such as ``ml-1m/``).
+            ``u.data``: an unzipped download such as ``ml-1m/``).  A leading ``~``
+            is the home directory, in every reader's paths (as in pandas).
         format (str): one of
 
             * ``"auto"`` (default): detected from the file's first non-blank line
@@ -1057,7 +1157,9 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
             * ``"ml-100k"``: MovieLens-100K ``u.data``, ``uN.base``, ``uN.test``:
               ``user<TAB>item<TAB>rating<TAB>timestamp``; titles from ``u.item``;
             * ``"ml-1m"``: MovieLens-1M/10M ``ratings.dat``:
-              ``user::item::rating::timestamp``; titles from ``movies.dat``;
+              ``user::item::rating::timestamp``; titles from ``movies.dat``
+              (latin-1 in ML-1M, UTF-8 in ML-10M: an item file is read as UTF-8
+              when it is valid UTF-8, else as latin-1);
             * ``"csv"``: comma-separated ``user,item,rating`` and optionally a
               fourth column (ignored), by position, as many on every line as on the
               first, unquoted (a quoted field is refused, a quoted header skipped);
@@ -1088,8 +1190,11 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
     Raises:
         ValueError: unknown ``format`` or ``unseen``, a missing file, a
             directory with none or several MovieLens rating files or with one of
-            another format than ``format``, a first line of comma-separated fields
-            that are not 3 or 4 (``"auto"``), an empty file, a file whose lines do not match
+            another format than ``format``, another file of a MovieLens download
+            beside its rating file (``movies.dat``, ``tags.csv``,
+            ``genome-scores.csv``, ...; the message names the rating file), a
+            first line of comma-separated fields that are not 3 or 4
+            (``"auto"``), an empty file, a file whose lines do not match
             ``format`` (the message names the file and its 1-based line
             number; an empty field between two separators, ``1,,2,5``, and a
             quoted ``"csv"`` field too), a rating that is not a finite number or overflows
@@ -1160,7 +1265,7 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
     if not isinstance(titles, (bool, str, os.PathLike)):
         raise TypeError(f"titles must be a bool or a path (str or os.PathLike), "
                         f"got {type(titles).__name__}")
-    path, fmt = _resolve(Path(path), format)
+    path, fmt = _resolve(_path(path), format)
     # Every argument is checked before the ratings are read or anything is changed.
     title_file = _title_file(path, fmt, titles)
     return _read(path, fmt, title_file, user_map, item_map, unseen, auto=format == "auto")
@@ -1468,16 +1573,16 @@ def read_split(train: _PathLike, test: _PathLike, format: str = "auto", *,
         raise TypeError(f"titles must be a bool or a path (str or os.PathLike), "
                         f"got {type(titles).__name__}")
     for name, given in (("train", train), ("test", test)):  # name the part that is missing
-        if isinstance(given, (str, os.PathLike)) and not Path(given).exists():
+        if isinstance(given, (str, os.PathLike)) and not _path(given).exists():
             raise ValueError(f"{name}: no rating file at {given} (it does not exist)")
-        if isinstance(given, (str, os.PathLike)) and Path(given).is_dir():
+        if isinstance(given, (str, os.PathLike)) and _path(given).is_dir():
             raise ValueError(f"{name}: {given} is a directory; give the rating file in it")
     first = read_ratings(train, format, titles=False)
-    fmt = _detect(Path(train)) if format == "auto" else format  # (train: a file, just read)
+    fmt = _detect(_path(train)) if format == "auto" else format  # (train: a file, just read)
     second = read_ratings(test, fmt, titles=False, user_map=first.user_map,
                           item_map=first.item_map, unseen=unseen)
     _warn_shared_pairs(first, second, test)
-    title_file = _title_file(Path(train), fmt, titles)
+    title_file = _title_file(_path(train), fmt, titles)
     if title_file is not None:
         first.titles = second.titles = _titles(first.item_map, _read_titles(title_file, fmt))
     return first, second
@@ -1511,11 +1616,31 @@ def _refuse_binary(head: bytes, path: Path) -> None:
     quoted ("expected 4 fields, got 2: '\\x8b\\x08...'"): named here from its first bytes."""
     for magic, kind, fix in _ARCHIVES:
         if head.startswith(magic) and (magic != b"BZh" or head[4:10] == b"1AY&SY"):
+            if magic == b"PK\x03\x04":
+                fix = _zip_fix(path, fix)
             raise ValueError(f"path: {path} is {kind} (it starts with {magic!r}), not a text "
                              f"file; {fix}")
     if b"\x00" in head:
         raise ValueError(f"path: {path} holds NUL bytes: a binary file or UTF-16 text, not "
                          f"ASCII/UTF-8/latin-1 text; save it as UTF-8")
+
+
+def _zip_fix(path: Path, fix: str) -> str:
+    """What to do with the zip archive ``path``: ``fix``, with the MovieLens rating file
+    the archive holds (``ml-100k/u.data``) and the directory unzipping it makes, in place of
+    the example when it holds one."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            found = [PurePosixPath(name) for name in archive.namelist()
+                     if PurePosixPath(name).name in _DIR_FILES]
+    except Exception:  # a hint only: a damaged archive (BadZipFile, an unsupported version's
+        return fix     # NotImplementedError, a name not UTF-8 as flagged): the general advice
+    if len(found) != 1:
+        return fix
+    member = found[0]
+    makes = f"; unzip {path.name} makes {member.parent}/" if str(member.parent) != "." else ""
+    return (f"extract it and give the rating file in it or its directory (it holds "
+            f"{member}{makes})")
 
 
 # (first bytes, what the file is, what to do) for the archives a rating file comes in
@@ -1537,7 +1662,7 @@ def _lines(path: Path, sep: str) -> List[Tuple[int, List[str]]]:
 def _feature_file(path: _PathLike, what: str) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    path = Path(path)
+    path = _path(path)
     if not path.is_file():
         raise ValueError(f"{what}: no file at {path}")
     return path

@@ -15,7 +15,7 @@ from .._forms import _a, as_choice, as_count, is_real
 from ..data import Ratings, mean_prediction, read_split, rmse
 from ..data.matrix import _check_same_maps
 from ..data.readers import _CHOICES, _check_ratings, _check_unique_pairs, \
-    _check_unique_pairs_apart
+    _check_unique_pairs_apart, _path
 from ..data.split import _torch_seed
 from .base import RatingModel, _checked_threshold
 
@@ -72,17 +72,22 @@ def _kfold(ratings: Ratings, k: int, seed: int) -> Iterator[_Fold]:
 
 
 def fold_files(directory: Union[str, Path], format: str = "auto") -> Iterator[_Fold]:
-    r"""The published folds of a directory: ``u1.base``/``u1.test`` ... ``uN.base``/``uN.test``.
+    r"""The published folds of a directory: ``u1.base``/``u1.test`` ... ``uN.base``/``uN.test``
+    (MovieLens-100K), or ``r1.train``/``r1.test`` ... (MovieLens-10M, after its
+    ``split_ratings.sh``).
 
     Each pair is read when its fold starts (:func:`~nnsparse.data.read_split`,
     the test part with the training part's maps), so a fold's test data is
     read once.
 
     Args:
-        directory (str or os.PathLike): holds ``u1.base``, ``u1.test``, ...
+        directory (str or os.PathLike): holds ``u1.base``, ``u1.test``, ... or
+            ``r1.train``, ``r1.test``, ... (not both); ``ua``/``ub`` and ``ra``/``rb``,
+            the per-user splits, are no folds and are left out.
         format (str): as :func:`~nnsparse.data.read_split`'s: ``"auto"``
             (default) detects each fold's format from its ``u<N>.base``
-            (MovieLens-100K's files read as ``"ml-100k"``), or one of
+            (MovieLens-100K's files read as ``"ml-100k"``) or ``r<N>.train``
+            (MovieLens-10M's, ``"ml-1m"``), or one of
             :data:`~nnsparse.data.FORMATS`.
 
     Returns:
@@ -91,8 +96,9 @@ def fold_files(directory: Union[str, Path], format: str = "auto") -> Iterator[_F
 
     Raises:
         TypeError: ``directory`` is not a path, ``format`` is not a str.
-        ValueError: no directory, or no ``u<N>.base`` with its ``u<N>.test``, an
-            unknown ``format``; a fold's file as :func:`~nnsparse.data.read_split`.
+        ValueError: no directory, or no ``u<N>.base`` with its ``u<N>.test`` nor
+            ``r<N>.train`` with its ``r<N>.test``, or both kinds, an unknown
+            ``format``; a fold's file as :func:`~nnsparse.data.read_split`.
 
     Example::
 
@@ -108,7 +114,7 @@ def fold_files(directory: Union[str, Path], format: str = "auto") -> Iterator[_F
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
     as_choice(format, "format", _CHOICES)
-    directory = Path(directory)
+    directory = _path(directory)
     if not directory.is_dir():
         raise ValueError(f"folds: no directory at {directory}")
     return _read_folds(_fold_pairs(directory), format)  # checked now, not at the first fold
@@ -119,18 +125,34 @@ def _read_folds(pairs: List[Tuple[Path, Path]], format: str) -> Iterator[_Fold]:
         yield read_split(base, test, format)
 
 
+#: the published folds' file names: (training file pattern, test file of fold N), of
+#: MovieLens-100K (u1.base/u1.test, its mku.sh) and MovieLens-10M (r1.train/r1.test, made
+#: by its split_ratings.sh)
+_FOLD_NAMES = ((r"u(\d+)\.base", "u{}.test"), (r"r(\d+)\.train", "r{}.test"))
+
+
 def _fold_pairs(directory: Path) -> List[Tuple[Path, Path]]:
-    found = []
+    found: Dict[str, List[Tuple[int, Path, Path]]] = {}
     for base in directory.iterdir():
-        match = re.fullmatch(r"u(\d+)\.base", base.name)
-        if match and (directory / f"u{match.group(1)}.test").is_file():
+        for pattern, test_name in _FOLD_NAMES:
+            match = re.fullmatch(pattern, base.name)
+            if match is None:
+                continue
+            test = directory / test_name.format(match.group(1))
+            if not test.is_file():
+                continue
             if not base.is_file():  # (read lazily, it failed at its fold, after the fits)
                 raise ValueError(f"folds: {base} must be a rating file, got a "
                                  f"{'directory' if base.is_dir() else 'special file'}")
-            found.append((int(match.group(1)), base, directory / f"u{match.group(1)}.test"))
+            found.setdefault(pattern, []).append((int(match.group(1)), base, test))
     if not found:
-        raise ValueError(f"folds: {directory} holds no u<N>.base / u<N>.test pair")
-    return [(b, t) for _, b, t in sorted(found)]
+        raise ValueError(f"folds: {directory} holds no u<N>.base / u<N>.test pair (MovieLens-"
+                         f"100K) nor r<N>.train / r<N>.test pair (MovieLens-10M's "
+                         f"split_ratings.sh)")
+    if len(found) > 1:  # which set of folds is meant would be a guess
+        raise ValueError(f"folds: {directory} holds both u<N>.base / u<N>.test and "
+                         f"r<N>.train / r<N>.test pairs; give a directory of one set of folds")
+    return [(b, t) for _, b, t in sorted(next(iter(found.values())))]
 
 
 # the keys of a fold that CrossValidation.table prints (what cross_validate records)
