@@ -312,8 +312,13 @@ def side_features(p: argparse.ArgumentParser, args: argparse.Namespace, train: R
     names = SIDE_FILES.get(args.format)
     name = None if names is None else names[0 if args.orientation == "item" else 1]
     if name is None or not (folder / name).is_file():
+        # (MovieLens-10M and later ship the ml-1m format without its users.dat)
+        why = "" if args.orientation == "item" else (
+            "; only MovieLens-100K (u.user) and -1M (users.dat) ship user demographics, "
+            "the later releases none: use --orientation item (genres)")
         p.error(f"--model cfn++ needs the {args.orientation} file of --format {args.format} "
-                f"({name or 'none exists for this format'}) next to the ratings in {folder}")
+                f"({name or 'none exists for this format'}) next to the ratings in {folder}"
+                + why)
     try:
         if args.orientation == "item":
             return read_item_features(folder / name, args.format, train.item_map)

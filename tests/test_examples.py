@@ -236,6 +236,31 @@ def test_movielens_autoencoder_bad_flags_fail_before_training(tmp_path, capsys, 
     assert "epoch 1" not in captured.out  # nothing was trained
 
 
+@pytest.mark.parametrize("orientation, files, message", [
+    ("user", {"ratings.dat": "".join(f"{u}::{i}::{1 + (u + i) % 5}::0\n" for u in range(1, 6)
+                                     for i in range(1, 5)),
+              "movies.dat": "1::A (1995)::Drama\n"},
+     "--model cfn++ needs the user file of --format ml-1m (users.dat) next to the ratings in "
+     "{tmp}; only MovieLens-100K (u.user) and -1M (users.dat) ship user demographics, the "
+     "later releases none: use --orientation item (genres)"),
+    ("item", {"ratings.csv": "userId,movieId,rating,timestamp\n" + "".join(
+        f"{u},{i},{1 + (u + i) % 5},0\n" for u in range(1, 6) for i in range(1, 5))},
+     "--model cfn++ needs the item file of --format csv (movies.csv) next to the ratings in "
+     "{tmp}\n"),
+])
+def test_cfn_plus_plus_without_its_side_file_is_a_usage_error(tmp_path, capsys, orientation,
+                                                             files, message):
+    """An ML-10M folder (ratings.dat and movies.dat, no users.dat) with --orientation user:
+    the error says that release has no user file and what to use instead."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(SystemExit) as exit:
+        _load("movielens_autoencoder").main(["--no-progress", "--ratings", str(tmp_path),
+                                             "--model", "cfn++", "--orientation", orientation])
+    assert exit.value.code == 2
+    assert message.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
+
+
 def test_movielens_autoencoder_ranking_threshold(tmp_path, capsys):
     """--rank-threshold: only the test ratings at or above it are relevant (fewer users)."""
     main = _load("movielens_autoencoder").main
