@@ -61,7 +61,7 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device",
            "no_rows", "empty_batch", "EMPTY_ROWS_TENSOR", "EMPTY_ROWS_WAY_ROUND",
            "int_of_0d", "int_kind", "is_int", "lua_pairs_hint", "check_coo_indices",
-           "scipy_sparse_hint"]
+           "scipy_sparse_hint", "compile_boundary"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -1229,6 +1229,65 @@ def on_cpu_default(fn: _Fn) -> _Fn:
         with cpu_default():
             return fn(*args, **kwargs)
     return cast(_Fn, wrapper)
+
+
+# dynamo's eval-frame callback: set while torch.compile runs, None when it is off.  A C
+# function, 13 ns; private, so a torch without it gets a stand-in that says "on": every
+# torch sparse input then takes the disabled path (correct; eager calls 0.2 us slower).
+_eval_frame_callback: Callable[[], Any] = getattr(
+    getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None), "get_eval_frame_callback",
+    lambda: True)
+# True while dynamo traces (constant-folded there), False in eager: 14 ns
+_dynamo_tracing: Callable[[], bool] = getattr(torch.compiler, "is_dynamo_compiling",
+                                              torch.compiler.is_compiling)
+_exporting: Callable[[], bool] = getattr(torch.compiler, "is_exporting", lambda: False)
+
+# why the boundary breaks the graph: dynamo prints it in the break reasons and in the error
+# of fullgraph=True
+_BREAK_REASON = ("nnsparse runs a module given a torch sparse tensor (or a list of rows) "
+                 "eagerly, out of the graph; to compile it too, give the compiled model "
+                 "nnsparse.sparse_parts(x) (docs/compile_amp.md)")
+
+
+def _untraceable(x: Any) -> bool:
+    """Whether ``x`` is a sparse form dynamo cannot fake: a torch sparse tensor, or a list
+    or plain tuple of rows (not a ``SparseParts``, a NamedTuple of plain tensors, nor a
+    dense tensor)."""
+    # (dynamo's error under fullgraph=True quotes the next line, the hint included)
+    if isinstance(x, Tensor):  # fullgraph=True and a sparse x: pass nnsparse.sparse_parts(x)
+        return x.layout != torch.strided
+    return isinstance(x, list) or (isinstance(x, tuple) and not hasattr(x, "_fields"))
+
+
+def compile_boundary(forward: _Fn) -> _Fn:
+    """``forward``, run eagerly and out of the graph when torch.compile gives it a sparse
+    form dynamo cannot fake (:func:`_untraceable`): a graph break at the nnsparse module,
+    so the dense modules around it still compile, where a CSR tensor failed inside dynamo
+    ("IndexError: tuple index out of range").  A ``SparseParts`` input, dense inputs, and
+    every call with torch.compile off take ``forward`` itself (about 0.1 us a call for the
+    test).
+
+    dynamo cannot trace the test on a torch sparse tensor either (it cannot wrap one): it
+    gives up on the frame and runs it as Python, its callback still set, where the test
+    sees the callback and takes the disabled path as well.
+    The disabling is recursive: dynamo traces none of the frames ``forward`` calls.
+    """
+    disable = torch.compiler.disable
+    try:
+        eager = disable(forward, reason=_BREAK_REASON)  # type: ignore[no-untyped-call]
+    except TypeError:  # (an older torch has no reason=)
+        eager = disable(forward)  # type: ignore[no-untyped-call]
+
+    @functools.wraps(forward)
+    def boundary(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # dynamo traces this line, or runs it as Python in a frame it gave up on (its
+        # callback still set); torch.export (which dynamo may run) keeps forward's message
+        if ((_dynamo_tracing() or _eval_frame_callback() is not None) and not _exporting()
+                and (any(_untraceable(a) for a in args)
+                     or any(_untraceable(a) for a in kwargs.values()))):
+            return eager(self, *args, **kwargs)
+        return forward(self, *args, **kwargs)
+    return cast(_Fn, boundary)
 
 
 def as_tensor(value: Any) -> Tensor:

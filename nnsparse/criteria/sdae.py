@@ -12,7 +12,8 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .._forms import SparseBatch, SparseLike, as_sparse_batch, holds_exactly, is_sparse_form
+from .._forms import (SparseBatch, SparseLike, as_sparse_batch, compile_boundary, holds_exactly,
+                      is_sparse_form)
 from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
                            conf_settings, elementwise_loss, generator_arg, non_negative_arg,
                            pair_arg, ratio_arg, real_arg, resolve_size_average)
@@ -275,6 +276,7 @@ class SDAECriterion(_SDAEBase):
         self._mask = corrupted
         return out
 
+    @compile_boundary
     def forward(self, estimate: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         for name, t in (("estimate", estimate), ("target", target)):
             if is_sparse_form(t) or not isinstance(t, Tensor):
@@ -463,6 +465,7 @@ class SDAESparseCriterion(_SDAEBase):
         # shared, and no data-dependent size (a host sync on CUDA).
         return batch.with_values(values)
 
+    @compile_boundary
     def forward(self, estimate: SparseLike, target: SparseLike,
                 mask: Optional[Tensor] = None) -> Tensor:
         elementwise = self._elementwise()

@@ -5,7 +5,7 @@ from typing import Any, Optional
 
 from torch import Tensor, nn
 
-from .._forms import SparseLike
+from .._forms import SparseLike, compile_boundary
 from .._ops import SparseParts
 
 from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
@@ -135,6 +135,7 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         raise TypeError(f"input must be a sparse batch or a dense (rows, n) tensor, got "
                         f"{type(input).__name__}")
 
+    @compile_boundary
     def forward(self, estimate: SparseLike, target: SparseLike) -> Tensor:
         elementwise = self._check_averaging()
         est = as_estimate(estimate, target)
