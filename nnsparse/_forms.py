@@ -61,7 +61,8 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device",
            "no_rows", "empty_batch", "EMPTY_ROWS_TENSOR", "EMPTY_ROWS_WAY_ROUND",
            "int_of_0d", "int_kind", "is_int", "lua_pairs_hint", "check_coo_indices",
-           "scipy_sparse_hint", "compile_boundary"]
+           "scipy_sparse_hint", "compile_boundary",
+           "sparse_output_boundary"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -1262,16 +1263,26 @@ def _untraceable(x: Any) -> bool:
 def compile_boundary(forward: _Fn) -> _Fn:
     """``forward``, run eagerly and out of the graph when torch.compile gives it a sparse
     form dynamo cannot fake (:func:`_untraceable`): a graph break at the nnsparse module,
-    so the dense modules around it still compile, where a CSR tensor failed inside dynamo
-    ("IndexError: tuple index out of range").  A ``SparseParts`` input, dense inputs, and
-    every call with torch.compile off take ``forward`` itself (about 0.1 us a call for the
-    test).
+    where a CSR tensor failed inside dynamo ("IndexError: tuple index out of range").  A
+    ``SparseParts`` input, dense inputs, and every call with torch.compile off take
+    ``forward`` itself (the test costs an eager call about 0.15 us).
 
     dynamo cannot trace the test on a torch sparse tensor either (it cannot wrap one): it
     gives up on the frame and runs it as Python, its callback still set, where the test
-    sees the callback and takes the disabled path as well.
-    The disabling is recursive: dynamo traces none of the frames ``forward`` calls.
+    sees the callback and takes the disabled path as well.  The disabling is recursive:
+    dynamo traces none of the frames ``forward`` calls.
     """
+    return _boundary(forward, always=False)
+
+
+def sparse_output_boundary(forward: _Fn) -> _Fn:
+    """:func:`compile_boundary` for a forward that makes a torch sparse tensor from a dense
+    one (``Sparsify``): under torch.compile it always runs eagerly, as dynamo cannot hold
+    its output."""
+    return _boundary(forward, always=True)
+
+
+def _boundary(forward: _Fn, always: bool) -> _Fn:
     disable = torch.compiler.disable
     try:
         eager = disable(forward, reason=_BREAK_REASON)  # type: ignore[no-untyped-call]
@@ -1283,7 +1294,7 @@ def compile_boundary(forward: _Fn) -> _Fn:
         # dynamo traces this line, or runs it as Python in a frame it gave up on (its
         # callback still set); torch.export (which dynamo may run) keeps forward's message
         if ((_dynamo_tracing() or _eval_frame_callback() is not None) and not _exporting()
-                and (any(_untraceable(a) for a in args)
+                and (always or any(_untraceable(a) for a in args)
                      or any(_untraceable(a) for a in kwargs.values()))):
             return eager(self, *args, **kwargs)
         return forward(self, *args, **kwargs)

@@ -2,10 +2,11 @@
 
 Each nnsparse forward given a sparse form dynamo cannot fake (a CSR or COO tensor, a list
 of rows) runs eagerly behind ``torch.compiler.disable`` (``nnsparse._forms.compile_boundary``):
-a graph break at the nnsparse module, the dense modules around it compiled.  These tests
-check that the compiled run equals the eager one, output and every parameter gradient,
-for each module or criterion, sparse form and backend; ``tests/test_compile.py`` covers the
-``SparseParts`` path, which compiles the nnsparse layers too, without a break.
+a graph break at the nnsparse module, where a CSR batch failed inside dynamo.  These tests
+check that the compiled run equals the eager one, output and every parameter gradient (in
+float64), for each module, criterion and model, sparse form and backend, which dense code
+dynamo compiles around the break, and fullgraph=True's error; ``tests/test_compile.py``
+covers the ``SparseParts`` path, which compiles the nnsparse layers too, without a break.
 """
 import copy
 import os
@@ -14,12 +15,11 @@ from typing import Any, Callable, Dict, List, NamedTuple, Tuple
 
 import pytest
 import torch
-import torch._dynamo.testing
 from torch import Tensor, nn
 
 import nnsparse
-from nnsparse.data import synthetic_ratings
-from nnsparse.models import AutoRec
+from nnsparse.data import SparseRowDataset, synthetic_ratings
+from nnsparse.models import CFN, AutoRec, KernelNet
 from tests.matrix import make_form, random_sparse_dense
 
 WIDTH, HIDDEN, ROWS = 12, 5, 6
@@ -170,8 +170,136 @@ def test_the_issue_model_compiles_on_every_form(form, backend):
     _check("Sequential(SparseLinearBatch)", form, backend)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("form", ["csr", "coo"])
+@pytest.mark.parametrize("form, backend", [("csr", "eager"), ("csr", "aot_eager"),
+                                           ("coo", "eager"), ("coo", "aot_eager"),
+                                           ("list", "aot_eager"), ("pair_list", "eager")])
 @pytest.mark.parametrize("name", [n for n in CASES if n != "Sequential(SparseLinearBatch)"])
 def test_compiled_equals_eager(name, form, backend):
     _check(name, form, backend, steps=1)
+
+
+@pytest.mark.parametrize("form", ["csr", "coo"])
+def test_inductor(form):
+    """The default backend on the issue's model (nn.Sequential runs as Python around the
+    break: dynamo skips torch.nn's own frames, so inductor builds no C++ here)."""
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("inductor needs a C++ compiler on the CPU")
+    _check("Sequential(SparseLinearBatch)", form, "inductor")
+
+
+def test_sdae_criterion_on_dense_data_compiles_without_a_break():
+    """SDAECriterion takes dense tensors only: the boundary leaves it in the graph."""
+    criterion = nnsparse.SDAECriterion(nn.MSELoss(), alpha=2.0, beta=0.5, noise_ratio=0.5)
+    x = _dense()
+    torch.manual_seed(1)
+    criterion.prepare_input(x)
+    estimate = torch.randn(ROWS, WIDTH, dtype=torch.float64, requires_grad=True)
+    want = criterion(estimate, x)
+    (want_grad,) = torch.autograd.grad(want, estimate)
+    report = torch._dynamo.explain(criterion)(estimate, x)
+    assert report.graph_break_count == 0, report.break_reasons
+    torch._dynamo.reset()
+    got = torch.compile(criterion, backend="aot_eager", fullgraph=True)(estimate, x)
+    (got_grad,) = torch.autograd.grad(got, estimate)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_grad, want_grad)
+
+
+# -- the models of nnsparse.models: forward(x, rows, pattern) -------------------------------
+@pytest.fixture(scope="module")
+def ratings():
+    return synthetic_ratings(seed=3, n_users=40, n_items=30, n_ratings=500)
+
+
+@pytest.mark.parametrize("pattern", [False, True], ids=["dense output", "pattern"])
+@pytest.mark.parametrize("cls, extra", [(AutoRec, {}), (CFN, {}), (KernelNet, dict(layers=1))],
+                         ids=["AutoRec", "CFN", "KernelNet"])
+def test_models(ratings, cls, extra, pattern):
+    torch.manual_seed(0)
+    model = cls(hidden=8, epochs=1, batch_size=16, validation_ratio=0.0, **extra).fit(
+        ratings, verbose=False, progress=False)
+    data = SparseRowDataset(model._input)
+    batch = data.collate([data[i] for i in range(ROWS)])
+    x, rows = batch.input, batch.row_index
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(twin, backend="aot_eager")
+
+    def call(module: nn.Module, batch: Any) -> Any:
+        return module(batch, rows, batch if pattern else None)
+    want, want_grads = _run(model, call, x)
+    got, got_grads = _run(twin, lambda _, b: call(compiled, b), x)
+    torch.testing.assert_close(got, want)
+    assert want_grads and sorted(got_grads) == sorted(want_grads)
+    for n in want_grads:
+        torch.testing.assert_close(got_grads[n], want_grads[n], msg=n)
+
+
+# -- what dynamo compiles around the break, and fullgraph=True -------------------------------
+class _Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(HIDDEN, WIDTH)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return torch.tanh(self.linear(torch.relu(h)))
+
+
+@pytest.mark.parametrize("form", ["csr", "coo", "list"])
+def test_the_dense_modules_after_the_break_compile(form):
+    """dynamo runs the frames holding the torch sparse tensor as Python; a user's module
+    after the nnsparse layer gets a dense tensor, and its frame is compiled."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nnsparse.SparseLinearBatch(WIDTH, HIDDEN), _Head()).double()
+    graphs: List[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+    compiled = torch.compile(model, backend=backend)
+    x = make_form(_dense(), form)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), model(x))
+    assert len(graphs) == 1  # compiled once, reused
+    ops = {getattr(n.target, "__name__", str(n.target)) for n in graphs[0].graph.nodes
+           if n.op == "call_function"}
+    assert {"relu", "linear", "tanh"} <= ops, ops
+
+
+@pytest.mark.parametrize("form, error", [
+    ("csr", "Attempted to wrap sparse Tensor"), ("coo", "Attempted to wrap sparse Tensor"),
+    ("list", "Skip calling `torch.compiler.disable\(\)`d function"),
+])
+def test_fullgraph_names_sparse_parts(form, error):
+    """fullgraph=True cannot break the graph: dynamo's error quotes nnsparse's line (a torch
+    sparse tensor, which dynamo refuses to wrap) or the break's reason (a list of rows),
+    both naming nnsparse.sparse_parts(x)."""
+    compiled = torch.compile(_sequential().double(), backend="eager", fullgraph=True)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=error) as info:
+        compiled(make_form(_dense(), form))
+    assert "nnsparse.sparse_parts(x)" in str(info.value)
+
+
+def test_sparse_parts_still_compile_whole_after_a_sparse_input():
+    """The torch sparse input's fallback marks frames dynamo gave up on; a SparseParts batch
+    of the same layers, in the same process (no reset), still compiles as one graph."""
+    torch.manual_seed(0)
+    model = _Pattern().double()
+    x = _dense()
+    csr = x.to_sparse_csr()
+    torch.compile(model, backend="eager")(csr, csr)
+    parts = nnsparse.sparse_parts(csr)
+    report = torch._dynamo.explain(model)(parts, parts)
+    assert report.graph_break_count == 0 and report.graph_count == 1, report.break_reasons
+    out = torch.compile(model, backend="aot_eager", fullgraph=True)(parts, parts)
+    torch.testing.assert_close(out.to_sparse_csr().to_dense(), model(csr, csr).to_dense())
+
+
+def test_batchifier_runs_a_compiled_network():
+    """Batchifier feeds the compiled network CSR batches: each breaks at the nnsparse layer."""
+    torch.manual_seed(0)
+    model = _sequential().double()
+    x = random_sparse_dense(20, WIDTH, 0.4, generator=torch.Generator().manual_seed(2))
+    want = nnsparse.Batchifier(model, WIDTH, batch_size=6, progress=False)(x.to_sparse_csr())
+    got = nnsparse.Batchifier(torch.compile(model, backend="aot_eager"), WIDTH, batch_size=6,
+                              progress=False)(x.to_sparse_csr())
+    torch.testing.assert_close(got, want)

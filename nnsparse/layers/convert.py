@@ -9,7 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from .._lua import LuaMembers
-from .._forms import SparseLike, as_count, as_sparse_batch, check_int64, compile_boundary, is_int
+from .._forms import (SparseLike, as_count, as_sparse_batch, check_int64, compile_boundary, is_int,
+                      sparse_output_boundary)
 from ..convert import _check_elem, _densify, sparsify
 
 __all__ = ["Densify", "Sparsify"]
@@ -137,7 +138,7 @@ class Sparsify(LuaMembers, nn.Module):
         self.offset: int = offset
         self.layout: torch.layout = layout
 
-    @compile_boundary
+    @sparse_output_boundary
     def forward(self, input: Tensor) -> Tensor:
         return sparsify(input, self.elem, self.offset, self.layout)
 
