@@ -1261,9 +1261,10 @@ def _untraceable(x: Any) -> bool:
 
 
 def compile_boundary(forward: _Fn) -> _Fn:
-    """``forward``, run eagerly and out of the graph when torch.compile gives it a sparse
-    form dynamo cannot fake (:func:`_untraceable`): a graph break at the nnsparse module,
-    where a CSR tensor failed inside dynamo ("IndexError: tuple index out of range").  A
+    """``forward`` (a module's forward, or a public function), run eagerly and out of the
+    graph when torch.compile gives it a sparse form dynamo cannot fake
+    (:func:`_untraceable`): a graph break at the nnsparse module or function, where a CSR
+    tensor failed inside dynamo ("IndexError: tuple index out of range").  A
     ``SparseParts`` input, dense inputs, and every call with torch.compile off take
     ``forward`` itself (the test costs an eager call about 0.15 us).
 
@@ -1276,9 +1277,9 @@ def compile_boundary(forward: _Fn) -> _Fn:
 
 
 def sparse_output_boundary(forward: _Fn) -> _Fn:
-    """:func:`compile_boundary` for a forward that makes a torch sparse tensor from a dense
-    one (``Sparsify``): under torch.compile it always runs eagerly, as dynamo cannot hold
-    its output."""
+    """:func:`compile_boundary` for a forward or function that makes a torch sparse tensor
+    from dense ones (``Sparsify``, ``sparsify``, ``from_pairs``): under torch.compile it
+    always runs eagerly, as dynamo cannot hold its output."""
     return _boundary(forward, always=True)
 
 
@@ -1290,14 +1291,14 @@ def _boundary(forward: _Fn, always: bool) -> _Fn:
         eager = disable(forward)  # type: ignore[no-untyped-call]
 
     @functools.wraps(forward)
-    def boundary(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def boundary(*args: Any, **kwargs: Any) -> Any:
         # dynamo traces this line, or runs it as Python in a frame it gave up on (its
         # callback still set); torch.export (which dynamo may run) keeps forward's message
         if ((_dynamo_tracing() or _eval_frame_callback() is not None) and not _exporting()
                 and (always or any(_untraceable(a) for a in args)
                      or any(_untraceable(a) for a in kwargs.values()))):
-            return eager(self, *args, **kwargs)
-        return forward(self, *args, **kwargs)
+            return eager(*args, **kwargs)
+        return forward(*args, **kwargs)
     return cast(_Fn, boundary)
 
 

@@ -212,6 +212,7 @@ def values_map(  # type: ignore[overload-overlap]
 def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike: ...
 
 
+@compile_boundary
 def values_map(fn: Callable[[Tensor], Tensor], input: Union[SparseLike, SparseParts]
                ) -> Union[SparseLike, SparseParts]:
     r"""Apply an element-wise function to the specified values of a sparse batch.

@@ -138,6 +138,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         self._sparse_mask: Optional[EntryMask] = None
         self._dense_mask: Optional[Tensor] = None
 
+    @compile_boundary
     def prepare_input(self, input: SparseLike) -> SparseLike:
         """Hide entries of ``input`` (in its form); remember which ones."""
         if is_sparse_form(input):

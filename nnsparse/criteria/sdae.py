@@ -455,6 +455,7 @@ class SDAESparseCriterion(_SDAEBase):
         """
         return None if self._mask is None else self._mask.dense(corrupted=False)
 
+    @compile_boundary
     def prepare_input(self, input: SparseLike) -> SparseLike:
         """A corrupted copy of the sparse ``input``, in its form; remembers the corrupted entries."""
         batch = unique_entries(as_sparse_batch(input, name="input", pairs=False))

@@ -117,6 +117,7 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
                 "number of specified target entries or by the number of estimate entries")
         return loss
 
+    @compile_boundary
     def prepare_input(self, input: SparseLike) -> SparseLike:
         """Return ``input`` unchanged (a plain criterion corrupts nothing).
 
@@ -152,6 +153,7 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         return f"size_average={self.size_average}, full_size_average={self.full_size_average}"
 
 
+@compile_boundary
 def prepare_input(criterion: Any, input: Any) -> Any:
     """Corrupt ``input`` the way ``criterion`` trains on it, or return it unchanged.
 

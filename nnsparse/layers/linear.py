@@ -580,6 +580,7 @@ def _use_dense(batch: SparseBatch, mode: str) -> bool:
     return _density(batch) > _DENSE_ABOVE.get(batch.device.type, _DENSE_ABOVE["cuda"])
 
 
+@compile_boundary
 def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = None, *,
                   mode: str = "auto") -> Tensor:
     r"""``input @ weight.T + bias`` for a sparse ``input``, never densifying it.

@@ -170,6 +170,7 @@ def _pattern_structure(pattern: SparseLike, input: Tensor,
     return batch, distinct
 
 
+@compile_boundary
 def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
                    pattern: Optional[SparseLike] = None, sparse_grad: bool = False) -> Tensor:
     r"""``input @ weight.T + bias`` computed only at the entries of ``pattern``.
