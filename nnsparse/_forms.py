@@ -1266,7 +1266,7 @@ def compile_boundary(forward: _Fn) -> _Fn:
     (:func:`_untraceable`): a graph break at the nnsparse module or function, where a CSR
     tensor failed inside dynamo ("IndexError: tuple index out of range").  A
     ``SparseParts`` input, dense inputs, and every call with torch.compile off take
-    ``forward`` itself (the test costs an eager call about 0.15 us).
+    ``forward`` itself (the test costs an eager call about 0.1 us).
 
     dynamo cannot trace the test on a torch sparse tensor either (it cannot wrap one): it
     gives up on the frame and runs it as Python, its callback still set, where the test
@@ -1283,12 +1283,29 @@ def sparse_output_boundary(forward: _Fn) -> _Fn:
     return _boundary(forward, always=True)
 
 
+# every function behind a boundary, and its torch.compiler.disable form once made
+_BEHIND_BOUNDARY: List[Callable[..., Any]] = []
+_DISABLED: Dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def _disabled(forward: _Fn) -> _Fn:
+    """``forward`` wrapped by ``torch.compiler.disable``.  Made at the first use, for
+    every boundary at once: making them imports torch._dynamo (1 s), which an eager
+    program need not load.  A first use inside dynamo's tracing (a list of rows; a torch
+    sparse tensor is met in the frame dynamo gave up on, as Python) breaks the graph at
+    the call to ``torch.compiler.disable`` itself, which fullgraph=True then names."""
+    if forward not in _DISABLED:
+        disable = torch.compiler.disable
+        for fn in _BEHIND_BOUNDARY:
+            try:
+                _DISABLED[fn] = disable(fn, reason=_BREAK_REASON)  # type: ignore[no-untyped-call]
+            except TypeError:  # (an older torch has no reason=)
+                _DISABLED[fn] = disable(fn)  # type: ignore[no-untyped-call]
+    return cast(_Fn, _DISABLED[forward])
+
+
 def _boundary(forward: _Fn, always: bool) -> _Fn:
-    disable = torch.compiler.disable
-    try:
-        eager = disable(forward, reason=_BREAK_REASON)  # type: ignore[no-untyped-call]
-    except TypeError:  # (an older torch has no reason=)
-        eager = disable(forward)  # type: ignore[no-untyped-call]
+    _BEHIND_BOUNDARY.append(forward)
 
     @functools.wraps(forward)
     def boundary(*args: Any, **kwargs: Any) -> Any:
@@ -1297,7 +1314,7 @@ def _boundary(forward: _Fn, always: bool) -> _Fn:
         if ((_dynamo_tracing() or _eval_frame_callback() is not None) and not _exporting()
                 and (always or any(_untraceable(a) for a in args)
                      or any(_untraceable(a) for a in kwargs.values()))):
-            return eager(*args, **kwargs)
+            return _disabled(forward)(*args, **kwargs)
         return forward(*args, **kwargs)
     return cast(_Fn, boundary)
 
