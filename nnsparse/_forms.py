@@ -61,8 +61,7 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device",
            "no_rows", "empty_batch", "EMPTY_ROWS_TENSOR", "EMPTY_ROWS_WAY_ROUND",
            "int_of_0d", "int_kind", "is_int", "lua_pairs_hint", "check_coo_indices",
-           "scipy_sparse_hint", "compile_boundary",
-           "sparse_output_boundary"]
+           "scipy_sparse_hint", "compile_boundary", "sparse_output_boundary"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -1245,16 +1244,16 @@ _exporting: Callable[[], bool] = getattr(torch.compiler, "is_exporting", lambda:
 
 # why the boundary breaks the graph: dynamo prints it in the break reasons and in the error
 # of fullgraph=True
-_BREAK_REASON = ("nnsparse runs a module given a torch sparse tensor (or a list of rows) "
-                 "eagerly, out of the graph; to compile it too, give the compiled model "
-                 "nnsparse.sparse_parts(x) (docs/compile_amp.md)")
+_BREAK_REASON = ("nnsparse runs a module or function given a torch sparse tensor (or a list "
+                 "of rows) eagerly, out of the graph; to compile it too, give the compiled "
+                 "model nnsparse.sparse_parts(x) (docs/compile_amp.md)")
 
 
 def _untraceable(x: Any) -> bool:
     """Whether ``x`` is a sparse form dynamo cannot fake: a torch sparse tensor, or a list
     or plain tuple of rows (not a ``SparseParts``, a NamedTuple of plain tensors, nor a
     dense tensor)."""
-    # (dynamo's error under fullgraph=True quotes the next line, the hint included)
+    # (dynamo's error under fullgraph=True may quote the next line, the hint included)
     if isinstance(x, Tensor):  # fullgraph=True and a sparse x: pass nnsparse.sparse_parts(x)
         return x.layout != torch.strided
     return isinstance(x, list) or (isinstance(x, tuple) and not hasattr(x, "_fields"))
