@@ -40,11 +40,12 @@ import math
 import numbers
 import operator
 import string
+import sys
 import types
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import (Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple,
-                    Type, TypeVar, Union, cast, overload)
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence,
+                    Tuple, Type, TypeVar, Union, cast, overload)
 
 import numpy as np
 import torch
@@ -1231,12 +1232,23 @@ def on_cpu_default(fn: _Fn) -> _Fn:
     return cast(_Fn, wrapper)
 
 
-# dynamo's eval-frame callback: set while torch.compile runs, None when it is off.  A C
-# function, 13 ns; private, so a torch without it gets a stand-in that says "on": every
-# torch sparse input then takes the disabled path (correct; eager calls 0.2 us slower).
-_eval_frame_callback: Callable[[], Any] = getattr(
-    getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None), "get_eval_frame_callback",
-    lambda: True)
+def _callback_reader(eval_frame: Any, modules: Mapping[str, Any] = sys.modules
+                     ) -> Callable[[], Any]:
+    """How to read dynamo's eval-frame callback: set while torch.compile runs, None when
+    it is off.  ``eval_frame.get_eval_frame_callback`` (``torch._C._dynamo``), a C
+    function, 13 ns, is private: a torch without it gets a stand-in that says "on" once
+    ``torch._dynamo`` is loaded (torch.compile cannot run before), so that a torch sparse
+    input under torch.compile takes the disabled path (correct) and an eager program that
+    never loads dynamo keeps its direct calls (the disabled path costs an eager call about
+    3 us, and its first use loads torch._dynamo, about 1 s)."""
+    read = getattr(eval_frame, "get_eval_frame_callback", None)
+    if callable(read):
+        return cast(Callable[[], Any], read)
+    return lambda: True if "torch._dynamo" in modules else None
+
+
+_eval_frame_callback: Callable[[], Any] = _callback_reader(
+    getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None))
 # True while dynamo traces (constant-folded there), False in eager: 14 ns
 _dynamo_tracing: Callable[[], bool] = getattr(torch.compiler, "is_dynamo_compiling",
                                               torch.compiler.is_compiling)

@@ -395,3 +395,71 @@ def _assert_same(got: Any, want: Any) -> None:
 def test_toolkit_functions(name, fn):
     x = _dense().to_sparse_csr()
     _assert_same(torch.compile(fn, backend="eager")(x), fn(x))
+
+
+# -- eager calls, the boundary's wrapper, torch without the private callback read ----------
+def test_eager_calls_never_take_the_disabled_path(monkeypatch):
+    """torch.compile off: each wrapped function calls its forward itself (no
+    torch.compiler.disable, which loads torch._dynamo and costs an eager call ~3 us)."""
+    def refuse(forward: Any) -> Any:
+        raise AssertionError(f"{forward.__qualname__} took the disabled path in eager code")
+    monkeypatch.setattr(nnsparse._forms, "_disabled", refuse)
+    x = _dense()
+    for form in ("csr", "coo", "list", "pair_list"):
+        batch = make_form(x, form)
+        torch.testing.assert_close(nnsparse.densify(batch, size=(ROWS, WIDTH)), x)
+        nnsparse.SparseLinearBatch(WIDTH, HIDDEN).double()(batch)
+        nnsparse.values_map(torch.tanh, batch)
+    nnsparse.from_pairs(nnsparse.to_pairs(x[0].to_sparse()), size=WIDTH)
+    nnsparse.Sparsify()(x)
+
+
+@pytest.mark.parametrize("wrapped", [
+    nnsparse.values_map, nnsparse.sparse_mm, nnsparse.sparse_linear, nnsparse.sampled_linear,
+    nnsparse.densify, nnsparse.sparsify, nnsparse.ssort, nnsparse.stopk, nnsparse.sparse_parts,
+    nnsparse.SparseLinearBatch.forward, nnsparse.SparseOutputLinear.forward,
+    nnsparse.SparseCriterion.forward, nnsparse.SDAESparseCriterion.prepare_input,
+    nnsparse.models.RatingModel.forward], ids=lambda f: f.__qualname__)
+def test_the_boundary_keeps_name_signature_and_doc(wrapped):
+    import inspect
+    forward = wrapped.__wrapped__
+    assert forward in nnsparse._forms._BEHIND_BOUNDARY
+    assert (wrapped.__name__, wrapped.__qualname__, wrapped.__module__, wrapped.__doc__) == (
+        forward.__name__, forward.__qualname__, forward.__module__, forward.__doc__)
+    assert inspect.signature(wrapped) == inspect.signature(forward)
+
+
+def test_without_torchs_private_callback_read(monkeypatch):
+    """torch._C._dynamo.eval_frame.get_eval_frame_callback is private: a torch without it
+    gets a stand-in, "off" until torch._dynamo is loaded, then "on" (every torch sparse
+    input under it takes the disabled path, eager calls too: same results)."""
+    from nnsparse._forms import _callback_reader
+    import types
+    assert _callback_reader(types.SimpleNamespace())  # callable
+    assert _callback_reader(None, modules={})() is None
+    assert _callback_reader(types.SimpleNamespace(), modules={"torch._dynamo": torch})() is True
+    read = torch._C._dynamo.eval_frame.get_eval_frame_callback
+    assert _callback_reader(types.SimpleNamespace(get_eval_frame_callback=read)) is read
+    monkeypatch.setattr(nnsparse._forms, "_eval_frame_callback", _callback_reader(None))
+    x = _dense()
+    torch.manual_seed(0)
+    layer = nnsparse.SparseLinearBatch(WIDTH, HIDDEN).double()
+    torch.testing.assert_close(layer(x.to_sparse_csr()), layer(x))  # eager, disabled path
+    _check("Sequential(SparseLinearBatch)", "csr", "eager", steps=1)
+    parts = nnsparse.sparse_parts(x.to_sparse_csr())  # still one graph
+    report = torch._dynamo.explain(layer)(parts)
+    assert report.graph_break_count == 0 and report.graph_count == 1, report.break_reasons
+
+
+@pytest.mark.parametrize("form", ["csr", "list"])
+def test_autocast_crosses_the_break(form):
+    """The eager forward behind the break runs under the caller's autocast (and grad mode)."""
+    torch.manual_seed(0)
+    model = _sequential()
+    x = make_form(_dense().float(), form)
+    compiled = torch.compile(model, backend="eager")
+    for grad in (True, False):
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.set_grad_enabled(grad):
+            want, got = model(x), compiled(x)
+        assert got.dtype == want.dtype and got.requires_grad == want.requires_grad == grad
+        torch.testing.assert_close(got, want)
