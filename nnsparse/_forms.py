@@ -40,11 +40,12 @@ import math
 import numbers
 import operator
 import string
+import sys
 import types
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import (Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple,
-                    Type, TypeVar, Union, cast, overload)
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence,
+                    Tuple, Type, TypeVar, Union, cast, overload)
 
 import numpy as np
 import torch
@@ -61,7 +62,7 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device",
            "no_rows", "empty_batch", "EMPTY_ROWS_TENSOR", "EMPTY_ROWS_WAY_ROUND",
            "int_of_0d", "int_kind", "is_int", "lua_pairs_hint", "check_coo_indices",
-           "scipy_sparse_hint"]
+           "scipy_sparse_hint", "compile_boundary", "sparse_output_boundary"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -1229,6 +1230,104 @@ def on_cpu_default(fn: _Fn) -> _Fn:
         with cpu_default():
             return fn(*args, **kwargs)
     return cast(_Fn, wrapper)
+
+
+def _callback_reader(eval_frame: Any, modules: Mapping[str, Any] = sys.modules
+                     ) -> Callable[[], Any]:
+    """How to read dynamo's eval-frame callback: set while torch.compile runs, None when
+    it is off.  ``eval_frame.get_eval_frame_callback`` (``torch._C._dynamo``), a C
+    function, 13 ns, is private: a torch without it gets a stand-in that says "on" once
+    ``torch._dynamo`` is loaded (torch.compile cannot run before), so that a torch sparse
+    input under torch.compile takes the disabled path (correct) and an eager program that
+    never loads dynamo keeps its direct calls (the disabled path costs an eager call about
+    3 us, and its first use loads torch._dynamo, about 1 s)."""
+    read = getattr(eval_frame, "get_eval_frame_callback", None)
+    if callable(read):
+        return cast(Callable[[], Any], read)
+    return lambda: True if "torch._dynamo" in modules else None
+
+
+_eval_frame_callback: Callable[[], Any] = _callback_reader(
+    getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None))
+# True while dynamo traces (constant-folded there), False in eager: 14 ns
+_dynamo_tracing: Callable[[], bool] = getattr(torch.compiler, "is_dynamo_compiling",
+                                              torch.compiler.is_compiling)
+_exporting: Callable[[], bool] = getattr(torch.compiler, "is_exporting", lambda: False)
+
+# why the boundary breaks the graph: dynamo prints it in the break reasons and in the error
+# of fullgraph=True
+_BREAK_REASON = ("nnsparse runs a module or function given a torch sparse tensor (or a list "
+                 "of rows) eagerly, out of the graph; to compile it too, give the compiled "
+                 "model nnsparse.sparse_parts(x) (docs/compile_amp.md)")
+
+
+def _untraceable(x: Any) -> bool:
+    """Whether ``x`` is a sparse form dynamo cannot fake: a torch sparse tensor, or a list
+    or plain tuple of rows (not a ``SparseParts``, a NamedTuple of plain tensors, nor a
+    dense tensor)."""
+    # (dynamo's error under fullgraph=True may quote the next line, the hint included)
+    if isinstance(x, Tensor):  # fullgraph=True and a sparse x: pass nnsparse.sparse_parts(x)
+        return x.layout != torch.strided
+    return isinstance(x, list) or (isinstance(x, tuple) and not hasattr(x, "_fields"))
+
+
+def compile_boundary(forward: _Fn) -> _Fn:
+    """``forward`` (a module's forward, or a public function), run eagerly and out of the
+    graph when torch.compile gives it a sparse form dynamo cannot fake
+    (:func:`_untraceable`): a graph break at the nnsparse module or function, where a CSR
+    tensor failed inside dynamo ("IndexError: tuple index out of range").  A
+    ``SparseParts`` input, dense inputs, and every call with torch.compile off take
+    ``forward`` itself (the test costs an eager call about 0.1 us).
+
+    dynamo cannot trace the test on a torch sparse tensor either (it cannot wrap one): it
+    gives up on the frame and runs it as Python, its callback still set, where the test
+    sees the callback and takes the disabled path as well.  The disabling is recursive:
+    dynamo traces none of the frames ``forward`` calls.
+    """
+    return _boundary(forward, always=False)
+
+
+def sparse_output_boundary(forward: _Fn) -> _Fn:
+    """:func:`compile_boundary` for a forward or function that makes a torch sparse tensor
+    from dense ones (``Sparsify``, ``sparsify``, ``from_pairs``): under torch.compile it
+    always runs eagerly, as dynamo cannot hold its output."""
+    return _boundary(forward, always=True)
+
+
+# every function behind a boundary, and its torch.compiler.disable form once made
+_BEHIND_BOUNDARY: List[Callable[..., Any]] = []
+_DISABLED: Dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def _disabled(forward: _Fn) -> _Fn:
+    """``forward`` wrapped by ``torch.compiler.disable``.  Made at the first use, for
+    every boundary at once: making them imports torch._dynamo (1 s), which an eager
+    program need not load.  A first use inside dynamo's tracing (a list of rows; a torch
+    sparse tensor is met in the frame dynamo gave up on, as Python) breaks the graph at
+    the call to ``torch.compiler.disable`` itself, which fullgraph=True then names."""
+    if forward not in _DISABLED:
+        disable = torch.compiler.disable
+        for fn in _BEHIND_BOUNDARY:
+            try:
+                _DISABLED[fn] = disable(fn, reason=_BREAK_REASON)  # type: ignore[no-untyped-call]
+            except TypeError:  # (an older torch has no reason=)
+                _DISABLED[fn] = disable(fn)  # type: ignore[no-untyped-call]
+    return cast(_Fn, _DISABLED[forward])
+
+
+def _boundary(forward: _Fn, always: bool) -> _Fn:
+    _BEHIND_BOUNDARY.append(forward)
+
+    @functools.wraps(forward)
+    def boundary(*args: Any, **kwargs: Any) -> Any:
+        # dynamo traces this line, or runs it as Python in a frame it gave up on (its
+        # callback still set); torch.export (which dynamo may run) keeps forward's message
+        if ((_dynamo_tracing() or _eval_frame_callback() is not None) and not _exporting()
+                and (always or any(_untraceable(a) for a in args)
+                     or any(_untraceable(a) for a in kwargs.values()))):
+            return _disabled(forward)(*args, **kwargs)
+        return forward(*args, **kwargs)
+    return cast(_Fn, boundary)
 
 
 def as_tensor(value: Any) -> Tensor:

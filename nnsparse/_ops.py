@@ -42,7 +42,7 @@ from torch import Tensor
 
 from . import _index
 from ._forms import (SparseBatch, _check_csr, _version, as_device, as_flag, as_sparse_batch,
-                     check_kernel_dtype)
+                     check_kernel_dtype, compile_boundary)
 from ._kernels import _sampled_by_column, _sampled_rows, _t_mm, _table_blocks, _table_mm
 
 __all__ = ["SparseParts", "sparse_parts"]
@@ -161,6 +161,7 @@ class SparseParts(NamedTuple):
         return out
 
 
+@compile_boundary
 def sparse_parts(x: Any, *, dynamic: bool = True) -> SparseParts:
     """The :class:`SparseParts` of any accepted sparse batch (COO, CSR, lists, pairs).
 

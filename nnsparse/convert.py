@@ -15,7 +15,7 @@ from ._forms import (EMPTY_ROWS_TENSOR, SparseBatch, SparseLike, _a, _as_pairs, 
                      _sparse_csr, as_count, as_int, is_int,
                      as_sparse_batch, check_kernel_dtype, holds_exactly, refuse_meta,
                      check_int64, check_numel, int64_message, resolve_size,
-                     scipy_sparse_hint, trust)
+                     scipy_sparse_hint, trust, compile_boundary, sparse_output_boundary)
 
 __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
 
@@ -90,6 +90,7 @@ def _specified_mask(x: Tensor, elem: float) -> Tensor:
     return x != elem
 
 
+@sparse_output_boundary
 def sparsify(x: Tensor, elem: float = 0, offset: int = 0,
              layout: torch.layout = torch.sparse_coo) -> Tensor:
     r"""Turn a dense vector or batch into a sparse one, leaving out every ``elem``.
@@ -207,6 +208,7 @@ def _size_from_tensor(size: Any) -> Any:
     return values[0] if size.dim() == 0 else tuple(values)
 
 
+@compile_boundary
 def densify(x: SparseLike, elem: float = 0, size: Optional[_Size] = None) -> Tensor:
     r"""Turn any accepted sparse form into a dense tensor.
 
@@ -277,6 +279,7 @@ def _densify(batch: SparseBatch, elem: float, rows: int, width: int, name: str =
     return out[0] if batch.is_vector else out
 
 
+@compile_boundary
 def to_pairs(x: SparseLike) -> Union[Tensor, List[Tensor]]:
     r"""Convert a sparse vector to a ``(k, 2)`` pair tensor, a batch to a list of them.
 
@@ -326,6 +329,7 @@ def to_pairs(x: SparseLike) -> Union[Tensor, List[Tensor]]:
         batch.row_counts().tolist()))
 
 
+@sparse_output_boundary
 def from_pairs(pairs: Union[Tensor, Sequence[Tensor]], size: Optional[int] = None) -> Tensor:
     r"""Convert a pair tensor to a sparse COO vector, a list of them to a batch.
 

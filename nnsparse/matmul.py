@@ -32,8 +32,8 @@ from torch import Tensor
 
 from . import _double, _index
 from ._forms import (_attach_built, _cached, _check_csr, _key, _reusable_after_inference,
-                     as_sparse_batch, check_coo_indices, is_pair_list, is_sparse_form,
-                     refuse_meta, scipy_sparse_hint)
+                     as_sparse_batch, check_coo_indices, compile_boundary, is_pair_list,
+                     is_sparse_form, refuse_meta, scipy_sparse_hint)
 from ._kernels import _csr_rows_mm, _gather_dot, _sampled_mm
 
 __all__ = ["sparse_mm"]
@@ -395,6 +395,7 @@ def _dense_sparse(a: Tensor, b: Any) -> Tensor:
     return out_t.view(*shape[:-2], shape[-1], n).transpose(-1, -2).contiguous()
 
 
+@compile_boundary
 def sparse_mm(A: Any, B: Any) -> Tensor:
     r"""Sparse @ dense or dense @ sparse, with the sparse gradient on the pattern.
 

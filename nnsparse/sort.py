@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ._forms import (SparseBatch, SparseLike, as_count, as_flag, as_sparse_batch,
-                     check_kernel_dtype)
+                     check_kernel_dtype, compile_boundary)
 
 __all__ = ["ssort", "ssort_by_index", "stopk", "SortResult", "TopkResult"]
 
@@ -219,6 +219,7 @@ def ssort(x: SparseLike, descending: bool = ...,
           inplace: bool = ...) -> Union[SortResult, Tensor, Sequence[Tensor]]: ...
 
 
+@compile_boundary
 def ssort(x: SparseLike, descending: bool = False,
           inplace: bool = False) -> Union[SortResult, Tensor, Sequence[Tensor]]:
     r"""Sort the specified entries of a sparse vector, or of each row of a batch, by value.
@@ -307,6 +308,7 @@ def ssort_by_index(x: SparseLike, descending: bool = ...,
                    inplace: bool = ...) -> Union[SortResult, Tensor, Sequence[Tensor]]: ...
 
 
+@compile_boundary
 def ssort_by_index(x: SparseLike, descending: bool = False,
                    inplace: bool = False) -> Union[SortResult, Tensor, Sequence[Tensor]]:
     r"""Sort the specified entries of a sparse vector, or of each row of a batch, by index.
@@ -351,6 +353,7 @@ def ssort_by_index(x: SparseLike, descending: bool = False,
     return _sort(x, by_index=True, descending=descending, inplace=inplace, name="x")
 
 
+@compile_boundary
 def stopk(x: SparseLike, k: int) -> TopkResult:
     r"""The ``k`` largest specified entries of a sparse vector, or of each row of a batch.
 

@@ -25,7 +25,8 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from . import _index
-from ._forms import SparseBatch, SparseLike, _sparse_coo, _sparse_csr, as_sparse_batch, attach
+from ._forms import (SparseBatch, SparseLike, _sparse_coo, _sparse_csr, as_sparse_batch, attach,
+                     compile_boundary)
 from ._load import check_state_dict
 from ._ops import SparseParts
 
@@ -211,6 +212,7 @@ def values_map(  # type: ignore[overload-overlap]
 def values_map(fn: Callable[[Tensor], Tensor], input: SparseLike) -> SparseLike: ...
 
 
+@compile_boundary
 def values_map(fn: Callable[[Tensor], Tensor], input: Union[SparseLike, SparseParts]
                ) -> Union[SparseLike, SparseParts]:
     r"""Apply an element-wise function to the specified values of a sparse batch.
@@ -338,6 +340,7 @@ class ValuesMap(nn.Module):
             raise TypeError(f"fn must be callable (a module or function), got {type(fn).__name__}")
         self.fn = fn
 
+    @compile_boundary
     def forward(self, input: Union[SparseLike, SparseParts]) -> Union[SparseLike, SparseParts]:
         return values_map(self.fn, input)
 

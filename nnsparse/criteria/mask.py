@@ -6,7 +6,7 @@ from typing import Any, Mapping, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .._forms import SparseLike, as_sparse_batch, is_int, is_sparse_form
+from .._forms import SparseLike, as_sparse_batch, compile_boundary, is_int, is_sparse_form
 from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
                            conf_settings, elementwise_loss, generator_arg, non_negative_arg,
                            ratio_arg, resolve_size_average, weighted_sum)
@@ -138,6 +138,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         self._sparse_mask: Optional[EntryMask] = None
         self._dense_mask: Optional[Tensor] = None
 
+    @compile_boundary
     def prepare_input(self, input: SparseLike) -> SparseLike:
         """Hide entries of ``input`` (in its form); remember which ones."""
         if is_sparse_form(input):
@@ -179,6 +180,7 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         self._sparse_mask, self._dense_mask = EntryMask.of(batch, hide), None
         return batch.with_values(batch.values, keep=~hide)
 
+    @compile_boundary
     def forward(self, estimate: SparseLike, target: SparseLike) -> Tensor:
         elementwise = checked_loss(self.criterion, self.size_average, "MaskCriterion")
         if self._sparse_mask is not None:

@@ -12,7 +12,8 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .._forms import SparseBatch, SparseLike, as_sparse_batch, holds_exactly, is_sparse_form
+from .._forms import (SparseBatch, SparseLike, as_sparse_batch, compile_boundary, holds_exactly,
+                      is_sparse_form)
 from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
                            conf_settings, elementwise_loss, generator_arg, non_negative_arg,
                            pair_arg, ratio_arg, real_arg, resolve_size_average, weighted_sum)
@@ -275,6 +276,7 @@ class SDAECriterion(_SDAEBase):
         self._mask = corrupted
         return out
 
+    @compile_boundary
     def forward(self, estimate: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         for name, t in (("estimate", estimate), ("target", target)):
             if is_sparse_form(t) or not isinstance(t, Tensor):
@@ -453,6 +455,7 @@ class SDAESparseCriterion(_SDAEBase):
         """
         return None if self._mask is None else self._mask.dense(corrupted=False)
 
+    @compile_boundary
     def prepare_input(self, input: SparseLike) -> SparseLike:
         """A corrupted copy of the sparse ``input``, in its form; remembers the corrupted entries."""
         batch = unique_entries(as_sparse_batch(input, name="input", pairs=False))
@@ -463,6 +466,7 @@ class SDAESparseCriterion(_SDAEBase):
         # shared, and no data-dependent size (a host sync on CUDA).
         return batch.with_values(values)
 
+    @compile_boundary
     def forward(self, estimate: SparseLike, target: SparseLike,
                 mask: Optional[Tensor] = None) -> Tensor:
         elementwise = self._elementwise()

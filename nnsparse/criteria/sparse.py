@@ -5,7 +5,7 @@ from typing import Any, Optional
 
 from torch import Tensor, nn
 
-from .._forms import SparseLike
+from .._forms import SparseLike, compile_boundary
 from .._ops import SparseParts
 
 from ._elementwise import (ElementwiseLoss, RefuseLuaNames, Setting, bool_arg, checked_loss,
@@ -117,6 +117,7 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
                 "number of specified target entries or by the number of estimate entries")
         return loss
 
+    @compile_boundary
     def prepare_input(self, input: SparseLike) -> SparseLike:
         """Return ``input`` unchanged (a plain criterion corrupts nothing).
 
@@ -135,6 +136,7 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         raise TypeError(f"input must be a sparse batch or a dense (rows, n) tensor, got "
                         f"{type(input).__name__}")
 
+    @compile_boundary
     def forward(self, estimate: SparseLike, target: SparseLike) -> Tensor:
         elementwise = self._check_averaging()
         est = as_estimate(estimate, target)
@@ -151,6 +153,7 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         return f"size_average={self.size_average}, full_size_average={self.full_size_average}"
 
 
+@compile_boundary
 def prepare_input(criterion: Any, input: Any) -> Any:
     """Corrupt ``input`` the way ``criterion`` trains on it, or return it unchanged.
 

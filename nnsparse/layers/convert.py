@@ -9,7 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from .._lua import LuaMembers
-from .._forms import SparseLike, as_count, as_sparse_batch, check_int64, is_int
+from .._forms import (SparseLike, as_count, as_sparse_batch, check_int64, compile_boundary, is_int,
+                      sparse_output_boundary)
 from ..convert import _check_elem, _densify, sparsify
 
 __all__ = ["Densify", "Sparsify"]
@@ -76,6 +77,7 @@ class Densify(LuaMembers, nn.Module):
         self.in_features: int = _check_in_features(in_features)  # a numpy int as an int
         self.elem: float = _check_elem(elem, fill=True)
 
+    @compile_boundary
     def forward(self, input: SparseLike) -> Tensor:
         # the settings again, as Sparsify's: they may have been assigned since __init__
         # (a str width failed with "'<' not supported between instances of 'str' and 'int'")
@@ -136,6 +138,7 @@ class Sparsify(LuaMembers, nn.Module):
         self.offset: int = offset
         self.layout: torch.layout = layout
 
+    @sparse_output_boundary
     def forward(self, input: Tensor) -> Tensor:
         return sparsify(input, self.elem, self.offset, self.layout)
 

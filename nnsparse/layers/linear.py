@@ -13,7 +13,7 @@ from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_di
 
 from .. import _double, _grad_origin, _index, _rowopt
 from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_choice, as_device,
-                      as_flag, as_int, as_sparse_batch, dtype_got, empty_batch,
+                      as_flag, as_int, as_sparse_batch, compile_boundary, dtype_got, empty_batch,
                       move_structure, no_rows)
 from .._load import check_state_dict
 from .._lua import WEIGHT_MEMBERS, LuaMembers
@@ -583,6 +583,7 @@ def _use_dense(batch: SparseBatch, mode: str) -> bool:
     return _density(batch) > _DENSE_ABOVE.get(batch.device.type, _DENSE_ABOVE["cuda"])
 
 
+@compile_boundary
 def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = None, *,
                   mode: str = "auto") -> Tensor:
     r"""``input @ weight.T + bias`` for a sparse ``input``, never densifying it.
@@ -1251,6 +1252,7 @@ class SparseLinearBatch(LuaMembers):
                               (self.out_features, self.in_features),
                               "(out_features, in_features)", bias)
 
+    @compile_boundary
     def forward(self, input: SparseLike) -> Tensor:
         # before the weight is read: a parametrization runs at each read (spectral_norm
         # updates its buffers), and a refused call changes nothing

@@ -7,7 +7,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple, Type, cast
 from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
-from .._forms import is_int
+from .._forms import compile_boundary, is_int
 from .._load import check_state_dict
 from .._lua import LuaMembers
 
@@ -165,6 +165,7 @@ class PatternSequential(LuaMembers, nn.Sequential):
         return cast(_IncompatibleKeys,
                     super().load_state_dict(state_dict, strict=strict, assign=assign))
 
+    @compile_boundary
     def forward(self, input: Any, pattern: Any = None) -> Any:
         if pattern is not None and not any(
                 module is not None and _takes_pattern(_forward_class(module))

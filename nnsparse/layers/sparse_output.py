@@ -24,7 +24,8 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .. import _double, _grad_origin, _index
-from .._forms import SparseBatch, SparseLike, _sparse_coo, as_flag, as_sparse_batch
+from .._forms import (SparseBatch, SparseLike, _sparse_coo, as_flag, as_sparse_batch,
+                      compile_boundary)
 from .._load import check_state_dict
 from .._lua import WEIGHT_MEMBERS, LuaMembers
 from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_rows_of
@@ -169,6 +170,7 @@ def _pattern_structure(pattern: SparseLike, input: Tensor,
     return batch, distinct
 
 
+@compile_boundary
 def sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
                    pattern: Optional[SparseLike] = None, sparse_grad: bool = False) -> Tensor:
     r"""``input @ weight.T + bias`` computed only at the entries of ``pattern``.
@@ -417,6 +419,7 @@ class SparseOutputLinear(LuaMembers, nn.Linear):
     @overload
     def forward(self, input: Tensor, pattern: Optional[SparseLike] = None) -> Tensor: ...
 
+    @compile_boundary
     def forward(self, input: Tensor, pattern: Union[SparseLike, SparseParts, None] = None
                 ) -> Union[Tensor, SparseParts]:
         # before the weight is read: a parametrization runs at each read (spectral_norm

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .._forms import (_check_csr, _version, as_count, as_device, as_flag, as_sparse_batch,
-                      dtype_got, is_int, is_real, is_sparse_form)
+                      compile_boundary, dtype_got, is_int, is_real, is_sparse_form)
 from .._load import check_state_dict, entry_errors
 from .._lua import WEIGHT_MEMBERS, LuaMembers
 from .. import _index
@@ -512,6 +512,7 @@ class SparseWeightLinear(LuaMembers, nn.Module):
         return layer
 
     # -- forward ---------------------------------------------------------------
+    @compile_boundary
     def forward(self, input: Any) -> Tensor:
         _check_parameters(self, "values", _parameter(self, "values", "(nnz,)"), (self.nnz,),
                           "(nnz,)", _parameter(self, "bias", "(out_features,)"))

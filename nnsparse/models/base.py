@@ -36,8 +36,8 @@ from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, as_sparse_batch, as_tensor,
-                      check_file_object, check_index_range, is_int, is_real, on_cpu_default, plain,
-                      real_float, refuse_meta, refuse_meta_device)
+                      check_file_object, check_index_range, compile_boundary, is_int, is_real,
+                      on_cpu_default, plain, real_float, refuse_meta, refuse_meta_device)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -528,6 +528,7 @@ class RatingModel(nn.Module):
         lo, hi = self._norm.scale
         return (values - lo) * (2.0 / (hi - lo)) - 1.0
 
+    @compile_boundary
     def forward(self, x: Any, rows: Tensor, pattern: Any = None) -> Any:
         """Normalised predictions for the rows ``rows`` from their normalised inputs ``x``.
 
