@@ -1378,9 +1378,11 @@ def test_a_diverged_fit_leaves_the_model_not_fitted(tmp_path):
     wrote (a file whose model predicted NaN): the model is now not fitted until a fit
     succeeds, a fitted one too (its earlier weights are gone)."""
     model = _fitted_copy(AutoRec)
+    assert model.history and model.best_epoch > 0
     model.hparams["lr"] = 1e30
     with pytest.raises(FloatingPointError, match="training diverged"):
         model.fit(_TINY_R, verbose=False, progress=False)
+    assert model.history == [] and model.best_epoch == 0  # not the earlier fit's
     why = (r"^AutoRec is not fitted \(its last fit\(\) raised FloatingPointError\); "
            r"call fit\(\) or load\(\)$")
     for call in (lambda: model.save(tmp_path / "m.pt"), lambda: model.predict(_TINY_R),

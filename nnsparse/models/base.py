@@ -716,7 +716,7 @@ class RatingModel(nn.Module):
             A refused call leaves the model as it was.  A call that fails once
             training started (a divergence, any exception but an interrupt)
             leaves the model not fitted: ``predict`` and ``save`` refuse its
-            weights until a ``fit`` succeeds.
+            weights until a ``fit`` succeeds, and ``history`` is empty.
         """
         _check_ratings(train, "train")
         _check_grad_mode(f"{type(self).__name__}.fit")
@@ -796,6 +796,7 @@ class RatingModel(nn.Module):
             # and save refuse them until a fit succeeds.  (An interrupt keeps them.)
             self._built = False
             self._unfit_reason = f"its last fit() raised {type(e).__name__}"
+            self.history, self.best_epoch = [], 0  # (an earlier fit's, whose weights are gone)
             raise
         self.fit_seconds = time.perf_counter() - start
         self.eval()
