@@ -21,7 +21,7 @@ from probe_cases import Case, run_case
 from nnsparse import (DynamicSparseTensor, PatternSequential, SparseLinearBatch,
                       SparseOutputLinear, sampled_linear, sparsify)
 from nnsparse.data import RatingNormalizer, Ratings, synthetic_ratings
-from nnsparse.models import CFN, AutoRec, GLocalK, KernelNet
+from nnsparse.models import CFN, AutoRec, GLocalK, KernelNet, Trainer
 from nnsparse.optim import clip_grad_value_
 
 
@@ -438,6 +438,14 @@ def _diverged_cases() -> List[Case]:
     cases.append(Case("kernelnet_nan_predictions_validated", lambda: _fit(
         KernelNet, epochs=1, lr=1e30), FloatingPointError,
         r"no epoch's validation RMSE is finite \(nan\)"))
+    # a long run whose every validation is NaN while its loss stays finite (a validation
+    # function of one's own): the message shows the first three RMSEs and the last
+    cases.append(Case("trainer_eight_epochs_validated", lambda: Trainer(
+        _Module("dense"), epochs=8, batch_size=2, lr=1e-3, log=None,
+        progress=False).fit(
+            torch.eye(4).to_sparse_csr(), validate=lambda: float("nan")), FloatingPointError,
+        r"no epoch's validation RMSE is finite \(nan, nan, nan, \.\.\., nan: 8 epochs\); "
+        r"the learning rate was"))
     # a large lr whose first epoch validates keeps that epoch, as before
     cases.append(Case("autorec_large_lr_kept_epoch", lambda: _fit(AutoRec, epochs=3, lr=1e30),
                       None, check=lambda m: bool(torch.isfinite(
@@ -481,7 +489,6 @@ class _Module(nn.Module):
 def _sgd_trainer(poison: bool) -> Any:
     """A Trainer with SGD (which takes a sparse COO parameter), optionally poisoning ``w``
     after the step (one an epoch), whose loss was read before it (as a diverging step's is)."""
-    from nnsparse.models import Trainer
 
     class SGDTrainer(Trainer):
         def make_optimizer(self) -> torch.optim.Optimizer:

@@ -367,9 +367,11 @@ class Trainer:
         hint = (f"the learning rate was {self._lr_at(epoch):.3g} in epoch {epoch}; a smaller "
                 f"lr, or finite data and penalties, avoid it")
         if validated:  # (no epoch kept: every RMSE was NaN or inf)
-            rmses = ", ".join(str(e["valid_rmse"]) for e in result.history if "valid_rmse" in e)
+            rmses = [str(e["valid_rmse"]) for e in result.history if "valid_rmse" in e]
+            if len(rmses) > 5:  # (a long run: its first three and last, not each)
+                rmses = rmses[:3] + ["...", f"{rmses[-1]}: {len(rmses)} epochs"]
             raise FloatingPointError(f"training diverged: no epoch's validation RMSE is finite "
-                                     f"({rmses}); {hint}")
+                                     f"({', '.join(rmses)}); {hint}")
         # the parameters training changes (a frozen one may hold an inf by design: a clamp
         # bound), complex ones too (as save() checks them); one sync, whatever their devices
         weights = [_stored_values(p.detach()) for p in self.model.parameters()
