@@ -462,7 +462,8 @@ class _Tokens:
     _CHUNK = 1 << 16
     _CHUNK_BYTES = 1 << 19
 
-    def __init__(self, raw: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    def __init__(self, raw: bytes, buf: np.ndarray, starts: np.ndarray,
+                 ends: np.ndarray) -> None:
         self.raw, self.buf, self.starts, self.ends = raw, buf, starts, ends
         # numpy's bytes arrays drop trailing NULs ('12\0' would read as 12): the exact
         # tokens then, as raw.split() gave them
@@ -678,7 +679,7 @@ def _ids(tokens: _Tokens, index: np.ndarray, path: str, line: np.ndarray,
     # UTF-8 string ("0013" and "13" two ids, "7" the string "7" beside "A7"), each
     # distinct token decoded once
     picked = tokens.pick_list(index, array)
-    del array
+    del array  # (the bytes array freed before the decoded strings are made: a lower peak)
     out = np.empty(len(picked), dtype=object)
     try:
         text = {token: token.decode("utf-8") for token in set(picked)}
