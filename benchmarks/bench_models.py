@@ -39,7 +39,6 @@ import math
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -50,7 +49,7 @@ from _baselines import biased_mf, dense_autorec  # noqa: E402
 from nnsparse.data import (FORMATS, Ratings, detect_format, mean_prediction,  # noqa: E402
                            read_item_features, read_split, rmse, split_ratings)
 from nnsparse.data import synthetic_item_features, synthetic_ratings  # noqa: E402
-from nnsparse.data.readers import _title_file  # noqa: E402
+from nnsparse.data.readers import _path, _title_file  # noqa: E402
 from nnsparse.models import CFN, AutoRec, GLocalK, KernelNet  # noqa: E402
 
 ZOO = {"autorec": (AutoRec, False), "cfn": (CFN, False), "cfn++": (CFN, True),
@@ -255,7 +254,8 @@ def _features(args: argparse.Namespace, train: Ratings) -> torch.Tensor:
     if args.train is None:
         return synthetic_item_features(args.seed, train.n_items)
     # the item file read_ratings reads titles from, next to the ratings
-    path = _title_file(Path(args.train), args.format, True)
+    # ('~' as the readers take it: a shell leaves --train=~/... as it is)
+    path = _title_file(_path(args.train), args.format, True)
     if path is None:
         raise SystemExit(f"cfn++ needs the item genres of --format {args.format} next to "
                          f"{args.train}; none found")

@@ -62,7 +62,8 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device",
            "no_rows", "empty_batch", "EMPTY_ROWS_TENSOR", "EMPTY_ROWS_WAY_ROUND",
            "int_of_0d", "int_kind", "is_int", "lua_pairs_hint", "check_coo_indices",
-           "scipy_sparse_hint", "compile_boundary", "sparse_output_boundary"]
+           "scipy_sparse_hint", "compile_boundary", "sparse_output_boundary",
+           "EXACT_INDEX", "exact_index"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -119,7 +120,7 @@ def _pair_index(column: Tensor, name: str) -> Tensor:
             raise ValueError(f"{name} indices must be integers, got {bad}")
         # beyond 2 ** (mantissa bits + 1) a float no longer holds every integer: the
         # index the caller meant may already have been rounded to its neighbour
-        exact = 2.0 / torch.finfo(column.dtype).eps  # 2 ** (mantissa bits + 1)
+        exact = exact_index(column.dtype)
         if column.numel() and float(column.abs().max()) > exact:
             raise ValueError(f"{name} indices stored as {column.dtype} are exact only up to "
                              f"{int(exact)}, got {float(column.abs().max()):g}; build the pairs "
@@ -399,10 +400,8 @@ def _as_pairs(batch: SparseBatch) -> Tensor:
         top = batch.width - 1  # the largest index the batch may hold
         if dtype == torch.bool:
             limit = 1
-        elif dtype.is_floating_point:
-            limit = int(2 / torch.finfo(dtype).eps)  # 2 ** (mantissa bits + 1)
-        elif dtype.is_complex:
-            limit = int(2 / torch.finfo(dtype.to_real()).eps)
+        elif dtype.is_floating_point or dtype.is_complex:
+            limit = int(exact_index(dtype))
         else:
             limit = torch.iinfo(dtype).max
         if top > limit:
@@ -1075,6 +1074,39 @@ def holds_exactly(dtype: torch.dtype, value: float) -> bool:
         return value in (0, 1)
     info = torch.iinfo(dtype)
     return math.isfinite(value) and value == int(value) and info.min <= value <= info.max
+
+
+def _exact_index_limit(dtype: torch.dtype) -> Optional[float]:
+    """2 ** (mantissa bits + 1): ``dtype`` holds every whole number up to it exactly, not
+    the next.  Found by rounding ``2 ** k + 1`` (``torch.finfo(dtype).eps`` is half the
+    true one for float8_e5m2fnuz: 2 / eps said 16, but 9 rounds); None for a float dtype
+    torch cannot convert to."""
+    for k in range(1, 64):
+        n = 2 ** k + 1
+        try:
+            back = float(torch.tensor(float(n), dtype=torch.float64).to(dtype).double())
+        except (RuntimeError, TypeError, NotImplementedError):  # float4_e2m1fn_x2
+            return None
+        if back != n:  # (float(n) itself rounds for float64: 2 ** 53 + 1)
+            return 2.0 ** k
+    return None
+
+
+#: The largest index a floating dtype holds exactly, with every smaller whole number (an
+#: index stored as a pair tensor's or an appended row's value): float64 2 ** 53, float32
+#: 2 ** 24, float16 2048, float8 16 (8 for the e5m2 kinds); made once, at import.
+EXACT_INDEX: Dict[torch.dtype, float] = {
+    dtype: limit for dtype in {d for d in vars(torch).values()
+                               if isinstance(d, torch.dtype) and d.is_floating_point}
+    if (limit := _exact_index_limit(dtype)) is not None}
+
+
+def exact_index(dtype: torch.dtype) -> float:
+    """:data:`EXACT_INDEX` of a floating ``dtype``, or of a complex one's real part
+    (``2 / eps`` for a dtype torch cannot convert to)."""
+    real = dtype.to_real() if dtype.is_complex else dtype
+    limit = EXACT_INDEX.get(real)
+    return 2.0 / torch.finfo(real).eps if limit is None else limit
 
 
 def as_int(value: Any, name: str, must: str = "be an int",

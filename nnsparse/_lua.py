@@ -67,9 +67,11 @@ PACKAGE_NAMES: Dict[str, str] = {
 
 
 def member_error(owner: object, name: str, hint: str) -> AttributeError:
-    """The error for the Lua member ``name`` of ``owner``, naming ``hint``."""
-    return AttributeError(f"{type(owner).__name__} has no Lua attribute {name!r}; in "
-                          f"nnsparse (as in torch) use {hint}")
+    """The error for the Lua member ``name`` of ``owner`` (an instance, or a class read
+    through :class:`LuaName`), naming ``hint``."""
+    what = owner.__name__ if isinstance(owner, type) else type(owner).__name__
+    return AttributeError(f"{what} has no Lua attribute {name!r}; in nnsparse (as in torch) "
+                          f"use {hint}")
 
 
 class LuaMembers(nn.Module):
@@ -101,6 +103,4 @@ class LuaName:
         self._name = name
 
     def __get__(self, obj: object, owner: Optional[type] = None) -> NoReturn:
-        what = owner.__name__ if owner is not None else type(obj).__name__
-        raise AttributeError(f"{what} has no Lua attribute {self._name!r}; in nnsparse (as in "
-                             f"torch) use {self._hint}")
+        raise member_error(owner if owner is not None else obj, self._name, self._hint)

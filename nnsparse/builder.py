@@ -14,8 +14,8 @@ from torch import Tensor
 
 from .convert import _size_from_tensor
 from ._lua import LuaName
-from ._forms import (_INT64_MAX, SparseBatch, _sparse_coo, as_device, as_int, as_sparse_batch,
-                     dtype_got, is_real, real_float,
+from ._forms import (_INT64_MAX, EXACT_INDEX, SparseBatch, _sparse_coo, as_device, as_int,
+                     as_sparse_batch, dtype_got, exact_index, is_real, real_float,
                      check_index_range, check_numel, int64_message, int_kind,
                      KERNEL_DTYPES,
                      refuse_meta_device)
@@ -337,7 +337,7 @@ class DynamicSparseTensor:
                 items = row.tolist()
             except (RuntimeError, NotImplementedError):  # a tensor without data (meta)
                 raise self._row_error(row) from None
-            exact = _EXACT_INDEX.get(row.dtype)  # (torch.finfo and a call per row: 0.36 us)
+            exact = EXACT_INDEX.get(row.dtype)  # (torch.finfo and a call per row: 0.36 us)
             if exact is not None and items and (self._ndim > 1 or abs(items[0]) > exact):
                 _check_exact_indices(items[:-1], row.dtype)
         elif isinstance(row, (tuple, list)):
@@ -701,35 +701,11 @@ def _value_range(dtype: torch.dtype) -> Optional[Tuple[float, float]]:
     return (info.min, info.max)
 
 
-def _exact_index_limit(dtype: torch.dtype) -> Optional[float]:
-    """2 ** (mantissa bits + 1): ``dtype`` holds every whole number up to it exactly, not
-    the next.  Found by rounding ``2 ** k + 1`` (``torch.finfo(dtype).eps`` is half the
-    true one for float8_e5m2fnuz: 2 / eps said 16, but 9 rounds); None for a float dtype
-    torch cannot convert to."""
-    for k in range(1, 64):
-        n = 2 ** k + 1
-        try:
-            back = float(torch.tensor(float(n), dtype=torch.float64).to(dtype).double())
-        except (RuntimeError, TypeError, NotImplementedError):  # float4_e2m1fn_x2
-            return None
-        if back != n:  # (float(n) itself rounds for float64: 2 ** 53 + 1)
-            return 2.0 ** k
-    return None
-
-
-# The limit on the index of a float row appended (Lua's [index, value]), for every float
-# dtype: float64 too (2 ** 53, as from_pairs), float8 (16, or 8 for the e5m2 kinds).
-_EXACT_INDEX: Dict[torch.dtype, float] = {
-    dtype: limit for dtype in {d for d in vars(torch).values()
-                               if isinstance(d, torch.dtype) and d.is_floating_point}
-    if (limit := _exact_index_limit(dtype)) is not None}
-
-
 def _check_exact_indices(indices: Sequence[Any], dtype: torch.dtype) -> None:
     """The indices of a float row (Lua's ``[index, value]``) beyond the whole numbers its
     dtype holds exactly: the index the caller meant may already have been rounded to a
     neighbour (``from_pairs`` refuses them too).  ±inf is left to the whole-number check."""
-    exact = _EXACT_INDEX[dtype]
+    exact = EXACT_INDEX[dtype]
     for i in indices:
         if isinstance(i, float) and exact < abs(i) < math.inf:
             fix = ("build the row as float64 or int64" if exact < 2.0 ** 53 else
@@ -741,7 +717,7 @@ def _check_exact_indices(indices: Sequence[Any], dtype: torch.dtype) -> None:
 def _check_pair_index(top: int, dtype: torch.dtype) -> None:
     """Refuse an index ``top`` that the pair tensor's dtype cannot hold exactly."""
     if dtype.is_floating_point:
-        exact = int(2 / torch.finfo(dtype).eps)  # 2 ** (mantissa bits + 1)
+        exact = int(exact_index(dtype))
         if top > exact:
             bits = exact.bit_length() - 1
             wider = ("dtype torch.float64" if top <= 2 ** 53 else

@@ -14,7 +14,7 @@ from . import _index
 from ._forms import (EMPTY_ROWS_TENSOR, SparseBatch, SparseLike, _a, _as_pairs, _sparse_coo,
                      _sparse_csr, as_count, as_int, is_int,
                      as_sparse_batch, check_kernel_dtype, holds_exactly, refuse_meta,
-                     check_int64, check_numel, int64_message, resolve_size,
+                     check_int64, check_numel, exact_index, int64_message, resolve_size,
                      scipy_sparse_hint, trust, compile_boundary, sparse_output_boundary)
 
 __all__ = ["sparsify", "densify", "to_pairs", "from_pairs"]
@@ -311,7 +311,7 @@ def to_pairs(x: SparseLike) -> Union[Tensor, List[Tensor]]:
     """
     batch = as_sparse_batch(x, name="x")
     if batch.dtype.is_floating_point and batch.nnz:
-        exact = int(2 / torch.finfo(batch.dtype).eps)  # 2 ** (mantissa bits + 1)
+        exact = int(exact_index(batch.dtype))
         if batch.width > exact:
             raise ValueError(f"x has width {batch.width}, beyond {exact}: its indices cannot be "
                              f"stored exactly as {batch.dtype}; convert the values to float64")

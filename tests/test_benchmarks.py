@@ -406,3 +406,19 @@ def test_step_cost_benchmarks_run():
                               capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr
         assert "threads=1" in done.stdout and shown in done.stdout, done.stdout
+
+
+def test_bench_models_takes_home_relative_files(tmp_path, monkeypatch, capsys):
+    """--train=~/... (a shell leaves it as it is): the readers take '~' as the home
+    directory, and so does the u.item lookup of CFN++'s genres (it said 'cfn++ needs the
+    item genres of --format ml-100k next to ~/ml-100k/u1.base; none found')."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_models
+    (tmp_path / "ml-100k").mkdir()
+    _ml100k_files(tmp_path / "ml-100k")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    rows = bench_models.main(["--train=~/ml-100k/u1.base", "--test=~/ml-100k/u1.test",
+                              "--threads", "1", "--no-baselines", "--models", "cfn++",
+                              "--quick", "--recommend", "-1"])
+    assert "~/ml-100k/u1.base -> ~/ml-100k/u1.test" in capsys.readouterr().out
+    assert 0 < rows["nnsparse.models cfn++"][0] < 5

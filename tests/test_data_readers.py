@@ -87,6 +87,23 @@ def test_titles(tmp_path, fmt, expected):
     assert read_ratings(path, format=fmt, titles=tmp_path / FILES[fmt][2]).titles == expected
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_side_features_decode_the_item_file_as_the_titles_do(tmp_path, encoding):
+    """read_item_features reads a movies.dat as the titles are read: UTF-8 when it is
+    (ML-10M's), else latin-1, so a line it refuses is quoted as written (a UTF-8 file's
+    'é2' was quoted 'Ã©2')."""
+    path = tmp_path / "movies.dat"
+    path.write_bytes("1::Misérables, Les (1995)::Drama\n2::Café (2000)::Comedy|Drama\n"
+                     .encode(encoding))
+    features = read_item_features(path, "ml-1m", {1: 0, 2: 1})
+    assert features.tolist() == [[0.0, 1.0], [1.0, 1.0]]  # (Comedy, Drama)
+    path.write_bytes("1::Misérables, Les (1995)::Drama\né2::Café (2000)::Comedy\n"
+                     .encode(encoding))
+    with pytest.raises(ValueError, match=r"movies\.dat, line 2: the item id must be an "
+                                         r"integer, got 'é2'$"):
+        read_item_features(path, "ml-1m", {1: 0})
+
+
 def test_titles_latin1_and_missing(tmp_path):
     path = write(tmp_path, "ml-100k", titles=False)
     (tmp_path / "u.item").write_bytes("242|Café Noir (1996)|x\n".encode("latin-1"))

@@ -90,9 +90,10 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
     Raises:
         ValueError: ``hide_ratio`` outside [0, 1]; a mapping with a non-zero
             ``noiseRatio`` or ``flipRatio``; negative ``alpha`` or
-            ``beta``; no :meth:`prepare_input` before the loss, or an estimate
-            whose shape differs from the prepared input's; a target whose
-            rows, width or device differ.
+            ``beta``, or (the loss call) one beyond the loss's dtype (above 3.4e38
+            for float32 losses, float16 inputs' too); no :meth:`prepare_input`
+            before the loss, or an estimate whose shape differs from the prepared
+            input's; a target whose rows, width or device differ.
 
     Example::
 

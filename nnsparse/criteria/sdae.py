@@ -234,8 +234,9 @@ class SDAECriterion(_SDAEBase):
         TypeError: a sparse input or target (use :class:`SDAESparseCriterion`);
             integer input values with ``noise_ratio > 0``.
         ValueError: ratios outside [0, 1] or summing above 1; negative
-            ``alpha`` or ``beta``; a noise or flip value the input's dtype cannot
-            hold; estimate, target
+            ``alpha`` or ``beta``, or (the loss call) one beyond the loss's dtype
+            (above 3.4e38 for float32 losses, float16 inputs' too); a noise or
+            flip value the input's dtype cannot hold; estimate, target
             or mask of different shapes or devices; :meth:`prepare_input` was
             given a batch of another shape, or never called.
 
@@ -412,9 +413,10 @@ class SDAESparseCriterion(_SDAEBase):
     Raises:
         TypeError: integer input values with ``noise_ratio > 0``, complex target values.
         ValueError: ratios outside [0, 1] or summing above 1; negative
-            ``alpha`` or ``beta``; a noise or flip value the input's dtype cannot
-            hold; rows or width of estimate and target
-            differ; a target index beyond the estimate; a target on another
+            ``alpha`` or ``beta``, or (the loss call) one beyond the loss's dtype
+            (above 3.4e38 for float32 losses, float16 inputs' too); a noise or
+            flip value the input's dtype cannot hold; rows or width of estimate
+            and target differ; a target index beyond the estimate; a target on another
             device; a mask of the wrong shape;
             :meth:`prepare_input` was given a batch of another shape, or never called.
 

@@ -462,7 +462,8 @@ class _Tokens:
     _CHUNK = 1 << 16
     _CHUNK_BYTES = 1 << 19
 
-    def __init__(self, raw: bytes, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    def __init__(self, raw: bytes, buf: np.ndarray, starts: np.ndarray,
+                 ends: np.ndarray) -> None:
         self.raw, self.buf, self.starts, self.ends = raw, buf, starts, ends
         # numpy's bytes arrays drop trailing NULs ('12\0' would read as 12): the exact
         # tokens then, as raw.split() gave them
@@ -678,7 +679,7 @@ def _ids(tokens: _Tokens, index: np.ndarray, path: str, line: np.ndarray,
     # UTF-8 string ("0013" and "13" two ids, "7" the string "7" beside "A7"), each
     # distinct token decoded once
     picked = tokens.pick_list(index, array)
-    del array
+    del array  # (the bytes array freed before the decoded strings are made: a lower peak)
     out = np.empty(len(picked), dtype=object)
     try:
         text = {token: token.decode("utf-8") for token in set(picked)}
@@ -876,7 +877,7 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
             titles[key] = row[1]
         return titles
     sep = "|" if fmt == "ml-100k" else "::"
-    for number, line in enumerate(io.StringIO(_item_text(path), newline=None), start=1):
+    for number, line in enumerate(io.StringIO(_side_text(path), newline=None), start=1):
         line = _without_bom(line, number)
         if not line.strip():
             continue
@@ -890,12 +891,13 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
     return titles
 
 
-def _item_text(path: Path) -> str:
-    """The text of a ``u.item`` or ``movies.dat``: UTF-8 when its bytes are (MovieLens-10M's
-    ``movies.dat``; its README: "encoded as UTF-8 ... a departure from previous MovieLens
-    data sets"), else latin-1, which decodes any bytes (MovieLens-100K's ``u.item`` and
-    -1M's ``movies.dat``, whose ``é`` is the one byte 0xE9: no valid UTF-8).  A byte
-    order mark is left in, for :func:`_without_bom`."""
+def _side_text(path: Path) -> str:
+    """The text of a MovieLens item or user file (``u.item``, ``movies.dat``, ``u.user``,
+    ``users.dat``), for titles and side features alike: UTF-8 when its bytes are
+    (MovieLens-10M's ``movies.dat``; its README: "encoded as UTF-8 ... a departure from
+    previous MovieLens data sets"), else latin-1, which decodes any bytes (MovieLens-100K's
+    ``u.item`` and -1M's ``movies.dat``, whose ``é`` is the one byte 0xE9: no valid UTF-8).
+    A byte order mark is left in, for :func:`_without_bom`."""
     raw = path.read_bytes()
     try:
         return raw.decode("utf-8")
@@ -1654,9 +1656,9 @@ _ARCHIVES = ((b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip)"),
 def _lines(path: Path, sep: str) -> List[Tuple[int, List[str]]]:
     with open(path, "rb") as raw:
         _refuse_binary(raw.read(4096), path)
-    with open(path, encoding="latin-1") as f:
-        return [(n, _without_bom(line, n).rstrip("\r\n").split(sep))
-                for n, line in enumerate(f, start=1) if line.strip()]
+    lines = io.StringIO(_side_text(path), newline=None)
+    return [(n, _without_bom(line, n).rstrip("\r\n").split(sep))
+            for n, line in enumerate(lines, start=1) if line.strip()]
 
 
 def _feature_file(path: _PathLike, what: str) -> Path:

@@ -1423,7 +1423,9 @@ class RatingModel(nn.Module):
             TypeError: ``path`` of the wrong kind (a text file object included).
             ValueError: ``path`` is a directory or not a file written by
                 :meth:`save`, or a file object that is closed or not open for
-                reading; it holds another model class; an unknown ``device``.
+                reading; it holds another model class, or a model name that
+                ``MODELS`` maps to no model class of that name (``MODELS`` edited by
+                hand); an unknown ``device``.
             OSError, MemoryError: (torch's) the file could not be read, or not held
                 in memory.
         """

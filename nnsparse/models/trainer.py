@@ -364,8 +364,7 @@ class Trainer:
         validation RMSE NaN or infinite (the model predicts no number), or weights that are
         not finite (an epoch's loss is read before its last step, which can make them so)."""
         epoch = len(result.history)
-        hint = (f"the learning rate was {self._lr_at(epoch):.3g} in epoch {epoch}; a smaller "
-                f"lr, or finite data and penalties, avoid it")
+        hint = self._divergence_hint(epoch, f"in epoch {epoch}")
         if validated:  # (no epoch kept: every RMSE was NaN or inf)
             rmses = [str(e["valid_rmse"]) for e in result.history if "valid_rmse" in e]
             if len(rmses) > 5:  # (a long run: its first three and last, not each)
@@ -382,10 +381,14 @@ class Trainer:
                 raise FloatingPointError(f"training diverged: the weights after epoch {epoch} "
                                          f"are not finite; {hint}")
 
+    def _divergence_hint(self, epoch: int, when: str) -> str:
+        """What a divergence error or log line advises: epoch ``epoch``'s learning rate."""
+        return (f"the learning rate was {self._lr_at(epoch):.3g} {when}; a smaller lr, or "
+                f"finite data and penalties, avoid it")
+
     def _diverged(self, epoch: int, loss: float, kept: bool, result: TrainResult) -> None:
         """Stop on a non-finite epoch loss: say so, or raise when no epoch can be kept."""
-        hint = (f"the learning rate was {self._lr_at(epoch):.3g} this epoch; a smaller lr, "
-                f"or finite data and penalties, avoid it")
+        hint = self._divergence_hint(epoch, "this epoch")
         if not kept:
             raise FloatingPointError(f"training diverged: the mean training loss of epoch "
                                      f"{epoch} is {loss}, and no earlier epoch was validated "
