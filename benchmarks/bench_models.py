@@ -177,6 +177,13 @@ def main(argv: List[str] = None) -> Dict[str, Row]:
     rows: Dict[str, Row] = {}
     ranks: List[Optional[float]] = [] if len(ranked) == 0 else [None] \
         if args.rank_threshold is None else [None, args.rank_threshold]
+    if len(ranked) and args.rank_threshold is not None \
+            and not float(ranked.rating.max()) >= args.rank_threshold:
+        # (evaluate_ranking would refuse it: no user has a relevant item)
+        print(f"ranking: no test rating to rank reaches --rank-threshold "
+              f"{args.rank_threshold:g} (the highest is {float(ranked.rating.max()):g}), no "
+              f"columns for it")
+        ranks = [None]
     keys = [f"{m}@{args.k}" + ("" if t is None else f" >={t:g}") for t in ranks for m in _METRICS]
     heads = [_HEADERS[m].format(k=args.k) + ("" if t is None else f", relevant >= {t:g}")
              for t in ranks for m in _METRICS]

@@ -289,6 +289,25 @@ def test_bench_models_ranks_without_the_test_pairs_rated_in_training(tmp_path, c
         assert "| model | test RMSE | seconds |\n|---|---|---|\n" in out
 
 
+def test_bench_models_threshold_above_every_test_rating_drops_its_columns(tmp_path, capsys):
+    """--rank-threshold above every test rating: a note and the plain ranking columns only
+    (evaluate_ranking refuses it: the run ended in a traceback)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_models
+    (tmp_path / "r.base").write_text(_RANK_TRAIN)
+    (tmp_path / "r.test").write_text(_RANK_TEST)
+    rows = bench_models.main(["--train", str(tmp_path / "r.base"), "--test",
+                              str(tmp_path / "r.test"), "--format", "text", "--threads", "1",
+                              "--no-baselines", "--models", "autorec", "--quick", "--k", "2",
+                              "--recommend", "-1", "--rank-threshold", "5.5"])
+    out = capsys.readouterr().out
+    assert ("ranking: no test rating to rank reaches --rank-threshold 5.5 (the highest is 5), "
+            "no columns for it") in out
+    for metric, value in RANKING_BY_HAND[0][3].items():
+        assert rows["most popular (ranking only)"][2][f"{metric}@2"] == pytest.approx(value)
+    assert all(">=" not in key for row in rows.values() for key in row[2])
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--k", "0"], "--k must be a positive int, got 0"),
     (["--rank-threshold", "nan"], "--rank-threshold must be finite, got nan"),
