@@ -260,6 +260,19 @@ def test_bench_models_ranking_columns_of_the_baselines_by_hand(tmp_path, capsys,
     assert cells[-4:] == [f"{expected[m]:.4f}" for m in bench_models._METRICS]  # the last 4
 
 
+def _autorec_on(tmp_path, test_text: str, *flags: str):
+    """bench_models' rows for AutoRec (--quick, k 2) trained on _RANK_TRAIN, tested on
+    ``test_text``."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_models
+    (tmp_path / "r.base").write_text(_RANK_TRAIN)
+    (tmp_path / "r.test").write_text(test_text)
+    return bench_models.main(["--train", str(tmp_path / "r.base"), "--test",
+                              str(tmp_path / "r.test"), "--format", "text", "--threads", "1",
+                              "--no-baselines", "--models", "autorec", "--quick", "--k", "2",
+                              "--recommend", "-1", *flags])
+
+
 @pytest.mark.parametrize("test_text, ranked", [(_RANK_TEST + "1 1 4\n", True),
                                                ("1 1 4\n2 3 5\n", False)])
 def test_bench_models_ranks_without_the_test_pairs_rated_in_training(tmp_path, capsys,
@@ -267,14 +280,7 @@ def test_bench_models_ranks_without_the_test_pairs_rated_in_training(tmp_path, c
     """A test pair the training file rates too is left out of the ranking with a note (it
     could never be a hit; evaluate_ranking refuses it: this ended in a traceback), the
     RMSE keeps it; no ranking columns when every test pair is one."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import bench_models
-    (tmp_path / "r.base").write_text(_RANK_TRAIN)
-    (tmp_path / "r.test").write_text(test_text)
-    rows = bench_models.main(["--train", str(tmp_path / "r.base"), "--test",
-                              str(tmp_path / "r.test"), "--format", "text", "--threads", "1",
-                              "--no-baselines", "--models", "autorec", "--quick", "--k", "2",
-                              "--recommend", "-1"])
+    rows = _autorec_on(tmp_path, test_text)
     out = capsys.readouterr().out
     n = 1 if ranked else 2
     assert (f"ranking: {n} of the {test_text.count(chr(10))} test ratings left out "
@@ -292,14 +298,7 @@ def test_bench_models_ranks_without_the_test_pairs_rated_in_training(tmp_path, c
 def test_bench_models_threshold_above_every_test_rating_drops_its_columns(tmp_path, capsys):
     """--rank-threshold above every test rating: a note and the plain ranking columns only
     (evaluate_ranking refuses it: the run ended in a traceback)."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import bench_models
-    (tmp_path / "r.base").write_text(_RANK_TRAIN)
-    (tmp_path / "r.test").write_text(_RANK_TEST)
-    rows = bench_models.main(["--train", str(tmp_path / "r.base"), "--test",
-                              str(tmp_path / "r.test"), "--format", "text", "--threads", "1",
-                              "--no-baselines", "--models", "autorec", "--quick", "--k", "2",
-                              "--recommend", "-1", "--rank-threshold", "5.5"])
+    rows = _autorec_on(tmp_path, _RANK_TEST, "--rank-threshold", "5.5")
     out = capsys.readouterr().out
     assert ("ranking: no test rating to rank reaches --rank-threshold 5.5 (the highest is 5), "
             "no columns for it") in out
