@@ -948,18 +948,13 @@ def _csv_item_id(text: str, path: Path, number: int) -> Any:
     text = text.strip()
     if not text:
         raise ValueError(f"{path}, line {number}: the item id must not be empty")
-    try:
-        return _strict_int(text)
-    except ValueError:
-        return text
+    return _maybe_int(text)
 
 
 def _titles(item_map: Dict[Any, int], titles: Dict[Any, str]) -> List[str]:
     out = [""] * len(item_map)
     for original, index in item_map.items():
-        # (a csv file's ids are all strings when one is no integer: "1" is movies.csv's 1)
-        key = original if original in titles else _maybe_int(original)
-        out[index] = titles.get(key, f"item {original}")
+        out[index] = titles.get(_key_in(titles, original), f"item {original}")
     return out
 
 
@@ -1432,10 +1427,16 @@ def _check_separator(raw: bytes, sep: bytes, fmt: str, path: str, header: bool,
         # is left to the tokeniser's message)
         if (line.strip() and line.count(sep) < lo - 1 and not (header and number == 1)
                 and lo <= len(line.replace(sep, b" ").split()) <= hi):
-            raise ValueError(
-                f"{path}, line {number}: format {fmt!r} separates the fields with "
-                f"{sep.decode()!r}, got {line.decode('latin-1').strip()[:200]!r}; check "
-                f"format= (one of {list(_FORMATS)})")
+            raise _separator_error(path, number, fmt, sep,
+                                   line.decode("latin-1").strip()[:_QUOTED])
+
+
+def _separator_error(path: str, number: int, fmt: str, sep: bytes, line: str) -> ValueError:
+    """The error for line ``number`` (1-based; ``line`` as quoted) whose fields whitespace
+    separates, not ``fmt``'s separator ``sep``: ``format`` is likely the mistake."""
+    return ValueError(f"{path}, line {number}: format {fmt!r} separates the fields with "
+                      f"{sep.decode()!r}, got {line!r}; check format= (one of "
+                      f"{list(_FORMATS)})")
 
 
 def _refuse_edge_separator(raw: bytes, sep: bytes, path: str) -> None:
@@ -1503,9 +1504,7 @@ def _check_separator_counts(original: bytes, raw: bytes, sep: bytes, fmt: str,
     got = int(counts[number - 1]) + 1
     text = _line(original, newlines, number - 1)[:_QUOTED]
     if got < want:  # whitespace separates some fields: _check_separator's message
-        raise ValueError(f"{path}, line {number}: format {fmt!r} separates the fields with "
-                         f"{sep.decode()!r}, got {text!r}; check format= (one of "
-                         f"{list(_FORMATS)})")
+        raise _separator_error(path, number, fmt, sep, text)
     raise ValueError(f"{path}, line {number}: expected {want} fields separated by "
                      f"{sep.decode()!r}, got {got} (an empty field): {text!r}")
 
@@ -1704,7 +1703,7 @@ def _rows(mapping: Dict[Any, int], table: Dict[Any, List[float]], width: int,
     out = torch.zeros(len(mapping), width)
     found = 0
     for original, index in mapping.items():
-        key = original if original in table else _maybe_int(original)
+        key = _key_in(table, original)
         if key in table:
             out[index] = torch.tensor(table[key])
             found += 1
@@ -1712,6 +1711,13 @@ def _rows(mapping: Dict[Any, int], table: Dict[Any, List[float]], width: int,
         raise ValueError(f"{path}: none of {name}'s {len(mapping)} ids is in the file; is it "
                          f"the file of these ratings (and {name} the right map)?")
     return out
+
+
+def _key_in(table: Dict[Any, Any], original: Any) -> Any:
+    """The key of a map's id ``original`` in an item or user file's ``table``: itself, or
+    the int it writes (a csv file's ids are all strings when one is no integer: its "1" is
+    movies.csv's 1)."""
+    return original if original in table else _maybe_int(original)
 
 
 def _maybe_int(text: Any) -> Any:
