@@ -175,15 +175,14 @@ def main(argv: List[str] = None) -> Dict[str, Row]:
     mf, dense, zoo = (dict(epochs=5), dict(epochs=10), dict(epochs=5, patience=5)) \
         if args.quick else ({}, {}, {})
     rows: Dict[str, Row] = {}
-    ranks: List[Optional[float]] = [] if len(ranked) == 0 else [None] \
-        if args.rank_threshold is None else [None, args.rank_threshold]
-    if len(ranked) and args.rank_threshold is not None \
-            and not float(ranked.rating.max()) >= args.rank_threshold:
-        # (evaluate_ranking would refuse it: no user has a relevant item)
-        print(f"ranking: no test rating to rank reaches --rank-threshold "
-              f"{args.rank_threshold:g} (the highest is {float(ranked.rating.max()):g}), no "
-              f"columns for it")
-        ranks = [None]
+    ranks: List[Optional[float]] = [] if len(ranked) == 0 else [None]
+    if ranks and args.rank_threshold is not None:
+        top = float(ranked.rating.max())
+        if top >= args.rank_threshold:
+            ranks.append(args.rank_threshold)
+        else:  # (evaluate_ranking would refuse it: no user has a relevant item)
+            print(f"ranking: no test rating to rank reaches --rank-threshold "
+                  f"{args.rank_threshold:g} (the highest is {top:g}), no columns for it")
     keys = [f"{m}@{args.k}" + ("" if t is None else f" >={t:g}") for t in ranks for m in _METRICS]
     heads = [_HEADERS[m].format(k=args.k) + ("" if t is None else f", relevant >= {t:g}")
              for t in ranks for m in _METRICS]
