@@ -93,3 +93,24 @@ def default_dtype():
         finally:
             torch.set_default_dtype(before)
     return set_to
+
+
+@pytest.fixture
+def same_draws_under(default_dtype):
+    """``check(prepare, default, sparse)``: ``prepare`` (a fresh seeded criterion's
+    ``prepare_input``) corrupts a fixed 40 x 50 batch (COO when ``sparse``) to the same
+    entries under torch's default dtype ``default`` as under float32 (the draws were made
+    in the default dtype: another corruption for a seed, probe 18)."""
+    def check(prepare, default, sparse):
+        x = torch.rand(40, 50, generator=torch.Generator().manual_seed(0)) + 1.0
+        given = x.to_sparse() if sparse else x
+
+        def run():
+            out = prepare(given)
+            return out if out.layout == torch.strided else out.to_dense()
+
+        expected = run()
+        with default_dtype(default):
+            got = run()
+        assert torch.equal(got, expected)
+    return check

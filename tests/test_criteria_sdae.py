@@ -554,20 +554,11 @@ def test_integer_estimate_and_target_are_promoted(criterion_class):
 
 @pytest.mark.parametrize("default", [torch.float64, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("criterion_class", [SDAECriterion, SDAESparseCriterion])
-def test_the_corruption_draws_in_float32_whatever_the_default_dtype(criterion_class, default, default_dtype):
+def test_the_corruption_draws_in_float32_whatever_the_default_dtype(criterion_class, default,
+                                                                   same_draws_under):
     # the fate and flip draws took torch's default dtype: another corruption for a seed, and
     # under bfloat16 10.2 % of draws below 0.1 (probe 18)
-    x = torch.rand(40, 50, generator=torch.Generator().manual_seed(0)) + 1.0
-    given = x.to_sparse() if criterion_class is SDAESparseCriterion else x
-
-    def corrupt():
-        crit = criterion_class(nn.MSELoss(), noise_ratio=0.2, noise_std=0.1, flip_ratio=0.2,
-                               flip_range=(-1.0, 1.0), hide_ratio=0.2,
-                               generator=torch.Generator().manual_seed(1))
-        out = crit.prepare_input(given)
-        return out if out.layout == torch.strided else out.to_dense()
-
-    expected = corrupt()
-    with default_dtype(default):
-        got = corrupt()
-    assert torch.equal(got, expected)
+    same_draws_under(lambda x: criterion_class(
+        nn.MSELoss(), noise_ratio=0.2, noise_std=0.1, flip_ratio=0.2, flip_range=(-1.0, 1.0),
+        hide_ratio=0.2, generator=torch.Generator().manual_seed(1)).prepare_input(x),
+        default, criterion_class is SDAESparseCriterion)
