@@ -17,6 +17,7 @@ from torch import Tensor
 
 from .._index import csr_indices
 from ..data import Ratings, SparseRowDataset
+from ..data.ranking import _figures
 
 if TYPE_CHECKING:  # (base imports this module: no cycle at run time)
     from .base import RatingModel
@@ -189,18 +190,4 @@ def evaluate_ranking(model: "RatingModel", test: Ratings, k: int, threshold: Opt
             top_v, top_i = run(scorer, users, top, exclude_train, batch_size, bar)
     finally:
         model.train(was_training)
-    top_v, top_i = top_v.cpu(), top_i.cpu()
-    position = torch.searchsorted(users, user)
-    wanted = torch.unique(position * n_items + item)  # sorted, one key a relevant pair
-    key = torch.arange(users.shape[0])[:, None] * n_items + top_i
-    hit = (top_v > _OUT) & torch.isin(key, wanted)
-    n_relevant = torch.bincount(position, minlength=users.shape[0]).double()
-    hits = hit.sum(1).double()
-    discount = 1.0 / torch.log2(torch.arange(top, dtype=torch.float64) + 2.0)
-    dcg = (hit.double() * discount).sum(1)
-    ideal = discount.cumsum(0)[n_relevant.clamp(max=top).long() - 1]
-    return {f"precision@{k}": float((hits / k).mean()),
-            f"recall@{k}": float((hits / n_relevant).mean()),
-            f"ndcg@{k}": float((dcg / ideal).mean()),
-            f"hit_rate@{k}": float((hits > 0).double().mean()),
-            "users": int(users.shape[0])}
+    return _figures(top_i.cpu(), top_v.cpu() > _OUT, users, user, item, n_items, k)
