@@ -178,3 +178,68 @@ _R = synthetic_ratings(0, 6, 5, 20)
 ], ids=lambda c: c.id)
 def test_dataset_of_ratings(case):
     run_case(case)
+
+
+# -- the function forms under autocast take what their layers take (as F.linear / nn.Linear)
+
+def _amp_pair(layout):
+    torch.manual_seed(0)
+    x = torch.tensor([[0., 3., 0., 1., 0.], [2., 0., 0., 0., 0.], [0., 0., 0., 0., 0.]])
+    x = x.to_sparse_csr() if layout == "csr" else x.to_sparse()
+    return x.to(torch.bfloat16), nnsparse.SparseLinearBatch(5, 3, mode="sparse")
+
+
+@pytest.mark.parametrize("layout", ["csr", "coo"])
+def test_sparse_linear_under_autocast(layout):
+    x, layer = _amp_pair(layout)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = layer(x)
+        got = nnsparse.sparse_linear(x, layer.weight, layer.bias, mode="sparse")
+    reference = nnsparse.sparse_linear(x.float(), layer.weight, layer.bias, mode="sparse")
+    assert got.dtype == expected.dtype and torch.equal(got, expected)
+    torch.testing.assert_close(got, reference)  # the product read in the weight's dtype
+    got.sum().backward()
+    assert layer.weight.grad is not None and layer.weight.grad.dtype == torch.float32
+
+
+def test_sampled_linear_under_autocast():
+    torch.manual_seed(0)
+    pattern = torch.tensor([[0., 3., 0., 1.], [2., 0., 0., 0.]]).to_sparse_csr()
+    layer = nnsparse.SparseOutputLinear(3, 4)
+    h = torch.randn(2, 3, dtype=torch.bfloat16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = layer(h, pattern)
+        got = nnsparse.sampled_linear(h, layer.weight, layer.bias, pattern)
+    assert got.dtype == torch.float32 and torch.equal(got.values(), expected.values())
+    reference = nnsparse.sampled_linear(h.detach().float(), layer.weight, layer.bias, pattern)
+    torch.testing.assert_close(got.values(), reference.values())
+    got.values().sum().backward()
+    assert h.grad is not None and h.grad.dtype == torch.bfloat16
+
+
+def _dense_rows(dtype):
+    return torch.tensor([[1., 0., 2.]]).to(dtype)
+
+
+@pytest.mark.parametrize("case", [
+    Case("sparse-int64", lambda: nnsparse.SparseLinearBatch(3, 2)(
+        _dense_rows(torch.int64).to_sparse()), ValueError,
+         r"input must have the weight's dtype torch\.float32, got torch\.int64; convert the "
+         r"input \(x\.to\(torch\.float32\)\)$"),
+    Case("sparse-float64", lambda: nnsparse.SparseLinearBatch(3, 2)(
+        _dense_rows(torch.float64).to_sparse_csr()), ValueError,
+         r"got torch\.float64; convert the input \(x\.to\(torch\.float32\)\) or the layer "
+         r"\(\.to\(torch\.float64\)\)$"),
+    Case("sparse-bfloat16", lambda: nnsparse.SparseLinearBatch(3, 2)(
+        _dense_rows(torch.bfloat16).to_sparse()), ValueError,
+         r"got torch\.bfloat16; convert the input \(x\.to\(torch\.float32\)\) or the layer "
+         r"\(\.to\(torch\.bfloat16\)\), or run the forward under torch\.autocast"),
+    Case("dense-float16", lambda: nnsparse.SparseLinearBatch(3, 2)(_dense_rows(torch.float16)),
+         ValueError, r"got torch\.float16; convert the input .* or run the forward under "
+         r"torch\.autocast"),
+    Case("function-form", lambda: nnsparse.sparse_linear(
+        _dense_rows(torch.float16).to_sparse(), torch.ones(2, 3)), ValueError,
+         r"got torch\.float16; convert the input"),
+], ids=lambda c: c.id)
+def test_dtype_refusals_say_what_to_do(case):
+    run_case(case)

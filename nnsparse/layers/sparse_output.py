@@ -256,6 +256,13 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
         raise TypeError(f"input must be a dense tensor, got "
                         f"{input.layout if isinstance(input, Tensor) else type(input).__name__}")
     _refuse_update_in_transform(update, weight)
+    if (pattern is not None and input.dtype != weight.dtype
+            and input.device.type != "meta"  # (torch has no autocast state for it)
+            and torch.is_autocast_enabled(input.device.type)):
+        # AMP: a lower-precision input (an autocast GEMM's output) meets the sampled
+        # product in the weight's dtype, as the custom operator does, in the layer and in
+        # sampled_linear alike (F.linear takes under autocast what nn.Linear takes)
+        input = input.to(weight.dtype)
     if sparse_grad and torch.is_grad_enabled() and not _sparse_grad_reaches(weight, bias):
         sparse_grad = False  # (a view's gradient, a flat vector's slice's: dense, as F.linear's)
     if (update is not None and torch.is_grad_enabled() and weight.requires_grad
@@ -445,12 +452,6 @@ class SparseOutputLinear(LuaMembers, nn.Linear):
             # over plain tensors; returns a SparseParts with pattern's entries.
             _refuse_update_on_parts(self._row_update)
             return sampled_parts(input, self.weight, self.bias, pattern, self.sparse_grad)
-        if (pattern is not None and isinstance(input, Tensor) and input.dtype != self.weight.dtype
-                and input.device.type != "meta"  # (torch has no autocast state for it)
-                and torch.is_autocast_enabled(input.device.type)):
-            # AMP: a lower-precision input (an autocast GEMM's output) meets the
-            # sampled product in the weight's dtype, as the custom operator does.
-            input = input.to(self.weight.dtype)
         if sparse_grad:  # LazyAdam then trusts the sparse gradients this layer makes
             _grad_origin.watch(self, "weight")
             _grad_origin.watch(self, "bias")
