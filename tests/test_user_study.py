@@ -243,3 +243,16 @@ def _dense_rows(dtype):
 ], ids=lambda c: c.id)
 def test_dtype_refusals_say_what_to_do(case):
     run_case(case)
+
+
+def test_input_dropout_idiom():
+    """README's input dropout: ValuesMap(nn.Dropout(p)) on a sparse batch, off in eval()."""
+    x = torch.tensor([[0., 3., 0., 1.], [2., 0., 0., 0.]]).to_sparse_csr()
+    drop = nnsparse.ValuesMap(torch.nn.Dropout(0.5))
+    with pytest.raises(NotImplementedError):  # torch's own module has no sparse kernel
+        torch.nn.Dropout(0.5)(x)
+    torch.manual_seed(1)
+    out = drop(x)
+    assert torch.equal(out.col_indices(), x.col_indices())
+    assert set(out.values().tolist()) <= {0.0, 6.0, 2.0, 4.0}  # dropped or scaled by 2
+    assert torch.equal(drop.eval()(x).values(), x.values())
