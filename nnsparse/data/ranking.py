@@ -7,15 +7,34 @@ them with the same code (:func:`_figures`), so the figures of the two agree.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .._forms import as_count, refuse_meta
-from .readers import Ratings, _check_ratings
+from .readers import Ratings, _check_ratings, _check_unique_pairs
 
 __all__ = ["ranking_metrics"]
+
+
+def _relevant(test: Ratings, threshold: Optional[float]) -> Tuple[Tensor, Tensor]:
+    """The relevant test pairs ``(user, item)`` (CPU int64): every rating of ``test``
+    (``threshold=None``) or those ``>= threshold``; ``ValueError`` when ``test`` is empty
+    or none reaches ``threshold`` (:func:`ranking_metrics`' and
+    :meth:`~nnsparse.models.RatingModel.evaluate_ranking`'s refusal)."""
+    if len(test) == 0:
+        raise ValueError("test holds no ratings; there is nothing to rank")
+    user, item = test.user.cpu(), test.item.cpu()
+    if threshold is None:
+        return user, item
+    relevant = test.rating.detach().cpu() >= threshold
+    if not bool(relevant.any()):
+        raise ValueError(f"test holds no relevant rating: none of its {len(test)} ratings "
+                         f"is >= threshold {threshold:g} (the highest is "
+                         f"{float(test.rating.detach().max()):g}); lower threshold, or "
+                         f"pass None to count every test rating relevant")
+    return user[relevant], item[relevant]
 
 
 def _figures(top: Tensor, placed: Tensor, users: Tensor, user: Tensor, item: Tensor,
@@ -26,8 +45,8 @@ def _figures(top: Tensor, placed: Tensor, users: Tensor, user: Tensor, item: Ten
     missing places are misses, the ideal list still ``min(k, n)`` long) holds each evaluated
     user's items best first, ``placed`` (bool, same shape) marks the places that hold an
     item (the others are misses); ``users`` are the evaluated users, sorted and unique,
-    ``(user, item)`` their relevant test pairs (CPU int64), every index of either below
-    ``n_items``."""
+    ``(user, item)`` their relevant test pairs (CPU int64, no pair twice: ``n`` counts
+    them), every index of either below ``n_items``."""
     position = torch.searchsorted(users, user)
     wanted = torch.unique(position * n_items + item)  # sorted, one key a relevant pair
     key = torch.arange(users.shape[0])[:, None] * n_items + top.clamp(min=0)
@@ -57,7 +76,8 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
     model of :mod:`nnsparse.models`: rank the items for every user yourself (leaving out
     the items the user rated in training, as the full-ranking protocol does), then score
     the lists against held-out ratings.  Every user with a relevant test rating is
-    evaluated; the figures are means over these users, with binary relevance:
+    evaluated (a user with none is left out of the means and of ``"users"``, and its row of
+    ``top`` is not read); the figures are means over these users, with binary relevance:
     ``precision@k = hits / k``, ``recall@k = hits / n`` (``n`` the user's relevant test
     items), ``ndcg@k = DCG / IDCG`` (``DCG`` the sum of ``1 / log2(p + 1)`` over the hits'
     positions ``p = 1..k``, ``IDCG`` the same over ``p = 1..min(k, n)``) and
@@ -89,7 +109,8 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
             ``threshold`` not a real number or None.
         ValueError: ``top`` not 2-D, with fewer rows than the test users need, an item
             index at or above ``test.n_items`` or twice in a row, or values of another
-            shape; ``k`` below 1; ``test`` empty; no test rating reaching ``threshold``.
+            shape; ``k`` below 1; ``test`` empty, rating a (user, item) pair twice, or
+            with no rating reaching ``threshold``.
 
     Example::
 
@@ -131,25 +152,18 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
     if k < 1:
         raise ValueError("k must be positive, got top with 0 columns and no k")
     threshold = _checked_threshold(threshold)
-    if len(test) == 0:
-        raise ValueError("test holds no ratings; there is nothing to rank")
-    user, item = test.user.cpu(), test.item.cpu()
-    if threshold is not None:
-        relevant = test.rating.detach().cpu() >= threshold
-        if not bool(relevant.any()):
-            raise ValueError(f"test holds no relevant rating: none of its {len(test)} ratings "
-                             f"is >= threshold {threshold:g} (the highest is "
-                             f"{float(test.rating.detach().max()):g}); lower threshold, or "
-                             f"pass None to count every test rating relevant")
-        user, item = user[relevant], item[relevant]
+    user, item = _relevant(test, threshold)
+    # a pair twice would count twice in n (recall's denominator, the ideal list), once in hits
+    _check_unique_pairs("test", test)
     users = torch.unique(user)  # sorted: the evaluated users
     if top.shape[0] <= int(users[-1]):
         raise ValueError(f"top must have a row for every test user (row u: user index u's "
                          f"list), so at least {int(users[-1]) + 1} rows, got {top.shape[0]}")
-    top = top[:, :k].cpu().long()[users]
+    at = users.to(top.device)  # the evaluated users' rows only cross to the CPU
+    top = top[at, :k].cpu().long()
     placed = top >= 0
     if values is not None:
-        placed &= values[:, :k].detach().cpu()[users] > -torch.inf  # -inf and NaN: no item
+        placed &= values[at, :k].detach().cpu() > -torch.inf  # -inf and NaN: no item
     n_items = test.n_items
     if bool((top >= n_items).any()):
         raise ValueError(f"top's item indices must be below test.n_items {n_items} "

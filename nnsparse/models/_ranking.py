@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .._index import csr_indices
-from ..data import Ratings, SparseRowDataset
+from ..data import SparseRowDataset
 from ..data.ranking import _figures
 
 if TYPE_CHECKING:  # (base imports this module: no cycle at run time)
@@ -165,17 +165,16 @@ def _top_item_rows(scorer: _Scorer, users: Tensor, k: int, exclude: bool, size: 
     return top_v, top_i
 
 
-def evaluate_ranking(model: "RatingModel", test: Ratings, k: int, threshold: Optional[float],
-                     exclude_train: bool, batch_size: int, show: bool) -> Dict[str, Any]:
-    """:meth:`RatingModel.evaluate_ranking` on checked arguments."""
+def evaluate_ranking(model: "RatingModel", user: Tensor, item: Tensor, n_test_items: int,
+                     k: int, exclude_train: bool, batch_size: int,
+                     show: bool) -> Dict[str, Any]:
+    """:meth:`RatingModel.evaluate_ranking` on checked arguments: ``(user, item)`` the
+    relevant test pairs (CPU int64, :func:`~nnsparse.data.ranking._relevant`'s), their
+    ratings' ``n_items`` ``n_test_items``."""
     from tqdm import tqdm
 
-    user, item = test.user.cpu(), test.item.cpu()
-    relevant = torch.ones(user.shape[0], dtype=torch.bool) if threshold is None \
-        else test.rating.detach().cpu() >= threshold
-    user, item = user[relevant], item[relevant]
     users = torch.unique(user)  # sorted: the evaluated users
-    n_items = max(test.n_items, int(model.item_count.shape[0]))
+    n_items = max(n_test_items, int(model.item_count.shape[0]))
     top = min(k, n_items)
     device = model.device
     scorer = _Scorer(model, n_items, device)
