@@ -686,6 +686,12 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
     _check_not_narrower(input, table.shape[0], "input", "in_features")
     if isinstance(input, Tensor) and input.device != table.device:  # before reading its indices
         raise ValueError(f"input must be on the weight's device {table.device}, got {input.device}")
+    if not table.is_floating_point():
+        # the sparse kernels (embedding_bag) take floating tables only: refused in every
+        # mode, so that mode="auto" does not work or fail by the batch's density
+        raise TypeError(f"weight must be floating-point for a sparse input, got "
+                        f"{table.dtype}; convert it (weight.float()) or multiply "
+                        f"nnsparse.densify(input) with F.linear")
     if (isinstance(input, Tensor) and input.dtype != table.dtype
             and input.dtype.is_floating_point
             and input.device.type != "meta"  # (torch has no autocast state for it)
@@ -696,12 +702,6 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         # user's tensor is checked once, then the cast keeps its checked structure
         as_sparse_batch(input, name="input", width=table.shape[0], bound="in_features")
         input = move_structure(input, input.to(table.dtype))
-    if not table.is_floating_point():
-        # the sparse kernels (embedding_bag) take floating tables only: refused in every
-        # mode, so that mode="auto" does not work or fail by the batch's density
-        raise TypeError(f"weight must be floating-point for a sparse input, got "
-                        f"{table.dtype}; convert it (weight.float()) or multiply "
-                        f"nnsparse.densify(input) with F.linear")
     if no_rows(input):
         # an empty list of rows holds no dtype nor device: the layer's (as_sparse_batch
         # made it float32 on the CPU, which a float64 or CUDA layer refused)
