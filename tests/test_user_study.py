@@ -136,6 +136,11 @@ BAD = [
          r"highest is 5\)"),
     Case("empty-test", lambda: ranking_metrics(_L(), _T().subset(torch.arange(0))), ValueError,
          r"test holds no ratings"),
+    # a pair twice would count twice in recall's denominator (recall 2/3 for a perfect list)
+    Case("test-pair-twice", lambda: ranking_metrics(torch.tensor([[0, 1]]), Ratings.from_triples(
+        [0, 0, 0], [0, 1, 1], [5., 3., 3.])), ValueError,
+         r"^test: 1 \(user, item\) pair rated more than once, e\.g\. user 0 and item 1 "
+         r"\(2 ratings\); keep one rating per pair$"),
 ]
 
 
@@ -221,6 +226,14 @@ def _dense_rows(dtype):
     return torch.tensor([[1., 0., 2.]]).to(dtype)
 
 
+_PATTERN = torch.tensor([[1., 0.]]).to_sparse()
+
+
+def _autocast(run):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return run()
+
+
 @pytest.mark.parametrize("case", [
     Case("sparse-int64", lambda: nnsparse.SparseLinearBatch(3, 2)(
         _dense_rows(torch.int64).to_sparse()), ValueError,
@@ -240,6 +253,16 @@ def _dense_rows(dtype):
     Case("function-form", lambda: nnsparse.sparse_linear(
         _dense_rows(torch.float16).to_sparse(), torch.ones(2, 3)), ValueError,
          r"got torch\.float16; convert the input"),
+    Case("sampled-bfloat16", lambda: nnsparse.sampled_linear(
+        _dense_rows(torch.bfloat16), torch.ones(2, 3), None, _PATTERN), ValueError,
+         r"^weight must have input's dtype torch\.bfloat16, got torch\.float32; convert the input "
+         r"\(x\.to\(torch\.float32\)\) or the layer \(\.to\(torch\.bfloat16\)\), or run the "
+         r"forward under torch\.autocast, which reads it in the weight's dtype$"),
+    # autocast casts floating tensors only: an integer input stays refused, as by F.linear
+    Case("sampled-int64-under-autocast", lambda: _autocast(lambda: nnsparse.sampled_linear(
+        _dense_rows(torch.int64), torch.ones(2, 3), None, _PATTERN)), ValueError,
+         r"^weight must have input's dtype torch\.int64, got torch\.float32; convert the input "
+         r"\(x\.to\(torch\.float32\)\)$"),
 ], ids=lambda c: c.id)
 def test_dtype_refusals_say_what_to_do(case):
     run_case(case)
