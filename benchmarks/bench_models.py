@@ -49,6 +49,7 @@ from _baselines import biased_mf, dense_autorec  # noqa: E402
 from nnsparse.data import (FORMATS, Ratings, detect_format, mean_prediction,  # noqa: E402
                            read_item_features, read_split, rmse, split_ratings)
 from nnsparse.data import synthetic_item_features, synthetic_ratings  # noqa: E402
+from nnsparse.data.ranking import _figures  # noqa: E402
 from nnsparse.data.readers import _path, _title_file  # noqa: E402
 from nnsparse.models import CFN, AutoRec, GLocalK, KernelNet  # noqa: E402
 
@@ -93,31 +94,25 @@ def _rank_baseline(train: Ratings, test: Ratings, score: torch.Tensor, k: int,
     users = torch.unique(user)  # sorted
     if users.numel() == 0:
         raise ValueError(f"no test rating reaches threshold {threshold}")
-    position = torch.searchsorted(users, user)
-    n_relevant = torch.bincount(position, minlength=users.shape[0]).double()
     order = score.double().argsort(descending=True, stable=True)  # ties: smaller index
-    top = min(k, n_items)
-    discount = 1.0 / torch.log2(torch.arange(2, n_items + 2, dtype=torch.float64))
-    ideal = discount[:top].cumsum(0)[n_relevant.clamp(max=top).long() - 1]
     train_at = torch.searchsorted(users, train.user).clamp(max=users.shape[0] - 1)
     train_in = users[train_at] == train.user  # training ratings of evaluated users
-    hits, dcg = [], []
+    tops = []  # each evaluated user's list, -1 where it is shorter than k
     for start in range(0, users.shape[0], chunk):
         stop = min(start + chunk, users.shape[0])
         seen = torch.zeros(stop - start, n_items, dtype=torch.bool)
         t = train_in & (train_at >= start) & (train_at < stop)
         seen[train_at[t] - start, train.item[t]] = True
-        relevant = torch.zeros(stop - start, n_items, dtype=torch.bool)
-        r = (position >= start) & (position < stop)
-        relevant[position[r] - start, item[r]] = True
         candidate = ~seen[:, order]  # in ranking order
         place = candidate.long().cumsum(1)  # 1-based place among the user's candidates
-        hit = candidate & (place <= k) & relevant[:, order]
-        hits.append(hit.sum(1).double())
-        dcg.append(torch.where(hit, discount[(place - 1).clamp(min=0)], 0.0).sum(1))
-    h, d = torch.cat(hits), torch.cat(dcg)
-    return {f"precision@{k}": float((h / k).mean()), f"recall@{k}": float((h / n_relevant).mean()),
-            f"ndcg@{k}": float((d / ideal).mean()), f"hit_rate@{k}": float((h > 0).double().mean())}
+        row, at = (candidate & (place <= k)).nonzero(as_tuple=True)
+        top = torch.full((stop - start, min(k, n_items)), -1, dtype=torch.int64)
+        top[row, place[row, at] - 1] = order[at]
+        tops.append(top)
+    top = torch.cat(tops)
+    # scored by evaluate_ranking's own code (nnsparse/data/ranking.py)
+    figures = _figures(top, top >= 0, users, user, item, n_items, k)
+    return {key: value for key, value in figures.items() if key != "users"}
 
 
 def _baseline_scores(train: Ratings, test: Ratings) -> Dict[str, torch.Tensor]:

@@ -460,9 +460,11 @@ LUA_CASES = [
          lambda: SDAESparseCriterion(MSE).prepare_input([P[0], D[1].to_sparse()]), TypeError,
          r"^input mixes sparse vectors and pair tensors; use one form per batch$"),
     Case("double_layer_float_pairs", lambda: _linear().double()(P), ValueError,
-         r"^input must have the weight's dtype torch\.float64, got torch\.float32$"),
+         r"^input must have the weight's dtype torch\.float64, got torch\.float32; convert the "
+         r"input \(x\.to\(torch\.float64\)\) or the layer \(\.to\(torch\.float32\)\)$"),
     Case("half_decoder_float_hidden", lambda: _decoder()[0].half()(torch.zeros(3, 3), P),
-         ValueError, r"^weight must have input's dtype torch\.float32, got torch\.float16$"),
+         ValueError, r"^weight must have input's dtype torch\.float32, got torch\.float16; convert "
+         r"the input \(x\.to\(torch\.float16\)\) or the layer \(\.to\(torch\.float32\)\)$"),
     Case("bfloat16_swl_float_pairs", lambda: _swl().to(torch.bfloat16)(P), ValueError,
          r"^input must have the layer's dtype torch\.bfloat16, got torch\.float32$"),
 ]

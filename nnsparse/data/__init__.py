@@ -15,6 +15,7 @@ from .split import Split, holdout_split, random_split, split_ratings
 from .matrix import RatingErrors, RatingNormalizer, mae, mean_prediction, rating_matrix, rmse
 from .synthetic import synthetic_item_features, synthetic_ratings
 from .dataset import SparseRowBatch, SparseRowDataset, collate_sparse_rows
+from .ranking import ranking_metrics
 
 __all__ = [
     "FORMATS",
@@ -34,6 +35,7 @@ __all__ = [
     "rmse",
     "mae",
     "mean_prediction",
+    "ranking_metrics",
     "synthetic_ratings",
     "synthetic_item_features",
     "SparseRowDataset",

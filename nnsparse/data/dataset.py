@@ -19,6 +19,7 @@ from .._forms import (SparseBatch, _a, _attached, _check_csr, _version, as_devic
                       as_sparse_batch, check_int64, is_int, move_structure, refuse_meta,
                       scipy_sparse_hint, trust)
 from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
+from .readers import Ratings
 
 __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_rows"]
 
@@ -39,7 +40,12 @@ def _as_csr(matrix: Tensor, name: str) -> Tuple[Tensor, Tensor, Tensor]:
                 "(its zeros left out)" if isinstance(matrix, Tensor)
                 and matrix.layout == torch.strided else
                 "; a numpy array goes through torch.from_numpy(a), then nnsparse.sparsify"
-                if type(matrix).__module__ == "numpy" else scipy_sparse_hint(matrix, name))
+                if type(matrix).__module__ == "numpy" else
+                # rating triples are the second thing: their matrix is one call away
+                "; ratings become a matrix with RatingNormalizer(train).matrix(ratings) "
+                "(normalised, as the models train) or rating_matrix(ratings) (the ratings "
+                "as they are), both in nnsparse.data" if isinstance(matrix, Ratings)
+                else scipy_sparse_hint(matrix, name))
         raise TypeError(f"{name} must be a 2-D sparse CSR or COO tensor, got {got}{hint}")
     if matrix.dim() != 2:
         raise ValueError(f"{name} must be 2-D (rows, width), got shape {tuple(matrix.shape)}")

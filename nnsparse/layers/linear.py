@@ -638,6 +638,15 @@ def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = No
     return _linear_table(input, weight.t(), bias, mode, sparse_grad=False)
 
 
+def _dtype_hint(got: torch.dtype, dtype: torch.dtype) -> str:
+    """What to do about an input of dtype ``got`` for a weight of ``dtype`` (a refusal's
+    tail): convert either; a half-precision one may also run under autocast."""
+    amp = (", or run the forward under torch.autocast, which reads it in the weight's dtype"
+           if got in (torch.float16, torch.bfloat16) and dtype.is_floating_point else "")
+    layer = f" or the layer (.to({got}))" if got.is_floating_point else ""
+    return f"; convert the input (x.to({dtype})){layer}{amp}"
+
+
 def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode: str,
                   sparse_grad: bool, update: Any = None) -> Tensor:
     """:func:`sparse_linear` on the weight's transpose ``table`` ``(in, out)``;
@@ -660,7 +669,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         if input.dtype != table.dtype and not (input.device.type != "meta"  # (no autocast state)
                                                and torch.is_autocast_enabled(input.device.type)):
             raise ValueError(f"input must have the weight's dtype {table.dtype}, "
-                             f"got {input.dtype}")
+                             f"got {input.dtype}{_dtype_hint(input.dtype, table.dtype)}")
         if (update is not None and torch.is_grad_enabled() and table.requires_grad
                 and table.shape[1] > 0):
             # every entry specified: every row of the table stepped in the backward from
@@ -683,6 +692,16 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         raise TypeError(f"weight must be floating-point for a sparse input, got "
                         f"{table.dtype}; convert it (weight.float()) or multiply "
                         f"nnsparse.densify(input) with F.linear")
+    if (isinstance(input, Tensor) and input.dtype != table.dtype
+            and input.dtype.is_floating_point
+            and input.device.type != "meta"  # (torch has no autocast state for it)
+            and torch.is_autocast_enabled(input.device.type)):
+        # AMP: a lower-precision sparse batch (e.g. Sparsify of an autocast GEMM's output)
+        # is read in the weight's dtype, as the custom operator does, by the layer and by
+        # sparse_linear alike (F.linear takes under autocast what nn.Linear takes).  The
+        # user's tensor is checked once, then the cast keeps its checked structure
+        as_sparse_batch(input, name="input", width=table.shape[0], bound="in_features")
+        input = move_structure(input, input.to(table.dtype))
     if no_rows(input):
         # an empty list of rows holds no dtype nor device: the layer's (as_sparse_batch
         # made it float32 on the CPU, which a float64 or CUDA layer refused)
@@ -692,7 +711,8 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         raise ValueError(f"input must be on the weight's device {table.device}, "
                          f"got {batch.device}")
     if batch.dtype != table.dtype:
-        raise ValueError(f"input must have the weight's dtype {table.dtype}, got {batch.dtype}")
+        raise ValueError(f"input must have the weight's dtype {table.dtype}, got {batch.dtype}"
+                         f"{_dtype_hint(batch.dtype, table.dtype)}")
     if table.shape[1] == 0:
         # no output features (nn.Linear(in, 0)): torch's row kernels take no empty rows;
         # a (rows, 0) product keeps the weight and bias in the graph (zero gradients)
@@ -1272,15 +1292,6 @@ class SparseLinearBatch(LuaMembers):
             # through the custom operators of nnsparse/_ops.py, no validation.
             _refuse_update_on_parts(self._row_update)
             return linear_parts(input, self._table(), self.bias, self.mode, self.sparse_grad)
-        if (isinstance(input, Tensor) and input.layout != torch.strided
-                and input.dtype != self._table().dtype and input.dtype.is_floating_point
-                and input.device.type != "meta"  # (torch has no autocast state for it)
-                and torch.is_autocast_enabled(input.device.type)):
-            # AMP: a lower-precision sparse batch (e.g. Sparsify of an autocast
-            # GEMM's output) is read in the weight's dtype, as the custom operator does.
-            # check the user's tensor once, then the cast keeps its checked structure
-            as_sparse_batch(input, name="input", width=self.in_features, bound="in_features")
-            input = move_structure(input, input.to(self._table().dtype))
         if self.sparse_grad:  # LazyAdam then trusts the sparse gradients these layers make
             _grad_origin.watch(self, "weight_t")
             _grad_origin.watch(self, "bias")

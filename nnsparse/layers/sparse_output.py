@@ -32,7 +32,7 @@ from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_ro
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import (_GRAD, _NOT_ROW_MAJOR, _STEP, _check_layer_args, _check_not_narrower,
-                     _check_parameters, _check_weight_bias, _dense_step, _has_bias,
+                     _check_parameters, _check_weight_bias, _dense_step, _dtype_hint, _has_bias,
                      _parameter, _parametrized_table, _record_update,
                      _refuse_recorded_update, _refuse_update_in_transform,
                      _refuse_update_misuse, _refuse_update_on_parts,
@@ -256,6 +256,16 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
         raise TypeError(f"input must be a dense tensor, got "
                         f"{input.layout if isinstance(input, Tensor) else type(input).__name__}")
     _refuse_update_in_transform(update, weight)
+    if (pattern is not None and input.dtype != weight.dtype
+            and input.is_floating_point() and weight.is_floating_point()
+            and input.device.type != "meta"  # (torch has no autocast state for it)
+            and torch.is_autocast_enabled(input.device.type)):
+        # AMP: a lower-precision input (an autocast GEMM's output) meets the sampled
+        # product in the weight's dtype, as the custom operator does, in the layer and in
+        # sampled_linear alike (F.linear takes under autocast what nn.Linear takes).
+        # Autocast casts floating tensors only: an integer input is refused below, as
+        # F.linear refuses it under autocast
+        input = input.to(weight.dtype)
     if sparse_grad and torch.is_grad_enabled() and not _sparse_grad_reaches(weight, bias):
         sparse_grad = False  # (a view's gradient, a flat vector's slice's: dense, as F.linear's)
     if (update is not None and torch.is_grad_enabled() and weight.requires_grad
@@ -272,7 +282,8 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
            and torch.is_autocast_enabled(input.device.type))
     for arg, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != input.dtype and not amp:
-            raise ValueError(f"{arg} must have input's dtype {input.dtype}, got {t.dtype}")
+            raise ValueError(f"{arg} must have input's dtype {input.dtype}, got {t.dtype}"
+                             f"{_dtype_hint(input.dtype, t.dtype)}")
         if t is not None and t.device != input.device:
             raise ValueError(f"{arg} must be on input's device {input.device}, got {t.device}")
     if pattern is None:
@@ -445,12 +456,6 @@ class SparseOutputLinear(LuaMembers, nn.Linear):
             # over plain tensors; returns a SparseParts with pattern's entries.
             _refuse_update_on_parts(self._row_update)
             return sampled_parts(input, self.weight, self.bias, pattern, self.sparse_grad)
-        if (pattern is not None and isinstance(input, Tensor) and input.dtype != self.weight.dtype
-                and input.device.type != "meta"  # (torch has no autocast state for it)
-                and torch.is_autocast_enabled(input.device.type)):
-            # AMP: a lower-precision input (an autocast GEMM's output) meets the
-            # sampled product in the weight's dtype, as the custom operator does.
-            input = input.to(self.weight.dtype)
         if sparse_grad:  # LazyAdam then trusts the sparse gradients this layer makes
             _grad_origin.watch(self, "weight")
             _grad_origin.watch(self, "bias")

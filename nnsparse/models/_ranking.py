@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from .._index import csr_indices
-from ..data import Ratings, SparseRowDataset
+from ..data import SparseRowDataset
+from ..data.ranking import _figures
 
 if TYPE_CHECKING:  # (base imports this module: no cycle at run time)
     from .base import RatingModel
@@ -164,17 +165,16 @@ def _top_item_rows(scorer: _Scorer, users: Tensor, k: int, exclude: bool, size: 
     return top_v, top_i
 
 
-def evaluate_ranking(model: "RatingModel", test: Ratings, k: int, threshold: Optional[float],
-                     exclude_train: bool, batch_size: int, show: bool) -> Dict[str, Any]:
-    """:meth:`RatingModel.evaluate_ranking` on checked arguments."""
+def evaluate_ranking(model: "RatingModel", user: Tensor, item: Tensor, n_test_items: int,
+                     k: int, exclude_train: bool, batch_size: int,
+                     show: bool) -> Dict[str, Any]:
+    """:meth:`RatingModel.evaluate_ranking` on checked arguments: ``(user, item)`` the
+    relevant test pairs (CPU int64, :func:`~nnsparse.data.ranking._relevant`'s), their
+    ratings' ``n_items`` ``n_test_items``."""
     from tqdm import tqdm
 
-    user, item = test.user.cpu(), test.item.cpu()
-    relevant = torch.ones(user.shape[0], dtype=torch.bool) if threshold is None \
-        else test.rating.detach().cpu() >= threshold
-    user, item = user[relevant], item[relevant]
     users = torch.unique(user)  # sorted: the evaluated users
-    n_items = max(test.n_items, int(model.item_count.shape[0]))
+    n_items = max(n_test_items, int(model.item_count.shape[0]))
     top = min(k, n_items)
     device = model.device
     scorer = _Scorer(model, n_items, device)
@@ -189,18 +189,4 @@ def evaluate_ranking(model: "RatingModel", test: Ratings, k: int, threshold: Opt
             top_v, top_i = run(scorer, users, top, exclude_train, batch_size, bar)
     finally:
         model.train(was_training)
-    top_v, top_i = top_v.cpu(), top_i.cpu()
-    position = torch.searchsorted(users, user)
-    wanted = torch.unique(position * n_items + item)  # sorted, one key a relevant pair
-    key = torch.arange(users.shape[0])[:, None] * n_items + top_i
-    hit = (top_v > _OUT) & torch.isin(key, wanted)
-    n_relevant = torch.bincount(position, minlength=users.shape[0]).double()
-    hits = hit.sum(1).double()
-    discount = 1.0 / torch.log2(torch.arange(top, dtype=torch.float64) + 2.0)
-    dcg = (hit.double() * discount).sum(1)
-    ideal = discount.cumsum(0)[n_relevant.clamp(max=top).long() - 1]
-    return {f"precision@{k}": float((hits / k).mean()),
-            f"recall@{k}": float((hits / n_relevant).mean()),
-            f"ndcg@{k}": float((dcg / ideal).mean()),
-            f"hit_rate@{k}": float((hits > 0).double().mean()),
-            "users": int(users.shape[0])}
+    return _figures(top_i.cpu(), top_v.cpu() > _OUT, users, user, item, n_items, k)

@@ -43,6 +43,7 @@ from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
 from ..data.matrix import _check_same_maps
 from ..data.readers import _plain, _check_ratings, _check_unique_pairs, _check_unique_pairs_apart
+from ..data.ranking import _relevant
 from ..data.split import _concat, _draw, _torch_seed
 from .. import distributed as nd
 from .trainer import (Trainer, TrainResult, _check_grad_mode, _show_progress,
@@ -1094,8 +1095,7 @@ class RatingModel(nn.Module):
         if progress is not None:
             progress = as_flag(progress, "progress", "None or a bool")
         self._check_maps(test, "test")
-        if len(test) == 0:
-            raise ValueError("test holds no ratings; there is nothing to rank")
+        user, item = _relevant(test, threshold)  # refuses an empty test, none relevant
         self._check_data()
         _check_unique_pairs("test", test)
         if exclude_train:
@@ -1107,14 +1107,7 @@ class RatingModel(nn.Module):
                                  f"out of the ranking, so a test rating of it could never be "
                                  f"a hit: test on held-out ratings, or pass "
                                  f"exclude_train=False") from None
-        if threshold is not None:
-            best = float(test.rating.detach().max())
-            if not best >= threshold:
-                raise ValueError(f"test holds no relevant rating: none of its {len(test)} "
-                                 f"ratings is >= threshold {threshold:g} (the highest is "
-                                 f"{best:g}); lower threshold, or pass None to count every "
-                                 f"test rating relevant")
-        return evaluate_ranking(self, test, k, threshold, exclude_train, batch_size,
+        return evaluate_ranking(self, user, item, test.n_items, k, exclude_train, batch_size,
                                 _show_progress(progress))
 
     # -- recommendation ---------------------------------------------------------------------

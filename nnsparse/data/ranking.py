@@ -1,0 +1,177 @@
+"""Top-k ranking figures of recommendation lists against held-out ratings.
+
+:func:`ranking_metrics` scores lists a network of your own made (``torch.topk`` of its
+scores, :meth:`~nnsparse.Batchifier.topk`); :meth:`RatingModel.evaluate_ranking
+<nnsparse.models.RatingModel.evaluate_ranking>` computes the model zoo's lists and scores
+them with the same code (:func:`_figures`), so the figures of the two agree.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .._forms import as_count, refuse_meta
+from .readers import Ratings, _check_ratings, _check_unique_pairs
+
+__all__ = ["ranking_metrics"]
+
+
+def _relevant(test: Ratings, threshold: Optional[float]) -> Tuple[Tensor, Tensor]:
+    """The relevant test pairs ``(user, item)`` (CPU int64): every rating of ``test``
+    (``threshold=None``) or those ``>= threshold``; ``ValueError`` when ``test`` is empty
+    or none reaches ``threshold`` (:func:`ranking_metrics`' and
+    :meth:`~nnsparse.models.RatingModel.evaluate_ranking`'s refusal)."""
+    if len(test) == 0:
+        raise ValueError("test holds no ratings; there is nothing to rank")
+    user, item = test.user.cpu(), test.item.cpu()
+    if threshold is None:
+        return user, item
+    relevant = test.rating.detach().cpu() >= threshold
+    if not bool(relevant.any()):
+        raise ValueError(f"test holds no relevant rating: none of its {len(test)} ratings "
+                         f"is >= threshold {threshold:g} (the highest is "
+                         f"{float(test.rating.detach().max()):g}); lower threshold, or "
+                         f"pass None to count every test rating relevant")
+    return user[relevant], item[relevant]
+
+
+def _figures(top: Tensor, placed: Tensor, users: Tensor, user: Tensor, item: Tensor,
+             n_items: int, k: int) -> Dict[str, Any]:
+    """Precision, recall, NDCG and hit rate at ``k``, averaged over ``users``.
+
+    ``top`` (CPU int64 ``(len(users), columns)``, ``columns <= k``; a narrower list's
+    missing places are misses, the ideal list still ``min(k, n)`` long) holds each evaluated
+    user's items best first, ``placed`` (bool, same shape) marks the places that hold an
+    item (the others are misses); ``users`` are the evaluated users, sorted and unique,
+    ``(user, item)`` their relevant test pairs (CPU int64, no pair twice: ``n`` counts
+    them), every index of either below ``n_items``."""
+    position = torch.searchsorted(users, user)
+    wanted = torch.unique(position * n_items + item)  # sorted, one key a relevant pair
+    key = torch.arange(users.shape[0])[:, None] * n_items + top.clamp(min=0)
+    hit = placed & torch.isin(key, wanted)
+    n_relevant = torch.bincount(position, minlength=users.shape[0]).double()
+    hits = hit.sum(1).double()
+    # the ideal list holds min(k, n) relevant items, whatever top's width (a list cut
+    # short is a miss; never longer than the catalogue, which holds the n relevant ones)
+    best = n_relevant.clamp(max=k).long()
+    discount = 1.0 / torch.log2(torch.arange(max(top.shape[1], int(best.max())),
+                                             dtype=torch.float64) + 2.0)
+    dcg = (hit.double() * discount[:top.shape[1]]).sum(1)
+    ideal = discount.cumsum(0)[best - 1]
+    return {f"precision@{k}": float((hits / k).mean()),
+            f"recall@{k}": float((hits / n_relevant).mean()),
+            f"ndcg@{k}": float((dcg / ideal).mean()),
+            f"hit_rate@{k}": float((hits > 0).double().mean()),
+            "users": int(users.shape[0])}
+
+
+def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
+                    threshold: Optional[float] = None) -> Dict[str, Any]:
+    r"""Precision, recall, NDCG and hit rate at ``k`` of your own top-``k`` lists.
+
+    The figures :meth:`RatingModel.evaluate_ranking
+    <nnsparse.models.RatingModel.evaluate_ranking>` reports, for a network that is not a
+    model of :mod:`nnsparse.models`: rank the items for every user yourself (leaving out
+    the items the user rated in training, as the full-ranking protocol does), then score
+    the lists against held-out ratings.  Every user with a relevant test rating is
+    evaluated (a user with none is left out of the means and of ``"users"``, and its row of
+    ``top`` is not read); the figures are means over these users, with binary relevance:
+    ``precision@k = hits / k``, ``recall@k = hits / n`` (``n`` the user's relevant test
+    items), ``ndcg@k = DCG / IDCG`` (``DCG`` the sum of ``1 / log2(p + 1)`` over the hits'
+    positions ``p = 1..k``, ``IDCG`` the same over ``p = 1..min(k, n)``) and
+    ``hit_rate@k`` (1 when ``hits >= 1``).
+
+    Args:
+        top: each user's items, best first: an integer tensor ``(rows, columns)`` whose
+            row ``u`` is user index ``u``'s list (``Ratings.user``'s indices; every test
+            user needs a row), item indices as ``Ratings.item`` holds them; or a
+            ``(values, indices)`` result of :func:`torch.topk`, :func:`nnsparse.stopk`
+            or :meth:`nnsparse.Batchifier.topk`.  A place whose index is negative
+            (``stopk``'s padding) or whose value is ``-inf`` or NaN (``Batchifier.topk``'s
+            padding after ``exclude``) holds no item: a miss.  An item may appear once in
+            a row.
+        test (Ratings): the held-out ratings, in the index space of ``top``.
+        k (int, optional): the length of the lists; ``top``'s first ``k`` columns are
+            read, and a ``top`` narrower than ``k`` (a catalogue smaller than ``k``)
+            counts its missing places as misses.  Default: ``top``'s number of columns.
+        threshold (float, optional): the lowest relevant rating; ``None``: every test
+            rating is relevant.  Default: ``None``.
+
+    Returns:
+        dict: ``{"precision@k", "recall@k", "ndcg@k", "hit_rate@k"}`` (floats; the keys
+        carry the value of ``k``) and ``"users"``, the number of evaluated users.
+
+    Raises:
+        TypeError: ``top`` not an integer tensor or a ``(values, indices)`` result, its
+            values not floating point; ``test`` not a :class:`Ratings`; ``k`` not an int,
+            ``threshold`` not a real number or None.
+        ValueError: ``top`` not 2-D, with fewer rows than the test users need, an item
+            index at or above ``test.n_items`` or twice in a row, or values of another
+            shape; ``k`` below 1; ``test`` empty, rating a (user, item) pair twice, or
+            with no rating reaching ``threshold``.
+
+    Example::
+
+        >>> from nnsparse.data import Ratings, ranking_metrics
+        >>> test = Ratings.from_triples([0, 0, 1], [0, 1, 2], [5., 3., 4.])  # ids = indices here
+        >>> scores = torch.tensor([[0.1, 0.9, 0.8], [0.7, 0.1, 0.3]])  # (users, items)
+        >>> lists = scores.topk(2, dim=1)                 # user 0: [1, 2], user 1: [0, 2]
+        >>> figures = ranking_metrics(lists, test)
+        >>> {key: round(value, 4) for key, value in figures.items()}
+        {'precision@2': 0.5, 'recall@2': 0.75, 'ndcg@2': 0.622, 'hit_rate@2': 1.0, 'users': 2}
+    """
+    from ..models.base import _checked_threshold  # (models import this package)
+
+    values: Optional[Tensor] = None
+    if not isinstance(top, Tensor) and isinstance(getattr(top, "indices", None), Tensor) \
+            and isinstance(getattr(top, "values", None), Tensor):
+        values, top = top.values, top.indices
+    if not isinstance(top, Tensor) or top.layout != torch.strided:
+        got = (f"layout {top.layout}" if isinstance(top, Tensor)
+               else type(top).__name__)
+        raise TypeError(f"top must be a dense integer tensor of item indices (rows, k), or the "
+                        f"(values, indices) result of torch.topk, nnsparse.stopk or "
+                        f"Batchifier.topk, got {got}")
+    if top.dtype == torch.bool or top.is_floating_point() or top.is_complex():
+        raise TypeError(f"top must hold integer item indices, got dtype {top.dtype}; pass "
+                        f"torch.topk's result (or its .indices), not the scores")
+    if top.dim() != 2:
+        raise ValueError(f"top must be 2-D (users, k), got shape {tuple(top.shape)}")
+    refuse_meta(top, "top")
+    if values is not None:
+        if not values.is_floating_point():
+            raise TypeError(f"top's values must be floating point, got dtype {values.dtype}")
+        if values.shape != top.shape:
+            raise ValueError(f"top's values must have its indices' shape {tuple(top.shape)}, "
+                             f"got {tuple(values.shape)}")
+        refuse_meta(values, "top's values")
+    _check_ratings(test, "test")
+    k = top.shape[1] if k is None else as_count("k", k, 1, must="positive")
+    if k < 1:
+        raise ValueError("k must be positive, got top with 0 columns and no k")
+    threshold = _checked_threshold(threshold)
+    user, item = _relevant(test, threshold)
+    # a pair twice would count twice in n (recall's denominator, the ideal list), once in hits
+    _check_unique_pairs("test", test)
+    users = torch.unique(user)  # sorted: the evaluated users
+    if top.shape[0] <= int(users[-1]):
+        raise ValueError(f"top must have a row for every test user (row u: user index u's "
+                         f"list), so at least {int(users[-1]) + 1} rows, got {top.shape[0]}")
+    at = users.to(top.device)  # the evaluated users' rows only cross to the CPU
+    top = top[at, :k].cpu().long()
+    placed = top >= 0
+    if values is not None:
+        placed &= values[at, :k].detach().cpu() > -torch.inf  # -inf and NaN: no item
+    n_items = test.n_items
+    if bool((top >= n_items).any()):
+        raise ValueError(f"top's item indices must be below test.n_items {n_items} "
+                         f"(negative for an empty place), got {int(top.max())}")
+    ordered = torch.where(placed, top, -1 - torch.arange(top.shape[1])).sort(1).values
+    twice = ordered[:, 1:] == ordered[:, :-1]
+    if bool(twice.any()):
+        row = int(twice.any(1).nonzero()[0])
+        raise ValueError(f"top must list an item once a row: user {int(users[row])}'s list "
+                         f"holds item {int(ordered[row, 1:][twice[row]][0])} twice")
+    return _figures(top, placed, users, user, item, n_items, k)
