@@ -587,7 +587,7 @@ def _line(raw: bytes, newlines: np.ndarray, number: int) -> str:
     """Line ``number`` (0-based) of ``raw``, whole, stripped (the caller cuts it to quote)."""
     begin = 0 if number == 0 else int(newlines[number - 1]) + 1
     end = int(newlines[number]) if number < len(newlines) else len(raw)
-    return raw[begin:end].decode("latin-1").strip()
+    return _text(raw[begin:end]).strip()
 
 
 def _column(tokens: _Tokens, index: np.ndarray, dtype: Any, path: str,
@@ -611,7 +611,7 @@ def _column(tokens: _Tokens, index: np.ndarray, dtype: Any, path: str,
         # (an int id beyond int64 is kept exact by _big_ints: never the culprit here)
         if value is None or (convert is float and not np.isfinite(value)):
             raise ValueError(f"{path}, line {line[k]}: {what} must be {kind}, "
-                             f"got {token.decode('latin-1')!r}")
+                             f"got {_text(token)!r}")
     raise AssertionError("unreachable: conversion failed without a bad token")
 
 
@@ -625,7 +625,7 @@ def _refuse_underscores(tokens: _Tokens, index: np.ndarray,
     if len(bad):
         k = int(bad[0])
         raise ValueError(f"{path}, line {line[k]}: {rule}, got "
-                         f"{tokens[index[k]].decode('latin-1')!r} (no '_' in numbers)")
+                         f"{_text(tokens[index[k]])!r} (no '_' in numbers)")
 
 
 def _remap(ids: np.ndarray, mapping: Optional[Dict[Any, int]],
@@ -838,7 +838,10 @@ def _check_missing(ids: np.ndarray, given: Any, name: str) -> None:
 # -- item titles -----------------------------------------------------------------------
 
 def _read_titles(path: Path, fmt: str) -> Dict[Any, str]:
-    """original item id -> title, from ``u.item``, ``movies.dat`` or ``movies.csv``."""
+    """original item id -> title, from ``u.item``, ``movies.dat`` or ``movies.csv`` (a zip
+    archive given as ``titles`` was read as text, its bytes quoted as an item id)."""
+    with open(path, "rb") as head:
+        _refuse_binary(head.read(4096), path, "titles")
     try:
         return _parse_titles(path, fmt)
     except UnicodeDecodeError as e:
@@ -898,7 +901,13 @@ def _side_text(path: Path) -> str:
     previous MovieLens data sets"), else latin-1, which decodes any bytes (MovieLens-100K's
     ``u.item`` and -1M's ``movies.dat``, whose ``é`` is the one byte 0xE9: no valid UTF-8).
     A byte order mark is left in, for :func:`_without_bom`."""
-    raw = path.read_bytes()
+    return _text(path.read_bytes())
+
+
+def _text(raw: bytes) -> str:
+    """``raw`` decoded as UTF-8 when it is valid UTF-8, else as latin-1 (which decodes any
+    bytes): an item or user file's text, and what a refusal quotes of a rating file (whose
+    string ids are UTF-8: a quote read as latin-1 alone showed ``'2Ã©0'`` for ``'2é0'``)."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -1050,7 +1059,7 @@ def _detect(path: Path) -> str:
     if commas:
         raise ValueError(
             f"path: cannot detect the format of {path}: its first line "
-            f"{line.decode('latin-1')[:200]!r} has {commas} comma-separated fields, and "
+            f"{_text(line)[:200]!r} has {commas} comma-separated fields, and "
             f"format 'csv' reads 3 or 4, user,item,rating[,timestamp] (MovieLens "
             f"ratings.csv: userId,movieId,rating,timestamp); "
             f"no format reads {commas} comma-separated fields: save the file "
@@ -1199,7 +1208,9 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
             pair rated more than once (the message gives its lines), ids or
             an item file that are not UTF-8, an item file listing an item
             twice (which title it has would be a guess), a compressed file
-            (gzip, bzip2, xz: decompress it first), map indices out of range.
+            (gzip, bzip2, xz: decompress it first; an item file given as
+            ``titles`` too), a NUL byte anywhere in the file (the message gives
+            its line past the first 4096 bytes), map indices out of range.
             A failed call leaves ``user_map`` and ``item_map`` unchanged.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` or
             ``unseen`` not a str, ``titles`` neither a bool nor a path, a map
@@ -1276,6 +1287,7 @@ def _read(path: Path, format: str, title_file: Optional[Path],
     sep, fields, header, _ = _FORMATS[format]
     raw = path.read_bytes()
     _refuse_binary(raw[:4096], path)
+    _refuse_nul(raw, path)
     if raw.startswith(_BOM):  # before the header check: the BOM is no part of the first line
         raw = raw[len(_BOM):]
     with _detected(auto, format, path):  # the lines, parsed in the format
@@ -1322,7 +1334,7 @@ def _read(path: Path, format: str, title_file: Optional[Path],
     if not np.isfinite(rating32).all():
         k = int(np.flatnonzero(~np.isfinite(rating32))[0])
         raise ValueError(f"{path}, line {line[k]}: the rating "
-                         f"{tokens[first[k] + 2].decode('latin-1')!r} overflows the rating "
+                         f"{_text(tokens[first[k] + 2])!r} overflows the rating "
                          f"dtype float32 (at most {_FLOAT32_MAX:.4g} in size)")
     keep = None
     if unseen == "drop" and (user_map is not None or item_map is not None):
@@ -1428,7 +1440,7 @@ def _check_separator(raw: bytes, sep: bytes, fmt: str, path: str, header: bool,
         if (line.strip() and line.count(sep) < lo - 1 and not (header and number == 1)
                 and lo <= len(line.replace(sep, b" ").split()) <= hi):
             raise _separator_error(path, number, fmt, sep,
-                                   line.decode("latin-1").strip()[:_QUOTED])
+                                   _text(line).strip()[:_QUOTED])
 
 
 def _separator_error(path: str, number: int, fmt: str, sep: bytes, line: str) -> ValueError:
@@ -1454,7 +1466,7 @@ def _refuse_edge_separator(raw: bytes, sep: bytes, path: str) -> None:
         number = raw.count(b"\n", 0, at) + 1
         raise ValueError(f"{path}, line {number}: a line starts or ends "
                          f"with the separator {sep.decode()!r} (an empty field), got "
-                         f"{line.decode('latin-1').rstrip(chr(13))[:200]!r}")
+                         f"{_text(line).rstrip(chr(13))[:200]!r}")
 
 
 def _refuse_quotes(raw: bytes, header: bool, path: str) -> None:
@@ -1475,7 +1487,7 @@ def _refuse_quotes(raw: bytes, header: bool, path: str) -> None:
         first = False
         if any(f.strip().startswith(b'"') for f in line.split(b",")):
             raise ValueError(f"{path}, line {number}: format 'csv' reads fields without "
-                             f"quotes, got {line.decode('latin-1').strip()[:_QUOTED]!r}; "
+                             f"quotes, got {_text(line).strip()[:_QUOTED]!r}; "
                              f"save the file without quoting (the quotes would be part of "
                              f"the ids)")
 
@@ -1612,18 +1624,33 @@ _USER_FILES = {"ml-100k": "u.user", "ml-1m": "users.dat"}
 _AGES = (1, 18, 25, 35, 45, 50, 56)
 
 
-def _refuse_binary(head: bytes, path: Path) -> None:
+def _refuse_binary(head: bytes, path: Path, name: str = "path") -> None:
     """A compressed or binary file, read as text, failed on its first line with its bytes
-    quoted ("expected 4 fields, got 2: '\\x8b\\x08...'"): named here from its first bytes."""
+    quoted ("expected 4 fields, got 2: '\\x8b\\x08...'"): named here from its first bytes
+    (``name``: the argument that gave the file)."""
     for magic, kind, fix in _ARCHIVES:
         if head.startswith(magic) and (magic != b"BZh" or head[4:10] == b"1AY&SY"):
             if magic == b"PK\x03\x04":
                 fix = _zip_fix(path, fix)
-            raise ValueError(f"path: {path} is {kind} (it starts with {magic!r}), not a text "
+            raise ValueError(f"{name}: {path} is {kind} (it starts with {magic!r}), not a text "
                              f"file; {fix}")
     if b"\x00" in head:
-        raise ValueError(f"path: {path} holds NUL bytes: a binary file or UTF-16 text, not "
+        raise ValueError(f"{name}: {path} holds NUL bytes: a binary file or UTF-16 text, not "
                          f"ASCII/UTF-8/latin-1 text; save it as UTF-8")
+
+
+def _refuse_nul(raw: bytes, path: Path) -> None:
+    """A NUL byte past the first 4096 bytes (:func:`_refuse_binary` reads those), named
+    with its line: numpy's bytes arrays drop a token's trailing NULs, so ``20\\0`` was read
+    as the item id 20 and ``3\\0`` as the rating 3, silently.  One search of the bytes."""
+    at = raw.find(b"\x00")
+    if at < 0:
+        return
+    line = raw[raw.rfind(b"\n", 0, at) + 1:].split(b"\n", 1)[0]
+    number = raw.count(b"\n", 0, at) + 1
+    raise ValueError(f"path: {path}, line {number}: a NUL byte (\\x00), "
+                     f"which no text file holds, got {_text(line).strip()[:_QUOTED]!r}; "
+                     f"save the file as UTF-8 text")
 
 
 def _zip_fix(path: Path, fix: str) -> str:

@@ -1,0 +1,153 @@
+"""The twentieth bad-input probe (docs/bad_inputs_probe20.md): session 21's changes (the
+compile boundary, the Lua names, the rewritten rating reader, the divergence check).
+
+Rating files with a NUL byte past the first 4096 bytes (numpy's bytes arrays dropped a
+token's trailing NULs: read silently as another id or rating); refusals of a UTF-8 rating
+file quoted as latin-1 (``'2Ã©0'``); a zip archive given as ``titles=`` read as text.
+
+Each row pairs a call with the exception and a regex of its message (``error=None``: the
+call must work, and ``check`` its result).
+"""
+from pathlib import Path
+from typing import Any, Callable, List
+
+import pytest
+
+from probe_cases import Case, run_case
+from nnsparse.data import Ratings, detect_format, read_ratings, read_split
+
+# 400 distinct ratings (4.8 KB): what follows lies past the first 4096 bytes, which the
+# binary check reads
+_MANY = b"".join(b"%d::10::4::1\n" % u for u in range(400))
+_MANY_TEXT = b"".join(b"u%d i 4\n" % u for u in range(800))
+_MANY_CSV = b"".join(b"%d,10,4\n" % u for u in range(800))
+
+
+def _read(name: str, data: bytes, **kwargs: Any) -> Callable[[Path], Ratings]:
+    """A call reading ``data`` written to ``tmp_path / name``."""
+    def call(tmp_path: Path) -> Ratings:
+        path = tmp_path / name
+        path.write_bytes(data)
+        return read_ratings(path, **kwargs)
+    return call
+
+
+def _nul(line: int) -> str:
+    return rf"line {line}: a NUL byte \(\\x00\), which no text file holds, got "
+
+
+_NUL_CASES: List[Case] = [
+    # (the rows read as 3 and 20 before: same ratings and ids as without the NUL)
+    Case("rating-trailing-nul", _read("r.dat", _MANY + b"999::20::3\x00::1\n"), ValueError,
+         _nul(401) + r"'999::20::3\\x00::1'; save the file as UTF-8 text"),
+    Case("item-trailing-nul", _read("r.dat", _MANY + b"999::20\x00::3::1\n"), ValueError,
+         _nul(401) + r"'999::20\\x00::3::1'"),
+    # user 99's id merged with the 99 of line 100, silently
+    Case("user-merged-with-another", _read("r.dat", _MANY + b"99\x00::20::3::1\n"), ValueError,
+         _nul(401)),
+    Case("timestamp-nul", _read("r.dat", _MANY + b"999::20::3::\x00\n"), ValueError,
+         _nul(401)),
+    Case("text-id", _read("r.txt", _MANY_TEXT + b"a\x00 c 3\n"), ValueError,
+         _nul(801) + r"'a\\x00 c 3'"),
+    Case("text-rating", _read("r.txt", _MANY_TEXT + b"a c 3\x00\n"), ValueError, _nul(801)),
+    Case("csv-id", _read("r.csv", _MANY_CSV + b"9999,10\x00,3\n"), ValueError,
+         _nul(801) + r"'9999,10\\x00,3'"),
+    Case("explicit-format", _read("r.dat", _MANY + b"999::20::3\x00::1\n", format="ml-1m"),
+         ValueError, _nul(401)),
+    Case("last-line-no-newline", _read("r.dat", _MANY + b"999::20::3::1\x00"), ValueError,
+         _nul(401)),
+    # a NUL in the first 4096 bytes: the binary-file message, as before
+    Case("head-nul", _read("r.dat", b"1::10::4\x00::1\n"), ValueError,
+         r"holds NUL bytes: a binary file or UTF-16 text"),
+    # without a NUL the same file reads (the reference)
+    Case("no-nul", _read("r.dat", _MANY + b"999::20::3::1\n"), None,
+         check=lambda r: len(r.rating) == 401 and 999 in r.user_map),
+]
+
+
+@pytest.mark.parametrize("case", _NUL_CASES, ids=[c.id for c in _NUL_CASES])
+def test_a_nul_past_the_head_is_refused_with_its_line(tmp_path, case):
+    run_case(case, tmp_path)
+
+
+def test_read_split_refuses_a_nul_in_either_part(tmp_path):
+    train, test = tmp_path / "a.dat", tmp_path / "b.dat"
+    train.write_bytes(_MANY)
+    test.write_bytes(_MANY + b"999::20\x00::3::1\n")
+    with pytest.raises(ValueError, match=r"b\.dat, line 401: a NUL byte"):
+        read_split(train, test)
+    with pytest.raises(ValueError, match=r"b\.dat, line 401: a NUL byte"):
+        read_split(test, train)  # (the training part: read first)
+
+
+_UTF8_CASES: List[Case] = [
+    Case("item-id", _read("r.dat", "1::10::4::1\n2::2\u00e90::3::1\n".encode()), ValueError,
+         r"line 2: the item id must be an integer, got '2\u00e90'"),
+    Case("rating-star", _read("r.dat", "1::10::4\u2605::1\n".encode()), ValueError,
+         r"the rating must be a finite number, got '4\u2605'"),
+    Case("text-rating", _read("r.txt", "a b 4\u2605\n".encode()), ValueError,
+         r"the rating must be a finite number, got '4\u2605'"),
+    Case("underscore", _read("r.dat", "1::1_\u00e9::4::1\n".encode()), ValueError,
+         r"the item id must be an integer, got '1_\u00e9' \(no '_' in numbers\)"),
+    Case("field-count", _read("r.dat", "1::10::4::1\n2::\u00e9::3\n".encode()), ValueError,
+         r"expected 4 fields, got 3: '2::\u00e9::3'"),
+    Case("csv-quotes", _read("r.csv", 'userId,movieId,rating\n1,"\u00e9",4\n'.encode()),
+         ValueError, r"reads fields without quotes, got '1,\"\u00e9\",4'"),
+    Case("csv-edge-separator", _read("r.csv", "userId,movieId,rating\n1,\u00e9,4,\n".encode()),
+         ValueError, r"\(an empty field\), got '1,\u00e9,4,'"),
+    Case("whitespace-separated", _read("r.dat", "1::10::4::1\n1 \u00e9 4 1\n".encode(),
+                                       format="ml-1m"),
+         ValueError, r"separates the fields with '::', got '1 \u00e9 4 1'"),
+    Case("other-format-hint", _read("u.data", "1\t10\t4\t1\n1::\u00e9::4::1\n".encode(),
+                                    format="ml-100k"),
+         ValueError, r"expected 4 fields, got 1: '1::\u00e9::4::1'"),
+    Case("overflow", _read("r.dat", "1::10::1e39::1\n".encode()), ValueError,
+         r"the rating '1e39' overflows"),
+    # a latin-1 byte, no UTF-8: quoted as latin-1, as before
+    Case("latin-1-id", _read("r.dat", b"1::10::4::1\n2::2\xe90::3::1\n"), ValueError,
+         r"got '2\u00e90'"),
+]
+
+
+@pytest.mark.parametrize("case", _UTF8_CASES, ids=[c.id for c in _UTF8_CASES])
+def test_a_utf8_rating_file_is_quoted_as_written(tmp_path, case):
+    run_case(case, tmp_path)
+
+
+def test_detect_format_quotes_a_utf8_first_line(tmp_path):
+    path = tmp_path / "r.txt"
+    path.write_bytes("1,\u00e9,2,3,4,5\n".encode())
+    with pytest.raises(ValueError, match="its first line '1,\u00e9,2,3,4,5' has 6 comma"):
+        detect_format(path)
+
+
+def _zip(path: Path) -> Path:
+    import zipfile
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("ml-1m/movies.dat", "10::A (1995)::Drama\n")
+    return path
+
+
+@pytest.mark.parametrize("make, match", [
+    (_zip, r"titles: .*movies\.zip is a zip archive \(it starts with b'PK\\x03\\x04'\), not "
+           r"a text file"),
+    (lambda p: (p.write_bytes(b"\x1f\x8b\x08\x00rest"), p)[1],
+     r"titles: .*movies\.zip is gzip-compressed"),
+    (lambda p: (p.write_bytes(b"10::A\x00::Drama\n"), p)[1],
+     r"titles: .*movies\.zip holds NUL bytes"),
+], ids=["zip", "gzip", "nul"])
+def test_a_binary_titles_file_is_named(tmp_path, make, match):
+    """A zip given as titles= was read as text: 'the item id must be an integer, got
+    'PK\\x03\\x04\\x14...''."""
+    ratings = tmp_path / "ratings.dat"
+    ratings.write_bytes(b"1::10::4::1\n")
+    with pytest.raises(ValueError, match=match):
+        read_ratings(ratings, titles=make(tmp_path / "movies.zip"))
+
+
+def test_titles_of_text_still_read(tmp_path):
+    """The reference: a UTF-8 movies.dat with a BOM and CRLF given as titles= reads."""
+    ratings = tmp_path / "ratings.dat"
+    ratings.write_bytes(b"1::10::4::1\n")
+    (tmp_path / "m.dat").write_bytes("\ufeff10::Mis\u00e9rables (1995)::Drama\r\n".encode())
+    assert read_ratings(ratings, titles=tmp_path / "m.dat").titles == ["Mis\u00e9rables (1995)"]
