@@ -151,3 +151,23 @@ def test_titles_of_text_still_read(tmp_path):
     ratings.write_bytes(b"1::10::4::1\n")
     (tmp_path / "m.dat").write_bytes("\ufeff10::Mis\u00e9rables (1995)::Drama\r\n".encode())
     assert read_ratings(ratings, titles=tmp_path / "m.dat").titles == ["Mis\u00e9rables (1995)"]
+
+
+_HEADER_CASES: List[Case] = [
+    # 'holds no ratings (empty file)' for a file that holds a line
+    Case("header-only", _read("r.csv", b"userId,movieId,rating,timestamp\n"), ValueError,
+         r"r\.csv holds no ratings \(a header line and no rating line\)"),
+    Case("header-blank-lines", _read("r.csv", b"\xef\xbb\xbfuser,item,rating\r\n\r\n\n"),
+         ValueError, r"holds no ratings \(a header line and no rating line\)"),
+    Case("header-only-explicit", _read("r.csv", b"user,item,rating\n", format="csv"),
+         ValueError, r"holds no ratings \(a header line and no rating line\)"),
+    Case("empty", _read("r.csv", b"\n\n", format="csv"), ValueError,
+         r"holds no ratings \(empty file\)"),
+    Case("header-and-a-rating", _read("r.csv", b"user,item,rating\n1,2,3\n"), None,
+         check=lambda r: r.rating.tolist() == [3.0]),
+]
+
+
+@pytest.mark.parametrize("case", _HEADER_CASES, ids=[c.id for c in _HEADER_CASES])
+def test_a_header_only_file_is_not_called_empty(tmp_path, case):
+    run_case(case, tmp_path)

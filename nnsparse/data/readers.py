@@ -525,8 +525,10 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
     counts = np.bincount(line_of_token, minlength=n_lines)
     first = np.concatenate(([0], np.cumsum(counts)[:-1]))
     lines = np.flatnonzero(counts)
+    only = "empty file"
     if header and len(lines):
         lines = lines[1:]
+        only = "a header line and no rating line"
     lo, hi = fields
     bad = lines[(counts[lines] < lo) | (counts[lines] > hi)]
     if len(bad):
@@ -545,7 +547,7 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
         raise ValueError(f"{path}, line {number + 1}: expected {want} fields, got "
                          f"{counts[number]}: {quote}{why}{_other_format(line, fmt)}")
     if len(lines) == 0:
-        raise ValueError(f"{path} holds no ratings (empty file)")
+        raise ValueError(f"{path} holds no ratings ({only})")
     ends = np.flatnonzero(~space & np.concatenate((space[1:], [True]))) + 1
     return _Tokens(raw, buf, starts, ends), first[lines], lines + 1, _underscored(buf, starts)
 
