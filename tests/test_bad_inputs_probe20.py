@@ -171,3 +171,22 @@ _HEADER_CASES: List[Case] = [
 @pytest.mark.parametrize("case", _HEADER_CASES, ids=[c.id for c in _HEADER_CASES])
 def test_a_header_only_file_is_not_called_empty(tmp_path, case):
     run_case(case, tmp_path)
+
+
+_CR = r"it holds a '\\r' with no newline after it: a file whose lines end in '\\r' alone"
+_CR_CASES: List[Case] = [
+    # 'expected 3 to 4 fields, got 2' of what an editor shows as two lines, no word why
+    Case("cr-only-auto", _read("r.dat", b"1::10::4::100\r2::20::3::101\r"), ValueError,
+         r"line 1: expected 3 to 4 fields, got 2: '1::10::4::100\\r2::20::3::101'; " + _CR),
+    Case("cr-only-ml-1m", _read("r.dat", b"1::10::4::100\r2::20::3::101\r", format="ml-1m"),
+         ValueError, r"expected 4 fields, got 8: .*; " + _CR),
+    Case("cr-only-csv", _read("r.csv", b"1,10,4\r2,20,3\r", format="csv"), ValueError, _CR),
+    # CRLF and a last line ending in a lone \r read as before
+    Case("crlf-and-final-cr", _read("r.dat", b"1::10::4::1\r\n2::20::3::1\n3::30::5::1\r"), None,
+         check=lambda r: r.rating.tolist() == [4.0, 3.0, 5.0]),
+]
+
+
+@pytest.mark.parametrize("case", _CR_CASES, ids=[c.id for c in _CR_CASES])
+def test_lines_ending_in_a_lone_carriage_return_are_named(tmp_path, case):
+    run_case(case, tmp_path)

@@ -544,6 +544,9 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
         quote = (f"{line!r}" if len(line) <= _QUOTED else
                  f"{line[:_QUOTED]!r} (its first {_QUOTED} of {len(line)} characters)")
         why = why if number != int(np.flatnonzero(counts)[0]) else ""
+        if "\r" in line:  # (a CRLF line's \r was stripped: this one ends no line of its own)
+            why += ("; it holds a '\\r' with no newline after it: a file whose lines end in "
+                    "'\\r' alone (classic Mac OS) reads as one line; convert them to '\\n'")
         raise ValueError(f"{path}, line {number + 1}: expected {want} fields, got "
                          f"{counts[number]}: {quote}{why}{_other_format(line, fmt)}")
     if len(lines) == 0:
