@@ -3,7 +3,8 @@ compile boundary, the Lua names, the rewritten rating reader, the divergence che
 
 Rating files with a NUL byte past the first 4096 bytes (numpy's bytes arrays dropped a
 token's trailing NULs: read silently as another id or rating); refusals of a UTF-8 rating
-file quoted as latin-1 (``'2Ã©0'``); a zip archive given as ``titles=`` read as text.
+file quoted as latin-1 (``'2Ã©0'``); a zip archive given as ``titles=`` read as text; a
+csv header alone called an empty file; lines ending in a lone ``\r`` with no word why.
 
 Each row pairs a call with the exception and a regex of its message (``error=None``: the
 call must work, and ``check`` its result).
