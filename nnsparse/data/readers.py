@@ -464,10 +464,9 @@ class _Tokens:
 
     def __init__(self, raw: bytes, buf: np.ndarray, starts: np.ndarray,
                  ends: np.ndarray) -> None:
+        # (numpy's bytes arrays drop a token's trailing NULs: :func:`_refuse_nul` refuses a
+        # rating file holding one before it is tokenised)
         self.raw, self.buf, self.starts, self.ends = raw, buf, starts, ends
-        # numpy's bytes arrays drop trailing NULs ('12\0' would read as 12): the exact
-        # tokens then, as raw.split() gave them
-        self.exact = b"\x00" in raw
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -480,8 +479,6 @@ class _Tokens:
         the bytes ``_CHUNK`` tokens at a time."""
         if len(index) == 0:
             return np.array([], "S1")
-        if self.exact:
-            return np.array([self[k] for k in index.tolist()])
         start = self.starts[index]
         length = self.ends[index] - start
         width = int(length.max())
@@ -494,13 +491,6 @@ class _Tokens:
             block[offsets >= length[a:a + chunk, None]] = 0
             out[a:a + chunk] = block
         return out.view(f"S{width}").reshape(-1)
-
-    def pick_list(self, index: np.ndarray, picked: Optional[np.ndarray] = None) -> List[bytes]:
-        """``[self[k] for k in index]``, by way of :meth:`pick` (or ``picked``, what it
-        gave) where that is exact."""
-        if self.exact:
-            return [self[k] for k in index.tolist()]
-        return cast(List[bytes], (self.pick(index) if picked is None else picked).tolist())
 
 
 def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
@@ -675,7 +665,7 @@ def _ids(tokens: _Tokens, index: np.ndarray, path: str, line: np.ndarray,
             return array.astype(np.int64) if len(index) else np.zeros(0, np.int64)
         except (ValueError, OverflowError):
             pass
-        big = _big_ints(tokens.pick_list(index, array))
+        big = _big_ints(array.tolist())
         if big is not None:  # 20-digit ids: exact Python ints (numpy cannot sort them mixed)
             return big
     if numeric and not as_str:
@@ -683,7 +673,7 @@ def _ids(tokens: _Tokens, index: np.ndarray, path: str, line: np.ndarray,
     # csv and text: ids are integers when they all are, else every id is the file's
     # UTF-8 string ("0013" and "13" two ids, "7" the string "7" beside "A7"), each
     # distinct token decoded once
-    picked = tokens.pick_list(index, array)
+    picked: List[bytes] = array.tolist()
     del array  # (the bytes array freed before the decoded strings are made: a lower peak)
     out = np.empty(len(picked), dtype=object)
     try:
