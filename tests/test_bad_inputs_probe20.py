@@ -182,6 +182,12 @@ _CR_CASES: List[Case] = [
     Case("cr-only-ml-1m", _read("r.dat", b"1::10::4::100\r2::20::3::101\r", format="ml-1m"),
          ValueError, r"expected 4 fields, got 8: .*; " + _CR),
     Case("cr-only-csv", _read("r.csv", b"1,10,4\r2,20,3\r", format="csv"), ValueError, _CR),
+    # no hint where the '\r' is not the cause: a stray '\r' beside a separator, a CRLF
+    # line's (stripped)
+    Case("cr-too-few-fields", _read("r.dat", b"1::10::4::1\n1::10\r::4\n", format="ml-1m"),
+         ValueError, r"line 2: expected 4 fields, got 3: '1::10\\r::4'$"),
+    Case("crlf-too-few-fields", _read("r.dat", b"1::10::4::1\r\n1::10::4\r\n", format="ml-1m"),
+         ValueError, r"line 2: expected 4 fields, got 3: '1::10::4'$"),
     # CRLF and a last line ending in a lone \r read as before
     Case("crlf-and-final-cr", _read("r.dat", b"1::10::4::1\r\n2::20::3::1\n3::30::5::1\r"), None,
          check=lambda r: r.rating.tolist() == [4.0, 3.0, 5.0]),

@@ -534,7 +534,10 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
         quote = (f"{line!r}" if len(line) <= _QUOTED else
                  f"{line[:_QUOTED]!r} (its first {_QUOTED} of {len(line)} characters)")
         why = why if number != int(np.flatnonzero(counts)[0]) else ""
-        if "\r" in line:  # (a CRLF line's \r was stripped: this one ends no line of its own)
+        # a '\r' between two fields' characters ends a line an editor shows; not one beside
+        # a separator (a space in raw: '1::10\r::4' is a stray '\r' in a short line), nor
+        # a CRLF line's (stripped)
+        if "\r" in line and _JOINED.search(_line(raw, newlines, number)):
             why += ("; it holds a '\\r' with no newline after it: a file whose lines end in "
                     "'\\r' alone (classic Mac OS) reads as one line; convert them to '\\n'")
         raise ValueError(f"{path}, line {number + 1}: expected {want} fields, got "
@@ -543,6 +546,10 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
         raise ValueError(f"{path} holds no ratings ({only})")
     ends = np.flatnonzero(~space & np.concatenate((space[1:], [True]))) + 1
     return _Tokens(raw, buf, starts, ends), first[lines], lines + 1, _underscored(buf, starts)
+
+
+#: a '\r' (or a run of them: blank lines) with no space on either side
+_JOINED = re.compile(r"\S\r+\S")
 
 
 def _other_format(line: str, read_as: Optional[str] = None) -> str:
@@ -583,6 +590,14 @@ def _line(raw: bytes, newlines: np.ndarray, number: int) -> str:
     begin = 0 if number == 0 else int(newlines[number - 1]) + 1
     end = int(newlines[number]) if number < len(newlines) else len(raw)
     return _text(raw[begin:end]).strip()
+
+
+def _line_at(raw: bytes, at: int) -> Tuple[int, bytes]:
+    """``(number, line)``: the 1-based number of the line of ``raw`` holding its byte
+    ``at``, and that line's bytes (no newline; what a refusal quotes of it)."""
+    end = raw.find(b"\n", at)
+    return (raw.count(b"\n", 0, at) + 1,
+            raw[raw.rfind(b"\n", 0, at) + 1:len(raw) if end < 0 else end])
 
 
 def _column(tokens: _Tokens, index: np.ndarray, dtype: Any, path: str,
@@ -1457,8 +1472,7 @@ def _refuse_edge_separator(raw: bytes, sep: bytes, path: str) -> None:
                          len(raw) - len(sep) if raw.endswith(sep) else -1) if p >= 0]
     if found:
         at = min(found)
-        line = raw[raw.rfind(b"\n", 0, at) + 1:].split(b"\n", 1)[0]
-        number = raw.count(b"\n", 0, at) + 1
+        number, line = _line_at(raw, at)
         raise ValueError(f"{path}, line {number}: a line starts or ends "
                          f"with the separator {sep.decode()!r} (an empty field), got "
                          f"{_text(line).rstrip(chr(13))[:200]!r}")
@@ -1641,8 +1655,7 @@ def _refuse_nul(raw: bytes, path: Path) -> None:
     at = raw.find(b"\x00")
     if at < 0:
         return
-    line = raw[raw.rfind(b"\n", 0, at) + 1:].split(b"\n", 1)[0]
-    number = raw.count(b"\n", 0, at) + 1
+    number, line = _line_at(raw, at)
     raise ValueError(f"path: {path}, line {number}: a NUL byte (\\x00), "
                      f"which no text file holds, got {_text(line).strip()[:_QUOTED]!r}; "
                      f"save the file as UTF-8 text")
