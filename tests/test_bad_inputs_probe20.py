@@ -15,7 +15,8 @@ from typing import Any, Callable, List
 import pytest
 
 from probe_cases import Case, run_case
-from nnsparse.data import Ratings, detect_format, read_ratings, read_split
+from nnsparse.data import (Ratings, detect_format, read_item_features, read_ratings,
+                           read_split, read_user_features)
 
 # 400 distinct ratings (4.8 KB): what follows lies past the first 4096 bytes, which the
 # binary check reads
@@ -131,7 +132,7 @@ def _zip(path: Path) -> Path:
 
 @pytest.mark.parametrize("make, match", [
     (_zip, r"titles: .*movies\.zip is a zip archive \(it starts with b'PK\\x03\\x04'\), not "
-           r"a text file"),
+           r"a text file; extract it and give the item file in it$"),
     (lambda p: (p.write_bytes(b"\x1f\x8b\x08\x00rest"), p)[1],
      r"titles: .*movies\.zip is gzip-compressed"),
     (lambda p: (p.write_bytes(b"10::A\x00::Drama\n"), p)[1],
@@ -144,6 +145,32 @@ def test_a_binary_titles_file_is_named(tmp_path, make, match):
     ratings.write_bytes(b"1::10::4::1\n")
     with pytest.raises(ValueError, match=match):
         read_ratings(ratings, titles=make(tmp_path / "movies.zip"))
+
+
+def _gzip(path: Path) -> Path:
+    path.write_bytes(b"\x1f\x8b\x08\x00rest")
+    return path
+
+
+_ZIP_ADVICE = r"m\.zip is a zip archive .*; extract it and give the {} file in it$"
+_SIDE_CASES: List[Case] = [
+    # a zip was told to 'give the rating file in it (e.g. ml-1m/ratings.dat)'
+    Case("item-ml-1m-zip", lambda p: read_item_features(_zip(p / "m.zip"), "ml-1m", {10: 0}),
+         ValueError, r"path: .*" + _ZIP_ADVICE.format("item")),
+    Case("user-ml-1m-zip", lambda p: read_user_features(_zip(p / "m.zip"), "ml-1m", {1: 0}),
+         ValueError, r"path: .*" + _ZIP_ADVICE.format("user")),
+    # a movies.csv zip or gzip raised the codec's UnicodeDecodeError ("can't decode byte")
+    Case("item-csv-zip", lambda p: read_item_features(_zip(p / "m.zip"), "csv", {10: 0}),
+         ValueError, _ZIP_ADVICE.format("item")),
+    Case("item-csv-gzip", lambda p: read_item_features(_gzip(p / "m.gz"), "csv", {10: 0}),
+         ValueError, r"m\.gz is gzip-compressed \(it starts with b'\\x1f\\x8b'\), not a text "
+                     r"file; decompress it first \(gunzip\)$"),
+]
+
+
+@pytest.mark.parametrize("case", _SIDE_CASES, ids=[c.id for c in _SIDE_CASES])
+def test_a_binary_item_or_user_file_is_named_as_such(tmp_path, case):
+    run_case(case, tmp_path)
 
 
 def test_titles_of_text_still_read(tmp_path):

@@ -850,8 +850,7 @@ def _check_missing(ids: np.ndarray, given: Any, name: str) -> None:
 def _read_titles(path: Path, fmt: str) -> Dict[Any, str]:
     """original item id -> title, from ``u.item``, ``movies.dat`` or ``movies.csv`` (a zip
     archive given as ``titles`` was read as text, its bytes quoted as an item id)."""
-    with open(path, "rb") as head:
-        _refuse_binary(head.read(4096), path, "titles")
+    _refuse_binary_file(path, "titles", "item file")
     try:
         return _parse_titles(path, fmt)
     except UnicodeDecodeError as e:
@@ -1633,19 +1632,28 @@ _USER_FILES = {"ml-100k": "u.user", "ml-1m": "users.dat"}
 _AGES = (1, 18, 25, 35, 45, 50, 56)
 
 
-def _refuse_binary(head: bytes, path: Path, name: str = "path") -> None:
+def _refuse_binary(head: bytes, path: Path, name: str = "path",
+                   what: str = "rating file") -> None:
     """A compressed or binary file, read as text, failed on its first line with its bytes
     quoted ("expected 4 fields, got 2: '\\x8b\\x08...'"): named here from its first bytes
-    (``name``: the argument that gave the file)."""
+    (``name``: the argument that gave the file, a ``what``, which a zip's advice names)."""
     for magic, kind, fix in _ARCHIVES:
         if head.startswith(magic) and (magic != b"BZh" or head[4:10] == b"1AY&SY"):
             if magic == b"PK\x03\x04":
-                fix = _zip_fix(path, fix)
+                fix = (_zip_fix(path, fix) if what == "rating file" else
+                       f"extract it and give the {what} in it")
             raise ValueError(f"{name}: {path} is {kind} (it starts with {magic!r}), not a text "
                              f"file; {fix}")
     if b"\x00" in head:
         raise ValueError(f"{name}: {path} holds NUL bytes: a binary file or UTF-16 text, not "
                          f"ASCII/UTF-8/latin-1 text; save it as UTF-8")
+
+
+def _refuse_binary_file(path: Path, name: str, what: str) -> None:
+    """:func:`_refuse_binary` of the file ``path``'s first bytes: an item or user file
+    (``what``), given as the argument ``name``, that is read whole as text after."""
+    with open(path, "rb") as head:
+        _refuse_binary(head.read(4096), path, name, what)
 
 
 def _refuse_nul(raw: bytes, path: Path) -> None:
@@ -1687,9 +1695,8 @@ _ARCHIVES = ((b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip)"),
              (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (unxz)"))
 
 
-def _lines(path: Path, sep: str) -> List[Tuple[int, List[str]]]:
-    with open(path, "rb") as raw:
-        _refuse_binary(raw.read(4096), path)
+def _lines(path: Path, sep: str, what: str) -> List[Tuple[int, List[str]]]:
+    _refuse_binary_file(path, "path", what)
     lines = io.StringIO(_side_text(path), newline=None)
     return [(n, _without_bom(line, n).rstrip("\r\n").split(sep))
             for n, line in enumerate(lines, start=1) if line.strip()]
@@ -1815,7 +1822,7 @@ def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -
     table: Dict[Any, List[float]] = {}
     seen: Dict[Any, int] = {}  # id -> its line: an id listed twice is refused
     if format == "ml-100k":
-        for number, parts in _lines(path, "|"):
+        for number, parts in _lines(path, "|", "item file"):
             if len(parts) < 6:
                 raise ValueError(f"{path}, line {number}: expected 'id|title|...|19 genre "
                                  f"flags', got {len(parts)} fields")
@@ -1843,6 +1850,7 @@ def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -
         return _rows(item_map, table, width, path, "item_map")
     named: Dict[Any, List[str]] = {}
     if format == "csv":
+        _refuse_binary_file(path, "path", "item file")
         for number, row in _csv_item_rows(path):
             if row:
                 if len(row) < 3:
@@ -1851,7 +1859,7 @@ def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -
                 _once(seen, key, path, number, "item")
                 named[key] = row[2].split("|")
     else:
-        for number, parts in _lines(path, "::"):
+        for number, parts in _lines(path, "::", "item file"):
             if len(parts) < 3:
                 raise ValueError(f"{path}, line {number}: expected 'id::title::genres'")
             key = _int_id(parts[0], path, number)
@@ -1907,7 +1915,7 @@ def read_user_features(path: _PathLike, format: str, user_map: Dict[Any, int]) -
     sep, (g_at, a_at, o_at) = ("|", (2, 1, 3)) if format == "ml-100k" else ("::", (1, 2, 3))
     parsed = []
     seen: Dict[Any, int] = {}  # id -> its line: an id listed twice is refused
-    for number, parts in _lines(path, sep):
+    for number, parts in _lines(path, sep, "user file"):
         if len(parts) < 4:
             raise ValueError(f"{path}, line {number}: expected at least 4 '{sep}'-separated "
                              f"fields, got {len(parts)}")
