@@ -1799,8 +1799,9 @@ def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -
         genres are the sorted set of names in the file.
 
     Raises:
-        ValueError: a missing file, an unsupported format, a malformed line,
-            an item id on two lines.
+        ValueError: a missing file, an unsupported format, a compressed or
+            binary file (a zip, gzip, bzip2 or xz file, NUL bytes at its
+            start), a malformed line, an item id on two lines.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` not a
             str, ``item_map`` not a dict.
 
@@ -1894,8 +1895,9 @@ def read_user_features(path: _PathLike, format: str, user_map: Dict[Any, int]) -
         the file get zeros.
 
     Raises:
-        ValueError: a missing file, an unsupported format, a malformed line,
-            a user id on two lines.
+        ValueError: a missing file, an unsupported format, a compressed or
+            binary file (a zip, gzip, bzip2 or xz file, NUL bytes at its
+            start), a malformed line, a user id on two lines.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` not a
             str, ``user_map`` not a dict.
 
