@@ -464,10 +464,9 @@ class _Tokens:
 
     def __init__(self, raw: bytes, buf: np.ndarray, starts: np.ndarray,
                  ends: np.ndarray) -> None:
+        # (numpy's bytes arrays drop a token's trailing NULs: :func:`_refuse_nul` refuses a
+        # rating file holding one before it is tokenised)
         self.raw, self.buf, self.starts, self.ends = raw, buf, starts, ends
-        # numpy's bytes arrays drop trailing NULs ('12\0' would read as 12): the exact
-        # tokens then, as raw.split() gave them
-        self.exact = b"\x00" in raw
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -480,8 +479,6 @@ class _Tokens:
         the bytes ``_CHUNK`` tokens at a time."""
         if len(index) == 0:
             return np.array([], "S1")
-        if self.exact:
-            return np.array([self[k] for k in index.tolist()])
         start = self.starts[index]
         length = self.ends[index] - start
         width = int(length.max())
@@ -494,13 +491,6 @@ class _Tokens:
             block[offsets >= length[a:a + chunk, None]] = 0
             out[a:a + chunk] = block
         return out.view(f"S{width}").reshape(-1)
-
-    def pick_list(self, index: np.ndarray, picked: Optional[np.ndarray] = None) -> List[bytes]:
-        """``[self[k] for k in index]``, by way of :meth:`pick` (or ``picked``, what it
-        gave) where that is exact."""
-        if self.exact:
-            return [self[k] for k in index.tolist()]
-        return cast(List[bytes], (self.pick(index) if picked is None else picked).tolist())
 
 
 def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
@@ -525,8 +515,10 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
     counts = np.bincount(line_of_token, minlength=n_lines)
     first = np.concatenate(([0], np.cumsum(counts)[:-1]))
     lines = np.flatnonzero(counts)
+    only = "empty file"
     if header and len(lines):
         lines = lines[1:]
+        only = "a header line and no rating line"
     lo, hi = fields
     bad = lines[(counts[lines] < lo) | (counts[lines] > hi)]
     if len(bad):
@@ -542,12 +534,22 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
         quote = (f"{line!r}" if len(line) <= _QUOTED else
                  f"{line[:_QUOTED]!r} (its first {_QUOTED} of {len(line)} characters)")
         why = why if number != int(np.flatnonzero(counts)[0]) else ""
+        # a '\r' between two fields' characters ends a line an editor shows; not one beside
+        # a separator (a space in raw: '1::10\r::4' is a stray '\r' in a short line), nor
+        # a CRLF line's (stripped)
+        if "\r" in line and _JOINED.search(_line(raw, newlines, number)):
+            why += ("; it holds a '\\r' with no newline after it: a file whose lines end in "
+                    "'\\r' alone (classic Mac OS) reads as one line; convert them to '\\n'")
         raise ValueError(f"{path}, line {number + 1}: expected {want} fields, got "
                          f"{counts[number]}: {quote}{why}{_other_format(line, fmt)}")
     if len(lines) == 0:
-        raise ValueError(f"{path} holds no ratings (empty file)")
+        raise ValueError(f"{path} holds no ratings ({only})")
     ends = np.flatnonzero(~space & np.concatenate((space[1:], [True]))) + 1
     return _Tokens(raw, buf, starts, ends), first[lines], lines + 1, _underscored(buf, starts)
+
+
+#: a '\r' (or a run of them: blank lines) with no space on either side
+_JOINED = re.compile(r"\S\r+\S")
 
 
 def _other_format(line: str, read_as: Optional[str] = None) -> str:
@@ -587,7 +589,15 @@ def _line(raw: bytes, newlines: np.ndarray, number: int) -> str:
     """Line ``number`` (0-based) of ``raw``, whole, stripped (the caller cuts it to quote)."""
     begin = 0 if number == 0 else int(newlines[number - 1]) + 1
     end = int(newlines[number]) if number < len(newlines) else len(raw)
-    return raw[begin:end].decode("latin-1").strip()
+    return _text(raw[begin:end]).strip()
+
+
+def _line_at(raw: bytes, at: int) -> Tuple[int, bytes]:
+    """``(number, line)``: the 1-based number of the line of ``raw`` holding its byte
+    ``at``, and that line's bytes (no newline; what a refusal quotes of it)."""
+    end = raw.find(b"\n", at)
+    return (raw.count(b"\n", 0, at) + 1,
+            raw[raw.rfind(b"\n", 0, at) + 1:len(raw) if end < 0 else end])
 
 
 def _column(tokens: _Tokens, index: np.ndarray, dtype: Any, path: str,
@@ -611,7 +621,7 @@ def _column(tokens: _Tokens, index: np.ndarray, dtype: Any, path: str,
         # (an int id beyond int64 is kept exact by _big_ints: never the culprit here)
         if value is None or (convert is float and not np.isfinite(value)):
             raise ValueError(f"{path}, line {line[k]}: {what} must be {kind}, "
-                             f"got {token.decode('latin-1')!r}")
+                             f"got {_text(token)!r}")
     raise AssertionError("unreachable: conversion failed without a bad token")
 
 
@@ -625,7 +635,7 @@ def _refuse_underscores(tokens: _Tokens, index: np.ndarray,
     if len(bad):
         k = int(bad[0])
         raise ValueError(f"{path}, line {line[k]}: {rule}, got "
-                         f"{tokens[index[k]].decode('latin-1')!r} (no '_' in numbers)")
+                         f"{_text(tokens[index[k]])!r} (no '_' in numbers)")
 
 
 def _remap(ids: np.ndarray, mapping: Optional[Dict[Any, int]],
@@ -670,7 +680,7 @@ def _ids(tokens: _Tokens, index: np.ndarray, path: str, line: np.ndarray,
             return array.astype(np.int64) if len(index) else np.zeros(0, np.int64)
         except (ValueError, OverflowError):
             pass
-        big = _big_ints(tokens.pick_list(index, array))
+        big = _big_ints(array.tolist())
         if big is not None:  # 20-digit ids: exact Python ints (numpy cannot sort them mixed)
             return big
     if numeric and not as_str:
@@ -678,7 +688,7 @@ def _ids(tokens: _Tokens, index: np.ndarray, path: str, line: np.ndarray,
     # csv and text: ids are integers when they all are, else every id is the file's
     # UTF-8 string ("0013" and "13" two ids, "7" the string "7" beside "A7"), each
     # distinct token decoded once
-    picked = tokens.pick_list(index, array)
+    picked: List[bytes] = array.tolist()
     del array  # (the bytes array freed before the decoded strings are made: a lower peak)
     out = np.empty(len(picked), dtype=object)
     try:
@@ -838,7 +848,9 @@ def _check_missing(ids: np.ndarray, given: Any, name: str) -> None:
 # -- item titles -----------------------------------------------------------------------
 
 def _read_titles(path: Path, fmt: str) -> Dict[Any, str]:
-    """original item id -> title, from ``u.item``, ``movies.dat`` or ``movies.csv``."""
+    """original item id -> title, from ``u.item``, ``movies.dat`` or ``movies.csv`` (a zip
+    archive given as ``titles`` was read as text, its bytes quoted as an item id)."""
+    _refuse_binary_file(path, "titles", "item file")
     try:
         return _parse_titles(path, fmt)
     except UnicodeDecodeError as e:
@@ -898,7 +910,13 @@ def _side_text(path: Path) -> str:
     previous MovieLens data sets"), else latin-1, which decodes any bytes (MovieLens-100K's
     ``u.item`` and -1M's ``movies.dat``, whose ``é`` is the one byte 0xE9: no valid UTF-8).
     A byte order mark is left in, for :func:`_without_bom`."""
-    raw = path.read_bytes()
+    return _text(path.read_bytes())
+
+
+def _text(raw: bytes) -> str:
+    """``raw`` decoded as UTF-8 when it is valid UTF-8, else as latin-1 (which decodes any
+    bytes): an item or user file's text, and what a refusal quotes of a rating file (whose
+    string ids are UTF-8: a quote read as latin-1 alone showed ``'2Ã©0'`` for ``'2é0'``)."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -1050,7 +1068,7 @@ def _detect(path: Path) -> str:
     if commas:
         raise ValueError(
             f"path: cannot detect the format of {path}: its first line "
-            f"{line.decode('latin-1')[:200]!r} has {commas} comma-separated fields, and "
+            f"{_text(line)[:200]!r} has {commas} comma-separated fields, and "
             f"format 'csv' reads 3 or 4, user,item,rating[,timestamp] (MovieLens "
             f"ratings.csv: userId,movieId,rating,timestamp); "
             f"no format reads {commas} comma-separated fields: save the file "
@@ -1199,7 +1217,9 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
             pair rated more than once (the message gives its lines), ids or
             an item file that are not UTF-8, an item file listing an item
             twice (which title it has would be a guess), a compressed file
-            (gzip, bzip2, xz: decompress it first), map indices out of range.
+            (gzip, bzip2, xz: decompress it first; an item file given as
+            ``titles`` too), a NUL byte anywhere in the file (the message gives
+            its line past the first 4096 bytes), map indices out of range.
             A failed call leaves ``user_map`` and ``item_map`` unchanged.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` or
             ``unseen`` not a str, ``titles`` neither a bool nor a path, a map
@@ -1276,6 +1296,7 @@ def _read(path: Path, format: str, title_file: Optional[Path],
     sep, fields, header, _ = _FORMATS[format]
     raw = path.read_bytes()
     _refuse_binary(raw[:4096], path)
+    _refuse_nul(raw, path)
     if raw.startswith(_BOM):  # before the header check: the BOM is no part of the first line
         raw = raw[len(_BOM):]
     with _detected(auto, format, path):  # the lines, parsed in the format
@@ -1322,7 +1343,7 @@ def _read(path: Path, format: str, title_file: Optional[Path],
     if not np.isfinite(rating32).all():
         k = int(np.flatnonzero(~np.isfinite(rating32))[0])
         raise ValueError(f"{path}, line {line[k]}: the rating "
-                         f"{tokens[first[k] + 2].decode('latin-1')!r} overflows the rating "
+                         f"{_text(tokens[first[k] + 2])!r} overflows the rating "
                          f"dtype float32 (at most {_FLOAT32_MAX:.4g} in size)")
     keep = None
     if unseen == "drop" and (user_map is not None or item_map is not None):
@@ -1428,7 +1449,7 @@ def _check_separator(raw: bytes, sep: bytes, fmt: str, path: str, header: bool,
         if (line.strip() and line.count(sep) < lo - 1 and not (header and number == 1)
                 and lo <= len(line.replace(sep, b" ").split()) <= hi):
             raise _separator_error(path, number, fmt, sep,
-                                   line.decode("latin-1").strip()[:_QUOTED])
+                                   _text(line).strip()[:_QUOTED])
 
 
 def _separator_error(path: str, number: int, fmt: str, sep: bytes, line: str) -> ValueError:
@@ -1450,11 +1471,10 @@ def _refuse_edge_separator(raw: bytes, sep: bytes, path: str) -> None:
                          len(raw) - len(sep) if raw.endswith(sep) else -1) if p >= 0]
     if found:
         at = min(found)
-        line = raw[raw.rfind(b"\n", 0, at) + 1:].split(b"\n", 1)[0]
-        number = raw.count(b"\n", 0, at) + 1
+        number, line = _line_at(raw, at)
         raise ValueError(f"{path}, line {number}: a line starts or ends "
                          f"with the separator {sep.decode()!r} (an empty field), got "
-                         f"{line.decode('latin-1').rstrip(chr(13))[:200]!r}")
+                         f"{_text(line).rstrip(chr(13))[:200]!r}")
 
 
 def _refuse_quotes(raw: bytes, header: bool, path: str) -> None:
@@ -1475,7 +1495,7 @@ def _refuse_quotes(raw: bytes, header: bool, path: str) -> None:
         first = False
         if any(f.strip().startswith(b'"') for f in line.split(b",")):
             raise ValueError(f"{path}, line {number}: format 'csv' reads fields without "
-                             f"quotes, got {line.decode('latin-1').strip()[:_QUOTED]!r}; "
+                             f"quotes, got {_text(line).strip()[:_QUOTED]!r}; "
                              f"save the file without quoting (the quotes would be part of "
                              f"the ids)")
 
@@ -1612,18 +1632,41 @@ _USER_FILES = {"ml-100k": "u.user", "ml-1m": "users.dat"}
 _AGES = (1, 18, 25, 35, 45, 50, 56)
 
 
-def _refuse_binary(head: bytes, path: Path) -> None:
+def _refuse_binary(head: bytes, path: Path, name: str = "path",
+                   what: str = "rating file") -> None:
     """A compressed or binary file, read as text, failed on its first line with its bytes
-    quoted ("expected 4 fields, got 2: '\\x8b\\x08...'"): named here from its first bytes."""
+    quoted ("expected 4 fields, got 2: '\\x8b\\x08...'"): named here from its first bytes
+    (``name``: the argument that gave the file, a ``what``, which a zip's advice names)."""
     for magic, kind, fix in _ARCHIVES:
         if head.startswith(magic) and (magic != b"BZh" or head[4:10] == b"1AY&SY"):
             if magic == b"PK\x03\x04":
-                fix = _zip_fix(path, fix)
-            raise ValueError(f"path: {path} is {kind} (it starts with {magic!r}), not a text "
+                fix = (_zip_fix(path, fix) if what == "rating file" else
+                       f"extract it and give the {what} in it")
+            raise ValueError(f"{name}: {path} is {kind} (it starts with {magic!r}), not a text "
                              f"file; {fix}")
     if b"\x00" in head:
-        raise ValueError(f"path: {path} holds NUL bytes: a binary file or UTF-16 text, not "
+        raise ValueError(f"{name}: {path} holds NUL bytes: a binary file or UTF-16 text, not "
                          f"ASCII/UTF-8/latin-1 text; save it as UTF-8")
+
+
+def _refuse_binary_file(path: Path, name: str, what: str) -> None:
+    """:func:`_refuse_binary` of the file ``path``'s first bytes: an item or user file
+    (``what``), given as the argument ``name``, that is read whole as text after."""
+    with open(path, "rb") as head:
+        _refuse_binary(head.read(4096), path, name, what)
+
+
+def _refuse_nul(raw: bytes, path: Path) -> None:
+    """A NUL byte past the first 4096 bytes (:func:`_refuse_binary` reads those), named
+    with its line: numpy's bytes arrays drop a token's trailing NULs, so ``20\\0`` was read
+    as the item id 20 and ``3\\0`` as the rating 3, silently.  One search of the bytes."""
+    at = raw.find(b"\x00")
+    if at < 0:
+        return
+    number, line = _line_at(raw, at)
+    raise ValueError(f"path: {path}, line {number}: a NUL byte (\\x00), "
+                     f"which no text file holds, got {_text(line).strip()[:_QUOTED]!r}; "
+                     f"save the file as UTF-8 text")
 
 
 def _zip_fix(path: Path, fix: str) -> str:
@@ -1652,9 +1695,8 @@ _ARCHIVES = ((b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip)"),
              (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first (unxz)"))
 
 
-def _lines(path: Path, sep: str) -> List[Tuple[int, List[str]]]:
-    with open(path, "rb") as raw:
-        _refuse_binary(raw.read(4096), path)
+def _lines(path: Path, sep: str, what: str) -> List[Tuple[int, List[str]]]:
+    _refuse_binary_file(path, "path", what)
     lines = io.StringIO(_side_text(path), newline=None)
     return [(n, _without_bom(line, n).rstrip("\r\n").split(sep))
             for n, line in enumerate(lines, start=1) if line.strip()]
@@ -1757,8 +1799,9 @@ def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -
         genres are the sorted set of names in the file.
 
     Raises:
-        ValueError: a missing file, an unsupported format, a malformed line,
-            an item id on two lines.
+        ValueError: a missing file, an unsupported format, a compressed or
+            binary file (a zip, gzip, bzip2 or xz file, NUL bytes at its
+            start), a malformed line, an item id on two lines.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` not a
             str, ``item_map`` not a dict.
 
@@ -1780,7 +1823,7 @@ def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -
     table: Dict[Any, List[float]] = {}
     seen: Dict[Any, int] = {}  # id -> its line: an id listed twice is refused
     if format == "ml-100k":
-        for number, parts in _lines(path, "|"):
+        for number, parts in _lines(path, "|", "item file"):
             if len(parts) < 6:
                 raise ValueError(f"{path}, line {number}: expected 'id|title|...|19 genre "
                                  f"flags', got {len(parts)} fields")
@@ -1808,6 +1851,7 @@ def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -
         return _rows(item_map, table, width, path, "item_map")
     named: Dict[Any, List[str]] = {}
     if format == "csv":
+        _refuse_binary_file(path, "path", "item file")
         for number, row in _csv_item_rows(path):
             if row:
                 if len(row) < 3:
@@ -1816,7 +1860,7 @@ def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -
                 _once(seen, key, path, number, "item")
                 named[key] = row[2].split("|")
     else:
-        for number, parts in _lines(path, "::"):
+        for number, parts in _lines(path, "::", "item file"):
             if len(parts) < 3:
                 raise ValueError(f"{path}, line {number}: expected 'id::title::genres'")
             key = _int_id(parts[0], path, number)
@@ -1851,8 +1895,9 @@ def read_user_features(path: _PathLike, format: str, user_map: Dict[Any, int]) -
         the file get zeros.
 
     Raises:
-        ValueError: a missing file, an unsupported format, a malformed line,
-            a user id on two lines.
+        ValueError: a missing file, an unsupported format, a compressed or
+            binary file (a zip, gzip, bzip2 or xz file, NUL bytes at its
+            start), a malformed line, a user id on two lines.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` not a
             str, ``user_map`` not a dict.
 
@@ -1872,7 +1917,7 @@ def read_user_features(path: _PathLike, format: str, user_map: Dict[Any, int]) -
     sep, (g_at, a_at, o_at) = ("|", (2, 1, 3)) if format == "ml-100k" else ("::", (1, 2, 3))
     parsed = []
     seen: Dict[Any, int] = {}  # id -> its line: an id listed twice is refused
-    for number, parts in _lines(path, sep):
+    for number, parts in _lines(path, sep, "user file"):
         if len(parts) < 4:
             raise ValueError(f"{path}, line {number}: expected at least 4 '{sep}'-separated "
                              f"fields, got {len(parts)}")
