@@ -42,7 +42,8 @@ from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
 from ..data.matrix import _check_same_maps
-from ..data.readers import _plain, _check_ratings, _check_unique_pairs, _check_unique_pairs_apart
+from ..data.readers import (_path, _plain, _check_ratings, _check_unique_pairs,
+                            _check_unique_pairs_apart)
 from ..data.split import _concat, _draw, _torch_seed
 from .. import distributed as nd
 from .trainer import (Trainer, TrainResult, _check_grad_mode, _show_progress,
@@ -1250,7 +1251,8 @@ class RatingModel(nn.Module):
         links is overwritten in place from the whole temporary file, so that
         every link holds the new model, with its space reserved first and an
         interrupt held until the copy is done).  A read-only file is refused,
-        as ``open()`` and ``torch.save`` refuse it, not replaced.
+        as ``open()`` and ``torch.save`` refuse it, not replaced.  A ``~`` in ``path``
+        is the home directory, as in the rating readers.
 
         Raises:
             RuntimeError: the model is not fitted (or its last fit failed).
@@ -1282,6 +1284,8 @@ class RatingModel(nn.Module):
         """
         self._check_built()
         self._check_data()
+        if isinstance(path, (str, os.PathLike)):
+            path = _path(path)  # ~ expanded, as the rating readers expand it
         _path_to_write(path)
         self._check_registered()
         self._check_not_reparametrized()
@@ -1418,6 +1422,8 @@ class RatingModel(nn.Module):
     def load(cls, path: Any, device: Union[str, torch.device] = "cpu") -> "RatingModel":
         """A model saved by :meth:`save`, ready to predict (``weights_only`` loading).
 
+        A ``~`` in ``path`` is the home directory, as in the rating readers.
+
         Raises:
             FileNotFoundError: no file at ``path``.
             TypeError: ``path`` of the wrong kind (a text file object included).
@@ -1435,6 +1441,7 @@ class RatingModel(nn.Module):
             raise TypeError(f"path must be a str, an os.PathLike or a readable file object, "
                             f"got {type(path).__name__}")
         if isinstance(path, (str, os.PathLike)):
+            path = _path(path)  # ~ expanded, as the rating readers expand it
             if Path(path).is_dir():
                 raise ValueError(f"path must be a model file, got {path}, which is a directory")
             if not Path(path).exists():
