@@ -36,21 +36,18 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _baselines import biased_mf, dense_autorec  # noqa: E402
-
-from nnsparse.data import (FORMATS, Ratings, detect_format, mean_prediction,  # noqa: E402
+from nnsparse.data import (FORMATS, Ratings, detect_format, mean_prediction,
                            read_item_features, read_split, rmse, split_ratings)
-from nnsparse.data import synthetic_item_features, synthetic_ratings  # noqa: E402
-from nnsparse.data.readers import _path, _title_file  # noqa: E402
-from nnsparse.models import CFN, AutoRec, GLocalK, KernelNet  # noqa: E402
+from nnsparse.data import synthetic_item_features, synthetic_ratings
+from nnsparse.data.readers import _path, _title_file
+from nnsparse.models import CFN, AutoRec, GLocalK, KernelNet
+
+from _baselines import biased_mf, dense_autorec  # this script's folder, on sys.path
 
 ZOO = {"autorec": (AutoRec, False), "cfn": (CFN, False), "cfn++": (CFN, True),
        "sparsefc": (KernelNet, False), "glocalk": (GLocalK, False)}

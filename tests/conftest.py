@@ -2,6 +2,7 @@ import atexit
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -25,6 +26,22 @@ if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
     _HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="nnsparse-hypothesis-")
     atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, ignore_errors=True)
     set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+
+
+@pytest.fixture(autouse=True)
+def _sys_path_as_it_was():
+    """Every test leaves ``sys.path`` as it found it: an entry one test added made the next
+    import its modules, so a test passed in the suite and failed alone.  The benchmarks'
+    folder is on the path for the whole run (``pythonpath`` in setup.cfg's
+    ``[tool:pytest]``); a test that needs another uses ``monkeypatch.syspath_prepend``."""
+    before = list(sys.path)
+    yield
+    if sys.path != before:
+        added = [p for p in sys.path if p not in before]
+        removed = [p for p in before if p not in sys.path]
+        sys.path[:] = before
+        pytest.fail(f"sys.path must be left as it was, got {added} added and {removed} "
+                    f"removed (use monkeypatch.syspath_prepend, or setup.cfg's pythonpath)")
 
 
 @pytest.fixture
