@@ -230,8 +230,7 @@ def _rankable(train: Ratings, test: Ratings) -> Ratings:
     too (``read_split`` only warns of it; its RMSE measures a fitted rating) is left out,
     with a note: the ranking leaves each user's training items out, so it could never be
     a hit (``evaluate_ranking`` refuses it).  Empty: no ranking columns."""
-    width = max(train.n_items, test.n_items)  # (read_split's parts share their id maps)
-    shared = torch.isin(test.user * width + test.item, train.user * width + train.item)
+    shared = test.rated_in(train)  # (read_split's parts share their id maps)
     n = int(shared.sum())
     if n:
         print(f"ranking: {n} of the {len(test)} test ratings left out (their (user, item) "

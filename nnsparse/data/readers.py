@@ -300,6 +300,43 @@ class Ratings:
         return part
 
 
+    def rated_in(self, other: "Ratings") -> Tensor:
+        """A bool mask of these ratings whose (user, item) pair ``other`` rates too.
+
+        ``self.subset(~self.rated_in(other))`` keeps the test ratings a
+        ranking can score: one that the training ratings rate too is
+        left out of each user's candidates, so it could never be a hit
+        (:func:`read_split` warns of such pairs).
+
+        Args:
+            other (Ratings): indexing the ids of these ratings as they do
+                (extra ids may follow): the parts of one split, or of
+                :func:`read_split`, share their maps.
+
+        Returns:
+            bool ``(len(self),)``, on the ratings' device.
+
+        Raises:
+            TypeError: ``other`` is not a :class:`Ratings`.
+            ValueError: ``other`` indexes an id of these ratings otherwise.
+
+        Example::
+
+            >>> r = Ratings.from_triples([1, 1, 2, 2], [10, 20, 10, 20], [4., 3., 5., 1.])
+            >>> train, test = r.subset([0, 1, 2]), r.subset([3, 1])  # (maps shared)
+            >>> test.rated_in(train)  # train rates (user 1, item 20), not (2, 20)
+            tensor([False,  True])
+            >>> test.subset(~test.rated_in(train)).rating
+            tensor([1.])
+        """
+        if not isinstance(other, Ratings):
+            raise TypeError(f"other must be a Ratings, got {type(other).__name__}")
+        from .matrix import _check_same_maps  # (matrix imports this module)
+        _check_same_maps(other, self, "other", "this record")
+        width = max(self.n_items, other.n_items)
+        return torch.isin(self.user * width + self.item, other.user * width + other.item)
+
+
 def _refuse_uint8_index(index: Tensor, name: str, expected: str, fix: str) -> None:
     """Refuse a uint8 ``index``: torch indexing reads uint8 as a mask (a use it
     deprecates), so ``[1, 1, 1]`` would pick three entries, not one entry three times."""
