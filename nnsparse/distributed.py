@@ -271,7 +271,7 @@ def progress(iterable: Iterable[_T], disable: Optional[bool] = None,
                 _tqdm(iterable, disable=disable, **kwargs))
 
 
-def save(obj: Any, path: str) -> None:
+def save(obj: Any, path: Any) -> None:
     """``torch.save`` on rank 0, then every rank waits (so no reader sees half a file).
 
     Args:
