@@ -28,18 +28,30 @@ if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
     set_hypothesis_home_dir(_HYPOTHESIS_HOME)
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _ours(entry):
+    """Whether a ``sys.path`` entry is a folder of this repository (benchmarks/, examples/,
+    tests/ ...): a library may add its own once, at its first import (setuptools' vendored
+    packages, which torch.compile imports), and needs it kept."""
+    path = os.path.abspath(entry or os.curdir)
+    return os.path.commonpath([path, _ROOT]) == _ROOT
+
+
 @pytest.fixture(autouse=True)
 def _sys_path_as_it_was():
-    """Every test leaves ``sys.path`` as it found it: an entry one test added made the next
-    import its modules, so a test passed in the suite and failed alone.  The benchmarks'
-    folder is on the path for the whole run (``pythonpath`` in setup.cfg's
-    ``[tool:pytest]``); a test that needs another uses ``monkeypatch.syspath_prepend``."""
+    """Every test leaves ``sys.path`` as it found it, as far as this repository's folders go:
+    an entry one test added made the next import its modules, so a test passed in the suite
+    and failed alone.  The benchmarks' folder is on the path for the whole run
+    (``pythonpath`` in setup.cfg's ``[tool:pytest]``); a test that needs another uses
+    ``monkeypatch.syspath_prepend``."""
     before = list(sys.path)
     yield
-    if sys.path != before:
-        added = [p for p in sys.path if p not in before]
-        removed = [p for p in before if p not in sys.path]
-        sys.path[:] = before
+    added = [p for p in sys.path if p not in before and _ours(p)]
+    removed = [p for p in before if p not in sys.path and _ours(p)]
+    if added or removed:
+        sys.path[:] = [p for p in sys.path if p not in added] + removed
         pytest.fail(f"sys.path must be left as it was, got {added} added and {removed} "
                     f"removed (use monkeypatch.syspath_prepend, or setup.cfg's pythonpath)")
 
