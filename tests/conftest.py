@@ -4,6 +4,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections import Counter
 
 import pytest
 import torch
@@ -31,27 +32,31 @@ if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _ours(entry):
-    """Whether a ``sys.path`` entry is a folder of this repository (benchmarks/, examples/,
-    tests/ ...): a library may add its own once, at its first import (setuptools' vendored
-    packages, which torch.compile imports), and needs it kept."""
-    path = os.path.abspath(entry or os.curdir)
-    return os.path.commonpath([path, _ROOT]) == _ROOT
+def _ours(paths):
+    """The entries of ``paths`` that are folders of this repository (benchmarks/, examples/,
+    tests/ ...), in order, repeats kept: a library may add its own folder once, at its first
+    import (setuptools' vendored packages, which torch.compile imports), and needs it kept."""
+    return [p for p in paths
+            if os.path.commonpath([os.path.abspath(p or os.curdir), _ROOT]) == _ROOT]
 
 
 @pytest.fixture(autouse=True)
 def _sys_path_as_it_was():
-    """Every test leaves ``sys.path`` as it found it, as far as this repository's folders go:
-    an entry one test added made the next import its modules, so a test passed in the suite
+    """Every test leaves this repository's folders on ``sys.path`` as it found them: an
+    entry one test added made the next import its modules, so a test passed in the suite
     and failed alone.  The benchmarks' folder is on the path for the whole run
     (``pythonpath`` in setup.cfg's ``[tool:pytest]``); a test that needs another uses
-    ``monkeypatch.syspath_prepend``."""
+    ``monkeypatch.syspath_prepend``.  Repeats count: the benchmarks' folder inserted again,
+    as 12 tests did, is one added.  (A list comparison per test; the folders are looked at
+    only when ``sys.path`` changed.)"""
     before = list(sys.path)
     yield
-    added = [p for p in sys.path if p not in before and _ours(p)]
-    removed = [p for p in before if p not in sys.path and _ours(p)]
+    if sys.path == before:
+        return
+    was, got = Counter(_ours(before)), Counter(_ours(sys.path))
+    added, removed = list((got - was).elements()), list((was - got).elements())
     if added or removed:
-        sys.path[:] = [p for p in sys.path if p not in added] + removed
+        sys.path[:] = before + [p for p in sys.path if p not in before and p not in added]
         pytest.fail(f"sys.path must be left as it was, got {added} added and {removed} "
                     f"removed (use monkeypatch.syspath_prepend, or setup.cfg's pythonpath)")
 
