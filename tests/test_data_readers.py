@@ -560,9 +560,26 @@ def test_rated_in_marks_the_pairs_the_other_record_rates(tmp_path):
     assert empty.rated_in(whole).dtype == torch.bool and len(empty.rated_in(whole)) == 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="mixed devices need a CUDA device")
+def test_rated_in_keeps_the_device_and_refuses_another():
+    """The mask is on the ratings' device; ``other`` on another device is refused, naming
+    both (torch.isin's error named neither argument)."""
+    from nnsparse.data import split_ratings, synthetic_ratings
+    train, test = split_ratings(synthetic_ratings(0, 30, 20, 250), 0.3, seed=0)
+    on = lambda r: Ratings(r.user.cuda(), r.item.cuda(), r.rating.cuda(), r.user_map,
+                           r.item_map)
+    mask = on(train).rated_in(on(test))
+    assert mask.device.type == "cuda" and torch.equal(mask.cpu(), train.rated_in(test))
+    with pytest.raises(ValueError, match=r"^other must be on this record's device cuda:0, "
+                                         r"got cpu$"):
+        on(train).rated_in(test)
+
+
 @pytest.mark.parametrize("other, error, match", [
-    (None, TypeError, r"^other must be a Ratings, got NoneType$"),
-    ("ratings", TypeError, r"^other must be a Ratings, got str$"),
+    (None, TypeError, r"^other must be a Ratings record \(from read_ratings or "
+     r"Ratings.from_triples\), got NoneType$"),
+    ("ratings", TypeError, r"^other must be a Ratings record \(from read_ratings or "
+     r"Ratings.from_triples\), got str$"),
     (Ratings.from_triples([1, 2], [7, 9], [4.0, 3.0]), ValueError,
      r"^other must index users as in this record \(user 2 is user 0 there, 1 here\); read "
      r"both with read_split or split them from one Ratings$"),

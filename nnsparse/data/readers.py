@@ -299,7 +299,6 @@ class Ratings:
             part._mark_unique()  # a mask keeps each entry at most once (indices may repeat)
         return part
 
-
     def rated_in(self, other: "Ratings") -> Tensor:
         """A bool mask of these ratings whose (user, item) pair ``other`` rates too.
 
@@ -318,7 +317,8 @@ class Ratings:
 
         Raises:
             TypeError: ``other`` is not a :class:`Ratings`.
-            ValueError: ``other`` indexes an id of these ratings otherwise.
+            ValueError: ``other`` indexes an id of these ratings otherwise, or is on
+                another device.
 
         Example::
 
@@ -329,12 +329,14 @@ class Ratings:
             >>> test.subset(~test.rated_in(train)).rating
             tensor([1.])
         """
-        if not isinstance(other, Ratings):
-            raise TypeError(f"other must be a Ratings, got {type(other).__name__}")
+        _check_ratings(other, "other")
         from .matrix import _check_same_maps  # (matrix imports this module)
         _check_same_maps(other, self, "other", "this record")
-        width = max(self.n_items, other.n_items)
-        return torch.isin(self.user * width + self.item, other.user * width + other.item)
+        if other.user.device != self.user.device:
+            raise ValueError(f"other must be on this record's device {self.user.device}, got "
+                             f"{other.user.device}")
+        (ours, theirs), _ = _pair_keys(self, other)
+        return torch.isin(ours, theirs)
 
 
 def _refuse_uint8_index(index: Tensor, name: str, expected: str, fix: str) -> None:
@@ -400,11 +402,17 @@ def _check_unique_pairs(name: str, *parts: Ratings) -> None:
         part._mark_unique()
 
 
-def _sorted_pair_keys(*parts: Ratings) -> Tuple[Tensor, int]:
-    """``(keys, width)``: the sorted ``user * width + item`` keys of the ratings of
-    ``parts`` together (one pair of id maps), ``width`` the items of the largest map."""
+def _pair_keys(*parts: Ratings) -> Tuple[List[Tensor], int]:
+    """``(keys, width)``: the ``user * width + item`` key of each rating, a tensor per part
+    of ``parts`` (one pair of id maps), ``width`` the items of the largest map."""
     width = max(p.n_items for p in parts)
-    keys = [p.user * width + p.item for p in parts]
+    return [p.user * width + p.item for p in parts], width
+
+
+def _sorted_pair_keys(*parts: Ratings) -> Tuple[Tensor, int]:
+    """``(keys, width)``: the sorted :func:`_pair_keys` of the ratings of ``parts``
+    together."""
+    keys, width = _pair_keys(*parts)
     return torch.sort(keys[0] if len(keys) == 1 else torch.cat(keys))[0], width
 
 
