@@ -44,8 +44,8 @@ import sys
 import types
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import (Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Protocol, Sequence,
-                    Tuple, Type, TypeVar, Union, cast, overload)
+from typing import (Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Protocol,
+                    Sequence, Tuple, Type, TypeVar, Union, cast, overload)
 
 import numpy as np
 import torch
