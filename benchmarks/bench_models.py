@@ -36,22 +36,19 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _baselines import biased_mf, dense_autorec  # noqa: E402
-
-from nnsparse.data import (FORMATS, Ratings, detect_format, mean_prediction,  # noqa: E402
+from nnsparse.data import (FORMATS, Ratings, detect_format, mean_prediction,
                            read_item_features, read_split, rmse, split_ratings)
-from nnsparse.data import synthetic_item_features, synthetic_ratings  # noqa: E402
-from nnsparse.data.ranking import _figures  # noqa: E402
-from nnsparse.data.readers import _path, _title_file  # noqa: E402
-from nnsparse.models import CFN, AutoRec, GLocalK, KernelNet  # noqa: E402
+from nnsparse.data import synthetic_item_features, synthetic_ratings
+from nnsparse.data.ranking import _figures
+from nnsparse.data.readers import _path, _title_file
+from nnsparse.models import CFN, AutoRec, GLocalK, KernelNet
+
+from _baselines import biased_mf, dense_autorec  # this script's folder, on sys.path
 
 ZOO = {"autorec": (AutoRec, False), "cfn": (CFN, False), "cfn++": (CFN, True),
        "sparsefc": (KernelNet, False), "glocalk": (GLocalK, False)}
@@ -228,8 +225,7 @@ def _rankable(train: Ratings, test: Ratings) -> Ratings:
     too (``read_split`` only warns of it; its RMSE measures a fitted rating) is left out,
     with a note: the ranking leaves each user's training items out, so it could never be
     a hit (``evaluate_ranking`` refuses it).  Empty: no ranking columns."""
-    width = max(train.n_items, test.n_items)  # (read_split's parts share their id maps)
-    shared = torch.isin(test.user * width + test.item, train.user * width + train.item)
+    shared = test.rated_in(train)  # (read_split's parts share their id maps)
     n = int(shared.sum())
     if n:
         print(f"ranking: {n} of the {len(test)} test ratings left out (their (user, item) "

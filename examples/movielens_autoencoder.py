@@ -435,8 +435,7 @@ def ranked_part(args: argparse.Namespace, train: Ratings,
     only, with the note, and the ranking is skipped when nothing rankable is left."""
     if not args.train:  # (a random split shares no pair)
         return test, None
-    width = test.n_items  # (read_split's parts share their id maps)
-    shared = torch.isin(test.user * width + test.item, train.user * width + train.item)
+    shared = test.rated_in(train)  # (read_split's parts share their id maps)
     n = int(shared.sum())
     if n == 0:
         return test, None

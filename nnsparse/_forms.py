@@ -44,8 +44,8 @@ import sys
 import types
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence,
-                    Tuple, Type, TypeVar, Union, cast, overload)
+from typing import (Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Protocol,
+                    Sequence, Tuple, Type, TypeVar, Union, cast, overload)
 
 import numpy as np
 import torch
@@ -63,7 +63,7 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
            "no_rows", "empty_batch", "EMPTY_ROWS_TENSOR", "EMPTY_ROWS_WAY_ROUND",
            "int_of_0d", "int_kind", "is_int", "lua_pairs_hint", "check_coo_indices",
            "scipy_sparse_hint", "compile_boundary", "sparse_output_boundary",
-           "EXACT_INDEX", "exact_index"]
+           "EXACT_INDEX", "exact_index", "NO_INDEX", "no_index_error"]
 
 #: Any sparse form nnsparse accepts: a torch sparse COO/CSR tensor, a ``(k, 2)``
 #: pair tensor, or a list of sparse vectors or pair tensors (one per row).
@@ -108,6 +108,8 @@ def _pair_index(column: Tensor, name: str) -> Tensor:
     """The int64 index column of a pair tensor, checked to hold whole numbers."""
     if column.dtype == torch.bool or column.is_complex():
         raise TypeError(f"{name} indices must be real numbers, got dtype {column.dtype}")
+    if column.dtype in NO_INDEX:
+        raise no_index_error(column.dtype, f"{name} indices", "build the pairs as float64 or int64")
     if column.is_floating_point():
         column = column.detach()
         finite = torch.isfinite(column)
@@ -389,6 +391,11 @@ class SparseBatch:
         return list(pairs.split(counts))  # type: ignore[no-untyped-call]
 
 
+#: :func:`_as_pairs`'s words for a dtype of :data:`NO_INDEX` (to_pairs' too).
+_PAIRS_OF_X = "x's indices (cast to the values' dtype)"
+_CONVERT_X = "convert the values to float64 or int64"
+
+
 def _as_pairs(batch: SparseBatch) -> Tensor:
     """The ``(nnz, 2)`` pair tensor of a batch, indices cast to the values' dtype.
 
@@ -396,6 +403,8 @@ def _as_pairs(batch: SparseBatch) -> Tensor:
     (int8 cannot hold 200; float16 holds integers exactly up to 2048; bool none).
     """
     dtype = batch.dtype
+    if dtype in NO_INDEX:  # whatever the entries: no index of this dtype is stored
+        raise no_index_error(dtype, _PAIRS_OF_X, _CONVERT_X)
     if batch.nnz and batch.width > 0:
         top = batch.width - 1  # the largest index the batch may hold
         if dtype == torch.bool:
@@ -1092,19 +1101,44 @@ def _exact_index_limit(dtype: torch.dtype) -> Optional[float]:
     return None
 
 
-#: The largest index a floating dtype holds exactly, with every smaller whole number (an
-#: index stored as a pair tensor's or an appended row's value): float64 2 ** 53, float32
-#: 2 ** 24, float16 2048, float8 16 (8 for the e5m2 kinds); made once, at import.
+def _holds_zero(dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` holds 0 (float8_e8m0fnu, exponent-only, holds powers of two only:
+    0 becomes 2 ** -127); True for a dtype torch cannot convert to (left to its own check)."""
+    try:
+        return float(torch.zeros((), dtype=torch.float64).to(dtype).double()) == 0.0
+    except (RuntimeError, TypeError, NotImplementedError):
+        return True
+
+
+_FLOAT_DTYPES = {d for d in vars(torch).values()
+                 if isinstance(d, torch.dtype) and d.is_floating_point}
+#: The floating dtypes that cannot hold the index 0 (float8_e8m0fnu): refused for indices,
+#: whatever their values (:func:`exact_index`, a pair tensor's index column).
+NO_INDEX: FrozenSet[torch.dtype] = frozenset(d for d in _FLOAT_DTYPES if not _holds_zero(d))
+#: The largest index a floating dtype holds exactly, with every smaller whole number down to
+#: 0 (an index stored as a pair tensor's or an appended row's value): float64 2 ** 53,
+#: float32 2 ** 24, float16 2048, float8 16 (8 for the e5m2 kinds); none for the
+#: :data:`NO_INDEX` dtypes; made once, at import.
 EXACT_INDEX: Dict[torch.dtype, float] = {
-    dtype: limit for dtype in {d for d in vars(torch).values()
-                               if isinstance(d, torch.dtype) and d.is_floating_point}
+    dtype: limit for dtype in _FLOAT_DTYPES - NO_INDEX
     if (limit := _exact_index_limit(dtype)) is not None}
 
 
-def exact_index(dtype: torch.dtype) -> float:
+def no_index_error(dtype: torch.dtype, what: str, fix: str, them: str = "them") -> TypeError:
+    """The refusal of a :data:`NO_INDEX` ``dtype`` for ``what`` (indices): "``what`` must be
+    stored in a dtype that holds 0 and every whole number up to ``them``, got ...; ``fix``"."""
+    return TypeError(f"{what} must be stored in a dtype that holds 0 and every whole number "
+                     f"up to {them}, got {dtype}, which cannot hold 0; {fix}")
+
+
+def exact_index(dtype: torch.dtype, what: str = "indices",
+                fix: str = "store them as float64 or int64") -> float:
     """:data:`EXACT_INDEX` of a floating ``dtype``, or of a complex one's real part
-    (``2 / eps`` for a dtype torch cannot convert to)."""
+    (``2 / eps`` for a dtype torch cannot convert to); a :data:`NO_INDEX` dtype is
+    :func:`no_index_error`'s ``TypeError`` naming ``what``, with ``fix``."""
     real = dtype.to_real() if dtype.is_complex else dtype
+    if real in NO_INDEX:
+        raise no_index_error(real, what, fix)
     limit = EXACT_INDEX.get(real)
     return 2.0 / torch.finfo(real).eps if limit is None else limit
 

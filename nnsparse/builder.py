@@ -14,8 +14,9 @@ from torch import Tensor
 
 from .convert import _size_from_tensor
 from ._lua import LuaName
-from ._forms import (_INT64_MAX, EXACT_INDEX, SparseBatch, _sparse_coo, as_device, as_int,
-                     as_sparse_batch, dtype_got, exact_index, is_real, real_float,
+from ._forms import (_INT64_MAX, EXACT_INDEX, NO_INDEX, SparseBatch, _sparse_coo, as_device,
+                     as_int, as_sparse_batch, dtype_got, exact_index, is_real, no_index_error,
+                     real_float,
                      check_index_range, check_numel, int64_message, int_kind,
                      KERNEL_DTYPES,
                      refuse_meta_device)
@@ -340,6 +341,9 @@ class DynamicSparseTensor:
             exact = EXACT_INDEX.get(row.dtype)  # (torch.finfo and a call per row: 0.36 us)
             if exact is not None and items and (self._ndim > 1 or abs(items[0]) > exact):
                 _check_exact_indices(items[:-1], row.dtype)
+            elif exact is None and row.dtype in NO_INDEX:  # (float8_e8m0fnu: 0 read 2**-127)
+                raise no_index_error(row.dtype, "the index of an [index, value] row",
+                                     "build the row as float64 or int64", "it")
         elif isinstance(row, (tuple, list)):
             items = row
         else:

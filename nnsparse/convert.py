@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._forms import (EMPTY_ROWS_TENSOR, SparseBatch, SparseLike, _a, _as_pairs, _sparse_coo,
-                     _sparse_csr, as_count, as_int, is_int,
+from ._forms import (EMPTY_ROWS_TENSOR, SparseBatch, SparseLike, _CONVERT_X, _PAIRS_OF_X, _a,
+                     _as_pairs, _sparse_coo, _sparse_csr, as_count, as_int, is_int,
                      as_sparse_batch, check_kernel_dtype, holds_exactly, refuse_meta,
                      check_int64, check_numel, exact_index, int64_message, resolve_size,
                      scipy_sparse_hint, trust, compile_boundary, sparse_output_boundary)
@@ -310,9 +310,9 @@ def to_pairs(x: SparseLike) -> Union[Tensor, List[Tensor]]:
                 [3., 5.]])
     """
     batch = as_sparse_batch(x, name="x")
-    if batch.dtype.is_floating_point and batch.nnz:
-        exact = int(exact_index(batch.dtype))
-        if batch.width > exact:
+    if batch.dtype.is_floating_point:
+        exact = int(exact_index(batch.dtype, _PAIRS_OF_X, _CONVERT_X))  # (float8_e8m0fnu: none)
+        if batch.nnz and batch.width > exact:
             raise ValueError(f"x has width {batch.width}, beyond {exact}: its indices cannot be "
                              f"stored exactly as {batch.dtype}; convert the values to float64")
     # the pairs of x's dense equivalent, as ssort / stopk / values_map read x: the repeated

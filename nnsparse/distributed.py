@@ -44,6 +44,7 @@ from tqdm import tqdm as _tqdm
 from ._forms import as_count, as_flag, check_file_object
 from ._load import check_state_dict
 from ._optim_split import sparse_grad_parameters
+from .data.readers import _path
 from .data.split import _torch_seed
 
 __all__ = ["init_from_env", "is_distributed", "rank", "world_size", "is_main", "main_print",
@@ -270,12 +271,13 @@ def progress(iterable: Iterable[_T], disable: Optional[bool] = None,
                 _tqdm(iterable, disable=disable, **kwargs))
 
 
-def save(obj: Any, path: str) -> None:
+def save(obj: Any, path: Any) -> None:
     """``torch.save`` on rank 0, then every rank waits (so no reader sees half a file).
 
     Args:
         obj: what ``torch.save`` takes (a ``state_dict``, a module...).
-        path (str, os.PathLike or binary file object): where to write it.
+        path (str, os.PathLike or binary file object): where to write it (``~``
+            expanded, as the rating readers expand it).
 
     Raises:
         TypeError: ``path`` is not a path or a binary file object.
@@ -297,6 +299,7 @@ def save(obj: Any, path: str) -> None:
     if isinstance(path, (str, os.PathLike)):
         if not os.fspath(path):
             raise ValueError("path must name a file to write, got ''")
+        path = _path(path)
         if os.path.isdir(path):
             raise ValueError(f"path must be a file to write, got {path}, which is a directory")
         parent = os.path.dirname(os.path.abspath(path))

@@ -2,7 +2,9 @@ import atexit
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
+from collections import Counter
 
 import pytest
 import torch
@@ -25,6 +27,38 @@ if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
     _HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="nnsparse-hypothesis-")
     atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, ignore_errors=True)
     set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _ours(paths):
+    """The entries of ``paths`` that are folders of this repository (benchmarks/, examples/,
+    tests/ ...), in order, repeats kept: a library may add its own folder once, at its first
+    import (setuptools' vendored packages, which torch.compile imports), and needs it kept."""
+    return [p for p in paths
+            if os.path.commonpath([os.path.abspath(p or os.curdir), _ROOT]) == _ROOT]
+
+
+@pytest.fixture(autouse=True)
+def _sys_path_as_it_was():
+    """Every test leaves this repository's folders on ``sys.path`` as it found them: an
+    entry one test added made the next import its modules, so a test passed in the suite
+    and failed alone.  The benchmarks' folder is on the path for the whole run
+    (``pythonpath`` in setup.cfg's ``[tool:pytest]``); a test that needs another uses
+    ``monkeypatch.syspath_prepend``.  Repeats count: the benchmarks' folder inserted again,
+    as 12 tests did, is one added.  (A list comparison per test; the folders are looked at
+    only when ``sys.path`` changed.)"""
+    before = list(sys.path)
+    yield
+    if sys.path == before:
+        return
+    was, got = Counter(_ours(before)), Counter(_ours(sys.path))
+    added, removed = list((got - was).elements()), list((was - got).elements())
+    if added or removed:
+        sys.path[:] = before + [p for p in sys.path if p not in before and p not in added]
+        pytest.fail(f"sys.path must be left as it was, got {added} added and {removed} "
+                    f"removed (use monkeypatch.syspath_prepend, or setup.cfg's pythonpath)")
 
 
 @pytest.fixture

@@ -2504,6 +2504,30 @@ PROBE7 = [
                torch.tensor([float("inf")] * ndim + [1.0], dtype=dtype))), ValueError,
            r"^the index of an \[index, value\] row must be a whole number, got inf$")
       for dtype in (torch.float32, torch.float64) for ndim in (1, 2)),
+    # float8_e8m0fnu (exponent-only: powers of two only) holds no 0, so no index: refused
+    # for indices by kind, whatever their values (its table entry said "exact up to 2";
+    # to_pairs stored index 0 as 2**-127, an appended row's 3 became 4)
+    *(Case(f"DynamicSparseTensor.append-float8_e8m0fnu-row-{'-'.join(f'{v:g}' for v in row)}",
+           (lambda row=row: nnsparse.DynamicSparseTensor(ndim=len(row) - 1).append(
+               torch.tensor(row).to(torch.float8_e8m0fnu))), TypeError,
+           r"^the index of an \[index, value\] row must be stored in a dtype that holds 0 and "
+           r"every whole number up to it, got torch.float8_e8m0fnu, which cannot hold 0; "
+           r"build the row as float64 or int64$")
+      for row in ([0.0, 1.0], [1.0, 2.0], [3.0, 1.0], [1.0, 2.0, 4.0])),
+    *(Case(f"to_pairs-float8_e8m0fnu-{nnz}", (lambda x=x: nnsparse.to_pairs(x)), TypeError,
+           r"^x's indices \(cast to the values' dtype\) must be stored in a dtype that holds 0 "
+           r"and every whole number up to them, got torch.float8_e8m0fnu, which cannot hold "
+           r"0; convert the values to float64 or int64$")
+      for nnz, x in [("entries", torch.tensor([[0., 2.], [1., 0.]]).to_sparse().to(
+                          torch.float8_e8m0fnu)),
+                     ("no-entries", torch.zeros(2, 3).to_sparse().to(torch.float8_e8m0fnu))]),
+    Case("from_pairs-float8_e8m0fnu", lambda: nnsparse.from_pairs(
+        torch.tensor([[1., 2.]]).to(torch.float8_e8m0fnu)), TypeError,
+         r"^pairs indices must be stored in a dtype that holds 0 and every whole number up to "
+         r"them, got torch.float8_e8m0fnu, which cannot hold 0; build the pairs as float64 or "
+         r"int64$"),
+    Case("EXACT_INDEX-has-no-float8_e8m0fnu", lambda: torch.float8_e8m0fnu in
+         nnsparse._forms.EXACT_INDEX, None, check=lambda inside: not inside),
     # LazyAdam: a parameter named twice was updated twice a step (torch only warns)
     Case("LazyAdam-parameter-twice", lambda: (lambda p: LazyAdam([p, p]))(
         nn.Parameter(torch.zeros(2))), ValueError,

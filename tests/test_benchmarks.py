@@ -58,7 +58,6 @@ def test_bench_optimisers_runs():
 def test_bench_lbfgs_lowers_the_models_objective():
     """Full-batch L-BFGS on KernelNet.batch_loss: each checkpoint's objective is lower than
     the last, and the test RMSE is a real score."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_lbfgs
     from nnsparse.data import split_ratings, synthetic_ratings
     from nnsparse.models import KernelNet
@@ -78,7 +77,6 @@ def test_bench_lbfgs_lowers_the_models_objective():
 def test_bench_lbfgs_unreadable_files_are_a_usage_error(tmp_path, capsys, first_line, message):
     """A file --format auto cannot detect, or no file, is argparse's error (exit 2) naming
     the flags, not a traceback."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_lbfgs
     train = tmp_path / "train.csv"
     if first_line is not None:
@@ -93,7 +91,6 @@ def test_bench_lbfgs_unreadable_files_are_a_usage_error(tmp_path, capsys, first_
 def test_bench_lbfgs_reports_the_objective_after_each_round():
     """The objective printed for round r is the one its iterations reached, not the one
     the round started from (torch's LBFGS.step returns the loss of its first evaluation)."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_lbfgs
     from nnsparse.data import split_ratings, synthetic_ratings
     from nnsparse.models import KernelNet
@@ -115,7 +112,6 @@ def test_bench_lbfgs_scipy_lowers_the_same_objective():
     """--scipy: each round is one call of scipy's L-BFGS-B (the papers' optimiser) on the
     same objective; it falls round after round, and the weights it leaves are the model's."""
     pytest.importorskip("scipy")
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_lbfgs
     from nnsparse.data import split_ratings, synthetic_ratings
     from nnsparse.models import KernelNet
@@ -138,7 +134,6 @@ def test_bench_lbfgs_scipy_lowers_the_same_objective():
 def test_bench_lbfgs_defaults_to_the_models_penalties(capsys):
     """Without --l2 / --l2-kernel the L-BFGS run has KernelNet's default ("auto")
     penalties, as the Adam training it is compared with; given, they are used."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_lbfgs
     from nnsparse.data import split_ratings, synthetic_ratings
     train, _ = split_ratings(synthetic_ratings(0, 200, 300, 8_000), 0.2, seed=0)  # --quick's
@@ -235,7 +230,6 @@ def test_bench_models_ranking_columns_of_the_baselines_by_hand(tmp_path, capsys,
     candidate less the user's training items, score descending with ties to the smaller
     item index, precision hits / k, recall hits / relevant, NDCG over min(k, relevant)
     ideal places; the columns printed after RMSE and seconds, 4 decimals."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_models
     (tmp_path / "r.base").write_text(_RANK_TRAIN)
     (tmp_path / "r.test").write_text(_RANK_TEST)
@@ -263,7 +257,6 @@ def test_bench_models_ranking_columns_of_the_baselines_by_hand(tmp_path, capsys,
 def _autorec_on(tmp_path, test_text: str, *flags: str):
     """bench_models' rows for AutoRec (--quick, k 2) trained on _RANK_TRAIN, tested on
     ``test_text``."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_models
     (tmp_path / "r.base").write_text(_RANK_TRAIN)
     (tmp_path / "r.test").write_text(test_text)
@@ -312,7 +305,6 @@ def test_bench_models_threshold_above_every_test_rating_drops_its_columns(tmp_pa
     (["--rank-threshold", "nan"], "--rank-threshold must be finite, got nan"),
 ])
 def test_bench_models_ranking_arguments_are_checked(capsys, argv, expected):
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_models
     with pytest.raises(SystemExit) as raised:
         bench_models.main(argv + ["--models"])
@@ -325,7 +317,6 @@ def test_bench_format_auto_is_the_default_and_reads_as_the_explicit_format(tmp_p
     """--format defaults to auto: on ML-100K files (u1.base/u1.test, and u.item for CFN++'s
     genres, which bench_models reads in the detected format) the rows are those of
     --format ml-100k."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_lbfgs
     import bench_models
     train, test = _ml100k_files(tmp_path)
@@ -363,7 +354,6 @@ def test_bench_models_format_auto_undetectable_is_an_argparse_error(tmp_path, ca
     """A training file whose format cannot be detected: an argparse error naming --train and
     the reason, before anything is read or trained; no advice to give --format, which reads
     none of these files either (the error said "give --format, one of ml-100k, ...")."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_models
     train, test = tmp_path / "r.base", tmp_path / "r.test"
     if content is not None:
@@ -381,7 +371,6 @@ def test_ml100k_from_recbole_rebuilds_the_canonical_folds(tmp_path):
     generated ratings: two folds), and the u.item genre flags the readers take."""
     import zipfile
     import numpy as np
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import ml100k_from_recbole as conv
     from nnsparse.data import read_item_features, read_split
     rng = np.random.default_rng(0)
@@ -430,7 +419,6 @@ def test_bench_models_takes_home_relative_files(tmp_path, monkeypatch, capsys):
     """--train=~/... (a shell leaves it as it is): the readers take '~' as the home
     directory, and so does the u.item lookup of CFN++'s genres (it said 'cfn++ needs the
     item genres of --format ml-100k next to ~/ml-100k/u1.base; none found')."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_models
     (tmp_path / "ml-100k").mkdir()
     _ml100k_files(tmp_path / "ml-100k")

@@ -527,6 +527,71 @@ def test_subset_takes_numpy_indices_with_negative_strides(make, expected):
     assert r.subset(make(np)).rating.tolist() == expected
 
 
+def _pairs_reference(ratings, other):
+    """rated_in's dense reference: each rating's (user id, item id) pair looked up among
+    ``other``'s pairs of ids."""
+    theirs = set(zip((other.user_ids()[u] for u in other.user.tolist()),
+                     (other.item_ids()[i] for i in other.item.tolist())))
+    return [(ratings.user_ids()[u], ratings.item_ids()[i]) in theirs
+            for u, i in zip(ratings.user.tolist(), ratings.item.tolist())]
+
+
+def test_rated_in_marks_the_pairs_the_other_record_rates(tmp_path):
+    """The test pairs that training rates too (the example and bench_models left them out of
+    the ranking, each writing the mask): against a set of id pairs, for read_split's parts
+    (the test file adds an item: keys over the wider map), a split, and empty records."""
+    from nnsparse.data import split_ratings, synthetic_ratings
+    train_file, test_file = tmp_path / "u1.base", tmp_path / "u1.test"
+    train_file.write_text("1\t10\t4\t0\n1\t20\t3\t0\n2\t10\t5\t0\n")
+    test_file.write_text("1\t20\t2\t0\n2\t20\t1\t0\n2\t30\t4\t0\n1\t10\t1\t0\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (read_split warns of the shared pairs)
+        train, test = read_split(train_file, test_file, "ml-100k")
+    assert test.rated_in(train).tolist() == [True, False, False, True]
+    assert train.rated_in(test).tolist() == [True, True, False]
+    assert test.rated_in(train).tolist() == _pairs_reference(test, train)
+    whole = synthetic_ratings(0, 30, 20, 250)
+    part, rest = split_ratings(whole, 0.3, seed=0)
+    assert not rest.rated_in(part).any() and part.rated_in(whole).all()
+    assert rest.rated_in(whole).tolist() == _pairs_reference(rest, whole)
+    assert whole.rated_in(part).tolist() == _pairs_reference(whole, part)
+    empty = whole.subset([])
+    assert whole.rated_in(empty).tolist() == [False] * len(whole)
+    assert empty.rated_in(whole).dtype == torch.bool and len(empty.rated_in(whole)) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="mixed devices need a CUDA device")
+def test_rated_in_keeps_the_device_and_refuses_another():
+    """The mask is on the ratings' device; ``other`` on another device is refused, naming
+    both (torch.isin's error named neither argument)."""
+    from nnsparse.data import split_ratings, synthetic_ratings
+    train, test = split_ratings(synthetic_ratings(0, 30, 20, 250), 0.3, seed=0)
+    on = lambda r: Ratings(r.user.cuda(), r.item.cuda(), r.rating.cuda(), r.user_map,
+                           r.item_map)
+    mask = on(train).rated_in(on(test))
+    assert mask.device.type == "cuda" and torch.equal(mask.cpu(), train.rated_in(test))
+    with pytest.raises(ValueError, match=r"^other must be on this record's device cuda:0, "
+                                         r"got cpu$"):
+        on(train).rated_in(test)
+
+
+@pytest.mark.parametrize("other, error, match", [
+    (None, TypeError, r"^other must be a Ratings record \(from read_ratings or "
+     r"Ratings.from_triples\), got NoneType$"),
+    ("ratings", TypeError, r"^other must be a Ratings record \(from read_ratings or "
+     r"Ratings.from_triples\), got str$"),
+    (Ratings.from_triples([1, 2], [7, 9], [4.0, 3.0]), ValueError,
+     r"^other must index users as in this record \(user 2 is user 0 there, 1 here\); read "
+     r"both with read_split or split them from one Ratings$"),
+])
+def test_rated_in_refuses_another_kind_or_other_ids(other, error, match):
+    r = Ratings.from_triples([1, 2], [7, 9], [4.0, 3.0]).subset([1])
+    r.user_map, r.user = {2: 0}, torch.tensor([0])  # user 2 at index 0: 1 in other
+    r = Ratings(r.user, r.item, r.rating, r.user_map, r.item_map)
+    with pytest.raises(error, match=match):
+        r.rated_in(other)
+
+
 @pytest.mark.parametrize("ratings, movies, titles", [
     # a csv file of string ids (read since session 20) next to its movies.csv: the item
     # file's ids were read as integers only ("the item id must be an integer, got 'B001'")

@@ -172,6 +172,33 @@ def test_paths_starting_with_a_tilde_are_the_home_directory(tmp_path, monkeypatc
                        read_user_features(directory / "u.user", "ml-100k", users))
 
 
+def test_files_written_and_read_by_models_take_a_tilde_too(tmp_path, monkeypatch):
+    """Every public path, not the readers' only: RatingModel.save / load and
+    nnsparse.distributed.save expand ``~`` as the readers do (they wrote under ./~)."""
+    import nnsparse.distributed as nd
+    from nnsparse.data import synthetic_ratings
+    from nnsparse.models import AutoRec, RatingModel
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    data = synthetic_ratings(0, 20, 15, 120)
+    model = AutoRec(hidden=4, epochs=1, validation_ratio=0.0).fit(data, verbose=False,
+                                                                   progress=False)
+    for given in ("~/m.pt", pathlib.Path("~/m.pt")):
+        model.save(given)
+        assert (home / "m.pt").is_file()
+        assert torch.equal(RatingModel.load(given).predict(data), model.predict(data))
+        assert torch.equal(AutoRec.load(given).predict(data), model.predict(data))
+        (home / "m.pt").unlink()
+        nd.save({"step": torch.tensor(3)}, given)
+        assert torch.load(home / "m.pt", weights_only=True) == {"step": torch.tensor(3)}
+        (home / "m.pt").unlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]  # nothing under ./~
+    with pytest.raises(FileNotFoundError, match=rf"^path: no file at {home}/none\.pt$"):
+        RatingModel.load("~/none.pt")
+
+
 def test_a_tilde_of_no_user_is_a_name(tmp_path, monkeypatch):
     """``~name`` of no user stays as it is, as the shell and pandas (os.path.expanduser)
     leave it: a file called ``~ratings.csv`` reads, a missing one is the usual error

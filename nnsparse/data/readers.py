@@ -299,6 +299,45 @@ class Ratings:
             part._mark_unique()  # a mask keeps each entry at most once (indices may repeat)
         return part
 
+    def rated_in(self, other: "Ratings") -> Tensor:
+        """A bool mask of these ratings whose (user, item) pair ``other`` rates too.
+
+        ``self.subset(~self.rated_in(other))`` keeps the test ratings a
+        ranking can score: one that the training ratings rate too is
+        left out of each user's candidates, so it could never be a hit
+        (:func:`read_split` warns of such pairs).
+
+        Args:
+            other (Ratings): indexing the ids of these ratings as they do
+                (extra ids may follow): the parts of one split, or of
+                :func:`read_split`, share their maps.
+
+        Returns:
+            bool ``(len(self),)``, on the ratings' device.
+
+        Raises:
+            TypeError: ``other`` is not a :class:`Ratings`.
+            ValueError: ``other`` indexes an id of these ratings otherwise, or is on
+                another device.
+
+        Example::
+
+            >>> r = Ratings.from_triples([1, 1, 2, 2], [10, 20, 10, 20], [4., 3., 5., 1.])
+            >>> train, test = r.subset([0, 1, 2]), r.subset([3, 1])  # (maps shared)
+            >>> test.rated_in(train)  # train rates (user 1, item 20), not (2, 20)
+            tensor([False,  True])
+            >>> test.subset(~test.rated_in(train)).rating
+            tensor([1.])
+        """
+        _check_ratings(other, "other")
+        from .matrix import _check_same_maps  # (matrix imports this module)
+        _check_same_maps(other, self, "other", "this record")
+        if other.user.device != self.user.device:
+            raise ValueError(f"other must be on this record's device {self.user.device}, got "
+                             f"{other.user.device}")
+        (ours, theirs), _ = _pair_keys(self, other)
+        return torch.isin(ours, theirs)
+
 
 def _refuse_uint8_index(index: Tensor, name: str, expected: str, fix: str) -> None:
     """Refuse a uint8 ``index``: torch indexing reads uint8 as a mask (a use it
@@ -363,11 +402,17 @@ def _check_unique_pairs(name: str, *parts: Ratings) -> None:
         part._mark_unique()
 
 
-def _sorted_pair_keys(*parts: Ratings) -> Tuple[Tensor, int]:
-    """``(keys, width)``: the sorted ``user * width + item`` keys of the ratings of
-    ``parts`` together (one pair of id maps), ``width`` the items of the largest map."""
+def _pair_keys(*parts: Ratings) -> Tuple[List[Tensor], int]:
+    """``(keys, width)``: the ``user * width + item`` key of each rating, a tensor per part
+    of ``parts`` (one pair of id maps), ``width`` the items of the largest map."""
     width = max(p.n_items for p in parts)
-    keys = [p.user * width + p.item for p in parts]
+    return [p.user * width + p.item for p in parts], width
+
+
+def _sorted_pair_keys(*parts: Ratings) -> Tuple[Tensor, int]:
+    """``(keys, width)``: the sorted :func:`_pair_keys` of the ratings of ``parts``
+    together."""
+    keys, width = _pair_keys(*parts)
     return torch.sort(keys[0] if len(keys) == 1 else torch.cat(keys))[0], width
 
 

@@ -42,7 +42,8 @@ from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
 from ..data.matrix import _check_same_maps
-from ..data.readers import _plain, _check_ratings, _check_unique_pairs, _check_unique_pairs_apart
+from ..data.readers import (_path, _plain, _check_ratings, _check_unique_pairs,
+                            _check_unique_pairs_apart)
 from ..data.ranking import _relevant
 from ..data.split import _concat, _draw, _torch_seed
 from .. import distributed as nd
@@ -1243,7 +1244,8 @@ class RatingModel(nn.Module):
         links is overwritten in place from the whole temporary file, so that
         every link holds the new model, with its space reserved first and an
         interrupt held until the copy is done).  A read-only file is refused,
-        as ``open()`` and ``torch.save`` refuse it, not replaced.
+        as ``open()`` and ``torch.save`` refuse it, not replaced.  A ``~`` in ``path``
+        is the home directory, as in the rating readers.
 
         Raises:
             RuntimeError: the model is not fitted (or its last fit failed).
@@ -1275,6 +1277,8 @@ class RatingModel(nn.Module):
         """
         self._check_built()
         self._check_data()
+        if isinstance(path, (str, os.PathLike)):
+            path = _path(path)  # ~ expanded, as the rating readers expand it
         _path_to_write(path)
         self._check_registered()
         self._check_not_reparametrized()
@@ -1411,6 +1415,8 @@ class RatingModel(nn.Module):
     def load(cls, path: Any, device: Union[str, torch.device] = "cpu") -> "RatingModel":
         """A model saved by :meth:`save`, ready to predict (``weights_only`` loading).
 
+        A ``~`` in ``path`` is the home directory, as in the rating readers.
+
         Raises:
             FileNotFoundError: no file at ``path``.
             TypeError: ``path`` of the wrong kind (a text file object included).
@@ -1428,6 +1434,7 @@ class RatingModel(nn.Module):
             raise TypeError(f"path must be a str, an os.PathLike or a readable file object, "
                             f"got {type(path).__name__}")
         if isinstance(path, (str, os.PathLike)):
+            path = _path(path)  # ~ expanded, as the rating readers expand it
             if Path(path).is_dir():
                 raise ValueError(f"path must be a model file, got {path}, which is a directory")
             if not Path(path).exists():
