@@ -647,6 +647,12 @@ def _dtype_hint(got: torch.dtype, dtype: torch.dtype) -> str:
     return f"; convert the input (x.to({dtype})){layer}{amp}"
 
 
+def _autocast_on(t: Tensor) -> bool:
+    """Whether autocast is on for ``t``'s device (``False`` on the meta device, for which
+    torch has no autocast state: it raises for the question)."""
+    return t.device.type != "meta" and torch.is_autocast_enabled(t.device.type)
+
+
 def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode: str,
                   sparse_grad: bool, update: Any = None) -> Tensor:
     """:func:`sparse_linear` on the weight's transpose ``table`` ``(in, out)``;
@@ -666,8 +672,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         if input.device != table.device:
             raise ValueError(f"input must be on the weight's device {table.device}, "
                              f"got {input.device}")
-        if input.dtype != table.dtype and not (input.device.type != "meta"  # (no autocast state)
-                                               and torch.is_autocast_enabled(input.device.type)):
+        if input.dtype != table.dtype and not _autocast_on(input):
             raise ValueError(f"input must have the weight's dtype {table.dtype}, "
                              f"got {input.dtype}{_dtype_hint(input.dtype, table.dtype)}")
         if (update is not None and torch.is_grad_enabled() and table.requires_grad
@@ -693,9 +698,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
                         f"{table.dtype}; convert it (weight.float()) or multiply "
                         f"nnsparse.densify(input) with F.linear")
     if (isinstance(input, Tensor) and input.dtype != table.dtype
-            and input.dtype.is_floating_point
-            and input.device.type != "meta"  # (torch has no autocast state for it)
-            and torch.is_autocast_enabled(input.device.type)):
+            and input.dtype.is_floating_point and _autocast_on(input)):
         # AMP: a lower-precision sparse batch (e.g. Sparsify of an autocast GEMM's output)
         # is read in the weight's dtype, as the custom operator does, by the layer and by
         # sparse_linear alike (F.linear takes under autocast what nn.Linear takes).  The
