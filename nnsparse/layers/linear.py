@@ -12,9 +12,9 @@ from torch.nn.utils import parametrize
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .. import _double, _grad_origin, _index, _rowopt
-from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_choice, as_device,
-                      as_flag, as_int, as_sparse_batch, compile_boundary, dtype_got, empty_batch,
-                      move_structure, no_rows)
+from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _dtype_hint, _sparse_coo, as_choice,
+                      as_device, as_flag, as_int, as_sparse_batch, compile_boundary, dtype_got,
+                      empty_batch, move_structure, no_rows)
 from .._load import check_state_dict
 from .._lua import WEIGHT_MEMBERS, LuaMembers
 from .._kernels import (_csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_every_row,
@@ -636,15 +636,6 @@ def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = No
     """
     _check_weight_bias(weight, bias)
     return _linear_table(input, weight.t(), bias, mode, sparse_grad=False)
-
-
-def _dtype_hint(got: torch.dtype, dtype: torch.dtype) -> str:
-    """What to do about an input of dtype ``got`` for a weight of ``dtype`` (a refusal's
-    tail): convert either; a half-precision one may also run under autocast."""
-    amp = (", or run the forward under torch.autocast, which reads it in the weight's dtype"
-           if got in (torch.float16, torch.bfloat16) and dtype.is_floating_point else "")
-    layer = f" or the layer (.to({got}))" if got.is_floating_point else ""
-    return f"; convert the input (x.to({dtype})){layer}{amp}"
 
 
 def _autocast_on(t: Tensor) -> bool:

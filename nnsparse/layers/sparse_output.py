@@ -24,8 +24,8 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .. import _double, _grad_origin, _index
-from .._forms import (SparseBatch, SparseLike, _sparse_coo, as_flag, as_sparse_batch,
-                      compile_boundary)
+from .._forms import (SparseBatch, SparseLike, _dtype_hint, _sparse_coo, as_flag,
+                      as_sparse_batch, compile_boundary)
 from .._load import check_state_dict
 from .._lua import WEIGHT_MEMBERS, LuaMembers
 from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_rows_of
@@ -33,7 +33,7 @@ from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
 from .linear import (_GRAD, _NOT_ROW_MAJOR, _STEP, _autocast_on, _check_layer_args,
                      _check_not_narrower, _check_parameters, _check_weight_bias, _dense_step,
-                     _dtype_hint, _has_bias, _parameter, _parametrized_table, _record_update,
+                     _has_bias, _parameter, _parametrized_table, _record_update,
                      _refuse_recorded_update, _refuse_update_in_transform,
                      _refuse_update_misuse, _refuse_update_on_parts,
                      _refuse_update_parametrized, _sparse_grad_reaches,
