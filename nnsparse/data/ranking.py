@@ -127,8 +127,8 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
             ``threshold`` not a real number or None.
         ValueError: ``top`` not 2-D, with fewer rows than the test users need, an item
             index at or above ``test.n_items`` or twice in a row, or values of another
-            shape; ``k`` below 1; ``test`` empty, rating a (user, item) pair twice, or
-            with no rating reaching ``threshold``.
+            shape; ``k`` below 1; ``threshold`` not finite; ``test`` empty, rating a
+            (user, item) pair twice, or with no rating reaching ``threshold``.
 
     Example::
 
