@@ -44,7 +44,7 @@ import torch
 from nnsparse.data import (FORMATS, Ratings, detect_format, mean_prediction,
                            read_item_features, read_split, rmse, split_ratings)
 from nnsparse.data import synthetic_item_features, synthetic_ratings
-from nnsparse.data.ranking import _figures
+from nnsparse.data.ranking import _figures, _relevant
 from nnsparse.data.readers import _path, _title_file
 from nnsparse.models import CFN, AutoRec, GLocalK, KernelNet
 
@@ -85,12 +85,8 @@ def _rank_baseline(train: Ratings, test: Ratings, score: torch.Tensor, k: int,
     n_items = max(train.n_items, test.n_items)
     if score.shape != (n_items,):
         raise ValueError(f"score must have shape ({n_items},), got {tuple(score.shape)}")
-    keep = torch.ones(len(test), dtype=torch.bool) if threshold is None \
-        else test.rating >= threshold
-    user, item = test.user[keep], test.item[keep]
+    user, item = _relevant(test, threshold)  # evaluate_ranking's filter and its refusals
     users = torch.unique(user)  # sorted
-    if users.numel() == 0:
-        raise ValueError(f"no test rating reaches threshold {threshold}")
     order = score.double().argsort(descending=True, stable=True)  # ties: smaller index
     train_at = torch.searchsorted(users, train.user).clamp(max=users.shape[0] - 1)
     train_in = users[train_at] == train.user  # training ratings of evaluated users
@@ -108,8 +104,7 @@ def _rank_baseline(train: Ratings, test: Ratings, score: torch.Tensor, k: int,
         tops.append(top)
     top = torch.cat(tops)
     # scored by evaluate_ranking's own code (nnsparse/data/ranking.py)
-    figures = _figures(top, top >= 0, users, user, item, n_items, k)
-    return {key: value for key, value in figures.items() if key != "users"}
+    return _figures(top, top >= 0, users, user, item, n_items, k)  # show() drops "users"
 
 
 def _baseline_scores(train: Ratings, test: Ratings) -> Dict[str, torch.Tensor]:

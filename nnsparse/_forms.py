@@ -951,6 +951,16 @@ def refuse_meta_device(device: Optional[torch.device]) -> None:
         raise ValueError("device must hold data, got 'meta'; use 'cpu' or 'cuda'")
 
 
+def _dtype_hint(got: torch.dtype, dtype: torch.dtype) -> str:
+    """What to do about an input of dtype ``got`` for a weight of ``dtype`` (a refusal's
+    tail; the layers', their function forms' and the compiled path's): convert either; a
+    half-precision one may also run under autocast."""
+    amp = (", or run the forward under torch.autocast, which reads it in the weight's dtype"
+           if got in (torch.float16, torch.bfloat16) and dtype.is_floating_point else "")
+    layer = f" or the layer (.to({got}))" if got.is_floating_point else ""
+    return f"; convert the input (x.to({dtype})){layer}{amp}"
+
+
 def scipy_sparse_hint(x: Any, name: str) -> str:
     """The conversion to name when ``x`` is a scipy.sparse matrix or array (the common sparse
     form outside torch), for the end of a ``TypeError`` refusing it; ``""`` for anything else.

@@ -41,8 +41,8 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._forms import (SparseBatch, _check_csr, _version, as_device, as_flag, as_sparse_batch,
-                     check_kernel_dtype, compile_boundary)
+from ._forms import (SparseBatch, _check_csr, _dtype_hint, _version, as_device, as_flag,
+                     as_sparse_batch, check_kernel_dtype, compile_boundary)
 from ._kernels import _sampled_by_column, _sampled_rows, _t_mm, _table_blocks, _table_mm
 
 __all__ = ["SparseParts", "sparse_parts"]
@@ -504,7 +504,8 @@ def _check_input(h: Any, weight: Tensor, pattern: SparseParts) -> None:
     # autocast: the operator computes in float32 whatever the input's floating dtype
     if weight.dtype != h.dtype and not (h.is_floating_point()
                                         and torch.is_autocast_enabled(h.device.type)):
-        raise ValueError(f"weight must have input's dtype {h.dtype}, got {weight.dtype}")
+        raise ValueError(f"weight must have input's dtype {h.dtype}, got {weight.dtype}"
+                         f"{_dtype_hint(h.dtype, weight.dtype)}")
 
 
 def _gives_grad(weight: Tensor, bias: Optional[Tensor]) -> bool:
@@ -527,7 +528,8 @@ def linear_parts(parts: SparseParts, table: Tensor, bias: Optional[Tensor],
         if parts.values.dtype != table.dtype and not torch.is_autocast_enabled(
                 parts.values.device.type):  # autocast: the operator computes in float32
             raise ValueError(f"input must have the weight's dtype {table.dtype}, "
-                             f"got {parts.values.dtype}")
+                             f"got {parts.values.dtype}"
+                             f"{_dtype_hint(parts.values.dtype, table.dtype)}")
         if parts.values.device != table.device:
             raise ValueError(f"input must be on the weight's device {table.device}, "
                              f"got {parts.values.device}")

@@ -128,11 +128,15 @@ def _zip(path: Path) -> Path:
     return path
 
 
+def _gzip(path: Path) -> Path:
+    path.write_bytes(b"\x1f\x8b\x08\x00rest")
+    return path
+
+
 @pytest.mark.parametrize("make, match", [
     (_zip, r"titles: .*movies\.zip is a zip archive \(it starts with b'PK\\x03\\x04'\), not "
            r"a text file; extract it and give the item file in it$"),
-    (lambda p: (p.write_bytes(b"\x1f\x8b\x08\x00rest"), p)[1],
-     r"titles: .*movies\.zip is gzip-compressed"),
+    (_gzip, r"titles: .*movies\.zip is gzip-compressed"),
     (lambda p: (p.write_bytes(b"10::A\x00::Drama\n"), p)[1],
      r"titles: .*movies\.zip holds NUL bytes"),
 ], ids=["zip", "gzip", "nul"])
@@ -143,11 +147,6 @@ def test_a_binary_titles_file_is_named(tmp_path, make, match):
     ratings.write_bytes(b"1::10::4::1\n")
     with pytest.raises(ValueError, match=match):
         read_ratings(ratings, titles=make(tmp_path / "movies.zip"))
-
-
-def _gzip(path: Path) -> Path:
-    path.write_bytes(b"\x1f\x8b\x08\x00rest")
-    return path
 
 
 _ZIP_ADVICE = r"m\.zip is a zip archive .*; extract it and give the {} file in it$"

@@ -263,6 +263,17 @@ def _autocast(run):
         _dense_rows(torch.int64), torch.ones(2, 3), None, _PATTERN)), ValueError,
          r"^weight must have input's dtype torch\.int64, got torch\.float32; convert the input "
          r"\(x\.to\(torch\.float32\)\)$"),
+    # the SparseParts path (torch.compile's; checked in eager too) says the same
+    Case("parts-encoder-float64", lambda: nnsparse.SparseLinearBatch(3, 2)(
+        nnsparse.sparse_parts(_dense_rows(torch.float64).to_sparse_csr())), ValueError,
+         r"^input must have the weight's dtype torch\.float32, got torch\.float64; convert the "
+         r"input \(x\.to\(torch\.float32\)\) or the layer \(\.to\(torch\.float64\)\)$"),
+    Case("parts-decoder-bfloat16", lambda: nnsparse.SparseOutputLinear(3, 2)(
+        _dense_rows(torch.bfloat16), nnsparse.sparse_parts(_PATTERN.to_sparse_csr())),
+         ValueError,
+         r"^weight must have input's dtype torch\.bfloat16, got torch\.float32; convert the "
+         r"input \(x\.to\(torch\.float32\)\) or the layer \(\.to\(torch\.bfloat16\)\), "
+         r"or run the forward under torch\.autocast, which reads it in the weight's dtype$"),
 ], ids=lambda c: c.id)
 def test_dtype_refusals_say_what_to_do(case):
     run_case(case)

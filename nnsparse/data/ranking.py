@@ -7,15 +7,33 @@ them with the same code (:func:`_figures`), so the figures of the two agree.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .._forms import as_count, refuse_meta
+from .._forms import as_count, is_real, real_float, refuse_meta
 from .readers import Ratings, _check_ratings, _check_unique_pairs
 
 __all__ = ["ranking_metrics"]
+
+
+def _checked_threshold(threshold: Any) -> Optional[float]:
+    """A ranking's ``threshold`` (:func:`ranking_metrics`,
+    :meth:`~nnsparse.models.RatingModel.evaluate_ranking`,
+    :func:`~nnsparse.models.cross_validate`) as a float, or ``None``: ``TypeError`` unless
+    a real number or ``None``, ``ValueError`` unless finite (``10**400`` too, where
+    ``math.isfinite`` raised ``OverflowError``)."""
+    if threshold is None:
+        return None
+    if not is_real(threshold):  # (the models' _check_number message)
+        raise TypeError(f"threshold must be a real number or None, got "
+                        f"{type(threshold).__name__} {threshold!r}")
+    number = real_float(threshold)
+    if not math.isfinite(number):
+        raise ValueError(f"threshold must be finite or None, got {threshold}")
+    return number
 
 
 def _relevant(test: Ratings, threshold: Optional[float]) -> Tuple[Tensor, Tensor]:
@@ -109,8 +127,8 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
             ``threshold`` not a real number or None.
         ValueError: ``top`` not 2-D, with fewer rows than the test users need, an item
             index at or above ``test.n_items`` or twice in a row, or values of another
-            shape; ``k`` below 1; ``test`` empty, rating a (user, item) pair twice, or
-            with no rating reaching ``threshold``.
+            shape; ``k`` below 1; ``threshold`` not finite; ``test`` empty, rating a
+            (user, item) pair twice, or with no rating reaching ``threshold``.
 
     Example::
 
@@ -122,8 +140,6 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
         >>> {key: round(value, 4) for key, value in figures.items()}
         {'precision@2': 0.5, 'recall@2': 0.75, 'ndcg@2': 0.622, 'hit_rate@2': 1.0, 'users': 2}
     """
-    from ..models.base import _checked_threshold  # (models import this package)
-
     values: Optional[Tensor] = None
     if not isinstance(top, Tensor) and isinstance(getattr(top, "indices", None), Tensor) \
             and isinstance(getattr(top, "values", None), Tensor):

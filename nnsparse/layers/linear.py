@@ -12,9 +12,9 @@ from torch.nn.utils import parametrize
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .. import _double, _grad_origin, _index, _rowopt
-from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _sparse_coo, as_choice, as_device,
-                      as_flag, as_int, as_sparse_batch, compile_boundary, dtype_got, empty_batch,
-                      move_structure, no_rows)
+from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _dtype_hint, _sparse_coo, as_choice,
+                      as_device, as_flag, as_int, as_sparse_batch, compile_boundary, dtype_got,
+                      empty_batch, move_structure, no_rows)
 from .._load import check_state_dict
 from .._lua import WEIGHT_MEMBERS, LuaMembers
 from .._kernels import (_csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_every_row,
@@ -638,13 +638,10 @@ def sparse_linear(input: SparseLike, weight: Tensor, bias: Optional[Tensor] = No
     return _linear_table(input, weight.t(), bias, mode, sparse_grad=False)
 
 
-def _dtype_hint(got: torch.dtype, dtype: torch.dtype) -> str:
-    """What to do about an input of dtype ``got`` for a weight of ``dtype`` (a refusal's
-    tail): convert either; a half-precision one may also run under autocast."""
-    amp = (", or run the forward under torch.autocast, which reads it in the weight's dtype"
-           if got in (torch.float16, torch.bfloat16) and dtype.is_floating_point else "")
-    layer = f" or the layer (.to({got}))" if got.is_floating_point else ""
-    return f"; convert the input (x.to({dtype})){layer}{amp}"
+def _autocast_on(t: Tensor) -> bool:
+    """Whether autocast is on for ``t``'s device (``False`` on the meta device, for which
+    torch has no autocast state: it raises for the question)."""
+    return t.device.type != "meta" and torch.is_autocast_enabled(t.device.type)
 
 
 def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode: str,
@@ -666,8 +663,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         if input.device != table.device:
             raise ValueError(f"input must be on the weight's device {table.device}, "
                              f"got {input.device}")
-        if input.dtype != table.dtype and not (input.device.type != "meta"  # (no autocast state)
-                                               and torch.is_autocast_enabled(input.device.type)):
+        if input.dtype != table.dtype and not _autocast_on(input):
             raise ValueError(f"input must have the weight's dtype {table.dtype}, "
                              f"got {input.dtype}{_dtype_hint(input.dtype, table.dtype)}")
         if (update is not None and torch.is_grad_enabled() and table.requires_grad
@@ -693,9 +689,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
                         f"{table.dtype}; convert it (weight.float()) or multiply "
                         f"nnsparse.densify(input) with F.linear")
     if (isinstance(input, Tensor) and input.dtype != table.dtype
-            and input.dtype.is_floating_point
-            and input.device.type != "meta"  # (torch has no autocast state for it)
-            and torch.is_autocast_enabled(input.device.type)):
+            and input.dtype.is_floating_point and _autocast_on(input)):
         # AMP: a lower-precision sparse batch (e.g. Sparsify of an autocast GEMM's output)
         # is read in the weight's dtype, as the custom operator does, by the layer and by
         # sparse_linear alike (F.linear takes under autocast what nn.Linear takes).  The

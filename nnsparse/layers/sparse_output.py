@@ -24,16 +24,16 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .. import _double, _grad_origin, _index
-from .._forms import (SparseBatch, SparseLike, _sparse_coo, as_flag, as_sparse_batch,
-                      compile_boundary)
+from .._forms import (SparseBatch, SparseLike, _dtype_hint, _sparse_coo, as_flag,
+                      as_sparse_batch, compile_boundary)
 from .._load import check_state_dict
 from .._lua import WEIGHT_MEMBERS, LuaMembers
 from .._kernels import _csr_rows_mm, _sampled_rows, _t_mm, _table_mm, _update_rows_of
 from .._ops import SparseParts, sampled_parts
 from ..values import _coo_with_values, _csr_with_values
-from .linear import (_GRAD, _NOT_ROW_MAJOR, _STEP, _check_layer_args, _check_not_narrower,
-                     _check_parameters, _check_weight_bias, _dense_step, _dtype_hint, _has_bias,
-                     _parameter, _parametrized_table, _record_update,
+from .linear import (_GRAD, _NOT_ROW_MAJOR, _STEP, _autocast_on, _check_layer_args,
+                     _check_not_narrower, _check_parameters, _check_weight_bias, _dense_step,
+                     _has_bias, _parameter, _parametrized_table, _record_update,
                      _refuse_recorded_update, _refuse_update_in_transform,
                      _refuse_update_misuse, _refuse_update_on_parts,
                      _refuse_update_parametrized, _sparse_grad_reaches,
@@ -258,8 +258,7 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
     _refuse_update_in_transform(update, weight)
     if (pattern is not None and input.dtype != weight.dtype
             and input.is_floating_point() and weight.is_floating_point()
-            and input.device.type != "meta"  # (torch has no autocast state for it)
-            and torch.is_autocast_enabled(input.device.type)):
+            and _autocast_on(input)):
         # AMP: a lower-precision input (an autocast GEMM's output) meets the sampled
         # product in the weight's dtype, as the custom operator does, in the layer and in
         # sampled_linear alike (F.linear takes under autocast what nn.Linear takes).
@@ -277,9 +276,7 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
         got = input.shape[-1] if input.dim() else "a 0-d tensor"
         raise ValueError(f"input must have {weight.shape[1]} features (in_features), got {got}")
     # autocast: F.linear of a dense output (pattern=None) casts its operands itself
-    # (torch has no autocast state for the meta device: it raises for the question)
-    amp = (pattern is None and input.device.type != "meta"
-           and torch.is_autocast_enabled(input.device.type))
+    amp = pattern is None and _autocast_on(input)
     for arg, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != input.dtype and not amp:
             raise ValueError(f"{arg} must have input's dtype {input.dtype}, got {t.dtype}"

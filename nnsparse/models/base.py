@@ -44,7 +44,7 @@ from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
 from ..data.matrix import _check_same_maps
 from ..data.readers import (_path, _plain, _check_ratings, _check_unique_pairs,
                             _check_unique_pairs_apart)
-from ..data.ranking import _relevant
+from ..data.ranking import _checked_threshold, _relevant
 from ..data.split import _concat, _draw, _torch_seed
 from .. import distributed as nd
 from .trainer import (Trainer, TrainResult, _check_grad_mode, _show_progress,
@@ -1748,20 +1748,6 @@ def _as_device(device: Any) -> torch.device:
     if out.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(out)!r} was asked for, but torch sees no CUDA device")
     return out
-
-
-def _checked_threshold(threshold: Any) -> Optional[float]:
-    """A ranking's ``threshold`` (:meth:`RatingModel.evaluate_ranking`,
-    :func:`~nnsparse.models.cross_validate`) as a float, or ``None``: ``TypeError`` unless
-    a real number or ``None``, ``ValueError`` unless finite (``10**400`` too, where
-    ``math.isfinite`` raised ``OverflowError``)."""
-    if threshold is None:
-        return None
-    _check_number("threshold", threshold, " or None")
-    number = real_float(threshold)
-    if not math.isfinite(number):
-        raise ValueError(f"threshold must be finite or None, got {threshold}")
-    return number
 
 
 def _check_number(name: str, value: Any, alternative: str = "") -> None:

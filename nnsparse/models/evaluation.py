@@ -17,7 +17,8 @@ from ..data.matrix import _check_same_maps
 from ..data.readers import _CHOICES, _check_ratings, _check_unique_pairs, \
     _check_unique_pairs_apart, _path
 from ..data.split import _torch_seed
-from .base import RatingModel, _checked_threshold
+from ..data.ranking import _checked_threshold
+from .base import RatingModel
 
 __all__ = ["kfold", "fold_files", "cross_validate", "CrossValidation"]
 
