@@ -893,6 +893,16 @@ def _from_list(rows: Sequence[Any], name: str, width: Optional[int],
         if bad:
             raise TypeError(f"{name} rows must be sparse COO vectors or (k, 2) pair tensors, "
                             f"got layout {bad[0]}")
+        if (len(rows) == 3 and all(r.dim() == 1 for r in rows) and rows[0].numel()
+                and not rows[0].is_floating_point() and not rows[0].is_complex()):
+            # a CSR matrix's three arrays (scipy's indptr, indices, data) or EmbeddingBag's
+            # (input, offsets, per_sample_weights), given as they are: no list of rows
+            raise ValueError(
+                f"{name}[0] must be a pair tensor of shape (k, 2), got shape "
+                f"{tuple(rows[0].shape)}; a (crow_indices, col_indices, values) triple is no "
+                f"sparse form: build the batch with torch.sparse_csr_tensor(crow, col, values, "
+                f"(rows, width)) (from EmbeddingBag's (input, offsets, per_sample_weights): "
+                f"crow = torch.cat([offsets, torch.tensor([len(input)])]), col = input)")
         parts = [_from_pairs(r, f"{name}[{i}]", width) for i, r in enumerate(rows)]
         form, inferred = "pair_list", max(int(p.col.max()) + 1 if p.nnz else 0 for p in parts)
     # An empty row's dtype is not the data's (torch.tensor([]) is float32 whatever the

@@ -1,0 +1,129 @@
+"""The bag-of-words and one-hot user study (docs/user_study_bow.md).
+
+A text classifier and a CTR-like model meet nnsparse the PyTorch way: ``SparseLinearBatch``
+against ``nn.EmbeddingBag(mode="sum")`` with ``per_sample_weights`` (same weights, same
+batches: losses and gradients agree, dense and sparse gradients), the labels beside
+``SparseRowDataset`` through ``batch.row_index``, and the two refusals that did not say what
+to do: a dense ``target`` (labels) was told to go through ``sparsify``, which drops every
+label 0, and a ``(crow, col, values)`` triple was refused as a list of pair rows.
+"""
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+import nnsparse
+from nnsparse.data import SparseRowDataset
+
+from probe_cases import Case, run_case
+
+
+def _bow(rows=12, vocab=40, seed=0, dtype=torch.float64):
+    """A small bag-of-words CSR batch (TF-IDF-like positive values), an empty row included,
+    and one label per row."""
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.rand(rows, vocab, generator=g, dtype=dtype)
+    dense = dense * (torch.rand(rows, vocab, generator=g) < 0.15)
+    dense[3] = 0
+    labels = torch.randint(0, 4, (rows,), generator=g)
+    return dense.to_sparse_csr(), labels
+
+
+def _parts(x):
+    return x.crow_indices(), x.col_indices(), x.values()
+
+
+def _grad(p):
+    return p.grad.to_dense() if p.grad.is_sparse else p.grad
+
+
+@pytest.mark.parametrize("sparse_grad", [False, True], ids=["dense-grad", "sparse-grad"])
+@pytest.mark.parametrize("task", ["text", "ctr"])
+def test_embedding_bag_peer(task, sparse_grad):
+    x, labels = _bow()
+    vocab, hidden = x.shape[1], 8
+    torch.manual_seed(0)
+    enc = nnsparse.SparseLinearBatch(vocab, hidden, sparse_grad=sparse_grad).double()
+    head = nn.Linear(hidden, 4 if task == "text" else 1).double()
+    bag = nn.EmbeddingBag(vocab, hidden, mode="sum", sparse=sparse_grad).double()
+    bias = nn.Parameter(enc.bias.detach().clone())
+    with torch.no_grad():
+        bag.weight.copy_(enc.weight.t())
+    head2 = nn.Linear(hidden, head.out_features).double()
+    head2.load_state_dict(head.state_dict())
+    if task == "text":
+        lossf, y = nn.CrossEntropyLoss(), labels
+    else:
+        lossf, y = nn.BCEWithLogitsLoss(), (labels % 2).double()
+    ds = SparseRowDataset(x)
+    batch = next(iter(DataLoader(ds, batch_size=len(ds), collate_fn=ds.collate)))
+    xb, _ = batch
+    yb = y[batch.row_index]
+    crow, col, val = _parts(xb)
+    out1 = head(torch.relu(enc(xb))).squeeze(-1) if task == "text" else head(enc(xb)).squeeze(-1)
+    h2 = bag(col, crow[:-1], per_sample_weights=val) + bias
+    out2 = head2(torch.relu(h2)).squeeze(-1) if task == "text" else head2(h2).squeeze(-1)
+    l1, l2 = lossf(out1, yb), lossf(out2, yb)
+    l1.backward()
+    l2.backward()
+    torch.testing.assert_close(l1, l2, rtol=0, atol=1e-14)
+    g1 = _grad(enc.weight_t) if sparse_grad else enc.weight.grad.t()
+    torch.testing.assert_close(g1, _grad(bag.weight), rtol=0, atol=1e-14)
+    torch.testing.assert_close(_grad(enc.bias), bias.grad, rtol=0, atol=1e-14)
+    if sparse_grad:  # only the touched words' rows, as EmbeddingBag(sparse=True)
+        touched = enc.weight_t.grad.coalesce().indices()[0]
+        assert torch.equal(touched, torch.unique(col))
+
+
+def test_labels_by_row_index_through_a_shuffled_loader():
+    x, labels = _bow()
+    ds = SparseRowDataset(x)
+    loader = DataLoader(ds, batch_size=5, shuffle=True, collate_fn=ds.collate,
+                        generator=torch.Generator().manual_seed(0))
+    dense = x.to_dense()
+    for batch in loader:
+        xb, _ = batch
+        assert torch.equal(xb.to_dense(), dense[batch.row_index])
+        assert labels[batch.row_index].shape == (xb.shape[0],)
+
+
+_X = torch.eye(4).to_sparse_csr()
+_LABELS_HINT = (r"dense labels \(a class or a click per row\) stay outside the dataset: take "
+                r"each batch's with labels\[batch.row_index\]")
+_TRIPLE_HINT = (r"a \(crow_indices, col_indices, values\) triple is no sparse form: build the "
+                r"batch with torch.sparse_csr_tensor\(crow, col, values, \(rows, width\)\) "
+                r"\(from EmbeddingBag's \(input, offsets, per_sample_weights\): crow = "
+                r"torch.cat\(\[offsets, torch.tensor\(\[len\(input\)\]\)\]\), col = input\)")
+_LAYER = nnsparse.SparseLinearBatch(4, 2)
+_CROW, _COL, _VAL = _parts(_X)
+
+CASES = [
+    Case("dataset-class-labels", lambda: SparseRowDataset(_X, torch.tensor([0, 1, 2, 3])),
+         TypeError, "target must be a 2-D sparse CSR or COO tensor, got layout "
+         r"torch.strided; " + _LABELS_HINT),
+    Case("dataset-click-labels-2d", lambda: SparseRowDataset(_X, torch.ones(4, 1)),
+         TypeError, _LABELS_HINT),
+    # a dense input is still told to sparsify (its zeros are missing entries)
+    Case("dataset-dense-input", lambda: SparseRowDataset(torch.eye(4)), TypeError,
+         r"input must be a 2-D sparse CSR or COO tensor, got layout torch.strided; convert a "
+         r"dense matrix with nnsparse.sparsify"),
+    Case("layer-csr-triple", lambda: _LAYER((_CROW, _COL, _VAL)), ValueError,
+         r"input\[0\] must be a pair tensor of shape \(k, 2\), got shape \(5,\); " + _TRIPLE_HINT),
+    Case("layer-csr-triple-list", lambda: _LAYER([_CROW, _COL, _VAL]), ValueError, _TRIPLE_HINT),
+    Case("layer-embedding-bag-triple", lambda: _LAYER((_COL, _CROW[:-1], _VAL)), ValueError,
+         _TRIPLE_HINT),
+    Case("function-csr-triple", lambda: nnsparse.sparse_linear((_CROW, _COL, _VAL), _LAYER.weight),
+         ValueError, _TRIPLE_HINT),
+    Case("densify-csr-triple", lambda: nnsparse.densify((_CROW, _COL, _VAL)), ValueError,
+         _TRIPLE_HINT),
+    # two 1-D tensors, or float first: no triple, the plain message
+    Case("layer-pair-of-1d", lambda: _LAYER((_COL, _VAL)), ValueError,
+         r"input\[0\] must be a pair tensor of shape \(k, 2\), got shape \(4,\)$"),
+    Case("the-triple-built", lambda: _LAYER(torch.sparse_csr_tensor(_CROW, _COL, _VAL, (4, 4))),
+         None, check=lambda out: torch.allclose(out, _LAYER(_X))),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_refusals_say_what_to_do(case):
+    run_case(case)
