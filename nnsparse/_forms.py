@@ -1042,8 +1042,13 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
                             f"batch nor a list of rows; pass {advice}")
         batch = _from_list(x, name, width, empty)
     else:
+        # a DataLoader's batch passed whole (the SparseRowDataset loop's first slip; by name:
+        # nnsparse.data imports this module)
+        batch_hint = ("; unpack the loader's batch first: x, y = batch (or batch.input)"
+                      if type(x).__name__ == "SparseRowBatch" else "")
         raise TypeError(f"{name} must be a sparse tensor, a pair tensor or a list of sparse "
-                        f"rows, got {type(x).__name__}{scipy_sparse_hint(x, name)}")
+                        f"rows, got {type(x).__name__}{batch_hint}"
+                        f"{scipy_sparse_hint(x, name)}")
     if width is not None and width != batch.width:
         if width < batch.width:
             raise ValueError(f"{name} has width {batch.width}, larger than {bound} {width}"

@@ -3,9 +3,11 @@
 A text classifier and a CTR-like model meet nnsparse the PyTorch way: ``SparseLinearBatch``
 against ``nn.EmbeddingBag(mode="sum")`` with ``per_sample_weights`` (same weights, same
 batches: losses and gradients agree, dense and sparse gradients), the labels beside
-``SparseRowDataset`` through ``batch.row_index``, and the two refusals that did not say what
+``SparseRowDataset`` through ``batch.row_index``, and the refusals that did not say what
 to do: a dense ``target`` (labels) was told to go through ``sparsify``, which drops every
-label 0, and a ``(crow, col, values)`` triple was refused as a list of pair rows.
+label 0, a ``(crow, col, values)`` triple was refused as a list of pair rows, a loader's whole
+``SparseRowBatch`` and EmbeddingBag's ``(bags, k)`` index input were refused without the
+way round.
 """
 import pytest
 import torch
@@ -97,6 +99,30 @@ _TRIPLE_HINT = (r"a \(crow_indices, col_indices, values\) triple is no sparse fo
 _LAYER = nnsparse.SparseLinearBatch(4, 2)
 _CROW, _COL, _VAL = _parts(_X)
 
+_BATCH = SparseRowDataset(_X).collate([(0, SparseRowDataset(_X)[0][1])])
+_UNPACK_HINT = r"got SparseRowBatch; unpack the loader's batch first: x, y = batch"
+_BAG_HINT = (r"an integer tensor of column indices \(nn.EmbeddingBag's 2-D input, k a row\) "
+             r"becomes a batch with torch.sparse_coo_tensor\(torch.stack\(\[torch.arange\(rows\)"
+             r".repeat_interleave\(k\), input.flatten\(\)\]\), weights.flatten\(\), "
+             r"\(rows, 4\)\), weights its per_sample_weights or torch.ones\(rows, k\) "
+             r"\(repeated indices summed, as mode='sum'\)$")
+
+
+def _bag_recipe():
+    """The message's recipe, run as written (a repeated index included) against
+    EmbeddingBag: the largest difference."""
+    input = torch.tensor([[1, 3, 3], [0, 2, 1]])
+    rows, k = input.shape
+    weights = torch.tensor([[0.5, 2.0, 1.0], [1.5, -1.0, 3.0]])
+    x = torch.sparse_coo_tensor(torch.stack([torch.arange(rows).repeat_interleave(k),
+                                             input.flatten()]), weights.flatten(), (rows, 4))
+    bag = nn.EmbeddingBag(4, 2, mode="sum")
+    with torch.no_grad():
+        bag.weight.copy_(_LAYER.weight.t())
+    ref = bag(input, per_sample_weights=weights) + _LAYER.bias
+    return (_LAYER(x) - ref).abs().max().item()
+
+
 CASES = [
     Case("dataset-class-labels", lambda: SparseRowDataset(_X, torch.tensor([0, 1, 2, 3])),
          TypeError, "target must be a 2-D sparse CSR or COO tensor, got layout "
@@ -119,6 +145,28 @@ CASES = [
     # two 1-D tensors, or float first: no triple, the plain message
     Case("layer-pair-of-1d", lambda: _LAYER((_COL, _VAL)), ValueError,
          r"input\[0\] must be a pair tensor of shape \(k, 2\), got shape \(4,\)$"),
+    # a loader's batch passed whole, to a layer, a function, a criterion
+    Case("layer-whole-batch", lambda: _LAYER(_BATCH), TypeError,
+         r"input must be a sparse tensor, a pair tensor or a list of sparse rows, got "
+         r"SparseRowBatch; unpack the loader's batch first: x, y = batch \(or batch.input\)$"),
+    Case("densify-whole-batch", lambda: nnsparse.densify(_BATCH), TypeError, _UNPACK_HINT),
+    Case("criterion-whole-batch",
+         lambda: nnsparse.SparseCriterion(nn.MSELoss())(torch.zeros(2, 4), _BATCH), TypeError,
+         _UNPACK_HINT),
+    # EmbeddingBag's (bags, k) input of indices given to the layer
+    Case("layer-bag-indices", lambda: _LAYER(torch.tensor([[1, 3, 3], [0, 2, 1]])), ValueError,
+         r"input must have 4 features \(in_features\) in its last dimension, got shape "
+         r"\(2, 3\); a Lua \(k, 2\) pair vector goes through nnsparse.from_pairs\(input, "
+         r"size=4\); " + _BAG_HINT),
+    Case("layer-bag-indices-int32", lambda: _LAYER(torch.tensor([[1], [0]], dtype=torch.int32)),
+         ValueError, _BAG_HINT),
+    Case("function-bag-indices",
+         lambda: nnsparse.sparse_linear(torch.tensor([[1, 3, 3]]), _LAYER.weight), ValueError,
+         _BAG_HINT),
+    # a float input of the wrong width is no bag of indices: no such hint
+    Case("layer-float-wrong-width", lambda: _LAYER(torch.ones(2, 3)), ValueError,
+         r"size=4\)$"),
+    Case("the-bag-recipe", lambda: _bag_recipe(), None, check=lambda d: d < 1e-6),
     Case("the-triple-built", lambda: _LAYER(torch.sparse_csr_tensor(_CROW, _COL, _VAL, (4, 4))),
          None, check=lambda out: torch.allclose(out, _LAYER(_X))),
 ]
