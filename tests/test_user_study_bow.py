@@ -175,3 +175,25 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_refusals_say_what_to_do(case):
     run_case(case)
+
+
+def _public_objects():
+    import nnsparse.data
+    import nnsparse.models
+    import nnsparse.optim
+    for module in (nnsparse, nnsparse.data, nnsparse.optim, nnsparse.models):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            yield f"{module.__name__}.{name}", obj
+            for attr, member in vars(obj).items() if isinstance(obj, type) else ():
+                if not attr.startswith("_") or attr == "__init__":
+                    yield f"{module.__name__}.{name}.{attr}", member
+
+
+def test_docstring_examples_import_public_names_only():
+    """A user copies a docstring's example: it must not import a private module (the
+    ``make_optimizer`` example imported ``nnsparse._optim_split``)."""
+    private = [where for where, obj in _public_objects()
+               if any(line.lstrip().startswith((">>> from nnsparse._", ">>> import nnsparse._"))
+                      for line in (getattr(obj, "__doc__", None) or "").splitlines())]
+    assert private == []
