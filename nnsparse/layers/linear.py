@@ -663,11 +663,12 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
             # EmbeddingBag's (bags, k) input of indices is what a one-hot or bag-of-words
             # user has at hand: say how it becomes a sparse batch (COO: unsorted and
             # repeated indices allowed, repeats summed as mode="sum" does)
-            bag = (f"; an integer tensor of column indices (nn.EmbeddingBag's 2-D input, k a "
-                   f"row) becomes a batch with torch.sparse_coo_tensor(torch.stack(["
-                   f"torch.arange(rows).repeat_interleave(k), input.flatten()]), "
-                   f"weights.flatten(), (rows, {n})), weights its per_sample_weights or "
-                   f"torch.ones(rows, k) (repeated indices summed, as mode='sum')"
+            bag = (f"; an integer (rows, k) tensor of column indices (nn.EmbeddingBag's 2-D "
+                   f"input) becomes a batch with torch.sparse_coo_tensor(torch.stack(["
+                   f"torch.arange(rows, device=input.device).repeat_interleave(k), "
+                   f"input.flatten()]), weights.flatten(), (rows, {n})), weights its "
+                   f"per_sample_weights or torch.ones(rows, k, device=input.device) (repeated "
+                   f"indices summed, as mode='sum')"
                    if input.dim() == 2 and not input.dtype.is_floating_point
                    and not input.dtype.is_complex and input.dtype != torch.bool else "")
             raise ValueError(f"input must have {n} features (in_features) in its "
