@@ -26,12 +26,14 @@ __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_ro
 _Row = Tuple[Tensor, Tensor]  # (column indices, values) of one row
 
 
-# A dense target is most often one label per row (a class, a click), which sparsify would
-# lose wherever it is 0: the dataset holds sparse rows only, the labels stay beside it.
+# A dense target (a tensor, or scikit-learn's numpy y) is most often one label per row (a
+# class, a click), which sparsify would lose wherever it is 0: the dataset holds sparse rows
+# only, the labels stay beside it (a numpy array indexed by batch.row_index too).
 _DENSE_TARGET_HINT = ("; dense labels (a class or a click per row) stay outside the dataset: "
                       "take each batch's with labels[batch.row_index] (on the labels' device); "
                       "a dense matrix whose zeros are missing entries becomes sparse with "
-                      "nnsparse.sparsify(x, layout=torch.sparse_csr)")
+                      "nnsparse.sparsify(x, layout=torch.sparse_csr) (numpy's after "
+                      "torch.from_numpy)")
 
 
 def _as_csr(matrix: Tensor, name: str) -> Tuple[Tensor, Tensor, Tensor]:
@@ -44,8 +46,8 @@ def _as_csr(matrix: Tensor, name: str) -> Tuple[Tensor, Tensor, Tensor]:
     if not isinstance(matrix, Tensor) or matrix.layout not in (torch.sparse_csr, torch.sparse_coo):
         got = type(matrix).__name__ if not isinstance(matrix, Tensor) else f"layout {matrix.layout}"
         # a dense matrix is the first thing a user has: say how to make it sparse
-        hint = (_DENSE_TARGET_HINT if name == "target" and isinstance(matrix, Tensor)
-                and matrix.layout == torch.strided else
+        hint = (_DENSE_TARGET_HINT if name == "target" and (type(matrix).__module__ == "numpy"
+                or isinstance(matrix, Tensor) and matrix.layout == torch.strided) else
                 "; convert a dense matrix with nnsparse.sparsify(x, layout=torch.sparse_csr) "
                 "(its zeros left out)" if isinstance(matrix, Tensor)
                 and matrix.layout == torch.strided else
@@ -426,8 +428,8 @@ class SparseRowDataset(Dataset[Tuple[Any, ...]]):
             ``torch.sparse_csr`` (default) or ``torch.sparse_coo``.
 
     Raises:
-        TypeError: a matrix that is not sparse COO or CSR (a dense ``target``: the
-            message says where labels go), or a bad ``layout``; an index that is
+        TypeError: a matrix that is not sparse COO or CSR (a dense or numpy ``target``:
+            the message says where labels go), or a bad ``layout``; an index that is
             not an integer.
         ValueError: a matrix that is not 2-D or has invalid indices, or
             matrices with different row counts.
