@@ -9,6 +9,7 @@ label 0, a ``(crow, col, values)`` triple was refused as a list of pair rows, a 
 ``SparseRowBatch`` and EmbeddingBag's ``(bags, k)`` index input were refused without the
 way round.
 """
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -94,32 +95,53 @@ _LABELS_HINT = (r"dense labels \(a class or a click per row\) stay outside the d
                 r"each batch's with labels\[batch.row_index\]")
 _TRIPLE_HINT = (r"a \(crow_indices, col_indices, values\) triple is no sparse form: build the "
                 r"batch with torch.sparse_csr_tensor\(crow, col, values, \(rows, width\)\) "
-                r"\(from EmbeddingBag's \(input, offsets, per_sample_weights\): crow = "
-                r"torch.cat\(\[offsets, torch.tensor\(\[len\(input\)\]\)\]\), col = input\)")
+                r"\(from EmbeddingBag's \(input, offsets, per_sample_weights\), whose bags may "
+                r"repeat or reorder indices: torch.sparse_coo_tensor\(torch.stack\(\["
+                r"torch.repeat_interleave\(torch.diff\(offsets, append=offsets.new_tensor\(\["
+                r"len\(input\)\]\)\)\), input\]\), per_sample_weights, \(len\(offsets\), "
+                r"width\)\)\)$")
 _LAYER = nnsparse.SparseLinearBatch(4, 2)
 _CROW, _COL, _VAL = _parts(_X)
 
 _BATCH = SparseRowDataset(_X).collate([(0, SparseRowDataset(_X)[0][1])])
 _UNPACK_HINT = r"got SparseRowBatch; unpack the loader's batch first: x, y = batch"
-_BAG_HINT = (r"an integer tensor of column indices \(nn.EmbeddingBag's 2-D input, k a row\) "
-             r"becomes a batch with torch.sparse_coo_tensor\(torch.stack\(\[torch.arange\(rows\)"
-             r".repeat_interleave\(k\), input.flatten\(\)\]\), weights.flatten\(\), "
-             r"\(rows, 4\)\), weights its per_sample_weights or torch.ones\(rows, k\) "
-             r"\(repeated indices summed, as mode='sum'\)$")
+_BAG_HINT = (r"an integer \(rows, k\) tensor of column indices \(nn.EmbeddingBag's 2-D "
+             r"input\) becomes a batch with torch.sparse_coo_tensor\(torch.stack\(\[torch."
+             r"arange\(rows, device=input.device\).repeat_interleave\(k\), input.flatten\(\)"
+             r"\]\), weights.flatten\(\), \(rows, 4\)\), weights its per_sample_weights or "
+             r"torch.ones\(rows, k, device=input.device\) \(repeated indices summed, as "
+             r"mode='sum'\)$")
+# EmbeddingBag's 1-D triple: bags [1, 3, 3] (a repeat) and [2, 0] (out of order)
+_EB_INPUT, _EB_OFFSETS = torch.tensor([1, 3, 3, 2, 0]), torch.tensor([0, 3])
+_EB_WEIGHTS = torch.tensor([0.5, 2.0, 1.0, 1.5, -1.0])
 
 
+def _embedding_bag(input, *args, **kwargs):
+    bag = nn.EmbeddingBag(4, 2, mode="sum")
+    with torch.no_grad():
+        bag.weight.copy_(_LAYER.weight.t())
+    return bag(input, *args, **kwargs) + _LAYER.bias
 def _bag_recipe():
     """The message's recipe, run as written (a repeated index included) against
     EmbeddingBag: the largest difference."""
     input = torch.tensor([[1, 3, 3], [0, 2, 1]])
     rows, k = input.shape
     weights = torch.tensor([[0.5, 2.0, 1.0], [1.5, -1.0, 3.0]])
-    x = torch.sparse_coo_tensor(torch.stack([torch.arange(rows).repeat_interleave(k),
-                                             input.flatten()]), weights.flatten(), (rows, 4))
-    bag = nn.EmbeddingBag(4, 2, mode="sum")
-    with torch.no_grad():
-        bag.weight.copy_(_LAYER.weight.t())
-    ref = bag(input, per_sample_weights=weights) + _LAYER.bias
+    x = torch.sparse_coo_tensor(torch.stack([torch.arange(rows, device=input.device)
+                                             .repeat_interleave(k), input.flatten()]),
+                                weights.flatten(), (rows, 4))
+    ref = _embedding_bag(input, per_sample_weights=weights)
+    return (_LAYER(x) - ref).abs().max().item()
+
+
+def _triple_recipe(offsets_dtype):
+    """The triple message's EmbeddingBag recipe, run as written, against EmbeddingBag."""
+    input, offsets = _EB_INPUT.to(offsets_dtype), _EB_OFFSETS.to(offsets_dtype)
+    per_sample_weights, width = _EB_WEIGHTS, 4
+    x = torch.sparse_coo_tensor(torch.stack([torch.repeat_interleave(torch.diff(
+        offsets, append=offsets.new_tensor([len(input)]))), input]), per_sample_weights,
+        (len(offsets), width))
+    ref = _embedding_bag(input, offsets, per_sample_weights=per_sample_weights)
     return (_LAYER(x) - ref).abs().max().item()
 
 
@@ -129,6 +151,12 @@ CASES = [
          r"torch.strided; " + _LABELS_HINT),
     Case("dataset-click-labels-2d", lambda: SparseRowDataset(_X, torch.ones(4, 1)),
          TypeError, _LABELS_HINT),
+    # scikit-learn's y is a numpy array: labels too, not a matrix to sparsify
+    Case("dataset-numpy-labels", lambda: SparseRowDataset(_X, np.array([0, 1, 2, 3])),
+         TypeError, r"got ndarray; " + _LABELS_HINT),
+    Case("dataset-numpy-input", lambda: SparseRowDataset(np.eye(4)), TypeError,
+         r"got ndarray; a numpy array goes through torch.from_numpy\(a\), then "
+         r"nnsparse.sparsify$"),
     # a dense input is still told to sparsify (its zeros are missing entries)
     Case("dataset-dense-input", lambda: SparseRowDataset(torch.eye(4)), TypeError,
          r"input must be a 2-D sparse CSR or COO tensor, got layout torch.strided; convert a "
@@ -138,6 +166,27 @@ CASES = [
     Case("layer-csr-triple-list", lambda: _LAYER([_CROW, _COL, _VAL]), ValueError, _TRIPLE_HINT),
     Case("layer-embedding-bag-triple", lambda: _LAYER((_COL, _CROW[:-1], _VAL)), ValueError,
          _TRIPLE_HINT),
+    Case("layer-embedding-bag-triple-repeats",
+         lambda: _LAYER((_EB_INPUT, _EB_OFFSETS, _EB_WEIGHTS)), ValueError, _TRIPLE_HINT),
+    # a CSR triple of integer values (word counts) still reads as one
+    Case("layer-csr-triple-counts", lambda: _LAYER((_CROW, _COL, torch.ones(4, dtype=torch.long))),
+         ValueError, _TRIPLE_HINT),
+    # three rows of column indices (a bag of words without values) are no triple: the plain
+    # message, whether their lengths agree (no CSR row pointers) or not
+    Case("layer-three-index-rows", lambda: _LAYER([torch.tensor([3, 1, 2]), torch.tensor([2, 0]),
+                                                   torch.tensor([1, 1, 3])]), ValueError,
+         r"input\[0\] must be a pair tensor of shape \(k, 2\), got shape \(3,\)$"),
+    Case("layer-three-index-rows-uneven", lambda: _LAYER([torch.tensor([1, 2]), torch.tensor([0]),
+                                                          torch.tensor([3, 1, 2])]), ValueError,
+         r"input\[0\] must be a pair tensor of shape \(k, 2\), got shape \(2,\)$"),
+    # three (k, 2) pair rows (the Lua form), an empty 1-D row first: accepted as before
+    Case("layer-three-pair-rows", lambda: _LAYER([torch.tensor([[0, 1.0]]), torch.tensor([[3, 2.0]]),
+                                                  torch.tensor([[1, -1.0], [2, 0.5]])]), None,
+         check=lambda out: torch.allclose(out, _LAYER(torch.tensor(
+             [[1.0, 0, 0, 0], [0, 0, 0, 2.0], [0, -1.0, 0.5, 0]]).to_sparse()))),
+    Case("layer-empty-row-first", lambda: _LAYER([torch.tensor([]), torch.tensor([[3, 2.0]]),
+                                                  torch.tensor([[1, -1.0]])]), None,
+         check=lambda out: out.shape == (3, 2)),
     Case("function-csr-triple", lambda: nnsparse.sparse_linear((_CROW, _COL, _VAL), _LAYER.weight),
          ValueError, _TRIPLE_HINT),
     Case("densify-csr-triple", lambda: nnsparse.densify((_CROW, _COL, _VAL)), ValueError,
@@ -167,6 +216,9 @@ CASES = [
     Case("layer-float-wrong-width", lambda: _LAYER(torch.ones(2, 3)), ValueError,
          r"size=4\)$"),
     Case("the-bag-recipe", lambda: _bag_recipe(), None, check=lambda d: d < 1e-6),
+    Case("the-triple-recipe", lambda: _triple_recipe(torch.int64), None, check=lambda d: d < 1e-6),
+    Case("the-triple-recipe-int32", lambda: _triple_recipe(torch.int32), None,
+         check=lambda d: d < 1e-6),
     Case("the-triple-built", lambda: _LAYER(torch.sparse_csr_tensor(_CROW, _COL, _VAL, (4, 4))),
          None, check=lambda out: torch.allclose(out, _LAYER(_X))),
 ]
@@ -176,24 +228,3 @@ CASES = [
 def test_refusals_say_what_to_do(case):
     run_case(case)
 
-
-def _public_objects():
-    import nnsparse.data
-    import nnsparse.models
-    import nnsparse.optim
-    for module in (nnsparse, nnsparse.data, nnsparse.optim, nnsparse.models):
-        for name in module.__all__:
-            obj = getattr(module, name)
-            yield f"{module.__name__}.{name}", obj
-            for attr, member in vars(obj).items() if isinstance(obj, type) else ():
-                if not attr.startswith("_") or attr == "__init__":
-                    yield f"{module.__name__}.{name}.{attr}", member
-
-
-def test_docstring_examples_import_public_names_only():
-    """A user copies a docstring's example: it must not import a private module (the
-    ``make_optimizer`` example imported ``nnsparse._optim_split``)."""
-    private = [where for where, obj in _public_objects()
-               if any(line.lstrip().startswith((">>> from nnsparse._", ">>> import nnsparse._"))
-                      for line in (getattr(obj, "__doc__", None) or "").splitlines())]
-    assert private == []
