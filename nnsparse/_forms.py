@@ -865,6 +865,37 @@ def _from_pairs(x: Tensor, name: str, width: Optional[int]) -> SparseBatch:
                        is_vector=True, row_sorted=True)
 
 
+# The way from a CSR matrix's three arrays (scipy's indptr, indices, data) or EmbeddingBag's
+# (input, offsets, per_sample_weights), given as they are where a list of rows goes, to a
+# batch (a bag may repeat or reorder its indices, which CSR may not: COO, repeats summed).
+_TRIPLE_HINT = ("; a (crow_indices, col_indices, values) triple is no sparse form: build the "
+                "batch with torch.sparse_csr_tensor(crow, col, values, (rows, width)) (from "
+                "EmbeddingBag's (input, offsets, per_sample_weights), whose bags may repeat or "
+                "reorder indices: torch.sparse_coo_tensor(torch.stack([torch.repeat_interleave("
+                "torch.diff(offsets, append=offsets.new_tensor([len(input)]))), input]), "
+                "per_sample_weights, (len(offsets), width)))")
+
+
+def _triple_hint(rows: Sequence[Tensor]) -> str:
+    """:data:`_TRIPLE_HINT` where ``rows``, strided tensors whose first is 1-D (no pair row),
+    read as a CSR or EmbeddingBag triple, else ``""``: three 1-D tensors, the first two
+    integer, the values as long as the columns (CSR) or the input (EmbeddingBag). Integer
+    values (a list of index rows is all integer too) must also have CSR's row pointers,
+    from 0 to the number of columns. For an error message: one host synchronisation."""
+    def index(t: Tensor) -> bool:
+        return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+    if len(rows) != 3 or any(r.dim() != 1 for r in rows) or not all(map(index, rows[:2])):
+        return ""
+    first, second, values = rows
+    if not index(values):
+        fits = values.numel() in (first.numel(), second.numel())
+    else:
+        fits = (values.numel() == second.numel()
+                and torch.stack([first[0], first[-1]]).tolist() == [0, second.numel()])
+    return _TRIPLE_HINT if fits else ""
+
+
 # The way round an empty list of rows where the function has no size argument to give it
 # its width: an empty sparse tensor of that width (every function taking rows takes one).
 EMPTY_ROWS_TENSOR = ("an empty sparse tensor of the width n: torch.sparse_coo_tensor("
@@ -902,6 +933,11 @@ def _from_list(rows: Sequence[Any], name: str, width: Optional[int],
         if bad:
             raise TypeError(f"{name} rows must be sparse COO vectors or (k, 2) pair tensors, "
                             f"got layout {bad[0]}")
+        if rows[0].dim() == 1 and rows[0].numel():  # no pair row: refused below, or here
+            hint = _triple_hint(rows)
+            if hint:
+                raise ValueError(f"{name}[0] must be a pair tensor of shape (k, 2), got shape "
+                                 f"{tuple(rows[0].shape)}{hint}")
         parts = [_from_pairs(r, f"{name}[{i}]", width) for i, r in enumerate(rows)]
         form, inferred = "pair_list", max(int(p.col.max()) + 1 if p.nnz else 0 for p in parts)
     # An empty row's dtype is not the data's (torch.tensor([]) is float32 whatever the
@@ -1051,8 +1087,13 @@ def as_sparse_batch(x: Any, *, name: str = "input", width: Optional[int] = None,
                             f"batch nor a list of rows; pass {advice}")
         batch = _from_list(x, name, width, empty)
     else:
+        # a DataLoader's batch passed whole (the SparseRowDataset loop's first slip; by name:
+        # nnsparse.data imports this module)
+        batch_hint = ("; unpack the loader's batch first: x, y = batch (or batch.input)"
+                      if type(x).__name__ == "SparseRowBatch" else "")
         raise TypeError(f"{name} must be a sparse tensor, a pair tensor or a list of sparse "
-                        f"rows, got {type(x).__name__}{scipy_sparse_hint(x, name)}")
+                        f"rows, got {type(x).__name__}{batch_hint}"
+                        f"{scipy_sparse_hint(x, name)}")
     if width is not None and width != batch.width:
         if width < batch.width:
             raise ValueError(f"{name} has width {batch.width}, larger than {bound} {width}"

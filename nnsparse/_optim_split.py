@@ -401,8 +401,7 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
 
         >>> model = torch.nn.Sequential(nnsparse.SparseLinearBatch(6, 3, sparse_grad=True),
         ...                             torch.nn.Linear(3, 2))
-        >>> from nnsparse._optim_split import make_optimizer  # nnsparse.make_optimizer
-        >>> opt = make_optimizer(model, lr=1e-2)
+        >>> opt = nnsparse.make_optimizer(model, lr=1e-2)
         >>> opt
         SplitOptimizer(dense=Adam, sparse=LazyAdam)
         >>> model(torch.eye(6)[:2].to_sparse()).sum().backward()

@@ -127,3 +127,32 @@ def test_sort_result_types_are_exported():
     x = nnsparse.sparsify(__import__("torch").tensor([0., 2., 1.]))
     assert type(nnsparse.ssort(x)) is nnsparse.SortResult
     assert type(nnsparse.stopk(x, 1)) is nnsparse.TopkResult
+
+
+def _private_imports(source):
+    """What an example's ``source`` imports from nnsparse that is private: a module with a
+    part starting with ``_`` (``nnsparse._optim_split``) or a ``_`` name from any of them."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found += [f"{node.module}.{a.name}" for a in node.names]
+    return [m for m in found if m.split(".")[0] == "nnsparse"
+            and any(part.startswith("_") for part in m.split(".")[1:])]
+
+
+# Every module's doctests (the package's doctest collection runs all of them, also those of a
+# private module that defines a public name: nnsparse._optim_split's make_optimizer).
+ALL_MODULES = ["nnsparse"] + sorted(
+    info.name for info in pkgutil.walk_packages(nnsparse.__path__, "nnsparse."))
+
+
+@pytest.mark.parametrize("name", ALL_MODULES)
+def test_doctest_examples_import_public_names_only(name):
+    """A user copies a docstring's example: it must import no private module or name (the
+    ``make_optimizer`` example imported ``nnsparse._optim_split``)."""
+    import doctest
+    private = [(test.name, ex.source.strip()) for test in doctest.DocTestFinder().find(
+        _module(name)) for ex in test.examples if _private_imports(ex.source)]
+    assert private == []

@@ -26,6 +26,16 @@ __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_ro
 _Row = Tuple[Tensor, Tensor]  # (column indices, values) of one row
 
 
+# A dense target (a tensor, or scikit-learn's numpy y) is most often one label per row (a
+# class, a click), which sparsify would lose wherever it is 0: the dataset holds sparse rows
+# only, the labels stay beside it (a numpy array indexed by batch.row_index too).
+_DENSE_TARGET_HINT = ("; dense labels (a class or a click per row) stay outside the dataset: "
+                      "take each batch's with labels[batch.row_index] (on the labels' device); "
+                      "a dense matrix whose zeros are missing entries becomes sparse with "
+                      "nnsparse.sparsify(x, layout=torch.sparse_csr) (numpy's after "
+                      "torch.from_numpy)")
+
+
 def _as_csr(matrix: Tensor, name: str) -> Tuple[Tensor, Tensor, Tensor]:
     """``(crow, col, values)`` of a 2-D sparse COO or CSR matrix, checked, on the CPU.
 
@@ -36,7 +46,9 @@ def _as_csr(matrix: Tensor, name: str) -> Tuple[Tensor, Tensor, Tensor]:
     if not isinstance(matrix, Tensor) or matrix.layout not in (torch.sparse_csr, torch.sparse_coo):
         got = type(matrix).__name__ if not isinstance(matrix, Tensor) else f"layout {matrix.layout}"
         # a dense matrix is the first thing a user has: say how to make it sparse
-        hint = ("; convert a dense matrix with nnsparse.sparsify(x, layout=torch.sparse_csr) "
+        hint = (_DENSE_TARGET_HINT if name == "target" and (type(matrix).__module__ == "numpy"
+                or isinstance(matrix, Tensor) and matrix.layout == torch.strided) else
+                "; convert a dense matrix with nnsparse.sparsify(x, layout=torch.sparse_csr) "
                 "(its zeros left out)" if isinstance(matrix, Tensor)
                 and matrix.layout == torch.strided else
                 "; a numpy array goes through torch.from_numpy(a), then nnsparse.sparsify"
@@ -405,16 +417,20 @@ class SparseRowDataset(Dataset[Tuple[Any, ...]]):
     * evaluation: ``SparseRowDataset(train_matrix, test_matrix)``: the
       training ratings as input, the held-out ratings as target.
 
+    For a classifier (bags of words, one-hot features) the dense labels stay
+    beside the dataset, one per matrix row: ``y = labels[batch.row_index]``.
+
     Args:
         input (Tensor): sparse CSR or COO ``(rows, width)``.
         target (Tensor, optional): sparse ``(rows, target_width)``, the same
-            number of rows.
+            number of rows (dense labels: see above).
         layout (torch.layout): the layout of collated batches,
             ``torch.sparse_csr`` (default) or ``torch.sparse_coo``.
 
     Raises:
-        TypeError: a matrix that is not sparse COO or CSR, or a bad ``layout``;
-            an index that is not an integer.
+        TypeError: a matrix that is not sparse COO or CSR (a dense or numpy ``target``:
+            the message says where labels go), or a bad ``layout``; an index that is
+            not an integer.
         ValueError: a matrix that is not 2-D or has invalid indices, or
             matrices with different row counts.
 

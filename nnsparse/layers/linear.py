@@ -656,10 +656,22 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
         # a strided tensor is always dense (nn.Linear's behaviour): the Lua pair
         # form comes as a list of (k, 2) tensors or through nnsparse.from_pairs
         if input.dim() == 0 or input.shape[-1] != table.shape[0]:
-            raise ValueError(f"input must have {table.shape[0]} features (in_features) in its "
+            n = table.shape[0]
+            # EmbeddingBag's (bags, k) input of indices is what a one-hot or bag-of-words
+            # user has at hand: say how it becomes a sparse batch (COO: unsorted and
+            # repeated indices allowed, repeats summed as mode="sum" does)
+            bag = (f"; an integer (rows, k) tensor of column indices (nn.EmbeddingBag's 2-D "
+                   f"input) becomes a batch with torch.sparse_coo_tensor(torch.stack(["
+                   f"torch.arange(rows, device=input.device).repeat_interleave(k), "
+                   f"input.flatten()]), weights.flatten(), (rows, {n})), weights its "
+                   f"per_sample_weights or torch.ones(rows, k, device=input.device) (repeated "
+                   f"indices summed, as mode='sum')"
+                   if input.dim() == 2 and not input.dtype.is_floating_point
+                   and not input.dtype.is_complex and input.dtype != torch.bool else "")
+            raise ValueError(f"input must have {n} features (in_features) in its "
                              f"last dimension, got shape {tuple(input.shape)}; a Lua (k, 2) "
                              f"pair vector goes through nnsparse.from_pairs(input, "
-                             f"size={table.shape[0]})")
+                             f"size={n}){bag}")
         if input.device != table.device:
             raise ValueError(f"input must be on the weight's device {table.device}, "
                              f"got {input.device}")
