@@ -68,19 +68,46 @@ def test_multinomial_loss_and_gradients_match_dense_reference(layout, normalised
                                    msg=name)
 
 
-def test_batchmean_divides_by_rows_vector_and_empty():
-    logp = torch.randn(3, 4).log_softmax(1)
-    x = torch.tensor([[1., 0., 1., 0.], [0., 0., 0., 0.], [0., 1., 0., 0.]])
-    summed = nnsparse.SparseCriterion(nn.KLDivLoss(reduction="sum"))(logp, x.to_sparse())
-    mean = nnsparse.SparseCriterion(nn.KLDivLoss(reduction="batchmean"))(logp, x.to_sparse())
-    torch.testing.assert_close(mean, summed / 3)
-    torch.testing.assert_close(mean, F.kl_div(logp, x, reduction="batchmean"))
-    vector = nnsparse.SparseCriterion(nn.KLDivLoss(reduction="batchmean"))(
-        logp[0], x[0].to_sparse())  # a vector is one row
-    torch.testing.assert_close(vector, -(logp[0] * x[0]).sum())
+_LOGP = torch.randn(3, 4, generator=torch.Generator().manual_seed(0),
+                    dtype=torch.float64).log_softmax(1)
+_CLICKS = torch.tensor([[1., 0., 1., 0.], [0., 0., 0., 0.], [0., 1., 0., 0.]],
+                       dtype=torch.float64)
+_PAIRS = [torch.tensor([[0, 1.], [2, 1.]], dtype=torch.float64),
+          torch.zeros(0, 2, dtype=torch.float64), torch.tensor([[1, 1.]], dtype=torch.float64)]
+
+# (id, estimate, target, dense estimate, dense target): every form divides by torch's
+# input.size(0), the rows of a batch and n of a vector (n,), as F.kl_div's 'batchmean'
+_BATCHMEAN_FORMS = [
+    ("dense-coo", lambda e: e, lambda: _CLICKS.to_sparse(), _LOGP, _CLICKS),
+    ("dense-csr", lambda e: e, lambda: _CLICKS.to_sparse_csr(), _LOGP, _CLICKS),
+    ("sparse-estimate", lambda e: e.to_sparse(), lambda: _CLICKS.to_sparse(), _LOGP, _CLICKS),
+    ("list-of-rows", lambda e: e, lambda: [r.to_sparse() for r in _CLICKS], _LOGP, _CLICKS),
+    ("lua-pair-rows", lambda e: e, lambda: _PAIRS, _LOGP, _CLICKS),
+    ("vector", lambda e: e, lambda: _CLICKS[0].to_sparse(), _LOGP[0], _CLICKS[0]),
+    ("vector-lua-pairs", lambda e: e, lambda: _PAIRS[0], _LOGP[0], _CLICKS[0]),
+]
+
+
+@pytest.mark.parametrize("form, estimate, target, dense, x", _BATCHMEAN_FORMS,
+                         ids=[f[0] for f in _BATCHMEAN_FORMS])
+def test_batchmean_divides_by_input_size_0_as_torch(form, estimate, target, dense, x):
+    crit = nnsparse.SparseCriterion(nn.KLDivLoss(reduction="batchmean"))
+    leaf = dense.clone().requires_grad_()
+    loss = crit(estimate(leaf), target())
+    loss.backward()
+    ref_leaf = dense.clone().requires_grad_()
+    expected = F.kl_div(ref_leaf, x, reduction="batchmean")
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(leaf.grad, ref_leaf.grad)
+    assert torch.autograd.gradcheck(lambda e: crit(estimate(e), target()),
+                                    (dense.clone().requires_grad_(),))
+
+
+def test_batchmean_empty_batch_is_zero():
     empty = nnsparse.SparseCriterion(nn.KLDivLoss(reduction="batchmean"))(
         torch.zeros(0, 4), torch.zeros(0, 4).to_sparse())
-    assert float(empty) == 0.0
+    assert float(empty) == 0.0  # F.kl_div gives nan (0 / 0): nnsparse's empty batch is 0
 
 
 _KL_BM = nn.KLDivLoss(reduction="batchmean")
@@ -98,6 +125,13 @@ _REFUSALS = [
          r"or wrap the loss in SparseCriterion"),
     Case("sdae-batchmean", lambda: nnsparse.SDAESparseCriterion(_KL_BM), ValueError,
          r"SDAESparseCriterion: .*got 'batchmean'; for 'batchmean'.*reduction='sum'"),
+    Case("mse-batchmean", lambda: nnsparse.SparseCriterion(nn.MSELoss(reduction="batchmean")),
+         ValueError, r"SparseCriterion: reduction='batchmean' is nn.KLDivLoss's only, got it on "
+         r"MSELoss \(torch's MSELoss refuses it too\); pass reduction='sum' and divide the "
+         r"loss by the number of rows"),
+    Case("mask-bce-batchmean", lambda: nnsparse.MaskCriterion(nn.BCELoss(reduction="batchmean")),
+         ValueError, r"MaskCriterion: reduction='batchmean' is nn.KLDivLoss's only, got it on "
+         r"BCELoss"),
     Case("none-keeps-its-hint", lambda: nnsparse.SparseCriterion(nn.KLDivLoss(reduction="none")),
          ValueError, r"got 'none'; use size_average= to choose the averaging"),
     Case("batchmean-works", lambda: nnsparse.SparseCriterion(_KL_BM)(torch.zeros(1, 2), _X),

@@ -192,13 +192,24 @@ def resolve_size_average(criterion: nn.Module, size_average: Optional[bool],
     divides by the rows itself, ``batchmean=True``: :class:`SparseCriterion`)
     means ``size_average=False`` unless ``size_average=True`` was asked
     explicitly, which contradicts it; ``'none'`` is refused: an nnsparse
-    criterion returns a scalar.  A refused ``'batchmean'`` is told the way round.
+    criterion returns a scalar.  A refused ``'batchmean'`` is told the way round;
+    ``'batchmean'`` on any loss but :class:`~torch.nn.KLDivLoss` is refused
+    everywhere, as torch's own losses refuse it.
     """
     reduction = reduction_of(criterion)
     if size_average is not None:
         size_average = bool_arg(size_average, "size_average")
     if reduction == "mean":
         return True if size_average is None else size_average
+    module = criterion.module if isinstance(criterion, ElementwiseLoss) else criterion
+    kl_div = isinstance(module, nn.KLDivLoss)
+    if reduction == "batchmean" and not kl_div:
+        # torch's own losses other than KLDivLoss refuse it at their call
+        # ("batchmean is not a valid value for reduction"): so does nnsparse
+        name = type(module).__name__
+        raise ValueError(f"{owner}: reduction='batchmean' is nn.KLDivLoss's only, got it on "
+                         f"{name} (torch's {name} refuses it too); pass reduction='sum' and "
+                         "divide the loss by the number of rows")
     if reduction == "sum" or (reduction == "batchmean" and batchmean):
         if size_average:
             raise ValueError(f"{owner}: the criterion's reduction={reduction!r} contradicts "

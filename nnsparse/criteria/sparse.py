@@ -27,9 +27,11 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
 
     with :math:`d` the number of specified entries of the target
     (``size_average=True``, the default), the number of entries of the
-    estimate, ``rows * n`` (``full_size_average=True``), the estimate's
-    ``rows`` (a criterion with ``reduction='batchmean'``, :class:`~torch.nn.KLDivLoss`'s;
-    a vector is one row), or 1 (all False).
+    estimate, ``rows * n`` (``full_size_average=True``), the estimate's first
+    dimension (an :class:`~torch.nn.KLDivLoss` with ``reduction='batchmean'``: torch's
+    ``input.size(0)``, the ``rows`` of a batch, whether dense ``(rows, n)``, sparse, Lua
+    pair rows or a list of rows, and ``n`` for a vector ``(n,)``, as torch divides a 1-D
+    input; pass a ``(1, n)`` batch for one sample's sum), or 1 (all False).
     An uncoalesced target is coalesced first (duplicates mean a sum), so each
     position counts once.  A target with no entry gives a loss of 0.
 
@@ -38,8 +40,9 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
             ``nn.SmoothL1Loss``, ``nn.HuberLoss``, ``nn.BCELoss``,
             ``nn.BCEWithLogitsLoss``, ...).  Its settings (``beta``, ``delta``,
             ``pos_weight``, ...) are kept; its ``reduction`` is honoured:
-            ``'sum'`` means ``size_average=False``, ``'batchmean'`` divides the sum
-            by the rows, ``'none'`` is refused.  ``nn.KLDivLoss(reduction='batchmean')``
+            ``'sum'`` means ``size_average=False``, ``'batchmean'`` (``nn.KLDivLoss``'s
+            only: torch's other losses refuse it, and so does nnsparse) divides the sum
+            by the estimate's first dimension, ``'none'`` is refused.  ``nn.KLDivLoss(reduction='batchmean')``
             on a ``log_softmax`` estimate and a click batch is the multinomial
             log-likelihood of Mult-VAE/Mult-DAE, ``-(log_softmax * x).sum(1).mean()``,
             plus the constant ``(x * log x).sum(1).mean()`` (0 for binary clicks),
@@ -167,7 +170,8 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         if self.full_size_average:
             return loss / max(est.numel(), 1)  # an empty batch: 0, not 0 / 0
         if reduction_of(self.criterion) == "batchmean":
-            return loss / max(est.rows, 1)
+            # torch's input.size(0): the rows of a batch, n of a vector (n,)
+            return loss / max(est.width if est.is_vector else est.rows, 1)
         return loss
 
     def extra_repr(self) -> str:
