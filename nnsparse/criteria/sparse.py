@@ -42,11 +42,12 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
             ``pos_weight``, ...) are kept; its ``reduction`` is honoured:
             ``'sum'`` means ``size_average=False``, ``'batchmean'`` (``nn.KLDivLoss``'s
             only: torch's other losses refuse it, and so does nnsparse) divides the sum
-            by the estimate's first dimension, ``'none'`` is refused.  ``nn.KLDivLoss(reduction='batchmean')``
-            on a ``log_softmax`` estimate and a click batch is the multinomial
-            log-likelihood of Mult-VAE/Mult-DAE, ``-(log_softmax * x).sum(1).mean()``,
-            plus the constant ``(x * log x).sum(1).mean()`` (0 for binary clicks),
-            read at the clicks only (see the second example).  Weight
+            by the estimate's first dimension, ``'none'`` is refused.
+            ``nn.KLDivLoss(reduction='batchmean')`` on a ``log_softmax`` estimate and a
+            click batch is the multinomial log-likelihood of Mult-VAE/Mult-DAE,
+            ``-(log_softmax * x).sum(1).mean()``, plus the constant
+            ``(x * log x).sum(1).mean()`` (0 for binary clicks), read at the clicks
+            only (see the second example).  Weight
             tensors are read at the target's entries as if broadcast to the
             estimate's dense shape (``pos_weight`` of shape ``(n,)`` is per column).
         size_average (bool): divide by the number of specified target entries.

@@ -99,9 +99,9 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
     evaluated (a user with none is left out of the means and of ``"users"``, and its row of
     ``top`` is not read); the figures are means over these users, with binary relevance:
     ``precision@k = hits / k``, ``recall@k = hits / n`` (``n`` the user's relevant test
-    items; ``recall="min"``: ``hits / min(k, n)``), ``ndcg@k = DCG / IDCG`` (``DCG`` the sum of ``1 / log2(p + 1)`` over the hits'
-    positions ``p = 1..k``, ``IDCG`` the same over ``p = 1..min(k, n)``) and
-    ``hit_rate@k`` (1 when ``hits >= 1``).
+    items; ``recall="min"``: ``hits / min(k, n)``), ``ndcg@k = DCG / IDCG`` (``DCG`` the
+    sum of ``1 / log2(p + 1)`` over the hits' positions ``p = 1..k``, ``IDCG`` the same
+    over ``p = 1..min(k, n)``) and ``hit_rate@k`` (1 when ``hits >= 1``).
 
     Args:
         top: each user's items, best first: an integer tensor ``(rows, columns)`` whose
@@ -135,8 +135,9 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
             ``threshold`` not a real number or None, ``recall`` not a str.
         ValueError: ``top`` not 2-D, with fewer rows than the test users need, an item
             index at or above ``test.n_items`` or twice in a row, or values of another
-            shape; ``k`` below 1; ``recall`` neither ``"n"`` nor ``"min"``; ``threshold`` not finite; ``test`` empty, rating a
-            (user, item) pair twice, or with no rating reaching ``threshold``.
+            shape; ``k`` below 1; ``recall`` neither ``"n"`` nor ``"min"``; ``threshold``
+            not finite; ``test`` empty, rating a (user, item) pair twice, or with no
+            rating reaching ``threshold``.
 
     Example::
 
