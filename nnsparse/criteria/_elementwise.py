@@ -184,36 +184,52 @@ def reduction_of(criterion: Any) -> Any:
 
 
 def resolve_size_average(criterion: nn.Module, size_average: Optional[bool],
-                         owner: str) -> bool:
+                         owner: str, batchmean: bool = False) -> bool:
     """``size_average`` honouring the wrapped loss's ``reduction``.
 
     ``reduction='mean'`` (torch's default) leaves nnsparse's averaging as
-    asked (default True); ``'sum'`` means ``size_average=False`` unless
-    ``size_average=True`` was asked explicitly, which contradicts it;
-    ``'none'`` is refused: an nnsparse criterion returns a scalar.
+    asked (default True); ``'sum'`` (and ``'batchmean'`` where the owner
+    divides by the rows itself, ``batchmean=True``: :class:`SparseCriterion`)
+    means ``size_average=False`` unless ``size_average=True`` was asked
+    explicitly, which contradicts it; ``'none'`` is refused: an nnsparse
+    criterion returns a scalar.  A refused ``'batchmean'`` is told the way round;
+    ``'batchmean'`` on any loss but :class:`~torch.nn.KLDivLoss` is refused
+    everywhere, as torch's own losses refuse it.
     """
     reduction = reduction_of(criterion)
     if size_average is not None:
         size_average = bool_arg(size_average, "size_average")
     if reduction == "mean":
         return True if size_average is None else size_average
-    if reduction == "sum":
+    module = criterion.module if isinstance(criterion, ElementwiseLoss) else criterion
+    kl_div = isinstance(module, nn.KLDivLoss)
+    if reduction == "batchmean" and not kl_div:
+        # torch's own losses other than KLDivLoss refuse it at their call
+        # ("batchmean is not a valid value for reduction"): so does nnsparse
+        name = type(module).__name__
+        raise ValueError(f"{owner}: reduction='batchmean' is nn.KLDivLoss's only, got it on "
+                         f"{name} (torch's {name} refuses it too); pass reduction='sum' and "
+                         "divide the loss by the number of rows")
+    if reduction == "sum" or (reduction == "batchmean" and batchmean):
         if size_average:
-            raise ValueError(f"{owner}: the criterion's reduction='sum' contradicts "
+            raise ValueError(f"{owner}: the criterion's reduction={reduction!r} contradicts "
                              "size_average=True; keep one of them")
         return False
+    hint = ("; for 'batchmean' (the sum divided by the batch's rows) pass reduction='sum' "
+            "and divide the loss by the number of rows, or wrap the loss in SparseCriterion, "
+            "which honours 'batchmean'" if reduction == "batchmean"
+            else "; use size_average= to choose the averaging")
     raise ValueError(f"{owner}: the criterion's reduction must be 'mean' or 'sum' (an nnsparse "
-                     f"criterion returns a scalar), got {reduction!r}; use size_average= to "
-                     "choose the averaging")
+                     f"criterion returns a scalar), got {reduction!r}{hint}")
 
 
 def checked_loss(criterion: nn.Module, size_average: Optional[bool],
-                 owner: str) -> ElementwiseLoss:
+                 owner: str, batchmean: bool = False) -> ElementwiseLoss:
     """The element-wise form of ``criterion``, once ``size_average`` agrees with its
     ``reduction`` (both may have been assigned since the constructor): what a
     criterion's forward evaluates."""
     loss = elementwise_loss(criterion)
-    resolve_size_average(criterion, size_average, owner)
+    resolve_size_average(criterion, size_average, owner, batchmean)
     return loss
 
 

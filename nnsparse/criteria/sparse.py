@@ -27,7 +27,11 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
 
     with :math:`d` the number of specified entries of the target
     (``size_average=True``, the default), the number of entries of the
-    estimate, ``rows * n`` (``full_size_average=True``), or 1 (both False).
+    estimate, ``rows * n`` (``full_size_average=True``), the estimate's first
+    dimension (an :class:`~torch.nn.KLDivLoss` with ``reduction='batchmean'``: torch's
+    ``input.size(0)``, the ``rows`` of a batch, whether dense ``(rows, n)``, sparse, Lua
+    pair rows or a list of rows, and ``n`` for a vector ``(n,)``, as torch divides a 1-D
+    input; pass a ``(1, n)`` batch for one sample's sum), or 1 (all False).
     An uncoalesced target is coalesced first (duplicates mean a sum), so each
     position counts once.  A target with no entry gives a loss of 0.
 
@@ -36,7 +40,14 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
             ``nn.SmoothL1Loss``, ``nn.HuberLoss``, ``nn.BCELoss``,
             ``nn.BCEWithLogitsLoss``, ...).  Its settings (``beta``, ``delta``,
             ``pos_weight``, ...) are kept; its ``reduction`` is honoured:
-            ``'sum'`` means ``size_average=False``, ``'none'`` is refused.  Weight
+            ``'sum'`` means ``size_average=False``, ``'batchmean'`` (``nn.KLDivLoss``'s
+            only: torch's other losses refuse it, and so does nnsparse) divides the sum
+            by the estimate's first dimension, ``'none'`` is refused.
+            ``nn.KLDivLoss(reduction='batchmean')`` on a ``log_softmax`` estimate and a
+            click batch is the multinomial log-likelihood of Mult-VAE/Mult-DAE,
+            ``-(log_softmax * x).sum(1).mean()``, plus the constant
+            ``(x * log x).sum(1).mean()`` (0 for binary clicks), read at the clicks
+            only (see the second example).  Weight
             tensors are read at the target's entries as if broadcast to the
             estimate's dense shape (``pos_weight`` of shape ``(n,)`` is per column).
         size_average (bool): divide by the number of specified target entries.
@@ -84,6 +95,15 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         >>> loss.backward(); estimate.grad
         tensor([[ 0.0000, -0.5000,  0.0000],
                 [-1.0000,  0.0000,  0.0000]])
+
+    The multinomial log-likelihood of Mult-DAE/Mult-VAE (a softmax over every item,
+    clicks ``x`` sparse), never densifying ``x``::
+
+        >>> x = torch.tensor([[0., 1., 1.], [1., 0., 0.]]).to_sparse_csr()  # clicks
+        >>> log_p = torch.log_softmax(torch.tensor([[0., 1., 2.], [3., 0., 0.]]), dim=1)
+        >>> multinomial = SparseCriterion(nn.KLDivLoss(reduction="batchmean"))
+        >>> torch.allclose(multinomial(log_p, x), -(log_p * x.to_dense()).sum(1).mean())
+        True
     """
 
     size_average = Setting(bool_arg)
@@ -98,7 +118,8 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
         if (full_size_average and size_average is None
                 and reduction_of(criterion) == "mean"):
             size_average = False  # full_size_average asks for the other averaging
-        self.size_average = resolve_size_average(criterion, size_average, "SparseCriterion")
+        self.size_average = resolve_size_average(criterion, size_average, "SparseCriterion",
+                                                 batchmean=True)
         self.full_size_average = full_size_average
         self._check_averaging()
 
@@ -107,10 +128,12 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
 
         Run at each call: ``size_average``, ``full_size_average`` and
         ``criterion`` may be assigned after the constructor."""
-        loss = checked_loss(self.criterion, self.size_average, "SparseCriterion")
-        if self.full_size_average and reduction_of(self.criterion) == "sum":
-            raise ValueError("SparseCriterion: the criterion's reduction='sum' contradicts "
-                             "full_size_average=True; keep one of them")
+        loss = checked_loss(self.criterion, self.size_average, "SparseCriterion",
+                            batchmean=True)
+        reduction = reduction_of(self.criterion)
+        if self.full_size_average and reduction in ("sum", "batchmean"):
+            raise ValueError(f"SparseCriterion: the criterion's reduction={reduction!r} "
+                             "contradicts full_size_average=True; keep one of them")
         if self.size_average and self.full_size_average:
             raise ValueError(
                 "size_average and full_size_average cannot both be True: divide either by the "
@@ -147,6 +170,9 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
             return loss / max(batch.nnz, 1)
         if self.full_size_average:
             return loss / max(est.numel(), 1)  # an empty batch: 0, not 0 / 0
+        if reduction_of(self.criterion) == "batchmean":
+            # torch's input.size(0): the rows of a batch, n of a vector (n,)
+            return loss / max(est.width if est.is_vector else est.rows, 1)
         return loss
 
     def extra_repr(self) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .._forms import as_count, is_real, real_float, refuse_meta
+from .._forms import as_choice, as_count, is_real, real_float, refuse_meta
 from .readers import Ratings, _check_ratings, _check_unique_pairs
 
 __all__ = ["ranking_metrics"]
@@ -56,7 +56,7 @@ def _relevant(test: Ratings, threshold: Optional[float]) -> Tuple[Tensor, Tensor
 
 
 def _figures(top: Tensor, placed: Tensor, users: Tensor, user: Tensor, item: Tensor,
-             n_items: int, k: int) -> Dict[str, Any]:
+             n_items: int, k: int, recall: str = "n") -> Dict[str, Any]:
     """Precision, recall, NDCG and hit rate at ``k``, averaged over ``users``.
 
     ``top`` (CPU int64 ``(len(users), columns)``, ``columns <= k``; a narrower list's
@@ -64,7 +64,8 @@ def _figures(top: Tensor, placed: Tensor, users: Tensor, user: Tensor, item: Ten
     user's items best first, ``placed`` (bool, same shape) marks the places that hold an
     item (the others are misses); ``users`` are the evaluated users, sorted and unique,
     ``(user, item)`` their relevant test pairs (CPU int64, no pair twice: ``n`` counts
-    them), every index of either below ``n_items``."""
+    them), every index of either below ``n_items``; ``recall`` ``"n"`` divides the hits by
+    ``n``, ``"min"`` by ``min(k, n)`` (:func:`ranking_metrics`' ``recall``)."""
     position = torch.searchsorted(users, user)
     wanted = torch.unique(position * n_items + item)  # sorted, one key a relevant pair
     key = torch.arange(users.shape[0])[:, None] * n_items + top.clamp(min=0)
@@ -79,14 +80,15 @@ def _figures(top: Tensor, placed: Tensor, users: Tensor, user: Tensor, item: Ten
     dcg = (hit.double() * discount[:top.shape[1]]).sum(1)
     ideal = discount.cumsum(0)[best - 1]
     return {f"precision@{k}": float((hits / k).mean()),
-            f"recall@{k}": float((hits / n_relevant).mean()),
+            f"recall@{k}": float((hits / (n_relevant if recall == "n"
+                                          else n_relevant.clamp(max=k))).mean()),
             f"ndcg@{k}": float((dcg / ideal).mean()),
             f"hit_rate@{k}": float((hits > 0).double().mean()),
             "users": int(users.shape[0])}
 
 
 def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
-                    threshold: Optional[float] = None) -> Dict[str, Any]:
+                    threshold: Optional[float] = None, recall: str = "n") -> Dict[str, Any]:
     r"""Precision, recall, NDCG and hit rate at ``k`` of your own top-``k`` lists.
 
     The figures :meth:`RatingModel.evaluate_ranking
@@ -97,9 +99,9 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
     evaluated (a user with none is left out of the means and of ``"users"``, and its row of
     ``top`` is not read); the figures are means over these users, with binary relevance:
     ``precision@k = hits / k``, ``recall@k = hits / n`` (``n`` the user's relevant test
-    items), ``ndcg@k = DCG / IDCG`` (``DCG`` the sum of ``1 / log2(p + 1)`` over the hits'
-    positions ``p = 1..k``, ``IDCG`` the same over ``p = 1..min(k, n)``) and
-    ``hit_rate@k`` (1 when ``hits >= 1``).
+    items; ``recall="min"``: ``hits / min(k, n)``), ``ndcg@k = DCG / IDCG`` (``DCG`` the
+    sum of ``1 / log2(p + 1)`` over the hits' positions ``p = 1..k``, ``IDCG`` the same
+    over ``p = 1..min(k, n)``) and ``hit_rate@k`` (1 when ``hits >= 1``).
 
     Args:
         top: each user's items, best first: an integer tensor ``(rows, columns)`` whose
@@ -116,6 +118,12 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
             counts its missing places as misses.  Default: ``top``'s number of columns.
         threshold (float, optional): the lowest relevant rating; ``None``: every test
             rating is relevant.  Default: ``None``.
+        recall (str): recall's denominator: ``"n"``, the user's relevant test items (the
+            textbook recall, :meth:`~nnsparse.models.RatingModel.evaluate_ranking`'s), or
+            ``"min"``, ``min(k, n)``: the Recall@k of Liang et al. 2018 (Mult-VAE) and
+            of the implicit-feedback papers that follow it, which reaches 1 when the list
+            is all hits even for a user with more than ``k`` relevant items.  Default:
+            ``"n"``.
 
     Returns:
         dict: ``{"precision@k", "recall@k", "ndcg@k", "hit_rate@k"}`` (floats; the keys
@@ -124,11 +132,12 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
     Raises:
         TypeError: ``top`` not an integer tensor or a ``(values, indices)`` result, its
             values not floating point; ``test`` not a :class:`Ratings`; ``k`` not an int,
-            ``threshold`` not a real number or None.
+            ``threshold`` not a real number or None, ``recall`` not a str.
         ValueError: ``top`` not 2-D, with fewer rows than the test users need, an item
             index at or above ``test.n_items`` or twice in a row, or values of another
-            shape; ``k`` below 1; ``threshold`` not finite; ``test`` empty, rating a
-            (user, item) pair twice, or with no rating reaching ``threshold``.
+            shape; ``k`` below 1; ``recall`` neither ``"n"`` nor ``"min"``; ``threshold``
+            not finite; ``test`` empty, rating a (user, item) pair twice, or with no
+            rating reaching ``threshold``.
 
     Example::
 
@@ -139,6 +148,10 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
         >>> figures = ranking_metrics(lists, test)
         >>> {key: round(value, 4) for key, value in figures.items()}
         {'precision@2': 0.5, 'recall@2': 0.75, 'ndcg@2': 0.622, 'hit_rate@2': 1.0, 'users': 2}
+        >>> ranking_metrics(lists, test, 1)["recall@1"]   # user 0: 1 hit / 2, user 1: 0 / 1
+        0.25
+        >>> ranking_metrics(lists, test, 1, recall="min")["recall@1"]  # user 0: 1 / min(1, 2)
+        0.5
     """
     values: Optional[Tensor] = None
     if not isinstance(top, Tensor) and isinstance(getattr(top, "indices", None), Tensor) \
@@ -168,6 +181,8 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
     if k < 1:
         raise ValueError("k must be positive, got top with 0 columns and no k")
     threshold = _checked_threshold(threshold)
+    recall = as_choice(recall, "recall", ("n", "min"),
+                       then=" (the denominator: n relevant items, or min(k, n))")
     user, item = _relevant(test, threshold)
     # a pair twice would count twice in n (recall's denominator, the ideal list), once in hits
     _check_unique_pairs("test", test)
@@ -190,4 +205,4 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
         row = int(twice.any(1).nonzero()[0])
         raise ValueError(f"top must list an item once a row: user {int(users[row])}'s list "
                          f"holds item {int(ordered[row, 1:][twice[row]][0])} twice")
-    return _figures(top, placed, users, user, item, n_items, k)
+    return _figures(top, placed, users, user, item, n_items, k, recall)
