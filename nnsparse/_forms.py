@@ -933,12 +933,13 @@ def _from_list(rows: Sequence[Any], name: str, width: Optional[int],
         if bad:
             raise TypeError(f"{name} rows must be sparse COO vectors or (k, 2) pair tensors, "
                             f"got layout {bad[0]}")
-        if rows[0].dim() == 1 and rows[0].numel():  # no pair row: refused below, or here
-            hint = _triple_hint(rows)
+        try:
+            parts = [_from_pairs(r, f"{name}[{i}]", width) for i, r in enumerate(rows)]
+        except ValueError as e:  # a 1-D first row is refused first, as no pair row: a triple?
+            hint = _triple_hint(rows) if rows[0].dim() == 1 and rows[0].numel() else ""
             if hint:
-                raise ValueError(f"{name}[0] must be a pair tensor of shape (k, 2), got shape "
-                                 f"{tuple(rows[0].shape)}{hint}")
-        parts = [_from_pairs(r, f"{name}[{i}]", width) for i, r in enumerate(rows)]
+                raise ValueError(f"{e}{hint}") from None
+            raise
         form, inferred = "pair_list", max(int(p.col.max()) + 1 if p.nnz else 0 for p in parts)
     # An empty row's dtype is not the data's (torch.tensor([]) is float32 whatever the
     # rows): the rows with entries must share one dtype, which the batch keeps

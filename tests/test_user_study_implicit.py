@@ -134,6 +134,13 @@ _REFUSALS = [
          r"BCELoss"),
     Case("none-keeps-its-hint", lambda: nnsparse.SparseCriterion(nn.KLDivLoss(reduction="none")),
          ValueError, r"got 'none'; use size_average= to choose the averaging"),
+    Case("none-kl-lists-batchmean",
+         lambda: nnsparse.SparseCriterion(nn.KLDivLoss(reduction="none")), ValueError,
+         r"SparseCriterion: the criterion's reduction must be 'mean' or 'sum', or 'batchmean' "
+         r"for nn.KLDivLoss \(an nnsparse criterion returns a scalar\), got 'none'"),
+    Case("none-mse-no-batchmean", lambda: nnsparse.SparseCriterion(nn.MSELoss(reduction="none")),
+         ValueError, r"reduction must be 'mean' or 'sum' \(an nnsparse criterion returns a "
+         r"scalar\), got 'none'"),
     Case("batchmean-works", lambda: nnsparse.SparseCriterion(_KL_BM)(torch.zeros(1, 2), _X),
          None, check=lambda out: float(out) == 0.0),
 ]

@@ -219,8 +219,9 @@ def resolve_size_average(criterion: nn.Module, size_average: Optional[bool],
             "and divide the loss by the number of rows, or wrap the loss in SparseCriterion, "
             "which honours 'batchmean'" if reduction == "batchmean"
             else "; use size_average= to choose the averaging")
-    raise ValueError(f"{owner}: the criterion's reduction must be 'mean' or 'sum' (an nnsparse "
-                     f"criterion returns a scalar), got {reduction!r}{hint}")
+    also = ", or 'batchmean' for nn.KLDivLoss" if batchmean and kl_div else ""
+    raise ValueError(f"{owner}: the criterion's reduction must be 'mean' or 'sum'{also} (an "
+                     f"nnsparse criterion returns a scalar), got {reduction!r}{hint}")
 
 
 def checked_loss(criterion: nn.Module, size_average: Optional[bool],

@@ -80,9 +80,12 @@ class SparseCriterion(RefuseLuaNames, nn.Module):
     Raises:
         TypeError: ``criterion`` has no element-wise form, a flag is not a
             bool, or the target's values are complex.
-        ValueError: both averaging modes asked for; rows or width of estimate
-            and target differ; a target index beyond the estimate; the target on
-            another device; a sparse estimate missing a target entry.
+        ValueError: both averaging modes asked for; the criterion's ``reduction``
+            ``'none'``, ``'batchmean'`` on a loss other than ``nn.KLDivLoss``, or
+            ``'sum'`` or ``'batchmean'`` beside ``size_average=True`` or
+            ``full_size_average=True``; rows or width of estimate and target differ;
+            a target index beyond the estimate; the target on another device; a
+            sparse estimate missing a target entry.
 
     Example::
 

@@ -46,13 +46,13 @@ def _as_csr(matrix: Tensor, name: str) -> Tuple[Tensor, Tensor, Tensor]:
     if not isinstance(matrix, Tensor) or matrix.layout not in (torch.sparse_csr, torch.sparse_coo):
         got = type(matrix).__name__ if not isinstance(matrix, Tensor) else f"layout {matrix.layout}"
         # a dense matrix is the first thing a user has: say how to make it sparse
-        hint = (_DENSE_TARGET_HINT if name == "target" and (type(matrix).__module__ == "numpy"
-                or isinstance(matrix, Tensor) and matrix.layout == torch.strided) else
+        dense = isinstance(matrix, Tensor) and matrix.layout == torch.strided
+        numpy = type(matrix).__module__ == "numpy"
+        hint = (_DENSE_TARGET_HINT if name == "target" and (dense or numpy) else
                 "; convert a dense matrix with nnsparse.sparsify(x, layout=torch.sparse_csr) "
-                "(its zeros left out)" if isinstance(matrix, Tensor)
-                and matrix.layout == torch.strided else
+                "(its zeros left out)" if dense else
                 "; a numpy array goes through torch.from_numpy(a), then nnsparse.sparsify"
-                if type(matrix).__module__ == "numpy" else
+                if numpy else
                 # rating triples are the second thing: their matrix is one call away
                 "; ratings become a matrix with RatingNormalizer(train).matrix(ratings) "
                 "(normalised, as the models train) or rating_matrix(ratings) (the ratings "
