@@ -61,7 +61,7 @@ __all__ = ["SparseBatch", "SparseLike", "as_sparse_batch", "is_sparse_form", "is
            "check_int64", "int64_message", "check_numel", "as_device", "holds_exactly",
            "KERNEL_DTYPES", "check_kernel_dtype", "refuse_meta", "refuse_meta_device",
            "no_rows", "empty_batch", "EMPTY_ROWS_TENSOR", "EMPTY_ROWS_WAY_ROUND",
-           "int_of_0d", "int_kind", "is_int", "lua_pairs_hint", "check_coo_indices",
+           "int_of_0d", "int_kind", "int_dtype", "is_int", "lua_pairs_hint", "check_coo_indices",
            "scipy_sparse_hint", "compile_boundary", "sparse_output_boundary",
            "EXACT_INDEX", "exact_index", "NO_INDEX", "no_index_error"]
 
@@ -882,13 +882,11 @@ def _triple_hint(rows: Sequence[Tensor]) -> str:
     integer, the values as long as the columns (CSR) or the input (EmbeddingBag). Integer
     values (a list of index rows is all integer too) must also have CSR's row pointers,
     from 0 to the number of columns. For an error message: one host synchronisation."""
-    def index(t: Tensor) -> bool:
-        return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
-
-    if len(rows) != 3 or any(r.dim() != 1 for r in rows) or not all(map(index, rows[:2])):
+    if len(rows) != 3 or any(r.dim() != 1 for r in rows) \
+            or not all(int_dtype(r.dtype) for r in rows[:2]):
         return ""
     first, second, values = rows
-    if not index(values):
+    if not int_dtype(values.dtype):
         fits = values.numel() in (first.numel(), second.numel())
     else:
         fits = (values.numel() == second.numel()
@@ -1551,6 +1549,13 @@ def int_kind(dtype: np.dtype[Any]) -> bool:
     (nor a timedelta64 array as a tensor), and a duration with a unit reads as a
     ``datetime.timedelta`` (``item()``)."""
     return dtype.kind in "iu"
+
+
+def int_dtype(dtype: torch.dtype) -> bool:
+    """Whether a torch ``dtype`` is an integer one, signed or unsigned: neither floating,
+    complex nor bool (torch has no public test of it), the one test of an index or id
+    tensor's dtype."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
 def is_int(value: Any) -> bool:

@@ -17,7 +17,7 @@ from ._lua import LuaName
 from ._forms import (_INT64_MAX, EXACT_INDEX, NO_INDEX, SparseBatch, _sparse_coo, as_device,
                      as_int, as_sparse_batch, dtype_got, exact_index, is_real, no_index_error,
                      real_float,
-                     check_index_range, check_numel, int64_message, int_kind,
+                     check_index_range, check_numel, int64_message, int_dtype, int_kind,
                      KERNEL_DTYPES,
                      refuse_meta_device)
 
@@ -76,8 +76,7 @@ def _one_index(i: Any) -> Any:
     if isinstance(i, Tensor):
         if i.device.type == "meta":
             return i  # the buffer refuses it: "a tensor on the meta device"
-        integer = i.layout == torch.strided and not (
-            i.dtype == torch.bool or i.is_floating_point() or i.is_complex())
+        integer = i.layout == torch.strided and int_dtype(i.dtype)
     elif isinstance(i, np.ndarray):
         integer = int_kind(i.dtype)  # (not a timedelta64 array: numpy's np.integer)
     else:
@@ -379,8 +378,7 @@ class DynamicSparseTensor:
 
     def _append_tuple(self, index: Sequence[int], value: float) -> None:
         if (isinstance(index, Tensor) and index.layout == torch.strided and index.dim() == 1
-                and index.device.type != "meta" and index.dtype != torch.bool
-                and not index.is_floating_point() and not index.is_complex()) \
+                and index.device.type != "meta" and int_dtype(index.dtype)) \
                 or (isinstance(index, np.ndarray) and index.ndim == 1
                     and int_kind(index.dtype)):
             index = index.tolist()  # a 1-D integer tensor or array, as a row of an index tensor
@@ -471,7 +469,7 @@ class DynamicSparseTensor:
         vals = self._as_tensor(values, "values")
         given = vals.dtype
         vals = _unsigned_as_int64(vals, "values")
-        if index.dtype == torch.bool or index.is_complex() or index.is_floating_point():
+        if not int_dtype(index.dtype):
             if index.numel():
                 raise TypeError(f"indices must be integers, got dtype {index.dtype}")
             index = index.to(torch.int64)

@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from .._forms import (SparseBatch, _a, _attached, _check_csr, _version, as_device, as_int,
-                      as_sparse_batch, check_int64, is_int, move_structure, refuse_meta,
+                      as_sparse_batch, check_int64, int_dtype, is_int, move_structure, refuse_meta,
                       scipy_sparse_hint, trust)
 from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 from .readers import Ratings
@@ -263,8 +263,7 @@ def _check_rows(rows: Sequence[Tuple[int, _Row]], width: int) -> None:
                 if part.layout != torch.strided:
                     raise TypeError(f"rows[{k}] {what} must be a dense tensor, got layout "
                                     f"{part.layout}")
-        if isinstance(index, Tensor) and (index.dim() != 0 or index.dtype.is_floating_point
-                                          or index.dtype.is_complex or index.dtype == torch.bool):
+        if isinstance(index, Tensor) and (index.dim() != 0 or not int_dtype(index.dtype)):
             raise TypeError(f"rows[{k}] row_index must be an int or a 0-d integer tensor, got "
                             f"{_a(str(index.dtype))} tensor of shape {tuple(index.shape)}")
         if not (is_int(index) or isinstance(index, Tensor)):  # (not a numpy timedelta64)
@@ -280,7 +279,7 @@ def _check_rows(rows: Sequence[Tuple[int, _Row]], width: int) -> None:
             raise ValueError(f"rows[{k}] must have one value per index (1-D, equal lengths), "
                              f"got indices of shape {tuple(col.shape)} and values of shape "
                              f"{tuple(val.shape)}")
-        if col.dtype.is_floating_point or col.dtype.is_complex or col.dtype == torch.bool:
+        if not int_dtype(col.dtype):
             raise TypeError(f"rows[{k}] indices must be an integer tensor, got {col.dtype}")
     if not rows:
         return

@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from .._forms import (SparseBatch, as_choice, as_device, as_flag, as_sparse_batch,
-                      check_index_range, check_numel, is_int, is_real, real_float, refuse_meta,
-                      refuse_meta_device)
+                      check_index_range, check_numel, int_dtype, is_int, is_real, real_float,
+                      refuse_meta, refuse_meta_device)
 from .readers import (Ratings, _check_ratings, _check_unique_pairs, _refuse_repeated_keys,
                       _refuse_uint8_index)
 
@@ -70,7 +70,7 @@ def _check_rows(row: Any, rows: int, name: str = "row") -> Tensor:
     if not isinstance(row, Tensor):
         raise TypeError(f"{name} must be an integer tensor, got {type(row).__name__}")
     _refuse_uint8_index(row, name, "an int64 tensor of matrix rows", ".long()")
-    if row.dtype == torch.bool or row.is_floating_point() or row.is_complex():
+    if not int_dtype(row.dtype):
         raise TypeError(f"{name} must be an integer tensor, got {row.dtype}")
     refuse_meta(row, name)  # its range cannot be read
     check_index_range(row, rows, f"{name} indices")

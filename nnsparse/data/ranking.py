@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .._forms import as_choice, as_count, is_real, real_float, refuse_meta
+from .._forms import as_choice, as_count, int_dtype, is_real, real_float, refuse_meta
 from .readers import Ratings, _check_ratings, _check_unique_pairs
 
 __all__ = ["ranking_metrics"]
@@ -163,7 +163,7 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
         raise TypeError(f"top must be a dense integer tensor of item indices (rows, k), or the "
                         f"(values, indices) result of torch.topk, nnsparse.stopk or "
                         f"Batchifier.topk, got {got}")
-    if top.dtype == torch.bool or top.is_floating_point() or top.is_complex():
+    if not int_dtype(top.dtype):
         raise TypeError(f"top must hold integer item indices, got dtype {top.dtype}; pass "
                         f"torch.topk's result (or its .indices), not the scores")
     if top.dim() != 2:

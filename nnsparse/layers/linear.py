@@ -14,7 +14,7 @@ from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_di
 from .. import _double, _grad_origin, _index, _rowopt
 from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _dtype_hint, _sparse_coo, as_choice,
                       as_device, as_flag, as_int, as_sparse_batch, compile_boundary, dtype_got,
-                      empty_batch, move_structure, no_rows)
+                      empty_batch, int_dtype, move_structure, no_rows)
 from .._load import check_state_dict
 from .._lua import WEIGHT_MEMBERS, LuaMembers
 from .._kernels import (_csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_every_row,
@@ -666,8 +666,7 @@ def _linear_table(input: SparseLike, table: Tensor, bias: Optional[Tensor], mode
                    f"input.flatten()]), weights.flatten(), (rows, {n})), weights its "
                    f"per_sample_weights or torch.ones(rows, k, device=input.device) (repeated "
                    f"indices summed, as mode='sum')"
-                   if input.dim() == 2 and not input.dtype.is_floating_point
-                   and not input.dtype.is_complex and input.dtype != torch.bool else "")
+                   if input.dim() == 2 and int_dtype(input.dtype) else "")
             raise ValueError(f"input must have {n} features (in_features) in its "
                              f"last dimension, got shape {tuple(input.shape)}; a Lua (k, 2) "
                              f"pair vector goes through nnsparse.from_pairs(input, "

@@ -36,8 +36,8 @@ from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
 from .._forms import (_a, as_choice, as_count, as_device, as_flag, as_sparse_batch, as_tensor,
-                      check_file_object, check_index_range, compile_boundary, is_int, is_real,
-                      on_cpu_default, plain, real_float, refuse_meta, refuse_meta_device)
+                      check_file_object, check_index_range, compile_boundary, int_dtype, is_int,
+                      is_real, on_cpu_default, plain, real_float, refuse_meta, refuse_meta_device)
 from .._index import coo_tensor, csr_indices, csr_tensor, csr_values
 from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
@@ -1207,8 +1207,7 @@ class RatingModel(nn.Module):
         if isinstance(user, bool):  # True == 1 would find user 1
             raise TypeError("user must be an original user id, got bool")
         if isinstance(user, Tensor):  # hashed by identity: tensor(3) would never find user 3
-            if user.dim() != 0 or user.dtype.is_floating_point or user.dtype.is_complex \
-                    or user.dtype == torch.bool:
+            if user.dim() != 0 or not int_dtype(user.dtype):
                 raise TypeError(f"user must be an original user id (a 0-d integer tensor at "
                                 f"most), got {_a(str(user.dtype))} tensor of shape "
                                 f"{tuple(user.shape)}")
@@ -1735,7 +1734,7 @@ def _index_tensor(value: Any, name: str) -> Tensor:
                         f"{type(value).__name__}") from None
     if index.layout != torch.strided:
         raise TypeError(f"{name} must be a dense integer tensor, got layout {index.layout}")
-    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+    if not int_dtype(index.dtype):
         raise TypeError(f"{name} must be an integer tensor, got {index.dtype}")
     refuse_meta(index, name)
     return index.long().cpu()
