@@ -19,7 +19,7 @@ tensors, so a criterion sees that an estimate shares its target's pattern
 from __future__ import annotations
 
 import math
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union, cast, overload
 
 import torch
@@ -332,7 +332,8 @@ def normalize(input: Union[SparseLike, SparseParts], p: float = 2.0, dim: int = 
         p (float): the exponent of the norm, ``> 0`` (``math.inf``: the largest
             ``|value|``).  Default: 2.
         dim (int): the dimension reduced: ``1`` or ``-1`` for a batch (each row on its
-            own), ``0`` or ``-1`` for a vector, as torch numbers them.  Default: 1.
+            own), ``0`` or ``-1`` for a vector, as torch numbers them (the default, 1, is
+            out of range for a vector, as in ``F.normalize``).  Default: 1.
         eps (float): the smallest divisor, which keeps a row of zeros finite.
             Default: 1e-12.
 
@@ -341,6 +342,7 @@ def normalize(input: Union[SparseLike, SparseParts], p: float = 2.0, dim: int = 
         returns them (an uncoalesced COO tensor's repeated positions summed first).
         Gradients flow to ``input``'s specified values only (each value's gradient
         also comes through its row's norm); a row with no specified entry has no value.
+        Half and bfloat16 norms are summed in float32, as torch's ``norm`` does.
 
     Raises:
         TypeError: ``input`` is not a tensor or an accepted sparse form, or has integer
@@ -362,8 +364,9 @@ def normalize(input: Union[SparseLike, SparseParts], p: float = 2.0, dim: int = 
     """
     if not isinstance(p, Real) or isinstance(p, bool):
         raise TypeError(f"p must be a number (the norm's exponent), got {type(p).__name__}")
-    if not isinstance(dim, int) or isinstance(dim, bool):
+    if not isinstance(dim, Integral) or isinstance(dim, bool):  # (numpy's ints too, as torch)
         raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    dim = int(dim)
     if not isinstance(eps, Real) or isinstance(eps, bool):
         raise TypeError(f"eps must be a number, got {type(eps).__name__}")
     p, eps = float(p), float(eps)
@@ -397,7 +400,9 @@ def _row_normalized(values: Tensor, rows_of: Callable[[], Tuple[Tensor, int]], p
         raise TypeError(f"input must have floating-point or complex values (as F.normalize), "
                         f"got {values.dtype}")
     row, rows = rows_of()
-    size = values.abs()
+    # half and bfloat16 sums in float32, as torch's norm (300 ** 2 overflows float16)
+    wide = values.to(torch.float32) if values.dtype in _WIDENED else values
+    size = wide if p == 2 and not wide.is_complex() else wide.abs()  # (squared: no abs)
     zeros = size.new_zeros(rows)
     if p == math.inf:
         norm = zeros.scatter_reduce(0, row, size, "amax", include_self=False)
@@ -416,7 +421,12 @@ def _row_normalized(values: Tensor, rows_of: Callable[[], Tuple[Tensor, int]], p
         some = total > 0
         safe = torch.where(some, total, torch.ones_like(total))
         norm = torch.where(some, safe.sqrt() if p == 2 else safe.pow(1 / p), zeros)
+    if values.dtype in _WIDENED:  # back in the values' dtype before eps, as F.normalize
+        norm = norm.to(values.dtype)
     return values / norm.clamp_min(eps).index_select(0, row)
+
+
+_WIDENED = (torch.float16, torch.bfloat16)
 
 
 def _distinct(batch: SparseBatch) -> SparseBatch:

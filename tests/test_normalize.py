@@ -89,17 +89,43 @@ def test_dim_minus_one_and_the_csr_rows_helper_agree(dim):
                                F.normalize(dense, dim=1) * mask)
 
 
-@pytest.mark.parametrize("form", ["coo", "coo_uncoalesced", "pairs"])
+@pytest.mark.parametrize("form", ["coo", "coo_uncoalesced"])
 @pytest.mark.parametrize("dim", [0, -1])
 def test_a_vector_is_normalised_whole(form, dim):
     vector = random_sparse_dense(1, 9, 0.5, generator=torch.Generator().manual_seed(3))[0]
-    y = nnsparse.normalize(make_form(vector, form), dim=dim) if form != "pairs" else None
-    if form == "pairs":  # a lone pair tensor is dense: wrap it in a list (values_map's rule)
-        y = nnsparse.normalize([make_form(vector, form)], dim=1 if dim == 0 else dim)[0]  # a batch of one
-        torch.testing.assert_close(y[:, 1], F.normalize(vector, dim=0)[vector != 0])
-        return
+    y = nnsparse.normalize(make_form(vector, form), dim=dim)
     assert y.shape == vector.shape and y.dim() == 1
     torch.testing.assert_close(y.to_dense(), F.normalize(vector, dim=0))
+
+
+def test_a_wrapped_pair_tensor_is_a_batch_of_one():
+    # a lone pair tensor is dense (values_map's rule): wrapped in a list it is one row
+    vector = random_sparse_dense(1, 9, 0.5, generator=torch.Generator().manual_seed(3))[0]
+    y = nnsparse.normalize([make_form(vector, "pairs")])[0]
+    torch.testing.assert_close(y[:, 1], F.normalize(vector, dim=0)[vector != 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_sums_as_torch(dtype):
+    # 300 ** 2 overflows float16: torch's norm sums in float32, so does normalize
+    dense = torch.tensor([[300., 0., 400.], [0., 0., 0.], [0., -2., 0.]], dtype=dtype)
+    leaf = dense.clone().requires_grad_()
+    y = nnsparse.normalize(leaf.to_sparse())
+    ref_leaf = dense.clone().requires_grad_()
+    ref = F.normalize(ref_leaf, dim=1)
+    mask = dense != 0  # (torch's empty float16 row is NaN: eps=1e-12 is 0 in float16)
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.to_dense()[mask], ref[mask])
+    y.values().sum().backward()
+    ref[mask].sum().backward()
+    torch.testing.assert_close(leaf.grad[mask], ref_leaf.grad[mask])
+
+
+def test_dim_may_be_a_numpy_int():
+    np = pytest.importorskip("numpy")
+    x = torch.tensor([[3., 0., 4.]]).to_sparse()
+    torch.testing.assert_close(nnsparse.normalize(x, dim=np.int64(1)).values(),
+                               torch.tensor([0.6, 0.8]))
 
 
 @pytest.mark.parametrize("layout", ["coo", "csr"])
