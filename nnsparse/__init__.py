@@ -15,7 +15,7 @@ from .layers import *  # noqa: F401,F403  (the list is layers.__all__)
 from . import data, optim
 from . import distributed
 from ._optim_split import SplitOptimizer, make_optimizer, sparse_grad_parameters
-from .values import ValuesMap, values_map
+from .values import ValuesMap, normalize, values_map
 from ._forms import SparseLike, trust
 from .matmul import sparse_mm
 from ._ops import SparseParts, sparse_parts
@@ -35,6 +35,7 @@ __all__ = [
     "DynamicSparseTensor",
     "values_map",
     "ValuesMap",
+    "normalize",
     "trust",
     "SparseLike",
     "make_optimizer",

@@ -18,10 +18,13 @@ tensors, so a criterion sees that an estimate shares its target's pattern
 """
 from __future__ import annotations
 
+import math
+from numbers import Integral, Real
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union, cast, overload
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from . import _index
@@ -30,7 +33,7 @@ from ._forms import (SparseBatch, SparseLike, _sparse_coo, _sparse_csr, as_spars
 from ._load import check_state_dict
 from ._ops import SparseParts
 
-__all__ = ["values_map", "ValuesMap"]
+__all__ = ["values_map", "ValuesMap", "normalize"]
 
 
 def _keys_of(indices: Optional[Tensor], crow: Optional[Tensor], col: Optional[Tensor],
@@ -257,23 +260,173 @@ def values_map(fn: Callable[[Tensor], Tensor], input: Union[SparseLike, SparsePa
         # dense data (a dense decoder's output at inference); a lone (k, 2)
         # pair tensor cannot be told from a dense (rows, 2) batch: wrap it in a list
         return fn(input)
+    return _keep_form(input, lambda values, rows_of: _mapped(fn, values))
+
+
+#: ``fn(values, rows_of)`` of :func:`_keep_form`: new values for a batch's ``values``,
+#: ``rows_of()`` giving their int64 row index and the number of rows when ``fn`` needs them.
+_PatternFn = Callable[[Tensor, Callable[[], Tuple[Tensor, int]]], Tensor]
+
+
+def _keep_form(input: Union[SparseLike, SparseParts], fn: _PatternFn
+               ) -> Union[SparseLike, SparseParts]:
+    """The sparse ``input`` (not dense) with its values replaced by ``fn``'s, in its form,
+    on its pattern (see :func:`values_map`'s Returns): what :func:`values_map` and
+    :func:`normalize` share.  ``fn`` sees the values of distinct positions (an uncoalesced
+    input's repeats summed first) and, through ``rows_of``, their rows (the batch's own
+    row index; a :class:`~nnsparse.SparseParts`' rows from its ``crow``, traceable)."""
     if isinstance(input, SparseParts):  # the compile path: plain tensors, distinct positions
-        return input.with_values(_mapped(fn, input.values))
+        parts = input
+        return parts.with_values(fn(parts.values, lambda: (
+            _index.rows_from_crow(parts.crow, parts.col.shape[0]), parts.crow.shape[0] - 1)))
     batch = as_sparse_batch(input, name="input")
     if isinstance(input, Tensor) and input.layout == torch.sparse_csr:
         crow, col = _index.csr_indices(input)
-        return _csr_with_values(crow, col, _mapped(fn, batch.values), input.shape, batch)
+        return _csr_with_values(crow, col, fn(batch.values, _rows_of(batch)), input.shape, batch)
     if batch.form != "coo":
         batch = _distinct(batch)
-        return batch.with_values(_mapped(fn, batch.values))
+        return batch.with_values(fn(batch.values, _rows_of(batch)))
     assert isinstance(input, Tensor)
     if input.is_coalesced():
         # on the input's own indices: a criterion then sees the pattern unchanged
-        return _coo_with_values(input._indices(), _mapped(fn, batch.values), input.shape, batch)
+        return _coo_with_values(input._indices(), fn(batch.values, _rows_of(batch)), input.shape,
+                                batch)
     batch = batch.coalesce()  # (a no-op when as_sparse_batch had to coalesce it)
     index = batch.col.unsqueeze(0) if batch.is_vector else torch.stack([batch.row, batch.col])
     shape = (batch.width,) if batch.is_vector else batch.shape
-    return _coo_with_values(index, _mapped(fn, batch.values), shape, batch)
+    return _coo_with_values(index, fn(batch.values, _rows_of(batch)), shape, batch)
+
+
+def _rows_of(batch: SparseBatch) -> Callable[[], Tuple[Tensor, int]]:
+    return lambda: (batch.row, batch.rows)
+
+
+@overload
+def normalize(  # type: ignore[overload-overlap]
+        input: SparseParts, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> SparseParts: ...
+
+
+@overload
+def normalize(input: SparseLike, p: float = 2.0, dim: int = 1,
+              eps: float = 1e-12) -> SparseLike: ...
+
+
+@compile_boundary
+def normalize(input: Union[SparseLike, SparseParts], p: float = 2.0, dim: int = 1,
+              eps: float = 1e-12) -> Union[SparseLike, SparseParts]:
+    r"""Divide each row of a sparse batch by its :math:`L_p` norm, as ``F.normalize``.
+
+    For each row :math:`v` the specified values become
+    :math:`v / \max(\lVert v \rVert_p, \epsilon)`; the unspecified entries stay
+    unspecified (they are zeros, which add nothing to a norm).  This is
+    ``torch.nn.functional.normalize(input.to_dense(), p, dim, eps)`` at the specified
+    entries, without making the dense tensor: O(nnz) time and memory whatever the width.
+
+    Args:
+        input: a sparse batch, shape ``(rows, width)``: torch COO (coalesced or not) or
+            CSR, a list of sparse vectors or of pair tensors, a
+            :class:`~nnsparse.SparseParts` (the ``torch.compile`` form); or a sparse
+            vector ``(width,)`` (COO), normalised whole.  A dense tensor is given to
+            ``F.normalize`` (a lone pair tensor counts as dense: wrap it in a list).
+            Floating-point or complex values.
+        p (float): the exponent of the norm, ``> 0`` (``math.inf``: the largest
+            ``|value|``).  Default: 2.
+        dim (int): the dimension reduced: ``1`` or ``-1`` for a batch (each row on its
+            own), ``0`` or ``-1`` for a vector, as torch numbers them (the default, 1, is
+            out of range for a vector, as in ``F.normalize``).  Default: 1.
+        eps (float): the smallest divisor, which keeps a row of zeros finite.
+            Default: 1e-12.
+
+    Returns:
+        ``input``'s form, pattern, shape, dtype and device, as :func:`values_map`
+        returns them (an uncoalesced COO tensor's repeated positions summed first).
+        Gradients flow to ``input``'s specified values only (each value's gradient
+        also comes through its row's norm); a row with no specified entry has no value.
+        Half and bfloat16 norms are summed in float32, as torch's ``norm`` does.
+
+    Raises:
+        TypeError: ``input`` is not a tensor or an accepted sparse form, or has integer
+            or bool values; ``p``, ``dim`` or ``eps`` is not a number.
+        IndexError: ``dim`` is out of range for ``input``'s dimensions (as torch).
+        NotImplementedError: ``dim=0`` of a batch (columns: normalise the transpose),
+            ``p <= 0``.
+        ValueError: ``p`` or ``eps`` is NaN, ``eps`` is negative.
+
+    Example::
+
+        >>> x = torch.tensor([[3., 0., 4.], [0., 0., 0.], [0., -2., 0.]]).to_sparse()
+        >>> y = nnsparse.normalize(x)
+        >>> y.indices(), y.values()
+        (tensor([[0, 0, 2],
+                [0, 2, 1]]), tensor([ 0.6000,  0.8000, -1.0000]))
+        >>> nnsparse.normalize(x.to_sparse_csr(), p=1).values()
+        tensor([ 0.4286,  0.5714, -1.0000])
+    """
+    if not isinstance(p, Real) or isinstance(p, bool):
+        raise TypeError(f"p must be a number (the norm's exponent), got {type(p).__name__}")
+    if not isinstance(dim, Integral) or isinstance(dim, bool):  # (numpy's ints too, as torch)
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    dim = int(dim)
+    if not isinstance(eps, Real) or isinstance(eps, bool):
+        raise TypeError(f"eps must be a number, got {type(eps).__name__}")
+    p, eps = float(p), float(eps)
+    if math.isnan(p) or math.isnan(eps):
+        raise ValueError(f"p and eps must not be NaN, got p={p}, eps={eps}")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0 (the smallest divisor), got {eps}")
+    if isinstance(input, Tensor) and input.layout == torch.strided:
+        return F.normalize(input, p=p, dim=dim, eps=eps)
+    if p <= 0:
+        raise NotImplementedError(f"nnsparse.normalize takes p > 0 (a norm; math.inf for the "
+                                  f"largest |value|), got p={p}")
+    ndim = input.dim() if isinstance(input, Tensor) else 2
+    if ndim <= 2:  # (a sparse tensor of more dimensions is refused by as_sparse_batch)
+        if not -ndim <= dim < ndim:
+            raise IndexError(f"dim out of range for a {ndim}-D sparse "
+                             f"{'vector' if ndim == 1 else 'batch'} (expected to be in range "
+                             f"of [{-ndim}, {ndim - 1}]), got {dim}")
+        if ndim == 2 and dim % 2 == 0:
+            raise NotImplementedError(
+                f"nnsparse.normalize normalises rows (dim=1 or -1), got dim={dim} (columns): "
+                f"normalise the transpose, or densify")
+    return _keep_form(input, lambda values, rows_of: _row_normalized(values, rows_of, p, eps))
+
+
+def _row_normalized(values: Tensor, rows_of: Callable[[], Tuple[Tensor, int]], p: float,
+                    eps: float) -> Tensor:
+    """``values`` divided by their row's p-norm clamped at ``eps`` (``F.normalize``'s
+    ``x / x.norm(p).clamp_min(eps)``), the norms a segment reduction over the row index."""
+    if values.dtype == torch.bool or not (values.is_floating_point() or values.is_complex()):
+        raise TypeError(f"input must have floating-point or complex values (as F.normalize), "
+                        f"got {values.dtype}")
+    row, rows = rows_of()
+    # half and bfloat16 sums in float32, as torch's norm (300 ** 2 overflows float16)
+    wide = values.to(torch.float32) if values.dtype in _WIDENED else values
+    size = wide if p == 2 and not wide.is_complex() else wide.abs()  # (squared: no abs)
+    zeros = size.new_zeros(rows)
+    if p == math.inf:
+        norm = zeros.scatter_reduce(0, row, size, "amax", include_self=False)
+    elif p == 1:
+        norm = zeros.index_add(0, row, size)
+    else:
+        if p == 2:
+            powered = size * size
+        else:  # |0| ** p with p < 1 has an infinite slope: 0 there, as torch's norm has
+            nonzero = size > 0
+            powered = torch.where(nonzero, torch.where(nonzero, size, torch.ones_like(size))
+                                  .pow(p), torch.zeros_like(size))
+        total = zeros.index_add(0, row, powered)
+        # the root at a zero row (0 ** (1/p): an infinite slope) gets gradient 0 through
+        # the inner where, as torch's norm has there; the outer one gives its value, 0
+        some = total > 0
+        safe = torch.where(some, total, torch.ones_like(total))
+        norm = torch.where(some, safe.sqrt() if p == 2 else safe.pow(1 / p), zeros)
+    if values.dtype in _WIDENED:  # back in the values' dtype before eps, as F.normalize
+        norm = norm.to(values.dtype)
+    return values / norm.clamp_min(eps).index_select(0, row)
+
+
+_WIDENED = (torch.float16, torch.bfloat16)
 
 
 def _distinct(batch: SparseBatch) -> SparseBatch:

@@ -415,7 +415,8 @@ def test_eager_calls_never_take_the_disabled_path(monkeypatch):
 
 
 @pytest.mark.parametrize("wrapped", [
-    nnsparse.values_map, nnsparse.sparse_mm, nnsparse.sparse_linear, nnsparse.sampled_linear,
+    nnsparse.values_map, nnsparse.normalize, nnsparse.sparse_mm, nnsparse.sparse_linear,
+    nnsparse.sampled_linear,
     nnsparse.densify, nnsparse.sparsify, nnsparse.ssort, nnsparse.stopk, nnsparse.sparse_parts,
     nnsparse.SparseLinearBatch.forward, nnsparse.SparseOutputLinear.forward,
     nnsparse.SparseCriterion.forward, nnsparse.SDAESparseCriterion.prepare_input,

@@ -1,0 +1,231 @@
+"""nnsparse.normalize against F.normalize of the densified batch, forward and backward."""
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import nnsparse
+from nnsparse._forms import as_sparse_batch
+from matrix import (BATCH_FORMS, DEVICES, FLOAT_DTYPES, TOL, LargestTensor, make_form,
+                    random_sparse_dense)
+
+NORMS = [2.0, 1.0, 3.0, 0.5, math.inf]
+
+
+def _entries(x):
+    b = as_sparse_batch(x, name="x").coalesce()
+    return b.row, b.col, b.values
+
+
+def _batch(dtype, device="cpu"):
+    """6 x 7, the first row empty, the last row's specified values all 0."""
+    dense = random_sparse_dense(6, 7, 0.4, empty_rows=1, dtype=dtype, device=device)
+    dense[-1] = 0
+    mask = dense != 0
+    mask[5, :3] = True  # specified zeros: row 5, columns 0-2
+    return dense, mask
+
+
+def _specified(dense, mask, form):
+    """``form`` of ``dense`` whose specified entries are ``mask`` (zeros included)."""
+    index = mask.nonzero().t()
+    coo = torch.sparse_coo_tensor(index, dense[index[0], index[1]], dense.shape).coalesce()
+    if form == "coo":
+        return coo
+    if form == "csr":
+        return coo.to_sparse_csr()
+    if form == "coo_uncoalesced":
+        i, v = coo.indices(), coo.values()
+        perm = torch.randperm(2 * v.shape[0], generator=torch.Generator().manual_seed(1))
+        return torch.sparse_coo_tensor(torch.cat([i, i], 1)[:, perm.to(i.device)],
+                                       torch.cat([v * 0.25, v * 0.75])[perm.to(v.device)],
+                                       dense.shape, check_invariants=False)
+    rows = [torch.sparse_coo_tensor(mask[r].nonzero().t(), dense[r][mask[r]], (dense.shape[1],))
+            for r in range(dense.shape[0])]
+    if form == "list":
+        return rows
+    assert form == "pair_list"
+    return [torch.stack([mask[r].nonzero().squeeze(1).to(dense.dtype), dense[r][mask[r]]], 1)
+            for r in range(dense.shape[0])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("form", BATCH_FORMS)
+@pytest.mark.parametrize("p", NORMS, ids=str)
+def test_matches_dense_forward_and_backward(form, dtype, device, p):
+    dense, mask = _batch(dtype, device)
+    leaf = dense.clone().requires_grad_()
+    x = _specified(leaf, mask, form)
+    y = nnsparse.normalize(x, p=p)
+    if form in ("coo", "coo_uncoalesced", "csr"):
+        assert y.layout == x.layout and y.shape == x.shape
+        assert y.dtype == dtype and y.device == x.device
+    else:
+        assert isinstance(y, list) and len(y) == len(x)
+    if form == "csr":  # on the input's own index tensors
+        assert y.col_indices().data_ptr() == x.col_indices().data_ptr()
+    row, col, values = _entries(y)
+    assert torch.equal(torch.stack([row, col], 1), mask.nonzero())  # nothing specified added
+
+    ref_leaf = dense.clone().requires_grad_()
+    ref = F.normalize(ref_leaf, p=p, dim=1)
+    torch.testing.assert_close(values, ref[row, col].detach(), **TOL[dtype])
+    grad_out = torch.randn(dense.shape, generator=torch.Generator().manual_seed(2),
+                           dtype=dtype).to(device)
+    (values * grad_out[row, col]).sum().backward()
+    (ref * grad_out).sum().backward()
+    # the zero row's gradient is grad_out / eps (1e12): relative tolerance
+    torch.testing.assert_close(leaf.grad[mask], ref_leaf.grad[mask], **TOL[dtype])
+    assert not leaf.grad[~mask].any()  # gradients at specified entries only
+
+
+@pytest.mark.parametrize("dim", [1, -1])
+def test_dim_minus_one_and_the_csr_rows_helper_agree(dim):
+    dense, mask = _batch(torch.float64)
+    x = _specified(dense, mask, "csr")
+    torch.testing.assert_close(nnsparse.normalize(x, dim=dim).to_dense(),
+                               F.normalize(dense, dim=1) * mask)
+
+
+@pytest.mark.parametrize("form", ["coo", "coo_uncoalesced"])
+@pytest.mark.parametrize("dim", [0, -1])
+def test_a_vector_is_normalised_whole(form, dim):
+    vector = random_sparse_dense(1, 9, 0.5, generator=torch.Generator().manual_seed(3))[0]
+    y = nnsparse.normalize(make_form(vector, form), dim=dim)
+    assert y.shape == vector.shape and y.dim() == 1
+    torch.testing.assert_close(y.to_dense(), F.normalize(vector, dim=0))
+
+
+def test_a_wrapped_pair_tensor_is_a_batch_of_one():
+    # a lone pair tensor is dense (values_map's rule): wrapped in a list it is one row
+    vector = random_sparse_dense(1, 9, 0.5, generator=torch.Generator().manual_seed(3))[0]
+    y = nnsparse.normalize([make_form(vector, "pairs")])[0]
+    torch.testing.assert_close(y[:, 1], F.normalize(vector, dim=0)[vector != 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_sums_as_torch(dtype):
+    # 300 ** 2 overflows float16: torch's norm sums in float32, so does normalize
+    dense = torch.tensor([[300., 0., 400.], [0., 0., 0.], [0., -2., 0.]], dtype=dtype)
+    leaf = dense.clone().requires_grad_()
+    y = nnsparse.normalize(leaf.to_sparse())
+    ref_leaf = dense.clone().requires_grad_()
+    ref = F.normalize(ref_leaf, dim=1)
+    mask = dense != 0  # (torch's empty float16 row is NaN: eps=1e-12 is 0 in float16)
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.to_dense()[mask], ref[mask])
+    y.values().sum().backward()
+    ref[mask].sum().backward()
+    torch.testing.assert_close(leaf.grad[mask], ref_leaf.grad[mask])
+
+
+def test_dim_may_be_a_numpy_int():
+    np = pytest.importorskip("numpy")
+    x = torch.tensor([[3., 0., 4.]]).to_sparse()
+    torch.testing.assert_close(nnsparse.normalize(x, dim=np.int64(1)).values(),
+                               torch.tensor([0.6, 0.8]))
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, math.inf], ids=str)
+def test_gradcheck_float64(layout, p):
+    dense = random_sparse_dense(5, 6, 0.5, empty_rows=1)  # no row of zeros: 1/eps slope
+    if p == math.inf:  # a tie for a row's largest |value| has no derivative
+        dense = dense + torch.linspace(0, 0.01, 30, dtype=torch.float64).view(5, 6) * (dense != 0)
+    coo = dense.to_sparse().coalesce()
+    index, leaf = coo.indices(), coo.values().clone().requires_grad_()
+    csr = dense.to_sparse_csr()
+    crow, col = csr.crow_indices(), csr.col_indices()
+
+    def fn(values):
+        if layout == "coo":
+            x = torch.sparse_coo_tensor(index, values, dense.shape, is_coalesced=True)
+        else:
+            x = torch.sparse_csr_tensor(crow, col, values, dense.shape)
+        return as_sparse_batch(nnsparse.normalize(x, p=p), name="y").values
+
+    assert torch.autograd.gradcheck(fn, (leaf,))
+
+
+def test_complex_values_as_dense():
+    dense = random_sparse_dense(4, 5, 0.5, empty_rows=1).to(torch.complex128)
+    dense = dense * (1 + 2j)
+    y = nnsparse.normalize(dense.to_sparse())
+    torch.testing.assert_close(y.to_dense(), F.normalize(dense, dim=1))
+
+
+def test_sparse_parts_and_torch_compile():
+    dense, mask = _batch(torch.float64)
+    parts = nnsparse.sparse_parts(_specified(dense, mask, "csr"))
+    ref = F.normalize(dense, dim=1)
+    compiled = torch.compile(lambda x: nnsparse.normalize(x), backend="eager", fullgraph=True)
+    out = compiled(parts)
+    assert isinstance(out, nnsparse.SparseParts) and out.col is parts.col
+    torch.testing.assert_close(out.values, ref[mask])
+    csr = _specified(dense, mask, "csr")  # a torch CSR tensor: the boundary runs it eagerly
+    out = torch.compile(lambda x: nnsparse.normalize(x, p=1), backend="eager")(csr)
+    torch.testing.assert_close(out.to_dense(), F.normalize(dense, p=1, dim=1) * mask)
+
+
+def test_no_densification_of_a_wide_batch():
+    index = torch.tensor([[0, 0, 9], [5, 10**9 - 1, 7]])
+    values = torch.tensor([3., 4., -2.], requires_grad=True)
+    x = torch.sparse_coo_tensor(index, values, (10, 10**9)).coalesce()
+    with LargestTensor() as seen:
+        y = nnsparse.normalize(x)
+        y.values().sum().backward()
+    assert seen.numel <= 10
+    assert y.shape == x.shape
+    torch.testing.assert_close(y.values(), torch.tensor([0.6, 0.8, -1.0]))
+
+
+def test_dense_input_is_f_normalize():
+    dense = torch.randn(3, 4, generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(nnsparse.normalize(dense, p=3, dim=0, eps=0.1),
+                               F.normalize(dense, p=3, dim=0, eps=0.1))
+
+
+def test_eps_is_the_smallest_divisor():
+    x = torch.tensor([[1e-3, 0.], [0., 0.]]).to_sparse()
+    torch.testing.assert_close(nnsparse.normalize(x, eps=0.1).values(), torch.tensor([1e-2]))
+
+
+_BATCH = torch.tensor([[1., 0.], [0., 2.]]).to_sparse()
+_VECTOR = torch.tensor([1., 0., 2.]).to_sparse()
+BAD_INPUTS = [
+    ("p a string", _BATCH, dict(p="2"), TypeError, r"p must be a number .*got str"),
+    ("p a bool", _BATCH, dict(p=True), TypeError, r"p must be a number .*got bool"),
+    ("dim a float", _BATCH, dict(dim=1.0), TypeError, r"dim must be an int, got float"),
+    ("eps None", _BATCH, dict(eps=None), TypeError, r"eps must be a number, got NoneType"),
+    ("p NaN", _BATCH, dict(p=math.nan), ValueError, r"p and eps must not be NaN, got p=nan"),
+    ("eps negative", _BATCH, dict(eps=-1.0), ValueError, r"eps must be >= 0 .*got -1.0"),
+    ("p 0", _BATCH, dict(p=0), NotImplementedError, r"takes p > 0 .*got p=0.0"),
+    ("p negative", _BATCH, dict(p=-2), NotImplementedError, r"takes p > 0 .*got p=-2.0"),
+    ("columns", _BATCH, dict(dim=0), NotImplementedError,
+     r"normalises rows \(dim=1 or -1\), got dim=0 \(columns\)"),
+    ("columns, -2", _BATCH.to_sparse_csr(), dict(dim=-2), NotImplementedError,
+     r"got dim=-2 \(columns\)"),
+    ("dim 2 of a batch", _BATCH, dict(dim=2), IndexError,
+     r"dim out of range for a 2-D sparse batch \(expected to be in range of \[-2, 1\]\), got 2"),
+    ("dim 1 of a vector", _VECTOR, {}, IndexError,
+     r"1-D sparse vector \(expected to be in range of \[-1, 0\]\), got 1"),
+    ("integer values", torch.tensor([[1, 0], [0, 2]]).to_sparse(), {}, TypeError,
+     r"floating-point or complex values \(as F.normalize\), got torch.int64"),
+    ("bool values", [torch.tensor([True, False]).to_sparse()], {}, TypeError,
+     r"floating-point or complex values .*got torch.bool"),
+    ("3-D", torch.ones(2, 2, 2).to_sparse(), {}, ValueError,
+     r"input must be a sparse vector or a 2-D sparse batch, got 3 dimensions"),
+    ("not a tensor", "abc", {}, TypeError, r"input"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_inputs(case):
+    _, x, kwargs, error, message = case
+    before = x.clone() if isinstance(x, torch.Tensor) else None
+    with pytest.raises(error, match=message):
+        nnsparse.normalize(x, **kwargs)
+    if before is not None:  # a refused call changes nothing
+        assert torch.equal(x.to_dense(), before.to_dense())
