@@ -32,12 +32,18 @@ if not os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _inside(path, folder):
+    return os.path.commonpath([os.path.abspath(path or os.curdir), folder]) == folder
+
+
 def _ours(paths):
     """The entries of ``paths`` that are folders of this repository (benchmarks/, examples/,
-    tests/ ...), in order, repeats kept: a library may add its own folder once, at its first
-    import (setuptools' vendored packages, which torch.compile imports), and needs it kept."""
-    return [p for p in paths
-            if os.path.commonpath([os.path.abspath(p or os.curdir), _ROOT]) == _ROOT]
+    tests/ ...), in order, repeats kept.  Not the running environment's (a virtual
+    environment made inside the clone, as CI does): a library may add its own folder
+    once, at its first import (setuptools' vendored packages, which torch.compile
+    imports), and needs it kept."""
+    env = os.path.abspath(sys.prefix)
+    return [p for p in paths if _inside(p, _ROOT) and not _inside(p, env)]
 
 
 @pytest.fixture(autouse=True)
