@@ -88,7 +88,9 @@ class MaskCriterion(RefuseLuaNames, nn.Module):
         - output: a scalar.
 
     Raises:
-        ValueError: ``hide_ratio`` outside [0, 1]; a mapping with a non-zero
+        ValueError: ``hide_ratio`` outside [0, 1]; the criterion's ``reduction``
+            ``'none'`` or ``'batchmean'`` (use :class:`SparseCriterion` for ``nn.KLDivLoss``'s),
+            or ``'sum'`` beside ``size_average=True``; a mapping with a non-zero
             ``noiseRatio`` or ``flipRatio``; negative ``alpha`` or
             ``beta``, or (the loss call) one beyond the loss's dtype (above 3.4e38
             for float32 losses, float16 inputs' too); no :meth:`prepare_input`

@@ -233,7 +233,9 @@ class SDAECriterion(_SDAEBase):
     Raises:
         TypeError: a sparse input or target (use :class:`SDAESparseCriterion`);
             integer input values with ``noise_ratio > 0``.
-        ValueError: ratios outside [0, 1] or summing above 1; negative
+        ValueError: ratios outside [0, 1] or summing above 1; the criterion's ``reduction``
+            ``'none'`` or ``'batchmean'`` (use :class:`SparseCriterion` for ``nn.KLDivLoss``'s),
+            or ``'sum'`` beside ``size_average=True``; negative
             ``alpha`` or ``beta``, or (the loss call) one beyond the loss's dtype
             (above 3.4e38 for float32 losses, float16 inputs' too); a noise or
             flip value the input's dtype cannot hold; estimate, target
@@ -412,7 +414,9 @@ class SDAESparseCriterion(_SDAEBase):
 
     Raises:
         TypeError: integer input values with ``noise_ratio > 0``, complex target values.
-        ValueError: ratios outside [0, 1] or summing above 1; negative
+        ValueError: ratios outside [0, 1] or summing above 1; the criterion's ``reduction``
+            ``'none'`` or ``'batchmean'`` (use :class:`SparseCriterion` for ``nn.KLDivLoss``'s),
+            or ``'sum'`` beside ``size_average=True``; negative
             ``alpha`` or ``beta``, or (the loss call) one beyond the loss's dtype
             (above 3.4e38 for float32 losses, float16 inputs' too); a noise or
             flip value the input's dtype cannot hold; rows or width of estimate
