@@ -1531,8 +1531,7 @@ def int_of_0d(value: Any, name: str) -> Any:
     (:func:`as_count`'s and :func:`as_int`'s rule, ``Trainer.fit``'s ``epochs``)."""
     if isinstance(value, np.ndarray):  # (torch.topk and nn.Linear take np.array(3) too)
         return value.item() if value.ndim == 0 and int_kind(value.dtype) else value
-    if isinstance(value, Tensor) and value.dim() == 0 and value.dtype != torch.bool \
-            and not value.is_floating_point() and not value.is_complex():
+    if isinstance(value, Tensor) and value.dim() == 0 and int_dtype(value.dtype):
         refuse_meta(value, name)  # (item() would read it)
         # item(), not operator.index: a uint64 beyond int64 is then a Python int, refused
         # by the check that follows, naming the argument (operator.index raised torch's

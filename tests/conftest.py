@@ -2,7 +2,9 @@ import atexit
 import contextlib
 import os
 import shutil
+import site
 import sys
+import sysconfig
 import tempfile
 from collections import Counter
 
@@ -36,14 +38,23 @@ def _inside(path, folder):
     return os.path.commonpath([os.path.abspath(path or os.curdir), folder]) == folder
 
 
+# The running environment's library folders (a virtual environment made inside the clone,
+# as CI does, has them inside _ROOT); not sys.prefix itself, which may hold the clone
+# (a conda or container prefix), and would then have hidden every folder of it.
+_LIBS = sorted({os.path.abspath(p) for k, p in sysconfig.get_paths().items()
+                if k in ("stdlib", "platstdlib", "purelib", "platlib")}
+               | {os.path.abspath(p) for p in getattr(site, "getsitepackages", list)()})
+_LIBS = [lib for lib in _LIBS if not _inside(_ROOT, lib)]
+
+
 def _ours(paths):
     """The entries of ``paths`` that are folders of this repository (benchmarks/, examples/,
-    tests/ ...), in order, repeats kept.  Not the running environment's (a virtual
-    environment made inside the clone, as CI does): a library may add its own folder
-    once, at its first import (setuptools' vendored packages, which torch.compile
+    tests/ ...), in order, repeats kept.  Not the running environment's library folders
+    (a virtual environment made inside the clone, as CI does): a library may add its own
+    folder once, at its first import (setuptools' vendored packages, which torch.compile
     imports), and needs it kept."""
-    env = os.path.abspath(sys.prefix)
-    return [p for p in paths if _inside(p, _ROOT) and not _inside(p, env)]
+    return [p for p in paths
+            if _inside(p, _ROOT) and not any(_inside(p, lib) for lib in _LIBS)]
 
 
 @pytest.fixture(autouse=True)

@@ -418,3 +418,19 @@ def test_as_tensor_copies_numpy_arrays_with_negative_strides_only():
     assert np.shares_memory(shared.numpy(), a) and shared.tolist() == a[:, ::2].tolist()
     with pytest.raises(ValueError, match="negative"):
         torch.as_tensor(np.flip(a))  # (what as_tensor goes round)
+
+
+# _forms.int_dtype: the integer dtypes (signed and unsigned) and nothing else; the 0-d
+# integer tensors int_of_0d reads, the others passed on as they came
+@pytest.mark.parametrize("dtype, integer", [
+    (torch.uint8, True), (torch.int8, True), (torch.int16, True), (torch.int32, True),
+    (torch.int64, True), (torch.uint16, True), (torch.uint32, True), (torch.uint64, True),
+    (torch.bool, False), (torch.float16, False), (torch.bfloat16, False),
+    (torch.float32, False), (torch.float64, False), (torch.complex64, False),
+    (torch.complex128, False)])
+def test_int_dtype(dtype, integer):
+    from nnsparse._forms import int_dtype, int_of_0d
+    assert int_dtype(dtype) is integer
+    value = torch.ones((), dtype=dtype)
+    assert (int_of_0d(value, "n") == 1 and type(int_of_0d(value, "n")) is int) if integer \
+        else int_of_0d(value, "n") is value

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .._forms import (_check_csr, _version, as_count, as_device, as_flag, as_sparse_batch,
-                      compile_boundary, dtype_got, is_int, is_real, is_sparse_form)
+                      compile_boundary, dtype_got, int_dtype, is_int, is_real, is_sparse_form)
 from .._load import check_state_dict, entry_errors
 from .._lua import WEIGHT_MEMBERS, LuaMembers
 from .. import _index
@@ -252,8 +252,7 @@ class SparseWeightLinear(LuaMembers, nn.Module):
         for key in ("crow", "col"):
             given = found.get(key)
             if (isinstance(given, Tensor) and given.shape == own[key].shape
-                    and (given.is_floating_point() or given.is_complex()
-                         or given.dtype == torch.bool)):
+                    and not int_dtype(given.dtype)):
                 out.append(f"{prefix}{key} (the loaded pattern) must have an integer dtype, "
                            f"got {given.dtype}")
         return out
