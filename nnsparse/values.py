@@ -375,6 +375,7 @@ def normalize(input: Union[SparseLike, SparseParts], p: float = 2.0, dim: int = 
     if eps < 0:
         raise ValueError(f"eps must be >= 0 (the smallest divisor), got {eps}")
     if isinstance(input, Tensor) and input.layout == torch.strided:
+        _check_normalizable(input.dtype)  # (F.normalize's RuntimeError named no argument)
         return F.normalize(input, p=p, dim=dim, eps=eps)
     if p <= 0:
         raise NotImplementedError(f"nnsparse.normalize takes p > 0 (a norm; math.inf for the "
@@ -396,9 +397,7 @@ def _row_normalized(values: Tensor, rows_of: Callable[[], Tuple[Tensor, int]], p
                     eps: float) -> Tensor:
     """``values`` divided by their row's p-norm clamped at ``eps`` (``F.normalize``'s
     ``x / x.norm(p).clamp_min(eps)``), the norms a segment reduction over the row index."""
-    if values.dtype == torch.bool or not (values.is_floating_point() or values.is_complex()):
-        raise TypeError(f"input must have floating-point or complex values (as F.normalize), "
-                        f"got {values.dtype}")
+    _check_normalizable(values.dtype)
     row, rows = rows_of()
     # half and bfloat16 sums in float32, as torch's norm (300 ** 2 overflows float16)
     wide = values.to(torch.float32) if values.dtype in _WIDENED else values
@@ -427,6 +426,13 @@ def _row_normalized(values: Tensor, rows_of: Callable[[], Tuple[Tensor, int]], p
 
 
 _WIDENED = (torch.float16, torch.bfloat16)
+
+
+def _check_normalizable(dtype: torch.dtype) -> None:
+    """``TypeError`` unless :func:`normalize`'s input values are floating point or complex."""
+    if not (dtype.is_floating_point or dtype.is_complex):
+        raise TypeError(f"input must have floating-point or complex values (as F.normalize), "
+                        f"got {dtype}")
 
 
 def _distinct(batch: SparseBatch) -> SparseBatch:

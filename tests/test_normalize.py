@@ -215,6 +215,8 @@ BAD_INPUTS = [
      r"floating-point or complex values \(as F.normalize\), got torch.int64"),
     ("bool values", [torch.tensor([True, False]).to_sparse()], {}, TypeError,
      r"floating-point or complex values .*got torch.bool"),
+    ("dense integer", torch.tensor([[1, 0], [0, 2]]), {}, TypeError,
+     r"floating-point or complex values \(as F.normalize\), got torch.int64"),
     ("3-D", torch.ones(2, 2, 2).to_sparse(), {}, ValueError,
      r"input must be a sparse vector or a 2-D sparse batch, got 3 dimensions"),
     ("not a tensor", "abc", {}, TypeError, r"input"),

@@ -124,6 +124,15 @@ BAD = [
     Case("values-shape", lambda: ranking_metrics(torch.return_types.topk((
         torch.ones(5, 3), _L()[:, :2])), _T()), ValueError,
          r"top's values must have its indices' shape \(5, 2\), got \(5, 3\)"),
+    Case("values-sparse", lambda: ranking_metrics(torch.return_types.topk((
+        torch.ones(5, 2).to_sparse(), _L()[:, :2])), _T()), TypeError,
+         r"^top's values must be a dense tensor, got layout torch\.sparse_coo$"),
+    # (meta stands in for another device: values on CUDA beside CPU indices)
+    Case("values-other-device", lambda: ranking_metrics(torch.return_types.topk((
+        torch.ones(5, 2, device="meta"), _L()[:, :2])), _T()), ValueError,
+         r"^top's values must be on its indices' device cpu, got meta$"),
+    Case("top-meta", lambda: ranking_metrics(_L().to("meta"), _T()), ValueError,
+         r"^top must hold data, got a tensor on the meta device"),
     Case("test-not-ratings", lambda: ranking_metrics(_L(), torch.ones(3)), TypeError, r"test"),
     Case("k-zero", lambda: ranking_metrics(_L(), _T(), 0), ValueError, r"k must be"),
     Case("k-float", lambda: ranking_metrics(_L(), _T(), 2.5), TypeError, r"k must be"),

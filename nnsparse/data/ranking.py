@@ -131,13 +131,14 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
 
     Raises:
         TypeError: ``top`` not an integer tensor or a ``(values, indices)`` result, its
-            values not floating point; ``test`` not a :class:`Ratings`; ``k`` not an int,
-            ``threshold`` not a real number or None, ``recall`` not a str.
+            values not a dense floating-point tensor; ``test`` not a :class:`Ratings`;
+            ``k`` not an int, ``threshold`` not a real number or None, ``recall`` not a
+            str.
         ValueError: ``top`` not 2-D, with fewer rows than the test users need, an item
-            index at or above ``test.n_items`` or twice in a row, or values of another
-            shape; ``k`` below 1; ``recall`` neither ``"n"`` nor ``"min"``; ``threshold``
-            not finite; ``test`` empty, rating a (user, item) pair twice, or with no
-            rating reaching ``threshold``.
+            index at or above ``test.n_items`` or twice in a row, on the meta device, or
+            values of another shape or device; ``k`` below 1; ``recall`` neither ``"n"``
+            nor ``"min"``; ``threshold`` not finite; ``test`` empty, rating a (user, item)
+            pair twice, or with no rating reaching ``threshold``.
 
     Example::
 
@@ -170,12 +171,16 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
         raise ValueError(f"top must be 2-D (users, k), got shape {tuple(top.shape)}")
     refuse_meta(top, "top")
     if values is not None:
+        if values.layout != torch.strided:
+            raise TypeError(f"top's values must be a dense tensor, got layout {values.layout}")
         if not values.is_floating_point():
             raise TypeError(f"top's values must be floating point, got dtype {values.dtype}")
         if values.shape != top.shape:
             raise ValueError(f"top's values must have its indices' shape {tuple(top.shape)}, "
                              f"got {tuple(values.shape)}")
-        refuse_meta(values, "top's values")
+        if values.device != top.device:  # (top on the meta device is refused above)
+            raise ValueError(f"top's values must be on its indices' device {top.device}, "
+                             f"got {values.device}")
     _check_ratings(test, "test")
     k = top.shape[1] if k is None else as_count("k", k, 1, must="positive")
     if k < 1:

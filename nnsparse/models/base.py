@@ -1434,9 +1434,9 @@ class RatingModel(nn.Module):
                             f"got {type(path).__name__}")
         if isinstance(path, (str, os.PathLike)):
             path = _path(path)  # ~ expanded, as the rating readers expand it
-            if Path(path).is_dir():
+            if path.is_dir():
                 raise ValueError(f"path must be a model file, got {path}, which is a directory")
-            if not Path(path).exists():
+            if not path.exists():
                 raise FileNotFoundError(f"path: no file at {path}")
         else:
             check_file_object(path, "path", "read")
