@@ -146,6 +146,16 @@ def test_empty_ratings():
         user_split(r, test=1)
 
 
+@pytest.mark.parametrize("test, validation, sizes", [
+    (70, 0.125, (70, 10)),     # 0.125 of 80: 10, all 80 held out, as asked
+    (0.25, 60, (20, 60)),
+    (10, 0.5, (10, 40)),
+], ids=["count-fraction-all", "fraction-count-all", "count-fraction"])
+def test_a_fraction_beside_a_count_is_its_share(ratings, test, validation, sizes):
+    s = user_split(ratings, test=test, validation=validation, seed=0)
+    assert (len(users(s.test.fold_in)), len(users(s.validation.fold_in))) == sizes
+
+
 def test_a_fraction_keeps_a_training_user():
     r = Ratings.from_triples([0, 0, 1, 1], [0, 1, 0, 1], [1.0] * 4)
     train, _, test = user_split(r, test=0.5, validation=0.45)
@@ -184,6 +194,14 @@ def _twice():
     (dict(test=70, validation=20), ValueError,
      "test + validation must be at most the 80 users with at least 2 ratings (the users "
      "that can be held out), got 70 + 20 users"),
+    # a fraction beside a count is its rounded share, as asked or refused (it was cut to
+    # what the count left: validation=0.5 of 80 users gave 10, and no training user)
+    (dict(test=70, validation=0.5), ValueError,
+     "test + validation must be at most the 80 users with at least 2 ratings (the users "
+     "that can be held out), got 70 + 40 users (test=70, validation=0.5)"),
+    (dict(test=0.5, validation=41), ValueError,
+     "test + validation must be at most the 80 users with at least 2 ratings (the users "
+     "that can be held out), got 40 + 41 users (test=0.5, validation=41)"),
     (dict(fold_in=0.0), ValueError, "fold_in must be a number in (0, 1), got 0.0"),
     (dict(fold_in=1), ValueError, "fold_in must be a number in (0, 1), got 1"),
     (dict(fold_in="0.8"), TypeError, "fold_in must be a number in (0, 1), got str '0.8'"),

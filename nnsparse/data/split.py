@@ -360,7 +360,8 @@ def user_split(ratings: Ratings, test: Union[int, float] = 0.1,
             ``seed`` is not an int.
         ValueError: a negative count or a fraction outside ``[0, 1)``;
             ``test + validation >= 1`` as fractions, or above the number of
-            users that can be held out as counts; ``fold_in`` outside ``(0, 1)``;
+            users that can be held out as counts (a fraction beside a count
+            counted as its rounded share); ``fold_in`` outside ``(0, 1)``;
             a (user, item) pair rated more than once (its ratings could land in
             both the fold-in and the target part).
 
@@ -394,12 +395,16 @@ def user_split(ratings: Ratings, test: Union[int, float] = 0.1,
     k_test = int(test) if is_int(test) else round(test * n)
     if is_int(validation):
         k_valid = int(validation)
-    else:  # at most what the test users leave; a fraction keeps one candidate in train
-        k_valid = min(round(validation * n), max(n - k_test - (0 if is_int(test) else 1), 0))
+    elif is_int(test):  # a fraction beside a count: as asked, or refused below
+        k_valid = round(validation * n)
+    else:  # two fractions (sum below 1): rounding up may not take the last candidate
+        k_valid = min(round(validation * n), max(n - k_test - 1, 0))
     if k_test + k_valid > n:
+        fractions = "" if is_int(test) and is_int(validation) else \
+            f" (test={test!r}, validation={validation!r})"
         raise ValueError(f"test + validation must be at most the {n} users with at least 2 "
                          f"ratings (the users that can be held out), got {k_test} + {k_valid} "
-                         f"users")
+                         f"users{fractions}")
     _check_unique_pairs("ratings", ratings)
     generator = torch.Generator().manual_seed(_torch_seed(seed))
     # (on the CPU, the generator's device, whatever torch's default device)
