@@ -1,6 +1,7 @@
 """Tests of nnsparse.data.user_split: the split by held-out users (Liang et al. 2018)."""
 import re
 from collections import Counter
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -62,16 +63,29 @@ def test_user_counts_and_ratios(ratings):
         round(0.1 * n), round(0.05 * n))
 
 
-@pytest.mark.parametrize("fold_in", [0.5, 0.8, 0.9])
+@pytest.mark.parametrize("fold_in", [0.5, 0.7, 0.8, 0.9])
 def test_per_user_fold_in_fraction(ratings, fold_in):
     _, valid, test = user_split(ratings, test=0.2, validation=0.1, fold_in=fold_in, seed=4)
     per_user = Counter(ratings.user.tolist())
     for part in (valid, test):
-        got = Counter(part.fold_in.user.tolist())
+        got = Counter(part.target.user.tolist())
         for u, k in got.items():
             n = per_user[u]
-            assert k == min(max(round(fold_in * n), 1), n - 1)
-            assert abs(k - fold_in * n) <= 0.5 + 1e-9 or k in (1, n - 1)
+            # Liang et al.: int(test_prop * n) targets, in exact arithmetic (their 0.2 * n)
+            exact = Fraction(str(round(1 - fold_in, 6))) * n
+            assert k == min(max(int(exact), 1), n - 1)
+
+
+@pytest.mark.parametrize("n, targets", [
+    (2, 1), (4, 1), (5, 1), (8, 1), (9, 1), (10, 2), (13, 2), (14, 2), (15, 3), (99, 19),
+    (100, 20),
+])
+def test_targets_as_liang_et_al(n, targets):
+    # vae_cf's split_train_test_proportion: int(0.2 * n) targets (round(0.8 * n) fold-in
+    # ratings gave 8 ratings 2 targets), at least one of each here (fewer than 5: 1)
+    r = Ratings.from_triples([0] * n + [1], list(range(n)) + [0], [1.0] * (n + 1))
+    _, _, test = user_split(r, test=1, validation=0, fold_in=0.8, seed=n)
+    assert (len(test.fold_in), len(test.target)) == (n - targets, targets)
 
 
 def test_reproducible_with_the_seed(ratings):

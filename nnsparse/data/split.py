@@ -329,8 +329,14 @@ def user_split(ratings: Ratings, test: Union[int, float] = 0.1,
     Only users with at least two ratings can be held out (one fold-in and one
     target rating at least); a user with fewer always stays in ``train``, and
     the ratios count the users that can be held out.  A held-out user with
-    ``n`` ratings gives ``round(fold_in * n)`` of them to ``fold_in``, at least
-    one and at most ``n - 1``.
+    ``n`` ratings gives ``floor((1 - fold_in) * n)`` of them to the target and
+    the rest to the fold-in part, as Liang et al.'s code does
+    (``int(test_prop * n)`` targets, ``test_prop = 0.2``), with at least one
+    rating in each (their code puts a user with fewer than 5 ratings wholly in
+    the fold-in part, where it has nothing to predict).  Their code also drops
+    the held-out ratings of items that no training user rates (no output of
+    the model is trained for them): ``seen = torch.zeros(r.n_items,
+    dtype=torch.bool); seen[train.item] = True; part.subset(seen[part.item])``.
 
     The users are drawn with a ``torch.Generator`` seeded by ``seed``, test
     users first, validation users next from one permutation (so the test users
@@ -413,15 +419,16 @@ def user_split(ratings: Ratings, test: Union[int, float] = 0.1,
     part[order[:k_test]] = 2
     part[order[k_test:k_test + k_valid]] = 1
     # each user's entries in a random order (a permutation of all the entries, stably
-    # grouped by user), the first round(fold_in * count) of them its fold-in part
+    # grouped by user), the first count - floor((1 - fold_in) * count) of them its fold-in
+    # part (1e-9: 1 - 0.8 is 0.19999999999999996, and 5 of its ratings must give 1 target)
     m = len(ratings)
     shuffled = torch.randperm(m, generator=generator, device="cpu")
     grouped = shuffled[torch.argsort(user[shuffled], stable=True)]
     starts = torch.cumsum(counts, 0) - counts
     rank = torch.empty(m, dtype=torch.int64, device="cpu")
     rank[grouped] = torch.arange(m, device="cpu") - starts[user[grouped]]
-    keep = torch.round(fold_in * counts.double()).long().clamp(min=1)
-    keep = torch.minimum(keep, counts - 1)
+    targets = torch.floor((1.0 - fold_in) * counts.double() + 1e-9).long()
+    keep = torch.minimum((counts - targets).clamp(min=1), counts - 1)
     first = rank < keep[user]
     device = ratings.rating.device
     entry_part = part[user]
