@@ -192,7 +192,10 @@ def _twice():
      "test must be a number of users (an int >= 0) or a fraction of them in [0, 1), got -1"),
     (dict(test=1.0), ValueError,
      "test must be a number of users (an int >= 0) or a fraction of them in [0, 1), got 1.0 "
-     "(for 1 users pass the int 1)"),
+     "(for 1 user pass the int 1)"),
+    (dict(validation=20.0), ValueError,
+     "validation must be a number of users (an int >= 0) or a fraction of them in [0, 1), "
+     "got 20.0 (for 20 users pass the int 20)"),
     (dict(validation=-0.1), ValueError,
      "validation must be a number of users (an int >= 0) or a fraction of them in [0, 1), "
      "got -0.1"),
@@ -236,10 +239,19 @@ def test_bad_arguments(ratings, kwargs, error, message):
      "ratings from twice.dat: 1 (user, item) pair rated more than once"),
     (lambda: UserSplit(_twice(), _twice(), HeldOut(_twice(), _twice())), TypeError,
      "validation must be a (fold_in, target) pair of Ratings, got Ratings"),
-], ids=["not-ratings", "pair-twice", "UserSplit-fields"])
+    (lambda: UserSplit(_twice(), (_twice(), _twice()), (_twice(), keys)), TypeError,
+     "test target must be a Ratings record"),
+], ids=["not-ratings", "pair-twice", "UserSplit-fields", "UserSplit-test-target"])
 def test_bad_records(call, error, message):
     with pytest.raises(error, match=re.escape(message)):
         call()
+
+
+def test_user_split_record_takes_pairs(ratings):
+    train, valid, test = user_split(ratings, test=3, validation=2, seed=0)
+    s = UserSplit(train, (valid.fold_in, valid.target), (test.fold_in, test.target))
+    assert type(s.validation) is HeldOut and type(s.test) is HeldOut
+    assert s.validation.target is valid.target and list(s)[0] is train
 
 
 def test_numpy_numbers_are_taken(ratings):

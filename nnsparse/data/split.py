@@ -284,14 +284,14 @@ class UserSplit:
 
     def __post_init__(self) -> None:
         _check_ratings(self.train, "train")
-        for name in ("validation", "test"):
+        for name in ("validation", "test"):  # both checked before either is converted
             part = getattr(self, name)
             if not (isinstance(part, tuple) and len(part) == 2):
                 raise TypeError(f"{name} must be a (fold_in, target) pair of Ratings, "
                                 f"got {type(part).__name__}")
             _check_ratings(part[0], f"{name} fold_in")
             _check_ratings(part[1], f"{name} target")
-            setattr(self, name, HeldOut(*part))
+        self.validation, self.test = HeldOut(*self.validation), HeldOut(*self.test)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.train, self.validation, self.test))
@@ -309,7 +309,8 @@ def _user_count(value: Any, name: str) -> None:
                         f"(a float in [0, 1)), got {type(value).__name__} {value!r}")
     if not 0 <= value < 1:
         whole = value > 0 and np.isfinite(float(value)) and float(value) == int(value)
-        hint = f" (for {int(value)} users pass the int {int(value)})" if whole else ""
+        hint = (f" (for {int(value)} user{'s' if int(value) != 1 else ''} pass the int "
+                f"{int(value)})" if whole else "")
         raise ValueError(f"{name} must be a number of users (an int >= 0) or a fraction of "
                          f"them in [0, 1), got {value!r}{hint}")
 
