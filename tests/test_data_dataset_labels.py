@@ -170,3 +170,21 @@ def test_foreign_labels_are_refused_by_name(labels, error, message):
     # the same kind from another dataset is taken (dense labels need no trust)
     same = SparseRowDataset(_x(), torch.arange(4) + 10)
     assert ds.collate([ds[0], same[1]]).target.tolist() == [0, 11]
+
+
+@pytest.mark.parametrize("labels", [torch.arange(ROWS) % 3, torch.rand(ROWS, 2)],
+                         ids=["1-d", "2-d"])
+def test_the_dataset_pickles_with_its_labels(x, labels):
+    # a spawn or forkserver DataLoader worker gets the dataset pickled
+    ds = pickle.loads(pickle.dumps(SparseRowDataset(x, labels)))
+    batch = ds.collate([ds[7], ds[2]])
+    assert torch.equal(batch.target, labels[[7, 2]])
+    assert ds.target_width == (labels.shape[1] if labels.dim() == 2 else None)
+
+
+def test_a_dataset_pickled_without_labels_reads_as_one_without_a_target(x):
+    # a dataset pickled before labels existed has no _labels: its items stay (i, row)
+    ds = SparseRowDataset(x)
+    del ds.__dict__["_labels"]
+    again = pickle.loads(pickle.dumps(ds))
+    assert len(again[3]) == 2 and again.collate([again[3]]).target is None
