@@ -171,12 +171,12 @@ def test_dataset_errors(matrices):
                                         r"nnsparse\.sparsify\(x, layout=torch\.sparse_csr\) "
                                         r"\(its zeros left out\)$"):
         SparseRowDataset(densify(x))
-    # a numpy matrix, the other thing a user has at hand (a numpy target is told where labels
-    # go first: tests/test_user_study_bow.py)
-    with pytest.raises(TypeError, match=r"^target must be a 2-D sparse CSR or COO tensor, got "
-                                        r"ndarray; dense labels .* becomes sparse with "
-                                        r"nnsparse\.sparsify\(x, layout=torch\.sparse_csr\) "
-                                        r"\(numpy's after torch\.from_numpy\)$"):
+    # a numpy matrix, the other thing a user has at hand (a numpy target is told how labels
+    # go in first: tests/test_user_study_bow.py)
+    with pytest.raises(TypeError, match=r"^target must be a 2-D sparse CSR or COO tensor or a "
+                                        r"dense tensor of labels, got ndarray; dense labels .* "
+                                        r"becomes sparse with nnsparse\.sparsify\(torch\."
+                                        r"from_numpy\(x\), layout=torch\.sparse_csr\)$"):
         SparseRowDataset(x, densify(y).numpy())
     with pytest.raises(TypeError, match=r"^input must be a 2-D sparse CSR or COO tensor, "
                                         r"got list$"):

@@ -82,7 +82,8 @@ CASES = [
     ("SparseRowDataset", SparseRowDataset,
      "input must be a 2-D sparse CSR or COO tensor, got csr_matrix", "input"),
     ("SparseRowDataset-target", lambda m: SparseRowDataset(DENSE.to_sparse_csr(), m),
-     "target must be a 2-D sparse CSR or COO tensor, got csr_matrix", "target"),
+     "target must be a 2-D sparse CSR or COO tensor or a dense tensor of labels, got "
+     "csr_matrix", "target"),
     ("criterion-target", lambda m: _CRITERION(torch.zeros(3, 4), m),
      f"target {_SPARSE_FORMS}", "target"),
     ("criterion-estimate", lambda m: _CRITERION(m, DENSE.to_sparse()),

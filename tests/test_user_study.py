@@ -186,7 +186,8 @@ _R = synthetic_ratings(0, 6, 5, 20)
          r"input must be a 2-D sparse CSR or COO tensor, got Ratings; ratings become a matrix "
          r"with RatingNormalizer\(train\)\.matrix\(ratings\) .* or rating_matrix\(ratings\)"),
     Case("target", lambda: SparseRowDataset(rating_matrix(_R), _R), TypeError,
-         r"target must be a 2-D sparse CSR or COO tensor, got Ratings; ratings become"),
+         r"target must be a 2-D sparse CSR or COO tensor or a dense tensor of labels, got "
+         r"Ratings; ratings become"),
     Case("the-hint-works", lambda: len(SparseRowDataset(RatingNormalizer(_R).matrix(_R))), None,
          check=lambda n: n == _R.n_items),
 ], ids=lambda c: c.id)

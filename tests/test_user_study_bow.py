@@ -91,8 +91,8 @@ def test_labels_by_row_index_through_a_shuffled_loader():
 
 
 _X = torch.eye(4).to_sparse_csr()
-_LABELS_HINT = (r"dense labels \(a class or a click per row\) stay outside the dataset: take "
-                r"each batch's with labels\[batch.row_index\]")
+_LABELS_HINT = (r"dense labels \(a class or a click per row, or a dense vector per row\) are "
+                r"a dense tensor target: torch.from_numpy\(y\)")
 _TRIPLE_HINT = (r"a \(crow_indices, col_indices, values\) triple is no sparse form: build the "
                 r"batch with torch.sparse_csr_tensor\(crow, col, values, \(rows, width\)\) "
                 r"\(from EmbeddingBag's \(input, offsets, per_sample_weights\), whose bags may "
@@ -146,11 +146,12 @@ def _triple_recipe(offsets_dtype):
 
 
 CASES = [
+    # dense labels are a dense target (session 23): batches stack them
     Case("dataset-class-labels", lambda: SparseRowDataset(_X, torch.tensor([0, 1, 2, 3])),
-         TypeError, "target must be a 2-D sparse CSR or COO tensor, got layout "
-         r"torch.strided; " + _LABELS_HINT),
+         None, check=lambda ds: torch.equal(ds.collate([ds[3], ds[1]]).target,
+                                            torch.tensor([3, 1]))),
     Case("dataset-click-labels-2d", lambda: SparseRowDataset(_X, torch.ones(4, 1)),
-         TypeError, _LABELS_HINT),
+         None, check=lambda ds: ds.collate([ds[0]]).target.shape == (1, 1)),
     # scikit-learn's y is a numpy array: labels too, not a matrix to sparsify
     Case("dataset-numpy-labels", lambda: SparseRowDataset(_X, np.array([0, 1, 2, 3])),
          TypeError, r"got ndarray; " + _LABELS_HINT),

@@ -11,7 +11,8 @@ The pieces of a collaborative-filtering pipeline (see ``README.md``)::
 """
 from .readers import (FORMATS, Ratings, detect_format, read_item_features, read_ratings,
                       read_split, read_user_features)
-from .split import Split, holdout_split, random_split, split_ratings
+from .split import (HeldOut, Split, UserSplit, holdout_split, random_split, split_ratings,
+                    user_split)
 from .matrix import RatingErrors, RatingNormalizer, mae, mean_prediction, rating_matrix, rmse
 from .synthetic import synthetic_item_features, synthetic_ratings
 from .dataset import SparseRowBatch, SparseRowDataset, collate_sparse_rows
@@ -29,6 +30,9 @@ __all__ = [
     "split_ratings",
     "random_split",
     "holdout_split",
+    "user_split",
+    "UserSplit",
+    "HeldOut",
     "rating_matrix",
     "RatingNormalizer",
     "RatingErrors",

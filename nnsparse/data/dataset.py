@@ -16,8 +16,8 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from .._forms import (SparseBatch, _a, _attached, _check_csr, _version, as_device, as_int,
-                      as_sparse_batch, check_int64, int_dtype, is_int, move_structure, refuse_meta,
-                      scipy_sparse_hint, trust)
+                      as_sparse_batch, check_int64, int_dtype, is_int, move_structure, plain,
+                      refuse_meta, scipy_sparse_hint, trust)
 from .._index import coo_tensor, crow_from_counts, csr_tensor, rows_from_crow
 from .readers import Ratings
 
@@ -26,14 +26,14 @@ __all__ = ["SparseRowDataset", "SparseRowBatch", "SparseRow", "collate_sparse_ro
 _Row = Tuple[Tensor, Tensor]  # (column indices, values) of one row
 
 
-# A dense target (a tensor, or scikit-learn's numpy y) is most often one label per row (a
-# class, a click), which sparsify would lose wherever it is 0: the dataset holds sparse rows
-# only, the labels stay beside it (a numpy array indexed by batch.row_index too).
-_DENSE_TARGET_HINT = ("; dense labels (a class or a click per row) stay outside the dataset: "
-                      "take each batch's with labels[batch.row_index] (on the labels' device); "
-                      "a dense matrix whose zeros are missing entries becomes sparse with "
-                      "nnsparse.sparsify(x, layout=torch.sparse_csr) (numpy's after "
-                      "torch.from_numpy)")
+# A numpy target (scikit-learn's y) is most often one label per row (a class, a click), which
+# sparsify would lose wherever it is 0: a dense tensor target holds such labels as they are.
+_DENSE_TARGET_HINT = ("; dense labels (a class or a click per row, or a dense vector per row) "
+                      "are a dense tensor target: torch.from_numpy(y); a dense matrix whose "
+                      "zeros are missing entries becomes sparse with "
+                      "nnsparse.sparsify(torch.from_numpy(x), layout=torch.sparse_csr)")
+#: what a target may be, for the messages
+_TARGET_FORMS = "a 2-D sparse CSR or COO tensor or a dense tensor of labels"
 
 
 def _as_csr(matrix: Tensor, name: str) -> Tuple[Tensor, Tensor, Tensor]:
@@ -48,7 +48,7 @@ def _as_csr(matrix: Tensor, name: str) -> Tuple[Tensor, Tensor, Tensor]:
         # a dense matrix is the first thing a user has: say how to make it sparse
         dense = isinstance(matrix, Tensor) and matrix.layout == torch.strided
         numpy = type(matrix).__module__ == "numpy"
-        hint = (_DENSE_TARGET_HINT if name == "target" and (dense or numpy) else
+        hint = (_DENSE_TARGET_HINT if name == "target" and numpy else
                 "; convert a dense matrix with nnsparse.sparsify(x, layout=torch.sparse_csr) "
                 "(its zeros left out)" if dense else
                 "; a numpy array goes through torch.from_numpy(a), then nnsparse.sparsify"
@@ -58,12 +58,25 @@ def _as_csr(matrix: Tensor, name: str) -> Tuple[Tensor, Tensor, Tensor]:
                 "(normalised, as the models train) or rating_matrix(ratings) (the ratings "
                 "as they are), both in nnsparse.data" if isinstance(matrix, Ratings)
                 else scipy_sparse_hint(matrix, name))
-        raise TypeError(f"{name} must be a 2-D sparse CSR or COO tensor, got {got}{hint}")
+        forms = _TARGET_FORMS if name == "target" else "a 2-D sparse CSR or COO tensor"
+        raise TypeError(f"{name} must be {forms}, got {got}{hint}")
     if matrix.dim() != 2:
         raise ValueError(f"{name} must be 2-D (rows, width), got shape {tuple(matrix.shape)}")
     batch = as_sparse_batch(matrix, name=name).coalesce()  # duplicates summed, as torch does
     # A DataLoader reads on the CPU; the batch moves to the device in the loop.
     return (batch.crow_indices().cpu(), batch.col.cpu(), batch.values.detach().cpu())
+
+
+def _as_labels(target: Tensor, rows: int) -> Tensor:
+    """A dense ``target``: ``(rows,)`` or ``(rows, k)`` labels, detached, on the CPU."""
+    refuse_meta(target, "target")
+    if target.dim() not in (1, 2):
+        raise ValueError(f"target must be 1-D (rows,) or 2-D (rows, k) as dense labels, "
+                         f"got shape {tuple(target.shape)}")
+    if target.shape[0] != rows:
+        raise ValueError(f"target must have {rows} rows like input, got {target.shape[0]}")
+    # A DataLoader reads on the CPU, as the sparse matrices' parts
+    return plain(target.detach()).cpu()
 
 
 class _RowType(type):
@@ -126,9 +139,12 @@ def _check_batch_shapes(input: Tensor, target: Optional[Tensor], row_index: Tens
     if row_index.shape != (input.shape[0],):
         raise ValueError(f"row_index must hold one matrix row per input row, shape "
                          f"({input.shape[0]},), got {tuple(row_index.shape)}")
-    if target is not None and (target.dim() != 2 or target.shape[0] != input.shape[0]):
-        raise ValueError(f"target must be a 2-D batch of the input's {input.shape[0]} rows, "
-                         f"got shape {tuple(target.shape)}")
+    if target is not None:
+        dense = target.layout == torch.strided  # dense labels: (batch,) or (batch, k)
+        if target.dim() not in ((1, 2) if dense else (2,)) or target.shape[0] != input.shape[0]:
+            raise ValueError(f"target must be a {'1-D or 2-D dense' if dense else '2-D'} batch "
+                             f"of the input's {input.shape[0]} rows, got shape "
+                             f"{tuple(target.shape)}")
     for name, t in (("row_index", row_index), ("target", target)):
         if t is not None and t.device != input.device:  # (.to() moves the three together)
             raise ValueError(f"{name} must be on the input's device {input.device}, "
@@ -146,7 +162,8 @@ class SparseRowBatch:
             first matrix, trusted.
         target (Tensor or None): the same rows of the second matrix, when the
             dataset has one (``None`` otherwise: an autoencoder's target is
-            its input).
+            its input); for a dataset of dense labels, their rows stacked,
+            dense ``(batch,)`` or ``(batch, k)``.
         row_index (Tensor): int64 ``(batch,)``, the matrix row of each batch row
             (to pick row means, masks or outputs that belong to it).
 
@@ -214,6 +231,8 @@ class SparseRowBatch:
 def _parts(x: Optional[Tensor]) -> _Parts:
     if x is None:
         return None
+    if x.layout == torch.strided:  # dense labels: nothing to check or trust
+        return "dense", x
     # a batch collate made is trusted; one built by hand from unchecked tensors is not, and
     # must not become trusted by a trip through pickle (a DataLoader worker's)
     checked = _attached(x) is not None
@@ -227,6 +246,8 @@ def _parts(x: Optional[Tensor]) -> _Parts:
 def _build(parts: _Parts) -> Optional[Tensor]:
     if parts is None:
         return None
+    if parts[0] == "dense":
+        return cast(Tensor, parts[1])
     layout, tensors, shape, checked = parts[:4]
     if layout == "csr":
         out = csr_tensor(tensors[0], tensors[1], tensors[2], shape)
@@ -374,11 +395,17 @@ def collate_sparse_rows(rows: Sequence[Tuple[int, _Row]], width: int,
     return _collate(rows, width, layout)
 
 
-def _rows_item(item: Any) -> bool:
-    """Whether ``item`` is a tuple (or list) of a row number and dataset rows, such as a
-    :class:`SparseRowDataset` item with or without a target."""
-    return isinstance(item, (tuple, list)) and len(item) in (2, 3) \
-        and all(type(r) is SparseRow for r in item[1:])
+def _item_form(item: Any) -> Optional[str]:
+    """The kind of target of a :class:`SparseRowDataset` item: ``"none"`` for ``(i, row)``,
+    ``"sparse"`` for ``(i, row, target_row)``, ``"dense"`` for ``(i, row, labels)``; ``None``
+    for anything else."""
+    if not (isinstance(item, (tuple, list)) and len(item) in (2, 3)
+            and type(item[1]) is SparseRow):
+        return None
+    if len(item) == 2:
+        return "none"
+    return "sparse" if type(item[2]) is SparseRow else \
+        "dense" if isinstance(item[2], Tensor) else None
 
 
 def _item_kind(item: Any) -> str:
@@ -388,19 +415,27 @@ def _item_kind(item: Any) -> str:
     return type(item).__name__
 
 
-#: what an item of the other kind of dataset means, by the fields this dataset's items have
-_TARGET_HINT = {2: ": an item with a target, which this dataset (built without one) would "
-                   "drop; collate it with the dataset it came from",
-                3: ": an item without a target, which this dataset's batches need; collate "
-                   "it with the dataset it came from"}
+_OTHER = "; collate it with the dataset it came from"
+#: what an item of another kind of dataset means: (this dataset's target, the item's)
+_TARGET_HINT = {("none", "sparse"): ": an item with a target, which this dataset (built "
+                                    "without one) would drop" + _OTHER,
+                ("sparse", "none"): ": an item without a target, which this dataset's "
+                                    "batches need" + _OTHER,
+                ("sparse", "dense"): ": an item with dense labels as its target, where this "
+                                     "dataset's target is a sparse matrix" + _OTHER,
+                ("dense", "sparse"): ": an item with a sparse target row, where this "
+                                     "dataset's target is dense labels" + _OTHER}
+_TARGET_HINT["none", "dense"] = _TARGET_HINT["none", "sparse"]
+_TARGET_HINT["dense", "none"] = _TARGET_HINT["sparse", "none"]
 
 
 class SparseRowDataset(Dataset[Tuple[Any, ...]]):
-    r"""The rows of a sparse matrix (and, optionally, of a target matrix) as a dataset.
+    r"""The rows of a sparse matrix (and, optionally, of a target) as a dataset.
 
-    Item ``i`` is ``(i, row)``, or ``(i, row, target_row)`` with a target,
-    each row a :class:`SparseRow` (``indices, values = row``): plain CPU
-    tensors, which every ``DataLoader`` can pass between processes.  Use
+    Item ``i`` is ``(i, row)``, or ``(i, row, target_row)`` with a sparse
+    target, each row a :class:`SparseRow` (``indices, values = row``), or
+    ``(i, row, target[i])`` with dense labels: plain CPU tensors, which every
+    ``DataLoader`` can pass between processes.  Use
     :meth:`collate` as the loader's ``collate_fn`` to get
     :class:`SparseRowBatch` batches (``x, y = batch``); torch's default
     collate cannot join rows of different lengths, and its error says to.
@@ -416,22 +451,27 @@ class SparseRowDataset(Dataset[Tuple[Any, ...]]):
     * evaluation: ``SparseRowDataset(train_matrix, test_matrix)``: the
       training ratings as input, the held-out ratings as target.
 
-    For a classifier (bags of words, one-hot features) the dense labels stay
-    beside the dataset, one per matrix row: ``y = labels[batch.row_index]``.
+    For a classifier or a click model (bags of words, one-hot features: the
+    (sparse features, dense label) pairs of ``TensorDataset(x, y)``) the
+    target is the dense labels, ``(rows,)`` or ``(rows, k)``: each batch's
+    ``y`` is their rows stacked, ``labels[batch.row_index]``, dense.  Every
+    value of a dense target is a label, zeros included: a dense matrix whose
+    zeros are missing entries goes through :func:`nnsparse.sparsify` first.
 
     Args:
         input (Tensor): sparse CSR or COO ``(rows, width)``.
-        target (Tensor, optional): sparse ``(rows, target_width)``, the same
-            number of rows (dense labels: see above).
+        target (Tensor, optional): sparse CSR or COO ``(rows, target_width)``,
+            or dense labels ``(rows,)`` or ``(rows, k)`` of any dtype (kept on
+            the CPU, detached): the same number of rows as ``input``.
         layout (torch.layout): the layout of collated batches,
             ``torch.sparse_csr`` (default) or ``torch.sparse_coo``.
 
     Raises:
-        TypeError: a matrix that is not sparse COO or CSR (a dense or numpy ``target``:
-            the message says where labels go), or a bad ``layout``; an index that is
-            not an integer.
-        ValueError: a matrix that is not 2-D or has invalid indices, or
-            matrices with different row counts.
+        TypeError: an ``input`` that is not sparse COO or CSR, a ``target`` that is
+            neither that nor a dense tensor (a numpy ``target``: the message says how
+            labels go in), or a bad ``layout``; an index that is not an integer.
+        ValueError: a sparse matrix that is not 2-D or has invalid indices, dense
+            labels that are not 1-D or 2-D, or a target with another row count.
 
     Example::
 
@@ -445,6 +485,10 @@ class SparseRowDataset(Dataset[Tuple[Any, ...]]):
         >>> x, y = batch
         >>> batch.row_index, x.crow_indices(), x.col_indices(), y is None
         (tensor([0, 1]), tensor([0, 2, 2]), tensor([0, 2]), True)
+        >>> clicks = SparseRowDataset(torch.eye(3).to_sparse_csr(), torch.tensor([1, 0, 1]))
+        >>> x, y = clicks.collate([clicks[2], clicks[1]])   # dense labels: stacked
+        >>> y
+        tensor([1, 0])
     """
 
     def __init__(self, input: Tensor, target: Optional[Tensor] = None,
@@ -452,16 +496,20 @@ class SparseRowDataset(Dataset[Tuple[Any, ...]]):
         if layout not in (torch.sparse_csr, torch.sparse_coo):
             raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
         inputs = _as_csr(input, "input")
-        targets = None
-        if target is not None:
+        targets, labels = None, None
+        if isinstance(target, Tensor) and target.layout == torch.strided:
+            labels = _as_labels(target, input.shape[0])
+        elif target is not None:
             targets = _as_csr(target, "target")
             if target.shape[0] != input.shape[0]:
                 raise ValueError(f"target must have {input.shape[0]} rows like input, "
                                  f"got {target.shape[0]}")
         self.layout = layout
-        self._input, self._target = inputs, targets
+        self._input, self._target, self._labels = inputs, targets, labels
         self.width, self.rows = input.shape[1], input.shape[0]
-        self.target_width: Optional[int] = None if target is None else target.shape[1]
+        # (of a sparse target; of dense labels, k of (rows, k), None for (rows,))
+        self.target_width: Optional[int] = (
+            None if target is None or target.dim() != 2 else target.shape[1])
         # Python ints: slicing with them is much cheaper than with 0-dim tensors.
         self._bounds = [inputs[0].tolist()]
         if targets is not None:
@@ -494,6 +542,11 @@ class SparseRowDataset(Dataset[Tuple[Any, ...]]):
     def __len__(self) -> int:
         return self.rows
 
+    def _target_form(self) -> str:
+        """``"none"``, ``"sparse"`` or ``"dense"``: what this dataset's target is."""
+        return ("sparse" if self._target is not None else
+                "dense" if self.__dict__.get("_labels") is not None else "none")
+
     def _row(self, k: int, i: int) -> SparseRow:
         parts = self._input if k == 0 or self._target is None else self._target
         begin, end = self._bounds[k][i], self._bounds[k][i + 1]
@@ -506,8 +559,11 @@ class SparseRowDataset(Dataset[Tuple[Any, ...]]):
         if not -self.rows <= i < self.rows:
             raise IndexError(f"index must be in [-{self.rows}, {self.rows}), got {i}")
         i %= self.rows
-        if self._target is None:
+        form = self._target_form()
+        if form == "none":
             return i, self._row(0, i)
+        if form == "dense":
+            return i, self._row(0, i), cast(Tensor, self._labels)[i]
         return i, self._row(0, i), self._row(1, i)
 
     def _check_own(self, pairs: List[Tuple[Any, Any]], k: int) -> None:
@@ -568,17 +624,22 @@ class SparseRowDataset(Dataset[Tuple[Any, ...]]):
         Raises:
             TypeError: items that are not ``dataset[i]`` tuples of rows (the message
                 names the first), among them the items of a dataset with a target given
-                to one without (their targets would be dropped), and back; a foreign
-                row whose values differ in dtype from this dataset's.
+                to one without (their targets would be dropped), and back, and those of a
+                dataset of dense labels given to one with a sparse target, and back; a
+                foreign row whose values differ in dtype from this dataset's, foreign
+                labels of another dtype.
             ValueError: a foreign row outside this dataset's rows or width, on another
-                device, or with unsorted or repeated indices.
+                device, or with unsorted or repeated indices; foreign labels of another
+                shape or device.
         """
         # The rows are trusted (they come from the checked matrices): only their kind is checked.
-        kind = "(row, row_data)" if self._target is None else "(row, input, target)"
+        form = self._target_form()
+        kind = "(row, row_data)" if form == "none" else "(row, input, target)"
         if not isinstance(items, (list, tuple)):
             raise TypeError(f"items must be a list of this dataset's items, {kind} tuples as "
                             f"dataset[i] returns, got {type(items).__name__}")
-        fields = 2 if self._target is None else 3
+        fields = 2 if form == "none" else 3
+        last = Tensor if form == "dense" else SparseRow
         # the items' length too: a target dataset's (row, input, target) given to a dataset
         # without one lost its target without a word.  One set of (length, kinds) first (the
         # loop below, which names the item, runs on a refusal only).
@@ -586,24 +647,44 @@ class SparseRowDataset(Dataset[Tuple[Any, ...]]):
             kinds = {(len(it), type(it[1]), type(it[-1])) for it in items}
         except (TypeError, IndexError, KeyError):
             kinds = None
-        if kinds != {(fields, SparseRow, SparseRow)}:
+        if kinds != {(fields, SparseRow, last)}:
             for i, it in enumerate(items):
-                if not (_rows_item(it) and len(it) == fields):
-                    hint = _TARGET_HINT[fields] if _rows_item(it) and len(it) == 5 - fields \
-                        else ""
+                got = _item_form(it)
+                if got != form:
+                    hint = _TARGET_HINT.get((form, got), "") if got is not None else ""
                     raise TypeError(f"items must be a list of this dataset's items, {kind} "
                                     f"tuples as dataset[i] returns, got items[{i}] = "
                                     f"{_item_kind(it)}{hint}")
         pairs = [(it[0], it[1]) for it in items]
-        targets = None if self._target is None else [(it[0], it[2]) for it in items]
+        targets = None if form != "sparse" else [(it[0], it[2]) for it in items]
         self._check_unedited()
         self._check_own(pairs, 0)
         if targets is not None:
             self._check_own(targets, 1)
         index, input = _collate(pairs, self.width, self.layout)
-        if self._target is None:
+        if form == "dense":
+            return SparseRowBatch(input, self._stack_labels([it[2] for it in items]), index)
+        if form == "none":
             return SparseRowBatch(input, None, index)
         assert self.target_width is not None
         assert targets is not None
         _, target = _collate(targets, self.target_width, self.layout)
         return SparseRowBatch(input, target, index)
+
+    def _stack_labels(self, labels: List[Tensor]) -> Tensor:
+        """The items' dense labels as one ``(batch,)`` or ``(batch, k)`` tensor; foreign ones
+        (another dataset's) of another shape, dtype or device refused by name (torch.stack
+        would promote the dtype, or fail naming no item)."""
+        base = cast(Tensor, self._labels)
+        shape, dtype, device = base.shape[1:], base.dtype, base.device
+        for n, t in enumerate(labels):
+            if (t.layout != torch.strided or t.shape != shape or t.dtype != dtype
+                    or t.device != device):
+                error = TypeError if t.layout != torch.strided or t.dtype != dtype \
+                    else ValueError
+                layout = "" if t.layout == torch.strided else f"layout {t.layout}, "
+                raise error(f"items[{n}] holds labels of {layout}shape {tuple(t.shape)} and "
+                            f"dtype {t.dtype} on {t.device}, this dataset's are of shape "
+                            f"{tuple(shape)} and dtype {dtype} on {device}; collate each "
+                            f"dataset's items with its own collate")
+        return torch.stack(labels) if labels else base.new_empty((0, *shape))

@@ -6,15 +6,17 @@ epochs and settings on ``validation``, and read ``test`` once, at the end.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Tuple, cast
+from typing import Any, Iterator, NamedTuple, Tuple, Union, cast
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from .._forms import is_int, is_real
 from .readers import Ratings, _check_ratings, _check_unique_pairs, _check_unique_pairs_apart
 
-__all__ = ["Split", "split_ratings", "random_split", "holdout_split"]
+__all__ = ["Split", "split_ratings", "random_split", "holdout_split", "HeldOut", "UserSplit",
+           "user_split"]
 
 
 @dataclass
@@ -233,3 +235,209 @@ def holdout_split(train: Ratings, test: Ratings, validation: float = 0.05,
     _check_unique_pairs_apart("train", train, "train and test together", test)
     rest, valid = _draw(train, validation, seed)
     return Split(rest, valid, test)
+
+
+class HeldOut(NamedTuple):
+    """The ratings of held-out users: ``(fold_in, target)``, sharing one pair of id maps.
+
+    Attributes:
+        fold_in (Ratings): what the model is given of each held-out user (its
+            input at evaluation; those items are left out of the ranking).
+        target (Ratings): the rest of the same users' ratings, to be predicted.
+
+    Example::
+
+        >>> r = Ratings.from_triples([0, 0, 1], [0, 1, 0], [1., 1., 1.])
+        >>> fold_in, target = HeldOut(r.subset([0]), r.subset([1]))
+        >>> len(fold_in), len(target)
+        (1, 1)
+    """
+
+    fold_in: Ratings
+    target: Ratings
+
+
+@dataclass
+class UserSplit:
+    """A split by users (:func:`user_split`): training users, and held-out users' ratings.
+
+    Attributes:
+        train (Ratings): every rating of the training users.
+        validation (HeldOut): ``(fold_in, target)`` of the validation users.
+        test (HeldOut): ``(fold_in, target)`` of the test users, read once, at the end.
+
+    The five parts are disjoint and together the input; they share its id maps.
+    Unpacks as ``train, (valid_in, valid_target), (test_in, test_target) = split``.
+
+    Example::
+
+        >>> from nnsparse.data import synthetic_ratings, user_split
+        >>> split = user_split(synthetic_ratings(0, 60, 50, 1200), test=10, validation=5)
+        >>> train, (valid_in, valid_target), (test_in, test_target) = split
+        >>> len(set(test_in.user.tolist())), split.test.target.user_map is train.user_map
+        (10, True)
+    """
+
+    train: Ratings
+    validation: HeldOut
+    test: HeldOut
+
+    def __post_init__(self) -> None:
+        _check_ratings(self.train, "train")
+        for name in ("validation", "test"):  # both checked before either is converted
+            part = getattr(self, name)
+            if not (isinstance(part, tuple) and len(part) == 2):
+                raise TypeError(f"{name} must be a (fold_in, target) pair of Ratings, "
+                                f"got {type(part).__name__}")
+            _check_ratings(part[0], f"{name} fold_in")
+            _check_ratings(part[1], f"{name} target")
+        self.validation, self.test = HeldOut(*self.validation), HeldOut(*self.test)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.train, self.validation, self.test))
+
+
+def _user_count(value: Any, name: str) -> None:
+    """``value`` a number of users (an int >= 0) or a fraction of them (a float in [0, 1))."""
+    if is_int(value):
+        if value < 0:
+            raise ValueError(f"{name} must be a number of users (an int >= 0) or a fraction "
+                             f"of them in [0, 1), got {value!r}")
+        return
+    if not is_real(value):  # (not a bool, a str, None)
+        raise TypeError(f"{name} must be a number of users (an int) or a fraction of them "
+                        f"(a float in [0, 1)), got {type(value).__name__} {value!r}")
+    if not 0 <= value < 1:
+        whole = value > 0 and np.isfinite(float(value)) and float(value) == int(value)
+        hint = (f" (for {int(value)} user{'s' if int(value) != 1 else ''} pass the int "
+                f"{int(value)})" if whole else "")
+        raise ValueError(f"{name} must be a number of users (an int >= 0) or a fraction of "
+                         f"them in [0, 1), got {value!r}{hint}")
+
+
+def user_split(ratings: Ratings, test: Union[int, float] = 0.1,
+               validation: Union[int, float] = 0.1, fold_in: float = 0.8,
+               seed: int = 0) -> UserSplit:
+    r"""A seeded split by users: training users, and validation and test users held out.
+
+    The protocol of the implicit-feedback autoencoders (Mult-DAE, Mult-VAE;
+    Liang et al., WWW 2018, "strong generalization"): the model trains on every
+    rating of the training users; each validation and test user is held out
+    entirely, and its ratings are split at random into a fold-in part (about
+    ``fold_in`` of them, the model's input at evaluation) and a target part
+    (the rest, to be predicted; rank with the fold-in items excluded).
+
+    Only users with at least two ratings can be held out (one fold-in and one
+    target rating at least); a user with fewer always stays in ``train``, and
+    the ratios count the users that can be held out.  A held-out user with
+    ``n`` ratings gives ``floor((1 - fold_in) * n)`` of them to the target and
+    the rest to the fold-in part, as Liang et al.'s code does
+    (``int(test_prop * n)`` targets, ``test_prop = 0.2``), with at least one
+    rating in each (their code puts a user with fewer than 5 ratings wholly in
+    the fold-in part, where it has nothing to predict).  Their code also drops
+    the held-out ratings of items that no training user rates (no output of
+    the model is trained for them): ``seen = torch.zeros(r.n_items,
+    dtype=torch.bool); seen[train.item] = True; part.subset(seen[part.item])``.
+
+    The users are drawn with a ``torch.Generator`` seeded by ``seed``, test
+    users first, validation users next from one permutation (so the test users
+    do not depend on ``validation``), then one permutation of the entries
+    chooses each held-out user's fold-in ratings: the same seed gives the same
+    split on every machine.  Every part keeps the order of the input and
+    shares its id maps, so matrices built from them have one shape.
+
+    Args:
+        ratings (Ratings): the whole rating set (clicks: ratings of 1).
+        test (int or float): the test users: a number of users (an int) or a
+            fraction of the users that can be held out (a float in ``[0, 1)``,
+            rounded).  Default: 0.1.
+        validation (int or float): the validation users, likewise.  Default: 0.1.
+        fold_in (float): the fraction of each held-out user's ratings in its
+            fold-in part, in ``(0, 1)``.  Default: 0.8.
+        seed (int): the seed of the draws.  Default: 0.
+
+    Returns:
+        UserSplit: ``(train, (validation fold_in, target), (test fold_in, target))``,
+        disjoint, together the input, sharing its id maps; no held-out user
+        rates anything in ``train``.
+
+    Raises:
+        TypeError: ``ratings`` is not a :class:`Ratings` record; ``test`` or
+            ``validation`` is not a number; ``fold_in`` is not a number;
+            ``seed`` is not an int.
+        ValueError: a negative count or a fraction outside ``[0, 1)``;
+            ``test + validation >= 1`` as fractions, or above the number of
+            users that can be held out as counts (a fraction beside a count
+            counted as its rounded share); ``fold_in`` outside ``(0, 1)``;
+            a (user, item) pair rated more than once (its ratings could land in
+            both the fold-in and the target part).
+
+    Example::
+
+        >>> r = Ratings.from_triples([u for u in range(20) for _ in range(5)],
+        ...                          [i for _ in range(20) for i in range(5)], [1.] * 100)
+        >>> train, valid, test = user_split(r, test=4, validation=2, fold_in=0.8, seed=0)
+        >>> len(train), len(valid.fold_in), len(valid.target), len(test.fold_in), len(test.target)
+        (70, 8, 2, 16, 4)
+        >>> set(test.fold_in.user.tolist()) == set(test.target.user.tolist())
+        True
+        >>> set(train.user.tolist()) & set(test.target.user.tolist())
+        set()
+    """
+    _check_ratings(ratings, "ratings")
+    _user_count(test, "test")
+    _user_count(validation, "validation")
+    if not is_real(fold_in):
+        raise TypeError(f"fold_in must be a number in (0, 1), got {type(fold_in).__name__} "
+                        f"{fold_in!r}")
+    if not 0 < fold_in < 1:
+        raise ValueError(f"fold_in must be a number in (0, 1), got {fold_in!r}")
+    seed = _check_seed(seed)
+    if not is_int(test) and not is_int(validation) and test + validation >= 1:
+        raise ValueError(f"test + validation must be below 1, got {test} + {validation}")
+    user = ratings.user.detach().cpu()
+    counts = torch.bincount(user, minlength=ratings.n_users)
+    candidates = torch.nonzero(counts >= 2).flatten()  # users in index order
+    n = len(candidates)
+    k_test = int(test) if is_int(test) else round(test * n)
+    if is_int(validation):
+        k_valid = int(validation)
+    elif is_int(test):  # a fraction beside a count: as asked, or refused below
+        k_valid = round(validation * n)
+    else:  # two fractions (sum below 1): rounding up may not take the last candidate
+        k_valid = min(round(validation * n), max(n - k_test - 1, 0))
+    if k_test + k_valid > n:
+        fractions = "" if is_int(test) and is_int(validation) else \
+            f" (test={test!r}, validation={validation!r})"
+        raise ValueError(f"test + validation must be at most the {n} users with at least 2 "
+                         f"ratings (the users that can be held out), got {k_test} + {k_valid} "
+                         f"users{fractions}")
+    _check_unique_pairs("ratings", ratings)
+    generator = torch.Generator().manual_seed(_torch_seed(seed))
+    # (on the CPU, the generator's device, whatever torch's default device)
+    order = candidates[torch.randperm(n, generator=generator, device="cpu")]
+    part = torch.zeros(ratings.n_users, dtype=torch.int64, device="cpu")  # 0 train
+    part[order[:k_test]] = 2
+    part[order[k_test:k_test + k_valid]] = 1
+    # each user's entries in a random order (a permutation of all the entries, stably
+    # grouped by user), the first count - floor((1 - fold_in) * count) of them its fold-in
+    # part (1e-9: 1 - 0.8 is 0.19999999999999996, and 5 of its ratings must give 1 target)
+    m = len(ratings)
+    shuffled = torch.randperm(m, generator=generator, device="cpu")
+    grouped = shuffled[torch.argsort(user[shuffled], stable=True)]
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.empty(m, dtype=torch.int64, device="cpu")
+    rank[grouped] = torch.arange(m, device="cpu") - starts[user[grouped]]
+    targets = torch.floor((1.0 - fold_in) * counts.double() + 1e-9).long()
+    keep = torch.minimum((counts - targets).clamp(min=1), counts - 1)
+    first = rank < keep[user]
+    device = ratings.rating.device
+    entry_part = part[user]
+
+    def pick(mask: Tensor) -> Ratings:
+        return ratings.subset(mask.to(device))
+
+    return UserSplit(
+        pick(entry_part == 0),
+        HeldOut(pick((entry_part == 1) & first), pick((entry_part == 1) & ~first)),
+        HeldOut(pick((entry_part == 2) & first), pick((entry_part == 2) & ~first)))
