@@ -63,6 +63,10 @@ PACKAGE_NAMES: Dict[str, str] = {
                "(dim 1, by index)",
     "prepareInput": "nnsparse.prepare_input(criterion, x)",
     "NaN": 'float("nan") (or math.nan)',
+    # the README's Densify and Batchifier examples build nnsparse.Linear(100, 20): a dense
+    # nn.Linear behind nnsparse.Densify (nnsparse has no Linear of its own)
+    "Linear": "torch.nn.Linear(in_features, out_features) behind nnsparse.Densify(in_features) "
+              "for a sparse input, or nnsparse.SparseLinearBatch(in_features, out_features)",
 }
 
 

@@ -249,6 +249,16 @@ _LUA_NAMES = {"sizeAverage": "size_average", "fullSizeAverage": "full_size_avera
               "prepareInput": "prepare_input", **_LUA_SETTINGS}
 
 
+# What a read of a Lua name needs beyond nnsparse's name: Lua's masks[k].alpha was a
+# vector over row k's entries, mask_alpha is a dense (rows, n) mask.
+_LUA_NAME_NOTES = {
+    "masks": (" and mask_beta: dense bool (rows, n) masks, so Lua's masks[k].alpha (row k's "
+              "entries) is mask_alpha[k][to_pairs(noisy)[k][:, 0].long()], and the rows' "
+              "masks concatenated are mask_alpha[pattern] (pattern: the input's dense bool "
+              "pattern, e.g. input != 0)"),
+}
+
+
 # What a port may call the settings mapping when passing it as a keyword
 # (docs/lua_port.md writes SDAECriterion(criterion, conf)).
 _CONF_KEYWORDS = ("conf", "sdaeconf", "sdae_conf")
@@ -314,7 +324,7 @@ class RefuseLuaNames:
                     raise
                 raise member_error(self, name, hint) from None
         raise AttributeError(f"{type(self).__name__} has no Lua attribute {name!r}; nnsparse "
-                             f"calls it {ours}")
+                             f"calls it {ours}{_LUA_NAME_NOTES.get(name, '')}")
 
 
 def real_arg(value: Any, name: str) -> float:

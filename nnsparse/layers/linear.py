@@ -1174,7 +1174,10 @@ class SparseLinearBatch(LuaMembers):
                           sparse_grad=False, mode='auto')
     """
 
-    _LUA_MEMBERS = WEIGHT_MEMBERS  # Lua members named in the AttributeError
+    # Lua members named in the AttributeError; useGradInput was Lua's third argument
+    _LUA_MEMBERS = {**WEIGHT_MEMBERS,
+                    "useGradInput": "autograd: the input's gradient (Lua's gradInput) is "
+                                    "computed when the input's values require grad"}
 
     def __init__(self, in_features: int, out_features: int, *args: Any, bias: bool = True,
                  sparse_grad: bool = False, mode: str = "auto",
