@@ -1250,10 +1250,11 @@ def test_sparsifier_offset_is_a_keyword():
     # the recipe of docs/lua_port.md (mask_alpha is dense, Lua's masks[k] were per entry)
     (lambda: SDAESparseCriterion(nn.MSELoss()).masks, AttributeError,
      r"^SDAESparseCriterion has no Lua attribute 'masks'; nnsparse calls it mask_alpha and "
-     r"mask_beta: dense bool \(rows, n\) masks, so Lua's masks\[k\]\.alpha \(row k's "
-     r"entries\) is mask_alpha\[k\]\[to_pairs\(noisy\)\[k\]\[:, 0\]\.long\(\)\], and the "
-     r"rows' masks concatenated are mask_alpha\[pattern\] \(pattern: the input's dense bool "
-     r"pattern, e\.g\. input != 0\)$"),
+     r"mask_beta: dense bool masks of the prepared batch's shape \(rows, n\), so Lua's "
+     r"masks\[k\]\.alpha \(row k's entries\) is mask_alpha\[k\]\[to_pairs\(noisy\)\[k\]\[:, "
+     r"0\]\.long\(\)\], and the rows' masks concatenated are torch\.cat of those over k \(a "
+     r"list of pair tensors is as wide as its largest index \+ 1, maybe narrower than the "
+     r"dense input: index by pair indices, not by the input's pattern\)$"),
     (lambda: SDAESparseCriterion(nn.MSELoss()).SetAlpha(0.5), AttributeError,
      r"no Lua attribute 'SetAlpha'; nnsparse calls it alpha"),
     (lambda: nnsparse.MaskCriterion(nn.MSELoss()).SetBeta(0.5), AttributeError,
@@ -1561,6 +1562,37 @@ def test_sdae_sparse_with_noise_per_row_masks_as_docs_write_them(form, hide_rati
     dloss[mask_alpha] *= alpha
     dloss[mask_beta] *= beta
     torch.testing.assert_close(out_grad.sum(), dloss.sum() / dloss.numel(), rtol=0, atol=1e-6)
+
+
+def test_sdae_sparse_masks_of_a_narrow_pair_list():
+    # SDAESparseCriterionTester.WithNoise draws a 60 %-zero (10, 100) input: its last column
+    # is empty in 0.6 % of draws, and to_pairs(sparsify(input)) is then 99 wide.  The
+    # masks are of the prepared batch's width, so the per-row recipe (the message's and
+    # docs/lua_port.md's) is what reads Lua's masks[k].alpha; the input's pattern does not fit.
+    g = torch.Generator().manual_seed(74)
+    input = _lua_data((10, 100), g)
+    input[:, 97:] = 0
+    output = _lua_data((10, 100), g, sparse=False)
+    alpha, beta = 0.8, 0.3
+    crit = SDAESparseCriterion(nn.MSELoss(), {"hideRatio": 0.3, "alpha": alpha, "beta": beta},
+                               generator=g)
+    noisy = crit.prepare_input(to_pairs(sparsify(input)))
+    assert crit.mask_alpha.shape == (10, 97)
+    with pytest.raises(IndexError):
+        crit.mask_alpha[input != 0]
+    mask_alpha = torch.cat([crit.mask_alpha[k][p[:, 0].long()] for k, p in enumerate(noisy)])
+    mask_beta = torch.cat([crit.mask_beta[k][p[:, 0].long()] for k, p in enumerate(noisy)])
+    assert torch.equal(mask_beta, ~mask_alpha) and 0 < int(mask_alpha.sum()) < mask_alpha.numel()
+    contiguous_input = torch.cat([p[:, 1] for p in noisy])
+    diff = (output[input != 0] - contiguous_input) ** 2
+    diff[mask_alpha] *= alpha
+    diff[mask_beta] *= beta
+    loss, out_grad = _loss_and_grad(crit, output, noisy)  # the 100-wide estimate is read
+    torch.testing.assert_close(loss, diff.sum() / diff.numel(), rtol=0, atol=1e-12)
+    assert not out_grad[:, 97:].any()
+    # a torch sparse input keeps its width: there the pattern fits
+    crit.prepare_input(sparsify(input))
+    assert crit.mask_alpha.shape == (10, 100)
 
 
 _LUA_HINT = (r" \(pair indices are 0-based: a Lua pair tensor's 1-based indices need "

@@ -252,10 +252,11 @@ _LUA_NAMES = {"sizeAverage": "size_average", "fullSizeAverage": "full_size_avera
 # What a read of a Lua name needs beyond nnsparse's name: Lua's masks[k].alpha was a
 # vector over row k's entries, mask_alpha is a dense (rows, n) mask.
 _LUA_NAME_NOTES = {
-    "masks": (" and mask_beta: dense bool (rows, n) masks, so Lua's masks[k].alpha (row k's "
-              "entries) is mask_alpha[k][to_pairs(noisy)[k][:, 0].long()], and the rows' "
-              "masks concatenated are mask_alpha[pattern] (pattern: the input's dense bool "
-              "pattern, e.g. input != 0)"),
+    "masks": (" and mask_beta: dense bool masks of the prepared batch's shape (rows, n), so "
+              "Lua's masks[k].alpha (row k's entries) is mask_alpha[k][to_pairs(noisy)[k][:, "
+              "0].long()], and the rows' masks concatenated are torch.cat of those over k "
+              "(a list of pair tensors is as wide as its largest index + 1, maybe narrower "
+              "than the dense input: index by pair indices, not by the input's pattern)"),
 }
 
 
