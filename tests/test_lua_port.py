@@ -1681,6 +1681,63 @@ def test_lua_fields_leave_the_python_names_alone():
     assert copy.deepcopy(Batchifier(nn.Linear(4, 3), 3, progress=False)).output_size == 3
 
 
+@pytest.mark.parametrize("make, lua, match", [
+    # Lua's layer.useGradInput = true switched the input's gradient on: an attribute of that
+    # name would silently do nothing here
+    (lambda: SparseLinearBatch(4, 3), "useGradInput", r"use autograd: the input's gradient"),
+    (lambda: Batchifier(nn.Linear(4, 3), 3, progress=False), "outputSize", r"use output_size$"),
+    (lambda: DynamicSparseTensor(), "curSize", r"use len\(builder\)"),
+    (lambda: DynamicSparseTensor(), "new", r"use the constructor"),
+])
+def test_lua_fields_are_refused_when_assigned(make, lua, match):
+    obj = make()
+    before = dict(getattr(obj, "__dict__", {}))
+    with pytest.raises(AttributeError, match=rf"^{type(obj).__name__} has no Lua attribute "
+                                             rf"'{lua}'; in nnsparse \(as in torch\) " + match):
+        setattr(obj, lua, True)
+    assert getattr(obj, "__dict__", {}).keys() == before.keys() and not hasattr(obj, lua)
+
+
+@pytest.mark.parametrize("make, lua", [
+    (lambda: Densify(4), "inputSize"),
+    (lambda: SparseLinearBatch(4, 3), "useGradInput"),
+    (lambda: nn.Sequential(SparseLinearBatch(4, 3), nn.ReLU()), "useGradInput"),
+])
+def test_lua_field_hints_leave_torch_protocols_alone(make, lua, tmp_path):
+    # the hints are raised only where torch's lookup fails: getattr's default, copies,
+    # pickles, torch.save/load (weights_only) and state dicts see plain modules
+    import copy
+    import pickle
+    module = make()
+    assert getattr(module, lua, "default") == "default"
+    assert getattr(module, "not_an_attribute", None) is None
+    with pytest.raises(AttributeError, match="'not_an_attribute'"):
+        getattr(module, "not_an_attribute")
+    for other in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+        assert type(other) is type(module) and not hasattr(other, lua)
+    torch.save(module, tmp_path / "m.pt")
+    with torch.serialization.safe_globals([nn.Sequential, nn.ReLU]):  # (torch's own)
+        loaded = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert type(loaded) is type(module) and not hasattr(loaded, lua)
+    state = module.state_dict()
+    assert loaded.load_state_dict(state) is not None and state.keys() == loaded.state_dict().keys()
+    assert [name for name, _ in loaded.named_modules()] == [n for n, _ in module.named_modules()]
+    loaded.some_flag = True  # other names assign as on any module
+    assert loaded.some_flag is True
+
+
+def test_lua_package_name_hint_leaves_other_missing_names_alone():
+    # the module-level hint answers nnsparse.Linear only: any other missing name gets
+    # Python's error naming it, and getattr's default and hasattr work
+    with pytest.raises(AttributeError, match=r"^module 'nnsparse' has no attribute "
+                                             r"'SparseLinear'$"):
+        nnsparse.SparseLinear
+    assert getattr(nnsparse, "Linear", None) is None and not hasattr(nnsparse, "Linear")
+    assert "Linear" not in nnsparse.__all__
+    with pytest.raises(ImportError, match="Linear"):
+        exec("from nnsparse import Linear", {})
+
+
 # == values derived by hand from the Lua source =============================================
 # Each case works one small example through the Lua code (src/*.lua) with pencil and paper;
 # the numbers are written out, not recomputed by a reference.  Lua's 1-based indices are
