@@ -97,9 +97,9 @@ class LuaMembers(nn.Module):
 class LuaName:
     """A class attribute standing for a Lua name that nnsparse spells otherwise
     (``DynamicSparseTensor.new``): reading it, from the class or an instance,
-    raises an ``AttributeError`` naming the counterpart (``hasattr`` is False);
-    so does assigning it on an instance (Lua's ``batchifier.outputSize = n`` would
-    otherwise add an attribute that nothing reads)."""
+    raises an ``AttributeError`` naming the counterpart (``hasattr`` is False).
+    No data descriptor: an instance (of a subclass with a ``__dict__``) may still
+    assign an attribute of that name."""
 
     def __init__(self, hint: str) -> None:
         self._hint = hint
@@ -110,6 +110,3 @@ class LuaName:
 
     def __get__(self, obj: object, owner: Optional[type] = None) -> NoReturn:
         raise member_error(owner if owner is not None else obj, self._name, self._hint)
-
-    def __set__(self, obj: object, value: object) -> NoReturn:
-        raise member_error(obj, self._name, self._hint)
