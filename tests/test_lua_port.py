@@ -746,6 +746,30 @@ def test_readme_averaging_set_as_attributes():
         crit.sizeAverage = False
 
 
+@pytest.mark.parametrize("make, lua, how", [
+    (lambda: SparseCriterion(nn.MSELoss()), "sizeAverage",
+     r"size_average: pass size_average=\.\.\. to the constructor or set criterion\.size_average"),
+    (lambda: SDAECriterion(nn.MSELoss()), "hideRatio",
+     r"hide_ratio: pass hide_ratio=\.\.\. to the constructor or set criterion\.hide_ratio"),
+    # Lua's SDAESparseCriterion assigned criterion.maskAlpha = masks[k].alpha: mask_alpha is
+    # neither a constructor argument nor assignable
+    (lambda: SDAECriterion(nn.MSELoss()), "maskAlpha",
+     r"mask_alpha: read-only, set by prepare_input\(input\)"),
+    (lambda: SDAESparseCriterion(nn.MSELoss()), "maskBeta",
+     r"mask_beta: read-only, set by prepare_input\(input\)"),
+    (lambda: SDAESparseCriterion(nn.MSELoss()), "masks",
+     r"mask_alpha: read-only, set by prepare_input\(input\)"),
+    (lambda: nnsparse.MaskCriterion(nn.MSELoss()), "prepareInput",
+     r"prepare_input: a method, not a setting"),
+])
+def test_lua_names_assigned_on_a_criterion_name_what_to_do(make, lua, how):
+    crit = make()
+    with pytest.raises(AttributeError, match=rf"^{type(crit).__name__} has no Lua attribute "
+                                             rf"'{lua}'; nnsparse calls it {how}$"):
+        setattr(crit, lua, None)
+    assert lua not in crit.__dict__
+
+
 def test_readme_densify_module_shapes():
     # nnsparse.Densify(inputSize): a table of sparse vectors gives (rows, inputSize);
     # a single vector gives (inputSize,) here (Lua: (1, inputSize)), as nn.Linear's rows

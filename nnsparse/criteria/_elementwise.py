@@ -309,9 +309,16 @@ class RefuseLuaNames:
     def __setattr__(self, name: str, value: object) -> None:
         ours = _ours(type(self), name)
         if ours is not None:
-            raise AttributeError(
-                f"{type(self).__name__} has no Lua attribute {name!r}; nnsparse calls it "
-                f"{ours}: pass {ours}=... to the constructor or set criterion.{ours}")
+            cls = type(self)
+            ours_static = inspect.getattr_static(cls, ours, None)
+            if ours in inspect.signature(cls).parameters:
+                how = f"pass {ours}=... to the constructor or set criterion.{ours}"
+            elif isinstance(ours_static, property):  # mask_alpha, mask_beta (Lua assigned them)
+                how = "read-only, set by prepare_input(input)"
+            else:  # prepare_input
+                how = "a method, not a setting"
+            raise AttributeError(f"{cls.__name__} has no Lua attribute {name!r}; nnsparse "
+                                 f"calls it {ours}: {how}")
         super().__setattr__(name, value)
 
     def __getattr__(self, name: str) -> Any:
