@@ -63,6 +63,10 @@ PACKAGE_NAMES: Dict[str, str] = {
                "(dim 1, by index)",
     "prepareInput": "nnsparse.prepare_input(criterion, x)",
     "NaN": 'float("nan") (or math.nan)',
+    # the README's Densify and Batchifier examples build nnsparse.Linear(100, 20): a dense
+    # nn.Linear behind nnsparse.Densify (nnsparse has no Linear of its own)
+    "Linear": "torch.nn.Linear(in_features, out_features) behind nnsparse.Densify(in_features) "
+              "for a sparse input, or nnsparse.SparseLinearBatch(in_features, out_features)",
 }
 
 
@@ -93,7 +97,9 @@ class LuaMembers(nn.Module):
 class LuaName:
     """A class attribute standing for a Lua name that nnsparse spells otherwise
     (``DynamicSparseTensor.new``): reading it, from the class or an instance,
-    raises an ``AttributeError`` naming the counterpart (``hasattr`` is False)."""
+    raises an ``AttributeError`` naming the counterpart (``hasattr`` is False).
+    No data descriptor: an instance (of a subclass with a ``__dict__``) may still
+    assign an attribute of that name."""
 
     def __init__(self, hint: str) -> None:
         self._hint = hint

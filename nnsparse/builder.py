@@ -161,6 +161,8 @@ class DynamicSparseTensor:
 
     # Lua's nnsparse.DynamicSparseTensor.new(reserve, multCoef) (its test's spelling)
     new = LuaName("the constructor, DynamicSparseTensor(reserve=10, mult_coef=2)")
+    # Lua's builder.curSize, the number of rows appended
+    curSize = LuaName("len(builder) (or builder.len())")
 
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
                  dtype: Optional[torch.dtype] = None,

@@ -249,6 +249,17 @@ _LUA_NAMES = {"sizeAverage": "size_average", "fullSizeAverage": "full_size_avera
               "prepareInput": "prepare_input", **_LUA_SETTINGS}
 
 
+# What a read of a Lua name needs beyond nnsparse's name: Lua's masks[k].alpha was a
+# vector over row k's entries, mask_alpha is a dense (rows, n) mask.
+_LUA_NAME_NOTES = {
+    "masks": (" and mask_beta: dense bool masks of the prepared batch's shape (rows, n), so "
+              "Lua's masks[k].alpha (row k's entries) is mask_alpha[k][to_pairs(noisy)[k][:, "
+              "0].long()], and the rows' masks concatenated are torch.cat of those over k "
+              "(a list of pair tensors is as wide as its largest index + 1, maybe narrower "
+              "than the dense input: index by pair indices, not by the input's pattern)"),
+}
+
+
 # What a port may call the settings mapping when passing it as a keyword
 # (docs/lua_port.md writes SDAECriterion(criterion, conf)).
 _CONF_KEYWORDS = ("conf", "sdaeconf", "sdae_conf")
@@ -298,9 +309,16 @@ class RefuseLuaNames:
     def __setattr__(self, name: str, value: object) -> None:
         ours = _ours(type(self), name)
         if ours is not None:
-            raise AttributeError(
-                f"{type(self).__name__} has no Lua attribute {name!r}; nnsparse calls it "
-                f"{ours}: pass {ours}=... to the constructor or set criterion.{ours}")
+            cls = type(self)
+            ours_static = inspect.getattr_static(cls, ours, None)
+            if ours in inspect.signature(cls).parameters:
+                how = f"pass {ours}=... to the constructor or set criterion.{ours}"
+            elif isinstance(ours_static, property):  # mask_alpha, mask_beta (Lua assigned them)
+                how = "read-only, set by prepare_input(input)"
+            else:  # prepare_input
+                how = "a method, not a setting"
+            raise AttributeError(f"{cls.__name__} has no Lua attribute {name!r}; nnsparse "
+                                 f"calls it {ours}: {how}")
         super().__setattr__(name, value)
 
     def __getattr__(self, name: str) -> Any:
@@ -314,7 +332,7 @@ class RefuseLuaNames:
                     raise
                 raise member_error(self, name, hint) from None
         raise AttributeError(f"{type(self).__name__} has no Lua attribute {name!r}; nnsparse "
-                             f"calls it {ours}")
+                             f"calls it {ours}{_LUA_NAME_NOTES.get(name, '')}")
 
 
 def real_arg(value: Any, name: str) -> float:

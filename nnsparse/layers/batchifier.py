@@ -14,6 +14,7 @@ from .. import _index
 from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_count, as_device, as_flag,
                       as_sparse_batch, check_kernel_dtype, refuse_meta, refuse_meta_device,
                       trust)
+from .._lua import LuaName
 from ..data.dataset import SparseRowDataset
 
 __all__ = ["Batchifier"]
@@ -342,6 +343,10 @@ class Batchifier:
                 [1],
                 [1]]))
     """
+
+    # Lua's Batchifier(network, outputSize) kept self.outputSize (its README names the
+    # argument inputSize, but it is the width of the network's output)
+    outputSize = LuaName("output_size")
 
     def __init__(self, network: nn.Module, output_size: int, batch_size: int = 256,
                  device: _Device = None, progress: Optional[bool] = True,

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._lua import LuaMembers
+from .._lua import MODULE_MEMBERS, LuaMembers
 from .._forms import (SparseLike, as_count, as_sparse_batch, check_int64, compile_boundary, is_int,
                       sparse_output_boundary)
 from ..convert import _check_elem, _densify, sparsify
@@ -71,6 +71,8 @@ class Densify(LuaMembers, nn.Module):
         tensor([[2., 0., 0., 5.],
                 [0., 7., 0., 0.]])
     """
+
+    _LUA_MEMBERS = {**MODULE_MEMBERS, "inputSize": "in_features"}  # Lua's Densify(inputSize)
 
     def __init__(self, in_features: int, elem: float = 0) -> None:
         super().__init__()

@@ -16,7 +16,7 @@ from .._forms import (_INT64_MAX, SparseBatch, SparseLike, _dtype_hint, _sparse_
                       as_device, as_flag, as_int, as_sparse_batch, compile_boundary, dtype_got,
                       empty_batch, int_dtype, move_structure, no_rows)
 from .._load import check_state_dict
-from .._lua import WEIGHT_MEMBERS, LuaMembers
+from .._lua import WEIGHT_MEMBERS, LuaMembers, member_error
 from .._kernels import (_csr_rows_mm, _sampled_mm, _t_mm, _table_mm, _update_every_row,
                         _update_rows_of)
 from .._ops import SparseParts, linear_parts
@@ -1174,7 +1174,10 @@ class SparseLinearBatch(LuaMembers):
                           sparse_grad=False, mode='auto')
     """
 
-    _LUA_MEMBERS = WEIGHT_MEMBERS  # Lua members named in the AttributeError
+    # Lua members named in the AttributeError; useGradInput was Lua's third argument
+    _LUA_MEMBERS = {**WEIGHT_MEMBERS,
+                    "useGradInput": "autograd: the input's gradient (Lua's gradInput) is "
+                                    "computed when the input's values require grad"}
 
     def __init__(self, in_features: int, out_features: int, *args: Any, bias: bool = True,
                  sparse_grad: bool = False, mode: str = "auto",
@@ -1238,6 +1241,10 @@ class SparseLinearBatch(LuaMembers):
         return super().__getattr__(name)  # (a Lua member's name: LuaMembers's error)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name == "useGradInput":
+            # Lua's switch (layer.useGradInput = true): an attribute of that name would
+            # silently do nothing, the input's gradient following requires_grad
+            raise member_error(self, name, type(self)._LUA_MEMBERS[name])
         # With sparse_grad, weight is a view of the parameter weight_t: torch's own error
         # ("KeyError: attribute 'weight' already exists") named neither, and a plain
         # tensor would have shadowed the view while the layer kept computing with weight_t.
