@@ -1389,6 +1389,7 @@ _MODULES = {
     "SparseWeightLinear": lambda: nnsparse.SparseWeightLinear.random(3, 4, 0.5),
     "Densify": lambda: Densify(4),
     "Sparsify": lambda: nnsparse.Sparsify(),
+    "Normalize": lambda: nnsparse.Normalize(),
     "PatternSequential": lambda: nnsparse.PatternSequential(nnsparse.SparseOutputLinear(4, 3)),
 }
 _CRITERIA = {

@@ -18,6 +18,7 @@ CASES = {
     "SparseOutputLinear": lambda: nnsparse.SparseOutputLinear(3, 6, sparse_grad=True),
     "Densify": lambda: nnsparse.Densify(6, elem=-1.0),
     "Sparsify": lambda: nnsparse.Sparsify(offset=2, layout=torch.sparse_csr),
+    "Normalize": lambda: nnsparse.Normalize(p=1, eps=0.5),
     "PatternSequential": lambda: nnsparse.PatternSequential(
         nnsparse.SparseLinearBatch(6, 3), nnsparse.SparseOutputLinear(3, 6)),
     "SparseWeightLinear": lambda: nnsparse.SparseWeightLinear.random(6, 3, 0.5, seed=1),
