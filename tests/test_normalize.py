@@ -266,8 +266,8 @@ def test_layer_in_sequential_before_sparse_linear_batch(layout):
     dense, mask = _batch(torch.float64)
     x = _specified(dense, mask, "coo" if layout == torch.sparse_coo else "csr")
     torch.manual_seed(0)
-    net = torch.nn.Sequential(nnsparse.Normalize(), nnsparse.SparseLinearBatch(7, 3,
-                                                                               dtype=torch.float64))
+    encoder = nnsparse.SparseLinearBatch(7, 3, dtype=torch.float64)
+    net = torch.nn.Sequential(nnsparse.Normalize(), encoder)
     out = net(x)
     linear = net[1]
     ref = F.linear(F.normalize(dense * mask, dim=1), linear.weight, linear.bias)
@@ -308,14 +308,16 @@ def test_layer_keeps_python_numbers_and_repr():
 
 
 BAD_LAYER_ARGS = [
-    ("p a string", dict(p="2"), TypeError, r"^p must be a number \(the norm's exponent\), got str$"),
+    ("p a string", dict(p="2"), TypeError,
+     r"^p must be a number \(the norm's exponent\), got str$"),
     ("p a bool", dict(p=True), TypeError, r"^p must be a number .*got bool$"),
     ("p a tensor", dict(p=torch.tensor(2.)), TypeError, r"^p must be a number .*got Tensor$"),
     ("dim a float", dict(dim=1.0), TypeError, r"^dim must be an int, got float$"),
     ("dim None", dict(dim=None), TypeError, r"^dim must be an int, got NoneType$"),
     ("eps None", dict(eps=None), TypeError, r"^eps must be a number, got NoneType$"),
     ("p NaN", dict(p=math.nan), ValueError, r"^p and eps must not be NaN, got p=nan, eps=1e-12$"),
-    ("eps NaN", dict(eps=math.nan), ValueError, r"^p and eps must not be NaN, got p=2.0, eps=nan$"),
+    ("eps NaN", dict(eps=math.nan), ValueError,
+     r"^p and eps must not be NaN, got p=2.0, eps=nan$"),
     ("eps negative", dict(eps=-1.0), ValueError,
      r"^eps must be >= 0 \(the smallest divisor\), got -1.0$"),
 ]
