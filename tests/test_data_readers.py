@@ -280,18 +280,20 @@ BAD_ASSIGNMENTS = [
     ("rating", torch.tensor([4, 3, 5]), TypeError,
      r"^Ratings\.rating must be a floating-point tensor, got torch\.int64$"),
     ("rating", torch.tensor([4., float("nan"), 5.]), ValueError,
-     r"^Ratings\.rating must be finite, got NaN or inf" + _AGREE),
+     r"^Ratings\.rating must be finite, got NaN or inf$"),  # (wrong on its own: no hint)
     ("rating", torch.ones(3).to_sparse(), TypeError,
      r"^Ratings\.rating must be a dense 1-D tensor, got layout torch\.sparse_coo$"),
     ("user_map", {10: 0}, ValueError,
-     r"^Ratings\.user indices must be in \[0, 1\) \(the size of user_map\), got min 0, max 1"),
+     r"^Ratings\.user indices must be in \[0, 1\) \(the size of user_map\), got min 0, max 1"
+     + _AGREE),
     # the same length as the map it replaces: checked, not read from the old map's cache
     ("user_map", {10: 1, 42: 1}, ValueError,
-     r"^Ratings\.user_map indices must be distinct \(one per id\), got 1 for ids 10 and 42"),
+     r"^Ratings\.user_map indices must be distinct \(one per id\), got 1 for ids 10 and 42$"),
     ("item_map", [7, 9], TypeError,
      r"^Ratings\.item_map must be a dict of original id -> index, got list$"),
     ("titles", ["a", "b", "c"], ValueError,
-     r"^Ratings\.titles must hold at most one title per item of item_map \(2\), got 3"),
+     r"^Ratings\.titles must hold at most one title per item of item_map \(2\), got 3"
+     + _AGREE),
     ("titles", "Seven", TypeError, r"^Ratings\.titles must be None or a list of str"),
     ("source", 3, TypeError, r"^Ratings\.source must be a str, got int$"),
 ]

@@ -66,6 +66,12 @@ def _float32(values: np.ndarray) -> np.ndarray:
 # Ratings' public fields: an assignment to one after construction is checked
 _RATINGS_FIELDS = frozenset({"user", "item", "rating", "user_map", "item_map", "titles",
                              "source"})
+# the constructor's refusals of fields that disagree with one another (an assignment adds
+# how to change them together): the tensors' lengths, the indices against their map, more
+# titles than items
+_DISAGREEMENTS = ("Ratings.user, .item and .rating must have one length",
+                  "Ratings.user indices must be in", "Ratings.item indices must be in",
+                  "Ratings.titles must hold at most")
 
 
 @dataclass
@@ -236,7 +242,9 @@ class Ratings:
             return
         try:
             checked = replace(self, **{name: value}, _ids=dict(self._ids))
-        except ValueError as e:  # (the tensors' lengths, the indices against their map)
+        except ValueError as e:
+            if not str(e).startswith(_DISAGREEMENTS):
+                raise  # (a value wrong on its own: NaN ratings, a map of repeated indices)
             raise ValueError(f"{e}; to change fields that must agree together, build a new "
                              f"record: dataclasses.replace(ratings, user=..., item=..., "
                              f"rating=..., user_map=...)") from None
