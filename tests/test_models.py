@@ -572,6 +572,38 @@ def test_the_end_check_loss_changes_nothing(cls, extra):
         torch.testing.assert_close(loss, model.batch_loss(batch.row_index, batch.input).detach())
 
 
+class _NoisyAutoRec(AutoRec):
+    """A user's subclass whose network draws random numbers and keeps running statistics in
+    train mode (dropout, batch norm on the hidden layer)."""
+
+    def build(self, rows, width, features):
+        super().build(rows, width, features)
+        self.drop = torch.nn.Dropout(0.5)
+        self.norm = torch.nn.BatchNorm1d(self.hparams["hidden"])
+
+    def network(self, x, rows, pattern=None):
+        return self.decoder(self.drop(self.norm(torch.sigmoid(self.encoder(x)))), pattern)
+
+
+def test_the_end_check_loss_runs_in_eval_mode_and_puts_the_modes_back():
+    """_plain_loss runs the network as predict does (eval mode): a subclass's dropout draws
+    no random number and its batch norm's running statistics stay; each mode is put back."""
+    model = _NoisyAutoRec(epochs=1, validation_ratio=0, batch_size=64, hidden=8).fit(
+        _HUGE_LR, verbose=False, progress=False)
+    dataset = SparseRowDataset(model._input)
+    batch = dataset.collate([dataset[i] for i in range(10)])
+    model.train()
+    model.encoder.eval()  # a mode of one's own, put back as it was
+    stats = {k: v.clone() for k, v in model.norm.state_dict().items()}
+    state = torch.get_rng_state()
+    loss = model._plain_loss(batch.row_index, batch.input)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(v, stats[k]) for k, v in model.norm.state_dict().items())
+    assert model.training and model.drop.training and not model.encoder.training
+    model.eval()
+    torch.testing.assert_close(loss, model.batch_loss(batch.row_index, batch.input).detach())
+
+
 def test_a_trainer_of_ones_own_module_checks_weights_only():
     """A module without RatingModel's _plain_loss: the end check reads its weights alone."""
     class Module(torch.nn.Module):

@@ -570,13 +570,21 @@ class RatingModel(nn.Module):
 
     def _plain_loss(self, rows: Tensor, x: Any) -> Tensor:
         """:meth:`batch_loss` without the criterion's corruption or weights (the squared
-        errors summed, as :meth:`RatingModel.make_criterion`'s), under ``no_grad``; it
-        draws no random number and keeps no mask.  Read by :class:`Trainer`'s end-of-run
-        check without validation: the loss of the last weights, which no epoch's loss
-        reads (finite weights can give NaN outputs: KernelNet's kernel of huge ones)."""
+        errors summed, as :meth:`RatingModel.make_criterion`'s), under ``no_grad`` and in
+        eval mode, as :meth:`predict` runs the network (each module's mode put back): it
+        draws no random number (a subclass's dropout), updates no running statistics (its
+        batch norm) and keeps no mask.  Read by :class:`Trainer`'s end-of-run check
+        without validation: the loss of the last weights, which no epoch's loss reads
+        (finite weights can give NaN outputs: KernelNet's kernel of huge ones)."""
         self._check_built()
-        with torch.no_grad():
-            return self._loss(rows, x, x, RatingModel.make_criterion(self))
+        modes = [(m, m.training) for m in self.modules()]
+        self.eval()
+        try:
+            with torch.no_grad():
+                return self._loss(rows, x, x, RatingModel.make_criterion(self))
+        finally:
+            for module, training in modes:
+                module.training = training
 
     def _prepare(self, train: Ratings, scale: Tuple[float, float],
                  features: Optional[Tensor], penalty_ratings: Optional[int] = None) -> Tensor:

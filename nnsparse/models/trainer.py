@@ -263,7 +263,8 @@ class Trainer:
         ``validate`` also checks, once at its end, its last weights (the last step's,
         which no epoch's loss reads) and, for a
         :class:`~nnsparse.models.RatingModel`, their training loss on the first
-        ``batch_size`` rows (uncorrupted, no gradient): finite weights can give
+        ``batch_size`` rows (uncorrupted, no gradient, in eval mode as ``predict``
+        runs it): finite weights can give
         NaN outputs.  Nothing is read per step beyond the epoch's loss.
 
         It trains on ``self.device``, with the CPU as torch's default device
