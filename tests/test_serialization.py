@@ -286,6 +286,26 @@ def test_loaded_ratings_drop_their_caches():
     assert not ratings._known_unique()  # the pairs are checked again where they must be
 
 
+@pytest.mark.parametrize("copy_of", ["torch.save", "pickle", "copy", "deepcopy"])
+def test_loaded_and_copied_ratings_still_check_an_assignment(copy_of):
+    """A record made by __setstate__ (load, pickle, copy) checks a field assigned later as
+    the constructed one does, and a refused assignment leaves it as it was."""
+    import copy
+    import pickle
+    make = {"torch.save": _round_trip, "pickle": lambda r: pickle.loads(pickle.dumps(r)),
+            "copy": copy.copy, "deepcopy": copy.deepcopy}[copy_of]
+    original = _edited_ratings(lambda r: r.item_ids())
+    ratings = make(original)
+    ratings.rating = ratings.rating * 2
+    with pytest.raises(ValueError, match=r"^Ratings\.user, \.item and \.rating must have one "
+                                         r"length, got 3, 1 and 3; to change fields"):
+        ratings.item = ratings.item[:1]
+    assert ratings.item.tolist() == [0, 1, 0] and ratings.rating.tolist() == [8., 6., 10.]
+    ratings.item_map = {7: 1, 9: 0}  # the same length, other indices: read again
+    assert ratings.item_ids() == [9, 7]
+    assert original.item_ids() == [7, 9] and original.rating.tolist() == [4., 3., 5.]
+
+
 def _forged_unique(load):
     """Three ratings, user 10's of item 7 twice, whose pair memo claims no pair repeats, as
     a crafted or edited file could hold it: its tensor versions those ``load`` gives the
