@@ -18,6 +18,9 @@ protocol (:func:`_rank_baseline`): the item mean ranked raw, and a ranking-only
 baseline, most popular (items by their number of training ratings).  The two
 ``_baselines.py`` rows predict only the test pairs, so they have no ranking figures.
 The seconds are the fit and the prediction of the test pairs, not the ranking.
+A ``--test`` rating of a pair that ``--train`` rates too counts in the RMSE but is
+left out of the ranking, with a note, by ``examples/movielens_autoencoder.py``'s own
+``ranked_part`` (no ranking columns when every test pair is one).
 
 Run:  python benchmarks/bench_models.py                 # every row, 2 threads
       python benchmarks/bench_models.py --quick         # small data, few epochs (a smoke run)
@@ -35,8 +38,11 @@ training file in that format: ``u.item``, ``movies.dat``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import time
+from pathlib import Path
+from types import ModuleType
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -44,7 +50,7 @@ import torch
 from nnsparse.data import (FORMATS, Ratings, detect_format, mean_prediction,
                            read_item_features, read_split, rmse, split_ratings)
 from nnsparse.data import synthetic_item_features, synthetic_ratings
-from nnsparse.data.ranking import _figures, _relevant
+from nnsparse.data import ranking_metrics
 from nnsparse.data.readers import _path, _title_file
 from nnsparse.models import CFN, AutoRec, GLocalK, KernelNet
 
@@ -85,8 +91,13 @@ def _rank_baseline(train: Ratings, test: Ratings, score: torch.Tensor, k: int,
     n_items = max(train.n_items, test.n_items)
     if score.shape != (n_items,):
         raise ValueError(f"score must have shape ({n_items},), got {tuple(score.shape)}")
-    user, item = _relevant(test, threshold)  # evaluate_ranking's filter and its refusals
-    users = torch.unique(user)  # sorted
+    # each user's list in row u (ranking_metrics' form), -1 (no item) where not evaluated
+    lists = torch.full((max(train.n_users, test.n_users), min(k, n_items)), -1,
+                       dtype=torch.int64)
+    user = test.user if threshold is None else test.user[test.rating >= threshold]
+    users = torch.unique(user)  # sorted: the evaluated users
+    if users.shape[0] == 0:  # (ranking_metrics' refusal: nothing to rank, or none relevant)
+        return ranking_metrics(lists, test, k, threshold=threshold)
     order = score.double().argsort(descending=True, stable=True)  # ties: smaller index
     train_at = torch.searchsorted(users, train.user).clamp(max=users.shape[0] - 1)
     train_in = users[train_at] == train.user  # training ratings of evaluated users
@@ -102,9 +113,9 @@ def _rank_baseline(train: Ratings, test: Ratings, score: torch.Tensor, k: int,
         top = torch.full((stop - start, min(k, n_items)), -1, dtype=torch.int64)
         top[row, place[row, at] - 1] = order[at]
         tops.append(top)
-    top = torch.cat(tops)
-    # scored by evaluate_ranking's own code (nnsparse/data/ranking.py)
-    return _figures(top, top >= 0, users, user, item, n_items, k)  # show() drops "users"
+    lists[users] = torch.cat(tops)
+    # scored as evaluate_ranking scores its lists (nnsparse.data.ranking_metrics)
+    return ranking_metrics(lists, test, k, threshold=threshold)  # show() drops "users"
 
 
 def _baseline_scores(train: Ratings, test: Ratings) -> Dict[str, torch.Tensor]:
@@ -158,7 +169,11 @@ def main(argv: List[str] = None) -> Dict[str, Row]:
               f"{train.n_users} users x {train.n_items} items; {args.threads} threads")
     else:
         train, test = _synthetic(args)
-    ranked = _rankable(train, test)
+    ranked, note = _ranked_part(train, test) if args.train is not None else (test, None)
+    if note is not None:
+        print(note)
+    if ranked is None:  # (every test pair is rated in --train too: no ranking columns)
+        ranked = test.subset(torch.zeros(len(test), dtype=torch.bool))
     mf, dense, zoo = (dict(epochs=5), dict(epochs=10), dict(epochs=5, patience=5)) \
         if args.quick else ({}, {}, {})
     rows: Dict[str, Row] = {}
@@ -215,18 +230,21 @@ def main(argv: List[str] = None) -> Dict[str, Row]:
     return rows
 
 
-def _rankable(train: Ratings, test: Ratings) -> Ratings:
-    """The test ratings the ranking scores.  A test pair that the training file rates
-    too (``read_split`` only warns of it; its RMSE measures a fitted rating) is left out,
-    with a note: the ranking leaves each user's training items out, so it could never be
-    a hit (``evaluate_ranking`` refuses it).  Empty: no ranking columns."""
-    shared = test.rated_in(train)  # (read_split's parts share their id maps)
-    n = int(shared.sum())
-    if n:
-        print(f"ranking: {n} of the {len(test)} test ratings left out (their (user, item) "
-              f"pair is rated in the training file too)" + (", no ranking columns"
-                                                            if n == len(test) else ""))
-    return test.subset(~shared)
+def _example(name: str) -> ModuleType:
+    """``examples/<name>.py`` as a module (the examples are scripts, not a package): its
+    ``main`` is not run."""
+    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_bench_models_{name}", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: the test ratings a ranking scores, and the note on those left out: the example's own
+#: (a test pair the training file rates too could never be a hit, and evaluate_ranking
+#: refuses it; read_split only warns of it), so the two scripts rank the same part
+_ranked_part = _example("movielens_autoencoder").ranked_part
 
 
 def _synthetic(args: argparse.Namespace) -> Tuple[Ratings, Ratings]:

@@ -419,22 +419,23 @@ def run_one(p, args, train, test) -> Dict[str, Any]:
           f"global mean {counts['global_mean']}): their user or item has no training rating")
     result = dict(epochs=model.history, test_rmse=scores["rmse"], test_mae=scores["mae"],
                   fallback=counts, best_epoch=model.best_epoch, seconds=model.fit_seconds)
-    ranked, note = ranked_part(args, train, test)
+    # (a random split, --ratings or --folds N, shares no pair: nothing to look for)
+    ranked, note = ranked_part(train, test, args.rank_threshold) if args.train else (test, None)
     if note is not None:
         result["ranking_note"] = note
     result["ranking"] = None if ranked is None else ranking(p, args, model, ranked)
     return result
 
 
-def ranked_part(args: argparse.Namespace, train: Ratings,
-                test: Ratings) -> Tuple[Optional[Ratings], Optional[str]]:
+def ranked_part(train: Ratings, test: Ratings, threshold: Optional[float] = None
+                ) -> Tuple[Optional[Ratings], Optional[str]]:
     """The test ratings to rank and a note on those left out (``None``: all of them).
     ``read_split`` only warns of a --test pair that --train rates too (its RMSE measures a
     fitted rating); the ranking leaves each user's training items out, so such a pair
     could never be a hit (``evaluate_ranking`` refuses it): it is left out of the ranking
-    only, with the note, and the ranking is skipped when nothing rankable is left."""
-    if not args.train:  # (a random split shares no pair)
-        return test, None
+    only, with the note, and the ranking is skipped (``None``) when nothing rankable is
+    left, or nothing rated ``>= threshold`` (``--rank-threshold``) once they are left out.
+    (benchmarks/bench_models.py ranks its --train/--test files with this too.)"""
     shared = test.rated_in(train)  # (read_split's parts share their id maps)
     n = int(shared.sum())
     if n == 0:
@@ -444,10 +445,10 @@ def ranked_part(args: argparse.Namespace, train: Ratings,
     if n == len(test):
         return None, f"test ranking skipped: all {n} test ratings are left out ({why})"
     kept = test.subset(~shared)
-    if args.rank_threshold is not None and not float(kept.rating.max()) >= args.rank_threshold:
+    if threshold is not None and not float(kept.rating.max()) >= threshold:
         return None, (f"test ranking skipped: {n} of the {len(test)} test ratings are left "
                       f"out ({why}), and none of the other {len(kept)} is rated >= "
-                      f"--rank-threshold {args.rank_threshold:g}")
+                      f"--rank-threshold {threshold:g}")
     return kept, f"test ranking: {n} of the {len(test)} test ratings left out ({why})"
 
 

@@ -362,18 +362,7 @@ def normalize(input: Union[SparseLike, SparseParts], p: float = 2.0, dim: int = 
         >>> nnsparse.normalize(x.to_sparse_csr(), p=1).values()
         tensor([ 0.4286,  0.5714, -1.0000])
     """
-    if not isinstance(p, Real) or isinstance(p, bool):
-        raise TypeError(f"p must be a number (the norm's exponent), got {type(p).__name__}")
-    if not isinstance(dim, Integral) or isinstance(dim, bool):  # (numpy's ints too, as torch)
-        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
-    dim = int(dim)
-    if not isinstance(eps, Real) or isinstance(eps, bool):
-        raise TypeError(f"eps must be a number, got {type(eps).__name__}")
-    p, eps = float(p), float(eps)
-    if math.isnan(p) or math.isnan(eps):
-        raise ValueError(f"p and eps must not be NaN, got p={p}, eps={eps}")
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0 (the smallest divisor), got {eps}")
+    p, dim, eps = _normalize_settings(p, dim, eps)
     if isinstance(input, Tensor) and input.layout == torch.strided:
         _check_normalizable(input.dtype)  # (F.normalize's RuntimeError named no argument)
         return F.normalize(input, p=p, dim=dim, eps=eps)
@@ -391,6 +380,24 @@ def normalize(input: Union[SparseLike, SparseParts], p: float = 2.0, dim: int = 
                 f"nnsparse.normalize normalises rows (dim=1 or -1), got dim={dim} (columns): "
                 f"normalise the transpose, or densify")
     return _keep_form(input, lambda values, rows_of: _row_normalized(values, rows_of, p, eps))
+
+
+def _normalize_settings(p: Any, dim: Any, eps: Any) -> Tuple[float, int, float]:
+    """:func:`normalize`'s ``p``, ``dim`` and ``eps`` checked whatever the input (its
+    ``TypeError`` / ``ValueError``), as ``float``, ``int``, ``float`` (also the
+    :class:`~nnsparse.Normalize` constructor's check)."""
+    if not isinstance(p, Real) or isinstance(p, bool):
+        raise TypeError(f"p must be a number (the norm's exponent), got {type(p).__name__}")
+    if not isinstance(dim, Integral) or isinstance(dim, bool):  # (numpy's ints too, as torch)
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    if not isinstance(eps, Real) or isinstance(eps, bool):
+        raise TypeError(f"eps must be a number, got {type(eps).__name__}")
+    p, eps = float(p), float(eps)
+    if math.isnan(p) or math.isnan(eps):
+        raise ValueError(f"p and eps must not be NaN, got p={p}, eps={eps}")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0 (the smallest divisor), got {eps}")
+    return p, int(dim), eps
 
 
 def _row_normalized(values: Tensor, rows_of: Callable[[], Tuple[Tensor, int]], p: float,

@@ -328,7 +328,6 @@ def test_probe17_example_train_test_sharing_pairs(tmp_path, capsys, rows, extra,
 
 def test_probe17_example_ranked_part_is_held_out() -> None:
     """The ranked part: the test ratings whose pair --train does not rate, in order."""
-    import argparse
     from nnsparse.data import Ratings
     module = _example()
     train = Ratings.from_triples([0, 0, 1, 2], [0, 1, 1, 2], [1., 2., 3., 4.])
@@ -340,15 +339,13 @@ def test_probe17_example_ranked_part_is_held_out() -> None:
                                    "out"), (3.0, [2, 3], "test ranking: 2 of"),
                                   (3.5, None, "test ranking skipped: 2 of the 4 test ratings "
                                    "are left out")):
-        ns = argparse.Namespace(train="train.txt", rank_threshold=threshold)
-        part, text = module.ranked_part(ns, train, test)
+        part, text = module.ranked_part(train, test, threshold)
         assert text is not None and text.startswith(note)
         if kept is None:
             assert part is None
         else:
             assert part.user.tolist() == [1, 2] and part.item.tolist() == [0, 1]
             assert part.rating.tolist() == [3., 2.]
-    # a random split (no --train): every test rating is ranked, no note
-    part, text = module.ranked_part(argparse.Namespace(train=None, rank_threshold=None),
-                                    train, test)
-    assert part is test and text is None
+    # no test pair rated in train: every test rating is ranked, no note
+    part, text = module.ranked_part(train, test.subset([2, 3]))
+    assert text is None and part.user.tolist() == [1, 2]

@@ -110,6 +110,10 @@ CASES: Dict[str, Case] = {
                                            nnsparse.SparseOutputLinear(HIDDEN, WIDTH),
                                            nnsparse.ValuesMap(nn.Sigmoid())),
         lambda m, x: m(x, x)),
+    # Mult-VAE's input: each row divided by its L2 norm before the encoder
+    "Normalize": Case(
+        lambda: nn.Sequential(nnsparse.Normalize(), nnsparse.SparseLinearBatch(WIDTH, HIDDEN),
+                              nn.Tanh()), lambda m, x: m(x)),
     "SparseCriterion (dense estimate)": Case(
         lambda: _Loss(_sequential(), nnsparse.SparseCriterion(nn.MSELoss())), lambda m, x: m(x, x)),
     "SparseCriterion (sparse estimate)": Case(
@@ -419,6 +423,7 @@ def test_eager_calls_never_take_the_disabled_path(monkeypatch):
     nnsparse.sampled_linear,
     nnsparse.densify, nnsparse.sparsify, nnsparse.ssort, nnsparse.stopk, nnsparse.sparse_parts,
     nnsparse.SparseLinearBatch.forward, nnsparse.SparseOutputLinear.forward,
+    nnsparse.Normalize.forward,
     nnsparse.SparseCriterion.forward, nnsparse.SDAESparseCriterion.prepare_input,
     nnsparse.models.RatingModel.forward], ids=lambda f: f.__qualname__)
 def test_the_boundary_keeps_name_signature_and_doc(wrapped):

@@ -1,4 +1,5 @@
 """Tests of nnsparse.data.readers: every format, titles, id maps, errors."""
+import dataclasses
 import re
 import warnings
 
@@ -255,6 +256,110 @@ def test_ratings_record():
         r.subset(torch.zeros(3, dtype=torch.bool)).scale
 
 
+def _record():
+    """Users 10, 42; items 7, 9; three ratings, with titles."""
+    r = Ratings.from_triples([10, 10, 42], [7, 9, 7], [4., 3., 5.], source="mem")
+    return dataclasses.replace(r, titles=["Seven", "Nine"])
+
+
+_AGREE = r"; to change fields that must agree together, build a new record: dataclasses\.replace\("
+# an assignment after construction: (field, value, error, message); the constructor's checks
+BAD_ASSIGNMENTS = [
+    ("item", torch.tensor([0, 1]), ValueError,
+     r"^Ratings\.user, \.item and \.rating must have one length, got 3, 2 and 3" + _AGREE),
+    ("item", torch.tensor([0, 1, 2]), ValueError,
+     r"^Ratings\.item indices must be in \[0, 2\) \(the size of item_map\), got min 0, max 2"
+     + _AGREE),
+    ("user", torch.tensor([0, -1, 1]), ValueError,
+     r"^Ratings\.user indices must be in \[0, 2\) .*got min -1, max 1" + _AGREE),
+    ("item", torch.tensor([0., 1., 0.]), TypeError,
+     r"^Ratings\.item must be an int64 tensor of indices, got torch\.float32$"),
+    ("item", torch.tensor([0, 1, 0], dtype=torch.int32), TypeError,
+     r"^Ratings\.item must be an int64 tensor of indices, got torch\.int32$"),
+    ("item", [0, 1, 0], TypeError, r"^Ratings\.item must be a 1-D tensor, got list$"),
+    ("rating", torch.tensor([4, 3, 5]), TypeError,
+     r"^Ratings\.rating must be a floating-point tensor, got torch\.int64$"),
+    ("rating", torch.tensor([4., float("nan"), 5.]), ValueError,
+     r"^Ratings\.rating must be finite, got NaN or inf$"),  # (wrong on its own: no hint)
+    ("rating", torch.ones(3).to_sparse(), TypeError,
+     r"^Ratings\.rating must be a dense 1-D tensor, got layout torch\.sparse_coo$"),
+    ("user_map", {10: 0}, ValueError,
+     r"^Ratings\.user indices must be in \[0, 1\) \(the size of user_map\), got min 0, max 1"
+     + _AGREE),
+    # the same length as the map it replaces: checked, not read from the old map's cache
+    ("user_map", {10: 1, 42: 1}, ValueError,
+     r"^Ratings\.user_map indices must be distinct \(one per id\), got 1 for ids 10 and 42$"),
+    ("item_map", [7, 9], TypeError,
+     r"^Ratings\.item_map must be a dict of original id -> index, got list$"),
+    ("titles", ["a", "b", "c"], ValueError,
+     r"^Ratings\.titles must hold at most one title per item of item_map \(2\), got 3"
+     + _AGREE),
+    ("titles", "Seven", TypeError, r"^Ratings\.titles must be None or a list of str"),
+    ("source", 3, TypeError, r"^Ratings\.source must be a str, got int$"),
+]
+
+
+@pytest.mark.parametrize("name, value, error, message", BAD_ASSIGNMENTS,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_ASSIGNMENTS)])
+def test_a_ratings_field_assigned_is_checked_before_the_record_changes(name, value, error,
+                                                                       message):
+    r = _record()
+    before = {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+    user_ids, item_ids = r.user_ids(), r.item_ids()
+    with pytest.raises(error, match=message):
+        setattr(r, name, value)
+    # the record as it was: the same objects, the same answers
+    assert all(getattr(r, key) is value for key, value in before.items())
+    assert r.user_ids() == user_ids and r.item_ids() == item_ids
+    assert torch.equal(r.item, torch.tensor([0, 1, 0]))
+    assert dataclasses.replace(r) == r  # still a record the constructor takes
+
+
+def test_a_ratings_field_assigned_a_valid_value_takes_it():
+    r = _record()
+    part = r.subset(torch.tensor([True, False, True]))
+    r.rating = torch.tensor([4.5, 3., 5.], dtype=torch.float64)
+    r.item = torch.tensor([1, 1, 0])
+    r.user_map = {"x": 1, "y": 0}  # the same length, other ids: read again
+    r.titles, r.source = None, "edited"
+    assert r.rating.dtype == torch.float64 and r.item.tolist() == [1, 1, 0]
+    assert r.user_ids() == ["y", "x"] and r.titles is None and r.source == "edited"
+    assert part.user_ids() == [10, 42]  # the subset sharing the ids cache still reads its own
+    r.user_map = part.user_map
+    assert r.user_ids() == [10, 42]
+    # a tensor subclass is stored as a plain tensor, as the constructor stores it
+    class Sub(torch.Tensor):
+        pass
+    r.rating = torch.tensor([1., 2., 3.]).as_subclass(Sub)
+    assert type(r.rating) is torch.Tensor
+
+
+def test_a_ratings_pair_check_follows_an_assigned_tensor():
+    # the (user, item) pairs known unique are forgotten when user or item is replaced
+    from nnsparse.data import split_ratings
+    r = _record()
+    r._mark_unique()
+    assert r._known_unique()
+    r.item = torch.tensor([0, 0, 0])  # (10, 7) twice now
+    assert not r._known_unique()
+    with pytest.raises(ValueError, match=r"pair rated more than once, e\.g\. user 10 and item 7"):
+        split_ratings(r, 0.5, seed=0)
+
+
+def test_ratings_fields_cannot_be_deleted_and_replace_changes_several():
+    r = _record()
+    with pytest.raises(AttributeError, match=r"^Ratings\.item cannot be deleted .*"
+                       r"dataclasses\.replace\(ratings, item=\.\.\.\)$"):
+        del r.item
+    assert torch.equal(r.item, torch.tensor([0, 1, 0]))
+    # fields that must agree, changed together: a new record
+    two = dataclasses.replace(r, user=torch.tensor([0, 0]), item=torch.tensor([0, 1]),
+                              rating=torch.tensor([1., 2.]), user_map={10: 0})
+    assert len(two) == 2 and two.n_users == 1 and len(r) == 3
+    with pytest.raises(ValueError, match=r"^Ratings\.user_map indices must be distinct"):
+        dataclasses.replace(r, user_map={10: 1, 42: 1})  # not the old map's cached ids
+
+
 def test_ratings_repr_is_a_summary_not_the_maps(tmp_path):
     """print(ratings) once printed every id of both maps and every title (ML-1M: about
     10,000 map entries and 3,700 titles), and a Split's parts three times over."""
@@ -271,7 +376,9 @@ def test_ratings_repr_is_a_summary_not_the_maps(tmp_path):
     m = Ratings.from_triples([1], [2], [3.0])
     assert repr(m) == ("Ratings(ratings=1, n_users=1, n_items=1, dtype=torch.float32, "
                        "titles=None, source='')")
-    m.rating = [3.0]  # a field assigned something else: the repr still does not raise
+    # a field that is not a tensor (an assignment is refused: set past the check, as a
+    # __post_init__ that refused its fields leaves one): the repr still does not raise
+    object.__setattr__(m, "rating", [3.0])
     assert repr(m) == "<Ratings with unchecked fields>"
 
 
@@ -586,8 +693,8 @@ def test_rated_in_keeps_the_device_and_refuses_another():
 ])
 def test_rated_in_refuses_another_kind_or_other_ids(other, error, match):
     r = Ratings.from_triples([1, 2], [7, 9], [4.0, 3.0]).subset([1])
-    r.user_map, r.user = {2: 0}, torch.tensor([0])  # user 2 at index 0: 1 in other
-    r = Ratings(r.user, r.item, r.rating, r.user_map, r.item_map)
+    # user 2 at index 0: 1 in other
+    r = dataclasses.replace(r, user_map={2: 0}, user=torch.tensor([0]))
     with pytest.raises(error, match=match):
         r.rated_in(other)
 

@@ -1423,6 +1423,7 @@ _MODULES = {
     "SparseWeightLinear": lambda: nnsparse.SparseWeightLinear.random(3, 4, 0.5),
     "Densify": lambda: Densify(4),
     "Sparsify": lambda: nnsparse.Sparsify(),
+    "Normalize": lambda: nnsparse.Normalize(),
     "PatternSequential": lambda: nnsparse.PatternSequential(nnsparse.SparseOutputLinear(4, 3)),
 }
 _CRITERIA = {

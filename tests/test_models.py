@@ -509,6 +509,116 @@ def test_a_model_trained_with_a_huge_lr_says_it_diverged(data):
         model.fit(train, verbose=False, progress=False)
 
 
+_HUGE_LR = synthetic_ratings(0, n_users=50, n_items=40, n_ratings=600)
+# every model that trains with a Trainer, one epoch at lr=1e30 and no validation: the epoch's
+# loss is read before its one step (40 rows, one batch), so only the end-of-run check can see
+# the step's result.  KernelNet's and GLocalK's weights stay finite (about 1e29) but their
+# kernel 1 - |u|^2 - |v|^2 + 2 u.v is inf - inf = NaN; AutoRec's and CFN's outputs overflow
+HUGE_LR_CASES = [
+    (AutoRec, {}, "inf", False), (CFN, {}, "inf", False), (KernelNet, {}, "nan", True),
+    (GLocalK, dict(global_epochs=1), "nan", True),
+]
+
+
+@pytest.mark.parametrize("cls, extra, loss, finite_weights", HUGE_LR_CASES,
+                         ids=[c[0].__name__ for c in HUGE_LR_CASES])
+def test_one_unvalidated_epoch_with_a_huge_lr_raises_naming_the_epoch(cls, extra, loss,
+                                                                      finite_weights):
+    model = cls(epochs=1, lr=1e30, validation_ratio=0, batch_size=64, hidden=8, **extra)
+    with pytest.raises(FloatingPointError, match=(
+            rf"^training diverged: the weights after epoch 1 give a training loss of {loss} "
+            rf"on the first 40 rows \(the last step's weights, which no epoch's loss reads\); "
+            rf"the learning rate was 1e\+30 in epoch 1; a smaller lr, or finite data and "
+            rf"penalties, avoid it$")):
+        model.fit(_HUGE_LR, verbose=False, progress=False)
+    if finite_weights:  # (the weights check alone passed them: NaN predictions, silently)
+        assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    with pytest.raises(RuntimeError, match=r"is not fitted \(its last fit\(\) raised "
+                                           r"FloatingPointError\)"):
+        model.predict_entries(_HUGE_LR.user[:3], _HUGE_LR.item[:3])
+
+
+def test_glocalk_fine_tuning_with_a_huge_lr_names_its_epoch_and_lr():
+    # the stage-2 run (global_lr) of one epoch: its end check, with that stage's lr
+    model = GLocalK(epochs=1, global_epochs=1, global_lr=1e30, validation_ratio=0,
+                    batch_size=64, hidden=8)
+    with pytest.raises(FloatingPointError, match=r"^training diverged: the weights after epoch "
+                                                 r"1 .*; the learning rate was 1e\+30 in epoch 1; "
+                                                 r"a smaller lr"):
+        model.fit(_HUGE_LR, verbose=False, progress=False)
+    assert bool(model.finetuned)  # (raised in stage 2, not in the pre-training)
+
+
+@pytest.mark.parametrize("cls, extra", [(AutoRec, {}), (CFN, dict(hide_ratio=0.25)),
+                                        (KernelNet, {}), (GLocalK, dict(global_epochs=1))],
+                         ids=lambda v: getattr(v, "__name__", ""))
+def test_the_end_check_loss_changes_nothing(cls, extra):
+    """The end-of-run loss (RatingModel._plain_loss) draws no random number, keeps no mask
+    and builds no graph; without corruption it is batch_loss's value."""
+    model = cls(epochs=1, validation_ratio=0, batch_size=64, hidden=8, **extra).fit(
+        _HUGE_LR, verbose=False, progress=False)
+    dataset = SparseRowDataset(model._input)
+    batch = dataset.collate([dataset[i] for i in range(10)])
+    criterion = model._criterion
+    generator = getattr(criterion, "generator", None)
+    state = None if generator is None else generator.get_state()
+    mask = getattr(criterion, "_mask", None)
+    loss = model._plain_loss(batch.row_index, batch.input)
+    assert loss.dim() == 0 and not loss.requires_grad and bool(torch.isfinite(loss))
+    assert getattr(criterion, "_mask", None) is mask
+    if generator is not None:
+        assert torch.equal(generator.get_state(), state)
+    if cls is not CFN:  # (no corruption: the training loss itself)
+        torch.testing.assert_close(loss, model.batch_loss(batch.row_index, batch.input).detach())
+
+
+class _NoisyAutoRec(AutoRec):
+    """A user's subclass whose network draws random numbers and keeps running statistics in
+    train mode (dropout, batch norm on the hidden layer)."""
+
+    def build(self, rows, width, features):
+        super().build(rows, width, features)
+        self.drop = torch.nn.Dropout(0.5)
+        self.norm = torch.nn.BatchNorm1d(self.hparams["hidden"])
+
+    def network(self, x, rows, pattern=None):
+        return self.decoder(self.drop(self.norm(torch.sigmoid(self.encoder(x)))), pattern)
+
+
+def test_the_end_check_loss_runs_in_eval_mode_and_puts_the_modes_back():
+    """_plain_loss runs the network as predict does (eval mode): a subclass's dropout draws
+    no random number and its batch norm's running statistics stay; each mode is put back."""
+    model = _NoisyAutoRec(epochs=1, validation_ratio=0, batch_size=64, hidden=8).fit(
+        _HUGE_LR, verbose=False, progress=False)
+    dataset = SparseRowDataset(model._input)
+    batch = dataset.collate([dataset[i] for i in range(10)])
+    model.train()
+    model.encoder.eval()  # a mode of one's own, put back as it was
+    stats = {k: v.clone() for k, v in model.norm.state_dict().items()}
+    state = torch.get_rng_state()
+    loss = model._plain_loss(batch.row_index, batch.input)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(v, stats[k]) for k, v in model.norm.state_dict().items())
+    assert model.training and model.drop.training and not model.encoder.training
+    model.eval()
+    torch.testing.assert_close(loss, model.batch_loss(batch.row_index, batch.input).detach())
+
+
+def test_a_trainer_of_ones_own_module_checks_weights_only():
+    """A module without RatingModel's _plain_loss: the end check reads its weights alone."""
+    class Module(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(3))
+
+        def batch_loss(self, rows, x):
+            return (self.w ** 2).sum()
+
+    result = Trainer(Module(), epochs=1, batch_size=2, lr=1e-3, log=None, progress=False).fit(
+        torch.eye(3).to_sparse_csr())
+    assert result.best_epoch == 1
+
+
 def _kernelised_reference(weight, u, v):
     kernel = torch.clamp(1 - ((v[:, None] - u[None]) ** 2).sum(-1), min=0)
     return weight * kernel, kernel, weight.square().sum(), kernel.square().sum()

@@ -43,6 +43,7 @@ CASES = {
     "Densify": (lambda: nnsparse.Densify(6, elem=-1.0), "Densify(in_features=6, elem=-1.0)"),
     "Sparsify": (lambda: nnsparse.Sparsify(offset=2, layout=torch.sparse_csr),
                  "Sparsify(elem=0, offset=2, layout=torch.sparse_csr)"),
+    "Normalize": (lambda: nnsparse.Normalize(p=1, eps=0.5), "Normalize(p=1.0, dim=1, eps=0.5)"),
     "PatternSequential": (
         lambda: nnsparse.PatternSequential(nnsparse.SparseLinearBatch(6, 3),
                                            nnsparse.SparseOutputLinear(3, 6)),

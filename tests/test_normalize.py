@@ -231,3 +231,122 @@ def test_bad_inputs(case):
         nnsparse.normalize(x, **kwargs)
     if before is not None:  # a refused call changes nothing
         assert torch.equal(x.to_dense(), before.to_dense())
+
+
+# -- the Normalize layer ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", BATCH_FORMS)
+@pytest.mark.parametrize("kwargs", [{}, dict(p=1), dict(p=math.inf, dim=-1, eps=0.5)], ids=str)
+def test_layer_equals_the_function(form, kwargs):
+    dense, mask = _batch(torch.float64)
+    x = _specified(dense, mask, form)
+    got = nnsparse.Normalize(**kwargs)(x)
+    want = nnsparse.normalize(x, **kwargs)
+    torch.testing.assert_close(_entries(got), _entries(want), rtol=0, atol=0)
+    assert type(got) is type(want)
+    if isinstance(want, torch.Tensor):
+        assert got.layout == want.layout and got.shape == want.shape
+
+
+def test_layer_on_dense_input_and_sparse_parts():
+    dense = torch.randn(3, 4, generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(nnsparse.Normalize(p=3, dim=0, eps=0.1)(dense),
+                               F.normalize(dense, p=3, dim=0, eps=0.1))
+    sparse_dense, mask = _batch(torch.float64)
+    parts = nnsparse.sparse_parts(_specified(sparse_dense, mask, "csr"))
+    out = nnsparse.Normalize()(parts)
+    assert isinstance(out, nnsparse.SparseParts)
+    torch.testing.assert_close(out.values, F.normalize(sparse_dense, dim=1)[mask])
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_layer_in_sequential_before_sparse_linear_batch(layout):
+    # Mult-VAE's input: each user's row divided by its L2 norm, then the encoder
+    dense, mask = _batch(torch.float64)
+    x = _specified(dense, mask, "coo" if layout == torch.sparse_coo else "csr")
+    torch.manual_seed(0)
+    encoder = nnsparse.SparseLinearBatch(7, 3, dtype=torch.float64)
+    net = torch.nn.Sequential(nnsparse.Normalize(), encoder)
+    out = net(x)
+    linear = net[1]
+    ref = F.linear(F.normalize(dense * mask, dim=1), linear.weight, linear.bias)
+    torch.testing.assert_close(out, ref)
+    out.sum().backward()
+    ref_weight_grad = linear.weight.grad.clone()
+    linear.weight.grad = None
+    F.linear(F.normalize(dense * mask, dim=1), linear.weight, linear.bias).sum().backward()
+    torch.testing.assert_close(ref_weight_grad, linear.weight.grad)
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_layer_gradcheck_float64(layout):
+    dense = random_sparse_dense(5, 6, 0.5, empty_rows=1)  # no row of zeros: 1/eps slope
+    coo = dense.to_sparse().coalesce()
+    index, leaf = coo.indices(), coo.values().clone().requires_grad_()
+    csr = dense.to_sparse_csr()
+    crow, col = csr.crow_indices(), csr.col_indices()
+    layer = nnsparse.Normalize(p=3)
+
+    def fn(values):
+        if layout == "coo":
+            x = torch.sparse_coo_tensor(index, values, dense.shape, is_coalesced=True)
+        else:
+            x = torch.sparse_csr_tensor(crow, col, values, dense.shape)
+        return as_sparse_batch(layer(x), name="y").values
+
+    assert torch.autograd.gradcheck(fn, (leaf,))
+
+
+def test_layer_keeps_python_numbers_and_repr():
+    np = pytest.importorskip("numpy")
+    layer = nnsparse.Normalize(p=np.float32(1), dim=np.int64(-1), eps=np.float64(0.5))
+    assert (type(layer.p), type(layer.dim), type(layer.eps)) == (float, int, float)
+    assert repr(layer) == "Normalize(p=1.0, dim=-1, eps=0.5)"
+    assert repr(nnsparse.Normalize()) == "Normalize(p=2.0, dim=1, eps=1e-12)"
+    assert layer.state_dict() == {} and list(layer.parameters()) == []
+
+
+BAD_LAYER_ARGS = [
+    ("p a string", dict(p="2"), TypeError,
+     r"^p must be a number \(the norm's exponent\), got str$"),
+    ("p a bool", dict(p=True), TypeError, r"^p must be a number .*got bool$"),
+    ("p a tensor", dict(p=torch.tensor(2.)), TypeError, r"^p must be a number .*got Tensor$"),
+    ("dim a float", dict(dim=1.0), TypeError, r"^dim must be an int, got float$"),
+    ("dim None", dict(dim=None), TypeError, r"^dim must be an int, got NoneType$"),
+    ("eps None", dict(eps=None), TypeError, r"^eps must be a number, got NoneType$"),
+    ("p NaN", dict(p=math.nan), ValueError, r"^p and eps must not be NaN, got p=nan, eps=1e-12$"),
+    ("eps NaN", dict(eps=math.nan), ValueError,
+     r"^p and eps must not be NaN, got p=2.0, eps=nan$"),
+    ("eps negative", dict(eps=-1.0), ValueError,
+     r"^eps must be >= 0 \(the smallest divisor\), got -1.0$"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_LAYER_ARGS, ids=[c[0] for c in BAD_LAYER_ARGS])
+def test_layer_bad_constructor_arguments(case):
+    _, kwargs, error, message = case
+    with pytest.raises(error, match=message):
+        nnsparse.Normalize(**kwargs)
+
+
+BAD_LAYER_CALLS = [
+    # an attribute assigned after construction is checked again at the call (as Densify's)
+    ("p assigned a string", dict(p="2"), _BATCH, TypeError, r"^p must be a number"),
+    ("eps assigned negative", dict(eps=-1.0), _BATCH, ValueError, r"^eps must be >= 0"),
+    ("p 0 of a sparse batch", dict(p=0), _BATCH, NotImplementedError, r"takes p > 0 .*got p=0.0"),
+    ("columns", dict(dim=0), _BATCH, NotImplementedError, r"got dim=0 \(columns\)"),
+    ("dim 1 of a vector", {}, _VECTOR, IndexError, r"1-D sparse vector"),
+    ("integer values", {}, torch.tensor([[1, 0], [0, 2]]).to_sparse(), TypeError,
+     r"floating-point or complex values \(as F.normalize\), got torch.int64"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_LAYER_CALLS, ids=[c[0] for c in BAD_LAYER_CALLS])
+def test_layer_bad_calls(case):
+    _, assigned, x, error, message = case
+    layer = nnsparse.Normalize()
+    for name, value in assigned.items():
+        setattr(layer, name, value)
+    with pytest.raises(error, match=message):
+        layer(x)

@@ -18,6 +18,7 @@ CASES = {
     "SparseOutputLinear": lambda: nnsparse.SparseOutputLinear(3, 6, sparse_grad=True),
     "Densify": lambda: nnsparse.Densify(6, elem=-1.0),
     "Sparsify": lambda: nnsparse.Sparsify(offset=2, layout=torch.sparse_csr),
+    "Normalize": lambda: nnsparse.Normalize(p=1, eps=0.5),
     "PatternSequential": lambda: nnsparse.PatternSequential(
         nnsparse.SparseLinearBatch(6, 3), nnsparse.SparseOutputLinear(3, 6)),
     "SparseWeightLinear": lambda: nnsparse.SparseWeightLinear.random(6, 3, 0.5, seed=1),
@@ -256,7 +257,8 @@ BAD_RATINGS = {
                         r"got min 0, max 7"),
     "forged-inverse-map": (lambda r: (r.user_ids(), r.user_map.__setitem__(10, 1)), ValueError,
                            r"user_map"),
-    "int-rating": (lambda r: setattr(r, "rating", torch.tensor([4, 3, 5])), TypeError,
+    # (past the assignment's check, as a file sets it)
+    "int-rating": (lambda r: object.__setattr__(r, "rating", torch.tensor([4, 3, 5])), TypeError,
                    r"Ratings.rating must be a floating-point tensor, got torch.int64"),
 }
 
@@ -277,8 +279,31 @@ def test_loaded_ratings_are_checked(name, in_split):
 
 def test_loaded_ratings_drop_their_caches():
     ratings = _round_trip(_edited_ratings(lambda r: r.user_ids()))
-    assert ratings._unique is None and ratings._ids == {"user": [10, 42], "item": [7, 9]}
+    assert ratings._unique is None
+    assert {key: ids for key, (_, ids) in ratings._ids.items()} == {"user": [10, 42],
+                                                                     "item": [7, 9]}
+    assert ratings._ids["user"][0] is ratings.user_map
     assert not ratings._known_unique()  # the pairs are checked again where they must be
+
+
+@pytest.mark.parametrize("copy_of", ["torch.save", "pickle", "copy", "deepcopy"])
+def test_loaded_and_copied_ratings_still_check_an_assignment(copy_of):
+    """A record made by __setstate__ (load, pickle, copy) checks a field assigned later as
+    the constructed one does, and a refused assignment leaves it as it was."""
+    import copy
+    import pickle
+    make = {"torch.save": _round_trip, "pickle": lambda r: pickle.loads(pickle.dumps(r)),
+            "copy": copy.copy, "deepcopy": copy.deepcopy}[copy_of]
+    original = _edited_ratings(lambda r: r.item_ids())
+    ratings = make(original)
+    ratings.rating = ratings.rating * 2
+    with pytest.raises(ValueError, match=r"^Ratings\.user, \.item and \.rating must have one "
+                                         r"length, got 3, 1 and 3; to change fields"):
+        ratings.item = ratings.item[:1]
+    assert ratings.item.tolist() == [0, 1, 0] and ratings.rating.tolist() == [8., 6., 10.]
+    ratings.item_map = {7: 1, 9: 0}  # the same length, other indices: read again
+    assert ratings.item_ids() == [9, 7]
+    assert original.item_ids() == [7, 9] and original.rating.tolist() == [4., 3., 5.]
 
 
 def _forged_unique(load):

@@ -63,6 +63,17 @@ def _float32(values: np.ndarray) -> np.ndarray:
         return values.astype(np.float32)
 
 
+# Ratings' public fields: an assignment to one after construction is checked
+_RATINGS_FIELDS = frozenset({"user", "item", "rating", "user_map", "item_map", "titles",
+                             "source"})
+# the constructor's refusals of fields that disagree with one another (an assignment adds
+# how to change them together): the tensors' lengths, the indices against their map, more
+# titles than items
+_DISAGREEMENTS = ("Ratings.user, .item and .rating must have one length",
+                  "Ratings.user indices must be in", "Ratings.item indices must be in",
+                  "Ratings.titles must hold at most")
+
+
 @dataclass
 class Ratings:
     """A set of ratings: one entry per (user, item, rating) triple.
@@ -78,12 +89,23 @@ class Ratings:
             item file was read (``"item <id>"`` for ids the file lacks).
         source (str): where the ratings came from, for messages.
 
+    A field assigned after construction (``r.titles = [...]``,
+    ``r.rating = r.rating * 2``) is checked as the constructor checks it, with the
+    other fields, before the record changes: a refused assignment leaves the record
+    as it was.  Fields that must change together (``user`` with ``user_map``, or the
+    three tensors to another length) are changed at once by building a new record,
+    ``dataclasses.replace(r, user=..., item=..., rating=...)``.  A field cannot be
+    deleted.  (Edits inside a field, ``r.item[0] = 7`` or ``r.user_map[id] = 3``,
+    are not seen.)
+
     Raises:
         TypeError: fields of the wrong kind (not 1-D tensors, int64 indices,
-            floating ratings, dict maps of int indices, str titles and source).
+            floating ratings, dict maps of int indices, str titles and source),
+            at construction or at an assignment.
         ValueError: lengths that differ, indices outside their map, a map that
             is not one index per id over ``0..len(map)-1``, ratings that are not
-            finite, tensors on the meta device.
+            finite, tensors on the meta device, at construction or at an assignment.
+        AttributeError: ``del`` of a field.
 
     Example::
 
@@ -92,6 +114,11 @@ class Ratings:
         (tensor([0, 0, 1]), tensor([0, 1, 0]), 2, 2, 3)
         >>> r.user_map
         {10: 0, 42: 1}
+        >>> r.rating = torch.tensor([4.5, 3., 5.])  # checked, as the constructor's fields
+        >>> r.item = torch.tensor([0, 2, 0])
+        Traceback (most recent call last):
+            ...
+        ValueError: Ratings.item indices must be in [0, 2) (the size of item_map), got min 0, max 2; ...
     """
 
     user: Tensor
@@ -101,7 +128,11 @@ class Ratings:
     item_map: Dict[Any, int]
     titles: Optional[List[str]] = None
     source: str = ""
-    _ids: Dict[str, List[Any]] = field(default_factory=dict, repr=False, compare=False)
+    # each map's original ids by index, with the map they were read from (a map replaced
+    # by another of the same length, through dataclasses.replace or an assignment, is
+    # checked and read again).  Shared by a record's subsets.
+    _ids: Dict[str, Tuple[Dict[Any, int], List[Any]]] = field(
+        default_factory=dict, repr=False, compare=False)
     # Set when no (user, item) pair is known to repeat (_check_unique_pairs passed, the file
     # reader checked it, or a bool-mask subset of such a record): the user and item
     # tensors then checked and their versions, so that the O(n log n) check runs once
@@ -125,7 +156,7 @@ class Ratings:
             refuse_meta(value, f"Ratings.{name}")
             # a Tensor subclass's results are of its class: the statistics a model or a
             # normaliser keeps would be too, which deepcopy and weights_only loads refuse
-            setattr(self, name, plain(value))
+            object.__setattr__(self, name, plain(value))  # (not an assignment to check)
         if not (self.user.shape == self.item.shape == self.rating.shape):
             raise ValueError("Ratings.user, .item and .rating must have one length, got "
                              f"{len(self.user)}, {len(self.item)} and {len(self.rating)}")
@@ -203,6 +234,33 @@ class Ratings:
         return cls(torch.from_numpy(user_index), torch.from_numpy(item_index),
                    torch.from_numpy(values), users, items, source=source)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A field assigned after construction: the constructor's checks on a record with
+        the new value (``dataclasses.replace``), and only then this record changed."""
+        if name not in _RATINGS_FIELDS or name not in self.__dict__:
+            object.__setattr__(self, name, value)  # __init__'s first assignment, a cache
+            return
+        try:
+            checked = replace(self, **{name: value}, _ids=dict(self._ids))
+        except ValueError as e:
+            if not str(e).startswith(_DISAGREEMENTS):
+                raise  # (a value wrong on its own: NaN ratings, a map of repeated indices)
+            raise ValueError(f"{e}; to change fields that must agree together, build a new "
+                             f"record: dataclasses.replace(ratings, user=..., item=..., "
+                             f"rating=..., user_map=...)") from None
+        object.__setattr__(self, name, getattr(checked, name))  # (plain(), as __init__)
+        if name.endswith("_map"):
+            key = name[:-len("_map")]
+            if key in checked._ids:
+                self._ids[key] = checked._ids[key]
+
+    def __delattr__(self, name: str) -> None:
+        if name in _RATINGS_FIELDS:
+            raise AttributeError(f"Ratings.{name} cannot be deleted (a record has every field); "
+                                 f"build a new record with dataclasses.replace(ratings, "
+                                 f"{name}=...)")
+        object.__delattr__(self, name)
+
     def __setstate__(self, state: Any) -> None:
         """Unpickling (``torch.load``, ``copy``, a worker's record): the fields checked again
         as the constructor checks them, the caches (``_ids``, ``_unique``) dropped.  A file
@@ -256,13 +314,14 @@ class Ratings:
         return self._inverse("item", self.item_map)
 
     def _inverse(self, key: str, mapping: Dict[Any, int]) -> List[Any]:
-        ids = self._ids.get(key)
-        if ids is None or len(ids) != len(mapping):
-            _check_map(mapping, f"Ratings.{key}_map")
-            ids = [None] * len(mapping)
-            for original, index in mapping.items():
-                ids[index] = original
-            self._ids[key] = ids
+        cached = self._ids.get(key)
+        if cached is not None and cached[0] is mapping and len(cached[1]) == len(mapping):
+            return cached[1]
+        _check_map(mapping, f"Ratings.{key}_map")
+        ids: List[Any] = [None] * len(mapping)
+        for original, index in mapping.items():
+            ids[index] = original
+        self._ids[key] = (mapping, ids)
         return ids
 
     def _known_unique(self) -> bool:

@@ -300,10 +300,8 @@ def synthetic_ratings(seed: int = 0, n_users: int = 943, n_items: int = 1682,
     titles = as_flag(titles, "titles")
     user, item, score = _scores(seed, n_users, n_items, n_ratings, rank, noise,
                                 user_sigma, item_sigma)
-    record = Ratings(torch.from_numpy(user.astype(np.int64)),
-                     torch.from_numpy(item.astype(np.int64)), torch.from_numpy(_stars(score)),
-                     {u: u for u in range(n_users)}, {i: i for i in range(n_items)},
-                     source=f"synthetic_ratings(seed={seed})")
-    if titles:
-        record.titles = [f"Item {i}" for i in range(n_items)]
-    return record
+    return Ratings(torch.from_numpy(user.astype(np.int64)),
+                   torch.from_numpy(item.astype(np.int64)), torch.from_numpy(_stars(score)),
+                   {u: u for u in range(n_users)}, {i: i for i in range(n_items)},
+                   titles=[f"Item {i}" for i in range(n_items)] if titles else None,
+                   source=f"synthetic_ratings(seed={seed})")

@@ -1,8 +1,9 @@
 """The layers: sparse input (:class:`SparseLinearBatch`), sparse output
 (:class:`SparseOutputLinear`), a fixed-pattern sparse weight
 (:class:`SparseWeightLinear`), the dense/sparse switches (:class:`Densify`,
-:class:`Sparsify`), a container that hands the pattern on
-(:class:`PatternSequential`) and batched inference (:class:`Batchifier`)."""
+:class:`Sparsify`), row normalisation (:class:`Normalize`), a container that
+hands the pattern on (:class:`PatternSequential`) and batched inference
+(:class:`Batchifier`)."""
 __all__: list[str] = []
 from .sparse_output import SparseOutputLinear, sampled_linear  # noqa: E402
 __all__ += ["SparseOutputLinear", "sampled_linear"]
@@ -15,3 +16,5 @@ from .sequential import PatternSequential  # noqa: E402
 __all__ += ["PatternSequential"]
 from .sparse_weight import SparseWeightLinear  # noqa: E402
 __all__ += ["SparseWeightLinear"]
+from .normalization import Normalize  # noqa: E402
+__all__ += ["Normalize"]

@@ -556,13 +556,35 @@ class RatingModel(nn.Module):
     def batch_loss(self, rows: Tensor, x: Any) -> Tensor:
         """The training loss of one batch of rows ``x`` (normalised sparse, the target too)."""
         self._check_built()
-        input = self._criterion.prepare_input(x)
+        return self._loss(rows, self._criterion.prepare_input(x), x, self._criterion)
+
+    def _loss(self, rows: Tensor, input: Any, x: Any, criterion: Callable[..., Tensor]) -> Tensor:
+        """:meth:`batch_loss` of the (prepared) ``input`` against ``x`` with ``criterion``."""
         out = self(input, rows, pattern=None if self.hparams["dense_decoder"] else x)
         # Squared errors on the rating scale: the normalised error times (hi - lo) / 2.
         lo, hi = self._norm.scale
-        data = self._criterion(out, x) * ((hi - lo) / 2.0) ** 2
+        data = criterion(out, x) * ((hi - lo) / 2.0) ** 2
         share = rows.shape[0] / self._shape[0]
-        return (data + share * self.penalty()) / self._per_batch
+        loss: Tensor = (data + share * self.penalty()) / self._per_batch
+        return loss
+
+    def _plain_loss(self, rows: Tensor, x: Any) -> Tensor:
+        """:meth:`batch_loss` without the criterion's corruption or weights (the squared
+        errors summed, as :meth:`RatingModel.make_criterion`'s), under ``no_grad`` and in
+        eval mode, as :meth:`predict` runs the network (each module's mode put back): it
+        draws no random number (a subclass's dropout), updates no running statistics (its
+        batch norm) and keeps no mask.  Read by :class:`Trainer`'s end-of-run check
+        without validation: the loss of the last weights, which no epoch's loss reads
+        (finite weights can give NaN outputs: KernelNet's kernel of huge ones)."""
+        self._check_built()
+        modes = [(m, m.training) for m in self.modules()]
+        self.eval()
+        try:
+            with torch.no_grad():
+                return self._loss(rows, x, x, RatingModel.make_criterion(self))
+        finally:
+            for module, training in modes:
+                module.training = training
 
     def _prepare(self, train: Ratings, scale: Tuple[float, float],
                  features: Optional[Tensor], penalty_ratings: Optional[int] = None) -> Tensor:
@@ -708,7 +730,8 @@ class RatingModel(nn.Module):
                 model that reads none (``AutoRec``, ``KernelNet``); an unknown
                 ``device``.
             FloatingPointError: training diverged before any validated epoch, or
-                ended with no finite validation RMSE or weights that are not finite
+                ended with no finite validation RMSE, or (without validation) with
+                weights, or a training loss at them, that are not finite
                 (:meth:`Trainer.fit`; e.g. too large an ``lr``).
             RuntimeError: called with autograd off (inside ``torch.no_grad()``,
                 ``torch.set_grad_enabled(False)`` or ``torch.inference_mode()``).

@@ -259,7 +259,13 @@ class Trainer:
         weights are no longer finite, and every later epoch would be too):
         training stops there.  With a validated epoch before it, that epoch's
         weights are kept (the diverged epoch is in ``history``); without one,
-        nothing usable is left and ``FloatingPointError`` is raised.
+        nothing usable is left and ``FloatingPointError`` is raised.  A run without
+        ``validate`` also checks, once at its end, its last weights (the last step's,
+        which no epoch's loss reads) and, for a
+        :class:`~nnsparse.models.RatingModel`, their training loss on the first
+        ``batch_size`` rows (uncorrupted, no gradient, in eval mode as ``predict``
+        runs it): finite weights can give
+        NaN outputs.  Nothing is read per step beyond the epoch's loss.
 
         It trains on ``self.device``, with the CPU as torch's default device
         (``torch.set_default_device`` and ``with torch.device(...)`` are set
@@ -271,7 +277,8 @@ class Trainer:
                 any validated epoch (e.g. too large an ``lr``), or the run kept its
                 last weights and ends diverged: no validation RMSE was finite, or
                 (without ``validate``) the trainable parameters are not finite (the
-                last step's, which no epoch loss reads).  The model then holds the
+                last step's, which no epoch loss reads), or a RatingModel's training
+                loss at them is not.  The model then holds the
                 diverged weights, in the train/eval modes it had before the call
                 (:meth:`~nnsparse.models.RatingModel.fit` marks itself not fitted).
             ValueError: ``epochs`` beyond ``self.epochs`` (the learning rate's
@@ -312,14 +319,16 @@ class Trainer:
         if values.is_floating_point() and not bool(torch.isfinite(values).all()):
             raise ValueError("x_train values must be finite, got NaN or inf")  # once per fit
         run_for = self.epochs if epochs is None else int(epochs)
-        loader = self.make_loader(SparseRowDataset(x_train))
+        dataset = SparseRowDataset(x_train)
+        loader = self.make_loader(dataset)
         optimizer = self.make_optimizer()
         result, best_state = TrainResult(), None
         # each module's mode, put back if training raises (run_epoch sets train mode: a batch
         # the model refused at the first step left an evaluated model in train mode)
         modes = [(m, m.training) for m in self.model.modules()]
         try:
-            return self._epochs(run_for, loader, optimizer, validate, result, best_state)
+            return self._epochs(run_for, loader, optimizer, validate, result, best_state,
+                                dataset)
         except BaseException:
             for module, training in modes:
                 module.training = training
@@ -327,8 +336,9 @@ class Trainer:
 
     def _epochs(self, run_for: int, loader: Any, optimizer: Any,
                 validate: Optional[Callable[[], float]], result: TrainResult,
-                best_state: Optional[Dict[str, Tensor]]) -> TrainResult:
-        """The epochs of :meth:`fit`, its arguments checked."""
+                best_state: Optional[Dict[str, Tensor]],
+                dataset: SparseRowDataset) -> TrainResult:
+        """The epochs of :meth:`fit`, its arguments checked (``dataset``: the training rows)."""
         for epoch in range(1, run_for + 1):
             start = time.perf_counter()
             loss = self.run_epoch(loader, optimizer, epoch)
@@ -356,13 +366,17 @@ class Trainer:
             self.model.load_state_dict(best_state)
         else:
             result.best_epoch = len(result.history)
-            self._check_ended_finite(validate is not None, result)
+            self._check_ended_finite(validate is not None, result, dataset)
         return result
 
-    def _check_ended_finite(self, validated: bool, result: TrainResult) -> None:
+    def _check_ended_finite(self, validated: bool, result: TrainResult,
+                            dataset: Optional[SparseRowDataset] = None) -> None:
         """``FloatingPointError`` when a run that keeps its last weights ends diverged: each
         validation RMSE NaN or infinite (the model predicts no number), or weights that are
-        not finite (an epoch's loss is read before its last step, which can make them so)."""
+        not finite (an epoch's loss is read before its last step, which can make them so),
+        or finite weights whose loss on the first batch of ``dataset`` is not (a
+        RatingModel's ``_plain_loss``: KernelNet's kernel of huge weights is NaN).  One
+        host sync for the weights and that loss together."""
         epoch = len(result.history)
         hint = self._divergence_hint(epoch, f"in epoch {epoch}")
         if validated:  # (no epoch kept: every RMSE was NaN or inf)
@@ -375,11 +389,32 @@ class Trainer:
         # bound), complex ones too (as save() checks them); one sync, whatever their devices
         weights = [_stored_values(p.detach()) for p in self.model.parameters()
                    if p.requires_grad and (p.is_floating_point() or p.is_complex())]
-        if weights:
-            flags = [torch.isfinite(w).all() for w in weights]
-            if not bool(torch.stack([f.to(flags[0].device) for f in flags]).all()):
+        flags = [torch.isfinite(w).all() for w in weights]
+        loss, rows = self._last_loss(dataset)
+        if loss is not None:
+            flags.append(torch.isfinite(loss).all())
+        if flags and not bool(torch.stack([f.to(flags[0].device) for f in flags]).all()):
+            if not all(bool(f) for f in flags[:len(weights)]):
                 raise FloatingPointError(f"training diverged: the weights after epoch {epoch} "
                                          f"are not finite; {hint}")
+            assert loss is not None  # (the weights are finite: the loss's flag failed)
+            raise FloatingPointError(f"training diverged: the weights after epoch {epoch} "
+                                     f"give a training loss of {float(loss)} on the first "
+                                     f"{rows} rows (the last step's weights, which no epoch's "
+                                     f"loss reads); {hint}")
+
+    def _last_loss(self, dataset: Optional[SparseRowDataset]) -> Tuple[Optional[Tensor], int]:
+        """The model's loss at its current weights on the first ``batch_size`` rows of
+        ``dataset`` (0-d, not read: no sync), and that number of rows; ``None`` for a model
+        that cannot compute it without side effects (no ``_plain_loss``: a module of one's
+        own) or without a dataset."""
+        plain_loss = getattr(self.model, "_plain_loss", None)  # a RatingModel's
+        if dataset is None or not callable(plain_loss) or len(dataset) == 0:
+            return None, 0
+        rows = min(self.batch_size, len(dataset))
+        batch = dataset.collate([dataset[i] for i in range(rows)]).to(self.device)
+        loss: Tensor = plain_loss(batch.row_index, batch.input)
+        return loss, rows
 
     def _divergence_hint(self, epoch: int, when: str) -> str:
         """What a divergence error or log line advises: epoch ``epoch``'s learning rate."""
