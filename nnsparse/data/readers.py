@@ -552,7 +552,9 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
     fields raises ``ValueError`` with its number, quoted from ``original`` (the
     bytes before the separators were replaced; default ``raw``) as the file holds it,
     then ``why`` (where the count comes from) unless it is the first line, and a hint
-    when the line is one of another format than ``fmt``.
+    when the line is one of another format than ``fmt``.  A first non-blank line
+    holding a lone ``'\\r'`` between two fields' characters (a file whose lines end
+    in ``'\\r'`` alone) raises ``ValueError`` too, whatever its field count.
     """
     buf = np.frombuffer(raw, dtype=np.uint8)
     space = _SPACE[buf]
@@ -562,7 +564,8 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
     n_lines = len(newlines) + 1
     counts = np.bincount(line_of_token, minlength=n_lines)
     first = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    lines = np.flatnonzero(counts)
+    written = np.flatnonzero(counts)  # the non-blank lines, the header's too
+    lines = written
     only = "empty file"
     if header and len(lines):
         lines = lines[1:]
@@ -582,7 +585,7 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
         number = int(bad[0])
         want = f"{lo}" if lo == hi else f"{lo} to {hi}"
         line = shown(number)
-        why = why if number != int(np.flatnonzero(counts)[0]) else ""
+        why = why if number != int(written[0]) else ""
         if _lone_cr(raw, newlines, number):
             why += "; " + _LONE_CR
         raise ValueError(f"{path}, line {number + 1}: expected {want} fields, got "
@@ -593,7 +596,6 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
     # one line) pass it as one rating, and failed on its 'rating' '3::30::5::1' with no
     # word why.  Such a file's first line tells (one line read; a legit file's first
     # line holds no '\r' but a CRLF's or a last one's, which _JOINED skips).
-    written = np.flatnonzero(counts)
     if len(written) and _lone_cr(raw, newlines, int(written[0])):
         number = int(written[0])
         raise ValueError(f"{path}, line {number + 1}: expected lines ending in '\\n' (or "
