@@ -107,6 +107,21 @@ def _titles_from(data: bytes) -> Callable[[Path], Any]:
     return call
 
 
+def _csv_titles_from(data: bytes) -> Callable[[Path], Any]:
+    def call(tmp_path: Path) -> Any:
+        (tmp_path / "ratings.csv").write_bytes(b"1,1,4\n")
+        (tmp_path / "movies.csv").write_bytes(data)
+        return read_ratings(tmp_path / "ratings.csv").titles
+    return call
+
+
+# 400 item or user lines (ids 2 to 401: more than 4096 bytes) before the one of id 1
+_MOVIES_DAT = b"".join(b"%d::T::Comedy\n" % i for i in range(2, 402))
+_MOVIES_CSV = b"movieId,title,genres\n" + b"".join(b"%d,T,Comedy\n" % i for i in range(2, 402))
+_U_ITEM = b"".join(b"%d|T|d||u|1|0\n" % i for i in range(2, 402))
+_U_USER = b"".join(b"%d|24|F|writer|55105\n" % i for i in range(2, 402))
+
+
 def _detect(data: bytes) -> Callable[[Path], str]:
     def call(tmp_path: Path) -> str:
         path = tmp_path / "r.dat"
@@ -136,11 +151,41 @@ _ONE_NUL_WORDING: List[Case] = [
          _nul_message("path", r"u\.user", 1, r"1\|24\|M\|x\\x00\|85711", head=True)),
     Case("titles", _titles_from(b"1::A\x00::Drama\n"), ValueError,
          _nul_message("titles", r"movies\.dat", 1, r"1::A\\x00::Drama", head=True)),
+    # past them in an item or user file (read whole, as text): refused too; 'Dra\0ma' was
+    # a genre of its own, 'writ\0er' an occupation (a feature column each), silently
+    Case("item-ml-1m-past-the-head", _side("movies.dat", _MOVIES_DAT + b"1::A::Dra\x00ma\n",
+                                           read_item_features, "ml-1m"), ValueError,
+         _nul_message("path", r"movies\.dat", 401, r"1::A::Dra\\x00ma", head=False)),
+    Case("item-csv-past-the-head", _side("movies.csv", _MOVIES_CSV + b"1,A,Dra\x00ma\n",
+                                         read_item_features, "csv"), ValueError,
+         _nul_message("path", r"movies\.csv", 402, r"1,A,Dra\\x00ma", head=False)),
+    Case("item-ml-100k-past-the-head", _side("u.item", _U_ITEM + b"1|A|d||u|0|1\x00\n",
+                                             read_item_features, "ml-100k"), ValueError,
+         _nul_message("path", r"u\.item", 401, r"1\|A\|d\|\|u\|0\|1\\x00", head=False)),
+    Case("user-past-the-head", _side("u.user", _U_USER + b"1|24|M|writ\x00er|55105\n",
+                                     read_user_features, "ml-100k"), ValueError,
+         _nul_message("path", r"u\.user", 401, r"1\|24\|M\|writ\\x00er\|55105", head=False)),
+    Case("titles-past-the-head", _titles_from(_MOVIES_DAT + b"1::A\x00::Drama\n"), ValueError,
+         _nul_message("titles", r"movies\.dat", 401, r"1::A\\x00::Drama", head=False)),
+    Case("titles-csv-past-the-head", _csv_titles_from(_MOVIES_CSV + b"1,A\x00,Drama\n"),
+         ValueError, _nul_message("titles", r"movies\.csv", 402, r"1,A\\x00,Drama",
+                                  head=False)),
     Case("utf-16", _read("r.dat", "1::10::4::1\n".encode("utf-16-le")), ValueError,
          _nul_message("path", r"r\.dat", 1, r"1\\x00:\\x00:.*", head=True)),
     # the references: no NUL, no refusal
     Case("no-nul-4096", _read("r.txt", _ELEVEN), None, check=lambda r: len(r.rating) == 400),
     Case("no-nul-detect", _detect(b"1::10::4::1\n"), None, check=lambda f: f == "ml-1m"),
+    Case("no-nul-item", _side("movies.dat", _MOVIES_DAT + b"1::A::Drama\n", read_item_features,
+                              "ml-1m"), None, check=lambda f: f.tolist() == [[0.0, 1.0]]),
+    Case("no-nul-item-csv", _side("movies.csv", _MOVIES_CSV + b"1,A,Drama\n",
+                                  read_item_features, "csv"), None,
+         check=lambda f: f.tolist() == [[0.0, 1.0]]),
+    Case("no-nul-user", _side("u.user", _U_USER + b"1|24|M|writer|55105\n", read_user_features,
+                              "ml-100k"), None, check=lambda f: f[0, 0].item() == 0.0),
+    Case("no-nul-titles", _titles_from(_MOVIES_DAT + b"1::A::Drama\n"), None,
+         check=lambda t: t == ["A"]),
+    Case("no-nul-titles-csv", _csv_titles_from(_MOVIES_CSV + b"1,A,Drama\n"), None,
+         check=lambda t: t == ["A"]),
 ]
 
 

@@ -941,8 +941,10 @@ def _csv_item_rows(path: Path, name: str = "path",
     header lost its first item (and a header after a blank line, or after a byte order
     mark and a line break, was read as the item ``'movieId'`` of the genre ``'genres'``).
     The file must be UTF-8 (:func:`_utf8_text`: ``name`` gave it, ``fix`` ends the
-    refusal's advice)."""
-    text = _utf8_text(path.read_bytes(), path, name, "MovieLens movies.csv is", fix)
+    refusal's advice) and hold no NUL byte (:func:`_refuse_nul`)."""
+    raw = path.read_bytes()
+    _refuse_nul(raw, path, name)
+    text = _utf8_text(raw, path, name, "MovieLens movies.csv is", fix)
     header = True  # the first non-blank line may be a header
     for number, row in enumerate(csv.reader(io.StringIO(text, newline="")), start=1):
         if not row or (len(row) == 1 and not row[0].strip()):
@@ -992,7 +994,7 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
             titles[key] = row[1]
         return titles
     sep = "|" if fmt == "ml-100k" else "::"
-    for number, line in _side_lines(path):
+    for number, line in _side_lines(path, "titles"):
         parts = line.split(sep)
         if len(parts) < 2:
             raise ValueError(f"{path}, line {number}: expected 'id{sep}title{sep}...', "
@@ -1003,26 +1005,30 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
     return titles
 
 
-def _side_lines(path: Path) -> Iterator[Tuple[int, str]]:
+def _side_lines(path: Path, name: str = "path") -> Iterator[Tuple[int, str]]:
     """``(line number, line)`` of the non-blank lines of a MovieLens item or user file (its
     :func:`_side_text`, any line break), the line break stripped and a leading byte order
     mark removed (:func:`_without_bom`) before a line is judged blank: the titles and the
     side features read a file alike (a byte order mark alone on the first line was a
-    blank line to the titles, a malformed line to the features)."""
-    for number, line in enumerate(io.StringIO(_side_text(path), newline=None), start=1):
+    blank line to the titles, a malformed line to the features).  ``name``: the argument
+    that gave the file, which a NUL byte's refusal names (:func:`_side_text`)."""
+    for number, line in enumerate(io.StringIO(_side_text(path, name), newline=None), start=1):
         line = _without_bom(line, number).rstrip("\r\n")
         if line.strip():
             yield number, line
 
 
-def _side_text(path: Path) -> str:
+def _side_text(path: Path, name: str = "path") -> str:
     """The text of a MovieLens item or user file (``u.item``, ``movies.dat``, ``u.user``,
     ``users.dat``), for titles and side features alike: UTF-8 when its bytes are
     (MovieLens-10M's ``movies.dat``; its README: "encoded as UTF-8 ... a departure from
     previous MovieLens data sets"), else latin-1, which decodes any bytes (MovieLens-100K's
     ``u.item`` and -1M's ``movies.dat``, whose ``é`` is the one byte 0xE9: no valid UTF-8).
-    A byte order mark is left in, for :func:`_without_bom`."""
-    return _text(path.read_bytes())
+    A byte order mark is left in, for :func:`_without_bom`; a NUL byte anywhere is
+    refused (:func:`_refuse_nul`; ``name``: the argument that gave the file)."""
+    raw = path.read_bytes()
+    _refuse_nul(raw, path, name)
+    return _text(raw)
 
 
 def _text(raw: bytes) -> str:
@@ -1336,9 +1342,9 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
             not UTF-8, as MovieLens-100K's and -1M's are), an item file listing an item
             twice (which title it has would be a guess), a compressed file
             (gzip, bzip2, xz: decompress it first; an item file given as
-            ``titles`` too), a NUL byte anywhere in the file (the message gives
-            its line, and says when it lies in the first 4096 bytes: a binary or
-            UTF-16 file), map indices out of range.
+            ``titles`` too), a NUL byte anywhere in the file or the item file (the
+            message gives its line, and says when it lies in the first 4096
+            bytes: a binary or UTF-16 file), map indices out of range.
             A failed call leaves ``user_map`` and ``item_map`` unchanged.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` or
             ``unseen`` not a str, ``titles`` neither a bool nor a path, a map
@@ -1787,13 +1793,15 @@ def _head(f: Any) -> bytes:
     return head
 
 
-def _refuse_nul(raw: bytes, path: Path) -> None:
-    """A NUL byte past the first ``_HEAD`` bytes (:func:`_refuse_binary` reads those), named
+def _refuse_nul(raw: bytes, path: Path, name: str = "path") -> None:
+    """A NUL byte past the first ``_HEAD`` bytes (:func:`_refuse_binary` reads those) of the
+    file ``path`` (``raw``: its bytes, whole; ``name``: the argument that gave it), named
     with its line: numpy's bytes arrays drop a token's trailing NULs, so ``20\\0`` was read
-    as the item id 20 and ``3\\0`` as the rating 3, silently.  One search of the bytes."""
+    as the item id 20 and ``3\\0`` as the rating 3, silently, and an item or user file's
+    ``Dra\\0ma`` was a genre of its own (a feature column).  One search of the bytes."""
     at = raw.find(b"\x00")
     if at >= 0:
-        raise _nul_error(raw, at, path, "path")
+        raise _nul_error(raw, at, path, name)
 
 
 def _nul_error(raw: bytes, at: int, path: Path, name: str) -> ValueError:
@@ -1947,10 +1955,11 @@ def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -
 
     Raises:
         ValueError: a missing file, an unsupported format, a compressed or
-            binary file (a zip, gzip, bzip2 or xz file, a NUL byte in its first
-            4096 bytes: the message gives its line), a ``"csv"`` file that is
-            not UTF-8 (the message gives the line and byte and how to re-encode
-            it), a malformed line, an item id on two lines.
+            binary file (a zip, gzip, bzip2 or xz file), a NUL byte anywhere (the
+            message gives its line; in the first 4096 bytes, that the file looks
+            binary or UTF-16), a ``"csv"`` file that is not UTF-8 (the message
+            gives the line and byte and how to re-encode it), a malformed line,
+            an item id on two lines.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` not a
             str, ``item_map`` not a dict.
 
@@ -2048,9 +2057,9 @@ def read_user_features(path: _PathLike, format: str, user_map: Dict[Any, int]) -
 
     Raises:
         ValueError: a missing file, an unsupported format, a compressed or
-            binary file (a zip, gzip, bzip2 or xz file, a NUL byte in its first
-            4096 bytes: the message gives its line), a malformed line, a user
-            id on two lines.
+            binary file (a zip, gzip, bzip2 or xz file), a NUL byte anywhere (the
+            message gives its line; in the first 4096 bytes, that the file looks
+            binary or UTF-16), a malformed line, a user id on two lines.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` not a
             str, ``user_map`` not a dict.
 
