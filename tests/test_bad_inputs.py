@@ -2599,7 +2599,8 @@ PROBE7 = [
          ValueError, r"ml-1m.zip is a zip archive .* extract it and give the rating file in it"),
     Case("read_ratings-utf16", lambda: read_ratings(_probe7_file(
         "ratings.dat", _ML1M.decode().encode("utf-16")), "ml-1m", titles=False), ValueError,
-         r"holds NUL bytes: a binary file or UTF-16 text"),
+         r"ratings\.dat, line 1: a NUL byte \(\\x00\), which no text file holds, got "
+         r"'\xff\xfe1\\x00.*' \(in its first 4096 bytes: a binary file or UTF-16 text"),
     Case("read_ratings-text-starting-BZh-works", lambda: read_ratings(_probe7_file(
         "r.txt", b"BZh 10 5\nx 10 4\n"), "text", titles=False).user_ids(), None,
          check=lambda ids: ids == ["BZh", "x"]),

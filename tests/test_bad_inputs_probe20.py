@@ -58,9 +58,10 @@ _NUL_CASES: List[Case] = [
          ValueError, _nul(401)),
     Case("last-line-no-newline", _read("r.dat", _MANY + b"999::20::3::1\x00"), ValueError,
          _nul(401)),
-    # a NUL in the first 4096 bytes: the binary-file message, as before
+    # a NUL in the first 4096 bytes: the same wording, which says so
     Case("head-nul", _read("r.dat", b"1::10::4\x00::1\n"), ValueError,
-         r"holds NUL bytes: a binary file or UTF-16 text"),
+         _nul(1) + r"'1::10::4\\x00::1' \(in its first 4096 bytes: a binary file or UTF-16 "
+         r"text"),
     # without a NUL the same file reads (the reference)
     Case("no-nul", _read("r.dat", _MANY + b"999::20::3::1\n"), None,
          check=lambda r: len(r.rating) == 401 and 999 in r.user_map),
@@ -69,6 +70,127 @@ _NUL_CASES: List[Case] = [
 
 @pytest.mark.parametrize("case", _NUL_CASES, ids=[c.id for c in _NUL_CASES])
 def test_a_nul_past_the_head_is_refused_with_its_line(tmp_path, case):
+    run_case(case, tmp_path)
+
+
+def _nul_message(name: str, file: str, line: int, quote: str, head: bool) -> str:
+    """The one wording of a NUL byte's refusal (two before: "holds NUL bytes: ..." for the
+    first 4096 bytes, "a NUL byte (\x00), which ..." past them), whole."""
+    where = (r" \(in its first 4096 bytes: a binary file or UTF-16 text, not ASCII, UTF-8 or "
+             r"latin-1 text\)" if head else "")
+    return (rf"^{name}: .*{file}, line {line}: a NUL byte \(\\x00\), which no text file "
+            rf"holds, got '{quote}'{where}; save the file as UTF-8 text$")
+
+
+# 400 lines of 11 bytes: byte 4095 is the 4th character of line 373, byte 4096 its 5th
+_ELEVEN = b"".join(b"u%05d i 4\n" % u for u in range(400))
+
+
+def _nul_at(at: int) -> bytes:
+    return _ELEVEN[:at] + b"\x00" + _ELEVEN[at + 1:]
+
+
+def _side(name: str, data: bytes, reader: Callable[..., Any], fmt: str
+          ) -> Callable[[Path], Any]:
+    def call(tmp_path: Path) -> Any:
+        path = tmp_path / name
+        path.write_bytes(data)
+        return reader(path, fmt, {1: 0})
+    return call
+
+
+def _titles_from(data: bytes) -> Callable[[Path], Any]:
+    def call(tmp_path: Path) -> Any:
+        (tmp_path / "ratings.dat").write_bytes(b"1::1::4::1\n")
+        (tmp_path / "movies.dat").write_bytes(data)
+        return read_ratings(tmp_path / "ratings.dat").titles
+    return call
+
+
+def _csv_titles_from(data: bytes) -> Callable[[Path], Any]:
+    def call(tmp_path: Path) -> Any:
+        (tmp_path / "ratings.csv").write_bytes(b"1,1,4\n")
+        (tmp_path / "movies.csv").write_bytes(data)
+        return read_ratings(tmp_path / "ratings.csv").titles
+    return call
+
+
+# 400 item or user lines (ids 2 to 401: more than 4096 bytes) before the one of id 1
+_MOVIES_DAT = b"".join(b"%d::T::Comedy\n" % i for i in range(2, 402))
+_MOVIES_CSV = b"movieId,title,genres\n" + b"".join(b"%d,T,Comedy\n" % i for i in range(2, 402))
+_U_ITEM = b"".join(b"%d|T|d||u|1|0\n" % i for i in range(2, 402))
+_U_USER = b"".join(b"%d|24|F|writer|55105\n" % i for i in range(2, 402))
+
+
+def _detect(data: bytes) -> Callable[[Path], str]:
+    def call(tmp_path: Path) -> str:
+        path = tmp_path / "r.dat"
+        path.write_bytes(data)
+        return detect_format(path)
+    return call
+
+
+_ONE_NUL_WORDING: List[Case] = [
+    # in the first 4096 bytes (a binary file or UTF-16 text, likely): its line too now
+    Case("ratings-head", _read("r.dat", b"1::10::4::1\n2::20\x00::3::1\n"), ValueError,
+         _nul_message("path", r"r\.dat", 2, r"2::20\\x00::3::1", head=True)),
+    Case("ratings-byte-4095", _read("r.txt", _nul_at(4095)), ValueError,
+         _nul_message("path", r"r\.txt", 373, r"u00\\x0072 i 4", head=True)),
+    # past them: the same wording, without the binary-file clause
+    Case("ratings-byte-4096", _read("r.txt", _nul_at(4096)), ValueError,
+         _nul_message("path", r"r\.txt", 373, r"u003\\x002 i 4", head=False)),
+    Case("ratings-past-the-head", _read("r.dat", _MANY + b"999::20\x00::3::1\n"), ValueError,
+         _nul_message("path", r"r\.dat", 401, r"999::20\\x00::3::1", head=False)),
+    Case("detect-format", _detect(b"1::10::4\x00::1\n"), ValueError,
+         _nul_message("path", r"r\.dat", 1, r"1::10::4\\x00::1", head=True)),
+    Case("item-features", _side("movies.dat", b"1::A::Drama\n2::B\x00::Drama\n",
+                                read_item_features, "ml-1m"), ValueError,
+         _nul_message("path", r"movies\.dat", 2, r"2::B\\x00::Drama", head=True)),
+    Case("user-features", _side("u.user", b"1|24|M|x\x00|85711\n", read_user_features,
+                                "ml-100k"), ValueError,
+         _nul_message("path", r"u\.user", 1, r"1\|24\|M\|x\\x00\|85711", head=True)),
+    Case("titles", _titles_from(b"1::A\x00::Drama\n"), ValueError,
+         _nul_message("titles", r"movies\.dat", 1, r"1::A\\x00::Drama", head=True)),
+    # past them in an item or user file (read whole, as text): refused too; 'Dra\0ma' was
+    # a genre of its own, 'writ\0er' an occupation (a feature column each), silently
+    Case("item-ml-1m-past-the-head", _side("movies.dat", _MOVIES_DAT + b"1::A::Dra\x00ma\n",
+                                           read_item_features, "ml-1m"), ValueError,
+         _nul_message("path", r"movies\.dat", 401, r"1::A::Dra\\x00ma", head=False)),
+    Case("item-csv-past-the-head", _side("movies.csv", _MOVIES_CSV + b"1,A,Dra\x00ma\n",
+                                         read_item_features, "csv"), ValueError,
+         _nul_message("path", r"movies\.csv", 402, r"1,A,Dra\\x00ma", head=False)),
+    Case("item-ml-100k-past-the-head", _side("u.item", _U_ITEM + b"1|A|d||u|0|1\x00\n",
+                                             read_item_features, "ml-100k"), ValueError,
+         _nul_message("path", r"u\.item", 401, r"1\|A\|d\|\|u\|0\|1\\x00", head=False)),
+    Case("user-past-the-head", _side("u.user", _U_USER + b"1|24|M|writ\x00er|55105\n",
+                                     read_user_features, "ml-100k"), ValueError,
+         _nul_message("path", r"u\.user", 401, r"1\|24\|M\|writ\\x00er\|55105", head=False)),
+    Case("titles-past-the-head", _titles_from(_MOVIES_DAT + b"1::A\x00::Drama\n"), ValueError,
+         _nul_message("titles", r"movies\.dat", 401, r"1::A\\x00::Drama", head=False)),
+    Case("titles-csv-past-the-head", _csv_titles_from(_MOVIES_CSV + b"1,A\x00,Drama\n"),
+         ValueError, _nul_message("titles", r"movies\.csv", 402, r"1,A\\x00,Drama",
+                                  head=False)),
+    Case("utf-16", _read("r.dat", "1::10::4::1\n".encode("utf-16-le")), ValueError,
+         _nul_message("path", r"r\.dat", 1, r"1\\x00:\\x00:.*", head=True)),
+    # the references: no NUL, no refusal
+    Case("no-nul-4096", _read("r.txt", _ELEVEN), None, check=lambda r: len(r.rating) == 400),
+    Case("no-nul-detect", _detect(b"1::10::4::1\n"), None, check=lambda f: f == "ml-1m"),
+    Case("no-nul-item", _side("movies.dat", _MOVIES_DAT + b"1::A::Drama\n", read_item_features,
+                              "ml-1m"), None, check=lambda f: f.tolist() == [[0.0, 1.0]]),
+    Case("no-nul-item-csv", _side("movies.csv", _MOVIES_CSV + b"1,A,Drama\n",
+                                  read_item_features, "csv"), None,
+         check=lambda f: f.tolist() == [[0.0, 1.0]]),
+    Case("no-nul-user", _side("u.user", _U_USER + b"1|24|M|writer|55105\n", read_user_features,
+                              "ml-100k"), None, check=lambda f: f[0, 0].item() == 0.0),
+    Case("no-nul-titles", _titles_from(_MOVIES_DAT + b"1::A::Drama\n"), None,
+         check=lambda t: t == ["A"]),
+    Case("no-nul-titles-csv", _csv_titles_from(_MOVIES_CSV + b"1,A,Drama\n"), None,
+         check=lambda t: t == ["A"]),
+]
+
+
+@pytest.mark.parametrize("case", _ONE_NUL_WORDING, ids=[c.id for c in _ONE_NUL_WORDING])
+def test_a_nul_byte_is_refused_in_one_wording_wherever_it_lies(tmp_path, case):
     run_case(case, tmp_path)
 
 
@@ -138,7 +260,7 @@ def _gzip(path: Path) -> Path:
            r"a text file; extract it and give the item file in it$"),
     (_gzip, r"titles: .*movies\.zip is gzip-compressed"),
     (lambda p: (p.write_bytes(b"10::A\x00::Drama\n"), p)[1],
-     r"titles: .*movies\.zip holds NUL bytes"),
+     r"titles: .*movies\.zip, line 1: a NUL byte \(\\x00\), which no text file holds"),
 ], ids=["zip", "gzip", "nul"])
 def test_a_binary_titles_file_is_named(tmp_path, make, match):
     """A zip given as titles= was read as text: 'the item id must be an integer, got
@@ -214,6 +336,34 @@ _CR_CASES: List[Case] = [
          ValueError, r"line 2: expected 4 fields, got 3: '1::10::4'$"),
     # CRLF and a last line ending in a lone \r read as before
     Case("crlf-and-final-cr", _read("r.dat", b"1::10::4::1\r\n2::20::3::1\n3::30::5::1\r"), None,
+         check=lambda r: r.rating.tolist() == [4.0, 3.0, 5.0]),
+    # 3 or 4 lines of no whitespace are one 'text' line of 3 or 4 fields: the field count
+    # passed and the 'rating' '3::30::5::102' failed with no word of the '\r'
+    Case("cr-only-auto-3-lines", _read("r.dat", b"1::10::4::100\r2::20::3::101\r3::30::5::102\r"),
+         ValueError, r"r\.dat, line 1: expected lines ending in '\\n' \(or '\\r\\n'\), got "
+                     r"'1::10::4::100\\r2::20::3::101\\r3::30::5::102'; " + _CR + r".* \(format "
+                     r"'auto' read r\.dat as 'text', from its first line"),
+    Case("cr-only-auto-4-lines", _read("r.dat", b"1::10::4::1\r2::20::3::1\r3::30::5::1\r"
+                                                b"4::40::1::1"),
+         ValueError, r"line 1: expected lines ending in '\\n' \(or '\\r\\n'\), got "
+                     r"'1::10::4::1\\r2::20::3::1\\r3::30::5::1\\r4::40::1::1'; " + _CR),
+    Case("cr-only-auto-csv-3-lines", _read("r.csv", b"1,10,4\r2,20,3\r3,30,5\r"), ValueError,
+         r"line 1: expected lines ending in .*; " + _CR),
+    Case("cr-only-auto-csv-header-2-lines", _read("r.csv", b"u,i,r\r1,10,4\r2,20,3\r"),
+         ValueError, r"line 1: expected lines ending in .*'u,i,r\\r1,10,4\\r2,20,3'; " + _CR),
+    Case("cr-only-text-3-lines", _read("r.txt", b"a\rb\rc\r", format="text"), ValueError,
+         r"line 1: expected lines ending in '\\n' \(or '\\r\\n'\), got 'a\\rb\\rc'; " + _CR
+         + r" .*convert them to '\\n'$"),
+    # one line, its break a lone '\r' or none, reads as before
+    Case("one-line-cr-ml-1m", _read("r.dat", b"1::10::4::100\r"), None,
+         check=lambda r: r.rating.tolist() == [4.0]),
+    Case("one-line-cr-csv", _read("r.csv", b"1,10,4\r"), None,
+         check=lambda r: r.rating.tolist() == [4.0]),
+    Case("one-line-cr-text", _read("r.txt", b"a b 4 100\r"), None,
+         check=lambda r: r.user_map == {"a": 0} and r.rating.tolist() == [4.0]),
+    Case("one-line-no-break", _read("r.txt", b"a b 4"), None,
+         check=lambda r: r.rating.tolist() == [4.0]),
+    Case("crlf-3-lines", _read("r.dat", b"1::10::4::1\r\n2::20::3::1\r\n3::30::5::1\r\n"), None,
          check=lambda r: r.rating.tolist() == [4.0, 3.0, 5.0]),
 ]
 

@@ -6,7 +6,8 @@ import warnings
 import pytest
 import torch
 
-from nnsparse.data import FORMATS, Ratings, read_item_features, read_ratings, read_split
+from nnsparse.data import (FORMATS, Ratings, detect_format, read_item_features,
+                           read_ratings, read_split, read_user_features)
 
 # (format, rating file name, its content, title file name, its content (bytes))
 FILES = {
@@ -403,8 +404,97 @@ def test_undecodable_files_are_named(tmp_path):
     ratings = tmp_path / "ratings.csv"
     ratings.write_text("userId,movieId,rating,timestamp\n1,2,3.5,0\n")
     (tmp_path / "movies.csv").write_bytes("movieId,title\n2,Caf\xe9\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"movies\.csv: the item file is not UTF-8 text"):
+    with pytest.raises(ValueError, match=r"titles: .*movies\.csv, line 2: expected UTF-8 text"):
         read_ratings(ratings, "csv")
+
+
+# Every public reader on a latin-1 file (MovieLens-100K's u.item and -1M's movies.dat are
+# latin-1): each reads it as latin-1 where its format is, or refuses it by name.  A latin-1
+# movies.csv raised the codec's UnicodeDecodeError from read_item_features (no path, no
+# line; its offset counted from a read chunk), and its titles named no line.
+_CAFE = "Caf\u00e9 (1995)".encode("latin-1")
+_FLAGS = b"|".join([b"0"] * 18 + [b"1"])
+_NOT_UTF8 = (r"expected UTF-8 text \(MovieLens movies\.csv is UTF-8\), got the byte b'\\xe9' "
+             r"\(invalid continuation byte, byte {byte} of the file\) in '{line}'; re-encode "
+             r"it as UTF-8 \(from latin-1: iconv -f latin1 -t utf-8\)")
+_MOVIES_CSV = b"movieId,title,genres\n1," + _CAFE + b",Drama\n"
+_LONG_CSV = (b"movieId,title,genres\n" + b"".join(b"%d,A,Comedy\n" % i for i in range(2, 900))
+             + b"1," + _CAFE + b",Drama\n")
+
+
+def _write(tmp_path, files):
+    """``files`` (name -> bytes) written into ``tmp_path``: name -> path."""
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    return {name: tmp_path / name for name in files}
+
+
+def _titles(files, fmt):
+    """A call reading the titles of the rating file among ``files`` (the directory's)."""
+    return lambda p: (_write(p, files), read_ratings(p, fmt).titles)[1]
+
+
+_LATIN1 = [
+    # (id, call on tmp_path, error (None: it reads), regex or expected result)
+    ("item-ml-100k", lambda p: read_item_features(_write(p, {
+        "u.item": b"1|" + _CAFE + b"|01-Jan-1995||http://x|" + _FLAGS + b"\n"})["u.item"],
+        "ml-100k", {1: 0}).tolist(), None, [[0.0] * 18 + [1.0]]),
+    ("item-ml-1m", lambda p: read_item_features(_write(p, {
+        "movies.dat": b"1::" + _CAFE + b"::Drama\n"})["movies.dat"], "ml-1m", {1: 0}).tolist(),
+     None, [[1.0]]),
+    ("user-ml-100k", lambda p: read_user_features(_write(p, {
+        "u.user": b"1|24|M|t\xe9cnico|85711\n"})["u.user"], "ml-100k", {1: 0})[0, -1].item(),
+     None, 1.0),
+    ("user-ml-1m", lambda p: read_user_features(_write(p, {
+        "users.dat": b"1::F::1::10::4\xe9\n"})["users.dat"], "ml-1m", {1: 0})[0, 0].item(),
+     None, 1.0),
+    ("titles-ml-100k", _titles({"u.data": b"1\t1\t4\t0\n", "u.item": b"1|" + _CAFE + b"|d||u|"
+                                + _FLAGS + b"\n"}, "ml-100k"), None, ["Caf\u00e9 (1995)"]),
+    ("titles-ml-1m", _titles({"ratings.dat": b"1::1::4::0\n",
+                              "movies.dat": b"1::" + _CAFE + b"::Drama\n"}, "ml-1m"),
+     None, ["Caf\u00e9 (1995)"]),
+    ("detect-format", lambda p: detect_format(_write(p, {"r.txt": b"jos\xe9 a 4\n"})["r.txt"]),
+     None, "text"),
+    # a latin-1 movies.csv: refused by name (MovieLens movies.csv is UTF-8), with its line
+    ("item-csv", lambda p: read_item_features(_write(p, {"movies.csv": _MOVIES_CSV})
+                                              ["movies.csv"], "csv", {1: 0}),
+     ValueError, r"^path: .*movies\.csv, line 2: " + _NOT_UTF8.format(
+         byte=_MOVIES_CSV.index(b"\xe9"), line="1,Caf\u00e9 \\(1995\\),Drama") + "$"),
+    ("item-csv-past-a-chunk", lambda p: read_item_features(_write(p, {"movies.csv": _LONG_CSV})
+                                                           ["movies.csv"], "csv", {1: 0}),
+     ValueError, r"^path: .*movies\.csv, line 900: " + _NOT_UTF8.format(
+         byte=_LONG_CSV.index(b"\xe9"), line="1,Caf\u00e9 \\(1995\\),Drama")),
+    ("titles-csv", _titles({"ratings.csv": b"1,1,4\n", "movies.csv": _MOVIES_CSV}, "csv"),
+     ValueError, r"^titles: .*movies\.csv, line 2: " + _NOT_UTF8.format(
+         byte=_MOVIES_CSV.index(b"\xe9"), line="1,Caf\u00e9 \\(1995\\),Drama")
+     + ", or pass titles=False$"),
+    # latin-1 string ids: refused by name, with the same advice
+    ("ratings-text", lambda p: read_ratings(_write(p, {"r.txt": b"jos\xe9 a 4\n"})["r.txt"]),
+     ValueError, r"r\.txt, line 1: the user id is not UTF-8 text \(unexpected end of data at "
+                 r"byte 3\): b'jos\\xe9'; the file must be UTF-8 encoded: re-encode it as UTF-8 "
+                 r"\(from latin-1: iconv -f latin1 -t utf-8\)"),
+    ("ratings-csv", lambda p: read_ratings(_write(p, {"r.csv": b"u,i,r\nb,jos\xe9,4\n"})["r.csv"],
+                                           "csv"),
+     ValueError, r"r\.csv, line 2: the item id is not UTF-8 text .*; the file must be UTF-8 "
+                 r"encoded: re-encode it as UTF-8 \(from latin-1: iconv -f latin1 -t utf-8\)$"),
+    ("read-split", lambda p: read_split(*(lambda d: (d["a.txt"], d["b.txt"]))(_write(p, {
+        "a.txt": b"a b 4\n", "b.txt": b"jos\xe9 b 4\n"}))),
+     ValueError, r"b\.txt, line 1: the user id is not UTF-8 text .*iconv -f latin1 -t utf-8"),
+    # ids of the MovieLens formats are integers: the latin-1 byte quoted as latin-1
+    ("ratings-ml-1m", lambda p: read_ratings(_write(p, {"r.dat": b"1::1\xe9::4::0\n"})["r.dat"],
+                                             "ml-1m"),
+     ValueError, r"r\.dat, line 1: the item id must be an integer, got '1\u00e9'$"),
+]
+
+
+@pytest.mark.parametrize("case", _LATIN1, ids=[c[0] for c in _LATIN1])
+def test_every_reader_on_a_latin1_file(tmp_path, case):
+    _, call, error, expected = case
+    if error is None:
+        assert call(tmp_path) == expected
+        return
+    with pytest.raises(error, match=expected):
+        call(tmp_path)
 
 
 def test_wrong_format_is_detected(tmp_path):

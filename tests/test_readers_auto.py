@@ -8,7 +8,8 @@ import zipfile
 import pytest
 import torch
 
-from nnsparse.data import detect_format, read_ratings, read_split
+from nnsparse.data import (detect_format, read_item_features, read_ratings, read_split,
+                           read_user_features)
 
 # layout -> (its format, its rating file, {file name: content}); item files as the downloads
 # have them: u.item and movies.dat in latin-1, movies.csv in UTF-8
@@ -105,6 +106,50 @@ def test_item_file_titles_in_utf8_or_latin1(tmp_path, name, fmt, line, encoding,
     title = line.split(sep)[1]
     assert read_ratings(ratings).titles == ["Plain (1990)", title]
     assert read_ratings(tmp_path, fmt).titles == ["Plain (1990)", title]
+
+
+_B = b"\xef\xbb\xbf"  # a UTF-8 byte order mark
+_MOVIES_DAT = b"1::A (1995)::Drama\n2::B (1996)::Comedy|Drama\n"
+_U_ITEM = (b"1|A (1995)|01-Jan-1995||u|" + b"|".join([b"0"] * 18 + [b"1"]) + b"\n"
+           b"2|B (1996)|01-Jan-1996||u|" + b"|".join([b"1"] + [b"0"] * 18) + b"\n")
+_MOVIES_CSV = b"movieId,title,genres\n1,A (1995),Drama\n2,B (1996),Comedy|Drama\n"
+_USERS_DAT = b"1::F::1::10::48067\n2::M::56::16::70072\n"
+_U_USER = b"1|24|M|technician|85711\n2|53|F|other|94043\n"
+# format -> (rating file, item file, user file): its side files beside one rating file
+_SIDE = {"ml-1m": ("ratings.dat", b"1::1::4::0\n2::2::3::0\n", "movies.dat", _MOVIES_DAT,
+                   "users.dat", _USERS_DAT),
+         "ml-100k": ("u.data", b"1\t1\t4\t0\n2\t2\t3\t0\n", "u.item", _U_ITEM, "u.user", _U_USER),
+         "csv": ("ratings.csv", b"1,1,4\n2,2,3\n", "movies.csv", _MOVIES_CSV, None, None)}
+
+
+@pytest.mark.parametrize("fmt", list(_SIDE))
+@pytest.mark.parametrize("head", [
+    _B, _B + b"\n", _B + b"\r\n", _B + b"  \n", _B + b"\n\n", b"\n", b"\r\n \n", _B + b"\r",
+], ids=["bom", "bom-blank-line", "bom-crlf-blank-line", "bom-spaces", "bom-two-blank-lines",
+        "blank-line", "blank-lines", "bom-cr"])
+def test_item_and_user_files_read_a_byte_order_mark_as_the_titles_do(tmp_path, fmt, head):
+    """Titles and side features read a file with one helper (_side_lines, _without_bom): a
+    byte order mark alone on the first line was a blank line to the titles and a malformed
+    line 1 to read_item_features and read_user_features ("expected 'id::title::genres'");
+    a movies.csv header after a blank line was read as the item 'movieId' of the genre
+    'genres' (an extra feature column), the header of the titles too."""
+    rating_name, ratings, item_name, items, user_name, users = _SIDE[fmt]
+    plain, headed = tmp_path / "plain", tmp_path / "headed"
+    for directory, prefix in ((plain, b""), (headed, head)):
+        directory.mkdir()
+        (directory / rating_name).write_bytes(ratings)
+        (directory / item_name).write_bytes(prefix + items)
+        if user_name:
+            (directory / user_name).write_bytes(prefix + users)
+    reference = read_ratings(plain)
+    assert reference.titles == ["A (1995)", "B (1996)"]
+    assert read_ratings(headed).titles == reference.titles
+    features = read_item_features(headed / item_name, fmt, reference.item_map)
+    expected = read_item_features(plain / item_name, fmt, reference.item_map)
+    assert features.shape == expected.shape and torch.equal(features, expected)
+    if user_name:
+        assert torch.equal(read_user_features(headed / user_name, fmt, reference.user_map),
+                           read_user_features(plain / user_name, fmt, reference.user_map))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

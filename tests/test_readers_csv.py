@@ -112,7 +112,8 @@ BAD = [
      r"\(lines 2, 4\); keep one rating per pair$", "csv"),
     ("non-utf8-id", "u,i,r\nJosé,a,4\n".encode("latin-1"),
      r"line 2: the user id is not UTF-8 text \(unexpected end of data at byte 3\): "
-     r"b'Jos\\xe9'; the file must be UTF-8 encoded$", "csv"),
+     r"b'Jos\\xe9'; the file must be UTF-8 encoded: re-encode it as UTF-8 \(from latin-1: "
+     r"iconv -f latin1 -t utf-8\)$", "csv"),
     ("trailing-comma", b"u,i,r\n1,2,3,\n",
      r"line 2: a line starts or ends with the separator ','", "csv"),
     ("detected-3-col-then-4-fields", b"u,i,r\n1,2,3\n1,3,4,5\n",

@@ -48,6 +48,9 @@ _CHOICES: Tuple[str, ...] = ("auto",) + FORMATS
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 #: The UTF-8 byte order mark some editors put at the start of a text file.
 _BOM = b"\xef\xbb\xbf"
+#: The first bytes of a file that :func:`_refuse_binary` reads (a NUL among them: a binary
+#: file or UTF-16 text, not a stray byte in a text file)
+_HEAD = 4096
 
 
 def _path(path: _PathLike) -> Path:
@@ -608,7 +611,9 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
     fields raises ``ValueError`` with its number, quoted from ``original`` (the
     bytes before the separators were replaced; default ``raw``) as the file holds it,
     then ``why`` (where the count comes from) unless it is the first line, and a hint
-    when the line is one of another format than ``fmt``.
+    when the line is one of another format than ``fmt``.  A first non-blank line
+    holding a lone ``'\\r'`` between two fields' characters (a file whose lines end
+    in ``'\\r'`` alone) raises ``ValueError`` too, whatever its field count.
     """
     buf = np.frombuffer(raw, dtype=np.uint8)
     space = _SPACE[buf]
@@ -618,34 +623,43 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
     n_lines = len(newlines) + 1
     counts = np.bincount(line_of_token, minlength=n_lines)
     first = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    lines = np.flatnonzero(counts)
+    written = np.flatnonzero(counts)  # the non-blank lines, the header's too
+    lines = written
     only = "empty file"
     if header and len(lines):
         lines = lines[1:]
         only = "a header line and no rating line"
     lo, hi = fields
     bad = lines[(counts[lines] < lo) | (counts[lines] > hi)]
+
+    def shown(number: int) -> str:
+        """Line ``number`` (0-based) as the file holds it: '1::10::4', not the tokeniser's
+        '1 10 4' (a one-byte separator keeps the offsets, '::' does not: its own newlines
+        then, found only for a refusal)."""
+        text = raw if original is None else original
+        return _line(text, newlines if text is raw or len(text) == len(raw) else
+                     np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == 10), number)
+
     if len(bad):
         number = int(bad[0])
         want = f"{lo}" if lo == hi else f"{lo} to {hi}"
-        # quoted as the file holds it: '1::10::4', not the tokeniser's '1 10 4' (a
-        # one-byte separator keeps the offsets, '::' does not: its own newlines then)
-        shown = raw if original is None else original
-        line = _line(shown, newlines if shown is raw or len(shown) == len(raw) else
-                     np.flatnonzero(np.frombuffer(shown, dtype=np.uint8) == 10), number)
-        # the format hint reads the whole line: cut to its first 200 characters, a line
-        # of the very format being read could show the field count that format takes
-        quote = (f"{line!r}" if len(line) <= _QUOTED else
-                 f"{line[:_QUOTED]!r} (its first {_QUOTED} of {len(line)} characters)")
-        why = why if number != int(np.flatnonzero(counts)[0]) else ""
-        # a '\r' between two fields' characters ends a line an editor shows; not one beside
-        # a separator (a space in raw: '1::10\r::4' is a stray '\r' in a short line), nor
-        # a CRLF line's (stripped)
-        if "\r" in line and _JOINED.search(_line(raw, newlines, number)):
-            why += ("; it holds a '\\r' with no newline after it: a file whose lines end in "
-                    "'\\r' alone (classic Mac OS) reads as one line; convert them to '\\n'")
+        line = shown(number)
+        why = why if number != int(written[0]) else ""
+        if _lone_cr(raw, newlines, number):
+            why += "; " + _LONE_CR
         raise ValueError(f"{path}, line {number + 1}: expected {want} fields, got "
-                         f"{counts[number]}: {quote}{why}{_other_format(line, fmt)}")
+                         f"{counts[number]}: {_quote(line)}{why}{_other_format(line, fmt)}")
+    # A file whose lines end in a lone '\r' is one line, of as many fields as its lines
+    # hold: 2 and 5 or more whitespace-free lines fail the count above, with the hint,
+    # but 3 or 4 ('1::10::4::1\r2::20::3::1\r3::30::5::1', detected as 'text' from that
+    # one line) pass it as one rating, and failed on its 'rating' '3::30::5::1' with no
+    # word why.  Such a file's first line tells (one line read; a legit file's first
+    # line holds no '\r' but a CRLF's or a last one's, which _JOINED skips).
+    if len(written) and _lone_cr(raw, newlines, int(written[0])):
+        number = int(written[0])
+        raise ValueError(f"{path}, line {number + 1}: expected lines ending in '\\n' (or "
+                         f"'\\r\\n'), got {_quote(shown(number))}; "
+                         f"{_LONE_CR}")
     if len(lines) == 0:
         raise ValueError(f"{path} holds no ratings ({only})")
     ends = np.flatnonzero(~space & np.concatenate((space[1:], [True]))) + 1
@@ -654,6 +668,26 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
 
 #: a '\r' (or a run of them: blank lines) with no space on either side
 _JOINED = re.compile(r"\S\r+\S")
+#: The hint of a refusal of a line holding such a '\r' (:func:`_lone_cr`)
+_LONE_CR = ("it holds a '\\r' with no newline after it: a file whose lines end in '\\r' "
+            "alone (classic Mac OS) reads as one line; convert them to '\\n'")
+
+
+def _lone_cr(raw: bytes, newlines: np.ndarray, number: int) -> bool:
+    """Whether line ``number`` (0-based) of ``raw`` (the separators made spaces) holds a
+    ``'\\r'`` between two fields' characters: the end of a line an editor shows.  Not one
+    beside a separator (a space in ``raw``: ``'1::10\\r::4'`` is a stray ``'\\r'`` in a
+    short line), nor a CRLF line's (stripped)."""
+    line = _line(raw, newlines, number)
+    return "\r" in line and _JOINED.search(line) is not None
+
+
+def _quote(line: str) -> str:
+    """``line`` quoted for a refusal, cut to its first ``_QUOTED`` characters (the format
+    hint reads the whole line: a line of the very format being read could show, cut, the
+    field count that format takes)."""
+    return (f"{line!r}" if len(line) <= _QUOTED else
+            f"{line[:_QUOTED]!r} (its first {_QUOTED} of {len(line)} characters)")
 
 
 def _other_format(line: str, read_as: Optional[str] = None) -> str:
@@ -804,7 +838,7 @@ def _ids(tokens: _Tokens, index: np.ndarray, path: str, line: np.ndarray,
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}, line {line[k]}: the {what} id is not UTF-8 text "
                                  f"({e.reason} at byte {e.start}): {token!r}; the file must "
-                                 "be UTF-8 encoded") from None
+                                 f"be UTF-8 encoded: {_REENCODE}") from None
         raise AssertionError("unreachable: decoding failed without a bad token") from None
     out[:] = [text[token] for token in picked]
     return out
@@ -955,23 +989,51 @@ def _read_titles(path: Path, fmt: str) -> Dict[Any, str]:
     """original item id -> title, from ``u.item``, ``movies.dat`` or ``movies.csv`` (a zip
     archive given as ``titles`` was read as text, its bytes quoted as an item id)."""
     _refuse_binary_file(path, "titles", "item file")
-    try:
-        return _parse_titles(path, fmt)
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: the item file is not UTF-8 text ({e.reason} at byte "
-                         f"{e.start}); MovieLens movies.csv is UTF-8: re-encode the file "
-                         "or pass titles=False") from None
+    return _parse_titles(path, fmt)
 
 
-def _csv_item_rows(path: Path) -> Iterator[Tuple[int, List[str]]]:
-    """``(line number, fields)`` of a ``movies.csv``, its first line skipped only when it
-    is a header (``movieId,title,genres``), not an item line: a file without a header
-    lost its first item."""
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        for number, row in enumerate(csv.reader(f), start=1):
-            if number == 1 and row and not _INT_TOKEN.fullmatch(row[0].strip()):
+def _csv_item_rows(path: Path, name: str = "path",
+                   fix: str = "") -> Iterator[Tuple[int, List[str]]]:
+    """``(line number, fields)`` of the non-blank lines of a ``movies.csv`` (as
+    :func:`_side_lines` gives the other item files'), its first one skipped only
+    when it is a header (``movieId,title,genres``), not an item line: a file without a
+    header lost its first item (and a header after a blank line, or after a byte order
+    mark and a line break, was read as the item ``'movieId'`` of the genre ``'genres'``).
+    The file must be UTF-8 (:func:`_utf8_text`: ``name`` gave it, ``fix`` ends the
+    refusal's advice) and hold no NUL byte (:func:`_refuse_nul`)."""
+    raw = path.read_bytes()
+    _refuse_nul(raw, path, name)
+    text = _utf8_text(raw, path, name, "MovieLens movies.csv is", fix)
+    header = True  # the first non-blank line may be a header
+    for number, row in enumerate(csv.reader(io.StringIO(text, newline="")), start=1):
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue  # a blank line (or one of spaces), as the other item files skip
+        if header:
+            header = False
+            if not _INT_TOKEN.fullmatch(row[0].strip()):
                 continue  # the header
-            yield number, row
+        yield number, row
+
+
+#: How a refusal of a file that is not UTF-8 says to fix it
+_REENCODE = "re-encode it as UTF-8 (from latin-1: iconv -f latin1 -t utf-8)"
+
+
+def _utf8_text(raw: bytes, path: Path, name: str, why: str, fix: str = "") -> str:
+    """``raw`` (the bytes of the file ``path``, given as the argument ``name``) decoded as
+    UTF-8, without a leading byte order mark (:func:`_without_bom`).  A ``ValueError``
+    names the first byte that is no UTF-8 (its line, quoted as latin-1, and its offset in
+    the file; ``why``: who else writes the file in UTF-8), with :data:`_REENCODE` and
+    ``fix``: the codec's ``UnicodeDecodeError`` named neither, and a file read in chunks
+    gave an offset into its chunk."""
+    try:
+        return _without_bom(raw.decode("utf-8"), 1)
+    except UnicodeDecodeError as e:
+        number, line = _line_at(raw, e.start)
+        raise ValueError(f"{name}: {path}, line {number}: expected UTF-8 text ({why} UTF-8), "
+                         f"got the byte {raw[e.start:e.start + 1]!r} ({e.reason}, byte "
+                         f"{e.start} of the file) in {_text(line).strip()[:_QUOTED]!r}; "
+                         f"{_REENCODE}{fix}") from None
 
 
 #: how a title file listing an item twice is fixed
@@ -982,9 +1044,7 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
     titles: Dict[Any, str] = {}
     seen: Dict[Any, int] = {}  # id -> its line: which title an id listed twice gets is no guess
     if fmt == "csv":
-        for number, row in _csv_item_rows(path):
-            if not row:
-                continue
+        for number, row in _csv_item_rows(path, "titles", ", or pass titles=False"):
             if len(row) < 2:
                 raise ValueError(f"{path}, line {number}: expected movieId,title,..., "
                                  f"got {row!r}")
@@ -993,11 +1053,8 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
             titles[key] = row[1]
         return titles
     sep = "|" if fmt == "ml-100k" else "::"
-    for number, line in enumerate(io.StringIO(_side_text(path), newline=None), start=1):
-        line = _without_bom(line, number)
-        if not line.strip():
-            continue
-        parts = line.rstrip("\r\n").split(sep)
+    for number, line in _side_lines(path, "titles"):
+        parts = line.split(sep)
         if len(parts) < 2:
             raise ValueError(f"{path}, line {number}: expected 'id{sep}title{sep}...', "
                              f"got {line.strip()[:200]!r}")
@@ -1007,14 +1064,30 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
     return titles
 
 
-def _side_text(path: Path) -> str:
+def _side_lines(path: Path, name: str = "path") -> Iterator[Tuple[int, str]]:
+    """``(line number, line)`` of the non-blank lines of a MovieLens item or user file (its
+    :func:`_side_text`, any line break), the line break stripped and a leading byte order
+    mark removed (:func:`_without_bom`) before a line is judged blank: the titles and the
+    side features read a file alike (a byte order mark alone on the first line was a
+    blank line to the titles, a malformed line to the features).  ``name``: the argument
+    that gave the file, which a NUL byte's refusal names (:func:`_side_text`)."""
+    for number, line in enumerate(io.StringIO(_side_text(path, name), newline=None), start=1):
+        line = _without_bom(line, number).rstrip("\r\n")
+        if line.strip():
+            yield number, line
+
+
+def _side_text(path: Path, name: str = "path") -> str:
     """The text of a MovieLens item or user file (``u.item``, ``movies.dat``, ``u.user``,
     ``users.dat``), for titles and side features alike: UTF-8 when its bytes are
     (MovieLens-10M's ``movies.dat``; its README: "encoded as UTF-8 ... a departure from
     previous MovieLens data sets"), else latin-1, which decodes any bytes (MovieLens-100K's
     ``u.item`` and -1M's ``movies.dat``, whose ``é`` is the one byte 0xE9: no valid UTF-8).
-    A byte order mark is left in, for :func:`_without_bom`."""
-    return _text(path.read_bytes())
+    A byte order mark is left in, for :func:`_without_bom`; a NUL byte anywhere is
+    refused (:func:`_refuse_nul`; ``name``: the argument that gave the file)."""
+    raw = path.read_bytes()
+    _refuse_nul(raw, path, name)
+    return _text(raw)
 
 
 def _text(raw: bytes) -> str:
@@ -1188,7 +1261,7 @@ def _first_line(path: Path) -> bytes:
     stripped; ``b""`` for a file of blank lines.  The file is read up to the end of that
     line only, however far it lies (blank lines first, or a line longer than a buffer)."""
     with open(path, "rb") as f:
-        _refuse_binary(f.read(4096), path)
+        _refuse_binary(_head(f), path)
         f.seek(0)
         for number, line in enumerate(f):
             if number == 0 and line.startswith(_BOM):
@@ -1239,8 +1312,9 @@ def detect_format(path: _PathLike) -> str:
 
     Raises:
         ValueError: a missing file, a directory with none or several rating files, a
-            compressed or binary file, an empty file (or one of blank lines), a first
-            line of comma-separated fields that are not 3 or 4.
+            compressed or binary file (a NUL byte in the first 4096 bytes: the message
+            gives its line), an empty file (or one of blank lines), a first line of
+            comma-separated fields that are not 3 or 4.
         TypeError: ``path`` not a str or ``os.PathLike``.
 
     Example::
@@ -1316,14 +1390,20 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
             (``"auto"``), an empty file, a file whose lines do not match
             ``format`` (the message names the file and its 1-based line
             number; an empty field between two separators, ``1,,2,5``, and a
-            quoted ``"csv"`` field too), a rating that is not a finite number or overflows
+            quoted ``"csv"`` field too), a file whose lines end in a lone
+            ``\r`` (classic Mac OS; the message says so, however many lines it
+            has), a rating that is not a finite number or overflows
             float32, a number written with ``_`` (``1_000``), a (user, item)
             pair rated more than once (the message gives its lines), ids or
-            an item file that are not UTF-8, an item file listing an item
+            a ``"csv"`` item file (``movies.csv``) that are not UTF-8 (the
+            message gives the line and byte and how to re-encode the file;
+            ``u.item`` and ``movies.dat`` are read as latin-1 when they are
+            not UTF-8, as MovieLens-100K's and -1M's are), an item file listing an item
             twice (which title it has would be a guess), a compressed file
             (gzip, bzip2, xz: decompress it first; an item file given as
-            ``titles`` too), a NUL byte anywhere in the file (the message gives
-            its line past the first 4096 bytes), map indices out of range.
+            ``titles`` too), a NUL byte anywhere in the file or the item file (the
+            message gives its line, and says when it lies in the first 4096
+            bytes: a binary or UTF-16 file), map indices out of range.
             A failed call leaves ``user_map`` and ``item_map`` unchanged.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` or
             ``unseen`` not a str, ``titles`` neither a bool nor a path, a map
@@ -1399,7 +1479,7 @@ def _read(path: Path, format: str, title_file: Optional[Path],
     (``auto``: ``format`` was detected, which a parsing error names)."""
     sep, fields, header, _ = _FORMATS[format]
     raw = path.read_bytes()
-    _refuse_binary(raw[:4096], path)
+    _refuse_binary(raw, path)
     _refuse_nul(raw, path)
     if raw.startswith(_BOM):  # before the header check: the BOM is no part of the first line
         raw = raw[len(_BOM):]
@@ -1739,8 +1819,10 @@ _AGES = (1, 18, 25, 35, 45, 50, 56)
 def _refuse_binary(head: bytes, path: Path, name: str = "path",
                    what: str = "rating file") -> None:
     """A compressed or binary file, read as text, failed on its first line with its bytes
-    quoted ("expected 4 fields, got 2: '\\x8b\\x08...'"): named here from its first bytes
-    (``name``: the argument that gave the file, a ``what``, which a zip's advice names)."""
+    quoted ("expected 4 fields, got 2: '\\x8b\\x08...'"): named here from its first
+    ``_HEAD`` bytes (``head``: those, or more of the file, whole, for the quote of a NUL's
+    line; ``name``: the argument that gave the file, a ``what``, which a zip's advice
+    names)."""
     for magic, kind, fix in _ARCHIVES:
         if head.startswith(magic) and (magic != b"BZh" or head[4:10] == b"1AY&SY"):
             if magic == b"PK\x03\x04":
@@ -1748,29 +1830,51 @@ def _refuse_binary(head: bytes, path: Path, name: str = "path",
                        f"extract it and give the {what} in it")
             raise ValueError(f"{name}: {path} is {kind} (it starts with {magic!r}), not a text "
                              f"file; {fix}")
-    if b"\x00" in head:
-        raise ValueError(f"{name}: {path} holds NUL bytes: a binary file or UTF-16 text, not "
-                         f"ASCII/UTF-8/latin-1 text; save it as UTF-8")
+    at = head.find(b"\x00", 0, _HEAD)
+    if at >= 0:
+        raise _nul_error(head, at, path, name)
 
 
 def _refuse_binary_file(path: Path, name: str, what: str) -> None:
     """:func:`_refuse_binary` of the file ``path``'s first bytes: an item or user file
     (``what``), given as the argument ``name``, that is read whole as text after."""
-    with open(path, "rb") as head:
-        _refuse_binary(head.read(4096), path, name, what)
+    with open(path, "rb") as f:
+        _refuse_binary(_head(f), path, name, what)
 
 
-def _refuse_nul(raw: bytes, path: Path) -> None:
-    """A NUL byte past the first 4096 bytes (:func:`_refuse_binary` reads those), named
+def _head(f: Any) -> bytes:
+    """The first ``_HEAD`` bytes of the binary file ``f`` (open at its start), which
+    :func:`_refuse_binary` checks, and the rest of their last line up to ``4 * _QUOTED``
+    bytes more: what its refusal quotes of a NUL's line (it was cut at byte 4096)."""
+    head = cast(bytes, f.read(_HEAD))
+    if len(head) == _HEAD and not head.endswith(b"\n"):
+        head += f.readline(4 * _QUOTED)
+    return head
+
+
+def _refuse_nul(raw: bytes, path: Path, name: str = "path") -> None:
+    """A NUL byte past the first ``_HEAD`` bytes (:func:`_refuse_binary` reads those) of the
+    file ``path`` (``raw``: its bytes, whole; ``name``: the argument that gave it), named
     with its line: numpy's bytes arrays drop a token's trailing NULs, so ``20\\0`` was read
-    as the item id 20 and ``3\\0`` as the rating 3, silently.  One search of the bytes."""
+    as the item id 20 and ``3\\0`` as the rating 3, silently, and an item or user file's
+    ``Dra\\0ma`` was a genre of its own (a feature column).  One search of the bytes."""
     at = raw.find(b"\x00")
-    if at < 0:
-        return
+    if at >= 0:
+        raise _nul_error(raw, at, path, name)
+
+
+def _nul_error(raw: bytes, at: int, path: Path, name: str) -> ValueError:
+    """The one refusal of a NUL byte at ``raw[at]``, for :func:`_refuse_binary` and
+    :func:`_refuse_nul` alike (two wordings, one per check, differed before: "holds NUL
+    bytes" and "a NUL byte"): its line quoted (``raw``: the file's bytes from its start,
+    whole for a rating file, :func:`_head` for an item or user file and detection), and,
+    in the first ``_HEAD`` bytes, what such a file likely is."""
     number, line = _line_at(raw, at)
-    raise ValueError(f"path: {path}, line {number}: a NUL byte (\\x00), "
-                     f"which no text file holds, got {_text(line).strip()[:_QUOTED]!r}; "
-                     f"save the file as UTF-8 text")
+    where = (f" (in its first {_HEAD} bytes: a binary file or UTF-16 text, not ASCII, UTF-8 "
+             f"or latin-1 text)" if at < _HEAD else "")
+    return ValueError(f"{name}: {path}, line {number}: a NUL byte (\\x00), which no text file "
+                      f"holds, got {_text(line).strip()[:_QUOTED]!r}{where}; save the file "
+                      f"as UTF-8 text")
 
 
 def _zip_fix(path: Path, fix: str) -> str:
@@ -1800,10 +1904,10 @@ _ARCHIVES = ((b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip)"),
 
 
 def _lines(path: Path, sep: str, what: str) -> List[Tuple[int, List[str]]]:
+    """The non-blank lines of an item or user file (``what``), split at ``sep``: the lines
+    the titles read (:func:`_side_lines`)."""
     _refuse_binary_file(path, "path", what)
-    lines = io.StringIO(_side_text(path), newline=None)
-    return [(n, _without_bom(line, n).rstrip("\r\n").split(sep))
-            for n, line in enumerate(lines, start=1) if line.strip()]
+    return [(n, line.split(sep)) for n, line in _side_lines(path)]
 
 
 def _feature_file(path: _PathLike, what: str) -> Path:
@@ -1902,10 +2006,19 @@ def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -
         absent from the file get a row of zeros.  For ml-1m and csv the
         genres are the sorted set of names in the file.
 
+    A leading UTF-8 byte order mark is skipped (a first line holding only one is a
+    blank line, as it is to the titles :func:`read_ratings` reads), and so are blank
+    lines; a ``"csv"`` file's first non-blank line is skipped when it is a header.
+    ``u.item`` and ``movies.dat`` are read as UTF-8 when they are, else as latin-1
+    (MovieLens-100K's and -1M's are latin-1); ``movies.csv`` must be UTF-8.
+
     Raises:
         ValueError: a missing file, an unsupported format, a compressed or
-            binary file (a zip, gzip, bzip2 or xz file, NUL bytes at its
-            start), a malformed line, an item id on two lines.
+            binary file (a zip, gzip, bzip2 or xz file), a NUL byte anywhere (the
+            message gives its line; in the first 4096 bytes, that the file looks
+            binary or UTF-16), a ``"csv"`` file that is not UTF-8 (the message
+            gives the line and byte and how to re-encode it), a malformed line,
+            an item id on two lines.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` not a
             str, ``item_map`` not a dict.
 
@@ -1957,12 +2070,11 @@ def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -
     if format == "csv":
         _refuse_binary_file(path, "path", "item file")
         for number, row in _csv_item_rows(path):
-            if row:
-                if len(row) < 3:
-                    raise ValueError(f"{path}, line {number}: expected movieId,title,genres")
-                key = _csv_item_id(row[0], path, number)
-                _once(seen, key, path, number, "item")
-                named[key] = row[2].split("|")
+            if len(row) < 3:
+                raise ValueError(f"{path}, line {number}: expected movieId,title,genres")
+            key = _csv_item_id(row[0], path, number)
+            _once(seen, key, path, number, "item")
+            named[key] = row[2].split("|")
     else:
         for number, parts in _lines(path, "::", "item file"):
             if len(parts) < 3:
@@ -1998,10 +2110,15 @@ def read_user_features(path: _PathLike, format: str, user_map: Dict[Any, int]) -
         float32 ``(len(user_map), 1 + 7 + n_occupations)``; users absent from
         the file get zeros.
 
+    The file is read as UTF-8 when it is, else as latin-1, as the item files
+    are; a leading UTF-8 byte order mark is skipped (a first line holding only
+    one is a blank line), and so are blank lines.
+
     Raises:
         ValueError: a missing file, an unsupported format, a compressed or
-            binary file (a zip, gzip, bzip2 or xz file, NUL bytes at its
-            start), a malformed line, a user id on two lines.
+            binary file (a zip, gzip, bzip2 or xz file), a NUL byte anywhere (the
+            message gives its line; in the first 4096 bytes, that the file looks
+            binary or UTF-16), a malformed line, a user id on two lines.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` not a
             str, ``user_map`` not a dict.
 
