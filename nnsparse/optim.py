@@ -170,7 +170,10 @@ class LazyAdam(Optimizer):
         super().load_state_dict(state_dict)
         for group in self.param_groups:
             for key, value in self.defaults.items():
-                group.setdefault(key, value)
+                # not torch's "differentiable", which its load (and a copy) adds to the
+                # defaults: a group reloaded from its own state gained the key
+                if key in _LAZY_KEYS:
+                    group.setdefault(key, value)
         for entry in self.state.values():
             # torch.optim.Adam's float32 tensor, a float, a numpy number: the int a step
             # advances (checked above to be a whole number >= 0)
@@ -723,6 +726,9 @@ _DEFAULTS = {"sgd": dict(lr=1e-3, eps=0.0, weight_decay=0.0),
              "adagrad": dict(lr=1e-2, eps=1e-10, weight_decay=0.0),
              "rowwise_adagrad": dict(lr=1e-2, eps=1e-10, weight_decay=0.0)}
 
+
+# LazyAdam's hyperparameters, the keys of its defaults
+_LAZY_KEYS = ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "dense_above")
 
 # the hyperparameters an InBackwardOptimizer reads (what _in_backward_hp makes)
 _HP_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "nesterov",
