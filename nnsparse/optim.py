@@ -303,6 +303,27 @@ def _check_lazy_group(group: Dict[str, Any], where: str, values: bool = True) ->
     as_flag(group.get("decoupled_weight_decay"), f"{where}['decoupled_weight_decay']")
 
 
+def _check_torch_groups(state_dict: Dict[str, Any], opt: Optimizer, where: str) -> None:
+    """The common hyperparameters of a torch part's saved groups (``lr``, ``eps``,
+    ``weight_decay``, ``momentum`` non-negative, ``betas`` in ``[0, 1)``), as torch's
+    constructors check them: torch's load takes any, and a negative ``lr`` loaded into
+    the ``torch.optim.Adam`` part of a :class:`~nnsparse.SplitOptimizer` or of an
+    :class:`InBackwardOptimizer` then ascended the loss at each step, where a LazyAdam
+    refuses it (its own load checks its groups)."""
+    groups = state_dict.get("param_groups")
+    if isinstance(opt, LazyAdam) or not isinstance(groups, list):
+        return  # (a list's absence: torch's own checks answer)
+    for i, group in enumerate(groups):
+        if not isinstance(group, dict):
+            continue
+        at = f"{where}['param_groups'][{i}]"
+        for key in ("lr", "eps", "weight_decay", "momentum"):
+            if key in group:
+                _check_non_negative(f"{at}[{key!r}]", group[key])
+        if "betas" in group:
+            _check_betas(group["betas"], f"{at}: betas")
+
+
 def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
                          required: Tuple[str, ...] = ()) -> None:
     """The per-parameter entries of an ``Optimizer.state_dict()`` against the parameters
@@ -1443,6 +1464,7 @@ class InBackwardOptimizer(Optimizer):
         if self.dense is not None:
             _check_state_entries(state_dict["dense"], self.dense, "state_dict['dense']",
                                  _state_keys(self.dense))
+            _check_torch_groups(state_dict["dense"], self.dense, "state_dict['dense']")
         rates = state_dict.get("lr", {})  # absent from older state dicts: the rates are kept
         if not isinstance(rates, dict):
             raise TypeError(f"state_dict['lr'] must be a dict of layer name -> learning rate "
