@@ -27,7 +27,7 @@ from torch.optim import Optimizer
 
 from . import _grad_origin, _rowopt
 from ._clip import clip_grad_norm_, clip_grad_value_
-from ._forms import _a, as_choice, as_flag, check_real, is_real, real_float
+from ._forms import _a, as_choice, as_flag, check_real, is_real, real_float, refuse_meta
 
 if TYPE_CHECKING:  # at run time _sparse_layers imports them itself
     from .layers.linear import SparseLinearBatch
@@ -197,6 +197,9 @@ class LazyAdam(Optimizer):
                     got = p.dtype if isinstance(p, Tensor) else type(p).__name__
                     raise TypeError(f"param_groups[{i}]['params'][{j}] must be a "
                                     f"floating-point tensor, got {got}")
+                if p.grad is not None:  # a step reads it (torch's "Tensor.item() cannot be
+                    # called on meta tensors" named no parameter)
+                    refuse_meta(p, f"param_groups[{i}]['params'][{j}]")
         work = [(p, p.grad, group) for group in self.param_groups for p in group["params"]
                 if p.grad is not None]
         for p, grad, _ in work:
