@@ -307,24 +307,34 @@ def _check_lazy_group(group: Dict[str, Any], where: str, values: bool = True) ->
 
 
 def _check_torch_groups(state_dict: Dict[str, Any], opt: Optimizer, where: str) -> None:
-    """The common hyperparameters of a torch part's saved groups (``lr``, ``eps``,
-    ``weight_decay``, ``momentum`` non-negative, ``betas`` in ``[0, 1)``), as torch's
-    constructors check them: torch's load takes any, and a negative ``lr`` loaded into
-    the ``torch.optim.Adam`` part of a :class:`~nnsparse.SplitOptimizer` or of an
-    :class:`InBackwardOptimizer` then ascended the loss at each step, where a LazyAdam
-    refuses it (its own load checks its groups)."""
+    """The common hyperparameters of a torch part's saved groups, as torch's constructors
+    check them: ``lr``, ``eps``, ``weight_decay``, ``momentum`` non-negative (and not NaN
+    nor infinite), a pair of ``betas`` in ``[0, 1)``.  torch's load takes any, and a
+    negative ``lr`` loaded into the ``torch.optim.Adam`` part of a
+    :class:`~nnsparse.SplitOptimizer` or of an :class:`InBackwardOptimizer` then ascended
+    the loss at each step, where a LazyAdam refuses it (its own load checks its groups).
+
+    Only numbers (Python or numpy reals, tensors: torch takes a tensor ``lr`` and
+    ``betas``) are checked: a part may be any ``Optimizer``, whose keys of the same names
+    can hold other things (``torch.optim.Adafactor``'s ``eps`` is a pair holding
+    ``None``, some optimisers outside torch take three ``betas``), left to it."""
     groups = state_dict.get("param_groups")
     if isinstance(opt, LazyAdam) or not isinstance(groups, list):
         return  # (a list's absence: torch's own checks answer)
+
+    def number(value: Any) -> bool:
+        return is_real(value) or isinstance(value, Tensor)
+
     for i, group in enumerate(groups):
         if not isinstance(group, dict):
             continue
         at = f"{where}['param_groups'][{i}]"
         for key in ("lr", "eps", "weight_decay", "momentum"):
-            if key in group:
+            if number(group.get(key)):
                 _check_non_negative(f"{at}[{key!r}]", group[key])
-        if "betas" in group:
-            _check_betas(group["betas"], f"{at}: betas")
+        betas = group.get("betas")
+        if isinstance(betas, (tuple, list)) and len(betas) == 2 and all(map(number, betas)):
+            _check_betas(betas, f"{at}: betas")
 
 
 def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,

@@ -16,7 +16,7 @@ from torch import nn
 
 from probe_cases import Case, run_case
 from nnsparse import (DynamicSparseTensor, SparseLinearBatch, SparseOutputLinear,
-                      make_optimizer, normalize, sampled_linear, sparse_parts)
+                      SplitOptimizer, make_optimizer, normalize, sampled_linear, sparse_parts)
 from nnsparse.distributed import init_from_env, is_distributed
 from nnsparse.optim import LazyAdam, apply_optimizer_in_backward, fused_step_optimizer
 
@@ -116,6 +116,54 @@ def _lazy_meta_step_without_grad() -> bool:
     return bool((q.detach() < 0).all())
 
 
+class _ThreeBetas(torch.optim.Optimizer):
+    """An optimiser outside torch with three ``betas`` (as Adan's), a pair ``eps`` holding
+    None (as torch's Adafactor) and a ``momentum`` that is not a number: its own keys."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, dict(lr=0.1, betas=(0.98, 0.92, 0.99), eps=(None, 1e-3),
+                                      momentum="auto"))
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.data.add_(p.grad, alpha=-group["lr"])
+
+
+def _split_part_reload(make: Callable[[Any], torch.optim.Optimizer],
+                       edit: Callable[[dict], None] = lambda group: None) -> bool:
+    """A :class:`SplitOptimizer` with one part ``make(params)``, stepped, loaded its own
+    state (each saved group passed through ``edit``), stepped again: the groups' checks
+    refuse only wrong numbers, not another optimiser's keys nor torch's tensor lr.  The
+    groups are then those loaded."""
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 2)
+    opt = SplitOptimizer({"part": make(lin.parameters())})
+    lin(_X).sum().backward()
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    for group in saved["part"]["param_groups"]:
+        edit(group)
+    opt.load_state_dict(saved)
+    lin(_X).sum().backward()
+    opt.step()
+    def keyed(groups: List[dict]) -> List[List[Any]]:
+        return [sorted((k, repr(v)) for k, v in group.items()) for group in groups]
+    return keyed(opt.state_dict()["part"]["param_groups"]) == keyed(saved["part"]["param_groups"])
+
+
+def _split_part_refused(make: Callable[[Any], torch.optim.Optimizer], key: str,
+                        value: Any) -> None:
+    def edit(group: dict) -> None:
+        group[key] = value
+    _split_part_reload(make, edit)
+
+
+_SGD = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True)  # noqa: E731
+_PART_GROUP = r"^state_dict\['part'\]\['param_groups'\]\[0\]"
+
+
 OPTIM_CASES: List[Case] = [
     Case("lazy_reload_own_state_keeps_groups", lambda: _reload_keeps_groups(False), None,
          check=bool),
@@ -142,6 +190,37 @@ OPTIM_CASES: List[Case] = [
     Case("in_backward_sgd_dense_part_negative_lr", lambda: _in_backward_refused_dense_lr(
         lambda m: apply_optimizer_in_backward(m, "sgd", lr=0.1, momentum=0.5)), None,
          check=bool),
+    # references: torch parts of other optimisers, and one outside torch, still load
+    Case("split_sgd_nesterov_part_reloads", lambda: _split_part_reload(_SGD), None, check=bool),
+    Case("split_sgd_dampening_part_reloads", lambda: _split_part_reload(
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5, dampening=0.5)), None, check=bool),
+    Case("split_adamw_part_reloads", lambda: _split_part_reload(torch.optim.AdamW), None,
+         check=bool),
+    Case("split_adagrad_part_reloads", lambda: _split_part_reload(torch.optim.Adagrad), None,
+         check=bool),
+    Case("split_rmsprop_part_reloads", lambda: _split_part_reload(
+        lambda p: torch.optim.RMSprop(p, momentum=0.5, centered=True)), None, check=bool),
+    Case("split_adam_tensor_lr_betas_part_reloads", lambda: _split_part_reload(
+        lambda p: torch.optim.Adam(p, lr=torch.tensor(0.01),
+                                   betas=(torch.tensor(0.9), torch.tensor(0.99)))), None,
+         check=bool),
+    Case("split_part_group_with_a_name_reloads", lambda: _split_part_reload(
+        torch.optim.AdamW, lambda g: g.update(name="dense")), None, check=bool),
+    Case("split_part_outside_torch_reloads", lambda: _split_part_reload(_ThreeBetas), None,
+         check=bool),
+    # a wrong number in any of those forms is still refused
+    Case("split_adam_tensor_lr_negative", lambda: _split_part_refused(
+        lambda p: torch.optim.Adam(p, lr=torch.tensor(0.01)), "lr", torch.tensor(-1.0)),
+         ValueError, _PART_GROUP + r"\['lr'\] must be non-negative, got -1\.0$"),
+    Case("split_adam_tensor_beta_one", lambda: _split_part_refused(
+        torch.optim.Adam, "betas", (torch.tensor(0.9), torch.tensor(1.0))), ValueError,
+         _PART_GROUP + r": betas must be in \[0, 1\), got \(tensor\(0\.9000\), "
+                       r"tensor\(1\.\)\)$"),
+    Case("split_sgd_negative_momentum", lambda: _split_part_refused(_SGD, "momentum", -0.9),
+         ValueError, _PART_GROUP + r"\['momentum'\] must be non-negative, got -0\.9$"),
+    Case("split_part_outside_torch_negative_lr", lambda: _split_part_refused(
+        _ThreeBetas, "lr", -0.1), ValueError,
+         _PART_GROUP + r"\['lr'\] must be non-negative, got -0\.1$"),
     Case("lazy_step_meta_parameter", _lazy_meta_step, ValueError,
          r"^param_groups\[0\]\['params'\]\[0\] must hold data, got a tensor on the meta "
          r"device$"),
