@@ -234,7 +234,8 @@ class LazyAdam(Optimizer):
                 ``torch.sparse_coo_tensor`` checks none by default; the gradients
                 nnsparse's sparse-gradient layers make are in range by
                 construction and not read: their step reads nothing back to the
-                host, on a GPU no synchronisation).
+                host, on a GPU no synchronisation), or a parameter with a gradient
+                on the meta device (it holds no data to update).
             NotImplementedError: a gradient of another layout than strided or
                 sparse COO, or a sparse one with a ``sparse_dim`` other than 1
                 (or 2 for a 2-D parameter).
