@@ -7,10 +7,12 @@ call must work, and ``check`` its result, against a reference where there is one
 """
 import copy
 import os
+import tempfile
 from typing import Any, Callable, List
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -332,6 +334,28 @@ def _init_with_port(port: str) -> Any:
         assert not is_distributed()
 
 
+def _joined_port_unread() -> bool:
+    """A group joined by hand before (a ``file://`` store, not ``env://``) in a launched
+    run: ``init_from_env`` joins nothing, so a ``MASTER_PORT`` it would not read (here
+    malformed) is not refused; the group's device comes back."""
+    env = dict(WORLD_SIZE="1", RANK="0", MASTER_PORT="unused")
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0,
+                                    world_size=1)
+            return init_from_env(device="cpu", timeout=5) == torch.device("cpu")
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 DIST_CASES: List[Case] = [
     Case("master_port_not_an_int", lambda: _init_with_port("notaport"), ValueError,
          r"^environment variable MASTER_PORT must be an integer, got 'notaport'$"),
@@ -339,6 +363,7 @@ DIST_CASES: List[Case] = [
          r"^environment variable MASTER_PORT must be an integer in \[0, 65536\), got '99999'$"),
     Case("master_port_negative", lambda: _init_with_port("-1"), ValueError,
          r"^environment variable MASTER_PORT must be an integer in \[0, 65536\), got '-1'$"),
+    Case("master_port_unread_in_a_joined_group", _joined_port_unread, None, check=bool),
 ]
 
 CASES = OPTIM_CASES + LAYER_CASES + NORMALIZE_CASES + BUILDER_CASES + DIST_CASES
