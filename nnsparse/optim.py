@@ -150,9 +150,10 @@ class LazyAdam(Optimizer):
         """``Optimizer.load_state_dict`` of a :class:`LazyAdam` or ``torch.optim.Adam`` /
         ``AdamW`` state, checked first (torch loads any shape, and the next step
         would fail half-way): each entry's ``step``, ``exp_avg`` and ``exp_avg_sq``,
-        of its parameter's shape, and the groups' hyperparameters.  Keys a group
-        lacks (a torch Adam state has no ``dense_above``) take this optimiser's
-        defaults.  The step count is kept as a Python int whatever form it comes
+        of its parameter's shape, and the groups' hyperparameters.  LazyAdam's
+        hyperparameters a group lacks (a torch Adam state has no ``dense_above``)
+        take this optimiser's defaults; a group gets no other key (not torch's
+        ``differentiable``, which its load adds to the defaults).  The step count is kept as a Python int whatever form it comes
         in (an int, a whole float, a one-element tensor such as torch's float32
         one), as :meth:`step` keeps it; ``torch.optim.Adam`` loads such a state
         too (it makes its own tensor of the count).
