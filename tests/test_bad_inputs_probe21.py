@@ -52,6 +52,24 @@ def _reload_keeps_groups(copied: bool) -> bool:
     return target.state_dict()["param_groups"] == saved["param_groups"]
 
 
+def _lazy_loads_extra_keys() -> bool:
+    """A LazyAdam state whose groups carry torch Adam's switches (off) and a user's key
+    (a group added with a ``name``), as a state saved on main (reloaded, with
+    ``differentiable``) or by torch's conventions has: loaded as saved, then stepped."""
+    opt = _stepped_lazy()
+    q = nn.Parameter(torch.ones(2))
+    opt.add_param_group({"params": [q], "name": "bias", "lr": 0.5})
+    q.grad = torch.ones(2)
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    for group in saved["param_groups"]:
+        group.update(differentiable=False, foreach=None, maximize=False, capturable=False,
+                     fused=None, amsgrad=False)
+    opt.load_state_dict(saved)
+    opt.step()
+    return opt.state_dict()["param_groups"] == saved["param_groups"] and bool((q < 0.5).all())
+
+
 def _split() -> Any:
     torch.manual_seed(0)
     model = nn.Sequential(SparseLinearBatch(4, 5, sparse_grad=True), nn.Linear(5, 2))
@@ -171,6 +189,7 @@ OPTIM_CASES: List[Case] = [
          check=bool),
     Case("lazy_reload_into_copy_keeps_groups", lambda: _reload_keeps_groups(True), None,
          check=bool),
+    Case("lazy_loads_torch_switches_and_user_keys", _lazy_loads_extra_keys, None, check=bool),
     Case("split_refused_by_sparse_part_keeps_state", lambda: _split_refused_load(
         "sparse", "lr", -1.0, r"^state_dict\['param_groups'\]\[0\]\['lr'\] must be "
                               r"non-negative, got -1\.0$"), None, check=bool),
