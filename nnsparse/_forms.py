@@ -996,6 +996,16 @@ def _dtype_hint(got: torch.dtype, dtype: torch.dtype) -> str:
     return f"; convert the input (x.to({dtype})){layer}{amp}"
 
 
+def _operand_dtype_hint(arg: str, got: torch.dtype, dtype: torch.dtype) -> str:
+    """The tail of "``arg`` must have input's dtype ``dtype``, got ``got``": an integer or
+    bool ``arg`` (a weight or bias) beside a floating input is the one to convert (the
+    input converted to it would be refused next, floating-point being needed); else
+    :func:`_dtype_hint`'s advice for the input."""
+    if dtype.is_floating_point and not (got.is_floating_point or got.is_complex):
+        return f"; convert {arg} ({arg}.to({dtype}))"
+    return _dtype_hint(dtype, got)
+
+
 def scipy_sparse_hint(x: Any, name: str) -> str:
     """The conversion to name when ``x`` is a scipy.sparse matrix or array (the common sparse
     form outside torch), for the end of a ``TypeError`` refusing it; ``""`` for anything else.

@@ -41,8 +41,8 @@ import torch
 from torch import Tensor
 
 from . import _index
-from ._forms import (SparseBatch, _check_csr, _dtype_hint, _version, as_device, as_flag,
-                     as_sparse_batch, check_kernel_dtype, compile_boundary)
+from ._forms import (SparseBatch, _check_csr, _dtype_hint, _operand_dtype_hint, _version,
+                     as_device, as_flag, as_sparse_batch, check_kernel_dtype, compile_boundary)
 from ._kernels import _sampled_by_column, _sampled_rows, _t_mm, _table_blocks, _table_mm
 
 __all__ = ["SparseParts", "sparse_parts"]
@@ -505,7 +505,7 @@ def _check_input(h: Any, weight: Tensor, pattern: SparseParts) -> None:
     if weight.dtype != h.dtype and not (h.is_floating_point()
                                         and torch.is_autocast_enabled(h.device.type)):
         raise ValueError(f"weight must have input's dtype {h.dtype}, got {weight.dtype}"
-                         f"{_dtype_hint(h.dtype, weight.dtype)}")
+                         f"{_operand_dtype_hint('weight', weight.dtype, h.dtype)}")
 
 
 def _gives_grad(weight: Tensor, bias: Optional[Tensor]) -> bool:

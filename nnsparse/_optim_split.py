@@ -23,8 +23,9 @@ from torch.optim import Optimizer
 
 from ._forms import as_flag
 from .optim import (_HOOK_TABLES, _NOT_PICKLED, InBackwardOptimizer, _check_state_entries,
-                     _closure_loss, _JoinedState, _kind_not_a_str, _load_with_hooks,
-                     _not_a_module, _state_dict_with_hooks, _state_keys, _step_part)
+                     _check_torch_groups, _closure_loss, _JoinedState, _kind_not_a_str,
+                     _load_with_hooks, _not_a_module, _state_dict_with_hooks, _state_keys,
+                     _step_part)
 
 __all__ = ["make_optimizer", "SplitOptimizer", "sparse_grad_parameters"]
 
@@ -290,6 +291,7 @@ class SplitOptimizer(Optimizer):
         for name, opt in self.optimizers.items():
             _check_state_entries(state_dict[name], opt, f"state_dict[{name!r}]",
                                  _state_keys(opt))
+            _check_torch_groups(state_dict[name], opt, f"state_dict[{name!r}]")
         before = {name: copy.deepcopy(opt.state_dict()) for name, opt in self.optimizers.items()}
         try:
             for name, opt in self.optimizers.items():

@@ -185,6 +185,9 @@ class DynamicSparseTensor:
         if ndim > _MAX_NDIM:  # one index buffer per dimension: 2**64 of them filled the memory
             raise ValueError(f"ndim must be at most {_MAX_NDIM} (one index buffer is kept per "
                              f"dimension), got {ndim}")
+        if reserve > _INT64_MAX // (8 * ndim):  # torch's "Storage size calculation overflowed"
+            raise ValueError(f"reserve must keep the storage below 2**63 bytes ({ndim} int64 "
+                             f"indices an entry), got {reserve}")
         if not isinstance(dtype, torch.dtype) or dtype == torch.bool or dtype.is_complex:
             raise TypeError(f"dtype must be a floating or integer torch.dtype, got "
                             f"{dtype_got(dtype)}")

@@ -138,7 +138,8 @@ def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
     Raises:
         ValueError: an unknown ``device`` or ``backend``, a non-integer
             environment variable of a launched run (or a negative ``LOCAL_RANK``, a
-            ``WORLD_SIZE`` below 1, a ``RANK`` outside ``[0, WORLD_SIZE)``; without
+            ``WORLD_SIZE`` below 1, a ``RANK`` outside ``[0, WORLD_SIZE)``, a
+            ``MASTER_PORT`` outside ``[0, 65536)`` where a group is to be joined; without
             ``WORLD_SIZE`` only ``LOCAL_RANK`` on CUDA is read), or NCCL on a CPU device.
         RuntimeError: ``device="cuda"`` without CUDA.
         TypeError: a ``timeout`` that is not a number, a ``backend`` or ``device``
@@ -179,6 +180,9 @@ def init_from_env(backend: Optional[str] = None, device: Optional[str] = None,
     # the ranks when launched, LOCAL_RANK also where it picks the GPU.
     if launched:
         _env_int("RANK", 0, high=_env_int("WORLD_SIZE", 1, low=1))
+    if launched and not is_distributed():  # where torch's env:// rendezvous reads it: its
+        # int() said "invalid literal for int() with base 10", naming no variable
+        _env_int("MASTER_PORT", 0, high=65536)
     local = _env_int("LOCAL_RANK", 0) if launched or kind == "cuda" else 0
     out = torch.device(kind, local) if kind == "cuda" else torch.device("cpu")
     if kind == "cuda":

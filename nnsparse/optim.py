@@ -27,7 +27,7 @@ from torch.optim import Optimizer
 
 from . import _grad_origin, _rowopt
 from ._clip import clip_grad_norm_, clip_grad_value_
-from ._forms import _a, as_choice, as_flag, check_real, is_real, real_float
+from ._forms import _a, as_choice, as_flag, check_real, is_real, real_float, refuse_meta
 
 if TYPE_CHECKING:  # at run time _sparse_layers imports them itself
     from .layers.linear import SparseLinearBatch
@@ -150,9 +150,10 @@ class LazyAdam(Optimizer):
         """``Optimizer.load_state_dict`` of a :class:`LazyAdam` or ``torch.optim.Adam`` /
         ``AdamW`` state, checked first (torch loads any shape, and the next step
         would fail half-way): each entry's ``step``, ``exp_avg`` and ``exp_avg_sq``,
-        of its parameter's shape, and the groups' hyperparameters.  Keys a group
-        lacks (a torch Adam state has no ``dense_above``) take this optimiser's
-        defaults.  The step count is kept as a Python int whatever form it comes
+        of its parameter's shape, and the groups' hyperparameters.  LazyAdam's
+        hyperparameters a group lacks (a torch Adam state has no ``dense_above``)
+        take this optimiser's defaults; a group gets no other key (not torch's
+        ``differentiable``, which its load adds to the defaults).  The step count is kept as a Python int whatever form it comes
         in (an int, a whole float, a one-element tensor such as torch's float32
         one), as :meth:`step` keeps it; ``torch.optim.Adam`` loads such a state
         too (it makes its own tensor of the count).
@@ -170,7 +171,10 @@ class LazyAdam(Optimizer):
         super().load_state_dict(state_dict)
         for group in self.param_groups:
             for key, value in self.defaults.items():
-                group.setdefault(key, value)
+                # not torch's "differentiable", which its load (and a copy) adds to the
+                # defaults: a group reloaded from its own state gained the key
+                if key in _LAZY_KEYS:
+                    group.setdefault(key, value)
         for entry in self.state.values():
             # torch.optim.Adam's float32 tensor, a float, a numpy number: the int a step
             # advances (checked above to be a whole number >= 0)
@@ -194,6 +198,9 @@ class LazyAdam(Optimizer):
                     got = p.dtype if isinstance(p, Tensor) else type(p).__name__
                     raise TypeError(f"param_groups[{i}]['params'][{j}] must be a "
                                     f"floating-point tensor, got {got}")
+                if p.grad is not None:  # a step reads it (torch's "Tensor.item() cannot be
+                    # called on meta tensors" named no parameter)
+                    refuse_meta(p, f"param_groups[{i}]['params'][{j}]")
         work = [(p, p.grad, group) for group in self.param_groups for p in group["params"]
                 if p.grad is not None]
         for p, grad, _ in work:
@@ -228,7 +235,8 @@ class LazyAdam(Optimizer):
                 ``torch.sparse_coo_tensor`` checks none by default; the gradients
                 nnsparse's sparse-gradient layers make are in range by
                 construction and not read: their step reads nothing back to the
-                host, on a GPU no synchronisation).
+                host, on a GPU no synchronisation), or a parameter with a gradient
+                on the meta device (it holds no data to update).
             NotImplementedError: a gradient of another layout than strided or
                 sparse COO, or a sparse one with a ``sparse_dim`` other than 1
                 (or 2 for a 2-D parameter).
@@ -298,6 +306,37 @@ def _check_lazy_group(group: Dict[str, Any], where: str, values: bool = True) ->
     _check_betas(group.get("betas"), f"{where}: betas")
     _check_share(group.get("dense_above"), f"{where}: dense_above")
     as_flag(group.get("decoupled_weight_decay"), f"{where}['decoupled_weight_decay']")
+
+
+def _check_torch_groups(state_dict: Dict[str, Any], opt: Optimizer, where: str) -> None:
+    """The common hyperparameters of a torch part's saved groups, as torch's constructors
+    check them: ``lr``, ``eps``, ``weight_decay``, ``momentum`` non-negative (and not NaN
+    nor infinite), a pair of ``betas`` in ``[0, 1)``.  torch's load takes any, and a
+    negative ``lr`` loaded into the ``torch.optim.Adam`` part of a
+    :class:`~nnsparse.SplitOptimizer` or of an :class:`InBackwardOptimizer` then ascended
+    the loss at each step, where a LazyAdam refuses it (its own load checks its groups).
+
+    Only numbers (Python or numpy reals, tensors: torch takes a tensor ``lr`` and
+    ``betas``) are checked: a part may be any ``Optimizer``, whose keys of the same names
+    can hold other things (``torch.optim.Adafactor``'s ``eps`` is a pair holding
+    ``None``, some optimisers outside torch take three ``betas``), left to it."""
+    groups = state_dict.get("param_groups")
+    if isinstance(opt, LazyAdam) or not isinstance(groups, list):
+        return  # (a list's absence: torch's own checks answer)
+
+    def number(value: Any) -> bool:
+        return is_real(value) or isinstance(value, Tensor)
+
+    for i, group in enumerate(groups):
+        if not isinstance(group, dict):
+            continue
+        at = f"{where}['param_groups'][{i}]"
+        for key in ("lr", "eps", "weight_decay", "momentum"):
+            if number(group.get(key)):
+                _check_non_negative(f"{at}[{key!r}]", group[key])
+        betas = group.get("betas")
+        if isinstance(betas, (tuple, list)) and len(betas) == 2 and all(map(number, betas)):
+            _check_betas(betas, f"{at}: betas")
 
 
 def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
@@ -723,6 +762,9 @@ _DEFAULTS = {"sgd": dict(lr=1e-3, eps=0.0, weight_decay=0.0),
              "adagrad": dict(lr=1e-2, eps=1e-10, weight_decay=0.0),
              "rowwise_adagrad": dict(lr=1e-2, eps=1e-10, weight_decay=0.0)}
 
+
+# LazyAdam's hyperparameters, the keys of its defaults
+_LAZY_KEYS = ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "dense_above")
 
 # the hyperparameters an InBackwardOptimizer reads (what _in_backward_hp makes)
 _HP_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "nesterov",
@@ -1437,6 +1479,7 @@ class InBackwardOptimizer(Optimizer):
         if self.dense is not None:
             _check_state_entries(state_dict["dense"], self.dense, "state_dict['dense']",
                                  _state_keys(self.dense))
+            _check_torch_groups(state_dict["dense"], self.dense, "state_dict['dense']")
         rates = state_dict.get("lr", {})  # absent from older state dicts: the rates are kept
         if not isinstance(rates, dict):
             raise TypeError(f"state_dict['lr'] must be a dict of layer name -> learning rate "

@@ -363,12 +363,16 @@ def normalize(input: Union[SparseLike, SparseParts], p: float = 2.0, dim: int = 
         tensor([ 0.4286,  0.5714, -1.0000])
     """
     p, dim, eps = _normalize_settings(p, dim, eps)
-    if isinstance(input, Tensor) and input.layout == torch.strided:
-        _check_normalizable(input.dtype)  # (F.normalize's RuntimeError named no argument)
-        return F.normalize(input, p=p, dim=dim, eps=eps)
-    if p <= 0:
+    if p <= 0:  # (a dense input too: F.normalize took p=-1, dividing by eps, 1e12 times)
         raise NotImplementedError(f"nnsparse.normalize takes p > 0 (a norm; math.inf for the "
                                   f"largest |value|), got p={p}")
+    if isinstance(input, Tensor) and input.layout == torch.strided:
+        _check_normalizable(input.dtype)  # (F.normalize's RuntimeError named no argument)
+        ndim = max(input.dim(), 1)  # (torch reads a 0-d tensor as 1-D)
+        if not -ndim <= dim < ndim:  # (torch's IndexError said "Dimension", not dim)
+            raise IndexError(f"dim out of range for a {input.dim()}-D tensor (expected to be "
+                             f"in range of [{-ndim}, {ndim - 1}]), got {dim}")
+        return F.normalize(input, p=p, dim=dim, eps=eps)
     ndim = input.dim() if isinstance(input, Tensor) else 2
     if ndim <= 2:  # (a sparse tensor of more dimensions is refused by as_sparse_batch)
         if not -ndim <= dim < ndim:

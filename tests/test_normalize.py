@@ -320,6 +320,8 @@ BAD_LAYER_ARGS = [
      r"^p and eps must not be NaN, got p=2.0, eps=nan$"),
     ("eps negative", dict(eps=-1.0), ValueError,
      r"^eps must be >= 0 \(the smallest divisor\), got -1.0$"),
+    ("p 0", dict(p=0), NotImplementedError, r"^Normalize takes p > 0 .*got p=0.0$"),
+    ("p negative", dict(p=-1), NotImplementedError, r"^Normalize takes p > 0 .*got p=-1.0$"),
 ]
 
 
@@ -335,6 +337,8 @@ BAD_LAYER_CALLS = [
     ("p assigned a string", dict(p="2"), _BATCH, TypeError, r"^p must be a number"),
     ("eps assigned negative", dict(eps=-1.0), _BATCH, ValueError, r"^eps must be >= 0"),
     ("p 0 of a sparse batch", dict(p=0), _BATCH, NotImplementedError, r"takes p > 0 .*got p=0.0"),
+    ("p 0 of a dense batch", dict(p=0), _BATCH.to_dense(), NotImplementedError,
+     r"takes p > 0 .*got p=0.0"),
     ("columns", dict(dim=0), _BATCH, NotImplementedError, r"got dim=0 \(columns\)"),
     ("dim 1 of a vector", {}, _VECTOR, IndexError, r"1-D sparse vector"),
     ("integer values", {}, torch.tensor([[1, 0], [0, 2]]).to_sparse(), TypeError,

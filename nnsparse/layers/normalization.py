@@ -24,8 +24,8 @@ class Normalize(LuaMembers, nn.Module):
     ``F.normalize``, so the same network serves dense batches.
 
     Args:
-        p (float): the exponent of the norm, ``> 0`` for a sparse input
-            (``math.inf``: the largest ``|value|``).  Default: 2.
+        p (float): the exponent of the norm, ``> 0`` (``math.inf``: the largest
+            ``|value|``).  Default: 2.
         dim (int): the dimension reduced: ``1`` or ``-1`` for a batch (each row on
             its own), ``0`` or ``-1`` for a sparse vector.  Default: 1.
         eps (float): the smallest divisor, which keeps a row of zeros finite.
@@ -46,8 +46,9 @@ class Normalize(LuaMembers, nn.Module):
         TypeError: ``p``, ``dim`` or ``eps`` is not a number (``dim``: not an int);
             in ``forward``, :func:`nnsparse.normalize`'s (an integer input...).
         ValueError: ``p`` or ``eps`` is NaN, or ``eps`` is negative.
-        NotImplementedError: in ``forward``, a sparse input with ``p <= 0`` or
-            ``dim`` naming its columns (normalise the transpose).
+        NotImplementedError: ``p <= 0`` (not a norm; also in ``forward``, if
+            assigned since), or, in ``forward``, ``dim`` naming a sparse batch's
+            columns (normalise the transpose).
 
     Example::
 
@@ -67,6 +68,9 @@ class Normalize(LuaMembers, nn.Module):
         # Checked here so that a bad layer fails when built (forward checks them again:
         # they may be assigned since); a numpy int or float is kept as Python's
         p, dim, eps = _normalize_settings(p, dim, eps)
+        if p <= 0:  # (the function refuses it for every input: fail when built)
+            raise NotImplementedError(f"Normalize takes p > 0 (a norm; math.inf for the "
+                                      f"largest |value|), got p={p}")
         self.p: float = p
         self.dim: int = dim
         self.eps: float = eps

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_dict's type
 
 from .. import _double, _grad_origin, _index
-from .._forms import (SparseBatch, SparseLike, _dtype_hint, _sparse_coo, as_flag,
+from .._forms import (SparseBatch, SparseLike, _operand_dtype_hint, _sparse_coo, as_flag,
                       as_sparse_batch, compile_boundary)
 from .._load import check_state_dict
 from .._lua import WEIGHT_MEMBERS, LuaMembers
@@ -280,7 +280,7 @@ def _sampled_linear(input: Tensor, weight: Tensor, bias: Optional[Tensor], patte
     for arg, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != input.dtype and not amp:
             raise ValueError(f"{arg} must have input's dtype {input.dtype}, got {t.dtype}"
-                             f"{_dtype_hint(input.dtype, t.dtype)}")
+                             f"{_operand_dtype_hint(arg, t.dtype, input.dtype)}")
         if t is not None and t.device != input.device:
             raise ValueError(f"{arg} must be on input's device {input.device}, got {t.device}")
     if pattern is None:
