@@ -42,7 +42,7 @@ import copy
 import math
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +58,7 @@ from nnsparse.data import (FORMATS, HeldOut, Ratings, SparseRowDataset, ranking_
 KS = (("Recall@20", "recall", 20), ("Recall@50", "recall", 50), ("NDCG@100", "ndcg", 100))
 
 
-def _positive(kind: type, name: str):
+def _positive(kind: type, name: str) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         try:
             value = kind(text)
@@ -71,7 +71,7 @@ def _positive(kind: type, name: str):
     return parse
 
 
-def _users(name: str):
+def _users(name: str) -> Callable[[str], Any]:
     """A number of users (an int) or a fraction of them (a float in [0, 1))."""
     def parse(text: str) -> Any:
         try:
@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Optional[List[str]] = None):
+def parse_args(argv: Optional[List[str]] = None
+               ) -> Tuple[argparse.ArgumentParser, argparse.Namespace]:
     """Parse and check every flag before reading or training."""
     p = build_parser()
     args = p.parse_args(argv)
@@ -213,6 +214,8 @@ class MultDAE(nn.Module):
 
 class Popularity(nn.Module):
     """Every user's scores are the items' training click counts: the paper's sanity check."""
+
+    counts: Tensor
 
     def __init__(self, counts: Tensor) -> None:
         super().__init__()
