@@ -891,3 +891,26 @@ def test_reads_as_a_python_split_reference(tmp_path, monkeypatch, fmt, name, lin
     assert [r.user_ids()[u] for u in r.user.tolist()] == [value(row[0]) for row in rows]
     assert [r.item_ids()[i] for i in r.item.tolist()] == [value(row[1]) for row in rows]
     assert r.rating.tolist() == [float(row[2]) for row in rows]
+
+
+# A refused assignment's advice names the fields that disagree (the titles' excess was
+# told to replace user, item, rating and user_map, none of which it concerns)
+AGREEING_FIELDS = [
+    ("item", torch.tensor([0, 1]), "user=..., item=..., rating=..."),
+    ("rating", torch.ones(2), "user=..., item=..., rating=..."),
+    ("user", torch.tensor([0, 2, 1]), "user=..., user_map=..."),
+    ("user_map", {10: 0}, "user=..., user_map=..."),
+    ("item", torch.tensor([0, 1, 2]), "item=..., item_map=..."),
+    ("item_map", {7: 0}, "item=..., item_map=..."),
+    ("titles", ["a", "b", "c"], "item_map=..., titles=..."),
+]
+
+
+@pytest.mark.parametrize("name, value, fields", AGREEING_FIELDS,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(AGREEING_FIELDS)])
+def test_a_refused_assignment_names_the_fields_to_replace_together(name, value, fields):
+    r = dataclasses.replace(_record(), titles=None)  # (a smaller item_map: no titles' refusal)
+    with pytest.raises(ValueError, match=re.escape(
+            f"; to change fields that must agree together, build a new record: "
+            f"dataclasses.replace(ratings, {fields})") + "$"):
+        setattr(r, name, value)

@@ -69,12 +69,13 @@ def _float32(values: np.ndarray) -> np.ndarray:
 # Ratings' public fields: an assignment to one after construction is checked
 _RATINGS_FIELDS = frozenset({"user", "item", "rating", "user_map", "item_map", "titles",
                              "source"})
-# the constructor's refusals of fields that disagree with one another (an assignment adds
-# how to change them together): the tensors' lengths, the indices against their map, more
-# titles than items
-_DISAGREEMENTS = ("Ratings.user, .item and .rating must have one length",
-                  "Ratings.user indices must be in", "Ratings.item indices must be in",
-                  "Ratings.titles must hold at most")
+# the constructor's refusals of fields that disagree with one another, by their message's
+# start, and those fields (an assignment's refusal says to replace them together): the
+# tensors' lengths, the indices against their map, more titles than items
+_DISAGREEMENTS = {"Ratings.user, .item and .rating must have one length": "user, item, rating",
+                  "Ratings.user indices must be in": "user, user_map",
+                  "Ratings.item indices must be in": "item, item_map",
+                  "Ratings.titles must hold at most": "item_map, titles"}
 
 
 @dataclass
@@ -246,11 +247,12 @@ class Ratings:
         try:
             checked = replace(self, **{name: value}, _ids=dict(self._ids))
         except ValueError as e:
-            if not str(e).startswith(_DISAGREEMENTS):
+            fields = [f for start, f in _DISAGREEMENTS.items() if str(e).startswith(start)]
+            if not fields:
                 raise  # (a value wrong on its own: NaN ratings, a map of repeated indices)
+            together = ", ".join(f"{f}=..." for f in fields[0].split(", "))
             raise ValueError(f"{e}; to change fields that must agree together, build a new "
-                             f"record: dataclasses.replace(ratings, user=..., item=..., "
-                             f"rating=..., user_map=...)") from None
+                             f"record: dataclasses.replace(ratings, {together})") from None
         object.__setattr__(self, name, getattr(checked, name))  # (plain(), as __init__)
         if name.endswith("_map"):
             key = name[:-len("_map")]

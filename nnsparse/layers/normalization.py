@@ -46,6 +46,7 @@ class Normalize(LuaMembers, nn.Module):
         TypeError: ``p``, ``dim`` or ``eps`` is not a number (``dim``: not an int);
             in ``forward``, :func:`nnsparse.normalize`'s (an integer input...).
         ValueError: ``p`` or ``eps`` is NaN, or ``eps`` is negative.
+        IndexError: in ``forward``, ``dim`` out of range for the input's dimensions.
         NotImplementedError: ``p <= 0`` (not a norm; also in ``forward``, if
             assigned since), or, in ``forward``, ``dim`` naming a sparse batch's
             columns (normalise the transpose).
