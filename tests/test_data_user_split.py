@@ -136,7 +136,7 @@ def test_users_with_one_rating_stay_in_train():
         train, valid, test = user_split(r, test=3, validation=3, seed=seed)
         assert {0, 1, 2, 3} <= users(train)
         assert users(test.fold_in) | users(valid.fold_in) == set(range(4, 10))
-        # three ratings: round(0.8 * 3) = 2 fold-in, 1 target each
+        # three ratings: floor(0.2 * 3) = 0 targets, raised to the least 1: 2 fold-in, 1 target
         assert len(test.fold_in) == 6 and len(test.target) == 3
     # the ratios count the users that can be held out (6), not all 10
     s = user_split(r, test=0.5, validation=0.0, seed=0)
