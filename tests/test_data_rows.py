@@ -134,7 +134,22 @@ BAD_ROWS = [
     Case("float-list", lambda: rating_matrix(_small(), "user", rows=[1.0, 3.0]),
          TypeError, r"^rows must hold integer user indices, got dtype torch\.float32$"),
     Case("bool", lambda: rating_matrix(_small(), "user", rows=torch.tensor([0, 1, 0, 1]) > 0),
-         TypeError, r"^rows must hold integer user indices, got dtype torch\.bool$"),
+         TypeError, r"^rows must hold integer user indices, got dtype torch\.bool; for the "
+                    r"users of a mask, pass mask\.nonzero\(\)\.squeeze\(1\)$"),
+    Case("bool-list", lambda: rating_matrix(_small(), "item", rows=[True, False, True]),
+         TypeError, r"^rows must hold integer item indices, got dtype torch\.bool; for the "
+                    r"items of a mask"),
+    Case("twice-first-named", lambda: rating_matrix(_small(), "user", rows=[3, 1, 3, 1]),
+         ValueError, r"^rows must hold each user once, got user 1 twice$"),
+    Case("twice-out-of-range", lambda: rating_matrix(_small(), "user", rows=[5, 1, 5]),
+         ValueError, r"^rows must be user indices in \[0, 4\), got 5$"),
+    Case("int8", lambda: rating_matrix(_small(), "user", rows=torch.tensor(
+        [3, 1], dtype=torch.int8)), None,
+         check=lambda m: m.to_dense().equal(rating_matrix(_small(), "user", rows=[3, 1])
+                                            .to_dense())),
+    Case("int16-one", lambda: rating_matrix(_small().subset(_small().user == 1), "user",
+                                            rows=torch.tensor([1], dtype=torch.int16)),
+         None, check=lambda m: m.shape[0] == 1 and m.values().numel() > 0),
     Case("uint8", lambda: rating_matrix(_small(), "user", rows=torch.tensor(
         [1, 3], dtype=torch.uint8)), TypeError, r"^rows must be int64 user indices, got "
         r"torch\.uint8, which torch would read as a mask; convert it with \.long\(\)$"),
@@ -261,6 +276,9 @@ BAD_USERS = [
          ValueError, r"^users must be 1-D \(user indices\), got shape \(1, 5\)$"),
     Case("float", lambda: ranking_metrics(_lists(2).indices, _T(), users=[0.0, 1.0]),
          TypeError, r"^users must hold integer user indices, got dtype torch\.float32$"),
+    Case("bool", lambda: ranking_metrics(_lists(6).indices, _T(), users=torch.ones(
+        6, dtype=torch.bool)), TypeError, r"^users must hold integer user indices, got dtype "
+        r"torch\.bool; for the users of a mask, pass mask\.nonzero\(\)\.squeeze\(1\)$"),
     Case("uint8", lambda: ranking_metrics(_lists(2).indices, _T(), users=torch.tensor(
         [0, 1], dtype=torch.uint8)), TypeError, r"^users must be int64 user indices, got "
         r"torch\.uint8, which torch would read as a mask"),

@@ -465,7 +465,10 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
     if value.layout != torch.strided:
         raise TypeError(f"{name} must be {expected}, got layout {value.layout}")
     _refuse_uint8_index(value, name, f"int64 {what} indices", ".long()")
-    if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+    if value.dtype == torch.bool:  # never read as a mask: its True places are the indices
+        raise TypeError(f"{name} must hold integer {what} indices, got dtype torch.bool; "
+                        f"for the {what}s of a mask, pass mask.nonzero().squeeze(1)")
+    if value.is_floating_point() or value.is_complex():
         raise TypeError(f"{name} must hold integer {what} indices, got dtype {value.dtype}")
     refuse_meta(value, name)  # its indices cannot be read
     if value.dim() != 1:
@@ -474,15 +477,18 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
     if value.dtype not in (torch.int32, torch.int64):
         value = value.long()
     if value.numel():
-        lo, hi = (int(v) for v in torch.aminmax(value))
+        ordered = value.sort().values
+        # twice[i]: ordered[i] is also ordered[i + 1]; the first such place by argmax
+        twice = torch.cat([ordered[1:] == ordered[:-1], ordered.new_zeros(1, dtype=torch.bool)])
+        first = twice.to(torch.int8).argmax()
+        # one host sync: the extremes, whether an index repeats and the first that does
+        lo, hi, repeats, repeated = torch.stack(
+            [ordered[0], ordered[-1], twice.any().to(ordered.dtype), ordered[first]]).tolist()
         if lo < 0 or hi >= bound:
             raise ValueError(f"{name} must be {what} indices in [0, {bound}), got "
                              f"{lo if lo < 0 else hi}")
-        ordered = value.sort().values
-        twice = ordered[1:] == ordered[:-1]
-        if bool(twice.any()):
-            raise ValueError(f"{name} must hold each {what} once, got {what} "
-                             f"{int(ordered[1:][twice][0])} twice")
+        if repeats:
+            raise ValueError(f"{name} must hold each {what} once, got {what} {repeated} twice")
     return cast(Tensor, value)
 
 
