@@ -114,7 +114,11 @@ def _small():
 BAD_ROWS = [
     Case("missing-row", lambda: rating_matrix(_small(), "user", rows=[3]), ValueError,
          r"^rows must hold every user of the ratings, got no row for user 1; select the "
-         r"ratings of rows first: ratings\.subset\(torch\.isin\(ratings\.user, rows\)\)$"),
+         r"ratings of rows first: ratings\.subset\(torch\.isin\(ratings\.user, "
+         r"torch\.as_tensor\(rows\)\)\)$"),
+    Case("missing-row-tensor", lambda: rating_matrix(_small(), "user", rows=torch.tensor([3])),
+         ValueError, r"; select the ratings of rows first: ratings\.subset\(torch\.isin\("
+                     r"ratings\.user, rows\)\)$"),
     Case("missing-rows", lambda: rating_matrix(_small(), "item", rows=[0]), ValueError,
          r"^rows must hold every item of the ratings, got no row for item 1, nor for 1 "
          r"other item; select"),
@@ -256,7 +260,10 @@ BAD_USERS = [
          ValueError, r"^users must hold every test user with a relevant rating \(row j of "
                      r"top: user users\[j\]'s list\), got no row for user 5; score a part of "
                      r"the users by selecting their test ratings: test\.subset\(torch\.isin\("
-                     r"test\.user, users\)\)$"),
+                     r"test\.user, torch\.as_tensor\(users\)\)\)$"),
+    Case("missing-user-tensor", lambda: ranking_metrics(_lists(4).indices, _T(),
+                                                        users=torch.tensor([0, 1, 2, 4])),
+         ValueError, r"test\.subset\(torch\.isin\(test\.user, users\)\)$"),
     Case("missing-users", lambda: ranking_metrics(_lists(2).indices, _T(), users=[1, 3]),
          ValueError, r"got no row for user 0, nor for 3 other test users; score"),
     Case("missing-relevant", lambda: ranking_metrics(_lists(2).indices, _T(), threshold=4.0,
@@ -296,6 +303,31 @@ BAD_USERS = [
 ]
 
 
+# the fix a refusal names works, whatever form rows / users were given in
+FIX_FORMS = [("list", lambda i: [i]), ("tuple", lambda i: (i,)),
+             ("range", lambda i: range(i, i + 1)), ("numpy", lambda i: np.array([i])),
+             ("tensor", lambda i: torch.tensor([i])),
+             ("int32", lambda i: torch.tensor([i], dtype=torch.int32))]
+
+
+@pytest.mark.parametrize("name, form", FIX_FORMS, ids=[f[0] for f in FIX_FORMS])
+def test_the_named_fix_works(name, form):
+    ratings, rows = _small(), form(3)
+    with pytest.raises(ValueError, match=r"select the ratings of rows first: ") as info:
+        rating_matrix(ratings, "user", rows=rows)
+    fix = str(info.value).split("rows first: ", 1)[1]
+    fixed = eval(fix, {"torch": torch, "ratings": ratings, "rows": rows})
+    m = rating_matrix(fixed, "user", rows=rows)
+    assert m.shape == (1, 3) and m.to_dense().equal(_dense(ratings, "user")[[3]])
+    test, lists, users = _T(), _lists(1), form(4)
+    with pytest.raises(ValueError, match=r"selecting their test ratings: ") as info:
+        ranking_metrics(lists, test, 2, users=users)
+    fix = str(info.value).split("test ratings: ", 1)[1]
+    fixed = eval(fix, {"torch": torch, "test": test, "users": users})
+    assert ranking_metrics(lists, fixed, 2, users=users) == ranking_metrics(
+        _padded(lists, [4], test.n_users, 4), fixed, 2)
+
+
 @pytest.mark.parametrize("case", BAD_USERS, ids=lambda c: c.id)
 def test_ranking_metrics_users_cases(case):
     run_case(case)
@@ -322,6 +354,19 @@ def test_devices():
         rating_matrix(on, "user", rows=torch.tensor([3, 1]))
     with pytest.raises(ValueError, match=r"^rows must be on the ratings' device cpu, got cuda:0$"):
         rating_matrix(r, "user", rows=torch.tensor([3, 1], device="cuda"))
+    # the refusals' fixes name a tensor on the ratings' device, and work
+    for rows in ([3], torch.tensor([3], device="cuda")):
+        with pytest.raises(ValueError, match=r"rows first: ") as info:
+            rating_matrix(on, "user", rows=rows)
+        fixed = eval(str(info.value).split("rows first: ", 1)[1],
+                     {"torch": torch, "ratings": on, "rows": rows})
+        assert rating_matrix(fixed, "user", rows=rows).device == on.user.device
+    cpu_test, few = _test_ratings(), torch.tensor([4], device="cuda")
+    with pytest.raises(ValueError, match=r"test\.user, users\.to\('cpu'\)\)\)$") as info:
+        ranking_metrics(_lists(1), cpu_test, 2, users=few)
+    fixed = eval(str(info.value).split("test ratings: ", 1)[1],
+                 {"torch": torch, "test": cpu_test, "users": few})
+    assert ranking_metrics(_lists(1), fixed, 2, users=few)["users"] == 1
     # users on any device: read on the CPU; top's rows gathered on its own device
     test = _test_ratings()
     lists, users = _lists(5), torch.tensor([4, 0, 5, 2, 1])

@@ -24,7 +24,7 @@ from .._forms import (SparseBatch, as_choice, as_device, as_flag, as_sparse_batc
                       check_index_range, check_numel, int_dtype, is_int, is_real, real_float,
                       refuse_meta, refuse_meta_device)
 from .readers import (Ratings, _check_ratings, _check_unique_pairs, _distinct_index,
-                      _refuse_repeated_keys, _refuse_uint8_index)
+                      _isin_argument, _refuse_repeated_keys, _refuse_uint8_index)
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
 
@@ -107,10 +107,11 @@ def _matrix_shape(shape: Any) -> Tuple[int, int]:
     return rows, width
 
 
-def _row_positions(row: Tensor, picked: Tensor, orientation: str) -> Tensor:
+def _row_positions(row: Tensor, picked: Tensor, orientation: str, rows: str) -> Tensor:
     """The position in ``picked`` (distinct row indices) of each entry's ``row``, by a sort
     of ``picked`` and a binary search (O((nnz + rows) log rows), no table of the id map's
-    size); ``ValueError`` naming the first row of an entry that ``picked`` lacks."""
+    size); ``ValueError`` naming the first row of an entry that ``picked`` lacks, its fix
+    with ``rows`` (the argument as ``torch.isin`` takes it)."""
     ordered, position = torch.sort(picked)
     if ordered.numel() == 0:
         at = torch.zeros_like(row)
@@ -124,7 +125,7 @@ def _row_positions(row: Tensor, picked: Tensor, orientation: str) -> Tensor:
         others = f", nor for {more} other {orientation}{'s' if more > 1 else ''}" if more else ""
         raise ValueError(f"rows must hold every {orientation} of the ratings, got no row for "
                          f"{orientation} {int(missing[0])}{others}; select the ratings of "
-                         f"rows first: ratings.subset(torch.isin(ratings.{orientation}, rows))")
+                         f"rows first: ratings.subset(torch.isin(ratings.{orientation}, {rows}))")
     return position[at].to(row.dtype)
 
 
@@ -156,9 +157,9 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
             a sequence of ints, each once, in ``[0, n_users)`` (``[0, n_items)``).  Row
             ``j`` of the matrix holds the ratings of ``rows[j]``, in any order of
             ``rows``; every rating must belong to one of them (select the others out
-            first: ``ratings.subset(torch.isin(ratings.user, rows))``).  O(nnz log nnz +
-            len(rows) log len(rows)), whatever the size of the id maps.  Default: every
-            row of the id maps, in index order.
+            first: ``ratings.subset(torch.isin(ratings.user, torch.as_tensor(rows)))``).
+            O(nnz log nnz + len(rows) log len(rows)), whatever the size of the id maps.
+            Default: every row of the id maps, in index order.
 
     Returns:
         A coalesced sparse tensor on the ratings' device; every rating is a
@@ -168,8 +169,9 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
         ValueError: an unknown ``orientation``, an index outside ``shape``, a
             ``shape`` of another length than two or with a negative size, or a
             (user, item) pair rated twice; ``rows`` not 1-D, an index in it out of
-            range or given twice, on another device than the ratings, a rating of a
-            row not in it, or a ``shape`` whose first size is not ``len(rows)``.
+            range or given twice, on another device than the ratings (or the meta
+            device), a rating of a row not in it, or a ``shape`` whose first size is
+            not ``len(rows)``.
         TypeError: ``orientation`` not a str, ``layout`` not one of the two
             sparse layouts, ``shape`` not a sequence of ints; ``rows`` not an integer
             tensor or a sequence of ints (a bool or uint8 tensor too).
@@ -234,7 +236,8 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
             raise ValueError(f"{orientation} matrix {name} indices must be in [0, {bound}), got "
                              f"{what}; build the matrix with the maps of all parts")
     if picked is not None:
-        row = _row_positions(row, picked, orientation)
+        fix = _isin_argument(rows, "rows", row.device)  # rows in the refusal's fix
+        row = _row_positions(row, picked, orientation, fix)
     key, order = torch.sort(row * width + col)
     source = f" from {ratings.source}" if ratings.source else ""
 

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from .._forms import as_choice, as_count, int_dtype, is_real, real_float, refuse_meta
-from .readers import Ratings, _check_ratings, _check_unique_pairs, _distinct_index
+from .readers import (Ratings, _check_ratings, _check_unique_pairs, _distinct_index,
+                      _isin_argument)
 
 __all__ = ["ranking_metrics"]
 
@@ -87,10 +88,12 @@ def _figures(top: Tensor, placed: Tensor, users: Tensor, user: Tensor, item: Ten
             "users": int(users.shape[0])}
 
 
-def _rows_of(users: Any, rows: int, n_users: int, evaluated: Tensor) -> Tensor:
+def _rows_of(users: Any, rows: int, n_users: int, evaluated: Tensor,
+             device: torch.device) -> Tensor:
     """The row of ``top`` of each ``evaluated`` user (sorted CPU int64) by ``users``
     (:func:`ranking_metrics`' argument, checked here: ``rows`` distinct user indices in
-    ``[0, n_users)``), by a sort and a binary search: O((rows + users) log rows)."""
+    ``[0, n_users)``), by a sort and a binary search: O((rows + users) log rows); the
+    refusal's fix writes ``users`` as a tensor on ``device`` (``test.user``'s)."""
     listed = _distinct_index(users, "users", n_users, "user").detach().cpu().long()
     if listed.shape[0] != rows:
         raise ValueError(f"users must name the user of each row of top, so {rows} users, "
@@ -105,7 +108,8 @@ def _rows_of(users: Any, rows: int, n_users: int, evaluated: Tensor) -> Tensor:
         raise ValueError(f"users must hold every test user with a relevant rating (row j of "
                          f"top: user users[j]'s list), got no row for user "
                          f"{int(missing[0])}{others}; score a part of the users by selecting "
-                         f"their test ratings: test.subset(torch.isin(test.user, users))")
+                         f"their test ratings: test.subset(torch.isin(test.user, "
+                         f"{_isin_argument(users, 'users', device)}))")
     return row[at]
 
 
@@ -132,7 +136,7 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
     evaluated user needs its list: a test user with a relevant rating and no row
     (beyond ``top``'s rows, or not in ``users``) is refused, never silently left out of
     the means; score a part of the users by selecting their test ratings
-    (``test.subset(torch.isin(test.user, users))``).
+    (``test.subset(torch.isin(test.user, torch.as_tensor(users)))``).
 
     Args:
         top: each user's items, best first: an integer tensor ``(rows, columns)`` whose
@@ -171,14 +175,15 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
         TypeError: ``top`` not an integer tensor or a ``(values, indices)`` result, its
             values not a dense floating-point tensor; ``test`` not a :class:`Ratings`;
             ``k`` not an int, ``threshold`` not a real number or None, ``recall`` not a
-            str.
+            str; ``users`` not an integer tensor or a sequence of ints (a bool or uint8
+            tensor too: neither is read as a mask).
         ValueError: ``top`` not 2-D, with fewer rows than the test users need, an item
             index at or above ``test.n_items`` or twice in a row, on the meta device, or
             values of another shape or device; ``k`` below 1; ``recall`` neither ``"n"``
             nor ``"min"``; ``threshold`` not finite; ``test`` empty, rating a (user, item)
-            pair twice, or with no rating reaching ``threshold``; ``users`` not 1-D, of
-            another length than ``top``'s rows, a user out of range or twice in it, or
-            lacking a test user with a relevant rating.
+            pair twice, or with no rating reaching ``threshold``; ``users`` not 1-D, on
+            the meta device, of another length than ``top``'s rows, a user out of range
+            or twice in it, or lacking a test user with a relevant rating.
 
     Example::
 
@@ -242,7 +247,7 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
                              f"{top.shape[0]}; or pass users= (row j: user users[j]'s list)")
         at = evaluated
     else:
-        at = _rows_of(users, top.shape[0], test.n_users, evaluated)
+        at = _rows_of(users, top.shape[0], test.n_users, evaluated, test.user.device)
     at = at.to(top.device)  # the evaluated users' rows only cross to the CPU
     users = evaluated
     top = top[at, :k].cpu().long()

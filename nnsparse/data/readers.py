@@ -492,6 +492,17 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
     return cast(Tensor, value)
 
 
+def _isin_argument(value: Any, name: str, device: torch.device) -> str:
+    """``name``'s value (``rows=`` or ``users=`` as given) written as the tensor on ``device``
+    that ``torch.isin`` needs in a refusal's fix (a list, a range or a numpy array it
+    refuses)."""
+    if isinstance(value, Tensor):
+        return name if value.device == device else f"{name}.to('{device}')"
+    if device.type == "cpu":
+        return f"torch.as_tensor({name})"
+    return f"torch.as_tensor({name}, device='{device}')"
+
+
 def _check_unique_pairs(name: str, *parts: Ratings) -> None:
     """``ValueError`` when the ratings of ``parts`` (sharing one pair of id maps) together
     rate a (user, item) pair more than once.
