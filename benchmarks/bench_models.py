@@ -91,13 +91,11 @@ def _rank_baseline(train: Ratings, test: Ratings, score: torch.Tensor, k: int,
     n_items = max(train.n_items, test.n_items)
     if score.shape != (n_items,):
         raise ValueError(f"score must have shape ({n_items},), got {tuple(score.shape)}")
-    # each user's list in row u (ranking_metrics' form), -1 (no item) where not evaluated
-    lists = torch.full((max(train.n_users, test.n_users), min(k, n_items)), -1,
-                       dtype=torch.int64)
     user = test.user if threshold is None else test.user[test.rating >= threshold]
-    users = torch.unique(user)  # sorted: the evaluated users
+    users = torch.unique(user)  # sorted: the evaluated users, row j of the lists users[j]
     if users.shape[0] == 0:  # (ranking_metrics' refusal: nothing to rank, or none relevant)
-        return ranking_metrics(lists, test, k, threshold=threshold)
+        return ranking_metrics(torch.full((0, min(k, n_items)), -1), test, k,
+                               threshold=threshold, users=users)
     order = score.double().argsort(descending=True, stable=True)  # ties: smaller index
     train_at = torch.searchsorted(users, train.user).clamp(max=users.shape[0] - 1)
     train_in = users[train_at] == train.user  # training ratings of evaluated users
@@ -113,9 +111,9 @@ def _rank_baseline(train: Ratings, test: Ratings, score: torch.Tensor, k: int,
         top = torch.full((stop - start, min(k, n_items)), -1, dtype=torch.int64)
         top[row, place[row, at] - 1] = order[at]
         tops.append(top)
-    lists[users] = torch.cat(tops)
     # scored as evaluate_ranking scores its lists (nnsparse.data.ranking_metrics)
-    return ranking_metrics(lists, test, k, threshold=threshold)  # show() drops "users"
+    return ranking_metrics(torch.cat(tops), test, k, threshold=threshold,
+                           users=users)  # show() drops "users"
 
 
 def _baseline_scores(train: Ratings, test: Ratings) -> Dict[str, torch.Tensor]:

@@ -9,7 +9,9 @@ autoencoder with a multinomial likelihood, the nnsparse way:
 * ``nnsparse.data.user_split``: the training users' clicks whole; validation and test
   users held out, each with 80 % of its clicks (``--fold-in``) as input, the rest to predict
   (the held-out clicks of items no training user clicked are dropped, as the paper's
-  code does, and those items are never ranked);
+  code does, and those items are never ranked); each part's matrix holds its users' rows
+  only (``rating_matrix(part, "user", rows=users)``), and their lists are scored by
+  ``ranking_metrics(top, target, k, users=users)``, row ``j`` user ``users[j]``'s;
 * input: a user's clicks, a CSR row, L2-normalised (``nnsparse.normalize``) and dropped
   out (``ValuesMap(nn.Dropout(0.5))`` on the specified values, ``--dropout``: a zero
   stays a zero, as in the paper's dropout of the dense input);
@@ -52,7 +54,7 @@ from tqdm import tqdm
 
 import nnsparse
 from nnsparse.data import (FORMATS, HeldOut, Ratings, SparseRowDataset, ranking_metrics,
-                           read_ratings, synthetic_ratings, user_split)
+                           rating_matrix, read_ratings, synthetic_ratings, user_split)
 
 #: the paper's figures: Recall@20, Recall@50, NDCG@100
 KS = (("Recall@20", "recall", 20), ("Recall@50", "recall", 50), ("NDCG@100", "ndcg", 100))
@@ -184,16 +186,6 @@ def read_clicks(p: argparse.ArgumentParser, args: argparse.Namespace) -> Tuple[R
     return clicks, source
 
 
-def click_rows(part: Ratings, users: Tensor, n_items: int) -> Tensor:
-    """The clicks of ``users`` (sorted user indices) as a ``(len(users), n_items)`` CSR
-    matrix of ones: row ``j`` is user ``users[j]``'s row, whatever the user map's size."""
-    row = torch.searchsorted(users, part.user)
-    index = torch.stack([row, part.item])
-    ones = torch.ones(len(part))
-    return torch.sparse_coo_tensor(index, ones, (len(users), n_items),
-                                   check_invariants=True).coalesce().to_sparse_csr()
-
-
 class MultDAE(nn.Module):
     """``normalize -> dropout -> SparseLinearBatch -> tanh -> Linear -> log_softmax``."""
 
@@ -230,16 +222,14 @@ def evaluate(net: nn.Module, held: HeldOut, seen: Tensor, batch_size: int) -> Di
     ranks every item a training user clicked (``seen``) less its fold-in ones."""
     fold_in, target = held
     users = torch.unique(torch.cat([fold_in.user, target.user]))
+    # row j of the input and of the lists: user users[j] (no row for the other users)
+    clicks = rating_matrix(fold_in, "user", torch.ones(len(fold_in)), rows=users)
     top = nnsparse.Batchifier(net, seen.shape[0], batch_size, progress=False).topk(
-        click_rows(fold_in, users, seen.shape[0]), 100, exclude=True, candidates=seen)
-    # ranking_metrics reads row u as user index u's list: the held-out rows put in place
-    values = torch.full((fold_in.n_users, 100), -math.inf)
-    indices = torch.full((fold_in.n_users, 100), -1, dtype=torch.int64)
-    values[users], indices[users] = top.values, top.indices
-    lists = torch.return_types.topk((values, indices))
+        clicks, 100, exclude=True, candidates=seen)
     figures: Dict[str, float] = {}
     for title, key, k in KS:
-        figures[title] = ranking_metrics(lists, target, k, recall="min")[f"{key}@{k}"]
+        figures[title] = ranking_metrics(top, target, k, recall="min",
+                                         users=users)[f"{key}@{k}"]
     figures["users"] = float(len(torch.unique(target.user)))
     return figures
 
@@ -248,8 +238,10 @@ def train(args: argparse.Namespace, train_part: Ratings, valid: HeldOut,
           seen: Tensor) -> Tuple[MultDAE, List[Dict[str, float]], int, float]:
     """Mult-DAE trained on the training users, the epoch of the best validation NDCG@100."""
     n_items = train_part.n_items
+    # the training users' rows only: an empty row would shrink the 'batchmean' loss
     users = torch.unique(train_part.user)
-    dataset = SparseRowDataset(click_rows(train_part, users, n_items))
+    clicks = rating_matrix(train_part, "user", torch.ones(len(train_part)), rows=users)
+    dataset = SparseRowDataset(clicks)
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
                         collate_fn=dataset.collate,
                         generator=torch.Generator().manual_seed(args.seed))

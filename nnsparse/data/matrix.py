@@ -23,8 +23,8 @@ from torch import Tensor
 from .._forms import (SparseBatch, as_choice, as_device, as_flag, as_sparse_batch,
                       check_index_range, check_numel, int_dtype, is_int, is_real, real_float,
                       refuse_meta, refuse_meta_device)
-from .readers import (Ratings, _check_ratings, _check_unique_pairs, _refuse_repeated_keys,
-                      _refuse_uint8_index)
+from .readers import (Ratings, _check_ratings, _check_unique_pairs, _distinct_index,
+                      _isin_argument, _refuse_repeated_keys, _refuse_uint8_index)
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
 
@@ -107,10 +107,38 @@ def _matrix_shape(shape: Any) -> Tuple[int, int]:
     return rows, width
 
 
+def _row_positions(row: Tensor, picked: Tensor, orientation: str, rows: str) -> Tensor:
+    """The position in ``picked`` (distinct row indices) of each entry's ``row``, by a sort
+    of ``picked`` and a binary search (O((nnz + rows) log rows), no table of the id map's
+    size); ``ValueError`` naming the first row of an entry that ``picked`` lacks, its fix
+    with ``rows`` (the argument as ``torch.isin`` takes it)."""
+    ordered, position = torch.sort(picked)
+    if ordered.numel() == 0:
+        at = torch.zeros_like(row)
+        found = torch.zeros(row.shape, dtype=torch.bool, device=row.device)
+    else:
+        at = torch.searchsorted(ordered, row).clamp_(max=ordered.numel() - 1)
+        found = ordered[at] == row
+    if row.numel() and not bool(found.all()):
+        missing = torch.unique(row[~found])
+        more = missing.numel() - 1
+        others = f", nor for {more} other {orientation}{'s' if more > 1 else ''}" if more else ""
+        raise ValueError(f"rows must hold every {orientation} of the ratings, got no row for "
+                         f"{orientation} {int(missing[0])}{others}; select the ratings of "
+                         f"rows first: ratings.subset(torch.isin(ratings.{orientation}, {rows}))")
+    return position[at].to(row.dtype)
+
+
 def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[Tensor] = None,
                   layout: torch.layout = torch.sparse_csr,
-                  shape: Optional[Tuple[int, int]] = None) -> Tensor:
+                  shape: Optional[Tuple[int, int]] = None, *, rows: Any = None) -> Tensor:
     r"""The sparse rating matrix, one row per item (``"item"``) or per user (``"user"``).
+
+    Every row of the id map has its row (an empty one for a user or item without
+    ratings), unless ``rows`` names the rows to build: the matrix of some users only,
+    such as the held-out users of :func:`~nnsparse.data.user_split`, whose rows are then
+    all filled, so a ``'batchmean'`` loss or a per-row mean is not diluted by the other
+    users' empty rows.
 
     Args:
         ratings (Ratings): the entries.
@@ -120,7 +148,18 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
         values (Tensor, optional): ``(len(ratings),)`` values to store instead
             of ``ratings.rating`` (e.g. normalised ratings).
         layout (torch.layout): ``torch.sparse_csr`` (default) or ``torch.sparse_coo``.
-        shape (tuple, optional): ``(rows, width)``; default from the id maps.
+        shape (tuple, optional): ``(rows, width)``; default from the id maps.  With
+            ``rows``, its first size must be ``len(rows)``: ``shape`` then sets (or
+            checks) the width only.
+        rows (Tensor or sequence, optional): keyword only.  The row indices to build
+            (users for ``"user"``, items for ``"item"``, as ``Ratings.user`` and
+            ``Ratings.item`` hold them): a 1-D integer tensor on the ratings' device, or
+            a sequence of ints, each once, in ``[0, n_users)`` (``[0, n_items)``).  Row
+            ``j`` of the matrix holds the ratings of ``rows[j]``, in any order of
+            ``rows``; every rating must belong to one of them (select the others out
+            first: ``ratings.subset(torch.isin(ratings.user, torch.as_tensor(rows)))``).
+            O(nnz log nnz + len(rows) log len(rows)), whatever the size of the id maps.
+            Default: every row of the id maps, in index order.
 
     Returns:
         A coalesced sparse tensor on the ratings' device; every rating is a
@@ -129,9 +168,13 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
     Raises:
         ValueError: an unknown ``orientation``, an index outside ``shape``, a
             ``shape`` of another length than two or with a negative size, or a
-            (user, item) pair rated twice.
+            (user, item) pair rated twice; ``rows`` not 1-D, an index in it out of
+            range or given twice, on another device than the ratings (or the meta
+            device), a rating of a row not in it, or a ``shape`` whose first size is
+            not ``len(rows)``.
         TypeError: ``orientation`` not a str, ``layout`` not one of the two
-            sparse layouts, ``shape`` not a sequence of ints.
+            sparse layouts, ``shape`` not a sequence of ints; ``rows`` not an integer
+            tensor or a sequence of ints (a bool or uint8 tensor too).
 
     Example::
 
@@ -139,13 +182,35 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
         >>> m = rating_matrix(r, "item")
         >>> m.shape, m.crow_indices(), m.col_indices(), m.values()
         (torch.Size([2, 2]), tensor([0, 1, 3]), tensor([0, 0, 1]), tensor([4., 0., 2.]))
+        >>> held = Ratings.from_triples([0, 1, 2, 3], [5, 5, 6, 5], [1., 1., 1., 1.])
+        >>> part = held.subset(torch.isin(held.user, torch.tensor([3, 1])))  # users 3, 1
+        >>> rating_matrix(part, "user", rows=[3, 1]).to_dense()  # row 0: user 3, 1: user 1
+        tensor([[1., 0.],
+                [1., 0.]])
+        >>> rating_matrix(part, "user").shape  # one row per user of the map, two empty
+        torch.Size([4, 2])
     """
     _check_ratings(ratings, "ratings")
     _check_orientation(orientation)
     if layout not in (torch.sparse_csr, torch.sparse_coo):
         raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
     row, col, default = _index(ratings, orientation)
-    rows, width = default if shape is None else _matrix_shape(shape)
+    picked: Optional[Tensor] = None  # the row index of each matrix row, when rows= is given
+    if rows is not None:
+        picked = _distinct_index(rows, "rows", default[0], orientation)
+        if not isinstance(rows, Tensor):  # a sequence: made on the ratings' device
+            picked = picked.to(row.device)
+        if picked.device != row.device:
+            raise ValueError(f"rows must be on the ratings' device {row.device}, "
+                             f"got {picked.device}")
+    if shape is not None:
+        shape = _matrix_shape(shape)
+        if picked is not None and shape[0] != picked.shape[0]:
+            raise ValueError(f"shape must have len(rows) = {picked.shape[0]} rows when rows "
+                             f"is given (it sets the width only), got {shape}")
+    n_rows, width = default if shape is None else shape
+    if picked is not None:
+        n_rows = picked.shape[0]
     values = ratings.rating if values is None else values
     if not isinstance(values, Tensor) or values.layout != torch.strided:
         got = f"layout {values.layout}" if isinstance(values, Tensor) else type(values).__name__
@@ -160,7 +225,9 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
     if values.is_floating_point() and values.numel() and not bool(torch.isfinite(values).all()):
         raise ValueError("values must be finite, got NaN or inf; a rating matrix specifies "
                          "observed ratings only")
-    for name, index, bound in (("row", row, rows), ("column", col, width)):
+    checked = (("column", col, width),) if picked is not None else (
+        ("row", row, n_rows), ("column", col, width))  # (rows=: each row is found in it)
+    for name, index, bound in checked:
         # the minimum too: the record's tensors may have been edited in place since it was
         # checked, and a negative index entered the trusted matrix (a matmul's crash)
         lo, hi = torch.stack(torch.aminmax(index)).tolist() if index.numel() else (0, -1)
@@ -168,16 +235,21 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
             what = f"min {lo}" if lo < 0 else f"max {hi}"
             raise ValueError(f"{orientation} matrix {name} indices must be in [0, {bound}), got "
                              f"{what}; build the matrix with the maps of all parts")
+    if picked is not None:
+        fix = _isin_argument(rows, "rows", row.device)  # rows in the refusal's fix
+        row = _row_positions(row, picked, orientation, fix)
     key, order = torch.sort(row * width + col)
     source = f" from {ratings.source}" if ratings.source else ""
 
     def pair_of(k: int) -> Tuple[int, int]:  # (user, item) of a key
         row, col = divmod(k, width)
+        if picked is not None:
+            row = int(picked[row])
         return (col, row) if orientation == "item" else (row, col)
     if not ratings._known_unique():  # else checked once already (_check_unique_pairs)
         _refuse_repeated_keys(f"ratings{source}", ratings, key, pair_of)
     # checked above: the matrix is built trusted, its structure attached
-    batch = SparseBatch(row[order], col[order], values[order], (rows, width), "coo",
+    batch = SparseBatch(row[order], col[order], values[order], (n_rows, width), "coo",
                         row_sorted=True, coalesced=True, trusted=True)
     return batch.to_coo() if layout == torch.sparse_coo else batch.to_csr()
 

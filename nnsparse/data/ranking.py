@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from .._forms import as_choice, as_count, int_dtype, is_real, real_float, refuse_meta
-from .readers import Ratings, _check_ratings, _check_unique_pairs
+from .readers import (Ratings, _check_ratings, _check_unique_pairs, _distinct_index,
+                      _isin_argument)
 
 __all__ = ["ranking_metrics"]
 
@@ -87,8 +88,34 @@ def _figures(top: Tensor, placed: Tensor, users: Tensor, user: Tensor, item: Ten
             "users": int(users.shape[0])}
 
 
+def _rows_of(users: Any, rows: int, n_users: int, evaluated: Tensor,
+             device: torch.device) -> Tensor:
+    """The row of ``top`` of each ``evaluated`` user (sorted CPU int64) by ``users``
+    (:func:`ranking_metrics`' argument, checked here: ``rows`` distinct user indices in
+    ``[0, n_users)``), by a sort and a binary search: O((rows + users) log rows); the
+    refusal's fix writes ``users`` as a tensor on ``device`` (``test.user``'s)."""
+    listed = _distinct_index(users, "users", n_users, "user").detach().cpu().long()
+    if listed.shape[0] != rows:
+        raise ValueError(f"users must name the user of each row of top, so {rows} users, "
+                         f"got {listed.shape[0]}")
+    ordered, row = torch.sort(listed)
+    at = torch.searchsorted(ordered, evaluated).clamp_(max=max(rows - 1, 0))
+    found = ordered[at] == evaluated if rows else torch.zeros_like(evaluated, dtype=torch.bool)
+    if not bool(found.all()):
+        missing = evaluated[~found]
+        more = missing.numel() - 1
+        others = f", nor for {more} other test user{'s' if more > 1 else ''}" if more else ""
+        raise ValueError(f"users must hold every test user with a relevant rating (row j of "
+                         f"top: user users[j]'s list), got no row for user "
+                         f"{int(missing[0])}{others}; score a part of the users by selecting "
+                         f"their test ratings: test.subset(torch.isin(test.user, "
+                         f"{_isin_argument(users, 'users', device)}))")
+    return row[at]
+
+
 def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
-                    threshold: Optional[float] = None, recall: str = "n") -> Dict[str, Any]:
+                    threshold: Optional[float] = None, recall: str = "n",
+                    users: Any = None) -> Dict[str, Any]:
     r"""Precision, recall, NDCG and hit rate at ``k`` of your own top-``k`` lists.
 
     The figures :meth:`RatingModel.evaluate_ranking
@@ -103,10 +130,19 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
     sum of ``1 / log2(p + 1)`` over the hits' positions ``p = 1..k``, ``IDCG`` the same
     over ``p = 1..min(k, n)``) and ``hit_rate@k`` (1 when ``hits >= 1``).
 
+    ``top``'s row ``u`` is user index ``u``'s list, unless ``users`` names each row's user:
+    the lists of some users only (the held-out users of
+    :func:`~nnsparse.data.user_split`), with no row for the others.  Either way every
+    evaluated user needs its list: a test user with a relevant rating and no row
+    (beyond ``top``'s rows, or not in ``users``) is refused, never silently left out of
+    the means; score a part of the users by selecting their test ratings
+    (``test.subset(torch.isin(test.user, torch.as_tensor(users)))``).
+
     Args:
         top: each user's items, best first: an integer tensor ``(rows, columns)`` whose
             row ``u`` is user index ``u``'s list (``Ratings.user``'s indices; every test
-            user needs a row), item indices as ``Ratings.item`` holds them; or a
+            user needs a row; with ``users``, row ``j`` is user ``users[j]``'s list),
+            item indices as ``Ratings.item`` holds them; or a
             ``(values, indices)`` result of :func:`torch.topk`, :func:`nnsparse.stopk`
             or :meth:`nnsparse.Batchifier.topk`.  A place whose index is negative
             (``stopk``'s padding) or whose value is ``-inf`` or NaN (``Batchifier.topk``'s
@@ -124,6 +160,12 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
             of the implicit-feedback papers that follow it, which reaches 1 when the list
             is all hits even for a user with more than ``k`` relevant items.  Default:
             ``"n"``.
+        users (Tensor or sequence, optional): the user index of each row of ``top``: a
+            1-D integer tensor (on any device) or a sequence of ints, ``top.shape[0]``
+            long, each user once, in ``[0, test.n_users)``, in any order; it must hold
+            every test user with a relevant rating (a listed user with none is not
+            evaluated and its row not read, as without ``users``).  Default: ``None``,
+            row ``u`` is user ``u``'s.
 
     Returns:
         dict: ``{"precision@k", "recall@k", "ndcg@k", "hit_rate@k"}`` (floats; the keys
@@ -133,12 +175,15 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
         TypeError: ``top`` not an integer tensor or a ``(values, indices)`` result, its
             values not a dense floating-point tensor; ``test`` not a :class:`Ratings`;
             ``k`` not an int, ``threshold`` not a real number or None, ``recall`` not a
-            str.
+            str; ``users`` not an integer tensor or a sequence of ints (a bool or uint8
+            tensor too: neither is read as a mask).
         ValueError: ``top`` not 2-D, with fewer rows than the test users need, an item
             index at or above ``test.n_items`` or twice in a row, on the meta device, or
             values of another shape or device; ``k`` below 1; ``recall`` neither ``"n"``
             nor ``"min"``; ``threshold`` not finite; ``test`` empty, rating a (user, item)
-            pair twice, or with no rating reaching ``threshold``.
+            pair twice, or with no rating reaching ``threshold``; ``users`` not 1-D, on
+            the meta device, of another length than ``top``'s rows, a user out of range
+            or twice in it, or lacking a test user with a relevant rating.
 
     Example::
 
@@ -153,6 +198,9 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
         0.25
         >>> ranking_metrics(lists, test, 1, recall="min")["recall@1"]  # user 0: 1 / min(1, 2)
         0.5
+        >>> held = test.subset(test.user == 1)           # user 1's test ratings, its list only
+        >>> ranking_metrics(lists.indices[1:], held, users=[1]) == ranking_metrics(lists, held)
+        True
     """
     values: Optional[Tensor] = None
     if not isinstance(top, Tensor) and isinstance(getattr(top, "indices", None), Tensor) \
@@ -191,11 +239,17 @@ def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,
     user, item = _relevant(test, threshold)
     # a pair twice would count twice in n (recall's denominator, the ideal list), once in hits
     _check_unique_pairs("test", test)
-    users = torch.unique(user)  # sorted: the evaluated users
-    if top.shape[0] <= int(users[-1]):
-        raise ValueError(f"top must have a row for every test user (row u: user index u's "
-                         f"list), so at least {int(users[-1]) + 1} rows, got {top.shape[0]}")
-    at = users.to(top.device)  # the evaluated users' rows only cross to the CPU
+    evaluated = torch.unique(user)  # sorted: the evaluated users
+    if users is None:
+        if top.shape[0] <= int(evaluated[-1]):
+            raise ValueError(f"top must have a row for every test user (row u: user index u's "
+                             f"list), so at least {int(evaluated[-1]) + 1} rows, got "
+                             f"{top.shape[0]}; or pass users= (row j: user users[j]'s list)")
+        at = evaluated
+    else:
+        at = _rows_of(users, top.shape[0], test.n_users, evaluated, test.user.device)
+    at = at.to(top.device)  # the evaluated users' rows only cross to the CPU
+    users = evaluated
     top = top[at, :k].cpu().long()
     placed = top >= 0
     if values is not None:

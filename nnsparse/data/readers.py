@@ -446,6 +446,65 @@ def _entry_index(index: Any, n: int) -> Tensor:
     return cast(Tensor, index)
 
 
+def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
+    """``value`` checked as distinct ``what`` indices in ``[0, bound)``: a 1-D integer
+    tensor (int64 when int8 or int16, which torch does not index with; kept on its device)
+    or a sequence (a list, a tuple, a range, a numpy array) of ints, made an int64 CPU
+    tensor.  ``TypeError`` for another kind, a float, bool or uint8 dtype (torch would read
+    uint8 as a mask); ``ValueError`` for another shape than 1-D, an index out of range or
+    one given twice (one host sync and a sort of ``value``: O(len(value) log len(value)))."""
+    expected = f"a 1-D integer tensor or a sequence of ints ({what} indices)"
+    if not isinstance(value, Tensor):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+            raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+        try:
+            value = as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{name} must be {expected}, got {type(value).__name__} "
+                            f"{value!r}") from None
+        if value.numel() == 0:  # [] reads as float32: no index
+            value = value.long()
+    if value.layout != torch.strided:
+        raise TypeError(f"{name} must be {expected}, got layout {value.layout}")
+    _refuse_uint8_index(value, name, f"int64 {what} indices", ".long()")
+    if value.dtype == torch.bool:  # never read as a mask: its True places are the indices
+        raise TypeError(f"{name} must hold integer {what} indices, got dtype torch.bool; "
+                        f"for the {what}s of a mask, pass mask.nonzero().squeeze(1)")
+    if value.is_floating_point() or value.is_complex():
+        raise TypeError(f"{name} must hold integer {what} indices, got dtype {value.dtype}")
+    refuse_meta(value, name)  # its indices cannot be read
+    if value.dim() != 1:
+        raise ValueError(f"{name} must be 1-D ({what} indices), got shape "
+                         f"{tuple(value.shape)}")
+    if value.dtype not in (torch.int32, torch.int64):
+        value = value.long()
+    if value.numel():
+        ordered = value.sort().values
+        # twice[i]: ordered[i] is also ordered[i + 1]; the first such place by argmax
+        twice = torch.cat([ordered[1:] == ordered[:-1], ordered.new_zeros(1, dtype=torch.bool)])
+        first = twice.to(torch.int8).argmax()
+        # one host sync: the extremes, whether an index repeats and the first that does
+        lo, hi, repeats, repeated = torch.stack(
+            [ordered[0], ordered[-1], twice.any().to(ordered.dtype), ordered[first]]).tolist()
+        if lo < 0 or hi >= bound:
+            raise ValueError(f"{name} must be {what} indices in [0, {bound}), got "
+                             f"{lo if lo < 0 else hi}")
+        if repeats:
+            raise ValueError(f"{name} must hold each {what} once, got {what} {repeated} twice")
+    return cast(Tensor, value)
+
+
+def _isin_argument(value: Any, name: str, device: torch.device) -> str:
+    """``name``'s value (``rows=`` or ``users=`` as given) written as the tensor on ``device``
+    that ``torch.isin`` needs in a refusal's fix (a list, a range or a numpy array it
+    refuses)."""
+    if isinstance(value, Tensor):
+        return name if value.device == device else f"{name}.to('{device}')"
+    if device.type == "cpu":
+        return f"torch.as_tensor({name})"
+    return f"torch.as_tensor({name}, device='{device}')"
+
+
 def _check_unique_pairs(name: str, *parts: Ratings) -> None:
     """``ValueError`` when the ratings of ``parts`` (sharing one pair of id maps) together
     rate a (user, item) pair more than once.

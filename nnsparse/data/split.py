@@ -245,6 +245,10 @@ class HeldOut(NamedTuple):
             input at evaluation; those items are left out of the ranking).
         target (Ratings): the rest of the same users' ratings, to be predicted.
 
+    Their matrices of these users only (no empty row for every other user of the maps):
+    ``rating_matrix(fold_in, "user", rows=users)``; their lists scored by
+    ``ranking_metrics(top, target, users=users)``.
+
     Example::
 
         >>> r = Ratings.from_triples([0, 0, 1], [0, 1, 0], [1., 1., 1.])
@@ -344,7 +348,9 @@ def user_split(ratings: Ratings, test: Union[int, float] = 0.1,
     do not depend on ``validation``), then one permutation of the entries
     chooses each held-out user's fold-in ratings: the same seed gives the same
     split on every machine.  Every part keeps the order of the input and
-    shares its id maps, so matrices built from them have one shape.
+    shares its id maps, so matrices built from them have one shape; the matrix of the
+    held-out users only is ``rating_matrix(part, "user", rows=users)`` (see
+    :class:`HeldOut`).
 
     Args:
         ratings (Ratings): the whole rating set (clicks: ratings of 1).
