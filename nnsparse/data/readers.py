@@ -465,8 +465,8 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
             value = as_tensor(value)
         except (TypeError, ValueError, RuntimeError):
             # an int beyond int64 is a value out of range, not a wrong kind
-            huge = [v for v in value if isinstance(v, int) and not isinstance(v, bool)
-                    and not -2 ** 63 <= v < 2 ** 63] if isinstance(value, (list, tuple)) else []
+            huge = [int(v) for v in value if is_int(v) and not -2 ** 63 <= int(v) < 2 ** 63] \
+                if isinstance(value, (list, tuple)) else []
             if huge:
                 raise ValueError(f"{name} must be {what} indices in [0, {bound}), got "
                                  f"{huge[0]}") from None
