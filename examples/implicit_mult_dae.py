@@ -69,6 +69,8 @@ def _positive(kind: type, name: str) -> Callable[[str], Any]:
                 f"{name} must be {'an integer' if kind is int else 'a number'}, got {text!r}")
         if not 0 < value < math.inf:
             raise argparse.ArgumentTypeError(f"{name} must be positive and finite, got {text}")
+        if kind is int and value >= 2 ** 63:  # (torch's sizes and counts are int64)
+            raise argparse.ArgumentTypeError(f"{name} must be below 2**63, got {text}")
         return value
     return parse
 

@@ -422,13 +422,15 @@ def _row_normalized(values: Tensor, rows_of: Callable[[], Tuple[Tensor, int]], p
         if p == 2:
             powered = size * size
         else:  # |0| ** p with p < 1 has an infinite slope: 0 there, as torch's norm has
-            nonzero = size > 0
+            nonzero = size != 0  # (not > 0: a NaN value must make its row's norm NaN)
             powered = torch.where(nonzero, torch.where(nonzero, size, torch.ones_like(size))
                                   .pow(p), torch.zeros_like(size))
         total = zeros.index_add(0, row, powered)
         # the root at a zero row (0 ** (1/p): an infinite slope) gets gradient 0 through
         # the inner where, as torch's norm has there; the outer one gives its value, 0
-        some = total > 0
+        # (!= 0, not > 0: a row holding a NaN has a NaN norm and NaN values, as
+        # F.normalize gives, not its other values divided by eps)
+        some = total != 0
         safe = torch.where(some, total, torch.ones_like(total))
         norm = torch.where(some, safe.sqrt() if p == 2 else safe.pow(1 / p), zeros)
     if values.dtype in _WIDENED:  # back in the values' dtype before eps, as F.normalize

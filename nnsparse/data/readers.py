@@ -457,9 +457,19 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
     if not isinstance(value, Tensor):
         if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
             raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+        if isinstance(value, np.ndarray) and value.dtype.kind == "u" and value.size \
+                and int(value.max()) >= 2 ** 63:  # (torch's int64 would wrap it negative)
+            raise ValueError(f"{name} must be {what} indices in [0, {bound}), got "
+                             f"{int(value.max())}")
         try:
             value = as_tensor(value)
         except (TypeError, ValueError, RuntimeError):
+            # an int beyond int64 is a value out of range, not a wrong kind
+            huge = [int(v) for v in value if is_int(v) and not -2 ** 63 <= int(v) < 2 ** 63] \
+                if isinstance(value, (list, tuple)) else []
+            if huge:
+                raise ValueError(f"{name} must be {what} indices in [0, {bound}), got "
+                                 f"{huge[0]}") from None
             raise TypeError(f"{name} must be {expected}, got {type(value).__name__} "
                             f"{value!r}") from None
         if value.numel() == 0:  # [] reads as float32: no index

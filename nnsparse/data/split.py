@@ -272,6 +272,13 @@ class UserSplit:
 
     The five parts are disjoint and together the input; they share its id maps.
     Unpacks as ``train, (valid_in, valid_target), (test_in, test_target) = split``.
+    A field assigned later is checked as the constructor's (a refused assignment
+    leaves the split as it was; a pair is made a :class:`HeldOut`).
+
+    Raises:
+        TypeError: ``train`` or a held-out part that is not a :class:`Ratings` record,
+            ``validation`` or ``test`` that is not a ``(fold_in, target)`` pair.
+        ValueError: a part whose ``user_map`` or ``item_map`` is not ``train``'s.
 
     Example::
 
@@ -287,18 +294,55 @@ class UserSplit:
     test: HeldOut
 
     def __post_init__(self) -> None:
-        _check_ratings(self.train, "train")
-        for name in ("validation", "test"):  # both checked before either is converted
-            part = getattr(self, name)
-            if not (isinstance(part, tuple) and len(part) == 2):
-                raise TypeError(f"{name} must be a (fold_in, target) pair of Ratings, "
-                                f"got {type(part).__name__}")
-            _check_ratings(part[0], f"{name} fold_in")
-            _check_ratings(part[1], f"{name} target")
-        self.validation, self.test = HeldOut(*self.validation), HeldOut(*self.test)
+        # every field checked before any is converted (a plain pair made a HeldOut)
+        held = {name: _held_out(name, getattr(self, name), self.train)
+                for name in ("validation", "test")}
+        for name, part in held.items():
+            object.__setattr__(self, name, part)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A field assigned after construction: the constructor's checks first (a refused
+        assignment leaves the split as it was), a ``(fold_in, target)`` pair made a
+        :class:`HeldOut`."""
+        if name not in _USER_SPLIT_FIELDS or "test" not in self.__dict__:
+            object.__setattr__(self, name, value)  # (__init__'s assignments, then checked)
+            return
+        if name == "train":  # the held-out parts (sharing one pair of maps) must share its
+            _check_ratings(value, "train")
+            _check_maps("train", value, "the held-out parts'", self.validation.fold_in)
+        else:
+            value = _held_out(name, value, self.train)
+        object.__setattr__(self, name, value)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.train, self.validation, self.test))
+
+
+_USER_SPLIT_FIELDS = ("train", "validation", "test")
+
+
+def _held_out(name: str, part: Any, train: Any) -> HeldOut:
+    """``UserSplit``'s ``name`` field checked: a ``(fold_in, target)`` pair of Ratings
+    sharing ``train``'s id maps (``train`` checked too), as a :class:`HeldOut`."""
+    _check_ratings(train, "train")
+    if not (isinstance(part, tuple) and len(part) == 2):
+        raise TypeError(f"{name} must be a (fold_in, target) pair of Ratings, "
+                        f"got {type(part).__name__}")
+    for which, ratings in zip(("fold_in", "target"), part):
+        _check_ratings(ratings, f"{name} {which}")
+        _check_maps(f"{name} {which}", ratings, "train's", train)
+    return HeldOut(*part)
+
+
+def _check_maps(name: str, ratings: Ratings, whose: str, reference: Ratings) -> None:
+    """``ValueError`` unless ``ratings`` has ``reference``'s id maps (the parts of one split
+    share one pair of map objects: the identity check is O(1))."""
+    for key in ("user", "item"):
+        mine, theirs = getattr(ratings, key + "_map"), getattr(reference, key + "_map")
+        if mine is not theirs and mine != theirs:
+            other = "" if len(mine) != len(theirs) else ", with other ids"
+            raise ValueError(f"{name} must share {whose} {key}_map (the parts of one split), "
+                             f"got one of {len(mine)} {key}s for their {len(theirs)}{other}")
 
 
 def _user_count(value: Any, name: str) -> None:
