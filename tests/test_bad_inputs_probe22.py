@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import nnsparse
-from nnsparse.data import HeldOut, Ratings, UserSplit, ranking_metrics, rating_matrix, user_split
+from nnsparse.data import (HeldOut, Ratings, Split, UserSplit, random_split, ranking_metrics,
+                           rating_matrix, user_split)
 from probe_cases import Case, run_case
 
 NAN = math.nan
@@ -144,7 +145,62 @@ ASSIGN_CASES.append(Case("assign-pair-ok", _assign_pair_makes_held_out, None,
                          check=lambda s: type(s.validation) is HeldOut
                          and s.validation.fold_in is s.test.fold_in))
 
-CASES = NORMALIZE_CASES + ROWS_CASES + SPLIT_CASES + ASSIGN_CASES
+# -- Split (random_split's, holdout_split's record): the same checks as UserSplit's (was:
+#    parts on other maps accepted, a field assigned later not checked) ---------------------
+
+PLAIN_SPLIT_CASES = [
+    Case("Split-other-user-map", lambda: Split(_ratings(), _held(), _other()), ValueError,
+         re.escape("test must share train's user_map (the parts of one split), "
+                   "got one of 1 users for their 20")),
+    Case("Split-other-item-map", lambda: Split(
+        _ratings(), Ratings.from_triples(list(range(20)), [0] * 20, [1.] * 20), _held()),
+         ValueError, re.escape("validation must share train's item_map (the parts of one "
+                               "split), got one of 1 items for their 5")),
+    Case("Split-other-ids", lambda: Split(_ratings(), _held(), Ratings.from_triples(
+        [u + 100 for u in range(20)], [0] * 20, [1.] * 20).subset([0])),
+         ValueError, re.escape("got one of 20 users for their 20, with other ids")),
+    Case("Split-equal-maps-ok", lambda: Split(_ratings(), _held(), _held()), None,
+         check=lambda s: len(s.test) == 10),
+]
+
+
+def _assigned_plain(field, value):
+    split = random_split(_ratings(), test=0.1, validation=0.1, seed=0)
+    before = {name: getattr(split, name) for name in ("train", "validation", "test")}
+    try:
+        setattr(split, field, value)
+    finally:  # a refused assignment leaves the split as it was
+        assert all(getattr(split, name) is part for name, part in before.items())
+    return split
+
+
+PLAIN_SPLIT_CASES += [
+    Case("Split-assign-test-None", lambda: _assigned_plain("test", None), TypeError,
+         re.escape("test must be a Ratings record")),
+    Case("Split-assign-validation-pair", lambda: _assigned_plain("validation", (_held(),)),
+         TypeError, re.escape("validation must be a Ratings record")),
+    Case("Split-assign-test-other-maps", lambda: _assigned_plain("test", _other()), ValueError,
+         re.escape("test must share train's user_map (the parts of one split), "
+                   "got one of 1 users for their 20")),
+    Case("Split-assign-train-other-maps", lambda: _assigned_plain("train", _other()),
+         ValueError, re.escape("train must share the other parts' user_map (the parts of one "
+                               "split), got one of 1 users for their 20")),
+]
+
+
+def _assign_plain_ok():
+    split = random_split(_ratings(), test=0.1, validation=0.1, seed=0)
+    held = _held()
+    split.test = held
+    split.train = split.train.subset([0, 1])
+    return split, held
+
+
+PLAIN_SPLIT_CASES.append(Case("Split-assign-ok", _assign_plain_ok, None,
+                              check=lambda out: out[0].test is out[1]
+                              and len(out[0].train) == 2))
+
+CASES = NORMALIZE_CASES + ROWS_CASES + SPLIT_CASES + ASSIGN_CASES + PLAIN_SPLIT_CASES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

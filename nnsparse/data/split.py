@@ -6,7 +6,7 @@ epochs and settings on ``validation``, and read ``test`` once, at the end.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, NamedTuple, Tuple, Union, cast
+from typing import Any, Callable, Iterator, NamedTuple, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -28,6 +28,14 @@ class Split:
         validation (Ratings): for early stopping and model choice.
         test (Ratings): read once, at the end, for the reported error.
 
+    A field assigned later is checked as the constructor's (a refused assignment
+    leaves the split as it was).
+
+    Raises:
+        TypeError: a part that is not a :class:`Ratings` record.
+        ValueError: ``validation`` or ``test`` whose ``user_map`` or ``item_map`` is
+            not ``train``'s (``train`` assigned later: not the other parts').
+
     Example::
 
         >>> from nnsparse.data import synthetic_ratings, random_split
@@ -43,11 +51,40 @@ class Split:
     test: Ratings
 
     def __post_init__(self) -> None:
-        for name in ("train", "validation", "test"):
+        for name in _SPLIT_FIELDS:
             _check_ratings(getattr(self, name), name)
+        for name in ("validation", "test"):  # (O(1) where the maps are shared, as they are)
+            _check_maps(name, getattr(self, name), "train's", self.train)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A field assigned after construction: the constructor's checks first (a refused
+        assignment leaves the split as it was)."""
+        _checked_setattr(self, name, value, self._checked)
+
+    def _checked(self, name: str, value: Any) -> Ratings:
+        _check_ratings(value, name)
+        if name == "train":  # validation and test (sharing one pair of maps) must share its
+            _check_maps("train", value, "the other parts'", self.validation)
+        else:
+            _check_maps(name, value, "train's", self.train)
+        return cast(Ratings, value)
 
     def __iter__(self) -> Iterator[Ratings]:
         return iter((self.train, self.validation, self.test))
+
+
+#: The fields of :class:`Split` and :class:`UserSplit`, in ``__init__``'s order.
+_SPLIT_FIELDS = ("train", "validation", "test")
+
+
+def _checked_setattr(split: Any, name: str, value: Any,
+                     checked: Callable[[str, Any], Any]) -> None:
+    """``split.name = value`` for a split record's ``__setattr__``: a field assigned after
+    construction is ``checked(name, value)`` first (it raises, or returns the value to
+    store), so a refused assignment leaves the split as it was."""
+    if name in _SPLIT_FIELDS and "test" in split.__dict__:  # (not __init__'s assignments,
+        value = checked(name, value)                       # which __post_init__ checks)
+    object.__setattr__(split, name, value)
 
 
 def _check_ratio(ratio: float, name: str) -> None:
@@ -304,21 +341,19 @@ class UserSplit:
         """A field assigned after construction: the constructor's checks first (a refused
         assignment leaves the split as it was), a ``(fold_in, target)`` pair made a
         :class:`HeldOut`."""
-        if name not in _USER_SPLIT_FIELDS or "test" not in self.__dict__:
-            object.__setattr__(self, name, value)  # (__init__'s assignments, then checked)
-            return
+        _checked_setattr(self, name, value, self._checked)
+
+    def _checked(self, name: str, value: Any) -> Any:
         if name == "train":  # the held-out parts (sharing one pair of maps) must share its
             _check_ratings(value, "train")
             _check_maps("train", value, "the held-out parts'", self.validation.fold_in)
-        else:
-            value = _held_out(name, value, self.train)
-        object.__setattr__(self, name, value)
+            return value
+        return _held_out(name, value, self.train)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.train, self.validation, self.test))
 
 
-_USER_SPLIT_FIELDS = ("train", "validation", "test")
 
 
 def _held_out(name: str, part: Any, train: Any) -> HeldOut:
