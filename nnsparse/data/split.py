@@ -354,8 +354,6 @@ class UserSplit:
         return iter((self.train, self.validation, self.test))
 
 
-
-
 def _held_out(name: str, part: Any, train: Any) -> HeldOut:
     """``UserSplit``'s ``name`` field checked: a ``(fold_in, target)`` pair of Ratings
     sharing ``train``'s id maps (``train`` checked too), as a :class:`HeldOut`."""
