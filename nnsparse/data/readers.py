@@ -1056,13 +1056,6 @@ def _check_missing(ids: np.ndarray, given: Any, name: str) -> None:
 
 # -- item titles -----------------------------------------------------------------------
 
-def _read_titles(path: Path, fmt: str) -> Dict[Any, str]:
-    """original item id -> title, from ``u.item``, ``movies.dat`` or ``movies.csv`` (a zip
-    archive given as ``titles`` was read as text, its bytes quoted as an item id)."""
-    _refuse_binary_file(path, "titles", "item file")
-    return _parse_titles(path, fmt)
-
-
 def _csv_item_rows(path: Path, name: str = "path",
                    fix: str = "") -> Iterator[Tuple[int, List[str]]]:
     """``(line number, fields)`` of the non-blank lines of a ``movies.csv`` (as
@@ -1070,10 +1063,10 @@ def _csv_item_rows(path: Path, name: str = "path",
     when it is a header (``movieId,title,genres``), not an item line: a file without a
     header lost its first item (and a header after a blank line, or after a byte order
     mark and a line break, was read as the item ``'movieId'`` of the genre ``'genres'``).
-    The file must be UTF-8 (:func:`_utf8_text`: ``name`` gave it, ``fix`` ends the
-    refusal's advice) and hold no NUL byte (:func:`_refuse_nul`)."""
+    The file must be text (:func:`_refuse_not_text`) and UTF-8 (:func:`_utf8_text`:
+    ``name`` gave it, ``fix`` ends the refusal's advice)."""
     raw = path.read_bytes()
-    _refuse_nul(raw, path, name)
+    _refuse_not_text(raw, path, name, "item file")
     text = _utf8_text(raw, path, name, "MovieLens movies.csv is", fix)
     header = True  # the first non-blank line may be a header
     for number, row in enumerate(csv.reader(io.StringIO(text, newline="")), start=1):
@@ -1111,7 +1104,10 @@ def _utf8_text(raw: bytes, path: Path, name: str, why: str, fix: str = "") -> st
 _ONE_TITLE = "an item file gives each item one title: fix the file, or pass titles=False"
 
 
-def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
+def _read_titles(path: Path, fmt: str) -> Dict[Any, str]:
+    """original item id -> title, from ``u.item``, ``movies.dat`` or ``movies.csv`` (a zip
+    archive given as ``titles`` was read as text, its bytes quoted as an item id: refused
+    where the file's bytes are read, :func:`_refuse_not_text`)."""
     titles: Dict[Any, str] = {}
     seen: Dict[Any, int] = {}  # id -> its line: which title an id listed twice gets is no guess
     if fmt == "csv":
@@ -1124,7 +1120,7 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
             titles[key] = row[1]
         return titles
     sep = "|" if fmt == "ml-100k" else "::"
-    for number, line in _side_lines(path, "titles"):
+    for number, line in _side_lines(path, "titles", "item file"):
         parts = line.split(sep)
         if len(parts) < 2:
             raise ValueError(f"{path}, line {number}: expected 'id{sep}title{sep}...', "
@@ -1135,29 +1131,31 @@ def _parse_titles(path: Path, fmt: str) -> Dict[Any, str]:
     return titles
 
 
-def _side_lines(path: Path, name: str = "path") -> Iterator[Tuple[int, str]]:
+def _side_lines(path: Path, name: str, what: str) -> Iterator[Tuple[int, str]]:
     """``(line number, line)`` of the non-blank lines of a MovieLens item or user file (its
     :func:`_side_text`, any line break), the line break stripped and a leading byte order
     mark removed (:func:`_without_bom`) before a line is judged blank: the titles and the
     side features read a file alike (a byte order mark alone on the first line was a
     blank line to the titles, a malformed line to the features).  ``name``: the argument
-    that gave the file, which a NUL byte's refusal names (:func:`_side_text`)."""
-    for number, line in enumerate(io.StringIO(_side_text(path, name), newline=None), start=1):
+    that gave the file, ``what`` the file (:func:`_side_text`'s refusals)."""
+    for number, line in enumerate(io.StringIO(_side_text(path, name, what), newline=None),
+                                  start=1):
         line = _without_bom(line, number).rstrip("\r\n")
         if line.strip():
             yield number, line
 
 
-def _side_text(path: Path, name: str = "path") -> str:
+def _side_text(path: Path, name: str, what: str) -> str:
     """The text of a MovieLens item or user file (``u.item``, ``movies.dat``, ``u.user``,
     ``users.dat``), for titles and side features alike: UTF-8 when its bytes are
     (MovieLens-10M's ``movies.dat``; its README: "encoded as UTF-8 ... a departure from
     previous MovieLens data sets"), else latin-1, which decodes any bytes (MovieLens-100K's
     ``u.item`` and -1M's ``movies.dat``, whose ``é`` is the one byte 0xE9: no valid UTF-8).
-    A byte order mark is left in, for :func:`_without_bom`; a NUL byte anywhere is
-    refused (:func:`_refuse_nul`; ``name``: the argument that gave the file)."""
+    A byte order mark is left in, for :func:`_without_bom`; a compressed or binary file and
+    a NUL byte anywhere are refused (:func:`_refuse_not_text`; ``name``: the argument that
+    gave the file, ``what`` the file)."""
     raw = path.read_bytes()
-    _refuse_nul(raw, path, name)
+    _refuse_not_text(raw, path, name, what)
     return _text(raw)
 
 
@@ -1550,8 +1548,7 @@ def _read(path: Path, format: str, title_file: Optional[Path],
     (``auto``: ``format`` was detected, which a parsing error names)."""
     sep, fields, header, _ = _FORMATS[format]
     raw = path.read_bytes()
-    _refuse_binary(raw, path)
-    _refuse_nul(raw, path)
+    _refuse_not_text(raw, path)
     if raw.startswith(_BOM):  # before the header check: the BOM is no part of the first line
         raw = raw[len(_BOM):]
     with _detected(auto, format, path):  # the lines, parsed in the format
@@ -1906,11 +1903,15 @@ def _refuse_binary(head: bytes, path: Path, name: str = "path",
         raise _nul_error(head, at, path, name)
 
 
-def _refuse_binary_file(path: Path, name: str, what: str) -> None:
-    """:func:`_refuse_binary` of the file ``path``'s first bytes: an item or user file
-    (``what``), given as the argument ``name``, that is read whole as text after."""
-    with open(path, "rb") as f:
-        _refuse_binary(_head(f), path, name, what)
+def _refuse_not_text(raw: bytes, path: Path, name: str = "path",
+                     what: str = "rating file") -> None:
+    """The bytes ``raw`` of the file ``path`` (a ``what`` given as the argument ``name``),
+    whole, before they are read as text: a compressed or binary file refused
+    (:func:`_refuse_binary`, from its first ``_HEAD`` bytes), then a NUL byte anywhere
+    (:func:`_refuse_nul`).  Every reader of a whole file calls it where it reads the bytes
+    (rating, item and user files, titles): one read of the file."""
+    _refuse_binary(raw, path, name, what)
+    _refuse_nul(raw, path, name)
 
 
 def _head(f: Any) -> bytes:
@@ -1977,8 +1978,7 @@ _ARCHIVES = ((b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip)"),
 def _lines(path: Path, sep: str, what: str) -> List[Tuple[int, List[str]]]:
     """The non-blank lines of an item or user file (``what``), split at ``sep``: the lines
     the titles read (:func:`_side_lines`)."""
-    _refuse_binary_file(path, "path", what)
-    return [(n, line.split(sep)) for n, line in _side_lines(path)]
+    return [(n, line.split(sep)) for n, line in _side_lines(path, "path", what)]
 
 
 def _feature_file(path: _PathLike, what: str) -> Path:
@@ -2139,7 +2139,6 @@ def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -
         return _rows(item_map, table, width, path, "item_map")
     named: Dict[Any, List[str]] = {}
     if format == "csv":
-        _refuse_binary_file(path, "path", "item file")
         for number, row in _csv_item_rows(path):
             if len(row) < 3:
                 raise ValueError(f"{path}, line {number}: expected movieId,title,genres")
