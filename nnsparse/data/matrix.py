@@ -24,7 +24,7 @@ from .._forms import (SparseBatch, as_choice, as_device, as_flag, as_sparse_batc
                       check_index_range, check_numel, int_dtype, is_int, is_real, real_float,
                       refuse_meta, refuse_meta_device)
 from .readers import (Ratings, _check_ratings, _check_unique_pairs, _distinct_index,
-                      _isin_argument, _refuse_repeated_keys, _refuse_uint8_index)
+                      _isin_argument, _positions, _refuse_repeated_keys, _refuse_uint8_index)
 
 __all__ = ["rating_matrix", "RatingNormalizer", "RatingErrors", "rmse", "mae", "mean_prediction"]
 
@@ -108,17 +108,11 @@ def _matrix_shape(shape: Any) -> Tuple[int, int]:
 
 
 def _row_positions(row: Tensor, picked: Tensor, orientation: str, rows: str) -> Tensor:
-    """The position in ``picked`` (distinct row indices) of each entry's ``row``, by a sort
-    of ``picked`` and a binary search (O((nnz + rows) log rows), no table of the id map's
-    size); ``ValueError`` naming the first row of an entry that ``picked`` lacks, its fix
-    with ``rows`` (the argument as ``torch.isin`` takes it)."""
-    ordered, position = torch.sort(picked)
-    if ordered.numel() == 0:
-        at = torch.zeros_like(row)
-        found = torch.zeros(row.shape, dtype=torch.bool, device=row.device)
-    else:
-        at = torch.searchsorted(ordered, row).clamp_(max=ordered.numel() - 1)
-        found = ordered[at] == row
+    """The position in ``picked`` (distinct row indices) of each entry's ``row``
+    (:func:`_positions`: no table of the id map's size); ``ValueError`` naming the first
+    row of an entry that ``picked`` lacks, its fix with ``rows`` (the argument as
+    ``torch.isin`` takes it)."""
+    position, found = _positions(picked, row)
     if row.numel() and not bool(found.all()):
         missing = torch.unique(row[~found])
         more = missing.numel() - 1
@@ -126,7 +120,7 @@ def _row_positions(row: Tensor, picked: Tensor, orientation: str, rows: str) -> 
         raise ValueError(f"rows must hold every {orientation} of the ratings, got no row for "
                          f"{orientation} {int(missing[0])}{others}; select the ratings of "
                          f"rows first: ratings.subset(torch.isin(ratings.{orientation}, {rows}))")
-    return position[at].to(row.dtype)
+    return position.to(row.dtype)
 
 
 def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[Tensor] = None,

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .._forms import as_choice, as_count, int_dtype, is_real, real_float, refuse_meta
 from .readers import (Ratings, _check_ratings, _check_unique_pairs, _distinct_index,
-                      _isin_argument)
+                      _isin_argument, _positions)
 
 __all__ = ["ranking_metrics"]
 
@@ -92,15 +92,13 @@ def _rows_of(users: Any, rows: int, n_users: int, evaluated: Tensor,
              device: torch.device) -> Tensor:
     """The row of ``top`` of each ``evaluated`` user (sorted CPU int64) by ``users``
     (:func:`ranking_metrics`' argument, checked here: ``rows`` distinct user indices in
-    ``[0, n_users)``), by a sort and a binary search: O((rows + users) log rows); the
-    refusal's fix writes ``users`` as a tensor on ``device`` (``test.user``'s)."""
+    ``[0, n_users)``), by :func:`_positions`: O((rows + users) log rows); the refusal's
+    fix writes ``users`` as a tensor on ``device`` (``test.user``'s)."""
     listed = _distinct_index(users, "users", n_users, "user").detach().cpu().long()
     if listed.shape[0] != rows:
         raise ValueError(f"users must name the user of each row of top, so {rows} users, "
                          f"got {listed.shape[0]}")
-    ordered, row = torch.sort(listed)
-    at = torch.searchsorted(ordered, evaluated).clamp_(max=max(rows - 1, 0))
-    found = ordered[at] == evaluated if rows else torch.zeros_like(evaluated, dtype=torch.bool)
+    row, found = _positions(listed, evaluated)
     if not bool(found.all()):
         missing = evaluated[~found]
         more = missing.numel() - 1
@@ -110,7 +108,7 @@ def _rows_of(users: Any, rows: int, n_users: int, evaluated: Tensor,
                          f"{int(missing[0])}{others}; score a part of the users by selecting "
                          f"their test ratings: test.subset(torch.isin(test.user, "
                          f"{_isin_argument(users, 'users', device)}))")
-    return row[at]
+    return row
 
 
 def ranking_metrics(top: Any, test: Ratings, k: Optional[int] = None, *,

@@ -504,6 +504,20 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
     return cast(Tensor, value)
 
 
+def _positions(listed: Tensor, wanted: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(position, found)``: for each index of ``wanted``, its position in ``listed``
+    (distinct indices, :func:`_distinct_index`'s) and whether ``listed`` holds it at all,
+    by a sort of ``listed`` and a binary search: O((len(listed) + len(wanted))
+    log len(listed)), no table of an id map's size (``rating_matrix``'s ``rows=`` and
+    ``ranking_metrics``' ``users=``)."""
+    ordered, position = torch.sort(listed)
+    if ordered.numel() == 0:
+        return (torch.zeros_like(wanted),
+                torch.zeros(wanted.shape, dtype=torch.bool, device=wanted.device))
+    at = torch.searchsorted(ordered, wanted).clamp_(max=ordered.numel() - 1)
+    return position[at], ordered[at] == wanted
+
+
 def _isin_argument(value: Any, name: str, device: torch.device) -> str:
     """``name``'s value (``rows=`` or ``users=`` as given) written as the tensor on ``device``
     that ``torch.isin`` needs in a refusal's fix (a list, a range or a numpy array it
