@@ -19,7 +19,6 @@ tensors, so a criterion sees that an estimate shares its target's pattern
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union, cast, overload
 
 import torch
@@ -29,7 +28,7 @@ from torch.nn.modules.module import _IncompatibleKeys  # nn.Module.load_state_di
 
 from . import _index
 from ._forms import (SparseBatch, SparseLike, _sparse_coo, _sparse_csr, as_sparse_batch, attach,
-                     compile_boundary)
+                     compile_boundary, is_int, is_real, real_float)
 from ._load import check_state_dict
 from ._ops import SparseParts
 
@@ -390,13 +389,15 @@ def _normalize_settings(p: Any, dim: Any, eps: Any) -> Tuple[float, int, float]:
     """:func:`normalize`'s ``p``, ``dim`` and ``eps`` checked whatever the input (its
     ``TypeError`` / ``ValueError``), as ``float``, ``int``, ``float`` (also the
     :class:`~nnsparse.Normalize` constructor's check)."""
-    if not isinstance(p, Real) or isinstance(p, bool):
+    # (the house's number tests: numpy's ints and floats too, not a bool nor a timedelta64;
+    # real_float: an int beyond float's range is infinite, not float()'s OverflowError)
+    if not is_real(p):
         raise TypeError(f"p must be a number (the norm's exponent), got {type(p).__name__}")
-    if not isinstance(dim, Integral) or isinstance(dim, bool):  # (numpy's ints too, as torch)
+    if not is_int(dim):
         raise TypeError(f"dim must be an int, got {type(dim).__name__}")
-    if not isinstance(eps, Real) or isinstance(eps, bool):
+    if not is_real(eps):
         raise TypeError(f"eps must be a number, got {type(eps).__name__}")
-    p, eps = float(p), float(eps)
+    p, eps = real_float(p), real_float(eps)
     if math.isnan(p) or math.isnan(eps):
         raise ValueError(f"p and eps must not be NaN, got p={p}, eps={eps}")
     if eps < 0:

@@ -1,6 +1,7 @@
 """nnsparse.normalize against F.normalize of the densified batch, forward and backward."""
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
@@ -199,6 +200,11 @@ BAD_INPUTS = [
     ("p a bool", _BATCH, dict(p=True), TypeError, r"p must be a number .*got bool"),
     ("dim a float", _BATCH, dict(dim=1.0), TypeError, r"dim must be an int, got float"),
     ("eps None", _BATCH, dict(eps=None), TypeError, r"eps must be a number, got NoneType"),
+    # numpy's timedelta64 is an Integral to numbers (the house's is_real / is_int refuse it)
+    ("p a timedelta", _BATCH, dict(p=np.timedelta64(2)), TypeError,
+     r"^p must be a number \(the norm's exponent\), got timedelta64$"),
+    ("dim a timedelta", _BATCH, dict(dim=np.timedelta64(1)), TypeError,
+     r"^dim must be an int, got timedelta64$"),
     ("p NaN", _BATCH, dict(p=math.nan), ValueError, r"p and eps must not be NaN, got p=nan"),
     ("eps negative", _BATCH, dict(eps=-1.0), ValueError, r"eps must be >= 0 .*got -1.0"),
     ("p 0", _BATCH, dict(p=0), NotImplementedError, r"takes p > 0 .*got p=0.0"),
@@ -354,3 +360,11 @@ def test_layer_bad_calls(case):
         setattr(layer, name, value)
     with pytest.raises(error, match=message):
         layer(x)
+
+
+def test_an_int_beyond_floats_range_is_infinite():
+    # float(10 ** 400) raised OverflowError naming nothing: read as inf, as the house's
+    # real_float reads it (p: the largest |value|; eps: every row divided by inf)
+    assert torch.equal(nnsparse.normalize(_BATCH, p=10 ** 400).values(),
+                       nnsparse.normalize(_BATCH, p=math.inf).values())
+    assert torch.equal(nnsparse.normalize(_BATCH, eps=10 ** 400).values(), torch.zeros(2))
