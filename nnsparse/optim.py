@@ -153,7 +153,8 @@ class LazyAdam(Optimizer):
         of its parameter's shape, and the groups' hyperparameters.  LazyAdam's
         hyperparameters a group lacks (a torch Adam state has no ``dense_above``)
         take this optimiser's defaults; a group gets no other key (not torch's
-        ``differentiable``, which its load adds to the defaults).  The step count is kept as a Python int whatever form it comes
+        ``differentiable``, which its load adds to the defaults).  The step count
+        is kept as a Python int whatever form it comes
         in (an int, a whole float, a one-element tensor such as torch's float32
         one), as :meth:`step` keeps it; ``torch.optim.Adam`` loads such a state
         too (it makes its own tensor of the count).
@@ -170,11 +171,10 @@ class LazyAdam(Optimizer):
                 _check_lazy_group({**self.defaults, **group}, f"state_dict['param_groups'][{i}]")
         super().load_state_dict(state_dict)
         for group in self.param_groups:
-            for key, value in self.defaults.items():
-                # not torch's "differentiable", which its load (and a copy) adds to the
-                # defaults: a group reloaded from its own state gained the key
-                if key in _LAZY_KEYS:
-                    group.setdefault(key, value)
+            # LazyAdam's own keys only, not torch's "differentiable", which its load (and a
+            # copy) adds to the defaults: a group reloaded from its own state gained the key
+            for key in _LAZY_KEYS:
+                group.setdefault(key, self.defaults[key])
         for entry in self.state.values():
             # torch.optim.Adam's float32 tensor, a float, a numpy number: the int a step
             # advances (checked above to be a whole number >= 0)
