@@ -942,16 +942,9 @@ def _none_item_forward():
 
 def _with_env(call, **env):
     import os
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    from unittest import mock
+    with mock.patch.dict(os.environ, env):  # (the environment put back after)
         return call()
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _init(**env):

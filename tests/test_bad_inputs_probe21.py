@@ -9,6 +9,7 @@ import copy
 import os
 import tempfile
 from typing import Any, Callable, List
+from unittest import mock
 
 import pytest
 import torch
@@ -340,16 +341,10 @@ def _init_with_port(port: str) -> Any:
     """``init_from_env`` of a launched one-process run whose ``MASTER_PORT`` is ``port``
     (the environment restored after; refused before any group is joined)."""
     env = dict(WORLD_SIZE="1", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
-        return init_from_env(device="cpu", timeout=5)
+        with mock.patch.dict(os.environ, env):
+            return init_from_env(device="cpu", timeout=5)
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         assert not is_distributed()
 
 
@@ -358,9 +353,7 @@ def _joined_port_unread() -> bool:
     run: ``init_from_env`` joins nothing, so a ``MASTER_PORT`` it would not read (here
     malformed) is not refused; the group's device comes back."""
     env = dict(WORLD_SIZE="1", RANK="0", MASTER_PORT="unused")
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    with tempfile.TemporaryDirectory() as tmp:
+    with mock.patch.dict(os.environ, env), tempfile.TemporaryDirectory() as tmp:
         try:
             dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0,
                                     world_size=1)
@@ -368,11 +361,6 @@ def _joined_port_unread() -> bool:
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 DIST_CASES: List[Case] = [
