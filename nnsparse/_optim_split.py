@@ -273,7 +273,22 @@ class SplitOptimizer(Optimizer):
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Load a :meth:`state_dict`: every part's state checked before any is loaded;
         the ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks are called as
-        torch's optimisers call them."""
+        torch's optimisers call them.
+
+        A part's state tensors (but 0-d ones) must have the shape its optimiser keeps
+        there: their parameter's, or for ``torch.optim.Adafactor``'s ``row_var`` /
+        ``col_var`` the parameter's shape with 1 at the last / second-to-last dimension,
+        for ``torch.optim.LBFGS``'s ``d`` / ``prev_flat_grad`` one vector of all its
+        parameters' entries.
+
+        Raises:
+            TypeError: ``state_dict`` not a dict of part name -> optimiser state dict, or
+                a part's state of the wrong form.
+            ValueError: other part names than this optimiser's; a part's state tensor
+                of another shape than above, or another of the checks of
+                ``LazyAdam.load_state_dict`` and of the parts' group hyperparameters.
+                Nothing is loaded then.
+        """
         _load_with_hooks(self, state_dict, self._load_parts)
 
     def _load_parts(self, state_dict: Dict[str, Any]) -> None:

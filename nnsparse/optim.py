@@ -344,7 +344,9 @@ def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
     """The per-parameter entries of an ``Optimizer.state_dict()`` against the parameters
     of ``optimizer``, each entry found through the saved groups' parameter ids as torch
     maps them: each tensor of more than 0 dimensions must have its parameter's shape
-    (torch loads any, and a fused step then writes out of bounds), a ``step`` must be a
+    (torch loads any, and a fused step then writes out of bounds), or the shape its
+    optimiser keeps for that key (:data:`_OTHER_SHAPES`: Adafactor's factors, LBFGS's
+    flat vectors), a ``step`` must be a
     whole number >= 0, and a non-empty entry must hold the ``required`` keys, its
     moments (the required keys but ``step``) as dense tensors of the parameter's shape,
     and no key of another optimiser's state.  An entry for no saved id, a saved id
@@ -383,10 +385,9 @@ def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
                 continue
             if key in required:  # a moment: a dense tensor of the parameter's shape
                 _check_moment(t, shape, f"{name}[{key!r}]")
-            elif isinstance(t, Tensor) and t.dim() > 0 and tuple(t.shape) != shape:
-                raise ValueError(f"{name}[{key!r}] must have its parameter's shape {shape}, "
-                                 f"got {tuple(t.shape)}")
             elif isinstance(t, Tensor):
+                if t.dim() > 0:
+                    _check_fits(t, optimizer, key, params[index], f"{name}[{key!r}]")
                 _check_state_tensor(t, f"{name}[{key!r}]")
             if key in _SQUARES and isinstance(t, Tensor):
                 _check_squares(t, f"{name}[{key!r}]")
@@ -508,6 +509,58 @@ _STATE_KEYS: Dict[type, Tuple[str, ...]] = {
     torch.optim.Adagrad: ("step", "sum"),
     torch.optim.SGD: ("momentum_buffer",),
 }
+
+
+def _factor(p: Tensor, dim: int) -> Tuple[int, ...]:
+    """``p``'s shape with 1 at ``dim``: a factor of ``torch.optim.Adafactor``'s second
+    moment for a parameter of 2 or more dimensions (a vector's is its ``variance``)."""
+    shape = list(p.shape)
+    if len(shape) >= 2:
+        shape[dim] = 1
+    return tuple(shape)
+
+
+def _adafactor_row(p: Tensor, optimizer: Optimizer) -> Tuple[Tuple[int, ...], str]:
+    return _factor(p, -1), f"Adafactor's row factor for a parameter of shape {tuple(p.shape)}"
+
+
+def _adafactor_col(p: Tensor, optimizer: Optimizer) -> Tuple[Tuple[int, ...], str]:
+    return _factor(p, -2), f"Adafactor's column factor for a parameter of shape {tuple(p.shape)}"
+
+
+def _lbfgs_flat(p: Tensor, optimizer: Optimizer) -> Tuple[Tuple[int, ...], str]:
+    # LBFGS (one group) keeps its whole state on its first parameter: vectors over every
+    # parameter's entries flattened, a complex one's as two reals (torch's _numel)
+    n = sum(q.numel() * (2 if q.is_complex() else 1)
+            for group in optimizer.param_groups for q in group["params"])
+    return (n,), f"LBFGS's flat vector of its parameters' {n} entries"
+
+
+# The state tensors of torch's optimisers that do not have their parameter's shape:
+# class (its subclasses too) -> key -> the shape expected of a parameter's entry, and what
+# that tensor is (for the message).  Any other tensor of more than 0 dimensions has its
+# parameter's shape.
+_OTHER_SHAPES: Dict[type, Dict[str, Callable[[Tensor, Optimizer],
+                                            Tuple[Tuple[int, ...], str]]]] = {
+    torch.optim.Adafactor: {"row_var": _adafactor_row, "col_var": _adafactor_col},
+    torch.optim.LBFGS: {"d": _lbfgs_flat, "prev_flat_grad": _lbfgs_flat},
+}
+
+
+def _check_fits(t: Tensor, optimizer: Optimizer, key: str, p: Tensor, name: str) -> None:
+    """A loaded state tensor ``t`` (``key`` of parameter ``p``'s entry) has the shape
+    ``optimizer`` keeps there: its parameter's, or the one :data:`_OTHER_SHAPES` gives."""
+    for cls in type(optimizer).__mro__:
+        shape_of = _OTHER_SHAPES.get(cls, {}).get(key)
+        if shape_of is not None:
+            expected, what = shape_of(p, optimizer)
+            if tuple(t.shape) != expected:
+                raise ValueError(f"{name} must have the shape {expected} ({what}), "
+                                 f"got {tuple(t.shape)}")
+            return
+    if tuple(t.shape) != tuple(p.shape):
+        raise ValueError(f"{name} must have its parameter's shape {tuple(p.shape)}, "
+                         f"got {tuple(t.shape)}")
 
 
 # The keys the state of these optimisers may hold besides the required ones
