@@ -2,6 +2,7 @@
 to Adam."""
 import copy
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -11,6 +12,7 @@ from nnsparse._optim_split import SplitOptimizer, make_optimizer, sparse_grad_pa
 from nnsparse.optim import LazyAdam
 
 from matrix import DEVICES
+from probe_cases import Case, run_case
 
 WIDTH, HIDDEN = 8, 4
 
@@ -445,3 +447,58 @@ def test_part_state_of_another_shape_is_refused(name):
     with pytest.raises(ValueError, match=match):
         opt.load_state_dict(bad)
     assert repr(opt.state_dict()) == before
+
+
+# -- make_optimizer's switches for the dense optimiser -------------------------------------
+
+def _split_model():
+    return nn.Sequential(nnsparse.SparseLinearBatch(6, 4, sparse_grad=True), nn.Linear(4, 3))
+
+
+def _dense_part(opt):
+    return opt.optimizers["dense"] if isinstance(opt, SplitOptimizer) else opt
+
+
+# foreach / fused are torch's None-or-bool, the others bools: a str, an int 0/1, a tensor
+# (torch stores any and reads it by its truth: maximize="no" maximised) or None for a bool
+# one (differentiable=None failed in torch's set_grad_enabled at the first step) refused
+FLAG_CASES = [
+    Case("foreach-str-split", lambda: make_optimizer(_split_model(), foreach="x"), TypeError,
+         r"^foreach must be None or a bool, got str 'x'$"),
+    Case("foreach-str-dense", lambda: make_optimizer(nn.Linear(3, 2), foreach="x"), TypeError,
+         r"^foreach must be None or a bool, got str 'x'$"),
+    Case("fused-int", lambda: make_optimizer(nn.Linear(3, 2), fused=1), TypeError,
+         r"^fused must be None or a bool, got int 1$"),
+    Case("capturable-tensor", lambda: make_optimizer(
+        nn.Linear(3, 2), capturable=torch.tensor(True)), TypeError,
+         r"^capturable must be a bool, got Tensor tensor\(True\)$"),
+    Case("differentiable-none", lambda: make_optimizer(nn.Linear(3, 2), differentiable=None),
+         TypeError, r"^differentiable must be a bool, got NoneType None$"),
+    Case("maximize-str", lambda: make_optimizer(nn.Linear(3, 2), maximize="no"), TypeError,
+         r"^maximize must be a bool, got str 'no'$"),
+    Case("amsgrad-int-0-split", lambda: make_optimizer(_split_model(), amsgrad=0), TypeError,
+         r"^amsgrad must be a bool, got int 0$"),
+    Case("decoupled_weight_decay-str", lambda: make_optimizer(
+        nn.Linear(3, 2), decoupled_weight_decay="yes"), TypeError,
+         r"^decoupled_weight_decay must be a bool, got str 'yes'$"),
+    Case("foreach-numpy-bool-passed-as-bool", lambda: make_optimizer(
+        nn.Linear(3, 2), foreach=np.True_), None,
+         check=lambda opt: opt.param_groups[0]["foreach"] is True),
+    Case("maximize-numpy-false-split", lambda: make_optimizer(_split_model(), maximize=np.False_),
+         None, check=lambda opt: _dense_part(opt).param_groups[0]["maximize"] is False),
+    Case("fused-none-split", lambda: make_optimizer(_split_model(), fused=None), None,
+         check=lambda opt: _dense_part(opt).param_groups[0]["fused"] is None),
+    Case("amsgrad-true-dense", lambda: make_optimizer(nn.Linear(3, 2), amsgrad=True), None,
+         check=lambda opt: opt.param_groups[0]["amsgrad"] is True),
+]
+
+
+@pytest.mark.parametrize("case", FLAG_CASES, ids=[c.id for c in FLAG_CASES])
+def test_make_optimizer_checks_the_dense_switches(case, monkeypatch):
+    """Each switch of ``dense_kwargs`` is a bool (``foreach``, ``fused``: or None), checked
+    before any optimiser is built (a refused call builds none)."""
+    if case.error is not None:
+        def built(self, *args, **kwargs):
+            raise AssertionError(f"{type(self).__name__} built before the check")
+        monkeypatch.setattr(torch.optim.Optimizer, "__init__", built)
+    run_case(case)
