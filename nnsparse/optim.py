@@ -150,11 +150,12 @@ class LazyAdam(Optimizer):
         """``Optimizer.load_state_dict`` of a :class:`LazyAdam` or ``torch.optim.Adam`` /
         ``AdamW`` state, checked first (torch loads any shape, and the next step
         would fail half-way): each entry's ``step``, ``exp_avg`` and ``exp_avg_sq``,
-        of its parameter's shape, and the groups' hyperparameters.  LazyAdam's
-        hyperparameters a group lacks (a torch Adam state has no ``dense_above``)
-        take this optimiser's defaults; a group gets no other key (not torch's
-        ``differentiable``, which its load adds to the defaults).  The step count
-        is kept as a Python int whatever form it comes
+        of its parameter's shape, and the groups' hyperparameters.  The keys of this
+        optimiser's :attr:`defaults` a group lacks (a torch Adam state has no
+        ``dense_above``; a subclass's own defaults, a state saved before it added them)
+        take their default, as ``add_param_group`` fills a new group; a group gets no
+        other key (not torch's ``differentiable``, which its load adds to the
+        defaults).  The step count is kept as a Python int whatever form it comes
         in (an int, a whole float, a one-element tensor such as torch's float32
         one), as :meth:`step` keeps it; ``torch.optim.Adam`` loads such a state
         too (it makes its own tensor of the count).
@@ -170,10 +171,14 @@ class LazyAdam(Optimizer):
             if isinstance(group, dict):
                 _check_lazy_group({**self.defaults, **group}, f"state_dict['param_groups'][{i}]")
         super().load_state_dict(state_dict)
+        # LazyAdam's own keys (a torch Adam state has no dense_above), then those a
+        # subclass added to its defaults (a state saved before it had them), as torch's
+        # add_param_group fills a group; not torch's "differentiable", which its load (and
+        # a copy) adds to the defaults: a group reloaded from its own state gained the key
+        keys = _LAZY_KEYS + tuple(key for key in self.defaults
+                                  if key not in _LAZY_KEYS and key not in _TORCH_ADDED)
         for group in self.param_groups:
-            # LazyAdam's own keys only, not torch's "differentiable", which its load (and a
-            # copy) adds to the defaults: a group reloaded from its own state gained the key
-            for key in _LAZY_KEYS:
+            for key in keys:
                 group.setdefault(key, self.defaults[key])
         for entry in self.state.values():
             # torch.optim.Adam's float32 tensor, a float, a numpy number: the int a step
@@ -818,6 +823,9 @@ _DEFAULTS = {"sgd": dict(lr=1e-3, eps=0.0, weight_decay=0.0),
 
 # LazyAdam's hyperparameters, the keys of its defaults
 _LAZY_KEYS = ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "dense_above")
+# what torch.optim.Optimizer.__setstate__ (run by its load_state_dict and by a copy) adds
+# to an optimiser's defaults: not a hyperparameter of LazyAdam's nor of its subclasses'
+_TORCH_ADDED = ("differentiable",)
 
 # the hyperparameters an InBackwardOptimizer reads (what _in_backward_hp makes)
 _HP_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "nesterov",
