@@ -281,11 +281,11 @@ class SplitOptimizer(Optimizer):
         the ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks are called as
         torch's optimisers call them.
 
-        A part's state tensors (but 0-d ones) must have the shape its optimiser keeps
-        there: their parameter's, or for ``torch.optim.Adafactor``'s ``row_var`` /
-        ``col_var`` the parameter's shape with 1 at the last / second-to-last dimension,
-        for ``torch.optim.LBFGS``'s ``d`` / ``prev_flat_grad`` one vector of all its
-        parameters' entries.
+        A part's state tensors must have the shape its optimiser keeps there: their
+        parameter's (0-d ones pass: a step count), or for ``torch.optim.Adafactor``'s
+        ``row_var`` / ``col_var`` the parameter's shape with 1 at the last /
+        second-to-last dimension, for ``torch.optim.LBFGS``'s ``d`` / ``prev_flat_grad``
+        one vector of all its (first group's) parameters' entries.
 
         Raises:
             TypeError: ``state_dict`` not a dict of part name -> optimiser state dict, or

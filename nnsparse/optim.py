@@ -349,8 +349,8 @@ def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
     """The per-parameter entries of an ``Optimizer.state_dict()`` against the parameters
     of ``optimizer``, each entry found through the saved groups' parameter ids as torch
     maps them: each tensor of more than 0 dimensions must have its parameter's shape
-    (torch loads any, and a fused step then writes out of bounds), or the shape its
-    optimiser keeps for that key (:data:`_OTHER_SHAPES`: Adafactor's factors, LBFGS's
+    (torch loads any, and a fused step then writes out of bounds), or, 0-d too, the shape
+    its optimiser keeps for that key (:data:`_OTHER_SHAPES`: Adafactor's factors, LBFGS's
     flat vectors), a ``step`` must be a
     whole number >= 0, and a non-empty entry must hold the ``required`` keys, its
     moments (the required keys but ``step``) as dense tensors of the parameter's shape,
@@ -391,8 +391,7 @@ def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
             if key in required:  # a moment: a dense tensor of the parameter's shape
                 _check_moment(t, shape, f"{name}[{key!r}]")
             elif isinstance(t, Tensor):
-                if t.dim() > 0:
-                    _check_fits(t, optimizer, key, params[index], f"{name}[{key!r}]")
+                _check_fits(t, optimizer, key, params[index], f"{name}[{key!r}]")
                 _check_state_tensor(t, f"{name}[{key!r}]")
             if key in _SQUARES and isinstance(t, Tensor):
                 _check_squares(t, f"{name}[{key!r}]")
@@ -534,10 +533,10 @@ def _adafactor_col(p: Tensor, optimizer: Optimizer) -> Tuple[Tuple[int, ...], st
 
 
 def _lbfgs_flat(p: Tensor, optimizer: Optimizer) -> Tuple[Tuple[int, ...], str]:
-    # LBFGS (one group) keeps its whole state on its first parameter: vectors over every
-    # parameter's entries flattened, a complex one's as two reals (torch's _numel)
-    n = sum(q.numel() * (2 if q.is_complex() else 1)
-            for group in optimizer.param_groups for q in group["params"])
+    # LBFGS keeps its whole state on its first parameter: vectors over its first group's
+    # parameters' entries flattened (its _params: a group added later is not in them), a
+    # complex one's as two reals (torch's _numel)
+    n = sum(q.numel() * (2 if q.is_complex() else 1) for q in optimizer.param_groups[0]["params"])
     return (n,), f"LBFGS's flat vector of its parameters' {n} entries"
 
 
@@ -554,7 +553,9 @@ _OTHER_SHAPES: Dict[type, Dict[str, Callable[[Tensor, Optimizer],
 
 def _check_fits(t: Tensor, optimizer: Optimizer, key: str, p: Tensor, name: str) -> None:
     """A loaded state tensor ``t`` (``key`` of parameter ``p``'s entry) has the shape
-    ``optimizer`` keeps there: its parameter's, or the one :data:`_OTHER_SHAPES` gives."""
+    ``optimizer`` keeps there: the one :data:`_OTHER_SHAPES` gives, 0-d or not (a 0-d
+    ``row_var`` or ``d`` loaded, and the step failed in torch's broadcast or ``dot``), or
+    else, unless 0-d (a step, ``mu``, ``eta``, ``H_diag``), its parameter's."""
     for cls in type(optimizer).__mro__:
         shape_of = _OTHER_SHAPES.get(cls, {}).get(key)
         if shape_of is not None:
@@ -563,7 +564,7 @@ def _check_fits(t: Tensor, optimizer: Optimizer, key: str, p: Tensor, name: str)
                 raise ValueError(f"{name} must have the shape {expected} ({what}), "
                                  f"got {tuple(t.shape)}")
             return
-    if tuple(t.shape) != tuple(p.shape):
+    if t.dim() > 0 and tuple(t.shape) != tuple(p.shape):
         raise ValueError(f"{name} must have its parameter's shape {tuple(p.shape)}, "
                          f"got {tuple(t.shape)}")
 

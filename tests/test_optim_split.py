@@ -427,6 +427,24 @@ MISFIT_STATES = {
         "RMSprop", "square_avg", (3,),
         _DENSE_ENTRY + r"\['square_avg'\] must have its parameter's shape \(3, 4\), "
                        r"got \(3,\)$"),
+    # 0-d: loaded before (0-d tensors pass as a step count), and the step failed in torch's
+    # broadcast ("output with shape [] doesn't match") or dot ("1D tensors expected")
+    "adafactor-row-var-0-d": (
+        "Adafactor", "row_var", (),
+        _DENSE_ENTRY + r"\['row_var'\] must have the shape \(3, 1\) \(Adafactor's row factor "
+                       r"for a parameter of shape \(3, 4\)\), got \(\)$"),
+    "adafactor-col-var-0-d": (
+        "Adafactor", "col_var", (),
+        _DENSE_ENTRY + r"\['col_var'\] must have the shape \(1, 4\) \(Adafactor's column "
+                       r"factor for a parameter of shape \(3, 4\)\), got \(\)$"),
+    "lbfgs-d-0-d": (
+        "LBFGS", "d", (),
+        _DENSE_ENTRY + r"\['d'\] must have the shape \(15,\) \(LBFGS's flat vector of its "
+                       r"parameters' 15 entries\), got \(\)$"),
+    "lbfgs-prev-flat-grad-0-d": (
+        "LBFGS", "prev_flat_grad", (),
+        _DENSE_ENTRY + r"\['prev_flat_grad'\] must have the shape \(15,\) \(LBFGS's flat "
+                       r"vector of its parameters' 15 entries\), got \(\)$"),
     "adafactor-unknown-key-of-another-shape": (
         "Adafactor", "note", (3, 1),
         _DENSE_ENTRY + r"\['note'\] must have its parameter's shape \(3, 4\), got \(3, 1\)$"),
@@ -502,3 +520,35 @@ def test_make_optimizer_checks_the_dense_switches(case, monkeypatch):
             raise AssertionError(f"{type(self).__name__} built before the check")
         monkeypatch.setattr(torch.optim.Optimizer, "__init__", built)
     run_case(case)
+
+
+def _lbfgs_then_a_group():
+    """A SplitOptimizer whose dense part is an LBFGS of the dense layer's weight, stepped
+    twice, then given the bias in a group of its own (torch's LBFGS keeps its flat vectors
+    over its first group's parameters, ``_params``; it steps no more with two groups)."""
+    torch.manual_seed(0)
+    model = _split_model()
+    opt = SplitOptimizer({"dense": torch.optim.LBFGS([model[1].weight], history_size=3,
+                                                     max_iter=3),
+                          "sparse": LazyAdam(model[0].parameters())})
+    _part_steps(model, opt, 2)
+    opt.optimizers["dense"].add_param_group({"params": [model[1].bias]})
+    return opt
+
+
+def test_lbfgs_flat_vectors_span_its_first_group_only():
+    """LBFGS's ``d`` / ``prev_flat_grad`` have its first group's 12 entries, not the 15 of
+    all its groups: its own state loads (it was refused, "must have the shape (15,)"), one
+    over all the groups' entries is refused, and a refused load changes nothing."""
+    saved = copy.deepcopy(_lbfgs_then_a_group().state_dict())
+    assert saved["dense"]["state"][0]["d"].shape == (12,)
+    opt = _lbfgs_then_a_group()
+    opt.optimizers["dense"].state.clear()
+    opt.load_state_dict(copy.deepcopy(saved))
+    assert _same(opt.state_dict(), saved)
+    bad = copy.deepcopy(saved)
+    bad["dense"]["state"][0]["d"] = torch.zeros(15)
+    with pytest.raises(ValueError, match=_DENSE_ENTRY + r"\['d'\] must have the shape \(12,\) "
+                       r"\(LBFGS's flat vector of its parameters' 12 entries\), got \(15,\)$"):
+        opt.load_state_dict(bad)
+    assert _same(opt.state_dict(), saved)
