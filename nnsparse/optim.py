@@ -23,6 +23,7 @@ from typing import (TYPE_CHECKING, Any, Callable, DefaultDict, Dict, Iterable, I
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
+from torch.optim.optimizer import required
 
 
 from . import _grad_origin, _rowopt
@@ -153,7 +154,8 @@ class LazyAdam(Optimizer):
         of its parameter's shape, and the groups' hyperparameters.  The keys of this
         optimiser's :attr:`defaults` a group lacks (a torch Adam state has no
         ``dense_above``; a subclass's own defaults, a state saved before it added them)
-        take their default, as ``add_param_group`` fills a new group; a group gets no
+        take their default, as ``add_param_group`` fills a new group (one without a
+        default, ``torch.optim.optimizer.required``, is refused); a group gets no
         other key (not torch's ``differentiable``, which its load adds to the
         defaults).  The step count is kept as a Python int whatever form it comes
         in (an int, a whole float, a one-element tensor such as torch's float32
@@ -170,6 +172,15 @@ class LazyAdam(Optimizer):
         for i, group in enumerate(groups if isinstance(groups, list) else []):
             if isinstance(group, dict):
                 _check_lazy_group({**self.defaults, **group}, f"state_dict['param_groups'][{i}]")
+                # a subclass's hyperparameter without a default: add_param_group's refusal
+                # (filled below, the group would hold torch's placeholder as its value)
+                lacking = sorted(str(key) for key, value in self.defaults.items()
+                                 if value is required and key not in group)
+                if lacking:
+                    raise ValueError(f"state_dict['param_groups'][{i}] must hold {lacking}, "
+                                     f"hyperparameters of {type(self).__name__} without a "
+                                     f"default (torch.optim.optimizer.required), got the keys "
+                                     f"{sorted(map(str, group))}")
         super().load_state_dict(state_dict)
         # LazyAdam's own keys (a torch Adam state has no dense_above), then those a
         # subclass added to its defaults (a state saved before it had them), as torch's

@@ -4,6 +4,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from torch.optim.optimizer import required
 
 import nnsparse
 
@@ -357,6 +358,31 @@ def test_subclass_defaults_fill_a_loaded_state(name):
     ours.step()
     reference.step()
     torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+class _RequiredScaleAdam(_ScaledAdam):
+    """A LazyAdam subclass whose ``scale`` has no default (torch's ``required``)."""
+
+    def __init__(self, params, scale=required, **kwargs):
+        super().__init__(params, scale=scale, **kwargs)
+
+
+def test_subclass_hyperparameter_without_default_is_refused_at_load():
+    """A loaded group lacking a subclass's hyperparameter that has no default is refused,
+    as ``add_param_group`` refuses it, before anything is loaded (it was filled with
+    torch's ``required`` placeholder, which the step then multiplied by)."""
+    saved = _saved_by(noptim.LazyAdam)
+    p = torch.nn.Parameter(torch.arange(6.).view(3, 2))
+    opt = _RequiredScaleAdam([{"params": [p], "scale": 2.0}], lr=0.3)
+    before = copy.deepcopy(opt.state_dict())
+    with pytest.raises(ValueError, match=r"^state_dict\['param_groups'\]\[0\] must hold "
+                       r"\['scale'\], hyperparameters of _RequiredScaleAdam without a default "
+                       r"\(torch.optim.optimizer.required\), got the keys \['betas', "):
+        opt.load_state_dict(copy.deepcopy(saved))
+    assert repr(opt.state_dict()) == repr(before) and opt.param_groups[0]["scale"] == 2.0
+    saved["param_groups"][0]["scale"] = 3.0  # given: it loads
+    opt.load_state_dict(saved)
+    assert opt.param_groups[0]["scale"] == 3.0
 
 
 @pytest.mark.parametrize("step", [
