@@ -34,6 +34,12 @@ _SPARSE = ("lazy_adam", "sparse_adam")
 _DENSE = ("adam", "adamw")
 # Adam switches that change what the step computes and that the sparse part lacks
 _SPARSE_LACKS = ("maximize", "amsgrad", "differentiable")
+# torch.optim.Adam / AdamW's switches, checked before torch takes them (it stores any
+# value: foreach="x" and maximize=1 were kept, differentiable=None failed at the first
+# step): name -> whether None is accepted (torch's default None: it picks the kernel)
+_DENSE_FLAGS = {"amsgrad": False, "maximize": False, "capturable": False,
+                "differentiable": False, "decoupled_weight_decay": False,
+                "foreach": True, "fused": True}
 
 
 def _gives_sparse_grad(module: nn.Module) -> bool:
@@ -273,7 +279,22 @@ class SplitOptimizer(Optimizer):
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Load a :meth:`state_dict`: every part's state checked before any is loaded;
         the ``register_load_state_dict_pre_hook`` / ``_post_hook`` hooks are called as
-        torch's optimisers call them."""
+        torch's optimisers call them.
+
+        A part's state tensors must have the shape its optimiser keeps there: their
+        parameter's (0-d ones pass: a step count), or for ``torch.optim.Adafactor``'s
+        ``row_var`` / ``col_var`` the parameter's shape with 1 at the last /
+        second-to-last dimension, for ``torch.optim.LBFGS``'s ``d`` / ``prev_flat_grad``
+        one vector of all its (first group's) parameters' entries.
+
+        Raises:
+            TypeError: ``state_dict`` not a dict of part name -> optimiser state dict, or
+                a part's state of the wrong form.
+            ValueError: other part names than this optimiser's; a part's state tensor
+                of another shape than above, or another of the checks of
+                ``LazyAdam.load_state_dict`` and of the parts' group hyperparameters.
+                Nothing is loaded then.
+        """
         _load_with_hooks(self, state_dict, self._load_parts)
 
     def _load_parts(self, state_dict: Dict[str, Any]) -> None:
@@ -350,6 +371,17 @@ def _check_dense_kwargs(cls: type, dense_kwargs: Dict[str, Any]) -> None:
                         f"make_optimizer's own)")
 
 
+def _checked_flags(dense_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """``dense_kwargs`` with its switches (:data:`_DENSE_FLAGS`) checked: a bool (a numpy
+    bool passes, as a Python bool) or, for ``foreach`` and ``fused``, ``None``; anything
+    else (a str, an int 0/1, a tensor) is a ``TypeError`` naming the keyword."""
+    out = dict(dense_kwargs)
+    for key, none_ok in _DENSE_FLAGS.items():
+        if key in out and not (none_ok and out[key] is None):
+            out[key] = as_flag(out[key], key, "None or a bool" if none_ok else "a bool")
+    return out
+
+
 def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, float] = (0.9, 0.999),
                    eps: float = 1e-8, weight_decay: float = 0.0, dense: str = "adam",
                    sparse: str = "lazy_adam", decay_matrices_only: bool = False,
@@ -382,7 +414,8 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
         **dense_kwargs: passed to the dense optimiser (``foreach``, ``fused``,
             ``amsgrad``, ...); those that change the step (``maximize``,
             ``amsgrad``, ``differentiable``) only when no parameter gets sparse
-            gradients.
+            gradients.  The switches must be bools (``foreach`` and ``fused``:
+            ``None`` or a bool); a numpy bool is passed on as a Python bool.
 
     Returns:
         ``torch.optim.Adam``/``AdamW``, the sparse optimiser, or a
@@ -390,7 +423,9 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
 
     Raises:
         TypeError: ``model`` not an ``nn.Module``, ``dense`` or ``sparse`` not a
-            str, a keyword the dense optimiser does not take.
+            str, a keyword the dense optimiser does not take, a switch of
+            ``dense_kwargs`` of another kind than a bool (``foreach`` and ``fused``:
+            ``None`` or a bool; numpy bools pass), checked before anything is built.
         ValueError: an unknown ``dense`` or ``sparse``, an invalid
             hyperparameter (``eps=0`` too with ``sparse="sparse_adam"``, which
             ``torch.optim.SparseAdam`` refuses), or a model without trainable
@@ -428,6 +463,7 @@ def make_optimizer(model: nn.Module, lr: float = 1e-3, *, betas: Tuple[float, fl
             raise ValueError(f"{part} must be one of {kinds}, got {kind!r}")
     _check_dense_kwargs(torch.optim.AdamW if dense == "adamw" else torch.optim.Adam,
                         dense_kwargs)
+    dense_kwargs = _checked_flags(dense_kwargs)
     sparse_params = sparse_grad_parameters(model)
     if sparse_params and sparse == "sparse_adam" and not eps > 0:
         # torch.optim.Adam takes eps=0, SparseAdam not: its own "Invalid epsilon value: 0.0"

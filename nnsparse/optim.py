@@ -23,6 +23,7 @@ from typing import (TYPE_CHECKING, Any, Callable, DefaultDict, Dict, Iterable, I
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
+from torch.optim.optimizer import required
 
 
 from . import _grad_origin, _rowopt
@@ -150,11 +151,13 @@ class LazyAdam(Optimizer):
         """``Optimizer.load_state_dict`` of a :class:`LazyAdam` or ``torch.optim.Adam`` /
         ``AdamW`` state, checked first (torch loads any shape, and the next step
         would fail half-way): each entry's ``step``, ``exp_avg`` and ``exp_avg_sq``,
-        of its parameter's shape, and the groups' hyperparameters.  LazyAdam's
-        hyperparameters a group lacks (a torch Adam state has no ``dense_above``)
-        take this optimiser's defaults; a group gets no other key (not torch's
-        ``differentiable``, which its load adds to the defaults).  The step count
-        is kept as a Python int whatever form it comes
+        of its parameter's shape, and the groups' hyperparameters.  The keys of this
+        optimiser's :attr:`defaults` a group lacks (a torch Adam state has no
+        ``dense_above``; a subclass's own defaults, a state saved before it added them)
+        take their default, as ``add_param_group`` fills a new group (one without a
+        default, ``torch.optim.optimizer.required``, is refused); a group gets no
+        other key (not torch's ``differentiable``, which its load adds to the
+        defaults).  The step count is kept as a Python int whatever form it comes
         in (an int, a whole float, a one-element tensor such as torch's float32
         one), as :meth:`step` keeps it; ``torch.optim.Adam`` loads such a state
         too (it makes its own tensor of the count).
@@ -169,11 +172,24 @@ class LazyAdam(Optimizer):
         for i, group in enumerate(groups if isinstance(groups, list) else []):
             if isinstance(group, dict):
                 _check_lazy_group({**self.defaults, **group}, f"state_dict['param_groups'][{i}]")
+                # a subclass's hyperparameter without a default: add_param_group's refusal
+                # (filled below, the group would hold torch's placeholder as its value)
+                lacking = sorted(str(key) for key, value in self.defaults.items()
+                                 if value is required and key not in group)
+                if lacking:
+                    raise ValueError(f"state_dict['param_groups'][{i}] must hold {lacking}, "
+                                     f"hyperparameters of {type(self).__name__} without a "
+                                     f"default (torch.optim.optimizer.required), got the keys "
+                                     f"{sorted(map(str, group))}")
         super().load_state_dict(state_dict)
+        # LazyAdam's own keys (a torch Adam state has no dense_above), then those a
+        # subclass added to its defaults (a state saved before it had them), as torch's
+        # add_param_group fills a group; not torch's "differentiable", which its load (and
+        # a copy) adds to the defaults: a group reloaded from its own state gained the key
+        keys = _LAZY_KEYS + tuple(key for key in self.defaults
+                                  if key not in _LAZY_KEYS and key not in _TORCH_ADDED)
         for group in self.param_groups:
-            # LazyAdam's own keys only, not torch's "differentiable", which its load (and a
-            # copy) adds to the defaults: a group reloaded from its own state gained the key
-            for key in _LAZY_KEYS:
+            for key in keys:
                 group.setdefault(key, self.defaults[key])
         for entry in self.state.values():
             # torch.optim.Adam's float32 tensor, a float, a numpy number: the int a step
@@ -344,7 +360,9 @@ def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
     """The per-parameter entries of an ``Optimizer.state_dict()`` against the parameters
     of ``optimizer``, each entry found through the saved groups' parameter ids as torch
     maps them: each tensor of more than 0 dimensions must have its parameter's shape
-    (torch loads any, and a fused step then writes out of bounds), a ``step`` must be a
+    (torch loads any, and a fused step then writes out of bounds), or, 0-d too, the shape
+    its optimiser keeps for that key (:data:`_OTHER_SHAPES`: Adafactor's factors, LBFGS's
+    flat vectors), a ``step`` must be a
     whole number >= 0, and a non-empty entry must hold the ``required`` keys, its
     moments (the required keys but ``step``) as dense tensors of the parameter's shape,
     and no key of another optimiser's state.  An entry for no saved id, a saved id
@@ -383,10 +401,8 @@ def _check_state_entries(state_dict: Any, optimizer: Optimizer, where: str,
                 continue
             if key in required:  # a moment: a dense tensor of the parameter's shape
                 _check_moment(t, shape, f"{name}[{key!r}]")
-            elif isinstance(t, Tensor) and t.dim() > 0 and tuple(t.shape) != shape:
-                raise ValueError(f"{name}[{key!r}] must have its parameter's shape {shape}, "
-                                 f"got {tuple(t.shape)}")
             elif isinstance(t, Tensor):
+                _check_fits(t, optimizer, key, params[index], f"{name}[{key!r}]")
                 _check_state_tensor(t, f"{name}[{key!r}]")
             if key in _SQUARES and isinstance(t, Tensor):
                 _check_squares(t, f"{name}[{key!r}]")
@@ -508,6 +524,60 @@ _STATE_KEYS: Dict[type, Tuple[str, ...]] = {
     torch.optim.Adagrad: ("step", "sum"),
     torch.optim.SGD: ("momentum_buffer",),
 }
+
+
+def _factor(p: Tensor, dim: int) -> Tuple[int, ...]:
+    """``p``'s shape with 1 at ``dim``: a factor of ``torch.optim.Adafactor``'s second
+    moment for a parameter of 2 or more dimensions (a vector's is its ``variance``)."""
+    shape = list(p.shape)
+    if len(shape) >= 2:
+        shape[dim] = 1
+    return tuple(shape)
+
+
+def _adafactor_row(p: Tensor, optimizer: Optimizer) -> Tuple[Tuple[int, ...], str]:
+    return _factor(p, -1), f"Adafactor's row factor for a parameter of shape {tuple(p.shape)}"
+
+
+def _adafactor_col(p: Tensor, optimizer: Optimizer) -> Tuple[Tuple[int, ...], str]:
+    return _factor(p, -2), f"Adafactor's column factor for a parameter of shape {tuple(p.shape)}"
+
+
+def _lbfgs_flat(p: Tensor, optimizer: Optimizer) -> Tuple[Tuple[int, ...], str]:
+    # LBFGS keeps its whole state on its first parameter: vectors over its first group's
+    # parameters' entries flattened (its _params: a group added later is not in them), a
+    # complex one's as two reals (torch's _numel)
+    n = sum(q.numel() * (2 if q.is_complex() else 1) for q in optimizer.param_groups[0]["params"])
+    return (n,), f"LBFGS's flat vector of its parameters' {n} entries"
+
+
+# The state tensors of torch's optimisers that do not have their parameter's shape:
+# class (its subclasses too) -> key -> the shape expected of a parameter's entry, and what
+# that tensor is (for the message).  Any other tensor of more than 0 dimensions has its
+# parameter's shape.
+_OTHER_SHAPES: Dict[type, Dict[str, Callable[[Tensor, Optimizer],
+                                            Tuple[Tuple[int, ...], str]]]] = {
+    torch.optim.Adafactor: {"row_var": _adafactor_row, "col_var": _adafactor_col},
+    torch.optim.LBFGS: {"d": _lbfgs_flat, "prev_flat_grad": _lbfgs_flat},
+}
+
+
+def _check_fits(t: Tensor, optimizer: Optimizer, key: str, p: Tensor, name: str) -> None:
+    """A loaded state tensor ``t`` (``key`` of parameter ``p``'s entry) has the shape
+    ``optimizer`` keeps there: the one :data:`_OTHER_SHAPES` gives, 0-d or not (a 0-d
+    ``row_var`` or ``d`` loaded, and the step failed in torch's broadcast or ``dot``), or
+    else, unless 0-d (a step, ``mu``, ``eta``, ``H_diag``), its parameter's."""
+    for cls in type(optimizer).__mro__:
+        shape_of = _OTHER_SHAPES.get(cls, {}).get(key)
+        if shape_of is not None:
+            expected, what = shape_of(p, optimizer)
+            if tuple(t.shape) != expected:
+                raise ValueError(f"{name} must have the shape {expected} ({what}), "
+                                 f"got {tuple(t.shape)}")
+            return
+    if t.dim() > 0 and tuple(t.shape) != tuple(p.shape):
+        raise ValueError(f"{name} must have its parameter's shape {tuple(p.shape)}, "
+                         f"got {tuple(t.shape)}")
 
 
 # The keys the state of these optimisers may hold besides the required ones
@@ -765,6 +835,9 @@ _DEFAULTS = {"sgd": dict(lr=1e-3, eps=0.0, weight_decay=0.0),
 
 # LazyAdam's hyperparameters, the keys of its defaults
 _LAZY_KEYS = ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay", "dense_above")
+# what torch.optim.Optimizer.__setstate__ (run by its load_state_dict and by a copy) adds
+# to an optimiser's defaults: not a hyperparameter of LazyAdam's nor of its subclasses'
+_TORCH_ADDED = ("differentiable",)
 
 # the hyperparameters an InBackwardOptimizer reads (what _in_backward_hp makes)
 _HP_KEYS = ("lr", "betas", "eps", "weight_decay", "momentum", "nesterov",

@@ -4,6 +4,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from torch.optim.optimizer import required
 
 import nnsparse
 
@@ -294,6 +295,94 @@ def test_lazy_adam_loads_torch_adam_state():
         param.grad = torch.full_like(param, 0.5)
         opt.step()
     torch.testing.assert_close(q, p)
+
+
+class _ScaledAdam(noptim.LazyAdam):
+    """A LazyAdam subclass with a default of its own, ``scale`` (its gradients are
+    multiplied by it), read by its step: a group without it failed with KeyError."""
+
+    def __init__(self, params, scale=0.5, **kwargs):
+        super().__init__(params, **kwargs)
+        self.defaults["scale"] = scale
+        for group in self.param_groups:
+            group.setdefault("scale", scale)
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.mul_(group["scale"])
+        return super().step(closure)
+
+
+def _saved_by(make):
+    """The state dict of ``make([p], lr=0.1)`` after one step of a ones gradient."""
+    p = torch.nn.Parameter(torch.arange(6.).view(3, 2))
+    opt = make([p], lr=0.1)
+    p.grad = torch.ones_like(p)
+    opt.step()
+    return copy.deepcopy(opt.state_dict())
+
+
+# name -> (the optimiser that saved the state, whether the loading one is a deep copy, the
+# scale the loaded groups must hold)
+SUBCLASS_LOADS = {
+    "older-lazy-adam-state": (noptim.LazyAdam, False, 0.5),
+    "torch-adam-state": (torch.optim.Adam, False, 0.5),
+    "own-state-keeps-its-scale": (lambda ps, lr: _ScaledAdam(ps, scale=2.0, lr=lr), False, 2.0),
+    "own-state-into-a-copy": (lambda ps, lr: _ScaledAdam(ps, scale=2.0, lr=lr), True, 2.0),
+}
+
+
+@pytest.mark.parametrize("name", list(SUBCLASS_LOADS))
+def test_subclass_defaults_fill_a_loaded_state(name):
+    """A subclass's own defaults fill the keys a loaded state's groups lack, as a group
+    added by ``add_param_group`` gets them (the saved value wins; LazyAdam's own keys
+    still filled, torch's ``differentiable`` not added), and it steps on as LazyAdam with
+    the gradients scaled by the scale loaded."""
+    make, copied, scale = SUBCLASS_LOADS[name]
+    saved = _saved_by(make)
+    p, q = (torch.nn.Parameter(torch.arange(6.).view(3, 2)) for _ in range(2))
+    ours = _ScaledAdam([p], lr=0.3)
+    if copied:
+        ours = copy.deepcopy(ours)  # torch's __setstate__: "differentiable" in the defaults
+        p = ours.param_groups[0]["params"][0]
+    ours.load_state_dict(copy.deepcopy(saved))
+    group = ours.param_groups[0]
+    assert group["scale"] == scale and group["dense_above"] is None and group["lr"] == 0.1
+    assert set(group) == set(saved["param_groups"][0]) | {"scale", "dense_above"}
+    reference = noptim.LazyAdam([q], lr=0.3)
+    reference.load_state_dict(copy.deepcopy(saved))
+    p.grad = torch.full_like(p, 0.7)
+    q.grad = torch.full_like(q, 0.7 * scale)
+    ours.step()
+    reference.step()
+    torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+class _RequiredScaleAdam(_ScaledAdam):
+    """A LazyAdam subclass whose ``scale`` has no default (torch's ``required``)."""
+
+    def __init__(self, params, scale=required, **kwargs):
+        super().__init__(params, scale=scale, **kwargs)
+
+
+def test_subclass_hyperparameter_without_default_is_refused_at_load():
+    """A loaded group lacking a subclass's hyperparameter that has no default is refused,
+    as ``add_param_group`` refuses it, before anything is loaded (it was filled with
+    torch's ``required`` placeholder, which the step then multiplied by)."""
+    saved = _saved_by(noptim.LazyAdam)
+    p = torch.nn.Parameter(torch.arange(6.).view(3, 2))
+    opt = _RequiredScaleAdam([{"params": [p], "scale": 2.0}], lr=0.3)
+    before = copy.deepcopy(opt.state_dict())
+    with pytest.raises(ValueError, match=r"^state_dict\['param_groups'\]\[0\] must hold "
+                       r"\['scale'\], hyperparameters of _RequiredScaleAdam without a default "
+                       r"\(torch.optim.optimizer.required\), got the keys \['betas', "):
+        opt.load_state_dict(copy.deepcopy(saved))
+    assert repr(opt.state_dict()) == repr(before) and opt.param_groups[0]["scale"] == 2.0
+    saved["param_groups"][0]["scale"] = 3.0  # given: it loads
+    opt.load_state_dict(saved)
+    assert opt.param_groups[0]["scale"] == 3.0
 
 
 @pytest.mark.parametrize("step", [

@@ -2,6 +2,7 @@
 to Adam."""
 import copy
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -11,6 +12,7 @@ from nnsparse._optim_split import SplitOptimizer, make_optimizer, sparse_grad_pa
 from nnsparse.optim import LazyAdam
 
 from matrix import DEVICES
+from probe_cases import Case, run_case
 
 WIDTH, HIDDEN = 8, 4
 
@@ -312,3 +314,241 @@ def test_state_is_one_mapping_of_the_parts_entries(name, copy_):
     stranger = torch.zeros(1)
     assert stranger not in opt.state and opt.state.get(stranger) is None
     assert len(opt.state) == len(trained)
+
+
+# -- every torch.optim optimiser as a part: its state_dict round-trips ---------------------
+
+# name -> (the part's class, its keywords, the side it trains: the dense nn.Linear or the
+# sparse-gradient layer, the other side being Adam or LazyAdam)
+PART_KINDS = {
+    "Adam": (torch.optim.Adam, {}, "dense"),
+    "AdamW": (torch.optim.AdamW, {}, "dense"),
+    "SGD": (torch.optim.SGD, dict(lr=0.1, momentum=0.9), "dense"),
+    "Adagrad": (torch.optim.Adagrad, {}, "dense"),
+    "RMSprop": (torch.optim.RMSprop, dict(momentum=0.9, centered=True), "dense"),
+    "Adadelta": (torch.optim.Adadelta, {}, "dense"),
+    "Adamax": (torch.optim.Adamax, {}, "dense"),
+    "NAdam": (torch.optim.NAdam, {}, "dense"),
+    "RAdam": (torch.optim.RAdam, {}, "dense"),
+    "ASGD": (torch.optim.ASGD, {}, "dense"),
+    "Rprop": (torch.optim.Rprop, {}, "dense"),
+    "LBFGS": (torch.optim.LBFGS, dict(history_size=3, max_iter=3), "dense"),
+    "Adafactor": (torch.optim.Adafactor, {}, "dense"),
+    "SparseAdam": (torch.optim.SparseAdam, {}, "sparse"),
+    "Muon": (getattr(torch.optim, "Muon", None), {}, "dense-matrices"),  # matrices only
+}
+
+
+def _with_part(name):
+    """A model (a sparse-gradient SparseLinearBatch, a dense nn.Linear) and a
+    SplitOptimizer whose part ``name`` trains one side."""
+    cls, kwargs, side = PART_KINDS[name]
+    if cls is None:
+        pytest.skip(f"torch.optim.{name} is not in torch {torch.__version__}")
+    torch.manual_seed(0)
+    model = nn.Sequential(nnsparse.SparseLinearBatch(6, 4, sparse_grad=True), nn.Linear(4, 3))
+    dense = [model[1].weight] if side == "dense-matrices" else list(model[1].parameters())
+    if side == "sparse":
+        parts = {"dense": torch.optim.Adam(dense), "sparse": cls(model[0].parameters(), **kwargs)}
+    else:
+        parts = {"dense": cls(dense, **kwargs), "sparse": LazyAdam(model[0].parameters())}
+    return model, SplitOptimizer(parts)
+
+
+def _part_steps(model, opt, n):
+    x = torch.eye(6)[:3].to_sparse()
+
+    def closure():
+        opt.zero_grad()
+        loss = model(x).pow(2).sum()
+        loss.backward()
+        return loss
+
+    for _ in range(n):
+        if isinstance(opt.optimizers["dense"], torch.optim.LBFGS):  # its step needs the closure
+            for part in opt.optimizers.values():
+                part.step(closure)
+        else:
+            closure()
+            opt.step()
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("name", list(PART_KINDS))
+def test_every_torch_optimiser_part_round_trips(name):
+    """save -> load of a SplitOptimizer with each torch.optim class as a part: the loaded
+    state is the state saved, and the next step is the original's (Adafactor's factored
+    ``row_var`` / ``col_var`` and LBFGS's flat ``d`` / ``prev_flat_grad`` were refused as
+    not of their parameter's shape)."""
+    model, opt = _with_part(name)
+    _part_steps(model, opt, 2)
+    saved = copy.deepcopy(opt.state_dict())
+    other, opt2 = _with_part(name)
+    other.load_state_dict(model.state_dict())
+    opt2.load_state_dict(copy.deepcopy(saved))
+    assert _same(opt2.state_dict(), saved)
+    _part_steps(model, opt, 1)
+    _part_steps(other, opt2, 1)
+    for a, b in zip(model.parameters(), other.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+_DENSE_ENTRY = r"^state_dict\['dense'\]\['state'\]\[0\]"
+
+# name -> (the part, the key of the first dense parameter's entry (the (3, 4) weight), the
+# shape put there, the message)
+MISFIT_STATES = {
+    "adafactor-row-var-of-the-parameters-shape": (
+        "Adafactor", "row_var", (3, 4),
+        _DENSE_ENTRY + r"\['row_var'\] must have the shape \(3, 1\) \(Adafactor's row factor "
+                       r"for a parameter of shape \(3, 4\)\), got \(3, 4\)$"),
+    "adafactor-col-var-transposed": (
+        "Adafactor", "col_var", (4, 1),
+        _DENSE_ENTRY + r"\['col_var'\] must have the shape \(1, 4\) \(Adafactor's column "
+                       r"factor for a parameter of shape \(3, 4\)\), got \(4, 1\)$"),
+    "lbfgs-d-of-the-parameters-shape": (
+        "LBFGS", "d", (3, 4),
+        _DENSE_ENTRY + r"\['d'\] must have the shape \(15,\) \(LBFGS's flat vector of its "
+                       r"parameters' 15 entries\), got \(3, 4\)$"),
+    "lbfgs-prev-flat-grad-short": (
+        "LBFGS", "prev_flat_grad", (12,),
+        _DENSE_ENTRY + r"\['prev_flat_grad'\] must have the shape \(15,\) \(LBFGS's flat "
+                       r"vector of its parameters' 15 entries\), got \(12,\)$"),
+    "rmsprop-square-avg-short": (
+        "RMSprop", "square_avg", (3,),
+        _DENSE_ENTRY + r"\['square_avg'\] must have its parameter's shape \(3, 4\), "
+                       r"got \(3,\)$"),
+    # 0-d: loaded before (0-d tensors pass as a step count), and the step failed in torch's
+    # broadcast ("output with shape [] doesn't match") or dot ("1D tensors expected")
+    "adafactor-row-var-0-d": (
+        "Adafactor", "row_var", (),
+        _DENSE_ENTRY + r"\['row_var'\] must have the shape \(3, 1\) \(Adafactor's row factor "
+                       r"for a parameter of shape \(3, 4\)\), got \(\)$"),
+    "adafactor-col-var-0-d": (
+        "Adafactor", "col_var", (),
+        _DENSE_ENTRY + r"\['col_var'\] must have the shape \(1, 4\) \(Adafactor's column "
+                       r"factor for a parameter of shape \(3, 4\)\), got \(\)$"),
+    "lbfgs-d-0-d": (
+        "LBFGS", "d", (),
+        _DENSE_ENTRY + r"\['d'\] must have the shape \(15,\) \(LBFGS's flat vector of its "
+                       r"parameters' 15 entries\), got \(\)$"),
+    "lbfgs-prev-flat-grad-0-d": (
+        "LBFGS", "prev_flat_grad", (),
+        _DENSE_ENTRY + r"\['prev_flat_grad'\] must have the shape \(15,\) \(LBFGS's flat "
+                       r"vector of its parameters' 15 entries\), got \(\)$"),
+    "adafactor-unknown-key-of-another-shape": (
+        "Adafactor", "note", (3, 1),
+        _DENSE_ENTRY + r"\['note'\] must have its parameter's shape \(3, 4\), got \(3, 1\)$"),
+}
+
+
+@pytest.mark.parametrize("name", list(MISFIT_STATES))
+def test_part_state_of_another_shape_is_refused(name):
+    """A state whose tensors do not fit the parameter (the shape the optimiser keeps there:
+    its parameter's, Adafactor's factors, LBFGS's flat vectors) is refused naming the entry,
+    before anything is loaded."""
+    part, key, shape, match = MISFIT_STATES[name]
+    model, opt = _with_part(part)
+    _part_steps(model, opt, 1)
+    before = repr(opt.state_dict())
+    bad = copy.deepcopy(opt.state_dict())
+    bad["dense"]["state"][0][key] = torch.zeros(shape)
+    with pytest.raises(ValueError, match=match):
+        opt.load_state_dict(bad)
+    assert repr(opt.state_dict()) == before
+
+
+# -- make_optimizer's switches for the dense optimiser -------------------------------------
+
+def _split_model():
+    return nn.Sequential(nnsparse.SparseLinearBatch(6, 4, sparse_grad=True), nn.Linear(4, 3))
+
+
+def _dense_part(opt):
+    return opt.optimizers["dense"] if isinstance(opt, SplitOptimizer) else opt
+
+
+# foreach / fused are torch's None-or-bool, the others bools: a str, an int 0/1, a tensor
+# (torch stores any and reads it by its truth: maximize="no" maximised) or None for a bool
+# one (differentiable=None failed in torch's set_grad_enabled at the first step) refused
+FLAG_CASES = [
+    Case("foreach-str-split", lambda: make_optimizer(_split_model(), foreach="x"), TypeError,
+         r"^foreach must be None or a bool, got str 'x'$"),
+    Case("foreach-str-dense", lambda: make_optimizer(nn.Linear(3, 2), foreach="x"), TypeError,
+         r"^foreach must be None or a bool, got str 'x'$"),
+    Case("fused-int", lambda: make_optimizer(nn.Linear(3, 2), fused=1), TypeError,
+         r"^fused must be None or a bool, got int 1$"),
+    Case("capturable-tensor", lambda: make_optimizer(
+        nn.Linear(3, 2), capturable=torch.tensor(True)), TypeError,
+         r"^capturable must be a bool, got Tensor tensor\(True\)$"),
+    Case("differentiable-none", lambda: make_optimizer(nn.Linear(3, 2), differentiable=None),
+         TypeError, r"^differentiable must be a bool, got NoneType None$"),
+    Case("maximize-str", lambda: make_optimizer(nn.Linear(3, 2), maximize="no"), TypeError,
+         r"^maximize must be a bool, got str 'no'$"),
+    Case("amsgrad-int-0-split", lambda: make_optimizer(_split_model(), amsgrad=0), TypeError,
+         r"^amsgrad must be a bool, got int 0$"),
+    Case("decoupled_weight_decay-str", lambda: make_optimizer(
+        nn.Linear(3, 2), decoupled_weight_decay="yes"), TypeError,
+         r"^decoupled_weight_decay must be a bool, got str 'yes'$"),
+    Case("foreach-numpy-bool-passed-as-bool", lambda: make_optimizer(
+        nn.Linear(3, 2), foreach=np.True_), None,
+         check=lambda opt: opt.param_groups[0]["foreach"] is True),
+    Case("maximize-numpy-false-split", lambda: make_optimizer(_split_model(), maximize=np.False_),
+         None, check=lambda opt: _dense_part(opt).param_groups[0]["maximize"] is False),
+    Case("fused-none-split", lambda: make_optimizer(_split_model(), fused=None), None,
+         check=lambda opt: _dense_part(opt).param_groups[0]["fused"] is None),
+    Case("amsgrad-true-dense", lambda: make_optimizer(nn.Linear(3, 2), amsgrad=True), None,
+         check=lambda opt: opt.param_groups[0]["amsgrad"] is True),
+]
+
+
+@pytest.mark.parametrize("case", FLAG_CASES, ids=[c.id for c in FLAG_CASES])
+def test_make_optimizer_checks_the_dense_switches(case, monkeypatch):
+    """Each switch of ``dense_kwargs`` is a bool (``foreach``, ``fused``: or None), checked
+    before any optimiser is built (a refused call builds none)."""
+    if case.error is not None:
+        def built(self, *args, **kwargs):
+            raise AssertionError(f"{type(self).__name__} built before the check")
+        monkeypatch.setattr(torch.optim.Optimizer, "__init__", built)
+    run_case(case)
+
+
+def _lbfgs_then_a_group():
+    """A SplitOptimizer whose dense part is an LBFGS of the dense layer's weight, stepped
+    twice, then given the bias in a group of its own (torch's LBFGS keeps its flat vectors
+    over its first group's parameters, ``_params``; it steps no more with two groups)."""
+    torch.manual_seed(0)
+    model = _split_model()
+    opt = SplitOptimizer({"dense": torch.optim.LBFGS([model[1].weight], history_size=3,
+                                                     max_iter=3),
+                          "sparse": LazyAdam(model[0].parameters())})
+    _part_steps(model, opt, 2)
+    opt.optimizers["dense"].add_param_group({"params": [model[1].bias]})
+    return opt
+
+
+def test_lbfgs_flat_vectors_span_its_first_group_only():
+    """LBFGS's ``d`` / ``prev_flat_grad`` have its first group's 12 entries, not the 15 of
+    all its groups: its own state loads (it was refused, "must have the shape (15,)"), one
+    over all the groups' entries is refused, and a refused load changes nothing."""
+    saved = copy.deepcopy(_lbfgs_then_a_group().state_dict())
+    assert saved["dense"]["state"][0]["d"].shape == (12,)
+    opt = _lbfgs_then_a_group()
+    opt.optimizers["dense"].state.clear()
+    opt.load_state_dict(copy.deepcopy(saved))
+    assert _same(opt.state_dict(), saved)
+    bad = copy.deepcopy(saved)
+    bad["dense"]["state"][0]["d"] = torch.zeros(15)
+    with pytest.raises(ValueError, match=_DENSE_ENTRY + r"\['d'\] must have the shape \(12,\) "
+                       r"\(LBFGS's flat vector of its parameters' 12 entries\), got \(15,\)$"):
+        opt.load_state_dict(bad)
+    assert _same(opt.state_dict(), saved)
