@@ -451,12 +451,22 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
     tensor (int64 when int8 or int16, which torch does not index with; kept on its device)
     or a sequence (a list, a tuple, a range, a numpy array) of ints, made an int64 CPU
     tensor.  ``TypeError`` for another kind, a float, bool or uint8 dtype (torch would read
-    uint8 as a mask); ``ValueError`` for another shape than 1-D, an index out of range or
-    one given twice (one host sync and a sort of ``value``: O(len(value) log len(value)))."""
+    uint8 as a mask), a bool among a list's ints (torch reads ``True`` as 1); ``ValueError``
+    for another shape than 1-D, an index out of range (a uint64 one of 2**63 or more named
+    as it is, not wrapped negative) or one given twice (one host sync and a sort of
+    ``value``: O(len(value) log len(value)))."""
     expected = f"a 1-D integer tensor or a sequence of ints ({what} indices)"
     if not isinstance(value, Tensor):
-        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        # (a bytearray is a byte string as bytes is, not a list of indices)
+        if isinstance(value, (str, bytes, bytearray)) or not hasattr(value, "__len__"):
             raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+        if isinstance(value, (list, tuple)):  # torch.as_tensor([3, True]) is [3, 1]
+            bools = [isinstance(v, (bool, np.bool_)) or (isinstance(v, Tensor) and
+                                                         v.dtype == torch.bool) for v in value]
+            if any(bools) and not all(bools):  # (all bools: a mask, refused below with a fix)
+                n = bools.index(True)
+                raise TypeError(f"{name} must hold integer {what} indices, got "
+                                f"{name}[{n}] = {value[n]!r}, a bool")
         if isinstance(value, np.ndarray) and value.dtype.kind == "u" and value.size \
                 and int(value.max()) >= 2 ** 63:  # (torch's int64 would wrap it negative)
             raise ValueError(f"{name} must be {what} indices in [0, {bound}), got "
@@ -486,6 +496,11 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
     if value.dim() != 1:
         raise ValueError(f"{name} must be 1-D ({what} indices), got shape "
                          f"{tuple(value.shape)}")
+    if value.dtype == torch.uint64 and value.numel():  # (.long() would wrap 2**63 negative)
+        wrapped = value.view(torch.int64)
+        if bool((wrapped < 0).any()):
+            raise ValueError(f"{name} must be {what} indices in [0, {bound}), got "
+                             f"{int(wrapped[wrapped < 0][0]) + 2 ** 64}")
     if value.dtype not in (torch.int32, torch.int64):
         value = value.long()
     if value.numel():
