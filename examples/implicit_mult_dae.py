@@ -169,19 +169,26 @@ def parse_args(argv: Optional[List[str]] = None
     return p, args
 
 
+#: the peak bytes a weight of the two matrices (float32), measured with ru_maxrss (hidden
+#: 10,000-40,000, 500-1682 items): 24-26; the weight, its gradient and Adam's two moments
+#: are 16, the kept best epoch's copy 4, the penalty's squares and the activations the rest
+_BYTES_PER_WEIGHT = 24
+
+
 def check_memory(p: argparse.ArgumentParser, args: argparse.Namespace, n_items: int) -> None:
-    """Refuse a --hidden whose two weight matrices, with their gradients and Adam's two
-    moments (float32: 16 bytes a weight), need more than this machine's memory: torch's
-    allocation failed with a traceback (or the process swapped, or was killed)."""
-    need = 16 * 2 * n_items * args.hidden
+    """Refuse a --hidden whose two ``n_items x hidden`` weight matrices need more than this
+    machine's memory in training (``_BYTES_PER_WEIGHT``): torch's allocation failed with a
+    traceback (--hidden 2**40), or the process swapped or was killed."""
+    need = _BYTES_PER_WEIGHT * 2 * n_items * args.hidden
     try:
         have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # not a POSIX system: nothing to compare
         return
     if need > have:
         p.error(f"--hidden {args.hidden} of {n_items} items needs about {need / 2**30:.3g} GiB "
-                f"(weights, gradients and Adam's moments), more than this machine's "
-                f"{have / 2**30:.3g} GiB of memory; choose a smaller --hidden")
+                f"to train (about {_BYTES_PER_WEIGHT} bytes a weight: the weights, their "
+                f"gradients, Adam's moments, the best epoch's copy), more than this "
+                f"machine's {have / 2**30:.3g} GiB of memory; choose a smaller --hidden")
 
 
 def read_clicks(p: argparse.ArgumentParser, args: argparse.Namespace) -> Tuple[Ratings, str]:

@@ -142,6 +142,15 @@ ROWS_CASES = [
     Case("rows-uint64-tensor-ok", lambda: rating_matrix(
         _held(), "user", rows=torch.tensor([3, 1], dtype=torch.uint64)).to_dense(), None,
          check=lambda out: torch.equal(out, torch.ones(2, 5))),
+    # Ratings.subset shares the rule (was: subset([3, True]) kept entries 3 and 1); its
+    # list of bools only is a mask, as before
+    Case("subset-list-int-and-bool", lambda: _ratings().subset([3, True]), TypeError,
+         re.escape("index must hold integer entry indices or bools only (a mask), got "
+                   "index[1] = True, a bool")),
+    Case("subset-tuple-np-bool-first", lambda: _ratings().subset((np.False_, 2)), TypeError,
+         re.escape("got index[0] = np.False_, a bool")),
+    Case("subset-list-all-bools-ok", lambda: _ratings().subset([i % 50 == 3 for i in range(100)]),
+         None, check=lambda part: part.item.tolist() == [3, 3]),
 ]
 
 
@@ -196,3 +205,35 @@ def test_mult_dae_flags_beyond_the_machine(capsys, flags, message):
     assert exit.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+# -- movielens_autoencoder.py: --hidden beyond the machine's memory refused, its network
+#    counted on the meta device (was torch's allocation traceback, as Mult-DAE's was) -------
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model", "autorec"], f"--hidden {2 ** 40} of --model autorec on 1682 x 943 (item "
+                             f"rows) needs about 3.09e+07 GiB to train"),
+    (["--model", "sparsefc"], f"--hidden {2 ** 40} of --model sparsefc on 1682 x 943 (item "
+                              f"rows) needs more than 2**63 bytes to train"),
+], ids=["autorec", "sparsefc-overflow"])
+def test_movielens_hidden_beyond_the_machine(capsys, flags, message):
+    with pytest.raises(SystemExit) as exit:
+        _load("movielens_autoencoder").main(["--no-progress", "--epochs", "1", "--hidden",
+                                             str(2 ** 40)] + flags)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "choose a smaller --hidden" in err and "Traceback" not in err
+
+
+def test_movielens_hidden_that_fits_trains_as_without_the_check(monkeypatch):
+    # the check builds the model's layers on the meta device only: a --hidden that fits
+    # is not refused, and trains as without the check
+    module = _load("movielens_autoencoder")
+    args = ["--no-progress", "--model", "autorec", "--hidden", "20", "--epochs", "2",
+            "--threads", "1"]
+    checked = module.main(args)
+    monkeypatch.setattr(module, "check_memory", lambda *args: None)
+    unchecked = module.main(args)
+    assert checked["test_rmse"] == unchecked["test_rmse"]
+    assert [e["train_loss"] for e in checked["epochs"]] == \
+        [e["train_loss"] for e in unchecked["epochs"]]

@@ -352,7 +352,8 @@ class Ratings:
 
         Raises:
             TypeError: a float index, or a uint8 one (torch reads uint8 as a
-                mask, a use it deprecates: pass ``.long()`` or ``.bool()``).
+                mask, a use it deprecates: pass ``.long()`` or ``.bool()``), or a
+                bool among a list's ints (torch reads ``True`` as 1).
             ValueError: an index that is not 1-D, a mask of another length.
             IndexError: an index outside ``[-n, n)``.
         """
@@ -411,9 +412,23 @@ def _refuse_uint8_index(index: Tensor, name: str, expected: str, fix: str) -> No
                         f"as a mask; convert it with {fix}")
 
 
+def _refuse_bool_among_ints(value: Any, name: str, expected: str) -> None:
+    """Refuse a list or tuple ``value`` holding a bool (Python, numpy or a 0-d tensor)
+    among its ints: ``torch.as_tensor([3, True])`` is ``[3, 1]``, the bool read as 1.
+    Bools only (a mask, where one is taken) and other values pass."""
+    if isinstance(value, (list, tuple)):
+        bools = [isinstance(v, (bool, np.bool_)) or (isinstance(v, Tensor) and
+                                                     v.dtype == torch.bool) for v in value]
+        if any(bools) and not all(bools):
+            n = bools.index(True)
+            raise TypeError(f"{name} must hold {expected}, got {name}[{n}] = {value[n]!r}, "
+                            f"a bool")
+
+
 def _entry_index(index: Any, n: int) -> Tensor:
     """``index`` checked as entry indices in ``[-n, n)`` or a bool mask of ``n`` entries."""
     if not isinstance(index, Tensor):
+        _refuse_bool_among_ints(index, "index", "integer entry indices or bools only (a mask)")
         try:
             index = as_tensor(index)  # (np.flip(a) too: copied)
         except (TypeError, ValueError, RuntimeError):
@@ -460,13 +475,8 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
         # (a bytearray is a byte string as bytes is, not a list of indices)
         if isinstance(value, (str, bytes, bytearray)) or not hasattr(value, "__len__"):
             raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
-        if isinstance(value, (list, tuple)):  # torch.as_tensor([3, True]) is [3, 1]
-            bools = [isinstance(v, (bool, np.bool_)) or (isinstance(v, Tensor) and
-                                                         v.dtype == torch.bool) for v in value]
-            if any(bools) and not all(bools):  # (all bools: a mask, refused below with a fix)
-                n = bools.index(True)
-                raise TypeError(f"{name} must hold integer {what} indices, got "
-                                f"{name}[{n}] = {value[n]!r}, a bool")
+        # (a list of bools only is a mask, refused below with its fix)
+        _refuse_bool_among_ints(value, name, f"integer {what} indices")
         if isinstance(value, np.ndarray) and value.dtype.kind == "u" and value.size \
                 and int(value.max()) >= 2 ** 63:  # (torch's int64 would wrap it negative)
             raise ValueError(f"{name} must be {what} indices in [0, {bound}), got "
