@@ -161,7 +161,34 @@ def parse_args(argv: Optional[List[str]] = None
         p.error(f"--lam must be non-negative and finite, got {args.lam}")
     if not 0 <= args.seed < 2 ** 63:
         p.error(f"--seed must be in [0, 2**63), got {args.seed}")
+    # torch.set_num_threads(10**5) crashed the process (as examples/movielens_autoencoder.py
+    # bounds it: more threads than CPUs only oversubscribe them)
+    limit = max(1024, os.cpu_count() or 1)
+    if args.threads > limit:
+        p.error(f"--threads must be at most {limit}, got {args.threads}")
     return p, args
+
+
+#: the peak bytes a weight of the two matrices (float32), measured with ru_maxrss (hidden
+#: 10,000-40,000, 500-1682 items): 24-26; the weight, its gradient and Adam's two moments
+#: are 16, the kept best epoch's copy 4, the penalty's squares and the activations the rest
+_BYTES_PER_WEIGHT = 24
+
+
+def check_memory(p: argparse.ArgumentParser, args: argparse.Namespace, n_items: int) -> None:
+    """Refuse a --hidden whose two ``n_items x hidden`` weight matrices need more than this
+    machine's memory in training (``_BYTES_PER_WEIGHT``): torch's allocation failed with a
+    traceback (--hidden 2**40), or the process swapped or was killed."""
+    need = _BYTES_PER_WEIGHT * 2 * n_items * args.hidden
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: nothing to compare
+        return
+    if need > have:
+        p.error(f"--hidden {args.hidden} of {n_items} items needs about {need / 2**30:.3g} GiB "
+                f"to train (about {_BYTES_PER_WEIGHT} bytes a weight: the weights, their "
+                f"gradients, Adam's moments, the best epoch's copy), more than this "
+                f"machine's {have / 2**30:.3g} GiB of memory; choose a smaller --hidden")
 
 
 def read_clicks(p: argparse.ArgumentParser, args: argparse.Namespace) -> Tuple[Ratings, str]:
@@ -286,6 +313,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     clicks, source = read_clicks(p, args)
+    check_memory(p, args, clicks.n_items)
     try:
         split = user_split(clicks, test=args.test_users, validation=args.validation_users,
                            fold_in=args.fold_in, seed=args.seed)

@@ -295,6 +295,36 @@ def read_data(p: argparse.ArgumentParser, args: argparse.Namespace):
     return split.train, split.test, ratings
 
 
+def check_memory(p: argparse.ArgumentParser, args: argparse.Namespace,
+                 ratings: Ratings) -> None:
+    """Refuse a --hidden whose network needs more than this machine's memory to train: its
+    parameters, their gradients and Adam's two moments (float32: at least 16 bytes a
+    parameter), counted on a network built on the meta device (nothing allocated).
+    torch's allocation failed with a traceback (--hidden 2**40), or the process swapped
+    or was killed."""
+    if args.load or args.hidden is None:  # (the models' default widths fit any machine)
+        return
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: nothing to compare
+        return
+    rows, width = ((ratings.n_items, ratings.n_users) if args.orientation == "item"
+                   else (ratings.n_users, ratings.n_items))
+    try:
+        with torch.device("meta"):  # the layers' sizes only
+            net = CHOICES[args.model][0](**hparams(args))
+            net.build(rows, width, 0)
+        need = 16 * sum(param.numel() for param in net.parameters())
+        needs = f"about {need / 2**30:.3g} GiB"
+    except RuntimeError:  # a layer of more than 2**63 bytes ("Storage size ... overflowed")
+        need, needs = math.inf, "more than 2**63 bytes"
+    if need > have:
+        p.error(f"--hidden {args.hidden} of --model {args.model} on {rows} x {width} "
+                f"({args.orientation} rows) needs {needs} to train (16 bytes a parameter: "
+                f"the weights, their gradients and Adam's moments), more than this "
+                f"machine's {have / 2**30:.3g} GiB of memory; choose a smaller --hidden")
+
+
 def _settle_format(args: argparse.Namespace, path: str) -> None:
     """--format auto becomes the format read (the side files and the saved args use it)."""
     if args.format == "auto":
@@ -530,6 +560,7 @@ def _main(p: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, Any
     check_world(p, args)
     torch.manual_seed(args.seed)
     first, test, ratings = read_data(p, args)
+    check_memory(p, args, ratings)
     nd.main_print(f"{len(ratings)} ratings, {ratings.n_users} users x {ratings.n_items} items; "
           f"model {args.model if not args.load else 'from ' + args.load}")
     try:

@@ -69,6 +69,9 @@ def _as_csr(matrix: Tensor, name: str) -> Tuple[Tensor, Tensor, Tensor]:
 
 def _as_labels(target: Tensor, rows: int) -> Tensor:
     """A dense ``target``: ``(rows,)`` or ``(rows, k)`` labels, detached, on the CPU."""
+    if target.is_nested:  # (strided to its layout, but its .shape raised torch's internal error)
+        raise TypeError(f"target must be {_TARGET_FORMS}, got a nested tensor; pad it "
+                        f"(torch.nested.to_padded_tensor) for labels of one shape a row")
     refuse_meta(target, "target")
     if target.dim() not in (1, 2):
         raise ValueError(f"target must be 1-D (rows,) or 2-D (rows, k) as dense labels, "

@@ -352,7 +352,8 @@ class Ratings:
 
         Raises:
             TypeError: a float index, or a uint8 one (torch reads uint8 as a
-                mask, a use it deprecates: pass ``.long()`` or ``.bool()``).
+                mask, a use it deprecates: pass ``.long()`` or ``.bool()``), or a
+                bool among a list's ints (torch reads ``True`` as 1).
             ValueError: an index that is not 1-D, a mask of another length.
             IndexError: an index outside ``[-n, n)``.
         """
@@ -411,9 +412,23 @@ def _refuse_uint8_index(index: Tensor, name: str, expected: str, fix: str) -> No
                         f"as a mask; convert it with {fix}")
 
 
+def _refuse_bool_among_ints(value: Any, name: str, expected: str) -> None:
+    """Refuse a list or tuple ``value`` holding a bool (Python, numpy or a 0-d tensor)
+    among its ints: ``torch.as_tensor([3, True])`` is ``[3, 1]``, the bool read as 1.
+    Bools only (a mask, where one is taken) and other values pass."""
+    if isinstance(value, (list, tuple)):
+        bools = [isinstance(v, (bool, np.bool_)) or (isinstance(v, Tensor) and
+                                                     v.dtype == torch.bool) for v in value]
+        if any(bools) and not all(bools):
+            n = bools.index(True)
+            raise TypeError(f"{name} must hold {expected}, got {name}[{n}] = {value[n]!r}, "
+                            f"a bool")
+
+
 def _entry_index(index: Any, n: int) -> Tensor:
     """``index`` checked as entry indices in ``[-n, n)`` or a bool mask of ``n`` entries."""
     if not isinstance(index, Tensor):
+        _refuse_bool_among_ints(index, "index", "integer entry indices or bools only (a mask)")
         try:
             index = as_tensor(index)  # (np.flip(a) too: copied)
         except (TypeError, ValueError, RuntimeError):
@@ -451,12 +466,17 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
     tensor (int64 when int8 or int16, which torch does not index with; kept on its device)
     or a sequence (a list, a tuple, a range, a numpy array) of ints, made an int64 CPU
     tensor.  ``TypeError`` for another kind, a float, bool or uint8 dtype (torch would read
-    uint8 as a mask); ``ValueError`` for another shape than 1-D, an index out of range or
-    one given twice (one host sync and a sort of ``value``: O(len(value) log len(value)))."""
+    uint8 as a mask), a bool among a list's ints (torch reads ``True`` as 1); ``ValueError``
+    for another shape than 1-D, an index out of range (a uint64 one of 2**63 or more named
+    as it is, not wrapped negative) or one given twice (one host sync and a sort of
+    ``value``: O(len(value) log len(value)))."""
     expected = f"a 1-D integer tensor or a sequence of ints ({what} indices)"
     if not isinstance(value, Tensor):
-        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        # (a bytearray is a byte string as bytes is, not a list of indices)
+        if isinstance(value, (str, bytes, bytearray)) or not hasattr(value, "__len__"):
             raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+        # (a list of bools only is a mask, refused below with its fix)
+        _refuse_bool_among_ints(value, name, f"integer {what} indices")
         if isinstance(value, np.ndarray) and value.dtype.kind == "u" and value.size \
                 and int(value.max()) >= 2 ** 63:  # (torch's int64 would wrap it negative)
             raise ValueError(f"{name} must be {what} indices in [0, {bound}), got "
@@ -486,6 +506,11 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
     if value.dim() != 1:
         raise ValueError(f"{name} must be 1-D ({what} indices), got shape "
                          f"{tuple(value.shape)}")
+    if value.dtype == torch.uint64 and value.numel():  # (.long() would wrap 2**63 negative)
+        wrapped = value.view(torch.int64)
+        if bool((wrapped < 0).any()):
+            raise ValueError(f"{name} must be {what} indices in [0, {bound}), got "
+                             f"{int(wrapped[wrapped < 0][0]) + 2 ** 64}")
     if value.dtype not in (torch.int32, torch.int64):
         value = value.long()
     if value.numel():

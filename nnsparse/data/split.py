@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._forms import is_int, is_real
+from .._forms import check_index_range, is_int, is_real
 from .readers import Ratings, _check_ratings, _check_unique_pairs, _check_unique_pairs_apart
 
 __all__ = ["Split", "split_ratings", "random_split", "holdout_split", "HeldOut", "UserSplit",
@@ -29,7 +29,7 @@ class Split:
         test (Ratings): read once, at the end, for the reported error.
 
     A field assigned later is checked as the constructor's (a refused assignment
-    leaves the split as it was).
+    leaves the split as it was); a field cannot be deleted (``AttributeError``).
 
     Raises:
         TypeError: a part that is not a :class:`Ratings` record.
@@ -61,6 +61,9 @@ class Split:
         assignment leaves the split as it was)."""
         _checked_setattr(self, name, value, self._checked)
 
+    def __delattr__(self, name: str) -> None:
+        _refuse_field_delete(self, name)
+
     def _checked(self, name: str, value: Any) -> Ratings:
         _check_ratings(value, name)
         if name == "train":  # validation and test (sharing one pair of maps) must share its
@@ -85,6 +88,16 @@ def _checked_setattr(split: Any, name: str, value: Any,
     if name in _SPLIT_FIELDS and "test" in split.__dict__:  # (not __init__'s assignments,
         value = checked(name, value)                       # which __post_init__ checks)
     object.__setattr__(split, name, value)
+
+
+def _refuse_field_delete(split: Any, name: str) -> None:
+    """``del split.name`` for a split record's ``__delattr__``: a field is refused (a split
+    keeps its three parts; ``del split.test`` also let every later assignment in unchecked,
+    :func:`_checked_setattr` reading a missing ``test`` as a split still in ``__init__``)."""
+    if name in _SPLIT_FIELDS:
+        raise AttributeError(f"cannot delete {type(split).__name__}.{name}: a split keeps its "
+                             f"three parts (assign a new {name} instead)")
+    object.__delattr__(split, name)
 
 
 def _check_ratio(ratio: float, name: str) -> None:
@@ -310,7 +323,8 @@ class UserSplit:
     The five parts are disjoint and together the input; they share its id maps.
     Unpacks as ``train, (valid_in, valid_target), (test_in, test_target) = split``.
     A field assigned later is checked as the constructor's (a refused assignment
-    leaves the split as it was; a pair is made a :class:`HeldOut`).
+    leaves the split as it was; a pair is made a :class:`HeldOut`); a field cannot be
+    deleted (``AttributeError``).
 
     Raises:
         TypeError: ``train`` or a held-out part that is not a :class:`Ratings` record,
@@ -342,6 +356,9 @@ class UserSplit:
         assignment leaves the split as it was), a ``(fold_in, target)`` pair made a
         :class:`HeldOut`."""
         _checked_setattr(self, name, value, self._checked)
+
+    def __delattr__(self, name: str) -> None:
+        _refuse_field_delete(self, name)
 
     def _checked(self, name: str, value: Any) -> Any:
         if name == "train":  # the held-out parts (sharing one pair of maps) must share its
@@ -434,7 +451,8 @@ def user_split(ratings: Ratings, test: Union[int, float] = 0.1,
         test (int or float): the test users: a number of users (an int) or a
             fraction of the users that can be held out (a float in ``[0, 1)``,
             rounded).  Default: 0.1.
-        validation (int or float): the validation users, likewise.  Default: 0.1.
+        validation (int or float): the validation users, likewise (two fractions,
+            rounded, leave at least one of those users in ``train``).  Default: 0.1.
         fold_in (float): the fraction of each held-out user's ratings in its
             fold-in part, in ``(0, 1)``.  Default: 0.8.
         seed (int): the seed of the draws.  Default: 0.
@@ -452,6 +470,8 @@ def user_split(ratings: Ratings, test: Union[int, float] = 0.1,
             ``test + validation >= 1`` as fractions, or above the number of
             users that can be held out as counts (a fraction beside a count
             counted as its rounded share); ``fold_in`` outside ``(0, 1)``;
+            ``ratings.user`` edited in place since the record was built, to an
+            index outside its ``user_map``;
             a (user, item) pair rated more than once (its ratings could land in
             both the fold-in and the target part).
 
@@ -479,15 +499,20 @@ def user_split(ratings: Ratings, test: Union[int, float] = 0.1,
     if not is_int(test) and not is_int(validation) and test + validation >= 1:
         raise ValueError(f"test + validation must be below 1, got {test} + {validation}")
     user = ratings.user.detach().cpu()
+    # (the record's user tensor may have been edited in place since it was checked:
+    # bincount and the part table below failed on an index outside the map, naming nothing)
+    check_index_range(user, ratings.n_users, "ratings.user indices")
     counts = torch.bincount(user, minlength=ratings.n_users)
     candidates = torch.nonzero(counts >= 2).flatten()  # users in index order
     n = len(candidates)
     k_test = int(test) if is_int(test) else round(test * n)
+    if not is_int(test) and not is_int(validation):  # two fractions (sum below 1): rounding
+        k_test = min(k_test, max(n - 1, 0))          # up may not take the last candidate
     if is_int(validation):
         k_valid = int(validation)
     elif is_int(test):  # a fraction beside a count: as asked, or refused below
         k_valid = round(validation * n)
-    else:  # two fractions (sum below 1): rounding up may not take the last candidate
+    else:  # two fractions, likewise (test's taken first)
         k_valid = min(round(validation * n), max(n - k_test - 1, 0))
     if k_test + k_valid > n:
         fractions = "" if is_int(test) and is_int(validation) else \
