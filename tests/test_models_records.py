@@ -113,7 +113,9 @@ def test_a_record_built_by_hand_is_checked(make, error, message):
 GOOD_RECORDS = {
     "TrainResult-empty": TrainResult,
     "TrainResult": lambda: TrainResult(_history(3), 2, 0.9),
-    # (numpy numbers in the history pass, kept as they came: torch.load's default refuses them)
+    # (a numpy best_epoch and best_rmse stored as int and float, so torch.load's default
+    # loads it; numpy numbers in the history are kept as they came, and that default
+    # refuses them: test_a_record_holds_plain_numbers)
     "TrainResult-numpy": lambda: TrainResult([{"epoch": 1, "loss": 0.5}], np.int64(1),
                                              np.float64(0.9)),
     "CrossValidation-empty": CrossValidation,
