@@ -78,6 +78,15 @@ def member_error(owner: object, name: str, hint: str) -> AttributeError:
                           f"use {hint}")
 
 
+def setting_error(owner: object, name: str, ours: str, holder: str) -> AttributeError:
+    """The error for assigning ``name``, a Lua field of ``owner`` that nnsparse calls
+    ``ours`` (a setting of its constructor, an attribute of ``holder``'s instances): an
+    attribute of the Lua name would change nothing."""
+    return AttributeError(f"{type(owner).__name__} has no Lua attribute {name!r}; nnsparse "
+                          f"calls it {ours}: pass {ours}=... to the constructor or set "
+                          f"{holder}.{ours}")
+
+
 class LuaMembers(nn.Module):
     """Base of nnsparse's modules: a Lua member in ``_LUA_MEMBERS`` read from one
     raises an ``AttributeError`` naming what PyTorch uses instead."""
@@ -99,7 +108,7 @@ class LuaName:
     (``DynamicSparseTensor.new``): reading it, from the class or an instance,
     raises an ``AttributeError`` naming the counterpart (``hasattr`` is False).
     No data descriptor: an instance (of a subclass with a ``__dict__``) may still
-    assign an attribute of that name."""
+    assign an attribute of that name (:class:`LuaField` refuses it)."""
 
     def __init__(self, hint: str) -> None:
         self._hint = hint
@@ -110,3 +119,17 @@ class LuaName:
 
     def __get__(self, obj: object, owner: Optional[type] = None) -> NoReturn:
         raise member_error(owner if owner is not None else obj, self._name, self._hint)
+
+
+class LuaField(LuaName):
+    """A :class:`LuaName` for a setting Lua's constructor kept as a field
+    (``Batchifier.outputSize``), which Lua code reads and assigns: reading it raises
+    :func:`member_error`, assigning it :func:`setting_error` (a data descriptor: an
+    instance never holds an attribute of that name, which would change nothing)."""
+
+    def __init__(self, ours: str, holder: str) -> None:
+        super().__init__(ours)
+        self._holder = holder
+
+    def __set__(self, obj: object, value: object) -> NoReturn:
+        raise setting_error(obj, self._name, self._hint, self._holder)

@@ -24,13 +24,14 @@ and criteria pickle, and nothing else:
 
 - nnsparse's plain results and records, whose unpickling rebuilds their
   fields from values torch already allows (tensors, numbers, strings, lists,
-  dicts) and calls nothing else of nnsparse's but ``__new__``, the
-  class itself with its checks, or ``Ratings.__setstate__`` (the
-  constructor's checks again) (see :func:`_data_classes`):
+  dicts) and calls nothing else of nnsparse's but ``__new__`` (a checking one:
+  ``Recommendations``'), the class itself with its checks, or a ``__setstate__``
+  that runs the constructor's checks again (``Ratings``, ``Split``, ``UserSplit``,
+  ``CrossValidation``, ``TrainResult``) (see :func:`_data_classes`):
   ``SortResult``, ``TopkResult`` (``ssort`` / ``stopk``), ``Recommendations``,
-  ``CrossValidation``, ``TrainResult``, ``Split`` (with ``Ratings`` above),
-  ``RatingErrors`` and ``SparseRow`` (a dataset item; a collate checks a row
-  that is not its dataset's own in full).
+  ``CrossValidation``, ``TrainResult``, ``Split`` and ``UserSplit`` with its
+  ``HeldOut`` pairs (with ``Ratings`` above), ``RatingErrors`` and ``SparseRow``
+  (a dataset item; a collate checks a row that is not its dataset's own in full).
 
 Not allow-listed, as their state says "already checked": a
 ``SparseRowDataset`` (its record of the checked matrices would skip the
@@ -92,20 +93,21 @@ def _safe_globals() -> List[Any]:
 def _data_classes() -> List[type]:
     """nnsparse's results and records that a ``weights_only`` load may rebuild.
 
-    Each is a named tuple or a class without ``__reduce__`` or ``__setstate__``
-    of its own (``SparseRow``'s ``__reduce__`` calls the class, which only stores
-    its two fields): torch's unpickler makes it with ``cls.__new__`` (or calls the
-    class, whose checks then run) and sets its fields from values torch allows.
+    Each is a named tuple or a class without ``__reduce__`` of its own
+    (``SparseRow``'s ``__reduce__`` calls the class, which only stores its two
+    fields): torch's unpickler makes it with ``cls.__new__`` (or calls the class,
+    whose checks then run) and sets its fields from values torch allows, through
+    the class's ``__setstate__`` where it has one (the constructor's checks).
     """
     from .data.dataset import SparseRow
     from .data.matrix import RatingErrors
-    from .data.split import Split
+    from .data.split import HeldOut, Split, UserSplit
     from .models.base import Recommendations
     from .models.evaluation import CrossValidation
     from .models.trainer import TrainResult
     from .sort import SortResult, TopkResult
     return [SortResult, TopkResult, Recommendations, CrossValidation, TrainResult, Split,
-            RatingErrors, SparseRow]
+            UserSplit, HeldOut, RatingErrors, SparseRow]
 
 
 def register_safe_globals() -> None:

@@ -1,4 +1,7 @@
 """Tests of nnsparse.data.split: seeded, disjoint, complete splits sharing one id map."""
+import copy
+import io
+import pickle
 import re
 
 import numpy as np
@@ -167,3 +170,76 @@ def test_split_ratings_under_another_default_device(default):
         with torch.device("meta"):
             got = split_ratings(r, 0.2, seed=1)
     assert torch.equal(got[0].rating, rest.rating) and torch.equal(got[1].user, part.user)
+
+
+# -- a Split loaded from a file (pickle, copy, torch.load) is checked as the constructor ---
+
+def _forged_split(**parts):
+    """A split of ``synthetic_ratings`` with parts set past the checks (as a file sets them)."""
+    split = random_split(synthetic_ratings(seed=1, n_users=20, n_items=15, n_ratings=200),
+                         test=0.1, validation=0.1, seed=0)
+    for name, value in parts.items():
+        object.__setattr__(split, name, value)
+    return split
+
+
+_OTHER = Ratings.from_triples([1, 2], [1, 2], [4., 5.])
+
+# (id, forged split, error, message): the constructor's message for the same parts
+FORGED_SPLITS = [
+    ("test-other-maps", lambda: _forged_split(test=_OTHER), ValueError,
+     "test must share train's user_map (the parts of one split), got one of 2 users for "
+     "their 20"),
+    ("validation-not-ratings", lambda: _forged_split(validation=[1, 2]), TypeError,
+     "validation must be a Ratings record (from read_ratings or Ratings.from_triples), got "
+     "list"),
+    ("train-other-maps", lambda: _forged_split(train=_OTHER), ValueError,
+     "validation must share train's user_map (the parts of one split), got one of 20 users "
+     "for their 2"),
+]
+
+
+def _load(split, how):
+    if how == "pickle":
+        return pickle.loads(pickle.dumps(split))
+    if how == "deepcopy":
+        return copy.deepcopy(split)
+    buf = io.BytesIO()
+    torch.save(split, buf)
+    buf.seek(0)
+    return torch.load(buf)  # torch's default unpickler (weights_only) calls __setstate__ too
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy", "torch.load"])
+@pytest.mark.parametrize("forge, error, message", [c[1:] for c in FORGED_SPLITS],
+                         ids=[c[0] for c in FORGED_SPLITS])
+def test_a_forged_split_is_refused_when_loaded(forge, error, message, how):
+    split = forge()
+    parts = dict(vars(split))
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        _load(split, how)
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):  # the constructor's words
+        Split(parts["train"], parts["validation"], parts["test"])
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy", "torch.load"])
+def test_a_valid_split_loads_with_its_shared_maps(how):
+    split = _forged_split()
+    loaded = _load(split, how)
+    assert type(loaded) is Split and [len(p) for p in loaded] == [len(p) for p in split]
+    assert loaded.train.user_map is loaded.test.user_map is loaded.validation.user_map
+    assert loaded.train.user_map == split.train.user_map
+    loaded.test = loaded.validation  # still checked when assigned
+    with pytest.raises(ValueError, match="^test must share train's user_map"):
+        loaded.test = _OTHER
+
+
+@pytest.mark.parametrize("state, error, message", [
+    ({"train": 1, "validation": 2}, ValueError,
+     "a loaded Split's state lacks the fields ['test'] (it holds ['train', 'validation'])"),
+    (("train", "validation", "test"), TypeError,
+     "a loaded Split's state must be a dict of its fields, got tuple"),
+])
+def test_a_split_state_without_its_fields_is_refused(state, error, message):
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        Split.__new__(Split).__setstate__(state)

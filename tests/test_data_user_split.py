@@ -1,4 +1,7 @@
 """Tests of nnsparse.data.user_split: the split by held-out users (Liang et al. 2018)."""
+import copy
+import io
+import pickle
 import re
 from collections import Counter
 from fractions import Fraction
@@ -265,3 +268,76 @@ def test_a_split_checks_the_pairs_once(ratings):
     s = user_split(ratings, seed=0)
     assert all(p._known_unique() for p in parts(s))
     assert len(random_split(s.train, 0.1, 0.1).test) == round(0.1 * len(s.train))
+
+
+# -- a UserSplit loaded from a file (pickle, copy, torch.load) is checked as the constructor
+
+def _forged_split(split=None, **parts):
+    """A user split (``split``, or a new one) with parts set past the checks (as a file
+    sets them)."""
+    if split is None:
+        split = user_split(synthetic_ratings(seed=1, n_users=20, n_items=15, n_ratings=200),
+                           test=2, validation=2, seed=0)
+    for name, value in parts.items():
+        object.__setattr__(split, name, value)
+    return split
+
+
+_OTHER = Ratings.from_triples([1, 2], [1, 2], [4., 5.])
+
+# (id, forged split, error, message): the constructor's message for the same parts
+FORGED_SPLITS = [
+    ("validation-other-maps", lambda: _forged_split(validation=HeldOut(_OTHER, _OTHER)),
+     ValueError, "validation fold_in must share train's user_map (the parts of one split), got "
+     "one of 2 users for their 20"),
+    ("test-triple", lambda: _forged_split(test=(_OTHER, _OTHER, _OTHER)), TypeError,
+     "test must be a (fold_in, target) pair of Ratings, got tuple"),
+    ("test-target-not-ratings", lambda: (lambda s: _forged_split(
+        s, test=HeldOut(s.test.fold_in, "x")))(_forged_split()), TypeError,
+     "test target must be a Ratings record (from read_ratings or Ratings.from_triples), got "
+     "str"),
+    ("train-other-maps", lambda: _forged_split(train=_OTHER), ValueError,
+     "validation fold_in must share train's user_map (the parts of one split), got one of 20 "
+     "users for their 2"),
+]
+
+
+def _load(split, how):
+    if how == "pickle":
+        return pickle.loads(pickle.dumps(split))
+    if how == "deepcopy":
+        return copy.deepcopy(split)
+    buf = io.BytesIO()
+    torch.save(split, buf)
+    buf.seek(0)
+    return torch.load(buf)  # torch's default unpickler (weights_only) calls __setstate__ too
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy", "torch.load"])
+@pytest.mark.parametrize("forge, error, message", [c[1:] for c in FORGED_SPLITS],
+                         ids=[c[0] for c in FORGED_SPLITS])
+def test_a_forged_user_split_is_refused_when_loaded(forge, error, message, how):
+    split = forge()
+    parts = dict(vars(split))
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        _load(split, how)
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):  # the constructor's words
+        UserSplit(parts["train"], parts["validation"], parts["test"])
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy", "torch.load"])
+def test_a_valid_user_split_loads_with_its_shared_maps(how):
+    split = _forged_split()
+    loaded = _load(split, how)
+    assert type(loaded) is UserSplit and type(loaded.test) is HeldOut
+    assert [len(p) for p in parts(loaded)] == [len(p) for p in parts(split)]
+    assert all(p.user_map is loaded.train.user_map for p in parts(loaded))
+    with pytest.raises(TypeError, match=r"^test must be a \(fold_in, target\) pair"):
+        loaded.test = loaded.train  # still checked when assigned
+
+
+def test_a_user_split_state_without_its_fields_is_refused():
+    with pytest.raises(ValueError, match=re.escape(
+            "a loaded UserSplit's state lacks the fields ['validation', 'test'] (it holds "
+            "['train'])")):
+        UserSplit.__new__(UserSplit).__setstate__({"train": 1})

@@ -1706,17 +1706,46 @@ def test_lua_fields_leave_the_python_names_alone():
     assert copy.deepcopy(Batchifier(nn.Linear(4, 3), 3, progress=False)).output_size == 3
 
 
-def test_lua_use_grad_input_is_refused_when_assigned():
-    # Lua's layer.useGradInput = true switched the input's gradient on: an attribute of that
-    # name would silently do nothing here.  (Batchifier.outputSize and DynamicSparseTensor's
-    # curSize stay plain class attributes, LuaName: test_lua_names_leave_introspection_alone)
-    layer = SparseLinearBatch(4, 3)
-    before = dict(layer.__dict__)
-    with pytest.raises(AttributeError, match=r"^SparseLinearBatch has no Lua attribute "
-                                             r"'useGradInput'; in nnsparse \(as in torch\) use "
-                                             r"autograd: the input's gradient"):
-        layer.useGradInput = True
-    assert layer.__dict__.keys() == before.keys() and not hasattr(layer, "useGradInput")
+@pytest.mark.parametrize("make, lua, value, message", [
+    # Lua's layer.useGradInput = true switched the input's gradient on
+    (lambda: SparseLinearBatch(4, 3), "useGradInput", True,
+     r"^SparseLinearBatch has no Lua attribute 'useGradInput'; in nnsparse \(as in torch\) use "
+     r"autograd: the input's gradient"),
+    # Lua's fields of its constructors' settings (read by the module): the setting's name,
+    # as a criterion's Lua settings (crit.sizeAverage = false) name theirs
+    (lambda: Densify(4), "inputSize", 5,
+     r"^Densify has no Lua attribute 'inputSize'; nnsparse calls it in_features: pass "
+     r"in_features=\.\.\. to the constructor or set layer\.in_features$"),
+    (lambda: Densify(4), "inputSize", nn.Parameter(torch.ones(1)), r"^Densify has no Lua "
+     r"attribute 'inputSize'; nnsparse calls it in_features"),  # (a parameter neither)
+    (lambda: Batchifier(nn.Linear(4, 3), 3, progress=False), "outputSize", 5,
+     r"^Batchifier has no Lua attribute 'outputSize'; nnsparse calls it output_size: pass "
+     r"output_size=\.\.\. to the constructor or set batchifier\.output_size$"),
+], ids=["SparseLinearBatch.useGradInput", "Densify.inputSize", "Densify.inputSize-Parameter",
+        "Batchifier.outputSize"])
+def test_lua_fields_are_refused_when_assigned(make, lua, value, message):
+    # an attribute of the Lua name would silently change nothing (the module reads the
+    # Python one).  (DynamicSparseTensor's new and curSize stay plain class attributes,
+    # LuaName, which an instance may shadow: test_lua_names_leave_introspection_alone)
+    obj = make()
+    before = dict(vars(obj))
+    with pytest.raises(AttributeError, match=message):
+        setattr(obj, lua, value)
+    assert vars(obj) == before and not hasattr(obj, lua)
+    if isinstance(obj, nn.Module):
+        assert dict(obj.named_parameters()).keys() == dict(make().named_parameters()).keys()
+
+
+@pytest.mark.parametrize("make, ours, value", [
+    (lambda: Densify(4), "in_features", 6),
+    (lambda: Batchifier(nn.Linear(4, 6), 3, progress=False), "output_size", 6),
+])
+def test_lua_fields_setting_assigned_by_its_python_name_takes_effect(make, ours, value):
+    # what the refusal names works: the next call reads (and checks) the assigned setting
+    obj = make()
+    setattr(obj, ours, value)
+    out = obj(torch.eye(3, 4).to_sparse_csr())
+    assert out.shape == (3, 6)
 
 
 @pytest.mark.parametrize("make, lua", [

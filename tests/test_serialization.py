@@ -142,6 +142,8 @@ DATA_CASES = {
         [{"epoch": 1, "train_loss": 0.5, "valid_rmse": 0.9}], 1, 0.9),
     "Ratings": _ratings,
     "Split": lambda: nnsparse.data.random_split(_ratings(), test=0.1, validation=0.1),
+    "UserSplit": lambda: nnsparse.data.user_split(_ratings(), test=1, validation=1),
+    "HeldOut": lambda: nnsparse.data.user_split(_ratings(), test=1, validation=1).test,
     "RatingErrors": _errors,
     "SparseRow": lambda: _dataset()[1][1],
 }

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._forms import as_flag, holds_exactly, is_real, real_float
-from .._lua import CRITERION_MEMBERS, member_error
+from .._lua import CRITERION_MEMBERS, member_error, setting_error
 
 __all__ = ["elementwise_loss", "ElementwiseLoss", "Setting"]
 
@@ -312,8 +312,8 @@ class RefuseLuaNames:
             cls = type(self)
             ours_static = inspect.getattr_static(cls, ours, None)
             if ours in inspect.signature(cls).parameters:
-                how = f"pass {ours}=... to the constructor or set criterion.{ours}"
-            elif isinstance(ours_static, property):  # mask_alpha, mask_beta (Lua assigned them)
+                raise setting_error(self, name, ours, "criterion")
+            if isinstance(ours_static, property):  # mask_alpha, mask_beta (Lua assigned them)
                 how = "read-only, set by prepare_input(input)"
             else:  # prepare_input
                 how = "a method, not a setting"

@@ -20,20 +20,20 @@ from .readers import (Ratings, _check_ratings, _check_unique_pairs, _distinct_in
 __all__ = ["ranking_metrics"]
 
 
-def _checked_threshold(threshold: Any) -> Optional[float]:
+def _checked_threshold(threshold: Any, name: str = "threshold") -> Optional[float]:
     """A ranking's ``threshold`` (:func:`ranking_metrics`,
     :meth:`~nnsparse.models.RatingModel.evaluate_ranking`,
-    :func:`~nnsparse.models.cross_validate`) as a float, or ``None``: ``TypeError`` unless
-    a real number or ``None``, ``ValueError`` unless finite (``10**400`` too, where
-    ``math.isfinite`` raised ``OverflowError``)."""
+    :func:`~nnsparse.models.cross_validate`, ``CrossValidation.threshold``: ``name``) as a
+    float, or ``None``: ``TypeError`` unless a real number or ``None``, ``ValueError``
+    unless finite (``10**400`` too, where ``math.isfinite`` raised ``OverflowError``)."""
     if threshold is None:
         return None
     if not is_real(threshold):  # (the models' _check_number message)
-        raise TypeError(f"threshold must be a real number or None, got "
+        raise TypeError(f"{name} must be a real number or None, got "
                         f"{type(threshold).__name__} {threshold!r}")
     number = real_float(threshold)
     if not math.isfinite(number):
-        raise ValueError(f"threshold must be finite or None, got {threshold}")
+        raise ValueError(f"{name} must be finite or None, got {threshold}")
     return number
 
 

@@ -6,7 +6,7 @@ epochs and settings on ``validation``, and read ``test`` once, at the end.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, NamedTuple, Tuple, Union, cast
+from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -29,7 +29,9 @@ class Split:
         test (Ratings): read once, at the end, for the reported error.
 
     A field assigned later is checked as the constructor's (a refused assignment
-    leaves the split as it was); a field cannot be deleted (``AttributeError``).
+    leaves the split as it was), and so is a split loaded from a file (pickle,
+    ``torch.load``), with the constructor's messages; a field cannot be deleted
+    (``AttributeError``).
 
     Raises:
         TypeError: a part that is not a :class:`Ratings` record.
@@ -72,6 +74,11 @@ class Split:
             _check_maps(name, value, "train's", self.train)
         return cast(Ratings, value)
 
+    def __setstate__(self, state: Any) -> None:
+        """Unpickling (``pickle``, ``copy``, ``torch.load``): the constructor's checks, with
+        its messages (parts whose id maps differ, a part that is no :class:`Ratings`)."""
+        _checked_state(self, state, _SPLIT_FIELDS)
+
     def __iter__(self) -> Iterator[Ratings]:
         return iter((self.train, self.validation, self.test))
 
@@ -80,24 +87,49 @@ class Split:
 _SPLIT_FIELDS = ("train", "validation", "test")
 
 
-def _checked_setattr(split: Any, name: str, value: Any,
-                     checked: Callable[[str, Any], Any]) -> None:
-    """``split.name = value`` for a split record's ``__setattr__``: a field assigned after
-    construction is ``checked(name, value)`` first (it raises, or returns the value to
-    store), so a refused assignment leaves the split as it was."""
-    if name in _SPLIT_FIELDS and "test" in split.__dict__:  # (not __init__'s assignments,
-        value = checked(name, value)                       # which __post_init__ checks)
-    object.__setattr__(split, name, value)
+def _checked_setattr(record: Any, name: str, value: Any, checked: Callable[[str, Any], Any],
+                     fields: Tuple[str, ...] = _SPLIT_FIELDS) -> None:
+    """``record.name = value`` for a checked record's ``__setattr__`` (a dataclass whose
+    ``__init__`` assigns ``fields`` in order, then ``__post_init__`` checks them): a field
+    assigned after construction is ``checked(name, value)`` first (it raises, or returns
+    the value to store), so a refused assignment leaves the record as it was."""
+    if name in fields and fields[-1] in record.__dict__:  # (not __init__'s assignments,
+        value = checked(name, value)                      # which __post_init__ checks)
+    object.__setattr__(record, name, value)
 
 
-def _refuse_field_delete(split: Any, name: str) -> None:
-    """``del split.name`` for a split record's ``__delattr__``: a field is refused (a split
-    keeps its three parts; ``del split.test`` also let every later assignment in unchecked,
-    :func:`_checked_setattr` reading a missing ``test`` as a split still in ``__init__``)."""
-    if name in _SPLIT_FIELDS:
-        raise AttributeError(f"cannot delete {type(split).__name__}.{name}: a split keeps its "
-                             f"three parts (assign a new {name} instead)")
-    object.__delattr__(split, name)
+def _checked_state(record: Any, state: Any, required: Tuple[str, ...],
+                   defaults: Optional[Dict[str, Any]] = None) -> None:
+    """``record.__setstate__(state)`` of a checked record (pickle, ``copy``, ``torch.load``,
+    whose default unpickler calls it too): the fields set as pickle sets them (``defaults``
+    for those an older file lacks), then the constructor's checks, ``__post_init__``, with
+    its messages.  Pickle sets the fields without ``__init__``: a file (edited, or written
+    from parts that do not belong together) must not give a record its constructor refuses."""
+    what = type(record).__name__
+    if not isinstance(state, dict):
+        raise TypeError(f"a loaded {what}'s state must be a dict of its fields, got "
+                        f"{type(state).__name__}")
+    missing = [name for name in required if name not in state]
+    if missing:
+        raise ValueError(f"a loaded {what}'s state lacks the fields {missing} (it holds "
+                         f"{sorted(state)})")
+    record.__dict__.update({**(defaults or {}), **state})
+    record.__post_init__()
+
+
+def _refuse_field_delete(record: Any, name: str,
+                         fields: Tuple[str, ...] = _SPLIT_FIELDS) -> None:
+    """``del record.name`` for a checked record's ``__delattr__``: a field is refused (a
+    record keeps its fields; deleting the last one also let every later assignment in
+    unchecked, :func:`_checked_setattr` reading it missing as a record still in
+    ``__init__``)."""
+    if name in fields:
+        what = type(record).__name__
+        keeps = "a split keeps its three parts" if fields == _SPLIT_FIELDS else \
+            f"a {what} keeps its fields {list(fields)}"
+        raise AttributeError(f"cannot delete {what}.{name}: {keeps} (assign a new {name} "
+                             "instead)")
+    object.__delattr__(record, name)
 
 
 def _check_ratio(ratio: float, name: str) -> None:
@@ -323,8 +355,9 @@ class UserSplit:
     The five parts are disjoint and together the input; they share its id maps.
     Unpacks as ``train, (valid_in, valid_target), (test_in, test_target) = split``.
     A field assigned later is checked as the constructor's (a refused assignment
-    leaves the split as it was; a pair is made a :class:`HeldOut`); a field cannot be
-    deleted (``AttributeError``).
+    leaves the split as it was; a pair is made a :class:`HeldOut`), and so is a
+    split loaded from a file (pickle, ``torch.load``), with the constructor's messages;
+    a field cannot be deleted (``AttributeError``).
 
     Raises:
         TypeError: ``train`` or a held-out part that is not a :class:`Ratings` record,
@@ -366,6 +399,11 @@ class UserSplit:
             _check_maps("train", value, "the held-out parts'", self.validation.fold_in)
             return value
         return _held_out(name, value, self.train)
+
+    def __setstate__(self, state: Any) -> None:
+        """Unpickling (``pickle``, ``copy``, ``torch.load``): the constructor's checks, with
+        its messages (parts whose id maps differ, a held-out part that is no pair)."""
+        _checked_state(self, state, _SPLIT_FIELDS)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.train, self.validation, self.test))

@@ -14,7 +14,7 @@ from .. import _index
 from .._forms import (SparseBatch, _sparse_coo, _sparse_csr, as_count, as_device, as_flag,
                       as_sparse_batch, check_kernel_dtype, refuse_meta, refuse_meta_device,
                       trust)
-from .._lua import LuaName
+from .._lua import LuaField
 from ..data.dataset import SparseRowDataset
 
 __all__ = ["Batchifier"]
@@ -345,8 +345,9 @@ class Batchifier:
     """
 
     # Lua's Batchifier(network, outputSize) kept self.outputSize (its README names the
-    # argument inputSize, but it is the width of the network's output)
-    outputSize = LuaName("output_size")
+    # argument inputSize, but it is the width of the network's output): reading or
+    # assigning it names output_size (an attribute outputSize would change nothing)
+    outputSize = LuaField("output_size", "batchifier")
 
     def __init__(self, network: nn.Module, output_size: int, batch_size: int = 256,
                  device: _Device = None, progress: Optional[bool] = True,

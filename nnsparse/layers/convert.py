@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._lua import MODULE_MEMBERS, LuaMembers
+from .._lua import MODULE_MEMBERS, LuaMembers, setting_error
 from .._forms import (SparseLike, as_count, as_sparse_batch, check_int64, compile_boundary, is_int,
                       sparse_output_boundary)
 from ..convert import _check_elem, _densify, sparsify
@@ -86,6 +86,11 @@ class Densify(LuaMembers, nn.Module):
         in_features, elem = _check_in_features(self.in_features), _check_elem(self.elem, True)
         batch = as_sparse_batch(input, name="input", width=in_features, bound="in_features")
         return _densify(batch, elem, batch.rows, in_features, "input")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "inputSize":  # Lua's field: an attribute of that name would change nothing
+            raise setting_error(self, name, "in_features", "layer")
+        super().__setattr__(name, value)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}" + (f", elem={self.elem}" if self.elem != 0 else "")

@@ -24,8 +24,8 @@ import stat
 import time
 import uuid
 from pathlib import Path
-from typing import (Any, Callable, Dict, Iterator, List, Literal, Mapping, NamedTuple, Optional,
-                    Protocol, Tuple, Type, Union, cast, overload)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Literal, Mapping, NamedTuple,
+                    Optional, Protocol, Tuple, Type, Union, cast, overload)
 
 import numpy as np
 import torch
@@ -111,7 +111,20 @@ def register(cls: Type["RatingModel"]) -> Type["RatingModel"]:
     return cls
 
 
-class Recommendations(NamedTuple):
+class _RecommendationFields(NamedTuple):
+    """:class:`Recommendations`' fields (a ``NamedTuple`` class body cannot define the
+    ``__new__`` that checks them)."""
+
+    ids: List[Any]
+    # the field shadows tuple.index (public name, kept): mypy flags the redefinition
+    index: Tensor  # type: ignore[assignment]
+    score: Tensor
+    rating: Tensor
+    support: Tensor
+    titles: List[str]
+
+
+class Recommendations(_RecommendationFields):
     """A user's recommended items, best first.
 
     Attributes:
@@ -121,15 +134,64 @@ class Recommendations(NamedTuple):
         rating (Tensor): ``(k,)`` the predicted rating.
         support (Tensor): int64 ``(k,)`` number of training ratings of each item.
         titles (list of str): the items' titles (empty strings without titles).
+
+    Built by hand, by ``_replace`` or loaded from a file (pickle, ``torch.load``), the
+    fields are checked as :meth:`RatingModel.recommend` makes them (a named tuple's
+    fields are never assigned).  No tensor data is read.
+
+    Raises:
+        TypeError: ``ids`` or ``titles`` that is not a list (``titles`` of str), a tensor
+            field that is not a dense 1-D tensor of its dtype (int64 ``index`` and
+            ``support``, floating ``score`` and ``rating``).
+        ValueError: fields of different lengths, tensors on different devices.
     """
 
-    ids: List[Any]
-    # the field shadows tuple.index (public name, kept): mypy flags the redefinition
-    index: Tensor  # type: ignore[assignment]
-    score: Tensor
-    rating: Tensor
-    support: Tensor
-    titles: List[str]
+    __slots__ = ()
+
+    def __new__(cls, ids: List[Any], index: Tensor, score: Tensor, rating: Tensor,
+                support: Tensor, titles: List[str]) -> "Recommendations":
+        _check_recommendations(ids, index, score, rating, support, titles)
+        return super().__new__(cls, ids, index, score, rating, support, titles)
+
+    # _replace's maker (tuple.__new__ there, unchecked); mypy's NamedTuple stub types it
+    # over the fields' tuple, not this subclass
+    @classmethod
+    def _make(cls, iterable: Iterable[Any]) -> "Recommendations":  # type: ignore[override]
+        return cls(*iterable)
+
+
+def _check_recommendations(ids: Any, index: Any, score: Any, rating: Any, support: Any,
+                           titles: Any) -> None:
+    """:class:`Recommendations`' fields: kinds, dtypes, one length ``k``, one device (O(1):
+    no tensor data read)."""
+    for name, value in (("ids", ids), ("titles", titles)):
+        if not isinstance(value, list):
+            raise TypeError(f"Recommendations.{name} must be a list (one per item), got "
+                            f"{type(value).__name__}")
+    for i, title in enumerate(titles):
+        if not isinstance(title, str):
+            raise TypeError(f"Recommendations.titles must be a list of str, got "
+                            f"{type(title).__name__} at titles[{i}]")
+    tensors = (("index", index, "int64"), ("score", score, "floating"),
+               ("rating", rating, "floating"), ("support", support, "int64"))
+    for name, value, kind in tensors:
+        if not isinstance(value, Tensor) or value.layout != torch.strided or value.dim() != 1:
+            got = (f"{value.layout} tensor of shape {tuple(value.shape)}"
+                   if isinstance(value, Tensor) else type(value).__name__)
+            raise TypeError(f"Recommendations.{name} must be a dense 1-D {kind} tensor (k,), "
+                            f"got {got}")
+        if not (value.dtype == torch.int64 if kind == "int64" else value.is_floating_point()):
+            raise TypeError(f"Recommendations.{name} must be a dense 1-D {kind} tensor (k,), "
+                            f"got {value.dtype}")
+    lengths = {"ids": len(ids), **{name: int(value.shape[0]) for name, value, _ in tensors},
+               "titles": len(titles)}
+    if len(set(lengths.values())) > 1:
+        raise ValueError("Recommendations fields must have one length k (one entry per item), "
+                         "got " + ", ".join(f"{name} {n}" for name, n in lengths.items()))
+    devices = {name: value.device for name, value, _ in tensors}
+    if len(set(devices.values())) > 1:
+        raise ValueError("Recommendations tensors must be on one device, got "
+                         + ", ".join(f"{name} on {d}" for name, d in devices.items()))
 
 
 def _as_data(ratings: Ratings) -> Ratings:

@@ -11,14 +11,16 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import torch
 
-from .._forms import _a, as_choice, as_count, is_real
+from .._forms import _a, as_choice, as_count
 from ..data import Ratings, mean_prediction, read_split, rmse
 from ..data.matrix import _check_same_maps
 from ..data.readers import _CHOICES, _check_ratings, _check_unique_pairs, \
     _check_unique_pairs_apart, _path
-from ..data.split import _torch_seed
+from ..data.split import (_checked_setattr, _checked_state, _refuse_field_delete,
+                          _torch_seed)
 from ..data.ranking import _checked_threshold
 from .base import RatingModel
+from .trainer import _check_entries
 
 __all__ = ["kfold", "fold_files", "cross_validate", "CrossValidation"]
 
@@ -169,6 +171,24 @@ def _ranking_keys(k: int) -> List[str]:
     return [f"{name}@{k}" for name, _ in _RANKING]
 
 
+#: the fields of :class:`CrossValidation`, in ``__init__``'s order
+_CV_FIELDS = ("folds", "k", "threshold")
+
+#: each field of :class:`CrossValidation` checked on its own (the value to store)
+_CV_CHECKS: Dict[str, Callable[[Any], Any]] = {
+    "folds": lambda v: _check_entries(v, "CrossValidation.folds"),
+    "k": lambda v: None if v is None else as_count("CrossValidation.k", v, 1, must="positive"),
+    "threshold": lambda v: _checked_threshold(v, "CrossValidation.threshold"),
+}
+
+
+def _check_ranked(k: Optional[int], threshold: Optional[float]) -> None:
+    """A ranking's ``threshold`` needs its ``k`` (as :func:`cross_validate` refuses it)."""
+    if threshold is not None and k is None:
+        raise ValueError(f"CrossValidation.threshold={threshold:g} needs k (the folds' ranking "
+                         f"figures are at k), got k=None; set k too, or leave threshold None")
+
+
 @dataclass
 class CrossValidation:
     """Per-fold results and their summary.
@@ -185,17 +205,60 @@ class CrossValidation:
         threshold (float, optional): the lowest relevant test rating of the ranking,
             ``None``: every test rating is relevant.
 
+    Built by hand, assigned later or loaded from a file (pickle, ``torch.load``), the
+    fields are checked as the constructor checks them (a refused assignment leaves the
+    record as it was; a field cannot be deleted, ``AttributeError``); what is changed inside ``folds`` is checked by the methods that
+    read it.
+
+    Raises:
+        TypeError: ``folds`` that is not a list of dicts of str keys and numbers, ``k``
+            that is not None or an int, ``threshold`` that is not None or a real number.
+        ValueError: ``k`` below 1, ``threshold`` not finite, or given without ``k``.
+
     Example::
 
         >>> cv = CrossValidation([dict(fold=1, rmse=0.90, mae=0.70),
         ...                       dict(fold=2, rmse=0.94, mae=0.74)])
         >>> round(cv.mean(), 4), round(cv.std(), 4), round(cv.mean("mae"), 4)
         (0.92, 0.0283, 0.72)
+        >>> cv.threshold = 4.0
+        Traceback (most recent call last):
+            ...
+        ValueError: CrossValidation.threshold=4 needs k (the folds' ranking figures are at k), got k=None; set k too, or leave threshold None
     """
 
     folds: List[Dict[str, Any]] = field(default_factory=list)
     k: Optional[int] = None
     threshold: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        # every field checked before any is stored (a numpy int k as an int)
+        checked = {name: _CV_CHECKS[name](getattr(self, name)) for name in _CV_FIELDS}
+        _check_ranked(checked["k"], checked["threshold"])
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A field assigned after construction: the constructor's checks first (a refused
+        assignment leaves the record as it was)."""
+        _checked_setattr(self, name, value, self._checked, _CV_FIELDS)
+
+    def __delattr__(self, name: str) -> None:
+        """A field cannot be deleted (``AttributeError``): the record keeps its fields."""
+        _refuse_field_delete(self, name, _CV_FIELDS)
+
+    def _checked(self, name: str, value: Any) -> Any:
+        value = _CV_CHECKS[name](value)
+        if name == "k":
+            _check_ranked(value, self.threshold)
+        elif name == "threshold":
+            _check_ranked(self.k, value)
+        return value
+
+    def __setstate__(self, state: Any) -> None:
+        """Unpickling (``pickle``, ``copy``, ``torch.load``): the constructor's checks; a
+        file from before ``k`` and ``threshold`` loads unranked."""
+        _checked_state(self, state, ("folds",), {"k": None, "threshold": None})
 
     def mean(self, key: str = "rmse") -> float:
         """Mean over the folds of ``key`` (``"rmse"``, ``"mae"``, ...)."""
@@ -207,22 +270,13 @@ class CrossValidation:
         for i, f in enumerate(self.folds):  # built by hand: "unsupported operand", KeyError
             if key not in f:
                 raise ValueError(f"folds[{i}] lacks {key!r}, which folds[0] holds")
-            value = f[key]
-            if not is_real(value):  # (not a bool, nor a numpy timedelta64)
-                raise TypeError(f"folds[{i}][{key!r}] must be a number, got "
-                                f"{type(value).__name__} {value!r}")
         return float(sum(f[key] for f in self.folds) / len(self.folds))
 
     def _check_folds(self) -> None:
-        """``folds`` a list of dicts (a hand-built one gave "argument of type 'int' is not
-        iterable")."""
-        if not isinstance(self.folds, list):
-            raise TypeError(f"CrossValidation.folds must be a list of dicts, got "
-                            f"{type(self.folds).__name__}")
-        for i, f in enumerate(self.folds):
-            if not isinstance(f, dict):
-                raise TypeError(f"CrossValidation.folds must be a list of dicts, got "
-                                f"{type(f).__name__} at folds[{i}]")
+        """``folds`` a list of dicts of numbers, as the constructor checks it: what was
+        changed inside it since (a fold appended or edited) is not seen by an assignment
+        (a hand-built one gave "argument of type 'int' is not iterable")."""
+        _check_entries(self.folds, "CrossValidation.folds")
 
     def _check_keys(self, method: str, needed: List[str]) -> None:
         """Every fold holds the keys ``method`` reads (a hand-built one may not: it gave

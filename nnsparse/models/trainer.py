@@ -27,7 +27,8 @@ from .._forms import (as_count, as_device, as_flag, int_of_0d, is_int, is_real,
 from .._optim_split import SplitOptimizer, make_optimizer
 from ..optim import LazyAdam
 from ..data import SparseRowDataset
-from ..data.split import _torch_seed
+from ..data.split import (_checked_setattr, _checked_state, _refuse_field_delete,
+                          _torch_seed)
 
 __all__ = ["Trainer", "DistributedTrainer", "TrainResult"]
 
@@ -42,11 +43,112 @@ class TrainResult:
         best_epoch (int): the epoch with the lowest validation RMSE (the last
             epoch without validation).
         best_rmse (float): that RMSE (``nan`` without validation).
+
+    Built by hand, assigned later or loaded from a file (pickle, ``torch.load``), the
+    fields are checked as the constructor checks them (a refused assignment leaves the
+    record as it was; a field cannot be deleted, ``AttributeError``).  What is appended to ``history`` in place is not seen.
+
+    Raises:
+        TypeError: ``history`` that is not a list of dicts of str keys and numbers,
+            ``best_epoch`` that is not an int, ``best_rmse`` that is not a real number.
+        ValueError: ``best_epoch`` negative or beyond ``len(history)``; ``best_rmse``
+            negative (NaN passes: no validation).
+
+    Example::
+
+        >>> result = TrainResult([{"epoch": 1, "train_loss": 0.8, "valid_rmse": 0.95}], 1, 0.95)
+        >>> result.best_epoch = 2
+        Traceback (most recent call last):
+            ...
+        ValueError: TrainResult.best_epoch must be at most len(history) = 1 (an epoch of the history, 0 for none), got 2
     """
 
     history: List[Dict[str, float]] = field(default_factory=list)
     best_epoch: int = 0
     best_rmse: float = math.nan
+
+    def __post_init__(self) -> None:
+        # every field checked before any is stored (a numpy int best_epoch as an int)
+        checked = {name: _TRAIN_CHECKS[name](getattr(self, name)) for name in _TRAIN_FIELDS}
+        _check_best_epoch(checked["best_epoch"], checked["history"])
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A field assigned after construction: the constructor's checks first (a refused
+        assignment leaves the record as it was)."""
+        _checked_setattr(self, name, value, self._checked, _TRAIN_FIELDS)
+
+    def __delattr__(self, name: str) -> None:
+        """A field cannot be deleted (``AttributeError``): the record keeps its fields."""
+        _refuse_field_delete(self, name, _TRAIN_FIELDS)
+
+    def _checked(self, name: str, value: Any) -> Any:
+        value = _TRAIN_CHECKS[name](value)
+        if name == "history":
+            _check_best_epoch(self.best_epoch, value, "history")
+        elif name == "best_epoch":
+            _check_best_epoch(value, self.history)
+        return value
+
+    def __setstate__(self, state: Any) -> None:
+        """Unpickling (``pickle``, ``copy``, ``torch.load``): the constructor's checks."""
+        _checked_state(self, state, _TRAIN_FIELDS)
+
+
+#: the fields of :class:`TrainResult`, in ``__init__``'s order
+_TRAIN_FIELDS = ("history", "best_epoch", "best_rmse")
+
+
+def _check_entries(entries: Any, name: str) -> List[Dict[str, Any]]:
+    """``entries`` a list of dicts of str keys and real numbers (numpy's too), as
+    :meth:`Trainer.fit` and :func:`~nnsparse.models.cross_validate` record them (``name``:
+    ``TrainResult.history``, ``CrossValidation.folds``)."""
+    if not isinstance(entries, list):
+        raise TypeError(f"{name} must be a list of dicts, got {type(entries).__name__}")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise TypeError(f"{name} must be a list of dicts, got {type(entry).__name__} at "
+                            f"{name.split('.')[-1]}[{i}]")
+        for key, value in entry.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{name}[{i}] keys must be str, got {type(key).__name__} "
+                                f"{key!r}")
+            if not is_real(value):  # (not a bool, nor a numpy timedelta64)
+                raise TypeError(f"{name}[{i}][{key!r}] must be a number, got "
+                                f"{type(value).__name__} {value!r}")
+    return entries
+
+
+def _check_best_rmse(value: Any) -> float:
+    if not is_real(value):
+        raise TypeError(f"TrainResult.best_rmse must be a real number (nan without "
+                        f"validation), got {type(value).__name__} {value!r}")
+    rmse = real_float(value)
+    if rmse < 0:
+        raise ValueError(f"TrainResult.best_rmse must be a validation RMSE (non-negative, or "
+                         f"nan without validation), got {value!r}")
+    return rmse
+
+
+def _check_best_epoch(best_epoch: int, history: List[Dict[str, Any]],
+                      assigned: str = "best_epoch") -> None:
+    """``best_epoch`` an epoch of ``history`` (``assigned``: the field that changes)."""
+    if best_epoch <= len(history):
+        return
+    if assigned == "history":
+        raise ValueError(f"TrainResult.history must hold at least best_epoch = {best_epoch} "
+                         f"epochs, got {len(history)}; assign best_epoch first")
+    raise ValueError(f"TrainResult.best_epoch must be at most len(history) = {len(history)} "
+                     f"(an epoch of the history, 0 for none), got {best_epoch}")
+
+
+#: each field of :class:`TrainResult` checked on its own (the value to store)
+_TRAIN_CHECKS: Dict[str, Callable[[Any], Any]] = {
+    "history": lambda v: _check_entries(v, "TrainResult.history"),
+    "best_epoch": lambda v: as_count("TrainResult.best_epoch", v, 0, must="non-negative"),
+    "best_rmse": _check_best_rmse,
+}
 
 
 def _as_rmse(value: Any) -> float:
@@ -343,10 +445,11 @@ class Trainer:
             start = time.perf_counter()
             loss = self.run_epoch(loader, optimizer, epoch)
             entry: Dict[str, float] = dict(epoch=epoch, train_loss=loss)
+            # in the history (filled below) before result.best_epoch may name its epoch
+            result.history.append(entry)
             if not math.isfinite(loss):  # (the epoch's loss is read anyway: no extra sync)
                 self._diverged(epoch, loss, best_state is not None, result)
                 entry["seconds"] = time.perf_counter() - start
-                result.history.append(entry)
                 break
             if validate is not None:
                 entry["valid_rmse"] = self.validation_rmse(validate)
@@ -357,7 +460,6 @@ class Trainer:
                     best_state = {k: v.detach().clone()
                                   for k, v in self.model.state_dict().items()}
             entry["seconds"] = time.perf_counter() - start
-            result.history.append(entry)
             self.log(f"epoch {epoch}: train loss {loss:.4f}" + (
                 f", validation RMSE {entry['valid_rmse']:.4f}" if validate else ""))
             if validate is not None and self.patience and epoch - result.best_epoch >= self.patience:
