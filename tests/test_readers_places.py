@@ -68,6 +68,23 @@ def _mixed(name: str, line: int, byte: int, quote: str, utf8_line: int, utf8: st
             rf"UTF-8{fix}$")
 
 
+#: the accented titles of MovieLens-1M's movies.dat (one of each letter it holds), under
+#: ids 1..17, each line's first genre Drama (the features' first genre column)
+_ML1M_TITLES = [
+    "Slingshot, The (Kådisbellan ) (1993)", "Cold Fever (Á köldum klaka) (1994)",
+    "Alien³ (1992)", "Zero Kelvin (Kjærlighetens kjøtere) (1995)",
+    "Midaq Alley (Callejón de los milagros, El) (1995)", "Life of Émile Zola, The (1937)",
+    "Autumn Sonata (Höstsonaten ) (1978)", "Déjà Vu (1997)",
+    "Dreamlife of Angels, The (La Vie rêvée des anges) (1998)",
+    "Jeanne and the Perfect Guy (Jeanne et le garçon formidable) (1998)",
+    "Late August, Early September (Fin août, début septembre) (1998)",
+    "Gambler, The (A Játékos) (1997)",
+    "Not Love, Just Frenzy (Más que amor, frenesí) (1996)",
+    "Freedom for Us (À nous la liberté ) (1931)", "Cleo From 5 to 7 (Cléo de 5 à 7) (1962)",
+    "Other Side of Sunday, The (Søndagsengler) (1996)",
+    "And God Created Woman (Et Dieu&#8230;Créa la Femme) (1956)"]
+_ML1M_MOVIES = "".join(f"{k}::{t}::Drama|Comedy\n" for k, t in enumerate(_ML1M_TITLES, 1))
+_ML1M_RATINGS = b"".join(b"1::%d::4::0\n" % k for k in range(1, 18))
 _UTF8_THEN_LATIN1 = b"1::" + _AMELIE + b"::Drama\n2::" + _CAFE + b"::Drama\n"
 _LATIN1_THEN_UTF8 = b"2::" + _CAFE + b"::Drama\n1::" + _AMELIE + b"::Drama\n"
 
@@ -130,6 +147,20 @@ _ENCODING_CASES: List[Case] = [
     Case("titles-ml-10m-utf8", _titles("ratings.dat", _R1M, "ml-1m", movies_dat=b"1::" + _AMELIE
                                        + b"::D\n2::" + "Café".encode() + b"::D\n"),
          None, check=lambda t: t == ["Amélie (2001)", "Café"]),
+    # MovieLens-1M's own accented titles (its movies.dat, latin-1: each accented letter one
+    # byte before an ASCII one, no pair of them valid UTF-8) read as latin-1, titles and
+    # genres alike; the same lines in UTF-8 (as -10M's movies.dat) read as UTF-8
+    Case("titles-ml-1m-real-titles", _titles("ratings.dat", _ML1M_RATINGS, "ml-1m",
+                                             movies_dat=_ML1M_MOVIES.encode("latin-1")),
+         None, check=lambda t: t == _ML1M_TITLES),
+    Case("item-features-ml-1m-real-titles",
+         _files({"movies.dat": _ML1M_MOVIES.encode("latin-1")},
+                lambda p: read_item_features(p / "movies.dat", "ml-1m",
+                                             {k: k - 1 for k in range(1, 18)}).sum(0).tolist()),
+         None, check=lambda g: g[0] == 17),  # Drama's column: every line's first genre
+    Case("titles-ml-10m-real-titles", _titles("ratings.dat", _ML1M_RATINGS, "ml-1m",
+                                              movies_dat=_ML1M_MOVIES.encode("utf-8")),
+         None, check=lambda t: t == _ML1M_TITLES),
 ]
 
 
@@ -204,6 +235,18 @@ _CR_CASES: List[Case] = [
          ValueError, _lone(2, r"'2 20\\r3 30'")),
     Case("bad-count-before-a-cr", _ratings("r.txt", b"1 10 4\n4\n2 20\r3 30\n", "text"),
          ValueError, r"line 2: expected 3 to 4 fields, got 1: '4'$"),
+    # a Unicode space beside the '\r' (no space to the tokeniser, which splits at ASCII
+    # whitespace): 'c\u2003\rd 3' read as user 'c\u2003', item 'd', rating 3, silently
+    Case("text-unicode-space-before-a-cr",
+         _ratings("r.txt", "a b 4\nc\u2003\rd 3\n".encode(), "text"), ValueError,
+         _lone(2, r"'c\\u2003\\rd 3'")),
+    Case("text-no-break-space-before-a-cr",
+         _ratings("r.txt", "a b 4\nc d\u00a0\re f\n".encode(), "text"), ValueError,
+         _lone(2, r"'c d\\xa0\\re f'")),
+    Case("csv-no-break-space-before-a-cr",
+         _ratings("r.csv", "1,10,4\n2,20,3\u00a0\r3,30,5\n".encode(), "csv"), ValueError,
+         r"line 2: expected 3 fields, got 6: '2,20,3\\xa0\\r3,30,5'; the first line has 3 "
+         r"fields; " + _CR),
     Case("bad-count-on-the-cr-line", _ratings("r.csv", b"1,10,4\n2,20,3\r3,30,5\n", "csv"),
          ValueError, r"line 2: expected 3 fields, got 6: '2,20,3\\r3,30,5'; the first line has "
                      r"3 fields; " + _CR),
@@ -260,3 +303,12 @@ def test_a_benchmark_imports_no_private_nnsparse_name(script):
                if alias.name.startswith("_") or any(part.startswith("_")
                                                     for part in node.module.split("."))]
     assert private == []
+
+
+def test_bench_models_looks_for_the_item_file_read_ratings_reads():
+    """bench_models names each format's item file itself (no private import): the names
+    read_ratings takes titles from, for every format that has one."""
+    import bench_models
+    from nnsparse.data import FORMATS
+    from nnsparse.data.readers import _FORMATS
+    assert bench_models._ITEM_FILES == {f: _FORMATS[f][3] for f in FORMATS if _FORMATS[f][3]}

@@ -776,9 +776,9 @@ def _first_lone_cr(raw: bytes, buf: np.ndarray, newlines: np.ndarray) -> Optiona
     return None
 
 
-#: a '\r' (or a run of them: blank lines) with no space on either side
-_JOINED = re.compile(r"\S\r+\S")
-#: the same in bytes (a '\r' beside no ASCII whitespace: what the tokeniser splits at)
+#: a '\r' (or a run of them: blank lines) with no space on either side: no ASCII
+#: whitespace, what the tokeniser splits at (a str pattern's Unicode spaces, a no-break
+#: space beside the '\r', hid the joined line the tokeniser reads)
 _JOINED_BYTES = re.compile(rb"[^\s]\r+[^\s]")
 #: The hint of a refusal of a line holding such a '\r' (:func:`_lone_cr`)
 _LONE_CR = ("it holds a '\\r' with no newline after it: a file whose lines end in '\\r' "
@@ -790,8 +790,9 @@ def _lone_cr(raw: bytes, newlines: np.ndarray, number: int) -> bool:
     ``'\\r'`` between two fields' characters: the end of a line an editor shows.  Not one
     beside a separator (a space in ``raw``: ``'1::10\\r::4'`` is a stray ``'\\r'`` in a
     short line), nor a CRLF line's (stripped)."""
-    line = _line(raw, newlines, number)
-    return "\r" in line and _JOINED.search(line) is not None
+    begin = 0 if number == 0 else int(newlines[number - 1]) + 1
+    end = int(newlines[number]) if number < len(newlines) else len(raw)
+    return _JOINED_BYTES.search(raw, begin, end) is not None
 
 
 def _quote(line: str) -> str:
@@ -1228,7 +1229,9 @@ def _refuse_mixed(raw: bytes, error: UnicodeDecodeError, path: Path, name: str, 
     line pasted as UTF-8.  Read as latin-1 (the rule for a file that is not UTF-8), every
     UTF-8 character of it was garbled silently (``'Amélie'`` read as ``'AmÃ©lie'``).  A
     latin-1 file never holds such a sequence in practice (MovieLens-100K's ``u.item`` and
-    -1M's ``movies.dat``: each of their accented letters is one byte before an ASCII one).
+    -1M's ``movies.dat``: each of their accented letters is one byte before an ASCII one):
+    in latin-1 it is a capital accented letter (or ``ß``, ``×``) right before a no-break
+    space or a symbol (``'É©'``), or a small one before two; such a file is refused too.
     The message names both lines and the byte."""
     start = len(_BOM) if raw.startswith(_BOM) else 0
     text = raw[start:].decode("utf-8", "surrogateescape")
@@ -1259,8 +1262,9 @@ _ESCAPED = re.compile("[\udc80-\udcff]")
 
 def _text(raw: bytes) -> str:
     """``raw`` decoded as UTF-8 when it is valid UTF-8, else as latin-1 (which decodes any
-    bytes): an item or user file's text, and what a refusal quotes of a rating file (whose
-    string ids are UTF-8: a quote read as latin-1 alone showed ``'2Ã©0'`` for ``'2é0'``)."""
+    bytes): what a refusal quotes of a file (a rating file's string ids are UTF-8: a quote
+    read as latin-1 alone showed ``'2Ã©0'`` for ``'2é0'``).  An item or user file's text is
+    :func:`_side_text`'s, which refuses one of both encodings."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
