@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import os
 import time
 from pathlib import Path
 from types import ModuleType
@@ -51,7 +52,6 @@ from nnsparse.data import (FORMATS, Ratings, detect_format, mean_prediction,
                            read_item_features, read_split, rmse, split_ratings)
 from nnsparse.data import synthetic_item_features, synthetic_ratings
 from nnsparse.data import ranking_metrics
-from nnsparse.data.readers import _path, _title_file
 from nnsparse.models import CFN, AutoRec, GLocalK, KernelNet
 
 from _baselines import biased_mf, dense_autorec  # this script's folder, on sys.path
@@ -256,6 +256,10 @@ def _synthetic(args: argparse.Namespace) -> Tuple[Ratings, Ratings]:
     return train, test
 
 
+#: the item file of each format, next to its rating file (where read_ratings finds titles)
+_ITEM_FILES = {"ml-100k": "u.item", "ml-1m": "movies.dat", "csv": "movies.csv"}
+
+
 def _features(args: argparse.Namespace, train: Ratings) -> torch.Tensor:
     """The item side features CFN++ reads: the synthetic genres, or the item file next to
     ``--train`` (for item rows; the models' default orientation)."""
@@ -263,8 +267,9 @@ def _features(args: argparse.Namespace, train: Ratings) -> torch.Tensor:
         return synthetic_item_features(args.seed, train.n_items)
     # the item file read_ratings reads titles from, next to the ratings
     # ('~' as the readers take it: a shell leaves --train=~/... as it is)
-    path = _title_file(_path(args.train), args.format, True)
-    if path is None:
+    name = _ITEM_FILES.get(args.format)
+    path = Path(os.path.expanduser(args.train)).parent / name if name else None
+    if path is None or not path.is_file():
         raise SystemExit(f"cfn++ needs the item genres of --format {args.format} next to "
                          f"{args.train}; none found")
     return read_item_features(path, args.format, train.item_map)

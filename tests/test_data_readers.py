@@ -471,8 +471,8 @@ _LATIN1 = [
     # latin-1 string ids: refused by name, with the same advice
     ("ratings-text", lambda p: read_ratings(_write(p, {"r.txt": b"jos\xe9 a 4\n"})["r.txt"]),
      ValueError, r"r\.txt, line 1: the user id is not UTF-8 text \(unexpected end of data at "
-                 r"byte 3\): b'jos\\xe9'; the file must be UTF-8 encoded: re-encode it as UTF-8 "
-                 r"\(from latin-1: iconv -f latin1 -t utf-8\)"),
+                 r"byte 3 of the line\): b'jos\\xe9'; the file must be UTF-8 encoded: "
+                 r"re-encode it as UTF-8 \(from latin-1: iconv -f latin1 -t utf-8\)"),
     ("ratings-csv", lambda p: read_ratings(_write(p, {"r.csv": b"u,i,r\nb,jos\xe9,4\n"})["r.csv"],
                                            "csv"),
      ValueError, r"r\.csv, line 2: the item id is not UTF-8 text .*; the file must be UTF-8 "

@@ -111,7 +111,8 @@ BAD = [
      r": 1 \(user, item\) pair rated more than once, e\.g\. user 'A' and item '0013' "
      r"\(lines 2, 4\); keep one rating per pair$", "csv"),
     ("non-utf8-id", "u,i,r\nJosé,a,4\n".encode("latin-1"),
-     r"line 2: the user id is not UTF-8 text \(unexpected end of data at byte 3\): "
+     r"line 2: the user id is not UTF-8 text \(unexpected end of data at byte 3 of the "
+     r"line\): "
      r"b'Jos\\xe9'; the file must be UTF-8 encoded: re-encode it as UTF-8 \(from latin-1: "
      r"iconv -f latin1 -t utf-8\)$", "csv"),
     ("trailing-comma", b"u,i,r\n1,2,3,\n",

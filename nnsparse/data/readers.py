@@ -721,9 +721,9 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
     fields raises ``ValueError`` with its number, quoted from ``original`` (the
     bytes before the separators were replaced; default ``raw``) as the file holds it,
     then ``why`` (where the count comes from) unless it is the first line, and a hint
-    when the line is one of another format than ``fmt``.  A first non-blank line
-    holding a lone ``'\\r'`` between two fields' characters (a file whose lines end
-    in ``'\\r'`` alone) raises ``ValueError`` too, whatever its field count.
+    when the line is one of another format than ``fmt``.  A line holding a lone
+    ``'\\r'`` between two fields' characters (a file whose lines end in ``'\\r'``
+    alone, or one such line) raises ``ValueError`` too, whatever its field count.
     """
     buf = np.frombuffer(raw, dtype=np.uint8)
     space = _SPACE[buf]
@@ -741,6 +741,7 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
         only = "a header line and no rating line"
     lo, hi = fields
     bad = lines[(counts[lines] < lo) | (counts[lines] > hi)]
+    joined = _first_lone_cr(raw, buf, newlines)
 
     def shown(number: int) -> str:
         """Line ``number`` (0-based) as the file holds it: '1::10::4', not the tokeniser's
@@ -750,7 +751,7 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
         return _line(text, newlines if text is raw or len(text) == len(raw) else
                      np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == 10), number)
 
-    if len(bad):
+    if len(bad) and (joined is None or int(bad[0]) <= joined):
         number = int(bad[0])
         want = f"{lo}" if lo == hi else f"{lo} to {hi}"
         line = shown(number)
@@ -763,10 +764,11 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
     # hold: 2 and 5 or more whitespace-free lines fail the count above, with the hint,
     # but 3 or 4 ('1::10::4::1\r2::20::3::1\r3::30::5::1', detected as 'text' from that
     # one line) pass it as one rating, and failed on its 'rating' '3::30::5::1' with no
-    # word why.  Such a file's first line tells (one line read; a legit file's first
-    # line holds no '\r' but a CRLF's or a last one's, which _JOINED skips).
-    if len(written) and _lone_cr(raw, newlines, int(written[0])):
-        number = int(written[0])
+    # word why.  So does a lone '\r' on a later line (an edit of the file on a Mac, two
+    # files joined): '2 20\r3 30' read as user 2, item 20, rating 3, silently.  The
+    # first line that holds one is named (before a line of a wrong count after it).
+    if joined is not None:
+        number = joined
         raise ValueError(f"{path}, line {number + 1}: expected lines ending in '\\n' (or "
                          f"'\\r\\n'), got {_quote(shown(number))}; "
                          f"{_LONE_CR}")
@@ -776,8 +778,33 @@ def _tokenise(raw: bytes, path: str, fields: Tuple[int, int], header: bool,
     return _Tokens(raw, buf, starts, ends), first[lines], lines + 1, _underscored(buf, starts)
 
 
-#: a '\r' (or a run of them: blank lines) with no space on either side
-_JOINED = re.compile(r"\S\r+\S")
+def _first_lone_cr(raw: bytes, buf: np.ndarray, newlines: np.ndarray) -> Optional[int]:
+    """The first line (0-based) of ``raw`` (``buf``: its bytes as uint8, ``newlines``: the
+    offsets of its ``'\\n'``) that holds a lone ``'\\r'`` (:func:`_lone_cr`), or None.
+    One comparison of the bytes, and numpy's look at each ``'\\r'`` (a CRLF file's are
+    beside its newlines); a line is read only where a ``'\\r'`` of it lies between two
+    bytes that are no ASCII space, which :func:`_lone_cr` then judges."""
+    cr = np.flatnonzero(buf == 13)
+    if len(cr) == 0:
+        return None
+    # a run of '\r' that ends before a field's byte and starts after one (the byte before
+    # it, or a longer run's '\r')
+    cr = cr[(cr + 1 < len(buf)) & (cr > 0)]
+    cr = cr[~_SPACE[buf[cr + 1]]]
+    before = buf[cr - 1]
+    cr = cr[(before == 13) | ~_SPACE[before]]
+    checked = -1
+    for number in np.searchsorted(newlines, cr).tolist():
+        if number != checked and _lone_cr(raw, newlines, number):
+            return int(number)
+        checked = number
+    return None
+
+
+#: a '\r' (or a run of them: blank lines) with no space on either side: no ASCII
+#: whitespace, what the tokeniser splits at (a str pattern's Unicode spaces, a no-break
+#: space beside the '\r', hid the joined line the tokeniser reads)
+_JOINED_BYTES = re.compile(rb"[^\s]\r+[^\s]")
 #: The hint of a refusal of a line holding such a '\r' (:func:`_lone_cr`)
 _LONE_CR = ("it holds a '\\r' with no newline after it: a file whose lines end in '\\r' "
             "alone (classic Mac OS) reads as one line; convert them to '\\n'")
@@ -788,8 +815,9 @@ def _lone_cr(raw: bytes, newlines: np.ndarray, number: int) -> bool:
     ``'\\r'`` between two fields' characters: the end of a line an editor shows.  Not one
     beside a separator (a space in ``raw``: ``'1::10\\r::4'`` is a stray ``'\\r'`` in a
     short line), nor a CRLF line's (stripped)."""
-    line = _line(raw, newlines, number)
-    return "\r" in line and _JOINED.search(line) is not None
+    begin = 0 if number == 0 else int(newlines[number - 1]) + 1
+    end = int(newlines[number]) if number < len(newlines) else len(raw)
+    return _JOINED_BYTES.search(raw, begin, end) is not None
 
 
 def _quote(line: str) -> str:
@@ -946,9 +974,13 @@ def _ids(tokens: _Tokens, index: np.ndarray, path: str, line: np.ndarray,
             try:
                 token.decode("utf-8")
             except UnicodeDecodeError as e:
+                # the byte's offset in its line, not in the id (the ids of csv and text
+                # are split at one-byte separators: raw's offsets are the file's)
+                at = int(tokens.starts[index[k]])
+                at += e.start - (tokens.raw.rfind(b"\n", 0, at) + 1)
                 raise ValueError(f"{path}, line {line[k]}: the {what} id is not UTF-8 text "
-                                 f"({e.reason} at byte {e.start}): {token!r}; the file must "
-                                 f"be UTF-8 encoded: {_REENCODE}") from None
+                                 f"({e.reason} at byte {at} of the line): {token!r}; the "
+                                 f"file must be UTF-8 encoded: {_REENCODE}") from None
         raise AssertionError("unreachable: decoding failed without a bad token") from None
     out[:] = [text[token] for token in picked]
     return out
@@ -1097,9 +1129,10 @@ def _check_missing(ids: np.ndarray, given: Any, name: str) -> None:
 
 def _csv_item_rows(path: Path, name: str = "path",
                    fix: str = "") -> Iterator[Tuple[int, List[str]]]:
-    """``(line number, fields)`` of the non-blank lines of a ``movies.csv`` (as
-    :func:`_side_lines` gives the other item files'), its first one skipped only
-    when it is a header (``movieId,title,genres``), not an item line: a file without a
+    """``(line number, fields)`` of the non-blank records of a ``movies.csv`` (as
+    :func:`_side_lines` gives the other item files'; the number of the physical line a
+    record starts on, not its count: a quoted title may hold a newline), its first one
+    skipped only when it is a header (``movieId,title,genres``), not an item line: a file without a
     header lost its first item (and a header after a blank line, or after a byte order
     mark and a line break, was read as the item ``'movieId'`` of the genre ``'genres'``).
     The file must be text (:func:`_refuse_not_text`) and UTF-8 (:func:`_utf8_text`:
@@ -1108,14 +1141,17 @@ def _csv_item_rows(path: Path, name: str = "path",
     _refuse_not_text(raw, path, name, "item file")
     text = _utf8_text(raw, path, name, "MovieLens movies.csv is", fix)
     header = True  # the first non-blank line may be a header
-    for number, row in enumerate(csv.reader(io.StringIO(text, newline="")), start=1):
+    reader = csv.reader(io.StringIO(text, newline=""))
+    number = 1  # the physical line a record starts on (a quoted title may hold newlines:
+    for row in reader:  # the record's count was given, line 3 for a record of line 5)
+        start, number = number, reader.line_num + 1
         if not row or (len(row) == 1 and not row[0].strip()):
             continue  # a blank line (or one of spaces), as the other item files skip
         if header:
             header = False
             if not _INT_TOKEN.fullmatch(row[0].strip()):
                 continue  # the header
-        yield number, row
+        yield start, row
 
 
 #: How a refusal of a file that is not UTF-8 says to fix it
@@ -1159,7 +1195,7 @@ def _read_titles(path: Path, fmt: str) -> Dict[Any, str]:
             titles[key] = row[1]
         return titles
     sep = "|" if fmt == "ml-100k" else "::"
-    for number, line in _side_lines(path, "titles", "item file"):
+    for number, line in _side_lines(path, "titles", "item file", ", or pass titles=False"):
         parts = line.split(sep)
         if len(parts) < 2:
             raise ValueError(f"{path}, line {number}: expected 'id{sep}title{sep}...', "
@@ -1170,21 +1206,28 @@ def _read_titles(path: Path, fmt: str) -> Dict[Any, str]:
     return titles
 
 
-def _side_lines(path: Path, name: str, what: str) -> Iterator[Tuple[int, str]]:
+def _side_lines(path: Path, name: str, what: str,
+                fix: str = "") -> Iterator[Tuple[int, str]]:
     """``(line number, line)`` of the non-blank lines of a MovieLens item or user file (its
     :func:`_side_text`, any line break), the line break stripped and a leading byte order
     mark removed (:func:`_without_bom`) before a line is judged blank: the titles and the
     side features read a file alike (a byte order mark alone on the first line was a
     blank line to the titles, a malformed line to the features).  ``name``: the argument
-    that gave the file, ``what`` the file (:func:`_side_text`'s refusals)."""
-    for number, line in enumerate(io.StringIO(_side_text(path, name, what), newline=None),
+    that gave the file, ``what`` the file, ``fix`` the end of a refusal's advice
+    (:func:`_side_text`'s refusals)."""
+    for number, line in enumerate(io.StringIO(_side_text(path, name, what, fix), newline=None),
                                   start=1):
         line = _without_bom(line, number).rstrip("\r\n")
         if line.strip():
             yield number, line
 
 
-def _side_text(path: Path, name: str, what: str) -> str:
+#: a character decoded from a multi-byte UTF-8 sequence, in text decoded with
+#: "surrogateescape" (whose invalid bytes are the lone surrogates U+DC80..U+DCFF)
+_MULTIBYTE = re.compile("[\u0080-\udc7f\udd00-\U0010ffff]")
+
+
+def _side_text(path: Path, name: str, what: str, fix: str = "") -> str:
     """The text of a MovieLens item or user file (``u.item``, ``movies.dat``, ``u.user``,
     ``users.dat``), for titles and side features alike: UTF-8 when its bytes are
     (MovieLens-10M's ``movies.dat``; its README: "encoded as UTF-8 ... a departure from
@@ -1192,16 +1235,61 @@ def _side_text(path: Path, name: str, what: str) -> str:
     ``u.item`` and -1M's ``movies.dat``, whose ``é`` is the one byte 0xE9: no valid UTF-8).
     A byte order mark is left in, for :func:`_without_bom`; a compressed or binary file and
     a NUL byte anywhere are refused (:func:`_refuse_not_text`; ``name``: the argument that
-    gave the file, ``what`` the file)."""
+    gave the file, ``what`` the file), and so is a file of both encodings
+    (:func:`_refuse_mixed`)."""
     raw = path.read_bytes()
     _refuse_not_text(raw, path, name, what)
-    return _text(raw)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        _refuse_mixed(raw, e, path, name, what, fix)
+        return raw.decode("latin-1")
+
+
+def _refuse_mixed(raw: bytes, error: UnicodeDecodeError, path: Path, name: str, what: str,
+                  fix: str) -> None:
+    """``ValueError`` for an item or user file ``raw`` that is no valid UTF-8 (``error``:
+    the first byte that is none) but holds a valid multi-byte UTF-8 sequence too (a leading
+    byte order mark aside): UTF-8 text with a stray latin-1 byte, or latin-1 text with a
+    line pasted as UTF-8.  Read as latin-1 (the rule for a file that is not UTF-8), every
+    UTF-8 character of it was garbled silently (``'Amélie'`` read as ``'AmÃ©lie'``).  A
+    latin-1 file never holds such a sequence in practice (MovieLens-100K's ``u.item`` and
+    -1M's ``movies.dat``: each of their accented letters is one byte before an ASCII one):
+    in latin-1 it is a capital accented letter (or ``ß``, ``×``) right before a no-break
+    space or a symbol (``'É©'``), or a small one before two; such a file is refused too.
+    The message names both lines and the byte."""
+    start = len(_BOM) if raw.startswith(_BOM) else 0
+    text = raw[start:].decode("utf-8", "surrogateescape")
+    found = _MULTIBYTE.search(text)
+    if found is None:
+        return
+    at = start + len(text[:found.start()].encode("utf-8", "surrogateescape"))
+    utf8_number, utf8_line = _line_at(raw, at)
+    number, line = _line_at(raw, error.start)
+    raise ValueError(
+        f"{name}: {path}, line {number}: expected UTF-8 or latin-1 text throughout the "
+        f"{what}, got the byte {raw[error.start:error.start + 1]!r} (no UTF-8: {error.reason}; "
+        f"byte {error.start} of the file) in {_mixed(line)!r} and UTF-8 text on line "
+        f"{utf8_number} ({_mixed(utf8_line)!r}); read as latin-1, every UTF-8 character "
+        f"would be garbled: re-encode the latin-1 lines as UTF-8{fix}")
+
+
+def _mixed(line: bytes) -> str:
+    """A line of a file of both encodings as a reader sees it, for a refusal's quote: its
+    valid UTF-8 as UTF-8, every other byte as latin-1, cut to ``_QUOTED`` characters."""
+    text = line.decode("utf-8", "surrogateescape")
+    return _ESCAPED.sub(lambda m: chr(ord(m.group()) - 0xDC00), text).strip()[:_QUOTED]
+
+
+#: a byte that is no UTF-8, as "surrogateescape" decodes it
+_ESCAPED = re.compile("[\udc80-\udcff]")
 
 
 def _text(raw: bytes) -> str:
     """``raw`` decoded as UTF-8 when it is valid UTF-8, else as latin-1 (which decodes any
-    bytes): an item or user file's text, and what a refusal quotes of a rating file (whose
-    string ids are UTF-8: a quote read as latin-1 alone showed ``'2Ã©0'`` for ``'2é0'``)."""
+    bytes): what a refusal quotes of a file (a rating file's string ids are UTF-8: a quote
+    read as latin-1 alone showed ``'2Ã©0'`` for ``'2é0'``).  An item or user file's text is
+    :func:`_side_text`'s, which refuses one of both encodings."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -1460,7 +1548,8 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
             * ``"ml-1m"``: MovieLens-1M/10M ``ratings.dat``:
               ``user::item::rating::timestamp``; titles from ``movies.dat``
               (latin-1 in ML-1M, UTF-8 in ML-10M: an item file is read as UTF-8
-              when it is valid UTF-8, else as latin-1);
+              when it is valid UTF-8, else as latin-1; a file of both, UTF-8
+              text and a byte that is no UTF-8, is refused);
             * ``"csv"``: comma-separated ``user,item,rating`` and optionally a
               fourth column (ignored), by position, as many on every line as on the
               first, unquoted (a quoted field is refused, a quoted header skipped);
@@ -1500,18 +1589,20 @@ def read_ratings(path: _PathLike, format: str = "auto", *, titles: Union[bool, _
             number; an empty field between two separators, ``1,,2,5``, and a
             quoted ``"csv"`` field too), a file whose lines end in a lone
             ``\r`` (classic Mac OS; the message says so, however many lines it
-            has), a rating that is not a finite number or overflows
-            float32, a number written with ``_`` (``1_000``), a (user, item)
-            pair rated more than once (the message gives its lines), ids or
-            a ``"csv"`` item file (``movies.csv``) that are not UTF-8 (the
-            message gives the line and byte and how to re-encode the file;
-            ``u.item`` and ``movies.dat`` are read as latin-1 when they are
-            not UTF-8, as MovieLens-100K's and -1M's are), an item file listing an item
-            twice (which title it has would be a guess), a compressed file
-            (gzip, bzip2, xz: decompress it first; an item file given as
-            ``titles`` too), a NUL byte anywhere in the file or the item file (the
-            message gives its line, and says when it lies in the first 4096
-            bytes: a binary or UTF-16 file), map indices out of range.
+            has) or that holds one on any line (the message gives the first), a
+            rating that is not a finite number or overflows float32, a number
+            written with ``_`` (``1_000``), a (user, item) pair rated more than
+            once (the message gives its lines), ids or a ``"csv"`` item file
+            (``movies.csv``) that are not UTF-8 (the message gives the line and
+            byte and how to re-encode the file; ``u.item`` and ``movies.dat`` are
+            read as latin-1 when they are not UTF-8, as MovieLens-100K's and
+            -1M's are, and refused when they hold UTF-8 text too: the message
+            gives both lines), an item file listing an item twice (which title
+            it has would be a guess), a compressed file (gzip, bzip2, xz:
+            decompress it first; an item file given as ``titles`` too), a NUL
+            byte anywhere in the file or the item file (the message gives its
+            line, and says when it lies in the first 4096 bytes: a binary or
+            UTF-16 file), map indices out of range.
             A failed call leaves ``user_map`` and ``item_map`` unchanged.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` or
             ``unseen`` not a str, ``titles`` neither a bool nor a path, a map
@@ -1735,10 +1826,11 @@ def _check_separator(raw: bytes, sep: bytes, fmt: str, path: str, header: bool,
     if raw.count(sep) >= (lo - 1) * (lines - header):
         return
     for number, line in enumerate(raw.split(b"\n"), start=1):
-        # a line whose fields only whitespace separates (a wrong field count
-        # is left to the tokeniser's message)
+        # a line whose fields only whitespace separates (a wrong field count, and two
+        # lines joined by a lone '\r', are left to the tokeniser's message)
+        spaced = line.replace(sep, b" ")
         if (line.strip() and line.count(sep) < lo - 1 and not (header and number == 1)
-                and lo <= len(line.replace(sep, b" ").split()) <= hi):
+                and lo <= len(spaced.split()) <= hi and not _JOINED_BYTES.search(spaced)):
             raise _separator_error(path, number, fmt, sep,
                                    _text(line).strip()[:_QUOTED])
 
@@ -2120,15 +2212,18 @@ def read_item_features(path: _PathLike, format: str, item_map: Dict[Any, int]) -
     blank line, as it is to the titles :func:`read_ratings` reads), and so are blank
     lines; a ``"csv"`` file's first non-blank line is skipped when it is a header.
     ``u.item`` and ``movies.dat`` are read as UTF-8 when they are, else as latin-1
-    (MovieLens-100K's and -1M's are latin-1); ``movies.csv`` must be UTF-8.
+    (MovieLens-100K's and -1M's are latin-1), but not when they hold UTF-8 text too
+    (a stray byte in a UTF-8 file: read as latin-1, every UTF-8 character would be
+    garbled); ``movies.csv`` must be UTF-8.
 
     Raises:
         ValueError: a missing file, an unsupported format, a compressed or
             binary file (a zip, gzip, bzip2 or xz file), a NUL byte anywhere (the
             message gives its line; in the first 4096 bytes, that the file looks
             binary or UTF-16), a ``"csv"`` file that is not UTF-8 (the message
-            gives the line and byte and how to re-encode it), a malformed line,
-            an item id on two lines.
+            gives the line and byte and how to re-encode it), a ``u.item`` or
+            ``movies.dat`` of UTF-8 text and a byte that is no UTF-8 (the message
+            gives both lines), a malformed line, an item id on two lines.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` not a
             str, ``item_map`` not a dict.
 
@@ -2220,14 +2315,16 @@ def read_user_features(path: _PathLike, format: str, user_map: Dict[Any, int]) -
         the file get zeros.
 
     The file is read as UTF-8 when it is, else as latin-1, as the item files
-    are; a leading UTF-8 byte order mark is skipped (a first line holding only
-    one is a blank line), and so are blank lines.
+    are (a file of UTF-8 text and a byte that is no UTF-8 is refused); a leading UTF-8
+    byte order mark is skipped (a first line holding only one is a blank line), and so
+    are blank lines.
 
     Raises:
         ValueError: a missing file, an unsupported format, a compressed or
             binary file (a zip, gzip, bzip2 or xz file), a NUL byte anywhere (the
             message gives its line; in the first 4096 bytes, that the file looks
-            binary or UTF-16), a malformed line, a user id on two lines.
+            binary or UTF-16), a file of UTF-8 text and a byte that is no UTF-8
+            (the message gives both lines), a malformed line, a user id on two lines.
         TypeError: ``path`` not a str or ``os.PathLike``, ``format`` not a
             str, ``user_map`` not a dict.
 
