@@ -446,13 +446,17 @@ def _entry_index(index: Any, n: int) -> Tensor:
     return cast(Tensor, index)
 
 
-def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
-    """``value`` checked as distinct ``what`` indices in ``[0, bound)``: a 1-D integer
-    tensor (int64 when int8 or int16, which torch does not index with; kept on its device)
-    or a sequence (a list, a tuple, a range, a numpy array) of ints, made an int64 CPU
-    tensor.  ``TypeError`` for another kind, a float, bool or uint8 dtype (torch would read
-    uint8 as a mask); ``ValueError`` for another shape than 1-D, an index out of range or
-    one given twice (one host sync and a sort of ``value``: O(len(value) log len(value)))."""
+def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tuple[Tensor, Tensor]:
+    """``(index, order)``: ``value`` checked as distinct ``what`` indices in ``[0, bound)``,
+    and the permutation that sorts it (``index[order]`` ascending), for :func:`_positions`.
+
+    ``index``: a 1-D integer tensor (int64 when int8 or int16, which torch does not index
+    with; kept on its device) or a sequence (a list, a tuple, a range, a numpy array) of
+    ints, made an int64 CPU tensor; ``order`` int64 on its device.  ``TypeError`` for
+    another kind, a float, bool or uint8 dtype (torch would read uint8 as a mask);
+    ``ValueError`` for another shape than 1-D, an index out of range or one given twice
+    (one host sync and one sort of ``value``, O(len(value) log len(value)), whose
+    permutation is ``order``: the positions need no second sort)."""
     expected = f"a 1-D integer tensor or a sequence of ints ({what} indices)"
     if not isinstance(value, Tensor):
         if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
@@ -488,8 +492,8 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
                          f"{tuple(value.shape)}")
     if value.dtype not in (torch.int32, torch.int64):
         value = value.long()
+    ordered, order = torch.sort(value)
     if value.numel():
-        ordered = value.sort().values
         # twice[i]: ordered[i] is also ordered[i + 1]; the first such place by argmax
         twice = torch.cat([ordered[1:] == ordered[:-1], ordered.new_zeros(1, dtype=torch.bool)])
         first = twice.to(torch.int8).argmax()
@@ -501,21 +505,22 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tensor:
                              f"{lo if lo < 0 else hi}")
         if repeats:
             raise ValueError(f"{name} must hold each {what} once, got {what} {repeated} twice")
-    return cast(Tensor, value)
+    return cast(Tensor, value), order
 
 
-def _positions(listed: Tensor, wanted: Tensor) -> Tuple[Tensor, Tensor]:
+def _positions(listed: Tensor, order: Tensor, wanted: Tensor) -> Tuple[Tensor, Tensor]:
     """``(position, found)``: for each index of ``wanted``, its position in ``listed``
-    (distinct indices, :func:`_distinct_index`'s) and whether ``listed`` holds it at all,
-    by a sort of ``listed`` and a binary search: O((len(listed) + len(wanted))
-    log len(listed)), no table of an id map's size (``rating_matrix``'s ``rows=`` and
+    (distinct indices, sorted by ``order``: :func:`_distinct_index`'s pair, on
+    ``wanted``'s device and of its dtype) and whether ``listed`` holds it at all, by a
+    binary search in ``listed[order]``: O(len(listed) + len(wanted) log len(listed)), no
+    sort and no table of an id map's size (``rating_matrix``'s ``rows=`` and
     ``ranking_metrics``' ``users=``)."""
-    ordered, position = torch.sort(listed)
-    if ordered.numel() == 0:
+    if listed.numel() == 0:
         return (torch.zeros_like(wanted),
                 torch.zeros(wanted.shape, dtype=torch.bool, device=wanted.device))
+    ordered = listed[order]
     at = torch.searchsorted(ordered, wanted).clamp_(max=ordered.numel() - 1)
-    return position[at], ordered[at] == wanted
+    return order[at], ordered[at] == wanted
 
 
 def _isin_argument(value: Any, name: str, device: torch.device) -> str:
