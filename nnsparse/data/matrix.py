@@ -107,13 +107,14 @@ def _matrix_shape(shape: Any) -> Tuple[int, int]:
     return rows, width
 
 
-def _row_positions(row: Tensor, picked: Tensor, order: Tensor, orientation: str,
+def _row_positions(row: Tensor, picked: Tensor, order: Tensor, bound: int, orientation: str,
                    rows: str) -> Tensor:
-    """The position in ``picked`` (distinct row indices, sorted by ``order``) of each
-    entry's ``row`` (:func:`_positions`: no table of the id map's size); ``ValueError``
-    naming the first row of an entry that ``picked`` lacks, its fix with ``rows`` (the
-    argument as ``torch.isin`` takes it)."""
-    position, found = _positions(picked, order, row)
+    """The position in ``picked`` (distinct row indices in ``[0, bound)``, sorted by
+    ``order``) of each entry's ``row`` (:func:`_positions`: never more than O(nnz) work
+    whatever the size of the id map); ``ValueError`` naming the first row of an entry
+    that ``picked`` lacks, its fix with ``rows`` (the argument as ``torch.isin`` takes
+    it)."""
+    position, found = _positions(picked, order, row, bound)
     if row.numel() and not bool(found.all()):
         missing = torch.unique(row[~found])
         more = missing.numel() - 1
@@ -233,7 +234,7 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
                              f"{what}; build the matrix with the maps of all parts")
     if picked is not None and picked_order is not None:
         fix = _isin_argument(rows, "rows", row.device)  # rows in the refusal's fix
-        row = _row_positions(row, picked, picked_order, orientation, fix)
+        row = _row_positions(row, picked, picked_order, default[0], orientation, fix)
     key, order = torch.sort(row * width + col)
     source = f" from {ratings.source}" if ratings.source else ""
 
