@@ -411,6 +411,30 @@ def _refuse_uint8_index(index: Tensor, name: str, expected: str, fix: str) -> No
                         f"as a mask; convert it with {fix}")
 
 
+def _index_tensor(value: Tensor, name: str, dense: str, integer: str, one_d: str,
+                  uint8: Tuple[str, str], no_bool: Optional[str] = None) -> Tensor:
+    """The checks of an index tensor that :func:`_entry_index` and :func:`_distinct_index`
+    share, in one order, in their words: strided ("``name`` must be ``dense``, got layout
+    ..."), not uint8 (:func:`_refuse_uint8_index` with ``uint8``, the kind expected and
+    the fix), not bool where ``no_bool`` (its message) is given, not floating or complex
+    ("``name`` must ``integer`` <dtype>"), not meta, 1-D ("``name`` must be 1-D
+    (``one_d``), got shape ..."); an int8 or int16 tensor made int64 (torch indexes with
+    neither)."""
+    if value.layout != torch.strided:
+        raise TypeError(f"{name} must be {dense}, got layout {value.layout}")
+    _refuse_uint8_index(value, name, *uint8)
+    if no_bool is not None and value.dtype == torch.bool:
+        raise TypeError(no_bool)
+    if value.is_floating_point() or value.is_complex():
+        raise TypeError(f"{name} must {integer} {value.dtype}")
+    refuse_meta(value, name)  # its indices cannot be read
+    if value.dim() != 1:
+        raise ValueError(f"{name} must be 1-D ({one_d}), got shape {tuple(value.shape)}")
+    if value.dtype not in (torch.bool, torch.int32, torch.int64):
+        value = value.long()
+    return value
+
+
 def _entry_index(index: Any, n: int) -> Tensor:
     """``index`` checked as entry indices in ``[-n, n)`` or a bool mask of ``n`` entries."""
     if not isinstance(index, Tensor):
@@ -421,29 +445,21 @@ def _entry_index(index: Any, n: int) -> Tensor:
                             f"{type(index).__name__}") from None
         if index.numel() == 0:  # [] reads as float32: keep nothing
             index = index.long()
-    if index.layout != torch.strided:
-        raise TypeError(f"index must be a dense integer or bool tensor, got layout "
-                        f"{index.layout}")
-    _refuse_uint8_index(index, "index", "int64 indices or a bool mask",
-                        ".long() (indices) or .bool() (a mask)")
-    if index.dtype != torch.bool and (index.is_floating_point() or index.is_complex()):
-        raise TypeError(f"index must be an integer or bool tensor, got {index.dtype}")
-    refuse_meta(index, "index")
-    if index.dim() != 1:
-        raise ValueError(f"index must be 1-D (entries to keep), got shape {tuple(index.shape)}")
-    if index.dtype == torch.bool:
-        if index.shape != (n,):
+    checked = _index_tensor(index, "index", "a dense integer or bool tensor",
+                            "be an integer or bool tensor, got", "entries to keep",
+                            ("int64 indices or a bool mask",
+                             ".long() (indices) or .bool() (a mask)"))
+    if checked.dtype == torch.bool:
+        if checked.shape != (n,):
             raise ValueError(f"index must have shape ({n},) as a bool mask, "
-                             f"got {tuple(index.shape)}")
-        return cast(Tensor, index)
-    if index.dtype not in (torch.int32, torch.int64):  # int8, int16: torch indexes with neither
-        index = index.long()
-    if index.numel():
-        lo, hi = (int(v) for v in torch.aminmax(index))
+                             f"got {tuple(checked.shape)}")
+        return checked
+    if checked.numel():
+        lo, hi = (int(v) for v in torch.aminmax(checked))
         if lo < -n or hi >= n:
             raise IndexError(f"index must be in [-{n}, {n}) (entries of {n} ratings), got "
                              f"{lo if lo < -n else hi}")
-    return cast(Tensor, index)
+    return checked
 
 
 def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tuple[Tensor, Tensor]:
@@ -478,20 +494,12 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tuple[Tenso
                             f"{value!r}") from None
         if value.numel() == 0:  # [] reads as float32: no index
             value = value.long()
-    if value.layout != torch.strided:
-        raise TypeError(f"{name} must be {expected}, got layout {value.layout}")
-    _refuse_uint8_index(value, name, f"int64 {what} indices", ".long()")
-    if value.dtype == torch.bool:  # never read as a mask: its True places are the indices
-        raise TypeError(f"{name} must hold integer {what} indices, got dtype torch.bool; "
-                        f"for the {what}s of a mask, pass mask.nonzero().squeeze(1)")
-    if value.is_floating_point() or value.is_complex():
-        raise TypeError(f"{name} must hold integer {what} indices, got dtype {value.dtype}")
-    refuse_meta(value, name)  # its indices cannot be read
-    if value.dim() != 1:
-        raise ValueError(f"{name} must be 1-D ({what} indices), got shape "
-                         f"{tuple(value.shape)}")
-    if value.dtype not in (torch.int32, torch.int64):
-        value = value.long()
+    # (a bool tensor is never read as a mask: its True places are the indices)
+    value = _index_tensor(value, name, expected, f"hold integer {what} indices, got dtype",
+                          f"{what} indices", (f"int64 {what} indices", ".long()"),
+                          no_bool=f"{name} must hold integer {what} indices, got dtype "
+                                  f"torch.bool; for the {what}s of a mask, pass "
+                                  f"mask.nonzero().squeeze(1)")
     ordered, order = torch.sort(value)
     if value.numel():
         # twice[i]: ordered[i] is also ordered[i + 1]; the first such place by argmax
