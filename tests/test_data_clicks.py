@@ -214,3 +214,22 @@ def test_on_cuda_the_clicks_stay_there():
     assert clicks.user.is_cuda and clicks.rating.is_cuda
     assert triples(clicks) == triples(implicit_clicks(r, 3.5, min_user_clicks=3,
                                                       min_item_clicks=2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32,
+                                   torch.float64])
+@pytest.mark.parametrize("threshold", [3.99, 4.0000001, 3.9999999, 4.01, 3.5, 4.0, 65505.0,
+                                       65520.0, 1e6, -1e6, 1e-8, -0.0])
+def test_the_threshold_is_compared_exactly_in_the_ratings_dtype(dtype, threshold):
+    """torch rounds a Python number to the tensor's dtype before comparing (a bfloat16
+    3.984375 >= 3.99 would hold): each rating is kept exactly when its value, read as a
+    float, is >= threshold, against the plain-python reference."""
+    values = torch.tensor([3.984375, 3.99, 4.0, 4.0000001, 3.9999999, 4.0078125, 4.01,
+                           65504.0, 1e-8, 0.0, -1.0, 5.0], dtype=torch.float64).to(dtype)
+    n = values.numel()
+    r = Ratings(torch.arange(n), torch.zeros(n, dtype=torch.long), values,
+                {u: u for u in range(n)}, {0: 0})
+    clicks = implicit_clicks(r, threshold, min_user_clicks=0)
+    kept = [u for u, v in enumerate(values.tolist()) if v >= threshold]
+    assert clicks.user.tolist() == kept
+    assert clicks.rating.dtype == dtype and clicks.rating.tolist() == [1.0] * len(kept)

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from .._forms import as_count, is_real, real_float
 from .readers import Ratings, _check_ratings
@@ -90,7 +91,7 @@ def implicit_clicks(ratings: Ratings, threshold: float = 4.0, *, min_user_clicks
                          f"click), got {threshold!r}")
     min_user = as_count("min_user_clicks", min_user_clicks, 0, must="non-negative")
     min_item = as_count("min_item_clicks", min_item_clicks, 0, must="non-negative")
-    keep = ratings.rating.detach() >= real_float(threshold)
+    keep = _at_least(ratings.rating.detach(), real_float(threshold))
     if min_item > 0:
         counts = torch.bincount(ratings.item[keep], minlength=ratings.n_items)
         keep &= counts[ratings.item] >= min_item
@@ -102,3 +103,15 @@ def implicit_clicks(ratings: Ratings, threshold: float = 4.0, *, min_user_clicks
     if part._known_unique():
         clicks._mark_unique()
     return clicks
+
+
+def _at_least(rating: Tensor, threshold: float) -> Tensor:
+    """``rating >= threshold`` exactly, in ``rating``'s dtype: torch compares a tensor
+    with a Python number after rounding the number to the tensor's dtype (a bfloat16
+    3.984375 ``>= 3.99`` holds, 3.99 rounding to 3.984375; a float32 4.0 ``>=
+    4.0000001`` too).  The threshold rounded to the dtype lies next to it, below or not
+    (rounding is monotonic): no rating of the dtype between them, so ``rating >=
+    threshold`` is ``rating > bound`` where the bound is below, else ``rating >= bound``
+    (an infinite bound where the threshold is beyond the dtype's range included)."""
+    bound = torch.tensor(threshold, dtype=torch.float64).to(rating.dtype)
+    return rating > bound if float(bound) < threshold else rating >= bound
