@@ -3,9 +3,9 @@
 "Variational Autoencoders for Collaborative Filtering" (WWW 2018), its denoising
 autoencoder with a multinomial likelihood, the nnsparse way:
 
-* ratings binarised: a rating >= ``--threshold`` (4, as the paper's ML-20M) is a click,
-  the others are dropped; users with fewer than ``--min-clicks`` (5, as the paper) clicks
-  are dropped too;
+* ratings binarised by ``nnsparse.data.implicit_clicks``: a rating >= ``--threshold``
+  (4, as the paper's ``> 3.5`` on ML-20M) is a click, the others are dropped; users with
+  fewer than ``--min-clicks`` (5, as the paper) clicks are dropped too;
 * ``nnsparse.data.user_split``: the training users' clicks whole; validation and test
   users held out, each with 80 % of its clicks (``--fold-in``) as input, the rest to predict
   (the held-out clicks of items no training user clicked are dropped, as the paper's
@@ -53,8 +53,9 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 import nnsparse
-from nnsparse.data import (FORMATS, HeldOut, Ratings, SparseRowDataset, ranking_metrics,
-                           rating_matrix, read_ratings, synthetic_ratings, user_split)
+from nnsparse.data import (FORMATS, HeldOut, Ratings, SparseRowDataset, implicit_clicks,
+                           ranking_metrics, rating_matrix, read_ratings, synthetic_ratings,
+                           user_split)
 
 #: the paper's figures: Recall@20, Recall@50, NDCG@100
 KS = (("Recall@20", "recall", 20), ("Recall@50", "recall", 50), ("NDCG@100", "ndcg", 100))
@@ -206,9 +207,7 @@ def read_clicks(p: argparse.ArgumentParser, args: argparse.Namespace) -> Tuple[R
         except ValueError as error:
             p.error(f"cannot read --ratings {args.ratings}: {error}")
         source = ratings.source or args.ratings
-    clicks = ratings.subset(ratings.rating >= args.threshold)
-    per_user = torch.bincount(clicks.user, minlength=clicks.n_users)
-    clicks = clicks.subset(per_user[clicks.user] >= args.min_clicks)
+    clicks = implicit_clicks(ratings, args.threshold, min_user_clicks=args.min_clicks)
     if len(clicks) == 0:
         p.error(f"no user has {args.min_clicks} ratings >= --threshold {args.threshold:g} "
                 f"in {source}")

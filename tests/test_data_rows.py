@@ -75,6 +75,51 @@ def test_rating_matrix_rows_dense_reference(name, make, orientation, layout, wit
         assert m.is_coalesced()
 
 
+def _wide(r, extra=5000):
+    """``r`` on id maps ``extra`` ids wider (ids that rate nothing): the rows are then found
+    by a binary search, not a table of the map's size (larger than the entries)."""
+    def widened(mapping):
+        top = max(mapping) + 1
+        return {**mapping, **{top + i: len(mapping) + i for i in range(extra)}}
+    return dataclasses.replace(r, user_map=widened(r.user_map), item_map=widened(r.item_map))
+
+
+@pytest.mark.parametrize("orientation", ["user", "item"])
+@pytest.mark.parametrize("name, make", ROWS, ids=[name for name, _ in ROWS])
+@pytest.mark.parametrize("maps", ["table", "search"])
+def test_rating_matrix_rows_either_lookup(name, make, orientation, maps):
+    """A map no larger than the entries: the rows' positions from a table; a wider one
+    (``_wide``): from a binary search.  Both the dense reference's rows."""
+    r = _ratings() if maps == "table" else _wide(_ratings())
+    n = r.n_users if orientation == "user" else r.n_items
+    picked = make(n if maps == "table" else 30)
+    part = _held(r, orientation, picked)
+    m = rating_matrix(part, orientation, rows=picked)
+    index = torch.as_tensor(np.asarray(picked), dtype=torch.long)
+    assert torch.equal(densify(m), _dense(r, orientation)[index])
+
+
+@pytest.mark.parametrize("maps", ["table", "search"])
+def test_rating_matrix_rows_of_an_index_edited_out_of_range(maps):
+    """An index made negative or past the map in place, after the record was checked, is a
+    row not listed (refused by name), in either lookup, never an indexing error."""
+    for bad in (-1, 10 ** 6):
+        r = _small() if maps == "table" else _wide(_small())
+        r.user[0] = bad
+        with pytest.raises(ValueError, match=rf"^rows must hold every user of the ratings, "
+                                             rf"got no row for user {bad}[;,]"):
+            rating_matrix(r, "user", rows=[0, 1, 2, 3])
+
+
+@pytest.mark.parametrize("maps", ["table", "search"])
+def test_ranking_metrics_users_either_lookup(maps):
+    test = _test_ratings() if maps == "table" else _wide(_test_ratings())
+    users = [5, 1, 0, 4, 2]
+    lists = _lists(len(users))
+    got = ranking_metrics(lists, test, 3, users=users)
+    assert got == ranking_metrics(_padded(lists, users, test.n_users, 4), test, 3)
+
+
 def test_rating_matrix_rows_values_and_zeros():
     # values= goes with rows=; a rating of 0 stays a specified entry of its row
     r = Ratings.from_triples([0, 1, 1, 2], [0, 0, 1, 1], [0.0, 2.0, 3.0, 4.0])

@@ -3,6 +3,7 @@
 The pieces of a collaborative-filtering pipeline (see ``README.md``)::
 
     ratings = read_ratings(path)     # ml-1m/ratings.dat or ml-1m/; or synthetic_ratings(seed=0)
+    # implicit feedback: clicks = implicit_clicks(ratings), then user_split(clicks, ...)
     train, valid, test = random_split(ratings, test=0.1, validation=0.05, seed=0)
     norm = RatingNormalizer(train, orientation="item")    # fitted on train only
     x = norm.matrix(train)                                # (n_items, n_users) CSR, in [-1, 1]
@@ -17,6 +18,7 @@ from .matrix import RatingErrors, RatingNormalizer, mae, mean_prediction, rating
 from .synthetic import synthetic_item_features, synthetic_ratings
 from .dataset import SparseRowBatch, SparseRowDataset, collate_sparse_rows
 from .ranking import ranking_metrics
+from .clicks import implicit_clicks
 
 __all__ = [
     "FORMATS",
@@ -31,6 +33,7 @@ __all__ = [
     "random_split",
     "holdout_split",
     "user_split",
+    "implicit_clicks",
     "UserSplit",
     "HeldOut",
     "rating_matrix",

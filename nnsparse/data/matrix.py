@@ -107,12 +107,14 @@ def _matrix_shape(shape: Any) -> Tuple[int, int]:
     return rows, width
 
 
-def _row_positions(row: Tensor, picked: Tensor, orientation: str, rows: str) -> Tensor:
-    """The position in ``picked`` (distinct row indices) of each entry's ``row``
-    (:func:`_positions`: no table of the id map's size); ``ValueError`` naming the first
-    row of an entry that ``picked`` lacks, its fix with ``rows`` (the argument as
-    ``torch.isin`` takes it)."""
-    position, found = _positions(picked, row)
+def _row_positions(row: Tensor, picked: Tensor, order: Tensor, bound: int, orientation: str,
+                   rows: str) -> Tensor:
+    """The position in ``picked`` (distinct row indices in ``[0, bound)``, sorted by
+    ``order``) of each entry's ``row`` (:func:`_positions`: never more than O(nnz) work
+    whatever the size of the id map); ``ValueError`` naming the first row of an entry
+    that ``picked`` lacks, its fix with ``rows`` (the argument as ``torch.isin`` takes
+    it)."""
+    position, found = _positions(picked, order, row, bound)
     if row.numel() and not bool(found.all()):
         missing = torch.unique(row[~found])
         more = missing.numel() - 1
@@ -190,10 +192,11 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
         raise TypeError(f"layout must be torch.sparse_csr or torch.sparse_coo, got {layout}")
     row, col, default = _index(ratings, orientation)
     picked: Optional[Tensor] = None  # the row index of each matrix row, when rows= is given
+    picked_order: Optional[Tensor] = None  # the permutation that sorts picked
     if rows is not None:
-        picked = _distinct_index(rows, "rows", default[0], orientation)
+        picked, picked_order = _distinct_index(rows, "rows", default[0], orientation)
         if not isinstance(rows, Tensor):  # a sequence: made on the ratings' device
-            picked = picked.to(row.device)
+            picked, picked_order = picked.to(row.device), picked_order.to(row.device)
         if picked.device != row.device:
             raise ValueError(f"rows must be on the ratings' device {row.device}, "
                              f"got {picked.device}")
@@ -229,9 +232,9 @@ def rating_matrix(ratings: Ratings, orientation: str = "item", values: Optional[
             what = f"min {lo}" if lo < 0 else f"max {hi}"
             raise ValueError(f"{orientation} matrix {name} indices must be in [0, {bound}), got "
                              f"{what}; build the matrix with the maps of all parts")
-    if picked is not None:
+    if picked is not None and picked_order is not None:
         fix = _isin_argument(rows, "rows", row.device)  # rows in the refusal's fix
-        row = _row_positions(row, picked, orientation, fix)
+        row = _row_positions(row, picked, picked_order, default[0], orientation, fix)
     key, order = torch.sort(row * width + col)
     source = f" from {ratings.source}" if ratings.source else ""
 

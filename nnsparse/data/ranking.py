@@ -92,13 +92,15 @@ def _rows_of(users: Any, rows: int, n_users: int, evaluated: Tensor,
              device: torch.device) -> Tensor:
     """The row of ``top`` of each ``evaluated`` user (sorted CPU int64) by ``users``
     (:func:`ranking_metrics`' argument, checked here: ``rows`` distinct user indices in
-    ``[0, n_users)``), by :func:`_positions`: O((rows + users) log rows); the refusal's
+    ``[0, n_users)``), by one sort of ``users`` and :func:`_positions`: O((rows + users)
+    log rows) at most, whatever ``n_users``; the refusal's
     fix writes ``users`` as a tensor on ``device`` (``test.user``'s)."""
-    listed = _distinct_index(users, "users", n_users, "user").detach().cpu().long()
+    listed, order = _distinct_index(users, "users", n_users, "user")
+    listed, order = listed.detach().cpu().long(), order.cpu()
     if listed.shape[0] != rows:
         raise ValueError(f"users must name the user of each row of top, so {rows} users, "
                          f"got {listed.shape[0]}")
-    row, found = _positions(listed, evaluated)
+    row, found = _positions(listed, order, evaluated, n_users)
     if not bool(found.all()):
         missing = evaluated[~found]
         more = missing.numel() - 1
