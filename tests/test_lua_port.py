@@ -1747,7 +1747,7 @@ class _Builder(DynamicSparseTensor):  # a subclass has a __dict__: it took curSi
     (lambda dyn: setattr(dyn, "curSize", 5), "assign"),  # Lua's builder.curSize = 0
     (lambda dyn: setattr(dyn, "curSize", 0), "assign"),
     (lambda dyn: delattr(dyn, "curSize"), "delete"),
-])
+], ids=["curSize=5", "curSize=0", "del-curSize"])
 def test_lua_count_is_refused_when_assigned_or_deleted(make, action, verb):
     # Lua's curSize counted the rows appended: an attribute of that name would change
     # nothing (the class's slots answered "attribute 'curSize' is read-only", a subclass
