@@ -203,3 +203,58 @@ BAD_CASES = [
 @pytest.mark.parametrize("case", BAD_CASES, ids=[c.id for c in BAD_CASES])
 def test_records_refuse_bad_fields_by_name(case):
     run_case(case)
+
+
+# -- the records' value comparison (nnsparse.data.readers._same) on what a record's field
+#    could hold, each answered True/False (second reading: torch.equal has no sparse
+#    kernel, NotImplementedError; isnan of a complex value is either part's, so a NaN
+#    real part matched a NaN imaginary part; math.isnan(10**400) raised OverflowError) --
+
+def _coo(values, indices=((0, 1), (1, 0))):
+    return torch.sparse_coo_tensor(torch.tensor(indices), torch.tensor(values), (2, 2))
+
+
+_NAN = math.nan
+SAME_CASES = [
+    ("coo-copy", lambda: (_coo([1., 2.]), _coo([1., 2.])), True),
+    ("coo-uncoalesced-vs-coalesced", lambda: (_coo([1., 2.]), _coo([1., 2.]).coalesce()),
+     True),
+    ("coo-other-order", lambda: (_coo([1., 2.]), _coo([2., 1.], ((1, 0), (0, 1)))), True),
+    ("coo-other-value", lambda: (_coo([1., 2.]), _coo([1., 3.])), False),
+    ("coo-other-nnz", lambda: (_coo([1., 2.]), _coo([1.], ((0,), (1,)))), False),
+    ("coo-nan", lambda: (_coo([1., _NAN]), _coo([1., _NAN])), True),
+    ("coo-vs-dense", lambda: (_coo([1., 2.]), _coo([1., 2.]).to_dense()), False),
+    ("csr-copy", lambda: (_coo([1., 2.]).to_sparse_csr(), _coo([1., 2.]).to_sparse_csr()),
+     True),
+    ("csr-other-value", lambda: (_coo([1., 2.]).to_sparse_csr(),
+                                 _coo([1., 3.]).to_sparse_csr()), False),
+    ("complex-nan-same-part", lambda: (torch.tensor([complex(1, _NAN)]),
+                                       torch.tensor([complex(1, _NAN)])), True),
+    ("complex-nan-other-part", lambda: (torch.tensor([complex(1, _NAN)]),
+                                        torch.tensor([complex(_NAN, 1)])), False),
+    ("float-nan", lambda: (torch.tensor([1., _NAN]), torch.tensor([1., _NAN])), True),
+    ("float-nan-other-place", lambda: (torch.tensor([1., _NAN]), torch.tensor([_NAN, 1.])),
+     False),
+    ("meta-one-tensor", lambda: (lambda m: (m, m))(torch.empty(2, device="meta")), True),
+    ("meta-two-tensors", lambda: (torch.empty(2, device="meta"),
+                                  torch.empty(2, device="meta")), False),
+    ("meta-vs-cpu", lambda: (torch.empty(2, device="meta"), torch.empty(2)), False),
+    ("huge-int", lambda: (10 ** 400, 1), False),
+    ("huge-int-same", lambda: (10 ** 400, 10 ** 400), True),
+    ("float-nan-number", lambda: (_NAN, np.float32(_NAN)), True),
+]
+
+
+@pytest.mark.parametrize("make, expected", [c[1:] for c in SAME_CASES],
+                         ids=[c[0] for c in SAME_CASES])
+def test_same_answers_without_raising(make, expected):
+    from nnsparse.data.readers import _same
+    a, b = make()
+    assert _same(a, b) is expected and _same(b, a) is expected
+
+
+def test_records_with_a_huge_int_compare():  # (was OverflowError from ==)
+    for make in (lambda n: TrainResult([{"epoch": 1, "n": n}], 1, 0.5),
+                 lambda n: CrossValidation([dict(fold=1, rmse=0.9, n=n)])):
+        assert make(10 ** 400) != make(1) and make(1) != make(10 ** 400)
+        assert make(10 ** 400) == make(10 ** 400)

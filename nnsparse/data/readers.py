@@ -655,8 +655,10 @@ def _same(a: Any, b: Any) -> bool:
     both NaN (``TrainResult.best_rmse`` without validation), lists, tuples and dicts item
     by item, anything else by ``==``.  Tensors' own ``==`` is elementwise: the
     dataclass's and the tuple's ``==`` raised "Boolean value of Tensor with more than one
-    value is ambiguous".  Meta tensors (no values to read) are the same only when they
-    are one tensor."""
+    value is ambiguous".  Sparse tensors compare their coalesced COO indices and values
+    (a CSR tensor equals its copy, an uncoalesced one its coalesced form; nothing
+    densified).  Meta tensors (no values to read) are the same only when they are one
+    tensor."""
     if a is b:
         return True
     if isinstance(a, Tensor) or isinstance(b, Tensor):
@@ -665,10 +667,15 @@ def _same(a: Any, b: Any) -> bool:
             return False
         if a.device.type == "meta":
             return False
+        if a.layout != torch.strided:  # (torch.equal has no sparse kernel: it raised)
+            a, b = (a.to_sparse(layout=torch.sparse_coo).coalesce(),
+                    b.to_sparse(layout=torch.sparse_coo).coalesce())
+            return _same(a.indices(), b.indices()) and _same(a.values(), b.values())
         if torch.equal(a, b):
             return True
-        return (a.layout == torch.strided and (a.is_floating_point() or a.is_complex())
-                and bool(((a == b) | (a.isnan() & b.isnan())).all()))
+        if a.is_complex():  # (a NaN part in the same place: isnan is either part's)
+            a, b = torch.view_as_real(a.resolve_conj()), torch.view_as_real(b.resolve_conj())
+        return a.is_floating_point() and bool(((a == b) | (a.isnan() & b.isnan())).all())
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return (type(a) is type(b) and len(a) == len(b)
                 and all(_same(x, y) for x, y in zip(a, b)))
@@ -683,7 +690,7 @@ def _same(a: Any, b: Any) -> bool:
         return all(_same(a[key], b[key]) for key in a)
     if (isinstance(a, numbers.Real) and isinstance(b, numbers.Real)
             and not isinstance(a, (bool, np.bool_)) and not isinstance(b, (bool, np.bool_))):
-        return bool(a == b) or (math.isnan(a) and math.isnan(b))
+        return bool(a == b or (a != a and b != b))  # (math.isnan overflowed on 10**400)
     return bool(a == b)
 
 

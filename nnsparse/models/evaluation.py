@@ -261,9 +261,10 @@ class CrossValidation:
         _checked_state(self, state, ("folds",), {"k": None, "threshold": None})
 
     def __eq__(self, other: object) -> bool:
-        """The same fields, NaN equal to NaN (a fold's figure that is NaN): a record equals its copy and its
-        reload (the dataclass's ``==`` found a reloaded CrossValidation unequal to itself when a fold's figure was NaN).
-        Unhashable, as a dataclass that is not frozen."""
+        """The same fields, NaN equal to NaN (a fold's figure that is NaN): a record equals
+        its copy and its reload (the dataclass's ``==`` found a reloaded CrossValidation
+        unequal to itself when a fold's figure was NaN).  Unhashable, as a dataclass that
+        is not frozen."""
         return cast(bool, _records_equal(self, other, _CV_FIELDS))
 
     __hash__ = None  # type: ignore[assignment]

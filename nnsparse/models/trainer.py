@@ -97,9 +97,10 @@ class TrainResult:
         _checked_state(self, state, _TRAIN_FIELDS)
 
     def __eq__(self, other: object) -> bool:
-        """The same fields, NaN equal to NaN (``best_rmse`` is NaN without validation): a record equals its copy and its
-        reload (the dataclass's ``==`` found a reloaded TrainResult unequal to itself without validation).
-        Unhashable, as a dataclass that is not frozen."""
+        """The same fields, NaN equal to NaN (``best_rmse`` is NaN without validation): a
+        record equals its copy and its reload (the dataclass's ``==`` found a reloaded
+        TrainResult unequal to itself without validation).  Unhashable, as a dataclass
+        that is not frozen."""
         return cast(bool, _records_equal(self, other, _TRAIN_FIELDS))
 
     __hash__ = None  # type: ignore[assignment]
