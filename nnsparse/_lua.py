@@ -133,3 +133,29 @@ class LuaField(LuaName):
 
     def __set__(self, obj: object, value: object) -> NoReturn:
         raise setting_error(obj, self._name, self._hint, self._holder)
+
+    def __delete__(self, obj: object) -> NoReturn:  # (was a bare "AttributeError: __delete__")
+        raise member_error(obj, self._name, self._hint)
+
+
+class LuaCount(LuaName):
+    """A :class:`LuaName` for a count Lua kept as a field (``DynamicSparseTensor.curSize``):
+    reading it raises :func:`member_error`, assigning or deleting it an ``AttributeError``
+    naming what reads the count and what changes it (a data descriptor: neither an
+    instance of a subclass with a ``__dict__`` takes an attribute of that name, which would
+    change nothing, nor does the class's slots' "attribute is read-only" answer instead)."""
+
+    def __init__(self, hint: str, changed_by: str) -> None:
+        super().__init__(hint)
+        self._changed_by = changed_by
+
+    def _refusal(self, obj: object, verb: str) -> AttributeError:
+        return AttributeError(f"{type(obj).__name__} has no Lua attribute {self._name!r} to "
+                              f"{verb}; nnsparse counts it as {self._hint}, which "
+                              f"{self._changed_by} change")
+
+    def __set__(self, obj: object, value: object) -> NoReturn:
+        raise self._refusal(obj, "assign")
+
+    def __delete__(self, obj: object) -> NoReturn:
+        raise self._refusal(obj, "delete")

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .convert import _size_from_tensor
-from ._lua import LuaName
+from ._lua import LuaCount, LuaName
 from ._forms import (_INT64_MAX, EXACT_INDEX, NO_INDEX, SparseBatch, _sparse_coo, as_device,
                      as_int, as_sparse_batch, dtype_got, exact_index, is_real, no_index_error,
                      real_float,
@@ -162,7 +162,7 @@ class DynamicSparseTensor:
     # Lua's nnsparse.DynamicSparseTensor.new(reserve, multCoef) (its test's spelling)
     new = LuaName("the constructor, DynamicSparseTensor(reserve=10, mult_coef=2)")
     # Lua's builder.curSize, the number of rows appended
-    curSize = LuaName("len(builder) (or builder.len())")
+    curSize = LuaCount("len(builder) (or builder.len())", "append(), set() and reset()")
 
     def __init__(self, reserve: int = 10, mult_coef: float = 2, ndim: int = 1,
                  dtype: Optional[torch.dtype] = None,

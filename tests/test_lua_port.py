@@ -1725,8 +1725,9 @@ def test_lua_fields_leave_the_python_names_alone():
         "Batchifier.outputSize"])
 def test_lua_fields_are_refused_when_assigned(make, lua, value, message):
     # an attribute of the Lua name would silently change nothing (the module reads the
-    # Python one).  (DynamicSparseTensor's new and curSize stay plain class attributes,
-    # LuaName, which an instance may shadow: test_lua_names_leave_introspection_alone)
+    # Python one).  (DynamicSparseTensor's new stays a plain class attribute, LuaName,
+    # which an instance may shadow: test_lua_names_leave_introspection_alone; its curSize:
+    # test_lua_count_is_refused_when_assigned_or_deleted)
     obj = make()
     before = dict(vars(obj))
     with pytest.raises(AttributeError, match=message):
@@ -1734,6 +1735,44 @@ def test_lua_fields_are_refused_when_assigned(make, lua, value, message):
     assert vars(obj) == before and not hasattr(obj, lua)
     if isinstance(obj, nn.Module):
         assert dict(obj.named_parameters()).keys() == dict(make().named_parameters()).keys()
+
+
+class _Builder(DynamicSparseTensor):  # a subclass has a __dict__: it took curSize = 5
+    pass
+
+
+@pytest.mark.parametrize("make", [DynamicSparseTensor, _Builder],
+                         ids=["DynamicSparseTensor", "subclass"])
+@pytest.mark.parametrize("action, verb", [
+    (lambda dyn: setattr(dyn, "curSize", 5), "assign"),  # Lua's builder.curSize = 0
+    (lambda dyn: setattr(dyn, "curSize", 0), "assign"),
+    (lambda dyn: delattr(dyn, "curSize"), "delete"),
+], ids=["curSize=5", "curSize=0", "del-curSize"])
+def test_lua_count_is_refused_when_assigned_or_deleted(make, action, verb):
+    # Lua's curSize counted the rows appended: an attribute of that name would change
+    # nothing (the class's slots answered "attribute 'curSize' is read-only", a subclass
+    # took it); the refusal names what counts the rows and what changes them
+    dyn = make()
+    dyn.append(2, 1.5)
+    name = type(dyn).__name__
+    with pytest.raises(AttributeError, match=rf"^{name} has no Lua attribute 'curSize' to "
+                                             rf"{verb}; nnsparse counts it as len\(builder\) "
+                                             r"\(or builder\.len\(\)\), which append\(\), "
+                                             r"set\(\) and reset\(\) change$"):
+        action(dyn)
+    assert len(dyn) == dyn.len() == 1 and not hasattr(dyn, "curSize")
+    assert "curSize" not in getattr(dyn, "__dict__", {})
+    with pytest.raises(AttributeError, match=r"use len\(builder\)"):
+        dyn.curSize  # reading it still names len()
+
+
+def test_lua_field_deleted_names_the_setting():
+    # del of a Lua field (a data descriptor) said only "AttributeError: __delete__"
+    batchifier = Batchifier(nn.Linear(4, 3), 3, progress=False)
+    with pytest.raises(AttributeError, match=r"^Batchifier has no Lua attribute 'outputSize'; "
+                                             r"in nnsparse \(as in torch\) use output_size$"):
+        del batchifier.outputSize
+    assert batchifier.output_size == 3
 
 
 @pytest.mark.parametrize("make, ours, value", [

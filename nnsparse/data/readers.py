@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import numbers
 import os
 import re
 import warnings
@@ -69,6 +70,8 @@ def _float32(values: np.ndarray) -> np.ndarray:
 # Ratings' public fields: an assignment to one after construction is checked
 _RATINGS_FIELDS = frozenset({"user", "item", "rating", "user_map", "item_map", "titles",
                              "source"})
+#: ... in their order (``==`` compares the cheap ones first)
+_RATINGS_ORDER = ("source", "titles", "user_map", "item_map", "user", "item", "rating")
 # the constructor's refusals of fields that disagree with one another, by their message's
 # start, and those fields (an assignment's refusal says to replace them together): the
 # tensors' lengths, the indices against their map, more titles than items
@@ -100,7 +103,9 @@ class Ratings:
     three tensors to another length) are changed at once by building a new record,
     ``dataclasses.replace(r, user=..., item=..., rating=...)``.  A field cannot be
     deleted.  (Edits inside a field, ``r.item[0] = 7`` or ``r.user_map[id] = 3``,
-    are not seen.)
+    are not seen.)  ``==`` compares the values (the tensors of one dtype and device), so
+    a record, and a split of records, equals its copy and its reload; records are
+    unhashable.
 
     Raises:
         TypeError: fields of the wrong kind (not 1-D tensors, int64 indices,
@@ -276,6 +281,15 @@ class Ratings:
         self.__dict__.update(state)
         self._ids, self._unique = {}, None
         self.__post_init__()
+
+    def __eq__(self, other: object) -> bool:
+        """The same ratings: ``user``, ``item`` and ``rating`` of one dtype, device and
+        shape with equal values, equal maps, titles and source (the caches aside).  A
+        record equals its copy and its reload (``torch.load``); it is unhashable, as a
+        dataclass that is not frozen."""
+        return cast(bool, _records_equal(self, other, _RATINGS_ORDER))
+
+    __hash__ = None  # type: ignore[assignment]
 
     def __len__(self) -> int:
         return self.rating.shape[0]
@@ -658,6 +672,62 @@ def _repeats_message(who: str, pairs: int, user: Any, item: Any, where: str) -> 
     argument or file, ``where``: how often or on which lines the example pair is)."""
     return (f"{who}: {pairs} (user, item) pair{'s' if pairs != 1 else ''} rated more than "
             f"once, e.g. user {user!r} and item {item!r} ({where}); keep one rating per pair")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` hold the same values, for the records' ``==`` (:class:`Ratings`, the
+    splits, :class:`~nnsparse.models.Recommendations`, ``TrainResult``, ``CrossValidation``):
+    tensors of one dtype, device, layout and shape with equal values (``torch.equal``, NaN
+    at the same places equal: a record equals its copy and its reload), numbers equal or
+    both NaN (``TrainResult.best_rmse`` without validation), lists, tuples and dicts item
+    by item, anything else by ``==``.  Tensors' own ``==`` is elementwise: the
+    dataclass's and the tuple's ``==`` raised "Boolean value of Tensor with more than one
+    value is ambiguous".  Sparse tensors compare their coalesced COO indices and values
+    (a CSR tensor equals its copy, an uncoalesced one its coalesced form; nothing
+    densified).  Meta tensors (no values to read) are the same only when they are one
+    tensor."""
+    if a is b:
+        return True
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        if not (isinstance(a, Tensor) and isinstance(b, Tensor)) or (
+                a.dtype, a.device, a.layout, a.shape) != (b.dtype, b.device, b.layout, b.shape):
+            return False
+        if a.device.type == "meta":
+            return False
+        if a.layout != torch.strided:  # (torch.equal has no sparse kernel: it raised)
+            a, b = (a.to_sparse(layout=torch.sparse_coo).coalesce(),
+                    b.to_sparse(layout=torch.sparse_coo).coalesce())
+            return _same(a.indices(), b.indices()) and _same(a.values(), b.values())
+        if torch.equal(a, b):
+            return True
+        if a.is_complex():  # (a NaN part in the same place: isnan is either part's)
+            a, b = torch.view_as_real(a.resolve_conj()), torch.view_as_real(b.resolve_conj())
+        return a.is_floating_point() and bool(((a == b) | (a.isnan() & b.isnan())).all())
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return (type(a) is type(b) and len(a) == len(b)
+                and all(_same(x, y) for x, y in zip(a, b)))
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return False
+        try:  # (an id map: C's dict ==, without a Python call per id)
+            if a == b:
+                return True
+        except (RuntimeError, TypeError, ValueError):  # (a tensor or array value)
+            pass
+        return all(_same(a[key], b[key]) for key in a)
+    if (isinstance(a, numbers.Real) and isinstance(b, numbers.Real)
+            and not isinstance(a, (bool, np.bool_)) and not isinstance(b, (bool, np.bool_))):
+        return bool(a == b or (a != a and b != b))  # (math.isnan overflowed on 10**400)
+    return bool(a == b)
+
+
+def _records_equal(record: Any, other: Any, fields: Any) -> Any:
+    """``record == other`` for a record whose ``fields`` hold tensors or NaN
+    (:func:`_same` field by field); ``NotImplemented`` for another class, as a
+    dataclass's ``==``."""
+    if type(other) is not type(record):
+        return NotImplemented
+    return all(_same(getattr(record, name), getattr(other, name)) for name in fields)
 
 
 def _check_ratings(ratings: Any, name: str) -> None:

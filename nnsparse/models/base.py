@@ -43,7 +43,7 @@ from .._load import check_state_dict
 from ..data import RatingErrors, RatingNormalizer, Ratings, SparseRowDataset
 from ..data.matrix import _check_same_maps
 from ..data.readers import (_path, _plain, _check_ratings, _check_unique_pairs,
-                            _check_unique_pairs_apart)
+                            _check_unique_pairs_apart, _same)
 from ..data.ranking import _checked_threshold, _relevant
 from ..data.split import _concat, _draw, _torch_seed
 from .. import distributed as nd
@@ -158,6 +158,22 @@ class Recommendations(_RecommendationFields):
     @classmethod
     def _make(cls, iterable: Iterable[Any]) -> "Recommendations":  # type: ignore[override]
         return cls(*iterable)
+
+    def __eq__(self, other: object) -> bool:
+        """The same recommendations: equal ids and titles, and tensors of one dtype, device
+        and shape with equal values (a tuple's ``==`` compared the tensors by their own
+        elementwise ``==``: "Boolean value of Tensor with more than one value is
+        ambiguous").  Equal to its copy and its reload, and, as a named tuple, to the
+        plain tuple of the same values.  Unhashable, as its lists make it."""
+        if not isinstance(other, tuple):
+            return NotImplemented
+        return len(other) == len(self) and _same(tuple(self), tuple(other))
+
+    def __ne__(self, other: object) -> bool:  # (tuple's own != compared the tensors too)
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _check_recommendations(ids: Any, index: Any, score: Any, rating: Any, support: Any,

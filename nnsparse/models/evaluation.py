@@ -7,7 +7,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union, cast
 
 import torch
 
@@ -15,7 +15,7 @@ from .._forms import _a, as_choice, as_count
 from ..data import Ratings, mean_prediction, read_split, rmse
 from ..data.matrix import _check_same_maps
 from ..data.readers import _CHOICES, _check_ratings, _check_unique_pairs, \
-    _check_unique_pairs_apart, _path
+    _check_unique_pairs_apart, _path, _records_equal
 from ..data.split import (_checked_setattr, _checked_state, _refuse_field_delete,
                           _torch_seed)
 from ..data.ranking import _checked_threshold
@@ -259,6 +259,15 @@ class CrossValidation:
         """Unpickling (``pickle``, ``copy``, ``torch.load``): the constructor's checks; a
         file from before ``k`` and ``threshold`` loads unranked."""
         _checked_state(self, state, ("folds",), {"k": None, "threshold": None})
+
+    def __eq__(self, other: object) -> bool:
+        """The same fields, NaN equal to NaN (a fold's figure that is NaN): a record equals
+        its copy and its reload (the dataclass's ``==`` found a reloaded CrossValidation
+        unequal to itself when a fold's figure was NaN).  Unhashable, as a dataclass that
+        is not frozen."""
+        return cast(bool, _records_equal(self, other, _CV_FIELDS))
+
+    __hash__ = None  # type: ignore[assignment]
 
     def mean(self, key: str = "rmse") -> float:
         """Mean over the folds of ``key`` (``"rmse"``, ``"mae"``, ...)."""

@@ -27,6 +27,7 @@ from .._forms import (as_count, as_device, as_flag, int_of_0d, is_int, is_real,
 from .._optim_split import SplitOptimizer, make_optimizer
 from ..optim import LazyAdam
 from ..data import SparseRowDataset
+from ..data.readers import _records_equal
 from ..data.split import (_checked_setattr, _checked_state, _refuse_field_delete,
                           _torch_seed)
 
@@ -94,6 +95,15 @@ class TrainResult:
     def __setstate__(self, state: Any) -> None:
         """Unpickling (``pickle``, ``copy``, ``torch.load``): the constructor's checks."""
         _checked_state(self, state, _TRAIN_FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        """The same fields, NaN equal to NaN (``best_rmse`` is NaN without validation): a
+        record equals its copy and its reload (the dataclass's ``==`` found a reloaded
+        TrainResult unequal to itself without validation).  Unhashable, as a dataclass
+        that is not frozen."""
+        return cast(bool, _records_equal(self, other, _TRAIN_FIELDS))
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 #: the fields of :class:`TrainResult`, in ``__init__``'s order
