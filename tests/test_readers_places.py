@@ -9,6 +9,8 @@
 * A lone ``'\\r'`` (classic Mac OS line endings) was looked for on the first line only:
   ``2 20\\r3 30`` on a later line read as user 2, item 20, rating 3, silently.
 * A string id that is no UTF-8 named its byte within the id, not within its line.
+* A ``movies.csv`` title with an unquoted comma was cut at it, its second half read as
+  the genres: a record wider than the file's first line is refused.
 
 Each row pairs a call with the exception and a regex of its message (``error=None``: the
 call must work, and ``check`` its result).
@@ -204,6 +206,40 @@ _CSV_LINE_CASES: List[Case] = [
 
 @pytest.mark.parametrize("case", _CSV_LINE_CASES, ids=[c.id for c in _CSV_LINE_CASES])
 def test_movies_csv_messages_give_the_physical_line(tmp_path, case):
+    run_case(case, tmp_path)
+
+
+# -- 2b. movies.csv: a record wider than the first line ---------------------------------
+
+# an unquoted comma split a title: 'Foo, The (1995)' was the title 'Foo' and the genre
+# ' The (1995)', silently; refused, as pandas' read_csv refuses a line wider than its first
+_WIDE = (r"movies\.csv, line {}: expected at most {} fields, as the file's first line, got "
+         r"4 in \['2', 'Foo', ' The \(1995\)', 'Drama'\]; a field holding a comma must be "
+         r"quoted \('2,\"Foo, The \(1995\)\",Drama'\)")
+_UNQUOTED = b"2,Foo, The (1995),Drama\n"
+
+_CSV_WIDTH_CASES: List[Case] = [
+    Case("titles-unquoted-comma", _titles("ratings.csv", b"1,1,4\n1,2,3\n", "csv",
+                                          movies_csv=_HEAD + b"1,A,Drama\n" + _UNQUOTED),
+         ValueError, _WIDE.format(3, 3) + r", or pass titles=False$"),
+    Case("features-unquoted-comma", _csv_features(_HEAD + b"1,A,Drama\n" + _UNQUOTED),
+         ValueError, _WIDE.format(3, 3) + "$"),
+    Case("features-no-header", _csv_features(b"1,A,Drama\n" + _UNQUOTED), ValueError,
+         _WIDE.format(2, 3) + "$"),
+    # a quoted comma, and a file wider on every line (the header's columns), read as before
+    Case("titles-quoted-comma", _titles("ratings.csv", b"1,1,4\n1,2,3\n", "csv",
+                                        movies_csv=_HEAD + b'1,A,Drama\n2,"Foo, The (1995)",'
+                                                           b'Drama\n'),
+         None, check=lambda t: t == ["A", "Foo, The (1995)"]),
+    Case("titles-wider-header", _titles("ratings.csv", b"1,1,4\n1,2,3\n", "csv",
+                                        movies_csv=b"movieId,title,genres,year\n1,A,Drama,1995\n"
+                                                   b"2,B,Comedy,1996\n"),
+         None, check=lambda t: t == ["A", "B"]),
+]
+
+
+@pytest.mark.parametrize("case", _CSV_WIDTH_CASES, ids=[c.id for c in _CSV_WIDTH_CASES])
+def test_movies_csv_record_wider_than_its_first_line_is_refused(tmp_path, case):
     run_case(case, tmp_path)
 
 

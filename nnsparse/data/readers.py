@@ -1233,11 +1233,14 @@ def _csv_item_rows(path: Path, name: str = "path",
     header lost its first item (and a header after a blank line, or after a byte order
     mark and a line break, was read as the item ``'movieId'`` of the genre ``'genres'``).
     The file must be text (:func:`_refuse_not_text`) and UTF-8 (:func:`_utf8_text`:
-    ``name`` gave it, ``fix`` ends the refusal's advice)."""
+    ``name`` gave it, ``fix`` ends the refusal's advice), and no record may have more
+    fields than its first line (``ValueError``: an unquoted comma in a title split it, and
+    its genres were read from the title's second half)."""
     raw = path.read_bytes()
     _refuse_not_text(raw, path, name, "item file")
     text = _utf8_text(raw, path, name, "MovieLens movies.csv is", fix)
     header = True  # the first non-blank line may be a header
+    width = 0  # its fields (the header's, else the first item's): no record has more
     reader = csv.reader(io.StringIO(text, newline=""))
     number = 1  # the physical line a record starts on (a quoted title may hold newlines:
     for row in reader:  # the record's count was given, line 3 for a record of line 5)
@@ -1245,9 +1248,14 @@ def _csv_item_rows(path: Path, name: str = "path",
         if not row or (len(row) == 1 and not row[0].strip()):
             continue  # a blank line (or one of spaces), as the other item files skip
         if header:
-            header = False
+            header, width = False, len(row)
             if not _INT_TOKEN.fullmatch(row[0].strip()):
                 continue  # the header
+        if len(row) > width:  # an unquoted comma: 'Foo, The (1995)' read as the title 'Foo'
+            raise ValueError(  # (and ' The (1995)' as its genres), as pandas refuses it
+                f"{path}, line {start}: expected at most {width} fields, as the file's first "
+                f"line, got {len(row)} in {row!r}; a field holding a comma must be quoted "
+                f"('2,\"Foo, The (1995)\",Drama'){fix}")
         yield start, row
 
 
