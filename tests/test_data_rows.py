@@ -7,6 +7,7 @@ argument by its message."""
 import dataclasses
 import math
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -84,31 +85,58 @@ def _wide(r, extra=5000):
     return dataclasses.replace(r, user_map=widened(r.user_map), item_map=widened(r.item_map))
 
 
+def _searched(monkeypatch):
+    """The calls of ``torch.searchsorted`` from ``nnsparse.data.readers`` from now on (there,
+    only the binary search of the rows' lookup calls it): a list that grows by one a call."""
+    calls = []
+    search = torch.searchsorted
+
+    def counted(*args, **kwargs):
+        if sys._getframe(1).f_globals["__name__"] == "nnsparse.data.readers":
+            calls.append(1)
+        return search(*args, **kwargs)
+    monkeypatch.setattr(torch, "searchsorted", counted)
+    return calls
+
+
+# (lookup, name, make): the rows that place by a table on _ratings()'s maps (as many rows
+# and entries as the map: one row, or two of numpy's, hold fewer), and by the search on
+# _wide's; "none" takes neither (no row to find)
+LOOKUPS = ([("table", name, make) for name, make in ROWS
+            if name in ("sorted", "shuffled", "all-reversed", "list", "range")]
+           + [("search", name, make) for name, make in ROWS if name != "none"])
+
+
 @pytest.mark.parametrize("orientation", ["user", "item"])
-@pytest.mark.parametrize("name, make", ROWS, ids=[name for name, _ in ROWS])
-@pytest.mark.parametrize("maps", ["table", "search"])
-def test_rating_matrix_rows_either_lookup(name, make, orientation, maps):
+@pytest.mark.parametrize("maps, name, make", LOOKUPS, ids=[f"{m}-{n}" for m, n, _ in LOOKUPS])
+def test_rating_matrix_rows_either_lookup(maps, name, make, orientation, monkeypatch):
     """A map no larger than the entries: the rows' positions from a table; a wider one
     (``_wide``): from a binary search.  Both the dense reference's rows."""
     r = _ratings() if maps == "table" else _wide(_ratings())
     n = r.n_users if orientation == "user" else r.n_items
     picked = make(n if maps == "table" else 30)
     part = _held(r, orientation, picked)
+    searched = _searched(monkeypatch)
     m = rating_matrix(part, orientation, rows=picked)
+    assert bool(searched) == (maps == "search")  # the lookup the test is named for
+    monkeypatch.undo()
     index = torch.as_tensor(np.asarray(picked), dtype=torch.long)
     assert torch.equal(densify(m), _dense(r, orientation)[index])
 
 
 @pytest.mark.parametrize("maps", ["table", "search"])
-def test_rating_matrix_rows_of_an_index_edited_out_of_range(maps):
+def test_rating_matrix_rows_of_an_index_edited_out_of_range(maps, monkeypatch):
     """An index made negative or past the map in place, after the record was checked, is a
     row not listed (refused by name), in either lookup, never an indexing error."""
     for bad in (-1, 10 ** 6):
         r = _small() if maps == "table" else _wide(_small())
         r.user[0] = bad
+        searched = _searched(monkeypatch)
         with pytest.raises(ValueError, match=rf"^rows must hold every user of the ratings, "
                                              rf"got no row for user {bad}[;,]"):
             rating_matrix(r, "user", rows=[0, 1, 2, 3])
+        assert bool(searched) == (maps == "search")
+        monkeypatch.undo()
 
 
 @pytest.mark.parametrize("maps", ["table", "search"])
