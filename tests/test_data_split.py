@@ -1,13 +1,11 @@
 """Tests of nnsparse.data.split: seeded, disjoint, complete splits sharing one id map."""
-import copy
-import io
-import pickle
 import re
 
 import numpy as np
 import pytest
 import torch
 
+from reload import RELOADS, reload
 from nnsparse.data import (Ratings, Split, holdout_split, random_split, split_ratings,
                            synthetic_ratings)
 
@@ -199,33 +197,22 @@ FORGED_SPLITS = [
 ]
 
 
-def _load(split, how):
-    if how == "pickle":
-        return pickle.loads(pickle.dumps(split))
-    if how == "deepcopy":
-        return copy.deepcopy(split)
-    buf = io.BytesIO()
-    torch.save(split, buf)
-    buf.seek(0)
-    return torch.load(buf)  # torch's default unpickler (weights_only) calls __setstate__ too
-
-
-@pytest.mark.parametrize("how", ["pickle", "deepcopy", "torch.load"])
+@pytest.mark.parametrize("how", RELOADS)
 @pytest.mark.parametrize("forge, error, message", [c[1:] for c in FORGED_SPLITS],
                          ids=[c[0] for c in FORGED_SPLITS])
 def test_a_forged_split_is_refused_when_loaded(forge, error, message, how):
     split = forge()
     parts = dict(vars(split))
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
-        _load(split, how)
+        reload(split, how)
     with pytest.raises(error, match=f"^{re.escape(message)}$"):  # the constructor's words
         Split(parts["train"], parts["validation"], parts["test"])
 
 
-@pytest.mark.parametrize("how", ["pickle", "deepcopy", "torch.load"])
+@pytest.mark.parametrize("how", RELOADS)
 def test_a_valid_split_loads_with_its_shared_maps(how):
     split = _forged_split()
-    loaded = _load(split, how)
+    loaded = reload(split, how)
     assert type(loaded) is Split and [len(p) for p in loaded] == [len(p) for p in split]
     assert loaded.train.user_map is loaded.test.user_map is loaded.validation.user_map
     assert loaded.train.user_map == split.train.user_map

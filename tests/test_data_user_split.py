@@ -1,7 +1,4 @@
 """Tests of nnsparse.data.user_split: the split by held-out users (Liang et al. 2018)."""
-import copy
-import io
-import pickle
 import re
 from collections import Counter
 from fractions import Fraction
@@ -10,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from reload import RELOADS, reload
 from nnsparse.data import (HeldOut, Ratings, UserSplit, random_split, synthetic_ratings,
                            user_split)
 
@@ -302,33 +300,22 @@ FORGED_SPLITS = [
 ]
 
 
-def _load(split, how):
-    if how == "pickle":
-        return pickle.loads(pickle.dumps(split))
-    if how == "deepcopy":
-        return copy.deepcopy(split)
-    buf = io.BytesIO()
-    torch.save(split, buf)
-    buf.seek(0)
-    return torch.load(buf)  # torch's default unpickler (weights_only) calls __setstate__ too
-
-
-@pytest.mark.parametrize("how", ["pickle", "deepcopy", "torch.load"])
+@pytest.mark.parametrize("how", RELOADS)
 @pytest.mark.parametrize("forge, error, message", [c[1:] for c in FORGED_SPLITS],
                          ids=[c[0] for c in FORGED_SPLITS])
 def test_a_forged_user_split_is_refused_when_loaded(forge, error, message, how):
     split = forge()
     parts = dict(vars(split))
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
-        _load(split, how)
+        reload(split, how)
     with pytest.raises(error, match=f"^{re.escape(message)}$"):  # the constructor's words
         UserSplit(parts["train"], parts["validation"], parts["test"])
 
 
-@pytest.mark.parametrize("how", ["pickle", "deepcopy", "torch.load"])
+@pytest.mark.parametrize("how", RELOADS)
 def test_a_valid_user_split_loads_with_its_shared_maps(how):
     split = _forged_split()
-    loaded = _load(split, how)
+    loaded = reload(split, how)
     assert type(loaded) is UserSplit and type(loaded.test) is HeldOut
     assert [len(p) for p in parts(loaded)] == [len(p) for p in parts(split)]
     assert all(p.user_map is loaded.train.user_map for p in parts(loaded))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from reload import RELOADS, reload
 from nnsparse.models import CrossValidation, Recommendations, TrainResult
 
 
@@ -280,21 +281,13 @@ FORGED = [
 ]
 
 
-@pytest.mark.parametrize("how", ["pickle", "deepcopy", "torch.load"])
+@pytest.mark.parametrize("how", RELOADS)
 @pytest.mark.parametrize("make, error, message", [c[1:] for c in FORGED],
                          ids=[c[0] for c in FORGED])
 def test_a_forged_record_is_refused_when_loaded(make, error, message, how):
     record = make()
     with pytest.raises(error, match=message):
-        if how == "pickle":
-            pickle.loads(pickle.dumps(record))
-        elif how == "deepcopy":
-            copy.deepcopy(record)
-        else:
-            buf = io.BytesIO()
-            torch.save(record, buf)
-            buf.seek(0)
-            torch.load(buf)  # torch's default unpickler (weights_only) calls the checks too
+        reload(record, how)
 
 
 @pytest.mark.parametrize("state, error, message", [
