@@ -207,8 +207,8 @@ class CrossValidation:
 
     Built by hand, assigned later or loaded from a file (pickle, ``torch.load``), the
     fields are checked as the constructor checks them (a refused assignment leaves the
-    record as it was; a field cannot be deleted, ``AttributeError``); what is changed inside ``folds`` is checked by the methods that
-    read it.
+    record as it was; a field cannot be deleted, ``AttributeError``); what is changed
+    inside ``folds`` is checked by the methods that read it.
 
     Raises:
         TypeError: ``folds`` that is not a list of dicts of str keys and numbers, ``k``
