@@ -704,6 +704,14 @@ def _index_cases():
         ("bytearray", bytearray(b"\x03\x00\x03"), TypeError,
          r"^index must be an integer or bool tensor, got bytearray$"),
         ("bytes", b"\x03\x00", TypeError, r"^index must be an integer or bool tensor, got bytes$"),
+        # an int of a list beyond int64 is out of range, not a wrong kind (was "got list")
+        ("list-int-2**64", [0, 2 ** 64], IndexError,
+         r"^index must be in \[-4, 4\) \(entries of 4 ratings\), got 18446744073709551616$"),
+        ("list-int-below-int64", [-2 ** 63 - 1], IndexError,
+         r"^index must be in \[-4, 4\) \(entries of 4 ratings\), got -9223372036854775809$"),
+        ("list-np-uint64-max", [np.uint64(2 ** 64 - 1), 1], IndexError,
+         r"^index must be in \[-4, 4\) \(entries of 4 ratings\), got 18446744073709551615$"),
+        ("list-of-str", [1, "a"], TypeError, r"^index must be an integer or bool tensor, got list$"),
     ]
 
 

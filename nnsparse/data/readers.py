@@ -371,7 +371,8 @@ class Ratings:
                 bytearray (not a sequence of indices).
             ValueError: an index that is not 1-D, a mask of another length.
             IndexError: an index outside ``[-n, n)`` (a uint64 one of ``2**63`` or
-                more named as it is, not wrapped negative).
+                more named as it is, not wrapped negative; an int of a list beyond
+                int64 too).
         """
         index = _entry_index(index, len(self))
         part = replace(self, user=self.user[index], item=self.item[index],
@@ -465,6 +466,15 @@ def _index_tensor(value: Tensor, name: str, dense: str, integer: str, one_d: str
     return value
 
 
+def _beyond_int64(value: Any) -> Optional[int]:
+    """The first int of a list or tuple ``value`` outside int64's range (which
+    ``torch.as_tensor`` refuses: an index out of range, not a wrong kind), or None."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    return next((int(v) for v in value if is_int(v) and not -2 ** 63 <= int(v) < 2 ** 63),
+                None)
+
+
 def _uint64_beyond(given: Tensor) -> Optional[int]:
     """The first index of a uint64 tensor ``given`` that is ``2**63`` or more, which
     ``.long()`` (:func:`_index_tensor`) wraps negative (``2**64 - 1`` read as ``-1``), or
@@ -487,6 +497,10 @@ def _entry_index(index: Any, n: int) -> Tensor:
         try:
             index = as_tensor(index)  # (np.flip(a) too: copied)
         except (TypeError, ValueError, RuntimeError):
+            huge = _beyond_int64(index)  # a value out of range, not a wrong kind
+            if huge is not None:
+                raise IndexError(f"index must be in [-{n}, {n}) (entries of {n} ratings), "
+                                 f"got {huge}") from None
             raise TypeError(f"index must be an integer or bool tensor, got "
                             f"{type(index).__name__}") from None
         if index.numel() == 0:  # [] reads as float32: keep nothing
@@ -538,12 +552,10 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tuple[Tenso
         try:
             value = as_tensor(value)
         except (TypeError, ValueError, RuntimeError):
-            # an int beyond int64 is a value out of range, not a wrong kind
-            huge = [int(v) for v in value if is_int(v) and not -2 ** 63 <= int(v) < 2 ** 63] \
-                if isinstance(value, (list, tuple)) else []
-            if huge:
+            huge = _beyond_int64(value)  # a value out of range, not a wrong kind
+            if huge is not None:
                 raise ValueError(f"{name} must be {what} indices in [0, {bound}), got "
-                                 f"{huge[0]}") from None
+                                 f"{huge}") from None
             raise TypeError(f"{name} must be {expected}, got {type(value).__name__} "
                             f"{value!r}") from None
         if value.numel() == 0:  # [] reads as float32: no index
