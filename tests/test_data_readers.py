@@ -693,6 +693,25 @@ def _index_cases():
          r"index must be in \[-4, 4\) \(entries of 4 ratings\), got 7"),
         ("before-the-start", [0, -5], IndexError, r"index must be in \[-4, 4\) .*got -5"),
         ("float", torch.tensor([1.0]), TypeError, r"index must be an integer or bool tensor"),
+        # uint64 beyond int64: .long() wrapped 2**64 - 1 to -1, which took the last entry
+        ("uint64-max-tensor", torch.tensor([2 ** 64 - 1], dtype=torch.uint64), IndexError,
+         r"^index must be in \[-4, 4\) \(entries of 4 ratings\), got 18446744073709551615$"),
+        ("uint64-max-numpy", np.array([0, 2 ** 64 - 1], dtype=np.uint64), IndexError,
+         r"^index must be in \[-4, 4\) \(entries of 4 ratings\), got 18446744073709551615$"),
+        ("uint64-2**63", torch.tensor([1, 2 ** 63], dtype=torch.uint64), IndexError,
+         r"^index must be in \[-4, 4\) \(entries of 4 ratings\), got 9223372036854775808$"),
+        # a bytearray's bytes were read as indices (bytes, str and rows= refused it)
+        ("bytearray", bytearray(b"\x03\x00\x03"), TypeError,
+         r"^index must be an integer or bool tensor, got bytearray$"),
+        ("bytes", b"\x03\x00", TypeError, r"^index must be an integer or bool tensor, got bytes$"),
+        # an int of a list beyond int64 is out of range, not a wrong kind (was "got list")
+        ("list-int-2**64", [0, 2 ** 64], IndexError,
+         r"^index must be in \[-4, 4\) \(entries of 4 ratings\), got 18446744073709551616$"),
+        ("list-int-below-int64", [-2 ** 63 - 1], IndexError,
+         r"^index must be in \[-4, 4\) \(entries of 4 ratings\), got -9223372036854775809$"),
+        ("list-np-uint64-max", [np.uint64(2 ** 64 - 1), 1], IndexError,
+         r"^index must be in \[-4, 4\) \(entries of 4 ratings\), got 18446744073709551615$"),
+        ("list-of-str", [1, "a"], TypeError, r"^index must be an integer or bool tensor, got list$"),
     ]
 
 
@@ -708,6 +727,12 @@ def test_subset_refuses_bad_indices(case):
 def test_subset_reads_every_signed_index_dtype_as_indices(dtype):
     r = Ratings.from_triples([1, 2, 3, 4], [1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])
     assert r.subset(torch.tensor([1, 1, -1], dtype=dtype)).rating.tolist() == [2.0, 2.0, 4.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_subset_reads_unsigned_indices_in_range(dtype):
+    r = Ratings.from_triples([1, 2, 3, 4], [1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])
+    assert r.subset(torch.tensor([3, 0, 3], dtype=dtype)).rating.tolist() == [4.0, 1.0, 4.0]
 
 
 @pytest.mark.parametrize("make, expected", [

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
 
 import torch
 from torch import Tensor

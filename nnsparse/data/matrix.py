@@ -110,10 +110,10 @@ def _matrix_shape(shape: Any) -> Tuple[int, int]:
 def _row_positions(row: Tensor, picked: Tensor, order: Tensor, bound: int, orientation: str,
                    rows: str) -> Tensor:
     """The position in ``picked`` (distinct row indices in ``[0, bound)``, sorted by
-    ``order``) of each entry's ``row`` (:func:`_positions`: never more than O(nnz) work
-    whatever the size of the id map); ``ValueError`` naming the first row of an entry
-    that ``picked`` lacks, its fix with ``rows`` (the argument as ``torch.isin`` takes
-    it)."""
+    ``order``) of each entry's ``row`` (:func:`_positions`: a table of ``bound`` where it
+    is no larger than the indices to place, else a binary search: no work of the id map's
+    size beyond them); ``ValueError`` naming the first row of an entry that ``picked``
+    lacks, its fix with ``rows`` (the argument as ``torch.isin`` takes it)."""
     position, found = _positions(picked, order, row, bound)
     if row.numel() and not bool(found.all()):
         missing = torch.unique(row[~found])

@@ -367,9 +367,12 @@ class Ratings:
         Raises:
             TypeError: a float index, or a uint8 one (torch reads uint8 as a
                 mask, a use it deprecates: pass ``.long()`` or ``.bool()``), or a
-                bool among a list's ints (torch reads ``True`` as 1).
+                bool among a list's ints (torch reads ``True`` as 1), a str, bytes or
+                bytearray (not a sequence of indices).
             ValueError: an index that is not 1-D, a mask of another length.
-            IndexError: an index outside ``[-n, n)``.
+            IndexError: an index outside ``[-n, n)`` (a uint64 one of ``2**63`` or
+                more named as it is, not wrapped negative; an int of a list beyond
+                int64 too).
         """
         index = _entry_index(index, len(self))
         part = replace(self, user=self.user[index], item=self.item[index],
@@ -463,13 +466,41 @@ def _index_tensor(value: Tensor, name: str, dense: str, integer: str, one_d: str
     return value
 
 
+def _beyond_int64(value: Any) -> Optional[int]:
+    """The first int of a list or tuple ``value`` outside int64's range (which
+    ``torch.as_tensor`` refuses: an index out of range, not a wrong kind), or None."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    return next((int(v) for v in value if is_int(v) and not -2 ** 63 <= int(v) < 2 ** 63),
+                None)
+
+
+def _uint64_beyond(given: Tensor) -> Optional[int]:
+    """The first index of a uint64 tensor ``given`` that is ``2**63`` or more, which
+    ``.long()`` (:func:`_index_tensor`) wraps negative (``2**64 - 1`` read as ``-1``), or
+    None (another dtype, or none such)."""
+    if given.dtype != torch.uint64 or not given.numel():
+        return None
+    wrapped = given.view(torch.int64)
+    if not bool((wrapped < 0).any()):
+        return None
+    return int(wrapped[wrapped < 0][0]) + 2 ** 64
+
+
 def _entry_index(index: Any, n: int) -> Tensor:
     """``index`` checked as entry indices in ``[-n, n)`` or a bool mask of ``n`` entries."""
     if not isinstance(index, Tensor):
+        if isinstance(index, (str, bytes, bytearray)):  # (a bytearray's bytes read as ints)
+            raise TypeError(f"index must be an integer or bool tensor, got "
+                            f"{type(index).__name__}")
         _refuse_bool_among_ints(index, "index", "integer entry indices or bools only (a mask)")
         try:
             index = as_tensor(index)  # (np.flip(a) too: copied)
         except (TypeError, ValueError, RuntimeError):
+            huge = _beyond_int64(index)  # a value out of range, not a wrong kind
+            if huge is not None:
+                raise IndexError(f"index must be in [-{n}, {n}) (entries of {n} ratings), "
+                                 f"got {huge}") from None
             raise TypeError(f"index must be an integer or bool tensor, got "
                             f"{type(index).__name__}") from None
         if index.numel() == 0:  # [] reads as float32: keep nothing
@@ -478,6 +509,9 @@ def _entry_index(index: Any, n: int) -> Tensor:
                             "be an integer or bool tensor, got", "entries to keep",
                             ("int64 indices or a bool mask",
                              ".long() (indices) or .bool() (a mask)"))
+    beyond = _uint64_beyond(index)  # (2**64 - 1 read as -1 took the last entry)
+    if beyond is not None:
+        raise IndexError(f"index must be in [-{n}, {n}) (entries of {n} ratings), got {beyond}")
     if checked.dtype == torch.bool:
         if checked.shape != (n,):
             raise ValueError(f"index must have shape ({n},) as a bool mask, "
@@ -518,12 +552,10 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tuple[Tenso
         try:
             value = as_tensor(value)
         except (TypeError, ValueError, RuntimeError):
-            # an int beyond int64 is a value out of range, not a wrong kind
-            huge = [int(v) for v in value if is_int(v) and not -2 ** 63 <= int(v) < 2 ** 63] \
-                if isinstance(value, (list, tuple)) else []
-            if huge:
+            huge = _beyond_int64(value)  # a value out of range, not a wrong kind
+            if huge is not None:
                 raise ValueError(f"{name} must be {what} indices in [0, {bound}), got "
-                                 f"{huge[0]}") from None
+                                 f"{huge}") from None
             raise TypeError(f"{name} must be {expected}, got {type(value).__name__} "
                             f"{value!r}") from None
         if value.numel() == 0:  # [] reads as float32: no index
@@ -535,11 +567,9 @@ def _distinct_index(value: Any, name: str, bound: int, what: str) -> Tuple[Tenso
                           no_bool=f"{name} must hold integer {what} indices, got dtype "
                                   f"torch.bool; for the {what}s of a mask, pass "
                                   f"mask.nonzero().squeeze(1)")
-    if given.dtype == torch.uint64 and given.numel():  # (.long() wrapped 2**63 negative)
-        wrapped = given.view(torch.int64)
-        if bool((wrapped < 0).any()):
-            raise ValueError(f"{name} must be {what} indices in [0, {bound}), got "
-                             f"{int(wrapped[wrapped < 0][0]) + 2 ** 64}")
+    beyond = _uint64_beyond(given)
+    if beyond is not None:
+        raise ValueError(f"{name} must be {what} indices in [0, {bound}), got {beyond}")
     ordered, order = torch.sort(value)
     if value.numel():
         # twice[i]: ordered[i] is also ordered[i + 1]; the first such place by argmax

@@ -207,8 +207,8 @@ class CrossValidation:
 
     Built by hand, assigned later or loaded from a file (pickle, ``torch.load``), the
     fields are checked as the constructor checks them (a refused assignment leaves the
-    record as it was; a field cannot be deleted, ``AttributeError``); what is changed inside ``folds`` is checked by the methods that
-    read it.
+    record as it was; a field cannot be deleted, ``AttributeError``); what is changed
+    inside ``folds`` is checked by the methods that read it.
 
     Raises:
         TypeError: ``folds`` that is not a list of dicts of str keys and numbers, ``k``
@@ -309,11 +309,8 @@ class CrossValidation:
     def ranking_keys(self) -> List[str]:
         """The ranking figures' keys of the folds: ``["precision@k", "recall@k", "ndcg@k",
         "hit_rate@k"]`` with the value of :attr:`k`, ``[]`` without a ranking."""
-        if self.k is None:
+        if self.k is None:  # (k an int otherwise: checked when set, as folds and threshold)
             return []
-        if isinstance(self.k, bool) or not isinstance(self.k, int):
-            raise TypeError(f"CrossValidation.k must be None or an int, got "
-                            f"{type(self.k).__name__} {self.k!r}")
         return _ranking_keys(self.k)
 
     def summary(self) -> Dict[str, Any]:

@@ -47,7 +47,8 @@ class TrainResult:
 
     Built by hand, assigned later or loaded from a file (pickle, ``torch.load``), the
     fields are checked as the constructor checks them (a refused assignment leaves the
-    record as it was; a field cannot be deleted, ``AttributeError``).  What is appended to ``history`` in place is not seen.
+    record as it was; a field cannot be deleted, ``AttributeError``).  What is appended
+    to ``history`` in place is not seen.
 
     Raises:
         TypeError: ``history`` that is not a list of dicts of str keys and numbers,
