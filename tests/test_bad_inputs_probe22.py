@@ -6,9 +6,7 @@ assignment, ``examples/implicit_mult_dae.py``'s flags) fed wrong inputs.
 Each row pairs a call with the exception and a regex of its message (``error=None``: the
 call must work, and ``check`` its result, against a reference where there is one).
 """
-import importlib.util
 import math
-import pathlib
 import re
 
 import numpy as np
@@ -19,6 +17,7 @@ import torch.nn.functional as F
 import nnsparse
 from nnsparse.data import (HeldOut, Ratings, Split, UserSplit, random_split, ranking_metrics,
                            rating_matrix, user_split)
+from example_script import load_example as _load
 from probe_cases import Case, run_case
 
 NAN = math.nan
@@ -205,14 +204,6 @@ def test_probe22(case):
 
 # -- implicit_mult_dae.py: an int flag beyond int64 refused by the parser (was a traceback
 #    from the library, exit status 1) -------------------------------------------------------
-
-def _load(name):
-    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.parametrize("flag", ["--hidden", "--threads", "--batch-size"])
 def test_mult_dae_int_flag_beyond_int64(capsys, flag):

@@ -6,9 +6,7 @@
 Each row pairs a call with the exception and a regex of its message (``error=None``: the
 call must work, and ``check`` its result).
 """
-import importlib.util
 import os
-import pathlib
 import re
 
 import numpy as np
@@ -17,6 +15,7 @@ import torch
 
 from nnsparse.data import (Ratings, SparseRowDataset, random_split, ranking_metrics,
                            rating_matrix, user_split)
+from example_script import load_example as _load
 from probe_cases import Case, run_case
 
 
@@ -183,14 +182,6 @@ def test_probe23(case):
 # -- implicit_mult_dae.py: --threads bounded (100000 crashed the process, SIGSEGV, no
 #    message); --hidden beyond the machine's memory refused (was torch's allocation
 #    traceback) ------------------------------------------------------------------------
-
-def _load(name):
-    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 _SMALL = ["--no-progress", "--synthetic-users", "50", "--synthetic-items", "40",
           "--synthetic-ratings", "1000", "--epochs", "1"]

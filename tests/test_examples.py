@@ -1,20 +1,11 @@
 """Smoke tests of the examples: each runs on its built-in data with tiny settings."""
-import importlib.util
 import json
 import math
-import pathlib
 
 import pytest
 import torch
 
-EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from example_script import load_example as _load
 
 
 TINY = ["--epochs", "2", "--hidden", "24", "--batch-size", "64", "--no-progress"]
